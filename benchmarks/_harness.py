@@ -1,0 +1,160 @@
+"""Small benchmark harness: timing with warm-up, machine description, result files."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def time_calls(fn: Callable[[int], Any], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Call ``fn(i)`` ``warmup`` times untimed, then ``repeats`` times timed (``i`` = 0, 1, ...).
+
+    Returns seconds per call: median, p10, p90, min and mean, plus the number of runs.
+    """
+    return time_interleaved({"fn": fn}, repeats, warmup)["fn"]
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[int], Any]], repeats: int, warmup: int = 2, rounds: int = 1
+) -> dict[str, dict[str, float]]:
+    """``time_calls`` for several callables, split into ``rounds`` so that drift in machine
+    load hits all of them alike.
+
+    Each round runs every callable (in rotating order) for a block of consecutive calls:
+    ``warmup`` untimed, then its share of ``repeats`` timed. Over all rounds, every callable
+    is timed on ``i`` = 0 .. repeats-1 exactly once.
+    """
+    if repeats < 1 or rounds < 1:
+        raise ValueError("repeats and rounds must be at least 1")
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    bounds = [repeats * r // rounds for r in range(rounds + 1)]
+    for r in range(rounds):
+        block = range(bounds[r], bounds[r + 1])
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            fn = fns[name]
+            for i in block[:warmup]:
+                fn(i)
+            for i in block:
+                t0 = time.perf_counter()
+                fn(i)
+                times[name].append(time.perf_counter() - t0)
+    return {name: summarize(t) for name, t in times.items()}
+
+
+def summarize(times: Sequence[float]) -> dict[str, float]:
+    """Median, p10, p90, min and mean of ``times`` (seconds), and their count as ``runs``."""
+    ordered = sorted(times)
+    return {
+        "median": statistics.median(ordered),
+        "p10": _percentile(ordered, 10),
+        "p90": _percentile(ordered, 90),
+        "min": ordered[0],
+        "mean": statistics.fmean(ordered),
+        "runs": len(ordered),
+    }
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile ``q`` (0-100) of already sorted values."""
+    pos = (len(sorted_values) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _read_proc(path: str, key: str) -> str | None:
+    """Value of the first ``key: value`` line in a /proc file, or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def _meminfo_gib(key: str) -> float | None:
+    kb = _read_proc("/proc/meminfo", key)
+    return round(int(kb.split()[0]) / 2**20, 1) if kb else None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception:  # noqa: BLE001 - missing or broken optional module
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, cores, RAM, library versions and GPU (if any) of this machine."""
+    try:
+        usable_cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable_cores = os.cpu_count()
+    info: dict[str, Any] = {
+        "cpu_model": _read_proc("/proc/cpuinfo", "model name") or platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "usable_cores": usable_cores,
+        "ram_gib": _meminfo_gib("MemTotal"),
+        "ram_available_gib": _meminfo_gib("MemAvailable"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    for module in ("numpy", "h5py", "lmdb", "torch", "fastdata"):
+        info[module] = _version(module)
+    info["cuda_available"], info["gpu"] = False, None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["cuda_available"], info["gpu"] = True, torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - no torch, or a broken CUDA setup
+        pass
+    return info
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table; columns of numbers (or numeric strings) right-aligned."""
+    numeric = [all(_is_number(r[i]) for r in rows) for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _is_number(cell: Any) -> bool:
+    try:
+        float(str(cell).replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write atomically (temporary ``.tmp`` file, then rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_results(
+    name: str, results: dict[str, Any], markdown: str, out_dir: str | os.PathLike[str] = DEFAULT_RESULTS_DIR
+) -> tuple[Path, Path]:
+    """Save ``results`` as ``<out_dir>/<name>.json`` and ``markdown`` as ``<name>.md``; return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{name}.json", out / f"{name}.md"
+    _write_text(json_path, json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
+    _write_text(md_path, markdown.rstrip("\n") + "\n")
+    return json_path, md_path

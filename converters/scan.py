@@ -1,0 +1,142 @@
+"""Finding source files and their labels: sorted walk, class folders, CSV/JSON label files.
+
+Shared by every folder converter. Hidden files and folders (``.name``) are ignored;
+symlinks are followed, each real directory at most once, so link loops end.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastdata.errors import DataError, UsageError
+
+
+def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    """Relative POSIX paths of every non-hidden file under ``root``, sorted."""
+    found: list[str] = []
+    seen: set[str] = set()
+
+    def visit(path: str, rel: str) -> None:
+        real = os.path.realpath(path)
+        if real in seen:
+            return  # a symlink loop or a second link to the same folder
+        seen.add(real)
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError as e:
+            raise DataError(f"{path}: cannot list folder: {e.strerror or e}") from None
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            r = f"{rel}/{e.name}" if rel else e.name
+            try:
+                if e.is_dir(follow_symlinks=True):
+                    visit(e.path, r)
+                elif e.is_file(follow_symlinks=True):
+                    if os.path.realpath(e.path) not in exclude:
+                        found.append(r)
+                elif e.is_symlink():
+                    raise DataError(f"{e.path}: broken symlink")
+            except OSError as err:
+                raise DataError(f"{e.path}: cannot read: {err.strerror or err}") from None
+
+    visit(str(root), "")
+    found.sort()
+    return found
+
+
+@dataclass
+class Labels:
+    """Integer label per relative path, and the class names when labels came from names."""
+
+    by_path: dict[str, int] | None  # None: the dataset has no labels
+    classes: list[str] | None
+    kind: str  # "folders" | "file" | "none"
+
+
+def folder_labels(paths: list[str], root: Path) -> Labels:
+    """Labels from the first path component (``root/<class>/...``), classes sorted by name."""
+    flat = [p for p in paths if "/" not in p]
+    if len(flat) == len(paths):
+        return Labels(None, None, "none")
+    if flat:
+        raise DataError(
+            f"{root}: mixed layout: {root / flat[0]} lies directly in the folder while other files are in "
+            "class sub-folders; move it into a class folder, or pass --no-labels or --labels FILE"
+        )
+    classes = sorted({p.split("/", 1)[0] for p in paths})
+    index = {c: i for i, c in enumerate(classes)}
+    return Labels({p: index[p.split("/", 1)[0]] for p in paths}, classes, "folders")
+
+
+def file_labels(path: Path) -> Labels:
+    """Read ``relative_path,label`` pairs from CSV or JSON. Integer labels stay as they are;
+    string labels become indices into the sorted class names."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read labels file: {e}") from None
+    if path.suffix.lower() == ".json":
+        pairs = _json_pairs(path, text)
+    elif path.suffix.lower() in (".csv", ".txt", ".tsv"):
+        pairs = _csv_pairs(path, text)
+    else:
+        raise UsageError(f"{path}: labels file must be .csv or .json")
+    if not pairs:
+        raise DataError(f"{path}: labels file is empty")
+    raw: dict[str, str] = {}
+    for rel, label in pairs:
+        key = Path(rel).as_posix()  # normalises "./a//b" to "a/b"
+        if key in raw and raw[key] != label:
+            raise DataError(f"{path}: {rel!r} is listed twice with different labels")
+        raw[key] = label
+    try:
+        ints = {k: int(v) for k, v in raw.items()}
+    except ValueError:
+        classes = sorted(set(raw.values()))
+        index = {c: i for i, c in enumerate(classes)}
+        return Labels({k: index[v] for k, v in raw.items()}, classes, "file")
+    return Labels(ints, None, "file")
+
+
+def _csv_pairs(path: Path, text: str) -> list[tuple[str, str]]:
+    delim = "\t" if path.suffix.lower() == ".tsv" else ","
+    rows = [r for r in csv.reader(text.splitlines(), delimiter=delim) if r and any(c.strip() for c in r)]
+    if rows and [c.strip().lower() for c in rows[0][:2]] in (["path", "label"], ["relative_path", "label"], ["file", "label"]):
+        rows = rows[1:]
+    out = []
+    for n, r in enumerate(rows, 1):
+        if len(r) != 2:
+            raise DataError(f"{path}: line {n}: expected 'relative_path,label', got {len(r)} columns")
+        out.append((r[0].strip(), r[1].strip()))
+    return out
+
+
+def _json_pairs(path: Path, text: str) -> list[tuple[str, str]]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: invalid JSON ({e})") from None
+    if isinstance(obj, dict):
+        items = list(obj.items())
+    elif isinstance(obj, list):
+        items = []
+        for e in obj:
+            if isinstance(e, dict) and "path" in e and "label" in e:
+                items.append((e["path"], e["label"]))
+            elif isinstance(e, list) and len(e) == 2:
+                items.append((e[0], e[1]))
+            else:
+                raise DataError(f"{path}: entries must be [path, label] or {{'path':..., 'label':...}}")
+    else:
+        raise DataError(f"{path}: expected an object or a list")
+    out = []
+    for p, label in items:
+        if not isinstance(p, str) or isinstance(label, (bool, float)) or not isinstance(label, (int, str)):
+            raise DataError(f"{path}: bad entry {p!r}: {label!r} (paths are strings, labels integers or strings)")
+        out.append((p, str(label)))
+    return out

@@ -1,0 +1,218 @@
+"""The ``fastdata`` command: a thin layer over converters and fastdata.open.
+
+Exit codes: 0 success, 1 data or dataset error, 2 usage error. Expected errors print
+one line without a traceback; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from ._units import parse_size
+from .errors import FastdataError, UsageError
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return v
+
+
+def _named_array(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH.npy, not {text!r}")
+    return name, path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fastdata", description="Fast sharded datasets for PyTorch training.")
+    p.add_argument("--version", action="version", version=f"fastdata {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    c = sub.add_parser("convert", help="convert .npy files or arrays into a sharded dataset",
+                       description="Convert a folder of per-sample .npy/.npz files, or large .npy arrays, "
+                                   "into a sharded HDF5 or LMDB dataset with a manifest.")
+    c.add_argument("src", nargs="?", metavar="SRC", help="folder of .npy/.npz samples, or one large .npy array")
+    c.add_argument("dst", metavar="DST", help="dataset folder to create")
+    c.add_argument("--format", choices=["hdf5", "lmdb"], default="hdf5", help="shard format (default: hdf5)")
+    c.add_argument("--shard-size", type=_size, default="256MB", metavar="SIZE",
+                   help="target bytes per shard, e.g. 512MB or 1GiB (default: 256MB)")
+    c.add_argument("--workers", type=_positive, default=None, metavar="N",
+                   help="processes writing shards in parallel (default: CPU count)")
+    c.add_argument("--compression", default="none", metavar="NAME",
+                   help="HDF5 compression: none, lzf, gzip or gzip:LEVEL (default: none)")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing fastdata dataset at DST")
+    c.add_argument("--labels", metavar="FILE",
+                   help="labels: a CSV/JSON of relative_path,label for folders, or a .npy array for array sources")
+    c.add_argument("--no-labels", action="store_true", help="do not take labels from class sub-folders")
+    c.add_argument("--data", metavar="X.npy", help="a large array whose first axis is the sample axis (field 'x')")
+    c.add_argument("--field", action="append", type=_named_array, default=[], metavar="NAME=PATH",
+                   help="a large array stored as field NAME (repeatable)")
+    c.add_argument("--skip-bad", action="store_true",
+                   help="skip unreadable or mismatched samples and list them in DST/skipped.json")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    d = sub.add_parser("demo", help="run the main job end to end on a small synthetic dataset",
+                       description="Generate synthetic .npy samples, convert them to HDF5 and LMDB, read them "
+                                   "back and compare throughput with naive per-file np.load.")
+    d.add_argument("--samples", type=_positive, default=512, metavar="N", help="samples to generate (default: 512)")
+    d.add_argument("--dir", metavar="DIR", help="work folder to keep (default: a temporary folder, removed after)")
+
+    i = sub.add_parser("info", help="describe a dataset", description="Print a dataset's manifest for a person.")
+    i.add_argument("dst", metavar="DST", help="dataset folder")
+    i.add_argument("--json", action="store_true", help="print the raw manifest as JSON")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "convert":
+            return _convert(args)
+        if args.command == "info":
+            return _info(args)
+        if args.command == "demo":
+            return _demo(args)
+        parser.error(f"unknown command {args.command}")
+    except FastdataError as e:
+        if args.debug:
+            raise
+        print(f"fastdata: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("fastdata: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+class _Bar:
+    """tqdm progress for conversions: samples with samples/s, and MB/s in the postfix."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = None
+        self.nbytes = 0
+
+    def start(self, total_samples: int, total_bytes: int) -> None:
+        self.close()  # a command that converts twice gets one bar per conversion
+        self.nbytes = 0
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        tqdm.monitor_interval = 0  # no monitor thread: workers are forked
+        self.bar = tqdm(total=total_samples, unit=" samples", dynamic_ncols=True, file=sys.stderr,
+                        disable=None, desc="converting")
+
+    def update(self, samples: int, nbytes: int) -> None:
+        if self.bar is None:
+            return
+        self.nbytes += nbytes
+        self.bar.update(samples)
+        elapsed = self.bar.format_dict.get("elapsed") or 0
+        if elapsed > 0:
+            self.bar.set_postfix_str(f"{self.nbytes / elapsed / 1e6:.0f} MB/s", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import converters
+
+    arrays = dict(args.field)
+    if args.data:
+        if "x" in arrays:
+            raise UsageError("--data and --field x=... both name field 'x'")
+        arrays = {"x": args.data, **arrays}
+    options = converters.WriteOptions(backend=args.format, shard_size=args.shard_size, workers=args.workers,
+                                      compression=None if args.compression == "none" else args.compression)
+    bar = _Bar(enabled=not args.quiet)
+    try:
+        report = converters.convert(args.src, args.dst, options, labels=args.labels, no_labels=args.no_labels,
+                                    arrays=arrays or None, overwrite=args.overwrite, skip_bad=args.skip_bad,
+                                    progress=bar)
+    finally:
+        bar.close()
+    print(report.summary())
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    bar = _Bar(enabled=True)
+    try:
+        print(demo.run(Path(args.dir) if args.dir else None, samples=args.samples, progress=bar))
+    finally:
+        bar.close()
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .format import read_manifest
+
+    m = read_manifest(Path(args.dst))
+    if args.json:
+        print(json.dumps(m.to_json(), indent=1))
+        return 0
+    print(describe(m, Path(args.dst)))
+    return 0
+
+
+def describe(m, root: Path) -> str:  # type: ignore[no-untyped-def]
+    """A person-readable summary of a manifest (what ``fastdata info`` prints)."""
+    from ._units import fmt_bytes
+
+    total = sum(s.bytes for s in m.shards)
+    lines = [
+        f"dataset   {root}",
+        f"format    fastdata v{m.version}, {m.backend}",
+        f"samples   {m.num_samples}",
+        f"shards    {len(m.shards)}, {fmt_bytes(total)} in all",
+        "fields",
+    ]
+    for f in m.fields:
+        shape = "(" + ", ".join("n" if d is None else str(d) for d in f.shape) + ")"
+        kind = "ragged" if f.ragged else "fixed"
+        lines.append(f"  {f.name:<12} {str(f.np_dtype):<9} {shape:<22} {kind}, {f.encoding}")
+    if m.classes is not None:
+        shown = ", ".join(f"{i}={c}" for i, c in enumerate(m.classes[:20]))
+        more = f", ... ({len(m.classes)} in all)" if len(m.classes) > 20 else ""
+        lines.append(f"classes   {len(m.classes)}: {shown}{more}")
+    src = m.source or {}
+    if src:
+        lines.append("source    " + ", ".join(f"{k}={v}" for k, v in src.items() if not isinstance(v, (dict, list))))
+    lines.append("shard files")
+    for s in m.shards[:10]:
+        lines.append(f"  {s.file}  samples {s.start}..{s.start + s.count - 1}  {fmt_bytes(s.bytes)}  sha256 {s.sha256[:12]}")
+    if len(m.shards) > 10:
+        lines.append(f"  ... {len(m.shards) - 10} more")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

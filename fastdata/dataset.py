@@ -1,0 +1,137 @@
+"""``fastdata.open``: a map-style dataset over a directory of shards.
+
+``get_batch`` sorts the requested indices, groups them by shard, merges runs that are
+consecutive on disk and in the batch, and reads straight into one preallocated array
+per field. Ragged fields come back padded to the longest sample in the batch, with a
+``<name>_lengths`` array.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .errors import CorruptShardError, UsageError
+from .format import LENGTHS_SUFFIX, FieldSpec, Manifest, backend, read_manifest, shard_path
+
+
+class Dataset:
+    """Samples of a fastdata dataset; ``ds[i]`` and ``ds.get_batch(indices)`` give dicts of numpy arrays."""
+
+    def __init__(self, root: str | os.PathLike[str], fields: Sequence[str] | None = None) -> None:
+        self.root = Path(root)
+        self.manifest: Manifest = read_manifest(self.root)
+        names = [f.name for f in self.manifest.fields]
+        if fields is not None:
+            unknown = [f for f in fields if f not in names]
+            if unknown:
+                raise UsageError(f"{self.root}: no field {unknown[0]!r} (fields: {', '.join(names)})")
+        self.schema: list[FieldSpec] = [f for f in self.manifest.fields if fields is None or f.name in fields]
+        impl = backend(self.manifest.backend)
+        self._readers = []
+        for info in self.manifest.shards:
+            path = shard_path(self.root, info)
+            if not path.is_file():
+                raise CorruptShardError(f"{self.root}: shard {info.file!r} is missing")
+            size = path.stat().st_size
+            if size != info.bytes:
+                raise CorruptShardError(
+                    f"{self.root}: shard {info.file!r} is {size} bytes, the manifest says {info.bytes} (truncated or replaced)"
+                )
+            self._readers.append(impl.ShardReader(path, info, self.manifest.fields))
+        self._starts = np.array([s.start for s in self.manifest.shards], dtype=np.int64)
+
+    @property
+    def classes(self) -> list[str] | None:
+        return self.manifest.classes
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}:{f.np_dtype}{list(f.shape)}" for f in self.schema)
+        return f"<fastdata.Dataset {str(self.root)!r} {len(self)} samples, {len(self._readers)} {self.manifest.backend} shards; {fields}>"
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"dataset indices must be integers, not {type(i).__name__} (use get_batch for many)")
+        n = len(self)
+        j = int(i) + n if i < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"index {i} out of range for a dataset of {n} samples")
+        batch = self.get_batch([j])
+        out = {}
+        for f in self.schema:
+            a = batch[f.name][0]
+            out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if f.ragged else a
+        return out
+
+    def get_batch(self, indices: Iterable[int] | np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Read the samples ``indices`` (any order, repeats allowed) into one array per field.
+
+        ``out`` may supply preallocated arrays for fixed-shape fields (for example pinned
+        buffers); they must be C-contiguous with shape ``(len(indices), *shape)``.
+        """
+        idx = np.asarray(indices)
+        if idx.size == 0:
+            idx = idx.astype(np.int64)
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            raise TypeError("indices must be a 1-D sequence of integers")
+        idx = idx.astype(np.int64, copy=False)
+        n, b = len(self), len(idx)
+        if b and (idx.min() < 0 or idx.max() >= n):
+            bad = idx[(idx < 0) | (idx >= n)][0]
+            raise IndexError(f"index {bad} out of range for a dataset of {n} samples")
+        order = np.argsort(idx, kind="stable")
+        sidx = idx[order]
+        shard_of = np.searchsorted(self._starts, sidx, side="right") - 1
+        cuts = np.flatnonzero(np.diff(shard_of)) + 1
+        segments = [
+            (self._readers[shard_of[a]], sidx[a:e] - self._starts[shard_of[a]], order[a:e])
+            for a, e in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [b])))
+            if e > a
+        ]
+        result: dict[str, np.ndarray] = {}
+        for f in self.schema:
+            if f.ragged:
+                lengths = np.zeros(b, dtype=np.int64)
+                for reader, local, dest in segments:
+                    lengths[dest] = reader.lengths(f.name, local)
+                longest = int(lengths.max()) if b else 0
+                result[f.name] = np.zeros((b, longest, *f.trailing), dtype=f.np_dtype)
+                result[f.name + LENGTHS_SUFFIX] = lengths
+            else:
+                result[f.name] = self._out_array(f, b, out)
+        outs = {f.name: result[f.name] for f in self.schema}
+        for reader, local, dest in segments:
+            reader.read_into(local, dest, outs)
+        return result
+
+    @staticmethod
+    def _out_array(f: FieldSpec, b: int, out: dict[str, np.ndarray] | None) -> np.ndarray:
+        shape = (b, *f.shape)
+        if out is None or f.name not in out:
+            return np.empty(shape, dtype=f.np_dtype)
+        a = out[f.name]
+        if a.shape != shape or a.dtype != f.np_dtype or not a.flags.c_contiguous:
+            raise ValueError(f"out[{f.name!r}] must be a C-contiguous {f.np_dtype} array of shape {shape}")
+        return a
+
+    def close(self) -> None:
+        """Release this process's file handles (they reopen on next use)."""
+        for r in self._readers:
+            r.close()
+
+    def __enter__(self) -> "Dataset":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open(path: str | os.PathLike[str], fields: Sequence[str] | None = None) -> Dataset:  # noqa: A001
+    """Open the fastdata dataset at ``path`` (a directory with ``manifest.json``)."""
+    return Dataset(path, fields=fields)

@@ -1,0 +1,319 @@
+"""HDF5 shards: one dataset per fixed field (sample axis first); ragged fields as data + offsets.
+
+Uncompressed fields are stored contiguous, so a reader finds each field's byte offset
+once and then reads any run of samples with one ``pread`` straight into the batch
+buffer: no h5py call (and no h5py global lock) on the hot path. Compressed fields are
+chunked along the sample axis (about 1 MiB a chunk) and read through h5py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..errors import CorruptShardError, UsageError
+from ..world import PerProcessHandle
+from ._io import pread_into, runs
+from .manifest import FORMAT_VERSION, FieldSpec, ShardInfo
+
+EXTENSION = ".h5"
+COMPRESSIONS = ("none", "lzf", "gzip")
+_CHUNK_BYTES = 1 << 20
+_STAGE_BYTES = 32 << 20
+_CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
+_MAP_ROW_BYTES = 64 << 10  # smaller samples are gathered from a memory map in one numpy call
+
+
+def parse_compression(value: str | None) -> tuple[str | None, int | None]:
+    """``none`` | ``lzf`` | ``gzip`` | ``gzip:N`` -> (h5py filter, level)."""
+    if value in (None, "", "none"):
+        return None, None
+    name, _, level = value.partition(":")
+    if name == "lzf" and not level:
+        return "lzf", None
+    if name == "gzip":
+        try:
+            lvl = int(level) if level else 4
+        except ValueError:
+            lvl = -1
+        if 0 <= lvl <= 9:
+            return "gzip", lvl
+    raise UsageError(f"unknown HDF5 compression {value!r} (use none, lzf, gzip or gzip:0-9)")
+
+
+def _chunk_rows(row_bytes: int, n: int) -> int:
+    return max(1, min(n, _CHUNK_BYTES // max(1, row_bytes)))
+
+
+class ShardWriter:
+    """Writes one HDF5 shard of ``count`` samples. Use as a context manager; see docs/format.md."""
+
+    def __init__(
+        self,
+        path: Path,
+        fields: list[FieldSpec],
+        count: int,
+        ragged_rows: dict[str, int],
+        compression: str | None = None,
+        start: int = 0,
+    ) -> None:
+        del start  # HDF5 shards do not store global indices
+        self.fields = fields
+        self.count = count
+        filt, level = parse_compression(compression)
+        self._file = h5py.File(path, "w", libver="earliest", track_order=False)
+        self._file.attrs["fastdata_format"] = FORMAT_VERSION
+        self._dsets: dict[str, Any] = {}
+        self._stage: dict[str, list[np.ndarray]] = {}
+        self._staged_bytes = 0
+        self._written = 0  # samples flushed
+        self._rows_written: dict[str, int] = {}
+        self._offsets: dict[str, np.ndarray] = {}
+        for f in fields:
+            if f.ragged:
+                rows = ragged_rows[f.name]
+                g = self._file.create_group(f.name)
+                self._dsets[f.name] = self._create(g, "data", (rows, *f.trailing), f, filt, level, f.row_nbytes)
+                self._offsets[f.name] = np.zeros(count + 1, dtype=np.int64)
+                self._rows_written[f.name] = 0
+            else:
+                self._dsets[f.name] = self._create(self._file, f.name, (count, *f.shape), f, filt, level, f.row_nbytes)
+            self._stage[f.name] = []
+        self._n = 0
+
+    @staticmethod
+    def _create(parent: Any, name: str, shape: tuple[int, ...], f: FieldSpec, filt: Any, level: Any, row_bytes: int) -> Any:
+        if filt is None or shape[0] == 0 or math.prod(shape) == 0:
+            return parent.create_dataset(name, shape=shape, dtype=f.np_dtype, track_times=False)
+        chunks = (_chunk_rows(row_bytes, shape[0]), *shape[1:])
+        return parent.create_dataset(
+            name, shape=shape, dtype=f.np_dtype, chunks=chunks, compression=filt,
+            compression_opts=level, shuffle=filt == "gzip", track_times=False,
+        )
+
+    def write(self, sample: dict[str, np.ndarray]) -> None:
+        """Append one sample (arrays already validated against the schema)."""
+        if self._n >= self.count:
+            raise ValueError("shard is full")
+        for f in self.fields:
+            a = sample[f.name]
+            if f.ragged:
+                self._offsets[f.name][self._n + 1] = self._offsets[f.name][self._n] + a.shape[0]
+            self._stage[f.name].append(a)
+            self._staged_bytes += a.nbytes
+        self._n += 1
+        if self._staged_bytes >= _STAGE_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        n = len(self._stage[self.fields[0].name])
+        if n == 0:
+            return
+        for f in self.fields:
+            parts = self._stage[f.name]
+            dset = self._dsets[f.name]
+            if f.ragged:
+                block = np.concatenate(parts) if len(parts) > 1 else parts[0]
+                r0 = self._rows_written[f.name]
+                if len(block):
+                    dset[r0 : r0 + len(block)] = block
+                self._rows_written[f.name] = r0 + len(block)
+            else:
+                dset[self._written : self._written + n] = np.stack(parts)
+            parts.clear()
+        self._written += n
+        self._staged_bytes = 0
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        try:
+            self._flush()
+            if self._n != self.count:
+                raise ValueError(f"shard got {self._n} samples, planned {self.count}")
+            for f in self.fields:
+                if f.ragged:
+                    self._file[f.name].create_dataset("offsets", data=self._offsets[f.name], track_times=False)
+        finally:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        elif self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@dataclass
+class _Column:
+    """How to read one field in this process: a byte offset for pread, a cached array, or h5py."""
+
+    offset: int | None = None  # contiguous uncompressed data
+    cached: np.ndarray | None = None  # whole small column in memory
+    mapped: np.ndarray | None = None  # small samples: a read-only memory map of the column
+    dset: Any = None  # chunked/compressed: read through h5py
+    offsets: np.ndarray | None = None  # ragged: row offsets, count + 1
+
+
+@dataclass
+class _Handle:
+    fd: int
+    h5: Any
+    columns: dict[str, _Column] = field(default_factory=dict)
+
+
+class ShardReader(PerProcessHandle[_Handle]):
+    """Reads samples of one HDF5 shard into caller-provided batch arrays."""
+
+    def __init__(self, path: Path, info: ShardInfo, fields: list[FieldSpec]) -> None:
+        self.path = path
+        self.info = info
+        self.fields = {f.name: f for f in fields}
+
+    def _where(self, local: int | None = None) -> str:
+        if local is None:
+            return f"shard {self.path}"
+        return f"shard {self.path}, sample {self.info.start + local}"
+
+    def _open_handle(self) -> _Handle:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise CorruptShardError(f"{self._where()}: shard file is missing") from None
+        except OSError as e:
+            raise CorruptShardError(f"{self._where()}: cannot open: {e.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size != self.info.bytes:
+                raise CorruptShardError(
+                    f"{self._where()}: file is {size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"
+                )
+            try:
+                h5 = h5py.File(self.path, "r", rdcc_nbytes=64 << 20, rdcc_nslots=10007)
+            except Exception as e:  # h5py raises OSError with libhdf5's message
+                raise CorruptShardError(f"{self._where()}: not a readable HDF5 file ({e})") from None
+            handle = _Handle(fd=fd, h5=h5)
+            keep_h5 = False
+            try:
+                for f in self.fields.values():
+                    col = self._column(h5, f, size, fd)
+                    keep_h5 |= col.dset is not None
+                    handle.columns[f.name] = col
+            except CorruptShardError:
+                h5.close()
+                raise
+            except Exception as e:
+                h5.close()
+                raise CorruptShardError(f"{self._where()}: unexpected layout ({type(e).__name__}: {e})") from None
+            if not keep_h5:
+                h5.close()  # every column is read with pread: no h5py (and no lock) from here on
+                handle.h5 = None
+            return handle
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _column(self, h5: Any, f: FieldSpec, file_size: int, fd: int) -> _Column:
+        n = self.info.count
+        if f.name not in h5:
+            raise CorruptShardError(f"{self._where()}: field {f.name!r} is missing")
+        col = _Column()
+        if f.ragged:
+            grp = h5[f.name]
+            if "data" not in grp or "offsets" not in grp:
+                raise CorruptShardError(f"{self._where()}: ragged field {f.name!r} lacks data/offsets")
+            dset, offs = grp["data"], grp["offsets"]
+            if offs.shape != (n + 1,) or offs.dtype.kind not in "iu":
+                raise CorruptShardError(f"{self._where()}: field {f.name!r} has bad offsets shape {offs.shape}")
+            o = np.asarray(offs[...], dtype=np.int64)
+            if o[0] != 0 or np.any(np.diff(o) < 0) or o[-1] != dset.shape[0]:
+                raise CorruptShardError(f"{self._where()}: field {f.name!r} has inconsistent offsets")
+            col.offsets = o
+            expect = (int(o[-1]), *f.trailing)
+        else:
+            dset = h5[f.name]
+            expect = (n, *f.shape)
+        if tuple(dset.shape) != expect or dset.dtype != f.np_dtype:
+            raise CorruptShardError(
+                f"{self._where()}: field {f.name!r} is {dset.dtype}{tuple(dset.shape)}, manifest says {f.np_dtype}{expect}"
+            )
+        nbytes = int(math.prod(expect)) * f.np_dtype.itemsize
+        if dset.chunks is None and dset.compression is None:
+            off = dset.id.get_offset()
+            if nbytes and (off is None or off + nbytes > file_size):
+                raise CorruptShardError(f"{self._where()}: field {f.name!r} data lies outside the file")
+            col.offset = off
+            if nbytes and not f.ragged:
+                if nbytes <= _CACHE_COLUMN_BYTES:
+                    col.cached = np.empty(expect, dtype=f.np_dtype)
+                    pread_into(fd, col.cached, off, self._where())
+                elif f.row_nbytes <= _MAP_ROW_BYTES:
+                    # The file size was checked against the manifest above, so the map is in bounds.
+                    col.mapped = np.memmap(self.path, dtype=f.np_dtype, mode="r", offset=off, shape=expect)
+        else:
+            col.dset = dset
+        return col
+
+    def lengths(self, name: str, local: np.ndarray) -> np.ndarray:
+        o = self.handle().columns[name].offsets
+        assert o is not None
+        return o[local + 1] - o[local]
+
+    def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
+        """Sample ``local[k]`` of this shard goes to row ``dest[k]`` of each array in ``outs``.
+
+        ``local`` is sorted; runs consecutive in both ``local`` and ``dest`` are read at once.
+        Ragged fields are written into the leading rows of a zero-padded output.
+        """
+        h = self.handle()
+        for name, out in outs.items():
+            f = self.fields[name]
+            col = h.columns[name]
+            if f.ragged:
+                self._read_ragged(h, f, col, local, dest, out)
+            elif col.cached is not None:
+                out[dest] = col.cached[local]
+            elif col.mapped is not None:
+                out[dest] = col.mapped[local]
+            elif col.offset is not None:
+                row = f.row_nbytes
+                for l0, d0, n in runs(local, dest):
+                    pread_into(h.fd, out[d0 : d0 + n], col.offset + l0 * row, self._where(l0))
+            else:
+                for l0, d0, n in runs(local, dest):
+                    self._h5_read(col.dset, np.s_[l0 : l0 + n], out[d0 : d0 + n], l0)
+
+    def _read_ragged(self, h: _Handle, f: FieldSpec, col: _Column, local: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+        o = col.offsets
+        assert o is not None
+        for l, d in zip(local.tolist(), dest.tolist()):
+            r0, r1 = int(o[l]), int(o[l + 1])
+            if r1 == r0:
+                continue
+            target = out[d, : r1 - r0]
+            if col.offset is not None:
+                pread_into(h.fd, target, col.offset + r0 * f.row_nbytes, self._where(l))
+            else:
+                self._h5_read(col.dset, np.s_[r0:r1], target, l)
+
+    def _h5_read(self, dset: Any, sel: Any, target: np.ndarray, local: int) -> None:
+        try:
+            dset.read_direct(target, source_sel=sel)
+        except Exception as e:
+            raise CorruptShardError(f"{self._where(local)}: read failed ({e})") from None
+
+    def _close_handle(self, handle: _Handle) -> None:
+        os.close(handle.fd)
+        if handle.h5 is not None:
+            handle.h5.close()

@@ -1,0 +1,266 @@
+"""LMDB shards: one environment file per shard, one record per sample.
+
+Key: the sample's global index as an 8-byte big-endian unsigned integer, so keys sort
+in sample order and are written with ``append=True``.
+
+Record (all integers little-endian; see docs/format.md)::
+
+    offset 0        magic   b"FDR1"
+    offset 4        u32     number of fields n (equals the manifest's field count)
+    offset 8        n x u64 payload size in bytes of each field, in manifest order
+    offset 8 + 8n   payloads, concatenated: each field's array in C order, in its dtype
+
+A ragged field's first-axis length is its payload size divided by the row size.
+Every record header is checked against the schema before any byte is copied.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import lmdb
+import numpy as np
+
+from ..errors import CorruptShardError, UsageError
+from ..world import PerProcessHandle
+from .manifest import FieldSpec, ShardInfo
+
+EXTENSION = ".lmdb"
+MAGIC = b"FDR1"
+_COMMIT_BYTES = 64 << 20
+_GATHER_RECORD_BYTES = 64 << 10  # smaller fixed-layout records are fetched with one getmulti
+_KEY = struct.Struct(">Q")
+
+
+def parse_compression(value: str | None) -> None:
+    if value not in (None, "", "none"):
+        raise UsageError(f"--compression {value} is not supported for LMDB shards (HDF5 only)")
+
+
+def key(index: int) -> bytes:
+    return _KEY.pack(index)
+
+
+def encode_record(fields: list[FieldSpec], sample: dict[str, np.ndarray]) -> bytes:
+    arrays = [np.asarray(sample[f.name]) for f in fields]  # tobytes() is C order
+    header = MAGIC + struct.pack(f"<I{len(arrays)}Q", len(arrays), *(a.nbytes for a in arrays))
+    return b"".join([header, *(a.tobytes() for a in arrays)])
+
+
+class ShardWriter:
+    """Writes one LMDB shard; the map grows on demand, so ``MapFullError`` never reaches the user."""
+
+    def __init__(
+        self,
+        path: Path,
+        fields: list[FieldSpec],
+        count: int,
+        ragged_rows: dict[str, int],
+        compression: str | None = None,
+        start: int = 0,
+    ) -> None:
+        parse_compression(compression)
+        self.path = Path(path)
+        self.fields = fields
+        self.count = count
+        self.start = start
+        payload = sum(f.row_nbytes * (ragged_rows[f.name] if f.ragged else count) for f in fields)
+        estimate = int((payload + count * (4096 + 64 + 8 * len(fields))) * 1.25) + (1 << 20)
+        self._env = lmdb.open(
+            str(self.path), subdir=False, map_size=estimate, metasync=False, sync=False,
+            readahead=False, max_dbs=0, lock=True,
+        )
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self._n = 0
+
+    def write(self, sample: dict[str, np.ndarray]) -> None:
+        if self._n >= self.count:
+            raise ValueError("shard is full")
+        value = encode_record(self.fields, sample)
+        self._pending.append((key(self.start + self._n), value))
+        self._pending_bytes += len(value)
+        self._n += 1
+        if self._pending_bytes >= _COMMIT_BYTES:
+            self._commit()
+
+    def _commit(self) -> None:
+        if not self._pending:
+            return
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    with txn.cursor() as cur:
+                        cur.putmulti(self._pending, append=True)
+                break
+            except lmdb.MapFullError:
+                size = self._env.info()["map_size"]
+                self._env.set_mapsize(max(size * 2, size + 4 * self._pending_bytes))
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def close(self) -> None:
+        if self._env is None:
+            return
+        try:
+            self._commit()
+            if self._n != self.count:
+                raise ValueError(f"shard got {self._n} samples, planned {self.count}")
+            self._env.sync(True)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._env.close()
+        self._env = None
+        Path(str(self.path) + "-lock").unlink(missing_ok=True)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        elif self._env is not None:
+            self._release()
+
+
+class ShardReader(PerProcessHandle[lmdb.Environment]):
+    """Reads samples of one LMDB shard into caller-provided batch arrays."""
+
+    def __init__(self, path: Path, info: ShardInfo, fields: list[FieldSpec]) -> None:
+        self.path = path
+        self.info = info
+        self.all_fields = fields  # records hold every field, in manifest order
+        n = len(fields)
+        self._header_size = 8 + 8 * n
+        self._sizes_fmt = f"<{n}Q"
+        self._fixed = all(not f.ragged for f in fields)
+        self._expected_header = MAGIC + struct.pack(f"<I{n}Q", n, *(f.row_nbytes if not f.ragged else 0 for f in fields))
+        self._index = {f.name: i for i, f in enumerate(fields)}
+        self._record_size = self._header_size + sum(f.row_nbytes for f in fields) if self._fixed else None
+        self._field_offsets = np.cumsum([self._header_size] + [f.row_nbytes for f in fields])[:-1].tolist()
+
+    def _where(self, local: int | None = None) -> str:
+        if local is None:
+            return f"shard {self.path}"
+        return f"shard {self.path}, sample {self.info.start + local}"
+
+    def _open_handle(self) -> lmdb.Environment:
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            raise CorruptShardError(f"{self._where()}: shard file is missing") from None
+        if size != self.info.bytes:
+            raise CorruptShardError(
+                f"{self._where()}: file is {size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"
+            )
+        try:
+            return lmdb.open(
+                str(self.path), subdir=False, readonly=True, lock=False, readahead=False,
+                meminit=False, max_readers=1024, max_dbs=0,
+            )
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
+
+    def _close_handle(self, handle: lmdb.Environment) -> None:
+        handle.close()
+
+    def _layout(self, buf: memoryview, local: int) -> list[tuple[int, int]]:
+        """(offset, nbytes) of each field in one record, after checking the header."""
+        where = self._where(local)
+        if len(buf) < self._header_size or buf[:4] != MAGIC:
+            raise CorruptShardError(f"{where}: bad record header")
+        if self._fixed:
+            if buf[: self._header_size] != self._expected_header:
+                raise CorruptShardError(f"{where}: record header does not match the schema")
+            sizes = [f.row_nbytes for f in self.all_fields]
+        else:
+            (n,) = struct.unpack_from("<I", buf, 4)
+            if n != len(self.all_fields):
+                raise CorruptShardError(f"{where}: record has {n} fields, the schema {len(self.all_fields)}")
+            sizes = list(struct.unpack_from(self._sizes_fmt, buf, 8))
+            for f, s in zip(self.all_fields, sizes):
+                if f.ragged:
+                    whole = s % f.row_nbytes == 0 if f.row_nbytes else s == 0
+                else:
+                    whole = s == f.row_nbytes
+                if not whole:
+                    raise CorruptShardError(f"{where}: field {f.name!r} has {s} bytes, not a whole sample")
+        out, pos = [], self._header_size
+        for s in sizes:
+            out.append((pos, s))
+            pos += s
+        if pos != len(buf):
+            raise CorruptShardError(f"{where}: record is {len(buf)} bytes, its header says {pos}")
+        return out
+
+    def _get(self, txn: lmdb.Transaction, local: int) -> memoryview:
+        try:
+            buf = txn.get(key(self.info.start + local))
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where(local)}: LMDB read failed ({e})") from None
+        if buf is None:
+            raise CorruptShardError(f"{self._where(local)}: record is missing")
+        return buf
+
+    def lengths(self, name: str, local: np.ndarray) -> np.ndarray:
+        i = self._index[name]
+        f = self.all_fields[i]
+        out = np.empty(len(local), dtype=np.int64)
+        with self.handle().begin(buffers=True) as txn:
+            for k, l in enumerate(local.tolist()):
+                _, size = self._layout(self._get(txn, l), l)[i]
+                out[k] = size // f.row_nbytes if f.row_nbytes else 0
+        return out
+
+    def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
+        """Sample ``local[k]`` goes to row ``dest[k]`` of each array in ``outs`` (ragged: leading rows)."""
+        if self._record_size is not None and self._record_size <= _GATHER_RECORD_BYTES:
+            self._read_small(local, dest, outs)
+            return
+        wanted = [(self._index[name], self.all_fields[self._index[name]], out) for name, out in outs.items()]
+        with self.handle().begin(buffers=True) as txn:
+            for l, d in zip(local.tolist(), dest.tolist()):
+                buf = self._get(txn, l)
+                layout = self._layout(buf, l)
+                for i, f, out in wanted:
+                    off, size = layout[i]
+                    if size == 0:
+                        continue
+                    rows = size // f.row_nbytes if f.ragged else None
+                    src = np.frombuffer(buf, dtype=f.np_dtype, count=size // f.np_dtype.itemsize, offset=off)
+                    if f.ragged:
+                        out[d, :rows] = src.reshape((rows, *f.trailing))
+                    else:
+                        out[d] = src.reshape(f.shape)  # copies out before the transaction ends
+
+    def _read_small(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
+        """Fixed-layout small records: one ``getmulti`` and vectorised header checks."""
+        raw = (local.astype(np.int64) + self.info.start).astype(">u8").tobytes()
+        keys = [raw[k : k + 8] for k in range(0, len(raw), 8)]
+        try:
+            with self.handle().begin() as txn:
+                found = txn.cursor().getmulti(keys)
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+        size = self._record_size
+        assert size is not None
+        if len(found) != len(keys) or any(len(v) != size for _, v in found):
+            for l in local.tolist():  # find and name the bad record
+                with self.handle().begin(buffers=True) as txn:
+                    self._layout(self._get(txn, l), l)
+            raise CorruptShardError(f"{self._where()}: records missing or of the wrong size")
+        rec = np.frombuffer(b"".join(v for _, v in found), dtype=np.uint8).reshape(len(found), size)
+        head = np.frombuffer(self._expected_header, dtype=np.uint8)
+        bad = np.flatnonzero((rec[:, : self._header_size] != head).any(axis=1))
+        if len(bad):
+            raise CorruptShardError(f"{self._where(int(local[bad[0]]))}: record header does not match the schema")
+        for name, out in outs.items():
+            i = self._index[name]
+            f = self.all_fields[i]
+            off = self._field_offsets[i]
+            col = rec[:, off : off + f.row_nbytes].view(f.np_dtype).reshape((len(found), *f.shape))
+            out[dest] = col

@@ -1,0 +1,226 @@
+"""Bad input: clear errors naming the file, exit codes 2 (usage) and 1 (data), nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import converters
+import fastdata
+from conftest import make_class_folder, tree_state
+from fastdata.errors import DataError, UsageError
+
+
+def assert_nothing_written(dst: Path) -> None:
+    assert not dst.exists() or not (dst / "manifest.json").exists()
+    assert not dst.exists()  # a DST we created is removed again
+
+
+def test_empty_folder(tmp_path, run_cli):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli("convert", tmp_path / "empty", tmp_path / "ds")
+    assert code == 1 and "no files found" in err and str(tmp_path / "empty") in err
+    assert_nothing_written(tmp_path / "ds")
+
+
+def test_missing_source_is_usage_error(tmp_path, run_cli):
+    code, _, err = run_cli("convert", tmp_path / "nope", tmp_path / "ds")
+    assert code == 2 and "no such file" in err
+
+
+def test_non_npy_file(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    (src / "dog" / "notes.txt").write_text("hello")
+    code, _, err = run_cli("convert", src, tmp_path / "ds")
+    assert code == 1 and "notes.txt" in err and "not a .npy" in err
+    assert_nothing_written(tmp_path / "ds")
+
+
+def test_dtype_mismatch_names_the_file(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    np.save(src / "dog" / "odd.npy", np.zeros((2, 6, 3, 3), np.float64))
+    code, _, err = run_cli("convert", src, tmp_path / "ds")
+    assert code == 1 and "odd.npy" in err and "float64" in err and "float32" in err
+    assert_nothing_written(tmp_path / "ds")
+
+
+def test_trailing_shape_mismatch_names_the_file(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    np.save(src / "cat" / "odd.npy", np.zeros((2, 6, 3, 4), np.float32))
+    code, _, err = run_cli("convert", src, tmp_path / "ds")
+    assert code == 1 and "odd.npy" in err and "(n, 6, 3, 4)" in err
+
+
+def test_truncated_npy(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    p = src / "eel" / "001.npy"
+    p.write_bytes(p.read_bytes()[:-10])
+    code, _, err = run_cli("convert", src, tmp_path / "ds")
+    assert code == 1 and "001.npy" in err and "truncated" in err
+
+
+@pytest.mark.parametrize("content,expect", [(b"", "empty file"), (b"not numpy at all", "not a valid .npy"),
+                                            (b"\x93NUMPY\x01\x00\x10\x00{'descr': <?", "not a valid .npy")])
+def test_garbage_npy(tmp_path, content, expect):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.zeros(3))
+    (src / "b.npy").write_bytes(content)
+    with pytest.raises(DataError, match=expect) as e:
+        converters.convert(src, tmp_path / "ds")
+    assert "b.npy" in str(e.value)
+
+
+def test_object_array_is_refused_without_unpickling(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError, match="object arrays would need pickle"):
+        converters.convert(src, tmp_path / "ds")
+
+
+def test_unreadable_file(tmp_path, class_folder, monkeypatch):
+    src, _ = class_folder
+    from converters import npyfile
+
+    real_open = open
+
+    def deny(path, *a, **k):
+        if str(path).endswith("dog/002.npy"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", deny)
+    with pytest.raises(DataError, match=r"dog/002\.npy: cannot read: Permission denied"):
+        converters.convert(src, tmp_path / "ds")
+    assert npyfile  # the module under test reads through builtins.open
+
+
+def test_broken_symlink(tmp_path, class_folder):
+    src, _ = class_folder
+    os.symlink(tmp_path / "gone.npy", src / "cat" / "link.npy")
+    with pytest.raises(DataError, match="link.npy: broken symlink"):
+        converters.convert(src, tmp_path / "ds")
+
+
+def test_symlink_loop_is_followed_once(tmp_path, class_folder):
+    src, _ = class_folder
+    os.symlink(src, src / "cat" / "loop")
+    converters.convert(src, tmp_path / "ds")
+    assert len(fastdata.open(tmp_path / "ds")) == 12
+
+
+def test_existing_dst_is_usage_error(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    dst = tmp_path / "ds"
+    dst.mkdir()
+    (dst / "mine.txt").write_text("keep me")
+    code, _, err = run_cli("convert", src, dst)
+    assert code == 2 and "already exists" in err
+    code, _, err = run_cli("convert", src, dst, "--overwrite")
+    assert code == 2 and "mine.txt" in err and "did not write" in err
+    assert (dst / "mine.txt").read_text() == "keep me"
+
+
+def test_overwrite_replaces_a_fastdata_dataset(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    dst = tmp_path / "ds"
+    assert run_cli("convert", src, dst, "--format", "lmdb")[0] == 0
+    code, out, _ = run_cli("convert", src, dst, "--overwrite")
+    assert code == 0 and "hdf5" in out
+    assert sorted(p.name for p in dst.iterdir()) == ["manifest.json", "shard-00000.h5"]
+
+
+def test_empty_existing_dst_is_fine(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    (tmp_path / "ds").mkdir()
+    assert run_cli("convert", src, tmp_path / "ds")[0] == 0
+
+
+def test_dst_inside_src(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    before = tree_state(src)
+    code, _, err = run_cli("convert", src, src / "cat" / "out")
+    assert code == 2 and "inside the source" in err
+    assert tree_state(src) == before
+
+
+def test_skip_bad_writes_report(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    (src / "cat" / "junk.txt").write_text("x")
+    np.save(src / "dog" / "wide.npy", np.zeros((2, 6, 3, 9), np.float32))
+    p = src / "eel" / "000.npy"
+    p.write_bytes(p.read_bytes()[:100])
+    before = tree_state(src)
+    code, out, err = run_cli("convert", src, tmp_path / "ds", "--skip-bad")
+    assert code == 0, err
+    assert "skipped 3 bad file(s)" in out
+    report = json.loads((tmp_path / "ds" / "skipped.json").read_text())
+    assert [r["path"] for r in report] == ["cat/junk.txt", "dog/wide.npy", "eel/000.npy"]
+    assert "not a .npy" in report[0]["reason"] and "truncated" in report[2]["reason"]
+    ds = fastdata.open(tmp_path / "ds")
+    assert len(ds) == 11 and ds.classes == ["cat", "dog", "eel"]
+    assert tree_state(src) == before
+
+
+def test_mixed_layout_is_reported(tmp_path, class_folder):
+    src, _ = class_folder
+    np.save(src / "stray.npy", np.zeros((2, 6, 3, 3), np.float32))
+    with pytest.raises(DataError, match="stray.npy.*mixed layout|mixed layout.*stray.npy"):
+        converters.convert(src, tmp_path / "ds")
+    converters.convert(src, tmp_path / "ds", no_labels=True)
+    assert len(fastdata.open(tmp_path / "ds")) == 13
+
+
+def test_labels_file_problems(tmp_path, class_folder):
+    src, _ = class_folder
+    lab = tmp_path / "l.csv"
+    lab.write_text("cat/000.npy,1\n")
+    with pytest.raises(DataError, match="cat/001.npy: no label"):
+        converters.convert(src, tmp_path / "ds", labels=lab)
+    lab.write_text("".join(f"{p.relative_to(src).as_posix()},0\n" for p in src.rglob("*.npy")) + "ghost.npy,1\n")
+    with pytest.raises(DataError, match="ghost.npy"):
+        converters.convert(src, tmp_path / "ds", labels=lab)
+    with pytest.raises(UsageError, match="not found"):
+        converters.convert(src, tmp_path / "ds", labels=tmp_path / "missing.csv")
+
+
+def test_arrays_with_different_lengths(tmp_path, run_cli):
+    np.save(tmp_path / "X.npy", np.zeros((10, 3)))
+    np.save(tmp_path / "y.npy", np.zeros(9, np.int64))
+    code, _, err = run_cli("convert", "--data", tmp_path / "X.npy", "--labels", tmp_path / "y.npy", tmp_path / "ds")
+    assert code == 1 and "y.npy: has 9 samples" in err
+
+
+def test_bad_options_are_usage_errors(tmp_path, class_folder, run_cli):
+    src, _ = class_folder
+    assert run_cli("convert", src, tmp_path / "a", "--shard-size", "lots")[0] == 2
+    assert run_cli("convert", src, tmp_path / "a", "--workers", "0")[0] == 2
+    code, _, err = run_cli("convert", src, tmp_path / "a", "--format", "lmdb", "--compression", "gzip")
+    assert code == 2 and "HDF5 only" in err
+    code, _, err = run_cli("convert", src, tmp_path / "a", "--compression", "zstd")
+    assert code == 2 and "zstd" in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_write_failure_leaves_no_dataset(tmp_path, class_folder, monkeypatch):
+    src, _ = class_folder
+    from converters import writer
+
+    calls = {"n": 0}
+    real = writer._write_shard
+
+    def flaky(task, report=None):
+        calls["n"] += 1
+        if task.index == 1:
+            raise OSError(28, "No space left on device")
+        return real(task, report)
+
+    monkeypatch.setattr(writer, "_write_shard", flaky)
+    with pytest.raises(OSError):
+        converters.convert(src, tmp_path / "ds", converters.WriteOptions(shard_size=1500, workers=1))
+    assert not (tmp_path / "ds").exists()
