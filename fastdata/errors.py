@@ -12,6 +12,7 @@ __all__ = [
     "FastdataError",
     "FormatError",
     "IncompleteDatasetError",
+    "LoaderWorkerError",
     "UsageError",
     "VersionError",
 ]
@@ -47,3 +48,7 @@ class VersionError(FormatError):
 
 class CorruptShardError(FormatError):
     """A shard is missing, has the wrong size, or holds a record that fails its checks."""
+
+
+class LoaderWorkerError(FastdataError):
+    """An unexpected error in a loader thread or worker; the message says where it happened."""

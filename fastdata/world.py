@@ -42,6 +42,10 @@ class PerProcessHandle(Generic[H]):
         """Release this process's handle; the next use opens a new one."""
         self._drop()
 
+    def _after_fork_in_child(self) -> None:
+        """Called in a forked child for a handle the parent had open: close the child's copy."""
+        self._drop()
+
     def _drop(self) -> None:
         handle, self._handle, self._handle_pid = self._handle, None, None
         _open_handles.discard(self)
@@ -64,8 +68,43 @@ class PerProcessHandle(Generic[H]):
 def _close_inherited_handles() -> None:
     """In a forked child: close (the child's copies of) every handle the parent had open."""
     for obj in list(_open_handles):
-        obj._drop()
+        obj._after_fork_in_child()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_inherited_handles)
+
+
+class World:
+    """Which share of the data this process reads: distributed rank and world size.
+
+    The only place that asks torch.distributed; everything else takes a World value.
+    """
+
+    __slots__ = ("rank", "size")
+
+    def __init__(self, rank: int = 0, size: int = 1) -> None:
+        if size < 1 or not 0 <= rank < size:
+            raise ValueError(f"bad world: rank {rank} of {size}")
+        self.rank = rank
+        self.size = size
+
+    @classmethod
+    def detect(cls) -> "World":
+        """The torch.distributed rank and world size when a process group is up, else a world of one."""
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover - torch always ships it
+            return cls()
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, World) and (self.rank, self.size) == (other.rank, other.size)
+
+    def __hash__(self) -> int:
+        return hash((self.rank, self.size))
+
+    def __repr__(self) -> str:
+        return f"World(rank={self.rank}, size={self.size})"

@@ -174,3 +174,11 @@ def test_manifest_that_is_not_json(dataset):
     (path / "manifest.json").write_bytes(b"\x80\x04\x95 pickle?")
     with pytest.raises(FormatError, match="unreadable manifest"):
         fastdata.open(path)
+
+
+def test_two_datasets_on_the_same_files_in_one_process(dataset):
+    path, ref = dataset
+    a, b = fastdata.open(path), fastdata.open(path)
+    assert np.array_equal(a.get_batch([1, 2])["x"], b.get_batch([1, 2])["x"])
+    a.close()  # closing one must not break the other
+    assert np.array_equal(b.get_batch([3])["x"], ref[[3]])

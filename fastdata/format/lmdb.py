@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import numpy as np
@@ -32,6 +34,51 @@ MAGIC = b"FDR1"
 _COMMIT_BYTES = 64 << 20
 _GATHER_RECORD_BYTES = 64 << 10  # smaller fixed-layout records are fetched with one getmulti
 _KEY = struct.Struct(">Q")
+
+
+# py-lmdb refuses to open a file that this process already has open, so every reader of one
+# shard file shares one environment: reference-counted, keyed by the file's identity (a file
+# replaced at the same path is a new file). A forked child closes the parent's copies.
+_envs_lock = threading.Lock()
+_envs: dict[tuple[int, int], list[Any]] = {}  # (st_dev, st_ino) -> [environment, users]
+
+
+def _acquire_env(path: Path, st: os.stat_result) -> lmdb.Environment:
+    key = (st.st_dev, st.st_ino)
+    with _envs_lock:
+        entry = _envs.get(key)
+        if entry is None:
+            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False,
+                            meminit=False, max_readers=1024, max_dbs=0)
+            entry = _envs[key] = [env, 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release_env(env: lmdb.Environment) -> None:
+    with _envs_lock:
+        for key, entry in list(_envs.items()):
+            if entry[0] is env:
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del _envs[key]
+                    env.close()
+                return
+
+
+def _reset_envs_in_child() -> None:
+    global _envs_lock
+    _envs_lock = threading.Lock()  # another thread may have held it at fork time
+    for env, _ in _envs.values():
+        try:
+            env.close()
+        except lmdb.Error:
+            pass
+    _envs.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_envs_in_child)
 
 
 def parse_compression(value: str | None) -> None:
@@ -150,23 +197,25 @@ class ShardReader(PerProcessHandle[lmdb.Environment]):
 
     def _open_handle(self) -> lmdb.Environment:
         try:
-            size = os.stat(self.path).st_size
+            st = os.stat(self.path)
         except FileNotFoundError:
             raise CorruptShardError(f"{self._where()}: shard file is missing") from None
-        if size != self.info.bytes:
+        if st.st_size != self.info.bytes:
             raise CorruptShardError(
-                f"{self._where()}: file is {size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"
+                f"{self._where()}: file is {st.st_size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"
             )
         try:
-            return lmdb.open(
-                str(self.path), subdir=False, readonly=True, lock=False, readahead=False,
-                meminit=False, max_readers=1024, max_dbs=0,
-            )
+            return _acquire_env(self.path, st)
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
 
     def _close_handle(self, handle: lmdb.Environment) -> None:
-        handle.close()
+        _release_env(handle)
+
+    def _after_fork_in_child(self) -> None:
+        # The environment registry closes the parent's environments in the child itself.
+        self._handle = None
+        self._handle_pid = None
 
     def _layout(self, buf: memoryview, local: int) -> list[tuple[int, int]]:
         """(offset, nbytes) of each field in one record, after checking the header."""

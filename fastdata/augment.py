@@ -1,0 +1,254 @@
+"""Batched augmentation on the device: per-sample random parameters from a seeded generator.
+
+A pipeline is a tuple of small frozen dataclasses (the declarative spec), so the DALI backend
+can map the same spec to its own operators. Every op takes a float batch ``(B, C, H, W)``
+(more leading axes are folded into C) and a ``torch.Generator`` on the batch's device, and
+draws one set of parameters per sample. Images arrive as floats in [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+
+def _uniform(g: torch.Generator, b: int, lo: float, hi: float, device: torch.device) -> Tensor:
+    return torch.rand(b, generator=g, device=device) * (hi - lo) + lo
+
+
+def _pair(v: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    h, w = v
+    return (int(h), int(w))
+
+
+def _as4d(x: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+    lead = x.shape[:-2]
+    return x.reshape(x.shape[0], -1, *x.shape[-2:]), lead
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Crop a random area fraction in ``scale`` with aspect ratio in ``ratio``, resize to ``size``.
+
+    Crops that would not fit are clamped to the image (no retry loop), bilinear resampling.
+    """
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+
+    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+        x4, lead = _as4d(x)
+        b, _, h, w = x4.shape
+        oh, ow = _pair(self.size)
+        dev = x.device
+        area = _uniform(g, b, *self.scale, dev)
+        logr = _uniform(g, b, math.log(self.ratio[0]), math.log(self.ratio[1]), dev)
+        r = torch.exp(logr)
+        # crop width and height as fractions of the image: area = fw * fh * (w*h), fw*w / (fh*h) = r
+        fw = torch.sqrt(area * r * h / w).clamp(max=1.0)
+        fh = torch.sqrt(area / r * w / h).clamp(max=1.0)
+        cx = (torch.rand(b, generator=g, device=dev) * (1 - fw)) + fw / 2  # centre in [0, 1]
+        cy = (torch.rand(b, generator=g, device=dev) * (1 - fh)) + fh / 2
+        return _resample(x4, fw, fh, cx, cy, oh, ow).reshape(b, *lead[1:], oh, ow)
+
+
+def _resample(x4: Tensor, fw: Tensor, fh: Tensor, cx: Tensor, cy: Tensor, oh: int, ow: int) -> Tensor:
+    b = x4.shape[0]
+    theta = torch.zeros(b, 2, 3, device=x4.device, dtype=torch.float32)
+    theta[:, 0, 0] = fw
+    theta[:, 0, 2] = cx * 2 - 1
+    theta[:, 1, 1] = fh
+    theta[:, 1, 2] = cy * 2 - 1
+    grid = F.affine_grid(theta, [b, x4.shape[1], oh, ow], align_corners=False)
+    return F.grid_sample(x4.float(), grid.to(x4.dtype if x4.is_floating_point() else torch.float32),
+                         mode="bilinear", padding_mode="border", align_corners=False).to(x4.dtype)
+
+
+@dataclass(frozen=True)
+class RandomCrop:
+    """Crop a random ``size`` window (per sample), no resampling."""
+
+    size: int | tuple[int, int]
+
+    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+        oh, ow = _pair(self.size)
+        h, w = x.shape[-2:]
+        if oh > h or ow > w:
+            raise ValueError(f"RandomCrop{(oh, ow)} is larger than the input {(h, w)}")
+        b = x.shape[0]
+        y0 = torch.randint(0, h - oh + 1, (b,), generator=g, device=x.device)
+        x0 = torch.randint(0, w - ow + 1, (b,), generator=g, device=x.device)
+        return _gather_window(x, y0, x0, oh, ow)
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Crop the central ``size`` window."""
+
+    size: int | tuple[int, int]
+
+    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+        oh, ow = _pair(self.size)
+        h, w = x.shape[-2:]
+        top, left = (h - oh) // 2, (w - ow) // 2
+        return x[..., top : top + oh, left : left + ow]
+
+
+def _gather_window(x: Tensor, y0: Tensor, x0: Tensor, oh: int, ow: int) -> Tensor:
+    b = x.shape[0]
+    rows = (y0[:, None] + torch.arange(oh, device=x.device)).view(b, 1, oh, 1)
+    cols = (x0[:, None] + torch.arange(ow, device=x.device)).view(b, 1, 1, ow)
+    x4, lead = _as4d(x)
+    idx_b = torch.arange(b, device=x.device).view(b, 1, 1, 1)
+    idx_c = torch.arange(x4.shape[1], device=x.device).view(1, -1, 1, 1)
+    return x4[idx_b, idx_c, rows, cols].reshape(b, *lead[1:], oh, ow)
+
+
+@dataclass(frozen=True)
+class HorizontalFlip:
+    """Mirror left-right with probability ``p``, per sample."""
+
+    p: float = 0.5
+
+    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+        flip = torch.rand(x.shape[0], generator=g, device=x.device) < self.p
+        return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(-1), x)
+
+
+@dataclass(frozen=True)
+class VerticalFlip:
+    """Mirror top-bottom with probability ``p``, per sample."""
+
+    p: float = 0.5
+
+    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+        flip = torch.rand(x.shape[0], generator=g, device=x.device) < self.p
+        return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(-2), x)
+
+
+# RGB <-> YIQ: hue is a rotation of the IQ plane (the same model DALI's color_twist uses).
+_RGB2YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+_YIQ2RGB = torch.linalg.inv(_RGB2YIQ)
+
+
+@dataclass(frozen=True)
+class ColorJitter:
+    """Per-sample brightness, contrast and saturation factors drawn from ``[1-v, 1+v]`` and a hue
+    rotation from ``[-hue, hue]`` turns (``hue <= 0.5``), applied in that order. RGB only."""
+
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+    hue: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.brightness, self.contrast, self.saturation, self.hue) < 0 or self.hue > 0.5:
+            raise ValueError("ColorJitter values must be >= 0 and hue <= 0.5")
+
+    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+        if x.dim() != 4 or x.shape[1] != 3:
+            raise ValueError(f"ColorJitter needs RGB batches (B, 3, H, W), got {tuple(x.shape)}")
+        b, dev = x.shape[0], x.device
+
+        def factor(v: float) -> Tensor:
+            return _uniform(g, b, max(0.0, 1 - v), 1 + v, dev).view(b, 1, 1, 1)
+
+        if self.brightness:
+            x = (x * factor(self.brightness)).clamp(0, 1)
+        if self.contrast:
+            mean = _gray(x).mean(dim=(1, 2, 3), keepdim=True)
+            x = ((x - mean) * factor(self.contrast) + mean).clamp(0, 1)
+        if self.saturation:
+            gray = _gray(x)
+            x = ((x - gray) * factor(self.saturation) + gray).clamp(0, 1)
+        if self.hue:
+            angle = _uniform(g, b, -self.hue, self.hue, dev) * 2 * math.pi
+            x = _rotate_hue(x, angle).clamp(0, 1)
+        return x
+
+
+def _gray(x: Tensor) -> Tensor:
+    return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
+
+
+def _rotate_hue(x: Tensor, angle: Tensor) -> Tensor:
+    c, s = torch.cos(angle), torch.sin(angle)
+    b = x.shape[0]
+    rot = torch.zeros(b, 3, 3, device=x.device, dtype=x.dtype)
+    rot[:, 0, 0] = 1
+    rot[:, 1, 1], rot[:, 1, 2] = c, -s
+    rot[:, 2, 1], rot[:, 2, 2] = s, c
+    m = _YIQ2RGB.to(x.device, x.dtype) @ rot @ _RGB2YIQ.to(x.device, x.dtype)  # (B, 3, 3)
+    return torch.einsum("bij,bjhw->bihw", m, x)
+
+
+@dataclass(frozen=True)
+class GaussianNoise:
+    """Add noise with standard deviation ``std`` (in the batch's units: [0, 1] for images)."""
+
+    std: float
+
+    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+        return x + self.std * torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """``(x - mean) / std`` per channel (axis 1)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        mean = torch.tensor(self.mean, device=x.device, dtype=x.dtype).view(shape)
+        std = torch.tensor(self.std, device=x.device, dtype=x.dtype).view(shape)
+        return (x - mean) / std
+
+
+Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, ColorJitter, GaussianNoise, Normalize]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class Augment:
+    """An augmentation pipeline: ``ops`` applied in order to each field in ``fields``.
+
+    ``fields=None`` means the image fields (uint8 HWC) when the dataset has any, else every
+    floating-point field with at least two axes per sample.
+    """
+
+    ops: tuple[Op, ...] = ()
+    fields: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", tuple(self.ops))
+        for op in self.ops:
+            if not hasattr(op, "apply"):
+                raise TypeError(f"not an augmentation op: {op!r}")
+
+    def __call__(self, x: Tensor, g: torch.Generator) -> Tensor:
+        for op in self.ops:
+            x = op.apply(x, g)
+        return x
+
+
+def batch_generator(seed: int, epoch: int, batch: int, device: torch.device) -> torch.Generator:
+    """The generator for one batch: a pure function of (seed, epoch, batch index), so resumes repeat it."""
+    import numpy as np
+
+    state = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, epoch, batch]).generate_state(2, np.uint32)
+    g = torch.Generator(device=device)
+    g.manual_seed((int(state[0]) << 31) ^ int(state[1]))
+    return g

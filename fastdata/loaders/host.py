@@ -1,0 +1,174 @@
+"""Host side of the torch backend: whole batches read by threads or by worker processes.
+
+``ThreadReader`` reads each batch with ``get_batch`` straight into recycled (pinned, when
+CUDA is used) buffers; h5py is bypassed on the hot path and LMDB and numpy copies release
+the GIL, so threads scale. ``ProcessReader`` runs ``get_batch`` in torch DataLoader worker
+processes; each batch crosses to the main process as one tensor per field.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..dataset import Dataset
+from ..errors import FastdataError, LoaderWorkerError
+
+HostBatch = dict[str, torch.Tensor]
+
+
+class _BufferPool:
+    """Reusable batch buffers. A buffer handed to the consumer is reused only once nothing
+    outside the pool refers to its tensors any more (the consumer, or a pending device copy)."""
+
+    def __init__(self, dataset: Dataset, pin: bool) -> None:
+        # Buffers for fixed-shape native-endian fields; ragged and byte-swapped ones are read fresh.
+        self.fixed = [f for f in dataset.schema if not f.ragged and f.np_dtype.isnative]
+        self.pin = pin
+        self.free: dict[int, list[dict[str, torch.Tensor]]] = {}
+        self.lent: list[tuple[int, dict[str, torch.Tensor]]] = []
+
+    def take(self, b: int) -> dict[str, torch.Tensor]:
+        """Buffers for a batch of ``b``; they belong to the caller until :meth:`give_back`."""
+        self._reclaim()
+        if self.free.get(b):
+            return self.free[b].pop()
+        return {f.name: torch.empty((b, *f.shape), dtype=_torch_dtype(f.np_dtype), pin_memory=self.pin)
+                for f in self.fixed}
+
+    def give_back(self, b: int, bufs: dict[str, torch.Tensor]) -> None:
+        """The batch was yielded: reuse its buffers once the consumer lets go of them."""
+        self.lent.append((b, bufs))
+
+    def _reclaim(self) -> None:
+        still = []
+        for b, bufs in self.lent:
+            # getrefcount: the dict value + the call argument; anything more is a consumer's reference.
+            if all(sys.getrefcount(t) <= 3 for t in bufs.values()):
+                self.free.setdefault(b, []).append(bufs)
+            else:
+                still.append((b, bufs))
+        self.lent = still
+
+
+def _torch_dtype(dt: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dt.newbyteorder("="))).dtype
+
+
+def _to_tensors(batch: dict[str, np.ndarray]) -> HostBatch:
+    out = {}
+    for k, v in batch.items():
+        if not v.dtype.isnative:
+            v = v.astype(v.dtype.newbyteorder("="))
+        out[k] = torch.from_numpy(v)
+    return out
+
+
+class ThreadReader:
+    """Reads batches in ``threads`` threads, at most ``prefetch`` batches ahead, in order."""
+
+    def __init__(self, dataset: Dataset, threads: int, prefetch: int, pin: bool) -> None:
+        self.dataset = dataset
+        self.threads = threads  # 0: read in the iterating thread
+        self.prefetch = max(prefetch, threads)
+        self.pool = _BufferPool(dataset, pin)
+        self._executor: ThreadPoolExecutor | None = None
+
+    def _read(self, k: int, idx: np.ndarray, bufs: dict[str, torch.Tensor]) -> HostBatch:
+        try:
+            batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()})
+        except Exception as e:
+            raise _wrap(e, f"loader thread, batch {k}") from e
+        result = _to_tensors({name: v for name, v in batch.items() if name not in bufs})
+        result.update(bufs)
+        return result
+
+    def run(self, plan: list[np.ndarray], first: int = 0) -> Iterator[HostBatch]:
+        if self.threads == 0:
+            for k, idx in enumerate(plan, first):
+                bufs = self.pool.take(len(idx))
+                yield self._read(k, idx, bufs)
+                self.pool.give_back(len(idx), bufs)
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="fastdata-read")
+        pending: deque[tuple[Future[HostBatch], int, dict[str, torch.Tensor]]] = deque()
+        nxt = 0
+        try:
+            while nxt < len(plan) or pending:
+                while nxt < len(plan) and len(pending) < self.prefetch:
+                    b = len(plan[nxt])
+                    bufs = self.pool.take(b)
+                    pending.append((self._executor.submit(self._read, first + nxt, plan[nxt], bufs), b, bufs))
+                    nxt += 1
+                fut, b, bufs = pending.popleft()
+                yield fut.result()
+                self.pool.give_back(b, bufs)
+                del fut, bufs
+        finally:
+            for fut, _, _ in pending:
+                fut.cancel()
+            pending.clear()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+
+def _wrap(e: Exception, where: str) -> Exception:
+    """Keep fastdata's error types (their message already names shard and sample)."""
+    if isinstance(e, FastdataError):
+        return type(e)(f"{where}: {e}")
+    return LoaderWorkerError(f"{where}: {type(e).__name__}: {e}")
+
+
+class _BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Map-style dataset whose 'index' is a whole batch of indices."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, idx: Any) -> HostBatch:
+        return _to_tensors(self.dataset.get_batch(idx))
+
+
+class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
+    def __init__(self) -> None:
+        self.plan: list[np.ndarray] = []
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.plan)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+
+class ProcessReader:
+    """Reads batches in persistent torch DataLoader worker processes (one tensor per field per batch)."""
+
+    def __init__(self, dataset: Dataset, workers: int, prefetch: int, pin: bool) -> None:
+        self.sampler = _PlanSampler()
+        per_worker = max(2, -(-prefetch // max(1, workers)))
+        self.loader = torch.utils.data.DataLoader(
+            _BatchDataset(dataset), batch_size=None, sampler=self.sampler, num_workers=workers,
+            pin_memory=pin, persistent_workers=True, prefetch_factor=per_worker,
+        )
+
+    def run(self, plan: list[np.ndarray], first: int = 0) -> Iterator[HostBatch]:
+        self.sampler.plan = plan
+        yield from self.loader
+
+    def close(self) -> None:
+        it = getattr(self.loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self.loader._iterator = None

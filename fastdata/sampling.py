@@ -1,0 +1,85 @@
+"""Sample order as pure functions of (dataset size, world, seed, epoch): easy to test and to resume.
+
+Every rank computes the same epoch order and takes its own contiguous share, so shares are
+disjoint and every rank gets the same number of batches (no rank waits on another at the end
+of an epoch). See docs/loader.md for the exact rules.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import numpy as np
+
+from .world import World
+
+Shuffle = Union[bool, Literal["block"]]
+
+
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, epoch]))
+
+
+def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int = 256, window: int = 16) -> np.ndarray:
+    """A permutation of ``range(n)`` for one epoch.
+
+    ``True``: uniform permutation. ``False``: storage order. ``"block"``: blocks of ``block``
+    consecutive samples in random order, then samples shuffled within windows of ``window``
+    blocks, so reads stay nearly sequential for data larger than RAM.
+    """
+    if shuffle is False:
+        return np.arange(n, dtype=np.int64)
+    rng = _rng(seed, epoch)
+    if shuffle is True:
+        return rng.permutation(n).astype(np.int64)
+    if shuffle != "block":
+        raise ValueError(f"shuffle must be True, False or 'block', not {shuffle!r}")
+    if block < 1 or window < 1:
+        raise ValueError("block and window must be positive")
+    starts = rng.permutation(np.arange(0, n, block))
+    parts = []
+    for w in range(0, len(starts), window):  # each window: `window` whole blocks, samples mixed
+        group = np.concatenate([np.arange(s, min(s + block, n)) for s in starts[w : w + window]])
+        rng.shuffle(group)
+        parts.append(group)
+    return np.concatenate(parts).astype(np.int64) if parts else np.arange(0, dtype=np.int64)
+
+
+def rank_share(order: np.ndarray, world: World, drop_last: bool) -> np.ndarray:
+    """This rank's contiguous share of the epoch order, equal in length on every rank.
+
+    ``drop_last=False`` pads the order by wrapping around to a multiple of the world size (at
+    most ``size - 1`` samples are read twice in the epoch); ``drop_last=True`` drops the last
+    ``n % size`` samples instead.
+    """
+    n, size = len(order), world.size
+    if size == 1:
+        return order
+    per = n // size if drop_last else -(-n // size)
+    total = per * size
+    if total > n:
+        order = np.concatenate([order, np.resize(order, total - n)]) if n else order
+    return order[world.rank * per : (world.rank + 1) * per]
+
+
+def batch_plan(indices: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
+    """Cut a rank's indices into batches; ``drop_last`` drops a final partial batch."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be positive")
+    stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
+    return [indices[a : min(a + batch_size, stop)] for a in range(0, stop, batch_size)]
+
+
+def num_batches(n: int, world: World, batch_size: int, drop_last: bool) -> int:
+    """Batches per epoch on every rank (what ``len(loader)`` returns)."""
+    per = n if world.size == 1 else (n // world.size if drop_last else -(-n // world.size))
+    return per // batch_size if drop_last else -(-per // batch_size)
+
+
+def epoch_batches(
+    n: int, *, world: World, batch_size: int, shuffle: Shuffle, drop_last: bool, seed: int, epoch: int,
+    block: int = 256, window: int = 16,
+) -> list[np.ndarray]:
+    """All batches of one epoch for one rank, in order."""
+    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch, block=block, window=window)
+    return batch_plan(rank_share(order, world, drop_last), batch_size, drop_last)
