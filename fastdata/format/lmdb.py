@@ -16,6 +16,7 @@ Every record header is checked against the schema before any byte is copied.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import threading
@@ -271,6 +272,9 @@ class ShardReader(PerProcessHandle[lmdb.Environment]):
             self._read_small(local, dest, outs)
             return
         wanted = [(self._index[name], self.all_fields[self._index[name]], out) for name, out in outs.items()]
+        if self._fixed:
+            self._read_fixed(local, dest, wanted)
+            return
         with self.handle().begin(buffers=True) as txn:
             for l, d in zip(local.tolist(), dest.tolist()):
                 buf = self._get(txn, l)
@@ -285,6 +289,18 @@ class ShardReader(PerProcessHandle[lmdb.Environment]):
                         out[d, :rows] = src.reshape((rows, *f.trailing))
                     else:
                         out[d] = src.reshape(f.shape)  # copies out before the transaction ends
+
+    def _read_fixed(self, local: np.ndarray, dest: np.ndarray, wanted: list[tuple[int, FieldSpec, np.ndarray]]) -> None:
+        """Fixed-layout records: one header comparison per record, then straight copies."""
+        hs, size, head = self._header_size, self._record_size, self._expected_header
+        plan = [(self._field_offsets[i], f.np_dtype, math.prod(f.shape), f.shape, out) for i, f, out in wanted]
+        with self.handle().begin(buffers=True) as txn:
+            for l, d in zip(local.tolist(), dest.tolist()):
+                buf = self._get(txn, l)
+                if len(buf) != size or buf[:hs] != head:
+                    self._layout(buf, l)  # raises, naming what is wrong
+                for off, dtype, count, shape, out in plan:
+                    out[d] = np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape)
 
     def _read_small(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
         """Fixed-layout small records: one ``getmulti`` and vectorised header checks."""
