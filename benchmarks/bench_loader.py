@@ -32,31 +32,11 @@ import _harness  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
+from fastdata.examples import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 BATCH = 64
-
-
-class NaiveNpyDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """What our users write: one np.load per sample, label from the folder."""
-
-    def __init__(self, root: Path) -> None:
-        self.files = sorted(root.rglob("*.npy"))
-        classes = sorted({f.parent.name for f in self.files})
-        self.labels = [classes.index(f.parent.name) for f in self.files]
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
-        return torch.from_numpy(np.load(self.files[i])), self.labels[i]
-
-
-def naive_loader(root: Path) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
-    return torch.utils.data.DataLoader(NaiveNpyDataset(root), batch_size=BATCH, shuffle=True, num_workers=2,
-                                       pin_memory=torch.cuda.is_available(), persistent_workers=True,
-                                       prefetch_factor=4)
 
 
 def ceiling_epoch(data: np.ndarray, plan: list[np.ndarray], bufs: list[np.ndarray], pool: ThreadPoolExecutor) -> int:
@@ -72,8 +52,7 @@ def ceiling_epoch(data: np.ndarray, plan: list[np.ndarray], bufs: list[np.ndarra
 def epoch_samples(iterable) -> int:  # type: ignore[no-untyped-def]
     n = 0
     for batch in iterable:
-        x = batch["x"] if isinstance(batch, dict) else batch[0]
-        n += x.shape[0]
+        n += batch["x"].shape[0]
     return n
 
 
@@ -91,7 +70,7 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
 
     # Start every loader that forks worker processes first: a fork after the big buffers below
     # exist would make each later write to them a copy-on-write fault in this process.
-    naive = naive_loader(src)
+    naive = naive_loader(src, BATCH)
     forking = {f"fastdata {be}, 2 processes": fastdata.loader(
         workdir / be, BATCH, device="cpu", num_workers=2, config=LoaderConfig(mode="processes")) for be in ("hdf5", "lmdb")}
     for it in (naive, *forking.values()):

@@ -194,14 +194,23 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def _resolve_workers(num_workers: int | Literal["auto"]) -> int:
-    if num_workers == "auto":
-        workers = min(4, os.cpu_count() or 1)
-        log.info("num_workers='auto': %d (default; no tuned settings for this dataset)", workers)
-        return workers
-    if not isinstance(num_workers, int) or num_workers < 0:
-        raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
-    return num_workers
+def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size: int, device: torch.device,
+                     config: LoaderConfig | None) -> tuple[int, LoaderConfig]:
+    """Explicit workers win; ``"auto"`` takes ``fastdata tune``'s stored settings, else the default."""
+    if num_workers != "auto":
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+            raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
+        return num_workers, config or LoaderConfig()
+    from ..tune import load_tuned
+
+    tuned = load_tuned(ds, batch_size, device.type)
+    if tuned is not None:
+        cfg = config or LoaderConfig(mode=tuned.get("mode", "threads"), prefetch=int(tuned.get("prefetch", 4)))
+        log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
+        return int(tuned["num_workers"]), cfg
+    workers = min(4, os.cpu_count() or 1)
+    log.info("num_workers='auto': %d reader threads (default; run `fastdata tune` to measure better ones)", workers)
+    return workers, config or LoaderConfig()
 
 
 def loader(
@@ -233,9 +242,10 @@ def loader(
         ds = Dataset(source.root, fields=fields)
     if augment is not None and not isinstance(augment, Augment):
         augment = Augment(tuple(augment))
-    return Loader(ds, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=_resolve_device(device),
-                  augment=augment, workers=_resolve_workers(num_workers), config=config or LoaderConfig(),
-                  world=World.detect())
+    dev = _resolve_device(device)
+    workers, config = _resolve_workers(num_workers, ds, batch_size, dev, config)
+    return Loader(ds, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=augment,
+                  workers=workers, config=config, world=World.detect())
 
 
 __all__ = ["Loader", "LoaderConfig", "loader"]

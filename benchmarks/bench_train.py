@@ -1,0 +1,105 @@
+"""Training input-wait: a small FLIM-style 3-D CNN fed by the naive DataLoader and by fastdata.loader.
+
+Data: 2,000 per-sample .npy files of float32 (2, 256, 21, 21) in 4 class folders, converted to
+HDF5 shards. For each model (the scaled-down FlimCNN, and a tiny model whose step is cheap, so
+the input pipeline decides the speed), each loader trains a warm-up of 3 steps, then
+``--steps`` timed steps with ``fastdata.train.fit``; we report samples/s and the fraction of
+the time the step waited for input. Usage: python benchmarks/bench_train.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness  # noqa: E402
+
+import converters  # noqa: E402
+import fastdata  # noqa: E402
+from fastdata.examples import FlimCNN, classification_loss, naive_loader  # noqa: E402
+from fastdata.train import fit  # noqa: E402
+
+SHAPE = (2, 256, 21, 21)
+BATCH = 64
+
+
+class Tiny(nn.Module):
+    """A cheap step: pool hard first, then a linear layer (the input pipeline dominates)."""
+
+    def __init__(self, classes: int = 4) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool3d((8, 3, 3))
+        self.fc = nn.Linear(2 * 8 * 3 * 3, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(torch.log1p(x.clamp_min(0))).flatten(1))
+
+
+def measure(make_loader, make_model, steps: int) -> dict:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    ld = make_loader()
+    quiet = {"log_every": 0, "on_log": lambda _m: None, "epochs": 1000}
+    fit(model, ld, opt, classification_loss(), max_steps=3, **quiet)  # warm-up: workers start, caches fill
+    res = fit(model, ld, opt, classification_loss(), max_steps=3 + steps, **quiet)
+    m = res.epochs[-1]
+    if hasattr(ld, "close"):
+        ld.close()
+    return {"samples_per_s": m.samples_per_s, "wait_fraction": m.wait_fraction, "steps": m.steps,
+            "wait_s": m.wait_s, "compute_s": m.compute_s, "seconds": m.seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small dataset, few steps (CI smoke run)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per configuration")
+    p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR))
+    a = p.parse_args(argv)
+    n, steps = (192, 3) if a.quick else (2000, 20)
+    steps = a.steps or steps
+    work = Path(tempfile.mkdtemp(prefix="fastdata-bench-train-"))
+    try:
+        src = work / "npy"
+        rng = np.random.default_rng(0)
+        for i in range(n):
+            d = src / f"c{i % 4}"
+            d.mkdir(parents=True, exist_ok=True)
+            np.save(d / f"{i:05d}.npy", rng.gamma(2.0, 1.0 + 0.5 * (i % 4), SHAPE).astype(np.float32))
+        converters.convert(src, work / "hdf5", converters.WriteOptions(backend="hdf5"))
+        os.sync()
+        loaders = {"naive DataLoader (np.load per file, 2 workers)": lambda: naive_loader(src, BATCH, workers=2),
+                   "fastdata.loader (hdf5, defaults)": lambda: fastdata.loader(work / "hdf5", BATCH, device="cpu")}
+        models = {"FlimCNN(width=8)": lambda: FlimCNN(4, width=8), "tiny (input-bound)": Tiny}
+        results: dict = {}
+        rows = []
+        for mname, make_model in models.items():
+            for lname, make_loader in loaders.items():
+                r = measure(make_loader, make_model, steps)
+                results[f"{mname} | {lname}"] = r
+                rows.append([mname, lname, f"{r['samples_per_s']:,.0f}", f"{100 * r['wait_fraction']:.1f}%",
+                             f"{r['wait_s']:.2f}", f"{r['compute_s']:.2f}"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    machine = _harness.machine_info()
+    table = _harness.markdown_table(["model", "loader", "samples/s", "waited for input", "wait s", "compute s"], rows)
+    text = "\n".join([f"# Training input-wait, float32{list(SHAPE)}, batch {BATCH}, fp32 on the CPU", "",
+                      f"Machine: {machine['cpu_model']}, {machine['usable_cores']} cores, torch {machine['torch']}. "
+                      f"{n} samples; {steps} timed steps after 3 warm-up steps, per row.", "", table])
+    print(text)
+    _harness.write_results("train_quick" if a.quick else "train", {"results": results, "machine": machine,
+                                                                      "samples": n, "steps": steps}, text, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""``fastdata bench`` and ``fastdata tune``: the CLI side of fastdata.bench and fastdata.tune."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ._units import fmt_bytes
+
+
+def _seconds(text: str) -> float:
+    t = text.strip().lower()
+    mult = 60.0 if t.endswith("m") else 1.0
+    t = t.rstrip("sm")
+    try:
+        v = float(t) * mult
+    except ValueError:
+        v = -1.0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a duration like 30s or 2m, not {text!r}")
+    return v
+
+
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, not {text!r}")
+    return v
+
+
+def add_parsers(sub: Any) -> None:
+    b = sub.add_parser("bench", help="measure the input pipeline on a dataset",
+                       description="Run the loader over a dataset for a bounded time and report steady-state "
+                                   "throughput next to the machine's ceiling for the same bytes.")
+    b.add_argument("dst", metavar="PATH", help="dataset folder")
+    b.add_argument("--backend", choices=["torch"], default="torch", help="loader backend (default: torch)")
+    b.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
+    b.add_argument("--workers", type=_workers, default="auto", metavar="N",
+                   help="reader threads, or 'auto' (tuned settings if stored, default otherwise)")
+    b.add_argument("--mode", choices=["threads", "processes"], default=None,
+                   help="read with threads or worker processes (default: tuned or threads)")
+    b.add_argument("--prefetch", type=int, default=None, metavar="N", help="batches read ahead")
+    b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    b.add_argument("--augment", choices=["none", "flip", "imagenet"], default="none",
+                   help="augmentation on the device: none, flip (+noise), imagenet (crop, flip, jitter, normalise)")
+    b.add_argument("--seconds", type=_seconds, default=10.0, metavar="T", help="how long to measure (default: 10s)")
+    b.add_argument("--batches", type=int, default=None, metavar="N", help="stop after N batches instead")
+    b.add_argument("--naive", metavar="SRC", help="also measure the naive per-file loader over this .npy folder")
+    b.add_argument("--no-ceiling", action="store_true", help="skip measuring the read ceiling")
+    b.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    t = sub.add_parser("tune", help="choose loader settings by measurement",
+                       description="Race loader settings (reader mode, workers, prefetch, optionally batch size) "
+                                   "within a time budget; store the winner in the user's cache directory.")
+    t.add_argument("dst", metavar="PATH", help="dataset folder")
+    t.add_argument("--budget", type=_seconds, default=60.0, metavar="T", help="time budget, e.g. 60s or 2m")
+    t.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
+    t.add_argument("--batch-sizes", metavar="N,N,...", help="also search these batch sizes")
+    t.add_argument("--device", default="cpu", help="device the batches go to (default: cpu)")
+    t.add_argument("--no-store", action="store_true", help="do not remember the winner")
+    t.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def _augment(name: str) -> Any:
+    if name == "none":
+        return None
+    from . import augment as A
+
+    if name == "flip":
+        return [A.HorizontalFlip(0.5), A.GaussianNoise(0.01)]
+    return [A.RandomResizedCrop(224), A.HorizontalFlip(0.5), A.ColorJitter(0.4, 0.4, 0.4, 0.1),
+            A.Normalize(A.IMAGENET_MEAN, A.IMAGENET_STD)]
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .bench import measure, measure_ceiling, naive_pipeline, sample_bytes
+    from .dataset import Dataset
+    from .loaders import LoaderConfig, loader
+
+    ds = Dataset(args.dst)
+    config = None
+    if args.mode or args.prefetch:
+        config = LoaderConfig(mode=args.mode or "threads", prefetch=args.prefetch or 4)
+    ld = loader(ds, args.batch_size, device=args.device, num_workers=args.workers, config=config,
+                augment=_augment(args.augment))
+    settings = {"mode": ld.config.mode, "workers": ld.workers, "prefetch": ld.config.prefetch,
+                "batch_size": args.batch_size, "device": str(ld.device), "augment": args.augment}
+    bps = sample_bytes(ds)
+    live = _Live(enabled=not args.json)
+    try:
+        results = [measure("fastdata.loader", lambda: ld, bytes_per_sample=bps, max_batches=args.batches,
+                           max_seconds=args.seconds, settings=settings, on_batch=live.update)]
+    finally:
+        ld.close()
+        live.close()
+    if not args.no_ceiling:
+        results.append(measure_ceiling(ds, args.batch_size, threads=2, max_seconds=min(3.0, args.seconds)))
+    if args.naive:
+        live = _Live(enabled=not args.json, label="naive")
+        try:
+            results.append(measure("naive per-file loader", naive_pipeline(args.naive, args.batch_size),
+                                   bytes_per_sample=bps, max_batches=args.batches, max_seconds=args.seconds,
+                                   settings={"workers": 2}, on_batch=live.update))
+        finally:
+            live.close()
+    if args.json:
+        print(json.dumps({"dataset": str(ds.root), "results": [r.as_dict() for r in results]}, indent=1))
+        return 0
+    main = results[0]
+    print(f"dataset {ds.root}: {len(ds)} samples, {fmt_bytes(bps)} per sample, settings {settings}")
+    print(f"{'pipeline':<44}{'samples/s':>11}{'MB/s':>9}{'ms/batch':>10}{'p95 ms':>9}{'first s':>9}{'x this':>8}")
+    for r in results:
+        print(f"{r.name:<44}{r.samples_per_s:>11.0f}{r.mb_per_s:>9.0f}{r.batch_ms_median:>10.2f}"
+              f"{r.batch_ms_p95:>9.2f}{r.first_batch_s:>9.2f}{r.samples_per_s / main.samples_per_s:>8.2f}")
+    return 0
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from .tune import tune
+
+    sizes = [int(x) for x in args.batch_sizes.split(",")] if args.batch_sizes else None
+    live = not args.json
+
+    def show(s: dict[str, Any], r: Any, rnd: int) -> None:
+        if live:
+            print(f"  round {rnd}: {r.name:<46} {r.samples_per_s:>10.0f} samples/s", file=sys.stderr, flush=True)
+
+    res = tune(args.dst, batch_size=args.batch_size, budget_s=args.budget, device=args.device, batch_sizes=sizes,
+               store=not args.no_store, on_trial=show)
+    best: dict[str, tuple[dict[str, Any], float, int]] = {}
+    for s, r, rnd in res.table:
+        key = json.dumps(s, sort_keys=True)
+        if key not in best or rnd >= best[key][2]:
+            best[key] = (s, r.samples_per_s, rnd)
+    rows = sorted(best.values(), key=lambda t: (-t[2], -t[1]))
+    if args.json:
+        print(json.dumps({"winner": res.winner, "samples_per_s": res.rate, "stored_at": str(res.stored_at),
+                          "trials": [{"settings": s, "samples_per_s": r.samples_per_s, "round": k}
+                                     for s, r, k in res.table]}, indent=1))
+        return 0
+    print(f"{'mode':<10}{'workers':>8}{'prefetch':>9}{'batch':>7}{'samples/s':>11}{'last round':>11}")
+    for s, rate, rnd in rows:
+        print(f"{s['mode']:<10}{s['num_workers']:>8}{s['prefetch']:>9}{s['batch_size']:>7}{rate:>11.0f}{rnd:>11}")
+    print(f"winner: {res.winner} at {res.rate:.0f} samples/s"
+          + (f"; stored in {res.stored_at} (fastdata.loader(num_workers='auto') uses it)" if res.stored_at else ""))
+    return 0
+
+
+class _Live:
+    """A one-line live display on stderr (only on a terminal)."""
+
+    def __init__(self, enabled: bool, label: str = "measuring") -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.label = label
+
+    def update(self, samples: int, elapsed: float) -> None:
+        if self.enabled:
+            print(f"\r{self.label}: {samples} samples in {elapsed:.1f} s", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)

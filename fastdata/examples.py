@@ -1,0 +1,86 @@
+"""Small example models for the demo, benchmarks and docs (no torchvision needed).
+
+``FlimCNN`` is a scaled-down version of the 3-D CNN our FLIM user trains on (2, 256, 21, 21)
+arrays: gentle stride-2 temporal downsampling, then global pooling. ``SmallConvNet`` is a plain
+2-D conv net for image batches. ``naive_loader`` is the per-file baseline every benchmark
+compares against.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class FlimCNN(nn.Module):
+    """3-D CNN for inputs of shape (B, 2, T, H, W): channels, time bins, pixels."""
+
+    def __init__(self, num_classes: int = 4, width: int = 16, in_channels: int = 2) -> None:
+        super().__init__()
+
+        def block(cin: int, cout: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv3d(cin, cout, kernel_size=(5, 3, 3), stride=(2, 1, 1), padding=(2, 1, 1)),
+                                 nn.BatchNorm3d(cout), nn.ReLU(inplace=True))
+
+        self.features = nn.Sequential(block(in_channels, width), block(width, 2 * width), block(2 * width, 2 * width),
+                                      nn.MaxPool3d((2, 2, 2)))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(2 * width, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(torch.log1p(x.clamp_min(0)) / 10.0))  # the user's FLIM preprocessing
+
+
+class SmallConvNet(nn.Module):
+    """2-D conv net for (B, C, H, W) batches."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 32) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = in_channels
+        for cout in (width, 2 * width, 4 * width):
+            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                       nn.MaxPool2d(2)]
+            cin = cout
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def classification_loss(input_field: str = "x", label_field: str = "label"):  # type: ignore[no-untyped-def]
+    """``loss_fn(model, batch)`` for ``fastdata.train.fit``: cross-entropy of ``model(batch[input])``."""
+
+    def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.cross_entropy(model(batch[input_field]), batch[label_field])
+
+    return loss_fn
+
+
+class NaiveNpyFolder(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """The baseline we measure against, written the way our users write it: one ``np.load``
+    per sample in ``__getitem__``, the label from the class folder."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.files = sorted(Path(root).rglob("*.npy"))
+        classes = sorted({f.parent.name for f in self.files})
+        self.labels = [classes.index(f.parent.name) for f in self.files]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"x": torch.from_numpy(np.load(self.files[i])), "label": self.labels[i]}
+
+
+def naive_loader(root: str | os.PathLike[str], batch_size: int = 64, workers: int = 2) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    """A torch DataLoader over :class:`NaiveNpyFolder` with the usual hand-picked flags."""
+    return torch.utils.data.DataLoader(
+        NaiveNpyFolder(root), batch_size=batch_size, shuffle=True, num_workers=workers,
+        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None)

@@ -1,0 +1,170 @@
+"""``fastdata tune``: choose loader settings by measurement, and remember them for this machine.
+
+Candidates (reader mode, workers or threads, prefetch depth, optionally batch size) are raced by
+successive halving: every candidate gets a short trial, the slower half is dropped, and the
+survivors are measured again for twice as long, until the budget is spent or one is left. The
+winner is stored in the user's cache directory (never in the dataset), keyed by the dataset's
+content, the batch size, the device and the machine; ``fastdata.loader(num_workers="auto")``
+uses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .bench import BenchResult, measure, sample_bytes
+from .dataset import Dataset
+
+log = logging.getLogger("fastdata.tune")
+
+CACHE_FILE = "tuned.json"
+
+
+def cache_dir() -> Path:
+    """``$FASTDATA_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastdata``, else ``~/.cache/fastdata``."""
+    if os.environ.get("FASTDATA_CACHE_DIR"):
+        return Path(os.environ["FASTDATA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fastdata"
+
+
+def machine_id() -> str:
+    """What makes timings comparable: host, CPU model, usable cores."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{platform.node()}|{cpu or platform.processor()}|{cores}"
+
+
+def settings_key(ds: Dataset, batch_size: int, device: str) -> str:
+    """Same dataset content (shard checksums), batch size, device type and machine -> same key."""
+    h = hashlib.sha256()
+    for s in ds.manifest.shards:
+        h.update(s.sha256.encode())
+    h.update(f"|{','.join(f.name for f in ds.schema)}|{batch_size}|{device}|{machine_id()}".encode())
+    return h.hexdigest()[:32]
+
+
+def load_tuned(ds: Dataset, batch_size: int, device: str) -> dict[str, Any] | None:
+    """Stored settings for this dataset/batch size/device on this machine, or None."""
+    path = cache_dir() / CACHE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    entry = data.get(settings_key(ds, batch_size, device)) if isinstance(data, dict) else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("settings"), dict):
+        return None
+    return entry["settings"]
+
+
+def store_tuned(ds: Dataset, batch_size: int, device: str, settings: dict[str, Any], rate: float) -> Path:
+    """Remember the winner (atomic write of the cache file)."""
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / CACHE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data[settings_key(ds, batch_size, device)] = {
+        "settings": settings, "samples_per_s": rate, "dataset": str(ds.root.resolve()), "batch_size": batch_size,
+        "device": device, "machine": machine_id(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def candidates(cores: int, batch_sizes: list[int]) -> list[dict[str, Any]]:
+    """The settings worth racing on a machine with ``cores`` cores."""
+    threads = sorted({0, 1, 2, cores, cores + 1, 2 * cores})
+    out = []
+    for bs in batch_sizes:
+        for t in threads:
+            for pf in ((2, 4, 8) if t else (1,)):
+                out.append({"mode": "threads", "num_workers": t, "prefetch": pf, "batch_size": bs})
+        for w in sorted({2, cores}):
+            out.append({"mode": "processes", "num_workers": w, "prefetch": 4, "batch_size": bs})
+    return out
+
+
+@dataclass
+class TuneResult:
+    winner: dict[str, Any]
+    rate: float
+    table: list[tuple[dict[str, Any], BenchResult, int]] = field(default_factory=list)  # (settings, result, round)
+    stored_at: Path | None = None
+
+
+def tune(
+    path: str | os.PathLike[str],
+    *,
+    batch_size: int = 64,
+    budget_s: float = 60.0,
+    device: str = "cpu",
+    batch_sizes: list[int] | None = None,
+    store: bool = True,
+    on_trial: Callable[[dict[str, Any], BenchResult, int], None] | None = None,
+) -> TuneResult:
+    """Race loader settings on the dataset at ``path`` within ``budget_s`` seconds; store the winner."""
+    from .loaders import LoaderConfig, loader
+
+    ds = Dataset(path)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    alive = candidates(cores, batch_sizes or [batch_size])
+    bps = sample_bytes(ds)
+    deadline = time.perf_counter() + budget_s
+    # Halving keeps every round's cost about equal: n candidates x t, n/2 x 2t, ...
+    rounds = max(1, (len(alive) - 1).bit_length())
+    trial_s = max(0.2, budget_s / (rounds * len(alive)))
+    table: list[tuple[dict[str, Any], BenchResult, int]] = []
+    best: dict[str, float] = {}
+    rnd = 0
+    while True:
+        scored = []
+        for s in alive:
+            if time.perf_counter() > deadline and scored:
+                break
+            ld = loader(ds, s["batch_size"], device=device, num_workers=s["num_workers"],
+                        config=LoaderConfig(mode=s["mode"], prefetch=s["prefetch"]))
+            try:
+                r = measure(_describe(s), lambda ld=ld: ld, bytes_per_sample=bps, max_seconds=trial_s, warmup=2,
+                            settings=s)
+            finally:
+                ld.close()
+            key = json.dumps(s, sort_keys=True)
+            best[key] = max(best.get(key, 0.0), r.samples_per_s)
+            scored.append((r.samples_per_s, s))
+            table.append((s, r, rnd))
+            if on_trial is not None:
+                on_trial(s, r, rnd)
+        scored.sort(key=lambda t: -t[0])
+        rnd += 1
+        if len(scored) <= 1 or time.perf_counter() > deadline:
+            alive = [s for _, s in scored[:1]]
+            break
+        alive = [s for _, s in scored[: max(1, len(scored) // 2)]]  # the slower half cannot win
+        trial_s *= 2
+    winner = alive[0]
+    rate = best[json.dumps(winner, sort_keys=True)]
+    stored = store_tuned(ds, winner["batch_size"], device, winner, rate) if store else None
+    return TuneResult(winner=winner, rate=rate, table=table, stored_at=stored)
+
+
+def _describe(s: dict[str, Any]) -> str:
+    return f"{s['mode']} workers={s['num_workers']} prefetch={s['prefetch']} batch={s['batch_size']}"
