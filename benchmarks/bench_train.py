@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="timed steps per configuration")
     p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR))
     a = p.parse_args(argv)
-    n, steps = (192, 3) if a.quick else (2000, 20)
+    n, steps = (128, 2) if a.quick else (2000, 20)
     steps = a.steps or steps
     work = Path(tempfile.mkdtemp(prefix="fastdata-bench-train-"))
     try:

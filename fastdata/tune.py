@@ -129,11 +129,12 @@ def tune(
     alive = candidates(cores, batch_sizes or [batch_size])
     bps = sample_bytes(ds)
     deadline = time.perf_counter() + budget_s
+    _warm_up(ds, min(batch_size, 64), device, max_seconds=0.15 * budget_s)
     # Halving keeps every round's cost about equal: n candidates x t, n/2 x 2t, ...
     rounds = max(1, (len(alive) - 1).bit_length())
     trial_s = max(0.2, budget_s / (rounds * len(alive)))
     table: list[tuple[dict[str, Any], BenchResult, int]] = []
-    best: dict[str, float] = {}
+    latest: dict[str, float] = {}  # each setting's rate in its longest (last) trial
     rnd = 0
     while True:
         scored = []
@@ -147,8 +148,7 @@ def tune(
                             settings=s)
             finally:
                 ld.close()
-            key = json.dumps(s, sort_keys=True)
-            best[key] = max(best.get(key, 0.0), r.samples_per_s)
+            latest[json.dumps(s, sort_keys=True)] = r.samples_per_s
             scored.append((r.samples_per_s, s))
             table.append((s, r, rnd))
             if on_trial is not None:
@@ -161,9 +161,24 @@ def tune(
         alive = [s for _, s in scored[: max(1, len(scored) // 2)]]  # the slower half cannot win
         trial_s *= 2
     winner = alive[0]
-    rate = best[json.dumps(winner, sort_keys=True)]
+    rate = latest[json.dumps(winner, sort_keys=True)]
     stored = store_tuned(ds, winner["batch_size"], device, winner, rate) if store else None
     return TuneResult(winner=winner, rate=rate, table=table, stored_at=stored)
+
+
+def _warm_up(ds: Dataset, batch_size: int, device: str, max_seconds: float) -> None:
+    """Read the dataset in storage order before racing, so the first candidates do not pay for a cold
+    page cache that the later ones would not (bounded: a dataset larger than RAM stays disk-bound)."""
+    from .loaders import loader
+
+    ld = loader(ds, batch_size, shuffle=False, device=device, num_workers=2)
+    t0 = time.perf_counter()
+    try:
+        for _ in ld:
+            if time.perf_counter() - t0 > max_seconds:
+                break
+    finally:
+        ld.close()
 
 
 def _describe(s: dict[str, Any]) -> str:
