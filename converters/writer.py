@@ -52,7 +52,9 @@ class Source(Protocol):
 
 
 class Progress(Protocol):
-    def start(self, total_samples: int, total_bytes: int) -> None: ...
+    """Progress of one phase; a conversion may have several (image folders: checking, then writing)."""
+
+    def start(self, total_samples: int, total_bytes: int, desc: str = "converting") -> None: ...
     def update(self, samples: int, nbytes: int) -> None: ...
 
 

@@ -48,10 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    c = sub.add_parser("convert", help="convert .npy files or arrays into a sharded dataset",
-                       description="Convert a folder of per-sample .npy/.npz files, or large .npy arrays, "
-                                   "into a sharded HDF5 or LMDB dataset with a manifest.")
-    c.add_argument("src", nargs="?", metavar="SRC", help="folder of .npy/.npz samples, or one large .npy array")
+    c = sub.add_parser("convert", help="convert .npy files, arrays or image folders into a sharded dataset",
+                       description="Convert a folder of per-sample .npy/.npz files, a folder of images, or large "
+                                   ".npy arrays, into a sharded HDF5 or LMDB dataset with a manifest.")
+    c.add_argument("src", nargs="?", metavar="SRC",
+                   help="folder of .npy/.npz samples or of images, or one large .npy array")
     c.add_argument("dst", metavar="DST", help="dataset folder to create")
     c.add_argument("--format", choices=["hdf5", "lmdb"], default="hdf5", help="shard format (default: hdf5)")
     c.add_argument("--shard-size", type=_size, default="256MB", metavar="SIZE",
@@ -70,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--skip-bad", action="store_true",
                    help="skip unreadable or mismatched samples and list them in DST/skipped.json")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = c.add_argument_group("image folders (see docs/convert.md)")
+    g.add_argument("--images", choices=["encoded", "raw", "jpeg"], default=None,
+                   help="encoded: keep JPEG files as they are (others as PNG); raw: decode once to uint8 pixels; "
+                        "jpeg: re-encode at --quality (default: encoded)")
+    g.add_argument("--size", type=_positive, nargs=2, metavar=("H", "W"),
+                   help="raw/jpeg: resize the shorter side, then centre-crop to H x W")
+    g.add_argument("--max-side", type=_positive, metavar="N", help="raw/jpeg: shrink so the longer side is at most N")
+    g.add_argument("--quality", type=_positive, metavar="Q",
+                   help="JPEG quality 1-100 for jpeg (default 90), or to store non-JPEG inputs as JPEG with encoded")
+    g.add_argument("--mode", choices=["RGB", "L"], default=None, help="RGB (default) or L (single-channel)")
 
     d = sub.add_parser("demo", help="run the main job end to end on a small synthetic dataset",
                        description="Generate synthetic .npy samples, convert them to HDF5 and LMDB, read them "
@@ -80,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="describe a dataset", description="Print a dataset's manifest for a person.")
     i.add_argument("dst", metavar="DST", help="dataset folder")
     i.add_argument("--json", action="store_true", help="print the raw manifest as JSON")
+
+    from .cli_bench import add_parsers
+
+    add_parsers(sub)  # bench, tune
     return p
 
 
@@ -92,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _convert(args)
         if args.command == "info":
             return _info(args)
+        if args.command in ("bench", "tune"):
+            from . import cli_bench
+
+            return cli_bench.run_bench(args) if args.command == "bench" else cli_bench.run_tune(args)
         if args.command == "demo":
             return _demo(args)
         parser.error(f"unknown command {args.command}")
@@ -114,8 +133,8 @@ class _Bar:
         self.bar = None
         self.nbytes = 0
 
-    def start(self, total_samples: int, total_bytes: int) -> None:
-        self.close()  # a command that converts twice gets one bar per conversion
+    def start(self, total_samples: int, total_bytes: int, desc: str = "converting") -> None:
+        self.close()  # one bar per phase, and per conversion
         self.nbytes = 0
         if not self.enabled:
             return
@@ -123,7 +142,7 @@ class _Bar:
 
         tqdm.monitor_interval = 0  # no monitor thread: workers are forked
         self.bar = tqdm(total=total_samples, unit=" samples", dynamic_ncols=True, file=sys.stderr,
-                        disable=None, desc="converting")
+                        disable=None, desc=desc)
 
     def update(self, samples: int, nbytes: int) -> None:
         if self.bar is None:
@@ -150,11 +169,15 @@ def _convert(args: argparse.Namespace) -> int:
         arrays = {"x": args.data, **arrays}
     options = converters.WriteOptions(backend=args.format, shard_size=args.shard_size, workers=args.workers,
                                       compression=None if args.compression == "none" else args.compression)
+    images = None
+    if any(v is not None for v in (args.images, args.size, args.max_side, args.quality, args.mode)):
+        images = converters.ImageOptions(images=args.images or "encoded", size=tuple(args.size) if args.size else None,
+                                         max_side=args.max_side, quality=args.quality, mode=args.mode or "RGB")
     bar = _Bar(enabled=not args.quiet)
     try:
         report = converters.convert(args.src, args.dst, options, labels=args.labels, no_labels=args.no_labels,
                                     arrays=arrays or None, overwrite=args.overwrite, skip_bad=args.skip_bad,
-                                    progress=bar)
+                                    images=images, progress=bar)
     finally:
         bar.close()
     print(report.summary())
@@ -198,7 +221,8 @@ def describe(m, root: Path) -> str:  # type: ignore[no-untyped-def]
     for f in m.fields:
         shape = "(" + ", ".join("n" if d is None else str(d) for d in f.shape) + ")"
         kind = "ragged" if f.ragged else "fixed"
-        lines.append(f"  {f.name:<12} {str(f.np_dtype):<9} {shape:<22} {kind}, {f.encoding}")
+        image = f" ({f.image.mode} {f.image.layout})" if f.image is not None else ""
+        lines.append(f"  {f.name:<12} {str(f.np_dtype):<9} {shape:<22} {kind}, {f.encoding}{image}")
     if m.classes is not None:
         shown = ", ".join(f"{i}={c}" for i, c in enumerate(m.classes[:20]))
         more = f", ... ({len(m.classes)} in all)" if len(m.classes) > 20 else ""

@@ -3,7 +3,8 @@
 ``get_batch`` sorts the requested indices, groups them by shard, merges runs that are
 consecutive on disk and in the batch, and reads straight into one preallocated array
 per field. Ragged fields come back padded to the longest sample in the batch, with a
-``<name>_lengths`` array.
+``<name>_lengths`` array. Image fields come back decoded, as uint8 ``(B, H, W, C)`` arrays
+(see fastdata/decode.py); ``decode=False`` returns their stored bytes instead.
 """
 
 from __future__ import annotations
@@ -14,22 +15,40 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .decode import BatchDecoder
 from .errors import CorruptShardError, UsageError
-from .format import LENGTHS_SUFFIX, FieldSpec, Manifest, backend, read_manifest, shard_path
+from .format import IMAGE_ENCODINGS, LENGTHS_SUFFIX, FieldSpec, Manifest, backend, images, read_manifest, shard_path
 
 
 class Dataset:
-    """Samples of a fastdata dataset; ``ds[i]`` and ``ds.get_batch(indices)`` give dicts of numpy arrays."""
+    """Samples of a fastdata dataset; ``ds[i]`` and ``ds.get_batch(indices)`` give dicts of numpy arrays.
 
-    def __init__(self, root: str | os.PathLike[str], fields: Sequence[str] | None = None) -> None:
+    ``decode`` turns encoded and ragged image fields into pixels on read, with
+    ``decode_threads`` threads per process (default: the usable CPUs).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        fields: Sequence[str] | None = None,
+        *,
+        decode: bool = True,
+        decode_threads: int | None = None,
+    ) -> None:
         self.root = Path(root)
+        self.options: dict[str, Any] = {"fields": fields, "decode": decode, "decode_threads": decode_threads}
         self.manifest: Manifest = read_manifest(self.root)
         names = [f.name for f in self.manifest.fields]
+        wanted = None
         if fields is not None:
             unknown = [f for f in fields if f not in names]
             if unknown:
                 raise UsageError(f"{self.root}: no field {unknown[0]!r} (fields: {', '.join(names)})")
-        self.schema: list[FieldSpec] = [f for f in self.manifest.fields if fields is None or f.name in fields]
+            # an image field is read together with its shape (and codec) fields
+            wanted = set(fields).union(*(images.companions(f) for f in self.manifest.fields if f.name in fields))
+        self.schema: list[FieldSpec] = [f for f in self.manifest.fields if wanted is None or f.name in wanted]
+        self._images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
+        self._decoder = BatchDecoder(decode_threads) if self._images else None
         impl = backend(self.manifest.backend)
         self._readers = []
         for info in self.manifest.shards:
@@ -43,6 +62,13 @@ class Dataset:
                 )
             self._readers.append(impl.ShardReader(path, info, self.manifest.fields))
         self._starts = np.array([s.start for s in self.manifest.shards], dtype=np.int64)
+
+    def with_options(self, **changes: Any) -> "Dataset":
+        """The same dataset opened again with some options changed (``fields``, ``decode``, ``decode_threads``)."""
+        unknown = set(changes) - set(self.options)
+        if unknown:
+            raise TypeError(f"unknown dataset options: {sorted(unknown)}")
+        return Dataset(self.root, **{**self.options, **changes})
 
     @property
     def classes(self) -> list[str] | None:
@@ -66,7 +92,7 @@ class Dataset:
         out = {}
         for f in self.schema:
             a = batch[f.name][0]
-            out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if f.ragged else a
+            out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if f.ragged and f not in self._images else a
         return out
 
     def get_batch(self, indices: Iterable[int] | np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -108,6 +134,9 @@ class Dataset:
         outs = {f.name: result[f.name] for f in self.schema}
         for reader, local, dest in segments:
             reader.read_into(local, dest, outs)
+        if self._decoder is not None:
+            for f in self._images:
+                self._decoder.finish(f, result, lambda k: f"{self.root}: sample {int(idx[k])}")
         return result
 
     @staticmethod
@@ -132,6 +161,12 @@ class Dataset:
         self.close()
 
 
-def open(path: str | os.PathLike[str], fields: Sequence[str] | None = None) -> Dataset:  # noqa: A001
-    """Open the fastdata dataset at ``path`` (a directory with ``manifest.json``)."""
-    return Dataset(path, fields=fields)
+def open(  # noqa: A001
+    path: str | os.PathLike[str],
+    fields: Sequence[str] | None = None,
+    *,
+    decode: bool = True,
+    decode_threads: int | None = None,
+) -> Dataset:
+    """Open the fastdata dataset at ``path`` (a directory with ``manifest.json``); see :class:`Dataset`."""
+    return Dataset(path, fields=fields, decode=decode, decode_threads=decode_threads)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import hdf5, lmdb
+from . import hdf5, images, lmdb
+from .images import IMAGE_ENCODINGS, ImageSpec
 from .manifest import (
     BACKENDS,
     FORMAT_VERSION,
@@ -43,13 +44,16 @@ def shard_file_name(index: int, backend_name: str) -> str:
 __all__ = [
     "BACKENDS",
     "FORMAT_VERSION",
+    "IMAGE_ENCODINGS",
     "LABEL_FIELD",
     "LENGTHS_SUFFIX",
     "MANIFEST_NAME",
     "FieldSpec",
+    "ImageSpec",
     "Manifest",
     "ShardInfo",
     "backend",
+    "images",
     "make_field",
     "read_manifest",
     "shard_file_name",

@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, IncompleteDatasetError, VersionError
+from .images import ENCODING_IMAGE, ENCODING_PIXELS, ENCODING_RAW, ImageSpec, check_image_fields, check_image_spec, parse_image_spec
 
 FORMAT_NAME = "fastdata"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 BACKENDS = ("hdf5", "lmdb")
-ENCODINGS = ("raw",)
+ENCODINGS = (ENCODING_RAW, ENCODING_PIXELS, ENCODING_IMAGE)  # images: see format/images.py
 LABEL_FIELD = "label"
 LENGTHS_SUFFIX = "_lengths"
 
@@ -50,13 +51,15 @@ class FieldSpec:
     """One field of every sample: a numeric array of fixed shape, or ragged on its first axis.
 
     ``shape`` is the per-sample shape; a leading ``None`` marks a ragged field whose first
-    axis varies from sample to sample (the trailing axes do not).
+    axis varies from sample to sample (the trailing axes do not). ``image`` is set on image
+    fields only (see format/images.py).
     """
 
     name: str
     dtype: str
     shape: tuple[int | None, ...]
     encoding: str = "raw"
+    image: ImageSpec | None = None
 
     @property
     def ragged(self) -> bool:
@@ -77,7 +80,10 @@ class FieldSpec:
         return self.np_dtype.itemsize * math.prod(self.trailing)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
+        out = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
+        if self.image is not None:
+            out["image"] = self.image.to_json()
+        return out
 
 
 @dataclass(frozen=True)
@@ -122,9 +128,11 @@ class Manifest:
         }
 
 
-def make_field(name: str, dtype: np.dtype | str, shape: tuple[int | None, ...], encoding: str = "raw") -> FieldSpec:
+def make_field(
+    name: str, dtype: np.dtype | str, shape: tuple[int | None, ...], encoding: str = "raw", image: ImageSpec | None = None
+) -> FieldSpec:
     """Build a validated FieldSpec (what converters call)."""
-    spec = FieldSpec(name=name, dtype=np.dtype(dtype).str, shape=tuple(shape), encoding=encoding)
+    spec = FieldSpec(name=name, dtype=np.dtype(dtype).str, shape=tuple(shape), encoding=encoding, image=image)
     _check_field(spec, "field")
     return spec
 
@@ -247,6 +255,10 @@ def validate(m: Manifest, where: str = "manifest") -> None:
             raise bad(str(e)) from None
         if f.ragged and f.name + LENGTHS_SUFFIX in names:
             raise bad(f"field {f.name + LENGTHS_SUFFIX!r} clashes with the lengths of ragged field {f.name!r}")
+    try:
+        check_image_fields(m.fields)
+    except FormatError as e:
+        raise bad(str(e)) from None
     expected = 0
     files = set()
     for s in m.shards:
@@ -273,6 +285,8 @@ def _check_field(f: FieldSpec, what: str) -> None:
         raise FormatError(f"{what} {f.name!r}: unsupported dtype {f.dtype!r} (plain numeric dtypes only)")
     if f.encoding not in ENCODINGS:
         raise FormatError(f"{what} {f.name!r}: unknown encoding {f.encoding!r}")
+    if f.image is not None:
+        check_image_spec(f.image, f.name)
     if not isinstance(f.shape, tuple) or len(f.shape) > MAX_DIMS:
         raise FormatError(f"{what} {f.name!r}: bad shape {f.shape!r}")
     for i, d in enumerate(f.shape):
@@ -291,11 +305,13 @@ def _parse_field(obj: Any) -> FieldSpec:
     shape = obj.get("shape")
     if not isinstance(shape, list) or len(shape) > MAX_DIMS:
         raise FormatError(f"field {obj.get('name')!r}: bad shape {shape!r}")
+    image = obj.get("image")
     spec = FieldSpec(
         name=obj.get("name"),  # type: ignore[arg-type]
         dtype=obj.get("dtype"),  # type: ignore[arg-type]
         shape=tuple(shape),
         encoding=obj.get("encoding", "raw"),
+        image=None if image is None else parse_image_spec(image, obj.get("name")),
     )
     _check_field(spec, "field")
     return spec

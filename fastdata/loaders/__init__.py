@@ -239,7 +239,7 @@ def loader(
         raise UsageError(f"backend={backend!r} is not available in this version; use backend='torch'")
     ds = source if isinstance(source, Dataset) else Dataset(source, fields=fields)
     if isinstance(source, Dataset) and fields is not None:
-        ds = Dataset(source.root, fields=fields)
+        ds = source.with_options(fields=fields)  # keeps the caller's decode settings
     if augment is not None and not isinstance(augment, Augment):
         augment = Augment(tuple(augment))
     dev = _resolve_device(device)

@@ -158,6 +158,8 @@ class ProcessReader:
     def __init__(self, dataset: Dataset, workers: int, prefetch: int, pin: bool) -> None:
         self.sampler = _PlanSampler()
         per_worker = max(2, -(-prefetch // max(1, workers)))
+        if dataset.options.get("decode_threads") is None:
+            dataset = dataset.with_options(decode_threads=1)  # the workers are the parallelism: no oversubscription
         self.loader = torch.utils.data.DataLoader(
             _BatchDataset(dataset), batch_size=None, sampler=self.sampler, num_workers=workers,
             pin_memory=pin, persistent_workers=True, prefetch_factor=per_worker,

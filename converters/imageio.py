@@ -1,0 +1,250 @@
+"""One source image -> what an image dataset stores: checks, orientation, colour, resize, encoding.
+
+Every image is opened with PIL and fully decoded (a truncated file raises; fastdata never
+sets ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES``), turned upright by its EXIF orientation,
+converted to 8-bit ``RGB`` or ``L`` (alpha composited on black, 16-bit reduced to the high
+byte), resized if asked, and returned as raw pixels or as encoded bytes. The same file
+and options always give the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import warnings
+import zlib
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from PIL import Image, ImageFile, UnidentifiedImageError
+
+from fastdata.errors import DataError, UsageError
+from fastdata.format.images import CHANNELS, CODEC_JPEG, CODEC_PNG
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
+OPEN_FORMATS = ("JPEG", "PNG", "BMP", "WEBP", "TIFF", "GIF")  # PIL plugins allowed to parse sources
+DEFAULT_QUALITY = 90
+RESAMPLE = Image.Resampling.BILINEAR
+PNG_COMPRESS_LEVEL = 6
+_ORIENTATION_TAG = 0x0112
+_ALPHA_MODES = {"RGBA": "RGBA", "RGBa": "RGBA", "LA": "LA", "La": "LA", "PA": "RGBA"}
+_PLAIN_MODES = {"1", "L", "P", "RGB", "RGBX", "CMYK", "YCbCr", "I;16", "I;16L", "I;16B", "I;16N"}
+
+ImagesMode = Literal["encoded", "raw", "jpeg"]
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How to store images (``--images``, ``--size``, ``--max-side``, ``--quality``, ``--mode``)."""
+
+    images: ImagesMode = "encoded"
+    size: tuple[int, int] | None = None  # (H, W): resize the shorter side, then centre-crop
+    max_side: int | None = None
+    quality: int | None = None
+    mode: Literal["RGB", "L"] = "RGB"
+
+    def __post_init__(self) -> None:
+        if self.images not in ("encoded", "raw", "jpeg"):
+            raise UsageError(f"--images must be encoded, raw or jpeg, not {self.images!r}")
+        if self.mode not in CHANNELS:
+            raise UsageError(f"--mode must be RGB or L, not {self.mode!r}")
+        if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
+            raise UsageError(f"--size needs two positive integers H W, not {self.size!r}")
+        if self.max_side is not None and self.max_side < 1:
+            raise UsageError("--max-side must be a positive integer")
+        if self.size is not None and self.max_side is not None:
+            raise UsageError("--size and --max-side contradict each other; give one")
+        if self.images == "encoded" and (self.size is not None or self.max_side is not None):
+            raise UsageError("--images encoded keeps the original files; --size and --max-side need --images raw or jpeg")
+        if self.quality is not None:
+            if self.images == "raw":
+                raise UsageError("--quality applies to --images jpeg or encoded, not raw")
+            if not 1 <= self.quality <= 100:
+                raise UsageError(f"--quality must be between 1 and 100, not {self.quality}")
+
+    @property
+    def channels(self) -> int:
+        return CHANNELS[self.mode]
+
+    @property
+    def fixed_size(self) -> bool:
+        """True when every stored image has the same shape (raw pixels with --size)."""
+        return self.images == "raw" and self.size is not None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One converted image: the payload (HWC pixels, or an encoded file as 1-D uint8), its decoded
+    shape, its codec (0 for pixels), whether it is the source file kept byte for byte, and the
+    CRC-32 of the source file (to notice a file that changes during the conversion)."""
+
+    payload: np.ndarray
+    shape: tuple[int, int, int]
+    codec: int
+    kept: bool
+    crc: int
+
+
+def check_pil_settings() -> None:
+    """Refuse to convert when the program told PIL to accept truncated images."""
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise UsageError(
+            "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set in this program; truncated images would be stored as grey "
+            "pixels. Unset it before converting."
+        )
+
+
+def read_source(path: str) -> bytes:
+    """The bytes of a source file; a missing, unreadable or empty file raises DataError."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+    if not data:
+        raise DataError(f"{path}: empty file (0 bytes)")
+    return data
+
+
+def prepare(path: str, opts: ImageOptions) -> Prepared:
+    """Convert the image at ``path``; any problem with it raises DataError naming the file."""
+    check_pil_settings()
+    data = read_source(path)
+    crc = zlib.crc32(data)
+    im = _open(path, data)
+    try:
+        _load(path, im)
+        orientation = _orientation(path, im)
+        # MPO (several JPEGs in one file, from some cameras) decodes as its first image, like PIL's frame 0
+        if opts.images == "encoded" and im.format in ("JPEG", "MPO") and im.mode == opts.mode and orientation == 1:
+            shape = (im.height, im.width, opts.channels)
+            return Prepared(np.frombuffer(data, dtype=np.uint8), shape, CODEC_JPEG, True, crc)
+        try:
+            out = resize(_transpose(to_mode(im, opts.mode), orientation), opts)
+            shape = (out.height, out.width, opts.channels)
+            if opts.images == "raw":
+                return Prepared(np.asarray(out, dtype=np.uint8).reshape(shape), shape, 0, False, crc)
+            codec = CODEC_JPEG if opts.images == "jpeg" or opts.quality is not None else CODEC_PNG
+            payload = np.frombuffer(encode(out, codec, opts.quality), dtype=np.uint8)
+        except (OSError, ValueError) as e:  # PIL cannot convert or encode this image
+            raise DataError(f"{path}: cannot convert ({type(e).__name__}: {e})") from None
+    finally:
+        im.close()
+    return Prepared(payload, shape, codec, False, crc)
+
+
+def _open(path: str, data: bytes) -> Image.Image:
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # checked below, as an error
+            im = Image.open(io.BytesIO(data), formats=OPEN_FORMATS)
+    except Image.DecompressionBombError as e:
+        raise DataError(f"{path}: image too large, over the decompression-bomb limit ({e})") from None
+    except UnidentifiedImageError:
+        raise DataError(f"{path}: not an image file PIL can read (JPEG, PNG, BMP, WebP, TIFF or GIF)") from None
+    except Exception as e:  # a broken header raises SyntaxError, ValueError, struct.error, ...
+        raise DataError(f"{path}: broken image header ({type(e).__name__}: {e})") from None
+    w, h = im.size
+    problem = None
+    if limit and w * h > limit:
+        problem = (f"image too large: {w}x{h} = {w * h} pixels, over the decompression-bomb limit of {limit} "
+                   "pixels (PIL.Image.MAX_IMAGE_PIXELS)")
+    elif w < 1 or h < 1:
+        problem = f"image has no pixels ({w}x{h})"
+    elif im.mode not in _PLAIN_MODES and im.mode not in _ALPHA_MODES:
+        problem = f"unsupported image mode {im.mode!r} (8/16-bit greyscale, palette, RGB(A), CMYK and YCbCr work)"
+    if problem is not None:
+        im.close()
+        raise DataError(f"{path}: {problem}")
+    return im
+
+
+def _load(path: str, im: Image.Image) -> None:
+    """Decode every pixel: a truncated or corrupt file raises here instead of giving grey pixels."""
+    try:
+        im.load()
+    except Exception as e:  # OSError "image file is truncated", SyntaxError "broken PNG file", ...
+        raise DataError(f"{path}: cannot decode: {e}") from None
+
+
+def _orientation(path: str, im: Image.Image) -> int:
+    """The EXIF orientation (1-8); 1 when absent, invalid or unreadable (logged with the file name)."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = im.getexif().get(_ORIENTATION_TAG, 1)
+    except Exception as e:  # a broken EXIF block does not make the pixels wrong
+        log.warning("%s: unreadable EXIF data (%s); orientation ignored", path, e)
+        return 1
+    for w in caught:
+        log.warning("%s: %s", path, str(w.message).strip())
+    return value if isinstance(value, int) and value in _TRANSPOSE else 1
+
+
+_TRANSPOSE = {
+    1: None,
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def _transpose(im: Image.Image, orientation: int) -> Image.Image:
+    """Apply an EXIF orientation (1-8), as ``PIL.ImageOps.exif_transpose`` does."""
+    method = _TRANSPOSE[orientation]
+    return im if method is None else im.transpose(method)
+
+
+def to_mode(im: Image.Image, mode: str) -> Image.Image:
+    """8-bit ``RGB`` or ``L``: alpha composited on black, 16-bit reduced to its high byte."""
+    m = im.mode
+    if m == "P" and "transparency" in im.info:
+        m, im = "RGBA", im.convert("RGBA")
+    if m in _ALPHA_MODES:
+        a = np.asarray(im if m == _ALPHA_MODES[m] else im.convert(_ALPHA_MODES[m]))
+        colour = a[..., :-1].astype(np.uint32)
+        alpha = a[..., -1:].astype(np.uint32)
+        composited = ((colour * alpha + 127) // 255).astype(np.uint8)  # round(colour * alpha / 255)
+        im = Image.fromarray(composited if composited.shape[-1] == 3 else composited[..., 0])
+    elif m.startswith("I;16"):
+        im = Image.fromarray((np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8))
+    elif m not in ("L", "RGB"):
+        im = im.convert("L" if m == "1" else "RGB")  # P, RGBX, CMYK (Adobe inverted too), YCbCr
+    return im if im.mode == mode else im.convert(mode)
+
+
+def resize(im: Image.Image, opts: ImageOptions) -> Image.Image:
+    """``--size H W``: scale the shorter side to cover H x W, then centre-crop; ``--max-side N``:
+    scale down so the longer side is N. Bilinear with antialiasing (PIL ``resize``)."""
+    w, h = im.size
+    if opts.size is not None:
+        th, tw = opts.size
+        s = max(th / h, tw / w)
+        rw, rh = max(tw, round(w * s)), max(th, round(h * s))
+        if (rw, rh) != (w, h):
+            im = im.resize((rw, rh), RESAMPLE)
+        if (rw, rh) != (tw, th):
+            left, top = (rw - tw) // 2, (rh - th) // 2
+            im = im.crop((left, top, left + tw, top + th))
+    elif opts.max_side is not None and max(w, h) > opts.max_side:
+        s = opts.max_side / max(w, h)
+        im = im.resize((max(1, round(w * s)), max(1, round(h * s))), RESAMPLE)
+    return im
+
+
+def encode(im: Image.Image, codec: int, quality: int | None) -> bytes:
+    """PNG (lossless) or JPEG at ``quality`` (default 90), without metadata: deterministic bytes."""
+    buf = io.BytesIO()
+    if codec == CODEC_JPEG:
+        im.save(buf, "JPEG", quality=quality or DEFAULT_QUALITY, optimize=True)
+    else:
+        im.save(buf, "PNG", compress_level=PNG_COMPRESS_LEVEL)
+    return buf.getvalue()

@@ -1,0 +1,235 @@
+"""Image folders -> samples: ImageFolder layout (``root/<class>/<file>``) or a flat folder + labels file.
+
+The scan converts every image once, in parallel processes, to validate it (a truncated file
+is caught here, before a byte is written) and to learn its stored shape and size, which the
+shard plan needs. Writing converts each image again in the shard workers; the result is the
+same bytes (conversion is deterministic), and a source file that changed in between is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastdata.errors import DataError, FastdataError
+from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
+from fastdata.format.images import CODEC_DTYPE, CODEC_SUFFIX, CODECS, ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_DTYPE, SHAPE_SUFFIX
+
+from .imageio import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, prepare, read_source
+from .scan import Labels, file_labels, folder_labels, walk_files
+from .writer import Progress, _mp_context
+
+IMAGE_FIELD = "image"
+_LABEL_DTYPE = np.dtype("<i8")
+_SCAN_CHUNK = 32  # files per scan task
+
+
+def is_image_file(rel: str) -> bool:
+    return Path(rel).suffix.lower() in IMAGE_EXTENSIONS
+
+
+def image_fields(opts: ImageOptions, labelled: bool) -> list[FieldSpec]:
+    """The schema an image conversion writes (see docs/format.md, "Image fields")."""
+    spec = ImageSpec(mode=opts.mode)
+    if opts.fixed_size:
+        assert opts.size is not None
+        fields = [make_field(IMAGE_FIELD, "|u1", (*opts.size, opts.channels), image=spec)]
+    else:
+        encoding = ENCODING_PIXELS if opts.images == "raw" else ENCODING_IMAGE
+        fields = [
+            make_field(IMAGE_FIELD, "|u1", (None,), encoding=encoding, image=spec),
+            make_field(IMAGE_FIELD + SHAPE_SUFFIX, SHAPE_DTYPE, (3,)),
+        ]
+        if encoding == ENCODING_IMAGE:
+            fields.append(make_field(IMAGE_FIELD + CODEC_SUFFIX, CODEC_DTYPE, ()))
+    if labelled:
+        fields.append(make_field(LABEL_FIELD, _LABEL_DTYPE, ()))
+    return fields
+
+
+def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[Any, ...]]:
+    """Convert each file once: (shape, payload bytes, codec, kept, crc, file size) or (error message,)."""
+    out: list[tuple[Any, ...]] = []
+    for rel in rels:
+        path = os.path.join(root, rel)
+        try:
+            p = prepare(path, opts)
+        except DataError as e:
+            out.append((str(e),))
+            continue
+        out.append((p.shape, p.payload.nbytes, p.codec, p.kept, p.crc, os.path.getsize(path)))
+    return out
+
+
+@dataclass
+class ImageFolderSource:
+    """Image files under a folder; one sample per file, in sorted order of relative path."""
+
+    root: str
+    opts: ImageOptions
+    rels: list[str]
+    shapes: np.ndarray  # (n, 3) int64: stored H, W, C
+    nbytes: np.ndarray  # (n,) payload bytes
+    codecs: np.ndarray  # (n,) uint8, 0 for pixels
+    kept: np.ndarray  # (n,) bool: the source file's bytes, untouched
+    crcs: np.ndarray  # (n,) uint32 CRC-32 of the source files
+    file_sizes: np.ndarray  # (n,)
+    labels: np.ndarray | None
+    fields: list[FieldSpec]
+    classes: list[str] | None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    label_kind: str = "none"
+    kind: str = "image-folder"
+
+    @classmethod
+    def scan(
+        cls,
+        root: Path,
+        opts: ImageOptions,
+        labels_file: Path | None = None,
+        no_labels: bool = False,
+        skip_bad: bool = False,
+        workers: int | None = None,
+        progress: Progress | None = None,
+        rels: list[str] | None = None,
+    ) -> "ImageFolderSource":
+        """Find, label and convert-check every file under ``root``; bad files raise (or are skipped)."""
+        check_pil_settings()
+        if rels is None:
+            rels = walk_files(root, {os.path.realpath(labels_file)} if labels_file else set())
+        if not rels:
+            raise DataError(f"{root}: no files found (expected images)")
+        if labels_file is not None:
+            labels = file_labels(labels_file)
+        elif no_labels:
+            labels = Labels(None, None, "none")
+        else:
+            labels = folder_labels(rels, root)
+
+        bad: dict[str, str] = {}
+        for rel in rels:
+            if not is_image_file(rel):
+                bad[rel] = f"{root / rel}: not an image file (expected {', '.join(sorted(IMAGE_EXTENSIONS))})"
+            elif labels.by_path is not None and rel not in labels.by_path:
+                bad[rel] = f"{root / rel}: no label for it in {labels_file}"
+        if labels.by_path is not None:
+            missing = sorted(set(labels.by_path) - set(rels))
+            if missing:
+                raise DataError(f"{labels_file}: lists {missing[0]!r}, which is not a file under {root}")
+        todo = [r for r in rels if r not in bad]
+        results = _scan_all(str(root), todo, opts, workers, progress)
+        good = []
+        for rel, r in zip(todo, results):
+            if len(r) == 1:
+                bad[rel] = r[0]
+            else:
+                good.append((rel, r))
+        if bad and not skip_bad:
+            first = min(bad)
+            more = f" ({len(bad) - 1} more bad file(s); --skip-bad skips them and lists them in skipped.json)" if len(bad) > 1 else ""
+            raise DataError(bad[first] + more)
+        if not good:
+            raise DataError(f"{root}: no usable images (all {len(rels)} files are bad)")
+        n = len(good)
+        return cls(
+            root=str(root),
+            opts=opts,
+            rels=[g[0] for g in good],
+            shapes=np.array([g[1][0] for g in good], dtype=np.int64).reshape(n, 3),
+            nbytes=np.array([g[1][1] for g in good], dtype=np.int64),
+            codecs=np.array([g[1][2] for g in good], dtype=np.uint8),
+            kept=np.array([g[1][3] for g in good], dtype=bool),
+            crcs=np.array([g[1][4] for g in good], dtype=np.uint32),
+            file_sizes=np.array([g[1][5] for g in good], dtype=np.int64),
+            labels=None if labels.by_path is None else np.array([labels.by_path[g[0]] for g in good], dtype=np.int64),
+            fields=image_fields(opts, labels.by_path is not None),
+            classes=labels.classes,
+            skipped=sorted(bad.items()),
+            label_kind=labels.kind,
+        )
+
+    def __len__(self) -> int:
+        return len(self.rels)
+
+    @property
+    def bytes_in(self) -> int:
+        return int(self.file_sizes.sum())
+
+    def sample_nbytes(self) -> np.ndarray:
+        return self.nbytes + sum(f.row_nbytes for f in self.fields if f.name != IMAGE_FIELD)
+
+    def ragged_rows(self, name: str) -> np.ndarray:
+        if name != IMAGE_FIELD or self.opts.fixed_size:
+            raise KeyError(name)
+        return self.nbytes
+
+    def part(self, start: int, stop: int) -> "ImageFolderSource":
+        s = slice(start, stop)
+        return replace(
+            self, rels=self.rels[s], shapes=self.shapes[s], nbytes=self.nbytes[s], codecs=self.codecs[s],
+            kept=self.kept[s], crcs=self.crcs[s], file_sizes=self.file_sizes[s],
+            labels=None if self.labels is None else self.labels[s], skipped=[],
+        )
+
+    def read(self, i: int) -> dict[str, np.ndarray]:
+        path = os.path.join(self.root, self.rels[i])
+        if self.kept[i]:
+            data = read_source(path)
+            payload, crc = np.frombuffer(data, dtype=np.uint8), zlib.crc32(data)
+        else:
+            p = prepare(path, self.opts)
+            payload, crc = p.payload, p.crc
+        if crc != self.crcs[i]:
+            raise DataError(f"{path}: changed during the conversion; convert again")
+        if payload.nbytes != self.nbytes[i]:  # same file, other bytes: conversion is not deterministic here
+            raise FastdataError(f"{path}: converted to {payload.nbytes} bytes, {self.nbytes[i]} at scan time")
+        if self.opts.fixed_size:
+            sample = {IMAGE_FIELD: payload.reshape(self.shapes[i])}
+        else:
+            sample = {IMAGE_FIELD: payload.reshape(-1), IMAGE_FIELD + SHAPE_SUFFIX: self.shapes[i].copy()}
+            if self.opts.images != "raw":
+                sample[IMAGE_FIELD + CODEC_SUFFIX] = np.asarray(self.codecs[i], dtype=np.uint8)
+        if self.labels is not None:
+            sample[LABEL_FIELD] = np.asarray(self.labels[i], dtype=_LABEL_DTYPE)
+        return sample
+
+    def describe(self) -> dict[str, Any]:
+        codecs = Counter(CODECS.get(int(c), "pixels") for c in self.codecs)
+        return {
+            "kind": self.kind, "path": os.path.abspath(self.root), "labels": self.label_kind,
+            "files": len(self.rels), "skipped": len(self.skipped), "images": self.opts.images,
+            "mode": self.opts.mode, "size": list(self.opts.size) if self.opts.size else None,
+            "max_side": self.opts.max_side, "quality": self.opts.quality,
+            "kept_files": int(self.kept.sum()), "codecs": dict(sorted(codecs.items())),
+        }
+
+
+def _scan_all(root: str, rels: list[str], opts: ImageOptions, workers: int | None, progress: Progress | None) -> list[tuple[Any, ...]]:
+    """``_scan_chunk`` over all files, in order, on ``workers`` processes."""
+    chunks = [rels[i : i + _SCAN_CHUNK] for i in range(0, len(rels), _SCAN_CHUNK)]
+    if progress is not None:
+        progress.start(len(rels), 0, desc="checking images")
+    workers = min(workers or os.cpu_count() or 1, len(chunks))
+    results: list[tuple[Any, ...]] = []
+    if workers <= 1:
+        for r in (_scan_chunk(root, c, opts) for c in chunks):
+            results += r
+            _report(progress, r)
+        return results
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as ex:
+        for r in ex.map(_scan_chunk, [root] * len(chunks), chunks, [opts] * len(chunks)):
+            results += r
+            _report(progress, r)
+    return results
+
+
+def _report(progress: Progress | None, results: list[tuple[Any, ...]]) -> None:
+    if progress is not None:
+        progress.update(len(results), sum(r[-1] for r in results if len(r) > 1))

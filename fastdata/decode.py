@@ -1,0 +1,193 @@
+"""Image decoding for the read path: stored image fields -> one uint8 HWC batch array.
+
+JPEG is decoded with simplejpeg when it is installed (libjpeg-turbo with the GIL released,
+so a batch decodes on every core with a small thread pool), else with PIL. PNG is decoded
+with PIL. Both raise on truncated or corrupt data: simplejpeg in strict mode, and PIL as
+long as ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is left at its default (fastdata never sets
+it). A JPEG that simplejpeg refuses only for a recoverable problem (such as extraneous bytes
+before a marker) is handed to PIL, which accepted it at conversion time.
+
+A batch whose images all have the same size comes back as one ``(B, H, W, C)`` array
+written in place; mixed sizes are padded with zeros to the largest height and width,
+top-left aligned (the true sizes are in ``<name>_shape``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Literal
+
+import numpy as np
+
+from .errors import CorruptShardError
+from .format.images import CODEC_JPEG, CODEC_PNG, CODECS, ENCODING_IMAGE, ImageSpec
+from .format.manifest import MAX_SAMPLE_BYTES, FieldSpec
+
+try:  # a dependency; PIL stays the fallback where it is missing. 1.7 added strict mode
+    import simplejpeg
+
+    if tuple(int(v) for v in simplejpeg.__version__.split(".")[:2]) < (1, 7):
+        simplejpeg = None
+except (ImportError, AttributeError, ValueError):  # pragma: no cover - exercised by monkeypatching in the tests
+    simplejpeg = None
+
+JpegDecoder = Literal["auto", "simplejpeg", "pil"]
+_SJ_COLORSPACE = {"RGB": "RGB", "L": "GRAY"}
+_PIL_FORMATS = {CODEC_JPEG: ["JPEG"], CODEC_PNG: ["PNG"]}
+
+
+class DecodeError(ValueError):
+    """Stored bytes that do not decode to the recorded image."""
+
+
+def jpeg_decoder(choice: JpegDecoder = "auto") -> str:
+    """The JPEG decoder ``choice`` resolves to here: ``simplejpeg`` when installed, else ``pil``."""
+    if choice == "auto":
+        return "simplejpeg" if simplejpeg is not None else "pil"
+    if choice == "simplejpeg" and simplejpeg is None:
+        raise ImportError("simplejpeg is not installed (pip install simplejpeg)")
+    if choice not in ("simplejpeg", "pil"):
+        raise ValueError(f"unknown JPEG decoder {choice!r} (auto, simplejpeg or pil)")
+    return choice
+
+
+def decode_image(data: Any, codec: int, spec: ImageSpec, out: np.ndarray, jpeg: JpegDecoder = "auto") -> None:
+    """Decode one encoded image into ``out``, a ``(H, W, C)`` uint8 array of its recorded shape.
+
+    Raises DecodeError when the bytes are corrupt or decode to another size or mode.
+    """
+    if codec == CODEC_JPEG and jpeg_decoder(jpeg) == "simplejpeg":
+        colorspace = _SJ_COLORSPACE[spec.mode]
+        try:
+            if out.flags.c_contiguous:
+                got = simplejpeg.decode_jpeg(data, colorspace=colorspace, buffer=out, strict=True).shape
+            else:
+                a = simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=True)
+                got = a.shape
+                if got == out.shape:
+                    out[...] = a
+            if got == out.shape:
+                return
+        except ValueError:
+            pass  # corrupt, or only a recoverable warning: PIL decides below
+    _decode_pil(data, codec, spec, out)
+
+
+def _decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None:
+    from PIL import Image
+
+    formats = _PIL_FORMATS.get(codec)
+    if formats is None:
+        raise DecodeError(f"unknown codec {codec} (known: {', '.join(f'{k}={v}' for k, v in CODECS.items())})")
+    try:
+        with Image.open(io.BytesIO(data), formats=formats) as im:
+            im.load()
+            if im.mode != spec.mode:
+                raise DecodeError(f"{CODECS[codec]} decodes to mode {im.mode}, the field is {spec.mode}")
+            a = np.asarray(im)
+    except DecodeError:
+        raise
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on corrupt data
+        raise DecodeError(f"cannot decode {CODECS[codec]}: {type(e).__name__}: {e}") from None
+    a = a.reshape(a.shape[0], a.shape[1], -1)
+    if a.shape != out.shape:
+        raise DecodeError(f"{CODECS[codec]} decodes to {a.shape}, the recorded shape is {out.shape}")
+    out[...] = a
+
+
+class BatchDecoder:
+    """Turns the stored bytes of an image field into one uint8 ``(B, H, W, C)`` array.
+
+    Decoding runs on ``threads`` threads (default: the usable CPUs): the calling thread and a
+    pool made lazily in each process, never pickled or used across a fork.
+    """
+
+    def __init__(self, threads: int | None = None, jpeg: JpegDecoder = "auto") -> None:
+        if threads is not None and threads < 1:
+            raise ValueError("decode threads must be at least 1")
+        self.threads = threads or _usable_cpus()
+        self.jpeg = jpeg
+        jpeg_decoder(jpeg)  # fail now, not mid-epoch, if the choice is not installed
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"threads": self.threads, "jpeg": self.jpeg, "_pool": None, "_pool_pid": None}
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pool_pid != os.getpid():
+            # A pool inherited through fork has no threads here; it is dropped, never shut down.
+            self._pool = ThreadPoolExecutor(max(1, self.threads - 1), thread_name_prefix="fastdata-decode")
+            self._pool_pid = os.getpid()
+        return self._pool
+
+    def finish(self, field: FieldSpec, batch: dict[str, np.ndarray], where: Callable[[int], str]) -> None:
+        """Replace ``batch[name]`` (bytes padded per row) by images and drop ``<name>_lengths``.
+
+        ``field`` is the image FieldSpec; ``where(k)`` names batch row ``k`` in errors.
+        """
+        name, spec = field.name, field.image
+        assert spec is not None, "only image fields are decoded"
+        data = batch[name]
+        lengths = batch.pop(name + "_lengths")
+        shapes = batch[name + "_shape"]
+        b = len(shapes)
+        bad = (shapes < 0).any(axis=1) | (shapes[:, 2] != spec.channels)
+        bad |= shapes[:, 0].astype(np.float64) * shapes[:, 1] * spec.channels > MAX_SAMPLE_BYTES
+        if field.encoding != ENCODING_IMAGE:
+            bad |= lengths != shapes.prod(axis=1)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise CorruptShardError(
+                f"{where(k)}: field {name!r} records image shape {shapes[k].tolist()} ({spec.mode}) "
+                f"for {int(lengths[k])} stored bytes"
+            )
+        hmax = int(shapes[:, 0].max()) if b else 0
+        wmax = int(shapes[:, 1].max()) if b else 0
+        uniform = bool(np.all(shapes[:, :2] == (hmax, wmax)))
+        out_shape = (b, hmax, wmax, spec.channels)
+        if field.encoding != ENCODING_IMAGE:
+            batch[name] = _pixels(data, shapes, uniform, out_shape)
+            return
+        out = (np.empty if uniform else np.zeros)(out_shape, dtype=np.uint8)
+        codecs = batch[name + "_codec"]
+        rows = [(k, int(lengths[k]), int(codecs[k]), int(h), int(w)) for k, (h, w, _) in enumerate(shapes.tolist())]
+
+        def run(part: list[tuple[int, int, int, int, int]]) -> None:
+            for k, n, codec, h, w in part:
+                try:
+                    decode_image(data[k, :n], codec, spec, out[k, :h, :w], self.jpeg)
+                except DecodeError as e:
+                    raise CorruptShardError(f"{where(k)}: field {name!r}: {e}") from None
+
+        parts = min(self.threads, b)
+        cuts = [b * i // parts for i in range(parts + 1)] if parts else [0, 0]
+        # the calling thread decodes the last part itself; the pool the others
+        futures = [self._executor().submit(run, rows[cuts[i] : cuts[i + 1]]) for i in range(len(cuts) - 2)]
+        try:
+            run(rows[cuts[-2] :])
+        finally:
+            for f in futures:
+                f.exception()  # wait for every part before leaving, even on an error
+        for f in futures:
+            f.result()
+        batch[name] = out
+
+
+def _pixels(data: np.ndarray, shapes: np.ndarray, uniform: bool, out_shape: tuple[int, ...]) -> np.ndarray:
+    """Raw ragged pixels -> (B, H, W, C); a view when every row is exactly one image."""
+    if uniform and data.shape[1] == int(np.prod(out_shape[1:])):
+        return data.reshape(out_shape)
+    out = np.zeros(out_shape, dtype=np.uint8)
+    for k, (h, w, c) in enumerate(shapes.tolist()):
+        out[k, :h, :w] = data[k, : h * w * c].reshape(h, w, c)
+    return out
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
