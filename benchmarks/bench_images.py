@@ -40,6 +40,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 import converters
 import fastdata
+from fastdata.loaders import LoaderConfig
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, write_results
 from fastdata.decode import jpeg_decoder
 
@@ -175,6 +176,15 @@ def get_batch_epoch(ds: fastdata.Dataset, n: int) -> Callable[[int], int]:
     return run
 
 
+def fastdata_loader_epoch(ld: Any) -> Callable[[int], int]:
+    """One epoch of ``fastdata.loader`` (each full pass moves it to the next epoch's order)."""
+
+    def run(i: int) -> int:
+        return sum(b["label"].shape[0] for b in ld)
+
+    return run
+
+
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
@@ -254,12 +264,21 @@ def run(settings: dict[str, Any], workdir: Path, backend: str) -> dict[str, Any]
         loader = DataLoader(ShardBatches(workdir / mode, n), sampler=BatchSampler(sampler, BATCH, drop_last=False),
                             batch_size=None, num_workers=WORKERS, persistent_workers=True)
         methods[f"{mode}: DataLoader, get_batch per batch, 2 workers"] = loader_epoch(loader, sampler)
+    # fastdata.loader last: its buffers must exist only after the DataLoader workers above have forked
+    loaders = []
+    for mode in ("raw", "encoded"):
+        for label, config in (("defaults, float NCHW", None), ("uint8 kept", LoaderConfig(images=()))):
+            ld = fastdata.loader(workdir / mode, BATCH, device="cpu", config=config)
+            loaders.append(ld)
+            methods[f"{mode}: fastdata.loader, {label}"] = fastdata_loader_epoch(ld)
     try:
         # one timed epoch per method per round, methods in rotating order: load drift hits all alike
         timings = time_interleaved(methods, repeats=repeats, warmup=1, rounds=repeats)
     finally:
         for ds in datasets.values():
             ds.close()
+        for ld in loaders:
+            ld.close()
 
     naive_s = timings[next(iter(methods))]["median"]
     rows = []

@@ -105,7 +105,15 @@ def _save(fig: Any, path: Path, subtitle: str) -> Path:
     return path
 
 
-PLOTTERS = {"get_batch": plot_get_batch, "loader": plot_loader, "train": plot_train, "tune": plot_tune}
+def plot_images(res: dict[str, Any], out: Path) -> Path:
+    rows = [(m["method"], m["samples_per_s"]) for m in res["result"]["methods"]]
+    fig, ax = plt.subplots(figsize=(10, 0.4 * len(rows) + 1.5))
+    bars(ax, f"Image loading, {res['result']['images']} JPEGs 256x256, batch 64, CPU", rows, None)
+    return _save(fig, out / "images.png", machine_line(res))
+
+
+PLOTTERS = {"get_batch": plot_get_batch, "loader": plot_loader, "train": plot_train, "tune": plot_tune,
+            "images": plot_images}
 
 
 def main(argv: list[str] | None = None) -> int:

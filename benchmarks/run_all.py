@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SUITES = ["get_batch", "loader", "images", "train", "tune"]
+SUITES = ["get_batch", "loader", "images", "dali", "train", "tune"]
 
 
 def main(argv: list[str] | None = None) -> int:

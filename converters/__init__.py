@@ -30,6 +30,7 @@ def convert(
     no_labels: bool = False,
     arrays: dict[str, str | os.PathLike[str]] | None = None,
     overwrite: bool = False,
+    resume: bool = False,
     skip_bad: bool = False,
     images: ImageOptions | None = None,
     progress: Progress | None = None,
@@ -40,7 +41,8 @@ def convert(
     class sub-folders, from ``labels`` as CSV/JSON, or none), or one large ``.npy`` array
     whose first axis is the sample axis (``labels`` then names a ``.npy`` of labels).
     ``arrays`` maps field names to large ``.npy`` arrays instead of ``src``. ``images``
-    says how to store images (default: ``ImageOptions()``, the original files).
+    says how to store images (default: ``ImageOptions()``, the original files). ``resume``
+    finishes an interrupted conversion into ``dst`` (see docs/reliability.md).
     """
     t0 = time.perf_counter()
     options = options or WriteOptions()
@@ -76,12 +78,12 @@ def convert(
                 raise UsageError("--labels and --field label=... both name the labels")
             named["label"] = label_path
         inputs = list(named.values())
-        check_dst(dst, inputs, overwrite)
+        check_dst(dst, inputs, overwrite, resume)
         source = ArraysSource.scan(named)
     else:
         assert src is not None
         inputs = [src] + ([label_path] if label_path is not None else [])
-        check_dst(dst, inputs, overwrite)
+        check_dst(dst, inputs, overwrite, resume)
         rels = walk_files(src, {os.path.realpath(label_path)} if label_path else set())
         if _holds_images(src, rels):
             source = ImageFolderSource.scan(src, images or ImageOptions(), labels_file=label_path, no_labels=no_labels,
@@ -90,8 +92,8 @@ def convert(
             raise UsageError(f"{src}: image options (--images, --size, ...) given, but the folder holds no images")
         else:
             source = NpyFolderSource.scan(src, labels_file=label_path, no_labels=no_labels, skip_bad=skip_bad)
-    created = prepare_dst(dst, inputs, overwrite)
-    report = write_dataset(source, dst, options, created, progress)
+    with prepare_dst(dst, inputs, overwrite, resume) as target:
+        report = write_dataset(source, target, options, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report
 

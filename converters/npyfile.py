@@ -7,8 +7,11 @@ at scan time, before anything is written.
 
 from __future__ import annotations
 
+import math
 import os
+import tokenize
 import zipfile
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +19,11 @@ import numpy as np
 from fastdata.errors import DataError
 
 _KINDS = "biufc"
+_MAX_DIMS = 32
+_MAX_BYTES = 1 << 50  # 1 PiB: beyond any real file, so a header claiming more is broken or hostile
+# What zipfile raises for damaged, encrypted or unsupported archives, besides OSError.
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, RuntimeError, ValueError,
+               zlib.error)
 
 
 @dataclass(frozen=True)
@@ -27,7 +35,7 @@ class NpyHeader:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize  # Python ints: no overflow
 
 
 def parse_header(fh, where: str) -> NpyHeader:
@@ -41,13 +49,17 @@ def parse_header(fh, where: str) -> NpyHeader:
         else:
             raise ValueError(f"unsupported .npy version {version}")
         offset = fh.tell()
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as e:
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError, OverflowError, RecursionError, MemoryError,
+            tokenize.TokenError) as e:  # numpy parses the header dict with tokenize + ast.literal_eval
         raise DataError(f"{where}: not a valid .npy file, or truncated ({e})") from None
     if dtype.hasobject or dtype.kind not in _KINDS or dtype.fields is not None or dtype.subdtype is not None:
         raise DataError(
             f"{where}: dtype {dtype} is not supported (plain numeric arrays only; object arrays would need pickle)"
         )
-    return NpyHeader(dtype=dtype, shape=tuple(int(d) for d in shape), fortran=bool(fortran), offset=offset)
+    dims = tuple(int(d) for d in shape)
+    if len(dims) > _MAX_DIMS or any(d < 0 for d in dims) or math.prod(dims) * dtype.itemsize > _MAX_BYTES:
+        raise DataError(f"{where}: impossible array shape {dims} in the .npy header")
+    return NpyHeader(dtype=dtype, shape=dims, fortran=bool(fortran), offset=offset)
 
 
 def read_npy_header(path: str) -> tuple[NpyHeader, int]:
@@ -102,10 +114,10 @@ def read_npz_headers(path: str) -> tuple[dict[str, NpyHeader], int]:
                 if info.file_size != h.offset + h.nbytes:
                     raise DataError(f"{path}[{info.filename}]: truncated array")
                 out[info.filename[:-4]] = h
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as e:
-        raise DataError(f"{path}: not a valid .npz file ({e})") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+    except _ZIP_ERRORS as e:
+        raise DataError(f"{path}: not a valid .npz file ({e})") from None
     if not out:
         raise DataError(f"{path}: .npz file holds no arrays")
     return out, size
@@ -119,5 +131,5 @@ def read_npz_data(path: str) -> dict[str, np.ndarray]:
                 with zf.open(info) as fh:
                     out[info.filename[:-4]] = np.array(np.lib.format.read_array(fh, allow_pickle=False), order="C")
             return out
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+    except (OSError, *_ZIP_ERRORS) as e:
         raise DataError(f"{path}: cannot read .npz ({e})") from None

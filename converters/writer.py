@@ -1,38 +1,42 @@
 """Sources -> shards: plan shards by bytes, write them in parallel processes, write the manifest last.
 
-Each shard is written under a temporary name, fsynced, hashed and renamed; the manifest
-is written only after every shard is in place, so an interrupted conversion never looks
-finished. On failure everything this conversion wrote is removed again.
+The conversion is crash-safe and resumable (docs/reliability.md). A journal in DST records
+the plan before any shard is written and each shard once it is finished (written under a
+temporary name, fsynced, hashed, renamed); the manifest is written only after every shard is
+in place, and then the journal is deleted. After a failure the finished shards and the journal
+stay for ``--resume``; everything else this conversion wrote is removed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing as mp
 import os
 import queue
-import re
-import shutil
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 
 import fastdata
 from fastdata._units import fmt_bytes
-from fastdata.errors import DataError, FastdataError, UsageError
+from fastdata.errors import FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, backend, shard_file_name, write_manifest
-from fastdata.format._io import finish_file, sha256_file
+
+from . import _fault, journal
+from .dst import SKIPPED_NAME, Destination, check_dst, prepare_dst, remove_ours, remove_shards_except, remove_temporary
+from .shardwork import ShardTask, init_worker, write_error, write_shard
 
 DEFAULT_SHARD_SIZE = 256 << 20
-SKIPPED_NAME = "skipped.json"
-# Names a conversion may leave in DST; --overwrite deletes only these.
-_OURS = re.compile(r"^(manifest\.json|skipped\.json|\.manifest\..+\.tmp|\.?shard-\d{5,}\.(h5|lmdb)(\.partial)?(-lock)?)$")
+log = logging.getLogger(__name__)
+__all__ = ["ConvertReport", "Destination", "Progress", "Source", "WriteOptions", "check_dst", "plan_shards",
+           "prepare_dst", "write_dataset"]
 
 
 class Source(Protocol):
@@ -75,6 +79,10 @@ class WriteOptions:
         if self.workers is not None and self.workers < 1:
             raise UsageError("--workers must be at least 1")
 
+    def identity(self) -> dict[str, Any]:
+        """The options that decide the output bytes (``workers`` does not), for the journal."""
+        return {"backend": self.backend, "shard_size": self.shard_size, "compression": self.compression or "none"}
+
 
 @dataclass
 class ConvertReport:
@@ -86,6 +94,7 @@ class ConvertReport:
     bytes_out: int
     seconds: float
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    kept: int = 0  # shards of an interrupted conversion that --resume verified and kept
 
     def summary(self) -> str:
         rate = self.bytes_in / self.seconds if self.seconds > 0 else 0.0
@@ -93,6 +102,8 @@ class ConvertReport:
             f"{self.samples} samples -> {self.shards} {self.backend} shard(s) in {self.dst}: "
             f"{fmt_bytes(self.bytes_in)} in, {fmt_bytes(self.bytes_out)} out, {self.seconds:.1f} s, {fmt_bytes(rate)}/s"
         )
+        if self.kept:
+            line += f"; resumed: kept {self.kept} finished shard(s)"
         if self.skipped:
             line += f"; skipped {len(self.skipped)} bad file(s), listed in {self.dst / SKIPPED_NAME}"
         return line
@@ -112,175 +123,54 @@ def plan_shards(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
     return plans
 
 
-def check_dst(dst: Path, sources: Sequence[Path], overwrite: bool) -> None:
-    """Refuse a DST inside a source, a DST that exists without --overwrite, or one holding other files."""
-    dst_real = os.path.realpath(dst)
-    for src in sources:
-        s = os.path.realpath(src)
-        if dst_real == s or (os.path.isdir(s) and dst_real.startswith(s.rstrip(os.sep) + os.sep)):
-            raise UsageError(f"{dst}: the destination is inside the source {src}; choose a folder outside it")
-    if not os.path.lexists(dst):
-        return
-    if not dst.is_dir():
-        raise UsageError(f"{dst}: exists and is not a directory")
-    entries = sorted(os.listdir(dst))
-    if entries and not overwrite:
-        raise UsageError(f"{dst}: already exists; pass --overwrite to replace it")
-    foreign = [e for e in entries if not _OURS.match(e)]
-    if foreign:
-        raise UsageError(
-            f"{dst}: --overwrite refused: it holds {foreign[0]!r}, which fastdata did not write; "
-            "choose an empty or new folder"
-        )
-
-
-def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool) -> bool:
-    """Check DST (see check_dst), create it or empty a previous dataset there. True if created."""
-    check_dst(dst, sources, overwrite)
-    if not os.path.lexists(dst):
-        try:
-            dst.mkdir(parents=True)
-        except OSError as e:
-            raise UsageError(f"{dst}: cannot create the destination: {e.strerror}") from None
-        return True
-    entries = sorted(os.listdir(dst))
-    # The manifest goes first, so an interrupted delete never leaves a dataset that looks complete.
-    if MANIFEST_NAME in entries:
-        (dst / MANIFEST_NAME).unlink()
-    for e in entries:
-        _remove(dst / e)
-    return False
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p)
-    else:
-        p.unlink(missing_ok=True)
-
-
-def _cleanup(dst: Path, created: bool) -> None:
-    """Remove everything a failed conversion wrote (never anything else)."""
-    if not dst.is_dir():
-        return
-    for e in os.listdir(dst):
-        if _OURS.match(e):
-            _remove(dst / e)
-    if created:
-        try:
-            dst.rmdir()
-        except OSError:
-            pass
-
-
-# --- worker side -------------------------------------------------------------------------
-
-_progress_queue: Any = None
-_PROGRESS_EVERY_S = 0.2
-
-
-def _init_worker(q: Any) -> None:
-    global _progress_queue
-    _progress_queue = q
-
-
-@dataclass
-class _ShardTask:
-    part: Any
-    fields: list[FieldSpec]
-    backend: str
-    dst: str
-    index: int
-    start: int
-    count: int
-    ragged_rows: dict[str, int]
-    compression: str | None
-
-
-def _check_sample(sample: dict[str, np.ndarray], fields: list[FieldSpec], where: str) -> None:
-    for f in fields:
-        a = sample.get(f.name)
-        if a is None:
-            raise DataError(f"{where}: has no {f.name!r}")
-        if a.dtype != f.np_dtype:
-            raise DataError(f"{where}: {f.name!r} has dtype {a.dtype}, the dataset {f.np_dtype}")
-        shape = a.shape[1:] if f.ragged else a.shape
-        if (f.ragged and a.ndim == 0) or tuple(shape) != f.trailing:
-            raise DataError(f"{where}: {f.name!r} has shape {a.shape}, the dataset {list(f.shape)}")
-
-
-def _write_shard(task: _ShardTask, report: Any = None) -> ShardInfo:
-    """Write one shard (in a worker or inline); returns its manifest entry."""
-    name = shard_file_name(task.index, task.backend)
-    dst = Path(task.dst)
-    tmp, final = dst / f".{name}.partial", dst / name
-    impl = backend(task.backend)
-    sent_n = sent_b = 0
-    last = time.monotonic()
-    try:
-        with impl.ShardWriter(tmp, task.fields, task.count, task.ragged_rows, task.compression, start=task.start) as w:
-            for i in range(task.count):
-                sample = task.part.read(i)
-                _check_sample(sample, task.fields, f"sample {task.start + i}")
-                w.write(sample)
-                sent_n += 1
-                sent_b += sum(a.nbytes for a in sample.values())
-                now = time.monotonic()
-                if now - last >= _PROGRESS_EVERY_S:
-                    _report(report, sent_n, sent_b)
-                    sent_n = sent_b = 0
-                    last = now
-        sha = sha256_file(tmp)
-        size = tmp.stat().st_size
-        finish_file(tmp, final)
-    except FastdataError:
-        raise
-    except OSError as e:
-        raise FastdataError(f"{final}: cannot write shard: {e.strerror or e}") from None
-    except Exception as e:  # h5py / lmdb write failures (disk full, I/O error)
-        raise FastdataError(f"{final}: cannot write shard: {type(e).__name__}: {e}") from None
-    _report(report, sent_n, sent_b)
-    return ShardInfo(file=name, start=task.start, count=task.count, bytes=size, sha256=sha)
-
-
-def _report(report: Any, n: int, b: int) -> None:
-    if not n:
-        return
-    if report is not None:
-        report(n, b)
-    elif _progress_queue is not None:
-        _progress_queue.put((n, b))
-
-
 # --- main side ---------------------------------------------------------------------------
 
 
-def write_dataset(
-    source: Source, dst: Path, opts: WriteOptions, created: bool, progress: Progress | None = None
-) -> ConvertReport:
-    """Write ``source`` into the prepared folder ``dst``; on any failure remove what was written."""
+def write_dataset(source: Source, target: Destination, opts: WriteOptions, progress: Progress | None = None) -> ConvertReport:
+    """Write ``source`` into the prepared, locked folder ``target`` (continuing its journal on
+    resume). On failure, finished shards and the journal stay for ``--resume``; the rest goes."""
     t0 = time.perf_counter()
+    dst = target.path
+    nbytes = source.sample_nbytes()
+    plans = plan_shards(nbytes, opts.shard_size)
+    names = [shard_file_name(i, opts.backend) for i in range(len(plans))]
+    head = journal.header(source, opts.identity(), [(n, a, b - a) for n, (a, b) in zip(names, plans)])
     try:
-        nbytes = source.sample_nbytes()
-        plans = plan_shards(nbytes, opts.shard_size)
-        ragged = [f.name for f in source.fields if f.ragged]
-        rows = {name: source.ragged_rows(name) for name in ragged}
-        tasks = [
-            _ShardTask(
-                part=source.part(a, b), fields=source.fields, backend=opts.backend, dst=str(dst), index=i,
-                start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items()},
-                compression=opts.compression,
-            )
-            for i, (a, b) in enumerate(plans)
-        ]
+        if target.resume:
+            old, done = journal.load(dst)
+            journal.check_same(dst, old, head)  # refuses before anything is touched
+        else:
+            journal.start(dst, head)
+            done = {}
+    except OSError as e:
+        raise write_error(dst / journal.JOURNAL_NAME, e) from None
+    journaled = set(done)
+    shards: list[ShardInfo] = []
+    kept = 0
+
+    def finished(task: ShardTask, info: ShardInfo, was_kept: bool) -> None:
+        nonlocal kept
+        if not was_kept:
+            journal.append(dst, info)
+            journaled.add(info.file)
+        kept += was_kept
+        shards.append(info)
+        _fault.point("between_shards", task.index)
+
+    try:
+        remove_temporary(dst)
+        remove_shards_except(dst, journaled)
+        tasks = _tasks(source, opts, dst, names, plans, done)
         if progress is not None:
             progress.start(len(source), int(nbytes.sum()))
+        _fault.point("before_first_shard")
         workers = min(opts.workers or os.cpu_count() or 1, len(tasks))
         if workers <= 1:
             update = progress.update if progress is not None else None
-            shards = [_write_shard(t, update) for t in tasks]
+            for t in tasks:
+                finished(t, *write_shard(t, update))
         else:
-            shards = _write_parallel(tasks, workers, progress)
+            _write_parallel(tasks, workers, progress, finished)
         shards.sort(key=lambda s: s.start)
         if source.skipped:
             skipped = [{"path": p, "reason": r} for p, r in source.skipped]
@@ -291,13 +181,56 @@ def write_dataset(
             source={**source.describe(), "fastdata_version": fastdata.__version__,
                     "shard_size": opts.shard_size, "compression": opts.compression or "none"},
         )
+        _fault.point("before_manifest")
         write_manifest(dst, manifest)
-    except BaseException:
-        _cleanup(dst, created)
-        raise
+    except BaseException as e:
+        err = _failed(dst, journaled, e)
+        if err is e:
+            raise
+        raise err from e
+    try:
+        journal.remove(dst)  # the manifest now says the dataset is complete; the journal is only clutter
+    except OSError as e:
+        log.warning("%s: could not remove the conversion journal: %s", dst, e.strerror)
     out = sum(s.bytes for s in shards) + (dst / MANIFEST_NAME).stat().st_size
     return ConvertReport(dst, opts.backend, len(source), len(shards), source.bytes_in, out,
-                         time.perf_counter() - t0, list(source.skipped))
+                         time.perf_counter() - t0, list(source.skipped), kept)
+
+
+def _tasks(source: Source, opts: WriteOptions, dst: Path, names: list[str], plans: list[tuple[int, int]],
+           done: dict[str, ShardInfo]) -> list[ShardTask]:
+    ragged = [f.name for f in source.fields if f.ragged]
+    rows = {name: source.ragged_rows(name) for name in ragged}
+    tasks = []
+    for i, (name, (a, b)) in enumerate(zip(names, plans)):
+        expect = done.get(name)
+        if expect is not None and (expect.start, expect.count) != (a, b - a):
+            expect = None
+        tasks.append(ShardTask(
+            part=source.part(a, b), fields=source.fields, backend=opts.backend, dst=str(dst), name=name, index=i,
+            start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items()},
+            compression=opts.compression, expect=expect,
+        ))
+    return tasks
+
+
+def _failed(dst: Path, journaled: set[str], e: BaseException) -> BaseException:
+    """Tidy DST after a failure and return the error to raise: finished, journaled shards stay for
+    --resume (the message says so); temporary files go, and so does everything if no shard finished."""
+    try:
+        remove_temporary(dst)
+        remove_shards_except(dst, journaled)
+        kept = sum(1 for n in journaled if (dst / n).is_file())
+        if kept == 0:
+            remove_ours(dst)
+    except OSError:
+        kept = 0  # tidying failed too (the disk is gone?); the original error matters more
+    if isinstance(e, OSError):
+        e = write_error(dst, e)
+    if isinstance(e, FastdataError) and kept:
+        return type(e)(f"{e}; {kept} finished shard(s) kept in {dst}: fix the problem, then run the same "
+                       "command with --resume to finish")
+    return e
 
 
 def _mp_context() -> Any:
@@ -306,10 +239,10 @@ def _mp_context() -> Any:
     return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def _write_parallel(tasks: list[_ShardTask], workers: int, progress: Progress | None) -> list[ShardInfo]:
+def _write_parallel(tasks: list[ShardTask], workers: int, progress: Progress | None,
+                    finished: Callable[[ShardTask, ShardInfo, bool], None]) -> None:
     ctx = _mp_context()
     q = ctx.Queue()
-    shards: list[ShardInfo] = []
 
     def drain() -> None:
         while True:
@@ -320,19 +253,31 @@ def _write_parallel(tasks: list[_ShardTask], workers: int, progress: Progress | 
             if progress is not None:
                 progress.update(n, b)
 
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(q,)) as ex:
-        pending: set[Future[ShardInfo]] = {ex.submit(_write_shard, t) for t in tasks}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
+                             initargs=(q, os.getpid())) as ex:
+        pending: dict[Future[tuple[ShardInfo, bool]], ShardTask] = {ex.submit(write_shard, t): t for t in tasks}
+        error: BaseException | None = None
         try:
             while pending:
-                done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+                done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
                 drain()
-                for fut in done:
-                    shards.append(fut.result())
-        except BrokenProcessPool:
-            raise FastdataError("a conversion worker process died (killed, or out of memory?)") from None
+                for fut in sorted(done, key=lambda f: pending[f].index):
+                    task = pending.pop(fut)
+                    if fut.cancelled():
+                        continue
+                    if fut.exception() is not None:
+                        # Stop starting shards, but journal those still running that finish: less to redo.
+                        error = error or fut.exception()
+                        for other in pending:
+                            other.cancel()
+                        continue
+                    finished(task, *fut.result())
         finally:
             for fut in pending:
                 fut.cancel()
     drain()  # workers flush their queue feeders when they exit at shutdown
     q.close()
-    return shards
+    if isinstance(error, BrokenProcessPool):
+        raise FastdataError("a conversion worker process died (killed, or out of memory?)") from None
+    if error is not None:
+        raise error

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--compression", default="none", metavar="NAME",
                    help="HDF5 compression: none, lzf, gzip or gzip:LEVEL (default: none)")
     c.add_argument("--overwrite", action="store_true", help="replace an existing fastdata dataset at DST")
+    c.add_argument("--resume", action="store_true",
+                   help="finish an interrupted conversion into DST: keep its verified shards, write the rest "
+                        "(same SRC and options; see docs/reliability.md)")
     c.add_argument("--labels", metavar="FILE",
                    help="labels: a CSV/JSON of relative_path,label for folders, or a .npy array for array sources")
     c.add_argument("--no-labels", action="store_true", help="do not take labels from class sub-folders")
@@ -92,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("dst", metavar="DST", help="dataset folder")
     i.add_argument("--json", action="store_true", help="print the raw manifest as JSON")
 
+    v = sub.add_parser("verify", help="check a dataset's shards against its manifest",
+                       description="Check every shard's size and SHA-256 against the manifest; with --deep also "
+                                   "read and decode every sample and check it against the schema. Lists each bad "
+                                   "shard and sample; exit code 1 if there is any.")
+    v.add_argument("dst", metavar="DST", help="dataset folder")
+    v.add_argument("--deep", action="store_true", help="also read every sample (slower)")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
+
     from .cli_bench import add_parsers
 
     add_parsers(sub)  # bench, tune
@@ -107,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _convert(args)
         if args.command == "info":
             return _info(args)
+        if args.command == "verify":
+            return _verify(args)
         if args.command in ("bench", "tune"):
             from . import cli_bench
 
@@ -176,8 +189,8 @@ def _convert(args: argparse.Namespace) -> int:
     bar = _Bar(enabled=not args.quiet)
     try:
         report = converters.convert(args.src, args.dst, options, labels=args.labels, no_labels=args.no_labels,
-                                    arrays=arrays or None, overwrite=args.overwrite, skip_bad=args.skip_bad,
-                                    images=images, progress=bar)
+                                    arrays=arrays or None, overwrite=args.overwrite, resume=args.resume,
+                                    skip_bad=args.skip_bad, images=images, progress=bar)
     finally:
         bar.close()
     print(report.summary())
@@ -193,6 +206,20 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import verify
+
+    bar = _Bar(enabled=not args.quiet)
+    try:
+        report = verify(Path(args.dst), deep=args.deep, progress=bar)
+    finally:
+        bar.close()
+    for p in report.problems:
+        print(f"BAD {p}")
+    print(report.summary())
+    return 0 if report.ok else 1
 
 
 def _info(args: argparse.Namespace) -> int:

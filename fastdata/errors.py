@@ -7,14 +7,17 @@ to exit code 1, and prints the message without a traceback (``--debug`` shows it
 from __future__ import annotations
 
 __all__ = [
+    "BackendUnavailableError",
     "CorruptShardError",
     "DataError",
+    "DestinationBusyError",
     "FastdataError",
     "FormatError",
     "IncompleteDatasetError",
     "LoaderWorkerError",
     "UsageError",
     "VersionError",
+    "WriteError",
 ]
 
 
@@ -28,6 +31,18 @@ class UsageError(FastdataError):
     """The command was asked for something it cannot do (bad path, DST exists, ...)."""
 
     exit_code = 2
+
+
+class BackendUnavailableError(UsageError):
+    """The loader backend asked for cannot run here (not installed, or built for another CUDA)."""
+
+
+class DestinationBusyError(UsageError):
+    """Another conversion is writing the same destination folder right now."""
+
+
+class WriteError(FastdataError):
+    """Writing the destination failed: disk full, I/O error, permission denied, read-only disk."""
 
 
 class DataError(FastdataError):

@@ -114,7 +114,14 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """RNG states as tensors and plain lists, so checkpoints load with ``weights_only=True`` (no pickle)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_py = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+        "python": [version, list(internal), gauss_py],
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -122,8 +129,10 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_py = state["python"]
+    random.setstate((version, tuple(internal), gauss_py))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -187,7 +196,7 @@ def fit(
     start_epoch, step = 0, 0
     history: list[EpochMetrics] = []
     if resume is not None:
-        state = torch.load(resume, map_location=plan.device, weights_only=False)
+        state = torch.load(resume, map_location=plan.device, weights_only=True)  # never unpickle code
         if state.get("version") != _CKPT_VERSION:
             raise ValueError(f"{resume}: unknown checkpoint version {state.get('version')!r}")
         _unwrap(model).load_state_dict(state["model"])

@@ -12,7 +12,7 @@ import pytest
 import converters
 import fastdata
 from conftest import make_class_folder, tree_state
-from fastdata.errors import DataError, UsageError
+from fastdata.errors import DataError, UsageError, WriteError
 
 
 def assert_nothing_written(dst: Path) -> None:
@@ -207,20 +207,23 @@ def test_bad_options_are_usage_errors(tmp_path, class_folder, run_cli):
     assert not (tmp_path / "a").exists()
 
 
-def test_write_failure_leaves_no_dataset(tmp_path, class_folder, monkeypatch):
+@pytest.mark.parametrize("failing", [0, 1])
+def test_write_failure_leaves_nothing_that_looks_complete(tmp_path, class_folder, monkeypatch, failing):
     src, _ = class_folder
     from converters import writer
 
-    calls = {"n": 0}
-    real = writer._write_shard
+    real = writer.write_shard
 
     def flaky(task, report=None):
-        calls["n"] += 1
-        if task.index == 1:
+        if task.index == failing:
             raise OSError(28, "No space left on device")
         return real(task, report)
 
-    monkeypatch.setattr(writer, "_write_shard", flaky)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(writer, "write_shard", flaky)
+    with pytest.raises(WriteError, match="No space left on device") as e:
         converters.convert(src, tmp_path / "ds", converters.WriteOptions(shard_size=1500, workers=1))
-    assert not (tmp_path / "ds").exists()
+    if failing == 0:  # nothing finished: DST is gone again
+        assert not (tmp_path / "ds").exists()
+    else:  # the finished shard and the journal stay for --resume (tests/test_reliability_resume.py)
+        assert "--resume" in str(e.value)
+        assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [".fastdata-journal", "shard-00000.h5"]

@@ -19,7 +19,7 @@ def test_quick_image_benchmark_runs(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((tmp_path / "out" / "images_quick.json").read_text())
     methods = [m["method"] for m in result["result"]["methods"]]
-    assert methods[0].startswith("naive") and len(methods) == 7
+    assert methods[0].startswith("naive") and len(methods) >= 7
     assert all(m["samples_per_s"] > 0 for m in result["result"]["methods"])
     assert set(result["result"]["conversions"]) == {"raw", "encoded", "jpeg"}
     assert [t["mode"] for t in result["targets"]] == ["raw", "encoded"]

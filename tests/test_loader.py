@@ -220,3 +220,26 @@ def test_bad_arguments(ds_path):
         fastdata.loader(ds_path, 4, device="cuda")
     with pytest.raises(UsageError):
         fastdata.loader(ds_path, 4, num_workers=-1)
+
+
+def test_recycled_buffers_are_reused_only_when_nothing_uses_them():
+    from fastdata.loaders.buffers import Recycler
+
+    r = Recycler()
+    a = r.take((4, 5), torch.float32)
+    r.lend(a)
+    view, a_ptr = a[:2], a.data_ptr()
+    del a
+    # (pointers are read outside assert statements: pytest's assert rewriting keeps references)
+    b = r.take((4, 5), torch.float32)  # a slice of `a` is still held: `a` must not come back
+    r.lend(b)
+    arr, b_ptr = b.numpy(), b.data_ptr()
+    del b
+    c = r.take((4, 5), torch.float32)  # a numpy view of `b` is held
+    r.lend(c)
+    c_ptr = c.data_ptr()
+    del c
+    assert len({a_ptr, b_ptr, c_ptr}) == 3
+    del view, arr
+    reused = {r.take((4, 5), torch.float32).data_ptr() for _ in range(3)}
+    assert reused == {a_ptr, b_ptr, c_ptr}  # all three free again, nothing new allocated

@@ -66,7 +66,7 @@ def test_resume_after_stop_gives_the_same_weights(blobs, tmp_path):
     straight = run()
     ckpt = tmp_path / "ckpt.pt"
     run(checkpoint=ckpt, max_steps=8)  # stops mid-epoch 1 (6 steps per epoch)
-    state = torch.load(ckpt, weights_only=False)
+    state = torch.load(ckpt, weights_only=True)
     assert state["epoch"] == 1 and state["step"] == 8 and state["loader"]["batches_done"] == 2
     resumed = run(checkpoint=ckpt, resume=ckpt)
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
@@ -177,3 +177,14 @@ def test_auto_precision_on_gpu(blobs):
     res = train.fit(model, ld, torch.optim.SGD(model.parameters(), lr=0.1), classification_loss(), epochs=1)
     assert res.precision in ("bf16", "fp16")
     assert res.epochs[0].peak_memory_bytes > 0 and res.epochs[0].compute_s > 0
+
+
+def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    import random
+
+    state = train._rng_state()
+    draws = (torch.rand(3), np.random.rand(3), random.random())
+    train.save_checkpoint(tmp_path / "rng.pt", {"rng": state})
+    train._set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(draws[0], again[0]) and np.array_equal(draws[1], again[1]) and draws[2] == again[2]

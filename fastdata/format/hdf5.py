@@ -63,12 +63,12 @@ class ShardWriter:
         compression: str | None = None,
         start: int = 0,
     ) -> None:
-        del start  # HDF5 shards do not store global indices
         self.fields = fields
         self.count = count
         filt, level = parse_compression(compression)
         self._file = h5py.File(path, "w", libver="earliest", track_order=False)
         self._file.attrs["fastdata_format"] = FORMAT_VERSION
+        self._file.attrs["fastdata_start"] = start  # lets a reader notice a shard swapped with another
         self._dsets: dict[str, Any] = {}
         self._stage: dict[str, list[np.ndarray]] = {}
         self._staged_bytes = 0
@@ -206,6 +206,7 @@ class ShardReader(PerProcessHandle[_Handle]):
             handle = _Handle(fd=fd, h5=h5)
             keep_h5 = False
             try:
+                self._check_start(h5)
                 for f in self.fields.values():
                     col = self._column(h5, f, size, fd)
                     keep_h5 |= col.dset is not None
@@ -223,6 +224,24 @@ class ShardReader(PerProcessHandle[_Handle]):
         except BaseException:
             os.close(fd)
             raise
+
+    def _check_start(self, h5: Any) -> None:
+        start = h5.attrs.get("fastdata_start")  # absent in shards written before it was added
+        if start is not None and int(start) != self.info.start:
+            raise CorruptShardError(
+                f"{self._where()}: holds samples from {int(start)}, the manifest says {self.info.start} "
+                "(a shard of another dataset, or shards renamed?)"
+            )
+
+    def _check_size(self, h: _Handle, local: np.ndarray) -> None:
+        """A shard truncated after it was opened must raise, not SIGBUS in a memory-mapped read."""
+        size = os.fstat(h.fd).st_size
+        if size != self.info.bytes:
+            first = int(local[0]) if len(local) else None
+            raise CorruptShardError(
+                f"{self._where(first)}: file is now {size} bytes, the manifest says {self.info.bytes} "
+                "(truncated or rewritten while open)"
+            )
 
     def _column(self, h5: Any, f: FieldSpec, file_size: int, fd: int) -> _Column:
         n = self.info.count
@@ -259,14 +278,17 @@ class ShardReader(PerProcessHandle[_Handle]):
                     col.cached = np.empty(expect, dtype=f.np_dtype)
                     pread_into(fd, col.cached, off, self._where())
                 elif f.row_nbytes <= _MAP_ROW_BYTES:
-                    # The file size was checked against the manifest above, so the map is in bounds.
+                    # In bounds: the file size was checked above, and read_into re-checks it before
+                    # every read, so a file truncated later raises instead of a SIGBUS.
                     col.mapped = np.memmap(self.path, dtype=f.np_dtype, mode="r", offset=off, shape=expect)
         else:
             col.dset = dset
         return col
 
     def lengths(self, name: str, local: np.ndarray) -> np.ndarray:
-        o = self.handle().columns[name].offsets
+        h = self.handle()
+        self._check_size(h, local)
+        o = h.columns[name].offsets
         assert o is not None
         return o[local + 1] - o[local]
 
@@ -277,6 +299,7 @@ class ShardReader(PerProcessHandle[_Handle]):
         Ragged fields are written into the leading rows of a zero-padded output.
         """
         h = self.handle()
+        self._check_size(h, local)
         for name, out in outs.items():
             f = self.fields[name]
             col = h.columns[name]

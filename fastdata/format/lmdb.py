@@ -12,14 +12,20 @@ Record (all integers little-endian; see docs/format.md)::
 
 A ragged field's first-axis length is its payload size divided by the row size.
 Every record header is checked against the schema before any byte is copied.
+
+One more record, under the key ``SHARD_KEY`` (all bits set, after every sample), describes
+the shard as JSON: its first sample, its count and the schema. A reader compares it with the
+manifest when it opens the shard, so a shard of another dataset, or one renamed, is refused.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +38,12 @@ from .manifest import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"
 MAGIC = b"FDR1"
+SHARD_KEY = b"\xff" * 8  # the shard's own description; sorts after every sample key
+_MAX_SHARD_RECORD = 1 << 20
 _COMMIT_BYTES = 64 << 20
 _GATHER_RECORD_BYTES = 64 << 10  # smaller fixed-layout records are fetched with one getmulti
 _KEY = struct.Struct(">Q")
+_TAIL_GUARD_MIN = 192 << 10  # > the 64 KiB an in-page offset can reach, plus a 64 KiB key size
 
 
 # py-lmdb refuses to open a file that this process already has open, so every reader of one
@@ -91,10 +100,38 @@ def key(index: int) -> bytes:
     return _KEY.pack(index)
 
 
+def shard_record(fields: list[FieldSpec], start: int, count: int) -> bytes:
+    """The value stored under SHARD_KEY."""
+    return json.dumps({"start": start, "count": count, "fields": [f.to_json() for f in fields]},
+                      sort_keys=True).encode()
+
+
 def encode_record(fields: list[FieldSpec], sample: dict[str, np.ndarray]) -> bytes:
     arrays = [np.asarray(sample[f.name]) for f in fields]  # tobytes() is C order
     header = MAGIC + struct.pack(f"<I{len(arrays)}Q", len(arrays), *(a.nbytes for a in arrays))
     return b"".join([header, *(a.tobytes() for a in arrays)])
+
+
+def initial_map_size(payload: int, count: int, nfields: int) -> int:
+    """A generous first map size for a shard. Only address space: the file holds just the pages
+    used, and the writer doubles the map whenever a commit finds it full."""
+    return int((payload + count * (4096 + 64 + 8 * nfields)) * 1.25) + (1 << 20)
+
+
+def tail_guard_bytes(psize: int, largest_record: int) -> int:
+    """Zero bytes appended after LMDB's last page (see docs/format.md, "LMDB shards")."""
+    return -(-max(_TAIL_GUARD_MIN, largest_record) // psize) * psize
+
+
+def _add_tail_guard(path: Path, psize: int, largest_record: int) -> None:
+    """liblmdb reads wherever an in-page offset or a value size points, checking only page numbers.
+    With this zeroed tail (sparse on disk), a corrupted offset or a value on one of the last pages
+    stays inside the file instead of running past its end into a SIGBUS."""
+    with open(path, "r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        f.truncate(end + tail_guard_bytes(psize, largest_record))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class ShardWriter:
@@ -115,19 +152,21 @@ class ShardWriter:
         self.count = count
         self.start = start
         payload = sum(f.row_nbytes * (ragged_rows[f.name] if f.ragged else count) for f in fields)
-        estimate = int((payload + count * (4096 + 64 + 8 * len(fields))) * 1.25) + (1 << 20)
+        self.grows = 0  # times the map was enlarged (the estimate below was too small)
         self._env = lmdb.open(
-            str(self.path), subdir=False, map_size=estimate, metasync=False, sync=False,
-            readahead=False, max_dbs=0, lock=True,
+            str(self.path), subdir=False, map_size=initial_map_size(payload, count, len(fields)), metasync=False,
+            sync=False, readahead=False, max_dbs=0, lock=True,
         )
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
+        self._largest = 0
         self._n = 0
 
     def write(self, sample: dict[str, np.ndarray]) -> None:
         if self._n >= self.count:
             raise ValueError("shard is full")
         value = encode_record(self.fields, sample)
+        self._largest = max(self._largest, len(value))
         self._pending.append((key(self.start + self._n), value))
         self._pending_bytes += len(value)
         self._n += 1
@@ -146,6 +185,7 @@ class ShardWriter:
             except lmdb.MapFullError:
                 size = self._env.info()["map_size"]
                 self._env.set_mapsize(max(size * 2, size + 4 * self._pending_bytes))
+                self.grows += 1
         self._pending.clear()
         self._pending_bytes = 0
 
@@ -153,12 +193,15 @@ class ShardWriter:
         if self._env is None:
             return
         try:
-            self._commit()
             if self._n != self.count:
                 raise ValueError(f"shard got {self._n} samples, planned {self.count}")
+            self._pending.append((SHARD_KEY, shard_record(self.fields, self.start, self.count)))
+            self._commit()
             self._env.sync(True)
+            psize = self._env.stat()["psize"]
         finally:
             self._release()
+        _add_tail_guard(self.path, psize, self._largest)
 
     def _release(self) -> None:
         self._env.close()
@@ -175,7 +218,13 @@ class ShardWriter:
             self._release()
 
 
-class ShardReader(PerProcessHandle[lmdb.Environment]):
+@dataclass
+class _Handle:
+    env: lmdb.Environment
+    fd: int  # the same file, for a cheap size check before each read
+
+
+class ShardReader(PerProcessHandle[_Handle]):
     """Reads samples of one LMDB shard into caller-provided batch arrays."""
 
     def __init__(self, path: Path, info: ShardInfo, fields: list[FieldSpec]) -> None:
@@ -196,27 +245,93 @@ class ShardReader(PerProcessHandle[lmdb.Environment]):
             return f"shard {self.path}"
         return f"shard {self.path}, sample {self.info.start + local}"
 
-    def _open_handle(self) -> lmdb.Environment:
+    def _open_handle(self) -> _Handle:
         try:
-            st = os.stat(self.path)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise CorruptShardError(f"{self._where()}: shard file is missing") from None
-        if st.st_size != self.info.bytes:
-            raise CorruptShardError(
-                f"{self._where()}: file is {st.st_size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"
-            )
+        except OSError as e:
+            raise CorruptShardError(f"{self._where()}: cannot open: {e.strerror}") from None
         try:
-            return _acquire_env(self.path, st)
+            st = os.fstat(fd)
+            if st.st_size != self.info.bytes:
+                raise CorruptShardError(
+                    f"{self._where()}: file is {st.st_size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"
+                )
+            try:
+                env = _acquire_env(self.path, st)
+            except lmdb.Error as e:
+                raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
+            try:
+                self._check_meta(env, st.st_size)
+                self._check_shard_record(env)
+            except BaseException:
+                _release_env(env)
+                raise
+            return _Handle(env, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _check_meta(self, env: lmdb.Environment, size: int) -> None:
+        """liblmdb refuses page numbers past its last page but trusts that page to lie in the file:
+        check it, so a bad page number is an error rather than a SIGBUS."""
+        try:
+            pages = env.info()["last_pgno"] + 1
+            psize = env.stat()["psize"]
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
+        if pages * psize > size:
+            raise CorruptShardError(f"{self._where()}: LMDB says it has {pages} pages of {psize} bytes, "
+                                    f"more than the file's {size} bytes")
 
-    def _close_handle(self, handle: lmdb.Environment) -> None:
-        _release_env(handle)
+    def _check_shard_record(self, env: lmdb.Environment) -> None:
+        """The shard's own description must match the manifest's (absent in older shards)."""
+        try:
+            with env.begin() as txn:
+                raw = txn.get(SHARD_KEY)
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+        if raw is None:
+            return
+        want = shard_record(self.all_fields, self.info.start, self.info.count)
+        if raw == want:
+            return
+        try:
+            got = json.loads(raw) if len(raw) <= _MAX_SHARD_RECORD else None
+            start, count = got["start"], got["count"]
+        except (ValueError, TypeError, KeyError, RecursionError):
+            raise CorruptShardError(f"{self._where()}: unreadable shard description") from None
+        if (start, count) != (self.info.start, self.info.count):
+            raise CorruptShardError(
+                f"{self._where()}: holds samples {start}..{start + count - 1}, the manifest says "
+                f"{self.info.start}..{self.info.start + self.info.count - 1} (a shard of another dataset, or renamed?)"
+            )
+        raise CorruptShardError(f"{self._where()}: was written with another schema than the manifest's")
+
+    def _close_handle(self, handle: _Handle) -> None:
+        os.close(handle.fd)
+        _release_env(handle.env)
 
     def _after_fork_in_child(self) -> None:
         # The environment registry closes the parent's environments in the child itself.
+        if self._handle is not None:
+            os.close(self._handle.fd)
         self._handle = None
         self._handle_pid = None
+
+    def _env(self, local: np.ndarray) -> lmdb.Environment:
+        """This process's environment, after checking that the file was not truncated since it was
+        opened: LMDB reads through a memory map, where a truncated file means SIGBUS, not an error."""
+        h = self.handle()
+        size = os.fstat(h.fd).st_size
+        if size != self.info.bytes:
+            first = int(local[0]) if len(local) else None
+            raise CorruptShardError(
+                f"{self._where(first)}: file is now {size} bytes, the manifest says {self.info.bytes} "
+                "(truncated or rewritten while open)"
+            )
+        return h.env
 
     def _layout(self, buf: memoryview, local: int) -> list[tuple[int, int]]:
         """(offset, nbytes) of each field in one record, after checking the header."""
@@ -260,7 +375,7 @@ class ShardReader(PerProcessHandle[lmdb.Environment]):
         i = self._index[name]
         f = self.all_fields[i]
         out = np.empty(len(local), dtype=np.int64)
-        with self.handle().begin(buffers=True) as txn:
+        with self._env(local).begin(buffers=True) as txn:
             for k, l in enumerate(local.tolist()):
                 _, size = self._layout(self._get(txn, l), l)[i]
                 out[k] = size // f.row_nbytes if f.row_nbytes else 0
@@ -275,7 +390,7 @@ class ShardReader(PerProcessHandle[lmdb.Environment]):
         if self._fixed:
             self._read_fixed(local, dest, wanted)
             return
-        with self.handle().begin(buffers=True) as txn:
+        with self._env(local).begin(buffers=True) as txn:
             for l, d in zip(local.tolist(), dest.tolist()):
                 buf = self._get(txn, l)
                 layout = self._layout(buf, l)
@@ -294,7 +409,7 @@ class ShardReader(PerProcessHandle[lmdb.Environment]):
         """Fixed-layout records: one header comparison per record, then straight copies."""
         hs, size, head = self._header_size, self._record_size, self._expected_header
         plan = [(self._field_offsets[i], f.np_dtype, math.prod(f.shape), f.shape, out) for i, f, out in wanted]
-        with self.handle().begin(buffers=True) as txn:
+        with self._env(local).begin(buffers=True) as txn:
             for l, d in zip(local.tolist(), dest.tolist()):
                 buf = self._get(txn, l)
                 if len(buf) != size or buf[:hs] != head:
@@ -306,19 +421,21 @@ class ShardReader(PerProcessHandle[lmdb.Environment]):
         """Fixed-layout small records: one ``getmulti`` and vectorised header checks."""
         raw = (local.astype(np.int64) + self.info.start).astype(">u8").tobytes()
         keys = [raw[k : k + 8] for k in range(0, len(raw), 8)]
-        try:
-            with self.handle().begin() as txn:
-                found = txn.cursor().getmulti(keys)
-        except lmdb.Error as e:
-            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
         size = self._record_size
         assert size is not None
-        if len(found) != len(keys) or any(len(v) != size for _, v in found):
+        try:
+            with self._env(local).begin(buffers=True) as txn:
+                found = txn.cursor().getmulti(keys)  # buffers into the map: sizes are checked before a copy
+                ok = len(found) == len(keys) and all(len(v) == size for _, v in found)
+                joined = b"".join(v for _, v in found) if ok else b""
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+        if not ok:
             for l in local.tolist():  # find and name the bad record
-                with self.handle().begin(buffers=True) as txn:
+                with self._env(local).begin(buffers=True) as txn:
                     self._layout(self._get(txn, l), l)
             raise CorruptShardError(f"{self._where()}: records missing or of the wrong size")
-        rec = np.frombuffer(b"".join(v for _, v in found), dtype=np.uint8).reshape(len(found), size)
+        rec = np.frombuffer(joined, dtype=np.uint8).reshape(len(found), size)
         head = np.frombuffer(self._expected_header, dtype=np.uint8)
         bad = np.flatnonzero((rec[:, : self._header_size] != head).any(axis=1))
         if len(bad):

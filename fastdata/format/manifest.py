@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-import tempfile
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,7 +142,9 @@ def write_manifest(root: str | os.PathLike[str], manifest: Manifest) -> Path:
     validate(manifest, where=str(root))
     root = Path(root)
     text = json.dumps(manifest.to_json(), indent=1, sort_keys=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=root)
+    # Not mkstemp: its 0600 mode would hide the dataset from other users; this honours the umask.
+    tmp = str(root / f".manifest.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -178,8 +180,8 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
         raise FormatError(f"{root}: not a directory (a fastdata dataset is a directory)")
     if not path.is_file():
         raise IncompleteDatasetError(
-            f"{root}: incomplete dataset: no {MANIFEST_NAME} (the conversion did not finish; "
-            "convert again with --overwrite)"
+            f"{root}: incomplete dataset: no {MANIFEST_NAME} (the conversion did not finish: run the "
+            "same fastdata convert command with --resume to finish it, or with --overwrite to start over)"
         )
     try:
         size = path.stat().st_size

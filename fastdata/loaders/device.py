@@ -10,11 +10,12 @@ otherwise. On the CPU the same code runs without streams.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 from ..augment import Augment, batch_generator
+from .buffers import Recycler
 
 Batch = dict[str, torch.Tensor]
 
@@ -34,13 +35,13 @@ class DeviceStage:
         self.seed = seed
         self.channels_last = channels_last
         self.images = images  # None: detect from the first batch
+        self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
 
     def transform(self, batch: Batch, epoch: int, k: int) -> Batch:
         if self.images is None:
             self.images = image_fields(batch)
         for name in self.images:
-            x = batch[name].permute(0, 3, 1, 2).float().div_(255)  # NHWC memory = channels_last NCHW
-            batch[name] = x if self.channels_last else x.contiguous()
+            batch[name] = self._to_float(batch[name])
         if self.augment is not None and self.augment.ops:
             g = batch_generator(self.seed, epoch, k, self.device)
             for name in self._augment_fields(batch):
@@ -49,6 +50,16 @@ class DeviceStage:
                     x = x.contiguous(memory_format=torch.channels_last)
                 batch[name] = x
         return batch
+
+    def _to_float(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1]; NHWC memory is channels_last NCHW."""
+        if x.is_cuda:
+            out = x.float()  # the caching allocator already reuses device memory
+        else:
+            out = self._floats.take(tuple(x.shape), torch.float32).copy_(x)
+            self._floats.lend(out)  # reused once the batch (and every view of it) is dropped
+        y = out.mul_(1 / 255).permute(0, 3, 1, 2)
+        return y if self.channels_last else y.contiguous()
 
     def _augment_fields(self, batch: Batch) -> tuple[str, ...]:
         assert self.augment is not None
@@ -61,12 +72,18 @@ class DeviceStage:
             return self.images
         return tuple(k for k, v in batch.items() if v.is_floating_point() and v.dim() >= 3)
 
+    def host_transform(self, epoch: int) -> Callable[[Batch, int], Batch] | None:
+        """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""
+        if self.device.type == "cuda":
+            return None
+        return lambda batch, k: self.transform(dict(batch), epoch, k)
+
     def run(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
+        """Batches on the device; on the CPU the readers already transformed them (host_transform)."""
         if self.device.type == "cuda":
             yield from self._run_cuda(host, epoch, first)
             return
-        for k, hb in enumerate(host, first):
-            yield self.transform(dict(hb), epoch, k)
+        yield from host
 
     def _run_cuda(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
         stream = torch.cuda.Stream(self.device)

@@ -8,52 +8,38 @@ processes; each batch crosses to the main process as one tensor per field.
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from ..dataset import Dataset
 from ..errors import FastdataError, LoaderWorkerError
+from .buffers import Recycler
 
 HostBatch = dict[str, torch.Tensor]
+Post = Callable[[HostBatch, int], HostBatch]
 
 
 class _BufferPool:
-    """Reusable batch buffers. A buffer handed to the consumer is reused only once nothing
-    outside the pool refers to its tensors any more (the consumer, or a pending device copy)."""
+    """One recycled buffer per fixed-shape native-endian field of a batch (fastdata.loaders.buffers);
+    ragged and byte-swapped fields are read fresh."""
 
     def __init__(self, dataset: Dataset, pin: bool) -> None:
-        # Buffers for fixed-shape native-endian fields; ragged and byte-swapped ones are read fresh.
-        self.fixed = [f for f in dataset.schema if not f.ragged and f.np_dtype.isnative]
-        self.pin = pin
-        self.free: dict[int, list[dict[str, torch.Tensor]]] = {}
-        self.lent: list[tuple[int, dict[str, torch.Tensor]]] = []
+        self.fixed = [(f.name, f.shape, _torch_dtype(f.np_dtype)) for f in dataset.schema
+                      if not f.ragged and f.np_dtype.isnative]
+        self.recycler = Recycler(pin)
 
     def take(self, b: int) -> dict[str, torch.Tensor]:
         """Buffers for a batch of ``b``; they belong to the caller until :meth:`give_back`."""
-        self._reclaim()
-        if self.free.get(b):
-            return self.free[b].pop()
-        return {f.name: torch.empty((b, *f.shape), dtype=_torch_dtype(f.np_dtype), pin_memory=self.pin)
-                for f in self.fixed}
+        return {name: self.recycler.take((b, *shape), dtype) for name, shape, dtype in self.fixed}
 
     def give_back(self, b: int, bufs: dict[str, torch.Tensor]) -> None:
         """The batch was yielded: reuse its buffers once the consumer lets go of them."""
-        self.lent.append((b, bufs))
-
-    def _reclaim(self) -> None:
-        still = []
-        for b, bufs in self.lent:
-            # getrefcount: the dict value + the call argument; anything more is a consumer's reference.
-            if all(sys.getrefcount(t) <= 3 for t in bufs.values()):
-                self.free.setdefault(b, []).append(bufs)
-            else:
-                still.append((b, bufs))
-        self.lent = still
+        for t in bufs.values():
+            self.recycler.lend(t)
 
 
 def _torch_dtype(dt: np.dtype) -> torch.dtype:
@@ -79,20 +65,21 @@ class ThreadReader:
         self.pool = _BufferPool(dataset, pin)
         self._executor: ThreadPoolExecutor | None = None
 
-    def _read(self, k: int, idx: np.ndarray, bufs: dict[str, torch.Tensor]) -> HostBatch:
+    def _read(self, k: int, idx: np.ndarray, bufs: dict[str, torch.Tensor], post: Post | None) -> HostBatch:
         try:
             batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()})
         except Exception as e:
             raise _wrap(e, f"loader thread, batch {k}") from e
         result = _to_tensors({name: v for name, v in batch.items() if name not in bufs})
         result.update(bufs)
-        return result
+        return post(result, k) if post is not None else result
 
-    def run(self, plan: list[np.ndarray], first: int = 0) -> Iterator[HostBatch]:
+    def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None) -> Iterator[HostBatch]:
+        """Batches of ``plan`` in order; ``post(batch, k)`` runs in the reader thread (CPU transforms)."""
         if self.threads == 0:
             for k, idx in enumerate(plan, first):
                 bufs = self.pool.take(len(idx))
-                yield self._read(k, idx, bufs)
+                yield self._read(k, idx, bufs, post)
                 self.pool.give_back(len(idx), bufs)
             return
         if self._executor is None:
@@ -104,7 +91,7 @@ class ThreadReader:
                 while nxt < len(plan) and len(pending) < self.prefetch:
                     b = len(plan[nxt])
                     bufs = self.pool.take(b)
-                    pending.append((self._executor.submit(self._read, first + nxt, plan[nxt], bufs), b, bufs))
+                    pending.append((self._executor.submit(self._read, first + nxt, plan[nxt], bufs, post), b, bufs))
                     nxt += 1
                 fut, b, bufs = pending.popleft()
                 yield fut.result()
@@ -165,9 +152,11 @@ class ProcessReader:
             pin_memory=pin, persistent_workers=True, prefetch_factor=per_worker,
         )
 
-    def run(self, plan: list[np.ndarray], first: int = 0) -> Iterator[HostBatch]:
+    def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None) -> Iterator[HostBatch]:
+        """Batches of ``plan`` in order; ``post`` runs in this process (workers ship uint8, 4x fewer bytes)."""
         self.sampler.plan = plan
-        yield from self.loader
+        for k, batch in enumerate(self.loader, first):
+            yield post(batch, k) if post is not None else batch
 
     def close(self) -> None:
         it = getattr(self.loader, "_iterator", None)

@@ -1,0 +1,176 @@
+"""The conversion journal: what a conversion into DST planned and has finished, for ``--resume``.
+
+``DST/.fastdata-journal`` is JSON lines. The first line, written atomically (temporary file,
+fsync, rename) before any shard, describes the conversion: write options, the source's
+description and fingerprint, and the shard plan. Every later line records one finished shard
+(``file``, ``start``, ``count``, ``bytes``, ``sha256``), appended and fsynced after the shard was
+renamed into place. A torn last line (a crash mid-append) does not parse and is ignored: that
+shard is simply written again. The journal is deleted after the manifest is written.
+
+``--resume`` refuses when the options, the source or the plan differ from the journal's, so a
+resumed dataset is always the one an uninterrupted run would have written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+import fastdata
+from fastdata.errors import UsageError
+from fastdata.format import ShardInfo
+from fastdata.format.manifest import fsync_dir
+
+JOURNAL_NAME = ".fastdata-journal"
+JOURNAL_VERSION = 1
+MAX_JOURNAL_BYTES = 1 << 30
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_OPTION_FLAGS = {"backend": "--format", "shard_size": "--shard-size", "compression": "--compression"}
+
+
+def header(source: Any, options: dict[str, Any], plan: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
+    """The journal's first line for converting ``source`` with ``options`` into shards ``plan``
+    (``(file, start, count)`` each)."""
+    return {
+        "journal": JOURNAL_VERSION,
+        "fastdata_version": fastdata.__version__,
+        "options": options,
+        "source": source.describe(),
+        "fingerprint": fingerprint(source),
+        "shards": [list(p) for p in plan],
+    }
+
+
+def fingerprint(source: Any) -> str:
+    """SHA-256 over what the output depends on: schema, sample sizes, labels, and the size and
+    modification time of every input file (a changed file changes one of them)."""
+    h = hashlib.sha256()
+
+    def put(obj: Any) -> None:
+        h.update(json.dumps(obj, sort_keys=True, default=str).encode())
+        h.update(b"\0")
+
+    put([f.to_json() for f in source.fields])
+    put(source.classes)
+    put(len(source))
+    h.update(np.ascontiguousarray(source.sample_nbytes(), dtype="<i8").tobytes())
+    for f in source.fields:
+        if f.ragged:
+            h.update(np.ascontiguousarray(source.ragged_rows(f.name), dtype="<i8").tobytes())
+    for attr in ("labels", "crcs"):  # per-sample values some sources compute at scan time
+        v = getattr(source, attr, None)
+        if isinstance(v, np.ndarray):
+            h.update(np.ascontiguousarray(v).tobytes())
+    for path in _input_files(source):
+        try:
+            st = os.stat(path)
+            put([path, st.st_size, st.st_mtime_ns])
+        except OSError:
+            put([path, None])
+    return h.hexdigest()
+
+
+def _input_files(source: Any) -> list[str]:
+    """Every file a source reads: folder sources have ``root`` + ``rels``, array sources ``paths``."""
+    rels = getattr(source, "rels", None)
+    if rels is not None:
+        return [os.path.join(source.root, r) for r in rels]
+    paths = getattr(source, "paths", None)
+    return sorted(paths.values()) if isinstance(paths, dict) else []
+
+
+def start(dst: Path, head: dict[str, Any]) -> None:
+    """Write a new journal holding only ``head`` (atomically: it exists whole or not at all)."""
+    path = dst / JOURNAL_NAME
+    tmp = dst / f"{JOURNAL_NAME}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(head, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(dst)
+
+
+def append(dst: Path, info: ShardInfo) -> None:
+    """Record a finished shard (already renamed into place and fsynced)."""
+    line = (json.dumps(asdict(info), sort_keys=True) + "\n").encode()
+    fd = os.open(dst / JOURNAL_NAME, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load(dst: Path) -> tuple[dict[str, Any], dict[str, ShardInfo]]:
+    """The journal's header and its finished shards by file name (the last record of each wins)."""
+    path = dst / JOURNAL_NAME
+    try:
+        if path.stat().st_size > MAX_JOURNAL_BYTES:
+            raise UsageError(f"{path}: journal is too large to be one of ours; convert again with --overwrite")
+        lines = path.read_bytes().split(b"\n")
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read the conversion journal: {e.strerror}") from None
+    try:
+        head = json.loads(lines[0])
+    except (ValueError, RecursionError):
+        head = None
+    if not isinstance(head, dict) or head.get("journal") != JOURNAL_VERSION:
+        raise UsageError(f"{path}: not a journal this fastdata can resume from; convert again with --overwrite")
+    done: dict[str, ShardInfo] = {}
+    for raw in lines[1:-1]:  # the part after the last newline is a torn append, or empty
+        info = _parse_entry(raw)
+        if info is not None:
+            done[info.file] = info
+    return head, done
+
+
+def _parse_entry(raw: bytes) -> ShardInfo | None:
+    try:
+        e = json.loads(raw)
+        info = ShardInfo(file=e["file"], start=e["start"], count=e["count"], bytes=e["bytes"], sha256=e["sha256"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    ints_ok = all(type(v) is int and v >= 0 for v in (info.start, info.count, info.bytes))
+    if not (isinstance(info.file, str) and ints_ok and isinstance(info.sha256, str) and _SHA_RE.match(info.sha256)):
+        return None
+    return info
+
+
+def check_same(dst: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Refuse to resume when this conversion is not the one the journal describes."""
+    why = None
+    for key, flag in _OPTION_FLAGS.items():
+        a, b = old.get("options", {}).get(key), new["options"].get(key)
+        if a != b:
+            why = f"it used {flag} {a}, this run {flag} {b}"
+            break
+    if why is None and old.get("source") != new["source"]:
+        a, b = old.get("source") or {}, new["source"]
+        key = next((k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)), "?")
+        why = f"its source {key} was {a.get(key)!r}, now {b.get(key)!r}"
+    if why is None and old.get("fingerprint") != new["fingerprint"]:
+        why = "the source files changed since (sizes, modification times or contents)"
+    if why is None and old.get("shards") != new["shards"]:
+        why = "its shard plan differs"
+    if why is not None:
+        raise UsageError(
+            f"{dst}: --resume refused: this is not the interrupted conversion ({why}); "
+            "run it with the same source and options, or convert again with --overwrite"
+        )
+
+
+def remove(dst: Path) -> None:
+    (dst / JOURNAL_NAME).unlink(missing_ok=True)
+    (dst / f"{JOURNAL_NAME}.tmp").unlink(missing_ok=True)

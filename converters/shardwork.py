@@ -1,0 +1,152 @@
+"""Writing one shard, in a worker process or inline: temp name, fsync, hash, rename.
+
+A shard that ``--resume`` found in the journal is kept when its size and SHA-256 still match,
+and written again otherwise. Worker processes die with the main process (Linux:
+``PR_SET_PDEATHSIG``), so killing a conversion never leaves a worker writing into DST.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from fastdata.errors import DataError, FastdataError, WriteError
+from fastdata.format import FieldSpec, ShardInfo, backend
+from fastdata.format._io import finish_file, sha256_file
+
+from . import _fault
+
+_PROGRESS_EVERY_S = 0.2
+_PR_SET_PDEATHSIG = 1
+_ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")
+_HINTS = {errno.ENOSPC: "disk full?", errno.EDQUOT: "over the disk quota?", errno.EIO: "a disk or network error",
+          errno.EROFS: "mounted read-only", errno.EACCES: "no write permission", errno.EPERM: "no write permission"}
+
+_progress_queue: Any = None
+
+
+def init_worker(q: Any, parent: int) -> None:
+    """Worker initializer: progress goes to ``q``; the worker dies when the main process does."""
+    global _progress_queue
+    _progress_queue = q
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl in this libc
+            pass
+        if os.getppid() != parent:  # the main process died before prctl took effect
+            os._exit(1)
+
+
+@dataclass
+class ShardTask:
+    """One shard to write: the source slice, where it goes, and (on resume) what the journal says."""
+
+    part: Any
+    fields: list[FieldSpec]
+    backend: str
+    dst: str
+    name: str
+    index: int
+    start: int
+    count: int
+    ragged_rows: dict[str, int]
+    compression: str | None
+    expect: ShardInfo | None = None
+
+
+def check_sample(sample: dict[str, np.ndarray], fields: list[FieldSpec], where: str) -> None:
+    """Every sample must match the schema the source promised at scan time."""
+    for f in fields:
+        a = sample.get(f.name)
+        if a is None:
+            raise DataError(f"{where}: has no {f.name!r}")
+        if a.dtype != f.np_dtype:
+            raise DataError(f"{where}: {f.name!r} has dtype {a.dtype}, the dataset {f.np_dtype}")
+        shape = a.shape[1:] if f.ragged else a.shape
+        if (f.ragged and a.ndim == 0) or tuple(shape) != f.trailing:
+            raise DataError(f"{where}: {f.name!r} has shape {a.shape}, the dataset {list(f.shape)}")
+
+
+def write_error(path: Path | str, e: BaseException) -> WriteError:
+    """A one-line WriteError for an OSError or an h5py/lmdb write failure at ``path``."""
+    code = getattr(e, "errno", None)
+    if not isinstance(code, int):
+        m = _ERRNO_IN_TEXT.search(str(e))  # libhdf5 puts the errno inside its message
+        code = int(m.group(1)) if m else None
+    if code:
+        reason = os.strerror(code)
+        hint = _HINTS.get(code)
+        reason += f" ({hint})" if hint else ""
+    else:
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return WriteError(f"{path}: cannot write: {reason}")
+
+
+def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = None) -> tuple[ShardInfo, bool]:
+    """Write (or, on resume, keep) one shard; returns its manifest entry and whether it was kept."""
+    dst = Path(task.dst)
+    tmp, final = dst / f".{task.name}.partial", dst / task.name
+    try:
+        if task.expect is not None and _intact(final, task.expect):
+            _report(report, task.count, task.expect.bytes)
+            return task.expect, True
+        sent_n, sent_b = _write(task, tmp, report)
+        sha = sha256_file(tmp)
+        size = tmp.stat().st_size
+        finish_file(tmp, final)
+    except FastdataError:
+        raise
+    except Exception as e:  # OSError, and h5py / lmdb write failures (disk full, I/O error)
+        raise write_error(final, e) from None
+    _report(report, sent_n, sent_b)
+    return ShardInfo(file=task.name, start=task.start, count=task.count, bytes=size, sha256=sha), False
+
+
+def _intact(path: Path, expect: ShardInfo) -> bool:
+    try:
+        return path.stat().st_size == expect.bytes and sha256_file(path) == expect.sha256
+    except FileNotFoundError:
+        return False
+
+
+def _write(task: ShardTask, tmp: Path, report: Callable[[int, int], None] | None) -> tuple[int, int]:
+    """Write every sample of the task to ``tmp``; returns progress not yet reported."""
+    impl = backend(task.backend)
+    sent_n = sent_b = 0
+    last = time.monotonic()
+    half = task.count // 2
+    with impl.ShardWriter(tmp, task.fields, task.count, task.ragged_rows, task.compression, start=task.start) as w:
+        for i in range(task.count):
+            if i == half:
+                _fault.point("mid_shard", task.index)
+            sample = task.part.read(i)
+            check_sample(sample, task.fields, f"sample {task.start + i}")
+            w.write(sample)
+            sent_n += 1
+            sent_b += sum(a.nbytes for a in sample.values())
+            now = time.monotonic()
+            if now - last >= _PROGRESS_EVERY_S:
+                _report(report, sent_n, sent_b)
+                sent_n = sent_b = 0
+                last = now
+    return sent_n, sent_b
+
+
+def _report(report: Callable[[int, int], None] | None, n: int, b: int) -> None:
+    if not n:
+        return
+    if report is not None:
+        report(n, b)
+    elif _progress_queue is not None:
+        _progress_queue.put((n, b))

@@ -1,0 +1,303 @@
+"""The DALI backend: ``fastdata.loader(..., backend="dali")``.
+
+A DALI pipeline per pass over the data: ``fn.external_source`` fed by fastdata's own reader
+(dali_feed.py: whole batches of the plan from ``fastdata.sampling``, stored bytes for encoded
+images), ``fn.decoders.image`` (``device="mixed"``, nvJPEG, on CUDA; ``"cpu"`` otherwise),
+the augmentation spec as DALI operators (dali_augment.py) and ``fn.crop_mirror_normalize``
+for the float output. Batches reach torch through DALI's PyTorch plugin (DLPack, no copy).
+Order, epochs, resume and stats are the shared ``Loader``'s (base.py), so the DALI backend
+yields the same samples in the same order as the torch backend.
+
+NVIDIA DALI is imported only here, and only when this backend is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..augment import Augment
+from ..dataset import Dataset
+from ..errors import BackendUnavailableError, FastdataError, LoaderWorkerError, UsageError
+from ..sampling import Shuffle
+from ..world import World
+from . import LoaderConfig
+from .base import Loader
+from .dali_augment import Graph, Img, compile_chain
+from .dali_feed import Feed, Pass, Route, plan_routes
+
+log = logging.getLogger("fastdata.loader")
+
+INSTALL_HINT = 'pip install "fastdata[dali]"  (the nvidia-dali-cuda130 wheel)'
+
+
+def import_dali() -> SimpleNamespace:
+    """DALI's modules, or BackendUnavailableError with the pip command when it is not installed."""
+    try:
+        import nvidia.dali as dali
+        import nvidia.dali.fn as fn
+        import nvidia.dali.math as dmath
+        import nvidia.dali.types as types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+    except ImportError as e:
+        raise BackendUnavailableError(
+            f"backend='dali' needs NVIDIA DALI, which cannot be imported here ({e}). Install it with: "
+            f"{INSTALL_HINT}, or use backend='torch'"
+        ) from None
+    return SimpleNamespace(dali=dali, fn=fn, math=dmath, types=types, Iterator=DALIGenericIterator)
+
+
+def dali_cuda_major(cuda_version: int) -> int:
+    """The CUDA major version of DALI's ``__cuda_version__`` (``13492`` for 13.4.92 -> 13; as DALI reads it)."""
+    digits = str(cuda_version)
+    return int(digits[:2]) if len(digits) >= 5 else int(digits[:1])
+
+
+def cuda_mismatch(dali_cuda: int, torch_cuda: str | None) -> str | None:
+    """Why DALI (built for CUDA major ``dali_cuda``) cannot share a GPU with this torch, or None."""
+    if torch_cuda is None:
+        return f"DALI is built for CUDA {dali_cuda}, but this torch is a CPU-only build (torch.version.cuda is None)"
+    torch_major = int(torch_cuda.split(".")[0])
+    if torch_major != dali_cuda:
+        return (f"DALI is built for CUDA {dali_cuda} (nvidia-dali-cuda{dali_cuda}0), torch for CUDA {torch_cuda}: "
+                f"install the DALI wheel for torch's CUDA, pip install nvidia-dali-cuda{torch_major}0")
+    return None
+
+
+def check_device(d: SimpleNamespace, device: torch.device) -> None:
+    """CPU mode needs nothing more; on CUDA, DALI and torch must use the same CUDA major version."""
+    if device.type == "cuda":
+        problem = cuda_mismatch(dali_cuda_major(d.dali.__cuda_version__), torch.version.cuda)
+        if problem:
+            raise BackendUnavailableError(f"backend='dali' on {device}: {problem}")
+
+
+def dali_problem(device: torch.device) -> str | None:
+    """Why ``backend="auto"`` should not pick DALI for ``device`` (None: it can)."""
+    try:
+        check_device(import_dali(), device)
+    except BackendUnavailableError as e:
+        return str(e)
+    except Exception as e:  # a broken install (missing shared library, ...) means: not available
+        return f"DALI failed to load: {type(e).__name__}: {e}"
+    return None
+
+
+def _pipeline_seed(seed: int, epoch: int, rank: int, first: int) -> int:
+    """DALI's own random draws (only GaussianNoise) are seeded by the pass: (seed, epoch, rank, first batch)."""
+    ss = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, epoch, rank, first, 0xDA11])
+    return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
+
+
+class DaliLoader(Loader):
+    """The DALI backend; the same contract as the torch backend (see :func:`fastdata.loader`).
+
+    ``threads``: DALI's CPU threads (decoding and augmentation in CPU mode).
+    """
+
+    backend = "dali"
+
+    def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int,
+                 device: torch.device, augment: Augment | None, threads: int, config: LoaderConfig,
+                 world: World) -> None:
+        super().__init__(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
+                         config=config, world=world)
+        self._dali = import_dali()
+        check_device(self._dali, device)
+        self.threads = max(1, threads)
+        self.routes: list[Route] = plan_routes(dataset, config.images)
+        _attach_augment(self.routes, augment)
+        # In CPU mode labels and other plain fields need nothing from DALI (measured: passing them
+        # through costs about 6% of JPEG throughput); a dataset of plain fields only still uses DALI.
+        images = any(r.kind != "plain" for r in self.routes)
+        for r in self.routes:
+            r.bypass = images and r.kind == "plain" and device.type != "cuda"
+        self._dali_routes = [r for r in self.routes if not r.bypass]
+        self._device_id = (device.index if device.index is not None else torch.cuda.current_device()) \
+            if device.type == "cuda" else None
+        self._run: SimpleNamespace | None = None  # the pipeline, its iterator and feed, and where they stand
+
+    def _build(self, feed: Feed, seed: int) -> Any:
+        d, gpu = self._dali, self.device.type == "cuda"
+        g = Graph(d.fn, d.types, d.math, gpu)
+        routes = self._dali_routes
+        dtypes = [d.types.to_dali_type(r.carrier) for r in routes]
+        layouts = ["HWC" if r.kind in ("pixels", "raw_image") else "" for r in routes]
+        for r in routes:
+            if r.chain is not None:
+                dtypes += [d.types.to_dali_type(dt) for dt in r.chain.param_dtypes]
+                layouts += [""] * len(r.chain.param_dtypes)
+        channels_last = self.config.channels_last
+
+        @d.dali.pipeline_def(batch_size=self.batch_size, num_threads=self.threads, device_id=self._device_id,
+                             seed=seed, prefetch_queue_depth=self.config.prefetch, exec_dynamic=True)
+        def pipeline() -> tuple[Any, ...]:
+            nodes = d.fn.external_source(source=feed, num_outputs=len(dtypes), batch=True, batch_info=True,
+                                         dtype=dtypes, layout=layouts)
+            params = iter(nodes[len(routes):])
+            outs = []
+            for r, node in zip(routes, nodes):
+                p = [next(params) for _ in r.chain.param_dtypes] if r.chain is not None else []
+                outs.append(_graph(g, r, node, p, channels_last))
+            return tuple(outs)
+
+        pipe = pipeline()
+        pipe.build()
+        return pipe
+
+    def _start(self, plan: list[np.ndarray], epoch: int, first: int) -> SimpleNamespace:
+        """A new pipeline positioned at the start of the pass; its own random draws (only GaussianNoise)
+        are seeded by (seed, epoch, rank, first batch)."""
+        feed = Feed(self.dataset, self.routes, self.seed, self.world.rank)
+        feed.add(0, Pass(plan, first, epoch))
+        pipe = self._build(feed, _pipeline_seed(self.seed, epoch, self.world.rank, first))
+        it = self._dali.Iterator([pipe], [r.name for r in self._dali_routes], auto_reset=False,
+                                 prepare_first_batch=False)
+        return SimpleNamespace(pipe=pipe, it=it, feed=feed, dali_epoch=0, at=(epoch, first), fresh=True)
+
+    def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
+        if not plan:
+            return
+        run = self._run
+        if run is None or not run.fresh or run.at != (epoch, first):
+            self.close()  # positioned elsewhere (set_epoch, resume, an abandoned pass): start over
+            run = self._run = self._start(plan, epoch, first)
+        run.fresh = False
+        delivered, complete = 0, False
+        try:
+            while True:
+                if run.it is None:  # closed
+                    return
+                try:
+                    out = next(run.it)[0]
+                except StopIteration:
+                    break
+                except FastdataError:
+                    raise
+                except Exception as e:  # DALI failed (a corrupt image, ...): say where, precisely if possible
+                    raise self._diagnose(plan, first, delivered, e) from None
+                delivered += 1
+                yield self._to_torch(out, run.feed.bypassed.popleft())
+            if run.feed.error is not None:
+                raise run.feed.error
+            complete = True
+        finally:
+            if not complete:
+                self._drop(run)
+        # Complete: start the next epoch now, while the training loop finishes this one. If the
+        # loop asks for another pass instead (set_epoch, load_state_dict), the pipeline is rebuilt.
+        run.dali_epoch += 1
+        run.feed.add(run.dali_epoch, Pass(self.plan(epoch + 1), 0, epoch + 1))
+        run.it.reset()
+        run.at, run.fresh = (epoch + 1, 0), True
+
+    def _drop(self, run: SimpleNamespace) -> None:
+        run.pipe = run.it = None  # DALI's threads and buffers go with the last reference
+        if self._run is run:
+            self._run = None
+
+    def _to_torch(self, out: dict[str, torch.Tensor], bypassed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """DALI's outputs and the bypassing fields of the same batch, in schema order, as the torch backend."""
+        batch = {}
+        for r in self.routes:
+            if r.bypass:
+                batch[r.name] = torch.from_numpy(bypassed[r.name])
+                continue
+            t = out[r.name]
+            if r.image and self.config.channels_last:
+                t = t.permute(0, 3, 1, 2)  # HWC memory seen as NCHW: channels_last, as the torch backend
+            elif r.carrier != r.dtype:
+                t = torch.view_as_complex(t) if r.dtype.kind == "c" else t.view(_torch_dtype(r.dtype))
+            batch[r.name] = t
+        return batch
+
+    def _diagnose(self, plan: list[np.ndarray], first: int, delivered: int, e: Exception) -> Exception:
+        """An error naming the batch; the sample too when fastdata's own decoder fails on it."""
+        msg = " ".join(str(e).split())[:500]
+        host = self.dataset.with_options(decode=True, decode_threads=1)
+        try:
+            for i in range(delivered, min(delivered + self.config.prefetch + 1, len(plan))):
+                host.get_batch(plan[i])
+        except FastdataError as found:
+            return type(found)(f"DALI backend, batch {first + i}: {found}")
+        finally:
+            host.close()
+        idx = plan[delivered].tolist() if delivered < len(plan) else []
+        return LoaderWorkerError(f"DALI pipeline failed at batch {first + delivered} (samples {idx[:8]}"
+                                 f"{' ...' if len(idx) > 8 else ''}): {type(e).__name__}: {msg}")
+
+    def close(self) -> None:
+        """End a running pass and release the DALI pipeline (threads, buffers); the next pass builds one."""
+        run = getattr(self, "_run", None)
+        if run is not None:
+            self._drop(run)
+
+
+def _attach_augment(routes: list[Route], augment: Augment | None) -> None:
+    """Compile the spec for each augmented field (the image fields unless ``augment.fields`` says)."""
+    if augment is None or not augment.ops:
+        return
+    images = [r for r in routes if r.image]
+    if augment.fields is not None:
+        by_name = {r.name: r for r in routes}
+        missing = [f for f in augment.fields if f not in by_name]
+        if missing:
+            raise UsageError(f"augment fields {missing} are not in the batch (fields: {sorted(by_name)})")
+        bad = [f for f in augment.fields if not by_name[f].image]
+        if bad:
+            raise UsageError(f"the DALI backend augments image fields only, and {bad[0]!r} is not one; "
+                             "use backend='torch' to augment other fields")
+        images = [by_name[f] for f in augment.fields]
+    if not images:
+        raise UsageError("the DALI backend augments image fields only, and this dataset has none; "
+                         "use backend='torch' to augment other fields")
+    for r in images:
+        r.chain = compile_chain(augment.ops, r.channels)
+
+
+def _graph(g: Graph, r: Route, node: Any, params: list[Any], channels_last: bool) -> Any:
+    """The DALI operators of one route: decode, augment, pad mixed sizes, float output."""
+    if r.kind == "plain":
+        return g.dev(node)
+    if r.kind == "encoded":
+        node = g.fn.decoders.image(node, device="mixed" if g.gpu else "cpu",
+                                   output_type=g.types.RGB if r.channels == 3 else g.types.GRAY)
+    else:
+        node = g.dev(node)
+    img = Img(node)
+    if r.chain is not None:
+        img = r.chain.apply(g, img, params)
+    if r.variable_size and (r.chain is None or r.chain.out_size is None):
+        img.node = g.fn.pad(img.node, axis_names="HW")  # to the largest in the batch, top-left aligned
+    if not r.image:
+        return img.node  # decoded, but not asked to become a float image: uint8 HWC
+    mean = r.chain.final_mean if r.chain is not None and r.chain.final_mean is not None else [0.0] * r.channels
+    std = r.chain.final_std if r.chain is not None and r.chain.final_std is not None else [1.0] * r.channels
+    return g.fn.crop_mirror_normalize(img.node, dtype=g.types.FLOAT, output_layout="HWC" if channels_last else "CHW",
+                                      mean=[m * img.scale for m in mean], std=[s * img.scale for s in std])
+
+
+def _torch_dtype(dt: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dt)).dtype
+
+
+def dali_loader(ds: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int, device: torch.device,
+                augment: Augment | None, num_workers: int | str, config: LoaderConfig | None,
+                world: World) -> DaliLoader:
+    """Build the DALI backend for :func:`fastdata.loader`: ``num_workers`` is DALI's CPU threads."""
+    if num_workers == "auto":
+        try:
+            threads = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            threads = os.cpu_count() or 1
+    elif isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 0:
+        threads = num_workers
+    else:
+        raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
+    return DaliLoader(ds.with_options(decode=False), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
+                      device=device, augment=augment, threads=threads, config=config or LoaderConfig(), world=world)
