@@ -23,7 +23,7 @@ from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
 from fastdata.format.images import CODEC_DTYPE, CODEC_SUFFIX, CODECS, ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_DTYPE, SHAPE_SUFFIX
 
 from .imageio import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, prepare, read_source
-from .scan import Labels, file_labels, folder_labels, walk_files
+from .scan import find_and_label
 from .writer import Progress, _mp_context
 
 IMAGE_FIELD = "image"
@@ -102,16 +102,7 @@ class ImageFolderSource:
     ) -> "ImageFolderSource":
         """Find, label and convert-check every file under ``root``; bad files raise (or are skipped)."""
         check_pil_settings()
-        if rels is None:
-            rels = walk_files(root, {os.path.realpath(labels_file)} if labels_file else set())
-        if not rels:
-            raise DataError(f"{root}: no files found (expected images)")
-        if labels_file is not None:
-            labels = file_labels(labels_file)
-        elif no_labels:
-            labels = Labels(None, None, "none")
-        else:
-            labels = folder_labels(rels, root)
+        rels, labels = find_and_label(root, labels_file, no_labels, "images", rels)
 
         bad: dict[str, str] = {}
         for rel in rels:

@@ -19,7 +19,7 @@ from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 
 from .npyfile import NpyHeader, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
-from .scan import Labels, file_labels, folder_labels, walk_files
+from .scan import find_and_label
 
 DEFAULT_FIELD = "x"
 _LABEL_DTYPE = np.dtype("<i8")
@@ -61,16 +61,7 @@ class NpyFolderSource:
 
     @classmethod
     def scan(cls, root: Path, labels_file: Path | None = None, no_labels: bool = False, skip_bad: bool = False) -> "NpyFolderSource":
-        exclude = {os.path.realpath(labels_file)} if labels_file else set()
-        rels = walk_files(root, exclude)
-        if not rels:
-            raise DataError(f"{root}: no files found (expected .npy or .npz samples)")
-        if labels_file is not None:
-            labels = file_labels(labels_file)
-        elif no_labels:
-            labels = Labels(None, None, "none")
-        else:
-            labels = folder_labels(rels, root)
+        rels, labels = find_and_label(root, labels_file, no_labels, ".npy or .npz samples")
 
         bad: dict[str, str] = {}
         suffix = Counter(Path(r).suffix.lower() for r in rels)

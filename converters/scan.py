@@ -140,3 +140,18 @@ def _json_pairs(path: Path, text: str) -> list[tuple[str, str]]:
             raise DataError(f"{path}: bad entry {p!r}: {label!r} (paths are strings, labels integers or strings)")
         out.append((p, str(label)))
     return out
+
+
+def find_and_label(root: Path, labels_file: Path | None, no_labels: bool, expected: str,
+                   rels: list[str] | None = None) -> tuple[list[str], Labels]:
+    """Every source file under ``root`` (the labels file excluded) and where labels come from:
+    ``labels_file``, nothing (``no_labels``), or the class folders."""
+    if rels is None:
+        rels = walk_files(root, {os.path.realpath(labels_file)} if labels_file else set())
+    if not rels:
+        raise DataError(f"{root}: no files found (expected {expected})")
+    if labels_file is not None:
+        return rels, file_labels(labels_file)
+    if no_labels:
+        return rels, Labels(None, None, "none")
+    return rels, folder_labels(rels, root)

@@ -54,3 +54,12 @@ def runs(local: np.ndarray, dest: np.ndarray) -> list[tuple[int, int, int]]:
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [n]))
     return [(int(local[s]), int(dest[s]), int(e - s)) for s, e in zip(starts, ends)]
+
+
+def check_size_unchanged(fd: int, expected: int, where: str) -> None:
+    """A shard truncated or rewritten after it was opened must raise here, not SIGBUS in a
+    memory-mapped read later (HDF5 small-row columns and LMDB both read through maps)."""
+    size = os.fstat(fd).st_size
+    if size != expected:
+        raise CorruptShardError(f"{where}: file is now {size} bytes, the manifest says {expected} "
+                                "(truncated or rewritten while open)")

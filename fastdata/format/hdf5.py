@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import CorruptShardError, UsageError
 from ..world import PerProcessHandle
-from ._io import pread_into, runs
+from ._io import check_size_unchanged, pread_into, runs
 from .manifest import FORMAT_VERSION, FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
@@ -234,14 +234,7 @@ class ShardReader(PerProcessHandle[_Handle]):
             )
 
     def _check_size(self, h: _Handle, local: np.ndarray) -> None:
-        """A shard truncated after it was opened must raise, not SIGBUS in a memory-mapped read."""
-        size = os.fstat(h.fd).st_size
-        if size != self.info.bytes:
-            first = int(local[0]) if len(local) else None
-            raise CorruptShardError(
-                f"{self._where(first)}: file is now {size} bytes, the manifest says {self.info.bytes} "
-                "(truncated or rewritten while open)"
-            )
+        check_size_unchanged(h.fd, self.info.bytes, self._where(int(local[0]) if len(local) else None))
 
     def _column(self, h5: Any, f: FieldSpec, file_size: int, fd: int) -> _Column:
         n = self.info.count

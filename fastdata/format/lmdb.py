@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import CorruptShardError, UsageError
 from ..world import PerProcessHandle
+from ._io import check_size_unchanged
 from .manifest import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"
@@ -324,13 +325,7 @@ class ShardReader(PerProcessHandle[_Handle]):
         """This process's environment, after checking that the file was not truncated since it was
         opened: LMDB reads through a memory map, where a truncated file means SIGBUS, not an error."""
         h = self.handle()
-        size = os.fstat(h.fd).st_size
-        if size != self.info.bytes:
-            first = int(local[0]) if len(local) else None
-            raise CorruptShardError(
-                f"{self._where(first)}: file is now {size} bytes, the manifest says {self.info.bytes} "
-                "(truncated or rewritten while open)"
-            )
+        check_size_unchanged(h.fd, self.info.bytes, self._where(int(local[0]) if len(local) else None))
         return h.env
 
     def _layout(self, buf: memoryview, local: int) -> list[tuple[int, int]]:
