@@ -261,7 +261,7 @@ def run(settings: dict[str, Any], workdir: Path, backend: str, device: str) -> d
             "loadavg_after": load_after}
 
 
-def check_target(result: dict[str, Any]) -> dict[str, Any]:
+def check_target(result: dict[str, Any], quick: bool) -> dict[str, Any]:
     """DALI backend / file reader: the ratio of medians, and per round (both ran in the same round)."""
     by = {m["method"]: m for m in result["methods"]}
     ratio = by[DALI]["samples_per_s"] / by[FILE]["samples_per_s"]
@@ -269,7 +269,9 @@ def check_target(result: dict[str, Any]) -> dict[str, Any]:
     spread = summarize(paired)
     cpu = (by[DALI]["cpu_ms_per_image"] / by[FILE]["cpu_ms_per_image"]
            if by[DALI]["cpu_ms_per_image"] and by[FILE]["cpu_ms_per_image"] else None)
-    if ratio >= 1.0:
+    if quick:
+        verdict = "not judged (a quick run's epochs are too short; see the full run)"
+    elif ratio >= 1.0:
         verdict = "met"
     elif spread["p90"] >= 1.0:
         verdict = "parity within run-to-run noise (some rounds >= 1, the median below)"
@@ -277,7 +279,7 @@ def check_target(result: dict[str, Any]) -> dict[str, Any]:
         verdict = "NOT met"
     return {"target": "DALI backend no slower than DALI's file reader (ratio >= 1)", "ratio": ratio,
             "round_ratios": paired, "round_ratio_p10_p90": [spread["p10"], spread["p90"]],
-            "cpu_per_image_ratio": cpu, "met": ratio >= 1.0, "verdict": verdict}
+            "cpu_per_image_ratio": cpu, "met": None if quick else ratio >= 1.0, "verdict": verdict}
 
 
 def render(info: dict[str, Any], settings: dict[str, Any], result: dict[str, Any], target: dict[str, Any]) -> str:
@@ -348,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(settings, workdir, args.backend, args.device)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    target = check_target(result)
+    target = check_target(result, args.quick)
     report = render(info, settings, result, target)
     print("\n" + report)
     name = "dali" + ("_cuda" if args.device == "cuda" else "") + ("_quick" if args.quick else "")

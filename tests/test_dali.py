@@ -6,6 +6,7 @@ GPU-only tests are skipped without CUDA.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -144,6 +145,33 @@ def test_decoded_jpegs_equal_torch_backend(jpegs):
     assert {tuple(b["image"].shape[2:]) for b in db} == {(30, 32)}  # mixed sizes padded, as torch pads
     sizes = torch.cat([b["image_shape"] for b in db])
     assert set(sizes[:, 0].tolist()) == {24, 30}
+    # the padding is a stored 0, normalised like the pixels (as the torch backend pads, then normalises)
+    norm = [Normalize((0.4, 0.5, 0.6), (0.2, 0.3, 0.5))]
+    t, d = both(jpegs, 8, seed=1, augment=norm)
+    corners = []
+    for a, b in zip(t, d):
+        assert torch.allclose(a["image"], b["image"], atol=1e-5)
+        corners.append(b["image"][b["image_shape"][:, 0] == 24][:, :, -1, -1])  # padded corner of short images
+    corners = torch.cat(corners)
+    assert len(corners) > 0 and torch.allclose(corners, torch.tensor([-2.0, -5 / 3, -1.2]).expand_as(corners))
+
+
+def test_padding_starts_at_the_first_batch_that_mixes_sizes(tmp_path):
+    # padding costs CPU, so a pipeline starts without it and is rebuilt, in place, when a batch mixes sizes
+    (tmp_path / "src").mkdir()
+    for i in range(21):
+        imagegen.jpeg(tmp_path / "src" / f"{i:03d}.jpg", h=24 if i < 16 or i % 2 else 20, w=32, seed=i)
+    (tmp_path / "labels.csv").write_text("".join(f"{i:03d}.jpg,{i}\n" for i in range(21)))
+    converters.convert(tmp_path / "src", tmp_path / "ds", WriteOptions(workers=1), labels=tmp_path / "labels.csv")
+    t, d = both(tmp_path / "ds", 4, shuffle=False)
+    route = next(r for r in d.routes if r.name == "image")
+    first = list(d)
+    assert route.padding and labels(d) == [b["label"].tolist() for b in first]  # the next epoch pads from the start
+    assert_same_batches(list(t), first)
+    assert [tuple(b["image"].shape[2:]) for b in first] == [(24, 32)] * 5 + [(20, 32)]  # batch 4 mixes: padded
+    uniform = fastdata.loader(tmp_path / "ds", 4, shuffle=False, device="cpu", backend="dali")
+    assert len(list(itertools.islice(uniform, 4))) == 4
+    assert not next(r for r in uniform.routes if r.name == "image").padding  # uniform batches: never padded
 
 
 def test_ragged_pixels_equal_torch_backend(pixels):

@@ -1,22 +1,22 @@
 """The DALI backend: ``fastdata.loader(..., backend="dali")``.
 
-A DALI pipeline per pass over the data: ``fn.external_source`` fed by fastdata's own reader
-(dali_feed.py: whole batches of the plan from ``fastdata.sampling``, stored bytes for encoded
-images), ``fn.decoders.image`` (``device="mixed"``, nvJPEG, on CUDA; ``"cpu"`` otherwise),
-the augmentation spec as DALI operators (dali_augment.py) and ``fn.crop_mirror_normalize``
-for the float output. Batches reach torch through DALI's PyTorch plugin (DLPack, no copy).
-Order, epochs, resume and stats are the shared ``Loader``'s (base.py), so the DALI backend
-yields the same samples in the same order as the torch backend.
+One DALI pipeline, kept across consecutive epochs: ``fn.external_source`` fed by fastdata's own
+reader (dali_feed.py: whole batches of the plan from ``fastdata.sampling``, stored bytes for
+encoded images), ``fn.decoders.image`` (``device="mixed"``, nvJPEG, on CUDA; ``"cpu"``
+otherwise), the augmentation spec as DALI operators (dali_augment.py) and
+``fn.crop_mirror_normalize`` for the float output. Batches reach torch through DALI's PyTorch
+plugin (DLPack, no copy). Order, epochs, resume and stats are the shared ``Loader``'s (base.py),
+so the DALI backend yields the same samples in the same order as the torch backend. Semantics
+and measurements: docs/backends.md.
 
 NVIDIA DALI is imported only here, and only when this backend is used.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import numpy as np
 import torch
@@ -29,9 +29,7 @@ from ..world import World
 from . import LoaderConfig
 from .base import Loader
 from .dali_augment import Graph, Img, compile_chain
-from .dali_feed import Feed, Pass, Route, plan_routes
-
-log = logging.getLogger("fastdata.loader")
+from .dali_feed import Feed, MixedSizes, Pass, Route, plan_routes
 
 INSTALL_HINT = 'pip install "fastdata[dali]"  (the nvidia-dali-cuda130 wheel)'
 
@@ -126,25 +124,22 @@ class DaliLoader(Loader):
         d, gpu = self._dali, self.device.type == "cuda"
         g = Graph(d.fn, d.types, d.math, gpu)
         routes = self._dali_routes
-        dtypes = [d.types.to_dali_type(r.carrier) for r in routes]
-        layouts = ["HWC" if r.kind in ("pixels", "raw_image") else "" for r in routes]
-        for r in routes:
-            if r.chain is not None:
-                dtypes += [d.types.to_dali_type(dt) for dt in r.chain.param_dtypes]
-                layouts += [""] * len(r.chain.param_dtypes)
+        # the feed's outputs, in its order: each route's data, augmentation parameters, padded sizes
+        spec = [o for r in routes for o in r.outputs]
+        spec += [(dt, "") for r in routes if r.chain is not None for dt in r.chain.param_dtypes]
+        spec += [(np.dtype(np.float32), "")] * (2 * sum(r.pads for r in routes))
         channels_last = self.config.channels_last
 
         @d.dali.pipeline_def(batch_size=self.batch_size, num_threads=self.threads, device_id=self._device_id,
                              seed=seed, prefetch_queue_depth=self.config.prefetch, exec_dynamic=True)
         def pipeline() -> tuple[Any, ...]:
-            nodes = d.fn.external_source(source=feed, num_outputs=len(dtypes), batch=True, batch_info=True,
-                                         dtype=dtypes, layout=layouts)
-            params = iter(nodes[len(routes):])
-            outs = []
-            for r, node in zip(routes, nodes):
-                p = [next(params) for _ in r.chain.param_dtypes] if r.chain is not None else []
-                outs.append(_graph(g, r, node, p, channels_last))
-            return tuple(outs)
+            nodes = iter(d.fn.external_source(source=feed, num_outputs=len(spec), batch=True, batch_info=True,
+                                              dtype=[d.types.to_dali_type(dt) for dt, _ in spec],
+                                              layout=[layout for _, layout in spec], no_copy=True))
+            data = [[next(nodes) for _ in r.outputs] for r in routes]
+            params = [[next(nodes) for _ in r.chain.param_dtypes] if r.chain is not None else [] for r in routes]
+            pads = [[next(nodes), next(nodes)] if r.pads else [] for r in routes]
+            return tuple(_graph(g, r, x, p, hw, channels_last) for r, x, p, hw in zip(routes, data, params, pads))
 
         pipe = pipeline()
         pipe.build()
@@ -153,7 +148,7 @@ class DaliLoader(Loader):
     def _start(self, plan: list[np.ndarray], epoch: int, first: int) -> SimpleNamespace:
         """A new pipeline positioned at the start of the pass; its own random draws (only GaussianNoise)
         are seeded by (seed, epoch, rank, first batch)."""
-        feed = Feed(self.dataset, self.routes, self.seed, self.world.rank)
+        feed = Feed(self.dataset, self.routes, self.seed, self.world.rank, keep=2 * self.config.prefetch + 2)
         feed.add(0, Pass(plan, first, epoch))
         pipe = self._build(feed, _pipeline_seed(self.seed, epoch, self.world.rank, first))
         it = self._dali.Iterator([pipe], [r.name for r in self._dali_routes], auto_reset=False,
@@ -168,21 +163,21 @@ class DaliLoader(Loader):
             self.close()  # positioned elsewhere (set_epoch, resume, an abandoned pass): start over
             run = self._run = self._start(plan, epoch, first)
         run.fresh = False
-        delivered, complete = 0, False
+        complete = False
         try:
             while True:
-                if run.it is None:  # closed
+                delivered = yield from self._deliver(run, plan, first)
+                if run.it is None:  # closed during the pass
                     return
-                try:
-                    out = next(run.it)[0]
-                except StopIteration:
+                if not isinstance(run.feed.error, MixedSizes):
                     break
-                except FastdataError:
-                    raise
-                except Exception as e:  # DALI failed (a corrupt image, ...): say where, precisely if possible
-                    raise self._diagnose(plan, first, delivered, e) from None
-                delivered += 1
-                yield self._to_torch(out, run.feed.bypassed.popleft())
+                # A batch mixes image sizes: from that batch on, pad (one rebuild, the same order).
+                self._drop(run)
+                for r in self.routes:
+                    r.padding = r.may_mix
+                plan, first = plan[delivered:], first + delivered
+                run = self._run = self._start(plan, epoch, first)
+                run.fresh = False
             if run.feed.error is not None:
                 raise run.feed.error
             complete = True
@@ -195,6 +190,23 @@ class DaliLoader(Loader):
         run.feed.add(run.dali_epoch, Pass(self.plan(epoch + 1), 0, epoch + 1))
         run.it.reset()
         run.at, run.fresh = (epoch + 1, 0), True
+
+    def _deliver(self, run: SimpleNamespace, plan: list[np.ndarray], first: int) -> Generator[
+            dict[str, torch.Tensor], None, int]:
+        """Yield the pipeline's batches until its pass ends; return how many."""
+        delivered = 0
+        while run.it is not None:
+            try:
+                out = next(run.it)[0]
+            except StopIteration:
+                break
+            except FastdataError:
+                raise
+            except Exception as e:  # DALI failed (a corrupt image, ...): say where, precisely if possible
+                raise self._diagnose(plan, first, delivered, e) from None
+            delivered += 1
+            yield self._to_torch(out, run.feed.bypassed.popleft())
+        return delivered
 
     def _drop(self, run: SimpleNamespace) -> None:
         run.pipe = run.it = None  # DALI's threads and buffers go with the last reference
@@ -260,26 +272,30 @@ def _attach_augment(routes: list[Route], augment: Augment | None) -> None:
         r.chain = compile_chain(augment.ops, r.channels)
 
 
-def _graph(g: Graph, r: Route, node: Any, params: list[Any], channels_last: bool) -> Any:
-    """The DALI operators of one route: decode, augment, pad mixed sizes, float output."""
+def _graph(g: Graph, r: Route, data: list[Any], params: list[Any], pad_hw: list[Any], channels_last: bool) -> Any:
+    """The DALI operators of one route: decode, augment, float output (mixed sizes padded, top-left)."""
     if r.kind == "plain":
-        return g.dev(node)
+        return g.dev(data[0])
     if r.kind == "encoded":
-        node = g.fn.decoders.image(node, device="mixed" if g.gpu else "cpu",
+        files = g.fn.slice(data[0], start=[0], shape=data[1], axes=[0])  # each sample's stored bytes
+        node = g.fn.decoders.image(files, device="mixed" if g.gpu else "cpu",
                                    output_type=g.types.RGB if r.channels == 3 else g.types.GRAY)
     else:
-        node = g.dev(node)
+        node = g.dev(data[0])
     img = Img(node)
     if r.chain is not None:
         img = r.chain.apply(g, img, params)
-    if r.variable_size and (r.chain is None or r.chain.out_size is None):
-        img.node = g.fn.pad(img.node, axis_names="HW")  # to the largest in the batch, top-left aligned
-    if not r.image:
-        return img.node  # decoded, but not asked to become a float image: uint8 HWC
+    if not r.image:  # decoded, but not asked to become a float image: uint8 HWC
+        return g.fn.pad(img.node, axis_names="HW") if r.variable_size else img.node
     mean = r.chain.final_mean if r.chain is not None and r.chain.final_mean is not None else [0.0] * r.channels
     std = r.chain.final_std if r.chain is not None and r.chain.final_std is not None else [1.0] * r.channels
+    pad: dict[str, Any] = {}
+    if r.pads:  # crop the batch's largest (H, W) at the top-left corner: the outside is padding, a
+        # stored 0 normalised like the pixels (what the torch backend's zero padding becomes)
+        pad = dict(crop_h=pad_hw[0], crop_w=pad_hw[1], crop_pos_x=0.0, crop_pos_y=0.0, out_of_bounds_policy="pad",
+                   fill_values=[-m / s for m, s in zip(mean, std)])
     return g.fn.crop_mirror_normalize(img.node, dtype=g.types.FLOAT, output_layout="HWC" if channels_last else "CHW",
-                                      mean=[m * img.scale for m in mean], std=[s * img.scale for s in std])
+                                      mean=[m * img.scale for m in mean], std=[s * img.scale for s in std], **pad)
 
 
 def _torch_dtype(dt: np.dtype) -> torch.dtype:

@@ -1,10 +1,12 @@
 """The DALI backend's host side: how each dataset field travels, and the external-source callback.
 
 Fields are read with ``get_batch`` from a dataset opened with ``decode=False`` and handed to
-``fn.external_source`` a whole batch at a time: encoded images as their stored bytes (DALI
-decodes them), ``pixels`` images as per-sample HWC views of the padded bytes, raw arrays as
-they are. No second copy of the data exists in another format. The callback also draws the
-batch's augmentation parameters (dali_augment.py). Nothing here imports DALI.
+``fn.external_source`` a whole batch at a time: encoded images as their stored bytes (the padded
+batch array and the lengths, which DALI slices per sample: one copy into DALI instead of one per
+sample, measured about 10% faster than a list of per-sample arrays), ``pixels`` images as
+per-sample HWC views of the read bytes, raw arrays as they are. No second copy of the data exists
+in another format. The callback also draws the batch's augmentation parameters
+(dali_augment.py) and the padding size of mixed-size image batches. Nothing here imports DALI.
 """
 
 from __future__ import annotations
@@ -44,28 +46,45 @@ class Route:
     hw: tuple[int, int] | None = None  # the fixed (H, W) of a raw image field
     chain: Chain | None = None
     bypass: bool = False  # a plain field that goes around DALI, straight to torch (CPU mode)
+    padding: bool = False  # pad mixed sizes (off until a batch mixes them: padding costs ~5% CPU)
 
     @property
     def carrier(self) -> np.dtype:
         """The dtype the field has inside DALI."""
         return _SIGNED_VIEW.get(self.dtype) or _PAIR_VIEW.get(self.dtype) or self.dtype
 
-    def host(self, batch: dict[str, np.ndarray]) -> Any:
-        """This field of a ``get_batch`` result, as the external source takes it."""
+    @property
+    def outputs(self) -> list[tuple[np.dtype, str]]:
+        """dtype and layout of each external-source output this field uses."""
+        if self.kind == "encoded":
+            return [(np.dtype(np.uint8), ""), (np.dtype(np.int32), "")]  # padded bytes, lengths
+        return [(self.carrier, "HWC" if self.kind in ("pixels", "raw_image") else "")]
+
+    @property
+    def may_mix(self) -> bool:
+        """A float image field whose batches can mix image sizes (no crop gives them one size)."""
+        return self.image and self.variable_size and (self.chain is None or self.chain.out_size is None)
+
+    @property
+    def pads(self) -> bool:
+        """Padded to the batch's largest image, in crop_mirror_normalize."""
+        return self.may_mix and self.padding
+
+    def host(self, batch: dict[str, np.ndarray]) -> list[Any]:
+        """This field of a ``get_batch`` result, as the external source takes it (see ``outputs``)."""
         data = batch[self.name]
         if self.kind == "encoded":
-            lengths = batch[self.name + LENGTHS_SUFFIX]
-            return [data[k, : lengths[k]] for k in range(len(data))]
+            return [data, batch[self.name + LENGTHS_SUFFIX].astype(np.int32).reshape(-1, 1)]
         if self.kind == "pixels":
             shapes = batch[self.name + SHAPE_SUFFIX]
-            return [data[k, : h * w * c].reshape(h, w, c) for k, (h, w, c) in enumerate(shapes.tolist())]
+            return [[data[k, : h * w * c].reshape(h, w, c) for k, (h, w, c) in enumerate(shapes.tolist())]]
         if not data.dtype.isnative:
             data = data.astype(data.dtype.newbyteorder("="))
         if self.bypass:
-            return data
+            return [data]
         if self.dtype in _PAIR_VIEW:
-            return np.ascontiguousarray(data)[..., None].view(self.carrier)
-        return data.view(self.carrier) if self.dtype in _SIGNED_VIEW else data
+            return [np.ascontiguousarray(data)[..., None].view(self.carrier)]
+        return [data.view(self.carrier) if self.dtype in _SIGNED_VIEW else data]
 
     def sizes(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """(B, 2) heights and widths of this image field's samples, known before decoding."""
@@ -114,6 +133,10 @@ def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generat
     return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, epoch, batch, rank]))
 
 
+class MixedSizes(Exception):
+    """A batch mixes image sizes in a pipeline built without padding: the loader rebuilds it with padding."""
+
+
 @dataclass
 class Pass:
     """One pass over the data: this rank's index batches from batch ``first`` of ``epoch`` on."""
@@ -129,17 +152,24 @@ class Feed:
 
     One pipeline serves consecutive passes: the loader registers the next pass before it resets
     DALI's iterator, so the next epoch is read and decoded while the current one ends. Returns each
-    DALI route's data then each augmented route's parameters; bypassing fields wait in
+    DALI route's data, then each augmented route's parameters, then the padded (H, W) of each
+    route that pads; bypassing fields wait in
     ``bypassed``, in batch order, for the loader to join them to DALI's output (DALI returns
-    batches in the order it asked for them). DALI calls it from the thread that
+    batches in the order it asked for them). The external source takes the arrays without a copy
+    (``no_copy``): the feed keeps each batch's arrays alive for ``keep`` batches, more than DALI
+    can still be working on (the pipeline's prefetch depth). DALI calls it from the thread that
     iterates, ``prefetch`` batches ahead; reading there measured as fast as a read-ahead thread
     and faster than DALI's parallel (process) external source on 2 cores (docs/backends.md). A read
     error does not escape into DALI (which would raise it before the batches in front of it were
     delivered): the pass ends there and the loader raises the error after the last good batch.
     """
 
-    def __init__(self, dataset: Dataset, routes: list[Route], seed: int, rank: int) -> None:
+    def __init__(self, dataset: Dataset, routes: list[Route], seed: int, rank: int, keep: int) -> None:
         self.dataset, self.routes, self.seed, self.rank = dataset, routes, seed, rank
+        self._alive: deque[tuple[Any, ...]] = deque(maxlen=keep)  # fed without a copy: DALI reads them later
+        self._augmented = [r for r in routes if r.chain is not None and r.chain.steps]
+        self._padded = [r for r in routes if r.pads]
+        self._unpadded = [r for r in routes if r.may_mix and not r.pads]
         self.passes: dict[int, Pass] = {}
         self.bypassed: deque[dict[str, np.ndarray]] = deque()
         self.error: BaseException | None = None
@@ -163,14 +193,23 @@ class Feed:
             raise StopIteration
         try:
             batch = self._read(p, i)
-            out = [r.host(batch) for r in self.routes if not r.bypass]
-            bypassed = {r.name: r.host(batch) for r in self.routes if r.bypass}
-            rng = batch_rng(self.seed, p.epoch, self.rank, p.first + i)
-            for r in self.routes:
-                if r.chain is not None and r.chain.steps:
-                    out.extend(r.chain.draw(rng, r.sizes(batch)))
+            out = [a for r in self.routes if not r.bypass for a in r.host(batch)]
+            bypassed = {r.name: r.host(batch)[0] for r in self.routes if r.bypass}
+            if self._augmented:
+                rng = batch_rng(self.seed, p.epoch, self.rank, p.first + i)
+                for r in self._augmented:
+                    out.extend(r.chain.draw(rng, r.sizes(batch)))  # type: ignore[union-attr]
+            for r in self._padded:
+                hw = r.sizes(batch).max(axis=0)
+                out.extend(np.full(len(p.plan[i]), v, dtype=np.float32) for v in hw)
+            for r in self._unpadded:
+                hw = r.sizes(batch)
+                if (hw != hw[0]).any():
+                    raise MixedSizes(r.name)
         except Exception as e:  # delivered after the batches before it (see the class docstring)
             self.error = e
             raise StopIteration from None
         self.bypassed.append(bypassed)
-        return tuple(out)
+        fed = tuple(out)
+        self._alive.append(fed)
+        return fed
