@@ -27,9 +27,13 @@ workers prefetch into the next epoch) runs while another is timed. The first ``S
 a timed block are not counted: a prefetch queue filled during the untimed epoch would otherwise
 flatter the methods that prefetch across epochs. The figure is the median over rounds. CPU
 seconds per image are the process's (all threads) for the in-process methods; naive's work is in
-its worker processes. Target: the DALI backend is no slower than DALI's file reader (ratio >= 1,
-with the p10-p90 spread shown). ``--device cuda`` runs the same with mixed (nvJPEG) decoding and
-GPU augmentation and samples GPU utilisation. Results: stdout and ``<out>/dali[_cuda][_quick].{json,md}``.
+its worker processes.
+
+Target: the DALI backend is no slower than DALI's file reader, judged on the median of the
+per-round ratios (both ran in the same round, so load drift between rounds cancels); their
+p10-p90 spread and the ratio of the medians are reported too. ``--device cuda`` runs the same
+with mixed (nvJPEG) decoding and GPU augmentation and samples GPU utilisation. Results: stdout
+and ``<out>/dali[_cuda][_quick].{json,md}``.
 """
 
 from __future__ import annotations
@@ -252,7 +256,8 @@ def run(settings: dict[str, Any], workdir: Path, backend: str, device: str) -> d
     rows = []
     for m in methods:
         per_s = summarize(rates[m.name])
-        rows.append({"method": m.name, "samples_per_s": per_s["median"], "samples_per_s_p10_p90": [per_s["p10"], per_s["p90"]],
+        rows.append({"method": m.name, "samples_per_s": per_s["median"],
+                     "samples_per_s_p10_p90": [per_s["p10"], per_s["p90"]],
                      "samples_per_s_runs": rates[m.name], "speedup_vs_naive": per_s["median"] / naive_rate,
                      "cpu_ms_per_image": 1e3 * float(np.median(cpu[m.name])) if cpu[m.name] else None,
                      "gpu_util_percent": float(np.mean(gpu[m.name])) if gpu[m.name] else None})
@@ -262,11 +267,13 @@ def run(settings: dict[str, Any], workdir: Path, backend: str, device: str) -> d
 
 
 def check_target(result: dict[str, Any], quick: bool) -> dict[str, Any]:
-    """DALI backend / file reader: the ratio of medians, and per round (both ran in the same round)."""
+    """DALI backend / file reader, judged on the median of the per-round ratios: both ran in the same
+    round, so load drift between rounds cancels out (the ratio of the medians is reported too)."""
     by = {m["method"]: m for m in result["methods"]}
-    ratio = by[DALI]["samples_per_s"] / by[FILE]["samples_per_s"]
+    medians = by[DALI]["samples_per_s"] / by[FILE]["samples_per_s"]
     paired = sorted(a / b for a, b in zip(by[DALI]["samples_per_s_runs"], by[FILE]["samples_per_s_runs"]))
     spread = summarize(paired)
+    ratio = spread["median"]
     cpu = (by[DALI]["cpu_ms_per_image"] / by[FILE]["cpu_ms_per_image"]
            if by[DALI]["cpu_ms_per_image"] and by[FILE]["cpu_ms_per_image"] else None)
     if quick:
@@ -274,11 +281,11 @@ def check_target(result: dict[str, Any], quick: bool) -> dict[str, Any]:
     elif ratio >= 1.0:
         verdict = "met"
     elif spread["p90"] >= 1.0:
-        verdict = "parity within run-to-run noise (some rounds >= 1, the median below)"
+        verdict = "NOT met: parity within run-to-run noise (some rounds >= 1, the median below)"
     else:
         verdict = "NOT met"
-    return {"target": "DALI backend no slower than DALI's file reader (ratio >= 1)", "ratio": ratio,
-            "round_ratios": paired, "round_ratio_p10_p90": [spread["p10"], spread["p90"]],
+    return {"target": "DALI backend no slower than DALI's file reader (median per-round ratio >= 1)", "ratio": ratio,
+            "ratio_of_medians": medians, "round_ratios": paired, "round_ratio_p10_p90": [spread["p10"], spread["p90"]],
             "cpu_per_image_ratio": cpu, "met": None if quick else ratio >= 1.0, "verdict": verdict}
 
 
@@ -288,7 +295,8 @@ def render(info: dict[str, Any], settings: dict[str, Any], result: dict[str, Any
     for m in result["methods"]:
         lo, hi = m["samples_per_s_p10_p90"]
         cpu = f"{m['cpu_ms_per_image']:.2f}" if m["cpu_ms_per_image"] is not None else "–"
-        row = [m["method"], f"{m['samples_per_s']:,.0f}", f"{lo:,.0f}–{hi:,.0f}", f"{m['samples_per_s'] / file_rate:.2f}",
+        row = [m["method"], f"{m['samples_per_s']:,.0f}", f"{lo:,.0f}–{hi:,.0f}",
+               f"{m['samples_per_s'] / file_rate:.2f}",
                f"{m['speedup_vs_naive']:.1f}", cpu]
         if result["device"] == "cuda":
             row.append(f"{m['gpu_util_percent']:.0f}" if m["gpu_util_percent"] is not None else "–")
@@ -317,8 +325,9 @@ def render(info: dict[str, Any], settings: dict[str, Any], result: dict[str, Any
         f"DALI backend vs torch backend, first batch: mean abs diff {px['mean_abs_diff_levels']:.3f}, "
         f"max {px['max_abs_diff_levels']:.0f} (8-bit levels).",
         "",
-        f"Target ({target['target']}): {target['ratio']:.2f}x (per round: "
-        f"{target['round_ratio_p10_p90'][0]:.2f}–{target['round_ratio_p10_p90'][1]:.2f}): {target['verdict']}. "
+        f"Target ({target['target']}): {target['ratio']:.2f}x (per round p10–p90: "
+        f"{target['round_ratio_p10_p90'][0]:.2f}–{target['round_ratio_p10_p90'][1]:.2f}; ratio of the medians "
+        f"{target['ratio_of_medians']:.2f}): {target['verdict']}. "
         + (f"CPU time per image, DALI backend / file reader: {target['cpu_per_image_ratio']:.2f}."
            if target["cpu_per_image_ratio"] else ""),
     ]
@@ -330,8 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="200 images, 2 rounds (CI smoke run, < 40 s)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where batches go (default: cpu)")
     parser.add_argument("--backend", choices=["hdf5", "lmdb"], default="hdf5", help="shard format (default: hdf5)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR, help="results directory (default: %(default)s)")
-    parser.add_argument("--workdir", type=Path, default=None, help="parent folder for generated data (default: temp dir)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR,
+                        help="results directory (default: %(default)s)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="parent folder for generated data (default: temp dir)")
     args = parser.parse_args(argv)
     try:
         import nvidia.dali

@@ -244,11 +244,13 @@ class Augment:
         return x
 
 
-def batch_generator(seed: int, epoch: int, batch: int, device: torch.device) -> torch.Generator:
-    """The generator for one batch: a pure function of (seed, epoch, batch index), so resumes repeat it."""
+def batch_generator(seed: int, epoch: int, batch: int, device: torch.device, rank: int = 0) -> torch.Generator:
+    """The generator for one batch: a pure function of (seed, epoch, rank, batch index), so resumes
+    repeat it and distributed ranks draw different parameters."""
     import numpy as np
 
-    state = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, epoch, batch]).generate_state(2, np.uint32)
+    words = [seed & 0xFFFFFFFF, seed >> 32, epoch, batch] + ([rank] if rank else [])
+    state = np.random.SeedSequence(words).generate_state(2, np.uint32)
     g = torch.Generator(device=device)
     g.manual_seed((int(state[0]) << 31) ^ int(state[1]))
     return g

@@ -127,3 +127,11 @@ def test_cuda_prefetcher_matches_cpu(tmp_path):
     gpu = [b["image"] for b in fastdata.loader(tmp_path / "ds", 8, device="cuda", augment=aug)]
     assert all(g.is_cuda for g in gpu) and len(cpu) == len(gpu) == 5
     assert max((c - g.cpu()).abs().max().item() for c, g in zip(cpu, gpu)) < 1e-5
+
+
+def test_ranks_draw_different_augmentation_and_rank0_keeps_its_stream():
+    x = torch.rand(64, 3, 8, 8)
+    op = HorizontalFlip(0.5)
+    r0 = op.apply(x, batch_generator(1, 2, 3, CPU))
+    assert torch.equal(r0, op.apply(x, batch_generator(1, 2, 3, CPU, rank=0)))
+    assert not torch.equal(r0, op.apply(x, batch_generator(1, 2, 3, CPU, rank=1)))

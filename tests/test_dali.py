@@ -270,13 +270,13 @@ def _ddp_worker(rank: int, world: int, port: int, path: str, out: str) -> None:
 
 def test_ddp_two_processes_gloo(raw, tmp_path):
     torch.multiprocessing.spawn(_ddp_worker, args=(2, _free_port(), str(raw), str(tmp_path / "r")), nprocs=2, join=True)
-    shares = []
+    shares, per_rank = [], -(-N // 2)
     for r in range(2):
         a = np.load(tmp_path / f"r-{r}.npy").tolist()
         sep = a.index(-1)
         shares.append(a[:sep])
-        assert a[sep + 1] == a[sep + 2] == -(-(-(-N // 2)) // 4)
-    assert len(shares[0]) == len(shares[1]) == -(-N // 2)
+        assert a[sep + 1] == a[sep + 2] == -(-per_rank // 4)  # batches seen == len(loader), on both ranks
+    assert len(shares[0]) == len(shares[1]) == per_rank
     assert set(shares[0] + shares[1]) == set(range(N))  # one sample twice: the documented wrap-around pad
 
 
@@ -367,7 +367,8 @@ def dali_images(path: Path, aug, batch: int = 64, **kw) -> torch.Tensor:
 def test_deterministic_ops_equal_torch_backend(raw):
     # ops without randomness (or p=1) must give the torch backend's pixels; a Normalize that is
     # not last is a separate colour transform, a final one is fused into crop_mirror_normalize
-    for aug in ([HorizontalFlip(1.0), VerticalFlip(1.0), CenterCrop((6, 9)), Normalize((0.4, 0.5, 0.6), (0.2, 0.3, 0.5))],
+    for aug in ([HorizontalFlip(1.0), VerticalFlip(1.0), CenterCrop((6, 9)),
+                 Normalize((0.4, 0.5, 0.6), (0.2, 0.3, 0.5))],
                 [Normalize((0.5,) * 3, (0.25,) * 3), HorizontalFlip(1.0), CenterCrop(5)],
                 [ColorJitter(brightness=0.0), Normalize((0.1, 0.2, 0.3), (1.0, 2.0, 4.0))]):
         t, d = both(raw, 8, shuffle=False, augment=aug)
@@ -505,7 +506,8 @@ def test_unmappable_or_misapplied_augmentation_is_a_clear_error(raw, tmp_path):
     with pytest.raises(UsageError, match="cannot map the augmentation op .*Posterize"):
         fastdata.loader(raw, 4, device="cpu", backend="dali", augment=[Posterize()])
     with pytest.raises(UsageError, match="image fields only"):
-        fastdata.loader(raw, 4, device="cpu", backend="dali", augment=fastdata.augment.Augment((HorizontalFlip(),), ("x",)))
+        fastdata.loader(raw, 4, device="cpu", backend="dali",
+                        augment=fastdata.augment.Augment((HorizontalFlip(),), ("x",)))
     with pytest.raises(UsageError, match="2 means"):
         fastdata.loader(raw, 4, device="cpu", backend="dali", augment=[Normalize((0.5, 0.5), (1.0, 1.0))])
     grey = tmp_path / "grey.npy"
@@ -513,7 +515,8 @@ def test_unmappable_or_misapplied_augmentation_is_a_clear_error(raw, tmp_path):
     converters.convert(None, tmp_path / "g", WriteOptions(workers=1), arrays={"image": grey})
     with pytest.raises(UsageError, match="ColorJitter needs RGB"):
         fastdata.loader(tmp_path / "g", 4, device="cpu", backend="dali", augment=[ColorJitter(0.1)])
-    ok = fastdata.loader(tmp_path / "g", 4, device="cpu", backend="dali", augment=[HorizontalFlip(), Normalize((0.5,), (0.5,))])
+    ok = fastdata.loader(tmp_path / "g", 4, device="cpu", backend="dali",
+                         augment=[HorizontalFlip(), Normalize((0.5,), (0.5,))])
     assert next(iter(ok))["image"].shape == (4, 1, 8, 8)
 
 
@@ -543,7 +546,8 @@ def test_auto_backend(raw, caplog):
 
 
 def test_cuda_version_mismatch_reports_both_versions(monkeypatch):
-    assert fdali.dali_cuda_major(13492) == 13 and fdali.dali_cuda_major(12893) == 12 and fdali.dali_cuda_major(9200) == 9
+    assert fdali.dali_cuda_major(13492) == 13 and fdali.dali_cuda_major(12893) == 12
+    assert fdali.dali_cuda_major(9200) == 9
     assert fdali.cuda_mismatch(13, "13.0") is None
     msg = fdali.cuda_mismatch(13, "12.8")
     assert "CUDA 13" in msg and "CUDA 12.8" in msg and "nvidia-dali-cuda120" in msg

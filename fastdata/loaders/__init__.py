@@ -36,7 +36,8 @@ class LoaderConfig:
     ``mode``: ``"threads"`` reads batches in threads of this process into recycled (pinned)
     buffers; ``"processes"`` reads them in DataLoader worker processes. ``prefetch``: batches
     read ahead. ``pin_memory``: ``None`` pins when the device is CUDA. ``images``: names of
-    uint8 HWC fields to turn into float NCHW (``None``: detected).
+    uint8 HWC fields to turn into float NCHW (``None``: detected). The DALI backend uses
+    ``prefetch`` (its queue depth), ``channels_last``, ``images``, ``block`` and ``window``.
     """
 
     mode: Literal["threads", "processes"] = "threads"
@@ -72,7 +73,7 @@ class TorchLoader(Loader):
             self._reader: Any = ProcessReader(dataset, workers, config.prefetch, pin)
         else:
             self._reader = ThreadReader(dataset, workers, config.prefetch, pin)
-        self._device = DeviceStage(device, augment, seed, config.channels_last, config.images)
+        self._device = DeviceStage(device, augment, seed, config.channels_last, config.images, world.rank)
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
         return self._device.run(self._reader.run(plan, first, self._device.host_transform(epoch)), epoch, first)

@@ -29,12 +29,13 @@ class DeviceStage:
     """Moves host batches to ``device`` and applies image conversion and augmentation there."""
 
     def __init__(self, device: torch.device, augment: Augment | None, seed: int, channels_last: bool,
-                 images: tuple[str, ...] | None) -> None:
+                 images: tuple[str, ...] | None, rank: int = 0) -> None:
         self.device = device
         self.augment = augment
         self.seed = seed
         self.channels_last = channels_last
         self.images = images  # None: detect from the first batch
+        self.rank = rank  # distributed ranks draw different augmentation parameters
         self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
 
     def transform(self, batch: Batch, epoch: int, k: int) -> Batch:
@@ -43,7 +44,7 @@ class DeviceStage:
         for name in self.images:
             batch[name] = self._to_float(batch[name])
         if self.augment is not None and self.augment.ops:
-            g = batch_generator(self.seed, epoch, k, self.device)
+            g = batch_generator(self.seed, epoch, k, self.device, self.rank)
             for name in self._augment_fields(batch):
                 x = self.augment(batch[name], g)
                 if self.channels_last and name in self.images and x.dim() == 4:
