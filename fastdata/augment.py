@@ -9,7 +9,7 @@ draws one set of parameters per sample. Images arrive as floats in [0, 1].
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence, Union
 
 import torch

@@ -75,7 +75,7 @@ def measure(
             if first is None:
                 first = now - t_start
             seen += 1
-            n = _batch_size(batch)
+            n = batch_len(batch)
             if seen > warmup:
                 if t_steady is None:
                     t_steady = last
@@ -99,12 +99,13 @@ def _close(it: Any) -> None:
         close()
 
 
-def _batch_size(batch: Any) -> int:
+def batch_len(batch: Any) -> int:
+    """Samples in a batch: a dict or tuple of arrays/tensors (first entry), or one array."""
     if isinstance(batch, dict):
         batch = next(iter(batch.values()))
     elif isinstance(batch, (list, tuple)):
         batch = batch[0]
-    return int(batch.shape[0])
+    return int(batch.shape[0]) if hasattr(batch, "shape") and len(batch.shape) else 1
 
 
 def _result(name: str, durations: list[float], samples: int, bps: float, first: float,

@@ -23,6 +23,7 @@ import numpy as np
 
 from .errors import CorruptShardError
 from .format.images import CODEC_JPEG, CODEC_PNG, CODECS, ENCODING_IMAGE, ImageSpec
+from .world import usable_cpus
 from .format.manifest import MAX_SAMPLE_BYTES, FieldSpec
 
 try:  # a dependency; PIL stays the fallback where it is missing. 1.7 added strict mode
@@ -107,7 +108,7 @@ class BatchDecoder:
     def __init__(self, threads: int | None = None, jpeg: JpegDecoder = "auto") -> None:
         if threads is not None and threads < 1:
             raise ValueError("decode threads must be at least 1")
-        self.threads = threads or _usable_cpus()
+        self.threads = threads or usable_cpus()
         self.jpeg = jpeg
         jpeg_decoder(jpeg)  # fail now, not mid-epoch, if the choice is not installed
         self._pool: ThreadPoolExecutor | None = None
@@ -186,8 +187,3 @@ def _pixels(data: np.ndarray, shapes: np.ndarray, uniform: bool, out_shape: tupl
     return out
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1

@@ -18,12 +18,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from .bench import batch_len
 from .world import World
 
 log = logging.getLogger("fastdata.train")
@@ -278,7 +279,7 @@ def fit(
                 nonfinite += (~torch.isfinite(detached)).long()
                 loss_sum += torch.nan_to_num(detached, nan=0.0, posinf=0.0, neginf=0.0)
                 scaler.scale(loss / grad_accum).backward()
-            samples += _batch_len(batch)
+            samples += batch_len(batch)
             if last_of_step:
                 skipped += _optimizer_step(optimizer, scaler, params, clip_grad_norm)
                 step += 1
@@ -336,15 +337,6 @@ def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScal
         return torch.zeros((), dtype=torch.int64, device=params[0].device if params else "cpu")
     return (scaler._scale < before).long().reshape(())  # the scale backs off exactly when a step is skipped
 
-
-def _batch_len(batch: Any) -> int:
-    if isinstance(batch, dict):
-        v = next(iter(batch.values()))
-    elif isinstance(batch, (list, tuple)):
-        v = batch[0]
-    else:
-        v = batch
-    return int(v.shape[0]) if hasattr(v, "shape") and len(v.shape) else 1
 
 
 __all__ = ["EpochMetrics", "FitResult", "fit", "save_checkpoint", "startup_report"]

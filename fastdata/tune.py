@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from .bench import BenchResult, measure, sample_bytes
 from .dataset import Dataset
+from .world import usable_cpus
 
 log = logging.getLogger("fastdata.tune")
 
@@ -44,8 +45,7 @@ def machine_id() -> str:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{platform.node()}|{cpu or platform.processor()}|{cores}"
+    return f"{platform.node()}|{cpu or platform.processor()}|{usable_cpus()}"
 
 
 def settings_key(ds: Dataset, batch_size: int, device: str) -> str:
@@ -125,8 +125,7 @@ def tune(
     from .loaders import LoaderConfig, loader
 
     ds = Dataset(path)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    alive = candidates(cores, batch_sizes or [batch_size])
+    alive = candidates(usable_cpus(), batch_sizes or [batch_size])
     bps = sample_bytes(ds)
     deadline = time.perf_counter() + budget_s
     _warm_up(ds, min(batch_size, 64), device, max_seconds=0.15 * budget_s)

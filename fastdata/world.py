@@ -15,6 +15,14 @@ from typing import Any, Generic, TypeVar
 
 H = TypeVar("H")
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS has one), at least 1."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 _open_handles: "weakref.WeakSet[PerProcessHandle[Any]]" = weakref.WeakSet()
 
 

@@ -21,7 +21,7 @@ from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import UsageError
 from ..sampling import Shuffle
-from ..world import World
+from ..world import World, usable_cpus
 from .base import Loader
 from .device import DeviceStage
 from .host import ProcessReader, ThreadReader
@@ -108,7 +108,7 @@ def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size
         cfg = config or LoaderConfig(mode=tuned.get("mode", "threads"), prefetch=int(tuned.get("prefetch", 4)))
         log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
         return int(tuned["num_workers"]), cfg
-    workers = min(4, os.cpu_count() or 1)
+    workers = min(4, usable_cpus())
     log.info("num_workers='auto': %d reader threads (default; run `fastdata tune` to measure better ones)", workers)
     return workers, config or LoaderConfig()
 

@@ -14,6 +14,13 @@ from typing import Any
 
 import torch
 
+def torch_dtype(dt: Any) -> torch.dtype:
+    """The torch dtype of a numpy dtype (native byte order)."""
+    import numpy as np
+
+    return torch.from_numpy(np.empty(0, dtype=np.dtype(dt).newbyteorder("="))).dtype
+
+
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 

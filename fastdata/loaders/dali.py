@@ -14,7 +14,6 @@ NVIDIA DALI is imported only here, and only when this backend is used.
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 from typing import Any, Generator, Iterator
 
@@ -25,9 +24,10 @@ from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import BackendUnavailableError, FastdataError, LoaderWorkerError, UsageError
 from ..sampling import Shuffle
-from ..world import World
+from ..world import World, usable_cpus
 from . import LoaderConfig
 from .base import Loader
+from .buffers import torch_dtype
 from .dali_augment import Graph, Img, compile_chain
 from .dali_feed import Feed, MixedSizes, Pass, Route, plan_routes
 
@@ -224,7 +224,7 @@ class DaliLoader(Loader):
             if r.image and self.config.channels_last:
                 t = t.permute(0, 3, 1, 2)  # HWC memory seen as NCHW: channels_last, as the torch backend
             elif r.carrier != r.dtype:
-                t = torch.view_as_complex(t) if r.dtype.kind == "c" else t.view(_torch_dtype(r.dtype))
+                t = torch.view_as_complex(t) if r.dtype.kind == "c" else t.view(torch_dtype(r.dtype))
             batch[r.name] = t
         return batch
 
@@ -298,19 +298,12 @@ def _graph(g: Graph, r: Route, data: list[Any], params: list[Any], pad_hw: list[
                                       mean=[m * img.scale for m in mean], std=[s * img.scale for s in std], **pad)
 
 
-def _torch_dtype(dt: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype=dt)).dtype
-
-
 def dali_loader(ds: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int, device: torch.device,
                 augment: Augment | None, num_workers: int | str, config: LoaderConfig | None,
                 world: World) -> DaliLoader:
     """Build the DALI backend for :func:`fastdata.loader`: ``num_workers`` is DALI's CPU threads."""
     if num_workers == "auto":
-        try:
-            threads = len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            threads = os.cpu_count() or 1
+        threads = usable_cpus()
     elif isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 0:
         threads = num_workers
     else:

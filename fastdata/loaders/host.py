@@ -17,7 +17,7 @@ import torch
 
 from ..dataset import Dataset
 from ..errors import FastdataError, LoaderWorkerError
-from .buffers import Recycler
+from .buffers import Recycler, torch_dtype
 
 HostBatch = dict[str, torch.Tensor]
 Post = Callable[[HostBatch, int], HostBatch]
@@ -28,7 +28,7 @@ class _BufferPool:
     ragged and byte-swapped fields are read fresh."""
 
     def __init__(self, dataset: Dataset, pin: bool) -> None:
-        self.fixed = [(f.name, f.shape, _torch_dtype(f.np_dtype)) for f in dataset.schema
+        self.fixed = [(f.name, f.shape, torch_dtype(f.np_dtype)) for f in dataset.schema
                       if not f.ragged and f.np_dtype.isnative]
         self.recycler = Recycler(pin)
 
@@ -40,10 +40,6 @@ class _BufferPool:
         """The batch was yielded: reuse its buffers once the consumer lets go of them."""
         for t in bufs.values():
             self.recycler.lend(t)
-
-
-def _torch_dtype(dt: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype=dt.newbyteorder("="))).dtype
 
 
 def _to_tensors(batch: dict[str, np.ndarray]) -> HostBatch:
