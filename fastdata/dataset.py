@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .decode import BatchDecoder
-from .errors import CorruptShardError, UsageError
+from .errors import CorruptShardError, FastdataError, UsageError
 from .format import IMAGE_ENCODINGS, LENGTHS_SUFFIX, FieldSpec, Manifest, backend, images, read_manifest, shard_path
 
 
@@ -148,6 +148,14 @@ class Dataset:
         if a.shape != shape or a.dtype != f.np_dtype or not a.flags.c_contiguous:
             raise ValueError(f"out[{f.name!r}] must be a C-contiguous {f.np_dtype} array of shape {shape}")
         return a
+
+    def copy_phase(self, name: str) -> int:
+        """Where (mod 64 bytes) samples of fixed field ``name`` start where they are copied from:
+        an ``out=`` buffer at the same phase fills fastest (fastdata.loaders.buffers)."""
+        try:
+            return self._readers[0].copy_phase(name) if self._readers else 0
+        except FastdataError:
+            return 0  # the read itself will report what is wrong, naming the batch
 
     def close(self) -> None:
         """Release this process's file handles (they reopen on next use)."""

@@ -366,6 +366,16 @@ class ShardReader(PerProcessHandle[_Handle]):
             raise CorruptShardError(f"{self._where(local)}: record is missing")
         return buf
 
+    def copy_phase(self, name: str) -> int:
+        """Where (mod 64 bytes) each sample of fixed field ``name`` starts in LMDB's memory map:
+        large records lie at a fixed offset into their own pages (0 for gathered small records)."""
+        if not self._fixed or self._record_size is None or self._record_size <= _GATHER_RECORD_BYTES \
+                or self.info.count == 0:
+            return 0
+        with self._env(np.zeros(1, dtype=np.int64)).begin(buffers=True) as txn:
+            start = np.frombuffer(self._get(txn, 0), dtype=np.uint8).ctypes.data
+        return (start + self._field_offsets[self._index[name]]) % 64
+
     def lengths(self, name: str, local: np.ndarray) -> np.ndarray:
         i = self._index[name]
         f = self.all_fields[i]

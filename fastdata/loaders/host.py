@@ -28,13 +28,14 @@ class _BufferPool:
     ragged and byte-swapped fields are read fresh."""
 
     def __init__(self, dataset: Dataset, pin: bool) -> None:
-        self.fixed = [(f.name, f.shape, torch_dtype(f.np_dtype)) for f in dataset.schema
-                      if not f.ragged and f.np_dtype.isnative]
+        self.fixed = [(f.name, f.shape, torch_dtype(f.np_dtype), dataset.copy_phase(f.name))
+                      for f in dataset.schema if not f.ragged and f.np_dtype.isnative]
         self.recycler = Recycler(pin)
 
     def take(self, b: int) -> dict[str, torch.Tensor]:
-        """Buffers for a batch of ``b``; they belong to the caller until :meth:`give_back`."""
-        return {name: self.recycler.take((b, *shape), dtype) for name, shape, dtype in self.fixed}
+        """Buffers for a batch of ``b``, aligned like the shard's bytes; they belong to the caller
+        until :meth:`give_back`."""
+        return {name: self.recycler.take((b, *shape), dtype, phase) for name, shape, dtype, phase in self.fixed}
 
     def give_back(self, b: int, bufs: dict[str, torch.Tensor]) -> None:
         """The batch was yielded: reuse its buffers once the consumer lets go of them."""
