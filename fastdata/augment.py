@@ -4,6 +4,11 @@ A pipeline is a tuple of small frozen dataclasses (the declarative spec), so the
 can map the same spec to its own operators. Every op takes a float batch ``(B, C, H, W)``
 (more leading axes are folded into C) and a ``torch.Generator`` on the batch's device, and
 draws one set of parameters per sample. Images arrive as floats in [0, 1].
+
+A batch of images of mixed sizes arrives padded to its largest (H, W), each image at the
+top-left, with ``sizes`` ((B, 2) true heights and widths): the built-in ops then treat each
+image at its own size (crops and flips stay inside it, contrast and noise ignore the padding), as
+the DALI backend does. After a crop every image has the crop's size.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from typing import Sequence, Union
 
 import torch
 import torch.nn.functional as F
+
+from .errors import UsageError
 
 Tensor = torch.Tensor
 
@@ -34,6 +41,21 @@ def _as4d(x: Tensor) -> tuple[Tensor, tuple[int, ...]]:
     return x.reshape(x.shape[0], -1, *x.shape[-2:]), lead
 
 
+def _mask(sizes: Tensor, h: int, w: int, dtype: torch.dtype) -> Tensor:
+    """(B, 1, H, W): 1 inside each image (top-left, ``sizes`` high and wide), 0 in the padding."""
+    rows = torch.arange(h, device=sizes.device).view(1, h, 1) < sizes[:, 0].view(-1, 1, 1)
+    cols = torch.arange(w, device=sizes.device).view(1, 1, w) < sizes[:, 1].view(-1, 1, 1)
+    return (rows & cols).unsqueeze(1).to(dtype)
+
+
+def _fits(sizes: Tensor, oh: int, ow: int, op: str) -> None:
+    """A fixed-size crop must fit inside every image of the batch (one device sync)."""
+    small = sizes.min(dim=0).values.tolist()
+    if oh > small[0] or ow > small[1]:
+        raise UsageError(f"{op}{(oh, ow)} is larger than an image of the batch ({small[0]}x{small[1]}); "
+                         "crop to at most the smallest image size")
+
+
 @dataclass(frozen=True)
 class RandomResizedCrop:
     """Crop a random area fraction in ``scale`` with aspect ratio in ``ratio``, resize to ``size``.
@@ -45,11 +67,15 @@ class RandomResizedCrop:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
 
-    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+    def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         x4, lead = _as4d(x)
-        b, _, h, w = x4.shape
+        b, _, hc, wc = x4.shape
         oh, ow = _pair(self.size)
         dev = x.device
+        h: Tensor | int = hc
+        w: Tensor | int = wc
+        if sizes is not None:
+            h, w = sizes[:, 0].float(), sizes[:, 1].float()
         area = _uniform(g, b, *self.scale, dev)
         logr = _uniform(g, b, math.log(self.ratio[0]), math.log(self.ratio[1]), dev)
         r = torch.exp(logr)
@@ -58,10 +84,17 @@ class RandomResizedCrop:
         fh = torch.sqrt(area / r * w / h).clamp(max=1.0)
         cx = (torch.rand(b, generator=g, device=dev) * (1 - fw)) + fw / 2  # centre in [0, 1]
         cy = (torch.rand(b, generator=g, device=dev) * (1 - fh)) + fh / 2
-        return _resample(x4, fw, fh, cx, cy, oh, ow).reshape(b, *lead[1:], oh, ow)
+        limit = None
+        if sizes is not None:  # fractions of each image -> of the padded canvas
+            fw, cx, fh, cy = fw * w / wc, cx * w / wc, fh * h / hc, cy * h / hc
+            limit = ((2 * w - 1) / wc - 1, (2 * h - 1) / hc - 1)  # each image's last pixel centre
+        return _resample(x4, fw, fh, cx, cy, oh, ow, limit).reshape(b, *lead[1:], oh, ow)
 
 
-def _resample(x4: Tensor, fw: Tensor, fh: Tensor, cx: Tensor, cy: Tensor, oh: int, ow: int) -> Tensor:
+def _resample(x4: Tensor, fw: Tensor, fh: Tensor, cx: Tensor, cy: Tensor, oh: int, ow: int,
+              limit: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Bilinear resampling of the boxes (centre, size as fractions of the canvas) to (oh, ow);
+    ``limit``: the largest grid x, y per sample (sampling clamps there, as at the canvas border)."""
     b = x4.shape[0]
     theta = torch.zeros(b, 2, 3, device=x4.device, dtype=torch.float32)
     theta[:, 0, 0] = fw
@@ -69,6 +102,8 @@ def _resample(x4: Tensor, fw: Tensor, fh: Tensor, cx: Tensor, cy: Tensor, oh: in
     theta[:, 1, 1] = fh
     theta[:, 1, 2] = cy * 2 - 1
     grid = F.affine_grid(theta, [b, x4.shape[1], oh, ow], align_corners=False)
+    if limit is not None:
+        grid = torch.minimum(grid, torch.stack(limit, dim=1).to(grid.dtype).view(b, 1, 1, 2))
     return F.grid_sample(x4.float(), grid.to(x4.dtype if x4.is_floating_point() else torch.float32),
                          mode="bilinear", padding_mode="border", align_corners=False).to(x4.dtype)
 
@@ -79,12 +114,18 @@ class RandomCrop:
 
     size: int | tuple[int, int]
 
-    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+    def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         oh, ow = _pair(self.size)
         h, w = x.shape[-2:]
         if oh > h or ow > w:
             raise ValueError(f"RandomCrop{(oh, ow)} is larger than the input {(h, w)}")
         b = x.shape[0]
+        if sizes is not None:
+            _fits(sizes, oh, ow, "RandomCrop")
+            room = sizes - torch.tensor([oh, ow], device=sizes.device) + 1  # positions per axis
+            u = torch.rand(b, 2, generator=g, device=x.device)
+            start = torch.minimum((u * room).long(), room - 1)
+            return _gather_window(x, start[:, 0], start[:, 1], oh, ow)
         y0 = torch.randint(0, h - oh + 1, (b,), generator=g, device=x.device)
         x0 = torch.randint(0, w - ow + 1, (b,), generator=g, device=x.device)
         return _gather_window(x, y0, x0, oh, ow)
@@ -96,9 +137,14 @@ class CenterCrop:
 
     size: int | tuple[int, int]
 
-    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+    def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         oh, ow = _pair(self.size)
         h, w = x.shape[-2:]
+        if oh > h or ow > w:
+            raise ValueError(f"CenterCrop{(oh, ow)} is larger than the input {(h, w)}")
+        if sizes is not None:
+            _fits(sizes, oh, ow, "CenterCrop")
+            return _gather_window(x, (sizes[:, 0] - oh) // 2, (sizes[:, 1] - ow) // 2, oh, ow)
         top, left = (h - oh) // 2, (w - ow) // 2
         return x[..., top : top + oh, left : left + ow]
 
@@ -119,8 +165,10 @@ class HorizontalFlip:
 
     p: float = 0.5
 
-    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+    def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         flip = torch.rand(x.shape[0], generator=g, device=x.device) < self.p
+        if sizes is not None:
+            return _flip_inside(x, flip, sizes[:, 1], axis=-1)
         return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(-1), x)
 
 
@@ -130,9 +178,23 @@ class VerticalFlip:
 
     p: float = 0.5
 
-    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+    def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         flip = torch.rand(x.shape[0], generator=g, device=x.device) < self.p
+        if sizes is not None:
+            return _flip_inside(x, flip, sizes[:, 0], axis=-2)
         return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(-2), x)
+
+
+def _flip_inside(x: Tensor, flip: Tensor, extent: Tensor, axis: int) -> Tensor:
+    """Mirror the flagged samples along ``axis`` within their first ``extent`` positions (the
+    image; the padding after it stays where it is)."""
+    n = x.shape[axis]
+    pos = torch.arange(n, device=x.device).view(1, n)
+    last = (extent - 1).view(-1, 1)
+    src = torch.where(flip.view(-1, 1) & (pos <= last), last - pos, pos)  # (B, n)
+    shape = [x.shape[0]] + [1] * (x.dim() - 1)
+    shape[axis] = n
+    return x.gather(axis, src.view(shape).expand_as(x))
 
 
 # RGB <-> YIQ: hue is a rotation of the IQ plane (the same model DALI's color_twist uses).
@@ -154,7 +216,7 @@ class ColorJitter:
         if min(self.brightness, self.contrast, self.saturation, self.hue) < 0 or self.hue > 0.5:
             raise ValueError("ColorJitter values must be >= 0 and hue <= 0.5")
 
-    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+    def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         if x.dim() != 4 or x.shape[1] != 3:
             raise ValueError(f"ColorJitter needs RGB batches (B, 3, H, W), got {tuple(x.shape)}")
         b, dev = x.shape[0], x.device
@@ -165,8 +227,14 @@ class ColorJitter:
         if self.brightness:
             x = (x * factor(self.brightness)).clamp(0, 1)
         if self.contrast:
-            mean = _gray(x).mean(dim=(1, 2, 3), keepdim=True)
-            x = ((x - mean) * factor(self.contrast) + mean).clamp(0, 1)
+            if sizes is None:
+                mean = _gray(x).mean(dim=(1, 2, 3), keepdim=True)
+                x = ((x - mean) * factor(self.contrast) + mean).clamp(0, 1)
+            else:  # the mean of each image, and its padding left at 0
+                inside = _mask(sizes, x.shape[2], x.shape[3], x.dtype)
+                area = (sizes[:, 0] * sizes[:, 1]).to(x.dtype).view(b, 1, 1, 1)
+                mean = (_gray(x) * inside).sum(dim=(1, 2, 3), keepdim=True) / area
+                x = ((x - mean) * factor(self.contrast) + mean).clamp(0, 1) * inside
         if self.saturation:
             gray = _gray(x)
             x = ((x - gray) * factor(self.saturation) + gray).clamp(0, 1)
@@ -197,8 +265,11 @@ class GaussianNoise:
 
     std: float
 
-    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
-        return x + self.std * torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
+    def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
+        noise = torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
+        if sizes is not None and x.dim() == 4:
+            noise = noise * _mask(sizes, x.shape[2], x.shape[3], x.dtype)
+        return x + self.std * noise
 
 
 @dataclass(frozen=True)
@@ -208,7 +279,8 @@ class Normalize:
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
-    def apply(self, x: Tensor, g: torch.Generator) -> Tensor:
+    def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
+        """Padding becomes ``-mean / std``: a stored 0 normalised like the pixels (as in the DALI backend)."""
         shape = (1, -1) + (1,) * (x.dim() - 2)
         mean = torch.tensor(self.mean, device=x.device, dtype=x.dtype).view(shape)
         std = torch.tensor(self.std, device=x.device, dtype=x.dtype).view(shape)
@@ -216,6 +288,10 @@ class Normalize:
 
 
 Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, ColorJitter, GaussianNoise, Normalize]
+
+_BUILTIN = (RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, ColorJitter, GaussianNoise,
+            Normalize)
+_CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -238,9 +314,18 @@ class Augment:
             if not hasattr(op, "apply"):
                 raise TypeError(f"not an augmentation op: {op!r}")
 
-    def __call__(self, x: Tensor, g: torch.Generator) -> Tensor:
+    def __call__(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
+        """Apply the ops in order; ``sizes``: (B, 2) true (H, W) of top-left images in a padded batch
+        (ops of your own see the padded batch)."""
         for op in self.ops:
-            x = op.apply(x, g)
+            if sizes is None:
+                x = op.apply(x, g)
+            elif isinstance(op, _BUILTIN):
+                x = op.apply(x, g, sizes)
+                if isinstance(op, _CROPS):
+                    sizes = None  # every image now has the crop's size
+            else:
+                x = op.apply(x, g)
         return x
 
 

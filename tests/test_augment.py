@@ -135,3 +135,93 @@ def test_ranks_draw_different_augmentation_and_rank0_keeps_its_stream():
     r0 = op.apply(x, batch_generator(1, 2, 3, CPU))
     assert torch.equal(r0, op.apply(x, batch_generator(1, 2, 3, CPU, rank=0)))
     assert not torch.equal(r0, op.apply(x, batch_generator(1, 2, 3, CPU, rank=1)))
+
+
+# --- mixed-size batches: images top-left in a zero-padded canvas, true sizes given ---
+
+def _padded(sizes, c=2, fill=None):
+    """A canvas batch: sample i is a coordinate image (value 100*row + col + 1) of sizes[i], zeros around."""
+    hmax, wmax = max(s[0] for s in sizes), max(s[1] for s in sizes)
+    x = torch.zeros(len(sizes), c, hmax, wmax)
+    for i, (h, w) in enumerate(sizes):
+        img = (torch.arange(h)[:, None] * 100 + torch.arange(w)[None] + 1).float() if fill is None else torch.full((h, w), fill)
+        x[i, :, :h, :w] = img
+    return x, torch.tensor(sizes)
+
+
+def test_sized_random_crop_and_center_crop_stay_inside_each_image():
+    sizes = [(6, 9), (12, 7), (5, 5), (12, 12)] * 50
+    x, s = _padded(sizes)
+    y = RandomCrop((4, 5)).apply(x, gen(), s)
+    assert y.shape == (200, 2, 4, 5) and (y > 0).all()  # no padding in any window
+    top, left = ((y[:, 0, 0, 0] - 1) // 100).long(), ((y[:, 0, 0, 0] - 1) % 100).long()
+    assert ((top + 4 <= s[:, 0]) & (left + 5 <= s[:, 1])).all()
+    assert top[s[:, 0] == 12].max() == 8 and left[s[:, 1] == 9].max() == 4  # every position reachable
+    c = CenterCrop((4, 5)).apply(x, gen(), s)
+    assert c[1, 0, 0, 0].item() == (12 - 4) // 2 * 100 + (7 - 5) // 2 + 1
+    with pytest.raises(fastdata.errors.UsageError, match="larger than an image"):
+        RandomCrop(6).apply(x, gen(), s)
+
+
+def test_sized_random_resized_crop_never_samples_the_padding():
+    sizes = [(40, 64), (64, 24), (16, 16), (64, 64)] * 100
+    x, s = _padded(sizes, c=3, fill=1.0)
+    y = RandomResizedCrop(32, scale=(0.08, 1.0)).apply(x, gen(), s)
+    assert y.shape == (400, 3, 32, 32)
+    assert torch.allclose(y, torch.ones_like(y), atol=1e-5)  # bilinear weights never reach a zero
+    # without the sizes the same op crops the canvas: padding shows (what the old torch backend did)
+    z = RandomResizedCrop(32, scale=(0.08, 1.0)).apply(x, gen())
+    assert (z < 0.5).any()
+
+
+def test_sized_flips_mirror_each_image_in_place():
+    x, s = _padded([(3, 4), (2, 2), (3, 3)], c=1)
+    y = HorizontalFlip(1.0).apply(x, gen(), s)
+    assert y[0, 0].tolist() == [[4, 3, 2, 1], [104, 103, 102, 101], [204, 203, 202, 201]]
+    assert y[1, 0].tolist() == [[2, 1, 0, 0], [102, 101, 0, 0], [0, 0, 0, 0]]
+    v = VerticalFlip(1.0).apply(x, gen(), s)
+    assert v[1, 0, :, 0].tolist() == [101, 1, 0] and v[2, 0, :, 2].tolist() == [203, 103, 3]
+
+
+def test_sized_contrast_and_noise_leave_the_padding_alone():
+    x, s = _padded([(4, 4), (8, 6)], c=3, fill=0.25)
+    x[1, :, :8, :3] = 0.75  # half dark, half bright: contrast moves them apart around 0.5
+    y = ColorJitter(contrast=0.5).apply(x, gen(), s)
+    assert (y[0, :, 4:, :] == 0).all() and (y[0, :, :, 4:] == 0).all()
+    assert torch.allclose(y[0, :, :4, :4], x[0, :, :4, :4])  # a flat image keeps its value
+    f = (y[1, 0, 0, 0] - 0.5) / 0.25  # the drawn contrast factor, about the image's own mean 0.5
+    assert torch.allclose(y[1, 0, 0, 3], 0.5 - 0.25 * f, atol=1e-6)
+    n = GaussianNoise(0.1).apply(x, gen(), s)
+    assert (n[0, :, 4:, :] == 0).all() and (n[0, :, :4, :4] != 0.25).all()
+
+
+def test_augment_passes_sizes_until_a_crop_and_not_to_ops_of_your_own():
+    seen = []
+
+    class Probe:
+        def apply(self, x, g):
+            seen.append(tuple(x.shape))
+            return x
+
+    x, s = _padded([(6, 9), (8, 7)], c=3, fill=0.5)
+    out = Augment((HorizontalFlip(1.0), Probe(), RandomCrop(4), HorizontalFlip(1.0)))(x, gen(), s)
+    assert out.shape == (2, 3, 4, 4) and (out == 0.5).all()
+    assert seen == [(2, 3, 8, 9)]
+
+
+def test_loader_augments_mixed_size_jpegs_at_their_own_size(tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "imgs"
+    for i, (h, w) in enumerate([(40, 64), (64, 30), (24, 24), (64, 64), (50, 36), (30, 60)]):
+        (src / "c").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((h, w, 3), 250, np.uint8)).save(src / "c" / f"{i}.jpg", quality=95)
+    converters.convert(src, tmp_path / "ds", images=converters.ImageOptions(images="encoded"))
+    aug = [RandomResizedCrop(16), HorizontalFlip(), ColorJitter(contrast=0.3)]
+    for device_batch in fastdata.loader(tmp_path / "ds", 6, device="cpu", augment=aug):
+        assert device_batch["image"].shape == (6, 3, 16, 16)
+        assert device_batch["image"].min() > 0.9  # no black padding cropped in
+    flips = [HorizontalFlip(1.0)]
+    b = next(iter(fastdata.loader(tmp_path / "ds", 6, shuffle=False, device="cpu", augment=flips)))
+    for img, (h, w, _) in zip(b["image"], b["image_shape"].tolist()):
+        assert img[:, :h, :w].min() > 0.9 and (img[:, h:, :] == 0).all() and (img[:, :, w:] == 0).all()

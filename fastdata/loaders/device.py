@@ -20,6 +20,17 @@ from .buffers import Recycler
 Batch = dict[str, torch.Tensor]
 
 
+def mixed_sizes(batch: Batch) -> frozenset[str]:
+    """Image fields of a host batch whose images differ in size (padded; true sizes in ``<name>_shape``)."""
+    mixed = set()
+    for name, x in batch.items():
+        shapes = batch.get(name + "_shape")
+        if shapes is not None and x.dim() == 4 and shapes.dim() == 2 and shapes.shape[1] >= 2 \
+                and not bool((shapes[:, :2] == torch.tensor(x.shape[1:3])).all()):
+            mixed.add(name)
+    return frozenset(mixed)
+
+
 def image_fields(batch: Batch) -> tuple[str, ...]:
     """Fields that look like uint8 HWC image batches: (B, H, W, C) with C in 1, 3, 4."""
     return tuple(k for k, v in batch.items() if v.dtype == torch.uint8 and v.dim() == 4 and v.shape[-1] in (1, 3, 4))
@@ -38,7 +49,9 @@ class DeviceStage:
         self.rank = rank  # distributed ranks draw different augmentation parameters
         self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
 
-    def transform(self, batch: Batch, epoch: int, k: int) -> Batch:
+    def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset()) -> Batch:
+        """Images to float NCHW, then augmentation; ``mixed``: image fields padded from mixed sizes
+        (see :func:`mixed_sizes`), augmented image by image at their true sizes."""
         if self.images is None:
             self.images = image_fields(batch)
         for name in self.images:
@@ -46,7 +59,8 @@ class DeviceStage:
         if self.augment is not None and self.augment.ops:
             g = batch_generator(self.seed, epoch, k, self.device, self.rank)
             for name in self._augment_fields(batch):
-                x = self.augment(batch[name], g)
+                sizes = batch[name + "_shape"][:, :2] if name in mixed else None
+                x = self.augment(batch[name], g, sizes)
                 if self.channels_last and name in self.images and x.dim() == 4:
                     x = x.contiguous(memory_format=torch.channels_last)
                 batch[name] = x
@@ -61,6 +75,10 @@ class DeviceStage:
             self._floats.lend(out)  # reused once the batch (and every view of it) is dropped
         y = out.mul_(1 / 255).permute(0, 3, 1, 2)
         return y if self.channels_last else y.contiguous()
+
+    def _mixed(self, host: Batch) -> frozenset[str]:
+        """Checked on the host batch (no device sync), only when augmenting."""
+        return mixed_sizes(host) if self.augment is not None and self.augment.ops else frozenset()
 
     def _augment_fields(self, batch: Batch) -> tuple[str, ...]:
         assert self.augment is not None
@@ -77,7 +95,7 @@ class DeviceStage:
         """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""
         if self.device.type == "cuda":
             return None
-        return lambda batch, k: self.transform(dict(batch), epoch, k)
+        return lambda batch, k: self.transform(dict(batch), epoch, k, self._mixed(batch))
 
     def run(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
         """Batches on the device; on the CPU the readers already transformed them (host_transform)."""
@@ -93,7 +111,7 @@ class DeviceStage:
         def stage(hb: Batch, k: int) -> Batch:
             with torch.cuda.stream(stream):
                 db = {n: t.to(self.device, non_blocking=True) for n, t in hb.items()}
-                db = self.transform(db, epoch, k)
+                db = self.transform(db, epoch, k, self._mixed(hb))
             ev = torch.cuda.Event()
             ev.record(stream)
             inflight.append((hb, ev))
