@@ -87,7 +87,9 @@ class RandomResizedCrop:
         limit = None
         if sizes is not None:  # fractions of each image -> of the padded canvas
             fw, cx, fh, cy = fw * w / wc, cx * w / wc, fh * h / hc, cy * h / hc
-            limit = ((2 * w - 1) / wc - 1, (2 * h - 1) / hc - 1)  # each image's last pixel centre
+            # each image's last pixel centre, pulled in by 1/1000 pixel: float rounding must not
+            # give the padding beyond it any bilinear weight
+            limit = ((2 * w - 1.002) / wc - 1, (2 * h - 1.002) / hc - 1)
         return _resample(x4, fw, fh, cx, cy, oh, ow, limit).reshape(b, *lead[1:], oh, ow)
 
 
@@ -320,12 +322,15 @@ class Augment:
         for op in self.ops:
             if sizes is None:
                 x = op.apply(x, g)
-            elif isinstance(op, _BUILTIN):
+            elif type(op) in _BUILTIN:  # (a subclass may override apply without sizes)
                 x = op.apply(x, g, sizes)
-                if isinstance(op, _CROPS):
+                if type(op) in _CROPS:
                     sizes = None  # every image now has the crop's size
             else:
+                canvas = x.shape[-2:]
                 x = op.apply(x, g)
+                if x.shape[-2:] != canvas:
+                    sizes = None  # resized by your op: the true sizes are unknown from here on
         return x
 
 

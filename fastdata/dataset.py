@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .decode import BatchDecoder
-from .errors import CorruptShardError, FastdataError, UsageError
+from .errors import CorruptShardError, UsageError
 from .format import IMAGE_ENCODINGS, LENGTHS_SUFFIX, FieldSpec, Manifest, backend, images, read_manifest, shard_path
 
 
@@ -150,12 +150,16 @@ class Dataset:
         return a
 
     def copy_phase(self, name: str) -> int:
-        """Where (mod 64 bytes) samples of fixed field ``name`` start where they are copied from:
-        an ``out=`` buffer at the same phase fills fastest (fastdata.loaders.buffers)."""
+        """Where (mod 64 bytes) samples of fixed field ``name`` start where they are copied from, in
+        the first shard: an ``out=`` buffer at the same phase fills fastest (fastdata.loaders.buffers).
+        0 when rows are not whole cache lines (then each row starts at another phase)."""
+        f = next((f for f in self.schema if f.name == name), None)
+        if f is None or f.ragged or f.row_nbytes % 64 or not self._readers:
+            return 0
         try:
-            return self._readers[0].copy_phase(name) if self._readers else 0
-        except FastdataError:
-            return 0  # the read itself will report what is wrong, naming the batch
+            return self._readers[0].copy_phase(name)
+        except Exception:  # only a hint: the read itself reports what is wrong, naming the batch
+            return 0
 
     def close(self) -> None:
         """Release this process's file handles (they reopen on next use)."""

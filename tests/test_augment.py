@@ -225,3 +225,19 @@ def test_loader_augments_mixed_size_jpegs_at_their_own_size(tmp_path):
     b = next(iter(fastdata.loader(tmp_path / "ds", 6, shuffle=False, device="cpu", augment=flips)))
     for img, (h, w, _) in zip(b["image"], b["image_shape"].tolist()):
         assert img[:, :h, :w].min() > 0.9 and (img[:, h:, :] == 0).all() and (img[:, :, w:] == 0).all()
+
+
+def test_sizes_are_dropped_after_an_op_of_your_own_that_resizes_and_subclasses_keep_working():
+    class Half:
+        def apply(self, x, g):
+            return x[..., ::2, ::2]
+
+    class MyFlip(HorizontalFlip):  # overrides apply without sizes
+        def apply(self, x, g):
+            return x.flip(-1)
+
+    x, s = _padded([(8, 6), (4, 10)], c=3)
+    y = Augment((Half(), HorizontalFlip(1.0)))(x, gen(), s)  # the sizes no longer fit: treated as uniform
+    assert torch.equal(y, x[..., ::2, ::2].flip(-1))
+    assert torch.equal(Augment((MyFlip(),))(x, gen(), s), x.flip(-1))
+

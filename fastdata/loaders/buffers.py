@@ -37,6 +37,9 @@ def allocate(shape: tuple[int, ...], dtype: torch.dtype, phase: int, pin: bool) 
     nbytes = math.prod(shape) * itemsize
     if phase % ALIGN == 0 or phase % itemsize or nbytes == 0:
         return torch.empty(shape, dtype=dtype, pin_memory=pin)
+    if pin and (nbytes - 1).bit_length() != (nbytes + ALIGN - 1).bit_length():
+        # pinned memory comes in powers of two: the slack would double this buffer
+        return torch.empty(shape, dtype=dtype, pin_memory=pin)
     flat = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
     start = (phase - flat.data_ptr()) % ALIGN
     if start % itemsize:
@@ -70,10 +73,11 @@ class Recycler:
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype, phase: int = 0) -> torch.Tensor:
         """A tensor of ``shape`` and ``dtype`` starting at address phase ``phase`` (mod 64, where
-        possible); call :meth:`lend` once it has been handed on."""
+        possible; a recycled tensor keeps the phase it was made with: use one Recycler per phase);
+        call :meth:`lend` once it has been handed on."""
         with self._lock:
             self._reclaim()
-            bucket = self._free.get((tuple(shape), dtype))  # one field's buffers share a phase
+            bucket = self._free.get((tuple(shape), dtype))
             if bucket:
                 return bucket.pop()
         return allocate(tuple(shape), dtype, phase, self.pin)

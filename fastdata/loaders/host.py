@@ -30,17 +30,17 @@ class _BufferPool:
     def __init__(self, dataset: Dataset, pin: bool) -> None:
         self.fixed = [(f.name, f.shape, torch_dtype(f.np_dtype), dataset.copy_phase(f.name))
                       for f in dataset.schema if not f.ragged and f.np_dtype.isnative]
-        self.recycler = Recycler(pin)
+        self.recyclers = {name: Recycler(pin) for name, *_ in self.fixed}  # one per field: its own phase
 
     def take(self, b: int) -> dict[str, torch.Tensor]:
         """Buffers for a batch of ``b``, aligned like the shard's bytes; they belong to the caller
         until :meth:`give_back`."""
-        return {name: self.recycler.take((b, *shape), dtype, phase) for name, shape, dtype, phase in self.fixed}
+        return {name: self.recyclers[name].take((b, *shape), dtype, phase) for name, shape, dtype, phase in self.fixed}
 
     def give_back(self, b: int, bufs: dict[str, torch.Tensor]) -> None:
         """The batch was yielded: reuse its buffers once the consumer lets go of them."""
-        for t in bufs.values():
-            self.recycler.lend(t)
+        for name, t in bufs.items():
+            self.recyclers[name].lend(t)
 
 
 def _to_tensors(batch: dict[str, np.ndarray]) -> HostBatch:
