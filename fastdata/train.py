@@ -71,6 +71,18 @@ class _Plan:
     cudnn_benchmark: bool
 
 
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Tensors of a batch (dicts, lists and tuples of them) on ``device``: a plain DataLoader's
+    batches move there, from pinned memory without blocking; tensors already there stay as they are."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if type(batch) in (list, tuple):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
 def _plan(device: torch.device, precision: Precision, model: nn.Module, channels_last: bool, fixed_shapes: bool) -> _Plan:
     cuda = device.type == "cuda"
     if precision == "auto":
@@ -253,7 +265,7 @@ def fit(
         while True:
             t0 = time.perf_counter()
             try:
-                batch = next(it)
+                batch = to_device(next(it), plan.device)  # a no-op for fastdata.loader's batches
             except StopIteration:
                 break
             t1 = time.perf_counter()

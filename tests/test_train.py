@@ -188,3 +188,23 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     train._set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(draws[0], again[0]) and np.array_equal(draws[1], again[1]) and draws[2] == again[2]
+
+
+def test_batches_of_a_plain_dataloader_are_moved_to_the_device():
+    x, y = torch.ones(2, 3), torch.tensor([1, 2])
+    moved = train.to_device({"x": x, "pair": (x, [y]), "name": "a"}, torch.device("cpu"))
+    assert moved["x"] is x and moved["pair"][0] is x and moved["pair"][1][0] is y and moved["name"] == "a"
+    assert isinstance(moved["pair"], tuple) and isinstance(moved["pair"][1], list)
+    meta = train.to_device({"x": x, "pair": (x, [y])}, torch.device("meta"))  # a device other than the batch's
+    assert meta["x"].device.type == "meta" and meta["pair"][1][0].device.type == "meta"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fit_takes_a_plain_dataloader_on_gpu(blobs):
+    ds = fastdata.open(blobs)  # the samples, served by a plain DataLoader as users bring one
+    batches = [ds.get_batch(np.arange(i, i + 16)) for i in range(0, 48, 16)]
+    plain = torch.utils.data.DataLoader([{k: torch.from_numpy(v[j]) for k, v in b.items()}
+                                         for b in batches for j in range(16)], batch_size=16, pin_memory=True)
+    model = make_model()
+    res = train.fit(model.cuda(), plain, torch.optim.SGD(model.parameters(), lr=0.1), classification_loss(), epochs=1)
+    assert res.steps == 3 and res.epochs[0].samples == 48
