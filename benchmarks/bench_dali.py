@@ -162,6 +162,8 @@ def measure(method: Method) -> tuple[float, float, float | None, list[float]]:
                         t_start, c_start = time.perf_counter(), time.process_time()
                     elif seen > SKIP:
                         count += b
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # GPU work of the last batches is part of the time
             seconds = time.perf_counter() - t_start
             cpu = (time.process_time() - c_start) / count if method.in_process else None
     finally:
@@ -185,7 +187,8 @@ class GpuSampler:
             while not self._stop.wait(0.05):
                 try:
                     self.samples.append(float(torch.cuda.utilization()))
-                except Exception:  # noqa: BLE001 - no pynvml: no samples
+                except Exception as e:  # noqa: BLE001 - no nvidia-ml-py (pynvml): no samples, say why once
+                    print(f"GPU utilisation not sampled: {type(e).__name__}: {e}", flush=True)
                     return
 
         self._thread = threading.Thread(target=loop, daemon=True)

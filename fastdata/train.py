@@ -24,7 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from .augment import CenterCrop, RandomCrop, RandomResizedCrop
 from .bench import batch_len
+from .format import IMAGE_ENCODINGS
 from .world import World
 
 log = logging.getLogger("fastdata.train")
@@ -83,10 +85,28 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def _fixed_shapes(loader: Any) -> bool:
+    """Whether every batch has the same shapes (then cuDNN autotuning pays): no ragged field,
+    except image fields that the loader's augmentation crops to one size."""
+    ds = getattr(loader, "dataset", None)
+    if ds is None:
+        return True
+    aug = getattr(loader, "augment", None)
+    crops = aug is not None and any(type(op) in (RandomResizedCrop, RandomCrop, CenterCrop) for op in aug.ops)
+    for f in getattr(ds, "schema", []):
+        if not getattr(f, "ragged", False):
+            continue
+        cropped = crops and f.encoding in IMAGE_ENCODINGS and (aug.fields is None or f.name in aug.fields)
+        if not cropped:
+            return False
+    return True
+
+
 def _plan(device: torch.device, precision: Precision, model: nn.Module, channels_last: bool, fixed_shapes: bool) -> _Plan:
     cuda = device.type == "cuda"
     if precision == "auto":
-        precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32"
+        # native bf16 from compute capability 8 (Ampere); before it torch would emulate bf16 slowly
+        precision = ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16") if cuda else "fp32"
     if precision not in ("fp32", "tf32", "bf16", "fp16"):
         raise ValueError(f"precision must be auto, fp32, tf32, bf16 or fp16, not {precision!r}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
@@ -100,7 +120,8 @@ def _apply_flags(plan: _Plan) -> None:
         tf32 = plan.precision != "fp32"  # fp32 means strict fp32; every other mode lets matmuls use TF32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cudnn.benchmark = plan.cudnn_benchmark
+        if plan.cudnn_benchmark:  # (left as the user set it when input shapes may vary)
+            torch.backends.cudnn.benchmark = True
 
 
 def startup_report(plan: _Plan, compiled: bool, grad_accum: int, clip: float | None) -> str:
@@ -197,9 +218,7 @@ def fit(
     world = World.detect()
     say = (on_log or log.info) if world.rank == 0 else (lambda _msg: None)
     device = getattr(loader, "device", None) or next(model.parameters()).device
-    ds = getattr(loader, "dataset", None)
-    fixed = ds is None or not any(getattr(f, "ragged", False) for f in getattr(ds, "schema", []))
-    plan = _plan(torch.device(device), precision, _unwrap(model), channels_last, fixed)
+    plan = _plan(torch.device(device), precision, _unwrap(model), channels_last, _fixed_shapes(loader))
     _apply_flags(plan)
     model.to(plan.device)
     if plan.channels_last:
@@ -209,12 +228,14 @@ def fit(
     start_epoch, step = 0, 0
     history: list[EpochMetrics] = []
     if resume is not None:
-        state = torch.load(resume, map_location=plan.device, weights_only=True)  # never unpickle code
+        # onto the CPU: RNG states must stay there; model and optimizer copy into their own devices
+        state = torch.load(resume, map_location="cpu", weights_only=True)  # never unpickle code
         if state.get("version") != _CKPT_VERSION:
             raise ValueError(f"{resume}: unknown checkpoint version {state.get('version')!r}")
         _unwrap(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
+        if state["scaler"]:  # empty when saved without a scaler (another precision)
+            scaler.load_state_dict(state["scaler"])
         if state.get("loader") is not None and hasattr(loader, "load_state_dict"):
             loader.load_state_dict(state["loader"])
         start_epoch, step = state["epoch"], state["step"]

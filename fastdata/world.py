@@ -108,6 +108,15 @@ class World:
             return cls(dist.get_rank(), dist.get_world_size())
         return cls()
 
+    @staticmethod
+    def cuda_index(device_count: int) -> int | None:
+        """The GPU a process of a multi-GPU launch owns: ``LOCAL_RANK`` (torchrun sets it) when it
+        names one of the ``device_count`` GPUs, else None (use torch's current device)."""
+        local = os.environ.get("LOCAL_RANK")
+        if local is not None and local.isdigit() and int(local) < device_count:
+            return int(local)
+        return None
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, World) and (self.rank, self.size) == (other.rank, other.size)
 

@@ -25,7 +25,8 @@ import fastdata  # noqa: E402
 import imagegen  # noqa: E402
 from converters import ImageOptions, WriteOptions  # noqa: E402
 from fastdata.augment import (  # noqa: E402
-    CenterCrop, ColorJitter, GaussianNoise, HorizontalFlip, Normalize, RandomCrop, RandomResizedCrop, VerticalFlip,
+    Augment, CenterCrop, ColorJitter, GaussianNoise, HorizontalFlip, Normalize, RandomCrop, RandomResizedCrop,
+    VerticalFlip,
 )
 from fastdata.errors import BackendUnavailableError, CorruptShardError, UsageError  # noqa: E402
 from fastdata.format import read_manifest  # noqa: E402
@@ -542,7 +543,24 @@ def test_auto_backend(raw, caplog):
         ld = fastdata.loader(raw, 4, device="cpu", backend="auto")
     assert ld.backend == "torch" and "backend='auto': torch (device cpu" in caplog.text
     if torch.cuda.is_available() and fdali.dali_problem(torch.device("cuda")) is None:
-        assert fastdata.loader(raw, 4, device="cuda", backend="auto").backend == "dali"
+        assert fastdata.loader(raw, 4, device="cuda", backend="auto").backend == "torch"  # nothing to decode
+
+
+def test_auto_backend_picks_dali_for_encoded_images_it_can_serve(raw, jpegs, monkeypatch, caplog):
+    from fastdata.loaders import _pick_backend
+
+    class Mine:  # an augmentation op DALI cannot express
+        def apply(self, x, g):
+            return x
+
+    monkeypatch.setattr(fdali, "dali_problem", lambda device: None)  # as if CUDA and DALI were both here
+    cuda = torch.device("cuda")
+    with caplog.at_level(logging.DEBUG, logger="fastdata.loader"):
+        assert _pick_backend(cuda, fastdata.open(jpegs), None) == "dali"
+        assert _pick_backend(cuda, fastdata.open(raw), None) == "torch"
+        assert "no encoded images" in caplog.text
+        assert _pick_backend(cuda, fastdata.open(jpegs), Augment((Mine(),))) == "torch"
+        assert "cannot map the augmentation op" in caplog.text
 
 
 def test_cuda_version_mismatch_reports_both_versions(monkeypatch):

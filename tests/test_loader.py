@@ -292,3 +292,14 @@ def test_copy_phase_is_zero_unless_rows_are_whole_cache_lines(tmp_path):
     ds = fastdata.open(tmp_path / "ds")
     assert ds._readers[0].copy_phase("x") != 0  # the first row alone would have a phase; later ones differ
     assert ds.copy_phase("x") == 0 and ds.copy_phase("no such field") == 0
+
+
+def test_the_gpu_of_a_torchrun_process_is_its_local_rank(monkeypatch):
+    from fastdata.world import World
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert World.cuda_index(8) is None
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert World.cuda_index(8) == 3 and World.cuda_index(2) is None  # one visible GPU per process: not ours to pick
+    monkeypatch.setenv("LOCAL_RANK", "x")
+    assert World.cuda_index(8) is None

@@ -13,6 +13,7 @@ from torch import nn
 import converters
 import fastdata
 from fastdata import train
+from fastdata.augment import RandomCrop
 from fastdata.examples import classification_loss
 
 
@@ -208,3 +209,46 @@ def test_fit_takes_a_plain_dataloader_on_gpu(blobs):
     model = make_model()
     res = train.fit(model.cuda(), plain, torch.optim.SGD(model.parameters(), lr=0.1), classification_loss(), epochs=1)
     assert res.steps == 3 and res.epochs[0].samples == 48
+
+
+def test_resume_with_another_precision_leaves_out_a_scaler_state_that_does_not_apply(blobs, tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    model = make_model(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ld = fastdata.loader(blobs, 16, device="cpu", num_workers=0)
+    train.fit(model, ld, opt, classification_loss(), epochs=1, precision="bf16", checkpoint=ckpt, max_steps=2,
+              log_every=0)
+    assert torch.load(ckpt, weights_only=True)["scaler"] == {}  # bf16 trains without a scaler
+    res = train.fit(model, ld, opt, classification_loss(), epochs=1, precision="fp16", resume=ckpt, log_every=0)
+    assert res.precision == "fp16" and res.steps == 6
+
+
+def test_cudnn_autotuning_only_when_batch_shapes_are_fixed(blobs, tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "imgs" / "c"
+    src.mkdir(parents=True)
+    for i, (h, w) in enumerate([(20, 30), (24, 24), (30, 18)]):
+        Image.fromarray(np.full((h, w, 3), 99, np.uint8)).save(src / f"{i}.jpg")
+    converters.convert(tmp_path / "imgs", tmp_path / "enc", images=converters.ImageOptions(images="encoded"))
+    seqs = tmp_path / "seqs"
+    seqs.mkdir()
+    for i, n in enumerate([3, 5]):
+        np.save(seqs / f"{i}.npy", np.zeros((n, 2), np.float32))
+    converters.convert(seqs, tmp_path / "rag")
+    assert train._fixed_shapes(fastdata.loader(blobs, 4, device="cpu"))
+    assert train._fixed_shapes([{"x": torch.zeros(1)}])  # a plain iterable: nothing to go by
+    assert not train._fixed_shapes(fastdata.loader(tmp_path / "enc", 2, device="cpu"))  # sizes vary
+    assert train._fixed_shapes(fastdata.loader(tmp_path / "enc", 2, device="cpu", augment=[RandomCrop(16)]))
+    assert not train._fixed_shapes(fastdata.loader(tmp_path / "rag", 2, device="cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_resume_on_gpu(blobs, tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    model = make_model(1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ld = fastdata.loader(blobs, 16, device="cuda")
+    train.fit(model, ld, opt, classification_loss(), epochs=2, checkpoint=ckpt, max_steps=8, log_every=0)
+    res = train.fit(model, ld, opt, classification_loss(), epochs=2, checkpoint=ckpt, resume=ckpt, log_every=0)
+    assert res.steps == 12 and all(p.is_cuda for p in model.parameters())

@@ -20,6 +20,7 @@ import torch
 from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import UsageError
+from ..format.images import ENCODING_IMAGE
 from ..sampling import Shuffle
 from ..world import World, usable_cpus
 from .base import Loader
@@ -68,6 +69,7 @@ class TorchLoader(Loader):
         super().__init__(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
                          config=config, world=world)
         self.workers = workers
+        self.augment = augment
         pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
         if config.mode == "processes" and workers > 0:
             self._reader: Any = ProcessReader(dataset, workers, config.prefetch, pin)
@@ -86,11 +88,19 @@ class TorchLoader(Loader):
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    """A device with an index: ``"cuda"`` is the GPU this process owns (the current device if it
+    was set, else ``LOCAL_RANK`` under torchrun), so each rank of a multi-GPU run reads onto its own."""
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
         raise UsageError(f"device={device!r} asked for, but CUDA is not available here")
+    count = torch.cuda.device_count()
+    if dev.index is None:
+        current, local = torch.cuda.current_device(), World.cuda_index(count)
+        return torch.device("cuda", local if current == 0 and local is not None else current)
+    if dev.index >= count:
+        raise UsageError(f"device={device!r}: this machine has {count} GPU(s) (cuda:0 to cuda:{count - 1})")
     return dev
 
 
@@ -136,8 +146,9 @@ def loader(
     ``LoaderConfig(mode="processes")``); 0 reads in the iterating thread.
 
     ``backend="dali"`` decodes and augments with NVIDIA DALI (docs/backends.md; there
-    ``num_workers`` is DALI's CPU threads); ``"auto"`` picks DALI when it is installed and the
-    device is CUDA, torch otherwise.
+    ``num_workers`` is DALI's CPU threads); ``"auto"`` picks DALI when it is installed, the
+    device is CUDA and the dataset has encoded images DALI can decode and augment as asked,
+    torch otherwise.
     """
     if backend not in ("torch", "dali", "auto"):
         raise UsageError(f"backend must be 'torch', 'dali' or 'auto', not {backend!r}")
@@ -148,7 +159,7 @@ def loader(
         augment = Augment(tuple(augment))
     dev = _resolve_device(device)
     if backend == "auto":
-        backend = _pick_backend(dev)
+        backend = _pick_backend(dev, ds, augment, config)
     if backend == "dali":
         from .dali import dali_loader
 
@@ -159,18 +170,24 @@ def loader(
                        workers=workers, config=config, world=World.detect())
 
 
-def _pick_backend(device: torch.device) -> str:
-    """``backend="auto"``: DALI when it is installed and the device is CUDA, else torch (logged at DEBUG)."""
+def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augment | None = None,
+                  config: LoaderConfig | None = None) -> str:
+    """``backend="auto"``: DALI when it is installed, the device is CUDA and ``ds`` has encoded
+    images (GPU decoding is what DALI adds) that DALI can take with ``augment``; else torch. The
+    choice and its reason are logged at DEBUG."""
     if device.type != "cuda":
         log.debug("backend='auto': torch (device %s; DALI is picked for CUDA devices only)", device)
         return "torch"
-    from .dali import dali_problem
+    if ds is not None and not any(f.encoding == ENCODING_IMAGE for f in ds.schema):
+        log.debug("backend='auto': torch (no encoded images to decode on the GPU)")
+        return "torch"
+    from .dali import dali_problem, dali_unsupported
 
-    problem = dali_problem(device)
+    problem = dali_problem(device) or (dali_unsupported(ds, augment, config) if ds is not None else None)
     if problem is not None:
         log.debug("backend='auto': torch (%s)", problem)
         return "torch"
-    log.debug("backend='auto': dali (installed, device %s)", device)
+    log.debug("backend='auto': dali (installed, device %s, encoded images)", device)
     return "dali"
 
 

@@ -86,6 +86,16 @@ def dali_problem(device: torch.device) -> str | None:
     return None
 
 
+def dali_unsupported(ds: Dataset, augment: Augment | None, config: LoaderConfig | None) -> str | None:
+    """Why the DALI backend cannot serve ``ds`` with ``augment`` (a dtype it cannot carry, an
+    augmentation it cannot express), or None; nothing is built and DALI is not imported."""
+    try:
+        _attach_augment(plan_routes(ds, (config or LoaderConfig()).images), augment)
+    except UsageError as e:
+        return str(e)
+    return None
+
+
 def _pipeline_seed(seed: int, epoch: int, rank: int, first: int) -> int:
     """DALI's own random draws (only GaussianNoise) are seeded by the pass: (seed, epoch, rank, first batch)."""
     ss = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, epoch, rank, first, 0xDA11])
@@ -108,6 +118,7 @@ class DaliLoader(Loader):
         self._dali = import_dali()
         check_device(self._dali, device)
         self.threads = max(1, threads)
+        self.augment = augment
         self.routes: list[Route] = plan_routes(dataset, config.images)
         _attach_augment(self.routes, augment)
         # In CPU mode labels and other plain fields need nothing from DALI (measured: passing them

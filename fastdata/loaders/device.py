@@ -18,6 +18,7 @@ from ..augment import Augment, batch_generator
 from .buffers import Recycler
 
 Batch = dict[str, torch.Tensor]
+_MAX_INFLIGHT = 4  # host batches whose copy to the GPU may still be queued (each holds pinned buffers)
 
 
 def mixed_sizes(batch: Batch) -> frozenset[str]:
@@ -115,6 +116,9 @@ class DeviceStage:
             ev = torch.cuda.Event()
             ev.record(stream)
             inflight.append((hb, ev))
+            while len(inflight) > _MAX_INFLIGHT:  # the training loop runs far ahead of the GPU: wait
+                inflight[0][1].synchronize()  # here rather than pin a new buffer for every batch
+                inflight.popleft()
             return db
 
         it = iter(host)
