@@ -1,7 +1,9 @@
-"""Small benchmark harness: timing with warm-up, machine description, result files."""
+"""Small benchmark harness: timing with warm-up, a warm page cache, warm-up-then-timed training, machine
+description, result files."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -11,22 +13,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from fastdata.format._io import write_atomic
+from fastdata.world import usable_cpus
+
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent / "results"
-
-
-def time_calls(fn: Callable[[int], Any], repeats: int, warmup: int = 2) -> dict[str, float]:
-    """Call ``fn(i)`` ``warmup`` times untimed, then ``repeats`` times timed (``i`` = 0, 1, ...).
-
-    Returns seconds per call: median, p10, p90, min and mean, plus the number of runs.
-    """
-    return time_interleaved({"fn": fn}, repeats, warmup)["fn"]
 
 
 def time_interleaved(
     fns: dict[str, Callable[[int], Any]], repeats: int, warmup: int = 2, rounds: int = 1
 ) -> dict[str, dict[str, float]]:
-    """``time_calls`` for several callables, split into ``rounds`` so that drift in machine
-    load hits all of them alike.
+    """Seconds per call of ``fn(i)`` for several callables (median, p10, p90, min and mean, plus
+    the number of runs), split into ``rounds`` so that drift in machine load hits all of them alike.
 
     Each round runs every callable (in rotating order) for a block of consecutive calls:
     ``warmup`` untimed, then its share of ``repeats`` timed. Over all rounds, every callable
@@ -72,6 +69,36 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def warm_page_cache(*roots: Path) -> int:
+    """Read every file under ``roots`` once, so that timed reads come from memory; return the bytes read."""
+    buf = bytearray(16 << 20)
+    total = 0
+    for root in roots:
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                with open(os.path.join(dirpath, name), "rb", buffering=0) as f:
+                    while n := f.readinto(buf):
+                        total += n
+    return total
+
+
+def timed_fit(model: Any, loader: Any, steps: int, *, during: Any = None, **fit_kw: Any) -> Any:
+    """``fastdata.train.fit`` of ``model`` (SGD, cross-entropy), quiet: 3 untimed warm-up steps
+    (workers start, caches fill, cuDNN autotunes), then a second ``fit`` (inside the context
+    manager ``during``, if given) that counts from step 0 again and stops after ``3 + steps``
+    steps. Returns the second ``FitResult``; its last epoch is the figure."""
+    import torch
+
+    from fastdata.examples import classification_loss
+    from fastdata.train import fit
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    kw = {"log_every": 0, "on_log": lambda _m: None, "epochs": 1000, **fit_kw}
+    fit(model, loader, opt, classification_loss(), max_steps=3, **kw)
+    with during if during is not None else contextlib.nullcontext():
+        return fit(model, loader, opt, classification_loss(), max_steps=3 + steps, **kw)
+
+
 def _read_proc(path: str, key: str) -> str | None:
     """Value of the first ``key: value`` line in a /proc file, or None."""
     try:
@@ -99,14 +126,10 @@ def _version(module: str) -> str | None:
 
 def machine_info() -> dict[str, Any]:
     """CPU, cores, RAM, library versions and GPU (if any) of this machine."""
-    try:
-        usable_cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable_cores = os.cpu_count()
     info: dict[str, Any] = {
         "cpu_model": _read_proc("/proc/cpuinfo", "model name") or platform.processor() or None,
         "cpu_count": os.cpu_count(),
-        "usable_cores": usable_cores,
+        "usable_cores": usable_cpus(),
         "ram_gib": _meminfo_gib("MemTotal"),
         "ram_available_gib": _meminfo_gib("MemAvailable"),
         "platform": platform.platform(),
@@ -142,10 +165,8 @@ def _is_number(cell: Any) -> bool:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write atomically (temporary ``.tmp`` file, then rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write atomically (temporary file, fsync, rename)."""
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def write_results(

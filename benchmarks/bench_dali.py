@@ -54,10 +54,11 @@ from torch.utils.data import DataLoader
 
 import converters
 import fastdata
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, summarize, write_results
+from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, summarize, warm_page_cache, write_results
 from bench_images import BATCH, SIZE, EpochSampler, FolderImages, generate
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, HorizontalFlip, Normalize, RandomResizedCrop
 from fastdata.loaders import LoaderConfig
+from fastdata.world import usable_cpus
 
 WORKERS = 2
 FULL = {"images": 2000, "repeats": 5}
@@ -224,13 +225,10 @@ def run(settings: dict[str, Any], workdir: Path, backend: str, device: str) -> d
     report = converters.convert(src, dst, converters.WriteOptions(backend=backend, workers=WORKERS),
                                 images=converters.ImageOptions(images="encoded"))
     print(f"convert encoded: {report.summary()}", flush=True)
-    for root in (src, dst):
-        for p in root.rglob("*"):
-            if p.is_file():
-                p.read_bytes()  # warm page cache: every method reads from memory
+    warm_page_cache(src, dst)  # every method reads from memory
 
     pixels = check_pixels(dst, device)
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = usable_cpus()
     methods = [
         naive(paths, device),
         file_reader(src, device, threads, LoaderConfig().prefetch),

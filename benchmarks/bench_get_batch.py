@@ -24,7 +24,6 @@ Results go to stdout (markdown) and, via ``_harness.write_results``, to
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -37,7 +36,7 @@ import numpy as np
 
 import converters
 import fastdata
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, write_results
+from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
 
 BATCH = 64
 SEED = 0
@@ -102,18 +101,6 @@ def page_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     raw = np.empty(nbytes + PAGE, dtype=np.uint8)
     start = -raw.ctypes.data % PAGE
     return raw[start : start + nbytes].view(dtype).reshape(shape)
-
-
-def warm_page_cache(root: Path) -> int:
-    """Read every file under ``root`` once; return the number of bytes read."""
-    buf = bytearray(16 << 20)
-    total = 0
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            with open(os.path.join(dirpath, name), "rb", buffering=0) as f:
-                while n := f.readinto(buf):
-                    total += n
-    return total
 
 
 def bench_dataset(spec: Spec, n: int, repeats: int, workdir: Path) -> dict[str, Any]:

@@ -32,7 +32,6 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
@@ -40,8 +39,7 @@ import _harness  # noqa: E402
 import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.augment import ColorJitter, HorizontalFlip, RandomResizedCrop  # noqa: E402
-from fastdata.examples import FlimCNN, SmallConvNet, classification_loss, naive_loader  # noqa: E402
-from fastdata.train import fit  # noqa: E402
+from fastdata.examples import FlimCNN, SmallConvNet, naive_loader, write_npy_folder  # noqa: E402
 
 FLIM = (2, 256, 21, 21)
 BATCH = 64
@@ -116,27 +114,19 @@ def section_h2d(work: Path, device: torch.device, s: dict[str, Any]) -> dict[str
     return {"ceiling_gb_per_s": ceiling / 1e9 if ceiling else None, "rows": rows}
 
 
-def gpu_busy(fn: Callable[[], Any]) -> tuple[Any, float | None]:
-    """Run ``fn`` while sampling GPU utilisation (needs pynvml; None without it or without CUDA)."""
-    from bench_dali import GpuSampler
-
-    with GpuSampler() as g:
-        out = fn()
-    return out, (float(np.mean(g.samples)) if g.samples else None)
-
-
 def section_train(work: Path, device: torch.device, s: dict[str, Any]) -> list[dict[str, Any]]:
-    quiet = {"log_every": 0, "on_log": lambda _m: None, "epochs": 1000}
+    from bench_dali import GpuSampler  # GPU utilisation (needs pynvml; no samples without it or without CUDA)
+
     rows = []
     for name, make in (("naive DataLoader (2 workers, pin_memory)", lambda: naive_loader(work / "npy", BATCH)),
                        ("fastdata.loader (hdf5, defaults)", lambda: fastdata.loader(work / "hdf5", BATCH, device=device))):
         torch.manual_seed(0)
         model = FlimCNN(width=s["flim_width"]).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         ld = make()
-        fit(model, ld, opt, classification_loss(), max_steps=3, **quiet)  # warm-up: workers, cudnn.benchmark
-        res, busy = gpu_busy(lambda: fit(model, ld, opt, classification_loss(), max_steps=3 + s["train_steps"], **quiet))
+        gpu = GpuSampler()  # samples the timed fit only
+        res = _harness.timed_fit(model, ld, s["train_steps"], during=gpu)
         m = res.epochs[-1]
+        busy = float(np.mean(gpu.samples)) if gpu.samples else None
         rows.append({"loader": name, "precision": res.precision, "samples_per_s": m.samples_per_s,
                      "wait_fraction": m.wait_fraction, "gpu_util_percent": busy, "loss": m.loss})
         if hasattr(ld, "close"):
@@ -162,23 +152,17 @@ class Images(torch.utils.data.Dataset):  # type: ignore[type-arg]
 def section_precision(device: torch.device, s: dict[str, Any]) -> list[dict[str, Any]]:
     modes = ("fp32", "tf32", "bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
     data = Images(BATCH * 4, s["side"])
-    quiet = {"log_every": 0, "on_log": lambda _m: None, "epochs": 1000}
     rows = []
     for precision in modes:
         for cl in (False, True):
             torch.manual_seed(0)
             model = SmallConvNet(num_classes=10, width=s["conv_width"]).to(device)
-            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             batches = [{k: v.to(device) for k, v in b.items()}
                        for b in torch.utils.data.DataLoader(data, batch_size=BATCH)]
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            fit(model, batches, opt, classification_loss(), precision=precision, channels_last=cl, max_steps=3, **quiet)
-            res = fit(model, batches, opt, classification_loss(), precision=precision, channels_last=cl,
-                      max_steps=3 + s["amp_steps"], **quiet)
-            m = res.epochs[-1]
+            res = _harness.timed_fit(model, batches, s["amp_steps"], precision=precision, channels_last=cl)
+            m = res.epochs[-1]  # (fit resets the peak memory statistics at each epoch)
             rows.append({"precision": res.precision, "channels_last": cl, "samples_per_s": m.samples_per_s,
-                         "peak_memory_mib": (m.peak_memory_bytes or 0) / 2**20 if m.peak_memory_bytes else None,
+                         "peak_memory_mib": m.peak_memory_bytes / 2**20 if m.peak_memory_bytes else None,
                          "loss": m.loss, "loss_finite": bool(np.isfinite(m.loss))})
     return rows
 
@@ -256,11 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     info = _harness.machine_info()
     res: dict[str, Any] = {}
     try:
-        rng = np.random.default_rng(0)
-        for i in range(settings["samples"]):
-            d = work / "npy" / f"c{i % 4}"
-            d.mkdir(parents=True, exist_ok=True)
-            np.save(d / f"{i:05d}.npy", rng.standard_normal(FLIM, dtype=np.float32))
+        write_npy_folder(work / "npy", settings["samples"], FLIM)
         for be in ("hdf5", "lmdb"):
             converters.convert(work / "npy", work / be, converters.WriteOptions(backend=be))
         for name, run in (("h2d", lambda: section_h2d(work, device, settings)),

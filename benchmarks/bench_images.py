@@ -41,7 +41,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset
 import converters
 import fastdata
 from fastdata.loaders import LoaderConfig
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, write_results
+from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
 from fastdata.decode import jpeg_decoder
 
 SIZE = 256
@@ -248,10 +248,7 @@ def run(settings: dict[str, Any], workdir: Path, backend: str) -> dict[str, Any]
         conversions[mode] = {"seconds": report.seconds, "bytes": disk_bytes(dst), "shards": report.shards}
         datasets[mode] = fastdata.open(dst, decode_threads=WORKERS)
     quality = check_pixels(datasets, paths)
-    for root in [src, *(workdir / m for m in MODES)]:
-        for p in root.rglob("*"):
-            if p.is_file():
-                p.read_bytes()  # warm page cache: every method reads from memory
+    warm_page_cache(src, *(workdir / m for m in MODES))  # every method reads from memory
 
     naive_sampler = EpochSampler(n)
     naive = DataLoader(FolderImages(paths), batch_size=BATCH, sampler=naive_sampler, num_workers=WORKERS,

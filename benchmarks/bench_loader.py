@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
-from fastdata.examples import naive_loader  # noqa: E402
+from fastdata.examples import naive_loader, write_npy_folder  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
@@ -58,11 +57,7 @@ def epoch_samples(iterable) -> int:  # type: ignore[no-untyped-def]
 
 def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
     src = workdir / "npy"
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        d = src / f"c{i % 4}"
-        d.mkdir(parents=True, exist_ok=True)
-        np.save(d / f"{i:05d}.npy", rng.standard_normal(SHAPE, dtype=np.float32))
+    files = write_npy_folder(src, n, SHAPE)
     conv = {}
     for be in ("hdf5", "lmdb"):
         conv[be] = converters.convert(src, workdir / be, converters.WriteOptions(backend=be)).summary()
@@ -76,7 +71,7 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
     for it in (naive, *forking.values()):
         epoch_samples(it)
 
-    data = np.stack([np.load(f) for f in sorted(src.rglob("*.npy"))])  # the bytes, in memory
+    data = np.stack([np.load(f) for f in files])  # the bytes, in memory
     plan_rng = np.random.default_rng(1)
     bufs = [np.empty((BATCH, *SHAPE), np.float32) for _ in range(4)]
     pool = ThreadPoolExecutor(2)

@@ -2,8 +2,8 @@
 
 Data: 2,000 per-sample .npy files of float32 (2, 256, 21, 21) in 4 class folders, converted to
 HDF5 shards. For each model (the scaled-down FlimCNN, and a tiny model whose step is cheap, so
-the input pipeline decides the speed), each loader trains a warm-up of 3 steps, then
-``--steps`` timed steps with ``fastdata.train.fit``; we report samples/s and the fraction of
+the input pipeline decides the speed), each loader trains a warm-up run of 3 steps, then a
+timed run of 3 + ``--steps`` steps with ``fastdata.train.fit`` (``_harness.timed_fit``); we report samples/s and the fraction of
 the time the step waited for input. Usage: python benchmarks/bench_train.py [--quick]
 """
 
@@ -16,7 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -25,8 +24,7 @@ import _harness  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
-from fastdata.examples import FlimCNN, classification_loss, naive_loader  # noqa: E402
-from fastdata.train import fit  # noqa: E402
+from fastdata.examples import FlimCNN, naive_loader, write_npy_folder  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 BATCH = 64
@@ -47,12 +45,8 @@ class Tiny(nn.Module):
 def measure(make_loader, make_model, steps: int) -> dict:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     ld = make_loader()
-    quiet = {"log_every": 0, "on_log": lambda _m: None, "epochs": 1000}
-    fit(model, ld, opt, classification_loss(), max_steps=3, **quiet)  # warm-up: workers start, caches fill
-    res = fit(model, ld, opt, classification_loss(), max_steps=3 + steps, **quiet)
-    m = res.epochs[-1]
+    m = _harness.timed_fit(model, ld, steps).epochs[-1]
     if hasattr(ld, "close"):
         ld.close()
     return {"samples_per_s": m.samples_per_s, "wait_fraction": m.wait_fraction, "steps": m.steps,
@@ -70,11 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="fastdata-bench-train-"))
     try:
         src = work / "npy"
-        rng = np.random.default_rng(0)
-        for i in range(n):
-            d = src / f"c{i % 4}"
-            d.mkdir(parents=True, exist_ok=True)
-            np.save(d / f"{i:05d}.npy", rng.gamma(2.0, 1.0 + 0.5 * (i % 4), SHAPE).astype(np.float32))
+        write_npy_folder(src, n, SHAPE, learnable=True)
         converters.convert(src, work / "hdf5", converters.WriteOptions(backend="hdf5"))
         os.sync()
         loaders = {"naive DataLoader (np.load per file, 2 workers)": lambda: naive_loader(src, BATCH, workers=2),
@@ -94,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     table = _harness.markdown_table(["model", "loader", "samples/s", "waited for input", "wait s", "compute s"], rows)
     text = "\n".join([f"# Training input-wait, float32{list(SHAPE)}, batch {BATCH}, fp32 on the CPU", "",
                       f"Machine: {machine['cpu_model']}, {machine['usable_cores']} cores, torch {machine['torch']}. "
-                      f"{n} samples; {steps} timed steps after 3 warm-up steps, per row.", "", table])
+                      f"{n} samples; {3 + steps} timed steps after a 3-step warm-up run, per row.", "", table])
     print(text)
     _harness.write_results("train_quick" if a.quick else "train", {"results": results, "machine": machine,
                                                                       "samples": n, "steps": steps}, text, a.out)

@@ -1,9 +1,10 @@
 """Does ``fastdata tune`` pick settings at least as fast as the best hand-picked ones?
 
 One run: 2,000 samples of float32 (2, 256, 21, 21) converted to HDF5; ``fastdata.tune`` races
-settings within ``--budget``; then the winner and a grid of hand-picked settings (threads 0/1/2/4
-x prefetch 2/4/8) are measured with ``fastdata.bench.measure`` (what ``fastdata bench`` runs),
-``--seconds`` each, in interleaved rounds; the figure is the median round.
+settings within a budget (60 s; 6 s with ``--quick``); then the winner and a grid of hand-picked settings (threads 0/1/2/4
+x prefetch 2/4/8) are measured as the race measures them (``fastdata.tune.measure_setting``:
+``fastdata.bench.measure``, what ``fastdata bench`` runs),
+for 2 s each (0.3 s with ``--quick``), in interleaved rounds; the figure is the median round.
 Usage: python benchmarks/bench_tune.py [--quick]
 """
 
@@ -24,21 +25,10 @@ import _harness  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
-from fastdata.bench import measure, sample_bytes  # noqa: E402
-from fastdata.loaders import LoaderConfig  # noqa: E402
-from fastdata.tune import tune  # noqa: E402
+from fastdata.tune import measure_setting, tune  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 BATCH = 64
-
-
-def bench_setting(ds, s: dict, seconds: float) -> float:  # type: ignore[no-untyped-def]
-    ld = fastdata.loader(ds, s["batch_size"], device="cpu", num_workers=s["num_workers"],
-                         config=LoaderConfig(mode=s["mode"], prefetch=s["prefetch"]))
-    try:
-        return measure("grid", lambda: ld, bytes_per_sample=sample_bytes(ds), max_seconds=seconds).samples_per_s
-    finally:
-        ld.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         rates: dict[str, list[float]] = {k: [] for k in settings}
         for _ in range(rounds):
             for name, s in settings.items():
-                rates[name].append(bench_setting(ds, s, seconds))
+                rates[name].append(measure_setting(ds, s, max_seconds=seconds).samples_per_s)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rates.items()}

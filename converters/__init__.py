@@ -12,11 +12,12 @@ from pathlib import Path
 
 from fastdata.errors import DataError, UsageError
 
+from .dst import check_dst, prepare_dst
 from .imageio import ImageOptions
 from .images import ImageFolderSource, is_image_file
 from .npy import DEFAULT_FIELD, ArraysSource, NpyFolderSource
 from .scan import walk_files
-from .writer import ConvertReport, Progress, WriteOptions, check_dst, prepare_dst, write_dataset
+from .writer import ConvertReport, Progress, WriteOptions, write_dataset
 
 __all__ = ["ConvertReport", "ImageOptions", "Progress", "WriteOptions", "convert"]
 
@@ -91,7 +92,8 @@ def convert(
         elif images is not None:
             raise UsageError(f"{src}: image options (--images, --size, ...) given, but the folder holds no images")
         else:
-            source = NpyFolderSource.scan(src, labels_file=label_path, no_labels=no_labels, skip_bad=skip_bad)
+            source = NpyFolderSource.scan(src, labels_file=label_path, no_labels=no_labels, skip_bad=skip_bad,
+                                          rels=rels)
     with prepare_dst(dst, inputs, overwrite, resume) as target:
         report = write_dataset(source, target, options, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too

@@ -54,7 +54,8 @@ def check_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool 
     _check_entries(dst, overwrite, resume)
 
 
-def _check_entries(dst: Path, overwrite: bool, resume: bool) -> None:
+def _check_entries(dst: Path, overwrite: bool, resume: bool) -> list[str]:
+    """What DST holds (the lock file aside), once it is known to be fit for this conversion."""
     entries = sorted(e for e in os.listdir(dst) if e != LOCK_NAME)
     foreign = [e for e in entries if not OURS.match(e)]
     if resume:
@@ -71,6 +72,7 @@ def _check_entries(dst: Path, overwrite: bool, resume: bool) -> None:
         raise UsageError(
             f"{dst}: refused: it holds {foreign[0]!r}, which fastdata did not write; choose an empty or new folder"
         )
+    return entries
 
 
 @dataclass
@@ -115,15 +117,10 @@ def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: boo
         raise
     target = Destination(dst, created, resume=False, lock=lock)
     try:
-        _check_entries(dst, overwrite, resume)  # again: it may have changed before we held the lock
-        entries = [e for e in sorted(os.listdir(dst)) if e != LOCK_NAME]
+        entries = _check_entries(dst, overwrite, resume)  # again: it may have changed before we held the lock
         target.resume = resume and journal.JOURNAL_NAME in entries
         if overwrite:
-            # The manifest goes first, so an interrupted delete never leaves a dataset that looks complete.
-            if MANIFEST_NAME in entries:
-                (dst / MANIFEST_NAME).unlink()
-            for e in entries:
-                _remove(dst / e)
+            remove_ours(dst)  # the manifest first: an interrupted delete never leaves a dataset that looks complete
     except BaseException:
         target.__exit__(UsageError, None, None)
         raise

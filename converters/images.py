@@ -12,7 +12,8 @@ import os
 import zlib
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,13 @@ import numpy as np
 from fastdata.errors import DataError, FastdataError
 from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
 from fastdata.format.images import CODEC_DTYPE, CODEC_SUFFIX, CODECS, ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_DTYPE, SHAPE_SUFFIX
+from fastdata.world import usable_cpus
 
 from .imageio import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, prepare, read_source
-from .scan import find_and_label
+from .scan import LABEL_DTYPE, FolderSource, check_labelled, find_and_label, refuse_bad
 from .writer import Progress, _mp_context
 
 IMAGE_FIELD = "image"
-_LABEL_DTYPE = np.dtype("<i8")
 _SCAN_CHUNK = 32  # files per scan task
 
 
@@ -50,7 +51,7 @@ def image_fields(opts: ImageOptions, labelled: bool) -> list[FieldSpec]:
         if encoding == ENCODING_IMAGE:
             fields.append(make_field(IMAGE_FIELD + CODEC_SUFFIX, CODEC_DTYPE, ()))
     if labelled:
-        fields.append(make_field(LABEL_FIELD, _LABEL_DTYPE, ()))
+        fields.append(make_field(LABEL_FIELD, LABEL_DTYPE, ()))
     return fields
 
 
@@ -69,8 +70,10 @@ def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[An
 
 
 @dataclass
-class ImageFolderSource:
+class ImageFolderSource(FolderSource):
     """Image files under a folder; one sample per file, in sorted order of relative path."""
+
+    COLUMNS = ("shapes", "nbytes", "codecs", "kept", "crcs", "file_sizes")
 
     root: str
     opts: ImageOptions
@@ -104,16 +107,9 @@ class ImageFolderSource:
         check_pil_settings()
         rels, labels = find_and_label(root, labels_file, no_labels, "images", rels)
 
-        bad: dict[str, str] = {}
-        for rel in rels:
-            if not is_image_file(rel):
-                bad[rel] = f"{root / rel}: not an image file (expected {', '.join(sorted(IMAGE_EXTENSIONS))})"
-            elif labels.by_path is not None and rel not in labels.by_path:
-                bad[rel] = f"{root / rel}: no label for it in {labels_file}"
-        if labels.by_path is not None:
-            missing = sorted(set(labels.by_path) - set(rels))
-            if missing:
-                raise DataError(f"{labels_file}: lists {missing[0]!r}, which is not a file under {root}")
+        expected = ", ".join(sorted(IMAGE_EXTENSIONS))
+        bad = {rel: f"{root / rel}: not an image file (expected {expected})" for rel in rels if not is_image_file(rel)}
+        check_labelled(root, rels, labels, labels_file, bad)
         todo = [r for r in rels if r not in bad]
         results = _scan_all(str(root), todo, opts, workers, progress)
         good = []
@@ -122,32 +118,27 @@ class ImageFolderSource:
                 bad[rel] = r[0]
             else:
                 good.append((rel, r))
-        if bad and not skip_bad:
-            first = min(bad)
-            more = f" ({len(bad) - 1} more bad file(s); --skip-bad skips them and lists them in skipped.json)" if len(bad) > 1 else ""
-            raise DataError(bad[first] + more)
+        skipped = refuse_bad(bad, skip_bad)
         if not good:
             raise DataError(f"{root}: no usable images (all {len(rels)} files are bad)")
         n = len(good)
+        usable = [g[0] for g in good]
         return cls(
             root=str(root),
             opts=opts,
-            rels=[g[0] for g in good],
+            rels=usable,
             shapes=np.array([g[1][0] for g in good], dtype=np.int64).reshape(n, 3),
             nbytes=np.array([g[1][1] for g in good], dtype=np.int64),
             codecs=np.array([g[1][2] for g in good], dtype=np.uint8),
             kept=np.array([g[1][3] for g in good], dtype=bool),
             crcs=np.array([g[1][4] for g in good], dtype=np.uint32),
             file_sizes=np.array([g[1][5] for g in good], dtype=np.int64),
-            labels=None if labels.by_path is None else np.array([labels.by_path[g[0]] for g in good], dtype=np.int64),
+            labels=labels.of(usable),
             fields=image_fields(opts, labels.by_path is not None),
             classes=labels.classes,
-            skipped=sorted(bad.items()),
+            skipped=skipped,
             label_kind=labels.kind,
         )
-
-    def __len__(self) -> int:
-        return len(self.rels)
 
     @property
     def bytes_in(self) -> int:
@@ -160,14 +151,6 @@ class ImageFolderSource:
         if name != IMAGE_FIELD or self.opts.fixed_size:
             raise KeyError(name)
         return self.nbytes
-
-    def part(self, start: int, stop: int) -> "ImageFolderSource":
-        s = slice(start, stop)
-        return replace(
-            self, rels=self.rels[s], shapes=self.shapes[s], nbytes=self.nbytes[s], codecs=self.codecs[s],
-            kept=self.kept[s], crcs=self.crcs[s], file_sizes=self.file_sizes[s],
-            labels=None if self.labels is None else self.labels[s], skipped=[],
-        )
 
     def read(self, i: int) -> dict[str, np.ndarray]:
         path = os.path.join(self.root, self.rels[i])
@@ -187,15 +170,12 @@ class ImageFolderSource:
             sample = {IMAGE_FIELD: payload.reshape(-1), IMAGE_FIELD + SHAPE_SUFFIX: self.shapes[i].copy()}
             if self.opts.images != "raw":
                 sample[IMAGE_FIELD + CODEC_SUFFIX] = np.asarray(self.codecs[i], dtype=np.uint8)
-        if self.labels is not None:
-            sample[LABEL_FIELD] = np.asarray(self.labels[i], dtype=_LABEL_DTYPE)
-        return sample
+        return self.labelled(sample, i)
 
     def describe(self) -> dict[str, Any]:
         codecs = Counter(CODECS.get(int(c), "pixels") for c in self.codecs)
         return {
-            "kind": self.kind, "path": os.path.abspath(self.root), "labels": self.label_kind,
-            "files": len(self.rels), "skipped": len(self.skipped), "images": self.opts.images,
+            **super().describe(), "images": self.opts.images,
             "mode": self.opts.mode, "size": list(self.opts.size) if self.opts.size else None,
             "max_side": self.opts.max_side, "quality": self.opts.quality,
             "kept_files": int(self.kept.sum()), "codecs": dict(sorted(codecs.items())),
@@ -207,20 +187,11 @@ def _scan_all(root: str, rels: list[str], opts: ImageOptions, workers: int | Non
     chunks = [rels[i : i + _SCAN_CHUNK] for i in range(0, len(rels), _SCAN_CHUNK)]
     if progress is not None:
         progress.start(len(rels), 0, desc="checking images")
-    workers = min(workers or os.cpu_count() or 1, len(chunks))
+    workers = min(workers or usable_cpus(), len(chunks))
     results: list[tuple[Any, ...]] = []
-    if workers <= 1:
-        for r in (_scan_chunk(root, c, opts) for c in chunks):
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) if workers > 1 else nullcontext() as ex:
+        for r in (ex.map if ex is not None else map)(_scan_chunk, [root] * len(chunks), chunks, [opts] * len(chunks)):
             results += r
-            _report(progress, r)
-        return results
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) as ex:
-        for r in ex.map(_scan_chunk, [root] * len(chunks), chunks, [opts] * len(chunks)):
-            results += r
-            _report(progress, r)
+            if progress is not None:
+                progress.update(len(r), sum(x[-1] for x in r if len(x) > 1))
     return results
-
-
-def _report(progress: Progress | None, results: list[tuple[Any, ...]]) -> None:
-    if progress is not None:
-        progress.update(len(results), sum(r[-1] for r in results if len(r) > 1))

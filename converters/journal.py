@@ -26,6 +26,7 @@ import numpy as np
 import fastdata
 from fastdata.errors import UsageError
 from fastdata.format import ShardInfo
+from fastdata.format._io import finish_file
 from fastdata.format.manifest import fsync_dir
 
 JOURNAL_NAME = ".fastdata-journal"
@@ -91,11 +92,8 @@ def start(dst: Path, head: dict[str, Any]) -> None:
     path = dst / JOURNAL_NAME
     tmp = dst / f"{JOURNAL_NAME}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(head, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        tmp.write_text(json.dumps(head, sort_keys=True) + "\n", encoding="utf-8")
+        finish_file(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

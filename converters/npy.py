@@ -17,12 +17,12 @@ import numpy as np
 
 from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
+from fastdata.world import PerProcessHandle
 
 from .npyfile import NpyHeader, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
-from .scan import find_and_label
+from .scan import LABEL_DTYPE, FolderSource, check_labelled, find_and_label, refuse_bad
 
 DEFAULT_FIELD = "x"
-_LABEL_DTYPE = np.dtype("<i8")
 
 
 def _field(name: str, dtype: Any, shape: tuple[int | None, ...], where: str) -> FieldSpec:
@@ -44,8 +44,10 @@ def _describe(sig: tuple) -> str:
 
 
 @dataclass
-class NpyFolderSource:
+class NpyFolderSource(FolderSource):
     """Per-sample ``.npy`` (one field ``x``) or ``.npz`` (one field per array) files under a folder."""
+
+    COLUMNS = ("sizes", "headers")
 
     root: str
     rels: list[str]
@@ -60,8 +62,10 @@ class NpyFolderSource:
     kind: str = "npy-folder"
 
     @classmethod
-    def scan(cls, root: Path, labels_file: Path | None = None, no_labels: bool = False, skip_bad: bool = False) -> "NpyFolderSource":
-        rels, labels = find_and_label(root, labels_file, no_labels, ".npy or .npz samples")
+    def scan(cls, root: Path, labels_file: Path | None = None, no_labels: bool = False, skip_bad: bool = False,
+             rels: list[str] | None = None) -> "NpyFolderSource":
+        """``rels``: the files under ``root`` if already walked (:func:`.scan.walk_files`)."""
+        rels, labels = find_and_label(root, labels_file, no_labels, ".npy or .npz samples", rels)
 
         bad: dict[str, str] = {}
         suffix = Counter(Path(r).suffix.lower() for r in rels)
@@ -85,63 +89,48 @@ class NpyFolderSource:
                     good.append((rel, hs, size))
             except DataError as e:
                 bad[rel] = str(e)
-        if labels.by_path is not None:
-            for rel, _, _ in good:
-                if rel not in labels.by_path:
-                    bad[rel] = f"{root / rel}: no label for it in {labels_file}"
-            missing = sorted(set(labels.by_path) - set(rels))
-            if missing:
-                raise DataError(f"{labels_file}: lists {missing[0]!r}, which is not a file under {root}")
+        check_labelled(root, rels, labels, labels_file, bad)
         good = [g for g in good if g[0] not in bad]
         if good:
-            # The signature most files share is the reference (ties: the first file's).
+            # The signature most files share is the reference (ties: the first file's; a Counter
+            # keeps first-seen order, and max returns the first of equals).
             sig_of = [_signature(h) for _, h, _ in good]
             sigs = Counter(sig_of)
-            first_seen: dict[tuple, int] = {}
-            for i, sig in enumerate(sig_of):
-                first_seen.setdefault(sig, i)
-            ref = max(sigs, key=lambda s: (sigs[s], -first_seen[s]))
+            ref = max(sigs, key=sigs.__getitem__)
             for (rel, _, _), sig in zip(good, sig_of):
                 if sig != ref:
                     bad[rel] = (
                         f"{root / rel}: has {_describe(sig)}, but {sigs[ref]} other file(s) have {_describe(ref)}"
                     )
             good = [g for g in good if g[0] not in bad]
-        if bad and not skip_bad:
-            first = min(bad)
-            more = f" ({len(bad) - 1} more bad file(s); --skip-bad skips them and lists them in skipped.json)" if len(bad) > 1 else ""
-            raise DataError(bad[first] + more)
+        skipped = refuse_bad(bad, skip_bad)
         if not good:
             raise DataError(f"{root}: no usable samples (all {len(rels)} files are bad)")
 
         first_headers = good[0][1]
         fields = []
-        for name in sorted(first_headers) if main == ".npz" else [DEFAULT_FIELD]:
+        for name in sorted(first_headers):
             h = first_headers[name]
             firsts = {g[1][name].shape[0] for g in good} if h.shape else {None}
             shape = (None, *h.shape[1:]) if len(firsts) > 1 else h.shape
             fields.append(_field(name, h.dtype, shape, str(root / good[0][0])))
-        label_arr = None
         if labels.by_path is not None:
             if any(f.name == LABEL_FIELD for f in fields):
                 raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass --no-labels")
-            fields.append(_field(LABEL_FIELD, _LABEL_DTYPE, (), str(root)))
-            label_arr = np.array([labels.by_path[g[0]] for g in good], dtype=np.int64)
+            fields.append(_field(LABEL_FIELD, LABEL_DTYPE, (), str(root)))
+        usable = [g[0] for g in good]
         return cls(
             root=str(root),
-            rels=[g[0] for g in good],
+            rels=usable,
             sizes=[g[2] for g in good],
             headers=[g[1] for g in good],
-            labels=label_arr,
+            labels=labels.of(usable),
             fields=fields,
             classes=labels.classes,
             npz=main == ".npz",
-            skipped=sorted(bad.items()),
+            skipped=skipped,
             label_kind=labels.kind,
         )
-
-    def __len__(self) -> int:
-        return len(self.rels)
 
     @property
     def bytes_in(self) -> int:
@@ -154,12 +143,6 @@ class NpyFolderSource:
         """First-axis length of field ``name`` in every sample."""
         return np.array([hs[name].shape[0] for hs in self.headers], dtype=np.int64)
 
-    def part(self, start: int, stop: int) -> "NpyFolderSource":
-        return replace(
-            self, rels=self.rels[start:stop], sizes=self.sizes[start:stop], headers=self.headers[start:stop],
-            labels=None if self.labels is None else self.labels[start:stop], skipped=[],
-        )
-
     def read(self, i: int) -> dict[str, np.ndarray]:
         path = os.path.join(self.root, self.rels[i])
         hs = self.headers[i]
@@ -171,18 +154,13 @@ class NpyFolderSource:
                     raise DataError(f"{path}: changed during conversion (array {name!r})")
         else:
             arrays = {DEFAULT_FIELD: read_npy_data(path, hs[DEFAULT_FIELD], self.sizes[i])}
-        if self.labels is not None:
-            arrays[LABEL_FIELD] = np.asarray(self.labels[i], dtype=_LABEL_DTYPE)
-        return arrays
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": os.path.abspath(self.root), "labels": self.label_kind,
-                "files": len(self.rels), "skipped": len(self.skipped)}
+        return self.labelled(arrays, i)
 
 
-@dataclass
-class ArraysSource:
-    """Large arrays with the sample axis first (``X.npy`` + ``y.npy`` or several named fields), memory-mapped."""
+@dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
+class ArraysSource(PerProcessHandle[dict[str, np.ndarray]]):
+    """Large arrays with the sample axis first (``X.npy`` + ``y.npy`` or several named fields), memory-mapped
+    once per process (the maps are dropped when a part is pickled for a worker)."""
 
     paths: dict[str, str]
     offset: int
@@ -192,8 +170,6 @@ class ArraysSource:
     classes: list[str] | None = None
     skipped: list[tuple[str, str]] = field(default_factory=list)
     kind: str = "npy-arrays"
-    _maps: dict[str, np.ndarray] | None = field(default=None, repr=False)
-    _pid: int | None = field(default=None, repr=False)
 
     @classmethod
     def scan(cls, paths: dict[str, Path]) -> "ArraysSource":
@@ -230,26 +206,17 @@ class ArraysSource:
         raise KeyError(name)
 
     def part(self, start: int, stop: int) -> "ArraysSource":
-        return replace(self, offset=self.offset + start, count=stop - start, _maps=None, _pid=None)
+        return replace(self, offset=self.offset + start, count=stop - start)
 
-    def _mapped(self) -> dict[str, np.ndarray]:
-        if self._maps is None or self._pid != os.getpid():
-            try:
-                self._maps = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in self.paths.items()}
-            except (OSError, ValueError) as e:
-                raise DataError(f"cannot map source arrays: {e}") from None
-            self._pid = os.getpid()
-        return self._maps
+    def _open_handle(self) -> dict[str, np.ndarray]:
+        try:
+            return {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in self.paths.items()}
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot map source arrays: {e}") from None
 
     def read(self, i: int) -> dict[str, np.ndarray]:
         j = self.offset + i
-        return {k: np.array(m[j], order="C") for k, m in self._mapped().items()}
+        return {k: np.array(m[j], order="C") for k, m in self.handle().items()}
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "arrays": {k: os.path.abspath(p) for k, p in self.paths.items()}}
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_maps"] = None
-        state["_pid"] = None
-        return state

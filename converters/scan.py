@@ -1,7 +1,8 @@
 """Finding source files and their labels: sorted walk, class folders, CSV/JSON label files.
 
-Shared by every folder converter. Hidden files and folders (``.name``) are ignored;
-symlinks are followed, each real directory at most once, so link loops end.
+Shared by every folder converter, with what the folder sources have in common
+(:class:`FolderSource`, :func:`check_labelled`, :func:`refuse_bad`). Hidden files and folders
+(``.name``) are ignored; symlinks are followed, each real directory at most once, so link loops end.
 """
 
 from __future__ import annotations
@@ -9,10 +10,16 @@ from __future__ import annotations
 import csv
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
 
 from fastdata.errors import DataError, UsageError
+from fastdata.format import LABEL_FIELD
+
+LABEL_DTYPE = np.dtype("<i8")
 
 
 def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
@@ -56,6 +63,10 @@ class Labels:
     by_path: dict[str, int] | None  # None: the dataset has no labels
     classes: list[str] | None
     kind: str  # "folders" | "file" | "none"
+
+    def of(self, rels: list[str]) -> np.ndarray | None:
+        """The label of each of ``rels``, or None when the dataset has no labels."""
+        return None if self.by_path is None else np.array([self.by_path[r] for r in rels], dtype=np.int64)
 
 
 def folder_labels(paths: list[str], root: Path) -> Labels:
@@ -155,3 +166,56 @@ def find_and_label(root: Path, labels_file: Path | None, no_labels: bool, expect
     if no_labels:
         return rels, Labels(None, None, "none")
     return rels, folder_labels(rels, root)
+
+
+def check_labelled(root: Path, rels: list[str], labels: Labels, labels_file: Path | None, bad: dict[str, str]) -> None:
+    """Mark as bad every file not bad already that the labels file has no label for; refuse a
+    labels file that lists a file not under ``root``."""
+    if labels.by_path is None:
+        return
+    for rel in rels:
+        if rel not in bad and rel not in labels.by_path:
+            bad[rel] = f"{root / rel}: no label for it in {labels_file}"
+    missing = sorted(set(labels.by_path) - set(rels))
+    if missing:
+        raise DataError(f"{labels_file}: lists {missing[0]!r}, which is not a file under {root}")
+
+
+def refuse_bad(bad: dict[str, str], skip_bad: bool) -> list[tuple[str, str]]:
+    """Raise for the first bad file (by path) unless ``skip_bad``; returns the skipped files, sorted."""
+    if bad and not skip_bad:
+        first = min(bad)
+        more = f" ({len(bad) - 1} more bad file(s); --skip-bad skips them and lists them in skipped.json)" if len(bad) > 1 else ""
+        raise DataError(bad[first] + more)
+    return sorted(bad.items())
+
+
+class FolderSource:
+    """What the folder sources share: sample ``i`` is the file ``root/rels[i]``, labelled ``labels[i]``.
+    ``part`` slices ``rels``, ``labels`` and the per-sample columns a subclass names in ``COLUMNS``."""
+
+    COLUMNS: ClassVar[tuple[str, ...]] = ()
+    root: str
+    rels: list[str]
+    labels: np.ndarray | None
+    skipped: list[tuple[str, str]]
+    label_kind: str
+    kind: str
+
+    def __len__(self) -> int:
+        return len(self.rels)
+
+    def part(self, start: int, stop: int) -> Any:
+        s = slice(start, stop)
+        columns = {k: getattr(self, k)[s] for k in ("rels", "labels", *self.COLUMNS) if getattr(self, k) is not None}
+        return replace(self, skipped=[], **columns)  # type: ignore[type-var]  # subclasses are dataclasses
+
+    def labelled(self, sample: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+        """``sample`` with sample ``i``'s label added, when the dataset has labels."""
+        if self.labels is not None:
+            sample[LABEL_FIELD] = np.asarray(self.labels[i], dtype=LABEL_DTYPE)
+        return sample
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": os.path.abspath(self.root), "labels": self.label_kind,
+                "files": len(self.rels), "skipped": len(self.skipped)}

@@ -28,15 +28,15 @@ import fastdata
 from fastdata._units import fmt_bytes
 from fastdata.errors import FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, backend, shard_file_name, write_manifest
+from fastdata.world import usable_cpus
 
 from . import _fault, journal
-from .dst import SKIPPED_NAME, Destination, check_dst, prepare_dst, remove_ours, remove_shards_except, remove_temporary
+from .dst import SKIPPED_NAME, Destination, remove_ours, remove_shards_except, remove_temporary
 from .shardwork import ShardTask, init_worker, write_error, write_shard
 
 DEFAULT_SHARD_SIZE = 256 << 20
 log = logging.getLogger(__name__)
-__all__ = ["ConvertReport", "Destination", "Progress", "Source", "WriteOptions", "check_dst", "plan_shards",
-           "prepare_dst", "write_dataset"]
+__all__ = ["ConvertReport", "Progress", "Source", "WriteOptions", "plan_shards", "write_dataset"]
 
 
 class Source(Protocol):
@@ -164,7 +164,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
         if progress is not None:
             progress.start(len(source), int(nbytes.sum()))
         _fault.point("before_first_shard")
-        workers = min(opts.workers or os.cpu_count() or 1, len(tasks))
+        workers = min(opts.workers or usable_cpus(), len(tasks))
         if workers <= 1:
             update = progress.update if progress is not None else None
             for t in tasks:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import ClassVar, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -48,12 +48,19 @@ def _mask(sizes: Tensor, h: int, w: int, dtype: torch.dtype) -> Tensor:
     return (rows & cols).unsqueeze(1).to(dtype)
 
 
-def _fits(sizes: Tensor, oh: int, ow: int, op: str) -> None:
-    """A fixed-size crop must fit inside every image of the batch (one device sync)."""
-    small = sizes.min(dim=0).values.tolist()
-    if oh > small[0] or ow > small[1]:
-        raise UsageError(f"{op}{(oh, ow)} is larger than an image of the batch ({small[0]}x{small[1]}); "
-                         "crop to at most the smallest image size")
+def _crop_size(size: int | Sequence[int], x: Tensor, sizes: Tensor | None, op: str) -> tuple[int, int]:
+    """A fixed-size crop's (H, W); it must fit inside the batch and, in a mixed-size batch, inside
+    every image (one device sync)."""
+    oh, ow = _pair(size)
+    h, w = x.shape[-2:]
+    if oh > h or ow > w:
+        raise ValueError(f"{op}{(oh, ow)} is larger than the input {(h, w)}")
+    if sizes is not None:
+        small = sizes.min(dim=0).values.tolist()
+        if oh > small[0] or ow > small[1]:
+            raise UsageError(f"{op}{(oh, ow)} is larger than an image of the batch ({small[0]}x{small[1]}); "
+                             "crop to at most the smallest image size")
+    return oh, ow
 
 
 @dataclass(frozen=True)
@@ -117,13 +124,9 @@ class RandomCrop:
     size: int | tuple[int, int]
 
     def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
-        oh, ow = _pair(self.size)
-        h, w = x.shape[-2:]
-        if oh > h or ow > w:
-            raise ValueError(f"RandomCrop{(oh, ow)} is larger than the input {(h, w)}")
-        b = x.shape[0]
+        oh, ow = _crop_size(self.size, x, sizes, "RandomCrop")
+        b, h, w = x.shape[0], x.shape[-2], x.shape[-1]
         if sizes is not None:
-            _fits(sizes, oh, ow, "RandomCrop")
             room = sizes - torch.tensor([oh, ow], device=sizes.device) + 1  # positions per axis
             u = torch.rand(b, 2, generator=g, device=x.device)
             start = torch.minimum((u * room).long(), room - 1)
@@ -140,14 +143,10 @@ class CenterCrop:
     size: int | tuple[int, int]
 
     def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
-        oh, ow = _pair(self.size)
-        h, w = x.shape[-2:]
-        if oh > h or ow > w:
-            raise ValueError(f"CenterCrop{(oh, ow)} is larger than the input {(h, w)}")
+        oh, ow = _crop_size(self.size, x, sizes, "CenterCrop")
         if sizes is not None:
-            _fits(sizes, oh, ow, "CenterCrop")
             return _gather_window(x, (sizes[:, 0] - oh) // 2, (sizes[:, 1] - ow) // 2, oh, ow)
-        top, left = (h - oh) // 2, (w - ow) // 2
+        top, left = (x.shape[-2] - oh) // 2, (x.shape[-1] - ow) // 2
         return x[..., top : top + oh, left : left + ow]
 
 
@@ -162,29 +161,31 @@ def _gather_window(x: Tensor, y0: Tensor, x0: Tensor, oh: int, ow: int) -> Tenso
 
 
 @dataclass(frozen=True)
-class HorizontalFlip:
-    """Mirror left-right with probability ``p``, per sample."""
+class _Flip:
+    """Mirror along ``_axis`` with probability ``p``, per sample."""
 
     p: float = 0.5
+    _axis: ClassVar[int]  # -1: left-right (sizes column 1, W), -2: top-bottom (column 0, H)
 
     def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         flip = torch.rand(x.shape[0], generator=g, device=x.device) < self.p
         if sizes is not None:
-            return _flip_inside(x, flip, sizes[:, 1], axis=-1)
-        return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(-1), x)
+            return _flip_inside(x, flip, sizes[:, self._axis + 2], axis=self._axis)
+        return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(self._axis), x)
 
 
 @dataclass(frozen=True)
-class VerticalFlip:
+class HorizontalFlip(_Flip):
+    """Mirror left-right with probability ``p``, per sample."""
+
+    _axis = -1
+
+
+@dataclass(frozen=True)
+class VerticalFlip(_Flip):
     """Mirror top-bottom with probability ``p``, per sample."""
 
-    p: float = 0.5
-
-    def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
-        flip = torch.rand(x.shape[0], generator=g, device=x.device) < self.p
-        if sizes is not None:
-            return _flip_inside(x, flip, sizes[:, 0], axis=-2)
-        return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(-2), x)
+    _axis = -2
 
 
 def _flip_inside(x: Tensor, flip: Tensor, extent: Tensor, axis: int) -> Tensor:
@@ -293,7 +294,7 @@ Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFl
 
 _BUILTIN = (RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, ColorJitter, GaussianNoise,
             Normalize)
-_CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)
+CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)  # ops whose output has one size
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -324,7 +325,7 @@ class Augment:
                 x = op.apply(x, g)
             elif type(op) in _BUILTIN:  # (a subclass may override apply without sizes)
                 x = op.apply(x, g, sizes)
-                if type(op) in _CROPS:
+                if type(op) in CROPS:
                     sizes = None  # every image now has the crop's size
             else:
                 canvas = x.shape[-2:]

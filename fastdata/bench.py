@@ -11,7 +11,6 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -122,7 +121,8 @@ def _result(name: str, durations: list[float], samples: int, bps: float, first: 
 def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_seconds: float = 3.0) -> BenchResult:
     """The machine's ceiling for these bytes: threads reading the shard files in batch-sized chunks
     with ``readinto`` into preallocated buffers, page cache warm (one untimed pass first)."""
-    chunk = max(1, int(sample_bytes(ds) * batch_size))
+    bps = sample_bytes(ds)
+    chunk = max(1, int(bps * batch_size))
     paths = [ds.root / s.file for s in ds.manifest.shards]
     jobs = [(p, off, min(chunk, os.path.getsize(p) - off)) for p in paths for off in range(0, os.path.getsize(p), chunk)]
     bufs = [bytearray(chunk) for _ in range(threads)]
@@ -146,7 +146,6 @@ def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_secon
     finally:
         for fd in fds.values():
             os.close(fd)
-    bps = sample_bytes(ds)
     samples = int(done / bps)
     return _result(f"ceiling: {threads} threads reading the shard bytes", durations, samples, bps, 0.0,
                    {"threads": threads})
@@ -156,6 +155,5 @@ def naive_pipeline(src: str | os.PathLike[str], batch_size: int, workers: int = 
     """The per-file baseline for a source folder of ``.npy`` files (what ``--naive SRC`` measures)."""
     from .examples import naive_loader
 
-    src = Path(src)
     loader = naive_loader(src, batch_size, workers)
     return lambda: loader

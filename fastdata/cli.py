@@ -84,16 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quality", type=_positive, metavar="Q",
                    help="JPEG quality 1-100 for jpeg (default 90), or to store non-JPEG inputs as JPEG with encoded")
     g.add_argument("--mode", choices=["RGB", "L"], default=None, help="RGB (default) or L (single-channel)")
+    c.set_defaults(run=_convert)
 
     d = sub.add_parser("demo", help="run the main job end to end on a small synthetic dataset",
                        description="Generate synthetic .npy samples, convert them to HDF5 and LMDB, read them "
                                    "back and compare throughput with naive per-file np.load.")
     d.add_argument("--samples", type=_positive, default=512, metavar="N", help="samples to generate (default: 512)")
     d.add_argument("--dir", metavar="DIR", help="work folder to keep (default: a temporary folder, removed after)")
+    d.set_defaults(run=_demo)
 
     i = sub.add_parser("info", help="describe a dataset", description="Print a dataset's manifest for a person.")
     i.add_argument("dst", metavar="DST", help="dataset folder")
     i.add_argument("--json", action="store_true", help="print the raw manifest as JSON")
+    i.set_defaults(run=_info)
 
     v = sub.add_parser("verify", help="check a dataset's shards against its manifest",
                        description="Check every shard's size and SHA-256 against the manifest; with --deep also "
@@ -102,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("dst", metavar="DST", help="dataset folder")
     v.add_argument("--deep", action="store_true", help="also read every sample (slower)")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
+    v.set_defaults(run=_verify)
 
     from .cli_bench import add_parsers
 
@@ -110,23 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if args.command == "convert":
-            return _convert(args)
-        if args.command == "info":
-            return _info(args)
-        if args.command == "verify":
-            return _verify(args)
-        if args.command in ("bench", "tune"):
-            from . import cli_bench
-
-            return cli_bench.run_bench(args) if args.command == "bench" else cli_bench.run_tune(args)
-        if args.command == "demo":
-            return _demo(args)
-        parser.error(f"unknown command {args.command}")
+        return args.run(args)  # each sub-parser names its handler (set_defaults)
     except FastdataError as e:
         if args.debug:
             raise
@@ -135,7 +126,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fastdata: interrupted", file=sys.stderr)
         return 130
-    return 0
 
 
 class _Bar:

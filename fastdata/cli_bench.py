@@ -55,6 +55,7 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--naive", metavar="SRC", help="also measure the naive per-file loader over this .npy folder")
     b.add_argument("--no-ceiling", action="store_true", help="skip measuring the read ceiling")
     b.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    b.set_defaults(run=run_bench)
 
     t = sub.add_parser("tune", help="choose loader settings by measurement",
                        description="Race loader settings (reader mode, workers, prefetch, optionally batch size) "
@@ -66,6 +67,7 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--device", default="cpu", help="device the batches go to (default: cpu)")
     t.add_argument("--no-store", action="store_true", help="do not remember the winner")
     t.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    t.set_defaults(run=run_tune)
 
 
 def _augment(name: str) -> Any:
@@ -85,9 +87,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from .loaders import LoaderConfig, loader
 
     ds = Dataset(args.dst)
-    config = None
-    if args.mode or args.prefetch:
-        config = LoaderConfig(mode=args.mode or "threads", prefetch=args.prefetch or 4)
+    given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}  # others: the defaults
+    config = LoaderConfig(**given) if given else None  # None: tuned settings where stored
     ld = loader(ds, args.batch_size, device=args.device, num_workers=args.workers, config=config,
                 augment=_augment(args.augment))
     settings = {"mode": ld.config.mode, "workers": ld.workers, "prefetch": ld.config.prefetch,
@@ -126,20 +127,15 @@ def run_tune(args: argparse.Namespace) -> int:
     from .tune import tune
 
     sizes = [int(x) for x in args.batch_sizes.split(",")] if args.batch_sizes else None
-    live = not args.json
 
     def show(s: dict[str, Any], r: Any, rnd: int) -> None:
-        if live:
-            print(f"  round {rnd}: {r.name:<46} {r.samples_per_s:>10.0f} samples/s", file=sys.stderr, flush=True)
+        print(f"  round {rnd}: {r.name:<46} {r.samples_per_s:>10.0f} samples/s", file=sys.stderr, flush=True)
 
     res = tune(args.dst, batch_size=args.batch_size, budget_s=args.budget, device=args.device, batch_sizes=sizes,
-               store=not args.no_store, on_trial=show)
-    best: dict[str, tuple[dict[str, Any], float, int]] = {}
-    for s, r, rnd in res.table:
-        key = json.dumps(s, sort_keys=True)
-        if key not in best or rnd >= best[key][2]:
-            best[key] = (s, r.samples_per_s, rnd)
-    rows = sorted(best.values(), key=lambda t: (-t[2], -t[1]))
+               store=not args.no_store, on_trial=None if args.json else show)
+    # each setting's rate in its last round (the table is in round order, so later trials overwrite)
+    last = {json.dumps(s, sort_keys=True): (s, r.samples_per_s, rnd) for s, r, rnd in res.table}
+    rows = sorted(last.values(), key=lambda t: (-t[2], -t[1]))
     if args.json:
         print(json.dumps({"winner": res.winner, "samples_per_s": res.rate, "stored_at": str(res.stored_at),
                           "trials": [{"settings": s, "samples_per_s": r.samples_per_s, "round": k}

@@ -15,16 +15,15 @@ top-left aligned (the true sizes are in ``<name>_shape``).
 from __future__ import annotations
 
 import io
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Literal
 
 import numpy as np
 
 from .errors import CorruptShardError
-from .format.images import CODEC_JPEG, CODEC_PNG, CODECS, ENCODING_IMAGE, ImageSpec
-from .world import usable_cpus
-from .format.manifest import MAX_SAMPLE_BYTES, FieldSpec
+from .format.images import CODEC_JPEG, CODEC_PNG, CODEC_SUFFIX, CODECS, ENCODING_IMAGE, SHAPE_SUFFIX, ImageSpec
+from .format.manifest import LENGTHS_SUFFIX, MAX_SAMPLE_BYTES, FieldSpec
+from .world import PerProcessHandle, usable_cpus
 
 try:  # a dependency; PIL stays the fallback where it is missing. 1.7 added strict mode
     import simplejpeg
@@ -98,11 +97,12 @@ def _decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None
     out[...] = a
 
 
-class BatchDecoder:
+class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
     """Turns the stored bytes of an image field into one uint8 ``(B, H, W, C)`` array.
 
     Decoding runs on ``threads`` threads (default: the usable CPUs): the calling thread and a
-    pool made lazily in each process, never pickled or used across a fork.
+    pool made lazily in each process, never pickled or used across a fork (a pool inherited
+    through fork has no threads in the child: it is dropped, never shut down).
     """
 
     def __init__(self, threads: int | None = None, jpeg: JpegDecoder = "auto") -> None:
@@ -111,18 +111,9 @@ class BatchDecoder:
         self.threads = threads or usable_cpus()
         self.jpeg = jpeg
         jpeg_decoder(jpeg)  # fail now, not mid-epoch, if the choice is not installed
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid: int | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"threads": self.threads, "jpeg": self.jpeg, "_pool": None, "_pool_pid": None}
-
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._pool is None or self._pool_pid != os.getpid():
-            # A pool inherited through fork has no threads here; it is dropped, never shut down.
-            self._pool = ThreadPoolExecutor(max(1, self.threads - 1), thread_name_prefix="fastdata-decode")
-            self._pool_pid = os.getpid()
-        return self._pool
+    def _open_handle(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max(1, self.threads - 1), thread_name_prefix="fastdata-decode")
 
     def finish(self, field: FieldSpec, batch: dict[str, np.ndarray], where: Callable[[int], str]) -> None:
         """Replace ``batch[name]`` (bytes padded per row) by images and drop ``<name>_lengths``.
@@ -132,8 +123,8 @@ class BatchDecoder:
         name, spec = field.name, field.image
         assert spec is not None, "only image fields are decoded"
         data = batch[name]
-        lengths = batch.pop(name + "_lengths")
-        shapes = batch[name + "_shape"]
+        lengths = batch.pop(name + LENGTHS_SUFFIX)
+        shapes = batch[name + SHAPE_SUFFIX]
         b = len(shapes)
         bad = (shapes < 0).any(axis=1) | (shapes[:, 2] != spec.channels)
         bad |= shapes[:, 0].astype(np.float64) * shapes[:, 1] * spec.channels > MAX_SAMPLE_BYTES
@@ -153,7 +144,7 @@ class BatchDecoder:
             batch[name] = _pixels(data, shapes, uniform, out_shape)
             return
         out = (np.empty if uniform else np.zeros)(out_shape, dtype=np.uint8)
-        codecs = batch[name + "_codec"]
+        codecs = batch[name + CODEC_SUFFIX]
         rows = [(k, int(lengths[k]), int(codecs[k]), int(h), int(w)) for k, (h, w, _) in enumerate(shapes.tolist())]
 
         def run(part: list[tuple[int, int, int, int, int]]) -> None:
@@ -166,7 +157,7 @@ class BatchDecoder:
         parts = min(self.threads, b)
         cuts = [b * i // parts for i in range(parts + 1)] if parts else [0, 0]
         # the calling thread decodes the last part itself; the pool the others
-        futures = [self._executor().submit(run, rows[cuts[i] : cuts[i + 1]]) for i in range(len(cuts) - 2)]
+        futures = [self.handle().submit(run, rows[cuts[i] : cuts[i + 1]]) for i in range(len(cuts) - 2)]
         try:
             run(rows[cuts[-2] :])
         finally:

@@ -22,17 +22,6 @@ SHAPE = (2, 64, 21, 21)  # the FLIM-style arrays of our users, with a shorter ti
 CLASSES = ("class_a", "class_b", "class_c", "class_d")
 
 
-def generate(root: Path, n: int, seed: int = 0) -> list[Path]:
-    """``root/<class>/<i>.npy`` float32 samples (positive, class-dependent: learnable); sorted files."""
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-        c = i % len(CLASSES)
-        d = root / CLASSES[c]
-        d.mkdir(parents=True, exist_ok=True)
-        np.save(d / f"{i:06d}.npy", rng.gamma(2.0, 1.0 + 0.5 * c, SHAPE).astype(np.float32))
-    return sorted(root.rglob("*.npy"))
-
-
 def train_side_by_side(src: Path, shards: Path, batch: int, steps: int) -> list[str]:
     """A few training steps of a small FLIM-style 3-D CNN fed by the naive loader and by fastdata.loader."""
     import torch
@@ -76,6 +65,7 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
     import converters  # the CLI layer may import converters; the library proper does not
 
     from .dataset import open as open_dataset
+    from .examples import write_npy_folder
 
     own = workdir is None
     root = Path(tempfile.mkdtemp(prefix="fastdata-demo-")) if own else Path(workdir)
@@ -83,7 +73,7 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
     try:
         src = root / "npy"
         t0 = time.perf_counter()
-        files = generate(src, samples)
+        files = write_npy_folder(src, samples, SHAPE, classes=CLASSES, learnable=True)
         lines.append(f"generated {samples} samples of float32{list(SHAPE)} in {src} ({time.perf_counter() - t0:.1f} s)")
         rng = np.random.default_rng(1)
         plan = [rng.integers(0, samples, batch) for _ in range(batches)]

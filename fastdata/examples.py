@@ -3,7 +3,7 @@
 ``FlimCNN`` is a scaled-down version of the 3-D CNN our FLIM user trains on (2, 256, 21, 21)
 arrays: gentle stride-2 temporal downsampling, then global pooling. ``SmallConvNet`` is a plain
 2-D conv net for image batches. ``naive_loader`` is the per-file baseline every benchmark
-compares against.
+compares against; ``write_npy_folder`` writes the per-file data it reads.
 """
 
 from __future__ import annotations
@@ -60,6 +60,24 @@ def classification_loss(input_field: str = "x", label_field: str = "label"):  # 
         return nn.functional.cross_entropy(model(batch[input_field]), batch[label_field])
 
     return loss_fn
+
+
+def write_npy_folder(root: str | os.PathLike[str], n: int, shape: tuple[int, ...], *,
+                     classes: tuple[str, ...] = ("c0", "c1", "c2", "c3"), learnable: bool = False,
+                     seed: int = 0) -> list[Path]:
+    """``n`` float32 samples of ``shape`` as ``root/<class>/<i>.npy``, sample ``i`` in class
+    ``i % len(classes)``: the per-sample files our users have. ``learnable``: positive values
+    whose scale depends on the class (a model can learn it); else standard normal. Returns the
+    files sorted (the order ``fastdata convert`` and :class:`NaiveNpyFolder` read them in)."""
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        c = i % len(classes)
+        d = Path(root) / classes[c]
+        d.mkdir(parents=True, exist_ok=True)
+        x = rng.gamma(2.0, 1.0 + 0.5 * c, shape).astype(np.float32) if learnable else \
+            rng.standard_normal(shape, dtype=np.float32)
+        np.save(d / f"{i:06d}.npy", x)
+    return sorted(Path(root).rglob("*.npy"))
 
 
 class NaiveNpyFolder(torch.utils.data.Dataset):  # type: ignore[type-arg]

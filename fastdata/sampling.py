@@ -45,6 +45,11 @@ def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int =
     return np.concatenate(parts).astype(np.int64) if parts else np.arange(0, dtype=np.int64)
 
 
+def _share_size(n: int, world: World, drop_last: bool) -> int:
+    """Samples per rank: ``n`` split evenly, the remainder dropped or filled up by wrapping around."""
+    return n // world.size if drop_last else -(-n // world.size)
+
+
 def rank_share(order: np.ndarray, world: World, drop_last: bool) -> np.ndarray:
     """This rank's contiguous share of the epoch order, equal in length on every rank.
 
@@ -55,7 +60,7 @@ def rank_share(order: np.ndarray, world: World, drop_last: bool) -> np.ndarray:
     n, size = len(order), world.size
     if size == 1:
         return order
-    per = n // size if drop_last else -(-n // size)
+    per = _share_size(n, world, drop_last)
     total = per * size
     if total > n:
         order = np.concatenate([order, np.resize(order, total - n)]) if n else order
@@ -72,7 +77,7 @@ def batch_plan(indices: np.ndarray, batch_size: int, drop_last: bool) -> list[np
 
 def num_batches(n: int, world: World, batch_size: int, drop_last: bool) -> int:
     """Batches per epoch on every rank (what ``len(loader)`` returns)."""
-    per = n if world.size == 1 else (n // world.size if drop_last else -(-n // world.size))
+    per = _share_size(n, world, drop_last)
     return per // batch_size if drop_last else -(-per // batch_size)
 
 

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import random
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,10 +23,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .augment import CenterCrop, RandomCrop, RandomResizedCrop
+from .augment import CROPS
 from .bench import batch_len
 from .format import IMAGE_ENCODINGS
-from .world import World
+from .format._io import write_atomic
+from .world import World, usable_cpus
 
 log = logging.getLogger("fastdata.train")
 
@@ -92,7 +92,7 @@ def _fixed_shapes(loader: Any) -> bool:
     if ds is None:
         return True
     aug = getattr(loader, "augment", None)
-    crops = aug is not None and any(type(op) in (RandomResizedCrop, RandomCrop, CenterCrop) for op in aug.ops)
+    crops = aug is not None and any(type(op) in CROPS for op in aug.ops)
     for f in getattr(ds, "schema", []):
         if not getattr(f, "ragged", False):
             continue
@@ -135,7 +135,7 @@ def startup_report(plan: _Plan, compiled: bool, grad_accum: int, clip: float | N
         lines.append(f"  flags    TF32 matmul={torch.backends.cuda.matmul.allow_tf32} "
                      f"cuDNN TF32={torch.backends.cudnn.allow_tf32} cudnn.benchmark={torch.backends.cudnn.benchmark}")
     else:
-        lines.append(f"  device   cpu, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
+        lines.append(f"  device   cpu, {usable_cpus()} usable cores, {torch.get_num_threads()} torch threads")
     amp = f"autocast {plan.precision}" if plan.autocast_dtype is not None else plan.precision
     lines.append(f"  precision {amp}{' + GradScaler' if plan.scaler else ''}; channels_last={plan.channels_last}; "
                  f"compile={compiled}; grad_accum={grad_accum}; clip_grad_norm={clip}")
@@ -175,16 +175,7 @@ def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> No
     """Write a checkpoint atomically: temp file in the same folder, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda f: torch.save(payload, f))
 
 
 def fit(
@@ -279,7 +270,8 @@ def fit(
         nonfinite = torch.zeros((), device=plan.device, dtype=torch.int64)
         events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         wait = compute = 0.0
-        micro = steps = samples = 0
+        micro = samples = 0
+        first_step = step
         optimizer.zero_grad(set_to_none=True)
         t_epoch = time.perf_counter()
         it = iter(loader)
@@ -302,7 +294,7 @@ def fit(
                     with autocast():
                         loss = loss_fn(run_model, batch)
                 except Exception as e:
-                    if not compiled or run_model is model:
+                    if not compiled:  # (compiled: run_model is torch.compile's wrapper of model)
                         raise
                     say(f"torch.compile failed at the first step ({type(e).__name__}: {e}); falling back to eager")
                     run_model, compiled = model, False
@@ -316,7 +308,6 @@ def fit(
             if last_of_step:
                 skipped += _optimizer_step(optimizer, scaler, params, clip_grad_norm)
                 step += 1
-                steps += 1
                 if checkpoint_every and step % checkpoint_every == 0:
                     save(epoch)
             if cuda:
@@ -332,13 +323,12 @@ def fit(
         if micro % grad_accum and not stopped:  # leftover micro-batches at the end of an epoch still step
             skipped += _optimizer_step(optimizer, scaler, params, clip_grad_norm)
             step += 1
-            steps += 1
         if cuda:
             torch.cuda.synchronize(plan.device)
             compute = sum(a.elapsed_time(b) for a, b in events) / 1e3
         seconds = time.perf_counter() - t_epoch
         m = EpochMetrics(
-            epoch=epoch, steps=steps, samples=samples, seconds=seconds,
+            epoch=epoch, steps=step - first_step, samples=samples, seconds=seconds,
             samples_per_s=samples / seconds if seconds > 0 else 0.0, wait_s=wait, compute_s=compute,
             wait_fraction=wait / seconds if seconds > 0 else 0.0, loss=loss_sum.item() / max(micro, 1),
             skipped_steps=int(skipped.item()), nonfinite_losses=int(nonfinite.item()),
@@ -369,7 +359,6 @@ def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScal
     if before is None:
         return torch.zeros((), dtype=torch.int64, device=params[0].device if params else "cpu")
     return (scaler._scale < before).long().reshape(())  # the scale backs off exactly when a step is skipped
-
 
 
 __all__ = ["EpochMetrics", "FitResult", "fit", "save_checkpoint", "startup_report"]

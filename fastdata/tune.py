@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from .bench import BenchResult, measure, sample_bytes
 from .dataset import Dataset
+from .format._io import write_atomic
 from .world import usable_cpus
 
 log = logging.getLogger("fastdata.tune")
@@ -59,12 +60,7 @@ def settings_key(ds: Dataset, batch_size: int, device: str) -> str:
 
 def load_tuned(ds: Dataset, batch_size: int, device: str) -> dict[str, Any] | None:
     """Stored settings for this dataset/batch size/device on this machine, or None."""
-    path = cache_dir() / CACHE_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    entry = data.get(settings_key(ds, batch_size, device)) if isinstance(data, dict) else None
+    entry = _read_cache(cache_dir() / CACHE_FILE).get(settings_key(ds, batch_size, device))
     if not isinstance(entry, dict) or not isinstance(entry.get("settings"), dict):
         return None
     return entry["settings"]
@@ -75,19 +71,22 @@ def store_tuned(ds: Dataset, batch_size: int, device: str, settings: dict[str, A
     d = cache_dir()
     d.mkdir(parents=True, exist_ok=True)
     path = d / CACHE_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
+    data = _read_cache(path)
     data[settings_key(ds, batch_size, device)] = {
         "settings": settings, "samples_per_s": rate, "dataset": str(ds.root.resolve()), "batch_size": batch_size,
         "device": device, "machine": machine_id(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=1) + "\n"
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
     return path
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    """The cache file's entries; empty when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def candidates(cores: int, batch_sizes: list[int]) -> list[dict[str, Any]]:
@@ -122,32 +121,21 @@ def tune(
     on_trial: Callable[[dict[str, Any], BenchResult, int], None] | None = None,
 ) -> TuneResult:
     """Race loader settings on the dataset at ``path`` within ``budget_s`` seconds; store the winner."""
-    from .loaders import LoaderConfig, loader
-
     ds = Dataset(path)
     alive = candidates(usable_cpus(), batch_sizes or [batch_size])
-    bps = sample_bytes(ds)
     deadline = time.perf_counter() + budget_s
     _warm_up(ds, min(batch_size, 64), device, max_seconds=0.15 * budget_s)
     # Halving keeps every round's cost about equal: n candidates x t, n/2 x 2t, ...
     rounds = max(1, (len(alive) - 1).bit_length())
     trial_s = max(0.2, budget_s / (rounds * len(alive)))
     table: list[tuple[dict[str, Any], BenchResult, int]] = []
-    latest: dict[str, float] = {}  # each setting's rate in its longest (last) trial
     rnd = 0
     while True:
         scored = []
         for s in alive:
             if time.perf_counter() > deadline and scored:
                 break
-            ld = loader(ds, s["batch_size"], device=device, num_workers=s["num_workers"],
-                        config=LoaderConfig(mode=s["mode"], prefetch=s["prefetch"]))
-            try:
-                r = measure(_describe(s), lambda ld=ld: ld, bytes_per_sample=bps, max_seconds=trial_s, warmup=2,
-                            settings=s)
-            finally:
-                ld.close()
-            latest[json.dumps(s, sort_keys=True)] = r.samples_per_s
+            r = measure_setting(ds, s, device=device, max_seconds=trial_s)
             scored.append((r.samples_per_s, s))
             table.append((s, r, rnd))
             if on_trial is not None:
@@ -155,14 +143,26 @@ def tune(
         scored.sort(key=lambda t: -t[0])
         rnd += 1
         if len(scored) <= 1 or time.perf_counter() > deadline:
-            alive = [s for _, s in scored[:1]]
             break
-        alive = [s for _, s in scored[: max(1, len(scored) // 2)]]  # the slower half cannot win
+        alive = [s for _, s in scored[: len(scored) // 2]]  # the slower half cannot win
         trial_s *= 2
-    winner = alive[0]
-    rate = latest[json.dumps(winner, sort_keys=True)]
+    rate, winner = scored[0]  # the fastest of the last (longest) round, at its rate there
     stored = store_tuned(ds, winner["batch_size"], device, winner, rate) if store else None
     return TuneResult(winner=winner, rate=rate, table=table, stored_at=stored)
+
+
+def measure_setting(ds: Dataset, s: dict[str, Any], *, device: str = "cpu", max_seconds: float) -> BenchResult:
+    """One trial of the race: a loader with the settings ``s`` (as :func:`candidates` gives them),
+    measured by :func:`fastdata.bench.measure` for ``max_seconds``."""
+    from .loaders import LoaderConfig, loader
+
+    ld = loader(ds, s["batch_size"], device=device, num_workers=s["num_workers"],
+                config=LoaderConfig(mode=s["mode"], prefetch=s["prefetch"]))
+    try:
+        return measure(_describe(s), lambda: ld, bytes_per_sample=sample_bytes(ds), max_seconds=max_seconds,
+                       warmup=2, settings=s)
+    finally:
+        ld.close()
 
 
 def _warm_up(ds: Dataset, batch_size: int, device: str, max_seconds: float) -> None:

@@ -22,6 +22,7 @@ from .errors import FastdataError
 from .format import IMAGE_ENCODINGS, LABEL_FIELD, LENGTHS_SUFFIX, FieldSpec, Manifest, ShardInfo, read_manifest, shard_path
 from .format._io import sha256_file
 from .format.images import SHAPE_SUFFIX
+from .world import usable_cpus
 
 _BATCH_BYTES = 32 << 20
 _MAX_BATCH = 1024
@@ -93,7 +94,7 @@ def check_shards(root: Path, manifest: Manifest, progress: Progress | None = Non
     """Each shard's existence, size and SHA-256 against the manifest, hashed on a few threads."""
     if progress is not None:
         progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="checksums")
-    workers = max(1, min(threads or os.cpu_count() or 1, 8, len(manifest.shards) or 1))
+    workers = max(1, min(threads or usable_cpus(), 8, len(manifest.shards) or 1))
     problems: list[Problem] = []
     with ThreadPoolExecutor(workers, thread_name_prefix="fastdata-verify") as pool:
         for info, problem in zip(manifest.shards, pool.map(lambda s: _check_shard(root, s), manifest.shards)):

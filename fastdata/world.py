@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 H = TypeVar("H")
 
+
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity where the OS has one), at least 1."""
     try:
@@ -68,9 +69,6 @@ class PerProcessHandle(Generic[H]):
         state.pop("_handle", None)
         state.pop("_handle_pid", None)
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
 
 def _close_inherited_handles() -> None:

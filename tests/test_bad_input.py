@@ -11,7 +11,7 @@ import pytest
 
 import converters
 import fastdata
-from conftest import make_class_folder, tree_state
+from conftest import tree_state
 from fastdata.errors import DataError, UsageError, WriteError
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ import pytest
 import converters
 import fastdata
 from converters import WriteOptions
-from conftest import SHAPE, make_class_folder, tree_state
+from conftest import make_class_folder, tree_state
 
 BACKENDS = ["hdf5", "lmdb"]
 

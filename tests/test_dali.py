@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import socket
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,6 +21,7 @@ pytest.importorskip("nvidia.dali")
 import converters  # noqa: E402
 import fastdata  # noqa: E402
 import imagegen  # noqa: E402
+from conftest import free_port, gloo_group  # noqa: E402
 from converters import ImageOptions, WriteOptions  # noqa: E402
 from fastdata.augment import (  # noqa: E402
     Augment, CenterCrop, ColorJitter, GaussianNoise, HorizontalFlip, Normalize, RandomCrop, RandomResizedCrop,
@@ -248,29 +247,17 @@ def test_rank_partition_is_the_torch_backends(raw, monkeypatch, drop_last):
         assert set(flat) == set(range(N)) and len(flat) - len(set(flat)) == per * world - N
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, path: str, out: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port) as dist:
         ld = fastdata.loader(path, 4, seed=9, device="cpu", backend="dali", num_workers=1)
         got = labels(ld)
         n = torch.tensor([len(got)])
         dist.all_reduce(n, op=dist.ReduceOp.MAX)  # would hang if the ranks disagreed on batch counts
         np.save(f"{out}-{rank}.npy", np.array([i for b in got for i in b] + [-1, len(got), len(ld)]))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ddp_two_processes_gloo(raw, tmp_path):
-    torch.multiprocessing.spawn(_ddp_worker, args=(2, _free_port(), str(raw), str(tmp_path / "r")), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_ddp_worker, args=(2, free_port(), str(raw), str(tmp_path / "r")), nprocs=2, join=True)
     shares, per_rank = [], -(-N // 2)
     for r in range(2):
         a = np.load(tmp_path / f"r-{r}.npy").tolist()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import pickle
@@ -13,7 +12,7 @@ import pytest
 
 import converters
 import fastdata
-from conftest import make_class_folder
+from conftest import edit_manifest, four_shard_dataset, make_class_folder
 from fastdata.errors import CorruptShardError, FormatError, IncompleteDatasetError, VersionError
 
 BACKENDS = ["hdf5", "lmdb"]
@@ -21,11 +20,8 @@ BACKENDS = ["hdf5", "lmdb"]
 
 @pytest.fixture(params=BACKENDS)
 def dataset(request, tmp_path):
-    src = tmp_path / "src"
-    arrays = make_class_folder(src, per_class=10)
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(backend=request.param, shard_size=4000, workers=1))
-    ref = np.stack([arrays[k] for k in sorted(arrays)])
-    return tmp_path / "ds", ref
+    path, arrays = four_shard_dataset(tmp_path, request.param)
+    return path, np.stack([arrays[k] for k in sorted(arrays)])
 
 
 def test_get_batch_any_order_with_repeats(dataset):
@@ -132,12 +128,6 @@ def test_lmdb_flipped_header_byte(tmp_path):
         ds.get_batch(range(9))
 
 
-def _edit_manifest(path, fn):
-    m = json.loads((path / "manifest.json").read_text())
-    fn(m)
-    (path / "manifest.json").write_text(json.dumps(m))
-
-
 @pytest.mark.parametrize(
     "edit,error,match",
     [
@@ -153,7 +143,7 @@ def _edit_manifest(path, fn):
 )
 def test_hostile_manifest_is_rejected(dataset, edit, error, match):
     path, _ = dataset
-    _edit_manifest(path, edit)
+    edit_manifest(path, edit)
     with pytest.raises(error, match=match):
         fastdata.open(path)
 

@@ -3,7 +3,6 @@ are never unpickled by open, get_batch, the loader, verify, info or --resume."""
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 import converters
 import fastdata
-from conftest import make_class_folder
+from conftest import edit_manifest, make_class_folder
 from fastdata.errors import CorruptShardError, DataError, FastdataError, FormatError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,9 +72,7 @@ def test_pickle_payloads_in_a_dataset_are_never_unpickled(tmp_path, capsys):
 
     # 2. a valid manifest carrying the payload in its free-form 'source'
     converters.convert(tmp_path / "src", tmp_path / "b")
-    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
-    m["source"]["payload"] = evil.decode("latin-1")
-    (tmp_path / "b" / "manifest.json").write_text(json.dumps(m))
+    edit_manifest(tmp_path / "b", lambda m: m["source"].update(payload=evil.decode("latin-1")))
     _everything(tmp_path / "b")
 
     # 3. every LMDB record, and the shard description, replaced by the payload
@@ -87,9 +84,7 @@ def test_pickle_payloads_in_a_dataset_are_never_unpickled(tmp_path, capsys):
         for k in keys:
             txn.put(k, evil)
     env.close()
-    m = json.loads((tmp_path / "c" / "manifest.json").read_text())
-    m["shards"][0]["bytes"] = shard.stat().st_size
-    (tmp_path / "c" / "manifest.json").write_text(json.dumps(m))
+    edit_manifest(tmp_path / "c", lambda m: m["shards"][0].update(bytes=shard.stat().st_size))
     with pytest.raises(CorruptShardError):
         fastdata.open(tmp_path / "c").get_batch([0])
     _everything(tmp_path / "c")
@@ -106,9 +101,7 @@ def test_pickle_payloads_in_a_dataset_are_never_unpickled(tmp_path, capsys):
         rows[:] = [np.frombuffer(evil, np.uint8)] * 6
         f.create_dataset("x", data=rows, dtype=h5py.vlen_dtype(np.uint8))
         f.attrs["note"] = np.void(evil)
-    m = json.loads((tmp_path / "e" / "manifest.json").read_text())
-    m["shards"][0]["bytes"] = (tmp_path / "e" / "shard-00000.h5").stat().st_size
-    (tmp_path / "e" / "manifest.json").write_text(json.dumps(m))
+    edit_manifest(tmp_path / "e", lambda m: m["shards"][0].update(bytes=(tmp_path / "e" / "shard-00000.h5").stat().st_size))
     with pytest.raises(CorruptShardError):
         fastdata.open(tmp_path / "e").get_batch([0])
     _everything(tmp_path / "e")

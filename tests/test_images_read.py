@@ -15,6 +15,7 @@ from PIL import Image
 import converters
 import fastdata
 import imagegen as g
+from conftest import edit_manifest
 from converters import ImageOptions, WriteOptions
 from fastdata import decode
 from fastdata.errors import CorruptShardError, FormatError
@@ -179,9 +180,7 @@ def _manifest(root: Path) -> dict:
 ])
 def test_manifest_image_rules_are_enforced(encoded, edit, message):
     root, _ = encoded
-    m = _manifest(root)
-    edit(m)
-    (root / "manifest.json").write_text(json.dumps(m))
+    edit_manifest(root, edit)
     with pytest.raises(FormatError, match=message):
         fastdata.open(root)
 

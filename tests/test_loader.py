@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import torch
 
 import converters
 import fastdata
+from conftest import free_port, gloo_group
 from fastdata.errors import CorruptShardError, UsageError
 from fastdata.loaders import LoaderConfig
 
@@ -117,31 +116,19 @@ def test_resume_state_must_match(ds_path):
         other.load_state_dict(state)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_worker(rank: int, world: int, port: int, path: str, drop_last: bool, out: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port) as dist:
         ld = fastdata.loader(path, 4, drop_last=drop_last, seed=9, device="cpu", num_workers=2)
         batches = ids_of(ld)
         n = torch.tensor([len(batches)])
         dist.all_reduce(n, op=dist.ReduceOp.MAX)  # would hang if ranks disagreed on batch counts
         np.save(f"{out}-{rank}.npy", np.array([i for b in batches for i in b] + [-1, len(batches), len(ld)]))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_ddp_ranks_get_disjoint_equal_shares(ds_path, tmp_path, drop_last):
     world = 3
-    torch.multiprocessing.spawn(_ddp_worker, args=(world, _free_port(), str(ds_path), drop_last, str(tmp_path / "r")),
+    torch.multiprocessing.spawn(_ddp_worker, args=(world, free_port(), str(ds_path), drop_last, str(tmp_path / "r")),
                                 nprocs=world, join=True)
     shares, counts = [], []
     for r in range(world):

@@ -6,7 +6,6 @@ instead of killing the test run.
 
 from __future__ import annotations
 
-import json
 import struct
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 
 import converters
 import fastdata
-from conftest import make_class_folder
+from conftest import edit_manifest, four_shard_dataset, make_class_folder
 from fastdata.errors import CorruptShardError
 
 BACKENDS = ["hdf5", "lmdb"]
@@ -87,9 +86,7 @@ def test_lmdb_in_page_offset_past_the_end(tmp_path, strip_guard):
     converters.convert(None, ds, converters.WriteOptions(backend="lmdb", workers=1), arrays={"x": tmp_path / "X.npy"})
     shard = ds / "shard-00000.lmdb"
     size = _corrupt_last_leaf(shard, strip_guard)
-    m = json.loads((ds / "manifest.json").read_text())
-    m["shards"][0]["bytes"] = size
-    (ds / "manifest.json").write_text(json.dumps(m))
+    edit_manifest(ds, lambda m: m["shards"][0].update(bytes=size))
     r = _run(f"""
         import numpy as np, fastdata
         try:
@@ -118,16 +115,7 @@ def test_lmdb_page_count_past_the_file_is_refused(tmp_path):
 @pytest.fixture(params=BACKENDS)
 def four(request, tmp_path):
     """30 samples in 4 shards, the first three of equal size."""
-    make_class_folder(tmp_path / "src", per_class=10)
-    converters.convert(tmp_path / "src", tmp_path / "ds",
-                       converters.WriteOptions(backend=request.param, shard_size=4000, workers=1))
-    return tmp_path / "ds"
-
-
-def _edit(ds, fn):
-    m = json.loads((ds / "manifest.json").read_text())
-    fn(m)
-    (ds / "manifest.json").write_text(json.dumps(m))
+    return four_shard_dataset(tmp_path, request.param)[0]
 
 
 def test_swapped_shards_are_refused(four):
@@ -137,7 +125,7 @@ def test_swapped_shards_are_refused(four):
     s0.rename(tmp)
     s1.rename(s0)
     tmp.rename(s1)
-    _edit(four, lambda m: (m["shards"][0].update(sha256=m["shards"][1]["sha256"])))  # even the checksums agree
+    edit_manifest(four, lambda m: (m["shards"][0].update(sha256=m["shards"][1]["sha256"])))  # even the checksums agree
     ds = fastdata.open(four)
     with pytest.raises(CorruptShardError, match=r"shard-00000\.\w+.*(holds samples \w+|record is missing)"):
         ds.get_batch([0])
@@ -149,7 +137,7 @@ def test_manifest_with_shifted_shard_boundaries(four):
         m["shards"][1]["start"] -= 1
         m["shards"][1]["count"] += 1
 
-    _edit(four, shift)
+    edit_manifest(four, shift)
     ds = fastdata.open(four)
     with pytest.raises(CorruptShardError, match=r"shard-00000"):
         ds.get_batch([0])
@@ -163,7 +151,7 @@ def test_manifest_with_shifted_shard_boundaries(four):
     lambda f: f.update(name="y"),
 ])
 def test_manifest_schema_that_does_not_match_the_shards(four, edit):
-    _edit(four, lambda m: edit(m["fields"][0]))
+    edit_manifest(four, lambda m: edit(m["fields"][0]))
     ds = fastdata.open(four)
     with pytest.raises(CorruptShardError, match=r"shard-0000\d\.(h5|lmdb)"):
         ds.get_batch([0, 29])

@@ -82,8 +82,7 @@ def test_sigkill_with_worker_processes_kills_the_workers_too(src, tmp_path):
 
 def test_resume_rewrites_a_finished_shard_that_no_longer_verifies(src, tmp_path):
     ref = reference(src, tmp_path, "lmdb")
-    dst = tmp_path / "ds"
-    kill(start_paused(_args(src, dst, "lmdb", 1), "pause:between_shards:1", tmp_path / "ready"))
+    dst = _interrupted(src, tmp_path, "lmdb")
     shard = dst / "shard-00000.lmdb"
     blob = bytearray(shard.read_bytes())
     blob[5000] ^= 0xFF  # same size, other bytes: only the checksum can tell
@@ -96,8 +95,7 @@ def test_resume_rewrites_a_finished_shard_that_no_longer_verifies(src, tmp_path)
 
 def test_torn_journal_line_is_ignored(src, tmp_path):
     ref = reference(src, tmp_path, "hdf5")
-    dst = tmp_path / "ds"
-    kill(start_paused(_args(src, dst, "hdf5", 1), "pause:between_shards:1", tmp_path / "ready"))
+    dst = _interrupted(src, tmp_path)
     journal = dst / ".fastdata-journal"
     lines = journal.read_bytes().split(b"\n")
     assert len(lines) == 4 and lines[-1] == b""  # header, two shards, end

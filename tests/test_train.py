@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-
 import numpy as np
 import pytest
 import torch
@@ -12,6 +9,7 @@ from torch import nn
 
 import converters
 import fastdata
+from conftest import free_port, gloo_group
 from fastdata import train
 from fastdata.augment import RandomCrop
 from fastdata.examples import classification_loss
@@ -140,18 +138,8 @@ def test_compile_failure_falls_back_to_eager(blobs, monkeypatch):
     assert any("falling back to eager" in line and "inductor exploded" in line for line in logs)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_fit(rank: int, world: int, port: int, path: str, out: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         model = nn.parallel.DistributedDataParallel(make_model(5, bn=False))
         ld = fastdata.loader(path, 8, device="cpu", num_workers=0)
         logs: list[str] = []
@@ -159,12 +147,10 @@ def _ddp_fit(rank: int, world: int, port: int, path: str, out: str) -> None:
                         grad_accum=2, on_log=logs.append, log_every=0)
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
         torch.save({"params": flat, "logs": len(logs), "steps": res.steps}, f"{out}-{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ddp_ranks_stay_in_sync_and_only_rank0_logs(blobs, tmp_path):
-    torch.multiprocessing.spawn(_ddp_fit, args=(2, _free_port(), str(blobs), str(tmp_path / "r")), nprocs=2)
+    torch.multiprocessing.spawn(_ddp_fit, args=(2, free_port(), str(blobs), str(tmp_path / "r")), nprocs=2)
     r0, r1 = (torch.load(tmp_path / f"r-{r}.pt") for r in (0, 1))
     assert torch.equal(r0["params"], r1["params"])  # gradients were averaged across ranks
     assert r0["logs"] > 0 and r1["logs"] == 0

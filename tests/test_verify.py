@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import lmdb
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 
 import converters
 import fastdata
-from conftest import make_class_folder
+from conftest import edit_manifest, four_shard_dataset, make_class_folder
 from fastdata.errors import CorruptShardError, IncompleteDatasetError
 from fastdata.verify import MAX_SAMPLE_PROBLEMS, verify
 
@@ -19,10 +18,7 @@ BACKENDS = ["hdf5", "lmdb"]
 
 @pytest.fixture(params=BACKENDS)
 def ds(request, tmp_path):
-    make_class_folder(tmp_path / "src", per_class=10)
-    converters.convert(tmp_path / "src", tmp_path / "ds",
-                       converters.WriteOptions(backend=request.param, shard_size=4000, workers=1))
-    return tmp_path / "ds"
+    return four_shard_dataset(tmp_path, request.param)[0]
 
 
 def _shard(ds, i):
@@ -106,9 +102,7 @@ def test_deep_caps_problems_per_shard(tmp_path):
         for k in range(60):
             txn.put(k.to_bytes(8, "big"), b"FDR1 not a record")
     env.close()
-    m = json.loads((tmp_path / "ds" / "manifest.json").read_text())
-    m["shards"][0]["bytes"] = shard.stat().st_size
-    (tmp_path / "ds" / "manifest.json").write_text(json.dumps(m))
+    edit_manifest(tmp_path / "ds", lambda m: m["shards"][0].update(bytes=shard.stat().st_size))
     report = verify(tmp_path / "ds", deep=True)
     sample_problems = [p for p in report.problems if p.sample is not None]
     assert len(sample_problems) == MAX_SAMPLE_PROBLEMS
@@ -116,9 +110,7 @@ def test_deep_caps_problems_per_shard(tmp_path):
 
 
 def test_deep_checks_labels_against_the_classes(ds):
-    m = json.loads((ds / "manifest.json").read_text())
-    m["classes"] = ["cat", "dog"]  # the 'eel' samples now carry a label with no class
-    (ds / "manifest.json").write_text(json.dumps(m))
+    edit_manifest(ds, lambda m: m.update(classes=["cat", "dog"]))  # the 'eel' samples now carry a label with no class
     assert verify(ds).ok  # the shards are as written
     report = verify(ds, deep=True)
     assert sorted(p.sample for p in report.problems) == list(range(20, 30))
@@ -152,8 +144,6 @@ def test_verify_refuses_a_dataset_without_a_usable_manifest(tmp_path, ds, run_cl
         verify(tmp_path / "half")
     code, _, err = run_cli("verify", tmp_path / "half")
     assert code == 1 and "incomplete dataset" in err and "Traceback" not in err
-    m = json.loads((ds / "manifest.json").read_text())
-    m["shards"][0]["file"] = "../../etc/passwd"
-    (ds / "manifest.json").write_text(json.dumps(m))
+    edit_manifest(ds, lambda m: m["shards"][0].update(file="../../etc/passwd"))
     code, _, err = run_cli("verify", ds)
     assert code == 1 and "bad shard file name" in err

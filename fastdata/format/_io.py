@@ -1,14 +1,22 @@
-"""Small I/O helpers shared by the shard backends: positional reads, atomic finishing, hashing."""
+"""What the shard backends share: positional reads, atomic finishing, hashing, the reader base."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, Callable, TypeVar
 
 import numpy as np
 
 from ..errors import CorruptShardError
+from ..world import PerProcessHandle
+
+if TYPE_CHECKING:
+    from .manifest import ShardInfo
+
+H = TypeVar("H")
 
 _HASH_BLOCK = 8 << 20
 
@@ -35,6 +43,23 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` all or nothing: ``write(f)`` into a temporary file beside it, fsync, rename;
+    the temporary file is removed on failure. Not mkstemp: its 0600 mode would hide the file from
+    other users; this honours the umask."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def finish_file(tmp: Path, final: Path) -> None:
     """fsync a completely written file and move it to its final name."""
     fd = os.open(tmp, os.O_RDONLY)
@@ -56,10 +81,46 @@ def runs(local: np.ndarray, dest: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(local[s]), int(dest[s]), int(e - s)) for s, e in zip(starts, ends)]
 
 
-def check_size_unchanged(fd: int, expected: int, where: str) -> None:
-    """A shard truncated or rewritten after it was opened must raise here, not SIGBUS in a
-    memory-mapped read later (HDF5 small-row columns and LMDB both read through maps)."""
-    size = os.fstat(fd).st_size
-    if size != expected:
-        raise CorruptShardError(f"{where}: file is now {size} bytes, the manifest says {expected} "
-                                "(truncated or rewritten while open)")
+class ShardReaderBase(PerProcessHandle[H]):
+    """What the HDF5 and LMDB shard readers share: naming a place in errors, opening the file
+    checked against the manifest's size, and re-checking that size before each read."""
+
+    def __init__(self, path: Path, info: ShardInfo) -> None:
+        self.path = path
+        self.info = info
+
+    def _where(self, local: int | None = None) -> str:
+        if local is None:
+            return f"shard {self.path}"
+        return f"shard {self.path}, sample {self.info.start + local}"
+
+    def _open_handle(self) -> H:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise CorruptShardError(f"{self._where()}: shard file is missing") from None
+        except OSError as e:
+            raise CorruptShardError(f"{self._where()}: cannot open: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_size != self.info.bytes:
+                raise CorruptShardError(
+                    f"{self._where()}: file is {st.st_size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"
+                )
+            return self._open_checked(fd, st)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _open_checked(self, fd: int, st: os.stat_result) -> H:  # pragma: no cover - abstract
+        """The backend's handle on the open file ``fd`` (of the manifest's size); it owns ``fd`` from here."""
+        raise NotImplementedError
+
+    def _check_unchanged(self, fd: int, local: np.ndarray) -> None:
+        """A shard truncated or rewritten after it was opened must raise here, not SIGBUS in a
+        memory-mapped read later (HDF5 small-row columns and LMDB both read through maps)."""
+        size = os.fstat(fd).st_size
+        if size != self.info.bytes:
+            where = self._where(int(local[0]) if len(local) else None)
+            raise CorruptShardError(f"{where}: file is now {size} bytes, the manifest says {self.info.bytes} "
+                                    "(truncated or rewritten while open)")

@@ -18,8 +18,7 @@ import h5py
 import numpy as np
 
 from ..errors import CorruptShardError, UsageError
-from ..world import PerProcessHandle
-from ._io import check_size_unchanged, pread_into, runs
+from ._io import ShardReaderBase, pread_into, runs
 from .manifest import FORMAT_VERSION, FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
@@ -73,25 +72,23 @@ class ShardWriter:
         self._stage: dict[str, list[np.ndarray]] = {}
         self._staged_bytes = 0
         self._written = 0  # samples flushed
-        self._rows_written: dict[str, int] = {}
-        self._offsets: dict[str, np.ndarray] = {}
+        self._offsets: dict[str, np.ndarray] = {}  # ragged: row offsets, count + 1
         for f in fields:
             if f.ragged:
                 rows = ragged_rows[f.name]
                 g = self._file.create_group(f.name)
-                self._dsets[f.name] = self._create(g, "data", (rows, *f.trailing), f, filt, level, f.row_nbytes)
+                self._dsets[f.name] = self._create(g, "data", (rows, *f.trailing), f, filt, level)
                 self._offsets[f.name] = np.zeros(count + 1, dtype=np.int64)
-                self._rows_written[f.name] = 0
             else:
-                self._dsets[f.name] = self._create(self._file, f.name, (count, *f.shape), f, filt, level, f.row_nbytes)
+                self._dsets[f.name] = self._create(self._file, f.name, (count, *f.shape), f, filt, level)
             self._stage[f.name] = []
         self._n = 0
 
     @staticmethod
-    def _create(parent: Any, name: str, shape: tuple[int, ...], f: FieldSpec, filt: Any, level: Any, row_bytes: int) -> Any:
+    def _create(parent: Any, name: str, shape: tuple[int, ...], f: FieldSpec, filt: Any, level: Any) -> Any:
         if filt is None or shape[0] == 0 or math.prod(shape) == 0:
             return parent.create_dataset(name, shape=shape, dtype=f.np_dtype, track_times=False)
-        chunks = (_chunk_rows(row_bytes, shape[0]), *shape[1:])
+        chunks = (_chunk_rows(f.row_nbytes, shape[0]), *shape[1:])
         return parent.create_dataset(
             name, shape=shape, dtype=f.np_dtype, chunks=chunks, compression=filt,
             compression_opts=level, shuffle=filt == "gzip", track_times=False,
@@ -112,7 +109,7 @@ class ShardWriter:
             self._flush()
 
     def _flush(self) -> None:
-        n = len(self._stage[self.fields[0].name])
+        n = self._n - self._written
         if n == 0:
             return
         for f in self.fields:
@@ -120,10 +117,9 @@ class ShardWriter:
             dset = self._dsets[f.name]
             if f.ragged:
                 block = np.concatenate(parts) if len(parts) > 1 else parts[0]
-                r0 = self._rows_written[f.name]
+                r0 = int(self._offsets[f.name][self._written])  # rows flushed so far
                 if len(block):
                     dset[r0 : r0 + len(block)] = block
-                self._rows_written[f.name] = r0 + len(block)
             else:
                 dset[self._written : self._written + n] = np.stack(parts)
             parts.clear()
@@ -173,57 +169,36 @@ class _Handle:
     columns: dict[str, _Column] = field(default_factory=dict)
 
 
-class ShardReader(PerProcessHandle[_Handle]):
+class ShardReader(ShardReaderBase[_Handle]):
     """Reads samples of one HDF5 shard into caller-provided batch arrays."""
 
     def __init__(self, path: Path, info: ShardInfo, fields: list[FieldSpec]) -> None:
-        self.path = path
-        self.info = info
+        super().__init__(path, info)
         self.fields = {f.name: f for f in fields}
 
-    def _where(self, local: int | None = None) -> str:
-        if local is None:
-            return f"shard {self.path}"
-        return f"shard {self.path}, sample {self.info.start + local}"
-
-    def _open_handle(self) -> _Handle:
+    def _open_checked(self, fd: int, st: os.stat_result) -> _Handle:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise CorruptShardError(f"{self._where()}: shard file is missing") from None
-        except OSError as e:
-            raise CorruptShardError(f"{self._where()}: cannot open: {e.strerror}") from None
+            h5 = h5py.File(self.path, "r", rdcc_nbytes=64 << 20, rdcc_nslots=10007)
+        except Exception as e:  # h5py raises OSError with libhdf5's message
+            raise CorruptShardError(f"{self._where()}: not a readable HDF5 file ({e})") from None
+        handle = _Handle(fd=fd, h5=h5)
+        keep_h5 = False
         try:
-            size = os.fstat(fd).st_size
-            if size != self.info.bytes:
-                raise CorruptShardError(
-                    f"{self._where()}: file is {size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"
-                )
-            try:
-                h5 = h5py.File(self.path, "r", rdcc_nbytes=64 << 20, rdcc_nslots=10007)
-            except Exception as e:  # h5py raises OSError with libhdf5's message
-                raise CorruptShardError(f"{self._where()}: not a readable HDF5 file ({e})") from None
-            handle = _Handle(fd=fd, h5=h5)
-            keep_h5 = False
-            try:
-                self._check_start(h5)
-                for f in self.fields.values():
-                    col = self._column(h5, f, size, fd)
-                    keep_h5 |= col.dset is not None
-                    handle.columns[f.name] = col
-            except CorruptShardError:
-                h5.close()
-                raise
-            except Exception as e:
-                h5.close()
-                raise CorruptShardError(f"{self._where()}: unexpected layout ({type(e).__name__}: {e})") from None
-            if not keep_h5:
-                h5.close()  # every column is read with pread: no h5py (and no lock) from here on
-                handle.h5 = None
-            return handle
-        except BaseException:
-            os.close(fd)
+            self._check_start(h5)
+            for f in self.fields.values():
+                col = self._column(h5, f, st.st_size, fd)
+                keep_h5 |= col.dset is not None
+                handle.columns[f.name] = col
+        except CorruptShardError:
+            h5.close()
             raise
+        except Exception as e:
+            h5.close()
+            raise CorruptShardError(f"{self._where()}: unexpected layout ({type(e).__name__}: {e})") from None
+        if not keep_h5:
+            h5.close()  # every column is read with pread: no h5py (and no lock) from here on
+            handle.h5 = None
+        return handle
 
     def _check_start(self, h5: Any) -> None:
         start = h5.attrs.get("fastdata_start")  # absent in shards written before it was added
@@ -232,9 +207,6 @@ class ShardReader(PerProcessHandle[_Handle]):
                 f"{self._where()}: holds samples from {int(start)}, the manifest says {self.info.start} "
                 "(a shard of another dataset, or shards renamed?)"
             )
-
-    def _check_size(self, h: _Handle, local: np.ndarray) -> None:
-        check_size_unchanged(h.fd, self.info.bytes, self._where(int(local[0]) if len(local) else None))
 
     def _column(self, h5: Any, f: FieldSpec, file_size: int, fd: int) -> _Column:
         n = self.info.count
@@ -286,7 +258,7 @@ class ShardReader(PerProcessHandle[_Handle]):
 
     def lengths(self, name: str, local: np.ndarray) -> np.ndarray:
         h = self.handle()
-        self._check_size(h, local)
+        self._check_unchanged(h.fd, local)
         o = h.columns[name].offsets
         assert o is not None
         return o[local + 1] - o[local]
@@ -298,7 +270,7 @@ class ShardReader(PerProcessHandle[_Handle]):
         Ragged fields are written into the leading rows of a zero-padded output.
         """
         h = self.handle()
-        self._check_size(h, local)
+        self._check_unchanged(h.fd, local)
         for name, out in outs.items():
             f = self.fields[name]
             col = h.columns[name]

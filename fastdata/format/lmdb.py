@@ -33,8 +33,7 @@ import lmdb
 import numpy as np
 
 from ..errors import CorruptShardError, UsageError
-from ..world import PerProcessHandle
-from ._io import check_size_unchanged
+from ._io import ShardReaderBase
 from .manifest import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"
@@ -225,54 +224,34 @@ class _Handle:
     fd: int  # the same file, for a cheap size check before each read
 
 
-class ShardReader(PerProcessHandle[_Handle]):
+class ShardReader(ShardReaderBase[_Handle]):
     """Reads samples of one LMDB shard into caller-provided batch arrays."""
 
     def __init__(self, path: Path, info: ShardInfo, fields: list[FieldSpec]) -> None:
-        self.path = path
-        self.info = info
+        super().__init__(path, info)
         self.all_fields = fields  # records hold every field, in manifest order
         n = len(fields)
         self._header_size = 8 + 8 * n
         self._sizes_fmt = f"<{n}Q"
-        self._fixed = all(not f.ragged for f in fields)
+        fixed = all(not f.ragged for f in fields)
         self._expected_header = MAGIC + struct.pack(f"<I{n}Q", n, *(f.row_nbytes if not f.ragged else 0 for f in fields))
         self._index = {f.name: i for i, f in enumerate(fields)}
-        self._record_size = self._header_size + sum(f.row_nbytes for f in fields) if self._fixed else None
+        # every record of a schema without ragged fields has this size; None otherwise
+        self._record_size = self._header_size + sum(f.row_nbytes for f in fields) if fixed else None
         self._field_offsets = np.cumsum([self._header_size] + [f.row_nbytes for f in fields])[:-1].tolist()
 
-    def _where(self, local: int | None = None) -> str:
-        if local is None:
-            return f"shard {self.path}"
-        return f"shard {self.path}, sample {self.info.start + local}"
-
-    def _open_handle(self) -> _Handle:
+    def _open_checked(self, fd: int, st: os.stat_result) -> _Handle:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise CorruptShardError(f"{self._where()}: shard file is missing") from None
-        except OSError as e:
-            raise CorruptShardError(f"{self._where()}: cannot open: {e.strerror}") from None
+            env = _acquire_env(self.path, st)
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
         try:
-            st = os.fstat(fd)
-            if st.st_size != self.info.bytes:
-                raise CorruptShardError(
-                    f"{self._where()}: file is {st.st_size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"
-                )
-            try:
-                env = _acquire_env(self.path, st)
-            except lmdb.Error as e:
-                raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
-            try:
-                self._check_meta(env, st.st_size)
-                self._check_shard_record(env)
-            except BaseException:
-                _release_env(env)
-                raise
-            return _Handle(env, fd)
+            self._check_meta(env, st.st_size)
+            self._check_shard_record(env)
         except BaseException:
-            os.close(fd)
+            _release_env(env)
             raise
+        return _Handle(env, fd)
 
     def _check_meta(self, env: lmdb.Environment, size: int) -> None:
         """liblmdb refuses page numbers past its last page but trusts that page to lie in the file:
@@ -325,7 +304,7 @@ class ShardReader(PerProcessHandle[_Handle]):
         """This process's environment, after checking that the file was not truncated since it was
         opened: LMDB reads through a memory map, where a truncated file means SIGBUS, not an error."""
         h = self.handle()
-        check_size_unchanged(h.fd, self.info.bytes, self._where(int(local[0]) if len(local) else None))
+        self._check_unchanged(h.fd, local)
         return h.env
 
     def _layout(self, buf: memoryview, local: int) -> list[tuple[int, int]]:
@@ -333,7 +312,7 @@ class ShardReader(PerProcessHandle[_Handle]):
         where = self._where(local)
         if len(buf) < self._header_size or buf[:4] != MAGIC:
             raise CorruptShardError(f"{where}: bad record header")
-        if self._fixed:
+        if self._record_size is not None:
             if buf[: self._header_size] != self._expected_header:
                 raise CorruptShardError(f"{where}: record header does not match the schema")
             sizes = [f.row_nbytes for f in self.all_fields]
@@ -369,8 +348,7 @@ class ShardReader(PerProcessHandle[_Handle]):
     def copy_phase(self, name: str) -> int:
         """Where (mod 64 bytes) each sample of fixed field ``name`` starts in LMDB's memory map:
         large records lie at a fixed offset into their own pages (0 for gathered small records)."""
-        if not self._fixed or self._record_size is None or self._record_size <= _GATHER_RECORD_BYTES \
-                or self.info.count == 0:
+        if self._record_size is None or self._record_size <= _GATHER_RECORD_BYTES or self.info.count == 0:
             return 0
         with self._env(np.zeros(1, dtype=np.int64)).begin(buffers=True) as txn:
             start = np.frombuffer(self._get(txn, 0), dtype=np.uint8).ctypes.data
@@ -392,7 +370,7 @@ class ShardReader(PerProcessHandle[_Handle]):
             self._read_small(local, dest, outs)
             return
         wanted = [(self._index[name], self.all_fields[self._index[name]], out) for name, out in outs.items()]
-        if self._fixed:
+        if self._record_size is not None:
             self._read_fixed(local, dest, wanted)
             return
         with self._env(local).begin(buffers=True) as txn:
@@ -436,8 +414,8 @@ class ShardReader(PerProcessHandle[_Handle]):
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
         if not ok:
-            for l in local.tolist():  # find and name the bad record
-                with self._env(local).begin(buffers=True) as txn:
+            with self._env(local).begin(buffers=True) as txn:  # find and name the bad record
+                for l in local.tolist():
                     self._layout(self._get(txn, l), l)
             raise CorruptShardError(f"{self._where()}: records missing or of the wrong size")
         rec = np.frombuffer(joined, dtype=np.uint8).reshape(len(found), size)

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, IncompleteDatasetError, VersionError
+from ._io import write_atomic
 from .images import ENCODING_IMAGE, ENCODING_PIXELS, ENCODING_RAW, ImageSpec, check_image_fields, check_image_spec, parse_image_spec
 
 FORMAT_NAME = "fastdata"
@@ -133,7 +133,7 @@ def make_field(
 ) -> FieldSpec:
     """Build a validated FieldSpec (what converters call)."""
     spec = FieldSpec(name=name, dtype=np.dtype(dtype).str, shape=tuple(shape), encoding=encoding, image=image)
-    _check_field(spec, "field")
+    _check_field(spec)
     return spec
 
 
@@ -142,18 +142,7 @@ def write_manifest(root: str | os.PathLike[str], manifest: Manifest) -> Path:
     validate(manifest, where=str(root))
     root = Path(root)
     text = json.dumps(manifest.to_json(), indent=1, sort_keys=False) + "\n"
-    # Not mkstemp: its 0600 mode would hide the dataset from other users; this honours the umask.
-    tmp = str(root / f".manifest.{os.getpid()}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, root / MANIFEST_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(root / MANIFEST_NAME, lambda f: f.write(text.encode("utf-8")))
     fsync_dir(root)
     return root / MANIFEST_NAME
 
@@ -252,7 +241,7 @@ def validate(m: Manifest, where: str = "manifest") -> None:
         raise bad(f"duplicate field names in {names}")
     for f in m.fields:
         try:
-            _check_field(f, "field")
+            _check_field(f)
         except FormatError as e:
             raise bad(str(e)) from None
         if f.ragged and f.name + LENGTHS_SUFFIX in names:
@@ -276,29 +265,29 @@ def validate(m: Manifest, where: str = "manifest") -> None:
         raise bad("class names are not unique")
 
 
-def _check_field(f: FieldSpec, what: str) -> None:
+def _check_field(f: FieldSpec) -> None:
     if not isinstance(f.name, str) or not _NAME_RE.match(f.name):
-        raise FormatError(f"bad {what} name {f.name!r} (letters, digits, _ . -; not starting with a digit)")
+        raise FormatError(f"bad field name {f.name!r} (letters, digits, _ . -; not starting with a digit)")
     try:
         dt = np.dtype(f.dtype) if isinstance(f.dtype, str) and len(f.dtype) <= 8 else None
     except TypeError:
         dt = None
     if dt is None or dt.kind not in _DTYPE_KINDS or dt.str != f.dtype:
-        raise FormatError(f"{what} {f.name!r}: unsupported dtype {f.dtype!r} (plain numeric dtypes only)")
+        raise FormatError(f"field {f.name!r}: unsupported dtype {f.dtype!r} (plain numeric dtypes only)")
     if f.encoding not in ENCODINGS:
-        raise FormatError(f"{what} {f.name!r}: unknown encoding {f.encoding!r}")
+        raise FormatError(f"field {f.name!r}: unknown encoding {f.encoding!r}")
     if f.image is not None:
         check_image_spec(f.image, f.name)
     if not isinstance(f.shape, tuple) or len(f.shape) > MAX_DIMS:
-        raise FormatError(f"{what} {f.name!r}: bad shape {f.shape!r}")
+        raise FormatError(f"field {f.name!r}: bad shape {f.shape!r}")
     for i, d in enumerate(f.shape):
         if d is None and i == 0:
             continue
         if not _is_int(d) or d < 0:
-            raise FormatError(f"{what} {f.name!r}: bad shape {list(f.shape)!r}")
+            raise FormatError(f"field {f.name!r}: bad shape {list(f.shape)!r}")
     nbytes = dt.itemsize * math.prod(d for d in f.shape if d is not None)
     if nbytes > MAX_SAMPLE_BYTES:
-        raise FormatError(f"{what} {f.name!r}: shape {list(f.shape)!r} is absurdly large ({nbytes} bytes per sample)")
+        raise FormatError(f"field {f.name!r}: shape {list(f.shape)!r} is absurdly large ({nbytes} bytes per sample)")
 
 
 def _parse_field(obj: Any) -> FieldSpec:
@@ -315,7 +304,7 @@ def _parse_field(obj: Any) -> FieldSpec:
         encoding=obj.get("encoding", "raw"),
         image=None if image is None else parse_image_spec(image, obj.get("name")),
     )
-    _check_field(spec, "field")
+    _check_field(spec)
     return spec
 
 

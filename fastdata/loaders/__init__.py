@@ -63,19 +63,18 @@ class TorchLoader(Loader):
 
     backend = "torch"
 
-    def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int,
-                 device: torch.device, augment: Augment | None, workers: int, config: LoaderConfig,
-                 world: World) -> None:
-        super().__init__(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
-                         config=config, world=world)
+    def __init__(self, dataset: Dataset, batch_size: int, *, workers: int, **common: Any) -> None:
+        """``workers``: reader threads (or processes); ``common``: :class:`Loader`'s arguments."""
+        super().__init__(dataset, batch_size, **common)
         self.workers = workers
-        self.augment = augment
+        config, device = self.config, self.device
         pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
         if config.mode == "processes" and workers > 0:
             self._reader: Any = ProcessReader(dataset, workers, config.prefetch, pin)
         else:
             self._reader = ThreadReader(dataset, workers, config.prefetch, pin)
-        self._device = DeviceStage(device, augment, seed, config.channels_last, config.images, world.rank)
+        self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, config.images,
+                                   self.world.rank)
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
         return self._device.run(self._reader.run(plan, first, self._device.host_transform(epoch)), epoch, first)
@@ -106,16 +105,16 @@ def _resolve_device(device: str | torch.device) -> torch.device:
 
 def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size: int, device: torch.device,
                      config: LoaderConfig | None) -> tuple[int, LoaderConfig]:
-    """Explicit workers win; ``"auto"`` takes ``fastdata tune``'s stored settings, else the default."""
+    """Explicit workers (checked by :func:`loader`) win; ``"auto"`` takes ``fastdata tune``'s stored
+    settings, else the default."""
     if num_workers != "auto":
-        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-            raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
         return num_workers, config or LoaderConfig()
     from ..tune import load_tuned
 
     tuned = load_tuned(ds, batch_size, device.type)
     if tuned is not None:
-        cfg = config or LoaderConfig(mode=tuned.get("mode", "threads"), prefetch=int(tuned.get("prefetch", 4)))
+        stored = {k: int(v) if k == "prefetch" else v for k, v in tuned.items() if k in ("mode", "prefetch")}
+        cfg = config or LoaderConfig(**stored)  # what the cache does not say keeps LoaderConfig's default
         log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
         return int(tuned["num_workers"]), cfg
     workers = min(4, usable_cpus())
@@ -160,14 +159,17 @@ def loader(
     dev = _resolve_device(device)
     if backend == "auto":
         backend = _pick_backend(dev, ds, augment, config)
+    if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool)
+                                  or num_workers < 0):
+        raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
+    common: dict[str, Any] = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=augment,
+                                  world=World.detect())
     if backend == "dali":
         from .dali import dali_loader
 
-        return dali_loader(ds, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev,
-                           augment=augment, num_workers=num_workers, config=config, world=World.detect())
+        return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)
     workers, config = _resolve_workers(num_workers, ds, batch_size, dev, config)
-    return TorchLoader(ds, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=augment,
-                       workers=workers, config=config, world=World.detect())
+    return TorchLoader(ds, batch_size, workers=workers, config=config, **common)
 
 
 def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augment | None = None,

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 import torch
 
+from ..augment import Augment
 from ..dataset import Dataset
-from ..errors import UsageError
+from ..errors import FastdataError, LoaderWorkerError, UsageError
 from ..sampling import Shuffle, epoch_batches, num_batches
 from ..world import World
 
@@ -36,30 +37,39 @@ class _Stats:
 
     def as_dict(self) -> dict[str, float]:
         wall = max(self.ended - self.started, 1e-9) if self.batches else 0.0
-        w = np.array(self.waits) if self.waits else np.zeros(1)
+        w = np.array(self.waits) if self.waits else np.zeros(1)  # no batch yet: every figure 0
         return {
             "batches": self.batches,
             "samples": self.samples,
             "seconds": wall,
             "samples_per_s": self.samples / wall if wall else 0.0,
-            "wait_s": float(w.sum()) if self.waits else 0.0,
+            "wait_s": float(w.sum()),
             "wait_fraction": float(w.sum() / wall) if wall else 0.0,
-            "first_batch_s": float(self.waits[0]) if self.waits else 0.0,
+            "first_batch_s": float(w[0]),
             "wait_ms_median": float(np.median(w) * 1e3),
             "wait_ms_p95": float(np.percentile(w, 95) * 1e3),
         }
 
 
+def wrap_error(e: Exception, where: str) -> Exception:
+    """A reader's error, prefixed with ``where`` (the batch); fastdata's error types are kept (their
+    message already names shard and sample), anything else becomes a LoaderWorkerError."""
+    if isinstance(e, FastdataError):
+        return type(e)(f"{where}: {e}")
+    return LoaderWorkerError(f"{where}: {type(e).__name__}: {e}")
+
+
 class Loader:
     """Iterate to get batches (dicts of tensors on the device). See :func:`fastdata.loader`.
 
-    The base of every backend: subclasses implement ``_batches(plan, epoch, first)`` and ``close``.
+    The base of every backend: subclasses implement ``_batches(plan, epoch, first)`` and ``close``,
+    and take these constructor arguments as ``**common``.
     """
 
     backend = "base"
 
     def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int,
-                 device: torch.device, config: "LoaderConfig", world: World) -> None:
+                 device: torch.device, augment: Augment | None, config: "LoaderConfig", world: World) -> None:
         if batch_size < 1:
             raise UsageError("batch_size must be positive")
         if shuffle not in (True, False, "block"):
@@ -70,6 +80,7 @@ class Loader:
         self.drop_last = drop_last
         self.seed = seed
         self.device = device
+        self.augment = augment
         self.world = world
         self.config = config
         self.epoch = 0

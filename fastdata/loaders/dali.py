@@ -23,8 +23,7 @@ import torch
 from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import BackendUnavailableError, FastdataError, LoaderWorkerError, UsageError
-from ..sampling import Shuffle
-from ..world import World, usable_cpus
+from ..world import usable_cpus
 from . import LoaderConfig
 from .base import Loader
 from .buffers import torch_dtype
@@ -110,17 +109,15 @@ class DaliLoader(Loader):
 
     backend = "dali"
 
-    def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int,
-                 device: torch.device, augment: Augment | None, threads: int, config: LoaderConfig,
-                 world: World) -> None:
-        super().__init__(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
-                         config=config, world=world)
+    def __init__(self, dataset: Dataset, batch_size: int, *, threads: int, **common: Any) -> None:
+        """``common``: :class:`Loader`'s arguments."""
+        super().__init__(dataset, batch_size, **common)
+        device = self.device
         self._dali = import_dali()
         check_device(self._dali, device)
         self.threads = max(1, threads)
-        self.augment = augment
-        self.routes: list[Route] = plan_routes(dataset, config.images)
-        _attach_augment(self.routes, augment)
+        self.routes: list[Route] = plan_routes(dataset, self.config.images)
+        _attach_augment(self.routes, self.augment)
         # In CPU mode labels and other plain fields need nothing from DALI (measured: passing them
         # through costs about 6% of JPEG throughput); a dataset of plain fields only still uses DALI.
         images = any(r.kind != "plain" for r in self.routes)
@@ -309,15 +306,10 @@ def _graph(g: Graph, r: Route, data: list[Any], params: list[Any], pad_hw: list[
                                       mean=[m * img.scale for m in mean], std=[s * img.scale for s in std], **pad)
 
 
-def dali_loader(ds: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int, device: torch.device,
-                augment: Augment | None, num_workers: int | str, config: LoaderConfig | None,
-                world: World) -> DaliLoader:
-    """Build the DALI backend for :func:`fastdata.loader`: ``num_workers`` is DALI's CPU threads."""
-    if num_workers == "auto":
-        threads = usable_cpus()
-    elif isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 0:
-        threads = num_workers
-    else:
-        raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
-    return DaliLoader(ds.with_options(decode=False), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
-                      device=device, augment=augment, threads=threads, config=config or LoaderConfig(), world=world)
+def dali_loader(ds: Dataset, batch_size: int, *, num_workers: int | str, config: LoaderConfig | None,
+                **common: Any) -> DaliLoader:
+    """Build the DALI backend for :func:`fastdata.loader`: ``num_workers`` (checked there) is DALI's CPU
+    threads; ``common``: :class:`Loader`'s arguments."""
+    threads = usable_cpus() if num_workers == "auto" else int(num_workers)
+    return DaliLoader(ds.with_options(decode=False), batch_size, threads=threads, config=config or LoaderConfig(),
+                      **common)

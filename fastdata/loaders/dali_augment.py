@@ -23,7 +23,7 @@ import numpy as np
 
 from ..augment import (
     _RGB2YIQ, _YIQ2RGB, CenterCrop, ColorJitter, GaussianNoise, HorizontalFlip, Normalize, RandomCrop,
-    RandomResizedCrop, VerticalFlip,
+    RandomResizedCrop, VerticalFlip, _pair,
 )
 from ..errors import UsageError
 
@@ -57,13 +57,6 @@ class Graph:
         if img.scale != 1.0:
             node = node * (1.0 / img.scale)
         return Img(node, True, 1.0)
-
-
-def _pair(v: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    h, w = v
-    return (int(h), int(w))
 
 
 class Step:

@@ -18,9 +18,10 @@ from typing import Any, Literal
 import numpy as np
 
 from ..dataset import Dataset
-from ..errors import FastdataError, LoaderWorkerError, UsageError
+from ..errors import UsageError
 from ..format import LENGTHS_SUFFIX, FieldSpec
 from ..format.images import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX
+from .base import wrap_error
 from .dali_augment import Chain
 
 Kind = Literal["encoded", "pixels", "raw_image", "plain"]
@@ -182,10 +183,8 @@ class Feed:
     def _read(self, p: Pass, i: int) -> dict[str, np.ndarray]:
         try:
             return self.dataset.get_batch(p.plan[i])
-        except FastdataError as e:
-            raise type(e)(f"DALI source, batch {p.first + i}: {e}") from e
         except Exception as e:
-            raise LoaderWorkerError(f"DALI source, batch {p.first + i}: {type(e).__name__}: {e}") from e
+            raise wrap_error(e, f"DALI source, batch {p.first + i}") from e
 
     def __call__(self, info: Any) -> tuple[Any, ...]:
         p, i = self.passes.get(info.epoch_idx), info.iteration

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from ..augment import Augment, batch_generator
+from ..format.images import SHAPE_SUFFIX
 from .buffers import Recycler
 
 Batch = dict[str, torch.Tensor]
@@ -25,7 +26,7 @@ def mixed_sizes(batch: Batch) -> frozenset[str]:
     """Image fields of a host batch whose images differ in size (padded; true sizes in ``<name>_shape``)."""
     mixed = set()
     for name, x in batch.items():
-        shapes = batch.get(name + "_shape")
+        shapes = batch.get(name + SHAPE_SUFFIX)
         if shapes is not None and x.dim() == 4 and shapes.dim() == 2 and shapes.shape[1] >= 2 \
                 and not bool((shapes[:, :2] == torch.tensor(x.shape[1:3])).all()):
             mixed.add(name)
@@ -60,7 +61,7 @@ class DeviceStage:
         if self.augment is not None and self.augment.ops:
             g = batch_generator(self.seed, epoch, k, self.device, self.rank)
             for name in self._augment_fields(batch):
-                sizes = batch[name + "_shape"][:, :2] if name in mixed else None
+                sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
                 x = self.augment(batch[name], g, sizes)
                 if self.channels_last and name in self.images and x.dim() == 4:
                     x = x.contiguous(memory_format=torch.channels_last)

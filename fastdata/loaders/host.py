@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..dataset import Dataset
-from ..errors import FastdataError, LoaderWorkerError
+from .base import wrap_error
 from .buffers import Recycler, torch_dtype
 
 HostBatch = dict[str, torch.Tensor]
@@ -37,7 +37,7 @@ class _BufferPool:
         until :meth:`give_back`."""
         return {name: self.recyclers[name].take((b, *shape), dtype, phase) for name, shape, dtype, phase in self.fixed}
 
-    def give_back(self, b: int, bufs: dict[str, torch.Tensor]) -> None:
+    def give_back(self, bufs: dict[str, torch.Tensor]) -> None:
         """The batch was yielded: reuse its buffers once the consumer lets go of them."""
         for name, t in bufs.items():
             self.recyclers[name].lend(t)
@@ -66,7 +66,7 @@ class ThreadReader:
         try:
             batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()})
         except Exception as e:
-            raise _wrap(e, f"loader thread, batch {k}") from e
+            raise wrap_error(e, f"loader thread, batch {k}") from e
         result = _to_tensors({name: v for name, v in batch.items() if name not in bufs})
         result.update(bufs)
         return post(result, k) if post is not None else result
@@ -77,25 +77,24 @@ class ThreadReader:
             for k, idx in enumerate(plan, first):
                 bufs = self.pool.take(len(idx))
                 yield self._read(k, idx, bufs, post)
-                self.pool.give_back(len(idx), bufs)
+                self.pool.give_back(bufs)
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="fastdata-read")
-        pending: deque[tuple[Future[HostBatch], int, dict[str, torch.Tensor]]] = deque()
+        pending: deque[tuple[Future[HostBatch], dict[str, torch.Tensor]]] = deque()
         nxt = 0
         try:
             while nxt < len(plan) or pending:
                 while nxt < len(plan) and len(pending) < self.prefetch:
-                    b = len(plan[nxt])
-                    bufs = self.pool.take(b)
-                    pending.append((self._executor.submit(self._read, first + nxt, plan[nxt], bufs, post), b, bufs))
+                    bufs = self.pool.take(len(plan[nxt]))
+                    pending.append((self._executor.submit(self._read, first + nxt, plan[nxt], bufs, post), bufs))
                     nxt += 1
-                fut, b, bufs = pending.popleft()
+                fut, bufs = pending.popleft()
                 yield fut.result()
-                self.pool.give_back(b, bufs)
+                self.pool.give_back(bufs)
                 del fut, bufs
         finally:
-            for fut, _, _ in pending:
+            for fut, _ in pending:
                 fut.cancel()
             pending.clear()
 
@@ -103,13 +102,6 @@ class ThreadReader:
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
-
-
-def _wrap(e: Exception, where: str) -> Exception:
-    """Keep fastdata's error types (their message already names shard and sample)."""
-    if isinstance(e, FastdataError):
-        return type(e)(f"{where}: {e}")
-    return LoaderWorkerError(f"{where}: {type(e).__name__}: {e}")
 
 
 class _BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
