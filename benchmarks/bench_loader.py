@@ -4,7 +4,8 @@ One run, one machine, ratios within the run:
 - naive: a per-file ``np.load`` Dataset in a torch DataLoader, written the way our users write it
   (batch 64, shuffle, 2 workers, persistent workers, prefetch_factor 4, pin_memory when CUDA);
 - fastdata.loader with default settings (``device="cpu"``) on HDF5 and LMDB shards, plus the
-  reader settings the default was chosen from (threads 0-4, worker processes);
+  reader settings the default was chosen from (threads 0-4, worker processes), and LMDB with
+  batch buffers not aligned to the shard's bytes (the A/B of ``Dataset.copy_phase``);
 - ceiling: the same batches gathered by 2 threads, row by row, from the samples already in
   memory into preallocated buffers (plain memcpy).
 Methods are timed over 3 consecutive epochs each, in interleaved rounds after one discarded
@@ -36,6 +37,13 @@ from fastdata.loaders import LoaderConfig  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 BATCH = 64
+
+
+class _Unaligned(fastdata.Dataset):
+    """The dataset with batch buffers left at the allocator's alignment (copy phase 0)."""
+
+    def copy_phase(self, name: str) -> int:
+        return 0
 
 
 def ceiling_epoch(data: np.ndarray, plan: list[np.ndarray], bufs: list[np.ndarray], pool: ThreadPoolExecutor) -> int:
@@ -84,6 +92,9 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
         for th in (0, 1, 3, 4):  # the default (2 threads on 2 cores) is the row above
             loaders[f"fastdata {be}, {th} threads"] = fastdata.loader(workdir / be, BATCH, device="cpu", num_workers=th)
         loaders[f"fastdata {be}, 2 processes"] = forking[f"fastdata {be}, 2 processes"]
+    # A/B of the buffer alignment (fastdata.loaders.buffers): LMDB's samples do not start on a cache line
+    loaders["fastdata lmdb, defaults, buffers not aligned"] = fastdata.loader(_Unaligned(workdir / "lmdb"), BATCH,
+                                                                              device="cpu")
     for name, ld in loaders.items():
         methods[name] = (lambda ld=ld: epoch_samples(ld))
     methods["ceiling: 2 threads, memcpy from RAM"] = lambda: ceiling_epoch(
