@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from fastdata.format._io import write_atomic
+from fastdata.fileio import write_atomic
 from fastdata.world import usable_cpus
 
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent / "results"

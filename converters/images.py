@@ -22,7 +22,7 @@ import numpy as np
 from fastdata.errors import DataError, FastdataError
 from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
 from fastdata.format.images import CODEC_DTYPE, CODEC_SUFFIX, CODECS, ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_DTYPE, SHAPE_SUFFIX
-from fastdata.world import usable_cpus
+from fastdata.handles import usable_cpus
 
 from .imageio import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, prepare, read_source
 from .scan import LABEL_DTYPE, FolderSource, check_labelled, find_and_label, refuse_bad

@@ -26,8 +26,8 @@ import numpy as np
 import fastdata
 from fastdata.errors import UsageError
 from fastdata.format import ShardInfo
-from fastdata.format._io import finish_file
-from fastdata.format.manifest import fsync_dir
+from fastdata.fileio import finish_file
+from fastdata.fileio import fsync_dir
 
 JOURNAL_NAME = ".fastdata-journal"
 JOURNAL_VERSION = 1

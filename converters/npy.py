@@ -17,7 +17,7 @@ import numpy as np
 
 from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
-from fastdata.world import PerProcessHandle
+from fastdata.handles import PerProcessHandle
 
 from .npyfile import NpyHeader, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
 from .scan import LABEL_DTYPE, FolderSource, check_labelled, find_and_label, refuse_bad

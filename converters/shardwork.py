@@ -22,7 +22,7 @@ import numpy as np
 
 from fastdata.errors import DataError, FastdataError, WriteError
 from fastdata.format import FieldSpec, ShardInfo, backend
-from fastdata.format._io import finish_file, sha256_file
+from fastdata.fileio import finish_file, sha256_file
 
 from . import _fault
 

@@ -28,7 +28,7 @@ import fastdata
 from fastdata._units import fmt_bytes
 from fastdata.errors import FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, backend, shard_file_name, write_manifest
-from fastdata.world import usable_cpus
+from fastdata.handles import usable_cpus
 
 from . import _fault, journal
 from .dst import SKIPPED_NAME, Destination, remove_ours, remove_shards_except, remove_temporary

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .batching import batch_len
 from .dataset import Dataset
 
 
@@ -96,15 +97,6 @@ def _close(it: Any) -> None:
     close = getattr(it, "close", None)
     if close is not None:
         close()
-
-
-def batch_len(batch: Any) -> int:
-    """Samples in a batch: a dict or tuple of arrays/tensors (first entry), or one array."""
-    if isinstance(batch, dict):
-        batch = next(iter(batch.values()))
-    elif isinstance(batch, (list, tuple)):
-        batch = batch[0]
-    return int(batch.shape[0]) if hasattr(batch, "shape") and len(batch.shape) else 1
 
 
 def _result(name: str, durations: list[float], samples: int, bps: float, first: float,

@@ -23,7 +23,7 @@ import numpy as np
 from .errors import CorruptShardError
 from .format.images import CODEC_JPEG, CODEC_PNG, CODEC_SUFFIX, CODECS, ENCODING_IMAGE, SHAPE_SUFFIX, ImageSpec
 from .format.manifest import LENGTHS_SUFFIX, MAX_SAMPLE_BYTES, FieldSpec
-from .world import PerProcessHandle, usable_cpus
+from .handles import PerProcessHandle, usable_cpus
 
 try:  # a dependency; PIL stays the fallback where it is missing. 1.7 added strict mode
     import simplejpeg

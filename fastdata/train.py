@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from .augment import CROPS
-from .bench import batch_len
+from .batching import batch_len
+from .fileio import write_atomic
 from .format import IMAGE_ENCODINGS
-from .format._io import write_atomic
 from .world import World, usable_cpus
 
 log = logging.getLogger("fastdata.train")

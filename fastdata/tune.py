@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 from .bench import BenchResult, measure, sample_bytes
 from .dataset import Dataset
-from .format._io import write_atomic
-from .world import usable_cpus
+from .fileio import write_atomic
+from .handles import usable_cpus
 
 log = logging.getLogger("fastdata.tune")
 

@@ -20,9 +20,9 @@ import numpy as np
 from .dataset import Dataset
 from .errors import FastdataError
 from .format import IMAGE_ENCODINGS, LABEL_FIELD, LENGTHS_SUFFIX, FieldSpec, Manifest, ShardInfo, read_manifest, shard_path
-from .format._io import sha256_file
+from .fileio import sha256_file
 from .format.images import SHAPE_SUFFIX
-from .world import usable_cpus
+from .handles import usable_cpus
 
 _BATCH_BYTES = 32 << 20
 _MAX_BATCH = 1024

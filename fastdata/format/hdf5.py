@@ -18,7 +18,8 @@ import h5py
 import numpy as np
 
 from ..errors import CorruptShardError, UsageError
-from ._io import ShardReaderBase, pread_into, runs
+from ..fileio import pread_into
+from .shardio import ShardReaderBase, runs
 from .manifest import FORMAT_VERSION, FieldSpec, ShardInfo
 
 EXTENSION = ".h5"

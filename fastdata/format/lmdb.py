@@ -33,7 +33,7 @@ import lmdb
 import numpy as np
 
 from ..errors import CorruptShardError, UsageError
-from ._io import ShardReaderBase
+from .shardio import ShardReaderBase
 from .manifest import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"

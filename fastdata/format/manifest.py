@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError, IncompleteDatasetError, VersionError
-from ._io import write_atomic
+from ..fileio import fsync_dir, write_atomic
 from .images import ENCODING_IMAGE, ENCODING_PIXELS, ENCODING_RAW, ImageSpec, check_image_fields, check_image_spec, parse_image_spec
 
 FORMAT_NAME = "fastdata"
@@ -145,20 +145,6 @@ def write_manifest(root: str | os.PathLike[str], manifest: Manifest) -> Path:
     write_atomic(root / MANIFEST_NAME, lambda f: f.write(text.encode("utf-8")))
     fsync_dir(root)
     return root / MANIFEST_NAME
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make a rename inside ``path`` durable (no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_manifest(root: str | os.PathLike[str]) -> Manifest:

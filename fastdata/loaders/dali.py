@@ -23,7 +23,7 @@ import torch
 from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import BackendUnavailableError, FastdataError, LoaderWorkerError, UsageError
-from ..world import usable_cpus
+from ..handles import usable_cpus
 from . import LoaderConfig
 from .base import Loader
 from .buffers import torch_dtype

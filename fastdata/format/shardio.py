@@ -1,73 +1,19 @@
-"""What the shard backends share: positional reads, atomic finishing, hashing, the reader base."""
+"""What the HDF5 and LMDB shard readers share: the reader base (open checked against the
+manifest, error places, size re-checks) and splitting index arrays into consecutive runs."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
 from ..errors import CorruptShardError
-from ..world import PerProcessHandle
-
-if TYPE_CHECKING:
-    from .manifest import ShardInfo
+from ..handles import PerProcessHandle
+from .manifest import ShardInfo
 
 H = TypeVar("H")
-
-_HASH_BLOCK = 8 << 20
-
-
-def pread_into(fd: int, out: np.ndarray, offset: int, where: str) -> None:
-    """Fill the C-contiguous array ``out`` with bytes at ``offset``; a short read is corruption."""
-    view = memoryview(out.reshape(-1).view(np.uint8))
-    want = len(view)
-    got = 0
-    while got < want:
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n <= 0:
-            raise CorruptShardError(f"{where}: shard ends early (wanted {want} bytes at offset {offset}, got {got})")
-        got += n
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(_HASH_BLOCK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
-
-
-def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write ``path`` all or nothing: ``write(f)`` into a temporary file beside it, fsync, rename;
-    the temporary file is removed on failure. Not mkstemp: its 0600 mode would hide the file from
-    other users; this honours the umask."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def finish_file(tmp: Path, final: Path) -> None:
-    """fsync a completely written file and move it to its final name."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
 
 
 def runs(local: np.ndarray, dest: np.ndarray) -> list[tuple[int, int, int]]:

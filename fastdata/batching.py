@@ -1,0 +1,14 @@
+"""What a batch is, for code that accepts fastdata's and other loaders' batches alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in a batch: a dict or tuple of arrays/tensors (first entry), or one array."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    elif isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    return int(batch.shape[0]) if hasattr(batch, "shape") and len(batch.shape) else 1

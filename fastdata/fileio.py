@@ -1,0 +1,82 @@
+"""File utilities every layer shares: positional reads, atomic writes, durable renames, hashing.
+
+Nothing here knows the fastdata format; the format, the converters, training checkpoints and
+the tools all write through these so a crash never leaves a half-written file under a final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+import numpy as np
+
+from .errors import CorruptShardError
+
+_HASH_BLOCK = 8 << 20
+
+
+def pread_into(fd: int, out: np.ndarray, offset: int, where: str) -> None:
+    """Fill the C-contiguous array ``out`` with bytes at ``offset``; a short read is corruption."""
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    want = len(view)
+    got = 0
+    while got < want:
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n <= 0:
+            raise CorruptShardError(f"{where}: shard ends early (wanted {want} bytes at offset {offset}, got {got})")
+        got += n
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(_HASH_BLOCK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` all or nothing: ``write(f)`` into a temporary file beside it, fsync, rename;
+    the temporary file is removed on failure. Not mkstemp: its 0600 mode would hide the file from
+    other users; this honours the umask."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def finish_file(tmp: Path, final: Path) -> None:
+    """fsync a completely written file and move it to its final name."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a rename inside ``path`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

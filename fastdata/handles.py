@@ -1,0 +1,81 @@
+"""Process concerns in one place: file handles opened lazily once per process, usable CPUs.
+
+h5py files and LMDB environments break when they cross a fork, and cannot be pickled
+for spawn workers. Readers therefore inherit :class:`PerProcessHandle`: the handle is
+opened on first use in each process and dropped when the object is pickled. Right after
+a fork, the child closes the handles it inherited (py-lmdb refuses to open a file the
+process already has open, and LMDB must not be used across a fork); the parent keeps its own.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any, Generic, TypeVar
+
+H = TypeVar("H")
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS has one), at least 1."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+_open_handles: "weakref.WeakSet[PerProcessHandle[Any]]" = weakref.WeakSet()
+
+
+class PerProcessHandle(Generic[H]):
+    """Mixin: ``self.handle()`` opens via ``_open_handle()`` on first use in each process."""
+
+    _handle: H | None = None
+    _handle_pid: int | None = None
+
+    def _open_handle(self) -> H:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _close_handle(self, handle: H) -> None:
+        """Release a handle (default: nothing to do)."""
+
+    def handle(self) -> H:
+        if self._handle is None or self._handle_pid != os.getpid():
+            self._drop()
+            self._handle = self._open_handle()
+            self._handle_pid = os.getpid()
+            _open_handles.add(self)
+        return self._handle
+
+    def close(self) -> None:
+        """Release this process's handle; the next use opens a new one."""
+        self._drop()
+
+    def _after_fork_in_child(self) -> None:
+        """Called in a forked child for a handle the parent had open: close the child's copy."""
+        self._drop()
+
+    def _drop(self) -> None:
+        handle, self._handle, self._handle_pid = self._handle, None, None
+        _open_handles.discard(self)
+        if handle is not None:
+            try:
+                self._close_handle(handle)
+            except Exception:  # closing a handle that is already unusable must not mask the real work
+                pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_handle", None)
+        state.pop("_handle_pid", None)
+        return state
+
+
+def _close_inherited_handles() -> None:
+    """In a forked child: close (the child's copies of) every handle the parent had open."""
+    for obj in list(_open_handles):
+        obj._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_handles)
