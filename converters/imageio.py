@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from fastdata.errors import DataError, UsageError
-from fastdata.format.images import CHANNELS, CODEC_JPEG, CODEC_PNG
+from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,15 @@ import numpy as np
 
 from fastdata.errors import DataError, FastdataError
 from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
-from fastdata.format.images import CODEC_DTYPE, CODEC_SUFFIX, CODECS, ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_DTYPE, SHAPE_SUFFIX
+from fastdata.format.spec import (
+    CODEC_DTYPE,
+    CODEC_SUFFIX,
+    CODECS,
+    ENCODING_IMAGE,
+    ENCODING_PIXELS,
+    SHAPE_DTYPE,
+    SHAPE_SUFFIX,
+)
 from fastdata.handles import usable_cpus
 
 from .imageio import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, prepare, read_source

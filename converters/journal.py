@@ -25,9 +25,8 @@ import numpy as np
 
 import fastdata
 from fastdata.errors import UsageError
+from fastdata.fileio import finish_file, fsync_dir
 from fastdata.format import ShardInfo
-from fastdata.fileio import finish_file
-from fastdata.fileio import fsync_dir
 
 JOURNAL_NAME = ".fastdata-journal"
 JOURNAL_VERSION = 1

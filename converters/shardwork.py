@@ -21,8 +21,8 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import DataError, FastdataError, WriteError
-from fastdata.format import FieldSpec, ShardInfo, backend
 from fastdata.fileio import finish_file, sha256_file
+from fastdata.format import FieldSpec, ShardInfo, backend
 
 from . import _fault
 

@@ -17,7 +17,16 @@ import numpy as np
 
 from .decode import BatchDecoder
 from .errors import CorruptShardError, UsageError
-from .format import IMAGE_ENCODINGS, LENGTHS_SUFFIX, FieldSpec, Manifest, backend, images, read_manifest, shard_path
+from .format import (
+    IMAGE_ENCODINGS,
+    LENGTHS_SUFFIX,
+    FieldSpec,
+    Manifest,
+    backend,
+    read_manifest,
+    shard_path,
+)
+from .format.spec import companions
 
 
 class Dataset:
@@ -45,7 +54,7 @@ class Dataset:
             if unknown:
                 raise UsageError(f"{self.root}: no field {unknown[0]!r} (fields: {', '.join(names)})")
             # an image field is read together with its shape (and codec) fields
-            wanted = set(fields).union(*(images.companions(f) for f in self.manifest.fields if f.name in fields))
+            wanted = set(fields).union(*(companions(f) for f in self.manifest.fields if f.name in fields))
         self.schema: list[FieldSpec] = [f for f in self.manifest.fields if wanted is None or f.name in wanted]
         self._images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
         self._decoder = BatchDecoder(decode_threads) if self._images else None

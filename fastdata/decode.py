@@ -21,8 +21,18 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from .errors import CorruptShardError
-from .format.images import CODEC_JPEG, CODEC_PNG, CODEC_SUFFIX, CODECS, ENCODING_IMAGE, SHAPE_SUFFIX, ImageSpec
-from .format.manifest import LENGTHS_SUFFIX, MAX_SAMPLE_BYTES, FieldSpec
+from .format.spec import (
+    CODEC_JPEG,
+    CODEC_PNG,
+    CODEC_SUFFIX,
+    CODECS,
+    ENCODING_IMAGE,
+    LENGTHS_SUFFIX,
+    MAX_SAMPLE_BYTES,
+    SHAPE_SUFFIX,
+    FieldSpec,
+    ImageSpec,
+)
 from .handles import PerProcessHandle, usable_cpus
 
 try:  # a dependency; PIL stays the fallback where it is missing. 1.7 added strict mode

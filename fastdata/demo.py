@@ -93,7 +93,7 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
                 raise RuntimeError(f"{dst}: read-back differs from the source")
             lines.append(f"read back {backend}: all {samples} samples bit-identical, labels match {ds.classes}")
             out = {"x": np.empty((batch, *SHAPE), np.float32), "label": np.empty(batch, np.int64)}
-            rows.append((f"{backend} get_batch", _time_batches(lambda idx: ds.get_batch(idx, out=out), plan)))
+            rows.append((f"{backend} get_batch", _time_batches(lambda idx, ds=ds, out=out: ds.get_batch(idx, out=out), plan)))
         nbytes = batch * batches * int(np.prod(SHAPE)) * 4
         lines.append("")
         lines.append(f"random batches of {batch}, {batches} batches, page cache warm:")

@@ -31,6 +31,14 @@ def pread_into(fd: int, out: np.ndarray, offset: int, where: str) -> None:
         got += n
 
 
+def user_cache_dir() -> Path:
+    """``$FASTDATA_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastdata``, else ``~/.cache/fastdata``."""
+    if os.environ.get("FASTDATA_CACHE_DIR"):
+        return Path(os.environ["FASTDATA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fastdata"
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     h = hashlib.sha256()
     buf = bytearray(_HASH_BLOCK)

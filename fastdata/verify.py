@@ -19,9 +19,18 @@ import numpy as np
 
 from .dataset import Dataset
 from .errors import FastdataError
-from .format import IMAGE_ENCODINGS, LABEL_FIELD, LENGTHS_SUFFIX, FieldSpec, Manifest, ShardInfo, read_manifest, shard_path
 from .fileio import sha256_file
-from .format.images import SHAPE_SUFFIX
+from .format import (
+    IMAGE_ENCODINGS,
+    LABEL_FIELD,
+    LENGTHS_SUFFIX,
+    FieldSpec,
+    Manifest,
+    ShardInfo,
+    read_manifest,
+    shard_path,
+)
+from .format.spec import SHAPE_SUFFIX
 from .handles import usable_cpus
 
 _BATCH_BYTES = 32 << 20

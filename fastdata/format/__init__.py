@@ -9,21 +9,20 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import hdf5, images, lmdb
-from .images import IMAGE_ENCODINGS, ImageSpec
-from .manifest import (
+from . import hdf5, lmdb, spec
+from .manifest import read_manifest, shard_path, write_manifest
+from .spec import (
     BACKENDS,
     FORMAT_VERSION,
+    IMAGE_ENCODINGS,
     LABEL_FIELD,
     LENGTHS_SUFFIX,
     MANIFEST_NAME,
     FieldSpec,
+    ImageSpec,
     Manifest,
     ShardInfo,
     make_field,
-    read_manifest,
-    shard_path,
-    write_manifest,
 )
 
 _REGISTRY: dict[str, ModuleType] = {"hdf5": hdf5, "lmdb": lmdb}
@@ -53,10 +52,10 @@ __all__ = [
     "Manifest",
     "ShardInfo",
     "backend",
-    "images",
     "make_field",
     "read_manifest",
     "shard_file_name",
     "shard_path",
+    "spec",
     "write_manifest",
 ]

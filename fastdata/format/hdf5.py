@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import CorruptShardError, UsageError
 from ..fileio import pread_into
 from .shardio import ShardReaderBase, runs
-from .manifest import FORMAT_VERSION, FieldSpec, ShardInfo
+from .spec import FORMAT_VERSION, FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
 COMPRESSIONS = ("none", "lzf", "gzip")

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import CorruptShardError, UsageError
 from .shardio import ShardReaderBase
-from .manifest import FieldSpec, ShardInfo
+from .spec import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"
 MAGIC = b"FDR1"

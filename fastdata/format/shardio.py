@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import CorruptShardError
 from ..handles import PerProcessHandle
-from .manifest import ShardInfo
+from .spec import ShardInfo
 
 H = TypeVar("H")
 

@@ -11,96 +11,24 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Literal, Sequence
 
-import numpy as np
 import torch
 
 from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import UsageError
-from ..format.images import ENCODING_IMAGE
+from ..format.spec import ENCODING_IMAGE
+from ..handles import usable_cpus
 from ..sampling import Shuffle
-from ..world import World, usable_cpus
+from ..tuned import load_tuned
+from ..world import World
 from .base import Loader
-from .device import DeviceStage
-from .host import ProcessReader, ThreadReader
+from .config import LoaderConfig
+from .device import resolve_device
+from .torch_backend import TorchLoader
 
 log = logging.getLogger("fastdata.loader")
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    """Tuning knobs of the torch backend; the defaults were chosen by measurement (docs/tuning.md).
-
-    ``mode``: ``"threads"`` reads batches in threads of this process into recycled (pinned)
-    buffers; ``"processes"`` reads them in DataLoader worker processes. ``prefetch``: batches
-    read ahead. ``pin_memory``: ``None`` pins when the device is CUDA. ``images``: names of
-    uint8 HWC fields to turn into float NCHW (``None``: detected). The DALI backend uses
-    ``prefetch`` (its queue depth), ``channels_last``, ``images``, ``block`` and ``window``.
-    """
-
-    mode: Literal["threads", "processes"] = "threads"
-    prefetch: int = 4
-    pin_memory: bool | None = None
-    channels_last: bool = True
-    images: tuple[str, ...] | None = None
-    block: int = 256
-    window: int = 16
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("threads", "processes"):
-            raise UsageError(f"mode must be 'threads' or 'processes', not {self.mode!r}")
-        if self.prefetch < 1:
-            raise UsageError("prefetch must be at least 1")
-        if self.block < 1 or self.window < 1:
-            raise UsageError("block and window must be positive")
-
-
-class TorchLoader(Loader):
-    """The torch backend: batches read by threads or worker processes, moved and augmented by torch."""
-
-    backend = "torch"
-
-    def __init__(self, dataset: Dataset, batch_size: int, *, workers: int, **common: Any) -> None:
-        """``workers``: reader threads (or processes); ``common``: :class:`Loader`'s arguments."""
-        super().__init__(dataset, batch_size, **common)
-        self.workers = workers
-        config, device = self.config, self.device
-        pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
-        if config.mode == "processes" and workers > 0:
-            self._reader: Any = ProcessReader(dataset, workers, config.prefetch, pin)
-        else:
-            self._reader = ThreadReader(dataset, workers, config.prefetch, pin)
-        self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, config.images,
-                                   self.world.rank)
-
-    def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
-        return self._device.run(self._reader.run(plan, first, self._device.host_transform(epoch)), epoch, first)
-
-    def close(self) -> None:
-        """Stop reader threads or worker processes."""
-        reader = getattr(self, "_reader", None)  # absent when __init__ failed part-way
-        if reader is not None:
-            reader.close()
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    """A device with an index: ``"cuda"`` is the GPU this process owns (the current device if it
-    was set, else ``LOCAL_RANK`` under torchrun), so each rank of a multi-GPU run reads onto its own."""
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    if dev.type != "cuda":
-        return dev
-    if not torch.cuda.is_available():
-        raise UsageError(f"device={device!r} asked for, but CUDA is not available here")
-    count = torch.cuda.device_count()
-    if dev.index is None:
-        current, local = torch.cuda.current_device(), World.cuda_index(count)
-        return torch.device("cuda", local if current == 0 and local is not None else current)
-    if dev.index >= count:
-        raise UsageError(f"device={device!r}: this machine has {count} GPU(s) (cuda:0 to cuda:{count - 1})")
-    return dev
 
 
 def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size: int, device: torch.device,
@@ -109,8 +37,6 @@ def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size
     settings, else the default."""
     if num_workers != "auto":
         return num_workers, config or LoaderConfig()
-    from ..tune import load_tuned
-
     tuned = load_tuned(ds, batch_size, device.type)
     if tuned is not None:
         stored = {k: int(v) if k == "prefetch" else v for k, v in tuned.items() if k in ("mode", "prefetch")}
@@ -156,7 +82,7 @@ def loader(
         ds = source.with_options(fields=fields)  # keeps the caller's decode settings
     if augment is not None and not isinstance(augment, Augment):
         augment = Augment(tuple(augment))
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     if backend == "auto":
         backend = _pick_backend(dev, ds, augment, config)
     if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool)

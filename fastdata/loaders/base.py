@@ -22,7 +22,7 @@ from ..sampling import Shuffle, epoch_batches, num_batches
 from ..world import World
 
 if TYPE_CHECKING:
-    from . import LoaderConfig
+    from .config import LoaderConfig
 
 _STATE_VERSION = 1
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+
 def torch_dtype(dt: Any) -> torch.dtype:
     """The torch dtype of a numpy dtype (native byte order)."""
     import numpy as np

@@ -22,11 +22,16 @@ import torch
 
 from ..augment import Augment
 from ..dataset import Dataset
-from ..errors import BackendUnavailableError, FastdataError, LoaderWorkerError, UsageError
+from ..errors import (
+    BackendUnavailableError,
+    FastdataError,
+    LoaderWorkerError,
+    UsageError,
+)
 from ..handles import usable_cpus
-from . import LoaderConfig
 from .base import Loader
 from .buffers import torch_dtype
+from .config import LoaderConfig
 from .dali_augment import Graph, Img, compile_chain
 from .dali_feed import Feed, MixedSizes, Pass, Route, plan_routes
 

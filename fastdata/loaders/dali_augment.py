@@ -22,8 +22,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..augment import (
-    _RGB2YIQ, _YIQ2RGB, CenterCrop, ColorJitter, GaussianNoise, HorizontalFlip, Normalize, RandomCrop,
-    RandomResizedCrop, VerticalFlip, _pair,
+    _RGB2YIQ,
+    _YIQ2RGB,
+    CenterCrop,
+    ColorJitter,
+    GaussianNoise,
+    HorizontalFlip,
+    Normalize,
+    RandomCrop,
+    RandomResizedCrop,
+    VerticalFlip,
+    _pair,
 )
 from ..errors import UsageError
 

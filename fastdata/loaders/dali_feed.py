@@ -20,7 +20,7 @@ import numpy as np
 from ..dataset import Dataset
 from ..errors import UsageError
 from ..format import LENGTHS_SUFFIX, FieldSpec
-from ..format.images import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX
+from ..format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX
 from .base import wrap_error
 from .dali_augment import Chain
 

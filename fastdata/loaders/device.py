@@ -15,7 +15,9 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from ..augment import Augment, batch_generator
-from ..format.images import SHAPE_SUFFIX
+from ..errors import UsageError
+from ..format.spec import SHAPE_SUFFIX
+from ..world import World
 from .buffers import Recycler
 
 Batch = dict[str, torch.Tensor]
@@ -142,3 +144,20 @@ class DeviceStage:
                 inflight.popleft()
             yield cur
             k += 1
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """A device with an index: ``"cuda"`` is the GPU this process owns (the current device if it
+    was set, else ``LOCAL_RANK`` under torchrun), so each rank of a multi-GPU run reads onto its own."""
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        raise UsageError(f"device={device!r} asked for, but CUDA is not available here")
+    count = torch.cuda.device_count()
+    if dev.index is None:
+        current, local = torch.cuda.current_device(), World.cuda_index(count)
+        return torch.device("cuda", local if current == 0 and local is not None else current)
+    if dev.index >= count:
+        raise UsageError(f"device={device!r}: this machine has {count} GPU(s) (cuda:0 to cuda:{count - 1})")
+    return dev

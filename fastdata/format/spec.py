@@ -1,0 +1,297 @@
+"""The fastdata format's spec: version, names, limits, field and shard types, image rules.
+
+Everything a writer or reader must agree on, in one module that imports nothing from fastdata
+but its errors. I/O of the manifest is in manifest.py, the shard backends in hdf5.py and lmdb.py.
+Normative description: docs/format.md.
+
+Image fields store uint8 pixels in HWC layout (channels ``RGB`` or ``L``) in one of three
+encodings (docs/format.md, "Image fields"):
+
+* ``raw`` with a fixed shape ``[H, W, C]``: plain pixels, read with a memory copy;
+* ``pixels``: ragged ``|u1`` bytes, each sample's ``H*W*C`` pixels in C order, with the
+  per-sample ``(H, W, C)`` in the companion field ``<name>_shape``;
+* ``image``: ragged ``|u1`` bytes, each sample one complete encoded file (JPEG or PNG),
+  with ``<name>_shape`` and the per-sample codec in ``<name>_codec``.
+Decoding lives in ``fastdata.decode``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import FormatError
+
+ENCODING_RAW = "raw"
+ENCODING_PIXELS = "pixels"
+ENCODING_IMAGE = "image"
+IMAGE_ENCODINGS = (ENCODING_PIXELS, ENCODING_IMAGE)  # ragged bytes that become HWC images on read
+
+LAYOUT = "HWC"
+CHANNELS = {"RGB": 3, "L": 1}  # image mode -> channels, in stored order
+SHAPE_SUFFIX = "_shape"
+CODEC_SUFFIX = "_codec"
+SHAPE_DTYPE = "<i8"
+CODEC_DTYPE = "|u1"
+
+CODEC_JPEG = 1
+CODEC_PNG = 2
+CODECS = {CODEC_JPEG: "jpeg", CODEC_PNG: "png"}  # value of <name>_codec -> codec; 0 is never valid
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """How the pixels of an image field are laid out: ``mode`` ``RGB`` or ``L``, layout ``HWC``."""
+
+    mode: str
+    layout: str = LAYOUT
+
+    @property
+    def channels(self) -> int:
+        return CHANNELS[self.mode]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "layout": self.layout}
+
+
+def parse_image_spec(obj: Any, field_name: Any) -> ImageSpec:
+    """The ``image`` object of a field entry; unknown extra keys are ignored (forward compatible)."""
+    if not isinstance(obj, dict):
+        raise FormatError(f"field {field_name!r}: 'image' must be an object")
+    spec = ImageSpec(mode=obj.get("mode"), layout=obj.get("layout"))  # type: ignore[arg-type]
+    check_image_spec(spec, field_name)
+    return spec
+
+
+def check_image_spec(spec: ImageSpec, field_name: Any) -> None:
+    if not isinstance(spec.mode, str) or spec.mode not in CHANNELS:
+        raise FormatError(f"field {field_name!r}: unknown image mode {spec.mode!r} (expected RGB or L)")
+    if spec.layout != LAYOUT:
+        raise FormatError(f"field {field_name!r}: unknown image layout {spec.layout!r} (expected {LAYOUT})")
+
+
+def companions(f: FieldSpec) -> list[str]:
+    """Names of the fields an image field needs to be read (its shape and codec fields)."""
+    if f.encoding == ENCODING_IMAGE:
+        return [f.name + SHAPE_SUFFIX, f.name + CODEC_SUFFIX]
+    if f.encoding == ENCODING_PIXELS:
+        return [f.name + SHAPE_SUFFIX]
+    return []
+
+
+def check_image_fields(fields: Sequence[FieldSpec]) -> None:
+    """Check every image field against the rules above; raise FormatError naming the problem."""
+    by_name = {f.name: f for f in fields}
+    for f in fields:
+        if f.encoding in IMAGE_ENCODINGS:
+            if f.image is None:
+                raise FormatError(f"field {f.name!r}: encoding {f.encoding!r} needs an 'image' object")
+            if f.dtype != "|u1" or list(f.shape) != [None]:
+                raise FormatError(f"field {f.name!r}: encoding {f.encoding!r} needs dtype |u1 and shape [null]")
+            _need(by_name, f.name + SHAPE_SUFFIX, SHAPE_DTYPE, (3,), f.name)
+            if f.encoding == ENCODING_IMAGE:
+                _need(by_name, f.name + CODEC_SUFFIX, CODEC_DTYPE, (), f.name)
+        elif f.image is not None:
+            c = f.image.channels
+            if f.encoding != ENCODING_RAW or f.dtype != "|u1" or len(f.shape) != 3 or f.shape[0] is None or f.shape[2] != c:
+                raise FormatError(
+                    f"field {f.name!r}: a raw image field must be |u1 of fixed shape [H, W, {c}] ({f.image.mode}), "
+                    f"not {f.dtype} {list(f.shape)}"
+                )
+
+
+def _need(by_name: dict[str, FieldSpec], name: str, dtype: str, shape: tuple[int, ...], owner: str) -> None:
+    g = by_name.get(name)
+    if g is None:
+        raise FormatError(f"image field {owner!r} needs the field {name!r}")
+    if g.dtype != dtype or tuple(g.shape) != shape or g.encoding != ENCODING_RAW or g.image is not None:
+        raise FormatError(f"field {name!r} must be raw {dtype} of shape {list(shape)} (it belongs to image field {owner!r})")
+
+
+FORMAT_NAME = "fastdata"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+BACKENDS = ("hdf5", "lmdb")
+ENCODINGS = (ENCODING_RAW, ENCODING_PIXELS, ENCODING_IMAGE)  # images: see above
+LABEL_FIELD = "label"
+LENGTHS_SUFFIX = "_lengths"
+
+# Hard limits: a manifest beyond them is rejected before any allocation.
+MAX_MANIFEST_BYTES = 256 << 20
+MAX_SAMPLES = 1 << 40
+MAX_SAMPLE_BYTES = 1 << 36  # 64 GiB in one sample is surely a hostile or broken manifest
+MAX_FIELDS = 256
+MAX_DIMS = 32
+MAX_SHARDS = 10_000_000
+MAX_CLASSES = 10_000_000
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+# Plain numeric dtypes only: no objects, strings, structured or datetime types.
+_DTYPE_KINDS = "biufc"
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of every sample: a numeric array of fixed shape, or ragged on its first axis.
+
+    ``shape`` is the per-sample shape; a leading ``None`` marks a ragged field whose first
+    axis varies from sample to sample (the trailing axes do not). ``image`` is set on image
+    fields only (see the image rules above).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+    encoding: str = "raw"
+    image: ImageSpec | None = None
+
+    @property
+    def ragged(self) -> bool:
+        return len(self.shape) > 0 and self.shape[0] is None
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        """Shape after the first axis for ragged fields; the whole shape otherwise."""
+        return tuple(self.shape[1:]) if self.ragged else tuple(self.shape)  # type: ignore[arg-type]
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one row of a ragged field, or of one whole sample of a fixed field."""
+        return self.np_dtype.itemsize * math.prod(self.trailing)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
+        if self.image is not None:
+            out["image"] = self.image.to_json()
+        return out
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard file: which samples it holds, its size and its SHA-256."""
+
+    file: str
+    start: int
+    count: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    """Everything a reader needs to know about a dataset; see docs/format.md."""
+
+    backend: str
+    fields: list[FieldSpec]
+    num_samples: int
+    shards: list[ShardInfo]
+    classes: list[str] | None = None
+    source: dict[str, Any] = field(default_factory=dict)
+    version: int = FORMAT_VERSION
+
+    def field(self, name: str) -> FieldSpec:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": self.version,
+            "backend": self.backend,
+            "num_samples": self.num_samples,
+            "fields": [f.to_json() for f in self.fields],
+            "classes": self.classes,
+            "shards": [asdict(s) for s in self.shards],
+            "source": self.source,
+        }
+
+
+def make_field(
+    name: str, dtype: np.dtype | str, shape: tuple[int | None, ...], encoding: str = "raw", image: ImageSpec | None = None
+) -> FieldSpec:
+    """Build a validated FieldSpec (what converters call)."""
+    spec = FieldSpec(name=name, dtype=np.dtype(dtype).str, shape=tuple(shape), encoding=encoding, image=image)
+    _check_field(spec)
+    return spec
+
+
+def validate(m: Manifest, where: str = "manifest") -> None:
+    """Check a manifest's internal consistency and limits; raise FormatError naming the problem."""
+
+    def bad(msg: str) -> FormatError:
+        return FormatError(f"{where}: {msg}")
+
+    if m.backend not in BACKENDS:
+        raise bad(f"unknown backend {m.backend!r} (expected one of {', '.join(BACKENDS)})")
+    if not _is_int(m.num_samples) or not 0 <= m.num_samples <= MAX_SAMPLES:
+        raise bad(f"bad num_samples {m.num_samples!r}")
+    if not m.fields:
+        raise bad("no fields")
+    names = [f.name for f in m.fields]
+    if len(set(names)) != len(names):
+        raise bad(f"duplicate field names in {names}")
+    for f in m.fields:
+        try:
+            _check_field(f)
+        except FormatError as e:
+            raise bad(str(e)) from None
+        if f.ragged and f.name + LENGTHS_SUFFIX in names:
+            raise bad(f"field {f.name + LENGTHS_SUFFIX!r} clashes with the lengths of ragged field {f.name!r}")
+    try:
+        check_image_fields(m.fields)
+    except FormatError as e:
+        raise bad(str(e)) from None
+    expected = 0
+    files = set()
+    for s in m.shards:
+        if s.start != expected:
+            raise bad(f"shard {s.file!r} starts at sample {s.start}, expected {expected}")
+        if s.file in files:
+            raise bad(f"shard file {s.file!r} listed twice")
+        files.add(s.file)
+        expected += s.count
+    if expected != m.num_samples:
+        raise bad(f"shards hold {expected} samples but num_samples is {m.num_samples}")
+    if m.classes is not None and len(set(m.classes)) != len(m.classes):
+        raise bad("class names are not unique")
+
+
+def _check_field(f: FieldSpec) -> None:
+    if not isinstance(f.name, str) or not _NAME_RE.match(f.name):
+        raise FormatError(f"bad field name {f.name!r} (letters, digits, _ . -; not starting with a digit)")
+    try:
+        dt = np.dtype(f.dtype) if isinstance(f.dtype, str) and len(f.dtype) <= 8 else None
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in _DTYPE_KINDS or dt.str != f.dtype:
+        raise FormatError(f"field {f.name!r}: unsupported dtype {f.dtype!r} (plain numeric dtypes only)")
+    if f.encoding not in ENCODINGS:
+        raise FormatError(f"field {f.name!r}: unknown encoding {f.encoding!r}")
+    if f.image is not None:
+        check_image_spec(f.image, f.name)
+    if not isinstance(f.shape, tuple) or len(f.shape) > MAX_DIMS:
+        raise FormatError(f"field {f.name!r}: bad shape {f.shape!r}")
+    for i, d in enumerate(f.shape):
+        if d is None and i == 0:
+            continue
+        if not _is_int(d) or d < 0:
+            raise FormatError(f"field {f.name!r}: bad shape {list(f.shape)!r}")
+    nbytes = dt.itemsize * math.prod(d for d in f.shape if d is not None)
+    if nbytes > MAX_SAMPLE_BYTES:
+        raise FormatError(f"field {f.name!r}: shape {list(f.shape)!r} is absurdly large ({nbytes} bytes per sample)")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

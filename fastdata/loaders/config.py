@@ -1,0 +1,36 @@
+"""``LoaderConfig``: the loader's tuning knobs, one frozen, self-validating value shared by both backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Tuning knobs of the torch backend; the defaults were chosen by measurement (docs/tuning.md).
+
+    ``mode``: ``"threads"`` reads batches in threads of this process into recycled (pinned)
+    buffers; ``"processes"`` reads them in DataLoader worker processes. ``prefetch``: batches
+    read ahead. ``pin_memory``: ``None`` pins when the device is CUDA. ``images``: names of
+    uint8 HWC fields to turn into float NCHW (``None``: detected). The DALI backend uses
+    ``prefetch`` (its queue depth), ``channels_last``, ``images``, ``block`` and ``window``.
+    """
+
+    mode: Literal["threads", "processes"] = "threads"
+    prefetch: int = 4
+    pin_memory: bool | None = None
+    channels_last: bool = True
+    images: tuple[str, ...] | None = None
+    block: int = 256
+    window: int = 16
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("threads", "processes"):
+            raise UsageError(f"mode must be 'threads' or 'processes', not {self.mode!r}")
+        if self.prefetch < 1:
+            raise UsageError("prefetch must be at least 1")
+        if self.block < 1 or self.window < 1:
+            raise UsageError("block and window must be positive")
