@@ -80,7 +80,7 @@ def convert(
             named["label"] = label_path
         inputs = list(named.values())
         check_dst(dst, inputs, overwrite, resume)
-        source = ArraysSource.scan(named)
+        source: ArraysSource | ImageFolderSource | NpyFolderSource = ArraysSource.scan(named)
     else:
         assert src is not None
         inputs = [src] + ([label_path] if label_path is not None else [])

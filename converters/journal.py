@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-import fastdata
+from fastdata._version import __version__
 from fastdata.errors import UsageError
 from fastdata.fileio import finish_file, fsync_dir
 from fastdata.format import ShardInfo
@@ -40,7 +40,7 @@ def header(source: Any, options: dict[str, Any], plan: Sequence[tuple[str, int, 
     (``(file, start, count)`` each)."""
     return {
         "journal": JOURNAL_VERSION,
-        "fastdata_version": fastdata.__version__,
+        "fastdata_version": __version__,
         "options": options,
         "source": source.describe(),
         "fingerprint": fingerprint(source),

@@ -13,6 +13,7 @@ import tokenize
 import zipfile
 import zlib
 from dataclasses import dataclass
+from typing import IO
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class NpyHeader:
         return math.prod(self.shape) * self.dtype.itemsize  # Python ints: no overflow
 
 
-def parse_header(fh, where: str) -> NpyHeader:
+def parse_header(fh: IO[bytes], where: str) -> NpyHeader:
     """Parse a .npy header from an open binary stream positioned at its start."""
     try:
         version = np.lib.format.read_magic(fh)

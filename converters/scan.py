@@ -34,22 +34,22 @@ def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # typ
         seen.add(real)
         try:
             entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except OSError as e:
-            raise DataError(f"{path}: cannot list folder: {e.strerror or e}") from None
-        for e in entries:
-            if e.name.startswith("."):
+        except OSError as err:
+            raise DataError(f"{path}: cannot list folder: {err.strerror or err}") from None
+        for ent in entries:
+            if ent.name.startswith("."):
                 continue
-            r = f"{rel}/{e.name}" if rel else e.name
+            r = f"{rel}/{ent.name}" if rel else ent.name
             try:
-                if e.is_dir(follow_symlinks=True):
-                    visit(e.path, r)
-                elif e.is_file(follow_symlinks=True):
-                    if os.path.realpath(e.path) not in exclude:
+                if ent.is_dir(follow_symlinks=True):
+                    visit(ent.path, r)
+                elif ent.is_file(follow_symlinks=True):
+                    if os.path.realpath(ent.path) not in exclude:
                         found.append(r)
-                elif e.is_symlink():
-                    raise DataError(f"{e.path}: broken symlink")
+                elif ent.is_symlink():
+                    raise DataError(f"{ent.path}: broken symlink")
             except OSError as err:
-                raise DataError(f"{e.path}: cannot read: {err.strerror or err}") from None
+                raise DataError(f"{ent.path}: cannot read: {err.strerror or err}") from None
 
     visit(str(root), "")
     found.sort()
@@ -136,11 +136,11 @@ def _json_pairs(path: Path, text: str) -> list[tuple[str, str]]:
         items = list(obj.items())
     elif isinstance(obj, list):
         items = []
-        for e in obj:
-            if isinstance(e, dict) and "path" in e and "label" in e:
-                items.append((e["path"], e["label"]))
-            elif isinstance(e, list) and len(e) == 2:
-                items.append((e[0], e[1]))
+        for item in obj:
+            if isinstance(item, dict) and "path" in item and "label" in item:
+                items.append((item["path"], item["label"]))
+            elif isinstance(item, list) and len(item) == 2:
+                items.append((item[0], item[1]))
             else:
                 raise DataError(f"{path}: entries must be [path, label] or {{'path':..., 'label':...}}")
     else:

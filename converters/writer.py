@@ -24,8 +24,8 @@ from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 
-import fastdata
 from fastdata._units import fmt_bytes
+from fastdata._version import __version__
 from fastdata.errors import FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, backend, shard_file_name, write_manifest
 from fastdata.handles import usable_cpus
@@ -178,7 +178,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
         manifest = Manifest(
             backend=opts.backend, fields=source.fields, num_samples=len(source), shards=shards,
             classes=source.classes,
-            source={**source.describe(), "fastdata_version": fastdata.__version__,
+            source={**source.describe(), "fastdata_version": __version__,
                     "shard_size": opts.shard_size, "compression": opts.compression or "none"},
         )
         _fault.point("before_manifest")

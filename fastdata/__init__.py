@@ -6,22 +6,52 @@ only when the loader or augmentation is first used, so converting data does not 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import os
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from . import errors
+from ._version import __version__
 from .dataset import Dataset, open
+from .sampling import Shuffle
 
 if TYPE_CHECKING:
+    import torch
+
+    from .augment import Augment
     from .loaders import Loader, LoaderConfig
 
-__version__ = "0.1.0"
 
+def loader(
+    source: str | os.PathLike[str] | Dataset,
+    batch_size: int,
+    *,
+    shuffle: Shuffle = True,
+    drop_last: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "auto",
+    augment: Augment | Sequence[Any] | None = None,
+    fields: Sequence[str] | None = None,
+    num_workers: int | Literal["auto"] = "auto",
+    backend: Literal["torch", "dali", "auto"] = "torch",
+    config: LoaderConfig | None = None,
+) -> Loader:
+    """Batches of a fastdata dataset as dicts of tensors on ``device``.
 
-def loader(*args: Any, **kwargs: Any) -> "Loader":
-    """Batches of a fastdata dataset as dicts of tensors on the device; see :func:`fastdata.loaders.loader`."""
+    ``source``: a dataset folder or a :class:`Dataset`. Each epoch is a permutation drawn from
+    ``(seed, epoch)`` (``shuffle="block"``: nearly sequential reads; ``False``: storage order), split
+    into disjoint equal shares across torch.distributed ranks. ``augment``: an
+    :class:`fastdata.augment.Augment` or a list of its ops, applied on the device. ``fields``: the
+    fields to read (default: all). ``num_workers``: reader threads (or processes with
+    ``LoaderConfig(mode="processes")``), 0 reads in the iterating thread, ``"auto"`` uses
+    ``fastdata tune``'s stored settings or a default. ``backend="dali"`` decodes and augments with
+    NVIDIA DALI; ``"auto"`` picks it for encoded images on CUDA. Details: docs/loader.md.
+    """
+    # A mirror of fastdata.loaders.loader (tests/test_architecture.py checks the signatures agree),
+    # so that `import fastdata` does not import torch and help(fastdata.loader) shows the parameters.
     from .loaders import loader as _loader
 
-    return _loader(*args, **kwargs)
+    return _loader(source, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
+                   augment=augment, fields=fields, num_workers=num_workers, backend=backend, config=config)
 
 
 def __getattr__(name: str) -> Any:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Sequence, Union
+from typing import ClassVar, Sequence, Union, cast
 
 import torch
 import torch.nn.functional as F
 
 from .errors import UsageError
+from .seeds import Stream, int_seed
 
 Tensor = torch.Tensor
 
@@ -29,7 +30,7 @@ def _uniform(g: torch.Generator, b: int, lo: float, hi: float, device: torch.dev
     return torch.rand(b, generator=g, device=device) * (hi - lo) + lo
 
 
-def _pair(v: int | Sequence[int]) -> tuple[int, int]:
+def pair(v: int | Sequence[int]) -> tuple[int, int]:
     if isinstance(v, int):
         return (v, v)
     h, w = v
@@ -51,7 +52,7 @@ def _mask(sizes: Tensor, h: int, w: int, dtype: torch.dtype) -> Tensor:
 def _crop_size(size: int | Sequence[int], x: Tensor, sizes: Tensor | None, op: str) -> tuple[int, int]:
     """A fixed-size crop's (H, W); it must fit inside the batch and, in a mixed-size batch, inside
     every image (one device sync)."""
-    oh, ow = _pair(size)
+    oh, ow = pair(size)
     h, w = x.shape[-2:]
     if oh > h or ow > w:
         raise ValueError(f"{op}{(oh, ow)} is larger than the input {(h, w)}")
@@ -77,7 +78,7 @@ class RandomResizedCrop:
     def apply(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         x4, lead = _as4d(x)
         b, _, hc, wc = x4.shape
-        oh, ow = _pair(self.size)
+        oh, ow = pair(self.size)
         dev = x.device
         h: Tensor | int = hc
         w: Tensor | int = wc
@@ -97,7 +98,7 @@ class RandomResizedCrop:
             # each image's last pixel centre, pulled in by 1/1000 pixel: float rounding must not
             # give the padding beyond it any bilinear weight
             limit = ((2 * w - 1.002) / wc - 1, (2 * h - 1.002) / hc - 1)
-        return _resample(x4, fw, fh, cx, cy, oh, ow, limit).reshape(b, *lead[1:], oh, ow)
+        return _resample(x4, fw, fh, cx, cy, oh, ow, cast("tuple[Tensor, Tensor] | None", limit)).reshape(b, *lead[1:], oh, ow)
 
 
 def _resample(x4: Tensor, fw: Tensor, fh: Tensor, cx: Tensor, cy: Tensor, oh: int, ow: int,
@@ -201,8 +202,8 @@ def _flip_inside(x: Tensor, flip: Tensor, extent: Tensor, axis: int) -> Tensor:
 
 
 # RGB <-> YIQ: hue is a rotation of the IQ plane (the same model DALI's color_twist uses).
-_RGB2YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
-_YIQ2RGB = torch.linalg.inv(_RGB2YIQ)
+RGB2YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+YIQ2RGB = torch.linalg.inv(RGB2YIQ)
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ def _rotate_hue(x: Tensor, angle: Tensor) -> Tensor:
     rot[:, 0, 0] = 1
     rot[:, 1, 1], rot[:, 1, 2] = c, -s
     rot[:, 2, 1], rot[:, 2, 2] = s, c
-    m = _YIQ2RGB.to(x.device, x.dtype) @ rot @ _RGB2YIQ.to(x.device, x.dtype)  # (B, 3, 3)
+    m = YIQ2RGB.to(x.device, x.dtype) @ rot @ RGB2YIQ.to(x.device, x.dtype)  # (B, 3, 3)
     return torch.einsum("bij,bjhw->bihw", m, x)
 
 
@@ -336,12 +337,8 @@ class Augment:
 
 
 def batch_generator(seed: int, epoch: int, batch: int, device: torch.device, rank: int = 0) -> torch.Generator:
-    """The generator for one batch: a pure function of (seed, epoch, rank, batch index), so resumes
-    repeat it and distributed ranks draw different parameters."""
-    import numpy as np
-
-    words = [seed & 0xFFFFFFFF, seed >> 32, epoch, batch] + ([rank] if rank else [])
-    state = np.random.SeedSequence(words).generate_state(2, np.uint32)
+    """The generator for one batch: a pure function of (seed, epoch, rank, batch index) (fastdata.seeds),
+    so resumes repeat it and distributed ranks draw different parameters."""
     g = torch.Generator(device=device)
-    g.manual_seed((int(state[0]) << 31) ^ int(state[1]))
+    g.manual_seed(int_seed(seed, epoch, Stream.AUGMENT, rank, batch))
     return g

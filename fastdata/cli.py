@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__
 from ._units import parse_size
+from ._version import __version__
 from .errors import FastdataError, UsageError
 
 

@@ -91,7 +91,7 @@ def run_bench(args: argparse.Namespace) -> int:
     config = LoaderConfig(**given) if given else None  # None: tuned settings where stored
     ld = loader(ds, args.batch_size, device=args.device, num_workers=args.workers, config=config,
                 augment=_augment(args.augment))
-    settings = {"mode": ld.config.mode, "workers": ld.workers, "prefetch": ld.config.prefetch,
+    settings = {"mode": ld.config.mode, "workers": getattr(ld, "workers", None), "prefetch": ld.config.prefetch,
                 "batch_size": args.batch_size, "device": str(ld.device), "augment": args.augment}
     bps = sample_bytes(ds)
     live = _Live(enabled=not args.json)

@@ -150,7 +150,7 @@ class Dataset:
 
     @staticmethod
     def _out_array(f: FieldSpec, b: int, out: dict[str, np.ndarray] | None) -> np.ndarray:
-        shape = (b, *f.shape)
+        shape = (b, *f.trailing)
         if out is None or f.name not in out:
             return np.empty(shape, dtype=f.np_dtype)
         a = out[f.name]

@@ -11,12 +11,16 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from ._units import fmt_bytes
+
+if TYPE_CHECKING:
+    from converters.writer import Progress
 
 SHAPE = (2, 64, 21, 21)  # the FLIM-style arrays of our users, with a shorter time axis
 CLASSES = ("class_a", "class_b", "class_c", "class_d")
@@ -60,7 +64,7 @@ def _time_batches(fn: Callable[[np.ndarray], object], batches: list[np.ndarray])
 
 
 def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batches: int = 20, train_steps: int = 6,
-        progress=None) -> str:  # type: ignore[no-untyped-def]
+        progress: Progress | None = None) -> str:
     """Run the demo and return its report (what ``fastdata demo`` prints)."""
     import converters  # the CLI layer may import converters; the library proper does not
 
@@ -68,7 +72,7 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
     from .examples import write_npy_folder
 
     own = workdir is None
-    root = Path(tempfile.mkdtemp(prefix="fastdata-demo-")) if own else Path(workdir)
+    root = Path(tempfile.mkdtemp(prefix="fastdata-demo-")) if workdir is None else Path(workdir)
     lines = []
     try:
         src = root / "npy"
@@ -92,8 +96,8 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
             if not (ok and labels_ok):
                 raise RuntimeError(f"{dst}: read-back differs from the source")
             lines.append(f"read back {backend}: all {samples} samples bit-identical, labels match {ds.classes}")
-            out = {"x": np.empty((batch, *SHAPE), np.float32), "label": np.empty(batch, np.int64)}
-            rows.append((f"{backend} get_batch", _time_batches(lambda idx, ds=ds, out=out: ds.get_batch(idx, out=out), plan)))
+            out: dict[str, np.ndarray] = {"x": np.empty((batch, *SHAPE), np.float32), "label": np.empty(batch, np.int64)}
+            rows.append((f"{backend} get_batch", _time_batches(partial(ds.get_batch, out=out), plan)))
         nbytes = batch * batches * int(np.prod(SHAPE)) * 4
         lines.append("")
         lines.append(f"random batches of {batch}, {batches} batches, page cache warm:")

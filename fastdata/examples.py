@@ -80,7 +80,7 @@ def write_npy_folder(root: str | os.PathLike[str], n: int, shape: tuple[int, ...
     return sorted(Path(root).rglob("*.npy"))
 
 
-class NaiveNpyFolder(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class NaiveNpyFolder(torch.utils.data.Dataset):
     """The baseline we measure against, written the way our users write it: one ``np.load``
     per sample in ``__getitem__``, the label from the class folder."""
 
@@ -96,7 +96,7 @@ class NaiveNpyFolder(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"x": torch.from_numpy(np.load(self.files[i])), "label": self.labels[i]}
 
 
-def naive_loader(root: str | os.PathLike[str], batch_size: int = 64, workers: int = 2) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+def naive_loader(root: str | os.PathLike[str], batch_size: int = 64, workers: int = 2) -> torch.utils.data.DataLoader:
     """A torch DataLoader over :class:`NaiveNpyFolder` with the usual hand-picked flags."""
     return torch.utils.data.DataLoader(
         NaiveNpyFolder(root), batch_size=batch_size, shuffle=True, num_workers=workers,

@@ -21,7 +21,7 @@ _HASH_BLOCK = 8 << 20
 
 def pread_into(fd: int, out: np.ndarray, offset: int, where: str) -> None:
     """Fill the C-contiguous array ``out`` with bytes at ``offset``; a short read is corruption."""
-    view = memoryview(out.reshape(-1).view(np.uint8))
+    view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # ndarray is a buffer
     want = len(view)
     got = 0
     while got < want:

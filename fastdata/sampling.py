@@ -11,13 +11,10 @@ from typing import Literal, Union
 
 import numpy as np
 
+from .seeds import Stream, numpy_rng
 from .world import World
 
 Shuffle = Union[bool, Literal["block"]]
-
-
-def _rng(seed: int, epoch: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, epoch]))
 
 
 def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int = 256, window: int = 16) -> np.ndarray:
@@ -29,7 +26,7 @@ def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int =
     """
     if shuffle is False:
         return np.arange(n, dtype=np.int64)
-    rng = _rng(seed, epoch)
+    rng = numpy_rng(seed, epoch, Stream.ORDER)
     if shuffle is True:
         return rng.permutation(n).astype(np.int64)
     if shuffle != "block":

@@ -68,7 +68,7 @@ def tune(
     table: list[tuple[dict[str, Any], BenchResult, int]] = []
     rnd = 0
     while True:
-        scored = []
+        scored: list[tuple[float, dict[str, Any]]] = []
         for s in alive:
             if time.perf_counter() > deadline and scored:
                 break

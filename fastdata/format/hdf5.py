@@ -81,7 +81,7 @@ class ShardWriter:
                 self._dsets[f.name] = self._create(g, "data", (rows, *f.trailing), f, filt, level)
                 self._offsets[f.name] = np.zeros(count + 1, dtype=np.int64)
             else:
-                self._dsets[f.name] = self._create(self._file, f.name, (count, *f.shape), f, filt, level)
+                self._dsets[f.name] = self._create(self._file, f.name, (count, *f.trailing), f, filt, level)
             self._stage[f.name] = []
         self._n = 0
 
@@ -228,7 +228,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             expect = (int(o[-1]), *f.trailing)
         else:
             dset = h5[f.name]
-            expect = (n, *f.shape)
+            expect = (n, *f.trailing)
         if tuple(dset.shape) != expect or dset.dtype != f.np_dtype:
             raise CorruptShardError(
                 f"{self._where()}: field {f.name!r} is {dset.dtype}{tuple(dset.shape)}, manifest says {f.np_dtype}{expect}"

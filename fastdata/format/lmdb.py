@@ -205,7 +205,7 @@ class ShardWriter:
 
     def _release(self) -> None:
         self._env.close()
-        self._env = None
+        self._env = None  # type: ignore[assignment]  # closed: the writer is finished
         Path(str(self.path) + "-lock").unlink(missing_ok=True)
 
     def __enter__(self) -> "ShardWriter":
@@ -278,7 +278,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         if raw == want:
             return
         try:
-            got = json.loads(raw) if len(raw) <= _MAX_SHARD_RECORD else None
+            got: Any = json.loads(raw) if len(raw) <= _MAX_SHARD_RECORD else None
             start, count = got["start"], got["count"]
         except (ValueError, TypeError, KeyError, RecursionError):
             raise CorruptShardError(f"{self._where()}: unreadable shard description") from None
@@ -307,7 +307,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         self._check_unchanged(h.fd, local)
         return h.env
 
-    def _layout(self, buf: memoryview, local: int) -> list[tuple[int, int]]:
+    def _layout(self, buf: memoryview | bytes, local: int) -> list[tuple[int, int]]:
         """(offset, nbytes) of each field in one record, after checking the header."""
         where = self._where(local)
         if len(buf) < self._header_size or buf[:4] != MAGIC:
@@ -336,7 +336,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             raise CorruptShardError(f"{where}: record is {len(buf)} bytes, its header says {pos}")
         return out
 
-    def _get(self, txn: lmdb.Transaction, local: int) -> memoryview:
+    def _get(self, txn: lmdb.Transaction, local: int) -> memoryview | bytes:
         try:
             buf = txn.get(key(self.info.start + local))
         except lmdb.Error as e:
@@ -381,17 +381,16 @@ class ShardReader(ShardReaderBase[_Handle]):
                     off, size = layout[i]
                     if size == 0:
                         continue
-                    rows = size // f.row_nbytes if f.ragged else None
                     src = np.frombuffer(buf, dtype=f.np_dtype, count=size // f.np_dtype.itemsize, offset=off)
                     if f.ragged:
-                        out[d, :rows] = src.reshape((rows, *f.trailing))
+                        out[d, : size // f.row_nbytes] = src.reshape((size // f.row_nbytes, *f.trailing))
                     else:
-                        out[d] = src.reshape(f.shape)  # copies out before the transaction ends
+                        out[d] = src.reshape(f.trailing)  # copies out before the transaction ends
 
     def _read_fixed(self, local: np.ndarray, dest: np.ndarray, wanted: list[tuple[int, FieldSpec, np.ndarray]]) -> None:
         """Fixed-layout records: one header comparison per record, then straight copies."""
         hs, size, head = self._header_size, self._record_size, self._expected_header
-        plan = [(self._field_offsets[i], f.np_dtype, math.prod(f.shape), f.shape, out) for i, f, out in wanted]
+        plan = [(self._field_offsets[i], f.np_dtype, math.prod(f.trailing), f.trailing, out) for i, f, out in wanted]
         with self._env(local).begin(buffers=True) as txn:
             for l, d in zip(local.tolist(), dest.tolist()):
                 buf = self._get(txn, l)
@@ -427,5 +426,5 @@ class ShardReader(ShardReaderBase[_Handle]):
             i = self._index[name]
             f = self.all_fields[i]
             off = self._field_offsets[i]
-            col = rec[:, off : off + f.row_nbytes].view(f.np_dtype).reshape((len(found), *f.shape))
+            col = rec[:, off : off + f.row_nbytes].view(f.np_dtype).reshape((len(found), *f.trailing))
             out[dest] = col

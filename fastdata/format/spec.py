@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeGuard
 
 import numpy as np
 
@@ -81,6 +81,19 @@ def companions(f: FieldSpec) -> list[str]:
     if f.encoding == ENCODING_PIXELS:
         return [f.name + SHAPE_SUFFIX]
     return []
+
+
+def is_image_field(f: FieldSpec) -> bool:
+    """Whether a field reads back as uint8 HWC images: an image encoding, an image spec, or a fixed
+    uint8 field of shape (H, W, C) with C in 1, 3, 4. The one rule both loader backends use."""
+    if f.encoding in IMAGE_ENCODINGS or f.image is not None:
+        return True
+    return (len(f.shape) == 3 and f.shape[0] is not None and f.dtype == "|u1" and f.shape[-1] in (1, 3, 4))
+
+
+def image_fields(fields: Sequence[FieldSpec]) -> tuple[str, ...]:
+    """Names of the image fields among ``fields`` (see :func:`is_image_field`), in order."""
+    return tuple(f.name for f in fields if is_image_field(f))
 
 
 def check_image_fields(fields: Sequence[FieldSpec]) -> None:
@@ -170,7 +183,7 @@ class FieldSpec:
         return self.np_dtype.itemsize * math.prod(self.trailing)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
+        out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
         if self.image is not None:
             out["image"] = self.image.to_json()
         return out
@@ -293,5 +306,5 @@ def _check_field(f: FieldSpec) -> None:
         raise FormatError(f"field {f.name!r}: shape {list(f.shape)!r} is absurdly large ({nbytes} bytes per sample)")
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)

@@ -39,8 +39,8 @@ def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size
         return num_workers, config or LoaderConfig()
     tuned = load_tuned(ds, batch_size, device.type)
     if tuned is not None:
-        stored = {k: int(v) if k == "prefetch" else v for k, v in tuned.items() if k in ("mode", "prefetch")}
-        cfg = config or LoaderConfig(**stored)  # what the cache does not say keeps LoaderConfig's default
+        default = LoaderConfig()  # what the cache does not say keeps LoaderConfig's default
+        cfg = config or LoaderConfig(mode=tuned.get("mode", default.mode), prefetch=int(tuned.get("prefetch", default.prefetch)))
         log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
         return int(tuned["num_workers"]), cfg
     workers = min(4, usable_cpus())
@@ -83,14 +83,13 @@ def loader(
     if augment is not None and not isinstance(augment, Augment):
         augment = Augment(tuple(augment))
     dev = resolve_device(device)
-    if backend == "auto":
-        backend = _pick_backend(dev, ds, augment, config)
+    chosen = _pick_backend(dev, ds, augment, config) if backend == "auto" else backend
     if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool)
                                   or num_workers < 0):
         raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
     common: dict[str, Any] = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=augment,
                                   world=World.detect())
-    if backend == "dali":
+    if chosen == "dali":
         from .dali import dali_loader
 
         return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)
@@ -99,7 +98,7 @@ def loader(
 
 
 def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augment | None = None,
-                  config: LoaderConfig | None = None) -> str:
+                  config: LoaderConfig | None = None) -> Literal["torch", "dali"]:
     """``backend="auto"``: DALI when it is installed, the device is CUDA and ``ds`` has encoded
     images (GPU decoding is what DALI adds) that DALI can take with ``augment``; else torch. The
     choice and its reason are logged at DEBUG."""

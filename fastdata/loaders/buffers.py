@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .._compat import storage_use_count
+
 
 def torch_dtype(dt: Any) -> torch.dtype:
     """The torch dtype of a numpy dtype (native byte order)."""
@@ -46,21 +48,17 @@ def allocate(shape: tuple[int, ...], dtype: torch.dtype, phase: int, pin: bool) 
     if start % itemsize:
         return torch.empty(shape, dtype=dtype, pin_memory=pin)
     # set_ rather than a view: a view keeps its base tensor, which _in_use would count as a user
-    return torch.empty(0, dtype=dtype).set_(flat.untyped_storage(), start // itemsize, shape)
-
-
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
+    return torch.empty(0, dtype=dtype).set_(flat.untyped_storage(), start // itemsize, shape)  # type: ignore[call-overload]
 
 
 def _in_use(t: torch.Tensor, refs_held_by_caller: int) -> bool:
+    """True while anything but the pool uses ``t``'s memory; when torch cannot tell, assume it is."""
     # getrefcount counts its own argument and this function's parameter; the caller says how many
     # references it holds itself.
     if sys.getrefcount(t) - 2 > refs_held_by_caller:
         return True
-    if _use_count is not None:
-        # the tensor itself + the temporary storage object made by untyped_storage()
-        return _use_count(t.untyped_storage()._cdata) > 2
-    return False  # pragma: no cover - without the counter, only direct references are seen
+    users = storage_use_count(t)
+    return users is None or users > 1  # only the tensor itself may use the storage
 
 
 class Recycler:

@@ -29,6 +29,7 @@ from ..errors import (
     UsageError,
 )
 from ..handles import usable_cpus
+from ..seeds import Stream, int_seed
 from .base import Loader
 from .buffers import torch_dtype
 from .config import LoaderConfig
@@ -102,8 +103,7 @@ def dali_unsupported(ds: Dataset, augment: Augment | None, config: LoaderConfig 
 
 def _pipeline_seed(seed: int, epoch: int, rank: int, first: int) -> int:
     """DALI's own random draws (only GaussianNoise) are seeded by the pass: (seed, epoch, rank, first batch)."""
-    ss = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, epoch, rank, first, 0xDA11])
-    return int(ss.generate_state(1)[0] & 0x7FFFFFFF)
+    return int_seed(seed, epoch, Stream.DALI, rank, first, bits=31)
 
 
 class DaliLoader(Loader):

@@ -22,8 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..augment import (
-    _RGB2YIQ,
-    _YIQ2RGB,
+    RGB2YIQ,
+    YIQ2RGB,
     CenterCrop,
     ColorJitter,
     GaussianNoise,
@@ -32,13 +32,13 @@ from ..augment import (
     RandomCrop,
     RandomResizedCrop,
     VerticalFlip,
-    _pair,
+    pair,
 )
 from ..errors import UsageError
 
 _GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # the luma weights of augment._gray
-_HUE_FROM = _RGB2YIQ.numpy().astype(np.float64)
-_HUE_TO = _YIQ2RGB.numpy().astype(np.float64)
+_HUE_FROM = RGB2YIQ.numpy().astype(np.float64)
+_HUE_TO = YIQ2RGB.numpy().astype(np.float64)
 
 
 @dataclass
@@ -74,6 +74,12 @@ class Step:
     params: tuple[np.dtype, ...] = ()  # dtype of each parameter output
     out_size: tuple[int, int] | None = None  # a fixed output (H, W), when the op makes one
 
+    def _size(self) -> tuple[int, int]:
+        """The fixed output size of an op that makes one (crops and resizes set it in __init__)."""
+        if self.out_size is None:
+            raise UsageError(f"{type(self).__name__} has no fixed output size")
+        return self.out_size
+
     def draw(self, rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
         """Per-sample parameters for images of sizes ``hw`` (B, 2); one array (B, ...) per output."""
         return []
@@ -89,7 +95,7 @@ class _ResizedCrop(Step):
 
     def __init__(self, op: RandomResizedCrop) -> None:
         self.op = op
-        self.out_size = _pair(op.size)
+        self.out_size = pair(op.size)
 
     def draw(self, rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
         b = len(hw)
@@ -106,7 +112,7 @@ class _ResizedCrop(Step):
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         # Pixel-centre mapping, linear, no antialiasing: what the torch op's grid_sample computes.
-        node = g.fn.resize(img.node, size=list(self.out_size), roi_start=params[0], roi_end=params[1],
+        node = g.fn.resize(img.node, size=list(self._size()), roi_start=params[0], roi_end=params[1],
                            roi_relative=True, interp_type=g.types.INTERP_LINEAR, antialias=False,
                            dtype=g.types.FLOAT)
         return Img(node, True, img.scale)
@@ -119,10 +125,10 @@ class _Window(Step):
 
     def __init__(self, op: RandomCrop | CenterCrop) -> None:
         self.op = op
-        self.out_size = _pair(op.size)
+        self.out_size = pair(op.size)
 
     def draw(self, rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
-        oh, ow = self.out_size
+        oh, ow = self._size()
         small = (hw[:, 0] < oh) | (hw[:, 1] < ow)
         if small.any():
             k = int(np.flatnonzero(small)[0])
@@ -135,7 +141,7 @@ class _Window(Step):
         return [np.stack([top, left], 1).astype(np.int32)]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
-        node = g.fn.slice(img.node, start=params[0], shape=list(self.out_size), axis_names="HW")
+        node = g.fn.slice(img.node, start=params[0], shape=list(self._size()), axis_names="HW")
         return Img(node, img.is_float, img.scale)
 
 

@@ -19,8 +19,9 @@ import numpy as np
 
 from ..dataset import Dataset
 from ..errors import UsageError
-from ..format import LENGTHS_SUFFIX, FieldSpec
-from ..format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX
+from ..format import LENGTHS_SUFFIX
+from ..format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field
+from ..seeds import Stream, numpy_rng
 from .base import wrap_error
 from .dali_augment import Chain
 
@@ -28,9 +29,9 @@ Kind = Literal["encoded", "pixels", "raw_image", "plain"]
 
 # DALI's PyTorch plugin has no unsigned types wider than 8 bits and no complex types: such fields
 # cross DALI as a same-size signed view (or float pairs) and are viewed back in torch, bit for bit.
-_SIGNED_VIEW = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
+_SIGNED_VIEW: dict[np.dtype, np.dtype] = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
                 np.dtype(np.uint64): np.dtype(np.int64)}
-_PAIR_VIEW = {np.dtype(np.complex64): np.dtype(np.float32), np.dtype(np.complex128): np.dtype(np.float64)}
+_PAIR_VIEW: dict[np.dtype, np.dtype] = {np.dtype(np.complex64): np.dtype(np.float32), np.dtype(np.complex128): np.dtype(np.float64)}
 _CARRIED = {np.dtype(t) for t in ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")}
 
 
@@ -95,18 +96,12 @@ class Route:
         return np.broadcast_to(np.array(self.hw, dtype=np.int64), (len(batch[self.name]), 2))
 
 
-def image_like(f: FieldSpec) -> bool:
-    """A fixed uint8 field whose samples look like HWC images (C in 1, 3, 4): as the torch backend detects."""
-    return (not f.ragged and f.np_dtype == np.uint8 and len(f.shape) == 3 and f.shape[-1] in (1, 3, 4))
-
-
 def plan_routes(dataset: Dataset, images: tuple[str, ...] | None) -> list[Route]:
     """One route per output field, in schema order (a ragged field's ``_lengths`` right after it)."""
     routes: list[Route] = []
     schema = {f.name: f for f in dataset.schema}
     if images is not None:
-        bad = [n for n in images if n not in schema or not (schema[n].encoding in (ENCODING_IMAGE, ENCODING_PIXELS)
-                                                            or image_like(schema[n]))]
+        bad = [n for n in images if n not in schema or not is_image_field(schema[n])]
         if bad:
             raise UsageError(f"LoaderConfig.images names {bad[0]!r}, which is not a uint8 HWC image field here")
     for f in dataset.schema:
@@ -115,9 +110,9 @@ def plan_routes(dataset: Dataset, images: tuple[str, ...] | None) -> list[Route]
             assert f.image is not None, "image encodings always carry an image spec"
             kind: Kind = "encoded" if f.encoding == ENCODING_IMAGE else "pixels"
             routes.append(Route(f.name, kind, np.dtype(np.uint8), chosen, f.image.channels, True))
-        elif image_like(f):
+        elif is_image_field(f):
             routes.append(Route(f.name, "raw_image" if chosen else "plain", np.dtype(np.uint8), chosen,
-                                int(f.shape[-1]), hw=(int(f.shape[0]), int(f.shape[1]))))
+                                int(f.trailing[-1]), hw=(int(f.trailing[0]), int(f.trailing[1]))))
         else:
             dt = f.np_dtype.newbyteorder("=")
             if dt not in _SIGNED_VIEW and dt not in _PAIR_VIEW and dt not in _CARRIED:
@@ -131,7 +126,7 @@ def plan_routes(dataset: Dataset, images: tuple[str, ...] | None) -> list[Route]
 
 def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
     """The augmentation generator of one batch: a pure function of its position in the run."""
-    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, epoch, batch, rank]))
+    return numpy_rng(seed, epoch, Stream.AUGMENT, rank, batch)
 
 
 class MixedSizes(Exception):

@@ -35,29 +35,22 @@ def mixed_sizes(batch: Batch) -> frozenset[str]:
     return frozenset(mixed)
 
 
-def image_fields(batch: Batch) -> tuple[str, ...]:
-    """Fields that look like uint8 HWC image batches: (B, H, W, C) with C in 1, 3, 4."""
-    return tuple(k for k, v in batch.items() if v.dtype == torch.uint8 and v.dim() == 4 and v.shape[-1] in (1, 3, 4))
-
-
 class DeviceStage:
     """Moves host batches to ``device`` and applies image conversion and augmentation there."""
 
     def __init__(self, device: torch.device, augment: Augment | None, seed: int, channels_last: bool,
-                 images: tuple[str, ...] | None, rank: int = 0) -> None:
+                 images: tuple[str, ...], rank: int = 0) -> None:
         self.device = device
         self.augment = augment
         self.seed = seed
         self.channels_last = channels_last
-        self.images = images  # None: detect from the first batch
+        self.images = images  # uint8 HWC fields that become float NCHW (fastdata.format.spec.image_fields)
         self.rank = rank  # distributed ranks draw different augmentation parameters
         self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
 
     def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset()) -> Batch:
         """Images to float NCHW, then augmentation; ``mixed``: image fields padded from mixed sizes
         (see :func:`mixed_sizes`), augmented image by image at their true sizes."""
-        if self.images is None:
-            self.images = image_fields(batch)
         for name in self.images:
             batch[name] = self._to_float(batch[name])
         if self.augment is not None and self.augment.ops:
@@ -127,7 +120,7 @@ class DeviceStage:
         it = iter(host)
         k = first
         try:
-            nxt = stage(next(it), k)
+            nxt: Batch | None = stage(next(it), k)
         except StopIteration:
             return
         while nxt is not None:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from .._compat import shutdown_workers
 from ..dataset import Dataset
 from .base import wrap_error
 from .buffers import Recycler, torch_dtype
@@ -28,7 +29,7 @@ class _BufferPool:
     ragged and byte-swapped fields are read fresh."""
 
     def __init__(self, dataset: Dataset, pin: bool) -> None:
-        self.fixed = [(f.name, f.shape, torch_dtype(f.np_dtype), dataset.copy_phase(f.name))
+        self.fixed = [(f.name, f.trailing, torch_dtype(f.np_dtype), dataset.copy_phase(f.name))
                       for f in dataset.schema if not f.ragged and f.np_dtype.isnative]
         self.recyclers = {name: Recycler(pin) for name, *_ in self.fixed}  # one per field: its own phase
 
@@ -104,7 +105,7 @@ class ThreadReader:
             self._executor = None
 
 
-class _BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class _BatchDataset(torch.utils.data.Dataset):
     """Map-style dataset whose 'index' is a whole batch of indices."""
 
     def __init__(self, dataset: Dataset) -> None:
@@ -117,7 +118,7 @@ class _BatchDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return _to_tensors(self.dataset.get_batch(idx))
 
 
-class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
+class _PlanSampler(torch.utils.data.Sampler):
     def __init__(self) -> None:
         self.plan: list[np.ndarray] = []
 
@@ -148,7 +149,4 @@ class ProcessReader:
             yield post(batch, k) if post is not None else batch
 
     def close(self) -> None:
-        it = getattr(self.loader, "_iterator", None)
-        if it is not None and hasattr(it, "_shutdown_workers"):
-            it._shutdown_workers()
-        self.loader._iterator = None
+        shutdown_workers(self.loader)

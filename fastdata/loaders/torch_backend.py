@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..dataset import Dataset
+from ..format.spec import image_fields
 from .base import Loader
 from .device import DeviceStage
 from .host import ProcessReader, ThreadReader
@@ -29,7 +30,8 @@ class TorchLoader(Loader):
             self._reader: Any = ProcessReader(dataset, workers, config.prefetch, pin)
         else:
             self._reader = ThreadReader(dataset, workers, config.prefetch, pin)
-        self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, config.images,
+        images = config.images if config.images is not None else image_fields(dataset.schema)
+        self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
                                    self.world.rank)
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:

@@ -1,0 +1,41 @@
+"""One seed derivation for every random draw fastdata makes.
+
+Every stream of random numbers is a pure function of ``(seed, epoch, stream, rank, batch)``:
+the words ``[seed low 32 bits, seed high 32 bits, epoch, stream, rank, batch]`` go into a numpy
+``SeedSequence``. So an epoch's order, a batch's augmentation parameters and DALI's own draws can
+be recomputed from their position alone: a resumed run repeats them, ranks differ, and the torch
+and DALI backends derive the same seeds for the same batch.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class Stream(enum.IntEnum):
+    """What a random stream is for; part of the seed so the streams never overlap."""
+
+    ORDER = 0  # the epoch's sample order (fastdata.sampling); rank and batch are 0: every rank plans alike
+    AUGMENT = 1  # a batch's augmentation parameters (both backends)
+    DALI = 2  # DALI's own random operators, seeded once per pass (batch = the pass's first batch)
+    SAMPLER = 3  # samplers that draw (weighted, episodic)
+
+
+def seed_sequence(seed: int, epoch: int, stream: Stream, rank: int = 0, batch: int = 0) -> np.random.SeedSequence:
+    """The seed sequence of one stream at one position; ``seed`` is any integer in [0, 2**64)."""
+    if seed < 0 or epoch < 0 or rank < 0 or batch < 0:
+        raise ValueError(f"seed, epoch, rank and batch must be >= 0 (got {seed}, {epoch}, {rank}, {batch})")
+    return np.random.SeedSequence([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, epoch, int(stream), rank, batch])
+
+
+def numpy_rng(seed: int, epoch: int, stream: Stream, rank: int = 0, batch: int = 0) -> np.random.Generator:
+    """A numpy generator for the stream (see :func:`seed_sequence`)."""
+    return np.random.default_rng(seed_sequence(seed, epoch, stream, rank, batch))
+
+
+def int_seed(seed: int, epoch: int, stream: Stream, rank: int = 0, batch: int = 0, bits: int = 63) -> int:
+    """A non-negative integer seed of ``bits`` bits for libraries with their own generators (torch, DALI)."""
+    state = seed_sequence(seed, epoch, stream, rank, batch).generate_state(2, np.uint32)
+    return ((int(state[0]) << 32) | int(state[1])) & ((1 << bits) - 1)
