@@ -6,6 +6,12 @@ autotuning, channels_last for conv nets, optional torch.compile with a fallback 
 gradient accumulation and clipping, atomic checkpoints with exact resume, and per-epoch
 metrics: samples/s and the share of each step spent waiting for data. Loss values are read back
 from the device only at log boundaries, so the loop adds no host-device syncs per step.
+
+``fit`` is a short loop over pieces that each do one job and are tested on their own:
+``PrecisionPlan`` (precision, flags, memory format), ``ModelRunner`` (torch.compile and its
+fallback), ``TrainStep`` (forward/backward, accumulation, DDP ``no_sync``, the optimizer step),
+``EpochMeter`` (input wait, compute time, on-device loss and skip counters),
+``checkpoint_state``/``save_checkpoint``/``restore_checkpoint`` (with RNG states) and ``run_epoch``.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -33,6 +41,7 @@ log = logging.getLogger("fastdata.train")
 
 Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+Say = Callable[[str], None]
 _CKPT_VERSION = 1
 
 
@@ -63,16 +72,6 @@ class FitResult:
     compiled: bool = False
 
 
-@dataclass(frozen=True)
-class _Plan:
-    device: torch.device
-    precision: str  # fp32 | tf32 | bf16 | fp16
-    autocast_dtype: torch.dtype | None
-    scaler: bool
-    channels_last: bool
-    cudnn_benchmark: bool
-
-
 def to_device(batch: Any, device: torch.device) -> Any:
     """Tensors of a batch (dicts, lists and tuples of them) on ``device``: a plain DataLoader's
     batches move there, from pinned memory without blocking; tensors already there stay as they are."""
@@ -96,35 +95,70 @@ def _fixed_shapes(loader: Any) -> bool:
     for f in getattr(ds, "schema", []):
         if not getattr(f, "ragged", False):
             continue
-        cropped = crops and f.encoding in IMAGE_ENCODINGS and (aug.fields is None or f.name in aug.fields)
+        cropped = (crops and aug is not None and f.encoding in IMAGE_ENCODINGS
+                   and (aug.fields is None or f.name in aug.fields))
         if not cropped:
             return False
     return True
 
 
-def _plan(device: torch.device, precision: Precision, model: nn.Module, channels_last: bool, fixed_shapes: bool) -> _Plan:
-    cuda = device.type == "cuda"
-    if precision == "auto":
-        # native bf16 from compute capability 8 (Ampere); before it torch would emulate bf16 slowly
-        precision = ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16") if cuda else "fp32"
-    if precision not in ("fp32", "tf32", "bf16", "fp16"):
-        raise ValueError(f"precision must be auto, fp32, tf32, bf16 or fp16, not {precision!r}")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    has_conv2d = any(isinstance(m, nn.Conv2d) for m in model.modules())
-    return _Plan(device=device, precision=precision, autocast_dtype=dtype, scaler=precision == "fp16",
-                 channels_last=channels_last and has_conv2d, cudnn_benchmark=cuda and fixed_shapes)
+# --- precision -------------------------------------------------------------------------------------------------
 
 
-def _apply_flags(plan: _Plan) -> None:
-    if plan.device.type == "cuda":
-        tf32 = plan.precision != "fp32"  # fp32 means strict fp32; every other mode lets matmuls use TF32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-        if plan.cudnn_benchmark:  # (left as the user set it when input shapes may vary)
-            torch.backends.cudnn.benchmark = True
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """The numeric setup of a run, decided once from the device, the model and the loader:
+    autocast dtype, GradScaler, TF32, cuDNN autotuning, channels_last."""
+
+    device: torch.device
+    precision: str  # fp32 | tf32 | bf16 | fp16
+    autocast_dtype: torch.dtype | None
+    scaler: bool
+    channels_last: bool
+    cudnn_benchmark: bool
+
+    @classmethod
+    def choose(cls, device: torch.device, precision: Precision, model: nn.Module, channels_last: bool,
+               fixed_shapes: bool) -> PrecisionPlan:
+        """``auto`` is bf16 on GPUs that have it natively, fp16 (+ GradScaler) on older ones, fp32 on the CPU."""
+        cuda = device.type == "cuda"
+        if precision == "auto":
+            # native bf16 from compute capability 8 (Ampere); before it torch would emulate bf16 slowly
+            precision = ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16") if cuda else "fp32"
+        if precision not in ("fp32", "tf32", "bf16", "fp16"):
+            raise ValueError(f"precision must be auto, fp32, tf32, bf16 or fp16, not {precision!r}")
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        has_conv2d = any(isinstance(m, nn.Conv2d) for m in model.modules())
+        return cls(device=device, precision=precision, autocast_dtype=dtype, scaler=precision == "fp16",
+                   channels_last=channels_last and has_conv2d, cudnn_benchmark=cuda and fixed_shapes)
+
+    def apply_flags(self) -> None:
+        """Set TF32 and cudnn.benchmark for this plan (CUDA only; the CPU has no such flags)."""
+        if self.device.type == "cuda":
+            tf32 = self.precision != "fp32"  # fp32 means strict fp32; every other mode lets matmuls use TF32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
+            if self.cudnn_benchmark:  # (left as the user set it when input shapes may vary)
+                torch.backends.cudnn.benchmark = True
+
+    def place(self, model: nn.Module) -> None:
+        """Move ``model`` to the plan's device, in channels_last when the plan says so."""
+        model.to(self.device)
+        if self.channels_last:
+            model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # Module.to's stubs omit it
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """A fresh autocast context for one forward pass (a no-op context in fp32/tf32)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def make_scaler(self) -> torch.amp.GradScaler:
+        """A GradScaler, enabled only for fp16 (bf16 and fp32 need none)."""
+        return torch.amp.GradScaler(self.device.type, enabled=self.scaler)
 
 
-def startup_report(plan: _Plan, compiled: bool, grad_accum: int, clip: float | None) -> str:
+def startup_report(plan: PrecisionPlan, compiled: bool, grad_accum: int, clip: float | None) -> str:
     """Device, memory, CUDA/cuDNN versions, and the precision and flags in force."""
     lines = [f"fastdata.train: torch {torch.__version__}"]
     if plan.device.type == "cuda":
@@ -142,6 +176,9 @@ def startup_report(plan: _Plan, compiled: bool, grad_accum: int, clip: float | N
     return "\n".join(lines)
 
 
+# --- checkpoints and RNG state ---------------------------------------------------------------------------------
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     model = getattr(model, "_orig_mod", model)  # torch.compile
     return getattr(model, "module", model)  # DistributedDataParallel
@@ -149,11 +186,11 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 def _rng_state() -> dict[str, Any]:
     """RNG states as tensors and plain lists, so checkpoints load with ``weights_only=True`` (no pickle)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     version, internal, gauss_py = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+        "numpy": [kind, torch.from_numpy(np.asarray(keys).astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
         "python": [version, list(internal), gauss_py],
     }
     if torch.cuda.is_available():
@@ -162,6 +199,7 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``_rng_state`` saved (torch, numpy, python, and CUDA when both sides have it)."""
     torch.set_rng_state(state["torch"])
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
@@ -178,6 +216,253 @@ def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> No
     write_atomic(path, lambda f: torch.save(payload, f))
 
 
+def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, loader: Any,
+                     *, epoch: int, step: int, precision: str, history: Sequence[EpochMetrics]) -> dict[str, Any]:
+    """Everything exact resume needs (weights, optimizer, scaler, loader position, RNG states, metric
+    history), as tensors and plain values only, so that it loads with ``weights_only=True``."""
+    return {
+        "version": _CKPT_VERSION, "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(), "loader": loader.state_dict() if hasattr(loader, "state_dict") else None,
+        "epoch": epoch, "step": step, "rng": _rng_state(), "precision": precision,
+        "history": [asdict(m) for m in history]}
+
+
+def restore_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer,
+                       scaler: torch.amp.GradScaler, loader: Any) -> tuple[int, int, list[EpochMetrics]]:
+    """Load a ``checkpoint_state`` into the objects of this run and the RNGs; returns (epoch, step, history).
+    A scaler state saved under another precision (empty) is left out."""
+    # onto the CPU: RNG states must stay there; model and optimizer copy into their own devices
+    state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle code
+    if state.get("version") != _CKPT_VERSION:
+        raise ValueError(f"{path}: unknown checkpoint version {state.get('version')!r}")
+    _unwrap(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if state["scaler"]:  # empty when saved without a scaler (another precision)
+        scaler.load_state_dict(state["scaler"])
+    if state.get("loader") is not None and hasattr(loader, "load_state_dict"):
+        loader.load_state_dict(state["loader"])
+    history = [EpochMetrics(**m) for m in state.get("history", [])]
+    _set_rng_state(state["rng"])
+    return state["epoch"], state["step"], history
+
+
+# --- the step ----------------------------------------------------------------------------------------------------
+
+
+class ModelRunner:
+    """Calls ``loss_fn(model, batch)``: through torch.compile when asked, eagerly when compiling fails,
+    either at ``torch.compile`` itself or when the compiled model first raises (logged, not fatal)."""
+
+    def __init__(self, model: nn.Module, compile: bool, say: Say) -> None:
+        self.model = model
+        self.run: nn.Module = model
+        self.compiled = False
+        self._say = say
+        if compile:
+            try:
+                self.run = torch.compile(model)  # type: ignore[assignment]
+                self.compiled = True
+            except Exception as e:  # noqa: BLE001 - any failure means: train eagerly
+                say(f"torch.compile failed ({type(e).__name__}: {e}); training in eager mode")
+
+    def no_sync(self, sync: bool) -> AbstractContextManager[Any]:
+        """DDP's ``no_sync()`` when this backward should not all-reduce (``sync`` False), else a no-op."""
+        no_sync = getattr(self.run, "no_sync", None)
+        return no_sync() if (not sync and no_sync is not None) else contextlib.nullcontext()
+
+    def loss(self, loss_fn: LossFn, batch: Any, autocast: Callable[[], AbstractContextManager[Any]]) -> torch.Tensor:
+        """The loss of one batch under ``autocast()``; a compiled model that raises is dropped for the eager one."""
+        try:
+            with autocast():
+                return loss_fn(self.run, batch)
+        except Exception as e:
+            if not self.compiled:  # (compiled: self.run is torch.compile's wrapper of self.model)
+                raise
+            self._say(f"torch.compile failed at the first step ({type(e).__name__}: {e}); falling back to eager")
+            self.run, self.compiled = self.model, False
+            with autocast():
+                return loss_fn(self.run, batch)
+
+
+def scale_on_device(scaler: torch.amp.GradScaler, device: torch.device | str) -> torch.Tensor:
+    """The scaler's current scale as a 0-dim float32 tensor on ``device``, without a host sync.
+
+    Read through the public ``GradScaler.scale`` (documented to multiply by the scale factor) applied
+    to a one: a device multiply, where ``get_scale()`` would copy the value to the host. ``scaler``
+    must be enabled (a disabled scaler returns its input unchanged)."""
+    return scaler.scale(torch.ones((), dtype=torch.float32, device=device))
+
+
+def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, params: Sequence[torch.Tensor],
+                    clip: float | None) -> torch.Tensor:
+    """Unscale, clip, step, update; returns 1 (as a device tensor, no sync) if the scaler skipped the step.
+
+    A skipped step is seen as the scale backing off in ``update()``, which happens exactly when inf/nan
+    gradients made ``step()`` skip: this holds for optimizers that step themselves with the scaler's
+    found-inf flag (fused ones) as well as for the others."""
+    device = params[0].device if params else torch.device("cpu")
+    if clip is not None:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        torch.nn.utils.clip_grad_norm_(params, clip)
+    before = scale_on_device(scaler, device) if scaler.is_enabled() else None
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    if before is None:
+        return torch.zeros((), dtype=torch.int64, device=device)
+    return (scale_on_device(scaler, device) < before).long().reshape(())
+
+
+class TrainStep:
+    """One micro-batch at a time: forward under autocast, scaled backward (DDP ``no_sync`` on all but the
+    last micro-batch of an accumulation group), and the optimizer step once ``grad_accum`` are in."""
+
+    def __init__(self, runner: ModelRunner, loss_fn: LossFn, optimizer: torch.optim.Optimizer,
+                 scaler: torch.amp.GradScaler, plan: PrecisionPlan, grad_accum: int = 1,
+                 clip_grad_norm: float | None = None) -> None:
+        if grad_accum < 1:
+            raise ValueError("grad_accum must be at least 1")
+        self.runner, self.loss_fn, self.optimizer, self.scaler, self.plan = runner, loss_fn, optimizer, scaler, plan
+        self.grad_accum, self.clip = grad_accum, clip_grad_norm
+        self.params = [p for p in runner.model.parameters() if p.requires_grad]
+        self.pending = 0  # micro-batches whose gradients wait for an optimizer step
+
+    def forward_backward(self, batch: Any) -> tuple[torch.Tensor, bool]:
+        """Accumulate one batch's gradients; returns its loss (detached, fp32, on the device) and whether
+        it completed an accumulation group (then call ``optimizer_step``)."""
+        self.pending += 1
+        last = self.pending == self.grad_accum
+        with self.runner.no_sync(sync=last):
+            loss = self.runner.loss(self.loss_fn, batch, self.plan.autocast)
+            self.scaler.scale(loss / self.grad_accum).backward()
+        return loss.detach().float(), last
+
+    def optimizer_step(self) -> torch.Tensor:
+        """Step on the accumulated gradients (also a partial group); returns 1 on the device if the scaler skipped it."""
+        self.pending = 0
+        return _optimizer_step(self.optimizer, self.scaler, self.params, self.clip)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+# --- metrics -------------------------------------------------------------------------------------------------------
+
+_END = object()  # EpochMeter.fetch: the loader is exhausted
+
+
+class EpochMeter:
+    """Input wait and compute time of one epoch, with loss, non-finite and skip counters kept on the device
+    (read back by ``mean_loss`` at log lines and once by ``finish``). On CUDA, compute is timed with events
+    read at the epoch's end, so the timing does not serialise the pipeline."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        self.loss_sum = torch.zeros((), device=device)
+        self.skipped = torch.zeros((), device=device, dtype=torch.int64)
+        self.nonfinite = torch.zeros((), device=device, dtype=torch.int64)
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.wait = self.compute = 0.0
+        self.micro = self.samples = 0
+        self._t_batch = 0.0
+        self.t_start = time.perf_counter()
+
+    def fetch(self, it: Any, device: torch.device) -> Any:
+        """The next batch on ``device`` (``_END`` when exhausted); the time of getting and moving it is input wait."""
+        t0 = time.perf_counter()
+        try:
+            batch = to_device(next(it), device)  # a no-op for fastdata.loader's batches
+        except StopIteration:
+            return _END
+        self._t_batch = t1 = time.perf_counter()
+        self.wait += t1 - t0
+        if self.cuda:
+            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            ev[0].record()
+            self.events.append(ev)
+        return batch
+
+    def add(self, loss: torch.Tensor, samples: int) -> None:
+        """Count one micro-batch: its loss (inf/nan counted apart and summed as 0) and its samples."""
+        self.micro += 1
+        self.samples += samples
+        self.nonfinite += (~torch.isfinite(loss)).long()
+        self.loss_sum += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+
+    def add_skipped(self, skipped: torch.Tensor) -> None:
+        self.skipped += skipped
+
+    def end_compute(self) -> None:
+        """The step of the batch from the last ``fetch`` is done (on CUDA: queued)."""
+        if self.cuda:
+            self.events[-1][1].record()
+        else:
+            self.compute += time.perf_counter() - self._t_batch
+
+    def mean_loss(self) -> float:
+        """Mean loss so far (a host sync: for log lines only)."""
+        return self.loss_sum.item() / max(self.micro, 1)
+
+    def finish(self, epoch: int, steps: int) -> EpochMetrics:
+        """The epoch's metrics: one host sync for the counters, and on CUDA for the compute events."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            self.compute = sum(a.elapsed_time(b) for a, b in self.events) / 1e3
+        seconds = time.perf_counter() - self.t_start
+        return EpochMetrics(
+            epoch=epoch, steps=steps, samples=self.samples, seconds=seconds,
+            samples_per_s=self.samples / seconds if seconds > 0 else 0.0, wait_s=self.wait, compute_s=self.compute,
+            wait_fraction=self.wait / seconds if seconds > 0 else 0.0, loss=self.mean_loss(),
+            skipped_steps=int(self.skipped.item()), nonfinite_losses=int(self.nonfinite.item()),
+            peak_memory_bytes=torch.cuda.max_memory_allocated(self.device) if self.cuda else None)
+
+
+def epoch_summary(m: EpochMetrics) -> str:
+    """The log line of an epoch: throughput, input wait, loss, skipped steps, GPU memory peak."""
+    peak = f", peak memory {m.peak_memory_bytes / 2**20:.0f} MiB" if m.peak_memory_bytes is not None else ""
+    return (f"epoch {m.epoch}: {m.samples_per_s:.0f} samples/s, waited for input {100 * m.wait_fraction:.1f}% "
+            f"({m.wait_s:.2f} s of {m.seconds:.2f} s), loss {m.loss:.4f}, skipped steps {m.skipped_steps}{peak}")
+
+
+# --- the loop ------------------------------------------------------------------------------------------------------
+
+
+def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Say,
+              save: Callable[[int, int], None], log_every: int = 0, checkpoint_every: int | None = None,
+              max_steps: int | None = None) -> tuple[EpochMetrics, int, bool]:
+    """One pass over ``loader`` from global step ``step``: returns the epoch's metrics, the new global step,
+    and whether ``max_steps`` stopped it. ``save(epoch, step)`` writes a checkpoint every ``checkpoint_every`` steps."""
+    if hasattr(loader, "set_epoch") and getattr(loader, "epoch", epoch) != epoch:
+        loader.set_epoch(epoch)
+    first_step, stopped = step, False
+    trainer.zero_grad()
+    meter = EpochMeter(trainer.plan.device)
+    it = iter(loader)
+    while (batch := meter.fetch(it, trainer.plan.device)) is not _END:
+        loss, last = trainer.forward_backward(batch)
+        meter.add(loss, batch_len(batch))
+        if last:
+            meter.add_skipped(trainer.optimizer_step())
+            step += 1
+            if checkpoint_every and step % checkpoint_every == 0:
+                save(epoch, step)
+        meter.end_compute()
+        if log_every and meter.micro % log_every == 0:
+            say(f"epoch {epoch} step {step}: loss {meter.mean_loss():.4f}")
+        if max_steps is not None and step >= max_steps and last:
+            stopped = True
+            break
+    if trainer.pending and not stopped:  # leftover micro-batches at the end of an epoch still step
+        meter.add_skipped(trainer.optimizer_step())
+        step += 1
+    metrics = meter.finish(epoch, step - first_step)
+    say(epoch_summary(metrics))
+    return metrics, step, stopped
+
+
 def fit(
     model: nn.Module,
     loader: Any,
@@ -186,7 +471,7 @@ def fit(
     *,
     epochs: int,
     precision: Precision = "auto",
-    compile: bool = False,  # noqa: A002 - the name users know from torch.compile
+    compile: bool = False,  # the name users know from torch.compile
     grad_accum: int = 1,
     clip_grad_norm: float | None = None,
     channels_last: bool = True,
@@ -207,158 +492,38 @@ def fit(
     if epochs < 1 or grad_accum < 1:
         raise ValueError("epochs and grad_accum must be at least 1")
     world = World.detect()
-    say = (on_log or log.info) if world.rank == 0 else (lambda _msg: None)
+    say: Say = (on_log or log.info) if world.rank == 0 else (lambda _msg: None)
     device = getattr(loader, "device", None) or next(model.parameters()).device
-    plan = _plan(torch.device(device), precision, _unwrap(model), channels_last, _fixed_shapes(loader))
-    _apply_flags(plan)
-    model.to(plan.device)
-    if plan.channels_last:
-        model.to(memory_format=torch.channels_last)
-    scaler = torch.amp.GradScaler(plan.device.type, enabled=plan.scaler)
+    plan = PrecisionPlan.choose(torch.device(device), precision, _unwrap(model), channels_last, _fixed_shapes(loader))
+    plan.apply_flags()
+    plan.place(model)
+    scaler = plan.make_scaler()
 
     start_epoch, step = 0, 0
     history: list[EpochMetrics] = []
     if resume is not None:
-        # onto the CPU: RNG states must stay there; model and optimizer copy into their own devices
-        state = torch.load(resume, map_location="cpu", weights_only=True)  # never unpickle code
-        if state.get("version") != _CKPT_VERSION:
-            raise ValueError(f"{resume}: unknown checkpoint version {state.get('version')!r}")
-        _unwrap(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if state["scaler"]:  # empty when saved without a scaler (another precision)
-            scaler.load_state_dict(state["scaler"])
-        if state.get("loader") is not None and hasattr(loader, "load_state_dict"):
-            loader.load_state_dict(state["loader"])
-        start_epoch, step = state["epoch"], state["step"]
-        history = [EpochMetrics(**m) for m in state.get("history", [])]
-        _set_rng_state(state["rng"])
+        start_epoch, step, history = restore_checkpoint(resume, model, optimizer, scaler, loader)
         say(f"resumed from {resume}: epoch {start_epoch}, step {step}")
-
-    run_model: nn.Module = model
-    compiled = False
-    if compile:
-        try:
-            run_model = torch.compile(model)  # type: ignore[assignment]
-            compiled = True
-        except Exception as e:  # noqa: BLE001 - any failure means: train eagerly
-            say(f"torch.compile failed ({type(e).__name__}: {e}); training in eager mode")
-    report = startup_report(plan, compiled, grad_accum, clip_grad_norm)
+    runner = ModelRunner(model, compile, say)
+    report = startup_report(plan, runner.compiled, grad_accum, clip_grad_norm)
     say(report)
 
-    def save(epoch: int) -> None:
-        if checkpoint is None or world.rank != 0:
-            return
-        save_checkpoint(checkpoint, {
-            "version": _CKPT_VERSION, "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(), "loader": loader.state_dict() if hasattr(loader, "state_dict") else None,
-            "epoch": epoch, "step": step, "rng": _rng_state(), "precision": plan.precision,
-            "history": [asdict(m) for m in history]})
+    def save(epoch: int, step: int) -> None:
+        if checkpoint is not None and world.rank == 0:
+            save_checkpoint(checkpoint, checkpoint_state(model, optimizer, scaler, loader, epoch=epoch, step=step,
+                                                         precision=plan.precision, history=history))
 
-    autocast = (lambda: torch.autocast(plan.device.type, dtype=plan.autocast_dtype)) if plan.autocast_dtype \
-        else contextlib.nullcontext
-    params = [p for p in model.parameters() if p.requires_grad]
-    cuda = plan.device.type == "cuda"
+    trainer = TrainStep(runner, loss_fn, optimizer, scaler, plan, grad_accum, clip_grad_norm)
     model.train()
-    stopped = False
     for epoch in range(start_epoch, epochs):
-        if hasattr(loader, "set_epoch") and getattr(loader, "epoch", epoch) != epoch:
-            loader.set_epoch(epoch)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(plan.device)
-        loss_sum = torch.zeros((), device=plan.device)
-        skipped = torch.zeros((), device=plan.device, dtype=torch.int64)
-        nonfinite = torch.zeros((), device=plan.device, dtype=torch.int64)
-        events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        wait = compute = 0.0
-        micro = samples = 0
-        first_step = step
-        optimizer.zero_grad(set_to_none=True)
-        t_epoch = time.perf_counter()
-        it = iter(loader)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = to_device(next(it), plan.device)  # a no-op for fastdata.loader's batches
-            except StopIteration:
-                break
-            t1 = time.perf_counter()
-            wait += t1 - t0
-            if cuda:
-                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                ev[0].record()
-            micro += 1
-            last_of_step = micro % grad_accum == 0
-            sync_ctx = run_model.no_sync() if (not last_of_step and hasattr(run_model, "no_sync")) else contextlib.nullcontext()
-            with sync_ctx:
-                try:
-                    with autocast():
-                        loss = loss_fn(run_model, batch)
-                except Exception as e:
-                    if not compiled:  # (compiled: run_model is torch.compile's wrapper of model)
-                        raise
-                    say(f"torch.compile failed at the first step ({type(e).__name__}: {e}); falling back to eager")
-                    run_model, compiled = model, False
-                    with autocast():
-                        loss = loss_fn(run_model, batch)
-                detached = loss.detach().float()
-                nonfinite += (~torch.isfinite(detached)).long()
-                loss_sum += torch.nan_to_num(detached, nan=0.0, posinf=0.0, neginf=0.0)
-                scaler.scale(loss / grad_accum).backward()
-            samples += batch_len(batch)
-            if last_of_step:
-                skipped += _optimizer_step(optimizer, scaler, params, clip_grad_norm)
-                step += 1
-                if checkpoint_every and step % checkpoint_every == 0:
-                    save(epoch)
-            if cuda:
-                ev[1].record()
-                events.append(ev)
-            else:
-                compute += time.perf_counter() - t1
-            if log_every and micro % log_every == 0:
-                say(f"epoch {epoch} step {step}: loss {loss_sum.item() / micro:.4f}")
-            if max_steps is not None and step >= max_steps and last_of_step:
-                stopped = True
-                break
-        if micro % grad_accum and not stopped:  # leftover micro-batches at the end of an epoch still step
-            skipped += _optimizer_step(optimizer, scaler, params, clip_grad_norm)
-            step += 1
-        if cuda:
-            torch.cuda.synchronize(plan.device)
-            compute = sum(a.elapsed_time(b) for a, b in events) / 1e3
-        seconds = time.perf_counter() - t_epoch
-        m = EpochMetrics(
-            epoch=epoch, steps=step - first_step, samples=samples, seconds=seconds,
-            samples_per_s=samples / seconds if seconds > 0 else 0.0, wait_s=wait, compute_s=compute,
-            wait_fraction=wait / seconds if seconds > 0 else 0.0, loss=loss_sum.item() / max(micro, 1),
-            skipped_steps=int(skipped.item()), nonfinite_losses=int(nonfinite.item()),
-            peak_memory_bytes=torch.cuda.max_memory_allocated(plan.device) if cuda else None)
-        if not stopped:
-            history.append(m)
-        say(f"epoch {epoch}: {m.samples_per_s:.0f} samples/s, waited for input {100 * m.wait_fraction:.1f}% "
-            f"({m.wait_s:.2f} s of {m.seconds:.2f} s), loss {m.loss:.4f}, skipped steps {m.skipped_steps}"
-            + (f", peak memory {m.peak_memory_bytes / 2**20:.0f} MiB" if cuda else ""))
+        metrics, step, stopped = run_epoch(loader, epoch, step, trainer, say=say, save=save, log_every=log_every,
+                                           checkpoint_every=checkpoint_every, max_steps=max_steps)
         if stopped:
-            save(epoch)
-            return FitResult(report, history + [m], step, plan.precision, compiled)
-        save(epoch + 1)
-    return FitResult(report, history, step, plan.precision, compiled)
-
-
-def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, params: list[torch.Tensor],
-                    clip: float | None) -> torch.Tensor:
-    """Unscale, clip, step, update; returns 1 (as a device tensor, no sync) if the scaler skipped the step."""
-    if clip is not None:
-        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-        torch.nn.utils.clip_grad_norm_(params, clip)
-    scale = getattr(scaler, "_scale", None)
-    before = scale.clone() if scaler.is_enabled() and scale is not None else None
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    if before is None:
-        return torch.zeros((), dtype=torch.int64, device=params[0].device if params else "cpu")
-    return (scaler._scale < before).long().reshape(())  # the scale backs off exactly when a step is skipped
+            save(epoch, step)
+            return FitResult(report, history + [metrics], step, plan.precision, runner.compiled)
+        history.append(metrics)
+        save(epoch + 1, step)
+    return FitResult(report, history, step, plan.precision, runner.compiled)
 
 
 __all__ = ["EpochMetrics", "FitResult", "fit", "save_checkpoint", "startup_report"]

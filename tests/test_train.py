@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -238,3 +240,274 @@ def test_resume_on_gpu(blobs, tmp_path):
     train.fit(model, ld, opt, classification_loss(), epochs=2, checkpoint=ckpt, max_steps=8, log_every=0)
     res = train.fit(model, ld, opt, classification_loss(), epochs=2, checkpoint=ckpt, resume=ckpt, log_every=0)
     assert res.steps == 12 and all(p.is_cuda for p in model.parameters())
+
+
+# --- the pieces of fit, one at a time --------------------------------------------------------------------------
+
+
+def test_precision_plan_for_cpu_cuda_and_bf16_support(monkeypatch):
+    conv, mlp = make_model(), nn.Sequential(nn.Linear(4, 2))
+    cpu = train.PrecisionPlan.choose(torch.device("cpu"), "auto", conv, True, True)
+    assert (cpu.precision, cpu.autocast_dtype, cpu.scaler, cpu.cudnn_benchmark) == ("fp32", None, False, False)
+    assert cpu.channels_last and not train.PrecisionPlan.choose(torch.device("cpu"), "auto", mlp, True, True).channels_last
+    assert not train.PrecisionPlan.choose(torch.device("cpu"), "auto", conv, False, True).channels_last
+    cuda = torch.device("cuda", 0)
+    capability = {"major": 8}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (capability["major"], 0))
+    ampere = train.PrecisionPlan.choose(cuda, "auto", conv, True, True)
+    assert (ampere.precision, ampere.autocast_dtype, ampere.scaler, ampere.cudnn_benchmark) == (
+        "bf16", torch.bfloat16, False, True)
+    capability["major"] = 7  # Volta/Turing: no native bf16
+    volta = train.PrecisionPlan.choose(cuda, "auto", conv, True, False)
+    assert (volta.precision, volta.autocast_dtype, volta.scaler, volta.cudnn_benchmark) == (
+        "fp16", torch.float16, True, False)
+    forced = train.PrecisionPlan.choose(cuda, "tf32", conv, True, True)
+    assert forced.precision == "tf32" and forced.autocast_dtype is None and not forced.scaler
+    with pytest.raises(ValueError, match="precision must be auto, fp32, tf32, bf16 or fp16, not 'fp8'"):
+        train.PrecisionPlan.choose(cuda, "fp8", conv, True, True)  # type: ignore[arg-type]
+
+
+def test_precision_plan_sets_tf32_and_cudnn_flags_only_for_cuda(monkeypatch):
+    for obj, name in [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
+                      (torch.backends.cudnn, "benchmark")]:
+        monkeypatch.setattr(obj, name, getattr(obj, name))  # restored after the test
+    torch.backends.cudnn.benchmark = False
+    cuda, model = torch.device("cuda"), make_model()
+    train.PrecisionPlan(cuda, "fp32", None, False, False, cudnn_benchmark=False).apply_flags()
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert not torch.backends.cudnn.benchmark  # shapes may vary: left as the user set it
+    train.PrecisionPlan(cuda, "bf16", torch.bfloat16, False, False, cudnn_benchmark=True).apply_flags()
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.benchmark
+    torch.backends.cuda.matmul.allow_tf32 = False
+    train.PrecisionPlan.choose(torch.device("cpu"), "bf16", model, True, True).apply_flags()
+    assert not torch.backends.cuda.matmul.allow_tf32  # the CPU plan touches no CUDA flag
+
+
+def test_precision_plan_autocast_places_the_model_and_makes_the_scaler():
+    model = make_model()
+    bf16 = train.PrecisionPlan.choose(torch.device("cpu"), "bf16", model, True, True)
+    bf16.place(model)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(2, 1, 4, 4)
+    with bf16.autocast():
+        assert model[0](x).dtype == torch.bfloat16
+    fp32 = train.PrecisionPlan.choose(torch.device("cpu"), "fp32", model, True, True)
+    with fp32.autocast():
+        assert model[0](x).dtype == torch.float32
+    assert not bf16.make_scaler().is_enabled() and not fp32.make_scaler().is_enabled()
+    assert train.PrecisionPlan.choose(torch.device("cpu"), "fp16", model, True, True).make_scaler().is_enabled()
+
+
+class _StatefulLoader:
+    """A loader stand-in with the state_dict protocol."""
+
+    def __init__(self, pos: int = 0):
+        self.pos = pos
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+
+def _stepped(seed: int):
+    """A model, a momentum optimizer and an fp16 scaler, each with state after one step."""
+    model = make_model(seed, bn=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=16.0, growth_interval=1)
+    scaler.scale(model(torch.randn(2, 1, 4, 4)).sum()).backward()
+    train._optimizer_step(opt, scaler, list(model.parameters()), None)
+    return model, opt, scaler
+
+
+def test_checkpoint_round_trip_restores_weights_optimizer_scaler_loader_and_rng(tmp_path):
+    import random
+
+    model, opt, scaler = _stepped(0)
+    history = [train.EpochMetrics(0, 6, 96, 1.0, 96.0, 0.1, 0.8, 0.1, 0.5, 1, 0)]
+    torch.manual_seed(123)
+    state = train.checkpoint_state(model, opt, scaler, _StatefulLoader(7), epoch=1, step=8, precision="fp16",
+                                   history=history)
+    train.save_checkpoint(tmp_path / "c.pt", state)
+    draws = (torch.rand(3), np.random.rand(3), random.random())
+
+    model2, opt2, scaler2 = _stepped(1)  # different weights, momentum and scale
+    scaler2.update(2.0)
+    loader2 = _StatefulLoader()
+    epoch, step, hist = train.restore_checkpoint(tmp_path / "c.pt", model2, opt2, scaler2, loader2)
+    assert (epoch, step, hist, loader2.pos) == (1, 8, history, 7)
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(draws[0], again[0]) and np.array_equal(draws[1], again[1]) and draws[2] == again[2]
+    for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
+        assert torch.equal(a, b)
+    m1 = [opt.state[p]["momentum_buffer"] for p in model.parameters()]
+    m2 = [opt2.state[p]["momentum_buffer"] for p in model2.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(m1, m2))
+    assert scaler2.get_scale() == scaler.get_scale() == 32.0  # grew once from 16
+
+
+def test_restore_refuses_an_unknown_checkpoint_version(tmp_path):
+    model, opt, scaler = _stepped(0)
+    train.save_checkpoint(tmp_path / "c.pt", {"version": 99})
+    with pytest.raises(ValueError, match=r"c\.pt: unknown checkpoint version 99"):
+        train.restore_checkpoint(tmp_path / "c.pt", model, opt, scaler, None)
+
+
+def test_scale_on_device_follows_get_scale_through_growth_and_backoff():
+    """The contract skip detection relies on: GradScaler.scale(one) is the scale factor get_scale() reports.
+    If a torch release changes what scale() returns, this fails (and so would the skip counts)."""
+    p = nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=64.0, growth_interval=1)
+    for grad in ([1.0, 1.0], [float("nan"), 1.0], [2.0, 1.0], [float("inf"), 0.0]):
+        scaler.scale((p * torch.tensor(grad)).sum()).backward()
+        s = train.scale_on_device(scaler, "cpu")
+        assert s.dtype == torch.float32 and s.shape == () and float(s) == scaler.get_scale()
+        train._optimizer_step(opt, scaler, [p], None)
+        assert float(train.scale_on_device(scaler, "cpu")) == scaler.get_scale()
+    assert scaler.get_scale() == 64.0  # x2, /2, x2, /2
+
+
+def test_skip_detection_counts_only_skipped_steps_also_with_a_fused_optimizer():
+    for fused in (False, True):  # a fused optimizer is always called and skips on the scaler's found-inf flag
+        p = nn.Parameter(torch.ones(2))
+        opt = torch.optim.SGD([p], lr=1.0, fused=fused)
+        scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1)
+        counts = []
+        for grad in ([1.0, 1.0], [float("inf"), 1.0], [1.0, float("nan")], [1.0, 1.0]):
+            scaler.scale((p * torch.tensor(grad)).sum()).backward()
+            counts.append(int(train._optimizer_step(opt, scaler, [p], clip=None)))
+        assert counts == [0, 1, 1, 0], fused  # the scale grew on the first step: growth is not a skip
+        assert torch.equal(p.detach(), torch.tensor([-1.0, -1.0]))
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    q = nn.Parameter(torch.ones(1))
+    (q * float("inf")).sum().backward()
+    assert int(train._optimizer_step(torch.optim.SGD([q], lr=1.0), disabled, [q], None)) == 0  # nothing to skip
+
+
+def test_fit_counts_skipped_fp16_steps_and_non_finite_losses(blobs):
+    calls = {"n": 0}
+    base = classification_loss()
+
+    def loss_fn(model, batch):
+        calls["n"] += 1
+        loss = base(model, batch)
+        return loss * float("inf") if calls["n"] == 2 else loss
+
+    model = make_model(bn=False)
+    res = train.fit(model, fastdata.loader(blobs, 16, device="cpu"), torch.optim.SGD(model.parameters(), lr=0.05),
+                    loss_fn, epochs=1, precision="fp16", log_every=0)
+    m = res.epochs[0]
+    assert (m.steps, m.skipped_steps, m.nonfinite_losses) == (6, 1, 1)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert np.isfinite(m.loss)  # the inf loss is counted apart, not summed
+
+
+class _NoSyncModel(nn.Module):
+    """Records whether each forward ran inside no_sync(), as DDP would skip the all-reduce."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 1)
+        self.in_no_sync = False
+        self.seen: list[bool] = []
+
+    def forward(self, x):
+        self.seen.append(self.in_no_sync)
+        return self.lin(x)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.in_no_sync = True
+        try:
+            yield
+        finally:
+            self.in_no_sync = False
+
+
+def test_train_step_accumulates_with_no_sync_and_steps_every_grad_accum():
+    model = _NoSyncModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plan = train.PrecisionPlan.choose(torch.device("cpu"), "fp32", model, True, True)
+    step = train.TrainStep(train.ModelRunner(model, False, print), lambda m, b: m(b["x"]).sum(), opt,
+                           plan.make_scaler(), plan, grad_accum=3)
+    lasts = []
+    for _ in range(4):
+        loss, last = step.forward_backward({"x": torch.ones(1, 2)})
+        assert loss.dtype == torch.float32 and not loss.requires_grad
+        lasts.append(last)
+        if last:
+            assert int(step.optimizer_step()) == 0
+            assert model.lin.weight.grad is None  # zeroed (set to None) after the step
+    assert lasts == [False, False, True, False] and model.seen == [True, True, False, True]
+    assert step.pending == 1 and model.lin.weight.grad is not None
+    step.optimizer_step()  # a partial group still steps
+    assert step.pending == 0
+
+
+def test_model_runner_falls_back_to_eager_when_compile_itself_fails(monkeypatch):
+    def refuse(model, *a, **k):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    logs: list[str] = []
+    model = nn.Linear(2, 1)
+    runner = train.ModelRunner(model, True, logs.append)
+    assert not runner.compiled and runner.run is model
+    assert logs == ["torch.compile failed (RuntimeError: no compiler here); training in eager mode"]
+    with pytest.raises(ZeroDivisionError):  # an eager model's error is the user's, never swallowed
+        runner.loss(lambda m, b: 1 / 0, {}, contextlib.nullcontext)
+
+
+def test_epoch_meter_accounts_input_wait_and_compute_on_a_fake_clock(monkeypatch):
+    now = {"t": 100.0}
+    monkeypatch.setattr(train.time, "perf_counter", lambda: now["t"])
+
+    def slow_batches():
+        for wait in (0.5, 0.25):
+            now["t"] += wait  # time spent inside next(): waiting for input
+            yield {"x": torch.zeros(4, 2)}
+
+    meter = train.EpochMeter(torch.device("cpu"))
+    it = slow_batches()
+    losses = iter([torch.tensor(2.0), torch.tensor(float("nan"))])
+    while (batch := meter.fetch(it, torch.device("cpu"))) is not train._END:
+        meter.add(next(losses), len(batch["x"]))
+        now["t"] += 1.0  # the step
+        meter.end_compute()
+        meter.add_skipped(torch.tensor(1))
+    now["t"] += 0.25  # after the last batch: the loader's StopIteration and the epoch's end
+    m = meter.finish(epoch=3, steps=2)
+    assert (m.epoch, m.steps, m.samples, m.skipped_steps, m.nonfinite_losses) == (3, 2, 8, 2, 1)
+    assert (m.wait_s, m.compute_s, m.seconds) == (0.75, 2.0, 3.0)
+    assert m.wait_fraction == 0.25 and m.samples_per_s == 8 / 3.0
+    assert m.loss == 1.0 and m.peak_memory_bytes is None  # (2 + nan counted as 0) / 2 batches
+
+
+def test_epoch_summary_names_wait_loss_skips_and_gpu_peak_only_when_measured():
+    m = train.EpochMetrics(2, 6, 96, 2.0, 48.0, 0.5, 1.5, 0.25, 0.1234, 1, 0)
+    line = train.epoch_summary(m)
+    assert line == ("epoch 2: 48 samples/s, waited for input 25.0% (0.50 s of 2.00 s), loss 0.1234, "
+                    "skipped steps 1")
+    m.peak_memory_bytes = 3 * 2**20
+    assert train.epoch_summary(m).endswith("skipped steps 1, peak memory 3 MiB")
+
+
+def test_run_epoch_checkpoints_every_n_steps_and_stops_at_max_steps():
+    model = nn.Linear(2, 1)
+    plan = train.PrecisionPlan.choose(torch.device("cpu"), "fp32", model, True, True)
+    step = train.TrainStep(train.ModelRunner(model, False, print), lambda m, b: m(b["x"]).sum(),
+                           torch.optim.SGD(model.parameters(), lr=0.01), plan.make_scaler(), plan, grad_accum=2)
+    batches = [{"x": torch.ones(3, 2)} for _ in range(7)]
+    saves: list[tuple[int, int]] = []
+    logs: list[str] = []
+    m, global_step, stopped = train.run_epoch(batches, 4, 10, step, say=logs.append,
+                                              save=lambda e, s: saves.append((e, s)), log_every=3,
+                                              checkpoint_every=2)
+    assert (m.steps, m.samples, global_step, stopped) == (4, 21, 14, False)  # 3 full groups + the leftover batch
+    assert saves == [(4, 12)]  # at step 12 (14 was the leftover step at the end: fit saves the epoch end itself)
+    assert [line.split(":")[0] for line in logs] == ["epoch 4 step 11", "epoch 4 step 13", "epoch 4"]
+    m, global_step, stopped = train.run_epoch(batches, 5, 14, step, say=logs.append, save=lambda e, s: None,
+                                              max_steps=16)
+    assert (m.steps, m.samples, global_step, stopped) == (2, 12, 16, True)
