@@ -148,6 +148,11 @@ class Dataset:
                 self._decoder.finish(f, result, lambda k: f"{self.root}: sample {int(idx[k])}")
         return result
 
+    def __getitems__(self, indices: list[int]) -> dict[str, np.ndarray]:
+        """A whole batch in one :meth:`get_batch` call: what a torch DataLoader with a batch sampler
+        asks for (instead of one ``ds[i]`` per sample); pair it with a collate_fn that takes the dict."""
+        return self.get_batch(indices)
+
     @staticmethod
     def _out_array(f: FieldSpec, b: int, out: dict[str, np.ndarray] | None) -> np.ndarray:
         shape = (b, *f.trailing)
@@ -171,9 +176,12 @@ class Dataset:
             return 0
 
     def close(self) -> None:
-        """Release this process's file handles (they reopen on next use)."""
+        """Release this process's file handles and decode threads (they reopen on next use).
+        Dropping the dataset releases them too."""
         for r in self._readers:
             r.close()
+        if self._decoder is not None:
+            self._decoder.close()
 
     def __enter__(self) -> "Dataset":
         return self

@@ -125,6 +125,10 @@ class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
     def _open_handle(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max(1, self.threads - 1), thread_name_prefix="fastdata-decode")
 
+    @staticmethod
+    def _close_handle(handle: ThreadPoolExecutor) -> None:
+        handle.shutdown(wait=False, cancel_futures=True)  # idle threads exit; a running decode finishes
+
     def finish(self, field: FieldSpec, batch: dict[str, np.ndarray], where: Callable[[int], str]) -> None:
         """Replace ``batch[name]`` (bytes padded per row) by images and drop ``<name>_lengths``.
 

@@ -5,6 +5,8 @@ for spawn workers. Readers therefore inherit :class:`PerProcessHandle`: the hand
 opened on first use in each process and dropped when the object is pickled. Right after
 a fork, the child closes the handles it inherited (py-lmdb refuses to open a file the
 process already has open, and LMDB must not be used across a fork); the parent keeps its own.
+A handle is also released when its owner is garbage-collected (a weakref finalizer), so
+datasets and loaders dropped without ``close()`` leave no open files or threads behind.
 """
 
 from __future__ import annotations
@@ -32,20 +34,26 @@ class PerProcessHandle(Generic[H]):
 
     _handle: H | None = None
     _handle_pid: int | None = None
+    _finalizer: "weakref.finalize[Any, Any] | None" = None
 
     def _open_handle(self) -> H:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _close_handle(self, handle: H) -> None:
-        """Release a handle (default: nothing to do)."""
+    @staticmethod
+    def _close_handle(handle: Any) -> None:
+        """Release a handle (default: nothing to do). A static method: it also runs from the
+        finalizer, when the owner is already gone."""
 
     def handle(self) -> H:
-        if self._handle is None or self._handle_pid != os.getpid():
+        handle = self._handle
+        if handle is None or self._handle_pid != os.getpid():
             self._drop()
-            self._handle = self._open_handle()
+            handle = self._open_handle()
+            self._handle = handle
             self._handle_pid = os.getpid()
+            self._finalizer = weakref.finalize(self, _close_quietly, type(self)._close_handle, handle)
             _open_handles.add(self)
-        return self._handle
+        return handle
 
     def close(self) -> None:
         """Release this process's handle; the next use opens a new one."""
@@ -55,20 +63,32 @@ class PerProcessHandle(Generic[H]):
         """Called in a forked child for a handle the parent had open: close the child's copy."""
         self._drop()
 
-    def _drop(self) -> None:
+    def _forget(self) -> H | None:
+        """Stop tracking this process's handle without closing it; returns it."""
         handle, self._handle, self._handle_pid = self._handle, None, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         _open_handles.discard(self)
+        return handle
+
+    def _drop(self) -> None:
+        handle = self._forget()
         if handle is not None:
-            try:
-                self._close_handle(handle)
-            except Exception:  # closing a handle that is already unusable must not mask the real work
-                pass
+            _close_quietly(type(self)._close_handle, handle)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.pop("_handle", None)
-        state.pop("_handle_pid", None)
+        for name in ("_handle", "_handle_pid", "_finalizer"):
+            state.pop(name, None)
         return state
+
+
+def _close_quietly(close: Any, handle: Any) -> None:
+    try:
+        close(handle)
+    except Exception:  # closing a handle that is already unusable must not mask the real work
+        pass
 
 
 def _close_inherited_handles() -> None:

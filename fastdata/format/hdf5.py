@@ -308,7 +308,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         except Exception as e:
             raise CorruptShardError(f"{self._where(local)}: read failed ({e})") from None
 
-    def _close_handle(self, handle: _Handle) -> None:
+    @staticmethod
+    def _close_handle(handle: _Handle) -> None:
         os.close(handle.fd)
         if handle.h5 is not None:
             handle.h5.close()

@@ -49,7 +49,7 @@ _TAIL_GUARD_MIN = 192 << 10  # > the 64 KiB an in-page offset can reach, plus a 
 # py-lmdb refuses to open a file that this process already has open, so every reader of one
 # shard file shares one environment: reference-counted, keyed by the file's identity (a file
 # replaced at the same path is a new file). A forked child closes the parent's copies.
-_envs_lock = threading.Lock()
+_envs_lock = threading.RLock()  # reentrant: a finalizer (GC) may release an environment mid-acquire
 _envs: dict[tuple[int, int], list[Any]] = {}  # (st_dev, st_ino) -> [environment, users]
 
 
@@ -78,7 +78,7 @@ def _release_env(env: lmdb.Environment) -> None:
 
 def _reset_envs_in_child() -> None:
     global _envs_lock
-    _envs_lock = threading.Lock()  # another thread may have held it at fork time
+    _envs_lock = threading.RLock()  # another thread may have held it at fork time
     for env, _ in _envs.values():
         try:
             env.close()
@@ -289,16 +289,16 @@ class ShardReader(ShardReaderBase[_Handle]):
             )
         raise CorruptShardError(f"{self._where()}: was written with another schema than the manifest's")
 
-    def _close_handle(self, handle: _Handle) -> None:
+    @staticmethod
+    def _close_handle(handle: _Handle) -> None:
         os.close(handle.fd)
         _release_env(handle.env)
 
     def _after_fork_in_child(self) -> None:
         # The environment registry closes the parent's environments in the child itself.
-        if self._handle is not None:
-            os.close(self._handle.fd)
-        self._handle = None
-        self._handle_pid = None
+        handle = self._forget()
+        if handle is not None:
+            os.close(handle.fd)
 
     def _env(self, local: np.ndarray) -> lmdb.Environment:
         """This process's environment, after checking that the file was not truncated since it was

@@ -22,7 +22,6 @@ from ..format.spec import ENCODING_IMAGE
 from ..handles import usable_cpus
 from ..sampling import Shuffle
 from ..tuned import load_tuned
-from ..world import World
 from .base import Loader
 from .config import LoaderConfig
 from .device import resolve_device
@@ -70,6 +69,11 @@ def loader(
     its ops, applied on the device. ``num_workers`` is reader threads (or processes with
     ``LoaderConfig(mode="processes")``); 0 reads in the iterating thread.
 
+    The rank share is read from torch.distributed when each pass starts, so the loader may be
+    built before ``init_process_group``. A pass that delivers an epoch's last batch moves the
+    loader to the next epoch. Use it as a context manager (or ``close()``) to release threads,
+    worker processes and the files it opened. Trainer integrations: docs/integrations.md.
+
     ``backend="dali"`` decodes and augments with NVIDIA DALI (docs/backends.md; there
     ``num_workers`` is DALI's CPU threads); ``"auto"`` picks DALI when it is installed, the
     device is CUDA and the dataset has encoded images DALI can decode and augment as asked,
@@ -87,8 +91,10 @@ def loader(
     if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool)
                                   or num_workers < 0):
         raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
+    # The world is read when each pass starts (a loader may be built before init_process_group). The
+    # loader closes a dataset it opened itself (from a path, or a copy with other options), not the caller's.
     common: dict[str, Any] = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=augment,
-                                  world=World.detect())
+                                  owns_dataset=ds is not source)
     if chosen == "dali":
         from .dali import dali_loader
 

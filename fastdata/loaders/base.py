@@ -62,14 +62,18 @@ def wrap_error(e: Exception, where: str) -> Exception:
 class Loader:
     """Iterate to get batches (dicts of tensors on the device). See :func:`fastdata.loader`.
 
-    The base of every backend: subclasses implement ``_batches(plan, epoch, first)`` and ``close``,
-    and take these constructor arguments as ``**common``.
+    The base of every backend: subclasses implement ``_batches(plan, epoch, first)`` and ``_release``,
+    and take these constructor arguments as ``**common``. Epoch rule: a pass that delivers the
+    epoch's last batch moves the loader to the next epoch at that moment, so the next ``iter()``
+    starts a new order even when the caller stops after ``len(loader)`` batches (Lightning,
+    ``islice``, ``zip``); ``set_epoch`` overrides. The world (rank, size) is read when a pass starts.
     """
 
     backend = "base"
 
     def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int,
-                 device: torch.device, augment: Augment | None, config: "LoaderConfig", world: World) -> None:
+                 device: torch.device, augment: Augment | None, config: "LoaderConfig", world: World | None = None,
+                 owns_dataset: bool = False) -> None:
         if batch_size < 1:
             raise UsageError("batch_size must be positive")
         if shuffle not in (True, False, "block"):
@@ -81,12 +85,22 @@ class Loader:
         self.seed = seed
         self.device = device
         self.augment = augment
-        self.world = world
+        self._fixed_world = world  # None: read from torch.distributed when each pass starts
+        self._pass_world: World | None = None  # the world of the pass in progress
+        self._owns_dataset = owns_dataset  # opened by fastdata.loader from a path: closed with the loader
         self.config = config
         self.epoch = 0
         self._resume_at = 0  # batches to skip at the next iteration (from load_state_dict)
+        self._resume_world: int | None = None  # world size of the state loaded by load_state_dict
         self._done = 0  # batches consumed in the current pass
         self._stats = _Stats()
+
+    @property
+    def world(self) -> World:
+        """This process's rank and the world size: those of the pass in progress, else read now."""
+        if self._fixed_world is not None:
+            return self._fixed_world
+        return self._pass_world if self._pass_world is not None else World.current()
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of ``plan`` (batches ``first``, ``first + 1``, ... of ``epoch``), in order."""
@@ -96,9 +110,26 @@ class Loader:
         return num_batches(len(self.dataset), self.world, self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration yields (the order is a function of seed and epoch)."""
-        self.epoch = int(epoch)
-        self._resume_at = 0
+        """Choose the epoch whose order the next iteration yields (the order is a function of seed and epoch).
+
+        Setting the epoch the loader already stands at keeps a position restored by
+        :meth:`load_state_dict` (trainers call ``set_epoch`` after restoring state)."""
+        if int(epoch) != self.epoch:
+            self.epoch = int(epoch)
+            self._resume_at = 0
+            self._resume_world = None
+
+    @property
+    def sampler(self) -> "EpochSampler":
+        """What trainers look for: ``sampler.set_epoch`` (Lightning calls it every epoch); iterating it
+        gives this rank's sample indices of the epoch the next pass yields."""
+        return EpochSampler(self)
+
+    @property
+    def batch_sampler(self) -> "EpochBatchSampler":
+        """The index batches of the epoch the next pass yields, from its first (what Accelerate's
+        ``skip_first_batches`` rebuilds a loader from); ``batch_sampler.sampler`` is :attr:`sampler`."""
+        return EpochBatchSampler(self)
 
     def plan(self, epoch: int | None = None) -> list[np.ndarray]:
         """This rank's index batches for ``epoch`` (default: the current one)."""
@@ -106,61 +137,172 @@ class Loader:
                              drop_last=self.drop_last, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
                              block=self.config.block, window=self.config.window)
 
+    def _start_pass(self) -> tuple[World, int, int]:
+        """Read the world, check it against a restored position; the (world, epoch, first batch) to run."""
+        world = self._fixed_world or World.current()
+        first = self._resume_at
+        if first and self._resume_world is not None and self._resume_world != world.size:
+            raise UsageError(
+                f"the loader state was saved mid-epoch with world_size={self._resume_world}, but this run has "
+                f"{world.size} process(es): resume with the same number of ranks, or call set_epoch(epoch + 1) "
+                "to start the next epoch over")
+        self._resume_at, self._resume_world = 0, None
+        self._pass_world = world
+        return world, self.epoch, first
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        epoch, first = self.epoch, self._resume_at
-        self._resume_at = 0
-        plan = self.plan(epoch)[first:]
-        self._done = first
-        self._stats = _Stats(started=time.perf_counter())
-        it = self._batches(plan, epoch, first)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            now = time.perf_counter()
-            s = self._stats
-            s.waits.append(now - t0)
-            s.batches += 1
-            s.samples += len(plan[s.batches - 1])
-            s.ended = now
-            self._done += 1
-            yield batch
-        if self._done == len(self) and self.epoch == epoch:
-            self.epoch = epoch + 1  # a complete pass moves on; set_epoch overrides
-            self._done = 0
+        # A generator: nothing runs until the first batch is asked for (Lightning calls iter() to check a
+        # loader, then set_epoch, then asks for batches; the process group may start in between).
+        try:
+            world, epoch, first = self._start_pass()
+            plan = self.plan(epoch)
+            last = len(plan) - 1
+            plan = plan[first:]
+            self._done = first
+            self._stats = _Stats(started=time.perf_counter())
+            it = self._batches(plan, epoch, first)
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                now = time.perf_counter()
+                s = self._stats
+                s.waits.append(now - t0)
+                s.batches += 1
+                s.samples += len(plan[s.batches - 1])
+                s.ended = now
+                self._done += 1
+                if self._done - 1 == last and self.epoch == epoch:
+                    self.epoch = epoch + 1  # the epoch's last batch is delivered: the next pass is the next epoch
+                    self._done = 0  # (set_epoch during the pass overrides)
+                yield batch
+        finally:
+            self._pass_world = None
 
     def stats(self) -> dict[str, float]:
         """Throughput and input wait of the current or last pass: samples/s, wait fraction, per-batch wait."""
         return self._stats.as_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: resuming from it yields exactly the rest of the epoch."""
+        """Where the loader stands: resuming from it yields exactly the rest of the epoch (after an
+        epoch's last batch: the next epoch from its start)."""
         return {"version": _STATE_VERSION, "epoch": self.epoch, "batches_done": self._done, "seed": self.seed,
                 "batch_size": self.batch_size, "num_samples": len(self.dataset), "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "world_size": self.world.size, "rank": self.world.rank}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (see :meth:`state_dict`); refuses a state saved with other settings."""
+        """Continue from ``state`` (see :meth:`state_dict`); refuses a state saved with other settings.
+
+        The world size is checked when the next pass starts (the state may be loaded before the
+        process group exists); a state taken after an epoch's last batch resumes at the next epoch."""
         if state.get("version") != _STATE_VERSION:
             raise UsageError(f"unknown loader state version {state.get('version')!r}")
-        mine = self.state_dict()
-        for key in ("seed", "batch_size", "num_samples", "shuffle", "drop_last", "world_size"):
+        mine = {"seed": self.seed, "batch_size": self.batch_size, "num_samples": len(self.dataset),
+                "shuffle": self.shuffle, "drop_last": self.drop_last}
+        for key in mine:
             if state[key] != mine[key]:
                 raise UsageError(f"loader state was saved with {key}={state[key]!r}, this loader has {mine[key]!r}")
+        size = int(state["world_size"])
         done = int(state["batches_done"])
-        if not 0 <= done <= len(self):
-            raise UsageError(f"loader state has batches_done={done}, but an epoch has {len(self)} batches")
-        self.epoch = int(state["epoch"])
+        per_epoch = num_batches(len(self.dataset), World(0, size), self.batch_size, self.drop_last)
+        if not 0 <= done <= per_epoch:
+            raise UsageError(f"loader state has batches_done={done}, but an epoch has {per_epoch} batches")
+        epoch = int(state["epoch"])
+        if done == per_epoch:  # saved after the epoch's last batch (older fastdata): the next epoch
+            epoch, done = epoch + 1, 0
+        self.epoch = epoch
         self._resume_at = done
+        self._resume_world = size if done else None
         self._done = done
 
+    def collate_fn(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """A batch read by ``dataset.get_batch`` as this loader yields it: what a torch DataLoader built
+        from ``dataset`` and :attr:`batch_sampler` (Accelerate's ``skip_first_batches``) uses."""
+        raise UsageError(f"the {self.backend} backend cannot finish batches outside its own pipeline: restore "
+                         "the position with load_state_dict (Accelerate: register_for_checkpointing) instead")
+
+    def _release(self) -> None:
+        """Release the backend's threads, processes or pipelines (they restart on the next pass)."""
+
     def close(self) -> None:
-        """Release the backend's threads, processes or pipelines."""
+        """Release threads, processes, pipelines and, if this loader opened the dataset, its file
+        handles. Iterating again starts them afresh."""
+        self._release()
+        if getattr(self, "_owns_dataset", False):
+            self.dataset.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling (``ddp_spawn``, spawn-started workers) keeps settings and position; the threads,
+        processes, pipelines and handles are left behind and made again on the other side."""
+        state = self.__dict__.copy()
+        state["_pass_world"] = None
+        state["_stats"] = _Stats()
+        for name in self._unpicklable:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._make_stages()
+
+    _unpicklable: tuple[str, ...] = ()
+
+    def _make_stages(self) -> None:
+        """(Re)create what ``_unpicklable`` names (after unpickling)."""
 
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
+
+
+class EpochSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
+    """``loader.sampler``: this rank's sample indices of the epoch the loader's next pass yields;
+    ``set_epoch`` is the loader's (Lightning calls it at the start of every epoch)."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        for idx in self.loader.plan():
+            yield from idx.tolist()
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self.loader.plan())
+
+
+class EpochBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
+    """``loader.batch_sampler``: the epoch's index batches from its first. A torch DataLoader built
+    from ``loader.dataset``, this and ``loader.collate_fn`` yields the loader's batches, in the
+    iterating thread; handing out the epoch's last batch counts as delivering the epoch."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.sampler = EpochSampler(loader)
+        self.batch_size = loader.batch_size
+        self.drop_last = loader.drop_last
+
+    def __iter__(self) -> Iterator[list[int]]:
+        ld = self.loader
+        epoch = ld.epoch
+        plan = ld.plan(epoch)
+        for k, idx in enumerate(plan):
+            ld._collate_at = (epoch, k)  # the batch a collate_fn call finishes next (seeds augmentation)
+            if k == len(plan) - 1 and ld.epoch == epoch:
+                ld.set_epoch(epoch + 1)
+            yield idx.tolist()
+
+    def __len__(self) -> int:
+        return len(self.loader)

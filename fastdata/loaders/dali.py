@@ -113,6 +113,7 @@ class DaliLoader(Loader):
     """
 
     backend = "dali"
+    _unpicklable = ("_dali", "_run")
 
     def __init__(self, dataset: Dataset, batch_size: int, *, threads: int, **common: Any) -> None:
         """``common``: :class:`Loader`'s arguments."""
@@ -132,6 +133,11 @@ class DaliLoader(Loader):
         self._device_id = (device.index if device.index is not None else torch.cuda.current_device()) \
             if device.type == "cuda" else None
         self._run: SimpleNamespace | None = None  # the pipeline, its iterator and feed, and where they stand
+
+    def _make_stages(self) -> None:
+        """After unpickling: DALI's modules again; the pipeline is built by the first pass."""
+        self._dali = import_dali()
+        self._run = None
 
     def _build(self, feed: Feed, seed: int) -> Any:
         d, gpu = self._dali, self.device.type == "cuda"
@@ -173,7 +179,7 @@ class DaliLoader(Loader):
             return
         run = self._run
         if run is None or not run.fresh or run.at != (epoch, first):
-            self.close()  # positioned elsewhere (set_epoch, resume, an abandoned pass): start over
+            self._release()  # positioned elsewhere (set_epoch, resume, an abandoned pass): start over
             run = self._run = self._start(plan, epoch, first)
         run.fresh = False
         complete = False
@@ -256,7 +262,7 @@ class DaliLoader(Loader):
         return LoaderWorkerError(f"DALI pipeline failed at batch {first + delivered} (samples {idx[:8]}"
                                  f"{' ...' if len(idx) > 8 else ''}): {type(e).__name__}: {msg}")
 
-    def close(self) -> None:
+    def _release(self) -> None:
         """End a running pass and release the DALI pipeline (threads, buffers); the next pass builds one."""
         run = getattr(self, "_run", None)
         if run is not None:
@@ -316,5 +322,6 @@ def dali_loader(ds: Dataset, batch_size: int, *, num_workers: int | str, config:
     """Build the DALI backend for :func:`fastdata.loader`: ``num_workers`` (checked there) is DALI's CPU
     threads; ``common``: :class:`Loader`'s arguments."""
     threads = usable_cpus() if num_workers == "auto" else int(num_workers)
+    common["owns_dataset"] = True  # a copy of the caller's dataset (decode=False): the loader's own
     return DaliLoader(ds.with_options(decode=False), batch_size, threads=threads, config=config or LoaderConfig(),
                       **common)

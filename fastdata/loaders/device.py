@@ -73,7 +73,7 @@ class DeviceStage:
         y = out.mul_(1 / 255).permute(0, 3, 1, 2)
         return y if self.channels_last else y.contiguous()
 
-    def _mixed(self, host: Batch) -> frozenset[str]:
+    def mixed(self, host: Batch) -> frozenset[str]:
         """Checked on the host batch (no device sync), only when augmenting."""
         return mixed_sizes(host) if self.augment is not None and self.augment.ops else frozenset()
 
@@ -92,7 +92,7 @@ class DeviceStage:
         """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""
         if self.device.type == "cuda":
             return None
-        return lambda batch, k: self.transform(dict(batch), epoch, k, self._mixed(batch))
+        return lambda batch, k: self.transform(dict(batch), epoch, k, self.mixed(batch))
 
     def run(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
         """Batches on the device; on the CPU the readers already transformed them (host_transform)."""
@@ -108,7 +108,7 @@ class DeviceStage:
         def stage(hb: Batch, k: int) -> Batch:
             with torch.cuda.stream(stream):
                 db = {n: t.to(self.device, non_blocking=True) for n, t in hb.items()}
-                db = self.transform(db, epoch, k, self._mixed(hb))
+                db = self.transform(db, epoch, k, self.mixed(hb))
             ev = torch.cuda.Event()
             ev.record(stream)
             inflight.append((hb, ev))

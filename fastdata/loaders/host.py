@@ -44,7 +44,7 @@ class _BufferPool:
             self.recyclers[name].lend(t)
 
 
-def _to_tensors(batch: dict[str, np.ndarray]) -> HostBatch:
+def to_tensors(batch: dict[str, np.ndarray]) -> HostBatch:
     out = {}
     for k, v in batch.items():
         if not v.dtype.isnative:
@@ -68,7 +68,7 @@ class ThreadReader:
             batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()})
         except Exception as e:
             raise wrap_error(e, f"loader thread, batch {k}") from e
-        result = _to_tensors({name: v for name, v in batch.items() if name not in bufs})
+        result = to_tensors({name: v for name, v in batch.items() if name not in bufs})
         result.update(bufs)
         return post(result, k) if post is not None else result
 
@@ -115,7 +115,7 @@ class _BatchDataset(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, idx: Any) -> HostBatch:
-        return _to_tensors(self.dataset.get_batch(idx))
+        return to_tensors(self.dataset.get_batch(idx))
 
 
 class _PlanSampler(torch.utils.data.Sampler):

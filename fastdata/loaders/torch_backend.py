@@ -12,32 +12,47 @@ from ..dataset import Dataset
 from ..format.spec import image_fields
 from .base import Loader
 from .device import DeviceStage
-from .host import ProcessReader, ThreadReader
+from .host import ProcessReader, ThreadReader, to_tensors
 
 
 class TorchLoader(Loader):
     """The torch backend: batches read by threads or worker processes, moved and augmented by torch."""
 
     backend = "torch"
+    _unpicklable = ("_reader", "_device")
 
     def __init__(self, dataset: Dataset, batch_size: int, *, workers: int, **common: Any) -> None:
         """``workers``: reader threads (or processes); ``common``: :class:`Loader`'s arguments."""
         super().__init__(dataset, batch_size, **common)
         self.workers = workers
+        self._make_stages()
+
+    def _make_stages(self) -> None:
+        """The reader (threads or worker processes, started on the first pass) and the device stage."""
         config, device = self.config, self.device
         pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
-        if config.mode == "processes" and workers > 0:
-            self._reader: Any = ProcessReader(dataset, workers, config.prefetch, pin)
+        if config.mode == "processes" and self.workers > 0:
+            self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin)
         else:
-            self._reader = ThreadReader(dataset, workers, config.prefetch, pin)
-        images = config.images if config.images is not None else image_fields(dataset.schema)
-        self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
-                                   self.world.rank)
+            self._reader = ThreadReader(self.dataset, self.workers, config.prefetch, pin)
+        images = config.images if config.images is not None else image_fields(self.dataset.schema)
+        self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images)
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
+        self._device.rank = self.world.rank  # the world of this pass (read when it started)
         return self._device.run(self._reader.run(plan, first, self._device.host_transform(epoch)), epoch, first)
 
-    def close(self) -> None:
+    def collate_fn(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """A batch read by ``dataset.get_batch`` made into what this loader yields (tensors on the
+        device, images as floats, augmentation seeded by its place in the epoch); see
+        :attr:`batch_sampler`, which says which batch comes next."""
+        epoch, k = getattr(self, "_collate_at", (self.epoch, 0))
+        self._device.rank = self.world.rank
+        host = to_tensors(batch)
+        moved = {n: t.to(self.device) for n, t in host.items()} if self.device.type == "cuda" else dict(host)
+        return self._device.transform(moved, epoch, k, self._device.mixed(host))
+
+    def _release(self) -> None:
         """Stop reader threads or worker processes."""
         reader = getattr(self, "_reader", None)  # absent when __init__ failed part-way
         if reader is not None:

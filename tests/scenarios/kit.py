@@ -1,0 +1,59 @@
+"""Shared by the integration tests and the scenario scripts they launch (torchrun, Lightning DDP):
+a small labelled dataset and a Lightning module that records which samples each step trained on."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import converters
+
+N = 40  # samples; with batch 4: 10 batches per epoch
+
+
+def make_dataset(root: Path, backend: str = "hdf5", n: int = N, shard_size: int | None = None) -> Path:
+    """root/ds-<backend>: ``n`` samples, x = label * 0.1 + noise (3 floats), label = sample index."""
+    root.mkdir(parents=True, exist_ok=True)
+    x = (np.arange(n, dtype=np.float32)[:, None] * 0.1 + np.random.default_rng(0).standard_normal((n, 3))).astype("f4")
+    np.save(root / "X.npy", x)
+    np.save(root / "y.npy", np.arange(n, dtype=np.int64))
+    dst = root / f"ds-{backend}"
+    opts = converters.WriteOptions(backend=backend, workers=1, **({"shard_size": shard_size} if shard_size else {}))
+    converters.convert(None, dst, opts, arrays={"x": root / "X.npy"}, labels=root / "y.npy")
+    return dst
+
+
+def lightning_module(record: list | None = None):
+    """A tiny regression model; ``training_step`` appends (epoch, labels of the batch) to ``record``."""
+    import lightning.pytorch as pl
+
+    class Recorder(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 1)
+            self.seen: list = record if record is not None else []
+
+        def training_step(self, batch, batch_idx):
+            self.seen.append((self.current_epoch, batch["label"].tolist()))
+            return torch.nn.functional.mse_loss(self.lin(batch["x"]).squeeze(1), batch["label"].float() * 0.1)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Recorder()
+
+
+def quiet_trainer(**kw):
+    import lightning.pytorch as pl
+
+    base = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                enable_checkpointing=False)
+    return pl.Trainer(**{**base, **kw})
+
+
+def dump(path: str | os.PathLike[str], obj) -> None:
+    Path(path).write_text(json.dumps(obj))
