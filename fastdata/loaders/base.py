@@ -70,6 +70,10 @@ class Loader:
     """
 
     backend = "base"
+    # Read (with getattr) by Accelerate's skip_first_batches when it rebuilds a torch DataLoader from
+    # dataset + batch_sampler + collate_fn: that DataLoader reads in the iterating thread, no prefetch.
+    # The loader's own read-ahead is config.prefetch.
+    prefetch_factor = None
 
     def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int,
                  device: torch.device, augment: Augment | None, config: "LoaderConfig", world: World | None = None,

@@ -27,24 +27,13 @@ def make_dataset(root: Path, backend: str = "hdf5", n: int = N, shard_size: int 
     return dst
 
 
-def lightning_module(record: list | None = None):
-    """A tiny regression model; ``training_step`` appends (epoch, labels of the batch) to ``record``."""
-    import lightning.pytorch as pl
+def lightning_module(record: list | None = None, data: str | None = None, out: str | None = None):
+    """A tiny regression model; ``training_step`` appends [epoch, labels of the batch] to ``record``.
+    With ``data``, ``train_dataloader()`` builds the fastdata loader (the hook way); with ``out``, each
+    rank writes OUT/rank-<r>.json at the end of training."""
+    from scenarios.recorder import Recorder
 
-    class Recorder(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = torch.nn.Linear(3, 1)
-            self.seen: list = record if record is not None else []
-
-        def training_step(self, batch, batch_idx):
-            self.seen.append((self.current_epoch, batch["label"].tolist()))
-            return torch.nn.functional.mse_loss(self.lin(batch["x"]).squeeze(1), batch["label"].float() * 0.1)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    return Recorder()
+    return Recorder(record, data, out)
 
 
 def quiet_trainer(**kw):

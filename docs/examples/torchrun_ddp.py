@@ -1,0 +1,24 @@
+"""Plain DDP under torchrun. Usage: torchrun --nproc_per_node 2 torchrun_ddp.py DATASET_DIR"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import fastdata
+
+# The loader may be built before or after init_process_group: it reads the rank when each epoch starts.
+with fastdata.loader(sys.argv[1], batch_size=4, seed=0, num_workers=2) as train:
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).to(train.device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for epoch in range(2):  # each epoch: a new order, split into equal disjoint shares
+        samples = 0
+        for batch in train:
+            loss = torch.nn.functional.mse_loss(model(batch["x"]).squeeze(1), batch["label"].float())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            samples += len(batch["label"])
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()}: {samples} samples per epoch")
+    dist.destroy_process_group()
