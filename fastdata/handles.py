@@ -12,6 +12,7 @@ datasets and loaders dropped without ``close()`` leave no open files or threads 
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from typing import Any, Generic, TypeVar
 
@@ -27,6 +28,7 @@ def usable_cpus() -> int:
 
 
 _open_handles: "weakref.WeakSet[PerProcessHandle[Any]]" = weakref.WeakSet()
+_opening = threading.RLock()  # opening is rare (once per handle and process): one lock for all
 
 
 class PerProcessHandle(Generic[H]):
@@ -46,14 +48,18 @@ class PerProcessHandle(Generic[H]):
 
     def handle(self) -> H:
         handle = self._handle
-        if handle is None or self._handle_pid != os.getpid():
-            self._drop()
-            handle = self._open_handle()
-            self._handle = handle
-            self._handle_pid = os.getpid()
-            self._finalizer = weakref.finalize(self, _close_quietly, type(self)._close_handle, handle)
-            _open_handles.add(self)
-        return handle
+        if handle is not None and self._handle_pid == os.getpid():
+            return handle
+        with _opening:  # reader threads racing to open the same shard must not leak the loser's handle
+            handle = self._handle
+            if handle is None or self._handle_pid != os.getpid():
+                self._drop()
+                handle = self._open_handle()
+                self._handle = handle
+                self._handle_pid = os.getpid()
+                self._finalizer = weakref.finalize(self, _close_quietly, type(self)._close_handle, handle)
+                _open_handles.add(self)
+            return handle
 
     def close(self) -> None:
         """Release this process's handle; the next use opens a new one."""
@@ -93,6 +99,8 @@ def _close_quietly(close: Any, handle: Any) -> None:
 
 def _close_inherited_handles() -> None:
     """In a forked child: close (the child's copies of) every handle the parent had open."""
+    global _opening
+    _opening = threading.RLock()  # another thread of the parent may have held it at fork time
     for obj in list(_open_handles):
         obj._after_fork_in_child()
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_port
+from scenarios.kit import N, lightning_module, make_dataset, quiet_trainer
 
 import fastdata
-from conftest import free_port
 from fastdata.errors import UsageError
 from fastdata.loaders import LoaderConfig
 from fastdata.world import World
-from scenarios.kit import N, lightning_module, make_dataset, quiet_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"

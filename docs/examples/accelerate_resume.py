@@ -43,7 +43,7 @@ accelerator, model, optimizer, train = setup()
 accelerator.load_state(ckpt)  # the loader is back at epoch 1, batch 4
 state = train.state_dict()
 print(f"resumed at epoch {state['epoch']}, batch {state['batches_done']}")
-for epoch in range(state["epoch"], 3):
+for _epoch in range(state["epoch"], 3):
     for batch in train:  # the rest of epoch 1, then all of epoch 2
         step(accelerator, model, optimizer, batch)
 train.close()

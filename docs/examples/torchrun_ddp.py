@@ -12,7 +12,7 @@ with fastdata.loader(sys.argv[1], batch_size=4, seed=0, num_workers=2) as train:
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).to(train.device))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    for epoch in range(2):  # each epoch: a new order, split into equal disjoint shares
+    for _epoch in range(2):  # each epoch: a new order, split into equal disjoint shares
         samples = 0
         for batch in train:
             loss = torch.nn.functional.mse_loss(model(batch["x"]).squeeze(1), batch["label"].float())

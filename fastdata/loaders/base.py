@@ -97,6 +97,7 @@ class Loader:
         self._resume_at = 0  # batches to skip at the next iteration (from load_state_dict)
         self._resume_world: int | None = None  # world size of the state loaded by load_state_dict
         self._done = 0  # batches consumed in the current pass
+        self._collate_at = (0, 0)  # (epoch, batch) that collate_fn finishes next (set by batch_sampler)
         self._stats = _Stats()
 
     @property
@@ -269,7 +270,7 @@ class Loader:
             pass
 
 
-class EpochSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
+class EpochSampler(torch.utils.data.Sampler[int]):
     """``loader.sampler``: this rank's sample indices of the epoch the loader's next pass yields;
     ``set_epoch`` is the loader's (Lightning calls it at the start of every epoch)."""
 
@@ -287,7 +288,7 @@ class EpochSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         return sum(len(b) for b in self.loader.plan())
 
 
-class EpochBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
+class EpochBatchSampler(torch.utils.data.Sampler[list[int]]):
     """``loader.batch_sampler``: the epoch's index batches from its first. A torch DataLoader built
     from ``loader.dataset``, this and ``loader.collate_fn`` yields the loader's batches, in the
     iterating thread; handing out the epoch's last batch counts as delivering the epoch."""

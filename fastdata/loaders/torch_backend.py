@@ -46,7 +46,7 @@ class TorchLoader(Loader):
         """A batch read by ``dataset.get_batch`` made into what this loader yields (tensors on the
         device, images as floats, augmentation seeded by its place in the epoch); see
         :attr:`batch_sampler`, which says which batch comes next."""
-        epoch, k = getattr(self, "_collate_at", (self.epoch, 0))
+        epoch, k = self._collate_at
         self._device.rank = self.world.rank
         host = to_tensors(batch)
         moved = {n: t.to(self.device) for n, t in host.items()} if self.device.type == "cuda" else dict(host)

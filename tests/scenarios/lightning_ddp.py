@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: scenarios.kit
 
 import fastdata  # noqa: E402
-from scenarios.kit import dump, lightning_module, quiet_trainer  # noqa: E402
+from scenarios.kit import lightning_module, quiet_trainer  # noqa: E402
 
 
 def main(data: str, out: str, strategy: str, where: str) -> None:
