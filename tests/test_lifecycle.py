@@ -71,9 +71,13 @@ def test_a_dropped_dataset_releases_its_files(ds):
 @pytest.mark.parametrize("mode", ["threads", "processes"])
 def test_a_loader_closes_the_dataset_it_opened_but_not_the_callers(ds, mode):
     cfg = LoaderConfig(mode=mode)
+    gc.collect()
+    kids = {p.pid for p in psutil.Process().children(recursive=True)}  # other tests' may still be exiting
     with fastdata.loader(ds, 8, device="cpu", num_workers=2, config=cfg) as ld:
         list(ld)
-    assert shard_handles(ds) == 0 and not psutil.Process().children()
+        assert mode == "threads" or {p.pid for p in psutil.Process().children(recursive=True)} - kids
+    assert shard_handles(ds) == 0, "closing the loader closes the files it opened"
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - kids, "and stops its workers"
     mine = fastdata.open(ds)
     mine.get_batch(range(40))
     held = shard_handles(ds)
