@@ -280,6 +280,20 @@ def test_loaders_pickle_mid_epoch_and_carry_on(ds, mode, workers):
     copy.close()
 
 
+def test_dali_loaders_pickle_and_refuse_skip_first_batches_clearly(ds):
+    pytest.importorskip("nvidia.dali")
+    ld = fastdata.loader(ds, 4, seed=3, device="cpu", backend="dali", num_workers=1)
+    it = iter(ld)
+    next(it)  # a pipeline running
+    copy = pickle.loads(pickle.dumps(ld))
+    del it
+    assert labels(copy) == epochs_direct(ds, 1)[0] and labels(copy) == epochs_direct(ds, 2)[1]
+    with pytest.raises(UsageError, match="dali backend.*load_state_dict"):
+        copy.collate_fn(ld.dataset.get_batch([0, 1]))
+    ld.close()
+    copy.close()
+
+
 # -- the examples in docs/integrations.md -----------------------------------------------------------
 
 EXAMPLES = ROOT / "docs" / "examples"
