@@ -3,8 +3,6 @@ a small labelled dataset and a Lightning module that records which samples each 
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +40,3 @@ def quiet_trainer(**kw):
                 enable_checkpointing=False)
     return pl.Trainer(**{**base, **kw})
 
-
-def dump(path: str | os.PathLike[str], obj) -> None:
-    Path(path).write_text(json.dumps(obj))

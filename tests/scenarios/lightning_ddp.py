@@ -3,7 +3,7 @@
 STRATEGY: ``ddp`` (Lightning re-runs this script as the second process) or ``ddp_spawn`` (the
 loader is pickled to spawned processes). WHERE: ``script`` builds the loader here, before the
 trainer starts the process group; ``hooks`` builds it in ``train_dataloader()``. Each rank writes
-OUT/rank-<r>.json: [epoch, labels of the batch] per training step, and its len(loader).
+OUT/rank-<r>.json (scenarios/recorder.py): [epoch, labels of the batch] per training step, len(loader).
 """
 
 from __future__ import annotations
