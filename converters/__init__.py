@@ -12,14 +12,17 @@ from pathlib import Path
 
 from fastdata.errors import DataError, UsageError
 
-from .dst import check_dst, prepare_dst
+from .dst import check_dst, prepare_dst, prepare_part_dst
 from .imageio import ImageOptions
 from .images import ImageFolderSource, is_image_file
+from .merge import MergeReport, merge
 from .npy import DEFAULT_FIELD, ArraysSource, NpyFolderSource
+from .parts import MergePartsReport, merge_parts, parse_part
 from .scan import walk_files
 from .writer import ConvertReport, Progress, WriteOptions, write_dataset
 
-__all__ = ["ConvertReport", "ImageOptions", "Progress", "WriteOptions", "convert"]
+__all__ = ["ConvertReport", "ImageOptions", "MergePartsReport", "MergeReport", "Progress", "WriteOptions", "convert",
+           "merge", "merge_parts", "parse_part"]
 
 
 def convert(
@@ -35,6 +38,7 @@ def convert(
     skip_bad: bool = False,
     images: ImageOptions | None = None,
     progress: Progress | None = None,
+    part: tuple[int, int] | None = None,
 ) -> ConvertReport:
     """Convert ``src`` into a dataset at ``dst``.
 
@@ -43,10 +47,21 @@ def convert(
     whose first axis is the sample axis (``labels`` then names a ``.npy`` of labels).
     ``arrays`` maps field names to large ``.npy`` arrays instead of ``src``. ``images``
     says how to store images (default: ``ImageOptions()``, the original files). ``resume``
-    finishes an interrupted conversion into ``dst`` (see docs/reliability.md).
+    finishes an interrupted conversion into ``dst`` (see docs/reliability.md). ``part`` = (I, N)
+    converts only part I (from 0) of N into ``dst``, which other parts may share; ``merge_parts``
+    finishes the dataset (see docs/scale.md).
     """
     t0 = time.perf_counter()
     options = options or WriteOptions()
+    if part is not None and not (isinstance(part, tuple) and len(part) == 2 and 0 <= part[0] < part[1]):
+        raise UsageError(f"part {part!r}: expected (I, N) with 0 <= I < N")
+    if options.engine == "ray":
+        from .rayengine import import_ray
+
+        import_ray()  # before anything is scanned or written: a missing extra is a one-line error
+    if (part is not None or options.engine == "ray") and "://" in str(dst):
+        raise UsageError(f"{dst}: converting into object storage is not supported here; convert into a folder "
+                         "every worker shares, then upload it")
     dst = Path(dst)
     label_path = Path(labels) if labels is not None else None
     if label_path is not None and no_labels:
@@ -79,12 +94,12 @@ def convert(
                 raise UsageError("--labels and --field label=... both name the labels")
             named["label"] = label_path
         inputs = list(named.values())
-        check_dst(dst, inputs, overwrite, resume)
+        _check_dst(dst, inputs, overwrite, resume, part)
         source: ArraysSource | ImageFolderSource | NpyFolderSource = ArraysSource.scan(named)
     else:
         assert src is not None
         inputs = [src] + ([label_path] if label_path is not None else [])
-        check_dst(dst, inputs, overwrite, resume)
+        _check_dst(dst, inputs, overwrite, resume, part)
         rels = walk_files(src, {os.path.realpath(label_path)} if label_path else set())
         if _holds_images(src, rels):
             source = ImageFolderSource.scan(src, images or ImageOptions(), labels_file=label_path, no_labels=no_labels,
@@ -94,10 +109,20 @@ def convert(
         else:
             source = NpyFolderSource.scan(src, labels_file=label_path, no_labels=no_labels, skip_bad=skip_bad,
                                           rels=rels)
-    with prepare_dst(dst, inputs, overwrite, resume) as target:
+    prepared = (prepare_dst(dst, inputs, overwrite, resume) if part is None
+                else prepare_part_dst(dst, inputs, part, overwrite, resume))
+    with prepared as target:
         report = write_dataset(source, target, options, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report
+
+
+def _check_dst(dst: Path, inputs: list[Path], overwrite: bool, resume: bool, part: tuple[int, int] | None) -> None:
+    """Before scanning: a whole conversion checks DST fully; a part only the sources (DST is shared)."""
+    if part is None:
+        check_dst(dst, inputs, overwrite, resume)
+    else:
+        check_dst(dst, inputs, overwrite=True)
 
 
 def _holds_images(root: Path, rels: list[str]) -> bool:

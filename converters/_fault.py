@@ -6,6 +6,8 @@ points that name a shard, only for shard number ``SHARD`` if given):
 * ``pause``: write this process's id to the file named by ``FASTDATA_FAULT_READY`` (atomically,
   so a test polling for it never reads half a number) and sleep until killed. Tests use it
   to SIGKILL a real ``fastdata convert`` at a known moment.
+* ``pause1``: as ``pause``, but only while that file does not exist yet: a retried task (a Ray
+  worker the test killed) goes on the second time.
 * ``enospc``, ``eio``, ``eacces``: raise that ``OSError`` here, as the disk would.
 
 Points: ``before_first_shard`` (journal written, no shard started), ``mid_shard`` (half of a
@@ -35,11 +37,16 @@ def point(name: str, shard: int | None = None) -> None:
         return
     action, _, rest = spec.partition(":")
     where, _, which = rest.partition(":")
-    if where not in POINTS or (action != "pause" and action not in _ERRNOS) or (which and not which.isdigit()):
-        raise UsageError(f"{ENV}={spec!r}: expected ACTION:POINT[:SHARD], ACTION pause|{'|'.join(_ERRNOS)}, "
+    if where not in POINTS or (action not in ("pause", "pause1") and action not in _ERRNOS) or (which and not which.isdigit()):
+        raise UsageError(f"{ENV}={spec!r}: expected ACTION:POINT[:SHARD], ACTION pause|pause1|{'|'.join(_ERRNOS)}, "
                          f"POINT {'|'.join(POINTS)}")
     if where != name or (which and shard != int(which)):
         return
+    if action == "pause1":
+        ready = os.environ.get(READY_ENV)
+        if ready and os.path.exists(ready):
+            return
+        action = "pause"
     if action == "pause":
         _pause()
     code = _ERRNOS[action]

@@ -23,14 +23,35 @@ from .dstlock import LOCK_NAME, DstLock, holder
 
 SKIPPED_NAME = "skipped.json"
 # Names a conversion may leave in DST; --overwrite deletes only these.
+_PART = r"part-\d{5,}-of-\d{5,}"
 OURS = re.compile(
     r"^(manifest\.json|skipped\.json|\.manifest\..+\.tmp|\.?shard-\d{5,}\.(h5|lmdb)(\.partial)?(-lock)?"
-    r"|\.fastdata-journal(\.tmp)?|\.fastdata\.lock)$"
+    rf"|\.fastdata-journal(-{_PART})?(\.tmp)?|\.fastdata\.lock|\.fastdata-{_PART}\.(json|lock)"
+    rf"|\.\.fastdata-{_PART}\.json\..+\.tmp)$"
 )
 # Temporary names: never part of a finished or resumable conversion.
 TEMPORARY = re.compile(
     r"^(\.manifest\..+\.tmp|\.shard-\d{5,}\.(h5|lmdb)\.partial(-lock)?|shard-\d{5,}\.lmdb-lock|\.fastdata-journal\.tmp)$"
 )
+# The files of one part of a conversion split with --part I/N (see converters/parts.py).
+PART_FILE = re.compile(r"^\.fastdata-(?:journal-)?part-(\d{5,})-of-(\d{5,})(?:\.json|\.lock)?$")
+
+
+def part_stem(index: int, count: int) -> str:
+    return f"part-{index:05d}-of-{count:05d}"
+
+
+def part_record_name(index: int, count: int) -> str:
+    """The record a finished part leaves in DST for ``fastdata merge-parts``."""
+    return f".fastdata-{part_stem(index, count)}.json"
+
+
+def part_journal_name(index: int, count: int) -> str:
+    return f"{journal.JOURNAL_NAME}-{part_stem(index, count)}"
+
+
+def part_lock_name(index: int, count: int) -> str:
+    return f".fastdata-{part_stem(index, count)}.lock"
 SHARD = re.compile(r"^shard-\d{5,}\.(h5|lmdb)$")
 
 
@@ -83,6 +104,11 @@ class Destination:
     created: bool
     resume: bool
     lock: DstLock | None = field(default=None, repr=False)
+    part: tuple[int, int] | None = None  # (I, N) for ``--part I/N``: this run writes part I of N
+
+    @property
+    def journal_name(self) -> str:
+        return journal.JOURNAL_NAME if self.part is None else part_journal_name(*self.part)
 
     def release(self) -> None:
         if self.lock is not None:
@@ -127,17 +153,72 @@ def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: boo
     return target
 
 
-def remove_temporary(dst: Path) -> None:
-    """Remove half-written files of an earlier or failed run (never a finished shard)."""
+def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], overwrite: bool,
+                     resume: bool = False) -> Destination:
+    """Create DST if needed and lock this part's files in it (other parts may be writing DST at the
+    same time, each under its own lock). Refuses a finished dataset, files fastdata did not write,
+    parts of a conversion split another way, and this part already done (unless ``overwrite``)."""
+    if overwrite and resume:
+        raise UsageError("--overwrite and --resume contradict each other: --resume continues, --overwrite starts over")
+    check_dst(dst, sources, overwrite=True)  # only the source checks: DST may hold other parts
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"{dst}: exists and is not a directory") from None
+    except OSError as e:
+        raise UsageError(f"{dst}: cannot create the destination: {e.strerror}") from None
+    who = holder(dst)
+    if who is not None:
+        raise DestinationBusyError(f"{dst}: a whole conversion or merge-parts is writing it ({who}); wait for it to end")
+    index, count = part
+    lock = DstLock.acquire(dst, part_lock_name(index, count))
+    target = Destination(dst, created=False, resume=False, lock=lock, part=part)
+    try:
+        entries = sorted(e for e in os.listdir(dst) if not e.endswith(".lock"))
+        foreign = [e for e in entries if not OURS.match(e)]
+        if foreign:
+            raise UsageError(f"{dst}: refused: it holds {foreign[0]!r}, which fastdata did not write; "
+                             "choose an empty or new folder")
+        if MANIFEST_NAME in entries:
+            raise UsageError(f"{dst}: already holds a finished dataset; convert the parts into a new folder")
+        for name in entries:
+            m = PART_FILE.match(name)
+            if m and int(m.group(2)) != count:
+                raise UsageError(f"{dst}: holds {name}, a part of a conversion split in {int(m.group(2))} parts, not "
+                                 f"{count}; use the same N for every part (or a new folder)")
+        record, jname = part_record_name(index, count), part_journal_name(index, count)
+        what = f"{dst}: part {index}/{count}"
+        if record in entries and not overwrite:
+            raise UsageError(f"{what} is already converted; pass --overwrite to convert it again")
+        if resume and jname not in entries:
+            raise UsageError(f"{what}: no interrupted conversion of this part to resume (no {jname})")
+        if jname in entries and not (resume or overwrite):
+            raise UsageError(f"{what} was interrupted; pass --resume to finish it, or --overwrite to start it over")
+        target.resume = resume
+        if overwrite:
+            (dst / record).unlink(missing_ok=True)
+            journal.remove(dst, jname)  # its shards go when the writer removes shards no journal vouches for
+    except BaseException:
+        target.release()
+        raise
+    return target
+
+def remove_temporary(dst: Path, owned: set[str] | None = None) -> None:
+    """Remove half-written files of an earlier or failed run (never a finished shard); with ``owned``
+    (a ``--part``'s shard names), only the temporary files of those shards."""
     for e in os.listdir(dst):
-        if TEMPORARY.match(e):
+        if TEMPORARY.match(e) and (owned is None or _shard_of_temporary(e) in owned):
             _remove(dst / e)
 
 
-def remove_shards_except(dst: Path, keep: set[str]) -> None:
-    """Remove finished-looking shards that the journal does not vouch for."""
+def _shard_of_temporary(name: str) -> str:
+    return name.lstrip(".").replace(".partial", "").replace("-lock", "")
+
+
+def remove_shards_except(dst: Path, keep: set[str], owned: set[str] | None = None) -> None:
+    """Remove finished-looking shards that the journal does not vouch for (with ``owned``: among those)."""
     for e in os.listdir(dst):
-        if SHARD.match(e) and e not in keep:
+        if SHARD.match(e) and e not in keep and (owned is None or e in owned):
             _remove(dst / e)
 
 

@@ -32,14 +32,15 @@ class DstLock:
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, dst: Path) -> "DstLock":
-        """Lock ``dst``; raise DestinationBusyError if another live conversion holds it."""
-        path = dst / LOCK_NAME
+    def acquire(cls, dst: Path, name: str = LOCK_NAME) -> "DstLock":
+        """Lock ``dst`` (or, with ``name``, one part of it); raise DestinationBusyError if another
+        live conversion holds it."""
+        path = dst / name
         while True:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as e:
-                raise WriteError(f"{dst}: cannot create {LOCK_NAME}: {e.strerror}") from None
+                raise WriteError(f"{dst}: cannot create {name}: {e.strerror}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -49,7 +50,7 @@ class DstLock:
             except OSError as e:
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     os.close(fd)
-                    raise WriteError(f"{dst}: cannot lock {LOCK_NAME}: {e.strerror}") from None
+                    raise WriteError(f"{dst}: cannot lock {name}: {e.strerror}") from None
                 log.warning("%s: the file system does not support locks; not guarding against a second conversion", dst)
             # A holder that just finished unlinks the file: if ours is no longer at the path, retry.
             try:
@@ -65,7 +66,7 @@ class DstLock:
             os.pwrite(fd, info, 0)
         except OSError as e:
             os.close(fd)
-            raise WriteError(f"{dst}: cannot write {LOCK_NAME}: {e.strerror}") from None
+            raise WriteError(f"{dst}: cannot write {name}: {e.strerror}") from None
         return cls(path, fd)
 
     def release(self) -> None:
@@ -86,10 +87,10 @@ class DstLock:
         self.release()
 
 
-def holder(dst: Path) -> str | None:
-    """Who holds the lock on ``dst`` (``"pid N on HOST"``), or None when nobody does."""
+def holder(dst: Path, name: str = LOCK_NAME) -> str | None:
+    """Who holds the lock ``name`` on ``dst`` (``"pid N on HOST"``), or None when nobody does."""
     try:
-        fd = os.open(dst / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(dst / name, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -86,10 +85,11 @@ def _input_files(source: Any) -> list[str]:
     return sorted(paths.values()) if isinstance(paths, dict) else []
 
 
-def start(dst: Path, head: dict[str, Any]) -> None:
-    """Write a new journal holding only ``head`` (atomically: it exists whole or not at all)."""
-    path = dst / JOURNAL_NAME
-    tmp = dst / f"{JOURNAL_NAME}.tmp"
+def start(dst: Path, head: dict[str, Any], name: str = JOURNAL_NAME) -> None:
+    """Write a new journal holding only ``head`` (atomically: it exists whole or not at all).
+    ``name``: the journal's file name (each ``--part`` of a conversion has its own)."""
+    path = dst / name
+    tmp = dst / f"{name}.tmp"
     try:
         tmp.write_text(json.dumps(head, sort_keys=True) + "\n", encoding="utf-8")
         finish_file(tmp, path)
@@ -99,10 +99,10 @@ def start(dst: Path, head: dict[str, Any]) -> None:
     fsync_dir(dst)
 
 
-def append(dst: Path, info: ShardInfo) -> None:
+def append(dst: Path, info: ShardInfo, name: str = JOURNAL_NAME) -> None:
     """Record a finished shard (already renamed into place and fsynced)."""
-    line = (json.dumps(asdict(info), sort_keys=True) + "\n").encode()
-    fd = os.open(dst / JOURNAL_NAME, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    line = (json.dumps(info.to_json(), sort_keys=True) + "\n").encode()
+    fd = os.open(dst / name, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     try:
         os.write(fd, line)
         os.fsync(fd)
@@ -110,9 +110,9 @@ def append(dst: Path, info: ShardInfo) -> None:
         os.close(fd)
 
 
-def load(dst: Path) -> tuple[dict[str, Any], dict[str, ShardInfo]]:
+def load(dst: Path, name: str = JOURNAL_NAME) -> tuple[dict[str, Any], dict[str, ShardInfo]]:
     """The journal's header and its finished shards by file name (the last record of each wins)."""
-    path = dst / JOURNAL_NAME
+    path = dst / name
     try:
         if path.stat().st_size > MAX_JOURNAL_BYTES:
             raise UsageError(f"{path}: journal is too large to be one of ours; convert again with --overwrite")
@@ -168,6 +168,6 @@ def check_same(dst: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
         )
 
 
-def remove(dst: Path) -> None:
-    (dst / JOURNAL_NAME).unlink(missing_ok=True)
-    (dst / f"{JOURNAL_NAME}.tmp").unlink(missing_ok=True)
+def remove(dst: Path, name: str = JOURNAL_NAME) -> None:
+    (dst / name).unlink(missing_ok=True)
+    (dst / f"{name}.tmp").unlink(missing_ok=True)

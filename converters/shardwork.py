@@ -16,11 +16,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from fastdata.errors import DataError, FastdataError, WriteError
+from fastdata.errors import DataError, FastdataError, UsageError, WriteError
 from fastdata.fileio import finish_file, sha256_file
 from fastdata.format import FieldSpec, ShardInfo, backend
 
@@ -63,6 +63,7 @@ class ShardTask:
     ragged_rows: dict[str, int]
     compression: str | None
     expect: ShardInfo | None = None
+    in_bytes: int = 0  # the source bytes of its samples, for progress counted per shard
 
 
 def check_sample(sample: dict[str, np.ndarray], fields: list[FieldSpec], where: str) -> None:
@@ -93,31 +94,71 @@ def write_error(path: Path | str, e: BaseException) -> WriteError:
     return WriteError(f"{path}: cannot write: {reason}")
 
 
+class Publisher(Protocol):
+    """Where a finished shard goes. A shard is always written to a local file first
+    (:meth:`local_path`), then :meth:`publish` makes it part of DST. A local or shared-filesystem
+    DST publishes by fsync + rename (:class:`LocalPublisher`); an object-storage DST would upload
+    the file and delete the local copy. Publishing the same name twice with the same bytes is
+    harmless, so a retried or duplicated shard task is too."""
+
+    def local_path(self, name: str) -> Path: ...
+    def publish(self, tmp: Path, name: str) -> None: ...
+    def intact(self, name: str, expect: ShardInfo) -> bool: ...
+    def where(self, name: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class LocalPublisher:
+    """DST is a folder (local disk or a filesystem every worker shares): write beside the final name, rename."""
+
+    dst: Path
+
+    def local_path(self, name: str) -> Path:
+        return self.dst / f".{name}.partial"
+
+    def publish(self, tmp: Path, name: str) -> None:
+        finish_file(tmp, self.dst / name)
+
+    def intact(self, name: str, expect: ShardInfo) -> bool:
+        path = self.dst / name
+        try:
+            return path.stat().st_size == expect.bytes and sha256_file(path) == expect.sha256
+        except FileNotFoundError:
+            return False
+
+    def where(self, name: str) -> str:
+        return str(self.dst / name)
+
+
+def publisher_for(dst: str) -> Publisher:
+    """The publisher for a destination. Object-storage URLs are not written by this module:
+    their publisher (upload after each shard) plugs in here."""
+    if "://" in dst:
+        scheme = dst.split("://", 1)[0]
+        raise UsageError(f"{dst}: writing shards to {scheme}:// is not supported by this converter; convert to a "
+                         "folder (a filesystem every worker shares), then upload it")
+    return LocalPublisher(Path(dst))
+
+
 def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = None) -> tuple[ShardInfo, bool]:
-    """Write (or, on resume, keep) one shard; returns its manifest entry and whether it was kept."""
-    dst = Path(task.dst)
-    tmp, final = dst / f".{task.name}.partial", dst / task.name
+    """Write (or, on resume, keep) one shard; returns its manifest entry and whether it was kept.
+    A pure function of ``task``: the same bytes every time, so a retried task is harmless."""
+    pub = publisher_for(task.dst)
+    tmp = pub.local_path(task.name)
     try:
-        if task.expect is not None and _intact(final, task.expect):
+        if task.expect is not None and pub.intact(task.name, task.expect):
             _report(report, task.count, task.expect.bytes)
             return task.expect, True
         sent_n, sent_b = _write(task, tmp, report)
         sha = sha256_file(tmp)
         size = tmp.stat().st_size
-        finish_file(tmp, final)
+        pub.publish(tmp, task.name)
     except FastdataError:
         raise
     except Exception as e:  # OSError, and h5py / lmdb write failures (disk full, I/O error)
-        raise write_error(final, e) from None
+        raise write_error(pub.where(task.name), e) from None
     _report(report, sent_n, sent_b)
     return ShardInfo(file=task.name, start=task.start, count=task.count, bytes=size, sha256=sha), False
-
-
-def _intact(path: Path, expect: ShardInfo) -> bool:
-    try:
-        return path.stat().st_size == expect.bytes and sha256_file(path) == expect.sha256
-    except FileNotFoundError:
-        return False
 
 
 def _write(task: ShardTask, tmp: Path, report: Callable[[int, int], None] | None) -> tuple[int, int]:

@@ -36,7 +36,8 @@ from .shardwork import ShardTask, init_worker, write_error, write_shard
 
 DEFAULT_SHARD_SIZE = 256 << 20
 log = logging.getLogger(__name__)
-__all__ = ["ConvertReport", "Progress", "Source", "WriteOptions", "plan_shards", "write_dataset"]
+__all__ = ["ConvertReport", "LocalEngine", "Progress", "ShardEngine", "Source", "WriteOptions", "part_range", "plan_shards",
+           "write_dataset"]
 
 
 class Source(Protocol):
@@ -62,14 +63,25 @@ class Progress(Protocol):
     def update(self, samples: int, nbytes: int) -> None: ...
 
 
+Engine = Literal["local", "ray"]
+ENGINES = ("local", "ray")
+
+
 @dataclass(frozen=True)
 class WriteOptions:
-    """How to write shards. Validated on construction."""
+    """How to write shards. Validated on construction.
+
+    ``engine``: ``local`` writes shards in a process pool on this machine; ``ray`` runs one Ray task
+    per shard (``ray_address``, else ``RAY_ADDRESS``, else a local Ray). ``workers``: processes
+    (local), or at most that many shard tasks at once (ray; default: the cluster's CPUs).
+    """
 
     backend: Literal["hdf5", "lmdb"] = "hdf5"
     shard_size: int = DEFAULT_SHARD_SIZE
     workers: int | None = None  # None: one per CPU
     compression: str | None = None
+    engine: Engine = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         impl = backend(self.backend)
@@ -78,9 +90,13 @@ class WriteOptions:
             raise UsageError("--shard-size must be positive")
         if self.workers is not None and self.workers < 1:
             raise UsageError("--workers must be at least 1")
+        if self.engine not in ENGINES:
+            raise UsageError(f"unknown engine {self.engine!r} (expected one of {', '.join(ENGINES)})")
+        if self.ray_address is not None and self.engine != "ray":
+            raise UsageError("--ray-address applies to --engine ray only")
 
     def identity(self) -> dict[str, Any]:
-        """The options that decide the output bytes (``workers`` does not), for the journal."""
+        """The options that decide the output bytes (``workers`` and ``engine`` do not), for the journal."""
         return {"backend": self.backend, "shard_size": self.shard_size, "compression": self.compression or "none"}
 
 
@@ -95,17 +111,24 @@ class ConvertReport:
     seconds: float
     skipped: list[tuple[str, str]] = field(default_factory=list)
     kept: int = 0  # shards of an interrupted conversion that --resume verified and kept
+    part: tuple[int, int] | None = None  # (I, N) when this run converted part I of N
+    engine: str = "local"
 
     def summary(self) -> str:
         rate = self.bytes_in / self.seconds if self.seconds > 0 else 0.0
+        what = f"part {self.part[0]}/{self.part[1]}: " if self.part else ""
+        via = " (Ray)" if self.engine == "ray" else ""
         line = (
-            f"{self.samples} samples -> {self.shards} {self.backend} shard(s) in {self.dst}: "
+            f"{what}{self.samples} samples -> {self.shards} {self.backend} shard(s) in {self.dst}{via}: "
             f"{fmt_bytes(self.bytes_in)} in, {fmt_bytes(self.bytes_out)} out, {self.seconds:.1f} s, {fmt_bytes(rate)}/s"
         )
         if self.kept:
             line += f"; resumed: kept {self.kept} finished shard(s)"
         if self.skipped:
-            line += f"; skipped {len(self.skipped)} bad file(s), listed in {self.dst / SKIPPED_NAME}"
+            where = "listed in the part record" if self.part else f"listed in {self.dst / SKIPPED_NAME}"
+            line += f"; skipped {len(self.skipped)} bad file(s), {where}"
+        if self.part:
+            line += f"; when all {self.part[1]} parts are done, run: fastdata merge-parts {self.dst}"
         return line
 
 
@@ -125,56 +148,61 @@ def plan_shards(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
 
 # --- main side ---------------------------------------------------------------------------
 
+Finished = Callable[[ShardTask, ShardInfo, bool], None]
+
+
+class ShardEngine(Protocol):
+    """Runs shard tasks somewhere and reports each finished one to ``finished`` (on the calling
+    thread, in any order). On failure it raises, after reporting every task that did finish."""
+
+    def run(self, tasks: list[ShardTask], progress: Progress | None, finished: Finished) -> None: ...
+
 
 def write_dataset(source: Source, target: Destination, opts: WriteOptions, progress: Progress | None = None) -> ConvertReport:
     """Write ``source`` into the prepared, locked folder ``target`` (continuing its journal on
-    resume). On failure, finished shards and the journal stay for ``--resume``; the rest goes."""
+    resume). On failure, finished shards and the journal stay for ``--resume``; the rest goes.
+    With ``target.part`` = (I, N), only the shards of part I are written, and a part record
+    replaces the manifest (``fastdata merge-parts`` writes it once every part is done)."""
     t0 = time.perf_counter()
     dst = target.path
     nbytes = source.sample_nbytes()
     plans = plan_shards(nbytes, opts.shard_size)
     names = [shard_file_name(i, opts.backend) for i in range(len(plans))]
     head = journal.header(source, opts.identity(), [(n, a, b - a) for n, (a, b) in zip(names, plans)])
+    own = range(len(plans)) if target.part is None else part_range(len(plans), *target.part)
+    owned = None if target.part is None else {names[i] for i in own}
+    jname = target.journal_name
     try:
         if target.resume:
-            old, done = journal.load(dst)
+            old, done = journal.load(dst, jname)
             journal.check_same(dst, old, head)  # refuses before anything is touched
         else:
-            journal.start(dst, head)
+            journal.start(dst, head, jname)
             done = {}
     except OSError as e:
-        raise write_error(dst / journal.JOURNAL_NAME, e) from None
-    journaled = set(done)
+        raise write_error(dst / jname, e) from None
+    journaled = set(done) if owned is None else set(done) & owned
     shards: list[ShardInfo] = []
     kept = 0
 
     def finished(task: ShardTask, info: ShardInfo, was_kept: bool) -> None:
         nonlocal kept
         if not was_kept:
-            journal.append(dst, info)
+            journal.append(dst, info, jname)
             journaled.add(info.file)
         kept += was_kept
         shards.append(info)
         _fault.point("between_shards", task.index)
 
     try:
-        remove_temporary(dst)
-        remove_shards_except(dst, journaled)
-        tasks = _tasks(source, opts, dst, names, plans, done)
+        remove_temporary(dst, owned)
+        remove_shards_except(dst, journaled, owned)
+        tasks = _tasks(source, opts, dst, names, plans, done, own, nbytes)
         if progress is not None:
-            progress.start(len(source), int(nbytes.sum()))
+            progress.start(sum(t.count for t in tasks), sum(t.in_bytes for t in tasks))
         _fault.point("before_first_shard")
-        workers = min(opts.workers or usable_cpus(), len(tasks))
-        if workers <= 1:
-            update = progress.update if progress is not None else None
-            for t in tasks:
-                finished(t, *write_shard(t, update))
-        else:
-            _write_parallel(tasks, workers, progress, finished)
+        _engine(opts, len(tasks)).run(tasks, progress, finished)
         shards.sort(key=lambda s: s.start)
-        if source.skipped:
-            skipped = [{"path": p, "reason": r} for p, r in source.skipped]
-            (dst / SKIPPED_NAME).write_text(json.dumps(skipped, indent=1) + "\n", encoding="utf-8")
         manifest = Manifest(
             backend=opts.backend, fields=source.fields, num_samples=len(source), shards=shards,
             classes=source.classes,
@@ -182,47 +210,97 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
                     "shard_size": opts.shard_size, "compression": opts.compression or "none"},
         )
         _fault.point("before_manifest")
-        write_manifest(dst, manifest)
+        if target.part is None:
+            write_skipped(dst, source.skipped)
+            write_manifest(dst, manifest)
+        else:
+            from .parts import write_part_record
+
+            write_part_record(dst, target.part, head, manifest, source.skipped)
     except BaseException as e:
-        err = _failed(dst, journaled, e)
+        err = _failed(dst, journaled, e, owned, jname)
         if err is e:
             raise
         raise err from e
     try:
-        journal.remove(dst)  # the manifest now says the dataset is complete; the journal is only clutter
+        journal.remove(dst, jname)  # the manifest now says the dataset is complete; the journal is only clutter
     except OSError as e:
         log.warning("%s: could not remove the conversion journal: %s", dst, e.strerror)
-    out = sum(s.bytes for s in shards) + (dst / MANIFEST_NAME).stat().st_size
-    return ConvertReport(dst, opts.backend, len(source), len(shards), source.bytes_in, out,
-                         time.perf_counter() - t0, list(source.skipped), kept)
+    out = sum(s.bytes for s in shards)
+    if target.part is None:
+        out += (dst / MANIFEST_NAME).stat().st_size
+    return ConvertReport(dst, opts.backend, sum(s.count for s in shards), len(shards),
+                         source.bytes_in if target.part is None else int(sum(t.in_bytes for t in tasks)), out,
+                         time.perf_counter() - t0, list(source.skipped), kept, target.part, opts.engine)
+
+
+def part_range(num_shards: int, index: int, count: int) -> range:
+    """The shards of part ``index`` (from 0) of ``count``: consecutive, sizes differing by one at most."""
+    return range(num_shards * index // count, num_shards * (index + 1) // count)
+
+
+def write_skipped(dst: Path, skipped: list[tuple[str, str]]) -> None:
+    """``skipped.json``: the bad files ``--skip-bad`` left out (nothing when there are none)."""
+    if skipped:
+        rows = [{"path": p, "reason": r} for p, r in skipped]
+        (dst / SKIPPED_NAME).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+def _engine(opts: WriteOptions, ntasks: int) -> ShardEngine:
+    if opts.engine == "ray":
+        from .rayengine import RayEngine
+
+        return RayEngine(address=opts.ray_address, workers=opts.workers)
+    return LocalEngine(min(opts.workers or usable_cpus(), ntasks))
+
+
+@dataclass
+class LocalEngine:
+    """Shards written in this process (one worker) or in a pool of forked processes."""
+
+    workers: int
+
+    def run(self, tasks: list[ShardTask], progress: Progress | None, finished: Finished) -> None:
+        if self.workers <= 1:
+            update = progress.update if progress is not None else None
+            for t in tasks:
+                finished(t, *write_shard(t, update))
+        else:
+            _write_parallel(tasks, self.workers, progress, finished)
 
 
 def _tasks(source: Source, opts: WriteOptions, dst: Path, names: list[str], plans: list[tuple[int, int]],
-           done: dict[str, ShardInfo]) -> list[ShardTask]:
+           done: dict[str, ShardInfo], own: range, nbytes: np.ndarray) -> list[ShardTask]:
     ragged = [f.name for f in source.fields if f.ragged]
     rows = {name: source.ragged_rows(name) for name in ragged}
     tasks = []
-    for i, (name, (a, b)) in enumerate(zip(names, plans)):
+    for i in own:
+        name, (a, b) = names[i], plans[i]
         expect = done.get(name)
         if expect is not None and (expect.start, expect.count) != (a, b - a):
             expect = None
         tasks.append(ShardTask(
             part=source.part(a, b), fields=source.fields, backend=opts.backend, dst=str(dst), name=name, index=i,
             start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items()},
-            compression=opts.compression, expect=expect,
+            compression=opts.compression, expect=expect, in_bytes=int(nbytes[a:b].sum()),
         ))
     return tasks
 
 
-def _failed(dst: Path, journaled: set[str], e: BaseException) -> BaseException:
+def _failed(dst: Path, journaled: set[str], e: BaseException, owned: set[str] | None = None,
+            jname: str = journal.JOURNAL_NAME) -> BaseException:
     """Tidy DST after a failure and return the error to raise: finished, journaled shards stay for
-    --resume (the message says so); temporary files go, and so does everything if no shard finished."""
+    --resume (the message says so); temporary files go, and so does everything if no shard finished
+    (for a ``--part``: everything of that part; other parts' files are never touched)."""
     try:
-        remove_temporary(dst)
-        remove_shards_except(dst, journaled)
+        remove_temporary(dst, owned)
+        remove_shards_except(dst, journaled, owned)
         kept = sum(1 for n in journaled if (dst / n).is_file())
         if kept == 0:
-            remove_ours(dst)
+            if owned is None:
+                remove_ours(dst)
+            else:
+                journal.remove(dst, jname)
     except OSError:
         kept = 0  # tidying failed too (the disk is gone?); the original error matters more
     if isinstance(e, OSError):

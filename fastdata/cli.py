@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--skip-bad", action="store_true",
                    help="skip unreadable or mismatched samples and list them in DST/skipped.json")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    r = c.add_argument_group("many machines (see docs/scale.md)")
+    r.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: a process pool on this machine; ray: one Ray task per shard, on the cluster at "
+                        "--ray-address or RAY_ADDRESS, else on a local Ray (needs fastdata[ray]) (default: local)")
+    r.add_argument("--ray-address", metavar="ADDR", help="Ray cluster to run on (with --engine ray)")
+    r.add_argument("--part", metavar="I/N",
+                   help="convert only part I (0 to N-1) of N into DST, for clusters without Ray (SLURM arrays, "
+                        "Spark); then run fastdata merge-parts DST")
     g = c.add_argument_group("image folders (see docs/convert.md)")
     g.add_argument("--images", choices=["encoded", "raw", "jpeg"], default=None,
                    help="encoded: keep JPEG files as they are (others as PNG); raw: decode once to uint8 pixels; "
@@ -85,6 +93,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JPEG quality 1-100 for jpeg (default 90), or to store non-JPEG inputs as JPEG with encoded")
     g.add_argument("--mode", choices=["RGB", "L"], default=None, help="RGB (default) or L (single-channel)")
     c.set_defaults(run=_convert)
+
+    mp = sub.add_parser("merge-parts", help="finish a conversion done part by part (--part I/N)",
+                        description="Check that all N parts of a 'fastdata convert ... --part I/N' conversion into "
+                                    "DST are present, complete and from the same conversion, then write the "
+                                    "manifest. The result is byte for byte a one-machine conversion.")
+    mp.add_argument("dst", metavar="DST", help="dataset folder the parts were converted into")
+    mp.set_defaults(run=_merge_parts)
+
+    m = sub.add_parser("merge", help="one dataset from several with the same schema",
+                       description="Make DST hold the samples of A, then B, ... (same fields and format). Shards "
+                                   "are hard-linked, not copied, where the filesystem allows; the output says which "
+                                   "were linked, copied or rewritten. Class lists must be identical unless "
+                                   "--remap-classes.")
+    m.add_argument("paths", nargs="+", metavar="PATH", help="input datasets A B ..., then DST (a new folder)")
+    m.add_argument("--remap-classes", action="store_true",
+                   help="classes differ: DST's classes are A's followed by the new ones of B, ...; shards whose "
+                        "labels change are rewritten")
+    m.add_argument("--method", choices=["auto", "link", "copy"], default="auto",
+                   help="auto: hard-link shards, copy where the filesystem refuses links (said in the output); "
+                        "link: hard links or an error; copy: always copy (default: auto)")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing fastdata dataset at DST")
+    m.add_argument("--quiet", action="store_true", help="no progress bar")
+    m.set_defaults(run=_merge)
 
     d = sub.add_parser("demo", help="run the main job end to end on a small synthetic dataset",
                        description="Generate synthetic .npy samples, convert them to HDF5 and LMDB, read them "
@@ -171,7 +202,9 @@ def _convert(args: argparse.Namespace) -> int:
             raise UsageError("--data and --field x=... both name field 'x'")
         arrays = {"x": args.data, **arrays}
     options = converters.WriteOptions(backend=args.format, shard_size=args.shard_size, workers=args.workers,
-                                      compression=None if args.compression == "none" else args.compression)
+                                      compression=None if args.compression == "none" else args.compression,
+                                      engine=args.engine, ray_address=args.ray_address)
+    part = converters.parse_part(args.part) if args.part is not None else None
     images = None
     if any(v is not None for v in (args.images, args.size, args.max_side, args.quality, args.mode)):
         images = converters.ImageOptions(images=args.images or "encoded", size=tuple(args.size) if args.size else None,
@@ -180,7 +213,30 @@ def _convert(args: argparse.Namespace) -> int:
     try:
         report = converters.convert(args.src, args.dst, options, labels=args.labels, no_labels=args.no_labels,
                                     arrays=arrays or None, overwrite=args.overwrite, resume=args.resume,
-                                    skip_bad=args.skip_bad, images=images, progress=bar)
+                                    skip_bad=args.skip_bad, images=images, progress=bar, part=part)
+    finally:
+        bar.close()
+    print(report.summary())
+    return 0
+
+
+def _merge_parts(args: argparse.Namespace) -> int:
+    import converters
+
+    print(converters.merge_parts(args.dst).summary())
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    import converters
+
+    if len(args.paths) < 2:
+        raise UsageError("merge needs at least one input and DST: fastdata merge A [B ...] DST")
+    *inputs, dst = args.paths
+    bar = _Bar(enabled=not args.quiet)
+    try:
+        report = converters.merge(inputs, dst, remap_classes=args.remap_classes, method=args.method,
+                                  overwrite=args.overwrite, progress=bar)
     finally:
         bar.close()
     print(report.summary())

@@ -18,6 +18,8 @@ from .spec import (
     LABEL_FIELD,
     LENGTHS_SUFFIX,
     MANIFEST_NAME,
+    ORIGIN_VERSION,
+    READ_VERSION,
     FieldSpec,
     ImageSpec,
     Manifest,
@@ -43,6 +45,8 @@ def shard_file_name(index: int, backend_name: str) -> str:
 __all__ = [
     "BACKENDS",
     "FORMAT_VERSION",
+    "ORIGIN_VERSION",
+    "READ_VERSION",
     "IMAGE_ENCODINGS",
     "LABEL_FIELD",
     "LENGTHS_SUFFIX",

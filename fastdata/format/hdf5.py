@@ -203,9 +203,9 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _check_start(self, h5: Any) -> None:
         start = h5.attrs.get("fastdata_start")  # absent in shards written before it was added
-        if start is not None and int(start) != self.info.start:
+        if start is not None and int(start) != self.info.stored_start:
             raise CorruptShardError(
-                f"{self._where()}: holds samples from {int(start)}, the manifest says {self.info.start} "
+                f"{self._where()}: holds samples from {int(start)}, the manifest says {self.info.stored_start} "
                 "(a shard of another dataset, or shards renamed?)"
             )
 

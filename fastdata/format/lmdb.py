@@ -274,7 +274,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
         if raw is None:
             return
-        want = shard_record(self.all_fields, self.info.start, self.info.count)
+        want = shard_record(self.all_fields, self.info.stored_start, self.info.count)
         if raw == want:
             return
         try:
@@ -282,10 +282,10 @@ class ShardReader(ShardReaderBase[_Handle]):
             start, count = got["start"], got["count"]
         except (ValueError, TypeError, KeyError, RecursionError):
             raise CorruptShardError(f"{self._where()}: unreadable shard description") from None
-        if (start, count) != (self.info.start, self.info.count):
+        if (start, count) != (self.info.stored_start, self.info.count):
             raise CorruptShardError(
                 f"{self._where()}: holds samples {start}..{start + count - 1}, the manifest says "
-                f"{self.info.start}..{self.info.start + self.info.count - 1} (a shard of another dataset, or renamed?)"
+                f"{self.info.stored_start}..{self.info.stored_start + self.info.count - 1} (a shard of another dataset, or renamed?)"
             )
         raise CorruptShardError(f"{self._where()}: was written with another schema than the manifest's")
 
@@ -338,7 +338,7 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _get(self, txn: lmdb.Transaction, local: int) -> memoryview | bytes:
         try:
-            buf = txn.get(key(self.info.start + local))
+            buf = txn.get(key(self.info.stored_start + local))
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where(local)}: LMDB read failed ({e})") from None
         if buf is None:
@@ -401,7 +401,7 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _read_small(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
         """Fixed-layout small records: one ``getmulti`` and vectorised header checks."""
-        raw = (local.astype(np.int64) + self.info.start).astype(">u8").tobytes()
+        raw = (local.astype(np.int64) + self.info.stored_start).astype(">u8").tobytes()
         keys = [raw[k : k + 8] for k in range(0, len(raw), 8)]
         size = self._record_size
         assert size is not None

@@ -19,13 +19,13 @@ from .spec import (
     _FILE_RE,
     _SHA_RE,
     FORMAT_NAME,
-    FORMAT_VERSION,
     MANIFEST_NAME,
     MAX_CLASSES,
     MAX_DIMS,
     MAX_FIELDS,
     MAX_MANIFEST_BYTES,
     MAX_SHARDS,
+    READ_VERSION,
     FieldSpec,
     Manifest,
     ShardInfo,
@@ -77,10 +77,10 @@ def parse_manifest(obj: Any, where: str = "manifest") -> Manifest:
     version = obj.get("version")
     if not _is_int(version) or version < 1:
         raise FormatError(f"{where}: bad format version {version!r}")
-    if version > FORMAT_VERSION:
+    if version > READ_VERSION:
         raise VersionError(
             f"{where}: written by a newer fastdata (format version {version}; this fastdata reads "
-            f"up to {FORMAT_VERSION}); upgrade fastdata"
+            f"up to {READ_VERSION}); upgrade fastdata"
         )
     try:
         fields = [_parse_field(f) for f in _list(obj, "fields", MAX_FIELDS)]
@@ -140,7 +140,10 @@ def _parse_shard(obj: Any) -> ShardInfo:
     sha = obj.get("sha256")
     if not isinstance(sha, str) or not _SHA_RE.match(sha):
         raise FormatError(f"shard {name!r}: bad sha256 {sha!r}")
-    return ShardInfo(file=name, start=obj["start"], count=obj["count"], bytes=obj["bytes"], sha256=sha)
+    origin = obj.get("origin")
+    if origin is not None and (not _is_int(origin) or not 0 <= origin <= (1 << 50)):
+        raise FormatError(f"shard {name!r}: bad origin {origin!r}")
+    return ShardInfo(file=name, start=obj["start"], count=obj["count"], bytes=obj["bytes"], sha256=sha, origin=origin)
 
 
 def _list(obj: dict[str, Any], key: str, limit: int) -> list[Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Sequence, TypeGuard
 
 import numpy as np
@@ -126,7 +126,9 @@ def _need(by_name: dict[str, FieldSpec], name: str, dtype: str, shape: tuple[int
 
 
 FORMAT_NAME = "fastdata"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # what a conversion writes (and HDF5 shards record)
+ORIGIN_VERSION = 2  # a manifest with a shard ``origin`` (``fastdata merge``) needs a reader of at least this
+READ_VERSION = 2  # the newest manifest version this fastdata reads
 MANIFEST_NAME = "manifest.json"
 BACKENDS = ("hdf5", "lmdb")
 ENCODINGS = (ENCODING_RAW, ENCODING_PIXELS, ENCODING_IMAGE)  # images: see above
@@ -191,13 +193,29 @@ class FieldSpec:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard file: which samples it holds, its size and its SHA-256."""
+    """One shard file: which samples it holds, its size and its SHA-256.
+
+    ``origin``: the sample index the file numbers its samples from, when that is not ``start``
+    (a shard ``fastdata merge`` hard-linked from another dataset keeps its bytes, hence its numbering).
+    """
 
     file: str
     start: int
     count: int
     bytes: int
     sha256: str
+    origin: int | None = None
+
+    @property
+    def stored_start(self) -> int:
+        """The index of the shard's first sample inside its file (HDF5 attribute, LMDB keys)."""
+        return self.start if self.origin is None else self.origin
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"file": self.file, "start": self.start, "count": self.count, "bytes": self.bytes, "sha256": self.sha256}
+        if self.origin is not None:
+            out["origin"] = self.origin
+        return out
 
 
 @dataclass
@@ -226,7 +244,7 @@ class Manifest:
             "num_samples": self.num_samples,
             "fields": [f.to_json() for f in self.fields],
             "classes": self.classes,
-            "shards": [asdict(s) for s in self.shards],
+            "shards": [s.to_json() for s in self.shards],
             "source": self.source,
         }
 
@@ -275,6 +293,8 @@ def validate(m: Manifest, where: str = "manifest") -> None:
             raise bad(f"shard file {s.file!r} listed twice")
         files.add(s.file)
         expected += s.count
+        if s.origin is not None and m.version < ORIGIN_VERSION:
+            raise bad(f"shard {s.file!r} has an origin, which needs format version {ORIGIN_VERSION} (the manifest says {m.version})")
     if expected != m.num_samples:
         raise bad(f"shards hold {expected} samples but num_samples is {m.num_samples}")
     if m.classes is not None and len(set(m.classes)) != len(m.classes):

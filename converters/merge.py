@@ -1,0 +1,293 @@
+"""``fastdata merge A B ... DST``: one dataset holding the samples of A, then B, ... (same schema and format).
+
+Shards are immutable once written, so DST can share them with the inputs: each is hard-linked
+under DST's own shard name (no bytes copied, no extra space), and its manifest entry records the
+sample index the file numbers its samples from (``origin``, format version 2) when that differs
+from its place in DST. Where the filesystem refuses hard links (DST on another filesystem, no
+link support), ``method="auto"`` copies that shard instead and the report says so and why;
+``method="link"`` makes that an error. Shards whose labels must change (``remap_classes``) are
+rewritten. Nothing in the inputs is modified.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fastdata._units import fmt_bytes
+from fastdata._version import __version__
+from fastdata.errors import UsageError
+from fastdata.fileio import finish_file, fsync_dir, sha256_file
+from fastdata.format import (
+    FORMAT_VERSION,
+    LABEL_FIELD,
+    ORIGIN_VERSION,
+    Manifest,
+    ShardInfo,
+    backend,
+    read_manifest,
+    shard_file_name,
+    shard_path,
+    write_manifest,
+)
+
+from .dst import check_dst, prepare_dst, remove_ours
+from .shardwork import write_error
+
+Method = Literal["auto", "link", "copy"]
+# errno values meaning "this filesystem will not hard-link these files" (auto copies instead)
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOSYS}
+_READ_ROWS = 256
+
+
+@dataclass
+class MergeReport:
+    dst: Path
+    inputs: int
+    samples: int
+    shards: int
+    linked: int = 0
+    copied: int = 0
+    rewritten: int = 0
+    bytes_written: int = 0
+    copy_reasons: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        line = (f"merged {self.inputs} dataset(s) into {self.dst}: {self.samples} samples in {self.shards} shard(s); "
+                f"{self.linked} hard-linked, {self.copied} copied, {self.rewritten} rewritten "
+                f"({fmt_bytes(self.bytes_written)} written, {self.seconds:.1f} s)")
+        if self.copy_reasons:
+            line += f"; copied because hard links were refused: {self.copy_reasons[0]}"
+        return line
+
+
+def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, remap_classes: bool = False,
+          method: Method = "auto", overwrite: bool = False, progress: Any = None) -> MergeReport:
+    """Write ``dst``: the samples of ``inputs`` in order, in one dataset (see the module docstring)."""
+    t0 = time.perf_counter()
+    if method not in ("auto", "link", "copy"):
+        raise UsageError(f"unknown merge method {method!r} (auto, link or copy)")
+    if not inputs:
+        raise UsageError("merge needs at least one input dataset")
+    for p in [*inputs, dst]:
+        if "://" in str(p):
+            raise UsageError(f"{p}: merge works on folders; object-storage URLs are not supported here")
+    roots = [Path(p) for p in inputs]
+    dst = Path(dst)
+    manifests = [read_manifest(r) for r in roots]
+    classes, maps = _reconcile(roots, manifests, remap_classes)
+    check_dst(dst, roots, overwrite)
+    report = MergeReport(dst, len(roots), sum(m.num_samples for m in manifests), sum(len(m.shards) for m in manifests))
+    if progress is not None:
+        progress.start(report.samples, sum(s.bytes for m in manifests for s in m.shards), desc="merging")
+    with prepare_dst(dst, roots, overwrite) as target:
+        try:
+            shards = _place_shards(roots, manifests, maps, target.path, method, report, progress)
+            first = manifests[0]
+            version = ORIGIN_VERSION if any(s.origin is not None for s in shards) else FORMAT_VERSION
+            manifest = Manifest(
+                backend=first.backend, fields=first.fields, num_samples=report.samples, shards=shards,
+                classes=classes, version=version,
+                source={"kind": "merge", "fastdata_version": __version__,
+                        "inputs": [{"path": os.path.abspath(r), "samples": m.num_samples, "source": m.source}
+                                   for r, m in zip(roots, manifests)]},
+            )
+            write_manifest(target.path, manifest)
+        except BaseException:
+            remove_ours(target.path)
+            raise
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _reconcile(roots: list[Path], ms: list[Manifest], remap: bool) -> tuple[list[str] | None, list[np.ndarray | None]]:
+    """Refuse inputs that cannot be one dataset; the merged class list and, per input, its label
+    map (None: labels stay as they are)."""
+    a, first = roots[0], ms[0]
+    for r, m in zip(roots[1:], ms[1:]):
+        if m.backend != first.backend:
+            raise UsageError(f"{r}: is {m.backend} but {a} is {first.backend}: merge datasets of one format "
+                             "(convert one again with --format)")
+        _same_fields(a, first, r, m)
+    lists = [m.classes for m in ms]
+    if all(c is None for c in lists):
+        return None, [None] * len(ms)
+    if any(c is None for c in lists):
+        r = roots[[c is None for c in lists].index(True)]
+        named = roots[[c is not None for c in lists].index(True)]
+        raise UsageError(f"{r}: has no class names but {named} has: cannot reconcile their labels")
+    names = [c for c in lists if c is not None]  # every input has class names here
+    if all(c == names[0] for c in names):
+        return names[0], [None] * len(ms)
+    if not remap:
+        r, c = next((r, c) for r, c in zip(roots, names) if c != names[0])
+        raise UsageError(f"{r}: classes differ from {a}'s: {_class_diff(names[0], c)}; pass --remap-classes to "
+                         "rewrite labels to one class list (the first input's, then new names)")
+    if not any(f.name == LABEL_FIELD for f in first.fields):
+        raise UsageError(f"{a}: has classes but no {LABEL_FIELD!r} field to remap")
+    merged: list[str] = list(names[0])
+    for c in names[1:]:
+        merged += [x for x in c if x not in merged]
+    index = {x: i for i, x in enumerate(merged)}
+    maps: list[np.ndarray | None] = []
+    for c in names:
+        lut = np.array([index[x] for x in c], dtype=np.int64)
+        maps.append(None if np.array_equal(lut, np.arange(len(lut))) else lut)
+    return merged, maps
+
+
+def _same_fields(a: Path, ma: Manifest, b: Path, mb: Manifest) -> None:
+    fa, fb = {f.name: f for f in ma.fields}, {f.name: f for f in mb.fields}
+    for name in fa:
+        if name not in fb:
+            raise UsageError(f"{b}: has no field {name!r}, which {a} has: merge datasets with the same fields")
+    for name in fb:
+        if name not in fa:
+            raise UsageError(f"{b}: has a field {name!r}, which {a} has not: merge datasets with the same fields")
+    for name, f in fa.items():
+        g = fb[name]
+        if f.to_json() != g.to_json():
+            raise UsageError(f"{b}: field {name!r} is {_desc(g)}, in {a} {_desc(f)}: merge datasets with the same schema")
+    if [f.name for f in ma.fields] != [f.name for f in mb.fields]:
+        raise UsageError(f"{b}: lists its fields in another order than {a}")
+
+
+def _desc(f: Any) -> str:
+    shape = "(" + ", ".join("n" if d is None else str(d) for d in f.shape) + ")"
+    return f"{f.np_dtype} {shape} {f.encoding}" + (f" {f.image.to_json()}" if f.image is not None else "")
+
+
+def _class_diff(a: list[str], b: list[str]) -> str:
+    extra = [x for x in b if x not in a]
+    lack = [x for x in a if x not in b]
+    parts = []
+    if extra:
+        parts.append(f"it has {', '.join(map(repr, extra[:5]))} (not in the first)")
+    if lack:
+        parts.append(f"it lacks {', '.join(map(repr, lack[:5]))}")
+    if not parts:
+        k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        parts.append(f"same names in another order (index {k}: {b[k]!r}, the first has {a[k]!r})")
+    return "; ".join(parts)
+
+
+def _place_shards(roots: list[Path], ms: list[Manifest], maps: list[np.ndarray | None], dst: Path, method: Method,
+                  report: MergeReport, progress: Any) -> list[ShardInfo]:
+    out: list[ShardInfo] = []
+    offset = 0
+    for root, m, label_map in zip(roots, ms, maps):
+        for s in m.shards:
+            name = shard_file_name(len(out), m.backend)
+            start = offset + s.start
+            src = shard_path(root, s)
+            try:
+                size = src.stat().st_size
+            except FileNotFoundError:
+                raise UsageError(f"{src}: shard missing (fastdata verify {root} lists what is wrong)") from None
+            if size != s.bytes:
+                raise UsageError(f"{src}: is {size} bytes, its manifest says {s.bytes} (fastdata verify {root})")
+            if label_map is not None:
+                info = _rewrite(src, s, m, label_map, dst, name, start)
+                report.rewritten += 1
+                report.bytes_written += info.bytes
+            else:
+                how = _link_or_copy(src, dst / name, method, report)
+                if how == "copied":
+                    report.copied += 1
+                    report.bytes_written += s.bytes
+                else:
+                    report.linked += 1
+                origin = s.stored_start if s.stored_start != start else None
+                info = ShardInfo(file=name, start=start, count=s.count, bytes=s.bytes, sha256=s.sha256, origin=origin)
+            out.append(info)
+            if progress is not None:
+                progress.update(s.count, s.bytes)
+        offset += m.num_samples
+    fsync_dir(dst)
+    return out
+
+
+def _link_or_copy(src: Path, final: Path, method: Method, report: MergeReport) -> str:
+    if method != "copy":
+        try:
+            os.link(src, final)
+            return "linked"
+        except OSError as e:
+            if method == "link" or e.errno not in _NO_LINK:
+                raise write_error(final, e) from None
+            reason = f"{src} -> {final}: {e.strerror}"
+            if reason not in report.copy_reasons:
+                report.copy_reasons.append(reason)
+    tmp = final.with_name(f".{final.name}.partial")
+    try:
+        shutil.copyfile(src, tmp)
+        finish_file(tmp, final)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(final, e) from None
+    return "copied"
+
+
+def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: Path, name: str,
+             start: int) -> ShardInfo:
+    """Copy shard ``s`` sample by sample with its labels mapped through ``label_map``; stored bytes
+    (encoded images included) are copied as they are."""
+    impl = backend(m.backend)
+    reader = impl.ShardReader(src, s, m.fields)
+    ragged = [f for f in m.fields if f.ragged]
+    rows = {f.name: int(reader.lengths(f.name, np.arange(s.count)).sum()) for f in ragged}
+    tmp, final = dst / f".{name}.partial", dst / name
+    try:
+        with impl.ShardWriter(tmp, m.fields, s.count, rows, _compression(m), start=start) as w:
+            for a in range(0, s.count, _READ_ROWS):
+                local = np.arange(a, min(a + _READ_ROWS, s.count))
+                batch, lengths = _read(reader, m, local)
+                for k in range(len(local)):
+                    sample = {f.name: batch[f.name][k, : lengths[f.name][k]] if f.ragged else batch[f.name][k]
+                              for f in m.fields}
+                    old = int(sample[LABEL_FIELD])
+                    if not 0 <= old < len(label_map):
+                        raise UsageError(f"{src}: sample {s.start + a + k} has label {old}, outside its "
+                                         f"{len(label_map)} classes: cannot remap it")
+                    sample[LABEL_FIELD] = np.asarray(label_map[old], dtype=sample[LABEL_FIELD].dtype)
+                    w.write(sample)
+        sha = sha256_file(tmp)
+        size = tmp.stat().st_size
+        finish_file(tmp, final)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(final, e) from None
+    finally:
+        reader.close()
+    return ShardInfo(file=name, start=start, count=s.count, bytes=size, sha256=sha)
+
+
+def _read(reader: Any, m: Manifest, local: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    n = len(local)
+    outs: dict[str, np.ndarray] = {}
+    lengths: dict[str, np.ndarray] = {}
+    for f in m.fields:
+        if f.ragged:
+            lengths[f.name] = reader.lengths(f.name, local)
+            longest = int(lengths[f.name].max()) if n else 0
+            outs[f.name] = np.zeros((n, longest, *f.trailing), dtype=f.np_dtype)
+        else:
+            outs[f.name] = np.empty((n, *f.trailing), dtype=f.np_dtype)
+    reader.read_into(local, np.arange(n), outs)
+    return outs, lengths
+
+
+def _compression(m: Manifest) -> str | None:
+    c = (m.source or {}).get("compression")
+    return None if c in (None, "none") else str(c)
+
+
+__all__ = ["MergeReport", "merge"]

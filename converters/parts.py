@@ -1,0 +1,197 @@
+"""Part-by-part conversion for clusters without Ray: ``convert --part I/N``, then ``merge-parts``.
+
+Every part scans the whole source (cheap: headers only) and so computes the same shard plan;
+part I writes only its consecutive run of shards (:func:`.writer.part_range`) into the shared DST,
+each under its global name, and then a *part record* ``DST/.fastdata-part-IIIII-of-NNNNN.json``
+instead of a manifest. ``merge-parts`` checks that parts 0..N-1 are all there, agree on the
+conversion (options, source fingerprint, shard plan) and cover every shard exactly once with the
+files in place, then writes the manifest: byte for byte the one a one-machine conversion writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import DataError, DestinationBusyError, UsageError
+from fastdata.fileio import fsync_dir, write_atomic
+from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
+from fastdata.format.manifest import parse_manifest, write_manifest
+
+from .dst import PART_FILE, part_lock_name, part_record_name
+from .dstlock import DstLock, holder
+
+RECORD_VERSION = 1
+_PART_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+_RECORD = re.compile(r"^\.fastdata-part-(\d{5,})-of-(\d{5,})\.json$")
+MAX_RECORD_BYTES = 256 << 20
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> (I, N); I counts from 0 (as SLURM array indices and Spark partitions do)."""
+    m = _PART_ARG.match(text)
+    if not m:
+        raise UsageError(f"--part {text!r}: expected I/N, e.g. 0/4 (part I of N, I from 0 to N-1)")
+    i, n = int(m.group(1)), int(m.group(2))
+    if n < 1 or n > 99999:
+        raise UsageError(f"--part {text}: N must be 1 to 99999")
+    if i >= n:
+        raise UsageError(f"--part {text}: I counts from 0 to N-1 = {n - 1} (SLURM: --array=0-{n - 1})")
+    return i, n
+
+
+def write_part_record(dst: Path, part: tuple[int, int], head: dict[str, Any], manifest: Manifest,
+                      skipped: list[tuple[str, str]]) -> None:
+    """The record of a finished part: the conversion it belongs to (the journal header), the manifest
+    a whole conversion would write with this part's shards only, and the skipped files."""
+    record = {
+        "fastdata_part": RECORD_VERSION, "part": part[0], "parts": part[1], "conversion": head,
+        "manifest": manifest.to_json(), "skipped": [list(s) for s in skipped],
+    }
+    text = json.dumps(record) + "\n"  # key order kept: the manifest must come out byte-identical
+    write_atomic(dst / part_record_name(*part), lambda f: f.write(text.encode("utf-8")))
+    fsync_dir(dst)
+
+
+@dataclass
+class MergePartsReport:
+    dst: Path
+    parts: int
+    shards: int
+    samples: int
+    seconds: float
+
+    def summary(self) -> str:
+        return (f"merged {self.parts} part(s) into {self.dst}: {self.samples} samples in {self.shards} shard(s), "
+                f"manifest written ({self.seconds:.1f} s)")
+
+
+def merge_parts(dst: str | os.PathLike[str]) -> MergePartsReport:
+    """Check that every part of a ``--part I/N`` conversion into ``dst`` is present, complete and
+    from the same conversion, then write the manifest (and skipped.json) and remove the records."""
+    t0 = time.perf_counter()
+    dst = Path(dst)
+    if "://" in str(dst):
+        raise UsageError(f"{dst}: merge-parts works on a folder; object-storage URLs are not supported here")
+    if not dst.is_dir():
+        raise UsageError(f"{dst}: no such folder")
+    with DstLock.acquire(dst):  # a second merge-parts (or a whole conversion) waits its turn
+        return _merge_locked(dst, t0)
+
+
+def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
+    if (dst / MANIFEST_NAME).exists():
+        raise UsageError(f"{dst}: already holds a finished dataset (manifest.json); nothing to merge")
+    entries = sorted(os.listdir(dst))
+    for e in entries:
+        m = PART_FILE.match(e)
+        if m and e.endswith(".lock"):
+            who = holder(dst, e)
+            if who is not None:
+                raise DestinationBusyError(f"{dst}: part {int(m.group(1))}/{int(m.group(2))} is still being "
+                                           f"converted ({who}); run merge-parts after every part has ended")
+    records = [_read_record(dst / e) for e in entries if _RECORD.match(e)]
+    if not records:
+        raise UsageError(f"{dst}: no part records (.fastdata-part-*.json): convert the parts first "
+                         "(fastdata convert SRC DST --part I/N)")
+    counts = sorted({r["parts"] for r in records})
+    if len(counts) > 1:
+        raise UsageError(f"{dst}: holds parts of conversions split in {' and '.join(map(str, counts))} parts: "
+                         "duplicated parts from two runs; remove the stale records (.fastdata-part-*-of-N.json) "
+                         "and their shards, or convert again into a new folder")
+    n = counts[0]
+    by_index: dict[int, dict[str, Any]] = {}
+    for r in records:
+        if r["part"] in by_index:
+            raise UsageError(f"{dst}: part {r['part']}/{n} is recorded twice ({r['_file']} and "
+                             f"{by_index[r['part']]['_file']}); remove one")
+        by_index[r["part"]] = r
+    missing = [i for i in range(n) if i not in by_index]
+    if missing:
+        shown = ", ".join(f"{i}/{n}" for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise UsageError(f"{dst}: {len(missing)} of {n} part(s) missing or unfinished: {shown}; run "
+                         f"fastdata convert SRC {dst} --part I/{n} for each (--resume for an interrupted one)")
+    first = by_index[0]
+    for i in range(1, n):
+        _check_same_conversion(dst, first, by_index[i])
+    plan = first["conversion"]["shards"]
+    claimed: dict[str, int] = {}
+    shards: list[ShardInfo] = []
+    for i in range(n):
+        for s in by_index[i]["manifest"]["shards"]:
+            if s["file"] in claimed:
+                raise UsageError(f"{dst}: shard {s['file']} is claimed by part {claimed[s['file']]}/{n} and part "
+                                 f"{i}/{n} (duplicated part); convert again into a new folder")
+            claimed[s["file"]] = i
+            shards.append(ShardInfo(**s))
+    planned = [p[0] for p in plan]
+    absent = [name for name in planned if name not in claimed]
+    if absent or len(claimed) != len(planned):
+        raise UsageError(f"{dst}: the parts do not cover the shard plan (first missing: "
+                         f"{absent[0] if absent else '?'}); convert again into a new folder")
+    for s in shards:
+        _check_shard_file(dst, s, claimed[s.file], n)
+    obj = dict(first["manifest"])
+    obj["shards"] = [s.to_json() for s in sorted(shards, key=lambda s: s.start)]
+    manifest = parse_manifest(obj, where=str(dst))  # validates: contiguous, every sample covered
+    from .writer import write_skipped
+
+    write_skipped(dst, [(str(p), str(r)) for p, r in first["skipped"]])
+    write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
+    for i in range(n):
+        (dst / part_record_name(i, n)).unlink(missing_ok=True)
+        (dst / part_lock_name(i, n)).unlink(missing_ok=True)
+    return MergePartsReport(dst, n, len(shards), manifest.num_samples, time.perf_counter() - t0)
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise DataError(f"{path}: part record too large to be one of ours")
+        r = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise DataError(f"{path}: unreadable part record ({e}); convert that part again with --overwrite") from None
+    m = _RECORD.match(path.name)
+    ok = (isinstance(r, dict) and r.get("fastdata_part") == RECORD_VERSION and m is not None
+          and r.get("part") == int(m.group(1)) and r.get("parts") == int(m.group(2))
+          and isinstance(r.get("conversion"), dict) and isinstance(r.get("manifest"), dict)
+          and isinstance(r["manifest"].get("shards"), list) and isinstance(r.get("skipped"), list))
+    if not ok:
+        raise DataError(f"{path}: not a part record this fastdata wrote; convert that part again with --overwrite")
+    r["_file"] = path.name
+    return r
+
+
+def _check_same_conversion(dst: Path, a: dict[str, Any], b: dict[str, Any]) -> None:
+    ca, cb = a["conversion"], b["conversion"]
+    for key, what in (("options", "options"), ("source", "source"), ("fingerprint", "source files"),
+                      ("shards", "shard plan")):
+        if ca.get(key) != cb.get(key):
+            raise UsageError(f"{dst}: part {b['part']}/{b['parts']} comes from another conversion than part "
+                             f"{a['part']}/{a['parts']} (different {what}); convert every part with the same SRC "
+                             "and options (convert the odd one again with --overwrite)")
+    ma = {k: v for k, v in a["manifest"].items() if k != "shards"}
+    mb = {k: v for k, v in b["manifest"].items() if k != "shards"}
+    if ma != mb:
+        raise UsageError(f"{dst}: part {b['part']}/{b['parts']} and part {a['part']}/{a['parts']} describe "
+                         "different datasets (fastdata versions?); convert them with the same fastdata")
+
+
+def _check_shard_file(dst: Path, s: ShardInfo, part: int, n: int) -> None:
+    """The shard is in place with the size the part recorded (``fastdata verify`` checks hashes)."""
+    try:
+        size = (dst / s.file).stat().st_size
+    except FileNotFoundError:
+        raise DataError(f"{dst / s.file}: missing, though part {part}/{n} recorded it; convert that part "
+                        "again with --overwrite") from None
+    if size != s.bytes:
+        raise DataError(f"{dst / s.file}: is {size} bytes, part {part}/{n} recorded {s.bytes}; convert that "
+                        "part again with --overwrite")
+
+
+__all__ = ["MergePartsReport", "merge_parts", "parse_part", "write_part_record"]
