@@ -8,6 +8,7 @@ leaves the folder as it found it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -202,6 +203,13 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
         target.release()
         raise
     return target
+
+def write_skipped(dst: Path, skipped: list[tuple[str, str]]) -> None:
+    """``skipped.json``: the bad files ``--skip-bad`` left out (nothing when there are none)."""
+    if skipped:
+        rows = [{"path": p, "reason": r} for p, r in skipped]
+        (dst / SKIPPED_NAME).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
 
 def remove_temporary(dst: Path, owned: set[str] | None = None) -> None:
     """Remove half-written files of an earlier or failed run (never a finished shard); with ``owned``

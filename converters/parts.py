@@ -23,7 +23,7 @@ from fastdata.fileio import fsync_dir, write_atomic
 from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
 from fastdata.format.manifest import parse_manifest, write_manifest
 
-from .dst import PART_FILE, part_lock_name, part_record_name
+from .dst import PART_FILE, part_lock_name, part_record_name, write_skipped
 from .dstlock import DstLock, holder
 
 RECORD_VERSION = 1
@@ -139,8 +139,6 @@ def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
     obj = dict(first["manifest"])
     obj["shards"] = [s.to_json() for s in sorted(shards, key=lambda s: s.start)]
     manifest = parse_manifest(obj, where=str(dst))  # validates: contiguous, every sample covered
-    from .writer import write_skipped
-
     write_skipped(dst, [(str(p), str(r)) for p, r in first["skipped"]])
     write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
     for i in range(n):

@@ -9,7 +9,6 @@ stay for ``--resume``; everything else this conversion wrote is removed.
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -31,7 +30,7 @@ from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, backe
 from fastdata.handles import usable_cpus
 
 from . import _fault, journal
-from .dst import SKIPPED_NAME, Destination, remove_ours, remove_shards_except, remove_temporary
+from .dst import SKIPPED_NAME, Destination, remove_ours, remove_shards_except, remove_temporary, write_skipped
 from .shardwork import ShardTask, init_worker, write_error, write_shard
 
 DEFAULT_SHARD_SIZE = 256 << 20
@@ -237,13 +236,6 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
 def part_range(num_shards: int, index: int, count: int) -> range:
     """The shards of part ``index`` (from 0) of ``count``: consecutive, sizes differing by one at most."""
     return range(num_shards * index // count, num_shards * (index + 1) // count)
-
-
-def write_skipped(dst: Path, skipped: list[tuple[str, str]]) -> None:
-    """``skipped.json``: the bad files ``--skip-bad`` left out (nothing when there are none)."""
-    if skipped:
-        rows = [{"path": p, "reason": r} for p, r in skipped]
-        (dst / SKIPPED_NAME).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
 
 
 def _engine(opts: WriteOptions, ntasks: int) -> ShardEngine:
