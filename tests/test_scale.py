@@ -5,6 +5,7 @@ a one-machine conversion."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -311,3 +312,16 @@ def test_merge_manifest_needs_a_reader_that_knows_origins(tmp_path, run_cli):
     assert [s.origin for s in m.shards][len(m.shards) // 2:] == [s.start for s in m.shards][: len(m.shards) // 2]
     with pytest.raises(UsageError):
         converters.merge([], tmp_path / "x")
+
+
+@pytest.mark.slow
+def test_scale_benchmark_quick_run_completes(tmp_path):
+    """benchmarks/bench_scale.py --quick (0.1 GB): every engine runs, outputs are byte-identical (the script
+    exits non-zero otherwise) and the table is written. No timing is asserted."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--quick", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    data = json.loads((tmp_path / "scale_quick.json").read_text())
+    assert {row["engine"] for row in data["rows"]} >= {"local, 2 workers (with nice 0 cluster)",
+                                                      "ray, warm cluster, workers at nice 0"}
+    assert "| engine |" in (tmp_path / "scale_quick.md").read_text()
