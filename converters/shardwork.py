@@ -1,6 +1,6 @@
 """Writing one shard, in a worker process or inline: temp name, fsync, hash, rename.
 
-A shard that ``--resume`` found in the journal is kept when its size and SHA-256 still match,
+A shard that ``--resume`` found in the journal is kept when its size and checksum still match,
 and written again otherwise. Worker processes die with the main process (Linux:
 ``PR_SET_PDEATHSIG``), so killing a conversion never leaves a worker writing into DST.
 """
@@ -21,8 +21,9 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import DataError, FastdataError, WriteError
-from fastdata.fileio import finish_file, sha256_file
+from fastdata.fileio import file_checksum, finish_file
 from fastdata.format import FieldSpec, ShardInfo, backend
+from fastdata.format.spec import CHECKSUM_DEFAULT
 
 from . import _fault
 
@@ -102,7 +103,7 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
             _report(report, task.count, task.expect.bytes)
             return task.expect, True
         sent_n, sent_b = _write(task, tmp, report)
-        sha = sha256_file(tmp)
+        checksum = file_checksum(tmp, CHECKSUM_DEFAULT)  # hot in the page cache: a fast re-read
         size = tmp.stat().st_size
         finish_file(tmp, final)
     except FastdataError:
@@ -110,12 +111,12 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
     except Exception as e:  # OSError, and h5py / lmdb write failures (disk full, I/O error)
         raise write_error(final, e) from None
     _report(report, sent_n, sent_b)
-    return ShardInfo(file=task.name, start=task.start, count=task.count, bytes=size, sha256=sha), False
+    return ShardInfo(file=task.name, start=task.start, count=task.count, bytes=size, checksum=checksum), False
 
 
 def _intact(path: Path, expect: ShardInfo) -> bool:
     try:
-        return path.stat().st_size == expect.bytes and sha256_file(path) == expect.sha256
+        return path.stat().st_size == expect.bytes and file_checksum(path, expect.checksum_algorithm) == expect.checksum
     except FileNotFoundError:
         return False
 
