@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import CorruptShardError, UsageError
 from ..fileio import pread_into
-from .shardio import ShardReaderBase, runs
+from .shardio import RaggedOut, ShardReaderBase, runs
 from .spec import FORMAT_VERSION, FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
@@ -214,6 +214,7 @@ class _Column:
     mapped: np.ndarray | None = None  # small samples: a read-only memory map of the column
     dset: Any = None  # chunked/compressed: read through h5py
     offsets: np.ndarray | None = None  # ragged: row offsets, count + 1
+    byte_offsets: list[int] | None = None  # ragged and mapped: offsets in bytes, as Python ints
 
 
 @dataclass
@@ -292,7 +293,13 @@ class ShardReader(ShardReaderBase[_Handle]):
             if nbytes and (off is None or off + nbytes > file_size):
                 raise CorruptShardError(f"{self._where()}: field {f.name!r} data lies outside the file")
             col.offset = off
-            if nbytes and not f.ragged:
+            if nbytes and f.ragged:
+                # every sample is one slice of this map: one copy each, no syscall, no per-sample
+                # layout work (the offsets were checked above, the file size is re-checked per read)
+                col.mapped = np.memmap(self.path, dtype=np.uint8, mode="r", offset=off, shape=(nbytes,))
+                assert col.offsets is not None
+                col.byte_offsets = (col.offsets * f.row_nbytes).tolist()
+            elif nbytes and not f.ragged:
                 if nbytes <= _CACHE_COLUMN_BYTES:
                     col.cached = np.empty(expect, dtype=f.np_dtype)
                     pread_into(fd, col.cached, off, self._where())
@@ -317,11 +324,13 @@ class ShardReader(ShardReaderBase[_Handle]):
         assert o is not None
         return o[local + 1] - o[local]
 
-    def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
+    def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
+                  shapes: dict[str, np.ndarray] | None = None) -> None:
         """Sample ``local[k]`` of this shard goes to row ``dest[k]`` of each array in ``outs``.
 
         ``local`` is sorted; runs consecutive in both ``local`` and ``dest`` are read at once.
-        Ragged fields are written into the leading rows of a zero-padded output.
+        Ragged fields are placed as :class:`RaggedOut` does (``shapes``: the batch's image shapes
+        of ``pixels`` fields).
         """
         h = self.handle()
         self._check_unchanged(h.fd, local)
@@ -329,7 +338,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             f = self.fields[name]
             col = h.columns[name]
             if f.ragged:
-                self._read_ragged(h, f, col, local, dest, out)
+                self._read_ragged(h, f, col, local, dest, RaggedOut(out, (shapes or {}).get(name)))
             elif col.cached is not None:
                 out[dest] = col.cached[local]
             elif col.mapped is not None:
@@ -342,18 +351,27 @@ class ShardReader(ShardReaderBase[_Handle]):
                 for l0, d0, n in runs(local, dest):
                     self._h5_read(col.dset, np.s_[l0 : l0 + n], out[d0 : d0 + n], l0)
 
-    def _read_ragged(self, h: _Handle, f: FieldSpec, col: _Column, local: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+    def _read_ragged(self, h: _Handle, f: FieldSpec, col: _Column, local: np.ndarray, dest: np.ndarray,
+                     out: RaggedOut) -> None:
         o = col.offsets
         assert o is not None
+        if col.mapped is not None:
+            m, bo = col.mapped, col.byte_offsets
+            assert bo is not None
+            for l, d in zip(local.tolist(), dest.tolist()):
+                out.put(d, m[bo[l] : bo[l + 1]])
+            return
+        rows = np.empty(0, dtype=f.np_dtype)
         for l, d in zip(local.tolist(), dest.tolist()):
             r0, r1 = int(o[l]), int(o[l + 1])
             if r1 == r0:
+                out.empty(d)
                 continue
-            target = out[d, : r1 - r0]
-            if col.offset is not None:
-                pread_into(h.fd, target, col.offset + r0 * f.row_nbytes, self._where(l))
-            else:
-                self._h5_read(col.dset, np.s_[r0:r1], target, l)
+            if len(rows) < r1 - r0:
+                rows = np.empty((r1 - r0, *f.trailing), dtype=f.np_dtype)
+            target = rows[: r1 - r0]
+            self._h5_read(col.dset, np.s_[r0:r1], target, l)
+            out.put(d, target.reshape(-1).view(np.uint8))
 
     def _h5_read(self, dset: Any, sel: Any, target: np.ndarray, local: int) -> None:
         try:

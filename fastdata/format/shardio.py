@@ -1,5 +1,6 @@
 """What the HDF5 and LMDB shard readers share: the reader base (open checked against the
-manifest, error places, size re-checks) and splitting index arrays into consecutive runs."""
+manifest, error places, size re-checks), splitting index arrays into consecutive runs, and
+placing ragged samples into their padded batch rows."""
 
 from __future__ import annotations
 
@@ -25,6 +26,46 @@ def runs(local: np.ndarray, dest: np.ndarray) -> list[tuple[int, int, int]]:
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [n]))
     return [(int(local[s]), int(dest[s]), int(e - s)) for s, e in zip(starts, ends)]
+
+
+class RaggedOut:
+    """The batch array of one ragged field, filled sample by sample with one copy each.
+
+    ``out`` is ``(B, rows, *trailing)``: sample bytes go to the start of row ``d`` and the rest
+    of the row is zeroed (``out`` need not be zeroed beforehand). With ``shapes`` (a ``pixels``
+    image field: ``(B, 3)`` true ``(H, W, C)`` per batch row), ``out`` is ``(B, H, W, C)`` and
+    each image goes to ``out[d, :h, :w]``, zero-padded to the right and below.
+    Shapes and byte counts must already be checked against each other.
+    """
+
+    def __init__(self, out: np.ndarray, shapes: np.ndarray | None = None) -> None:
+        self.out = out
+        self.flat = out.reshape(len(out), -1).view(np.uint8) if out.size else out.reshape(len(out), 0).view(np.uint8)
+        self.stride = self.flat.shape[1]
+        self.shapes = None if shapes is None else shapes.tolist()
+        self.uniform = shapes is None or bool(len(shapes) == 0 or np.all(shapes[:, :2] == out.shape[1:3]))
+
+    def put(self, d: int, src: np.ndarray) -> None:
+        """Sample bytes ``src`` (1-D uint8) into batch row ``d``, padding zeroed."""
+        n = len(src)
+        if self.shapes is None:
+            if n:
+                self.flat[d, :n] = src
+            if n < self.stride:
+                self.flat[d, n:] = 0
+            return
+        h, w, c = self.shapes[d]
+        if self.uniform:
+            self.flat[d] = src
+            return
+        o = self.out[d]
+        o[:h, :w] = src.reshape(h, w, c)
+        o[:h, w:] = 0
+        o[h:] = 0
+
+    def empty(self, d: int) -> None:
+        """Batch row ``d`` holds nothing (an empty sample): all padding."""
+        self.flat[d] = 0
 
 
 class ShardReaderBase(PerProcessHandle[H]):
