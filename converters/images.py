@@ -185,6 +185,7 @@ class ImageFolderSource(FolderSource):
             raise DataError(f"{path}: changed during the conversion; convert again")
         if payload.nbytes != self.nbytes[i]:  # same file, other bytes: conversion is not deterministic here
             raise FastdataError(f"{path}: converted to {payload.nbytes} bytes, {self.nbytes[i]} at scan time")
+        sample: dict[str, np.ndarray]
         if self.fixed is not None:
             sample = {IMAGE_FIELD: payload.reshape(self.fixed)}
         else:

@@ -199,7 +199,7 @@ class ShardWriter:
 
 
 def _pwrite_all(fd: int, a: np.ndarray, offset: int) -> None:
-    view = memoryview(a.reshape(-1).view(np.uint8))
+    view = memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], offset + done)

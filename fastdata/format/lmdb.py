@@ -438,7 +438,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         ix = self.records()
         self._check_good(ix, local)
         totals = ix.total[local].tolist()
-        plan = []
+        plan: list[tuple[Any, ...]] = []
         for i, f, out in wanted:
             offs, sizes = ix.offsets[local, i].tolist(), ix.sizes[local, i].tolist()
             if f.ragged:
