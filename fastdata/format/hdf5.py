@@ -215,6 +215,7 @@ class _Column:
     dset: Any = None  # chunked/compressed: read through h5py
     offsets: np.ndarray | None = None  # ragged: row offsets, count + 1
     byte_offsets: list[int] | None = None  # ragged and mapped: offsets in bytes, as Python ints
+    bytes_view: memoryview | None = None  # ragged and mapped: the map as bytes
 
 
 @dataclass
@@ -297,6 +298,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                 # every sample is one slice of this map: one copy each, no syscall, no per-sample
                 # layout work (the offsets were checked above, the file size is re-checked per read)
                 col.mapped = np.memmap(self.path, dtype=np.uint8, mode="r", offset=off, shape=(nbytes,))
+                col.bytes_view = memoryview(col.mapped)  # type: ignore[arg-type]
                 assert col.offsets is not None
                 col.byte_offsets = (col.offsets * f.row_nbytes).tolist()
             elif nbytes and not f.ragged:
@@ -355,11 +357,11 @@ class ShardReader(ShardReaderBase[_Handle]):
                      out: RaggedOut) -> None:
         o = col.offsets
         assert o is not None
-        if col.mapped is not None:
-            m, bo = col.mapped, col.byte_offsets
+        if col.bytes_view is not None:
+            m, bo = col.bytes_view, col.byte_offsets
             assert bo is not None
             for l, d in zip(local.tolist(), dest.tolist()):
-                out.put(d, m[bo[l] : bo[l + 1]])
+                out.put(d, m, bo[l], bo[l + 1] - bo[l])
             return
         rows = np.empty(0, dtype=f.np_dtype)
         for l, d in zip(local.tolist(), dest.tolist()):
@@ -371,7 +373,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                 rows = np.empty((r1 - r0, *f.trailing), dtype=f.np_dtype)
             target = rows[: r1 - r0]
             self._h5_read(col.dset, np.s_[r0:r1], target, l)
-            out.put(d, target.reshape(-1).view(np.uint8))
+            out.put(d, memoryview(target.reshape(-1).view(np.uint8)), 0, target.nbytes)  # type: ignore[arg-type]
 
     def _h5_read(self, dset: Any, sel: Any, target: np.ndarray, local: int) -> None:
         try:

@@ -454,7 +454,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                 for offs, sizes, out, placer, dtype, shape in plan:
                     off, size = offs[k], sizes[k]
                     if placer is not None:  # copies out before the transaction ends
-                        placer.put(d, np.frombuffer(buf, dtype=np.uint8, count=size, offset=off))
+                        placer.put(d, buf, off, size)
                     else:
                         out[d] = np.frombuffer(buf, dtype=dtype, count=size // dtype.itemsize, offset=off).reshape(shape)
 

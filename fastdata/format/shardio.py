@@ -28,6 +28,9 @@ def runs(local: np.ndarray, dest: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(local[s]), int(dest[s]), int(e - s)) for s, e in zip(starts, ends)]
 
 
+_SMALL_COPY = 16 << 10  # smaller copies go through memoryviews (less overhead than numpy; GIL held)
+
+
 class RaggedOut:
     """The batch array of one ragged field, filled sample by sample with one copy each.
 
@@ -40,32 +43,38 @@ class RaggedOut:
 
     def __init__(self, out: np.ndarray, shapes: np.ndarray | None = None) -> None:
         self.out = out
-        self.flat = out.reshape(len(out), -1).view(np.uint8) if out.size else out.reshape(len(out), 0).view(np.uint8)
-        self.stride = self.flat.shape[1]
+        self.flat = out.reshape(-1).view(np.uint8)
+        self.mv = memoryview(self.flat)  # type: ignore[arg-type]
+        self.stride = self.flat.size // len(out) if len(out) else 0
+        self.zeros = memoryview(bytes(min(self.stride, _SMALL_COPY)))
         self.shapes = None if shapes is None else shapes.tolist()
         self.uniform = shapes is None or bool(len(shapes) == 0 or np.all(shapes[:, :2] == out.shape[1:3]))
 
-    def put(self, d: int, src: np.ndarray) -> None:
-        """Sample bytes ``src`` (1-D uint8) into batch row ``d``, padding zeroed."""
-        n = len(src)
-        if self.shapes is None:
-            if n:
-                self.flat[d, :n] = src
-            if n < self.stride:
-                self.flat[d, n:] = 0
+    def put(self, d: int, src: memoryview, off: int, n: int) -> None:
+        """Bytes ``src[off:off + n]`` (a 1-D byte memoryview) into batch row ``d``, padding zeroed."""
+        a = d * self.stride
+        if self.shapes is None or self.uniform:
+            if n <= _SMALL_COPY:
+                self.mv[a : a + n] = src[off : off + n]
+            else:
+                self.flat[a : a + n] = np.frombuffer(src, np.uint8, n, off)
+            self.zero(a + n, a + self.stride)
             return
         h, w, c = self.shapes[d]
-        if self.uniform:
-            self.flat[d] = src
-            return
         o = self.out[d]
-        o[:h, :w] = src.reshape(h, w, c)
+        o[:h, :w] = np.frombuffer(src, np.uint8, n, off).reshape(h, w, c)
         o[:h, w:] = 0
         o[h:] = 0
 
+    def zero(self, a: int, b: int) -> None:
+        if b - a <= len(self.zeros):
+            self.mv[a:b] = self.zeros[: b - a]
+        else:
+            self.flat[a:b] = 0
+
     def empty(self, d: int) -> None:
         """Batch row ``d`` holds nothing (an empty sample): all padding."""
-        self.flat[d] = 0
+        self.zero(d * self.stride, (d + 1) * self.stride)
 
 
 class ShardReaderBase(PerProcessHandle[H]):
