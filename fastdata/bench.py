@@ -173,7 +173,7 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
             images.append((f.image, stored[f.name][k, :n].tobytes(), int(stored[f.name + CODEC_SUFFIX][k]),
                            tuple(int(v) for v in stored[f.name + SHAPE_SUFFIX][k])))
     per_sample = len(fields)
-    outs = [{} for _ in range(threads)]  # reused pixel buffers per thread, by shape
+    outs: list[dict[tuple[int, ...], np.ndarray]] = [{} for _ in range(threads)]  # reused pixels, by shape
 
     def decode(k: int) -> int:
         mine = outs[k % threads]
@@ -182,6 +182,7 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
             out = mine.get(shape)
             if out is None:
                 out = mine[shape] = np.empty(shape, np.uint8)
+            assert spec is not None
             decode_image(data, codec, spec, out)
         return batch_size
 
