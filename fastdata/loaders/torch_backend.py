@@ -34,16 +34,10 @@ class TorchLoader(Loader):
         if config.mode == "processes" and self.workers > 0:
             self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin)
         else:
-<<<<<<< HEAD
             self._reader = ThreadReader(self.dataset, self.workers, config.prefetch, pin)
         images = config.images if config.images is not None else image_fields(self.dataset.schema)
-        self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images)
-=======
-            self._reader = ThreadReader(dataset, workers, config.prefetch, pin)
-        images = config.images if config.images is not None else image_fields(dataset.schema)
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
-                                   self.world.rank, keep_uint8=config.image_dtype == "uint8")
->>>>>>> 31ba17c (Ragged fields at memory speed: per-shard record layout read once (LMDB), mapped ragged columns (HDF5), one copy per sample into reused padded buffers, mixed-size pixels placed straight into the image batch; LoaderConfig(image_dtype='uint8'); chunked one-pass uint8->float; decoded images into reused buffers; benchmarks/bench_raw.py)
+                                   keep_uint8=config.image_dtype == "uint8")
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
         self._device.rank = self.world.rank  # the world of this pass (read when it started)
