@@ -41,7 +41,8 @@ MAGIC = b"FDR1"
 SHARD_KEY = b"\xff" * 8  # the shard's own description; sorts after every sample key
 _MAX_SHARD_RECORD = 1 << 20
 _COMMIT_BYTES = 64 << 20
-_GATHER_RECORD_BYTES = 64 << 10  # smaller fixed-layout records are fetched with one getmulti
+_GATHER_RECORD_BYTES = 64 << 10
+_SMALL_FIELD_BYTES = 64  # fixed fields up to this size per sample are kept in a shard's record index  # smaller fixed-layout records are fetched with one getmulti
 _KEY = struct.Struct(">Q")
 _TAIL_GUARD_MIN = 192 << 10  # > the 64 KiB an in-page offset can reach, plus a 64 KiB key size
 
@@ -227,6 +228,7 @@ class _Index:
     offsets: np.ndarray  # (count, fields) int64: where each payload starts in its record
     total: np.ndarray  # (count,) int64: record length; -1 for a record that failed its checks
     bad: dict[int, str]  # local index -> what is wrong with that record
+    small: dict[int, np.ndarray] = field(default_factory=dict)  # field index -> its values (small fixed fields)
 
 
 @dataclass
@@ -383,6 +385,9 @@ class ShardReader(ShardReaderBase[_Handle]):
         sizes = np.zeros((n, nf), dtype=np.int64)
         total = np.full(n, -1, dtype=np.int64)
         bad: dict[int, str] = {}
+        # small fixed fields (labels, image shapes) are kept whole: a batch reads them without records
+        small = {i: np.zeros((n, *f.trailing), dtype=f.np_dtype).view(np.uint8).reshape(n, f.row_nbytes)
+                 for i, f in enumerate(self.all_fields) if not f.ragged and 0 < f.row_nbytes <= _SMALL_FIELD_BYTES}
         first = key(self.info.start)
         self._check_unchanged(h.fd, np.zeros(1, dtype=np.int64))
         try:
@@ -403,13 +408,17 @@ class ShardReader(ShardReaderBase[_Handle]):
                     else:
                         sizes[local] = [s for _, s in layout]
                         total[local] = len(buf)
+                        for i, col in small.items():
+                            col[local] = np.frombuffer(buf, np.uint8, col.shape[1], layout[i][0])
                     ok = cur.next()
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
         for local in np.flatnonzero(total < 0).tolist():
             bad.setdefault(local, f"{self._where(local)}: record is missing")
         offsets = hs + np.cumsum(sizes, axis=1) - sizes
-        return _Index(sizes=sizes, offsets=offsets, total=total, bad=bad)
+        values = {i: col.view(self.all_fields[i].np_dtype).reshape((n, *self.all_fields[i].trailing))
+                  for i, col in small.items()}
+        return _Index(sizes=sizes, offsets=offsets, total=total, bad=bad, small=values)
 
     def _check_good(self, ix: _Index, local: np.ndarray) -> None:
         if ix.bad:
@@ -440,11 +449,16 @@ class ShardReader(ShardReaderBase[_Handle]):
         totals = ix.total[local].tolist()
         plan: list[tuple[Any, ...]] = []
         for i, f, out in wanted:
+            if i in ix.small:
+                out[dest] = ix.small[i][local]  # no record needed
+                continue
             offs, sizes = ix.offsets[local, i].tolist(), ix.sizes[local, i].tolist()
             if f.ragged:
                 plan.append((offs, sizes, None, RaggedOut(out, (shapes or {}).get(f.name)), None, None))
             else:
                 plan.append((offs, sizes, out, None, f.np_dtype, f.trailing))
+        if not plan:
+            return
         with self._env(local).begin(buffers=True) as txn:
             for k, (l, d) in enumerate(zip(local.tolist(), dest.tolist())):
                 buf = self._get(txn, l)
