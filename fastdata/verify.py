@@ -2,8 +2,9 @@
 
 Every read already checks what is cheap (shard sizes, LMDB record headers, HDF5 layout); only
 verification reads whole shards. The quick check compares each shard's size and checksum
-(XXH3-128; SHA-256 in format-version-1 datasets) with the manifest. ``deep`` then reads every sample through ``fastdata.open(...).get_batch``, decoding
-images, and checks what comes back against the schema (shape, dtype, image sizes, label range).
+(XXH3-128; SHA-256 in format-version-1 datasets) with the manifest. ``deep`` then reads every
+sample through ``fastdata.open(...).get_batch``, decoding images, and checks what comes back
+against the schema (shape, dtype, image sizes, label range).
 Problems are collected and returned, never raised, so one run names every bad shard and sample.
 """
 
