@@ -1,9 +1,11 @@
 """HDF5 shards: one dataset per fixed field (sample axis first); ragged fields as data + offsets.
 
 Uncompressed fields are stored contiguous, so a reader finds each field's byte offset
-once and then reads any run of samples with one ``pread`` straight into the batch
-buffer: no h5py call (and no h5py global lock) on the hot path. Compressed fields are
-chunked along the sample axis (about 1 MiB a chunk) and read through h5py.
+once and then copies any run of samples straight into the batch buffer (from a read-only
+memory map for samples up to 512 KiB and ragged fields, with one ``pread`` for larger ones):
+no h5py call (and no h5py global lock) on the hot path. Writers put each sample's bytes in
+place with one ``pwrite``. Compressed fields are chunked along the sample axis (about 1 MiB a
+chunk) and read and written through h5py.
 """
 
 from __future__ import annotations
