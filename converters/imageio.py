@@ -69,11 +69,6 @@ class ImageOptions:
     def channels(self) -> int:
         return CHANNELS[self.mode]
 
-    @property
-    def fixed_size(self) -> bool:
-        """True when every stored image has the same shape (raw pixels with --size)."""
-        return self.images == "raw" and self.size is not None
-
 
 @dataclass(frozen=True)
 class Prepared:

@@ -44,12 +44,21 @@ def is_image_file(rel: str) -> bool:
     return Path(rel).suffix.lower() in IMAGE_EXTENSIONS
 
 
-def image_fields(opts: ImageOptions, labelled: bool) -> list[FieldSpec]:
-    """The schema an image conversion writes (see docs/format.md, "Image fields")."""
+def fixed_shape(opts: ImageOptions, shapes: np.ndarray) -> tuple[int, int, int] | None:
+    """The one stored shape of raw images when they all share it (always so with ``--size``): they are
+    then stored as a fixed-shape field, read with plain copies. None: mixed sizes, or not raw pixels."""
+    if opts.images != "raw" or len(shapes) == 0 or not bool((shapes == shapes[0]).all()):
+        return None
+    h, w, c = (int(v) for v in shapes[0])
+    return (h, w, c)
+
+
+def image_fields(opts: ImageOptions, labelled: bool, fixed: tuple[int, int, int] | None = None) -> list[FieldSpec]:
+    """The schema an image conversion writes (see docs/format.md, "Image fields"); ``fixed``: the
+    shape every raw image has (:func:`fixed_shape`)."""
     spec = ImageSpec(mode=opts.mode)
-    if opts.fixed_size:
-        assert opts.size is not None
-        fields = [make_field(IMAGE_FIELD, "|u1", (*opts.size, opts.channels), image=spec)]
+    if fixed is not None:
+        fields = [make_field(IMAGE_FIELD, "|u1", fixed, image=spec)]
     else:
         encoding = ENCODING_PIXELS if opts.images == "raw" else ENCODING_IMAGE
         fields = [
@@ -98,6 +107,7 @@ class ImageFolderSource(FolderSource):
     skipped: list[tuple[str, str]] = field(default_factory=list)
     label_kind: str = "none"
     kind: str = "image-folder"
+    fixed: tuple[int, int, int] | None = None  # every image has this shape: a fixed-shape field
 
     @classmethod
     def scan(
@@ -131,21 +141,24 @@ class ImageFolderSource(FolderSource):
             raise DataError(f"{root}: no usable images (all {len(rels)} files are bad)")
         n = len(good)
         usable = [g[0] for g in good]
+        shapes = np.array([g[1][0] for g in good], dtype=np.int64).reshape(n, 3)
+        fixed = fixed_shape(opts, shapes)
         return cls(
             root=str(root),
             opts=opts,
             rels=usable,
-            shapes=np.array([g[1][0] for g in good], dtype=np.int64).reshape(n, 3),
+            shapes=shapes,
             nbytes=np.array([g[1][1] for g in good], dtype=np.int64),
             codecs=np.array([g[1][2] for g in good], dtype=np.uint8),
             kept=np.array([g[1][3] for g in good], dtype=bool),
             crcs=np.array([g[1][4] for g in good], dtype=np.uint32),
             file_sizes=np.array([g[1][5] for g in good], dtype=np.int64),
             labels=labels.of(usable),
-            fields=image_fields(opts, labels.by_path is not None),
+            fields=image_fields(opts, labels.by_path is not None, fixed),
             classes=labels.classes,
             skipped=skipped,
             label_kind=labels.kind,
+            fixed=fixed,
         )
 
     @property
@@ -156,7 +169,7 @@ class ImageFolderSource(FolderSource):
         return self.nbytes + sum(f.row_nbytes for f in self.fields if f.name != IMAGE_FIELD)
 
     def ragged_rows(self, name: str) -> np.ndarray:
-        if name != IMAGE_FIELD or self.opts.fixed_size:
+        if name != IMAGE_FIELD or self.fixed is not None:
             raise KeyError(name)
         return self.nbytes
 
@@ -172,8 +185,9 @@ class ImageFolderSource(FolderSource):
             raise DataError(f"{path}: changed during the conversion; convert again")
         if payload.nbytes != self.nbytes[i]:  # same file, other bytes: conversion is not deterministic here
             raise FastdataError(f"{path}: converted to {payload.nbytes} bytes, {self.nbytes[i]} at scan time")
-        if self.opts.fixed_size:
-            sample = {IMAGE_FIELD: payload.reshape(self.shapes[i])}
+        sample: dict[str, np.ndarray]
+        if self.fixed is not None:
+            sample = {IMAGE_FIELD: payload.reshape(self.fixed)}
         else:
             sample = {IMAGE_FIELD: payload.reshape(-1), IMAGE_FIELD + SHAPE_SUFFIX: self.shapes[i].copy()}
             if self.opts.images != "raw":

@@ -3,7 +3,7 @@
 ``DST/.fastdata-journal`` is JSON lines. The first line, written atomically (temporary file,
 fsync, rename) before any shard, describes the conversion: write options, the source's
 description and fingerprint, and the shard plan. Every later line records one finished shard
-(``file``, ``start``, ``count``, ``bytes``, ``sha256``), appended and fsynced after the shard was
+(``file``, ``start``, ``count``, ``bytes``, ``checksum``), appended and fsynced after the shard was
 renamed into place. A torn last line (a crash mid-append) does not parse and is ignored: that
 shard is simply written again. The journal is deleted after the manifest is written.
 
@@ -26,11 +26,11 @@ from fastdata._version import __version__
 from fastdata.errors import UsageError
 from fastdata.fileio import finish_file, fsync_dir
 from fastdata.format import ShardInfo
+from fastdata.format.spec import parse_checksum
 
 JOURNAL_NAME = ".fastdata-journal"
 JOURNAL_VERSION = 1
 MAX_JOURNAL_BYTES = 1 << 30
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _OPTION_FLAGS = {"backend": "--format", "shard_size": "--shard-size", "compression": "--compression"}
 
 
@@ -136,11 +136,11 @@ def load(dst: Path, name: str = JOURNAL_NAME) -> tuple[dict[str, Any], dict[str,
 def _parse_entry(raw: bytes) -> ShardInfo | None:
     try:
         e = json.loads(raw)
-        info = ShardInfo(file=e["file"], start=e["start"], count=e["count"], bytes=e["bytes"], sha256=e["sha256"])
+        info = ShardInfo(file=e["file"], start=e["start"], count=e["count"], bytes=e["bytes"], checksum=e["checksum"])
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
     ints_ok = all(type(v) is int and v >= 0 for v in (info.start, info.count, info.bytes))
-    if not (isinstance(info.file, str) and ints_ok and isinstance(info.sha256, str) and _SHA_RE.match(info.sha256)):
+    if not (isinstance(info.file, str) and ints_ok and parse_checksum(info.checksum) is not None):
         return None
     return info
 

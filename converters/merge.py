@@ -24,7 +24,7 @@ import numpy as np
 from fastdata._units import fmt_bytes
 from fastdata._version import __version__
 from fastdata.errors import UsageError
-from fastdata.fileio import finish_file, fsync_dir, sha256_file
+from fastdata.fileio import file_checksum, finish_file, fsync_dir
 from fastdata.format import (
     FORMAT_VERSION,
     LABEL_FIELD,
@@ -37,6 +37,7 @@ from fastdata.format import (
     shard_path,
     write_manifest,
 )
+from fastdata.format.spec import CHECKSUM_DEFAULT
 
 from .dst import check_dst, prepare_dst, remove_ours
 from .shardwork import write_error
@@ -92,7 +93,7 @@ def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, 
         try:
             shards = _place_shards(roots, manifests, maps, target.path, method, report, progress)
             first = manifests[0]
-            version = ORIGIN_VERSION if any(s.origin is not None for s in shards) else FORMAT_VERSION
+            version = max(FORMAT_VERSION, ORIGIN_VERSION) if any(s.origin is not None for s in shards) else FORMAT_VERSION
             manifest = Manifest(
                 backend=first.backend, fields=first.fields, num_samples=report.samples, shards=shards,
                 classes=classes, version=version,
@@ -206,7 +207,7 @@ def _place_shards(roots: list[Path], ms: list[Manifest], maps: list[np.ndarray |
                 else:
                     report.linked += 1
                 origin = s.stored_start if s.stored_start != start else None
-                info = ShardInfo(file=name, start=start, count=s.count, bytes=s.bytes, sha256=s.sha256, origin=origin)
+                info = ShardInfo(file=name, start=start, count=s.count, bytes=s.bytes, checksum=s.checksum, origin=origin)
             out.append(info)
             if progress is not None:
                 progress.update(s.count, s.bytes)
@@ -259,7 +260,7 @@ def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: P
                                          f"{len(label_map)} classes: cannot remap it")
                     sample[LABEL_FIELD] = np.asarray(label_map[old], dtype=sample[LABEL_FIELD].dtype)
                     w.write(sample)
-        sha = sha256_file(tmp)
+        checksum = file_checksum(tmp, CHECKSUM_DEFAULT)
         size = tmp.stat().st_size
         finish_file(tmp, final)
     except OSError as e:
@@ -267,7 +268,7 @@ def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: P
         raise write_error(final, e) from None
     finally:
         reader.close()
-    return ShardInfo(file=name, start=start, count=s.count, bytes=size, sha256=sha)
+    return ShardInfo(file=name, start=start, count=s.count, bytes=size, checksum=checksum)
 
 
 def _read(reader: Any, m: Manifest, local: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

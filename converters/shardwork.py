@@ -1,6 +1,6 @@
 """Writing one shard, in a worker process or inline: temp name, fsync, hash, rename.
 
-A shard that ``--resume`` found in the journal is kept when its size and SHA-256 still match,
+A shard that ``--resume`` found in the journal is kept when its size and checksum still match,
 and written again otherwise. Worker processes die with the main process (Linux:
 ``PR_SET_PDEATHSIG``), so killing a conversion never leaves a worker writing into DST.
 """
@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -21,8 +22,9 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from fastdata.errors import DataError, FastdataError, UsageError, WriteError
-from fastdata.fileio import finish_file, sha256_file
+from fastdata.fileio import file_checksum, finish_file, fsync_file
 from fastdata.format import FieldSpec, ShardInfo, backend
+from fastdata.format.spec import CHECKSUM_DEFAULT
 
 from . import _fault
 
@@ -122,7 +124,7 @@ class LocalPublisher:
     def intact(self, name: str, expect: ShardInfo) -> bool:
         path = self.dst / name
         try:
-            return path.stat().st_size == expect.bytes and sha256_file(path) == expect.sha256
+            return path.stat().st_size == expect.bytes and file_checksum(path, expect.checksum_algorithm) == expect.checksum
         except FileNotFoundError:
             return False
 
@@ -150,15 +152,19 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
             _report(report, task.count, task.expect.bytes)
             return task.expect, True
         sent_n, sent_b = _write(task, tmp, report)
-        sha = sha256_file(tmp)
+        # The disk writes the shard back while it is hashed (hot in the page cache: a fast re-read).
+        with ThreadPoolExecutor(1, thread_name_prefix="fastdata-fsync") as ex:
+            synced = ex.submit(fsync_file, tmp)
+            checksum = file_checksum(tmp, CHECKSUM_DEFAULT)
+            synced.result()
         size = tmp.stat().st_size
-        pub.publish(tmp, task.name)
+        pub.publish(tmp, task.name)  # the fsync in its rename finds nothing left to write
     except FastdataError:
         raise
     except Exception as e:  # OSError, and h5py / lmdb write failures (disk full, I/O error)
         raise write_error(pub.where(task.name), e) from None
     _report(report, sent_n, sent_b)
-    return ShardInfo(file=task.name, start=task.start, count=task.count, bytes=size, sha256=sha), False
+    return ShardInfo(file=task.name, start=task.start, count=task.count, bytes=size, checksum=checksum), False
 
 
 def _write(task: ShardTask, tmp: Path, report: Callable[[int, int], None] | None) -> tuple[int, int]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from .batching import batch_len
 from .dataset import Dataset
+from .format.spec import CODEC_SUFFIX, ENCODING_IMAGE, LENGTHS_SUFFIX, SHAPE_SUFFIX
 
 
 @dataclass
@@ -110,37 +111,83 @@ def _result(name: str, durations: list[float], samples: int, bps: float, first: 
                        first_batch_s=first, settings=dict(settings or {}))
 
 
+_CEILING_RAM_BYTES = 512 << 20  # the gather ceiling's in-memory copy of the data is at most this big
+_CEILING_IMAGES = 256  # encoded images decoded over and over for the decode ceiling
+
+
 def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_seconds: float = 3.0) -> BenchResult:
-    """The machine's ceiling for these bytes: threads reading the shard files in batch-sized chunks
-    with ``readinto`` into preallocated buffers, page cache warm (one untimed pass first)."""
+    """The machine's ceiling for this dataset, what a loader's rate is a fraction of: for encoded
+    images, decoding the stored images on ``threads`` threads with no loader at all (simplejpeg or
+    PIL, as the loader would); otherwise a ``threads``-thread memcpy gather of random batches of
+    rows of the same size (the dataset's bytes per sample) from memory into reused buffers."""
+    if any(f.encoding == ENCODING_IMAGE for f in ds.schema):
+        return _decode_ceiling(ds, batch_size, threads, max_seconds)
+    return _gather_ceiling(ds, batch_size, threads, max_seconds)
+
+
+def _run_batches(name: str, job: Callable[[int], int], threads: int, max_seconds: float, bps: float,
+                 settings: dict[str, Any]) -> BenchResult:
+    """Run ``job(k)`` (one batch, returns its samples) ``threads`` at a time until ``max_seconds``."""
+    durations: list[float] = []
+    done = 0
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(job, range(threads)))  # warm-up: buffers touched, caches filled
+        k, t0 = threads, time.perf_counter()
+        while time.perf_counter() - t0 < max_seconds or len(durations) < 3:
+            t = time.perf_counter()
+            done += sum(pool.map(job, range(k, k + threads)))
+            durations.append((time.perf_counter() - t) / threads)
+            k += threads
+    return _result(name, durations, done, bps, 0.0, settings)
+
+
+def _gather_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float) -> BenchResult:
     bps = sample_bytes(ds)
-    chunk = max(1, int(bps * batch_size))
-    paths = [ds.root / s.file for s in ds.manifest.shards]
-    jobs = [(p, off, min(chunk, os.path.getsize(p) - off)) for p in paths for off in range(0, os.path.getsize(p), chunk)]
-    bufs = [bytearray(chunk) for _ in range(threads)]
-    fds = {p: os.open(p, os.O_RDONLY) for p in paths}
+    row = max(1, int(round(bps)))
+    n = max(batch_size, min(len(ds), _CEILING_RAM_BYTES // row))
+    data = np.random.default_rng(0).integers(0, 256, (n, row), dtype=np.uint8)
+    bufs = [np.empty((batch_size, row), np.uint8) for _ in range(threads)]
+    plans = np.random.default_rng(1).integers(0, n, (64, batch_size))
 
-    def read(k: int) -> int:
-        p, off, size = jobs[k % len(jobs)]
-        view = memoryview(bufs[k % threads])[:size]
-        return os.preadv(fds[p], [view], off)
+    def gather(k: int) -> int:
+        out = bufs[k % threads]
+        for j, i in enumerate(plans[k % len(plans)].tolist()):
+            out[j] = data[i]
+        return batch_size
 
-    try:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(read, range(len(jobs))))  # warm the page cache
-            done, k, t0 = 0, 0, time.perf_counter()
-            durations = []
-            while time.perf_counter() - t0 < max_seconds or k < 3 * threads:
-                t = time.perf_counter()
-                done += sum(pool.map(read, range(k, k + threads)))
-                durations.append((time.perf_counter() - t) / threads)
-                k += threads
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    samples = int(done / bps)
-    return _result(f"ceiling: {threads} threads reading the shard bytes", durations, samples, bps, 0.0,
-                   {"threads": threads})
+    return _run_batches(f"ceiling: {threads}-thread memcpy gather", gather, threads, max_seconds, bps,
+                        {"threads": threads, "kind": "memcpy gather", "row_bytes": row})
+
+
+def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float) -> BenchResult:
+    from .decode import decode_image
+
+    fields = [f for f in ds.schema if f.encoding == ENCODING_IMAGE]
+    raw = ds.with_options(fields=[f.name for f in fields], decode=False)
+    m = min(len(ds), _CEILING_IMAGES)
+    stored = raw.get_batch(np.arange(m))
+    images = []  # (field spec, bytes, codec, shape) per sample
+    for k in range(m):
+        for f in fields:
+            n = int(stored[f.name + LENGTHS_SUFFIX][k])
+            images.append((f.image, stored[f.name][k, :n].tobytes(), int(stored[f.name + CODEC_SUFFIX][k]),
+                           tuple(int(v) for v in stored[f.name + SHAPE_SUFFIX][k])))
+    per_sample = len(fields)
+    outs: list[dict[tuple[int, ...], np.ndarray]] = [{} for _ in range(threads)]  # reused pixels, by shape
+
+    def decode(k: int) -> int:
+        mine = outs[k % threads]
+        for j in range(batch_size * per_sample):
+            spec, data, codec, shape = images[(k * batch_size * per_sample + j) % len(images)]
+            out = mine.get(shape)
+            if out is None:
+                out = mine[shape] = np.empty(shape, np.uint8)
+            assert spec is not None
+            decode_image(data, codec, spec, out)
+        return batch_size
+
+    return _run_batches(f"ceiling: {threads}-thread image decode", decode, threads, max_seconds, sample_bytes(ds),
+                        {"threads": threads, "kind": "decode", "images": m})
 
 
 def naive_pipeline(src: str | os.PathLike[str], batch_size: int, workers: int = 2) -> Callable[[], Iterable[Any]]:

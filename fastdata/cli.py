@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(run=_info)
 
     v = sub.add_parser("verify", help="check a dataset's shards against its manifest",
-                       description="Check every shard's size and SHA-256 against the manifest; with --deep also "
+                       description="Check every shard's size and checksum against the manifest; with --deep also "
                                    "read and decode every sample and check it against the schema. Lists each bad "
                                    "shard and sample; exit code 1 if there is any.")
     v.add_argument("dst", metavar="DST", help="dataset folder")
@@ -305,7 +305,7 @@ def describe(m, root: Path) -> str:  # type: ignore[no-untyped-def]
         lines.append("source    " + ", ".join(f"{k}={v}" for k, v in src.items() if not isinstance(v, (dict, list))))
     lines.append("shard files")
     for s in m.shards[:10]:
-        lines.append(f"  {s.file}  samples {s.start}..{s.start + s.count - 1}  {fmt_bytes(s.bytes)}  sha256 {s.sha256[:12]}")
+        lines.append(f"  {s.file}  samples {s.start}..{s.start + s.count - 1}  {fmt_bytes(s.bytes)}  {s.checksum[:21]}")
     if len(m.shards) > 10:
         lines.append(f"  ... {len(m.shards) - 10} more")
     return "\n".join(lines)

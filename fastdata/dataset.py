@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .decode import BatchDecoder
+from .decode import BatchDecoder, check_shapes
 from .errors import CorruptShardError, UsageError
 from .format import (
     IMAGE_ENCODINGS,
@@ -26,7 +26,7 @@ from .format import (
     read_manifest,
     shard_path,
 )
-from .format.spec import companions
+from .format.spec import ENCODING_PIXELS, SHAPE_SUFFIX, companions
 
 
 class Dataset:
@@ -57,7 +57,10 @@ class Dataset:
             wanted = set(fields).union(*(companions(f) for f in self.manifest.fields if f.name in fields))
         self.schema: list[FieldSpec] = [f for f in self.manifest.fields if wanted is None or f.name in wanted]
         self._images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
-        self._decoder = BatchDecoder(decode_threads) if self._images else None
+        # raw pixels are placed straight into the padded image batch as they are read
+        self._pixels = [f for f in self._images if f.encoding == ENCODING_PIXELS]
+        encoded = [f for f in self._images if f.encoding != ENCODING_PIXELS]
+        self._decoder = BatchDecoder(decode_threads) if encoded else None
         impl = backend(self.manifest.backend)
         self._readers = []
         for info in self.manifest.shards:
@@ -107,8 +110,10 @@ class Dataset:
     def get_batch(self, indices: Iterable[int] | np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Read the samples ``indices`` (any order, repeats allowed) into one array per field.
 
-        ``out`` may supply preallocated arrays for fixed-shape fields (for example pinned
-        buffers); they must be C-contiguous with shape ``(len(indices), *shape)``.
+        ``out`` may supply preallocated arrays (for example pinned buffers, reused from batch to
+        batch): for a fixed-shape field, C-contiguous with shape ``(len(indices), *shape)``; for a
+        ragged field (or a ``pixels`` image field), any C-contiguous array of the field's dtype,
+        whose memory holds the padded batch when it is large enough (else a new array is made).
         """
         idx = np.asarray(indices)
         if idx.size == 0:
@@ -135,23 +140,52 @@ class Dataset:
                 lengths = np.zeros(b, dtype=np.int64)
                 for reader, local, dest in segments:
                     lengths[dest] = reader.lengths(f.name, local)
-                longest = int(lengths.max()) if b else 0
-                result[f.name] = np.zeros((b, longest, *f.trailing), dtype=f.np_dtype)
                 result[f.name + LENGTHS_SUFFIX] = lengths
             else:
                 result[f.name] = self._out_array(f, b, out)
-        outs = {f.name: result[f.name] for f in self.schema}
-        for reader, local, dest in segments:
-            reader.read_into(local, dest, outs)
+        where = lambda k: f"{self.root}: sample {int(idx[k])}"  # noqa: E731
+        first = {f.name: result[f.name] for f in self.schema if not f.ragged}
+        shapes: dict[str, np.ndarray] = {}
+        if self._pixels:  # the image shapes are needed first: read the fixed fields before the rest
+            for reader, local, dest in segments:
+                reader.read_into(local, dest, first)
+            for f in self._pixels:
+                s = result[f.name + SHAPE_SUFFIX]
+                padded = check_shapes(f, s, result.pop(f.name + LENGTHS_SUFFIX), where)
+                result[f.name] = self._ragged_array(f, padded, out)
+                shapes[f.name] = s
+            first = {}
+        decoded = {f.name for f in self._images if f.encoding != ENCODING_PIXELS}
+        for f in self.schema:
+            if f.ragged and f.name not in result:
+                lengths = result[f.name + LENGTHS_SUFFIX]
+                # encoded images: ``out`` takes the decoded pixels, not the stored bytes
+                result[f.name] = self._ragged_array(f, (b, int(lengths.max()) if b else 0, *f.trailing),
+                                                    None if f.name in decoded else out)
+        outs = {**first, **{f.name: result[f.name] for f in self.schema if f.ragged}}
+        if outs:
+            for reader, local, dest in segments:
+                reader.read_into(local, dest, outs, shapes)
         if self._decoder is not None:
             for f in self._images:
-                self._decoder.finish(f, result, lambda k: f"{self.root}: sample {int(idx[k])}")
+                if f.encoding != ENCODING_PIXELS:
+                    self._decoder.finish(f, result, where, None if out is None else out.get(f.name))
         return result
 
     def __getitems__(self, indices: list[int]) -> dict[str, np.ndarray]:
         """A whole batch in one :meth:`get_batch` call: what a torch DataLoader with a batch sampler
         asks for (instead of one ``ds[i]`` per sample); pair it with a collate_fn that takes the dict."""
         return self.get_batch(indices)
+
+    @staticmethod
+    def _ragged_array(f: FieldSpec, shape: tuple[int, ...], out: dict[str, np.ndarray] | None) -> np.ndarray:
+        """The padded batch array of a ragged field: in ``out[name]``'s memory when it is large enough
+        (no zeroing needed: the readers write every byte of it)."""
+        a = None if out is None else out.get(f.name)
+        n = int(np.prod(shape))
+        if a is not None and a.dtype == f.np_dtype and a.flags.c_contiguous and a.size >= n:
+            return a.reshape(-1)[:n].reshape(shape)
+        return np.empty(shape, dtype=f.np_dtype)
 
     @staticmethod
     def _out_array(f: FieldSpec, b: int, out: dict[str, np.ndarray] | None) -> np.ndarray:

@@ -107,6 +107,28 @@ def _decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None
     out[...] = a
 
 
+def check_shapes(field: FieldSpec, shapes: np.ndarray, lengths: np.ndarray,
+                 where: Callable[[int], str]) -> tuple[int, int, int, int]:
+    """Check the recorded image shapes of a batch against the field and the stored byte counts
+    (``pixels``: exactly ``H*W*C``); return the padded batch shape ``(B, Hmax, Wmax, C)``."""
+    spec = field.image
+    assert spec is not None
+    bad = (shapes < 0).any(axis=1) | (shapes[:, 2] != spec.channels)
+    bad |= shapes[:, 0].astype(np.float64) * shapes[:, 1] * spec.channels > MAX_SAMPLE_BYTES
+    if field.encoding != ENCODING_IMAGE:
+        bad |= lengths != shapes.prod(axis=1)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise CorruptShardError(
+            f"{where(k)}: field {field.name!r} records image shape {shapes[k].tolist()} ({spec.mode}) "
+            f"for {int(lengths[k])} stored bytes"
+        )
+    b = len(shapes)
+    hmax = int(shapes[:, 0].max()) if b else 0
+    wmax = int(shapes[:, 1].max()) if b else 0
+    return (b, hmax, wmax, spec.channels)
+
+
 class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
     """Turns the stored bytes of an image field into one uint8 ``(B, H, W, C)`` array.
 
@@ -129,10 +151,12 @@ class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
     def _close_handle(handle: ThreadPoolExecutor) -> None:
         handle.shutdown(wait=False, cancel_futures=True)  # idle threads exit; a running decode finishes
 
-    def finish(self, field: FieldSpec, batch: dict[str, np.ndarray], where: Callable[[int], str]) -> None:
+    def finish(self, field: FieldSpec, batch: dict[str, np.ndarray], where: Callable[[int], str],
+               into: np.ndarray | None = None) -> None:
         """Replace ``batch[name]`` (bytes padded per row) by images and drop ``<name>_lengths``.
 
-        ``field`` is the image FieldSpec; ``where(k)`` names batch row ``k`` in errors.
+        ``field`` is the image FieldSpec; ``where(k)`` names batch row ``k`` in errors; ``into``: a
+        C-contiguous uint8 array whose memory takes the images when it is large enough.
         """
         name, spec = field.name, field.image
         assert spec is not None, "only image fields are decoded"
@@ -140,24 +164,19 @@ class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
         lengths = batch.pop(name + LENGTHS_SUFFIX)
         shapes = batch[name + SHAPE_SUFFIX]
         b = len(shapes)
-        bad = (shapes < 0).any(axis=1) | (shapes[:, 2] != spec.channels)
-        bad |= shapes[:, 0].astype(np.float64) * shapes[:, 1] * spec.channels > MAX_SAMPLE_BYTES
-        if field.encoding != ENCODING_IMAGE:
-            bad |= lengths != shapes.prod(axis=1)
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
-            raise CorruptShardError(
-                f"{where(k)}: field {name!r} records image shape {shapes[k].tolist()} ({spec.mode}) "
-                f"for {int(lengths[k])} stored bytes"
-            )
-        hmax = int(shapes[:, 0].max()) if b else 0
-        wmax = int(shapes[:, 1].max()) if b else 0
+        out_shape = check_shapes(field, shapes, lengths, where)
+        hmax, wmax = out_shape[1:3]
         uniform = bool(np.all(shapes[:, :2] == (hmax, wmax)))
-        out_shape = (b, hmax, wmax, spec.channels)
         if field.encoding != ENCODING_IMAGE:
             batch[name] = _pixels(data, shapes, uniform, out_shape)
             return
-        out = (np.empty if uniform else np.zeros)(out_shape, dtype=np.uint8)
+        n = int(np.prod(out_shape))
+        if into is not None and into.dtype == np.uint8 and into.flags.c_contiguous and into.size >= n:
+            out = into.reshape(-1)[:n].reshape(out_shape)
+            if not uniform:
+                out[...] = 0
+        else:
+            out = (np.empty if uniform else np.zeros)(out_shape, dtype=np.uint8)
         codecs = batch[name + CODEC_SUFFIX]
         rows = [(k, int(lengths[k]), int(codecs[k]), int(h), int(w)) for k, (h, w, _) in enumerate(shapes.tolist())]
 

@@ -36,7 +36,7 @@ def settings_key(ds: Dataset, batch_size: int, device: str) -> str:
     """Same dataset content (shard checksums), batch size, device type and machine -> same key."""
     h = hashlib.sha256()
     for s in ds.manifest.shards:
-        h.update(s.sha256.encode())
+        h.update(s.checksum.encode())
     h.update(f"|{','.join(f.name for f in ds.schema)}|{batch_size}|{device}|{machine_id()}".encode())
     return h.hexdigest()[:32]
 

@@ -1,9 +1,10 @@
 """``fastdata verify``: check a dataset against its manifest, shard by shard and sample by sample.
 
 Every read already checks what is cheap (shard sizes, LMDB record headers, HDF5 layout); only
-verification reads whole shards. The quick check compares each shard's size and SHA-256 with the
-manifest. ``deep`` then reads every sample through ``fastdata.open(...).get_batch``, decoding
-images, and checks what comes back against the schema (shape, dtype, image sizes, label range).
+verification reads whole shards. The quick check compares each shard's size and checksum
+(XXH3-128; SHA-256 in format-version-1 datasets) with the manifest. ``deep`` then reads every
+sample through ``fastdata.open(...).get_batch``, decoding images, and checks what comes back
+against the schema (shape, dtype, image sizes, label range).
 Problems are collected and returned, never raised, so one run names every bad shard and sample.
 """
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from .dataset import Dataset
 from .errors import FastdataError
-from .fileio import sha256_file
+from .fileio import file_checksum
 from .format import (
     IMAGE_ENCODINGS,
     LABEL_FIELD,
@@ -77,7 +78,7 @@ class VerifyReport:
         return sorted({p.shard for p in self.problems if p.shard is not None})
 
     def summary(self) -> str:
-        what = f"{self.shards} shard(s) checked (size and SHA-256)"
+        what = f"{self.shards} shard(s) checked (size and checksum)"
         if self.deep:
             what += f", {self.samples_read} of {self.samples} samples read and decoded"
         if self.ok:
@@ -100,7 +101,7 @@ def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress 
 
 def check_shards(root: Path, manifest: Manifest, progress: Progress | None = None,
                  threads: int | None = None) -> list[Problem]:
-    """Each shard's existence, size and SHA-256 against the manifest, hashed on a few threads."""
+    """Each shard's existence, size and checksum against the manifest, hashed on a few threads."""
     if progress is not None:
         progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="checksums")
     workers = max(1, min(threads or usable_cpus(), 8, len(manifest.shards) or 1))
@@ -121,15 +122,15 @@ def _check_shard(root: Path, info: ShardInfo) -> str | None:
         size = path.stat().st_size
         if size != info.bytes:
             return f"{where}: file is {size} bytes, the manifest says {info.bytes} (truncated or replaced)"
-        digest = sha256_file(path)
+        digest = file_checksum(path, info.checksum_algorithm)
     except FileNotFoundError:
         return f"{where}: file is missing"
     except FastdataError as e:
         return str(e)
     except OSError as e:
         return f"{where}: cannot read: {e.strerror or e}"
-    if digest != info.sha256:
-        return f"{where}: SHA-256 is {digest}, the manifest says {info.sha256} (corrupted since it was written)"
+    if digest != info.checksum:
+        return f"{where}: checksum is {digest}, the manifest says {info.checksum} (corrupted since it was written)"
     return None
 
 

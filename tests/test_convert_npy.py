@@ -44,7 +44,7 @@ def test_parallel_workers_give_same_dataset_as_serial(tmp_path, class_folder, ba
     ma = fastdata.open(tmp_path / "a").manifest
     mb = fastdata.open(tmp_path / "b").manifest
     assert len(ma.shards) >= 3
-    assert [(s.file, s.start, s.count, s.sha256) for s in ma.shards] == [(s.file, s.start, s.count, s.sha256) for s in mb.shards]
+    assert [(s.file, s.start, s.count, s.checksum) for s in ma.shards] == [(s.file, s.start, s.count, s.checksum) for s in mb.shards]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -140,7 +140,7 @@ def records(draw: st.DrawFn, fields: list) -> bytes:
 
 
 def layout_target(fields: list, buf: bytes) -> None:
-    reader = lmdb_format.ShardReader(Path("x.lmdb"), ShardInfo("x.lmdb", 0, 1, 0, "0" * 64), fields)
+    reader = lmdb_format.ShardReader(Path("x.lmdb"), ShardInfo("x.lmdb", 0, 1, 0, "sha256:" + "0" * 64), fields)
     try:
         layout = reader._layout(memoryview(buf), 0)
     except CorruptShardError as e:
@@ -160,7 +160,7 @@ def lmdb_read_target(scratch: Path, fields: list, values: list[bytes]) -> None:
             txn.put(lmdb_format.key(i), v)
         txn.put(lmdb_format.SHARD_KEY, lmdb_format.shard_record(fields, 0, n))
     env.close()
-    info = ShardInfo(path.name, 0, n, path.stat().st_size, "0" * 64)
+    info = ShardInfo(path.name, 0, n, path.stat().st_size, "sha256:" + "0" * 64)
     reader = lmdb_format.ShardReader(path, info, fields)
     local = np.arange(n)
     try:

@@ -154,8 +154,10 @@ def test_ragged_pixels_shape_that_disagrees_with_the_bytes_is_corrupt(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     g.png_rgb(src / "a.png", h=6, w=5)
+    g.png_rgb(src / "b.png", h=7, w=4)  # mixed sizes: stored ragged, with each image's shape
     converters.convert(src, tmp_path / "ds", WriteOptions(workers=1, backend="lmdb"), images=ImageOptions(images="raw"))
     ds = fastdata.open(tmp_path / "ds")
+    assert ds.manifest.fields[0].encoding == "pixels"
     assert ds[0]["image"].shape == (6, 5, 3)
     shard = tmp_path / "ds" / ds.manifest.shards[0].file
     blob = shard.read_bytes()

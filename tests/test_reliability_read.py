@@ -125,7 +125,7 @@ def test_swapped_shards_are_refused(four):
     s0.rename(tmp)
     s1.rename(s0)
     tmp.rename(s1)
-    edit_manifest(four, lambda m: (m["shards"][0].update(sha256=m["shards"][1]["sha256"])))  # even the checksums agree
+    edit_manifest(four, lambda m: (m["shards"][0].update(checksum=m["shards"][1]["checksum"])))  # even the checksums agree
     ds = fastdata.open(four)
     with pytest.raises(CorruptShardError, match=r"shard-00000\.\w+.*(holds samples \w+|record is missing)"):
         ds.get_batch([0])

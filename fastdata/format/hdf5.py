@@ -1,9 +1,11 @@
 """HDF5 shards: one dataset per fixed field (sample axis first); ragged fields as data + offsets.
 
 Uncompressed fields are stored contiguous, so a reader finds each field's byte offset
-once and then reads any run of samples with one ``pread`` straight into the batch
-buffer: no h5py call (and no h5py global lock) on the hot path. Compressed fields are
-chunked along the sample axis (about 1 MiB a chunk) and read through h5py.
+once and then copies any run of samples straight into the batch buffer (from a read-only
+memory map for samples up to 512 KiB and ragged fields, with one ``pread`` for larger ones):
+no h5py call (and no h5py global lock) on the hot path. Writers put each sample's bytes in
+place with one ``pwrite``. Compressed fields are chunked along the sample axis (about 1 MiB a
+chunk) and read and written through h5py.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from ..errors import CorruptShardError, UsageError
 from ..fileio import pread_into
-from .shardio import ShardReaderBase, runs
+from .shardio import RaggedOut, ShardReaderBase, runs
 from .spec import FORMAT_VERSION, FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
@@ -27,7 +29,10 @@ COMPRESSIONS = ("none", "lzf", "gzip")
 _CHUNK_BYTES = 1 << 20
 _STAGE_BYTES = 32 << 20
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
-_MAP_ROW_BYTES = 64 << 10  # smaller samples are gathered from a memory map in one numpy call
+# Samples up to this size (images) are gathered from a memory map in one numpy call, about 20% faster
+# than a pread each; larger ones (where a syscall is cheap next to the copy) are read with pread.
+_MAP_ROW_BYTES = 512 << 10
+_GATHER_ROW_BYTES = 64 << 10  # mapped rows up to this size are gathered with one fancy-index call
 
 
 def parse_compression(value: str | None) -> tuple[str | None, int | None]:
@@ -52,7 +57,12 @@ def _chunk_rows(row_bytes: int, n: int) -> int:
 
 
 class ShardWriter:
-    """Writes one HDF5 shard of ``count`` samples. Use as a context manager; see docs/format.md."""
+    """Writes one HDF5 shard of ``count`` samples. Use as a context manager; see docs/format.md.
+
+    Uncompressed fields are allocated at creation (contiguous, never filled), and each sample's
+    bytes go straight to their place in the file with one ``pwrite``: no staging copy and no h5py
+    call per sample. Compressed fields are staged and written through h5py in blocks.
+    """
 
     def __init__(
         self,
@@ -67,28 +77,45 @@ class ShardWriter:
         self.count = count
         filt, level = parse_compression(compression)
         self._file = h5py.File(path, "w", libver="earliest", track_order=False)
-        self._file.attrs["fastdata_format"] = FORMAT_VERSION
-        self._file.attrs["fastdata_start"] = start  # lets a reader notice a shard swapped with another
-        self._dsets: dict[str, Any] = {}
-        self._stage: dict[str, list[np.ndarray]] = {}
-        self._staged_bytes = 0
-        self._written = 0  # samples flushed
-        self._offsets: dict[str, np.ndarray] = {}  # ragged: row offsets, count + 1
-        for f in fields:
-            if f.ragged:
-                rows = ragged_rows[f.name]
-                g = self._file.create_group(f.name)
-                self._dsets[f.name] = self._create(g, "data", (rows, *f.trailing), f, filt, level)
-                self._offsets[f.name] = np.zeros(count + 1, dtype=np.int64)
-            else:
-                self._dsets[f.name] = self._create(self._file, f.name, (count, *f.trailing), f, filt, level)
-            self._stage[f.name] = []
+        self._fd: int | None = None
+        try:
+            self._file.attrs["fastdata_format"] = FORMAT_VERSION
+            self._file.attrs["fastdata_start"] = start  # lets a reader notice a shard swapped with another
+            self._dsets: dict[str, Any] = {}
+            self._stage: dict[str, list[np.ndarray]] = {}
+            self._staged_bytes = 0
+            self._written = 0  # samples flushed (staged fields)
+            self._offsets: dict[str, np.ndarray] = {}  # ragged: row offsets, count + 1
+            self._planned_rows = {f.name: int(ragged_rows[f.name]) for f in fields if f.ragged}
+            self._direct: dict[str, int] = {}  # field -> byte offset of its data in the file (pwrite)
+            for f in fields:
+                if f.ragged:
+                    rows = self._planned_rows[f.name]
+                    g = self._file.create_group(f.name)
+                    self._dsets[f.name] = self._create(g, "data", (rows, *f.trailing), f, filt, level)
+                    self._offsets[f.name] = np.zeros(count + 1, dtype=np.int64)
+                else:
+                    self._dsets[f.name] = self._create(self._file, f.name, (count, *f.trailing), f, filt, level)
+                dset = self._dsets[f.name]
+                if dset.chunks is None and dset.compression is None and dset.id.get_offset() is not None:
+                    self._direct[f.name] = int(dset.id.get_offset())
+                self._stage[f.name] = []
+            self._file.flush()  # the allocated extents are in the file before any pwrite lands there
+            if self._direct:
+                self._fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except BaseException:
+            self._file.close()
+            raise
         self._n = 0
 
     @staticmethod
     def _create(parent: Any, name: str, shape: tuple[int, ...], f: FieldSpec, filt: Any, level: Any) -> Any:
         if filt is None or shape[0] == 0 or math.prod(shape) == 0:
-            return parent.create_dataset(name, shape=shape, dtype=f.np_dtype, track_times=False)
+            # allocated now and never filled: the writer puts every byte in place itself
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+            return parent.create_dataset(name, shape=shape, dtype=f.np_dtype, track_times=False, dcpl=dcpl)
         chunks = (_chunk_rows(f.row_nbytes, shape[0]), *shape[1:])
         return parent.create_dataset(
             name, shape=shape, dtype=f.np_dtype, chunks=chunks, compression=filt,
@@ -99,12 +126,25 @@ class ShardWriter:
         """Append one sample (arrays already validated against the schema)."""
         if self._n >= self.count:
             raise ValueError("shard is full")
+        n = self._n
         for f in self.fields:
             a = sample[f.name]
             if f.ragged:
-                self._offsets[f.name][self._n + 1] = self._offsets[f.name][self._n] + a.shape[0]
-            self._stage[f.name].append(a)
-            self._staged_bytes += a.nbytes
+                offs = self._offsets[f.name]
+                offs[n + 1] = offs[n] + a.shape[0]
+                if offs[n + 1] > self._planned_rows[f.name]:
+                    raise ValueError(f"field {f.name!r}: more rows than planned ({self._planned_rows[f.name]})")
+                pos = int(offs[n]) * f.row_nbytes
+            else:
+                pos = n * f.row_nbytes
+            off = self._direct.get(f.name)
+            if off is not None:
+                if a.nbytes:
+                    assert self._fd is not None
+                    _pwrite_all(self._fd, np.ascontiguousarray(a), off + pos)
+            else:
+                self._stage[f.name].append(a)
+                self._staged_bytes += a.nbytes
         self._n += 1
         if self._staged_bytes >= _STAGE_BYTES:
             self._flush()
@@ -115,6 +155,8 @@ class ShardWriter:
             return
         for f in self.fields:
             parts = self._stage[f.name]
+            if f.name in self._direct or not parts:
+                continue
             dset = self._dsets[f.name]
             if f.ragged:
                 block = np.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -136,8 +178,18 @@ class ShardWriter:
                 raise ValueError(f"shard got {self._n} samples, planned {self.count}")
             for f in self.fields:
                 if f.ragged:
+                    rows = int(self._offsets[f.name][-1])
+                    if rows != self._planned_rows[f.name]:
+                        raise ValueError(f"field {f.name!r}: got {rows} rows, planned {self._planned_rows[f.name]}")
                     self._file[f.name].create_dataset("offsets", data=self._offsets[f.name], track_times=False)
         finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._file is not None:
             self._file.close()
             self._file = None
 
@@ -147,9 +199,15 @@ class ShardWriter:
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
             self.close()
-        elif self._file is not None:
-            self._file.close()
-            self._file = None
+        else:
+            self._release()
+
+
+def _pwrite_all(fd: int, a: np.ndarray, offset: int) -> None:
+    view = memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
 
 
 @dataclass
@@ -161,6 +219,8 @@ class _Column:
     mapped: np.ndarray | None = None  # small samples: a read-only memory map of the column
     dset: Any = None  # chunked/compressed: read through h5py
     offsets: np.ndarray | None = None  # ragged: row offsets, count + 1
+    byte_offsets: list[int] | None = None  # ragged and mapped: offsets in bytes, as Python ints
+    bytes_view: memoryview | None = None  # ragged and mapped: the map as bytes
 
 
 @dataclass
@@ -239,7 +299,14 @@ class ShardReader(ShardReaderBase[_Handle]):
             if nbytes and (off is None or off + nbytes > file_size):
                 raise CorruptShardError(f"{self._where()}: field {f.name!r} data lies outside the file")
             col.offset = off
-            if nbytes and not f.ragged:
+            if nbytes and f.ragged:
+                # every sample is one slice of this map: one copy each, no syscall, no per-sample
+                # layout work (the offsets were checked above, the file size is re-checked per read)
+                col.mapped = np.memmap(self.path, dtype=np.uint8, mode="r", offset=off, shape=(nbytes,))
+                col.bytes_view = memoryview(col.mapped)  # type: ignore[arg-type]
+                assert col.offsets is not None
+                col.byte_offsets = (col.offsets * f.row_nbytes).tolist()
+            elif nbytes and not f.ragged:
                 if nbytes <= _CACHE_COLUMN_BYTES:
                     col.cached = np.empty(expect, dtype=f.np_dtype)
                     pread_into(fd, col.cached, off, self._where())
@@ -264,11 +331,13 @@ class ShardReader(ShardReaderBase[_Handle]):
         assert o is not None
         return o[local + 1] - o[local]
 
-    def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
+    def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
+                  shapes: dict[str, np.ndarray] | None = None) -> None:
         """Sample ``local[k]`` of this shard goes to row ``dest[k]`` of each array in ``outs``.
 
         ``local`` is sorted; runs consecutive in both ``local`` and ``dest`` are read at once.
-        Ragged fields are written into the leading rows of a zero-padded output.
+        Ragged fields are placed as :class:`RaggedOut` does (``shapes``: the batch's image shapes
+        of ``pixels`` fields).
         """
         h = self.handle()
         self._check_unchanged(h.fd, local)
@@ -276,11 +345,15 @@ class ShardReader(ShardReaderBase[_Handle]):
             f = self.fields[name]
             col = h.columns[name]
             if f.ragged:
-                self._read_ragged(h, f, col, local, dest, out)
+                self._read_ragged(h, f, col, local, dest, RaggedOut(out, (shapes or {}).get(name)))
             elif col.cached is not None:
                 out[dest] = col.cached[local]
+            elif col.mapped is not None and f.row_nbytes <= _GATHER_ROW_BYTES:
+                out[dest] = col.mapped[local]  # small rows: one numpy gather
             elif col.mapped is not None:
-                out[dest] = col.mapped[local]
+                m = col.mapped.view(np.ndarray)  # larger rows: one copy per run, straight into the batch
+                for l0, d0, n in runs(local, dest):
+                    out[d0 : d0 + n] = m[l0 : l0 + n]
             elif col.offset is not None:
                 row = f.row_nbytes
                 for l0, d0, n in runs(local, dest):
@@ -289,18 +362,27 @@ class ShardReader(ShardReaderBase[_Handle]):
                 for l0, d0, n in runs(local, dest):
                     self._h5_read(col.dset, np.s_[l0 : l0 + n], out[d0 : d0 + n], l0)
 
-    def _read_ragged(self, h: _Handle, f: FieldSpec, col: _Column, local: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+    def _read_ragged(self, h: _Handle, f: FieldSpec, col: _Column, local: np.ndarray, dest: np.ndarray,
+                     out: RaggedOut) -> None:
         o = col.offsets
         assert o is not None
+        if col.bytes_view is not None:
+            m, bo = col.bytes_view, col.byte_offsets
+            assert bo is not None
+            for l, d in zip(local.tolist(), dest.tolist()):
+                out.put(d, m, bo[l], bo[l + 1] - bo[l])
+            return
+        rows = np.empty(0, dtype=f.np_dtype)
         for l, d in zip(local.tolist(), dest.tolist()):
             r0, r1 = int(o[l]), int(o[l + 1])
             if r1 == r0:
+                out.empty(d)
                 continue
-            target = out[d, : r1 - r0]
-            if col.offset is not None:
-                pread_into(h.fd, target, col.offset + r0 * f.row_nbytes, self._where(l))
-            else:
-                self._h5_read(col.dset, np.s_[r0:r1], target, l)
+            if len(rows) < r1 - r0:
+                rows = np.empty((r1 - r0, *f.trailing), dtype=f.np_dtype)
+            target = rows[: r1 - r0]
+            self._h5_read(col.dset, np.s_[r0:r1], target, l)
+            out.put(d, memoryview(target.reshape(-1).view(np.uint8)), 0, target.nbytes)  # type: ignore[arg-type]
 
     def _h5_read(self, dset: Any, sel: Any, target: np.ndarray, local: int) -> None:
         try:

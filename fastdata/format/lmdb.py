@@ -25,7 +25,7 @@ import math
 import os
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ import lmdb
 import numpy as np
 
 from ..errors import CorruptShardError, UsageError
-from .shardio import ShardReaderBase
+from .shardio import RaggedOut, ShardReaderBase
 from .spec import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"
@@ -41,7 +41,8 @@ MAGIC = b"FDR1"
 SHARD_KEY = b"\xff" * 8  # the shard's own description; sorts after every sample key
 _MAX_SHARD_RECORD = 1 << 20
 _COMMIT_BYTES = 64 << 20
-_GATHER_RECORD_BYTES = 64 << 10  # smaller fixed-layout records are fetched with one getmulti
+_GATHER_RECORD_BYTES = 64 << 10
+_SMALL_FIELD_BYTES = 64  # fixed fields up to this size per sample are kept in a shard's record index  # smaller fixed-layout records are fetched with one getmulti
 _KEY = struct.Struct(">Q")
 _TAIL_GUARD_MIN = 192 << 10  # > the 64 KiB an in-page offset can reach, plus a 64 KiB key size
 
@@ -219,9 +220,23 @@ class ShardWriter:
 
 
 @dataclass
+class _Index:
+    """Every record's layout in one shard, read once per process (schemas with ragged fields):
+    reading a batch then needs no per-sample header parsing, only a length check per record."""
+
+    sizes: np.ndarray  # (count, fields) int64: payload bytes of each field
+    offsets: np.ndarray  # (count, fields) int64: where each payload starts in its record
+    total: np.ndarray  # (count,) int64: record length; -1 for a record that failed its checks
+    bad: dict[int, str]  # local index -> what is wrong with that record
+    small: dict[int, np.ndarray] = field(default_factory=dict)  # field index -> its values (small fixed fields)
+
+
+@dataclass
 class _Handle:
     env: lmdb.Environment
     fd: int  # the same file, for a cheap size check before each read
+    index: _Index | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class ShardReader(ShardReaderBase[_Handle]):
@@ -354,18 +369,74 @@ class ShardReader(ShardReaderBase[_Handle]):
             start = np.frombuffer(self._get(txn, 0), dtype=np.uint8).ctypes.data
         return (start + self._field_offsets[self._index[name]]) % 64
 
+    def records(self) -> _Index:
+        """The layout of every record of this shard, built on first use in each process by reading
+        each record's header once; a bad record is remembered and raises when it is read."""
+        h = self.handle()
+        if h.index is not None:
+            return h.index
+        with h.lock:
+            if h.index is None:
+                h.index = self._build_index(h)
+        return h.index
+
+    def _build_index(self, h: _Handle) -> _Index:
+        n, nf, hs = self.info.count, len(self.all_fields), self._header_size
+        sizes = np.zeros((n, nf), dtype=np.int64)
+        total = np.full(n, -1, dtype=np.int64)
+        bad: dict[int, str] = {}
+        # small fixed fields (labels, image shapes) are kept whole: a batch reads them without records
+        small = {i: np.zeros((n, *f.trailing), dtype=f.np_dtype).view(np.uint8).reshape(n, f.row_nbytes)
+                 for i, f in enumerate(self.all_fields) if not f.ragged and 0 < f.row_nbytes <= _SMALL_FIELD_BYTES}
+        first = key(self.info.start)
+        self._check_unchanged(h.fd, np.zeros(1, dtype=np.int64))
+        try:
+            with h.env.begin(buffers=True) as txn, txn.cursor() as cur:
+                ok = cur.set_range(first)
+                while ok:
+                    k = bytes(cur.key())
+                    if len(k) != 8:
+                        break
+                    local = _KEY.unpack(k)[0] - self.info.start
+                    if not 0 <= local < n:
+                        break
+                    buf = cur.value()
+                    try:
+                        layout = self._layout(buf, local)
+                    except CorruptShardError as e:
+                        bad[local] = str(e)
+                    else:
+                        sizes[local] = [s for _, s in layout]
+                        total[local] = len(buf)
+                        for i, col in small.items():
+                            col[local] = np.frombuffer(buf, np.uint8, col.shape[1], layout[i][0])
+                    ok = cur.next()
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+        for local in np.flatnonzero(total < 0).tolist():
+            bad.setdefault(local, f"{self._where(local)}: record is missing")
+        offsets = hs + np.cumsum(sizes, axis=1) - sizes
+        values = {i: col.view(self.all_fields[i].np_dtype).reshape((n, *self.all_fields[i].trailing))
+                  for i, col in small.items()}
+        return _Index(sizes=sizes, offsets=offsets, total=total, bad=bad, small=values)
+
+    def _check_good(self, ix: _Index, local: np.ndarray) -> None:
+        if ix.bad:
+            broken = ix.total[local] < 0
+            if broken.any():
+                raise CorruptShardError(ix.bad[int(local[np.argmax(broken)])])
+
     def lengths(self, name: str, local: np.ndarray) -> np.ndarray:
         i = self._index[name]
         f = self.all_fields[i]
-        out = np.empty(len(local), dtype=np.int64)
-        with self._env(local).begin(buffers=True) as txn:
-            for k, l in enumerate(local.tolist()):
-                _, size = self._layout(self._get(txn, l), l)[i]
-                out[k] = size // f.row_nbytes if f.row_nbytes else 0
-        return out
+        ix = self.records()
+        self._check_good(ix, local)
+        return ix.sizes[local, i] // f.row_nbytes if f.row_nbytes else np.zeros(len(local), dtype=np.int64)
 
-    def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
-        """Sample ``local[k]`` goes to row ``dest[k]`` of each array in ``outs`` (ragged: leading rows)."""
+    def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
+                  shapes: dict[str, np.ndarray] | None = None) -> None:
+        """Sample ``local[k]`` goes to row ``dest[k]`` of each array in ``outs``; ragged fields as
+        :class:`RaggedOut` places them (``shapes``: the batch's image shapes of ``pixels`` fields)."""
         if self._record_size is not None and self._record_size <= _GATHER_RECORD_BYTES:
             self._read_small(local, dest, outs)
             return
@@ -373,19 +444,33 @@ class ShardReader(ShardReaderBase[_Handle]):
         if self._record_size is not None:
             self._read_fixed(local, dest, wanted)
             return
+        ix = self.records()
+        self._check_good(ix, local)
+        totals = ix.total[local].tolist()
+        plan: list[tuple[Any, ...]] = []
+        for i, f, out in wanted:
+            if i in ix.small:
+                out[dest] = ix.small[i][local]  # no record needed
+                continue
+            offs, sizes = ix.offsets[local, i].tolist(), ix.sizes[local, i].tolist()
+            if f.ragged:
+                plan.append((offs, sizes, None, RaggedOut(out, (shapes or {}).get(f.name)), None, None))
+            else:
+                plan.append((offs, sizes, out, None, f.np_dtype, f.trailing))
+        if not plan:
+            return
         with self._env(local).begin(buffers=True) as txn:
-            for l, d in zip(local.tolist(), dest.tolist()):
+            for k, (l, d) in enumerate(zip(local.tolist(), dest.tolist())):
                 buf = self._get(txn, l)
-                layout = self._layout(buf, l)
-                for i, f, out in wanted:
-                    off, size = layout[i]
-                    if size == 0:
-                        continue
-                    src = np.frombuffer(buf, dtype=f.np_dtype, count=size // f.np_dtype.itemsize, offset=off)
-                    if f.ragged:
-                        out[d, : size // f.row_nbytes] = src.reshape((size // f.row_nbytes, *f.trailing))
+                if len(buf) != totals[k]:
+                    self._layout(buf, l)  # raises, naming what is wrong
+                    raise CorruptShardError(f"{self._where(l)}: record changed size while the shard was open")
+                for offs, sizes, out, placer, dtype, shape in plan:
+                    off, size = offs[k], sizes[k]
+                    if placer is not None:  # copies out before the transaction ends
+                        placer.put(d, buf, off, size)
                     else:
-                        out[d] = src.reshape(f.trailing)  # copies out before the transaction ends
+                        out[d] = np.frombuffer(buf, dtype=dtype, count=size // dtype.itemsize, offset=off).reshape(shape)
 
     def _read_fixed(self, local: np.ndarray, dest: np.ndarray, wanted: list[tuple[int, FieldSpec, np.ndarray]]) -> None:
         """Fixed-layout records: one header comparison per record, then straight copies."""

@@ -18,6 +18,7 @@ from ..fileio import fsync_dir, write_atomic
 from .spec import (
     _FILE_RE,
     _SHA_RE,
+    CHECKSUMS,
     FORMAT_NAME,
     MANIFEST_NAME,
     MAX_CLASSES,
@@ -31,6 +32,7 @@ from .spec import (
     ShardInfo,
     _check_field,
     _is_int,
+    parse_checksum,
     parse_image_spec,
     validate,
 )
@@ -84,7 +86,7 @@ def parse_manifest(obj: Any, where: str = "manifest") -> Manifest:
         )
     try:
         fields = [_parse_field(f) for f in _list(obj, "fields", MAX_FIELDS)]
-        shards = [_parse_shard(s) for s in _list(obj, "shards", MAX_SHARDS)]
+        shards = [_parse_shard(s, version) for s in _list(obj, "shards", MAX_SHARDS)]
         classes = obj.get("classes")
         if classes is not None:
             if not isinstance(classes, list) or len(classes) > MAX_CLASSES:
@@ -127,7 +129,7 @@ def _parse_field(obj: Any) -> FieldSpec:
     return spec
 
 
-def _parse_shard(obj: Any) -> ShardInfo:
+def _parse_shard(obj: Any, version: int) -> ShardInfo:
     if not isinstance(obj, dict):
         raise FormatError("shard entry is not an object")
     name = obj.get("file")
@@ -137,13 +139,23 @@ def _parse_shard(obj: Any) -> ShardInfo:
         v = obj.get(key)
         if not _is_int(v) or not 0 <= v <= (1 << 50):
             raise FormatError(f"shard {name!r}: bad {key} {v!r}")
-    sha = obj.get("sha256")
-    if not isinstance(sha, str) or not _SHA_RE.match(sha):
-        raise FormatError(f"shard {name!r}: bad sha256 {sha!r}")
+    if version < 2:  # version 1: "sha256": "<hex>"
+        sha = obj.get("sha256")
+        if not isinstance(sha, str) or not _SHA_RE.match(sha):
+            raise FormatError(f"shard {name!r}: bad sha256 {sha!r}")
+        checksum = f"sha256:{sha}"
+    else:
+        value = parse_checksum(obj.get("checksum"))
+        if value is None:
+            known = ", ".join(CHECKSUMS)
+            raise FormatError(f"shard {name!r}: bad checksum {obj.get('checksum')!r} (expected '<algorithm>:<hex>', "
+                              f"algorithm one of {known})")
+        checksum = value
     origin = obj.get("origin")
     if origin is not None and (not _is_int(origin) or not 0 <= origin <= (1 << 50)):
         raise FormatError(f"shard {name!r}: bad origin {origin!r}")
-    return ShardInfo(file=name, start=obj["start"], count=obj["count"], bytes=obj["bytes"], sha256=sha, origin=origin)
+    return ShardInfo(file=name, start=obj["start"], count=obj["count"], bytes=obj["bytes"], checksum=checksum,
+                     origin=origin)
 
 
 def _list(obj: dict[str, Any], key: str, limit: int) -> list[Any]:

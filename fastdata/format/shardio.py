@@ -1,5 +1,6 @@
 """What the HDF5 and LMDB shard readers share: the reader base (open checked against the
-manifest, error places, size re-checks) and splitting index arrays into consecutive runs."""
+manifest, error places, size re-checks), splitting index arrays into consecutive runs, and
+placing ragged samples into their padded batch rows."""
 
 from __future__ import annotations
 
@@ -25,6 +26,57 @@ def runs(local: np.ndarray, dest: np.ndarray) -> list[tuple[int, int, int]]:
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [n]))
     return [(int(local[s]), int(dest[s]), int(e - s)) for s, e in zip(starts, ends)]
+
+
+_SMALL_COPY = 16 << 10  # smaller copies go through memoryviews (less overhead than numpy; GIL held)
+
+
+class RaggedOut:
+    """The batch array of one ragged field, filled sample by sample with one copy each.
+
+    ``out`` is ``(B, rows, *trailing)``: sample bytes go to the start of row ``d`` and the rest
+    of the row is zeroed (``out`` need not be zeroed beforehand). With ``shapes`` (a ``pixels``
+    image field: ``(B, 3)`` true ``(H, W, C)`` per batch row), ``out`` is ``(B, H, W, C)`` and
+    each image goes to ``out[d, :h, :w]``, zero-padded to the right and below.
+    Shapes and byte counts must already be checked against each other.
+    """
+
+    def __init__(self, out: np.ndarray, shapes: np.ndarray | None = None) -> None:
+        self.out = out
+        self.flat = out.reshape(-1).view(np.uint8)
+        self.mv = memoryview(self.flat)  # type: ignore[arg-type]
+        self.stride = self.flat.size // len(out) if len(out) else 0
+        self.zeros = memoryview(bytes(min(self.stride, _SMALL_COPY)))
+        self.shapes = None if shapes is None else shapes.tolist()
+        self.uniform = shapes is None or bool(len(shapes) == 0 or np.all(shapes[:, :2] == out.shape[1:3]))
+        if not self.uniform:
+            self.rows = out.reshape(out.shape[0], out.shape[1], -1)
+
+    def put(self, d: int, src: memoryview, off: int, n: int) -> None:
+        """Bytes ``src[off:off + n]`` (a 1-D byte memoryview) into batch row ``d``, padding zeroed."""
+        a = d * self.stride
+        if self.shapes is None or self.uniform:
+            if n <= _SMALL_COPY:
+                self.mv[a : a + n] = src[off : off + n]
+            else:
+                self.flat[a : a + n] = np.frombuffer(src, np.uint8, n, off)
+            self.zero(a + n, a + self.stride)
+            return
+        h, w, c = self.shapes[d]
+        o = self.rows[d]  # (H, W*C): rows of pixels as plain byte rows, far faster to copy than (h, w, c)
+        o[:h, : w * c] = np.frombuffer(src, np.uint8, n, off).reshape(h, w * c)
+        o[:h, w * c :].fill(0)
+        o[h:].fill(0)
+
+    def zero(self, a: int, b: int) -> None:
+        if b - a <= len(self.zeros):
+            self.mv[a:b] = self.zeros[: b - a]
+        else:
+            self.flat[a:b] = 0
+
+    def empty(self, d: int) -> None:
+        """Batch row ``d`` holds nothing (an empty sample): all padding."""
+        self.zero(d * self.stride, (d + 1) * self.stride)
 
 
 class ShardReaderBase(PerProcessHandle[H]):

@@ -126,9 +126,13 @@ def _need(by_name: dict[str, FieldSpec], name: str, dtype: str, shape: tuple[int
 
 
 FORMAT_NAME = "fastdata"
-FORMAT_VERSION = 1  # what a conversion writes (and HDF5 shards record)
+FORMAT_VERSION = 2  # what a conversion writes. 2: shard checksums name their algorithm ("checksum":
+# "xxh3_128:<hex>") and a shard may carry an ``origin``; 1: "sha256" only, no origin
 ORIGIN_VERSION = 2  # a manifest with a shard ``origin`` (``fastdata merge``) needs a reader of at least this
 READ_VERSION = 2  # the newest manifest version this fastdata reads
+# Shard checksum algorithms: name -> hex digits. Writers use CHECKSUM_DEFAULT; readers verify any of these.
+CHECKSUMS = {"xxh3_128": 32, "sha256": 64}
+CHECKSUM_DEFAULT = "xxh3_128"
 MANIFEST_NAME = "manifest.json"
 BACKENDS = ("hdf5", "lmdb")
 ENCODINGS = (ENCODING_RAW, ENCODING_PIXELS, ENCODING_IMAGE)  # images: see above
@@ -147,6 +151,7 @@ MAX_CLASSES = 10_000_000
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_HEX_RE = re.compile(r"^[0-9a-f]+$")
 # Plain numeric dtypes only: no objects, strings, structured or datetime types.
 _DTYPE_KINDS = "biufc"
 
@@ -193,7 +198,8 @@ class FieldSpec:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard file: which samples it holds, its size and its SHA-256.
+    """One shard file: which samples it holds, its size and its checksum, ``"<algorithm>:<hex>"``
+    (an algorithm of ``CHECKSUMS``; format version 1 manifests hold SHA-256 only).
 
     ``origin``: the sample index the file numbers its samples from, when that is not ``start``
     (a shard ``fastdata merge`` hard-linked from another dataset keeps its bytes, hence its numbering).
@@ -203,7 +209,7 @@ class ShardInfo:
     start: int
     count: int
     bytes: int
-    sha256: str
+    checksum: str
     origin: int | None = None
 
     @property
@@ -211,11 +217,33 @@ class ShardInfo:
         """The index of the shard's first sample inside its file (HDF5 attribute, LMDB keys)."""
         return self.start if self.origin is None else self.origin
 
-    def to_json(self) -> dict[str, Any]:
-        out = {"file": self.file, "start": self.start, "count": self.count, "bytes": self.bytes, "sha256": self.sha256}
+    @property
+    def checksum_algorithm(self) -> str:
+        return self.checksum.partition(":")[0]
+
+    def to_json(self, version: int = FORMAT_VERSION) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.file, "start": self.start, "count": self.count, "bytes": self.bytes}
+        if version < 2:
+            algo, _, digest = self.checksum.partition(":")
+            if algo != "sha256":
+                raise FormatError(f"shard {self.file!r}: format version {version} can only record SHA-256 checksums")
+            out["sha256"] = digest
+        else:
+            out["checksum"] = self.checksum
         if self.origin is not None:
             out["origin"] = self.origin
         return out
+
+
+def parse_checksum(value: Any) -> str | None:
+    """``value`` if it is a well-formed ``"<algorithm>:<hex>"`` checksum of a known algorithm, else None."""
+    if not isinstance(value, str):
+        return None
+    algo, _, digest = value.partition(":")
+    digits = CHECKSUMS.get(algo)
+    if digits is None or len(digest) != digits or not _HEX_RE.match(digest):
+        return None
+    return value
 
 
 @dataclass
@@ -244,7 +272,7 @@ class Manifest:
             "num_samples": self.num_samples,
             "fields": [f.to_json() for f in self.fields],
             "classes": self.classes,
-            "shards": [s.to_json() for s in self.shards],
+            "shards": [s.to_json(self.version) for s in self.shards],
             "source": self.source,
         }
 

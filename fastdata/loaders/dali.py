@@ -94,6 +94,8 @@ def dali_problem(device: torch.device) -> str | None:
 def dali_unsupported(ds: Dataset, augment: Augment | None, config: LoaderConfig | None) -> str | None:
     """Why the DALI backend cannot serve ``ds`` with ``augment`` (a dtype it cannot carry, an
     augmentation it cannot express), or None; nothing is built and DALI is not imported."""
+    if config is not None and config.image_dtype != "float32":
+        return f"the DALI backend gives float images only, not image_dtype={config.image_dtype!r}"
     try:
         _attach_augment(plan_routes(ds, (config or LoaderConfig()).images), augment)
     except UsageError as e:
@@ -122,6 +124,9 @@ class DaliLoader(Loader):
         self._dali = import_dali()
         check_device(self._dali, device)
         self.threads = max(1, threads)
+        problem = dali_unsupported(dataset, None, self.config) if self.config.image_dtype != "float32" else None
+        if problem is not None:
+            raise UsageError(f"{problem}: use backend='torch'")
         self.routes: list[Route] = plan_routes(dataset, self.config.images)
         _attach_augment(self.routes, self.augment)
         # In CPU mode labels and other plain fields need nothing from DALI (measured: passing them

@@ -24,6 +24,20 @@ Batch = dict[str, torch.Tensor]
 _MAX_INFLIGHT = 4  # host batches whose copy to the GPU may still be queued (each holds pinned buffers)
 
 
+_CHUNK = 1 << 16  # elements: 64 KiB of uint8 in, 256 KiB of float out, both stay in the core's cache
+
+
+def to_unit_float(x: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = x / 255`` for a uint8 tensor into a float32 one of the same shape, in one pass over
+    memory: chunk by chunk, so the scaling reads back floats still in cache. Loader threads convert
+    their own batches in parallel; each chunk may also use torch's intra-op threads."""
+    xf, of = x.reshape(-1), out.view(-1)
+    n = xf.numel()
+    for s in range(0, n, _CHUNK):
+        e = min(n, s + _CHUNK)
+        of[s:e].copy_(xf[s:e]).mul_(1 / 255)
+
+
 def mixed_sizes(batch: Batch) -> frozenset[str]:
     """Image fields of a host batch whose images differ in size (padded; true sizes in ``<name>_shape``)."""
     mixed = set()
@@ -39,7 +53,11 @@ class DeviceStage:
     """Moves host batches to ``device`` and applies image conversion and augmentation there."""
 
     def __init__(self, device: torch.device, augment: Augment | None, seed: int, channels_last: bool,
-                 images: tuple[str, ...], rank: int = 0) -> None:
+                 images: tuple[str, ...], rank: int = 0, keep_uint8: bool = False) -> None:
+        if keep_uint8 and augment is not None and augment.ops:
+            raise UsageError("LoaderConfig(image_dtype='uint8') keeps images as stored; augmentation needs float "
+                             "images: drop augment, or use image_dtype='float32'")
+        self.keep_uint8 = keep_uint8
         self.device = device
         self.augment = augment
         self.seed = seed
@@ -51,6 +69,8 @@ class DeviceStage:
     def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset()) -> Batch:
         """Images to float NCHW, then augmentation; ``mixed``: image fields padded from mixed sizes
         (see :func:`mixed_sizes`), augmented image by image at their true sizes."""
+        if self.keep_uint8:
+            return batch
         for name in self.images:
             batch[name] = self._to_float(batch[name])
         if self.augment is not None and self.augment.ops:
@@ -66,11 +86,12 @@ class DeviceStage:
     def _to_float(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1]; NHWC memory is channels_last NCHW."""
         if x.is_cuda:
-            out = x.float()  # the caching allocator already reuses device memory
+            out = x.float().mul_(1 / 255)  # the caching allocator already reuses device memory
         else:
-            out = self._floats.take(tuple(x.shape), torch.float32).copy_(x)
+            out = self._floats.take(tuple(x.shape), torch.float32)
+            to_unit_float(x, out)
             self._floats.lend(out)  # reused once the batch (and every view of it) is dropped
-        y = out.mul_(1 / 255).permute(0, 3, 1, 2)
+        y = out.permute(0, 3, 1, 2)
         return y if self.channels_last else y.contiguous()
 
     def mixed(self, host: Batch) -> frozenset[str]:

@@ -25,23 +25,42 @@ Post = Callable[[HostBatch, int], HostBatch]
 
 
 class _BufferPool:
-    """One recycled buffer per fixed-shape native-endian field of a batch (fastdata.loaders.buffers);
-    ragged and byte-swapped fields are read fresh."""
+    """Recycled buffers (fastdata.loaders.buffers) for the native-endian fields of a batch: one of
+    the batch's shape per fixed-shape field, and a flat one per ragged field (and image fields
+    stored ragged), sized from the batches seen so far, which the padded batch is a view of.
+    Byte-swapped fields are read fresh."""
 
     def __init__(self, dataset: Dataset, pin: bool) -> None:
+        self.pin = pin
         self.fixed = [(f.name, f.trailing, torch_dtype(f.np_dtype), dataset.copy_phase(f.name))
                       for f in dataset.schema if not f.ragged and f.np_dtype.isnative]
         self.recyclers = {name: Recycler(pin) for name, *_ in self.fixed}  # one per field: its own phase
+        self.ragged = {f.name: torch_dtype(f.np_dtype) for f in dataset.schema if f.ragged and f.np_dtype.isnative}
+        self.capacity = dict.fromkeys(self.ragged, 0)  # elements; 0 until a batch was seen
+        for name in self.ragged:
+            self.recyclers[name] = Recycler(pin)
 
     def take(self, b: int) -> dict[str, torch.Tensor]:
         """Buffers for a batch of ``b``, aligned like the shard's bytes; they belong to the caller
         until :meth:`give_back`."""
-        return {name: self.recyclers[name].take((b, *shape), dtype, phase) for name, shape, dtype, phase in self.fixed}
+        bufs = {name: self.recyclers[name].take((b, *shape), dtype, phase) for name, shape, dtype, phase in self.fixed}
+        for name, dtype in self.ragged.items():
+            if self.capacity[name]:
+                bufs[name] = self.recyclers[name].take((self.capacity[name],), dtype)
+        return bufs
+
+    def saw(self, name: str, numel: int) -> None:
+        """A batch of ragged field ``name`` needed ``numel`` elements: later buffers hold 25% more
+        (a new recycler: buffers of the old size are dropped once their batches are)."""
+        if numel > self.capacity.get(name, numel):
+            self.capacity[name] = numel + numel // 4
+            self.recyclers[name] = Recycler(self.pin)
 
     def give_back(self, bufs: dict[str, torch.Tensor]) -> None:
         """The batch was yielded: reuse its buffers once the consumer lets go of them."""
         for name, t in bufs.items():
-            self.recyclers[name].lend(t)
+            if t.numel() == self.capacity.get(name, t.numel()):  # not from a recycler since replaced
+                self.recyclers[name].lend(t)
 
 
 def to_tensors(batch: dict[str, np.ndarray]) -> HostBatch:
@@ -68,8 +87,11 @@ class ThreadReader:
             batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()})
         except Exception as e:
             raise wrap_error(e, f"loader thread, batch {k}") from e
-        result = to_tensors({name: v for name, v in batch.items() if name not in bufs})
-        result.update(bufs)
+        for name in self.pool.ragged:
+            self.pool.saw(name, batch[name].size)  # ragged results are views of their buffer when it was large enough
+        fixed = {name: t for name, t in bufs.items() if name not in self.pool.ragged}
+        result = to_tensors({name: v for name, v in batch.items() if name not in fixed})
+        result.update(fixed)
         return post(result, k) if post is not None else result
 
     def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None) -> Iterator[HostBatch]:

@@ -36,7 +36,8 @@ class TorchLoader(Loader):
         else:
             self._reader = ThreadReader(self.dataset, self.workers, config.prefetch, pin)
         images = config.images if config.images is not None else image_fields(self.dataset.schema)
-        self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images)
+        self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
+                                   keep_uint8=config.image_dtype == "uint8")
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
         self._device.rank = self.world.rank  # the world of this pass (read when it started)

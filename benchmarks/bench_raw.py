@@ -1,0 +1,392 @@
+"""Raw data at memory speed (issue 16): every figure a ratio to its ceiling, measured in one run.
+
+Usage::
+
+    python benchmarks/bench_raw.py [--quick] [--workdir DIR] [--out DIR]
+
+Sections (random batches of 64, seeded; every source read once first, so all reads hit the page
+cache; methods alternate in rounds after one discarded warm-up round, the figure is the median round):
+
+1. raw images: 256x256 synthetic photos converted ``--images raw`` (all one shape, so a fixed-shape
+   field), HDF5 and LMDB. ``fastdata.loader`` keeping uint8 (``LoaderConfig(image_dtype="uint8")``)
+   against a 2-thread memcpy gather of the same rows from RAM into reused buffers; the default float
+   output against a plain 2-thread torch conversion (``x.float().div_(255)``, torch threads = 2) of
+   uint8 batches already in RAM.
+2. variable-size samples, ``get_batch`` into reused ``out=`` buffers (the loader's way) in one
+   thread: mixed-size raw images (sides 160-352) against fixed-shape images of the same average
+   bytes; ragged float32 sequences of 10-100 rows of 16 against fixed (55, 16) samples.
+3. JPEG shards (``--images encoded``: the same JPEG bytes): the loader's default float output
+   against simplejpeg decoding the same bytes on 2 threads, no loader.
+4. ``fastdata convert`` (2 workers) of a ~1.8 GB folder of (2, 256, 21, 21) float32 ``.npy`` files
+   against reading every file and writing the bytes into one file, then fsync.
+5. the ``.npy`` loader: ``fastdata.loader`` on that HDF5 dataset against a 2-thread memcpy gather.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness  # noqa: E402
+import bench_images  # noqa: E402
+
+import converters  # noqa: E402
+import fastdata  # noqa: E402
+from fastdata.examples import write_npy_folder  # noqa: E402
+from fastdata.loaders import LoaderConfig  # noqa: E402
+
+BATCH = 64
+THREADS = 2
+NPY_SHAPE = (2, 256, 21, 21)
+FULL = {"images": 2000, "mixed": 800, "seqs": 10000, "npy": 2000, "rounds": 3}
+QUICK = {"images": 200, "mixed": 100, "seqs": 1000, "npy": 100, "rounds": 1}
+TARGETS = {  # row -> (ratio to its ceiling, "min" or "max")
+    "raw uint8": (0.6, "min"), "raw float": (0.7, "min"), "mixed images": (0.5, "min"),
+    "ragged sequences": (0.5, "min"), "jpeg float": (0.8, "min"), "convert": (1.5, "max"), "npy loader": (0.8, "min"),
+}
+
+
+def rounds(methods: dict[str, Callable[[], int]], n_rounds: int) -> dict[str, dict[str, float]]:
+    """Samples/s of each method: one warm-up round, then ``n_rounds`` interleaved rounds; median and range."""
+    rates: dict[str, list[float]] = {k: [] for k in methods}
+    for r in range(n_rounds + 1):
+        for name, fn in methods.items():
+            t0 = time.perf_counter()
+            n = fn()
+            if r:
+                rates[name].append(n / (time.perf_counter() - t0))
+    return {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in rates.items()}
+
+
+def plans(n: int, epochs: int, seed: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [[p[a : a + BATCH] for a in range(0, n, BATCH)] for p in (rng.permutation(n) for _ in range(epochs))]
+
+
+def gather_epoch(data: np.ndarray, plan: list[np.ndarray], bufs: list[np.ndarray], pool: ThreadPoolExecutor) -> int:
+    """The ceiling: each batch's rows copied from RAM into a reused buffer, batches on 2 threads."""
+
+    def gather(k: int) -> int:
+        out = bufs[k % len(bufs)][: len(plan[k])]
+        for j, i in enumerate(plan[k].tolist()):
+            out[j] = data[i]
+        return len(plan[k])
+
+    return sum(pool.map(gather, range(len(plan))))
+
+
+def loader_epoch(ld: Any, field: str) -> int:
+    n = 0
+    for batch in ld:
+        n += batch[field].shape[0]
+    return n
+
+
+def make_mixed(root: Path, n: int) -> None:
+    """``n`` JPEGs with sides drawn from 160-352 (average about 256x256), in one class folder."""
+    rng = np.random.default_rng(7)
+    (root / "c").mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        h, w = (int(v) for v in rng.integers(160, 353, 2))
+        y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+        base = (np.stack([x / w, y / h, (x + y) / (w + h)], -1) * 255 + rng.normal(0, 12, (h, w, 3)))
+        buf = io.BytesIO()
+        Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+        (root / "c" / f"{i:05d}.jpg").write_bytes(buf.getvalue())
+
+
+def make_seqs(root: Path, n: int) -> None:
+    rng = np.random.default_rng(8)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        np.save(root / f"{i:06d}.npy", rng.standard_normal((int(rng.integers(10, 101)), 16)).astype(np.float32))
+
+
+def get_batch_epoch(ds: fastdata.Dataset, plan: list[np.ndarray], out: dict[str, np.ndarray]) -> int:
+    fixed = {f.name for f in ds.schema if not f.ragged}
+    for idx in plan:
+        ds.get_batch(idx, out={k: v[: len(idx)] if k in fixed else v for k, v in out.items()})
+    return sum(len(p) for p in plan)
+
+
+def reuse_buffers(ds: fastdata.Dataset, plan: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """``out=`` buffers as the loader keeps them: batch-shaped for fixed fields, flat and large
+    enough for the biggest batch for ragged ones."""
+    out: dict[str, np.ndarray] = {}
+    for f in ds.schema:
+        if not f.ragged:
+            out[f.name] = np.empty((BATCH, *f.shape), f.np_dtype)
+    biggest = {f.name: 0 for f in ds.schema if f.ragged}
+    for idx in plan:
+        b = ds.get_batch(idx)
+        for name in biggest:
+            biggest[name] = max(biggest[name], b[name].size)
+    for f in ds.schema:
+        if f.ragged:
+            out[f.name] = np.empty(biggest[f.name], f.np_dtype)
+    return out
+
+
+def section_raw(work: Path, cfg: dict[str, int], jpegs: Path) -> dict[str, Any]:
+    n = cfg["images"]
+    res: dict[str, Any] = {"rows": {}, "conversions": {}}
+    for be in ("hdf5", "lmdb"):
+        rep = converters.convert(jpegs, work / f"raw_{be}", converters.WriteOptions(backend=be, workers=THREADS),
+                                 images=converters.ImageOptions(images="raw"))
+        res["conversions"][f"raw {be}"] = rep.summary()
+    ds = fastdata.open(work / "raw_hdf5")
+    assert ds.manifest.fields[0].shape == (256, 256, 3), ds.manifest.fields[0]
+    data = ds.get_batch(np.arange(n))["image"]  # every image, in RAM
+    epoch_plans = plans(n, 4, 1)
+    pool = ThreadPoolExecutor(THREADS)
+    bufs = [np.empty((BATCH, 256, 256, 3), np.uint8) for _ in range(4)]
+    batches = [torch.from_numpy(data[p]) for p in epoch_plans[0][:4]]
+    nb = len(epoch_plans[0])
+    floats = [torch.empty(b.shape, dtype=torch.float32) for b in batches]
+
+    def torch_plain() -> int:
+        for k in range(nb):
+            batches[k % 4].float().div_(255)
+        return n
+
+    def torch_reused() -> int:
+        for k in range(nb):
+            floats[k % 4].copy_(batches[k % 4]).mul_(1 / 255)
+        return n
+
+    methods: dict[str, Callable[[], int]] = {
+        "ceiling: 2-thread memcpy gather": lambda: gather_epoch(data, epoch_plans[0], bufs, pool),
+        "ceiling: torch x.float().div_(255), 2 threads": torch_plain,
+        "info: torch copy_+mul_ into reused buffers, 2 threads": torch_reused,
+    }
+    loaders = {}
+    for be in ("hdf5", "lmdb"):
+        loaders[f"{be} loader uint8"] = fastdata.loader(work / f"raw_{be}", BATCH, device="cpu", num_workers=THREADS,
+                                                        config=LoaderConfig(image_dtype="uint8"))
+        loaders[f"{be} loader float (default)"] = fastdata.loader(work / f"raw_{be}", BATCH, device="cpu",
+                                                                  num_workers=THREADS)
+    for name, ld in loaders.items():
+        methods[name] = lambda ld=ld: loader_epoch(ld, "image")
+    rates = rounds(methods, cfg["rounds"])
+    for ld in loaders.values():
+        ld.close()
+    pool.shutdown()
+    gather = rates["ceiling: 2-thread memcpy gather"]["median"]
+    conv = rates["ceiling: torch x.float().div_(255), 2 threads"]["median"]
+    for be in ("hdf5", "lmdb"):
+        res["rows"][f"raw uint8 ({be})"] = ("raw uint8", rates[f"{be} loader uint8"]["median"], gather,
+                                           "loader uint8 / memcpy gather")
+        res["rows"][f"raw float ({be})"] = ("raw float", rates[f"{be} loader float (default)"]["median"], conv,
+                                           "loader float / torch x.float().div_(255)")
+    res["rates"] = rates
+    return res
+
+
+def section_ragged(work: Path, cfg: dict[str, int]) -> dict[str, Any]:
+    res: dict[str, Any] = {"rows": {}, "rates": {}}
+    mixed_src, seq_src = work / "mixed_src", work / "seq_src"
+    make_mixed(mixed_src, cfg["mixed"])
+    make_seqs(seq_src, cfg["seqs"])
+    for be in ("hdf5", "lmdb"):
+        converters.convert(mixed_src, work / f"mixed_{be}", converters.WriteOptions(backend=be, workers=THREADS),
+                           images=converters.ImageOptions(images="raw"), no_labels=True)
+        converters.convert(seq_src, work / f"seq_{be}", converters.WriteOptions(backend=be, workers=THREADS),
+                           no_labels=True)
+    mixed = fastdata.open(work / "mixed_hdf5")
+    assert mixed.manifest.fields[0].encoding == "pixels"
+    shapes = mixed.get_batch(np.arange(len(mixed)))["image_shape"]
+    side = int(round(float(np.sqrt((shapes[:, 0] * shapes[:, 1]).mean()))))
+    rng = np.random.default_rng(9)
+    np.save(work / "fixed_img.npy", rng.integers(0, 256, (cfg["mixed"], side, side, 3), dtype=np.uint8))
+    seqs = fastdata.open(work / "seq_hdf5")
+    mean_rows = float(seqs.get_batch(np.arange(len(seqs)))["x_lengths"].mean())
+    rows = int(round(mean_rows))
+    np.save(work / "fixed_seq.npy", rng.standard_normal((cfg["seqs"], rows, 16)).astype(np.float32))
+    for be in ("hdf5", "lmdb"):
+        converters.convert(None, work / f"fixedimg_{be}", converters.WriteOptions(backend=be, workers=THREADS),
+                           arrays={"image": work / "fixed_img.npy"})
+        converters.convert(None, work / f"fixedseq_{be}", converters.WriteOptions(backend=be, workers=THREADS),
+                           arrays={"x": work / "fixed_seq.npy"})
+    _harness.warm_page_cache(work)
+    methods: dict[str, Callable[[], int]] = {}
+    for kind, n, fixed_name, ragged_name in (("img", cfg["mixed"], "fixedimg", "mixed"),
+                                             ("seq", cfg["seqs"], "fixedseq", "seq")):
+        plan = plans(n, 1, 3)[0]
+        for be in ("hdf5", "lmdb"):
+            for name in (fixed_name, ragged_name):
+                ds = fastdata.open(work / f"{name}_{be}")
+                out = reuse_buffers(ds, plan)
+                methods[f"{name} {be}"] = lambda ds=ds, plan=plan, out=out: get_batch_epoch(ds, plan, out)
+    rates = rounds(methods, cfg["rounds"])
+    res["rates"] = rates
+    res["average_image"] = f"{side}x{side}x3 ({side * side * 3} bytes); mixed average {(shapes.prod(1)).mean():.0f} bytes"
+    res["average_sequence"] = f"({rows}, 16) float32; ragged average {mean_rows:.1f} rows"
+    for be in ("hdf5", "lmdb"):
+        res["rows"][f"mixed images ({be})"] = ("mixed images", rates[f"mixed {be}"]["median"],
+                                              rates[f"fixedimg {be}"]["median"], "get_batch mixed / fixed same bytes")
+        res["rows"][f"ragged sequences ({be})"] = ("ragged sequences", rates[f"seq {be}"]["median"],
+                                                  rates[f"fixedseq {be}"]["median"], "get_batch ragged / fixed same bytes")
+    return res
+
+
+def section_jpeg(work: Path, cfg: dict[str, int], jpegs: Path) -> dict[str, Any]:
+    import simplejpeg
+
+    n = cfg["images"]
+    converters.convert(jpegs, work / "jpeg_ds", converters.WriteOptions(workers=THREADS),
+                       images=converters.ImageOptions(images="encoded"))
+    files = sorted(jpegs.rglob("*.jpg"))
+    blobs = [p.read_bytes() for p in files]
+    plan = plans(n, 1, 4)[0]
+    pool = ThreadPoolExecutor(THREADS)
+
+    def decode_epoch() -> int:
+        def part(idx: np.ndarray) -> None:
+            for i in idx.tolist():
+                simplejpeg.decode_jpeg(blobs[i], colorspace="RGB")
+
+        for idx in plan:
+            list(pool.map(part, np.array_split(idx, THREADS)))
+        return n
+
+    ld = fastdata.loader(work / "jpeg_ds", BATCH, device="cpu", num_workers=THREADS)
+    ld8 = fastdata.loader(work / "jpeg_ds", BATCH, device="cpu", num_workers=THREADS,
+                          config=LoaderConfig(image_dtype="uint8"))
+    rates = rounds({"simplejpeg decode, 2 threads": decode_epoch, "loader float (default)": lambda: loader_epoch(ld, "image"),
+                    "info: loader uint8": lambda: loader_epoch(ld8, "image")}, cfg["rounds"])
+    ld.close()
+    ld8.close()
+    pool.shutdown()
+    return {"rates": rates, "rows": {"jpeg float": ("jpeg float", rates["loader float (default)"]["median"],
+                                                    rates["simplejpeg decode, 2 threads"]["median"],
+                                                    "loader float / simplejpeg 2 threads")}}
+
+
+def section_convert(work: Path, cfg: dict[str, int]) -> dict[str, Any]:
+    src = work / "npy"
+    files = write_npy_folder(src, cfg["npy"], NPY_SHAPE)
+    total = sum(p.stat().st_size for p in files)
+    _harness.warm_page_cache(src)
+
+    def plain() -> float:
+        os.sync()
+        t0 = time.perf_counter()
+        with open(work / "plain.bin", "wb", buffering=0) as f:
+            for p in files:
+                with open(p, "rb", buffering=0) as g:
+                    f.write(g.read())
+            os.fsync(f.fileno())
+        dt = time.perf_counter() - t0
+        (work / "plain.bin").unlink()
+        return dt
+
+    def convert() -> float:
+        shutil.rmtree(work / "npy_hdf5", ignore_errors=True)
+        os.sync()
+        t0 = time.perf_counter()
+        converters.convert(src, work / "npy_hdf5", converters.WriteOptions(backend="hdf5", workers=THREADS))
+        return time.perf_counter() - t0
+
+    times: dict[str, list[float]] = {"plain copy + fsync": [], "fastdata convert": []}
+    for _ in range(max(2, cfg["rounds"])):
+        times["plain copy + fsync"].append(plain())
+        times["fastdata convert"].append(convert())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"bytes": total, "seconds": times, "files": files,
+            "rows": {"convert": ("convert", med["fastdata convert"], med["plain copy + fsync"],
+                                 "convert time / plain copy time")}}
+
+
+def section_npy(work: Path, cfg: dict[str, int], files: list[Path]) -> dict[str, Any]:
+    n = cfg["npy"]
+    data = np.stack([np.load(p) for p in files])
+    epoch_plans = plans(n, 1, 5)
+    pool = ThreadPoolExecutor(THREADS)
+    bufs = [np.empty((BATCH, *NPY_SHAPE), np.float32) for _ in range(4)]
+    ld = fastdata.loader(work / "npy_hdf5", BATCH, device="cpu", num_workers=THREADS)
+    rates = rounds({"ceiling: 2-thread memcpy gather": lambda: gather_epoch(data, epoch_plans[0], bufs, pool),
+                    "loader (default)": lambda: loader_epoch(ld, "x")}, cfg["rounds"])
+    ld.close()
+    pool.shutdown()
+    return {"rates": rates, "rows": {"npy loader": ("npy loader", rates["loader (default)"]["median"],
+                                                    rates["ceiling: 2-thread memcpy gather"]["median"],
+                                                    "loader / memcpy gather")}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, figures meaningless")
+    ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--out", type=Path, default=_harness.DEFAULT_RESULTS_DIR)
+    args = ap.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    torch.set_num_threads(THREADS)
+    work = Path(tempfile.mkdtemp(prefix="bench_raw_", dir=args.workdir))
+    try:
+        need = cfg["npy"] * int(np.prod(NPY_SHAPE)) * 4 * 3 + (2 << 30)
+        free = shutil.disk_usage(work).free
+        if free < need:
+            print(f"only {free / 1e9:.1f} GB free in {work}; the convert section needs {need / 1e9:.1f} GB", file=sys.stderr)
+            return 2
+        t0 = time.perf_counter()
+        jpegs = work / "jpegs"
+        bench_images.generate(jpegs, cfg["images"])
+        _harness.warm_page_cache(jpegs)
+        sections = {}
+        sections["raw"] = section_raw(work, cfg, jpegs)
+        print("raw images done", flush=True)
+        sections["ragged"] = section_ragged(work, cfg)
+        print("variable-size done", flush=True)
+        sections["jpeg"] = section_jpeg(work, cfg, jpegs)
+        print("jpeg done", flush=True)
+        sections["convert"] = section_convert(work, cfg)
+        print("convert done", flush=True)
+        sections["npy"] = section_npy(work, cfg, sections["convert"].pop("files"))
+        rows, table = [], []
+        for sec in sections.values():
+            for label, (target_key, value, ceiling, what) in sec["rows"].items():
+                ratio = value / ceiling
+                goal, sense = TARGETS[target_key]
+                met = ratio >= goal if sense == "min" else ratio <= goal
+                unit = "s" if target_key == "convert" else "samples/s"
+                rows.append({"row": label, "value": value, "ceiling": ceiling, "ratio": ratio, "target": goal,
+                             "sense": sense, "met": met, "unit": unit})
+                table.append([label, what, f"{value:,.2f}" if unit == "s" else f"{value:,.0f}",
+                              f"{ceiling:,.2f}" if unit == "s" else f"{ceiling:,.0f}", unit, f"{ratio:.2f}",
+                              f"{'>=' if sense == 'min' else '<='} {goal}", "met" if met else "MISSED"])
+        md = _harness.markdown_table(["row", "ratio of", "fastdata", "ceiling", "unit", "ratio", "target", ""], table)
+        details = [f"\n### {name}\n" + _harness.markdown_table(
+            ["method", "median", "min", "max"],
+            [[k, f"{v['median']:,.0f}", f"{v['min']:,.0f}", f"{v['max']:,.0f}"] for k, v in sec["rates"].items()])
+            for name, sec in sections.items() if "rates" in sec]
+        conv = sections["convert"]
+        details.append(f"\n### convert\n{conv['bytes'] / 1e9:.2f} GB; seconds per round: " +
+                       "; ".join(f"{k}: {', '.join(f'{t:.2f}' for t in v)}" for k, v in conv["seconds"].items()))
+        extra = f"\nmixed-size comparison: {sections['ragged']['average_image']}; {sections['ragged']['average_sequence']}\n"
+        text = (f"# bench_raw{' (quick: figures meaningless)' if args.quick else ''}\n\n{md}\n{extra}" + "\n".join(details)
+                + f"\n\nwall time {time.perf_counter() - t0:.0f} s\n")
+        print(text)
+        results = {"config": cfg, "machine": _harness.machine_info(), "rows": rows,
+                   "sections": {k: {kk: vv for kk, vv in v.items() if kk != "rows"} for k, v in sections.items()}}
+        _harness.write_results("raw_quick" if args.quick else "raw", results, text, args.out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
