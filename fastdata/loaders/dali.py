@@ -14,6 +14,7 @@ NVIDIA DALI is imported only here, and only when this backend is used.
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any, Generator, Iterator
 
@@ -28,14 +29,16 @@ from ..errors import (
     LoaderWorkerError,
     UsageError,
 )
+from ..format import LENGTHS_SUFFIX
 from ..handles import usable_cpus
 from ..seeds import Stream, int_seed
 from .base import Loader
 from .buffers import torch_dtype
 from .config import LoaderConfig
 from .dali_augment import Graph, Img, compile_chain
-from .dali_feed import Feed, MixedSizes, Pass, Route, plan_routes
+from .dali_feed import Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
 
+log = logging.getLogger("fastdata.loader")
 INSTALL_HINT = 'pip install "fastdata[dali]"  (the nvidia-dali-cuda130 wheel)'
 
 
@@ -97,7 +100,8 @@ def dali_unsupported(ds: Dataset, augment: Augment | None, config: LoaderConfig 
     if config is not None and config.image_dtype != "float32":
         return f"the DALI backend gives float images only, not image_dtype={config.image_dtype!r}"
     try:
-        _attach_augment(plan_routes(ds, (config or LoaderConfig()).images), augment)
+        targets = tuple(augment.targets) if augment is not None else ()
+        _attach_augment(plan_routes(ds, (config or LoaderConfig()).images, targets), augment)
     except UsageError as e:
         return str(e)
     return None
@@ -127,13 +131,16 @@ class DaliLoader(Loader):
         problem = dali_unsupported(dataset, None, self.config) if self.config.image_dtype != "float32" else None
         if problem is not None:
             raise UsageError(f"{problem}: use backend='torch'")
-        self.routes: list[Route] = plan_routes(dataset, self.config.images)
-        _attach_augment(self.routes, self.augment)
+        targets = tuple(self.augment.targets) if self.augment is not None else ()
+        self.routes: list[Route] = plan_routes(dataset, self.config.images, targets)
+        self._targets = _attach_augment(self.routes, self.augment)
         # In CPU mode labels and other plain fields need nothing from DALI (measured: passing them
         # through costs about 6% of JPEG throughput); a dataset of plain fields only still uses DALI.
+        # Targets are transformed on the host (HostTargets), then moved to the device.
         images = any(r.kind != "plain" for r in self.routes)
+        host = self._targets.inputs if self._targets is not None else ()
         for r in self.routes:
-            r.bypass = images and r.kind == "plain" and device.type != "cuda"
+            r.bypass = (images and r.kind == "plain" and device.type != "cuda") or r.name in host
         self._dali_routes = [r for r in self.routes if not r.bypass]
         self._device_id = (device.index if device.index is not None else torch.cuda.current_device()) \
             if device.type == "cuda" else None
@@ -172,7 +179,8 @@ class DaliLoader(Loader):
     def _start(self, plan: list[np.ndarray], epoch: int, first: int) -> SimpleNamespace:
         """A new pipeline positioned at the start of the pass; its own random draws (only GaussianNoise)
         are seeded by (seed, epoch, rank, first batch)."""
-        feed = Feed(self.dataset, self.routes, self.seed, self.world.rank, keep=2 * self.config.prefetch + 2)
+        feed = Feed(self.dataset, self.routes, self.seed, self.world.rank, keep=2 * self.config.prefetch + 2,
+                    targets=self._targets)
         feed.add(0, Pass(plan, first, epoch))
         pipe = self._build(feed, _pipeline_seed(self.seed, epoch, self.world.rank, first))
         it = self._dali.Iterator([pipe], [r.name for r in self._dali_routes], auto_reset=False,
@@ -242,7 +250,7 @@ class DaliLoader(Loader):
         batch = {}
         for r in self.routes:
             if r.bypass:
-                batch[r.name] = torch.from_numpy(bypassed[r.name])
+                batch[r.name] = torch.from_numpy(bypassed.pop(r.name)).to(self.device)
                 continue
             t = out[r.name]
             if r.image and self.config.channels_last:
@@ -250,6 +258,8 @@ class DaliLoader(Loader):
             elif r.carrier != r.dtype:
                 t = torch.view_as_complex(t) if r.dtype.kind == "c" else t.view(torch_dtype(r.dtype))
             batch[r.name] = t
+        for name, v in bypassed.items():  # added by the targets (``<boxes>_valid``)
+            batch[name] = torch.from_numpy(v).to(self.device)
         return batch
 
     def _diagnose(self, plan: list[np.ndarray], first: int, delivered: int, e: Exception) -> Exception:
@@ -274,10 +284,11 @@ class DaliLoader(Loader):
             self._drop(run)
 
 
-def _attach_augment(routes: list[Route], augment: Augment | None) -> None:
-    """Compile the spec for each augmented field (the image fields unless ``augment.fields`` says)."""
+def _attach_augment(routes: list[Route], augment: Augment | None) -> HostTargets | None:
+    """Compile the spec for each augmented field (the image fields unless ``augment.fields`` says);
+    with targets, the one augmented image field and the targets' host-side transform."""
     if augment is None or not augment.ops:
-        return
+        return None
     images = [r for r in routes if r.image]
     if augment.fields is not None:
         by_name = {r.name: r for r in routes}
@@ -294,6 +305,26 @@ def _attach_augment(routes: list[Route], augment: Augment | None) -> None:
                          "use backend='torch' to augment other fields")
     for r in images:
         r.chain = compile_chain(augment.ops, r.channels)
+    if not augment.targets:
+        return None
+    if len(images) != 1:
+        raise UsageError(f"augmentation with targets {sorted(augment.targets)} moves them with one image field, "
+                         f"and this dataset has {[r.name for r in images]}; name it with Augment(..., fields=(name,))")
+    names = {r.name for r in routes}
+    missing = [t for t in augment.targets if t not in names]
+    if missing:
+        raise UsageError(f"target field {missing[0]!r} is not in the batch (fields: {sorted(names)})")
+    inputs = tuple(n for t in augment.targets for n in (t, t + LENGTHS_SUFFIX) if n in names)
+    key = tuple(sorted((n, type(t).__name__) for n, t in augment.targets.items()))
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        log.info("DALI backend: the augmentation targets %s are transformed on the host by the torch backend's "
+                 "code, with the parameters DALI uses for the image (docs/augment.md)",
+                 ", ".join(f"{n} ({k})" for n, k in key))
+    return HostTargets(augment, images[0], inputs)
+
+
+_LOGGED: set[tuple[tuple[str, str], ...]] = set()  # target declarations already logged (once per process)
 
 
 def _graph(g: Graph, r: Route, data: list[Any], params: list[Any], pad_hw: list[Any], channels_last: bool) -> Any:

@@ -5,7 +5,9 @@ numpy, from the batch's generator and the images' sizes (known from the dataset 
 decoding), using the same distributions as the torch op; ``apply`` adds the DALI operators
 that use them (the parameters arrive as external-source outputs: argument inputs). A batch's
 augmentation is therefore a pure function of ``(seed, epoch, rank, batch index)``: prefetch depth,
-thread count and resuming do not change it. Only ``GaussianNoise`` draws inside DALI
+thread count and resuming do not change it. The draws come from the torch backend's generator
+(:class:`TorchRng`, ``fastdata.augment.batch_generator`` on the CPU) in the torch ops' order and
+float32 arithmetic, so both backends draw the same parameters. Only ``GaussianNoise`` draws inside DALI
 (``fn.noise.gaussian``, seeded by the pipeline seed).
 
 Images stay uint8 through geometric ops; the first colour op turns them into floats in
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from ..augment import (
     RGB2YIQ,
@@ -29,10 +32,14 @@ from ..augment import (
     GaussianNoise,
     HorizontalFlip,
     Normalize,
+    Pad,
+    RandomAffine,
     RandomCrop,
     RandomResizedCrop,
+    Resize,
     VerticalFlip,
     pair,
+    child_seed,
 )
 from ..errors import UsageError
 
@@ -68,21 +75,39 @@ class Graph:
         return Img(node, True, 1.0)
 
 
+class TorchRng:
+    """numpy-style draws (``uniform``, ``random``) from a torch generator, in float32 as the torch ops
+    draw them: the same generator gives the DALI steps the torch backend's parameters."""
+
+    def __init__(self, g: torch.Generator) -> None:
+        self.g = g
+
+    def uniform(self, lo: float, hi: float, size: int) -> np.ndarray:
+        return (torch.rand(size, generator=self.g) * (hi - lo) + lo).numpy().astype(np.float64)
+
+    def random(self, size: int | tuple[int, ...]) -> np.ndarray:
+        return torch.rand(size, generator=self.g).numpy()
+
+    def child_seed(self) -> int:
+        return int(child_seed(self.g))
+
+
 class Step:
     """One op of the spec: host-side parameters (``draw``) and DALI operators (``apply``)."""
 
     params: tuple[np.dtype, ...] = ()  # dtype of each parameter output
     out_size: tuple[int, int] | None = None  # a fixed output (H, W), when the op makes one
 
-    def _size(self) -> tuple[int, int]:
-        """The fixed output size of an op that makes one (crops and resizes set it in __init__)."""
-        if self.out_size is None:
-            raise UsageError(f"{type(self).__name__} has no fixed output size")
-        return self.out_size
-
-    def draw(self, rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
-        """Per-sample parameters for images of sizes ``hw`` (B, 2); one array (B, ...) per output."""
+    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
+        """Per-sample parameters for images of sizes ``hw`` (B, 2); one array (B, ...) per output.
+        ``rng``: a :class:`TorchRng` (numpy's Generator has the same ``uniform`` and ``random``)."""
         return []
+
+    def next_hw(self, hw: np.ndarray) -> np.ndarray:
+        """The images' (B, 2) sizes after this step."""
+        if self.out_size is not None:
+            return np.broadcast_to(np.array(self.out_size, dtype=np.int64), hw.shape)
+        return hw
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         raise NotImplementedError
@@ -95,9 +120,9 @@ class _ResizedCrop(Step):
 
     def __init__(self, op: RandomResizedCrop) -> None:
         self.op = op
-        self.out_size = pair(op.size)
+        self.size = self.out_size = pair(op.size)
 
-    def draw(self, rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
+    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
         b = len(hw)
         h, w = hw[:, 0].astype(np.float64), hw[:, 1].astype(np.float64)
         area = rng.uniform(*self.op.scale, b)
@@ -112,7 +137,7 @@ class _ResizedCrop(Step):
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         # Pixel-centre mapping, linear, no antialiasing: what the torch op's grid_sample computes.
-        node = g.fn.resize(img.node, size=list(self._size()), roi_start=params[0], roi_end=params[1],
+        node = g.fn.resize(img.node, size=list(self.size), roi_start=params[0], roi_end=params[1],
                            roi_relative=True, interp_type=g.types.INTERP_LINEAR, antialias=False,
                            dtype=g.types.FLOAT)
         return Img(node, True, img.scale)
@@ -125,10 +150,10 @@ class _Window(Step):
 
     def __init__(self, op: RandomCrop | CenterCrop) -> None:
         self.op = op
-        self.out_size = pair(op.size)
+        self.size = self.out_size = pair(op.size)
 
-    def draw(self, rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
-        oh, ow = self._size()
+    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
+        oh, ow = self.size
         small = (hw[:, 0] < oh) | (hw[:, 1] < ow)
         if small.any():
             k = int(np.flatnonzero(small)[0])
@@ -136,12 +161,14 @@ class _Window(Step):
                              f"({int(hw[k, 0])}x{int(hw[k, 1])}); crop to at most the smallest image size")
         if isinstance(self.op, CenterCrop):
             top, left = (hw[:, 0] - oh) // 2, (hw[:, 1] - ow) // 2
-        else:
-            top, left = rng.integers(0, hw[:, 0] - oh + 1), rng.integers(0, hw[:, 1] - ow + 1)
-        return [np.stack([top, left], 1).astype(np.int32)]
+            return [np.stack([top, left], 1).astype(np.int32)]
+        room = (hw - np.array([oh, ow])) + 1  # positions per axis; u * room in float32, as the torch op
+        u = rng.random((len(hw), 2)).astype(np.float32)
+        start = np.minimum(np.floor(u * room.astype(np.float32)).astype(np.int64), room - 1)
+        return [start.astype(np.int32)]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
-        node = g.fn.slice(img.node, start=params[0], shape=list(self._size()), axis_names="HW")
+        node = g.fn.slice(img.node, start=params[0], shape=list(self.size), axis_names="HW")
         return Img(node, img.is_float, img.scale)
 
 
@@ -153,7 +180,7 @@ class _Flip(Step):
     def __init__(self, op: HorizontalFlip | VerticalFlip) -> None:
         self.op = op
 
-    def draw(self, rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
+    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
         return [(rng.random(len(hw)) < self.op.p).astype(np.int32)]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
@@ -161,6 +188,71 @@ class _Flip(Step):
             node = g.fn.flip(img.node, horizontal=params[0], vertical=0)
         else:
             node = g.fn.flip(img.node, horizontal=0, vertical=params[0])
+        return Img(node, img.is_float, img.scale)
+
+
+class _Resize(Step):
+    """Resize: the whole image to ``size``, bilinear, pixel centres, no antialiasing (as the torch op)."""
+
+    def __init__(self, op: Resize) -> None:
+        self.size = self.out_size = pair(op.size)
+
+    def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
+        node = g.fn.resize(img.node, size=list(self.size), roi_start=[0.0, 0.0], roi_end=[1.0, 1.0],
+                           roi_relative=True, interp_type=g.types.INTERP_LINEAR, antialias=False,
+                           dtype=g.types.FLOAT)
+        return Img(node, True, img.scale)
+
+
+def _fill_units(g: Graph, img: Img, fill: float) -> tuple[Img, float]:
+    """``fill`` (image units, [0, 1]) in the node's units; a uint8 image that cannot hold it becomes float."""
+    value = fill * img.scale
+    if not img.is_float and value != round(value):
+        img = g.unit_float(img)
+        value = fill
+    return img, value
+
+
+class _Pad(Step):
+    """Pad: a slice reaching ``top``/``left`` before and ``bottom``/``right`` beyond each image, filled."""
+
+    params = (np.dtype(np.int32), np.dtype(np.int32))
+
+    def __init__(self, op: Pad) -> None:
+        self.op = op
+        self.grow = np.array([op.top + op.bottom, op.left + op.right], dtype=np.int64)
+
+    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
+        start = np.broadcast_to(np.array([-self.op.top, -self.op.left], dtype=np.int32), hw.shape)
+        return [np.ascontiguousarray(start), (hw + self.grow).astype(np.int32)]
+
+    def next_hw(self, hw: np.ndarray) -> np.ndarray:
+        return hw + self.grow
+
+    def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
+        img, fill = _fill_units(g, img, self.op.fill)
+        node = g.fn.slice(img.node, start=params[0], shape=params[1], axis_names="HW", out_of_bounds_policy="pad",
+                          fill_values=fill)
+        return Img(node, img.is_float, img.scale)
+
+
+class _Affine(Step):
+    """RandomAffine: the torch op's draw and matrix, inverted (output -> input pixel coordinates, the
+    corner of the first pixel at 0, as fastdata's), for ``fn.warp_affine``; bilinear, filled outside."""
+
+    params = (np.dtype(np.float32),)
+
+    def __init__(self, op: RandomAffine) -> None:
+        self.op = op
+
+    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
+        p = self.op.draw(rng.g, torch.from_numpy(np.ascontiguousarray(hw)).float())
+        m = self.op.geometry(p, torch.from_numpy(np.ascontiguousarray(hw)).double()).matrix
+        return [torch.linalg.inv(m)[:, :2, :].float().numpy()]
+
+    def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
+        img, fill = _fill_units(g, img, self.op.fill)
+        node = g.fn.warp_affine(img.node, matrix=params[0], fill_value=fill, interp_type=g.types.INTERP_LINEAR)
         return Img(node, img.is_float, img.scale)
 
 
@@ -177,7 +269,7 @@ class _Jitter(Step):
                                           ("saturation", op.saturation), ("hue", op.hue)) if v]
         self.params = tuple(np.dtype(np.float32) for _ in self.parts)
 
-    def draw(self, rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
+    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
         b, out = len(hw), []
         eye = np.eye(3)
         for kind, v in self.parts:
@@ -215,6 +307,10 @@ class _Noise(Step):
 
     def __init__(self, op: GaussianNoise) -> None:
         self.std = float(op.std)
+
+    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
+        rng.child_seed()  # the torch op's draw (its noise generator's seed): later ops stay in step
+        return []
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         x = g.unit_float(img).node
@@ -260,15 +356,21 @@ class Chain:
             size = s.out_size or size
         return size
 
-    def draw(self, rng: np.random.Generator, hw: np.ndarray) -> list[np.ndarray]:
+    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
         """Every step's parameters for one batch, in order (sizes follow the crops)."""
         out: list[np.ndarray] = []
         hw = hw.astype(np.int64)
         for s in self.steps:
-            out.extend(s.draw(rng, hw))
-            if s.out_size is not None:
-                hw = np.broadcast_to(np.array(s.out_size, dtype=np.int64), hw.shape)
+            out.extend(np.ascontiguousarray(a) for a in s.draw(rng, hw))  # DALI takes dense arrays only
+            hw = s.next_hw(hw)
         return out
+
+    def out_hw(self, hw: np.ndarray) -> np.ndarray:
+        """The images' (B, 2) sizes at the end of the chain."""
+        hw = hw.astype(np.int64)
+        for s in self.steps:
+            hw = s.next_hw(hw)
+        return hw
 
     @property
     def param_dtypes(self) -> list[np.dtype]:
@@ -296,6 +398,12 @@ def compile_chain(ops: Sequence[Any], channels: int) -> Chain:
             steps.append(_Window(op))
         elif isinstance(op, (HorizontalFlip, VerticalFlip)):
             steps.append(_Flip(op))
+        elif isinstance(op, Resize):
+            steps.append(_Resize(op))
+        elif isinstance(op, Pad):
+            steps.append(_Pad(op))
+        elif isinstance(op, RandomAffine):
+            steps.append(_Affine(op))
         elif isinstance(op, ColorJitter):
             if channels != 3:
                 raise UsageError(f"ColorJitter needs RGB images, this field has {channels} channel(s)")

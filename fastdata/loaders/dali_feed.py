@@ -13,17 +13,18 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Collection, Literal
 
 import numpy as np
+import torch
 
+from ..augment import Augment, batch_generator
 from ..dataset import Dataset
 from ..errors import UsageError
 from ..format import LENGTHS_SUFFIX
 from ..format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field
-from ..seeds import Stream, numpy_rng
 from .base import wrap_error
-from .dali_augment import Chain
+from .dali_augment import Chain, TorchRng
 
 Kind = Literal["encoded", "pixels", "raw_image", "plain"]
 
@@ -96,16 +97,22 @@ class Route:
         return np.broadcast_to(np.array(self.hw, dtype=np.int64), (len(batch[self.name]), 2))
 
 
-def plan_routes(dataset: Dataset, images: tuple[str, ...] | None) -> list[Route]:
-    """One route per output field, in schema order (a ragged field's ``_lengths`` right after it)."""
+def plan_routes(dataset: Dataset, images: tuple[str, ...] | None, targets: Collection[str] = ()) -> list[Route]:
+    """One route per output field, in schema order (a ragged field's ``_lengths`` right after it);
+    ``targets``: fields declared as augmentation targets (never images; raw arrays, kept on the host)."""
     routes: list[Route] = []
     schema = {f.name: f for f in dataset.schema}
+    for name in targets:
+        f = schema.get(name)
+        if f is not None and f.encoding in (ENCODING_IMAGE, ENCODING_PIXELS):
+            raise UsageError(f"target field {name!r} is stored as {f.encoding} images; the DALI backend takes "
+                             "targets stored as arrays: convert it as an array field, or use backend='torch'")
     if images is not None:
         bad = [n for n in images if n not in schema or not is_image_field(schema[n])]
         if bad:
             raise UsageError(f"LoaderConfig.images names {bad[0]!r}, which is not a uint8 HWC image field here")
     for f in dataset.schema:
-        chosen = images is None or f.name in images
+        chosen = (images is None or f.name in images) and f.name not in targets
         if f.encoding in (ENCODING_IMAGE, ENCODING_PIXELS):
             assert f.image is not None, "image encodings always carry an image spec"
             kind: Kind = "encoded" if f.encoding == ENCODING_IMAGE else "pixels"
@@ -124,9 +131,26 @@ def plan_routes(dataset: Dataset, images: tuple[str, ...] | None) -> list[Route]
     return routes
 
 
-def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
-    """The augmentation generator of one batch: a pure function of its position in the run."""
-    return numpy_rng(seed, epoch, Stream.AUGMENT, rank, batch)
+def batch_draws(seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:
+    """The augmentation generator of one batch: a pure function of its position in the run, the
+    torch backend's (so both backends draw the same parameters)."""
+    return batch_generator(seed, epoch, batch, torch.device("cpu"), rank)
+
+
+@dataclass
+class HostTargets:
+    """Declared targets, transformed on the host by the torch backend's code (augment.py) with the
+    parameters the image field ``image`` gets in DALI: the same generator, replayed."""
+
+    augment: Augment
+    image: Route
+    inputs: tuple[str, ...]  # the batch fields the targets read (with ``<boxes>_lengths``)
+
+    def __call__(self, batch: dict[str, np.ndarray], g: torch.Generator) -> dict[str, np.ndarray]:
+        hw = torch.from_numpy(np.ascontiguousarray(self.image.sizes(batch)))
+        tb = {n: torch.from_numpy(np.ascontiguousarray(batch[n])) for n in self.inputs}
+        out = self.augment.run(tb, g, None, hw=hw)
+        return {n: v.numpy() for n, v in out.items()}
 
 
 class MixedSizes(Exception):
@@ -160,8 +184,10 @@ class Feed:
     delivered): the pass ends there and the loader raises the error after the last good batch.
     """
 
-    def __init__(self, dataset: Dataset, routes: list[Route], seed: int, rank: int, keep: int) -> None:
+    def __init__(self, dataset: Dataset, routes: list[Route], seed: int, rank: int, keep: int,
+                 targets: HostTargets | None = None) -> None:
         self.dataset, self.routes, self.seed, self.rank = dataset, routes, seed, rank
+        self.targets = targets
         self._alive: deque[tuple[Any, ...]] = deque(maxlen=keep)  # fed without a copy: DALI reads them later
         self._augmented = [r for r in routes if r.chain is not None and r.chain.steps]
         self._padded = [r for r in routes if r.pads]
@@ -190,11 +216,14 @@ class Feed:
             out = [a for r in self.routes if not r.bypass for a in r.host(batch)]
             bypassed = {r.name: r.host(batch)[0] for r in self.routes if r.bypass}
             if self._augmented:
-                rng = batch_rng(self.seed, p.epoch, self.rank, p.first + i)
+                rng = TorchRng(batch_draws(self.seed, p.epoch, self.rank, p.first + i))
                 for r in self._augmented:
                     out.extend(r.chain.draw(rng, r.sizes(batch)))  # type: ignore[union-attr]
+            if self.targets is not None:
+                g = batch_draws(self.seed, p.epoch, self.rank, p.first + i)  # the same draws, replayed
+                bypassed.update(self.targets({**batch, **bypassed}, g))
             for r in self._padded:
-                hw = r.sizes(batch).max(axis=0)
+                hw = r.chain.out_hw(r.sizes(batch)).max(axis=0) if r.chain is not None else r.sizes(batch).max(axis=0)
                 out.extend(np.full(len(p.plan[i]), v, dtype=np.float32) for v in hw)
             for r in self._unpadded:
                 hw = r.sizes(batch)

@@ -74,13 +74,22 @@ class DeviceStage:
         for name in self.images:
             batch[name] = self._to_float(batch[name])
         if self.augment is not None and self.augment.ops:
-            g = batch_generator(self.seed, epoch, k, self.device, self.rank)
-            for name in self._augment_fields(batch):
+            # parameters are drawn on the CPU on every device: the DALI backend draws the same ones
+            g = batch_generator(self.seed, epoch, k, torch.device("cpu"), self.rank)
+            fields = self._augment_fields(batch)
+            if self.augment.targets and len(fields) != 1:
+                raise UsageError(f"augmentation with targets {sorted(self.augment.targets)} moves them with one "
+                                 f"image field, and this batch has {list(fields) or 'none'}; name it with "
+                                 "Augment(..., fields=(name,))")
+            for name in fields:
                 sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
-                x = self.augment(batch[name], g, sizes)
+                if self.augment.targets:
+                    batch.update(self.augment.run(batch, g, name, sizes))
+                else:
+                    batch[name] = self.augment(batch[name], g, sizes)
+                x = batch[name]
                 if self.channels_last and name in self.images and x.dim() == 4:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                batch[name] = x
+                    batch[name] = x.contiguous(memory_format=torch.channels_last)
         return batch
 
     def _to_float(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +116,8 @@ class DeviceStage:
             return self.augment.fields
         if self.images:
             return self.images
-        return tuple(k for k, v in batch.items() if v.is_floating_point() and v.dim() >= 3)
+        return tuple(k for k, v in batch.items()
+                     if v.is_floating_point() and v.dim() >= 3 and k not in self.augment.targets)
 
     def host_transform(self, epoch: int) -> Callable[[Batch, int], Batch] | None:
         """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""

@@ -35,7 +35,10 @@ class TorchLoader(Loader):
             self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin)
         else:
             self._reader = ThreadReader(self.dataset, self.workers, config.prefetch, pin)
-        images = config.images if config.images is not None else image_fields(self.dataset.schema)
+        targets = self.augment.targets if self.augment is not None else {}
+        # a declared target (a uint8 (H, W, 1) mask) is never an image
+        images = config.images if config.images is not None else \
+            tuple(n for n in image_fields(self.dataset.schema) if n not in targets)
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
                                    keep_uint8=config.image_dtype == "uint8")
 
