@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastdata.format.",),
     ("fastdata.decode", "fastdata.dataset", "converters."),
     ("fastdata.world", "fastdata.seeds", "fastdata.sampling", "fastdata.tuned"),
-    ("fastdata.augment", "fastdata._compat"),
+    ("fastdata.targets", "fastdata.augment", "fastdata._compat"),
     ("fastdata.loaders.",),
     ("fastdata.train",),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",

@@ -38,8 +38,8 @@ from ..augment import (
     RandomResizedCrop,
     Resize,
     VerticalFlip,
-    pair,
     child_seed,
+    pair,
 )
 from ..errors import UsageError
 
