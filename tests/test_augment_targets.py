@@ -460,3 +460,36 @@ def test_benchmark_script_runs_quick(tmp_path):
     data = json.loads((tmp_path / "augment_targets_quick.json").read_text())
     assert set(data["kornia_over_fastdata"]) == {"targets", "image_only"}
     assert "| fastdata, image + mask + keypoints |" in (tmp_path / "augment_targets_quick.md").read_text()
+
+
+def test_targets_alone_follow_each_images_own_size():
+    # the DALI backend's host side: no image, only the sizes; the same targets as with the image
+    sizes = [(40, 60), (60, 30), (28, 28), (60, 60)] * 3
+    x, kp, s = dots(len(sizes), 2, sizes, seed=5)
+    chain = (HorizontalFlip(), RandomAffine(20, (0.1, 0.1)), Pad(top=2, left=5), RandomResizedCrop(24))
+    aug = Augment(chain, targets={"kp": Keypoints(visibility=2)})
+    with_image = aug.run({"image": x, "kp": kp}, gen(9), "image", s)
+    alone = aug.run({"kp": kp}, gen(9), None, hw=s)
+    assert torch.equal(with_image["kp"], alone["kp"])
+    assert peak_errors(with_image["image"], with_image["kp"], strict=False)
+
+
+@DALI
+def test_dali_new_ops_on_mixed_sizes_match_the_torch_backend(tmp_path):
+    import imagegen
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    for i in range(12):
+        imagegen.png_rgb(src / f"{i:02d}.png", h=20 if i % 3 else 26, w=28 if i % 2 else 22, seed=i)
+    converters.convert(tmp_path / "src", tmp_path / "ds", WriteOptions(workers=1),
+                       images=converters.ImageOptions(images="raw"))
+    aug = [RandomAffine(20, (0.1, 0.1), (0.9, 1.1)), Pad(top=2, bottom=1, left=3, right=4, fill=0.5), HorizontalFlip()]
+    t = fastdata.loader(tmp_path / "ds", 6, shuffle=False, device="cpu", augment=aug, backend="torch")
+    d = fastdata.loader(tmp_path / "ds", 6, shuffle=False, device="cpu", augment=aug, backend="dali")
+    for a, b in zip(t, d):
+        assert a["image"].shape == b["image"].shape
+        for img_a, img_b, (h, w, _) in zip(a["image"], b["image"], a["image_shape"].tolist()):
+            inner_a, inner_b = img_a[:, : h + 3, : w + 7], img_b[:, : h + 3, : w + 7]  # each padded image
+            assert (inner_a - inner_b).abs().mean() < 0.02  # the same draws; resampling differs in rounding
+            assert (img_a[:, h + 3 :] == 0).all() and (img_a[:, :, w + 7 :] == 0).all()
