@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from fastdata.errors import DataError, UsageError
+from fastdata.errors import DataError, FastdataError, UsageError
+from fastdata.remote import RemoteOptions, is_url
 
 from .dst import check_dst, prepare_dst
 from .imageio import ImageOptions
@@ -18,6 +20,9 @@ from .images import ImageFolderSource, is_image_file
 from .npy import DEFAULT_FIELD, ArraysSource, NpyFolderSource
 from .scan import walk_files
 from .writer import ConvertReport, Progress, WriteOptions, write_dataset
+
+if TYPE_CHECKING:
+    from .remote import RemoteTarget
 
 __all__ = ["ConvertReport", "ImageOptions", "Progress", "WriteOptions", "convert"]
 
@@ -35,6 +40,7 @@ def convert(
     skip_bad: bool = False,
     images: ImageOptions | None = None,
     progress: Progress | None = None,
+    remote: RemoteOptions | None = None,
 ) -> ConvertReport:
     """Convert ``src`` into a dataset at ``dst``.
 
@@ -43,11 +49,22 @@ def convert(
     whose first axis is the sample axis (``labels`` then names a ``.npy`` of labels).
     ``arrays`` maps field names to large ``.npy`` arrays instead of ``src``. ``images``
     says how to store images (default: ``ImageOptions()``, the original files). ``resume``
-    finishes an interrupted conversion into ``dst`` (see docs/reliability.md).
+    finishes an interrupted conversion into ``dst`` (see docs/reliability.md). ``dst`` may be a
+    URL (``s3://bucket/ds``): shards are written locally and uploaded as each is finished, the
+    manifest last (converters/remote.py; ``remote`` gives the storage options and staging place).
     """
     t0 = time.perf_counter()
     options = options or WriteOptions()
-    dst = Path(dst)
+    from .remote import RemoteTarget, check_not_urls
+
+    check_not_urls([src, labels, *(arrays or {}).values()])
+    url = dst if isinstance(dst, str) and is_url(dst) else None
+    if url is None and remote is not None:
+        raise UsageError(f"{dst}: remote= options apply to URL destinations only, and this is a local path")
+    upload = RemoteTarget(url, remote) if url is not None else None
+    if upload is not None:
+        upload.check(overwrite, resume)  # before scanning anything: a refusal costs nothing
+    dst = upload.staging if upload is not None else Path(dst)
     label_path = Path(labels) if labels is not None else None
     if label_path is not None and no_labels:
         raise UsageError("--labels and --no-labels contradict each other")
@@ -79,12 +96,14 @@ def convert(
                 raise UsageError("--labels and --field label=... both name the labels")
             named["label"] = label_path
         inputs = list(named.values())
-        check_dst(dst, inputs, overwrite, resume)
+        if upload is None:
+            check_dst(dst, inputs, overwrite, resume)
         source: ArraysSource | ImageFolderSource | NpyFolderSource = ArraysSource.scan(named)
     else:
         assert src is not None
         inputs = [src] + ([label_path] if label_path is not None else [])
-        check_dst(dst, inputs, overwrite, resume)
+        if upload is None:
+            check_dst(dst, inputs, overwrite, resume)
         rels = walk_files(src, {os.path.realpath(label_path)} if label_path else set())
         if _holds_images(src, rels):
             source = ImageFolderSource.scan(src, images or ImageOptions(), labels_file=label_path, no_labels=no_labels,
@@ -94,9 +113,35 @@ def convert(
         else:
             source = NpyFolderSource.scan(src, labels_file=label_path, no_labels=no_labels, skip_bad=skip_bad,
                                           rels=rels)
-    with prepare_dst(dst, inputs, overwrite, resume) as target:
-        report = write_dataset(source, target, options, progress)
+    if upload is None:
+        with prepare_dst(dst, inputs, overwrite, resume) as target:
+            report = write_dataset(source, target, options, progress)
+    else:
+        report = _write_remote(upload, source, inputs, options, progress, overwrite, resume)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
+    return report
+
+
+def _write_remote(upload: "RemoteTarget", source: Any, inputs: list[Path], options: WriteOptions,
+                  progress: Progress | None, overwrite: bool, resume: bool) -> ConvertReport:
+    staging, trusted = upload.prepare(overwrite, resume)
+    try:
+        with prepare_dst(staging, inputs, False, resume) as target:
+            target.on_shard = upload.shard_done
+            target.trusted = trusted
+            report = write_dataset(source, target, options, progress)
+        upload.finish()
+    except FastdataError as e:
+        upload.abandon()
+        done = len(upload.uploaded)
+        if done and not isinstance(e, UsageError):
+            raise type(e)(f"{str(e).split('; ')[0]}; {done} finished shard(s) are uploaded to {upload.url}: fix the "
+                          "problem, then run the same command with --resume to finish") from None
+        raise
+    except BaseException:
+        upload.abandon()
+        raise
+    report.dst = upload.url
     return report
 
 

@@ -86,7 +86,7 @@ class WriteOptions:
 
 @dataclass
 class ConvertReport:
-    dst: Path
+    dst: Path | str
     backend: str
     samples: int
     shards: int
@@ -105,7 +105,7 @@ class ConvertReport:
         if self.kept:
             line += f"; resumed: kept {self.kept} finished shard(s)"
         if self.skipped:
-            line += f"; skipped {len(self.skipped)} bad file(s), listed in {self.dst / SKIPPED_NAME}"
+            line += f"; skipped {len(self.skipped)} bad file(s), listed in {self.dst}/{SKIPPED_NAME}"
         return line
 
 
@@ -153,6 +153,8 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
         if not was_kept:
             journal.append(dst, info)
             journaled.add(info.file)
+            if target.on_shard is not None:
+                target.on_shard(info)  # converting to a URL: upload it now
         kept += was_kept
         shards.append(info)
         _fault.point("between_shards", task.index)
@@ -160,7 +162,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
     try:
         remove_temporary(dst)
         remove_shards_except(dst, journaled)
-        tasks = _tasks(source, opts, dst, names, plans, done)
+        tasks = _tasks(source, opts, dst, names, plans, done, target.trusted)
         if progress is not None:
             progress.start(len(source), int(nbytes.sum()))
         _fault.point("before_first_shard")
@@ -198,7 +200,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
 
 
 def _tasks(source: Source, opts: WriteOptions, dst: Path, names: list[str], plans: list[tuple[int, int]],
-           done: dict[str, ShardInfo]) -> list[ShardTask]:
+           done: dict[str, ShardInfo], trusted: set[str]) -> list[ShardTask]:
     ragged = [f.name for f in source.fields if f.ragged]
     rows = {name: source.ragged_rows(name) for name in ragged}
     tasks = []
@@ -209,7 +211,7 @@ def _tasks(source: Source, opts: WriteOptions, dst: Path, names: list[str], plan
         tasks.append(ShardTask(
             part=source.part(a, b), fields=source.fields, backend=opts.backend, dst=str(dst), name=name, index=i,
             start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items()},
-            compression=opts.compression, expect=expect,
+            compression=opts.compression, expect=expect, trusted=expect is not None and name in trusted,
         ))
     return tasks
 

@@ -115,7 +115,7 @@ def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_secon
     with ``readinto`` into preallocated buffers, page cache warm (one untimed pass first)."""
     bps = sample_bytes(ds)
     chunk = max(1, int(bps * batch_size))
-    paths = [ds.root / s.file for s in ds.manifest.shards]
+    paths = ds.shard_paths()
     jobs = [(p, off, min(chunk, os.path.getsize(p) - off)) for p in paths for off in range(0, os.path.getsize(p), chunk)]
     bufs = [bytearray(chunk) for _ in range(threads)]
     fds = {p: os.open(p, os.O_RDONLY) for p in paths}

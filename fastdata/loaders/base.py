@@ -18,7 +18,7 @@ import torch
 from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import FastdataError, LoaderWorkerError, UsageError
-from ..sampling import Shuffle, epoch_batches, num_batches
+from ..sampling import SHUFFLES, Shuffle, all_rank_batches, num_batches
 from ..world import World
 
 if TYPE_CHECKING:
@@ -72,8 +72,8 @@ class Loader:
                  device: torch.device, augment: Augment | None, config: "LoaderConfig", world: World) -> None:
         if batch_size < 1:
             raise UsageError("batch_size must be positive")
-        if shuffle not in (True, False, "block"):
-            raise UsageError(f"shuffle must be True, False or 'block', not {shuffle!r}")
+        if not any(shuffle is s or (isinstance(s, str) and shuffle == s) for s in SHUFFLES):
+            raise UsageError(f"shuffle must be True, False, 'block' or 'shards', not {shuffle!r}")
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -102,18 +102,45 @@ class Loader:
 
     def plan(self, epoch: int | None = None) -> list[np.ndarray]:
         """This rank's index batches for ``epoch`` (default: the current one)."""
-        return epoch_batches(len(self.dataset), world=self.world, batch_size=self.batch_size, shuffle=self.shuffle,
-                             drop_last=self.drop_last, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
-                             block=self.config.block, window=self.config.window)
+        return self._plans(epoch, [self.world.rank])[0]
+
+    def _plans(self, epoch: int | None, ranks: list[int] | None) -> list[list[np.ndarray]]:
+        counts = [s.count for s in self.dataset.manifest.shards] if self.shuffle == "shards" else None
+        return all_rank_batches(len(self.dataset), world=self.world, batch_size=self.batch_size, shuffle=self.shuffle,
+                                drop_last=self.drop_last, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
+                                block=self.config.block, window=self.config.window, shard_counts=counts,
+                                shard_window=self.config.shard_window, ranks=ranks)
+
+    def _lead(self) -> int:
+        """Batches the backend may read ahead of the one handed out (remote prefetch starts beyond)."""
+        return self.config.prefetch + int(getattr(self, "workers", 0) or 0)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         epoch, first = self.epoch, self._resume_at
         self._resume_at = 0
-        plan = self.plan(epoch)[first:]
+        follower = None
+        if self.dataset.remote is not None:  # every rank's plan: the node's cache ranks shards by next use
+            plans = self._plans(epoch, None)
+            plan = plans[self.world.rank][first:]
+            follower = self.dataset.follow(plans, self.world.rank, first, self._lead())
+        else:
+            plan = self.plan(epoch)[first:]
         self._done = first
         self._stats = _Stats(started=time.perf_counter())
+        try:
+            yield from self._iterate(plan, epoch, first, follower)
+        finally:
+            if follower is not None:
+                follower.close()
+        if self._done == len(self) and self.epoch == epoch:
+            self.epoch = epoch + 1  # a complete pass moves on; set_epoch overrides
+            self._done = 0
+
+    def _iterate(self, plan: list[np.ndarray], epoch: int, first: int, follower: Any) -> Iterator[dict[str, torch.Tensor]]:
         it = self._batches(plan, epoch, first)
         while True:
+            if follower is not None:
+                follower.at(self._done)
             t0 = time.perf_counter()
             try:
                 batch = next(it)
@@ -127,9 +154,6 @@ class Loader:
             s.ended = now
             self._done += 1
             yield batch
-        if self._done == len(self) and self.epoch == epoch:
-            self.epoch = epoch + 1  # a complete pass moves on; set_epoch overrides
-            self._done = 0
 
     def stats(self) -> dict[str, float]:
         """Throughput and input wait of the current or last pass: samples/s, wait fraction, per-batch wait."""

@@ -17,6 +17,7 @@ class LoaderConfig:
     read ahead. ``pin_memory``: ``None`` pins when the device is CUDA. ``images``: names of
     uint8 HWC fields to turn into float NCHW (``None``: detected). The DALI backend uses
     ``prefetch`` (its queue depth), ``channels_last``, ``images``, ``block`` and ``window``.
+    ``shard_window``: with ``shuffle="shards"``, how many shards' samples are mixed at a time.
     """
 
     mode: Literal["threads", "processes"] = "threads"
@@ -26,11 +27,12 @@ class LoaderConfig:
     images: tuple[str, ...] | None = None
     block: int = 256
     window: int = 16
+    shard_window: int = 2
 
     def __post_init__(self) -> None:
         if self.mode not in ("threads", "processes"):
             raise UsageError(f"mode must be 'threads' or 'processes', not {self.mode!r}")
         if self.prefetch < 1:
             raise UsageError("prefetch must be at least 1")
-        if self.block < 1 or self.window < 1:
-            raise UsageError("block and window must be positive")
+        if self.block < 1 or self.window < 1 or self.shard_window < 1:
+            raise UsageError("block, window and shard_window must be positive")
