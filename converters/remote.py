@@ -104,8 +104,9 @@ class RemoteTarget:
             info = journal._parse_entry(line) if line.strip() else None
             if info is None:
                 continue
+            where_shard = join(self.url, info.file)
             try:
-                size = self._call(lambda: self.fs.info(join(self.url, info.file))["size"], join(self.url, info.file))
+                size = self._call(lambda w=where_shard: self.fs.info(w)["size"], where_shard)
             except RemoteError:
                 continue
             if size == info.bytes:

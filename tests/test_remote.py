@@ -22,9 +22,10 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
+from conftest import free_port, gloo_group, make_class_folder  # noqa: E402
+
 import converters  # noqa: E402
 import fastdata  # noqa: E402
-from conftest import free_port, gloo_group, make_class_folder  # noqa: E402
 from fastdata.errors import CorruptShardError, FastdataError, IncompleteDatasetError, UsageError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,8 +266,7 @@ def test_shard_shuffle_is_a_pure_function_and_local_to_a_few_shards():
     starts = np.cumsum([0] + counts[:-1])
     shard = np.searchsorted(starts, a, side="right") - 1
     pos = 0
-    for w in range(0, 6, 2):  # each window holds the samples of exactly two shards
-        perm_size = None
+    for _ in range(3):  # each window holds the samples of exactly two shards
         seg = shard[pos:]
         first_two = []
         for s in seg:

@@ -50,6 +50,7 @@ class PlanFollower:
         self._uses = {store.names[s]: sorted(ks) for s, ks in uses.items()}
         self._seq = seq
         self._k = first
+        self._wake_at = first  # at() wakes the prefetch thread only once the loader reaches this batch
         self._done: set[int] = set()
         self._busy: dict[int, Future[bool]] = {}
         self._deferred_at: dict[int, int] = {}
@@ -70,9 +71,10 @@ class PlanFollower:
 
     def at(self, k: int) -> None:
         """The loader hands out batch ``k`` now."""
-        with self._cond:
-            self._k = k
-            self._cond.notify_all()
+        self._k = k
+        if k >= self._wake_at:
+            with self._cond:
+                self._cond.notify_all()
 
     def _wanted(self) -> list[tuple[int, int]]:
         horizon = self._k + self.lead
@@ -94,10 +96,14 @@ class PlanFollower:
                 todo = [(first, s) for first, s in self._wanted()
                         if s not in self._done and s not in self._busy and self._deferred_at.get(s) != self._k]
                 room = self.store.options.download_threads - len(self._busy)
-                for first, s in todo[:max(room, 0)]:
+                for _, s in todo[:max(room, 0)]:
                     bound = self.priority(self.store.names[s])
                     fut = self._pool.submit(self._fetch, s, bound)
                     self._busy[s] = fut
+                # nothing changes until the horizon reaches the next shard's first batch (or a deferred
+                # shard may find room once the loader moves on)
+                later = [first for first, s in self._seq if first > self._k + self.lead]
+                self._wake_at = self._k + 1 if self._deferred_at or not later else later[0] - self.lead
                 self._cond.wait(timeout=0.5)
 
     def _fetch(self, s: int, bound: float) -> bool:

@@ -29,6 +29,7 @@ log = logging.getLogger("fastdata.remote")
 JOURNAL_NAME = ".fastdata-journal"  # what an interrupted conversion to a URL leaves (converters/remote.py)
 _CHUNK = 8 << 20
 _SWEEP_EVERY_S = 1.0
+IDLE_PINS = 2  # shards a process keeps pinned after their last reader let go (most are read again at once)
 
 
 class RemoteStore:
@@ -51,7 +52,8 @@ class RemoteStore:
         self._pid = os.getpid()
         self._fs: Any = None
         self._lock = threading.Lock()
-        self._pins: dict[int, list[Any]] = {}  # shard -> [Pin, count]
+        self._pins: dict[int, list[Any]] = {}  # shard -> [Pin, count]; count 0: idle, kept for the next batch
+        self._idle: list[int] = []  # shards pinned with count 0, oldest first (at most IDLE_PINS)
         self._inos: dict[int, tuple[int, Callable[[], None]]] = {}  # shard -> (inode its reader opened, close)
         self._swept = 0.0
         self.downloads = 0
@@ -138,6 +140,7 @@ class RemoteStore:
     def fetch(self, i: int, bound: float | None = None) -> bool:
         """Download shard ``i`` into the cache unless it is there; see :meth:`ShardCache.fetch`."""
         self._mine()
+        self._release_idle()  # our own idle pins must not keep the eviction this may need from happening
         info = self.manifest.shards[i]
         return self.cache.fetch(self.names[i], info.bytes, info.sha256, self._fill(i), where=self.where(info.file),
                                 deadline=self.deadline(), priority=self.priority, bound=bound)
@@ -161,12 +164,16 @@ class RemoteStore:
         with self._lock:
             entry = self._pins.get(i)
             if entry is not None:
+                if entry[1] == 0:
+                    self._idle.remove(i)
                 entry[1] += 1
                 return
         pin = self._acquire(i)
         with self._lock:
             entry = self._pins.get(i)
             if entry is not None:  # another thread pinned it meanwhile
+                if entry[1] == 0:
+                    self._idle.remove(i)
                 entry[1] += 1
                 pin.release()
                 return
@@ -183,9 +190,16 @@ class RemoteStore:
             if entry is None:
                 return
             entry[1] -= 1
-            if entry[1] == 0:
-                del self._pins[i]
-                entry[0].release()
+            if entry[1] == 0:  # idle: the next batch most likely reads this shard again
+                self._idle.append(i)
+                while len(self._idle) > IDLE_PINS:
+                    self._pins.pop(self._idle.pop(0))[0].release()
+
+    def _release_idle(self) -> None:
+        with self._lock:
+            for j in self._idle:
+                self._pins.pop(j)[0].release()
+            self._idle.clear()
 
     def _sweep(self) -> None:
         """Close readers of unpinned shards whose file was evicted, so the disk space comes back."""
@@ -194,7 +208,7 @@ class RemoteStore:
             return
         self._swept = now
         for j, (ino, close) in list(self._inos.items()):
-            if j in self._pins:
+            if j in self._pins:  # pinned (idle ones too): the file is still ours
                 continue
             try:
                 gone = os.stat(self.local_path(j)).st_ino != ino
@@ -210,6 +224,7 @@ class RemoteStore:
             for entry in self._pins.values():
                 entry[0].release()
             self._pins.clear()
+            self._idle.clear()
             self._inos.clear()
 
     def stats(self) -> dict[str, Any]:
