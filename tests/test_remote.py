@@ -487,3 +487,53 @@ def test_ddp_two_ranks_over_a_remote_dataset_get_equal_disjoint_shares(s3, tmp_p
     assert len(shares[0]) == len(shares[1]) == per
     assert len(set(shares[0]) & set(shares[1])) <= 1  # only the one wrap-around pad may repeat
     assert set(shares[0]) | set(shares[1]) == set(range(n))
+
+
+def test_worker_processes_read_a_remote_dataset(s3, tmp_path):
+    """mode='processes': forked DataLoader workers download on demand through the same cache while the
+    main process prefetches along the plan; no hang, every sample once per epoch."""
+    n = 300
+    url = f"s3://{bucket(s3)}/procs"
+    convert_arrays(tmp_path, url, n, shard_size=6_000, remote=opts(s3, tmp_path / "up"))
+    ro = opts(s3, tmp_path / "cache")
+    ld = fastdata.loader(url, 16, shuffle="shards", remote=ro, device="cpu", num_workers=2,
+                         config=fastdata.LoaderConfig(mode="processes"))
+    try:
+        for _ in range(2):
+            seen = [int(v) for b in ld for v in b["x"][:, 0]]
+            assert sorted(seen) == list(range(n))
+    finally:
+        ld.close()
+    shards = len(ld.dataset.manifest.shards)
+    assert len(cached_files(tmp_path / "cache")) == shards
+
+
+def test_lightning_trains_from_a_remote_dataset(s3, tmp_path):
+    """Lightning passes our loader through unchanged: it must run whole epochs over s3:// and stop
+    after len(loader) batches, every sample once per epoch."""
+    L = pytest.importorskip("lightning")
+    import torch
+
+    n = 256
+    url = f"s3://{bucket(s3)}/lightning"
+    convert_arrays(tmp_path, url, n, shard_size=6_000, row=8, remote=opts(s3, tmp_path / "up"))
+    ld = fastdata.loader(url, 32, shuffle="shards", remote=opts(s3, tmp_path / "cache"), device="cpu", num_workers=1)
+    seen: list[int] = []
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, _):
+            seen.extend(batch["x"][:, 0].long().tolist())
+            return self.lin(batch["x"]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(Model(), train_dataloaders=ld)
+    ld.close()
+    assert sorted(seen) == sorted(list(range(n)) * 2)
