@@ -108,7 +108,7 @@ def _verify_remote(url: str, deep: bool, progress: Progress | None, remote: Remo
     ds = Dataset(url, remote=remote)
     store, manifest = ds.remote, ds.manifest
     assert store is not None
-    report = VerifyReport(url, len(manifest.shards), manifest.num_samples, deep)  # type: ignore[arg-type]
+    report = VerifyReport(url, len(manifest.shards), manifest.num_samples, deep)
     if progress is not None:
         progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="download + checksums")
     for i, info in enumerate(manifest.shards):
