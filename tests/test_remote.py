@@ -145,6 +145,8 @@ def test_url_is_never_a_local_path(s3, tmp_path, monkeypatch, run_cli):
         converters.convert(None, "zz://bucket/ds", arrays={"x": tmp_path / "X.npy"})
     with pytest.raises(UsageError, match="unknown URL scheme"):
         fastdata.open("zz://bucket/ds")
+    with pytest.raises(UsageError, match="needs gcsfs"):  # a known scheme whose package is not installed here
+        fastdata.open("gs://bucket/ds", remote=fastdata.RemoteOptions(cache_dir=tmp_path / "c0"))
     with pytest.raises(UsageError, match="only the destination may be a URL"):
         converters.convert("s3://bucket/src", tmp_path / "out")
     with pytest.raises(UsageError, match="apply to URLs"):
@@ -360,6 +362,15 @@ def test_corrupted_object_is_caught_by_the_checksum(s3, tmp_path):
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(sha)]  # never cached, never read
 
 
+def test_cache_too_small_for_a_shard_is_a_clear_error(s3, tmp_path):
+    from fastdata.errors import CacheFullError
+
+    url = f"s3://{bucket(s3)}/small"
+    convert_arrays(tmp_path, url, 100, shard_size=10_000, remote=opts(s3, tmp_path / "up"))
+    with pytest.raises(CacheFullError, match=r"small/shard-\d+\.h5: the shard is .* larger than the cache limit"):
+        fastdata.open(url, remote=opts(s3, tmp_path / "cache", cache_limit="2KB"))
+
+
 def test_missing_shard_is_one_error_naming_url_and_shard(s3, tmp_path):
     b = bucket(s3)
     url = f"s3://{b}/gone"
@@ -404,15 +415,16 @@ def test_stale_lock_from_a_sigkilled_process_does_not_block(s3, tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
-    left = [q.name for q in cache.iterdir() if q.name.endswith((".lock", ".part"))]
-    assert any(n.endswith(".part") for n in left)  # the dead process's leftovers are there
-    # a lock file naming a dead process on this host, as a crash leaves it
+    left = [q for q in cache.iterdir() if q.name.endswith((".lock", ".part"))]
+    assert any(q.name.endswith(".part") for q in left)  # the dead process's leftovers are there,
+    locks = [json.loads(q.read_text()) for q in left if q.name.endswith(".lock") and not q.name.startswith(".")]
+    assert any(lk["pid"] == p.pid for lk in locks)  # and its download lock names it (pid and host)
     t0 = time.monotonic()
     ds = fastdata.open(url, remote=opts(s3, cache, timeout=10.0))
     x = ds.get_batch(np.arange(len(ds)))["x"]
     assert np.array_equal(x[:, 0], np.arange(40, dtype=np.float32))
     assert time.monotonic() - t0 < 10.0
-    assert not list(cache.glob("*.part"))
+    assert not list(cache.glob("*.part")) and not [q for q in cache.glob("*.lock") if not q.name.startswith(".")]
 
 
 # --- writing: resume against the remote copy ---------------------------------------------

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from .._units import fmt_bytes
-from ..errors import CorruptShardError, UsageError
+from ..errors import CacheFullError, CorruptShardError, RemoteError, UsageError
 from . import locks
-from .retry import RemoteError
 
 log = logging.getLogger("fastdata.remote")
 _FINAL = re.compile(r"^[0-9a-f]{64}\.[A-Za-z0-9]+$")
@@ -34,11 +33,9 @@ _PART = re.compile(r"^([0-9a-f]{64}\.[A-Za-z0-9]+)\.\d+\.part$")
 _EVICT_LOCK = ".evict.lock"
 CHECKSUM_ATTEMPTS = 3
 
+__all__ = ["CacheFullError", "Pin", "Priority", "ShardCache"]
+
 Priority = Callable[[str], float]  # next use of a cached file by name: smaller is sooner; inf: never
-
-
-class CacheFullError(RemoteError):
-    """The cache cannot hold the shard asked for: limit too small, or the disk is full."""
 
 
 @dataclass

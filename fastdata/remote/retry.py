@@ -8,20 +8,14 @@ import random
 import time
 from typing import Callable, TypeVar
 
-from ..errors import FastdataError
+from ..errors import FastdataError, RemoteError, RemoteNotFoundError
 
 T = TypeVar("T")
 log = logging.getLogger("fastdata.remote")
 
+__all__ = ["RemoteError", "RemoteNotFoundError", "with_retries"]
+
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
-
-
-class RemoteError(FastdataError):
-    """A remote dataset could not be read or written: the message names the URL (and shard)."""
-
-
-class RemoteNotFoundError(RemoteError):
-    """The object does not exist (or the bucket does not)."""
 
 
 def describe(e: BaseException) -> str:
