@@ -38,9 +38,10 @@ class RemoteStore:
     def __init__(self, url: str, options: RemoteOptions | None = None) -> None:
         self.url = url.rstrip("/")
         self.options = options or RemoteOptions()
-        self.cache = ShardCache(self.options.cache_path(), self.options.limit_bytes())
         self.priority: Priority | None = None  # set by a PlanFollower while a loader iterates
         self._reset()
+        self.fs()  # an unknown scheme or a missing package fails here, before anything is created
+        self.cache = ShardCache(self.options.cache_path(), self.options.limit_bytes())
         self.manifest: Manifest = self._read_manifest()
         self.names = [s.sha256 + PurePosixPath(s.file).suffix for s in self.manifest.shards]
         for s in self.manifest.shards:
