@@ -344,6 +344,106 @@ def test_server_killed_mid_download_then_restarted(tmp_path):
         server.kill()
 
 
+class Proxy:
+    """A TCP relay on 127.0.0.1 in front of the S3 server: ``kill()`` drops every connection and stops
+    listening (the endpoint is gone mid-transfer), ``start()`` listens again on the same port."""
+
+    def __init__(self, target: int) -> None:
+        import socket
+
+        self.socket_mod = socket
+        self.target = target
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.conns: list = []
+        self.listener = None
+
+    def start(self) -> None:
+        sock = self.socket_mod.socket()
+        sock.setsockopt(self.socket_mod.SOL_SOCKET, self.socket_mod.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        sock.listen(64)
+        self.listener = sock
+        threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+
+    def _accept(self, sock) -> None:
+        while True:
+            try:
+                client, _ = sock.accept()
+            except OSError:
+                return
+            upstream = self.socket_mod.create_connection(("127.0.0.1", self.target))
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def kill(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        for c in self.conns:
+            try:
+                c.shutdown(self.socket_mod.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+        self.conns = []
+
+
+def test_endpoint_gone_mid_download_then_back_succeeds_after_retry(s3, tmp_path):
+    """The S3 endpoint vanishes mid-download (every connection reset, nothing listening) and comes
+    back 1.5 s later with the same objects: the download is retried and the read is bit-exact."""
+    b = bucket(s3)
+    src = arrays_source(tmp_path, 48, row=160_000)  # 640 KB per sample
+    converters.convert(None, f"s3://{b}/ds", converters.WriteOptions(shard_size=12 << 20, workers=1),
+                       arrays={"x": src / "X.npy"}, labels=src / "y.npy", remote=opts(s3, tmp_path / "up"))
+    proxy = Proxy(s3.port)
+    proxy.start()
+    try:
+        ro = fastdata.RemoteOptions(cache_dir=tmp_path / "cache", timeout=30.0,
+                                    storage_options={"client_kwargs": {"endpoint_url": proxy.endpoint}})
+        ds = fastdata.open(f"s3://{b}/ds", remote=ro)
+        outcome: dict[str, object] = {}
+
+        def read() -> None:
+            try:
+                outcome["x"] = ds.get_batch(np.arange(len(ds)))["x"]
+            except FastdataError as e:
+                outcome["error"] = e
+
+        t = threading.Thread(target=read)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not list((tmp_path / "cache").glob("*.part")) and time.monotonic() < deadline and t.is_alive():
+            time.sleep(0.001)
+        assert list((tmp_path / "cache").glob("*.part")), "the download finished before the endpoint went away"
+        proxy.kill()
+        time.sleep(1.5)
+        proxy.start()
+        t.join(timeout=90)
+        assert not t.is_alive()
+        assert "error" not in outcome, outcome.get("error")
+        x = outcome["x"]
+        assert np.array_equal(x[:, 0], np.arange(48, dtype=np.float32)) and (x == x[:, :1]).all()
+        assert not list((tmp_path / "cache").glob("*.part"))
+    finally:
+        proxy.kill()
+
+
 def test_corrupted_object_is_caught_by_the_checksum(s3, tmp_path):
     b = bucket(s3)
     url = f"s3://{b}/bad"

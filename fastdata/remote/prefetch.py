@@ -12,8 +12,10 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -30,7 +32,11 @@ def shards_of(batch: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 class PlanFollower:
-    """Prefetches for one rank's plan; ``plans`` holds every rank's batches (global positions)."""
+    """Prefetches for one rank's plan; ``plans`` holds every rank's batches (global positions).
+
+    Scheduling runs inline, in :meth:`at` once the loader reaches the next shard boundary and when a
+    download ends; only real downloads wake a thread, so reading a warm cache costs no thread switch.
+    """
 
     def __init__(self, store: RemoteStore, plans: Sequence[Sequence[np.ndarray]], mine: int, first: int,
                  lead: int) -> None:
@@ -50,16 +56,16 @@ class PlanFollower:
         self._uses = {store.names[s]: sorted(ks) for s, ks in uses.items()}
         self._seq = seq
         self._k = first
-        self._wake_at = first  # at() wakes the prefetch thread only once the loader reaches this batch
+        self._wake_at = first  # at() schedules again only once the loader reaches this batch
+        self._retry_at = math.inf  # a shard deferred for lack of room is tried again after this time
         self._done: set[int] = set()
-        self._busy: dict[int, Future[bool]] = {}
-        self._deferred_at: dict[int, int] = {}
-        self._cond = threading.Condition()
+        self._busy: set[int] = set()
+        self._deferred: set[int] = set()
+        self._lock = threading.Lock()
         self._stop = False
         self._pool = ThreadPoolExecutor(store.options.download_threads, thread_name_prefix="fastdata-prefetch")
         store.priority = self.priority
-        self._thread = threading.Thread(target=self._run, name="fastdata-prefetch-plan", daemon=True)
-        self._thread.start()
+        self._schedule()
 
     def priority(self, name: str) -> float:
         """When the plan next needs the cached file ``name`` (a batch position; inf: not this epoch)."""
@@ -72,65 +78,59 @@ class PlanFollower:
     def at(self, k: int) -> None:
         """The loader hands out batch ``k`` now."""
         self._k = k
-        if k >= self._wake_at:
-            with self._cond:
-                self._cond.notify_all()
+        if k >= self._wake_at or time.monotonic() >= self._retry_at:
+            self._schedule()
 
-    def _wanted(self) -> list[tuple[int, int]]:
+    def _wanted(self) -> list[int]:
         horizon = self._k + self.lead
-        out: list[tuple[int, int]] = []
+        out: list[int] = []
         extra = 0
         for first, s in self._seq:
             if first > horizon:
                 if extra >= self.store.options.prefetch_shards:
                     break
                 extra += 1
-            out.append((first, s))
+            out.append(s)
         return out
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._stop:
-                    return
-                todo = [(first, s) for first, s in self._wanted()
-                        if s not in self._done and s not in self._busy and self._deferred_at.get(s) != self._k]
-                room = self.store.options.download_threads - len(self._busy)
-                for _, s in todo[:max(room, 0)]:
-                    bound = self.priority(self.store.names[s])
-                    fut = self._pool.submit(self._fetch, s, bound)
-                    self._busy[s] = fut
-                # nothing changes until the horizon reaches the next shard's first batch (or a deferred
-                # shard may find room once the loader moves on)
-                later = [first for first, s in self._seq if first > self._k + self.lead]
-                self._wake_at = self._k + 1 if self._deferred_at or not later else later[0] - self.lead
-                self._cond.wait(timeout=0.5)
+    def _schedule(self) -> None:
+        with self._lock:
+            if self._stop:
+                return
+            room = self.store.options.download_threads - len(self._busy)
+            for s in self._wanted():
+                if s in self._done or s in self._busy:
+                    continue
+                if self.store.local_path(s).exists():  # cached already: nothing to do, no thread woken
+                    self._done.add(s)
+                    continue
+                if room <= 0:
+                    break
+                room -= 1
+                self._busy.add(s)
+                self._deferred.discard(s)
+                self._pool.submit(self._fetch, s, self.priority(self.store.names[s]))
+            later = [first for first, _ in self._seq if first > self._k + self.lead]
+            self._wake_at = later[0] - self.lead if later else sys.maxsize
+            self._retry_at = time.monotonic() + 0.2 if self._deferred else math.inf
 
-    def _fetch(self, s: int, bound: float) -> bool:
-        ok = False
+    def _fetch(self, s: int, bound: float) -> None:
+        ok = True
         try:
             ok = self.store.fetch(s, bound=bound)
         except FastdataError as e:  # the reader meets it too, and raises it with the batch named
             log.info("prefetch of %s failed: %s", self.store.where(self.store.manifest.shards[s].file), e)
-            ok = True
         except Exception as e:  # noqa: BLE001 - never kill the prefetch thread
             log.warning("prefetch of shard %d failed: %s: %s", s, type(e).__name__, e)
-            ok = True
-        finally:
-            with self._cond:
-                self._busy.pop(s, None)
-                if ok:
-                    self._done.add(s)
-                else:
-                    self._deferred_at[s] = self._k  # no room now: try again when the loader moves on
-                self._cond.notify_all()
-        return ok
+        with self._lock:
+            self._busy.discard(s)
+            (self._done if ok else self._deferred).add(s)  # deferred: no room now, try again later
+        self._schedule()
 
     def close(self) -> None:
         """Stop prefetching (downloads in flight finish in the background, then the threads end)."""
-        with self._cond:
+        with self._lock:
             self._stop = True
-            self._cond.notify_all()
         if self.store.priority == self.priority:
             self.store.priority = None
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -32,6 +32,19 @@ _SWEEP_EVERY_S = 1.0
 IDLE_PINS = 2  # shards a process keeps pinned after their last reader let go (most are read again at once)
 
 
+_forks = 0  # forks this process is removed from its first ancestor: cheaper to compare than getpid()
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+_FORK_HOOK = hasattr(os, "register_at_fork")
+if _FORK_HOOK:
+    os.register_at_fork(after_in_child=_forked)
+
+
 class RemoteStore:
     """Shards of the dataset at ``url`` through the node's shard cache (see fastdata/remote/cache.py)."""
 
@@ -51,6 +64,7 @@ class RemoteStore:
 
     def _reset(self) -> None:
         self._pid = os.getpid()
+        self._gen = _forks
         self._fs: Any = None
         self._lock = threading.Lock()
         self._pins: dict[int, list[Any]] = {}  # shard -> [Pin, count]; count 0: idle, kept for the next batch
@@ -70,7 +84,7 @@ class RemoteStore:
         self._reset()
 
     def _mine(self) -> None:
-        if self._pid != os.getpid():  # forked: the parent's pins, client and counters are not ours
+        if self._gen != _forks or (not _FORK_HOOK and self._pid != os.getpid()):  # forked: the parent's state
             for entry in self._pins.values():
                 entry[0].release()  # closes our copy only; the parent's lock stays
             self.priority = None
