@@ -175,6 +175,14 @@ def test_cli_convert_info_verify_bench_on_s3(s3, tmp_path, monkeypatch, run_cli)
     assert code == 2 and "already exists" in err
     code, out, err = run_cli("bench", url, "--batches", "3", "--no-ceiling", "--workers", "1", "--batch-size", "8")
     assert code == 0, err
+    victim = url[5:] + "/shard-00001.h5"
+    fs = s3.fs()
+    data = bytearray(fs.cat_file(victim))
+    data[-100] ^= 0xFF
+    fs.pipe_file(victim, bytes(data))
+    monkeypatch.setenv("FASTDATA_REMOTE_CACHE", str(tmp_path / "cache2"))  # not the copy cached before
+    code, out, err = run_cli("verify", url, "--quiet")
+    assert code == 1 and "BAD" in out and "shard-00001.h5" in out and "sha256" in out, (out, err)
 
 
 # --- the shared, bounded cache ------------------------------------------------------------

@@ -131,7 +131,9 @@ class RemoteStore:
         def attempt(f: BinaryIO) -> str:
             f.seek(0)
             h = hashlib.sha256()
-            with self.fs().open(where, "rb", block_size=_CHUNK, cache_type="none") as src:
+            fs = self.fs()
+            fs.invalidate_cache(where)  # a listing cached before the object was replaced would pin its old ETag
+            with fs.open(where, "rb", block_size=_CHUNK, cache_type="none") as src:
                 while chunk := src.read(_CHUNK):
                     h.update(chunk)
                     f.write(chunk)
