@@ -202,6 +202,38 @@ _READER = textwrap.dedent("""
 """)
 
 
+def test_remote_dataset_pickles_and_releases_its_cache_files_when_dropped(s3, tmp_path):
+    """Issue 13's lifecycle on a URL: a dataset pickles without threads or locks, and one dropped
+    without close() (its idle pins and reader handles still held) leaves no cache file open."""
+    import gc
+    import pickle
+
+    url = f"s3://{bucket(s3)}/life"
+    convert_arrays(tmp_path, url, 100, shard_size=2_000, remote=opts(s3, tmp_path / "up"))
+    cache = tmp_path / "cache"
+
+    def open_cache_files() -> int:
+        fd_dir = Path("/proc/self/fd")
+        targets = []
+        for fd in fd_dir.iterdir():
+            try:
+                targets.append(os.readlink(fd))
+            except OSError:
+                continue
+        return sum(1 for t in targets if t.startswith(str(cache)))
+
+    ds = fastdata.open(url, remote=opts(s3, cache))
+    x = ds.get_batch(np.arange(len(ds)))["x"]
+    assert np.array_equal(x[:, 0], np.arange(100, dtype=np.float32))
+    assert open_cache_files() > 0  # idle pins kept for the next batch
+    copy = pickle.loads(pickle.dumps(ds))
+    assert np.array_equal(copy.get_batch([5, 99])["x"][:, 0], [5, 99])
+    copy.close()
+    del ds, copy
+    gc.collect()
+    assert open_cache_files() == 0
+
+
 def test_two_processes_share_one_cache_and_download_each_shard_once(s3, tmp_path):
     url = f"s3://{bucket(s3)}/shared"
     convert_arrays(tmp_path, url, 400, shard_size=20_000, remote=opts(s3, tmp_path / "up"))
@@ -236,18 +268,27 @@ def test_cache_limit_respected_over_epochs_on_a_dataset_3x_the_cache(s3, tmp_pat
 
     def watch() -> None:  # what the cache directory holds, sampled while the loader runs
         nonlocal peak
+        import fcntl
+
+        # listed under the cache's eviction lock, as reservations are made: else an eviction and the
+        # next reservation between two steps of the listing would count both files
+        evict_lock = os.open(tmp_path / "cache" / ".evict.lock", os.O_RDWR | os.O_CREAT, 0o644)
         while not stop.is_set():
             sizes = {}  # by inode: a download renamed while we list it is counted once
-            for p in (tmp_path / "cache").iterdir():
-                if re.fullmatch(r"(xxh3_128|sha256)-[0-9a-f]+\.[a-z0-9]+(\.\d+\.part)?", p.name):  # shards, downloads
-                    try:
-                        st = p.stat()
-                    except FileNotFoundError:
-                        continue
-                    sizes[st.st_ino] = st.st_size
+            fcntl.flock(evict_lock, fcntl.LOCK_EX)
+            try:
+                for p in (tmp_path / "cache").iterdir():
+                    if re.fullmatch(r"(xxh3_128|sha256)-[0-9a-f]+\.[a-z0-9]+(\.\d+\.part)?", p.name):  # shards, downloads
+                        try:
+                            st = p.stat()
+                        except FileNotFoundError:
+                            continue
+                        sizes[st.st_ino] = st.st_size
+            finally:
+                fcntl.flock(evict_lock, fcntl.LOCK_UN)
             held = sum(sizes.values())
             peak = max(peak, held)
-            time.sleep(0.002)
+            time.sleep(0.005)
 
     t = threading.Thread(target=watch)
     t.start()

@@ -271,6 +271,12 @@ class ShardCache:
             os.close(fd)
 
     def held_bytes(self) -> int:
-        """Bytes the cache holds now (cached shards and downloads in progress)."""
-        return self._usage()[0]
+        """Bytes the cache holds now (cached shards and downloads in progress), counted under the
+        eviction lock: an eviction and the reservation it made room for are never both counted."""
+        fd = locks.lock(self.path(_EVICT_LOCK), time.monotonic() + 60.0, f"{self.root}: cache eviction lock",
+                        record=False)
+        try:
+            return self._usage()[0]
+        finally:
+            locks.unlock(fd)
 
