@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from fastdata.errors import DataError, UsageError
+from fastdata.errors import DataError, FastdataError, UsageError
+from fastdata.remote import RemoteOptions, is_url
 
 from .dst import check_dst, prepare_dst, prepare_part_dst
 from .imageio import ImageOptions
@@ -20,6 +22,9 @@ from .npy import DEFAULT_FIELD, ArraysSource, NpyFolderSource
 from .parts import MergePartsReport, merge_parts, parse_part
 from .scan import walk_files
 from .writer import ConvertReport, Progress, WriteOptions, write_dataset
+
+if TYPE_CHECKING:
+    from .remote import RemoteTarget
 
 __all__ = ["ConvertReport", "ImageOptions", "MergePartsReport", "MergeReport", "Progress", "WriteOptions", "convert",
            "merge", "merge_parts", "parse_part"]
@@ -39,6 +44,7 @@ def convert(
     images: ImageOptions | None = None,
     progress: Progress | None = None,
     part: tuple[int, int] | None = None,
+    remote: RemoteOptions | None = None,
 ) -> ConvertReport:
     """Convert ``src`` into a dataset at ``dst``.
 
@@ -49,20 +55,33 @@ def convert(
     says how to store images (default: ``ImageOptions()``, the original files). ``resume``
     finishes an interrupted conversion into ``dst`` (see docs/reliability.md). ``part`` = (I, N)
     converts only part I (from 0) of N into ``dst``, which other parts may share; ``merge_parts``
-    finishes the dataset (see docs/scale.md).
+    finishes the dataset (see docs/scale.md). ``dst`` may be a URL (``s3://bucket/ds``): shards
+    are written locally and uploaded as each is finished, the manifest last (converters/remote.py;
+    ``remote`` gives the storage options and staging place); not with ``part`` or the Ray engine.
     """
     t0 = time.perf_counter()
     options = options or WriteOptions()
     if part is not None and not (isinstance(part, tuple) and len(part) == 2 and 0 <= part[0] < part[1]):
         raise UsageError(f"part {part!r}: expected (I, N) with 0 <= I < N")
+    url = dst if isinstance(dst, str) and is_url(dst) else None
+    if url is not None and (part is not None or options.engine == "ray"):
+        what = "--part I/N" if part is not None else "--engine ray"
+        raise UsageError(f"{dst}: {what} cannot convert into object storage yet (its workers would each need to "
+                         "upload); convert into a folder every worker shares, then upload it, or convert to the "
+                         "URL from one machine with the local engine (docs/remote.md)")
     if options.engine == "ray":
         from .rayengine import import_ray
 
         import_ray()  # before anything is scanned or written: a missing extra is a one-line error
-    if (part is not None or options.engine == "ray") and "://" in str(dst):
-        raise UsageError(f"{dst}: converting into object storage is not supported here; convert into a folder "
-                         "every worker shares, then upload it")
-    dst = Path(dst)
+    from .remote import RemoteTarget, check_not_urls
+
+    check_not_urls([src, labels, *(arrays or {}).values()])
+    if url is None and remote is not None:
+        raise UsageError(f"{dst}: remote= options apply to URL destinations only, and this is a local path")
+    upload = RemoteTarget(url, remote) if url is not None else None
+    if upload is not None:
+        upload.check(overwrite, resume)  # before scanning anything: a refusal costs nothing
+    dst = upload.staging if upload is not None else Path(dst)
     label_path = Path(labels) if labels is not None else None
     if label_path is not None and no_labels:
         raise UsageError("--labels and --no-labels contradict each other")
@@ -94,12 +113,14 @@ def convert(
                 raise UsageError("--labels and --field label=... both name the labels")
             named["label"] = label_path
         inputs = list(named.values())
-        _check_dst(dst, inputs, overwrite, resume, part)
+        if upload is None:
+            _check_dst(dst, inputs, overwrite, resume, part)
         source: ArraysSource | ImageFolderSource | NpyFolderSource = ArraysSource.scan(named)
     else:
         assert src is not None
         inputs = [src] + ([label_path] if label_path is not None else [])
-        _check_dst(dst, inputs, overwrite, resume, part)
+        if upload is None:
+            _check_dst(dst, inputs, overwrite, resume, part)
         rels = walk_files(src, {os.path.realpath(label_path)} if label_path else set())
         if _holds_images(src, rels):
             source = ImageFolderSource.scan(src, images or ImageOptions(), labels_file=label_path, no_labels=no_labels,
@@ -109,10 +130,13 @@ def convert(
         else:
             source = NpyFolderSource.scan(src, labels_file=label_path, no_labels=no_labels, skip_bad=skip_bad,
                                           rels=rels)
-    prepared = (prepare_dst(dst, inputs, overwrite, resume) if part is None
-                else prepare_part_dst(dst, inputs, part, overwrite, resume))
-    with prepared as target:
-        report = write_dataset(source, target, options, progress)
+    if upload is not None:
+        report = _write_remote(upload, source, inputs, options, progress, overwrite, resume)
+    else:
+        prepared = (prepare_dst(dst, inputs, overwrite, resume) if part is None
+                    else prepare_part_dst(dst, inputs, part, overwrite, resume))
+        with prepared as target:
+            report = write_dataset(source, target, options, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report
 
@@ -123,6 +147,29 @@ def _check_dst(dst: Path, inputs: list[Path], overwrite: bool, resume: bool, par
         check_dst(dst, inputs, overwrite, resume)
     else:
         check_dst(dst, inputs, overwrite=True)
+
+
+def _write_remote(upload: "RemoteTarget", source: Any, inputs: list[Path], options: WriteOptions,
+                  progress: Progress | None, overwrite: bool, resume: bool) -> ConvertReport:
+    staging, trusted = upload.prepare(overwrite, resume)
+    try:
+        with prepare_dst(staging, inputs, False, resume) as target:
+            target.on_shard = upload.shard_done
+            target.trusted = trusted
+            report = write_dataset(source, target, options, progress)
+        upload.finish()
+    except FastdataError as e:
+        upload.abandon()
+        done = len(upload.uploaded)
+        if done and not isinstance(e, UsageError):
+            raise type(e)(f"{str(e).split('; ')[0]}; {done} finished shard(s) are uploaded to {upload.url}: fix the "
+                          "problem, then run the same command with --resume to finish") from None
+        raise
+    except BaseException:
+        upload.abandon()
+        raise
+    report.dst = upload.url
+    return report
 
 
 def _holds_images(root: Path, rels: list[str]) -> bool:

@@ -14,10 +14,10 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fastdata.errors import DestinationBusyError, UsageError
-from fastdata.format import MANIFEST_NAME
+from fastdata.format import MANIFEST_NAME, ShardInfo
 
 from . import journal
 from .dstlock import LOCK_NAME, DstLock, holder
@@ -106,6 +106,8 @@ class Destination:
     resume: bool
     lock: DstLock | None = field(default=None, repr=False)
     part: tuple[int, int] | None = None  # (I, N) for ``--part I/N``: this run writes part I of N
+    on_shard: Callable[[ShardInfo], None] | None = field(default=None, repr=False)  # a new shard is finished
+    trusted: set[str] = field(default_factory=set)  # journaled shards kept without a local file (URL resume)
 
     @property
     def journal_name(self) -> str:

@@ -75,9 +75,9 @@ def merge_parts(dst: str | os.PathLike[str]) -> MergePartsReport:
     """Check that every part of a ``--part I/N`` conversion into ``dst`` is present, complete and
     from the same conversion, then write the manifest (and skipped.json) and remove the records."""
     t0 = time.perf_counter()
-    dst = Path(dst)
-    if "://" in str(dst):
+    if "://" in str(dst):  # checked before Path(), which would collapse "s3://b" into "s3:/b"
         raise UsageError(f"{dst}: merge-parts works on a folder; object-storage URLs are not supported here")
+    dst = Path(dst)
     if not dst.is_dir():
         raise UsageError(f"{dst}: no such folder")
     with DstLock.acquire(dst):  # a second merge-parts (or a whole conversion) waits its turn

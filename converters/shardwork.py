@@ -66,6 +66,7 @@ class ShardTask:
     compression: str | None
     expect: ShardInfo | None = None
     in_bytes: int = 0  # the source bytes of its samples, for progress counted per shard
+    trusted: bool = False  # --resume to a URL: the shard is uploaded already; keep it without a local copy
 
 
 def check_sample(sample: dict[str, np.ndarray], fields: list[FieldSpec], where: str) -> None:
@@ -133,12 +134,15 @@ class LocalPublisher:
 
 
 def publisher_for(dst: str) -> Publisher:
-    """The publisher for a destination. Object-storage URLs are not written by this module:
-    their publisher (upload after each shard) plugs in here."""
+    """The publisher for a shard task's destination, always a folder. A URL destination
+    (``fastdata convert SRC s3://...``) never reaches a shard task: :func:`converters.convert`
+    writes into a local staging folder and converters/remote.py uploads each finished shard, the
+    manifest last. A URL here is a caller's mistake, refused rather than written as a local path."""
     if "://" in dst:
         scheme = dst.split("://", 1)[0]
-        raise UsageError(f"{dst}: writing shards to {scheme}:// is not supported by this converter; convert to a "
-                         "folder (a filesystem every worker shares), then upload it")
+        raise UsageError(f"{dst}: shard tasks write into a folder, not to {scheme}://; convert to a URL with "
+                         "fastdata convert SRC URL (one machine, docs/remote.md), or convert to a shared folder, "
+                         "then upload it")
     return LocalPublisher(Path(dst))
 
 
@@ -148,7 +152,7 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
     pub = publisher_for(task.dst)
     tmp = pub.local_path(task.name)
     try:
-        if task.expect is not None and pub.intact(task.name, task.expect):
+        if task.expect is not None and (task.trusted or pub.intact(task.name, task.expect)):
             _report(report, task.count, task.expect.bytes)
             return task.expect, True
         sent_n, sent_b = _write(task, tmp, report)

@@ -101,7 +101,7 @@ class WriteOptions:
 
 @dataclass
 class ConvertReport:
-    dst: Path
+    dst: Path | str
     backend: str
     samples: int
     shards: int
@@ -124,7 +124,7 @@ class ConvertReport:
         if self.kept:
             line += f"; resumed: kept {self.kept} finished shard(s)"
         if self.skipped:
-            where = "listed in the part record" if self.part else f"listed in {self.dst / SKIPPED_NAME}"
+            where = "listed in the part record" if self.part else f"listed in {self.dst}/{SKIPPED_NAME}"
             line += f"; skipped {len(self.skipped)} bad file(s), {where}"
         if self.part:
             line += f"; when all {self.part[1]} parts are done, run: fastdata merge-parts {self.dst}"
@@ -189,6 +189,8 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
         if not was_kept:
             journal.append(dst, info, jname)
             journaled.add(info.file)
+            if target.on_shard is not None:
+                target.on_shard(info)  # converting to a URL: upload it now
         kept += was_kept
         shards.append(info)
         _fault.point("between_shards", task.index)
@@ -196,7 +198,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
     try:
         remove_temporary(dst, owned)
         remove_shards_except(dst, journaled, owned)
-        tasks = _tasks(source, opts, dst, names, plans, done, own, nbytes)
+        tasks = _tasks(source, opts, dst, names, plans, done, own, nbytes, target.trusted)
         if progress is not None:
             progress.start(sum(t.count for t in tasks), sum(t.in_bytes for t in tasks))
         _fault.point("before_first_shard")
@@ -262,7 +264,7 @@ class LocalEngine:
 
 
 def _tasks(source: Source, opts: WriteOptions, dst: Path, names: list[str], plans: list[tuple[int, int]],
-           done: dict[str, ShardInfo], own: range, nbytes: np.ndarray) -> list[ShardTask]:
+           done: dict[str, ShardInfo], own: range, nbytes: np.ndarray, trusted: set[str]) -> list[ShardTask]:
     ragged = [f.name for f in source.fields if f.ragged]
     rows = {name: source.ragged_rows(name) for name in ragged}
     tasks = []
@@ -275,6 +277,7 @@ def _tasks(source: Source, opts: WriteOptions, dst: Path, names: list[str], plan
             part=source.part(a, b), fields=source.fields, backend=opts.backend, dst=str(dst), name=name, index=i,
             start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items()},
             compression=opts.compression, expect=expect, in_bytes=int(nbytes[a:b].sum()),
+            trusted=expect is not None and name in trusted,
         ))
     return tasks
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 from . import errors
 from ._version import __version__
 from .dataset import Dataset, open
+from .remote import RemoteOptions
 from .sampling import Shuffle
 
 if TYPE_CHECKING:
@@ -34,11 +35,14 @@ def loader(
     num_workers: int | Literal["auto"] = "auto",
     backend: Literal["torch", "dali", "auto"] = "torch",
     config: LoaderConfig | None = None,
+    remote: RemoteOptions | None = None,
 ) -> Loader:
     """Batches of a fastdata dataset as dicts of tensors on ``device``.
 
-    ``source``: a dataset folder or a :class:`Dataset`. Each epoch is a permutation drawn from
-    ``(seed, epoch)`` (``shuffle="block"``: nearly sequential reads; ``False``: storage order), split
+    ``source``: a dataset folder, a URL (``s3://bucket/ds``, read through the node's shard cache set
+    up by ``remote``: docs/remote.md) or a :class:`Dataset`. Each epoch is a permutation drawn from
+    ``(seed, epoch)`` (``shuffle="block"``: nearly sequential reads; ``"shards"``: shard by shard, for
+    datasets larger than the cache; ``False``: storage order), split
     into disjoint equal shares across torch.distributed ranks. ``augment``: an
     :class:`fastdata.augment.Augment` or a list of its ops, applied on the device. ``fields``: the
     fields to read (default: all). ``num_workers``: reader threads (or processes with
@@ -51,7 +55,8 @@ def loader(
     from .loaders import loader as _loader
 
     return _loader(source, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
-                   augment=augment, fields=fields, num_workers=num_workers, backend=backend, config=config)
+                   augment=augment, fields=fields, num_workers=num_workers, backend=backend, config=config,
+                   remote=remote)
 
 
 def __getattr__(name: str) -> Any:
@@ -66,4 +71,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Loader", "LoaderConfig", "__version__", "errors", "loader", "open"]
+__all__ = ["Dataset", "Loader", "LoaderConfig", "RemoteOptions", "__version__", "errors", "loader", "open"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from ._units import parse_size
 from ._version import __version__
 from .errors import FastdataError, UsageError
+from .remote import is_url
 
 
 def _size(text: str) -> int:
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    ".npy arrays, into a sharded HDF5 or LMDB dataset with a manifest.")
     c.add_argument("src", nargs="?", metavar="SRC",
                    help="folder of .npy/.npz samples or of images, or one large .npy array")
-    c.add_argument("dst", metavar="DST", help="dataset folder to create")
+    c.add_argument("dst", metavar="DST", help="dataset folder to create, or a URL (s3://bucket/ds: written locally, "
+                                              "uploaded shard by shard, manifest last; docs/remote.md)")
     c.add_argument("--format", choices=["hdf5", "lmdb"], default="hdf5", help="shard format (default: hdf5)")
     c.add_argument("--shard-size", type=_size, default="256MB", metavar="SIZE",
                    help="target bytes per shard, e.g. 512MB or 1GiB (default: 256MB)")
@@ -125,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(run=_demo)
 
     i = sub.add_parser("info", help="describe a dataset", description="Print a dataset's manifest for a person.")
-    i.add_argument("dst", metavar="DST", help="dataset folder")
+    i.add_argument("dst", metavar="DST", help="dataset folder or URL")
     i.add_argument("--json", action="store_true", help="print the raw manifest as JSON")
     i.set_defaults(run=_info)
 
@@ -133,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Check every shard's size and checksum against the manifest; with --deep also "
                                    "read and decode every sample and check it against the schema. Lists each bad "
                                    "shard and sample; exit code 1 if there is any.")
-    v.add_argument("dst", metavar="DST", help="dataset folder")
+    v.add_argument("dst", metavar="DST", help="dataset folder or URL (shards are downloaded into the cache)")
     v.add_argument("--deep", action="store_true", help="also read every sample (slower)")
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(run=_verify)
@@ -259,7 +261,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     bar = _Bar(enabled=not args.quiet)
     try:
-        report = verify(Path(args.dst), deep=args.deep, progress=bar)
+        report = verify(args.dst if is_url(args.dst) else Path(args.dst), deep=args.deep, progress=bar)
     finally:
         bar.close()
     for p in report.problems:
@@ -271,15 +273,20 @@ def _verify(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from .format import read_manifest
 
-    m = read_manifest(Path(args.dst))
+    if is_url(args.dst):
+        from .remote.store import RemoteStore
+
+        m = RemoteStore(args.dst).manifest
+    else:
+        m = read_manifest(Path(args.dst))
     if args.json:
         print(json.dumps(m.to_json(), indent=1))
         return 0
-    print(describe(m, Path(args.dst)))
+    print(describe(m, args.dst))
     return 0
 
 
-def describe(m, root: Path) -> str:  # type: ignore[no-untyped-def]
+def describe(m, root: Path | str) -> str:  # type: ignore[no-untyped-def]
     """A person-readable summary of a manifest (what ``fastdata info`` prints)."""
     from ._units import fmt_bytes
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -27,13 +27,20 @@ from .format import (
     shard_path,
 )
 from .format.spec import ENCODING_PIXELS, SHAPE_SUFFIX, companions
+from .remote import RemoteOptions, is_url
+
+if TYPE_CHECKING:
+    from .remote.prefetch import PlanFollower
+    from .remote.store import RemoteStore
 
 
 class Dataset:
     """Samples of a fastdata dataset; ``ds[i]`` and ``ds.get_batch(indices)`` give dicts of numpy arrays.
 
     ``decode`` turns encoded and ragged image fields into pixels on read, with
-    ``decode_threads`` threads per process (default: the usable CPUs).
+    ``decode_threads`` threads per process (default: the usable CPUs). ``root`` may be a URL
+    (``s3://bucket/ds``): shards are then read through the node's shard cache, set up by
+    ``remote`` (:class:`fastdata.RemoteOptions`; docs/remote.md).
     """
 
     def __init__(
@@ -43,10 +50,23 @@ class Dataset:
         *,
         decode: bool = True,
         decode_threads: int | None = None,
+        remote: RemoteOptions | None = None,
     ) -> None:
-        self.root = Path(root)
-        self.options: dict[str, Any] = {"fields": fields, "decode": decode, "decode_threads": decode_threads}
-        self.manifest: Manifest = read_manifest(self.root)
+        src = root if isinstance(root, str) else os.fspath(root)
+        self.options: dict[str, Any] = {"fields": fields, "decode": decode, "decode_threads": decode_threads,
+                                        "remote": remote}
+        self._remote: RemoteStore | None = None
+        if is_url(src):
+            from .remote.store import RemoteStore
+
+            self._remote = RemoteStore(src, remote)
+            self.root: Path | str = self._remote.url
+            self.manifest: Manifest = self._remote.manifest
+        else:
+            if remote is not None:
+                raise UsageError(f"{src}: remote= options apply to URLs (s3://...) only, and this is a local path")
+            self.root = Path(src)
+            self.manifest = read_manifest(self.root)
         names = [f.name for f in self.manifest.fields]
         wanted = None
         if fields is not None:
@@ -63,7 +83,11 @@ class Dataset:
         self._decoder = BatchDecoder(decode_threads) if encoded else None
         impl = backend(self.manifest.backend)
         self._readers = []
-        for info in self.manifest.shards:
+        for i, info in enumerate(self.manifest.shards):
+            if self._remote is not None:  # downloaded (and checked) when a batch first needs it
+                self._readers.append(impl.ShardReader(self._remote.local_path(i), info, self.manifest.fields))
+                continue
+            assert isinstance(self.root, Path)
             path = shard_path(self.root, info)
             if not path.is_file():
                 raise CorruptShardError(f"{self.root}: shard {info.file!r} is missing")
@@ -81,6 +105,24 @@ class Dataset:
         if unknown:
             raise TypeError(f"unknown dataset options: {sorted(unknown)}")
         return Dataset(self.root, **{**self.options, **changes})
+
+    @property
+    def remote(self) -> "RemoteStore | None":
+        """The remote store and shard cache when the dataset was opened from a URL, else None."""
+        return self._remote
+
+    def follow(self, plans: Sequence[Sequence[np.ndarray]], mine: int, first: int, lead: int) -> "PlanFollower | None":
+        """For a URL dataset: start prefetching shards along an epoch plan (every rank's batches; this
+        rank is ``mine``, starting at batch ``first``, readers up to ``lead`` batches ahead)."""
+        if self._remote is None:
+            return None
+        from .remote.prefetch import PlanFollower
+
+        return PlanFollower(self._remote, plans, mine, first, lead)
+
+    def shard_paths(self) -> list[Path]:
+        """Local files of the shards (for a URL dataset: where the cache keeps them, once downloaded)."""
+        return [r.path for r in self._readers]
 
     @property
     def classes(self) -> list[str] | None:
@@ -134,6 +176,24 @@ class Dataset:
             for a, e in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [b])))
             if e > a
         ]
+        if self._remote is None:
+            result = self._read(segments, idx, out)
+        else:
+            shards = [int(shard_of[a]) for a in np.concatenate(([0], cuts)) if a < b]
+            pinned: list[int] = []
+            try:
+                for s in shards:  # local, checked, and kept from eviction while we read
+                    self._remote.pin(s, self._readers[s].close)
+                    pinned.append(s)
+                result = self._read(segments, idx, out)
+            finally:
+                for s in pinned:
+                    self._remote.unpin(s)
+        return result
+
+    def _read(self, segments: list[Any], idx: np.ndarray, out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """Read ``segments`` (reader, rows in its shard, places in the batch) of the batch ``idx``; decode images."""
+        b = len(idx)
         result: dict[str, np.ndarray] = {}
         for f in self.schema:
             if f.ragged:
@@ -216,6 +276,8 @@ class Dataset:
             r.close()
         if self._decoder is not None:
             self._decoder.close()
+        if self._remote is not None:
+            self._remote.release_all()
 
     def __enter__(self) -> "Dataset":
         return self
@@ -230,6 +292,8 @@ def open(  # noqa: A001
     *,
     decode: bool = True,
     decode_threads: int | None = None,
+    remote: RemoteOptions | None = None,
 ) -> Dataset:
-    """Open the fastdata dataset at ``path`` (a directory with ``manifest.json``); see :class:`Dataset`."""
-    return Dataset(path, fields=fields, decode=decode, decode_threads=decode_threads)
+    """Open the fastdata dataset at ``path`` (a directory with ``manifest.json``, or a URL such as
+    ``s3://bucket/ds`` read through the shard cache set up by ``remote``); see :class:`Dataset`."""
+    return Dataset(path, fields=fields, decode=decode, decode_threads=decode_threads, remote=remote)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendUnavailableError",
+    "CacheFullError",
     "CorruptShardError",
     "DataError",
     "DestinationBusyError",
@@ -15,6 +16,8 @@ __all__ = [
     "FormatError",
     "IncompleteDatasetError",
     "LoaderWorkerError",
+    "RemoteError",
+    "RemoteNotFoundError",
     "UsageError",
     "VersionError",
     "WriteError",
@@ -67,3 +70,15 @@ class CorruptShardError(FormatError):
 
 class LoaderWorkerError(FastdataError):
     """An unexpected error in a loader thread or worker; the message says where it happened."""
+
+
+class RemoteError(FastdataError):
+    """A remote dataset could not be read or written: the message names the URL (and the shard)."""
+
+
+class RemoteNotFoundError(RemoteError):
+    """The object (or its bucket) does not exist."""
+
+
+class CacheFullError(RemoteError):
+    """The shard cache cannot hold a shard: its limit is too small, or the disk is full."""

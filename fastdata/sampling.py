@@ -7,36 +7,61 @@ of an epoch). See docs/loader.md for the exact rules.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal, Sequence, Union
 
 import numpy as np
 
 from .seeds import Stream, numpy_rng
 from .world import World
 
-Shuffle = Union[bool, Literal["block"]]
+Shuffle = Union[bool, Literal["block", "shards"]]
+SHUFFLES: tuple[Shuffle, ...] = (True, False, "block", "shards")
 
 
-def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int = 256, window: int = 16) -> np.ndarray:
+def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int = 256, window: int = 16,
+                shard_counts: Sequence[int] | None = None, shard_window: int = 2) -> np.ndarray:
     """A permutation of ``range(n)`` for one epoch.
 
     ``True``: uniform permutation. ``False``: storage order. ``"block"``: blocks of ``block``
     consecutive samples in random order, then samples shuffled within windows of ``window``
-    blocks, so reads stay nearly sequential for data larger than RAM.
+    blocks, so reads stay nearly sequential for data larger than RAM. ``"shards"``: the shards
+    (``shard_counts`` samples each, in storage order) in random order, then samples shuffled
+    within windows of ``shard_window`` consecutive shards of that order, so only a few shards
+    are needed at a time (datasets larger than the local cache, docs/remote.md).
     """
     if shuffle is False:
         return np.arange(n, dtype=np.int64)
     rng = numpy_rng(seed, epoch, Stream.ORDER)
     if shuffle is True:
         return rng.permutation(n).astype(np.int64)
+    if shuffle == "shards":
+        return _shard_order(n, rng, shard_counts, shard_window)
     if shuffle != "block":
-        raise ValueError(f"shuffle must be True, False or 'block', not {shuffle!r}")
+        raise ValueError(f"shuffle must be True, False, 'block' or 'shards', not {shuffle!r}")
     if block < 1 or window < 1:
         raise ValueError("block and window must be positive")
     starts = rng.permutation(np.arange(0, n, block))
     parts = []
     for w in range(0, len(starts), window):  # each window: `window` whole blocks, samples mixed
         group = np.concatenate([np.arange(s, min(s + block, n)) for s in starts[w : w + window]])
+        rng.shuffle(group)
+        parts.append(group)
+    return np.concatenate(parts).astype(np.int64) if parts else np.arange(0, dtype=np.int64)
+
+
+def _shard_order(n: int, rng: np.random.Generator, counts: Sequence[int] | None, window: int) -> np.ndarray:
+    if counts is None:
+        raise ValueError("shuffle='shards' needs the samples per shard (shard_counts)")
+    sizes = np.asarray(counts, dtype=np.int64)
+    if sizes.sum() != n or (sizes < 0).any():
+        raise ValueError(f"shard_counts add up to {int(sizes.sum())}, not to the {n} samples")
+    if window < 1:
+        raise ValueError("shard_window must be positive")
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])) if len(sizes) else sizes
+    perm = rng.permutation(len(sizes))
+    parts = []
+    for w in range(0, len(perm), window):
+        group = np.concatenate([np.arange(starts[s], starts[s] + sizes[s]) for s in perm[w : w + window]])
         rng.shuffle(group)
         parts.append(group)
     return np.concatenate(parts).astype(np.int64) if parts else np.arange(0, dtype=np.int64)
@@ -80,8 +105,22 @@ def num_batches(n: int, world: World, batch_size: int, drop_last: bool) -> int:
 
 def epoch_batches(
     n: int, *, world: World, batch_size: int, shuffle: Shuffle, drop_last: bool, seed: int, epoch: int,
-    block: int = 256, window: int = 16,
+    block: int = 256, window: int = 16, shard_counts: Sequence[int] | None = None, shard_window: int = 2,
 ) -> list[np.ndarray]:
     """All batches of one epoch for one rank, in order."""
-    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch, block=block, window=window)
-    return batch_plan(rank_share(order, world, drop_last), batch_size, drop_last)
+    return all_rank_batches(n, world=world, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
+                            epoch=epoch, block=block, window=window, shard_counts=shard_counts,
+                            shard_window=shard_window, ranks=[world.rank])[0]
+
+
+def all_rank_batches(
+    n: int, *, world: World, batch_size: int, shuffle: Shuffle, drop_last: bool, seed: int, epoch: int,
+    block: int = 256, window: int = 16, shard_counts: Sequence[int] | None = None, shard_window: int = 2,
+    ranks: Sequence[int] | None = None,
+) -> list[list[np.ndarray]]:
+    """The batches of one epoch for each rank in ``ranks`` (default: every rank of ``world``),
+    from one epoch order (a remote dataset's cache ranks shards by every local rank's next use)."""
+    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch, block=block, window=window,
+                        shard_counts=shard_counts, shard_window=shard_window)
+    ranks = range(world.size) if ranks is None else ranks
+    return [batch_plan(rank_share(order, World(r, world.size), drop_last), batch_size, drop_last) for r in ranks]

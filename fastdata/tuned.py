@@ -56,7 +56,7 @@ def store_tuned(ds: Dataset, batch_size: int, device: str, settings: dict[str, A
     path = d / CACHE_FILE
     data = _read_cache(path)
     data[settings_key(ds, batch_size, device)] = {
-        "settings": settings, "samples_per_s": rate, "dataset": str(ds.root.resolve()), "batch_size": batch_size,
+        "settings": settings, "samples_per_s": rate, "dataset": str(ds.root.resolve()) if isinstance(ds.root, Path) else ds.root, "batch_size": batch_size,
         "device": device, "machine": machine_id(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     text = json.dumps(data, indent=1) + "\n"
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))

@@ -33,6 +33,7 @@ from .format import (
 )
 from .format.spec import SHAPE_SUFFIX
 from .handles import usable_cpus
+from .remote import RemoteOptions, is_url
 
 _BATCH_BYTES = 32 << 20
 _MAX_BATCH = 1024
@@ -62,7 +63,7 @@ class Problem:
 class VerifyReport:
     """What :func:`verify` found. ``ok`` when there is no problem."""
 
-    root: Path
+    root: Path | str
     shards: int
     samples: int
     deep: bool
@@ -87,14 +88,46 @@ class VerifyReport:
 
 
 def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress | None = None,
-           threads: int | None = None) -> VerifyReport:
-    """Check the dataset at ``root``; raises only when its manifest itself is missing or invalid."""
+           threads: int | None = None, remote: RemoteOptions | None = None) -> VerifyReport:
+    """Check the dataset at ``root``; raises only when its manifest itself is missing or invalid.
+
+    A URL is checked through the shard cache: each shard is downloaded (unless cached) and its
+    cached copy hashed against the manifest."""
+    if isinstance(root, str) and is_url(root):
+        return _verify_remote(root, deep, progress, remote)
     root = Path(root)
     manifest = read_manifest(root)
     report = VerifyReport(root, len(manifest.shards), manifest.num_samples, deep)
     report.problems += check_shards(root, manifest, progress, threads)
     if deep:
         report.samples_read, problems = check_samples(root, manifest, progress)
+        report.problems += problems
+    return report
+
+
+def _verify_remote(url: str, deep: bool, progress: Progress | None, remote: RemoteOptions | None) -> VerifyReport:
+    ds = Dataset(url, remote=remote)
+    store, manifest = ds.remote, ds.manifest
+    assert store is not None
+    report = VerifyReport(url, len(manifest.shards), manifest.num_samples, deep)
+    if progress is not None:
+        progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="download + checksums")
+    for i, info in enumerate(manifest.shards):
+        try:
+            store.fetch(i)
+            path = store.local_path(i)
+            digest = file_checksum(path, info.checksum_algorithm)
+            if digest != info.checksum:
+                report.problems.append(Problem(f"{info.file}: the cached copy {path} has checksum {digest}, the "
+                                               f"manifest says {info.checksum} (changed on the local disk)", info.file))
+        except FileNotFoundError:
+            pass  # evicted right after the download by another process: it was checked on the way in
+        except FastdataError as e:
+            report.problems.append(Problem(str(e), shard=info.file))
+        if progress is not None:
+            progress.update(info.count, info.bytes)
+    if deep:
+        report.samples_read, problems = check_samples(Path(), manifest, progress, ds=ds)
         report.problems += problems
     return report
 
@@ -134,14 +167,15 @@ def _check_shard(root: Path, info: ShardInfo) -> str | None:
     return None
 
 
-def check_samples(root: Path, manifest: Manifest, progress: Progress | None = None) -> tuple[int, list[Problem]]:
+def check_samples(root: Path, manifest: Manifest, progress: Progress | None = None,
+                  ds: Dataset | None = None) -> tuple[int, list[Problem]]:
     """Read every sample through ``fastdata.open`` and check it against the schema.
 
     Returns the number of samples read and the problems. A dataset that cannot even be opened
     (a shard missing or of the wrong size) gives one problem saying so.
     """
     try:
-        ds = Dataset(root)
+        ds = ds or Dataset(root)
     except FastdataError as e:
         return 0, [Problem(f"samples not read: the dataset cannot be opened: {e}")]
     if progress is not None:

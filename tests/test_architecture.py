@@ -17,13 +17,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fastdata", "converters")
 
-# lowest first: spec -> file utilities -> format backends -> dataset -> sampling/world -> augment
+# lowest first: spec -> file utilities -> format backends -> remote shards -> dataset -> sampling/world -> augment
 # -> loaders -> train -> tools. A prefix ending in "." covers a whole package.
 LAYERS: list[tuple[str, ...]] = [
     ("fastdata.errors", "fastdata._units", "fastdata._version"),
     ("fastdata.format.spec",),
     ("fastdata.fileio", "fastdata.handles", "fastdata.batching"),
     ("fastdata.format.",),
+    ("fastdata.remote.",),  # where shard files come from when a dataset is a URL: fsspec + the local cache
     ("fastdata.decode", "fastdata.dataset", "converters."),
     ("fastdata.world", "fastdata.seeds", "fastdata.sampling", "fastdata.tuned"),
     ("fastdata.targets", "fastdata.augment", "fastdata._compat"),

@@ -119,8 +119,22 @@ def test_ray_options_are_checked(run_cli, src, tmp_path):
     code, _, err = run_cli("convert", src, tmp_path / "d", "--ray-address", "127.0.0.1:1")
     assert code == 2 and "--ray-address applies to --engine ray only" in err
     code, _, err = run_cli("convert", src, "s3://bucket/ds", "--engine", "ray")
-    assert code == 2 and "object storage" in err
+    assert code == 2 and "--engine ray cannot convert into object storage yet" in err
     assert not Path("s3:").exists()
+
+
+def test_url_destinations_without_upload_support_are_refused(run_cli, src, tmp_path, monkeypatch):
+    """--part and the shard publisher never write a URL as a local folder: they refuse, saying so."""
+    from converters.shardwork import publisher_for
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("convert", src, "s3://bucket/ds", "--part", "0/2")
+    assert code == 2 and "--part I/N cannot convert into object storage yet" in err and "Traceback" not in err
+    code, _, err = run_cli("merge-parts", "s3://bucket/ds")
+    assert code == 2 and "s3://bucket/ds: merge-parts works on a folder" in err
+    with pytest.raises(UsageError, match=r"s3://bucket/ds: shard tasks write into a folder, not to s3://"):
+        publisher_for("s3://bucket/ds")
+    assert not (tmp_path / "s3:").exists() and not Path("s3:").exists()
 
 
 # --- --part I/N + merge-parts --------------------------------------------------------------

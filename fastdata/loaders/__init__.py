@@ -20,6 +20,7 @@ from ..dataset import Dataset
 from ..errors import UsageError
 from ..format.spec import ENCODING_IMAGE
 from ..handles import usable_cpus
+from ..remote import RemoteOptions
 from ..sampling import Shuffle
 from ..tuned import load_tuned
 from .base import Loader
@@ -60,11 +61,15 @@ def loader(
     num_workers: int | Literal["auto"] = "auto",
     backend: Literal["torch", "dali", "auto"] = "torch",
     config: LoaderConfig | None = None,
+    remote: RemoteOptions | None = None,
 ) -> Loader:
     """Batches of a fastdata dataset as dicts of tensors on ``device``.
 
-    Each epoch is a permutation drawn from ``(seed, epoch)`` (``shuffle="block"``: nearly
-    sequential reads; ``False``: storage order), split into disjoint equal shares across
+    ``source`` is a dataset folder, a URL (``s3://bucket/ds``, read through the node's shard
+    cache; ``remote`` sets it up, docs/remote.md) or an open :class:`Dataset`. Each epoch is a
+    permutation drawn from ``(seed, epoch)`` (``shuffle="block"``: nearly sequential reads;
+    ``"shards"``: shard by shard, for datasets larger than the cache; ``False``: storage order),
+    split into disjoint equal shares across
     torch.distributed ranks. ``augment`` is an :class:`fastdata.augment.Augment` or a list of
     its ops, applied on the device. ``num_workers`` is reader threads (or processes with
     ``LoaderConfig(mode="processes")``); 0 reads in the iterating thread.
@@ -81,7 +86,10 @@ def loader(
     """
     if backend not in ("torch", "dali", "auto"):
         raise UsageError(f"backend must be 'torch', 'dali' or 'auto', not {backend!r}")
-    ds = source if isinstance(source, Dataset) else Dataset(source, fields=fields)
+    if isinstance(source, Dataset) and remote is not None:
+        raise UsageError("remote= is for loaders given a URL; this Dataset was opened already (pass remote= to "
+                         "fastdata.open instead)")
+    ds = source if isinstance(source, Dataset) else Dataset(source, fields=fields, remote=remote)
     if isinstance(source, Dataset) and fields is not None:
         ds = source.with_options(fields=fields)  # keeps the caller's decode settings
     if augment is not None and not isinstance(augment, Augment):

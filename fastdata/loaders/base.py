@@ -18,7 +18,7 @@ import torch
 from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import FastdataError, LoaderWorkerError, UsageError
-from ..sampling import Shuffle, epoch_batches, num_batches
+from ..sampling import SHUFFLES, Shuffle, all_rank_batches, num_batches
 from ..world import World
 
 if TYPE_CHECKING:
@@ -80,8 +80,8 @@ class Loader:
                  owns_dataset: bool = False) -> None:
         if batch_size < 1:
             raise UsageError("batch_size must be positive")
-        if shuffle not in (True, False, "block"):
-            raise UsageError(f"shuffle must be True, False or 'block', not {shuffle!r}")
+        if not any(shuffle is s or (isinstance(s, str) and shuffle == s) for s in SHUFFLES):
+            raise UsageError(f"shuffle must be True, False, 'block' or 'shards', not {shuffle!r}")
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -138,9 +138,18 @@ class Loader:
 
     def plan(self, epoch: int | None = None) -> list[np.ndarray]:
         """This rank's index batches for ``epoch`` (default: the current one)."""
-        return epoch_batches(len(self.dataset), world=self.world, batch_size=self.batch_size, shuffle=self.shuffle,
-                             drop_last=self.drop_last, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
-                             block=self.config.block, window=self.config.window)
+        return self._plans(epoch, [self.world.rank])[0]
+
+    def _plans(self, epoch: int | None, ranks: list[int] | None) -> list[list[np.ndarray]]:
+        counts = [s.count for s in self.dataset.manifest.shards] if self.shuffle == "shards" else None
+        return all_rank_batches(len(self.dataset), world=self.world, batch_size=self.batch_size, shuffle=self.shuffle,
+                                drop_last=self.drop_last, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
+                                block=self.config.block, window=self.config.window, shard_counts=counts,
+                                shard_window=self.config.shard_window, ranks=ranks)
+
+    def _lead(self) -> int:
+        """Batches the backend may read ahead of the one handed out (remote prefetch starts beyond)."""
+        return self.config.prefetch + int(getattr(self, "workers", 0) or 0)
 
     def _start_pass(self) -> tuple[World, int, int]:
         """Read the world, check it against a restored position; the (world, epoch, first batch) to run."""
@@ -158,15 +167,23 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         # A generator: nothing runs until the first batch is asked for (Lightning calls iter() to check a
         # loader, then set_epoch, then asks for batches; the process group may start in between).
+        follower = None
         try:
             world, epoch, first = self._start_pass()
-            plan = self.plan(epoch)
+            if self.dataset.remote is not None:  # every rank's plan: the node's cache ranks shards by next use
+                plans = self._plans(epoch, None)
+                plan = plans[world.rank]
+                follower = self.dataset.follow(plans, world.rank, first, self._lead())
+            else:
+                plan = self.plan(epoch)
             last = len(plan) - 1
             plan = plan[first:]
             self._done = first
             self._stats = _Stats(started=time.perf_counter())
             it = self._batches(plan, epoch, first)
             while True:
+                if follower is not None:
+                    follower.at(self._done)
                 t0 = time.perf_counter()
                 try:
                     batch = next(it)
@@ -185,6 +202,8 @@ class Loader:
                 yield batch
         finally:
             self._pass_world = None
+            if follower is not None:
+                follower.close()
 
     def stats(self) -> dict[str, float]:
         """Throughput and input wait of the current or last pass: samples/s, wait fraction, per-batch wait."""

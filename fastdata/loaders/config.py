@@ -20,6 +20,7 @@ class LoaderConfig:
     the choice when your model converts on the GPU (a quarter of the bytes to copy and move, no
     CPU pass; no ``augment`` then). The DALI backend uses ``prefetch`` (its queue depth),
     ``channels_last``, ``images``, ``block`` and ``window``.
+    ``shard_window``: with ``shuffle="shards"``, how many shards' samples are mixed at a time.
     """
 
     mode: Literal["threads", "processes"] = "threads"
@@ -30,6 +31,7 @@ class LoaderConfig:
     block: int = 256
     window: int = 16
     image_dtype: Literal["float32", "uint8"] = "float32"
+    shard_window: int = 2
 
     def __post_init__(self) -> None:
         if self.mode not in ("threads", "processes"):
@@ -38,5 +40,5 @@ class LoaderConfig:
             raise UsageError("prefetch must be at least 1")
         if self.image_dtype not in ("float32", "uint8"):
             raise UsageError(f"image_dtype must be 'float32' or 'uint8', not {self.image_dtype!r}")
-        if self.block < 1 or self.window < 1:
-            raise UsageError("block and window must be positive")
+        if self.block < 1 or self.window < 1 or self.shard_window < 1:
+            raise UsageError("block, window and shard_window must be positive")

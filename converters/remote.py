@@ -1,0 +1,214 @@
+"""Converting to a URL (``fastdata convert SRC s3://bucket/ds``): write locally, upload as we go.
+
+Shards are written into a local staging folder (under the shard cache's directory, one per
+URL) exactly as for a local conversion, and each is uploaded as soon as it is finished, then
+removed locally. The remote copy of the journal lists only shards whose upload completed; the
+manifest is uploaded last, so a remote dataset without a manifest is never taken for finished.
+``--resume`` continues from the remote journal (on any machine): shards it lists and that are
+present remotely with the right size are kept, the rest are written and uploaded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import DestinationBusyError, UsageError
+from fastdata.format import MANIFEST_NAME, ShardInfo
+from fastdata.remote import RemoteOptions
+from fastdata.remote.retry import RemoteError, RemoteNotFoundError, with_retries
+from fastdata.remote.store import JOURNAL_NAME
+from fastdata.remote.url import filesystem, join
+
+from . import journal
+from .dst import OURS, SKIPPED_NAME
+from .dstlock import holder
+
+log = logging.getLogger(__name__)
+_UPLOAD_THREADS = 4
+
+
+class RemoteTarget:
+    """The URL a conversion uploads to, and its local staging folder."""
+
+    def __init__(self, url: str, options: RemoteOptions | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.options = options or RemoteOptions()
+        self.fs = filesystem(self.url, self.options.storage_options)
+        key = hashlib.sha256(self.url.encode()).hexdigest()[:20]
+        self.staging = self.options.cache_path() / "uploads" / key
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+        self._lock = threading.Lock()
+        self._uploaded: list[ShardInfo] = []
+        self._head: str | None = None
+
+    def _call(self, fn: Any, what: str) -> Any:
+        return with_retries(fn, what, _deadline(self.options))
+
+    def _names(self) -> list[str]:
+        try:
+            entries = self._call(lambda: self.fs.ls(self.url, detail=False, refresh=True), self.url)
+        except RemoteNotFoundError:
+            return []
+        return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
+
+    def check(self, overwrite: bool, resume: bool) -> None:
+        """Refuse what a local destination would refuse (see converters/dst.py), before any work."""
+        if overwrite and resume:
+            raise UsageError("--overwrite and --resume contradict each other: --resume continues, --overwrite starts over")
+        names = self._names()
+        foreign = [n for n in names if not OURS.match(n)]
+        if foreign:
+            raise UsageError(f"{self.url}: refused: it holds {foreign[0]!r}, which fastdata did not write; "
+                             "choose an empty or new prefix")
+        if resume:
+            if MANIFEST_NAME in names:
+                raise UsageError(f"{self.url}: already holds a finished dataset; nothing to resume "
+                                 "(--overwrite converts again)")
+            if JOURNAL_NAME not in names:
+                raise UsageError(f"{self.url}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
+                                 "convert again without --resume")
+        elif names and not overwrite:
+            if JOURNAL_NAME in names and MANIFEST_NAME not in names:
+                raise UsageError(f"{self.url}: holds an interrupted conversion; pass --resume to finish it, "
+                                 "or --overwrite to start over")
+            raise UsageError(f"{self.url}: already exists; pass --overwrite to replace it")
+        who = holder(self.staging) if self.staging.is_dir() else None
+        if who is not None:
+            raise DestinationBusyError(f"{self.url}: another conversion on this machine is writing it ({who}); "
+                                       "wait for it to end")
+
+    def prepare(self, overwrite: bool, resume: bool) -> tuple[Path, set[str]]:
+        """A fresh staging folder (holding the remote journal on resume) and the shards kept remotely."""
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+        self.staging.parent.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            self._remove_ours()
+        if not resume:
+            return self.staging, set()
+        self.staging.mkdir()
+        where = join(self.url, JOURNAL_NAME)
+        raw = self._call(lambda: self.fs.cat_file(where), where).split(b"\n")
+        kept: list[ShardInfo] = []
+        for line in raw[1:]:
+            info = journal._parse_entry(line) if line.strip() else None
+            if info is None:
+                continue
+            where_shard = join(self.url, info.file)
+            try:
+                size = self._call(lambda w=where_shard: self.fs.info(w)["size"], where_shard)
+            except RemoteError:
+                continue
+            if size == info.bytes:
+                kept.append(info)
+        self._head = raw[0].decode("utf-8")
+        self._uploaded = list(kept)
+        (self.staging / journal.JOURNAL_NAME).write_bytes(self._journal_bytes())
+        return self.staging, {k.file for k in kept}
+
+    def _remove_ours(self) -> None:
+        """--overwrite: the manifest first, so an interrupted delete never leaves a dataset that looks complete."""
+        names = self._names()
+        if MANIFEST_NAME in names:
+            self._call(lambda: self.fs.rm_file(join(self.url, MANIFEST_NAME)), join(self.url, MANIFEST_NAME))
+        for n in names:
+            if n != MANIFEST_NAME and OURS.match(n):
+                self._call(lambda n=n: self.fs.rm_file(join(self.url, n)), join(self.url, n))
+
+    def _journal_bytes(self) -> bytes:
+        lines = [self._head or ""] + [json.dumps(asdict(i), sort_keys=True) for i in self._uploaded]
+        return ("\n".join(lines) + "\n").encode("utf-8")
+
+    # --- while writing -------------------------------------------------------------------
+
+    def shard_done(self, info: ShardInfo) -> None:
+        """A shard is finished locally: upload it in the background (a failed upload stops the conversion)."""
+        self.raise_failed()
+        if self._head is None:
+            self._head = (self.staging / journal.JOURNAL_NAME).read_text(encoding="utf-8").split("\n", 1)[0]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_UPLOAD_THREADS, thread_name_prefix="fastdata-upload")
+        self._pending.append(self._pool.submit(self._upload_shard, info))
+
+    def _upload_shard(self, info: ShardInfo) -> None:
+        local = self.staging / info.file
+        where = join(self.url, info.file)
+        self._call(lambda: self.fs.put_file(str(local), where), f"{where}: upload")
+        with self._lock:
+            self._uploaded.append(info)
+            data = self._journal_bytes()
+            jw = join(self.url, JOURNAL_NAME)
+            self._call(lambda: self.fs.pipe_file(jw, data), f"{jw}: upload")
+        local.unlink(missing_ok=True)  # it is safe remotely; the local disk need not hold the dataset
+
+    @property
+    def uploaded(self) -> list[ShardInfo]:
+        """Shards safely uploaded (listed in the remote journal)."""
+        with self._lock:
+            return list(self._uploaded)
+
+    def raise_failed(self) -> None:
+        for f in self._pending:
+            if f.done() and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+
+    def wait(self) -> None:
+        """Wait for every upload; raise the first failure."""
+        first: BaseException | None = None
+        for f in self._pending:
+            try:
+                f.result()
+            except BaseException as e:  # noqa: BLE001 - the first one is raised below
+                first = first or e
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if first is not None:
+            raise RemoteError(f"{first}; the conversion stopped: run the same command with --resume to finish") from None
+
+    def finish(self) -> None:
+        """Every shard is uploaded: upload the manifest (last), remove the remote journal and the staging folder."""
+        self.wait()
+        skipped = self.staging / SKIPPED_NAME
+        if skipped.is_file():
+            self._call(lambda: self.fs.put_file(str(skipped), join(self.url, SKIPPED_NAME)), join(self.url, SKIPPED_NAME))
+        man = join(self.url, MANIFEST_NAME)
+        self._call(lambda: self.fs.put_file(str(self.staging / MANIFEST_NAME), man), f"{man}: upload")
+        try:
+            self._call(lambda: self.fs.rm_file(join(self.url, JOURNAL_NAME)), join(self.url, JOURNAL_NAME))
+        except RemoteError as e:
+            log.warning("%s: could not remove the conversion journal: %s", self.url, e)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def abandon(self) -> None:
+        """The conversion failed: let uploads in flight end (the remote journal lists what is safe)."""
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - the conversion's own error is the one to report
+            pass
+
+
+def _deadline(options: RemoteOptions) -> float:
+    import time
+
+    return time.monotonic() + options.timeout
+
+
+def check_not_urls(paths: list[str | os.PathLike[str] | None]) -> None:
+    """Sources are local: a URL there is refused, never read as a folder named ``s3:``."""
+    from fastdata.remote import is_url
+
+    for p in paths:
+        if p is not None and is_url(str(p) if not isinstance(p, str) else p):
+            raise UsageError(f"{p}: sources must be local files or folders (download it first); "
+                             "only the destination may be a URL")

@@ -1,0 +1,282 @@
+"""The node's shard cache: one directory shared by every process and rank, bounded in bytes.
+
+Files are named by content (``<algorithm>-<digest><ext>``, from the manifest's shard checksum:
+xxh3_128 or sha256), so a cached shard can never be stale. A shard is downloaded by one process at
+a time (``<name>.lock``) into ``<name>.<pid>.part``, preallocated to its size (so concurrent
+downloads see each other's space), checked against the manifest's checksum and renamed: a partial or corrupt download is never read. Readers hold a shared ``flock`` on the
+files they read (a :class:`Pin`); eviction takes an exclusive one without waiting, so a shard
+being read is never evicted. Which shard goes first is the caller's ``priority`` (the epoch
+plan's next use: later or never goes first), then the oldest.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import math
+import os
+import re
+import shutil
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+from .._units import fmt_bytes
+from ..errors import CacheFullError, CorruptShardError, RemoteError, UsageError
+from ..fileio import file_checksum
+from . import locks
+
+log = logging.getLogger("fastdata.remote")
+_NAME = r"[a-z0-9_]+-[0-9a-f]{32,128}\.[A-Za-z0-9]+"  # cache_name(): <algorithm>-<digest><ext>
+_FINAL = re.compile(rf"^{_NAME}$")
+_PART = re.compile(rf"^({_NAME})\.\d+\.part$")
+_EVICT_LOCK = ".evict.lock"
+CHECKSUM_ATTEMPTS = 3
+
+__all__ = ["CacheFullError", "Pin", "Priority", "ShardCache"]
+
+Priority = Callable[[str], float]  # next use of a cached file by name: smaller is sooner; inf: never
+
+
+def _drop_pin(fd: int, pid: int) -> None:
+    try:
+        if os.getpid() == pid:  # a forked child must not drop its parent's lock
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Pin:
+    """A shared lock on a cached shard: it is not evicted until :meth:`release`. A pin dropped
+    without ``release`` (its dataset garbage-collected unclosed) is released by a finalizer."""
+
+    fd: int
+    ino: int
+    pid: int
+    _final: "weakref.finalize[Any, Any]" = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._final = weakref.finalize(self, _drop_pin, self.fd, self.pid)
+
+    def release(self) -> None:
+        """Unlock and close, once (later calls do nothing)."""
+        self._final()
+
+
+class ShardCache:
+    """Cached shard files under ``root``, at most ``limit`` bytes (and never more than the disk holds)."""
+
+    def __init__(self, root: Path, limit: int) -> None:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"{root}: cannot create the shard cache: {e.strerror}") from None
+        if not os.access(root, os.W_OK):
+            raise UsageError(f"{root}: the shard cache is not writable (set RemoteOptions.cache_dir)")
+        self.root = root
+        self.limit = limit
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    # --- reading -------------------------------------------------------------------------
+
+    def pin(self, name: str, size: int) -> Pin | None:
+        """A pin on the cached file ``name`` when it is there whole; None when it is not cached."""
+        path = self.path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # an evictor holds its exclusive lock only to unlink
+            st = os.fstat(fd)
+            try:
+                same = os.stat(path).st_ino == st.st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # evicted (and perhaps downloaded again) meanwhile
+                os.close(fd)
+                return None
+            if st.st_size != size:  # only a person editing the cache gets here: drop the file
+                log.warning("%s: cached file is %d bytes, expected %d; downloading it again", path, st.st_size, size)
+                os.close(fd)
+                self._drop(name)
+                return None
+            os.utime(fd)  # oldest-used goes first among equals
+            return Pin(fd, st.st_ino, os.getpid())
+        except BaseException:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            raise
+
+    # --- downloading ---------------------------------------------------------------------
+
+    def fetch(self, name: str, size: int, checksum: str, fill: Callable[[BinaryIO], object], *, where: str,
+              deadline: float, priority: Priority | None = None, bound: float | None = None) -> bool:
+        """Make sure ``name`` is cached: ``fill(f)`` writes its bytes from the start of ``f`` (retrying
+        transient errors is its business); they must have ``size`` and ``checksum`` ("<algorithm>:<hex>").
+
+        With ``bound`` (prefetching) only files needed later than ``bound`` are evicted, and False
+        comes back when there is no room that way; without it (a reader waits) any unpinned file may
+        go, and a CacheFullError comes once ``deadline`` passes without room.
+        """
+        if self.path(name).exists():
+            return True
+        if size > self.limit:
+            raise CacheFullError(f"{where}: the shard is {fmt_bytes(size)}, larger than the cache limit "
+                                 f"{fmt_bytes(self.limit)} of {self.root}; raise RemoteOptions.cache_limit")
+        lock_path = self.path(name + ".lock")
+        try:
+            fd = locks.lock(lock_path, deadline, f"{where}: waiting for another process's download")
+        except TimeoutError as e:
+            raise RemoteError(str(e)) from None
+        try:
+            if self.path(name).exists():
+                return True  # another process downloaded it while we waited
+            for p in self.root.glob(name + ".*.part"):  # left by a process that died: we hold the lock
+                p.unlink(missing_ok=True)
+            return self._download(name, size, checksum, fill, where, deadline, priority, bound)
+        finally:
+            locks.unlock(fd, lock_path)
+
+    def _download(self, name: str, size: int, checksum: str, fill: Callable[[BinaryIO], object], where: str,
+                  deadline: float, priority: Priority | None, bound: float | None) -> bool:
+        part = self.path(f"{name}.{os.getpid()}.part")
+        try:
+            with open(part, "w+b") as f:
+                if not self._reserve(f, name, size, where, deadline, priority, bound):
+                    return False
+                for attempt in range(1, CHECKSUM_ATTEMPTS + 1):
+                    f.seek(0)
+                    fill(f)
+                    got = f.tell()
+                    f.truncate(got)
+                    f.flush()
+                    if got == size and file_checksum(part, checksum.partition(":")[0]) == checksum:
+                        break
+                    log.warning("%s: download %d of %d does not match the manifest (%d bytes, expected %d)",
+                                where, attempt, CHECKSUM_ATTEMPTS, got, size)
+                else:
+                    raise CorruptShardError(
+                        f"{where}: the downloaded bytes do not match the manifest's size and checksum "
+                        f"({CHECKSUM_ATTEMPTS} attempts): the object is corrupt or was replaced; "
+                        "convert it again or restore the object")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(part, self.path(name))
+            return True
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CacheFullError(f"{where}: the cache disk is full ({self.root}): free space there, or "
+                                     "lower RemoteOptions.cache_limit below the free space") from None
+            raise RemoteError(f"{where}: cannot write the cache file {part}: {e.strerror}") from None
+        finally:
+            part.unlink(missing_ok=True)
+
+    def _reserve(self, f: BinaryIO, name: str, size: int, where: str, deadline: float,
+                 priority: Priority | None, bound: float | None) -> bool:
+        """Room for ``size`` bytes (evicting as allowed), claimed by growing ``f`` to ``size``."""
+        wait_until = min(deadline, time.monotonic() + 60.0)
+        while True:
+            fd = locks.lock(self.path(_EVICT_LOCK), deadline, f"{where}: cache eviction lock", record=False)
+            try:
+                used, unwritten = self._usage()
+                free = shutil.disk_usage(self.root).free - unwritten
+                room = min(self.limit - used, free)
+                if room < size:
+                    room += self._evict(size - room, name, priority, bound)
+                if room >= size:
+                    os.ftruncate(f.fileno(), size)  # visible to every other process's _usage
+                    return True
+            finally:
+                locks.unlock(fd)
+            if bound is not None:
+                return False
+            if time.monotonic() > wait_until:
+                raise CacheFullError(
+                    f"{where}: the cache {self.root} has no room for this shard ({fmt_bytes(size)}): limit "
+                    f"{fmt_bytes(self.limit)}, {fmt_bytes(used)} held by shards being read or downloaded, "
+                    f"{fmt_bytes(max(free, 0))} free on the disk; raise RemoteOptions.cache_limit, lower "
+                    "prefetch_shards, or use shuffle='shards' so fewer shards are read at once")
+            time.sleep(0.1)
+
+    def _usage(self) -> tuple[int, int]:
+        """(bytes held by cached files and downloads, bytes downloads have claimed but not yet written)."""
+        used = unwritten = 0
+        seen: set[int] = set()  # by inode: a download renamed while we list it is counted once
+        with os.scandir(self.root) as it:
+            for e in it:
+                if _FINAL.match(e.name) or _PART.match(e.name):
+                    try:
+                        st = e.stat()
+                    except FileNotFoundError:
+                        continue
+                    if st.st_ino in seen:
+                        continue
+                    seen.add(st.st_ino)
+                    used += st.st_size
+                    if e.name.endswith(".part"):
+                        unwritten += max(0, st.st_size - st.st_blocks * 512)
+        return used, unwritten
+
+    def _evict(self, need: int, keep: str, priority: Priority | None, bound: float | None) -> int:
+        """Remove unpinned files, needed-last first, until ``need`` bytes are free; returns bytes freed."""
+        entries = []
+        with os.scandir(self.root) as it:
+            for e in it:
+                if _FINAL.match(e.name) and e.name != keep:
+                    try:
+                        st = e.stat()
+                    except FileNotFoundError:
+                        continue
+                    p = priority(e.name) if priority is not None else math.inf
+                    if bound is None or p > bound:
+                        entries.append((-p, st.st_mtime, e.name, st.st_size))
+        freed = 0
+        for _, _, fname, fsize in sorted(entries):
+            if freed >= need:
+                break
+            if self._drop(fname):
+                freed += fsize
+                log.debug("%s: evicted %s (%d bytes)", self.root, fname, fsize)
+        return freed
+
+    def _drop(self, name: str) -> bool:
+        """Remove a cached file unless someone reads it (holds a shared lock)."""
+        path = self.path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            try:
+                if os.stat(path).st_ino != os.fstat(fd).st_ino:
+                    return False
+            except FileNotFoundError:
+                return False
+            path.unlink()
+            return True
+        finally:
+            os.close(fd)
+
+    def held_bytes(self) -> int:
+        """Bytes the cache holds now (cached shards and downloads in progress), counted under the
+        eviction lock: an eviction and the reservation it made room for are never both counted."""
+        fd = locks.lock(self.path(_EVICT_LOCK), time.monotonic() + 60.0, f"{self.root}: cache eviction lock",
+                        record=False)
+        try:
+            return self._usage()[0]
+        finally:
+            locks.unlock(fd)
+

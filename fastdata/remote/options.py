@@ -1,0 +1,67 @@
+"""``RemoteOptions``: how a remote dataset is reached and cached (one frozen, self-checking value)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .._units import parse_size
+from ..errors import UsageError
+from ..fileio import user_cache_dir
+
+DEFAULT_CACHE_LIMIT = "50GB"
+ENV_CACHE_DIR = "FASTDATA_REMOTE_CACHE"
+ENV_CACHE_LIMIT = "FASTDATA_CACHE_LIMIT"
+
+
+def default_cache_dir() -> Path:
+    """``$FASTDATA_REMOTE_CACHE``, else ``remote/`` in fastdata's user cache directory
+    (``$FASTDATA_CACHE_DIR``, ``$XDG_CACHE_HOME/fastdata`` or ``~/.cache/fastdata``)."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    return Path(env) if env else user_cache_dir() / "remote"
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """Options for datasets given as URLs (``fastdata.open(url, remote=...)``, ``fastdata.loader``).
+
+    ``cache_dir``: the node's shard cache (default :func:`default_cache_dir`), shared by every
+    process and rank. ``cache_limit``: bytes the cache may hold, e.g. ``"50GB"`` (default
+    ``$FASTDATA_CACHE_LIMIT`` or 50GB; the free disk space bounds it too). ``storage_options``:
+    passed to the fsspec filesystem (endpoint, profile, ...); credentials come from the usual
+    places when absent, and are never logged. ``prefetch_shards``: shards downloaded ahead of
+    the loader's position, by ``download_threads`` threads. ``timeout``: seconds one remote
+    operation may take in all, retries with backoff included, before it fails.
+    """
+
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_limit: int | str | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, hash=False)
+    prefetch_shards: int = 2
+    download_threads: int = 2
+    timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.prefetch_shards < 0:
+            raise UsageError("prefetch_shards must be >= 0")
+        if self.download_threads < 1:
+            raise UsageError("download_threads must be >= 1")
+        if not self.timeout > 0:
+            raise UsageError("timeout must be positive (seconds)")
+        self.limit_bytes()  # a bad size fails here, not at the first download
+
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+
+    def limit_bytes(self) -> int:
+        raw = self.cache_limit if self.cache_limit is not None else os.environ.get(ENV_CACHE_LIMIT, DEFAULT_CACHE_LIMIT)
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            if raw <= 0:
+                raise UsageError(f"cache_limit must be positive, not {raw}")
+            return raw
+        try:
+            return parse_size(str(raw))
+        except ValueError as e:
+            raise UsageError(f"cache_limit: {e}") from None

@@ -1,0 +1,65 @@
+"""URLs versus local paths, and the fsspec filesystem behind a URL.
+
+Any string with a scheme (``xx://``) is a URL: it is read through fsspec or refused with an
+error naming the missing package, never taken for a local path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Mapping
+
+from ..errors import UsageError
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+# Packages users must install for common schemes (fsspec's own hint is less direct).
+_PACKAGES = {"s3": "s3fs (pip install 'fastdata[s3]')", "s3a": "s3fs (pip install 'fastdata[s3]')",
+             "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs",
+             "http": "aiohttp", "https": "aiohttp"}
+# Defaults that bound every S3 call in time (LitData's hangs came from unbounded remote calls).
+_S3_DEFAULTS: dict[str, Any] = {"config_kwargs": {"connect_timeout": 10, "read_timeout": 30,
+                                                  "retries": {"max_attempts": 2, "mode": "standard"}}}
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """True for ``scheme://...`` strings (never a local path)."""
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def scheme(url: str) -> str:
+    m = _URL.match(url)
+    if m is None:
+        raise UsageError(f"{url}: not a URL")
+    return m.group(1).lower()
+
+
+def join(url: str, name: str) -> str:
+    return url.rstrip("/") + "/" + name
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> Any:
+    """The fsspec filesystem for ``url``; a UsageError names the package a scheme needs."""
+    proto = scheme(url)
+    try:
+        import fsspec
+        from fsspec.registry import known_implementations
+    except ImportError:
+        raise UsageError(f"{url}: reading URLs needs fsspec (pip install 'fastdata[s3]' for S3)") from None
+    if proto not in known_implementations and proto not in fsspec.available_protocols():
+        raise UsageError(f"{url}: unknown URL scheme {proto!r} (fsspec knows no filesystem for it; "
+                         "local paths are written without a scheme)")
+    opts = dict(storage_options or {})
+    if proto in ("s3", "s3a"):
+        for k, v in _S3_DEFAULTS.items():
+            if k == "config_kwargs":
+                opts[k] = {**v, **opts.get(k, {})}
+            else:
+                opts.setdefault(k, v)
+    try:
+        return fsspec.filesystem(proto, **opts)
+    except ImportError as e:
+        need = _PACKAGES.get(proto) or str(e).splitlines()[0]
+        raise UsageError(f"{url}: the {proto!r} scheme needs {need}, which is not installed") from None
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{url}: bad storage_options for {proto!r}: {e}") from None
