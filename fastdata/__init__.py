@@ -19,11 +19,12 @@ if TYPE_CHECKING:
 
     from .augment import Augment
     from .loaders import Loader, LoaderConfig
+    from .samplers import SamplerFn
 
 
 def loader(
     source: str | os.PathLike[str] | Dataset,
-    batch_size: int,
+    batch_size: int | None,
     *,
     shuffle: Shuffle = True,
     drop_last: bool = False,
@@ -34,6 +35,7 @@ def loader(
     num_workers: int | Literal["auto"] = "auto",
     backend: Literal["torch", "dali", "auto"] = "torch",
     config: LoaderConfig | None = None,
+    sampler: SamplerFn | None = None,
 ) -> Loader:
     """Batches of a fastdata dataset as dicts of tensors on ``device``.
 
@@ -44,14 +46,17 @@ def loader(
     fields to read (default: all). ``num_workers``: reader threads (or processes with
     ``LoaderConfig(mode="processes")``), 0 reads in the iterating thread, ``"auto"`` uses
     ``fastdata tune``'s stored settings or a default. ``backend="dali"`` decodes and augments with
-    NVIDIA DALI; ``"auto"`` picks it for encoded images on CUDA. Details: docs/loader.md.
+    NVIDIA DALI; ``"auto"`` picks it for encoded images on CUDA. ``sampler``: replaces the shuffled
+    order (``fastdata.samplers.Weighted``, ``Episodic`` (``batch_size`` may then be None), or a
+    function ``(n, world, seed, epoch) -> batches``). Details: docs/loader.md.
     """
     # A mirror of fastdata.loaders.loader (tests/test_architecture.py checks the signatures agree),
     # so that `import fastdata` does not import torch and help(fastdata.loader) shows the parameters.
     from .loaders import loader as _loader
 
     return _loader(source, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
-                   augment=augment, fields=fields, num_workers=num_workers, backend=backend, config=config)
+                   augment=augment, fields=fields, num_workers=num_workers, backend=backend, config=config,
+                   sampler=sampler)
 
 
 def __getattr__(name: str) -> Any:
