@@ -20,14 +20,15 @@ from .images import ImageFolderSource, is_image_file
 from .merge import MergeReport, merge
 from .npy import DEFAULT_FIELD, ArraysSource, NpyFolderSource
 from .parts import MergePartsReport, merge_parts, parse_part
-from .scan import walk_files
-from .writer import ConvertReport, Progress, WriteOptions, write_dataset
+from .scan import drop_non_samples, walk_files
+from .table import ColumnType, is_table, parse_meta_type, scan_table
+from .writer import ConvertReport, Progress, Source, WriteOptions, write_dataset
 
 if TYPE_CHECKING:
     from .remote import RemoteTarget
 
-__all__ = ["ConvertReport", "ImageOptions", "MergePartsReport", "MergeReport", "Progress", "WriteOptions", "convert",
-           "merge", "merge_parts", "parse_part"]
+__all__ = ["ColumnType", "ConvertReport", "ImageOptions", "MergePartsReport", "MergeReport", "Progress", "WriteOptions",
+           "convert", "merge", "merge_parts", "parse_meta_type", "parse_part"]
 
 
 def convert(
@@ -45,6 +46,9 @@ def convert(
     progress: Progress | None = None,
     part: tuple[int, int] | None = None,
     remote: RemoteOptions | None = None,
+    meta: str | os.PathLike[str] | None = None,
+    meta_types: dict[str, ColumnType] | None = None,
+    strict: bool = False,
 ) -> ConvertReport:
     """Convert ``src`` into a dataset at ``dst``.
 
@@ -58,6 +62,11 @@ def convert(
     finishes the dataset (see docs/scale.md). ``dst`` may be a URL (``s3://bucket/ds``): shards
     are written locally and uploaded as each is finished, the manifest last (converters/remote.py;
     ``remote`` gives the storage options and staging place); not with ``part`` or the Ray engine.
+
+    ``meta`` is a metadata table (CSV, JSON Lines, Parquet) whose ``path`` column names the samples
+    under ``src`` and whose other columns become fields (``meta_types`` forces their types); ``src``
+    may itself be such a table (paths relative to its folder). Files in a folder that are not
+    samples (README, CSV, ...) are skipped with a warning, or refused with ``strict``.
     """
     t0 = time.perf_counter()
     options = options or WriteOptions()
@@ -88,13 +97,44 @@ def convert(
     if label_path is not None and not label_path.is_file():
         raise UsageError(f"{label_path}: labels file not found")
     named = {k: Path(v) for k, v in (arrays or {}).items()}
+    meta_path = Path(meta) if meta is not None else None
+    if meta_types and meta_path is None and not (src is not None and is_table(Path(src))):
+        raise UsageError("--meta-type applies to a metadata table (--meta TABLE, or a table as SRC)")
+    if src is not None and is_table(Path(src)) and Path(src).is_file():
+        if meta_path is not None:
+            raise UsageError(f"{src}: a table given as SRC is the metadata itself; drop --meta")
+        meta_path, table_src = Path(src), True
+    else:
+        table_src = False
+    if meta_path is not None:
+        if named or src is None:
+            raise UsageError("--meta TABLE needs a source folder SRC (the table's paths are relative to it)")
+        if label_path is not None or no_labels:
+            raise UsageError("--labels/--no-labels do not apply with a metadata table: its columns are the fields "
+                             "(a 'label' column is the label)")
+        if not meta_path.is_file():
+            raise UsageError(f"{meta_path}: table not found")
+        root = meta_path.parent if table_src else Path(src)
+        if not root.is_dir():
+            raise UsageError(f"{root}: no such folder")
+        inputs = [root, meta_path]
+        _check_dst(dst, inputs, overwrite, resume, part)
+        table: Source = scan_table(meta_path, root, types=dict(meta_types or {}), images=images, skip_bad=skip_bad,
+                                   strict=strict, check_unlisted=not table_src, workers=options.workers,
+                                   progress=progress)
+        with (prepare_dst(dst, inputs, overwrite, resume) if part is None
+              else prepare_part_dst(dst, inputs, part, overwrite, resume)) as target:
+            report = write_dataset(table, target, options, progress)
+        report.seconds = time.perf_counter() - t0
+        return report
     if src is not None:
         src = Path(src)
         if not os.path.exists(src):
             raise UsageError(f"{src}: no such file or folder")
         if src.is_file():
             if src.suffix.lower() != ".npy":
-                raise UsageError(f"{src}: a single-file source must be a .npy array (or give a folder)")
+                raise UsageError(f"{src}: a single-file source must be a .npy array or a table "
+                                 "(.csv, .tsv, .jsonl, .parquet), or give a folder")
             if DEFAULT_FIELD in named:
                 raise UsageError(f"{src}: given both as SRC and as --data")
             named = {DEFAULT_FIELD: src, **named}
@@ -123,11 +163,13 @@ def convert(
             _check_dst(dst, inputs, overwrite, resume, part)
         rels = walk_files(src, {os.path.realpath(label_path)} if label_path else set())
         if _holds_images(src, rels):
+            rels = drop_non_samples(src, rels, is_image_file, strict)
             source = ImageFolderSource.scan(src, images or ImageOptions(), labels_file=label_path, no_labels=no_labels,
                                             skip_bad=skip_bad, workers=options.workers, progress=progress, rels=rels)
         elif images is not None:
             raise UsageError(f"{src}: image options (--images, --size, ...) given, but the folder holds no images")
         else:
+            rels = drop_non_samples(src, rels, lambda r: r.lower().endswith((".npy", ".npz")), strict)
             source = NpyFolderSource.scan(src, labels_file=label_path, no_labels=no_labels, skip_bad=skip_bad,
                                           rels=rels)
     if upload is not None:

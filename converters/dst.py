@@ -26,13 +26,14 @@ SKIPPED_NAME = "skipped.json"
 # Names a conversion may leave in DST; --overwrite deletes only these.
 _PART = r"part-\d{5,}-of-\d{5,}"
 OURS = re.compile(
-    r"^(manifest\.json|skipped\.json|\.manifest\..+\.tmp|\.?shard-\d{5,}\.(h5|lmdb)(\.partial)?(-lock)?"
+    r"^(manifest\.json|skipped\.json|keys\.bin|\.keys\.bin\..+\.tmp|\.manifest\..+\.tmp"
+    r"|\.?shard-\d{5,}\.(h5|lmdb)(\.partial)?(-lock)?"
     rf"|\.fastdata-journal(-{_PART})?(\.tmp)?|\.fastdata\.lock|\.fastdata-{_PART}\.(json|lock)"
     rf"|\.\.fastdata-{_PART}\.json\..+\.tmp)$"
 )
 # Temporary names: never part of a finished or resumable conversion.
 TEMPORARY = re.compile(
-    r"^(\.manifest\..+\.tmp|\.shard-\d{5,}\.(h5|lmdb)\.partial(-lock)?|shard-\d{5,}\.lmdb-lock|\.fastdata-journal\.tmp)$"
+    r"^(\.manifest\..+\.tmp|\.keys\.bin\..+\.tmp|\.shard-\d{5,}\.(h5|lmdb)\.partial(-lock)?|shard-\d{5,}\.lmdb-lock|\.fastdata-journal\.tmp)$"
 )
 # The files of one part of a conversion split with --part I/N (see converters/parts.py).
 PART_FILE = re.compile(r"^\.fastdata-(?:journal-)?part-(\d{5,})-of-(\d{5,})(?:\.json|\.lock)?$")

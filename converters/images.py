@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import DataError, FastdataError
-from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
+from fastdata.format import FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import (
     CODEC_DTYPE,
     CODEC_SUFFIX,
@@ -33,7 +33,7 @@ from fastdata.format.spec import (
 from fastdata.handles import usable_cpus
 
 from .imageio import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, prepare, read_source
-from .scan import LABEL_DTYPE, FolderSource, check_labelled, find_and_label, refuse_bad
+from .scan import FolderSource, check_labelled, find_and_label, label_field, refuse_bad
 from .writer import Progress, _mp_context
 
 IMAGE_FIELD = "image"
@@ -53,7 +53,8 @@ def fixed_shape(opts: ImageOptions, shapes: np.ndarray) -> tuple[int, int, int] 
     return (h, w, c)
 
 
-def image_fields(opts: ImageOptions, labelled: bool, fixed: tuple[int, int, int] | None = None) -> list[FieldSpec]:
+def image_fields(opts: ImageOptions, labels: np.ndarray | None,
+                 fixed: tuple[int, int, int] | None = None) -> list[FieldSpec]:
     """The schema an image conversion writes (see docs/format.md, "Image fields"); ``fixed``: the
     shape every raw image has (:func:`fixed_shape`)."""
     spec = ImageSpec(mode=opts.mode)
@@ -67,8 +68,8 @@ def image_fields(opts: ImageOptions, labelled: bool, fixed: tuple[int, int, int]
         ]
         if encoding == ENCODING_IMAGE:
             fields.append(make_field(IMAGE_FIELD + CODEC_SUFFIX, CODEC_DTYPE, ()))
-    if labelled:
-        fields.append(make_field(LABEL_FIELD, LABEL_DTYPE, ()))
+    if labels is not None:
+        fields.append(label_field(labels))
     return fields
 
 
@@ -154,7 +155,7 @@ class ImageFolderSource(FolderSource):
             crcs=np.array([g[1][4] for g in good], dtype=np.uint32),
             file_sizes=np.array([g[1][5] for g in good], dtype=np.int64),
             labels=labels.of(usable),
-            fields=image_fields(opts, labels.by_path is not None, fixed),
+            fields=image_fields(opts, labels.of(usable), fixed),
             classes=labels.classes,
             skipped=skipped,
             label_kind=labels.kind,

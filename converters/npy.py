@@ -20,7 +20,7 @@ from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.handles import PerProcessHandle
 
 from .npyfile import NpyHeader, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
-from .scan import LABEL_DTYPE, FolderSource, check_labelled, find_and_label, refuse_bad
+from .scan import FolderSource, check_labelled, find_and_label, label_field, refuse_bad
 
 DEFAULT_FIELD = "x"
 
@@ -117,8 +117,10 @@ class NpyFolderSource(FolderSource):
         if labels.by_path is not None:
             if any(f.name == LABEL_FIELD for f in fields):
                 raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass --no-labels")
-            fields.append(_field(LABEL_FIELD, LABEL_DTYPE, (), str(root)))
         usable = [g[0] for g in good]
+        label_values = labels.of(usable)
+        if label_values is not None:
+            fields.append(label_field(label_values))
         return cls(
             root=str(root),
             rels=usable,
@@ -204,6 +206,10 @@ class ArraysSource(PerProcessHandle[dict[str, np.ndarray]]):
 
     def ragged_rows(self, name: str) -> np.ndarray:  # arrays are never ragged
         raise KeyError(name)
+
+    def sample_keys(self) -> None:
+        """Array rows are keyed by their index."""
+        return None
 
     def part(self, start: int, stop: int) -> "ArraysSource":
         return replace(self, offset=self.offset + start, count=stop - start)

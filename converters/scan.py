@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +21,22 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD
 
 LABEL_DTYPE = np.dtype("<i8")
+log = logging.getLogger("fastdata.convert")
+
+
+def drop_non_samples(root: Path, rels: list[str], is_sample: Any, strict: bool) -> list[str]:
+    """The sample files of ``rels``; the others (README, CSV, JSON, Thumbs.db, ...) are skipped with
+    one line saying how many and naming a few, or are an error with ``strict``."""
+    keep = [r for r in rels if is_sample(r)]
+    other = [r for r in rels if not is_sample(r)]
+    if other:
+        few = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+        if strict:
+            raise DataError(f"{root / other[0]}: not a sample file ({len(other)} such file(s) in {root}: {few}); "
+                            "without --strict they are skipped")
+        log.warning("%s: skipped %d file(s) that are not samples: %s (--strict makes this an error)",
+                    root, len(other), few)
+    return keep
 
 
 def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
@@ -58,15 +75,27 @@ def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # typ
 
 @dataclass
 class Labels:
-    """Integer label per relative path, and the class names when labels came from names."""
+    """A label per relative path (an integer, or a float or vector: regression targets), and the
+    class names when labels came from names."""
 
-    by_path: dict[str, int] | None  # None: the dataset has no labels
+    by_path: dict[str, Any] | None  # None: the dataset has no labels
     classes: list[str] | None
     kind: str  # "folders" | "file" | "none"
+    dtype: np.dtype = LABEL_DTYPE
+    shape: tuple[int, ...] = ()
 
     def of(self, rels: list[str]) -> np.ndarray | None:
         """The label of each of ``rels``, or None when the dataset has no labels."""
-        return None if self.by_path is None else np.array([self.by_path[r] for r in rels], dtype=np.int64)
+        if self.by_path is None:
+            return None
+        return np.array([self.by_path[r] for r in rels], dtype=self.dtype).reshape(len(rels), *self.shape)
+
+
+def label_field(labels: np.ndarray) -> Any:
+    """The label field for per-sample ``labels`` (integers, floats or fixed-length vectors)."""
+    from fastdata.format import make_field
+
+    return make_field(LABEL_FIELD, labels.dtype, labels.shape[1:])
 
 
 def folder_labels(paths: list[str], root: Path) -> Labels:
@@ -108,10 +137,32 @@ def file_labels(path: Path) -> Labels:
     try:
         ints = {k: int(v) for k, v in raw.items()}
     except ValueError:
+        typed = _typed_labels(path, raw)
+        if typed is not None:
+            return typed
         classes = sorted(set(raw.values()))
         index = {c: i for i, c in enumerate(classes)}
         return Labels({k: index[v] for k, v in raw.items()}, classes, "file")
     return Labels(ints, None, "file")
+
+
+def _typed_labels(path: Path, raw: dict[str, str]) -> Labels | None:
+    """Float labels (float32) or fixed-length numeric vectors (JSON arrays); None if the labels are
+    names. A labels file mixing numbers and names, or vectors of several lengths, is an error."""
+    vals: dict[str, Any] = {}
+    for k, v in raw.items():
+        t = v.strip()
+        try:
+            vals[k] = np.asarray(json.loads(t) if t.startswith("[") else float(t), dtype=np.float64)
+        except (ValueError, json.JSONDecodeError):
+            if vals:
+                raise DataError(f"{path}: label {v!r} of {k!r} is not a number, other labels are") from None
+            return None
+    shapes = {a.shape for a in vals.values()}
+    if len(shapes) != 1:
+        raise DataError(f"{path}: labels have several shapes {sorted(map(list, shapes))}; vector labels need one length")
+    shape = shapes.pop()
+    return Labels({k: a.astype(np.float32) for k, a in vals.items()}, None, "file", np.dtype("<f4"), shape)
 
 
 def _csv_pairs(path: Path, text: str) -> list[tuple[str, str]]:
@@ -147,8 +198,11 @@ def _json_pairs(path: Path, text: str) -> list[tuple[str, str]]:
         raise DataError(f"{path}: expected an object or a list")
     out = []
     for p, label in items:
-        if not isinstance(p, str) or isinstance(label, (bool, float)) or not isinstance(label, (int, str)):
-            raise DataError(f"{path}: bad entry {p!r}: {label!r} (paths are strings, labels integers or strings)")
+        if isinstance(label, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in label):
+            label = json.dumps(label)
+        if not isinstance(p, str) or isinstance(label, bool) or not isinstance(label, (int, float, str)):
+            raise DataError(f"{path}: bad entry {p!r}: {label!r} (paths are strings, labels numbers, lists of "
+                            "numbers or strings)")
         out.append((p, str(label)))
     return out
 
@@ -210,10 +264,14 @@ class FolderSource:
         columns = {k: getattr(self, k)[s] for k in ("rels", "labels", *self.COLUMNS) if getattr(self, k) is not None}
         return replace(self, skipped=[], **columns)  # type: ignore[type-var]  # subclasses are dataclasses
 
+    def sample_keys(self) -> list[str] | None:
+        """Each sample's key: its path relative to the source folder."""
+        return list(self.rels)
+
     def labelled(self, sample: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
         """``sample`` with sample ``i``'s label added, when the dataset has labels."""
         if self.labels is not None:
-            sample[LABEL_FIELD] = np.asarray(self.labels[i], dtype=LABEL_DTYPE)
+            sample[LABEL_FIELD] = np.array(self.labels[i], order="C")
         return sample
 
     def describe(self) -> dict[str, Any]:

@@ -26,7 +26,10 @@ import numpy as np
 from fastdata._units import fmt_bytes
 from fastdata._version import __version__
 from fastdata.errors import FastdataError, UsageError
+from fastdata.fileio import file_checksum, write_atomic
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, backend, shard_file_name, write_manifest
+from fastdata.format.keys import write_keys
+from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo
 from fastdata.handles import usable_cpus
 
 from . import _fault, journal
@@ -53,6 +56,7 @@ class Source(Protocol):
     def part(self, start: int, stop: int) -> "Source": ...
     def read(self, i: int) -> dict[str, np.ndarray]: ...
     def describe(self) -> dict[str, Any]: ...
+    def sample_keys(self) -> list[str] | None: ...  # None: a sample's key is its index
 
 
 class Progress(Protocol):
@@ -209,6 +213,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
             classes=source.classes,
             source={**source.describe(), "fastdata_version": __version__,
                     "shard_size": opts.shard_size, "compression": opts.compression or "none"},
+            keys=_write_keys(dst, source.sample_keys()),
         )
         _fault.point("before_manifest")
         if target.part is None:
@@ -263,6 +268,19 @@ class LocalEngine:
             _write_parallel(tasks, self.workers, progress, finished)
 
 
+def _write_keys(dst: Path, keys: list[str] | None) -> KeysInfo:
+    """The keys side file (docs/format.md, "Sample keys"), written atomically before the manifest."""
+    if keys is None:
+        return KeysInfo(kind=KEYS_INDEX)
+    path = dst / KEYS_FILE
+    try:
+        write_atomic(path, lambda f: write_keys(f, keys, str(dst)))
+        return KeysInfo(kind=KEYS_KIND_FILE, file=KEYS_FILE, bytes=path.stat().st_size,
+                        checksum=file_checksum(path, CHECKSUM_DEFAULT))
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
 def _tasks(source: Source, opts: WriteOptions, dst: Path, names: list[str], plans: list[tuple[int, int]],
            done: dict[str, ShardInfo], own: range, nbytes: np.ndarray, trusted: set[str]) -> list[ShardTask]:
     ragged = [f.name for f in source.fields if f.ragged]
@@ -290,6 +308,8 @@ def _failed(dst: Path, journaled: set[str], e: BaseException, owned: set[str] | 
     try:
         remove_temporary(dst, owned)
         remove_shards_except(dst, journaled, owned)
+        if owned is None:  # (a --part leaves keys.bin to the others: every part writes the same one)
+            (dst / KEYS_FILE).unlink(missing_ok=True)  # written again, with the manifest, by --resume
         kept = sum(1 for n in journaled if (dst / n).is_file())
         if kept == 0:
             if owned is None:

@@ -20,11 +20,12 @@ if TYPE_CHECKING:
 
     from .augment import Augment
     from .loaders import Loader, LoaderConfig
+    from .samplers import SamplerFn
 
 
 def loader(
     source: str | os.PathLike[str] | Dataset,
-    batch_size: int,
+    batch_size: int | None,
     *,
     shuffle: Shuffle = True,
     drop_last: bool = False,
@@ -36,6 +37,7 @@ def loader(
     backend: Literal["torch", "dali", "auto"] = "torch",
     config: LoaderConfig | None = None,
     remote: RemoteOptions | None = None,
+    sampler: SamplerFn | None = None,
 ) -> Loader:
     """Batches of a fastdata dataset as dicts of tensors on ``device``.
 
@@ -48,7 +50,9 @@ def loader(
     fields to read (default: all). ``num_workers``: reader threads (or processes with
     ``LoaderConfig(mode="processes")``), 0 reads in the iterating thread, ``"auto"`` uses
     ``fastdata tune``'s stored settings or a default. ``backend="dali"`` decodes and augments with
-    NVIDIA DALI; ``"auto"`` picks it for encoded images on CUDA. Details: docs/loader.md.
+    NVIDIA DALI; ``"auto"`` picks it for encoded images on CUDA. ``sampler``: replaces the shuffled
+    order (``fastdata.samplers.Weighted``, ``Episodic`` (``batch_size`` may then be None), or a
+    function ``(n, world, seed, epoch) -> batches``). Details: docs/loader.md.
     """
     # A mirror of fastdata.loaders.loader (tests/test_architecture.py checks the signatures agree),
     # so that `import fastdata` does not import torch and help(fastdata.loader) shows the parameters.
@@ -56,7 +60,7 @@ def loader(
 
     return _loader(source, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
                    augment=augment, fields=fields, num_workers=num_workers, backend=backend, config=config,
-                   remote=remote)
+                   remote=remote, sampler=sampler)
 
 
 def __getattr__(name: str) -> Any:

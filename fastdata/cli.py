@@ -43,6 +43,15 @@ def _named_array(text: str) -> tuple[str, str]:
     return name, path
 
 
+def _meta_type(text: str) -> tuple[str, object]:
+    from converters.table import parse_meta_type
+
+    try:
+        return parse_meta_type(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastdata", description="Fast sharded datasets for PyTorch training.")
     p.add_argument("--version", action="version", version=f"fastdata {__version__}")
@@ -53,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Convert a folder of per-sample .npy/.npz files, a folder of images, or large "
                                    ".npy arrays, into a sharded HDF5 or LMDB dataset with a manifest.")
     c.add_argument("src", nargs="?", metavar="SRC",
-                   help="folder of .npy/.npz samples or of images, or one large .npy array")
+                   help="folder of .npy/.npz samples or of images, one large .npy array, or a metadata table "
+                        "(.csv/.tsv/.jsonl/.parquet) whose path column names each sample's file")
     c.add_argument("dst", metavar="DST", help="dataset folder to create, or a URL (s3://bucket/ds: written locally, "
                                               "uploaded shard by shard, manifest last; docs/remote.md)")
     c.add_argument("--format", choices=["hdf5", "lmdb"], default="hdf5", help="shard format (default: hdf5)")
@@ -74,7 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--field", action="append", type=_named_array, default=[], metavar="NAME=PATH",
                    help="a large array stored as field NAME (repeatable)")
     c.add_argument("--skip-bad", action="store_true",
-                   help="skip unreadable or mismatched samples and list them in DST/skipped.json")
+                   help="skip unreadable or mismatched samples (and bad table rows) and list them in DST/skipped.json")
+    c.add_argument("--strict", action="store_true",
+                   help="files in SRC that are not samples (README, CSV, Thumbs.db, ...) are an error, not skipped")
+    c.add_argument("--meta", metavar="TABLE",
+                   help="metadata table (CSV, JSON Lines or Parquet) with a 'path' column relative to SRC; every "
+                        "other column becomes a field (see docs/convert.md)")
+    c.add_argument("--meta-type", action="append", type=_meta_type, default=[], metavar="NAME=DTYPE[:SHAPE]",
+                   help="force a table column's type, e.g. keypoints=float32:17,3, boxes=float32:n,4 or "
+                        "subject=str (repeatable)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     r = c.add_argument_group("many machines (see docs/scale.md)")
     r.add_argument("--engine", choices=["local", "ray"], default="local",
@@ -212,12 +230,20 @@ def _convert(args: argparse.Namespace) -> int:
         images = converters.ImageOptions(images=args.images or "encoded", size=tuple(args.size) if args.size else None,
                                          max_side=args.max_side, quality=args.quality, mode=args.mode or "RGB")
     bar = _Bar(enabled=not args.quiet)
+    said = logging.StreamHandler(sys.stderr)  # the converter's one-line notes (files skipped as not samples)
+    said.setFormatter(logging.Formatter("fastdata: %(message)s"))
+    notes = logging.getLogger("fastdata.convert")
+    notes.addHandler(said)
+    notes.propagate = False
     try:
         report = converters.convert(args.src, args.dst, options, labels=args.labels, no_labels=args.no_labels,
                                     arrays=arrays or None, overwrite=args.overwrite, resume=args.resume,
-                                    skip_bad=args.skip_bad, images=images, progress=bar, part=part)
+                                    skip_bad=args.skip_bad, images=images, progress=bar, part=part, meta=args.meta,
+                                    meta_types=dict(args.meta_type) or None, strict=args.strict)
     finally:
         bar.close()
+        notes.removeHandler(said)
+        notes.propagate = True
     print(report.summary())
     return 0
 
@@ -302,11 +328,15 @@ def describe(m, root: Path | str) -> str:  # type: ignore[no-untyped-def]
         shape = "(" + ", ".join("n" if d is None else str(d) for d in f.shape) + ")"
         kind = "ragged" if f.ragged else "fixed"
         image = f" ({f.image.mode} {f.image.layout})" if f.image is not None else ""
-        lines.append(f"  {f.name:<12} {str(f.np_dtype):<9} {shape:<22} {kind}, {f.encoding}{image}")
+        dtype = "str" if f.encoding == "utf8" else str(f.np_dtype)
+        lines.append(f"  {f.name:<12} {dtype:<9} {shape:<22} {kind}, {f.encoding}{image}")
     if m.classes is not None:
         shown = ", ".join(f"{i}={c}" for i, c in enumerate(m.classes[:20]))
         more = f", ... ({len(m.classes)} in all)" if len(m.classes) > 20 else ""
         lines.append(f"classes   {len(m.classes)}: {shown}{more}")
+    if m.keys is not None:
+        where = f"{m.keys.file}, {fmt_bytes(m.keys.bytes)}" if m.keys.file else "the sample index"
+        lines.append(f"keys      {'relative source paths' if m.keys.file else 'row indices'} ({where})")
     src = m.source or {}
     if src:
         lines.append("source    " + ", ".join(f"{k}={v}" for k, v in src.items() if not isinstance(v, (dict, list))))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ._units import fmt_bytes
+from .errors import UsageError
 
 
 def _seconds(text: str) -> float:
@@ -55,6 +57,8 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--batches", type=int, default=None, metavar="N", help="stop after N batches instead")
     b.add_argument("--naive", metavar="SRC", help="also measure the naive per-file loader over this .npy folder")
     b.add_argument("--no-ceiling", action="store_true", help="skip measuring the machine's ceiling")
+    b.add_argument("--subset", metavar="KEYS.txt",
+                   help="measure only the samples whose keys (relative source paths) FILE lists, one per line")
     b.add_argument("--json", action="store_true", help="print machine-readable JSON")
     b.set_defaults(run=run_bench)
 
@@ -88,6 +92,12 @@ def run_bench(args: argparse.Namespace) -> int:
     from .loaders import LoaderConfig, loader
 
     ds = Dataset(args.dst)
+    if args.subset:
+        try:
+            keys = [k for k in Path(args.subset).read_text(encoding="utf-8").splitlines() if k.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"{args.subset}: cannot read the subset's keys: {e}") from None
+        ds = ds.subset(keys)
     given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}  # others: the defaults
     config = LoaderConfig(**given) if given else None  # None: tuned settings where stored
     ld = loader(ds, args.batch_size, device=args.device, num_workers=args.workers, config=config,

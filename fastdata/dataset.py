@@ -4,14 +4,20 @@
 consecutive on disk and in the batch, and reads straight into one preallocated array
 per field. Ragged fields come back padded to the longest sample in the batch, with a
 ``<name>_lengths`` array. Image fields come back decoded, as uint8 ``(B, H, W, C)`` arrays
-(see fastdata/decode.py); ``decode=False`` returns their stored bytes instead.
+(see fastdata/decode.py); ``decode=False`` returns their stored bytes instead. String fields
+come back as lists of ``str``, and so do sample keys when ``"key"`` is among the fields.
+
+``subset`` and ``split`` give views: the same class over a subset of the samples, accepted
+wherever a dataset is (loaders, ``fastdata.bench``, the DALI backend).
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -26,12 +32,17 @@ from .format import (
     read_manifest,
     shard_path,
 )
-from .format.spec import ENCODING_PIXELS, SHAPE_SUFFIX, companions
+from .format.keys import KeyTable
+from .format.spec import ENCODING_PIXELS, KEY_FIELD, KEYS_KIND_FILE, SHAPE_SUFFIX, companions, is_string
 from .remote import RemoteOptions, is_url
+from .seeds import Stream, numpy_rng
 
 if TYPE_CHECKING:
     from .remote.prefetch import PlanFollower
     from .remote.store import RemoteStore
+
+Batch = dict[str, Any]  # field name -> numpy array, or list of str for string fields and keys
+_COLUMN_CHUNK = 1 << 16
 
 
 class Dataset:
@@ -69,13 +80,32 @@ class Dataset:
             self.manifest = read_manifest(self.root)
         names = [f.name for f in self.manifest.fields]
         wanted = None
+        self._view: np.ndarray | None = None  # a subset: this dataset's sample i is the stored sample _view[i]
+        self._view_pos: tuple[np.ndarray, np.ndarray] | None = None  # (sorted _view, its argsort), for index_of
+        self._with_key = fields is not None and KEY_FIELD in fields and KEY_FIELD not in names
+        self._keys: KeyTable | None = None
+        keys = self.manifest.keys
+        if keys is not None and keys.kind == KEYS_KIND_FILE and self._remote is not None:
+            if self._with_key:
+                raise UsageError(f"{self.root}: sample keys of a dataset on object storage are not read yet; "
+                                 "drop 'key' from fields, or download the dataset and open the local copy")
+        elif keys is not None and keys.kind == KEYS_KIND_FILE:
+            assert isinstance(self.root, Path)
+            real = os.path.realpath(self.root / str(keys.file))
+            if os.path.dirname(real) != os.path.realpath(self.root):  # as for shards: never outside the dataset
+                raise CorruptShardError(f"{self.root}: keys file {keys.file!r} points outside the dataset directory")
+            self._keys = KeyTable(Path(real), self.manifest.num_samples, keys.bytes)
+        if self._with_key and keys is None:
+            raise UsageError(f"{self.root}: has no sample keys (format version {self.manifest.version}: written "
+                             "before keys existed, or by fastdata merge); convert it again to get keys")
         if fields is not None:
-            unknown = [f for f in fields if f not in names]
+            unknown = [f for f in fields if f not in names and not (f == KEY_FIELD and self._with_key)]
             if unknown:
-                raise UsageError(f"{self.root}: no field {unknown[0]!r} (fields: {', '.join(names)})")
+                raise UsageError(f"{self.root}: no field {unknown[0]!r} (fields: {', '.join(names)}, and 'key')")
             # an image field is read together with its shape (and codec) fields
             wanted = set(fields).union(*(companions(f) for f in self.manifest.fields if f.name in fields))
         self.schema: list[FieldSpec] = [f for f in self.manifest.fields if wanted is None or f.name in wanted]
+        self._strings = [f for f in self.schema if is_string(f)]
         self._images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
         # raw pixels are placed straight into the padded image batch as they are read
         self._pixels = [f for f in self._images if f.encoding == ENCODING_PIXELS]
@@ -104,7 +134,9 @@ class Dataset:
         unknown = set(changes) - set(self.options)
         if unknown:
             raise TypeError(f"unknown dataset options: {sorted(unknown)}")
-        return Dataset(self.root, **{**self.options, **changes})
+        ds = Dataset(self.root, **{**self.options, **changes})
+        ds._view, ds._view_pos = self._view, self._view_pos  # a subset stays the same subset
+        return ds
 
     @property
     def remote(self) -> "RemoteStore | None":
@@ -129,13 +161,181 @@ class Dataset:
         return self.manifest.classes
 
     def __len__(self) -> int:
-        return self.manifest.num_samples
+        return self.manifest.num_samples if self._view is None else len(self._view)
+
+    @property
+    def fields(self) -> list[str]:
+        """Names of the fields ``get_batch`` returns (``<name>_lengths`` of ragged fields aside)."""
+        return [f.name for f in self.schema] + ([KEY_FIELD] if self._with_key else [])
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{f.name}:{f.np_dtype}{list(f.shape)}" for f in self.schema)
-        return f"<fastdata.Dataset {str(self.root)!r} {len(self)} samples, {len(self._readers)} {self.manifest.backend} shards; {fields}>"
+        fields = ", ".join(f"{f.name}:{'str' if is_string(f) else f.np_dtype}{'' if is_string(f) else list(f.shape)}"
+                           for f in self.schema)
+        view = f" (a subset of {self.manifest.num_samples})" if self._view is not None else ""
+        return (f"<fastdata.Dataset {str(self.root)!r} {len(self)} samples{view}, {len(self._readers)} "
+                f"{self.manifest.backend} shards; {fields}>")
 
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+    # --- keys, subsets, splits -------------------------------------------------------------
+
+    def _stored(self, indices: np.ndarray) -> np.ndarray:
+        return indices if self._view is None else self._view[indices]
+
+    def _check_keys(self) -> None:
+        if self.manifest.keys is None:
+            raise UsageError(f"{self.root}: has no sample keys (format version {self.manifest.version}: written "
+                             "before keys existed, or by fastdata merge); convert it again to get keys")
+        if self._keys is None and self.manifest.keys.kind == KEYS_KIND_FILE:
+            raise UsageError(f"{self.root}: sample keys of a dataset on object storage are not read yet; "
+                             "download the dataset and open the local copy")
+
+    def key(self, i: int) -> str:
+        """The key of sample ``i``: its path relative to the conversion's source (or its index, for
+        array sources). Keys are unique within a dataset."""
+        n = len(self)
+        if not isinstance(i, (int, np.integer)) or not -n <= i < n:
+            raise IndexError(f"index {i!r} out of range for a dataset of {n} samples")
+        return self.keys([int(i) % n])[0]
+
+    def keys(self, indices: Iterable[int] | np.ndarray) -> list[str]:
+        """The keys of samples ``indices`` (see :meth:`key`)."""
+        self._check_keys()
+        stored = self._stored(np.asarray(indices, dtype=np.int64))
+        if self._keys is None:
+            return [str(j) for j in stored.tolist()]
+        return self._keys.keys(stored.tolist())
+
+    def index_of(self, key: str) -> int:
+        """The index (in this dataset or subset) of the sample keyed ``key``; KeyError if there is none."""
+        self._check_keys()
+        if self._keys is None:
+            j = int(key) if isinstance(key, str) and key.isdigit() and str(int(key)) == key else -1
+            j = j if j < self.manifest.num_samples else -1
+        else:
+            j = self._keys.find(key)
+        if j >= 0 and self._view is not None:
+            if self._view_pos is None:
+                order = np.argsort(self._view, kind="stable")
+                self._view_pos = (self._view[order], order)
+            sv, order = self._view_pos
+            p = int(np.searchsorted(sv, j))
+            j = int(order[p]) if p < len(sv) and sv[p] == j else -1
+        if j < 0:
+            raise KeyError(f"{self.root}: no sample keyed {key!r}" + (" in this subset" if self._view is not None else ""))
+        return j
+
+    def subset(self, selection: Sequence[int] | Sequence[str] | np.ndarray) -> "Dataset":
+        """A view of some samples: ``selection`` is indices (into this dataset), keys, or a boolean
+        mask of ``len(self)``. The view's sample ``i`` is the ``i``-th selected; no sample twice."""
+        sel = np.asarray(selection) if not isinstance(selection, np.ndarray) else selection
+        n = len(self)
+        if sel.ndim != 1:
+            raise UsageError(f"subset takes a 1-D selection (indices, keys or a mask), not shape {sel.shape}")
+        if sel.dtype == bool:
+            if len(sel) != n:
+                raise UsageError(f"a subset mask needs {n} entries (one per sample), not {len(sel)}")
+            idx = np.flatnonzero(sel).astype(np.int64)
+        elif sel.dtype.kind in "US":
+            idx = np.array([self._index_or_error(str(k)) for k in sel.tolist()], dtype=np.int64)
+        elif sel.dtype.kind in "iu" or len(sel) == 0:
+            idx = sel.astype(np.int64)
+            if len(idx) and (idx.min() < 0 or idx.max() >= n):
+                bad = idx[(idx < 0) | (idx >= n)][0]
+                raise UsageError(f"subset index {bad} out of range for a dataset of {n} samples")
+        else:
+            raise UsageError(f"subset takes indices, keys or a boolean mask, not an array of {sel.dtype}")
+        if len(np.unique(idx)) != len(idx):
+            raise UsageError("subset selection names a sample twice (a subset holds each sample at most once; "
+                             "use sampler=Weighted(...) to draw samples more often)")
+        view = copy.copy(self)
+        view._view = self._stored(idx)
+        view._view_pos = None
+        return view
+
+    def _index_or_error(self, key: str) -> int:
+        try:
+            return self.index_of(key)
+        except KeyError as e:
+            raise UsageError(str(e.args[0])) from None
+
+    @property
+    def stored_indices(self) -> np.ndarray:
+        """For each sample of this dataset, its index in the stored dataset (``arange`` unless a subset)."""
+        return np.arange(self.manifest.num_samples, dtype=np.int64) if self._view is None else self._view.copy()
+
+    def identity(self) -> str:
+        """A short fingerprint of which samples this is (the stored dataset, or a subset of it)."""
+        if self._view is None:
+            return f"all:{self.manifest.num_samples}"
+        return "subset:" + hashlib.sha256(np.ascontiguousarray(self._view, dtype="<i8").tobytes()).hexdigest()[:16]
+
+    def column(self, name: str) -> np.ndarray:
+        """Every sample's value of field ``name`` (a numpy array; strings as a numpy ``str`` array)."""
+        if name == KEY_FIELD and name not in [f.name for f in self.manifest.fields]:
+            return np.array(self.keys(np.arange(len(self))), dtype=str)
+        ds = self.with_options(fields=[name], decode=False)
+        f = ds.manifest.field(name)
+        parts: list[Any] = []
+        for a in range(0, len(self), _COLUMN_CHUNK):
+            b = ds.get_batch(np.arange(a, min(a + _COLUMN_CHUNK, len(self))))
+            parts.append(np.array(b[name], dtype=str) if is_string(f) else b[name])
+        ds.close()
+        if not parts:
+            return np.array([], dtype=str if is_string(f) else f.np_dtype)
+        if f.ragged and not is_string(f):
+            raise UsageError(f"field {name!r} is ragged; column() takes fixed-shape and string fields")
+        return np.concatenate(parts)
+
+    def split(self, fractions: Mapping[str, float], *, seed: int = 0, stratify: str | None = None) -> dict[str, "Dataset"]:
+        """Disjoint subsets, e.g. ``{"train": 0.9, "val": 0.1}``: a pure function of the dataset, the
+        fractions and ``seed``. ``stratify="label"`` keeps each value's share in every part. Each part
+        lists its samples in stored order (loaders shuffle). Fractions summing to less than 1 leave
+        the rest out."""
+        if not fractions:
+            raise UsageError("split needs at least one part, e.g. {'train': 0.9, 'val': 0.1}")
+        names = list(fractions)
+        fr = np.array([float(fractions[k]) for k in names], dtype=np.float64)
+        if not np.isfinite(fr).all() or (fr <= 0).any() or fr.sum() > 1 + 1e-9:
+            raise UsageError(f"split fractions must be positive and sum to at most 1, not {dict(fractions)}")
+        n = len(self)
+        rng = numpy_rng(seed, 0, Stream.SPLIT)
+        if stratify is None:
+            groups = [np.arange(n, dtype=np.int64)]
+        else:
+            col = self.column(stratify)
+            if col.ndim != 1:
+                raise UsageError(f"stratify={stratify!r}: the field must hold one value per sample, not shape {col.shape[1:]}")
+            _, inverse = np.unique(col, return_inverse=True)
+            order = np.argsort(inverse, kind="stable")
+            cuts = np.flatnonzero(np.diff(inverse[order])) + 1
+            groups = np.split(order, cuts) if n else []
+        # each value's group is cut by the fractions, carrying each part's rounding error over to the next
+        # group: totals come out right to within one sample, and so does every value's share in each part
+        fr_all = np.append(fr, max(0.0, 1.0 - fr.sum()))  # the last "part": what fractions below 1 leave out
+        carry = np.zeros(len(fr_all))
+        parts: list[list[np.ndarray]] = [[] for _ in fr_all]
+        for g in groups:
+            g = rng.permutation(g)
+            exact = fr_all * len(g) + carry
+            counts = np.maximum(np.floor(exact), 0).astype(np.int64)
+            extra = len(g) - int(counts.sum())
+            if extra > 0:
+                counts[np.argsort(-(exact - counts), kind="stable")[:extra]] += 1
+            while counts.sum() > len(g):  # a negative carry can overshoot: take back from the largest
+                counts[int(np.argmax(counts - exact))] -= 1
+            carry = exact - counts
+            at = 0
+            for k, c in enumerate(counts.tolist()):
+                parts[k].append(g[at : at + c])
+                at += c
+        out = {}
+        for k, name in enumerate(names):
+            idx = np.sort(np.concatenate(parts[k])) if parts[k] else np.zeros(0, dtype=np.int64)
+            out[name] = self.subset(idx.astype(np.int64))
+        return out
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
         if not isinstance(i, (int, np.integer)):
             raise TypeError(f"dataset indices must be integers, not {type(i).__name__} (use get_batch for many)")
         n = len(self)
@@ -146,10 +346,13 @@ class Dataset:
         out = {}
         for f in self.schema:
             a = batch[f.name][0]
-            out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if f.ragged and f not in self._images else a
+            out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if f.ragged and f not in self._images and \
+                f not in self._strings else a
+        if self._with_key:
+            out[KEY_FIELD] = batch[KEY_FIELD][0]
         return out
 
-    def get_batch(self, indices: Iterable[int] | np.ndarray, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def get_batch(self, indices: Iterable[int] | np.ndarray, out: dict[str, np.ndarray] | None = None) -> Batch:
         """Read the samples ``indices`` (any order, repeats allowed) into one array per field.
 
         ``out`` may supply preallocated arrays (for example pinned buffers, reused from batch to
@@ -167,6 +370,8 @@ class Dataset:
         if b and (idx.min() < 0 or idx.max() >= n):
             bad = idx[(idx < 0) | (idx >= n)][0]
             raise IndexError(f"index {bad} out of range for a dataset of {n} samples")
+        asked = idx
+        idx = self._stored(idx)
         order = np.argsort(idx, kind="stable")
         sidx = idx[order]
         shard_of = np.searchsorted(self._starts, sidx, side="right") - 1
@@ -177,7 +382,7 @@ class Dataset:
             if e > a
         ]
         if self._remote is None:
-            result = self._read(segments, idx, out)
+            result = self._read(segments, idx, asked, out)
         else:
             shards = [int(shard_of[a]) for a in np.concatenate(([0], cuts)) if a < b]
             pinned: list[int] = []
@@ -185,16 +390,17 @@ class Dataset:
                 for s in shards:  # local, checked, and kept from eviction while we read
                     self._remote.pin(s, self._readers[s].close)
                     pinned.append(s)
-                result = self._read(segments, idx, out)
+                result = self._read(segments, idx, asked, out)
             finally:
                 for s in pinned:
                     self._remote.unpin(s)
         return result
 
-    def _read(self, segments: list[Any], idx: np.ndarray, out: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    def _read(self, segments: list[Any], idx: np.ndarray, asked: np.ndarray,
+              out: dict[str, np.ndarray] | None) -> Batch:
         """Read ``segments`` (reader, rows in its shard, places in the batch) of the batch ``idx``; decode images."""
         b = len(idx)
-        result: dict[str, np.ndarray] = {}
+        result: Batch = {}
         for f in self.schema:
             if f.ragged:
                 lengths = np.zeros(b, dtype=np.int64)
@@ -230,12 +436,25 @@ class Dataset:
             for f in self._images:
                 if f.encoding != ENCODING_PIXELS:
                     self._decoder.finish(f, result, where, None if out is None else out.get(f.name))
+        for f in self._strings:
+            result[f.name] = self._texts(f, result[f.name], result.pop(f.name + LENGTHS_SUFFIX), idx)
+        if self._with_key:
+            result[KEY_FIELD] = self.keys(asked)
         return result
 
-    def __getitems__(self, indices: list[int]) -> dict[str, np.ndarray]:
+    def __getitems__(self, indices: list[int]) -> Batch:
         """A whole batch in one :meth:`get_batch` call: what a torch DataLoader with a batch sampler
         asks for (instead of one ``ds[i]`` per sample); pair it with a collate_fn that takes the dict."""
         return self.get_batch(indices)
+
+    def _texts(self, f: FieldSpec, data: np.ndarray, lengths: np.ndarray, idx: np.ndarray) -> list[str]:
+        out = []
+        for k, n in enumerate(lengths.tolist()):
+            try:
+                out.append(data[k, :n].tobytes().decode("utf-8"))
+            except UnicodeDecodeError:
+                raise CorruptShardError(f"{self.root}: sample {int(idx[k])}: field {f.name!r} is not UTF-8 text") from None
+        return out
 
     @staticmethod
     def _ragged_array(f: FieldSpec, shape: tuple[int, ...], out: dict[str, np.ndarray] | None) -> np.ndarray:
@@ -278,6 +497,8 @@ class Dataset:
             self._decoder.close()
         if self._remote is not None:
             self._remote.release_all()
+        if self._keys is not None:
+            self._keys.close()
 
     def __enter__(self) -> "Dataset":
         return self

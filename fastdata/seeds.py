@@ -21,6 +21,7 @@ class Stream(enum.IntEnum):
     AUGMENT = 1  # a batch's augmentation parameters (both backends)
     DALI = 2  # DALI's own random operators, seeded once per pass (batch = the pass's first batch)
     SAMPLER = 3  # samplers that draw (weighted, episodic)
+    SPLIT = 4  # Dataset.split (epoch, rank and batch are 0)
 
 
 def seed_sequence(seed: int, epoch: int, stream: Stream, rank: int = 0, batch: int = 0) -> np.random.SeedSequence:

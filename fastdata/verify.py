@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from .format import (
     read_manifest,
     shard_path,
 )
-from .format.spec import SHAPE_SUFFIX
+from .format.spec import SHAPE_SUFFIX, is_string
 from .handles import usable_cpus
 from .remote import RemoteOptions, is_url
 
@@ -99,6 +99,12 @@ def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress 
     manifest = read_manifest(root)
     report = VerifyReport(root, len(manifest.shards), manifest.num_samples, deep)
     report.problems += check_shards(root, manifest, progress, threads)
+    keys = manifest.keys
+    if keys is not None and keys.file is not None:  # the sample keys' side file: size and checksum too
+        problem = _check_shard(root, ShardInfo(file=keys.file, start=0, count=manifest.num_samples,
+                                               bytes=keys.bytes, checksum=str(keys.checksum)))
+        if problem is not None:
+            report.problems.append(Problem(problem, shard=keys.file))
     if deep:
         report.samples_read, problems = check_samples(root, manifest, progress)
         report.problems += problems
@@ -223,7 +229,7 @@ def _describe(e: Exception) -> str:
     return f"unexpected {type(e).__name__}: {e}"
 
 
-def _check_values(batch: dict[str, np.ndarray], m: Manifest, info: ShardInfo, idx: np.ndarray) -> list[Problem]:
+def _check_values(batch: dict[str, Any], m: Manifest, info: ShardInfo, idx: np.ndarray) -> list[Problem]:
     """What came back must match the schema; image sizes and labels must be in range."""
     b = len(idx)
     out: list[Problem] = []
@@ -240,6 +246,10 @@ def _check_values(batch: dict[str, np.ndarray], m: Manifest, info: ShardInfo, id
             continue
         if f.encoding in IMAGE_ENCODINGS:
             _check_images(f, a, batch.get(f.name + SHAPE_SUFFIX), bad)
+            continue
+        if is_string(f):  # decoded as UTF-8 by get_batch (which raises on bad bytes)
+            if not isinstance(a, list) or len(a) != b or not all(isinstance(t, str) for t in a):
+                bad(None, f"string field {f.name!r} did not come back as {b} strings")
             continue
         if a.dtype != f.np_dtype:
             bad(None, f"field {f.name!r} came back as {a.dtype}, the schema says {f.np_dtype}")

@@ -20,13 +20,13 @@ PACKAGES = ("fastdata", "converters")
 # lowest first: spec -> file utilities -> format backends -> remote shards -> dataset -> sampling/world -> augment
 # -> loaders -> train -> tools. A prefix ending in "." covers a whole package.
 LAYERS: list[tuple[str, ...]] = [
-    ("fastdata.errors", "fastdata._units", "fastdata._version"),
+    ("fastdata.errors", "fastdata._units", "fastdata._version", "fastdata.seeds"),  # seeds imports only numpy
     ("fastdata.format.spec",),
     ("fastdata.fileio", "fastdata.handles", "fastdata.batching"),
     ("fastdata.format.",),
     ("fastdata.remote.",),  # where shard files come from when a dataset is a URL: fsspec + the local cache
     ("fastdata.decode", "fastdata.dataset", "converters."),
-    ("fastdata.world", "fastdata.seeds", "fastdata.sampling", "fastdata.tuned"),
+    ("fastdata.world", "fastdata.sampling", "fastdata.samplers", "fastdata.tuned"),
     ("fastdata.targets", "fastdata.augment", "fastdata._compat"),
     ("fastdata.loaders.",),
     ("fastdata.train",),

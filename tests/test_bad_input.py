@@ -32,12 +32,15 @@ def test_missing_source_is_usage_error(tmp_path, run_cli):
     assert code == 2 and "no such file" in err
 
 
-def test_non_npy_file(tmp_path, class_folder, run_cli):
+def test_non_npy_file_is_skipped_or_refused_with_strict(tmp_path, class_folder, run_cli):
     src, _ = class_folder
     (src / "dog" / "notes.txt").write_text("hello")
-    code, _, err = run_cli("convert", src, tmp_path / "ds")
-    assert code == 1 and "notes.txt" in err and "not a .npy" in err
+    code, _, err = run_cli("convert", src, tmp_path / "ds", "--strict")
+    assert code == 1 and "notes.txt" in err and "not a sample file" in err
     assert_nothing_written(tmp_path / "ds")
+    code, _, err = run_cli("convert", src, tmp_path / "ds")
+    assert code == 0 and "skipped 1 file(s) that are not samples: dog/notes.txt" in err
+    assert len(fastdata.open(tmp_path / "ds")) == 12
 
 
 def test_dtype_mismatch_names_the_file(tmp_path, class_folder, run_cli):
@@ -132,7 +135,7 @@ def test_overwrite_replaces_a_fastdata_dataset(tmp_path, class_folder, run_cli):
     assert run_cli("convert", src, dst, "--format", "lmdb")[0] == 0
     code, out, _ = run_cli("convert", src, dst, "--overwrite")
     assert code == 0 and "hdf5" in out
-    assert sorted(p.name for p in dst.iterdir()) == ["manifest.json", "shard-00000.h5"]
+    assert sorted(p.name for p in dst.iterdir()) == ["keys.bin", "manifest.json", "shard-00000.h5"]
 
 
 def test_empty_existing_dst_is_fine(tmp_path, class_folder, run_cli):
@@ -158,10 +161,10 @@ def test_skip_bad_writes_report(tmp_path, class_folder, run_cli):
     before = tree_state(src)
     code, out, err = run_cli("convert", src, tmp_path / "ds", "--skip-bad")
     assert code == 0, err
-    assert "skipped 3 bad file(s)" in out
+    assert "skipped 2 bad file(s)" in out and "cat/junk.txt" in err  # not a sample: skipped, said once
     report = json.loads((tmp_path / "ds" / "skipped.json").read_text())
-    assert [r["path"] for r in report] == ["cat/junk.txt", "dog/wide.npy", "eel/000.npy"]
-    assert "not a .npy" in report[0]["reason"] and "truncated" in report[2]["reason"]
+    assert [r["path"] for r in report] == ["dog/wide.npy", "eel/000.npy"]
+    assert "truncated" in report[1]["reason"]
     ds = fastdata.open(tmp_path / "ds")
     assert len(ds) == 11 and ds.classes == ["cat", "dog", "eel"]
     assert tree_state(src) == before

@@ -44,3 +44,13 @@ def test_gpu_checks_run_end_to_end_on_the_cpu(tmp_path):
     assert all(row["loss_finite"] for row in res["precision"])
     assert res["images"]["padding_sampled"] is False
     assert "## 4. Mixed-size JPEGs" in (tmp_path / "gpu_cpu_quick.md").read_text()
+
+
+def test_fields_benchmark_runs_quick(tmp_path):
+    """benchmarks/bench_fields.py (extra fields, keys, sampled epochs) completes and writes its results."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fields.py"), "--quick", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((tmp_path / "fields_quick.json").read_text())
+    assert len(res["planning"]) == 3 and all(p["drawn_all_ranks"] > 0 for p in res["planning"])
+    assert "images + keypoints + angles + keys" in res["reads"]["get_batch_s_per_sample"]

@@ -23,7 +23,6 @@ BAD = {
     "bomb.png": (lambda p: g.huge_png(p, 10_000), "decompression-bomb limit"),
     "bigger bomb.png": (lambda p: g.huge_png(p, 20_000), "decompression-bomb limit"),
     "float.tiff": (g.float_tiff, "unsupported image mode 'F'"),
-    "notes.txt": (lambda p: p.write_text("hello"), "not an image file (expected"),
 }
 
 
@@ -43,6 +42,18 @@ def test_bad_file_fails_naming_it(tmp_path, run_cli, name):
     assert code == 1, err
     assert str(src / name) in err and message in err and "Traceback" not in err
     assert not (tmp_path / "ds").exists()
+
+
+def test_files_that_are_not_images_are_skipped_or_refused_with_strict(tmp_path, run_cli):
+    src = good_folder(tmp_path / "src")
+    (src / "notes.txt").write_text("hello")
+    (src / "Thumbs.db").write_bytes(b"\0" * 10)
+    code, _, err = run_cli("convert", src, tmp_path / "ds", "--strict", "--quiet")
+    assert code == 1 and str(src / "Thumbs.db") in err and "not a sample file" in err
+    assert not (tmp_path / "ds").exists()
+    code, out, err = run_cli("convert", src, tmp_path / "ds", "--quiet")
+    assert code == 0 and "skipped 2 file(s) that are not samples: Thumbs.db, notes.txt" in err
+    assert "3 samples" in out
 
 
 @pytest.mark.parametrize("mode", ["encoded", "raw", "jpeg"])

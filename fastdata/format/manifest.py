@@ -28,6 +28,7 @@ from .spec import (
     MAX_SHARDS,
     READ_VERSION,
     FieldSpec,
+    KeysInfo,
     Manifest,
     ShardInfo,
     _check_field,
@@ -96,6 +97,7 @@ def parse_manifest(obj: Any, where: str = "manifest") -> Manifest:
         source = obj.get("source", {})
         if not isinstance(source, dict):
             raise FormatError("source must be an object")
+        keys = _parse_keys(obj["keys"]) if "keys" in obj else None
         manifest = Manifest(
             backend=obj.get("backend"),  # type: ignore[arg-type]
             fields=fields,
@@ -104,6 +106,7 @@ def parse_manifest(obj: Any, where: str = "manifest") -> Manifest:
             classes=classes,
             source=source,
             version=version,
+            keys=keys,
         )
     except FormatError as e:
         raise FormatError(f"{where}: {e}") from None
@@ -127,6 +130,12 @@ def _parse_field(obj: Any) -> FieldSpec:
     )
     _check_field(spec)
     return spec
+
+
+def _parse_keys(obj: Any) -> KeysInfo:
+    if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
+        raise FormatError("keys must be an object with a kind")
+    return KeysInfo(kind=obj["kind"], file=obj.get("file"), bytes=obj.get("bytes", 0), checksum=obj.get("checksum"))
 
 
 def _parse_shard(obj: Any, version: int) -> ShardInfo:

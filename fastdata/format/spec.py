@@ -29,6 +29,7 @@ from ..errors import FormatError
 ENCODING_RAW = "raw"
 ENCODING_PIXELS = "pixels"
 ENCODING_IMAGE = "image"
+ENCODING_UTF8 = "utf8"  # a string field: ragged |u1 bytes, each sample one UTF-8 string (no pickle)
 IMAGE_ENCODINGS = (ENCODING_PIXELS, ENCODING_IMAGE)  # ragged bytes that become HWC images on read
 
 LAYOUT = "HWC"
@@ -126,17 +127,23 @@ def _need(by_name: dict[str, FieldSpec], name: str, dtype: str, shape: tuple[int
 
 
 FORMAT_NAME = "fastdata"
-FORMAT_VERSION = 2  # what a conversion writes. 2: shard checksums name their algorithm ("checksum":
-# "xxh3_128:<hex>") and a shard may carry an ``origin``; 1: "sha256" only, no origin
+FORMAT_VERSION = 3  # what a conversion writes. 3: sample keys ("keys", keys.bin) and utf8 string fields;
+# 2: shard checksums name their algorithm ("checksum": "xxh3_128:<hex>") and a shard may carry an
+# ``origin``; 1: "sha256" only, no origin
 ORIGIN_VERSION = 2  # a manifest with a shard ``origin`` (``fastdata merge``) needs a reader of at least this
-READ_VERSION = 2  # the newest manifest version this fastdata reads
+KEYS_VERSION = 3  # sample keys and string fields (encoding "utf8")
+READ_VERSION = 3  # the newest manifest version this fastdata reads
 # Shard checksum algorithms: name -> hex digits. Writers use CHECKSUM_DEFAULT; readers verify any of these.
 CHECKSUMS = {"xxh3_128": 32, "sha256": 64}
 CHECKSUM_DEFAULT = "xxh3_128"
 MANIFEST_NAME = "manifest.json"
 BACKENDS = ("hdf5", "lmdb")
-ENCODINGS = (ENCODING_RAW, ENCODING_PIXELS, ENCODING_IMAGE)  # images: see above
+ENCODINGS = (ENCODING_RAW, ENCODING_PIXELS, ENCODING_IMAGE, ENCODING_UTF8)  # images: see above
 LABEL_FIELD = "label"
+KEY_FIELD = "key"  # the name under which get_batch and the loader return sample keys
+KEYS_FILE = "keys.bin"  # the side file holding every sample's key (docs/format.md, "Sample keys")
+KEYS_INDEX = "index"  # manifest "keys" kind: a sample's key is its index (array sources)
+KEYS_KIND_FILE = "file"  # manifest "keys" kind: keys stored in KEYS_FILE
 LENGTHS_SUFFIX = "_lengths"
 
 # Hard limits: a manifest beyond them is rejected before any allocation.
@@ -246,6 +253,28 @@ def parse_checksum(value: Any) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class KeysInfo:
+    """Where the samples' keys live: ``kind`` ``index`` (the key is the sample index, as a string) or
+    ``file`` (the side file ``file`` of ``bytes`` bytes and ``checksum`` ``"<algorithm>:<hex>"``, like
+    shards; docs/format.md)."""
+
+    kind: str
+    file: str | None = None
+    bytes: int = 0
+    checksum: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == KEYS_INDEX:
+            return {"kind": self.kind}
+        return {"kind": self.kind, "file": self.file, "bytes": self.bytes, "checksum": self.checksum}
+
+
+def is_string(f: FieldSpec) -> bool:
+    """A string field: returned by readers as a list of ``str``."""
+    return f.encoding == ENCODING_UTF8
+
+
 @dataclass
 class Manifest:
     """Everything a reader needs to know about a dataset; see docs/format.md."""
@@ -257,6 +286,7 @@ class Manifest:
     classes: list[str] | None = None
     source: dict[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    keys: KeysInfo | None = None  # None: written before keys existed (format version 1)
 
     def field(self, name: str) -> FieldSpec:
         for f in self.fields:
@@ -274,6 +304,7 @@ class Manifest:
             "classes": self.classes,
             "shards": [s.to_json(self.version) for s in self.shards],
             "source": self.source,
+            **({"keys": self.keys.to_json()} if self.keys is not None else {}),
         }
 
 
@@ -327,6 +358,15 @@ def validate(m: Manifest, where: str = "manifest") -> None:
         raise bad(f"shards hold {expected} samples but num_samples is {m.num_samples}")
     if m.classes is not None and len(set(m.classes)) != len(m.classes):
         raise bad("class names are not unique")
+    if m.keys is not None:
+        k = m.keys
+        if k.kind == KEYS_KIND_FILE:
+            if k.file != KEYS_FILE or not _is_int(k.bytes) or k.bytes < 0 or parse_checksum(k.checksum) is None:
+                raise bad(f"bad keys entry {k.to_json()!r}")
+        elif k.kind != KEYS_INDEX:
+            raise bad(f"unknown keys kind {k.kind!r} (expected {KEYS_INDEX!r} or {KEYS_KIND_FILE!r})")
+        if KEY_FIELD in names:
+            raise bad(f"a field is named {KEY_FIELD!r}, the name sample keys are returned under")
 
 
 def _check_field(f: FieldSpec) -> None:
@@ -340,6 +380,8 @@ def _check_field(f: FieldSpec) -> None:
         raise FormatError(f"field {f.name!r}: unsupported dtype {f.dtype!r} (plain numeric dtypes only)")
     if f.encoding not in ENCODINGS:
         raise FormatError(f"field {f.name!r}: unknown encoding {f.encoding!r}")
+    if f.encoding == ENCODING_UTF8 and (f.dtype != "|u1" or list(f.shape) != [None] or f.image is not None):
+        raise FormatError(f"field {f.name!r}: a utf8 string field needs dtype |u1 and shape [null], no image")
     if f.image is not None:
         check_image_spec(f.image, f.name)
     if not isinstance(f.shape, tuple) or len(f.shape) > MAX_DIMS:

@@ -21,6 +21,7 @@ from ..errors import UsageError
 from ..format.spec import ENCODING_IMAGE
 from ..handles import usable_cpus
 from ..remote import RemoteOptions
+from ..samplers import Episodic, SamplerFn
 from ..sampling import Shuffle
 from ..tuned import load_tuned
 from .base import Loader
@@ -50,7 +51,7 @@ def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size
 
 def loader(
     source: str | os.PathLike[str] | Dataset,
-    batch_size: int,
+    batch_size: int | None,
     *,
     shuffle: Shuffle = True,
     drop_last: bool = False,
@@ -62,6 +63,7 @@ def loader(
     backend: Literal["torch", "dali", "auto"] = "torch",
     config: LoaderConfig | None = None,
     remote: RemoteOptions | None = None,
+    sampler: SamplerFn | None = None,
 ) -> Loader:
     """Batches of a fastdata dataset as dicts of tensors on ``device``.
 
@@ -83,6 +85,11 @@ def loader(
     ``num_workers`` is DALI's CPU threads); ``"auto"`` picks DALI when it is installed, the
     device is CUDA and the dataset has encoded images DALI can decode and augment as asked,
     torch otherwise.
+
+    ``sampler`` replaces the shuffled order: :class:`fastdata.samplers.Weighted`,
+    :class:`fastdata.samplers.Episodic` (then ``batch_size`` may be None: one episode per batch), or
+    any function ``(n, world, seed, epoch) -> batches`` (docs/loader.md, "Samplers"). Its arguments
+    are checked here. ``fields`` may include ``"key"``: each batch then holds its samples' keys.
     """
     if backend not in ("torch", "dali", "auto"):
         raise UsageError(f"backend must be 'torch', 'dali' or 'auto', not {backend!r}")
@@ -92,6 +99,7 @@ def loader(
     ds = source if isinstance(source, Dataset) else Dataset(source, fields=fields, remote=remote)
     if isinstance(source, Dataset) and fields is not None:
         ds = source.with_options(fields=fields)  # keeps the caller's decode settings
+    batch_size, sampler = _bind_sampler(sampler, ds, batch_size)
     if augment is not None and not isinstance(augment, Augment):
         augment = Augment(tuple(augment))
     dev = resolve_device(device)
@@ -102,13 +110,31 @@ def loader(
     # The world is read when each pass starts (a loader may be built before init_process_group). The
     # loader closes a dataset it opened itself (from a path, or a copy with other options), not the caller's.
     common: dict[str, Any] = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=augment,
-                                  owns_dataset=ds is not source)
+                                  owns_dataset=ds is not source, sampler=sampler)
     if chosen == "dali":
         from .dali import dali_loader
 
         return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)
     workers, config = _resolve_workers(num_workers, ds, batch_size, dev, config)
     return TorchLoader(ds, batch_size, workers=workers, config=config, **common)
+
+
+def _bind_sampler(sampler: SamplerFn | None, ds: Dataset, batch_size: int | None) -> tuple[int, SamplerFn | None]:
+    """Check the sampler against the dataset now (not mid-epoch) and settle the batch size."""
+    if sampler is None:
+        if batch_size is None:
+            raise UsageError("batch_size is needed (None is only for samplers that make their own batches, like Episodic)")
+        return batch_size, None
+    if not callable(sampler):
+        raise UsageError(f"sampler must be a fastdata sampler or a function (n, world, seed, epoch) -> batches, "
+                         f"not {type(sampler).__name__}")
+    if isinstance(sampler, Episodic):
+        bound = sampler.bind(ds, batch_size)
+        return bound.episode_size, bound
+    if batch_size is None:
+        raise UsageError(f"batch_size is needed with {type(sampler).__name__} (None is only for Episodic)")
+    bind = getattr(sampler, "bind", None)
+    return batch_size, (bind(ds, batch_size) if callable(bind) else sampler)
 
 
 def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augment | None = None,

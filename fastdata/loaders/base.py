@@ -18,6 +18,7 @@ import torch
 from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import FastdataError, LoaderWorkerError, UsageError
+from ..samplers import SamplerFn, describe, rank_batches, world_batches
 from ..sampling import SHUFFLES, Shuffle, all_rank_batches, num_batches
 from ..world import World
 
@@ -77,7 +78,7 @@ class Loader:
 
     def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int,
                  device: torch.device, augment: Augment | None, config: "LoaderConfig", world: World | None = None,
-                 owns_dataset: bool = False) -> None:
+                 owns_dataset: bool = False, sampler: SamplerFn | None = None) -> None:
         if batch_size < 1:
             raise UsageError("batch_size must be positive")
         if not any(shuffle is s or (isinstance(s, str) and shuffle == s) for s in SHUFFLES):
@@ -99,6 +100,24 @@ class Loader:
         self._done = 0  # batches consumed in the current pass
         self._collate_at = (0, 0)  # (epoch, batch) that collate_fn finishes next (set by batch_sampler)
         self._stats = _Stats()
+        self.sample_fn = sampler  # replaces the shuffled order (fastdata.samplers); bound by fastdata.loader
+        self._sampled: dict[tuple[int, int, int], list[np.ndarray]] = {}  # (epoch, rank, size) -> the world's batches
+
+    def _sampled_batches(self, epoch: int, world: World) -> list[np.ndarray]:
+        """``sample_fn``'s batches of ``epoch`` for the whole world, kept for the epoch."""
+        key = (epoch, world.rank, world.size)  # a sampler may plan by the world it is given
+        if key in self._sampled:
+            return self._sampled[key]
+        assert self.sample_fn is not None
+        batches = world_batches(self.sample_fn, len(self.dataset), world, self.seed, epoch)
+        self._sampled = {k: b for k, b in self._sampled.items() if k[0] in (epoch - 1, epoch + 1) and k[1:] == key[1:]}
+        self._sampled[key] = batches  # kept: this epoch's and the neighbouring one (DALI plans one ahead)
+        return batches
+
+    def _num_batches(self, world: World) -> int:
+        if self.sample_fn is not None:
+            return len(rank_batches(self._sampled_batches(self.epoch, world), world, self.drop_last))
+        return num_batches(len(self.dataset), world, self.batch_size, self.drop_last)
 
     @property
     def world(self) -> World:
@@ -112,7 +131,7 @@ class Loader:
         raise NotImplementedError(f"{type(self).__name__} does not produce batches")
 
     def __len__(self) -> int:
-        return num_batches(len(self.dataset), self.world, self.batch_size, self.drop_last)
+        return self._num_batches(self.world)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (the order is a function of seed and epoch).
@@ -141,9 +160,17 @@ class Loader:
         return self._plans(epoch, [self.world.rank])[0]
 
     def _plans(self, epoch: int | None, ranks: list[int] | None) -> list[list[np.ndarray]]:
+        """The index batches of ``epoch`` for each rank in ``ranks`` (None: every rank), from one epoch
+        plan: a sampler's, or the shuffle's order (a remote dataset's cache ranks shards by every rank's use)."""
+        ep = self.epoch if epoch is None else epoch
+        world = self.world
+        if self.sample_fn is not None:
+            batches = self._sampled_batches(ep, world)
+            wanted = range(world.size) if ranks is None else ranks
+            return [rank_batches(batches, World(r, world.size), self.drop_last) for r in wanted]
         counts = [s.count for s in self.dataset.manifest.shards] if self.shuffle == "shards" else None
-        return all_rank_batches(len(self.dataset), world=self.world, batch_size=self.batch_size, shuffle=self.shuffle,
-                                drop_last=self.drop_last, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
+        return all_rank_batches(len(self.dataset), world=world, batch_size=self.batch_size, shuffle=self.shuffle,
+                                drop_last=self.drop_last, seed=self.seed, epoch=ep,
                                 block=self.config.block, window=self.config.window, shard_counts=counts,
                                 shard_window=self.config.shard_window, ranks=ranks)
 
@@ -214,7 +241,8 @@ class Loader:
         epoch's last batch: the next epoch from its start)."""
         return {"version": _STATE_VERSION, "epoch": self.epoch, "batches_done": self._done, "seed": self.seed,
                 "batch_size": self.batch_size, "num_samples": len(self.dataset), "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "world_size": self.world.size, "rank": self.world.rank}
+                "drop_last": self.drop_last, "world_size": self.world.size, "rank": self.world.rank,
+                "sampler": describe(self.sample_fn), "samples": self.dataset.identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (see :meth:`state_dict`); refuses a state saved with other settings.
@@ -224,16 +252,21 @@ class Loader:
         if state.get("version") != _STATE_VERSION:
             raise UsageError(f"unknown loader state version {state.get('version')!r}")
         mine = {"seed": self.seed, "batch_size": self.batch_size, "num_samples": len(self.dataset),
-                "shuffle": self.shuffle, "drop_last": self.drop_last}
+                "shuffle": self.shuffle, "drop_last": self.drop_last, "sampler": describe(self.sample_fn),
+                "samples": self.dataset.identity()}
         for key in mine:
-            if state[key] != mine[key]:
+            if key in state and state[key] != mine[key]:  # states saved before samplers lack the last two
                 raise UsageError(f"loader state was saved with {key}={state[key]!r}, this loader has {mine[key]!r}")
         size = int(state["world_size"])
         done = int(state["batches_done"])
-        per_epoch = num_batches(len(self.dataset), World(0, size), self.batch_size, self.drop_last)
+        epoch = int(state["epoch"])
+        if self.sample_fn is not None:
+            world = World(0, size)
+            per_epoch = len(rank_batches(self._sampled_batches(epoch, world), world, self.drop_last))
+        else:
+            per_epoch = num_batches(len(self.dataset), World(0, size), self.batch_size, self.drop_last)
         if not 0 <= done <= per_epoch:
             raise UsageError(f"loader state has batches_done={done}, but an epoch has {per_epoch} batches")
-        epoch = int(state["epoch"])
         if done == per_epoch:  # saved after the epoch's last batch (older fastdata): the next epoch
             epoch, done = epoch + 1, 0
         self.epoch = epoch
@@ -269,6 +302,7 @@ class Loader:
         state = self.__dict__.copy()
         state["_pass_world"] = None
         state["_stats"] = _Stats()
+        state["_sampled"] = {}  # planned again on the other side (a pure function)
         for name in self._unpicklable:
             state.pop(name, None)
         return state

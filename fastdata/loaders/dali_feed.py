@@ -22,7 +22,7 @@ from ..augment import Augment, batch_generator
 from ..dataset import Dataset
 from ..errors import UsageError
 from ..format import LENGTHS_SUFFIX
-from ..format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field
+from ..format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field, is_string
 from .base import wrap_error
 from .dali_augment import Chain, TorchRng
 
@@ -107,6 +107,10 @@ def plan_routes(dataset: Dataset, images: tuple[str, ...] | None, targets: Colle
         if f is not None and f.encoding in (ENCODING_IMAGE, ENCODING_PIXELS):
             raise UsageError(f"target field {name!r} is stored as {f.encoding} images; the DALI backend takes "
                              "targets stored as arrays: convert it as an array field, or use backend='torch'")
+    text = [f.name for f in dataset.schema if is_string(f)] + [n for n in dataset.fields if n not in schema]
+    if text:
+        raise UsageError(f"the DALI backend carries tensors only, not the text of {text[0]!r} (string fields and "
+                         "keys); use backend='torch', or leave it out of fields=")
     if images is not None:
         bad = [n for n in images if n not in schema or not is_image_field(schema[n])]
         if bad:

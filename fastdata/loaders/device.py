@@ -43,7 +43,7 @@ def mixed_sizes(batch: Batch) -> frozenset[str]:
     mixed = set()
     for name, x in batch.items():
         shapes = batch.get(name + SHAPE_SUFFIX)
-        if shapes is not None and x.dim() == 4 and shapes.dim() == 2 and shapes.shape[1] >= 2 \
+        if shapes is not None and isinstance(x, torch.Tensor) and x.dim() == 4 and shapes.dim() == 2 and shapes.shape[1] >= 2 \
                 and not bool((shapes[:, :2] == torch.tensor(x.shape[1:3])).all()):
             mixed.add(name)
     return frozenset(mixed)
@@ -117,7 +117,8 @@ class DeviceStage:
         if self.images:
             return self.images
         return tuple(k for k, v in batch.items()
-                     if v.is_floating_point() and v.dim() >= 3 and k not in self.augment.targets)
+                     if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 3
+                     and k not in self.augment.targets)
 
     def host_transform(self, epoch: int) -> Callable[[Batch, int], Batch] | None:
         """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""
@@ -138,7 +139,8 @@ class DeviceStage:
 
         def stage(hb: Batch, k: int) -> Batch:
             with torch.cuda.stream(stream):
-                db = {n: t.to(self.device, non_blocking=True) for n, t in hb.items()}
+                db = {n: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+                      for n, t in hb.items()}
                 db = self.transform(db, epoch, k, self.mixed(hb))
             ev = torch.cuda.Event()
             ev.record(stream)
@@ -159,7 +161,8 @@ class DeviceStage:
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(stream)
             for t in cur.values():
-                t.record_stream(current)
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(current)
             try:
                 nxt = stage(next(it), k + 1)
             except StopIteration:

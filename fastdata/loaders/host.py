@@ -17,6 +17,7 @@ import torch
 
 from .._compat import shutdown_workers
 from ..dataset import Dataset
+from ..format.spec import is_string
 from .base import wrap_error
 from .buffers import Recycler, torch_dtype
 
@@ -35,7 +36,8 @@ class _BufferPool:
         self.fixed = [(f.name, f.trailing, torch_dtype(f.np_dtype), dataset.copy_phase(f.name))
                       for f in dataset.schema if not f.ragged and f.np_dtype.isnative]
         self.recyclers = {name: Recycler(pin) for name, *_ in self.fixed}  # one per field: its own phase
-        self.ragged = {f.name: torch_dtype(f.np_dtype) for f in dataset.schema if f.ragged and f.np_dtype.isnative}
+        self.ragged = {f.name: torch_dtype(f.np_dtype) for f in dataset.schema
+                       if f.ragged and f.np_dtype.isnative and not is_string(f)}  # strings become lists of str
         self.capacity = dict.fromkeys(self.ragged, 0)  # elements; 0 until a batch was seen
         for name in self.ragged:
             self.recyclers[name] = Recycler(pin)
@@ -63,9 +65,13 @@ class _BufferPool:
                 self.recyclers[name].lend(t)
 
 
-def to_tensors(batch: dict[str, np.ndarray]) -> HostBatch:
-    out = {}
+def to_tensors(batch: dict[str, Any]) -> HostBatch:
+    """Arrays become tensors; lists of strings (string fields, keys) pass through unchanged."""
+    out: dict[str, Any] = {}
     for k, v in batch.items():
+        if isinstance(v, list):
+            out[k] = v
+            continue
         if not v.dtype.isnative:
             v = v.astype(v.dtype.newbyteorder("="))
         out[k] = torch.from_numpy(v)

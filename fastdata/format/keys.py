@@ -1,0 +1,127 @@
+"""Sample keys: every sample's key (its relative source path) in one side file, ``keys.bin``.
+
+The manifest lists the file with its size and checksum (``"keys"``), so a dataset of tens of
+millions of samples keeps a small manifest. Layout (integers little-endian u64; docs/format.md)::
+
+    offset 0              magic  b"FDKEYS1\\0"
+    offset 8              n      number of keys (the manifest's num_samples)
+    offset 16             nbytes bytes of UTF-8 text
+    offset 24             offsets, n + 1: key i is text[offsets[i]:offsets[i + 1]]
+    offset 24 + 8(n + 1)  order, n: sample indices sorted by key bytes (binary search for index_of)
+    then                  text, nbytes: the keys' UTF-8 bytes, concatenated
+
+Readers memory-map the file once per process: per-sample metadata stays in numpy arrays, never
+in lists of Python strings (a DataLoader worker would copy those page by page).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import IO, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import CorruptShardError, DataError
+from ..handles import PerProcessHandle
+
+MAGIC = b"FDKEYS1\0"
+_HEAD = struct.Struct("<8sQQ")
+
+
+def keys_nbytes(n: int, text_bytes: int) -> int:
+    """Size of a keys file holding ``n`` keys of ``text_bytes`` UTF-8 bytes in all."""
+    return _HEAD.size + 8 * (n + 1) + 8 * n + text_bytes
+
+
+def write_keys(f: IO[bytes], keys: Sequence[str], where: str = "keys") -> None:
+    """Write ``keys`` (unique strings, in sample order) to the open binary file ``f``."""
+    enc = [k.encode("utf-8") for k in keys]
+    n = len(enc)
+    lengths = np.fromiter((len(e) for e in enc), dtype=np.uint64, count=n)
+    offsets = np.zeros(n + 1, dtype="<u8")
+    np.cumsum(lengths, out=offsets[1:])
+    order = np.array(sorted(range(n), key=enc.__getitem__), dtype="<u8")
+    for a, b in zip(order[:-1].tolist(), order[1:].tolist()):
+        if enc[a] == enc[b]:
+            raise DataError(f"{where}: samples {a} and {b} have the same key {keys[a]!r}")
+    f.write(_HEAD.pack(MAGIC, n, int(offsets[-1])))
+    f.write(offsets.tobytes())
+    f.write(order.tobytes())
+    for e in enc:
+        f.write(e)
+
+
+class KeyTable(PerProcessHandle[tuple[np.ndarray, np.ndarray, mmap.mmap]]):
+    """Reads the keys file of a dataset: ``key(i)``, ``keys(indices)``, ``find(key)``."""
+
+    def __init__(self, path: Path, count: int, nbytes: int) -> None:
+        self.path, self.count, self.nbytes = path, count, nbytes
+        self._base = 0
+
+    def _bad(self, what: str) -> CorruptShardError:
+        return CorruptShardError(f"keys file {self.path}: {what}")
+
+    def _open_handle(self) -> tuple[np.ndarray, np.ndarray, mmap.mmap]:
+        try:
+            size = os.path.getsize(self.path)
+            with open(self.path, "rb") as f:
+                head = f.read(_HEAD.size)
+        except FileNotFoundError:
+            raise self._bad("missing") from None
+        except OSError as e:
+            raise self._bad(f"cannot read: {e.strerror}") from None
+        if size != self.nbytes:
+            raise self._bad(f"is {size} bytes, the manifest says {self.nbytes} (truncated or replaced)")
+        if len(head) != _HEAD.size:
+            raise self._bad("truncated header")
+        magic, n, text = _HEAD.unpack(head)
+        if magic != MAGIC or n != self.count or keys_nbytes(n, text) != size:
+            raise self._bad(f"header does not match the manifest ({n} keys, {self.count} samples)")
+        n1 = n + 1
+        with open(self.path, "rb") as f:  # plain arrays over one map: no np.memmap overhead per key
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        offsets = np.frombuffer(mm, dtype="<u8", count=n1, offset=_HEAD.size)
+        order = np.frombuffer(mm, dtype="<u8", count=n, offset=_HEAD.size + 8 * n1)
+        self._base = _HEAD.size + 8 * (n1 + n)  # where the text starts in the file
+        if offsets[0] != 0 or offsets[-1] != text or (n and bool((offsets[1:] < offsets[:-1]).any())):
+            raise self._bad("inconsistent offsets")
+        if n and int(order.max()) >= n:
+            raise self._bad("bad sort order")
+        return offsets, order, mm
+
+    @staticmethod
+    def _close_handle(handle: tuple[np.ndarray, np.ndarray, mmap.mmap]) -> None:
+        try:
+            handle[2].close()
+        except BufferError:  # arrays over the map are still alive somewhere: the map goes with them
+            pass
+
+    def key(self, i: int) -> str:
+        return self.keys([i])[0]
+
+    def keys(self, indices: Iterable[int] | np.ndarray) -> list[str]:
+        offsets, _, mm = self.handle()
+        idx = np.asarray(indices, dtype=np.int64)
+        base = self._base
+        starts, ends = (offsets[idx] + base).tolist(), (offsets[idx + 1] + base).tolist()
+        return [mm[a:b].decode("utf-8", errors="replace") for a, b in zip(starts, ends)]
+
+    def find(self, key: str) -> int:
+        """The index of the sample keyed ``key``, or -1 (binary search over the sorted order)."""
+        offsets, order, mm = self.handle()
+        want = key.encode("utf-8")
+        lo, hi = 0, self.count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            j = int(order[mid])
+            got = mm[self._base + int(offsets[j]) : self._base + int(offsets[j + 1])]
+            if got < want:
+                lo = mid + 1
+            elif got > want:
+                hi = mid
+            else:
+                return j
+        return -1
