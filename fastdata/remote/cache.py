@@ -170,7 +170,13 @@ class ShardCache:
                         "convert it again or restore the object")
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(part, self.path(name))
+            # under the eviction lock: a directory listing racing a rename may see neither name, and a
+            # reservation counted from that listing would overshoot the limit by this shard
+            fd = locks.lock(self.path(_EVICT_LOCK), deadline, f"{where}: cache eviction lock", record=False)
+            try:
+                os.replace(part, self.path(name))
+            finally:
+                locks.unlock(fd)
             return True
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
