@@ -28,7 +28,6 @@ from fastdata.fileio import file_checksum, finish_file, fsync_dir
 from fastdata.format import (
     FORMAT_VERSION,
     LABEL_FIELD,
-    ORIGIN_VERSION,
     Manifest,
     ShardInfo,
     backend,
@@ -93,10 +92,9 @@ def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, 
         try:
             shards = _place_shards(roots, manifests, maps, target.path, method, report, progress)
             first = manifests[0]
-            version = max(FORMAT_VERSION, ORIGIN_VERSION) if any(s.origin is not None for s in shards) else FORMAT_VERSION
             manifest = Manifest(
                 backend=first.backend, fields=first.fields, num_samples=report.samples, shards=shards,
-                classes=classes, version=version,
+                classes=classes, version=FORMAT_VERSION,  # >= ORIGIN_VERSION: linked shards keep their origin
                 source={"kind": "merge", "fastdata_version": __version__,
                         "inputs": [{"path": os.path.abspath(r), "samples": m.num_samples, "source": m.source}
                                    for r, m in zip(roots, manifests)]},

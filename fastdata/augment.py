@@ -600,7 +600,6 @@ Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFl
 _BUILTIN = (RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
             ColorJitter, GaussianNoise, Normalize)
 CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)  # crops: ops whose output has one size (so does Resize)
-GEOMETRIC = (RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -85,19 +85,13 @@ class Dataset:
         self._with_key = fields is not None and KEY_FIELD in fields and KEY_FIELD not in names
         self._keys: KeyTable | None = None
         keys = self.manifest.keys
-        if keys is not None and keys.kind == KEYS_KIND_FILE and self._remote is not None:
-            if self._with_key:
-                raise UsageError(f"{self.root}: sample keys of a dataset on object storage are not read yet; "
-                                 "drop 'key' from fields, or download the dataset and open the local copy")
-        elif keys is not None and keys.kind == KEYS_KIND_FILE:
-            assert isinstance(self.root, Path)
-            real = os.path.realpath(self.root / str(keys.file))
+        if keys is not None and keys.kind == KEYS_KIND_FILE and self._remote is None:  # URL datasets: not read yet
+            real = os.path.realpath(Path(self.root) / str(keys.file))
             if os.path.dirname(real) != os.path.realpath(self.root):  # as for shards: never outside the dataset
                 raise CorruptShardError(f"{self.root}: keys file {keys.file!r} points outside the dataset directory")
             self._keys = KeyTable(Path(real), self.manifest.num_samples, keys.bytes)
-        if self._with_key and keys is None:
-            raise UsageError(f"{self.root}: has no sample keys (format version {self.manifest.version}: written "
-                             "before keys existed, or by fastdata merge); convert it again to get keys")
+        if self._with_key:
+            self._check_keys()  # asked for keys that cannot be read: say why now, not at the first batch
         if fields is not None:
             unknown = [f for f in fields if f not in names and not (f == KEY_FIELD and self._with_key)]
             if unknown:

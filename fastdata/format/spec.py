@@ -131,7 +131,6 @@ FORMAT_VERSION = 3  # what a conversion writes. 3: sample keys ("keys", keys.bin
 # 2: shard checksums name their algorithm ("checksum": "xxh3_128:<hex>") and a shard may carry an
 # ``origin``; 1: "sha256" only, no origin
 ORIGIN_VERSION = 2  # a manifest with a shard ``origin`` (``fastdata merge``) needs a reader of at least this
-KEYS_VERSION = 3  # sample keys and string fields (encoding "utf8")
 READ_VERSION = 3  # the newest manifest version this fastdata reads
 # Shard checksum algorithms: name -> hex digits. Writers use CHECKSUM_DEFAULT; readers verify any of these.
 CHECKSUMS = {"xxh3_128": 32, "sha256": 64}

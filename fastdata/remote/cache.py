@@ -20,9 +20,10 @@ import re
 import shutil
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 from .._units import fmt_bytes
 from ..errors import CacheFullError, CorruptShardError, RemoteError, UsageError
@@ -172,11 +173,8 @@ class ShardCache:
                 os.fsync(f.fileno())
             # under the eviction lock: a directory listing racing a rename may see neither name, and a
             # reservation counted from that listing would overshoot the limit by this shard
-            fd = locks.lock(self.path(_EVICT_LOCK), deadline, f"{where}: cache eviction lock", record=False)
-            try:
+            with self._evicting(deadline, where):
                 os.replace(part, self.path(name))
-            finally:
-                locks.unlock(fd)
             return True
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -191,8 +189,7 @@ class ShardCache:
         """Room for ``size`` bytes (evicting as allowed), claimed by growing ``f`` to ``size``."""
         wait_until = min(deadline, time.monotonic() + 60.0)
         while True:
-            fd = locks.lock(self.path(_EVICT_LOCK), deadline, f"{where}: cache eviction lock", record=False)
-            try:
+            with self._evicting(deadline, where):
                 used, unwritten = self._usage()
                 free = shutil.disk_usage(self.root).free - unwritten
                 room = min(self.limit - used, free)
@@ -201,8 +198,6 @@ class ShardCache:
                 if room >= size:
                     os.ftruncate(f.fileno(), size)  # visible to every other process's _usage
                     return True
-            finally:
-                locks.unlock(fd)
             if bound is not None:
                 return False
             if time.monotonic() > wait_until:
@@ -279,10 +274,15 @@ class ShardCache:
     def held_bytes(self) -> int:
         """Bytes the cache holds now (cached shards and downloads in progress), counted under the
         eviction lock: an eviction and the reservation it made room for are never both counted."""
-        fd = locks.lock(self.path(_EVICT_LOCK), time.monotonic() + 60.0, f"{self.root}: cache eviction lock",
-                        record=False)
-        try:
+        with self._evicting(time.monotonic() + 60.0, str(self.root)):
             return self._usage()[0]
+
+    @contextmanager
+    def _evicting(self, deadline: float, where: str) -> Iterator[None]:
+        """Hold the cache's eviction lock: listings, reservations, evictions and renames take turns."""
+        fd = locks.lock(self.path(_EVICT_LOCK), deadline, f"{where}: cache eviction lock", record=False)
+        try:
+            yield
         finally:
             locks.unlock(fd)
 
