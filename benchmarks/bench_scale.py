@@ -14,6 +14,9 @@ cluster job runs it; the output folder is deleted after each run):
   started once (as a running cluster is), interleaved with the local runs; twice: with Ray's default
   worker niceness (15: on a machine shared with other work its workers get less CPU than the local
   engine's), and with its workers at nice 0, the priority the local engine's workers have;
+* the in-process API (``converters.convert`` called by a program that is connected to the nice 0
+  cluster, as a Ray application is): the engine's own cost with no interpreter start, Ray import or
+  worker start (Ray starts a job's workers once), interleaved with ``workers=2`` in-process local runs;
 * cold, once each before the clusters start: local again, and ``--engine ray`` with no address (the
   command starts and stops a local Ray itself, its workers at nice 0).
 
@@ -51,6 +54,7 @@ SHAPE = (2, 256, 21, 21)
 SAMPLE_BYTES = 4 * 2 * 256 * 21 * 21
 _SECONDS = re.compile(r", ([0-9.]+) s, ")
 _SHARDS = re.compile(r"-> (\d+) \w+ shard")
+API_ROW = "ray, in-process API on the nice 0 cluster, the job's workers running"
 
 
 def _convert(src: Path, dst: Path, shard_size: str, *extra: str) -> dict[str, Any]:
@@ -133,20 +137,20 @@ def main(argv: list[str] | None = None) -> int:
             runs.setdefault(name, []).append(r)
             print(f"{name}: wall {r['wall']:.2f} s, convert {r['internal']:.2f} s | {r['summary']}", flush=True)
 
-        def api(warm_up: bool = False) -> None:
-            """converters.convert(engine="ray") in this process, which holds the cluster: a program already
-            connected to Ray; after the first call its workers are running (the engine's steady-state cost)."""
+        def api(name: str, **kw: Any) -> None:
+            """converters.convert in this process (a program that holds the Ray connection, as a Ray
+            application or notebook does): no interpreter start, no Ray import, and with ``engine="ray"``
+            the job's workers stay up between conversions (Ray starts them once per job)."""
             import converters
 
             shutil.rmtree(dst, ignore_errors=True)
             t0 = time.perf_counter()
-            rep = converters.convert(src, dst, converters.WriteOptions(shard_size=parse_size(a.shard_size), engine="ray"))
+            rep = converters.convert(src, dst, converters.WriteOptions(shard_size=parse_size(a.shard_size), **kw))
             r = {"wall": time.perf_counter() - t0, "internal": rep.seconds, "summary": rep.summary()}
-            digests["api"] = _digest(dst)
+            digests[name] = _digest(dst)
             shutil.rmtree(dst)
-            if not warm_up:
-                runs.setdefault("ray, in-process API on the nice 0 cluster, workers running", []).append(r)
-            print(f"api{' warm-up' if warm_up else ''}: convert {r['internal']:.2f} s | {r['summary']}", flush=True)
+            runs.setdefault(name, []).append(r)
+            print(f"{name}: wall {r['wall']:.2f} s, convert {r['internal']:.2f} s | {r['summary']}", flush=True)
 
         run("local, 1 worker (per-shard time)", "--workers", "1")
         run("local, 2 workers (cold process)", "--workers", "2")
@@ -154,18 +158,22 @@ def main(argv: list[str] | None = None) -> int:
 
         # Each cluster is warmed up (its first job starts the workers), then timed interleaved with
         # the local engine; the clusters run one after the other, each with its own local baseline.
+        # On the nice 0 cluster the in-process API runs first, in a block of its own: a command-line
+        # job in between would take the CPU slots and Ray would stop this job's idle workers.
         for niceness, name in ((15, "ray, warm cluster, workers at nice 15 (Ray's default)"),
                                (0, "ray, warm cluster, workers at nice 0")):
             with _cluster(niceness) as address:
+                if niceness == 0:
+                    api("warm-up", engine="ray")
+                    runs.pop("warm-up")
+                    for _ in range(repeats):
+                        api("local, 2 workers, in-process API", workers=2)
+                        api(API_ROW, engine="ray")
                 run("warm-up", "--engine", "ray", "--ray-address", address)
                 runs.pop("warm-up")
-                if niceness == 0:
-                    api(warm_up=True)
                 for _ in range(repeats):
                     run(f"local, 2 workers (with nice {niceness} cluster)", "--workers", "2")
                     run(name, "--engine", "ray", "--ray-address", address)
-                    if niceness == 0:
-                        api()
         if len(set(digests.values())) != 1:
             raise SystemExit(f"outputs differ between runs: {digests}")
 
@@ -175,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def baseline(name: str) -> list[dict[str, Any]]:
             """The local runs a row is compared with: those of its own phase, else all warm-phase ones."""
-            m = re.search(r"nice (\d+)", name)  # the API row is compared on convert seconds (no process start)
+            if name in (API_ROW, "local, 2 workers, in-process API"):
+                return runs["local, 2 workers, in-process API"]
+            m = re.search(r"nice (\d+)", name)
             return runs[f"local, 2 workers (with nice {m.group(1)} cluster)"] if m else local_warm
 
         rows, table = [], []
@@ -206,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
               + f"\n\nOne core: {per_shard:.2f} s per {a.shard_size} shard "
                 f"({parse_size(a.shard_size) / 1e6 / per_shard:.0f} MB/s per core). Scanning the source: "
                 f"{scan_s:.2f} s for {n} files ({n / scan_s:.0f} files/s).\n")
+        cli = summarize([r["wall"] for r in runs["ray, warm cluster, workers at nice 0"]])["median"]
+        eng = summarize([r["wall"] for r in runs[API_ROW]])["median"]
+        md += (f"\nA `--engine ray` command costs {cli - eng:.2f} s more than the same conversion by a program "
+               f"already connected to the cluster (median wall {cli:.2f} s against {eng:.2f} s): starting Python, "
+               "importing Ray, and Ray starting the new job's worker processes.\n")
         print(md)
         results = {"machine": machine_info(), "samples": n, "source_bytes": src_bytes, "shape": list(SHAPE),
                    "shard_size": a.shard_size, "shards": shards, "repeats": repeats, "rows": rows,
