@@ -57,6 +57,7 @@ QUICK = {"images": 200, "mixed": 100, "seqs": 1000, "npy": 100, "rounds": 1}
 TARGETS = {  # row -> (ratio to its ceiling, "min" or "max")
     "raw uint8": (0.6, "min"), "raw float": (0.7, "min"), "mixed images": (0.5, "min"),
     "ragged sequences": (0.5, "min"), "jpeg float": (0.8, "min"), "convert": (1.5, "max"), "npy loader": (0.8, "min"),
+    "info": (0.0, "min"),  # a reference row, no target
 }
 
 
@@ -116,10 +117,36 @@ def make_seqs(root: Path, n: int) -> None:
         np.save(root / f"{i:06d}.npy", rng.standard_normal((int(rng.integers(10, 101)), 16)).astype(np.float32))
 
 
-def get_batch_epoch(ds: fastdata.Dataset, plan: list[np.ndarray], out: dict[str, np.ndarray]) -> int:
+def get_batch_epoch(ds: fastdata.Dataset, plan: list[np.ndarray], out: dict[str, np.ndarray],
+                    ragged: str = "padded") -> int:
     fixed = {f.name for f in ds.schema if not f.ragged}
     for idx in plan:
-        ds.get_batch(idx, out={k: v[: len(idx)] if k in fixed else v for k, v in out.items()})
+        ds.get_batch(idx, out={k: v[: len(idx)] if k in fixed else v for k, v in out.items()}, ragged=ragged)  # type: ignore[arg-type]
+    return sum(len(p) for p in plan)
+
+
+def numpy_padded_epoch(images: list[np.ndarray], plan: list[np.ndarray], buf: np.ndarray) -> int:
+    """The padded layout's own cost, no reader: numpy copies each in-RAM image into the batch padded
+    to its largest height and width, padding zeroed, as ``get_batch`` must."""
+    for idx in plan:
+        hs = [images[i].shape[0] for i in idx]
+        ws = [images[i].shape[1] for i in idx]
+        H, W = max(hs), max(ws)
+        o = buf[: len(idx) * H * W * 3].reshape(len(idx), H, W * 3)
+        for k, i in enumerate(idx.tolist()):
+            h, w = hs[k], ws[k]
+            o[k, :h, : w * 3] = images[i].reshape(h, w * 3)
+            o[k, :h, w * 3 :] = 0
+            o[k, h:] = 0
+    return sum(len(p) for p in plan)
+
+
+def numpy_fixed_epoch(images: np.ndarray, plan: list[np.ndarray], buf: np.ndarray) -> int:
+    """The same with fixed-shape images of the same average bytes: one contiguous copy each."""
+    for idx in plan:
+        o = buf[: len(idx)]
+        for k, i in enumerate(idx.tolist()):
+            o[k] = images[i]
     return sum(len(p) for p in plan)
 
 
@@ -231,6 +258,18 @@ def section_ragged(work: Path, cfg: dict[str, int]) -> dict[str, Any]:
                 ds = fastdata.open(work / f"{name}_{be}")
                 out = reuse_buffers(ds, plan)
                 methods[f"{name} {be}"] = lambda ds=ds, plan=plan, out=out: get_batch_epoch(ds, plan, out)
+                if name == ragged_name:
+                    methods[f"{name} packed {be}"] = (lambda ds=ds, plan=plan, out=out:
+                                                      get_batch_epoch(ds, plan, out, "packed"))
+        if kind == "img":  # the padded layout's floor: plain numpy copies of in-RAM images, no reader
+            ds = fastdata.open(work / "mixed_hdf5")
+            b = ds.get_batch(np.arange(n))
+            imgs = [b["image"][k, :h, :w].copy() for k, (h, w, _) in enumerate(b["image_shape"].tolist())]
+            fixed_imgs = fastdata.open(work / "fixedimg_hdf5").get_batch(np.arange(n))["image"]
+            pad_buf = np.empty(reuse_buffers(ds, plan)["image"].size, np.uint8)
+            fix_buf = np.empty_like(fixed_imgs[:BATCH])
+            methods["numpy padded"] = lambda imgs=imgs, plan=plan, buf=pad_buf: numpy_padded_epoch(imgs, plan, buf)
+            methods["numpy fixed"] = lambda imgs=fixed_imgs, plan=plan, buf=fix_buf: numpy_fixed_epoch(imgs, plan, buf)
     rates = rounds(methods, cfg["rounds"])
     res["rates"] = rates
     res["average_image"] = f"{side}x{side}x3 ({side * side * 3} bytes); mixed average {(shapes.prod(1)).mean():.0f} bytes"
@@ -238,8 +277,16 @@ def section_ragged(work: Path, cfg: dict[str, int]) -> dict[str, Any]:
     for be in ("hdf5", "lmdb"):
         res["rows"][f"mixed images ({be})"] = ("mixed images", rates[f"mixed {be}"]["median"],
                                               rates[f"fixedimg {be}"]["median"], "get_batch mixed / fixed same bytes")
+        res["rows"][f"mixed images packed ({be})"] = ("mixed images", rates[f"mixed packed {be}"]["median"],
+                                                     rates[f"fixedimg {be}"]["median"],
+                                                     "get_batch(ragged='packed') mixed / fixed same bytes")
         res["rows"][f"ragged sequences ({be})"] = ("ragged sequences", rates[f"seq {be}"]["median"],
                                                   rates[f"fixedseq {be}"]["median"], "get_batch ragged / fixed same bytes")
+        res["rows"][f"ragged sequences packed ({be})"] = ("ragged sequences", rates[f"seq packed {be}"]["median"],
+                                                         rates[f"fixedseq {be}"]["median"],
+                                                         "get_batch(ragged='packed') ragged / fixed same bytes")
+    res["rows"]["info: padded layout, numpy"] = ("info", rates["numpy padded"]["median"], rates["numpy fixed"]["median"],
+                                                 "numpy copy into the padded batch / into a fixed batch, no reader")
     return res
 
 
@@ -332,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, figures meaningless")
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
     ap.add_argument("--out", type=Path, default=_harness.DEFAULT_RESULTS_DIR)
+    ap.add_argument("--only", choices=("raw", "ragged", "jpeg", "convert"), default=None,
+                    help="run one section (convert includes the .npy loader); results go to raw_<section>.*")
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     torch.set_num_threads(THREADS)
@@ -347,15 +396,20 @@ def main(argv: list[str] | None = None) -> int:
         bench_images.generate(jpegs, cfg["images"])
         _harness.warm_page_cache(jpegs)
         sections = {}
-        sections["raw"] = section_raw(work, cfg, jpegs)
-        print("raw images done", flush=True)
-        sections["ragged"] = section_ragged(work, cfg)
-        print("variable-size done", flush=True)
-        sections["jpeg"] = section_jpeg(work, cfg, jpegs)
-        print("jpeg done", flush=True)
-        sections["convert"] = section_convert(work, cfg)
-        print("convert done", flush=True)
-        sections["npy"] = section_npy(work, cfg, sections["convert"].pop("files"))
+        want = lambda name: args.only in (None, name)  # noqa: E731
+        if want("raw"):
+            sections["raw"] = section_raw(work, cfg, jpegs)
+            print("raw images done", flush=True)
+        if want("ragged"):
+            sections["ragged"] = section_ragged(work, cfg)
+            print("variable-size done", flush=True)
+        if want("jpeg"):
+            sections["jpeg"] = section_jpeg(work, cfg, jpegs)
+            print("jpeg done", flush=True)
+        if want("convert"):
+            sections["convert"] = section_convert(work, cfg)
+            print("convert done", flush=True)
+            sections["npy"] = section_npy(work, cfg, sections["convert"].pop("files"))
         rows, table = [], []
         for sec in sections.values():
             for label, (target_key, value, ceiling, what) in sec["rows"].items():
@@ -367,22 +421,26 @@ def main(argv: list[str] | None = None) -> int:
                              "sense": sense, "met": met, "unit": unit})
                 table.append([label, what, f"{value:,.2f}" if unit == "s" else f"{value:,.0f}",
                               f"{ceiling:,.2f}" if unit == "s" else f"{ceiling:,.0f}", unit, f"{ratio:.2f}",
-                              f"{'>=' if sense == 'min' else '<='} {goal}", "met" if met else "MISSED"])
+                              f"{'>=' if sense == 'min' else '<='} {goal}" if target_key != "info" else "-",
+                              ("met" if met else "MISSED") if target_key != "info" else ""])
         md = _harness.markdown_table(["row", "ratio of", "fastdata", "ceiling", "unit", "ratio", "target", ""], table)
         details = [f"\n### {name}\n" + _harness.markdown_table(
             ["method", "median", "min", "max"],
             [[k, f"{v['median']:,.0f}", f"{v['min']:,.0f}", f"{v['max']:,.0f}"] for k, v in sec["rates"].items()])
             for name, sec in sections.items() if "rates" in sec]
-        conv = sections["convert"]
-        details.append(f"\n### convert\n{conv['bytes'] / 1e9:.2f} GB; seconds per round: " +
-                       "; ".join(f"{k}: {', '.join(f'{t:.2f}' for t in v)}" for k, v in conv["seconds"].items()))
-        extra = f"\nmixed-size comparison: {sections['ragged']['average_image']}; {sections['ragged']['average_sequence']}\n"
+        if "convert" in sections:
+            conv = sections["convert"]
+            details.append(f"\n### convert\n{conv['bytes'] / 1e9:.2f} GB; seconds per round: " +
+                           "; ".join(f"{k}: {', '.join(f'{t:.2f}' for t in v)}" for k, v in conv["seconds"].items()))
+        extra = (f"\nmixed-size comparison: {sections['ragged']['average_image']}; {sections['ragged']['average_sequence']}\n"
+                 if "ragged" in sections else "")
         text = (f"# bench_raw{' (quick: figures meaningless)' if args.quick else ''}\n\n{md}\n{extra}" + "\n".join(details)
                 + f"\n\nwall time {time.perf_counter() - t0:.0f} s\n")
         print(text)
         results = {"config": cfg, "machine": _harness.machine_info(), "rows": rows,
                    "sections": {k: {kk: vv for kk, vv in v.items() if kk != "rows"} for k, v in sections.items()}}
-        _harness.write_results("raw_quick" if args.quick else "raw", results, text, args.out)
+        name = "raw" + (f"_{args.only}" if args.only else "") + ("_quick" if args.quick else "")
+        _harness.write_results(name, results, text, args.out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -17,7 +17,7 @@ import copy
 import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -33,7 +33,16 @@ from .format import (
     shard_path,
 )
 from .format.keys import KeyTable
-from .format.spec import ENCODING_PIXELS, KEY_FIELD, KEYS_KIND_FILE, SHAPE_SUFFIX, companions, is_string
+from .format.shardio import Layout, Packed
+from .format.spec import (
+    ENCODING_PIXELS,
+    KEY_FIELD,
+    KEYS_KIND_FILE,
+    OFFSETS_SUFFIX,
+    SHAPE_SUFFIX,
+    companions,
+    is_string,
+)
 from .remote import RemoteOptions, is_url
 from .seeds import Stream, numpy_rng
 
@@ -346,13 +355,23 @@ class Dataset:
             out[KEY_FIELD] = batch[KEY_FIELD][0]
         return out
 
-    def get_batch(self, indices: Iterable[int] | np.ndarray, out: dict[str, np.ndarray] | None = None) -> Batch:
+    def get_batch(self, indices: Iterable[int] | np.ndarray, out: dict[str, np.ndarray] | None = None,
+                  *, ragged: Literal["padded", "packed"] = "padded") -> Batch:
         """Read the samples ``indices`` (any order, repeats allowed) into one array per field.
 
         ``out`` may supply preallocated arrays (for example pinned buffers, reused from batch to
         batch): for a fixed-shape field, C-contiguous with shape ``(len(indices), *shape)``; for a
         ragged field (or a ``pixels`` image field), any C-contiguous array of the field's dtype,
-        whose memory holds the padded batch when it is large enough (else a new array is made).
+        whose memory holds the batch when it is large enough (else a new array is made).
+
+        ``ragged="padded"`` (the default) pads each ragged field to its longest sample, and
+        mixed-size ``pixels`` images to the batch's largest height and width, with zeros.
+        ``ragged="packed"`` puts the samples of a ragged field back to back instead, as
+        ``(total_rows, *shape[1:])`` (a ``pixels`` image field: its bytes, flat), with
+        ``<name>_offsets`` (``B + 1`` row offsets: sample ``k`` is ``x[o[k]:o[k + 1]]``): no padding
+        to write or to move to the GPU, for pipelines that take variable-size samples (nested
+        tensors, DALI's external source, padding on the device). String fields still come back as
+        ``str``; encoded images are decoded into a padded batch, so they need ``decode=False``.
         """
         idx = np.asarray(indices)
         if idx.size == 0:
@@ -375,8 +394,9 @@ class Dataset:
             for a, e in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [b])))
             if e > a
         ]
+        packed = self._check_ragged_mode(ragged)
         if self._remote is None:
-            result = self._read(segments, idx, asked, out)
+            result = self._read(segments, idx, asked, out, packed)
         else:
             shards = [int(shard_of[a]) for a in np.concatenate(([0], cuts)) if a < b]
             pinned: list[int] = []
@@ -384,14 +404,31 @@ class Dataset:
                 for s in shards:  # local, checked, and kept from eviction while we read
                     self._remote.pin(s, self._readers[s].close)
                     pinned.append(s)
-                result = self._read(segments, idx, asked, out)
+                result = self._read(segments, idx, asked, out, packed)
             finally:
                 for s in pinned:
                     self._remote.unpin(s)
         return result
 
+    def _check_ragged_mode(self, ragged: str) -> bool:
+        """True for ``ragged="packed"``; refuses what cannot be packed."""
+        if ragged == "padded":
+            return False
+        if ragged != "packed":
+            raise UsageError(f"ragged={ragged!r}: expected 'padded' or 'packed'")
+        if self._decoder is not None:
+            enc = next(f.name for f in self._images if f.encoding != ENCODING_PIXELS)
+            raise UsageError(f"{self.root}: field {enc!r} holds encoded images, which are decoded into a padded batch; "
+                             "open the dataset with decode=False to get their bytes packed, or use ragged='padded'")
+        names = {f.name for f in self.schema}
+        for f in self.schema:
+            if f.ragged and f.name + OFFSETS_SUFFIX in names:
+                raise UsageError(f"{self.root}: field {f.name + OFFSETS_SUFFIX!r} clashes with the packed offsets of "
+                                 f"ragged field {f.name!r}; use ragged='padded'")
+        return True
+
     def _read(self, segments: list[Any], idx: np.ndarray, asked: np.ndarray,
-              out: dict[str, np.ndarray] | None) -> Batch:
+              out: dict[str, np.ndarray] | None, packed: bool = False) -> Batch:
         """Read ``segments`` (reader, rows in its shard, places in the batch) of the batch ``idx``; decode images."""
         b = len(idx)
         result: Batch = {}
@@ -405,27 +442,34 @@ class Dataset:
                 result[f.name] = self._out_array(f, b, out)
         where = lambda k: f"{self.root}: sample {int(idx[k])}"  # noqa: E731
         first = {f.name: result[f.name] for f in self.schema if not f.ragged}
-        shapes: dict[str, np.ndarray] = {}
+        layouts: dict[str, Layout] = {}
         if self._pixels:  # the image shapes are needed first: read the fixed fields before the rest
             for reader, local, dest in segments:
                 reader.read_into(local, dest, first)
             for f in self._pixels:
                 s = result[f.name + SHAPE_SUFFIX]
-                padded = check_shapes(f, s, result.pop(f.name + LENGTHS_SUFFIX), where)
-                result[f.name] = self._ragged_array(f, padded, out)
-                shapes[f.name] = s
+                lengths = result.pop(f.name + LENGTHS_SUFFIX)
+                padded = check_shapes(f, s, lengths, where)
+                if packed:
+                    result[f.name], layouts[f.name] = self._packed_array(f, lengths, out, result)
+                else:
+                    result[f.name] = self._ragged_array(f, padded, out)
+                    layouts[f.name] = s
             first = {}
         decoded = {f.name for f in self._images if f.encoding != ENCODING_PIXELS}
         for f in self.schema:
             if f.ragged and f.name not in result:
                 lengths = result[f.name + LENGTHS_SUFFIX]
+                if packed and not is_string(f):
+                    result[f.name], layouts[f.name] = self._packed_array(f, lengths, out, result)
+                    continue
                 # encoded images: ``out`` takes the decoded pixels, not the stored bytes
                 result[f.name] = self._ragged_array(f, (b, int(lengths.max()) if b else 0, *f.trailing),
                                                     None if f.name in decoded else out)
         outs = {**first, **{f.name: result[f.name] for f in self.schema if f.ragged}}
         if outs:
             for reader, local, dest in segments:
-                reader.read_into(local, dest, outs, shapes)
+                reader.read_into(local, dest, outs, layouts)
         if self._decoder is not None:
             for f in self._images:
                 if f.encoding != ENCODING_PIXELS:
@@ -449,6 +493,17 @@ class Dataset:
             except UnicodeDecodeError:
                 raise CorruptShardError(f"{self.root}: sample {int(idx[k])}: field {f.name!r} is not UTF-8 text") from None
         return out
+
+    @classmethod
+    def _packed_array(cls, f: FieldSpec, lengths: np.ndarray, out: dict[str, np.ndarray] | None,
+                      result: Batch) -> tuple[np.ndarray, Packed]:
+        """The packed batch array of a ragged field (samples back to back) and its layout; its row
+        offsets go to ``result["<name>_offsets"]``."""
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        result[f.name + OFFSETS_SUFFIX] = offsets
+        array = cls._ragged_array(f, (int(offsets[-1]), *f.trailing), out)
+        return array, Packed(offsets[:-1] * f.row_nbytes)
 
     @staticmethod
     def _ragged_array(f: FieldSpec, shape: tuple[int, ...], out: dict[str, np.ndarray] | None) -> np.ndarray:

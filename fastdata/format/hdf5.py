@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CorruptShardError, UsageError
 from ..fileio import pread_into
-from .shardio import RaggedOut, ShardReaderBase, runs
+from .shardio import Layout, RaggedOut, ShardReaderBase, runs
 from .spec import FORMAT_VERSION, FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
@@ -332,12 +332,12 @@ class ShardReader(ShardReaderBase[_Handle]):
         return o[local + 1] - o[local]
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
-                  shapes: dict[str, np.ndarray] | None = None) -> None:
+                  layouts: dict[str, Layout] | None = None) -> None:
         """Sample ``local[k]`` of this shard goes to row ``dest[k]`` of each array in ``outs``.
 
         ``local`` is sorted; runs consecutive in both ``local`` and ``dest`` are read at once.
-        Ragged fields are placed as :class:`RaggedOut` does (``shapes``: the batch's image shapes
-        of ``pixels`` fields).
+        Ragged fields are placed as :class:`RaggedOut` does (``layouts``: per ragged field, the
+        batch's image shapes of a ``pixels`` field, or a :class:`Packed` layout).
         """
         h = self.handle()
         self._check_unchanged(h.fd, local)
@@ -345,7 +345,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             f = self.fields[name]
             col = h.columns[name]
             if f.ragged:
-                self._read_ragged(h, f, col, local, dest, RaggedOut(out, (shapes or {}).get(name)))
+                self._read_ragged(h, f, col, local, dest, RaggedOut(out, (layouts or {}).get(name)))
             elif col.cached is not None:
                 out[dest] = col.cached[local]
             elif col.mapped is not None and f.row_nbytes <= _GATHER_ROW_BYTES:

@@ -33,7 +33,7 @@ import lmdb
 import numpy as np
 
 from ..errors import CorruptShardError, UsageError
-from .shardio import RaggedOut, ShardReaderBase
+from .shardio import Layout, RaggedOut, ShardReaderBase
 from .spec import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"
@@ -434,9 +434,9 @@ class ShardReader(ShardReaderBase[_Handle]):
         return ix.sizes[local, i] // f.row_nbytes if f.row_nbytes else np.zeros(len(local), dtype=np.int64)
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
-                  shapes: dict[str, np.ndarray] | None = None) -> None:
+                  layouts: dict[str, Layout] | None = None) -> None:
         """Sample ``local[k]`` goes to row ``dest[k]`` of each array in ``outs``; ragged fields as
-        :class:`RaggedOut` places them (``shapes``: the batch's image shapes of ``pixels`` fields)."""
+        :class:`RaggedOut` places them (``layouts``: per ragged field, image shapes of ``pixels`` fields or a packed layout)."""
         if self._record_size is not None and self._record_size <= _GATHER_RECORD_BYTES:
             self._read_small(local, dest, outs)
             return
@@ -454,7 +454,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                 continue
             offs, sizes = ix.offsets[local, i].tolist(), ix.sizes[local, i].tolist()
             if f.ragged:
-                plan.append((offs, sizes, None, RaggedOut(out, (shapes or {}).get(f.name)), None, None))
+                plan.append((offs, sizes, None, RaggedOut(out, (layouts or {}).get(f.name)), None, None))
             else:
                 plan.append((offs, sizes, out, None, f.np_dtype, f.trailing))
         if not plan:

@@ -31,20 +31,36 @@ def runs(local: np.ndarray, dest: np.ndarray) -> list[tuple[int, int, int]]:
 _SMALL_COPY = 16 << 10  # smaller copies go through memoryviews (less overhead than numpy; GIL held)
 
 
+class Packed:
+    """Layout of a packed ragged batch: sample ``d`` starts at byte ``starts[d]`` of the flat output,
+    samples back to back in batch order, no padding (``Dataset.get_batch(ragged="packed")``)."""
+
+    def __init__(self, starts: np.ndarray) -> None:
+        self.starts: list[int] = starts.tolist()
+
+
+Layout = np.ndarray | Packed | None  # image shapes (padded pixels), packed starts, or plain padded rows
+
+
 class RaggedOut:
     """The batch array of one ragged field, filled sample by sample with one copy each.
 
     ``out`` is ``(B, rows, *trailing)``: sample bytes go to the start of row ``d`` and the rest
-    of the row is zeroed (``out`` need not be zeroed beforehand). With ``shapes`` (a ``pixels``
-    image field: ``(B, 3)`` true ``(H, W, C)`` per batch row), ``out`` is ``(B, H, W, C)`` and
-    each image goes to ``out[d, :h, :w]``, zero-padded to the right and below.
-    Shapes and byte counts must already be checked against each other.
+    of the row is zeroed (``out`` need not be zeroed beforehand). With image shapes as ``layout``
+    (a ``pixels`` image field: ``(B, 3)`` true ``(H, W, C)`` per batch row), ``out`` is
+    ``(B, H, W, C)`` and each image goes to ``out[d, :h, :w]``, zero-padded to the right and below.
+    With a :class:`Packed` layout, ``out`` is flat and sample ``d`` is copied to its start: nothing
+    is padded, so nothing is zeroed. Shapes and byte counts must already be checked against each other.
     """
 
-    def __init__(self, out: np.ndarray, shapes: np.ndarray | None = None) -> None:
+    def __init__(self, out: np.ndarray, layout: Layout = None) -> None:
         self.out = out
         self.flat = out.reshape(-1).view(np.uint8)
         self.mv = memoryview(self.flat)  # type: ignore[arg-type]
+        self.packed = layout.starts if isinstance(layout, Packed) else None
+        shapes = None if isinstance(layout, Packed) else layout
+        if self.packed is not None:
+            return
         self.stride = self.flat.size // len(out) if len(out) else 0
         self.zeros = memoryview(bytes(min(self.stride, _SMALL_COPY)))
         self.shapes = None if shapes is None else shapes.tolist()
@@ -54,6 +70,13 @@ class RaggedOut:
 
     def put(self, d: int, src: memoryview, off: int, n: int) -> None:
         """Bytes ``src[off:off + n]`` (a 1-D byte memoryview) into batch row ``d``, padding zeroed."""
+        if self.packed is not None:
+            a = self.packed[d]
+            if n <= _SMALL_COPY:
+                self.mv[a : a + n] = src[off : off + n]
+            else:
+                self.flat[a : a + n] = np.frombuffer(src, np.uint8, n, off)
+            return
         a = d * self.stride
         if self.shapes is None or self.uniform:
             if n <= _SMALL_COPY:
@@ -75,7 +98,9 @@ class RaggedOut:
             self.flat[a:b] = 0
 
     def empty(self, d: int) -> None:
-        """Batch row ``d`` holds nothing (an empty sample): all padding."""
+        """Batch row ``d`` holds nothing (an empty sample): all padding (packed: no bytes at all)."""
+        if self.packed is not None:
+            return
         self.zero(d * self.stride, (d + 1) * self.stride)
 
 

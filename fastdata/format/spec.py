@@ -144,6 +144,7 @@ KEYS_FILE = "keys.bin"  # the side file holding every sample's key (docs/format.
 KEYS_INDEX = "index"  # manifest "keys" kind: a sample's key is its index (array sources)
 KEYS_KIND_FILE = "file"  # manifest "keys" kind: keys stored in KEYS_FILE
 LENGTHS_SUFFIX = "_lengths"
+OFFSETS_SUFFIX = "_offsets"  # row offsets of a packed ragged batch (Dataset.get_batch(ragged="packed"))
 
 # Hard limits: a manifest beyond them is rejected before any allocation.
 MAX_MANIFEST_BYTES = 256 << 20
