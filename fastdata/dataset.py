@@ -394,7 +394,7 @@ class Dataset:
             for a, e in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [b])))
             if e > a
         ]
-        packed = self._check_ragged_mode(ragged)
+        packed = self.check_ragged(ragged)
         if self._remote is None:
             result = self._read(segments, idx, asked, out, packed)
         else:
@@ -410,8 +410,8 @@ class Dataset:
                     self._remote.unpin(s)
         return result
 
-    def _check_ragged_mode(self, ragged: str) -> bool:
-        """True for ``ragged="packed"``; refuses what cannot be packed."""
+    def check_ragged(self, ragged: str) -> bool:
+        """True for ``ragged="packed"`` (see :meth:`get_batch`); refuses what cannot be packed."""
         if ragged == "padded":
             return False
         if ragged != "packed":

@@ -103,3 +103,59 @@ def test_packed_refuses_what_it_cannot_do(tmp_path):
     raw = fastdata.open(tmp_path / "enc", decode=False).get_batch([2, 0], ragged="packed")  # stored bytes, packed
     stored = [(src / "a" / f"{i}.jpg").read_bytes() for i in (2, 0)]
     assert [_unpack(raw, "image", k, pixels=False).tobytes() for k in range(2)] == stored
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_loader_packed_batches_make_nested_tensors(tmp_path, mode):
+    import torch
+
+    from fastdata.loaders import LoaderConfig
+
+    root, seqs = _seq_dataset(tmp_path, "lmdb")
+    cfg = LoaderConfig(ragged="packed", mode=mode)  # type: ignore[arg-type]
+    seen = []
+    with fastdata.loader(root, 7, device="cpu", num_workers=1, fields=["x"], config=cfg) as ld:
+        plan = ld.plan(0)
+        for k, b in enumerate(ld):
+            assert b["x"].dim() == 2 and b["x_offsets"].shape == (len(b["x_lengths"]) + 1,)
+            nt = torch.nested.nested_tensor_from_jagged(b["x"], b["x_offsets"])
+            for j, i in enumerate(plan[k].tolist()):
+                np.testing.assert_array_equal(nt[j].numpy(), seqs[i])
+                seen.append(i)
+    assert sorted(seen) == list(range(30))
+
+
+def test_loader_packed_refusals(tmp_path):
+    from fastdata.loaders import LoaderConfig
+
+    with pytest.raises(UsageError, match="'padded' or 'packed'"):
+        LoaderConfig(ragged="jagged")  # type: ignore[arg-type]
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    pixels = [g.png_rgb(src / "a" / f"{i}.png", h=5 + i, w=7, seed=i) for i in range(4)]
+    converters.convert(src, tmp_path / "mixed", converters.WriteOptions(workers=1),
+                       images=converters.ImageOptions(images="raw"))
+    with pytest.raises(UsageError, match="image_dtype='uint8'"):
+        fastdata.loader(tmp_path / "mixed", 2, device="cpu", config=LoaderConfig(ragged="packed"))
+    cfg = LoaderConfig(ragged="packed", image_dtype="uint8")
+    with fastdata.loader(tmp_path / "mixed", 4, device="cpu", shuffle=False, config=cfg) as ld:
+        b = next(iter(ld))
+        for k in range(4):
+            o = b["image_offsets"]
+            np.testing.assert_array_equal(b["image"][o[k] : o[k + 1]].reshape(*b["image_shape"][k]).numpy(), pixels[k])
+    jpg = tmp_path / "jpg"
+    (jpg / "a").mkdir(parents=True)
+    for i in range(2):
+        g.jpeg(jpg / "a" / f"{i}.jpg", h=8 + i, w=6, seed=i)
+    converters.convert(jpg, tmp_path / "enc", converters.WriteOptions(workers=1))
+    with pytest.raises(UsageError, match="decode=False"):
+        fastdata.loader(tmp_path / "enc", 2, device="cpu", backend="torch", config=LoaderConfig(ragged="packed"))
+
+
+def test_dali_backend_refuses_packed_batches(tmp_path):
+    pytest.importorskip("nvidia.dali")
+    from fastdata.loaders import LoaderConfig
+
+    root, _ = _seq_dataset(tmp_path, "hdf5")
+    with pytest.raises(UsageError, match="padded batches only"):
+        fastdata.loader(root, 2, device="cpu", backend="dali", config=LoaderConfig(ragged="packed"))

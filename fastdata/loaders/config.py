@@ -21,6 +21,10 @@ class LoaderConfig:
     CPU pass; no ``augment`` then). The DALI backend uses ``prefetch`` (its queue depth),
     ``channels_last``, ``images``, ``block`` and ``window``.
     ``shard_window``: with ``shuffle="shards"``, how many shards' samples are mixed at a time.
+    ``ragged``: ``"padded"`` pads ragged fields (and mixed-size images) to the batch's largest
+    sample; ``"packed"`` gives them back to back with ``<name>_offsets`` (``Dataset.get_batch``),
+    e.g. for ``torch.nested.nested_tensor_from_jagged(x, x_offsets)``; torch backend only, and
+    mixed-size images then stay flat uint8 bytes (``image_dtype="uint8"``, no ``augment``).
     """
 
     mode: Literal["threads", "processes"] = "threads"
@@ -32,6 +36,7 @@ class LoaderConfig:
     window: int = 16
     image_dtype: Literal["float32", "uint8"] = "float32"
     shard_window: int = 2
+    ragged: Literal["padded", "packed"] = "padded"
 
     def __post_init__(self) -> None:
         if self.mode not in ("threads", "processes"):
@@ -40,5 +45,7 @@ class LoaderConfig:
             raise UsageError("prefetch must be at least 1")
         if self.image_dtype not in ("float32", "uint8"):
             raise UsageError(f"image_dtype must be 'float32' or 'uint8', not {self.image_dtype!r}")
+        if self.ragged not in ("padded", "packed"):
+            raise UsageError(f"ragged must be 'padded' or 'packed', not {self.ragged!r}")
         if self.block < 1 or self.window < 1 or self.shard_window < 1:
             raise UsageError("block, window and shard_window must be positive")

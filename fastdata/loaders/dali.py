@@ -99,6 +99,8 @@ def dali_unsupported(ds: Dataset, augment: Augment | None, config: LoaderConfig 
     augmentation it cannot express), or None; nothing is built and DALI is not imported."""
     if config is not None and config.image_dtype != "float32":
         return f"the DALI backend gives float images only, not image_dtype={config.image_dtype!r}"
+    if config is not None and config.ragged != "padded":
+        return "the DALI backend gives padded batches only, not ragged='packed'"
     try:
         targets = tuple(augment.targets) if augment is not None else ()
         _attach_augment(plan_routes(ds, (config or LoaderConfig()).images, targets), augment)
@@ -128,7 +130,8 @@ class DaliLoader(Loader):
         self._dali = import_dali()
         check_device(self._dali, device)
         self.threads = max(1, threads)
-        problem = dali_unsupported(dataset, None, self.config) if self.config.image_dtype != "float32" else None
+        plain = self.config.image_dtype == "float32" and self.config.ragged == "padded"
+        problem = None if plain else dali_unsupported(dataset, None, self.config)
         if problem is not None:
             raise UsageError(f"{problem}: use backend='torch'")
         targets = tuple(self.augment.targets) if self.augment is not None else ()

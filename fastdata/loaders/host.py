@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from .base import wrap_error
 from .buffers import Recycler, torch_dtype
 
 HostBatch = dict[str, torch.Tensor]
+Ragged = Literal["padded", "packed"]
 Post = Callable[[HostBatch, int], HostBatch]
 
 
@@ -81,8 +82,9 @@ def to_tensors(batch: dict[str, Any]) -> HostBatch:
 class ThreadReader:
     """Reads batches in ``threads`` threads, at most ``prefetch`` batches ahead, in order."""
 
-    def __init__(self, dataset: Dataset, threads: int, prefetch: int, pin: bool) -> None:
+    def __init__(self, dataset: Dataset, threads: int, prefetch: int, pin: bool, ragged: Ragged = "padded") -> None:
         self.dataset = dataset
+        self.ragged = ragged
         self.threads = threads  # 0: read in the iterating thread
         self.prefetch = max(prefetch, threads)
         self.pool = _BufferPool(dataset, pin)
@@ -90,7 +92,7 @@ class ThreadReader:
 
     def _read(self, k: int, idx: np.ndarray, bufs: dict[str, torch.Tensor], post: Post | None) -> HostBatch:
         try:
-            batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()})
+            batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()}, ragged=self.ragged)
         except Exception as e:
             raise wrap_error(e, f"loader thread, batch {k}") from e
         for name in self.pool.ragged:
@@ -136,14 +138,15 @@ class ThreadReader:
 class _BatchDataset(torch.utils.data.Dataset):
     """Map-style dataset whose 'index' is a whole batch of indices."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset, ragged: Ragged = "padded") -> None:
         self.dataset = dataset
+        self.ragged = ragged
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, idx: Any) -> HostBatch:
-        return to_tensors(self.dataset.get_batch(idx))
+        return to_tensors(self.dataset.get_batch(idx, ragged=self.ragged))
 
 
 class _PlanSampler(torch.utils.data.Sampler):
@@ -160,13 +163,13 @@ class _PlanSampler(torch.utils.data.Sampler):
 class ProcessReader:
     """Reads batches in persistent torch DataLoader worker processes (one tensor per field per batch)."""
 
-    def __init__(self, dataset: Dataset, workers: int, prefetch: int, pin: bool) -> None:
+    def __init__(self, dataset: Dataset, workers: int, prefetch: int, pin: bool, ragged: Ragged = "padded") -> None:
         self.sampler = _PlanSampler()
         per_worker = max(2, -(-prefetch // max(1, workers)))
         if dataset.options.get("decode_threads") is None:
             dataset = dataset.with_options(decode_threads=1)  # the workers are the parallelism: no oversubscription
         self.loader = torch.utils.data.DataLoader(
-            _BatchDataset(dataset), batch_size=None, sampler=self.sampler, num_workers=workers,
+            _BatchDataset(dataset, ragged), batch_size=None, sampler=self.sampler, num_workers=workers,
             pin_memory=pin, persistent_workers=True, prefetch_factor=per_worker,
         )
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..dataset import Dataset
+from ..errors import UsageError
 from ..format.spec import image_fields
 from .base import Loader
 from .device import DeviceStage
@@ -31,16 +32,27 @@ class TorchLoader(Loader):
         """The reader (threads or worker processes, started on the first pass) and the device stage."""
         config, device = self.config, self.device
         pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
-        if config.mode == "processes" and self.workers > 0:
-            self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin)
-        else:
-            self._reader = ThreadReader(self.dataset, self.workers, config.prefetch, pin)
         targets = self.augment.targets if self.augment is not None else {}
         # a declared target (a uint8 (H, W, 1) mask) is never an image
         images = config.images if config.images is not None else \
             tuple(n for n in image_fields(self.dataset.schema) if n not in targets)
+        if config.ragged == "packed":
+            self._check_packed(images)
+        if config.mode == "processes" and self.workers > 0:
+            self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged)
+        else:
+            self._reader = ThreadReader(self.dataset, self.workers, config.prefetch, pin, config.ragged)
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
                                    keep_uint8=config.image_dtype == "uint8")
+
+    def _check_packed(self, images: tuple[str, ...]) -> None:
+        """Packed batches: what can be packed (Dataset.check_ragged), and mixed-size images kept as bytes."""
+        self.dataset.check_ragged("packed")
+        flat = [f.name for f in self.dataset.schema if f.ragged and f.name in images]
+        if flat and self.config.image_dtype != "uint8":
+            raise UsageError(f"LoaderConfig(ragged='packed') gives the mixed-size images of {flat[0]!r} as flat uint8 "
+                             "bytes (with <name>_offsets and <name>_shape), which cannot become float NCHW batches: "
+                             "add image_dtype='uint8' (and convert after unpacking), or use ragged='padded'")
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
         self._device.rank = self.world.rank  # the world of this pass (read when it started)
@@ -50,6 +62,9 @@ class TorchLoader(Loader):
         """A batch read by ``dataset.get_batch`` made into what this loader yields (tensors on the
         device, images as floats, augmentation seeded by its place in the epoch); see
         :attr:`batch_sampler`, which says which batch comes next."""
+        if self.config.ragged == "packed":
+            raise UsageError("LoaderConfig(ragged='packed') batches come from the loader's own pipeline, not from a "
+                             "DataLoader over its dataset: restore the position with load_state_dict instead")
         epoch, k = self._collate_at
         self._device.rank = self.world.rank
         host = to_tensors(batch)
