@@ -88,7 +88,7 @@ class Dataset:
         if keys is not None and keys.kind == KEYS_KIND_FILE:
             if self._remote is not None:  # downloaded through the shard cache when keys are first used
                 self._keys = KeyTable(self._remote.keys_path(), self.manifest.num_samples, keys.bytes,
-                                      prepare=self._remote.pin_keys)
+                                      prepare=self._remote.pin_keys, fetch=self._remote.fetch_keys)
             else:
                 real = os.path.realpath(Path(self.root) / str(keys.file))
                 if os.path.dirname(real) != os.path.realpath(self.root):  # as for shards: never outside the dataset

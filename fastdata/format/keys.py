@@ -70,14 +70,22 @@ _Handle = tuple[np.ndarray, np.ndarray, mmap.mmap, Release | None]
 class KeyTable(PerProcessHandle[_Handle]):
     """Reads the keys file of a dataset: ``key(i)``, ``keys(indices)``, ``find(key)``.
 
-    ``prepare`` (a dataset on object storage) runs before the file is opened in each process: it
-    makes ``path`` local (downloaded and checked) and returns what releases it when the table closes.
+    A dataset on object storage passes ``fetch`` (download ``path`` into the cache and check it; run
+    before the file is first opened in a process, outside the per-process opening lock, so a slow
+    download never holds up other handles) and ``prepare`` (keep ``path`` local while it is open:
+    returns what releases it when the table closes).
     """
 
-    def __init__(self, path: Path, count: int, nbytes: int, prepare: Callable[[], Release] | None = None) -> None:
+    def __init__(self, path: Path, count: int, nbytes: int, prepare: Callable[[], Release] | None = None,
+                 fetch: Callable[[], None] | None = None) -> None:
         self.path, self.count, self.nbytes = path, count, nbytes
-        self.prepare = prepare
+        self.prepare, self.fetch = prepare, fetch
         self._base = 0
+
+    def _ready(self) -> _Handle:
+        if self.fetch is not None and (self._handle is None or self._handle_pid != os.getpid()):
+            self.fetch()
+        return self.handle()
 
     def _bad(self, what: str) -> CorruptShardError:
         return CorruptShardError(f"keys file {self.path}: {what}")
@@ -134,7 +142,7 @@ class KeyTable(PerProcessHandle[_Handle]):
         return self.keys([i])[0]
 
     def keys(self, indices: Iterable[int] | np.ndarray) -> list[str]:
-        offsets, _, mm, _ = self.handle()
+        offsets, _, mm, _ = self._ready()
         idx = np.asarray(indices, dtype=np.int64)
         base = self._base
         starts, ends = (offsets[idx] + base).tolist(), (offsets[idx + 1] + base).tolist()
@@ -142,7 +150,7 @@ class KeyTable(PerProcessHandle[_Handle]):
 
     def find(self, key: str) -> int:
         """The index of the sample keyed ``key``, or -1 (binary search over the sorted order)."""
-        offsets, order, mm, _ = self.handle()
+        offsets, order, mm, _ = self._ready()
         want = key.encode("utf-8")
         lo, hi = 0, self.count
         while lo < hi:
