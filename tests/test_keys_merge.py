@@ -287,3 +287,26 @@ def test_corrupted_remote_keys_file_is_caught_by_the_checksum(s3k, tmp_path):
     report = verify(url, remote=opts(s3k, tmp_path / "vcache"))
     assert not report.ok and report.bad_shards == ["keys.bin"]
     assert f"{url}/keys.bin" in str(report.problems[0])
+
+
+def test_remote_keys_file_stays_pinned_while_shards_are_evicted(s3k, tmp_path):
+    keys = _src(tmp_path / "src", "s", per_class=20)
+    url = f"s3://{bucket(s3k)}/ds"
+    converters.convert(tmp_path / "src", url, converters.WriteOptions(shard_size=2000, workers=1),
+                       remote=opts(s3k, tmp_path / "up"))
+    probe = fastdata.open(url, remote=opts(s3k, tmp_path / "probe"))
+    biggest = max(s.bytes for s in probe.manifest.shards)
+    assert len(probe.manifest.shards) >= 12
+    limit = probe.manifest.keys.bytes + 5 * biggest  # the keys file and a few shards: most shards get evicted
+    cache = tmp_path / "cache"
+    ds = fastdata.open(url, fields=["x", "key"], remote=opts(s3k, cache, cache_limit=limit))
+    assert ds.key(0) == keys[0]
+    keys_file = ds.remote.keys_path()
+    for s in ds.manifest.shards:  # one shard per batch, in order: every shard is downloaded once
+        batch = ds.get_batch(np.arange(s.start, s.start + s.count))
+        assert batch["key"] == keys[s.start : s.start + s.count]
+        assert keys_file.is_file() and ds.remote.cache.held_bytes() <= limit
+    assert ds.remote.stats()["downloads"] == len(ds.manifest.shards) + 1  # each shard once, and keys.bin
+    assert len(list(cache.glob("*.h5"))) < len(ds.manifest.shards)  # shards were evicted; keys.bin was not
+    assert ds.index_of(keys[-1]) == len(keys) - 1
+    ds.close()

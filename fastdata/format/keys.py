@@ -35,7 +35,7 @@ Release = Callable[[], None]
 class DuplicateKeyError(DataError):
     """Two samples would have the same key: samples ``a`` < ``b`` (positions in the keys written)."""
 
-    def __init__(self, message: str, a: int, b: int, key: str) -> None:
+    def __init__(self, message: str, a: int = -1, b: int = -1, key: str = "") -> None:  # defaults: unpicklable otherwise
         super().__init__(message)
         self.a, self.b, self.key = a, b, key
 
