@@ -7,24 +7,31 @@ from its place in DST. Where the filesystem refuses hard links (DST on another f
 link support), ``method="auto"`` copies that shard instead and the report says so and why;
 ``method="link"`` makes that an error. Shards whose labels must change (``remap_classes``) are
 rewritten. Nothing in the inputs is modified.
+
+Sample keys (format version 3) stay unique: DST's ``keys.bin`` holds the inputs' keys in merged
+order (an input keyed by index contributes ``"0"``, ``"1"``, ...). A key found in two inputs is an
+error unless ``key_prefixes`` puts each input's keys under a prefix of its own (``"<prefix>/<key>"``;
+``"names"``: each input's folder name). Inputs without keys beside inputs with keys are refused
+unless ``drop_keys`` (then DST has no keys): keys are never dropped silently.
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import numpy as np
 
 from fastdata._units import fmt_bytes
 from fastdata._version import __version__
-from fastdata.errors import UsageError
-from fastdata.fileio import file_checksum, finish_file, fsync_dir
+from fastdata.errors import CorruptShardError, UsageError
+from fastdata.fileio import file_checksum, finish_file, fsync_dir, write_atomic
 from fastdata.format import (
     FORMAT_VERSION,
     LABEL_FIELD,
@@ -36,7 +43,8 @@ from fastdata.format import (
     shard_path,
     write_manifest,
 )
-from fastdata.format.spec import CHECKSUM_DEFAULT
+from fastdata.format.keys import DuplicateKeyError, KeyTable, write_keys
+from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo
 
 from .dst import check_dst, prepare_dst, remove_ours
 from .shardwork import write_error
@@ -59,19 +67,26 @@ class MergeReport:
     bytes_written: int = 0
     copy_reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    keys: str = "none"  # sample keys of DST: "kept", "prefixed", "dropped" (drop_keys) or "none" (inputs had none)
 
     def summary(self) -> str:
+        keys = {"kept": "sample keys kept", "prefixed": "sample keys kept under each input's prefix",
+                "dropped": "sample keys dropped (--drop-keys)", "none": "no sample keys (the inputs have none)"}
         line = (f"merged {self.inputs} dataset(s) into {self.dst}: {self.samples} samples in {self.shards} shard(s); "
                 f"{self.linked} hard-linked, {self.copied} copied, {self.rewritten} rewritten "
-                f"({fmt_bytes(self.bytes_written)} written, {self.seconds:.1f} s)")
+                f"({fmt_bytes(self.bytes_written)} written, {self.seconds:.1f} s); {keys[self.keys]}")
         if self.copy_reasons:
             line += f"; copied because hard links were refused: {self.copy_reasons[0]}"
         return line
 
 
 def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, remap_classes: bool = False,
-          method: Method = "auto", overwrite: bool = False, progress: Any = None) -> MergeReport:
-    """Write ``dst``: the samples of ``inputs`` in order, in one dataset (see the module docstring)."""
+          method: Method = "auto", overwrite: bool = False, progress: Any = None,
+          key_prefixes: Sequence[str] | Literal["names"] | None = None, drop_keys: bool = False) -> MergeReport:
+    """Write ``dst``: the samples of ``inputs`` in order, in one dataset (see the module docstring).
+
+    ``key_prefixes``: one prefix per input (``""`` leaves that input's keys as they are), or
+    ``"names"`` for each input's folder name; ``drop_keys``: DST gets no sample keys."""
     t0 = time.perf_counter()
     if method not in ("auto", "link", "copy"):
         raise UsageError(f"unknown merge method {method!r} (auto, link or copy)")
@@ -84,20 +99,27 @@ def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, 
     dst = Path(dst)
     manifests = [read_manifest(r) for r in roots]
     classes, maps = _reconcile(roots, manifests, remap_classes)
+    prefixes = _key_prefixes(roots, key_prefixes, drop_keys)
     check_dst(dst, roots, overwrite)
-    report = MergeReport(dst, len(roots), sum(m.num_samples for m in manifests), sum(len(m.shards) for m in manifests))
+    keys_mode, keys_bytes = _merged_keys(roots, manifests, prefixes, drop_keys, dst)  # collisions: before any work
+    report = MergeReport(dst, len(roots), sum(m.num_samples for m in manifests), sum(len(m.shards) for m in manifests),
+                         keys=keys_mode)
     if progress is not None:
         progress.start(report.samples, sum(s.bytes for m in manifests for s in m.shards), desc="merging")
     with prepare_dst(dst, roots, overwrite) as target:
         try:
             shards = _place_shards(roots, manifests, maps, target.path, method, report, progress)
             first = manifests[0]
+            inputs_json: list[dict[str, Any]] = [{"path": os.path.abspath(r), "samples": m.num_samples,
+                                                  "source": m.source} for r, m in zip(roots, manifests)]
+            if prefixes is not None:
+                for entry, p in zip(inputs_json, prefixes):
+                    entry["key_prefix"] = p
             manifest = Manifest(
                 backend=first.backend, fields=first.fields, num_samples=report.samples, shards=shards,
                 classes=classes, version=FORMAT_VERSION,  # >= ORIGIN_VERSION: linked shards keep their origin
-                source={"kind": "merge", "fastdata_version": __version__,
-                        "inputs": [{"path": os.path.abspath(r), "samples": m.num_samples, "source": m.source}
-                                   for r, m in zip(roots, manifests)]},
+                source={"kind": "merge", "fastdata_version": __version__, "inputs": inputs_json},
+                keys=None if keys_bytes is None else _write_keys_file(target.path, keys_bytes),
             )
             write_manifest(target.path, manifest)
         except BaseException:
@@ -141,6 +163,93 @@ def _reconcile(roots: list[Path], ms: list[Manifest], remap: bool) -> tuple[list
         lut = np.array([index[x] for x in c], dtype=np.int64)
         maps.append(None if np.array_equal(lut, np.arange(len(lut))) else lut)
     return merged, maps
+
+
+def _key_prefixes(roots: list[Path], given: Sequence[str] | str | None, drop: bool) -> list[str] | None:
+    """One key prefix per input (None: keys as they are), checked."""
+    if given is None:
+        return None
+    if drop:
+        raise UsageError("--drop-keys and a key prefix contradict each other: prefix keys to keep them, or drop them")
+    if isinstance(given, str):
+        if given != "names":
+            raise UsageError(f"key_prefixes={given!r}: give one prefix per input (a list), or 'names'")
+        prefixes = [Path(os.path.abspath(r)).name for r in roots]
+        seen: dict[str, Path] = {}
+        for r, p in zip(roots, prefixes):
+            if p in seen:
+                raise UsageError(f"{r} and {seen[p]} have the same folder name {p!r}, so --prefix-keys cannot tell "
+                                 "their keys apart; pass --key-prefix once per input instead")
+            seen[p] = r
+        return prefixes
+    prefixes = list(given)
+    if len(prefixes) != len(roots) or not all(isinstance(p, str) for p in prefixes):
+        raise UsageError(f"{len(prefixes)} key prefix(es) for {len(roots)} input(s): give one per input, in order "
+                         "('' keeps an input's keys as they are)")
+    for p in prefixes:
+        if p.startswith("/") or p.endswith("/") or "\0" in p:
+            raise UsageError(f"key prefix {p!r}: no leading or trailing '/' (keys become '<prefix>/<key>')")
+    return prefixes
+
+
+def _input_keys(root: Path, m: Manifest) -> list[str]:
+    """Every key of one input, in its sample order."""
+    assert m.keys is not None
+    if m.keys.kind == KEYS_INDEX:
+        return [str(i) for i in range(m.num_samples)]
+    real = os.path.realpath(root / str(m.keys.file))
+    if os.path.dirname(real) != os.path.realpath(root):  # as for shards: never outside the dataset
+        raise CorruptShardError(f"{root}: keys file {m.keys.file!r} points outside the dataset directory")
+    table = KeyTable(Path(real), m.num_samples, m.keys.bytes)
+    try:
+        return table.all()
+    finally:
+        table.close()
+
+
+def _merged_keys(roots: list[Path], ms: list[Manifest], prefixes: list[str] | None, drop: bool,
+                 dst: Path) -> tuple[str, bytes | None]:
+    """What DST's keys will be ("kept", "prefixed", "dropped", "none") and the keys file's bytes
+    (None: no keys file). A key in two inputs is refused here, before anything is written."""
+    if drop:
+        return "dropped", None
+    have = [m.keys is not None for m in ms]
+    if not any(have):
+        if prefixes is not None:
+            raise UsageError(f"{roots[0]}: has no sample keys to prefix (written before format version 3)")
+        return "none", None
+    if not all(have):
+        r, named = roots[have.index(False)], roots[have.index(True)]
+        raise UsageError(f"{r}: has no sample keys (written before format version 3) but {named} has: DST could not "
+                         f"keep them; convert {r} again to give it keys, or pass --drop-keys to merge without keys")
+    keys: list[str] = []
+    starts: list[int] = []
+    for i, (r, m) in enumerate(zip(roots, ms)):
+        starts.append(len(keys))
+        own = _input_keys(r, m)
+        p = prefixes[i] if prefixes is not None else ""
+        keys += [f"{p}/{k}" for k in own] if p else own
+    buf = io.BytesIO()
+    try:
+        write_keys(buf, keys, str(dst))
+    except DuplicateKeyError as e:
+        ia = max(i for i, s0 in enumerate(starts) if s0 <= e.a)
+        ib = max(i for i, s0 in enumerate(starts) if s0 <= e.b)
+        raise UsageError(f"sample key {e.key!r} is sample {e.a - starts[ia]} of {roots[ia]} and sample "
+                         f"{e.b - starts[ib]} of {roots[ib]}: keys must stay unique in the merged dataset; pass "
+                         "--prefix-keys (each input's keys under its folder name), --key-prefix once per input, "
+                         "or --drop-keys") from None
+    return ("prefixed" if prefixes is not None and any(prefixes) else "kept"), buf.getvalue()
+
+
+def _write_keys_file(dst: Path, data: bytes) -> KeysInfo:
+    """DST's keys.bin, written atomically before the manifest, which lists its size and checksum."""
+    path = dst / KEYS_FILE
+    try:
+        write_atomic(path, lambda f: f.write(data))
+    except OSError as e:
+        raise write_error(path, e) from None
+    return KeysInfo(kind=KEYS_KIND_FILE, file=KEYS_FILE, bytes=len(data), checksum=file_checksum(path, CHECKSUM_DEFAULT))
 
 
 def _same_fields(a: Path, ma: Manifest, b: Path, mb: Manifest) -> None:

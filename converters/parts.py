@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.errors import DataError, DestinationBusyError, UsageError
-from fastdata.fileio import fsync_dir, write_atomic
+from fastdata.fileio import file_checksum, fsync_dir, write_atomic
 from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
 from fastdata.format.manifest import parse_manifest, write_manifest
+from fastdata.format.spec import KEYS_FILE, KEYS_KIND_FILE
 
 from .dst import PART_FILE, part_lock_name, part_record_name, write_skipped
 from .dstlock import DstLock, holder
@@ -139,6 +140,7 @@ def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
     obj = dict(first["manifest"])
     obj["shards"] = [s.to_json() for s in sorted(shards, key=lambda s: s.start)]
     manifest = parse_manifest(obj, where=str(dst))  # validates: contiguous, every sample covered
+    _check_keys_file(dst, manifest, n)
     write_skipped(dst, [(str(p), str(r)) for p, r in first["skipped"]])
     write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
     for i in range(n):
@@ -178,6 +180,22 @@ def _check_same_conversion(dst: Path, a: dict[str, Any], b: dict[str, Any]) -> N
     if ma != mb:
         raise UsageError(f"{dst}: part {b['part']}/{b['parts']} and part {a['part']}/{a['parts']} describe "
                          "different datasets (fastdata versions?); convert them with the same fastdata")
+
+
+def _check_keys_file(dst: Path, manifest: Manifest, n: int) -> None:
+    """The sample keys' file every part wrote (the same bytes) is in place, as the records describe it."""
+    keys = manifest.keys
+    if keys is None or keys.kind != KEYS_KIND_FILE:
+        return
+    path = dst / KEYS_FILE
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing, though the parts recorded sample keys; convert any one part again "
+                        f"with --overwrite (every part of the {n} writes it)") from None
+    if size != keys.bytes or file_checksum(path, str(keys.checksum).partition(":")[0]) != keys.checksum:
+        raise DataError(f"{path}: is not the keys file the parts recorded (size or checksum differs); convert any "
+                        "one part again with --overwrite")
 
 
 def _check_shard_file(dst: Path, s: ShardInfo, part: int, n: int) -> None:

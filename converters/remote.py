@@ -3,7 +3,8 @@
 Shards are written into a local staging folder (under the shard cache's directory, one per
 URL) exactly as for a local conversion, and each is uploaded as soon as it is finished, then
 removed locally. The remote copy of the journal lists only shards whose upload completed; the
-manifest is uploaded last, so a remote dataset without a manifest is never taken for finished.
+sample keys' file (``keys.bin``) follows the shards, and the manifest is uploaded last, so a
+remote dataset without a manifest is never taken for finished.
 ``--resume`` continues from the remote journal (on any machine): shards it lists and that are
 present remotely with the right size are kept, the rest are written and uploaded again.
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
+from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
 from fastdata.remote.retry import RemoteError, RemoteNotFoundError, with_retries
 from fastdata.remote.store import JOURNAL_NAME
@@ -177,11 +179,14 @@ class RemoteTarget:
             raise RemoteError(f"{first}; the conversion stopped: run the same command with --resume to finish") from None
 
     def finish(self) -> None:
-        """Every shard is uploaded: upload the manifest (last), remove the remote journal and the staging folder."""
+        """Every shard is uploaded: upload the sample keys' file and skipped.json, then the manifest
+        (last: it lists keys.bin with its checksum), remove the remote journal and the staging folder."""
         self.wait()
-        skipped = self.staging / SKIPPED_NAME
-        if skipped.is_file():
-            self._call(lambda: self.fs.put_file(str(skipped), join(self.url, SKIPPED_NAME)), join(self.url, SKIPPED_NAME))
+        for name in (KEYS_FILE, SKIPPED_NAME):
+            local = self.staging / name
+            if local.is_file():
+                where = join(self.url, name)
+                self._call(lambda local=local, where=where: self.fs.put_file(str(local), where), f"{where}: upload")
         man = join(self.url, MANIFEST_NAME)
         self._call(lambda: self.fs.put_file(str(self.staging / MANIFEST_NAME), man), f"{man}: upload")
         try:

@@ -134,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: hard-link shards, copy where the filesystem refuses links (said in the output); "
                         "link: hard links or an error; copy: always copy (default: auto)")
     m.add_argument("--overwrite", action="store_true", help="replace an existing fastdata dataset at DST")
+    k = m.add_argument_group("sample keys (see docs/scale.md)",
+                             "DST keeps the inputs' sample keys; a key found in two inputs is an error unless "
+                             "each input's keys get a prefix")
+    kx = k.add_mutually_exclusive_group()
+    kx.add_argument("--prefix-keys", action="store_true",
+                    help="key each sample '<input folder name>/<its key>' (the folder names must differ)")
+    kx.add_argument("--key-prefix", action="append", metavar="PREFIX",
+                    help="key the samples of one input '<PREFIX>/<its key>': once per input, in order "
+                         "('' keeps that input's keys)")
+    kx.add_argument("--drop-keys", action="store_true",
+                    help="DST has no sample keys (needed to merge inputs without keys with inputs that have some)")
     m.add_argument("--quiet", action="store_true", help="no progress bar")
     m.set_defaults(run=_merge)
 
@@ -263,8 +274,10 @@ def _merge(args: argparse.Namespace) -> int:
     *inputs, dst = args.paths
     bar = _Bar(enabled=not args.quiet)
     try:
+        prefixes = "names" if args.prefix_keys else args.key_prefix
         report = converters.merge(inputs, dst, remap_classes=args.remap_classes, method=args.method,
-                                  overwrite=args.overwrite, progress=bar)
+                                  overwrite=args.overwrite, progress=bar, key_prefixes=prefixes,
+                                  drop_keys=args.drop_keys)
     finally:
         bar.close()
     print(report.summary())

@@ -94,11 +94,15 @@ class Dataset:
         self._with_key = fields is not None and KEY_FIELD in fields and KEY_FIELD not in names
         self._keys: KeyTable | None = None
         keys = self.manifest.keys
-        if keys is not None and keys.kind == KEYS_KIND_FILE and self._remote is None:  # URL datasets: not read yet
-            real = os.path.realpath(Path(self.root) / str(keys.file))
-            if os.path.dirname(real) != os.path.realpath(self.root):  # as for shards: never outside the dataset
-                raise CorruptShardError(f"{self.root}: keys file {keys.file!r} points outside the dataset directory")
-            self._keys = KeyTable(Path(real), self.manifest.num_samples, keys.bytes)
+        if keys is not None and keys.kind == KEYS_KIND_FILE:
+            if self._remote is not None:  # downloaded through the shard cache when keys are first used
+                self._keys = KeyTable(self._remote.keys_path(), self.manifest.num_samples, keys.bytes,
+                                      prepare=self._remote.pin_keys, fetch=self._remote.fetch_keys)
+            else:
+                real = os.path.realpath(Path(self.root) / str(keys.file))
+                if os.path.dirname(real) != os.path.realpath(self.root):  # as for shards: never outside the dataset
+                    raise CorruptShardError(f"{self.root}: keys file {keys.file!r} points outside the dataset directory")
+                self._keys = KeyTable(Path(real), self.manifest.num_samples, keys.bytes)
         if self._with_key:
             self._check_keys()  # asked for keys that cannot be read: say why now, not at the first batch
         if fields is not None:
@@ -185,11 +189,11 @@ class Dataset:
 
     def _check_keys(self) -> None:
         if self.manifest.keys is None:
+            if (self.manifest.source or {}).get("kind") == "merge":
+                raise UsageError(f"{self.root}: has no sample keys (merged with --drop-keys, or from datasets "
+                                 "without keys); merge datasets that have keys (convert old ones again) to get keys")
             raise UsageError(f"{self.root}: has no sample keys (format version {self.manifest.version}: written "
-                             "before keys existed, or by fastdata merge); convert it again to get keys")
-        if self._keys is None and self.manifest.keys.kind == KEYS_KIND_FILE:
-            raise UsageError(f"{self.root}: sample keys of a dataset on object storage are not read yet; "
-                             "download the dataset and open the local copy")
+                             "before keys existed); convert it again to get keys")
 
     def key(self, i: int) -> str:
         """The key of sample ``i``: its path relative to the conversion's source (or its index, for

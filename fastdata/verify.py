@@ -132,6 +132,19 @@ def _verify_remote(url: str, deep: bool, progress: Progress | None, remote: Remo
             report.problems.append(Problem(str(e), shard=info.file))
         if progress is not None:
             progress.update(info.count, info.bytes)
+    if store.keys is not None:  # the sample keys' side file: downloaded (checked on the way in), then hashed
+        k = store.keys
+        try:
+            store.fetch_keys()
+            path = store.keys_path()
+            digest = file_checksum(path, str(k.checksum).partition(":")[0])
+            if digest != k.checksum:
+                report.problems.append(Problem(f"{k.file}: the cached copy {path} has checksum {digest}, the "
+                                               f"manifest says {k.checksum} (changed on the local disk)", k.file))
+        except FileNotFoundError:
+            pass  # evicted right after the download: it was checked on the way in
+        except FastdataError as e:
+            report.problems.append(Problem(str(e), shard=k.file))
     if deep:
         report.samples_read, problems = check_samples(Path(), manifest, progress, ds=ds)
         report.problems += problems

@@ -247,7 +247,9 @@ def _expected(*parts: tuple[dict[str, np.ndarray], list[str]]) -> list[tuple[np.
 def test_merge_reads_back_every_sample_with_its_label_and_links_shards(tmp_path, run_cli, backend):
     a, arr_a = _dataset(tmp_path, "a", backend, seed=1)
     b, arr_b = _dataset(tmp_path, "b", backend, per_class=3, seed=2)
-    code, out, err = run_cli("merge", a, b, tmp_path / "m", "--quiet")
+    code, _, err = run_cli("merge", a, b, tmp_path / "m", "--quiet")
+    assert code == 2 and "sample key 'cat/000.npy' is sample 0 of" in err  # same layout: keys collide
+    code, out, err = run_cli("merge", a, b, tmp_path / "m", "--quiet", "--prefix-keys")
     assert code == 0, err
     assert "hard-linked" in out and "0 copied" in out
     m = fastdata.open(tmp_path / "m")
@@ -261,7 +263,7 @@ def test_merge_reads_back_every_sample_with_its_label_and_links_shards(tmp_path,
         assert (tmp_path / "m" / s.file).stat().st_nlink == 2
     assert run_cli("verify", tmp_path / "m", "--deep", "--quiet")[0] == 0
     # merging a merged dataset again composes (its shards keep where they were written)
-    code, _, err = run_cli("merge", b, tmp_path / "m", tmp_path / "m2", "--quiet")
+    code, _, err = run_cli("merge", b, tmp_path / "m", tmp_path / "m2", "--quiet", "--prefix-keys")
     assert code == 0, err
     m2 = fastdata.open(tmp_path / "m2")
     x2 = m2.get_batch(np.arange(len(m2)))["x"]
@@ -288,7 +290,7 @@ def test_merge_refuses_other_schemas_formats_and_classes(tmp_path, run_cli):
 def test_merge_remap_classes_rewrites_labels(tmp_path, run_cli):
     a, arr_a = _dataset(tmp_path, "a", "lmdb", seed=1)
     b, arr_b = _dataset(tmp_path, "b", "lmdb", classes=("dog", "fox"), per_class=4, seed=2)
-    code, out, err = run_cli("merge", a, b, tmp_path / "m", "--remap-classes", "--quiet")
+    code, out, err = run_cli("merge", a, b, tmp_path / "m", "--remap-classes", "--quiet", "--prefix-keys")
     assert code == 0, err
     assert "rewritten" in out and " 0 rewritten" not in out
     m = fastdata.open(tmp_path / "m")
@@ -307,10 +309,10 @@ def test_merge_copies_where_links_are_refused_and_says_so(tmp_path, run_cli, mon
         raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
 
     monkeypatch.setattr(os, "link", no_link)
-    code, _, err = run_cli("merge", a, b, tmp_path / "m", "--method", "link")
+    code, _, err = run_cli("merge", a, b, tmp_path / "m", "--method", "link", "--prefix-keys")
     assert code == 1 and "Invalid cross-device link" in err
     assert not (tmp_path / "m").exists()
-    code, out, err = run_cli("merge", a, b, tmp_path / "m", "--quiet")
+    code, out, err = run_cli("merge", a, b, tmp_path / "m", "--quiet", "--prefix-keys")
     assert code == 0, err
     assert "0 hard-linked, 4 copied" in out and "copied because hard links were refused" in out
     assert "Invalid cross-device link" in out
@@ -320,7 +322,8 @@ def test_merge_copies_where_links_are_refused_and_says_so(tmp_path, run_cli, mon
 
 def test_merge_manifest_needs_a_reader_that_knows_origins(tmp_path, run_cli):
     a, _ = _dataset(tmp_path, "a", "hdf5")
-    assert run_cli("merge", a, a.parent / "a", tmp_path / "m", "--quiet")[0] == 0  # the same input twice is fine
+    # the same input twice is fine, its keys told apart by a prefix per input (docs/scale.md)
+    assert run_cli("merge", a, a.parent / "a", tmp_path / "m", "--quiet", "--key-prefix", "1", "--key-prefix", "2")[0] == 0
     m = fastdata.format.read_manifest(tmp_path / "m")
     assert m.version >= fastdata.format.ORIGIN_VERSION  # (conversions now write version 3: keys)
     assert [s.origin for s in m.shards][len(m.shards) // 2:] == [s.start for s in m.shards][: len(m.shards) // 2]

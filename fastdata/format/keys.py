@@ -20,7 +20,7 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import IO, Iterable, Sequence
+from typing import IO, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -29,6 +29,15 @@ from ..handles import PerProcessHandle
 
 MAGIC = b"FDKEYS1\0"
 _HEAD = struct.Struct("<8sQQ")
+Release = Callable[[], None]
+
+
+class DuplicateKeyError(DataError):
+    """Two samples would have the same key: samples ``a`` < ``b`` (positions in the keys written)."""
+
+    def __init__(self, message: str, a: int = -1, b: int = -1, key: str = "") -> None:  # defaults: unpicklable otherwise
+        super().__init__(message)
+        self.a, self.b, self.key = a, b, key
 
 
 def keys_nbytes(n: int, text_bytes: int) -> int:
@@ -46,7 +55,8 @@ def write_keys(f: IO[bytes], keys: Sequence[str], where: str = "keys") -> None:
     order = np.array(sorted(range(n), key=enc.__getitem__), dtype="<u8")
     for a, b in zip(order[:-1].tolist(), order[1:].tolist()):
         if enc[a] == enc[b]:
-            raise DataError(f"{where}: samples {a} and {b} have the same key {keys[a]!r}")
+            a, b = min(a, b), max(a, b)
+            raise DuplicateKeyError(f"{where}: samples {a} and {b} have the same key {keys[a]!r}", a, b, keys[a])
     f.write(_HEAD.pack(MAGIC, n, int(offsets[-1])))
     f.write(offsets.tobytes())
     f.write(order.tobytes())
@@ -54,17 +64,43 @@ def write_keys(f: IO[bytes], keys: Sequence[str], where: str = "keys") -> None:
         f.write(e)
 
 
-class KeyTable(PerProcessHandle[tuple[np.ndarray, np.ndarray, mmap.mmap]]):
-    """Reads the keys file of a dataset: ``key(i)``, ``keys(indices)``, ``find(key)``."""
+_Handle = tuple[np.ndarray, np.ndarray, mmap.mmap, Release | None]
 
-    def __init__(self, path: Path, count: int, nbytes: int) -> None:
+
+class KeyTable(PerProcessHandle[_Handle]):
+    """Reads the keys file of a dataset: ``key(i)``, ``keys(indices)``, ``find(key)``.
+
+    A dataset on object storage passes ``fetch`` (download ``path`` into the cache and check it; run
+    before the file is first opened in a process, outside the per-process opening lock, so a slow
+    download never holds up other handles) and ``prepare`` (keep ``path`` local while it is open:
+    returns what releases it when the table closes).
+    """
+
+    def __init__(self, path: Path, count: int, nbytes: int, prepare: Callable[[], Release] | None = None,
+                 fetch: Callable[[], None] | None = None) -> None:
         self.path, self.count, self.nbytes = path, count, nbytes
+        self.prepare, self.fetch = prepare, fetch
         self._base = 0
+
+    def _ready(self) -> _Handle:
+        if self.fetch is not None and (self._handle is None or self._handle_pid != os.getpid()):
+            self.fetch()
+        return self.handle()
 
     def _bad(self, what: str) -> CorruptShardError:
         return CorruptShardError(f"keys file {self.path}: {what}")
 
-    def _open_handle(self) -> tuple[np.ndarray, np.ndarray, mmap.mmap]:
+    def _open_handle(self) -> _Handle:
+        release = self.prepare() if self.prepare is not None else None
+        try:
+            offsets, order, mm = self._open_map()
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        return offsets, order, mm, release
+
+    def _open_map(self) -> tuple[np.ndarray, np.ndarray, mmap.mmap]:
         try:
             size = os.path.getsize(self.path)
             with open(self.path, "rb") as f:
@@ -93,17 +129,20 @@ class KeyTable(PerProcessHandle[tuple[np.ndarray, np.ndarray, mmap.mmap]]):
         return offsets, order, mm
 
     @staticmethod
-    def _close_handle(handle: tuple[np.ndarray, np.ndarray, mmap.mmap]) -> None:
+    def _close_handle(handle: _Handle) -> None:
         try:
             handle[2].close()
         except BufferError:  # arrays over the map are still alive somewhere: the map goes with them
             pass
+        finally:
+            if handle[3] is not None:
+                handle[3]()
 
     def key(self, i: int) -> str:
         return self.keys([i])[0]
 
     def keys(self, indices: Iterable[int] | np.ndarray) -> list[str]:
-        offsets, _, mm = self.handle()
+        offsets, _, mm, _ = self._ready()
         idx = np.asarray(indices, dtype=np.int64)
         base = self._base
         starts, ends = (offsets[idx] + base).tolist(), (offsets[idx + 1] + base).tolist()
@@ -111,7 +150,7 @@ class KeyTable(PerProcessHandle[tuple[np.ndarray, np.ndarray, mmap.mmap]]):
 
     def find(self, key: str) -> int:
         """The index of the sample keyed ``key``, or -1 (binary search over the sorted order)."""
-        offsets, order, mm = self.handle()
+        offsets, order, mm, _ = self._ready()
         want = key.encode("utf-8")
         lo, hi = 0, self.count
         while lo < hi:
@@ -125,3 +164,7 @@ class KeyTable(PerProcessHandle[tuple[np.ndarray, np.ndarray, mmap.mmap]]):
             else:
                 return j
         return -1
+
+    def all(self) -> list[str]:
+        """Every key, in sample order."""
+        return self.keys(np.arange(self.count)) if self.count else []

@@ -12,13 +12,13 @@ import logging
 import os
 import threading
 import time
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable
 
 from .._units import fmt_bytes
-from ..errors import FormatError, IncompleteDatasetError
+from ..errors import FormatError, IncompleteDatasetError, UsageError
 from ..format.manifest import parse_manifest
-from ..format.spec import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, ShardInfo
+from ..format.spec import KEYS_KIND_FILE, MANIFEST_NAME, MAX_MANIFEST_BYTES, KeysInfo, Manifest, ShardInfo
 from .cache import CacheFullError, Pin, Priority, ShardCache
 from .options import RemoteOptions
 from .retry import RemoteError, RemoteNotFoundError, with_retries
@@ -44,11 +44,12 @@ if _FORK_HOOK:
     os.register_at_fork(after_in_child=_forked)
 
 
-def cache_name(info: ShardInfo) -> str:
-    """The cache file of a shard, named by its content: ``<algorithm>-<digest><ext>`` from the
-    manifest's checksum (xxh3_128, or sha256 for version-1 manifests)."""
-    algorithm, _, digest = info.checksum.partition(":")
-    return f"{algorithm}-{digest}{PurePosixPath(info.file).suffix}"
+def cache_name(info: ShardInfo | KeysInfo) -> str:
+    """The cache file of a shard (or of the sample keys' file), named by its content:
+    ``<algorithm>-<digest><ext>`` from the manifest's checksum (xxh3_128, or sha256 for version-1
+    manifests)."""
+    algorithm, _, digest = str(info.checksum).partition(":")
+    return f"{algorithm}-{digest}{PurePosixPath(str(info.file)).suffix}"
 
 
 class RemoteStore:
@@ -63,6 +64,8 @@ class RemoteStore:
         self.cache = ShardCache(self.options.cache_path(), self.options.limit_bytes())
         self.manifest: Manifest = self._read_manifest()
         self.names = [cache_name(s) for s in self.manifest.shards]
+        keys = self.manifest.keys
+        self.keys: KeysInfo | None = keys if keys is not None and keys.kind == KEYS_KIND_FILE else None
         for s in self.manifest.shards:
             if s.bytes > self.cache.limit:
                 raise CacheFullError(f"{self.where(s.file)}: the shard is {fmt_bytes(s.bytes)}, larger than the "
@@ -81,7 +84,7 @@ class RemoteStore:
         self.downloaded_bytes = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("url", "options", "cache", "manifest", "names")
+        keep = ("url", "options", "cache", "manifest", "names", "keys")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -130,9 +133,8 @@ class RemoteStore:
             raise FormatError(f"{where}: unreadable manifest: {e}") from None
         return parse_manifest(obj, where=where)
 
-    def _fill(self, i: int) -> Callable[[BinaryIO], None]:
-        info = self.manifest.shards[i]
-        where = self.where(info.file)
+    def _fill(self, info: ShardInfo | KeysInfo) -> Callable[[BinaryIO], None]:
+        where = self.where(str(info.file))
 
         def attempt(f: BinaryIO) -> None:
             f.seek(0)
@@ -161,20 +163,50 @@ class RemoteStore:
         self._mine()
         self._release_idle()  # our own idle pins must not keep the eviction this may need from happening
         info = self.manifest.shards[i]
-        return self.cache.fetch(self.names[i], info.bytes, info.checksum, self._fill(i), where=self.where(info.file),
+        return self.cache.fetch(self.names[i], info.bytes, info.checksum, self._fill(info), where=self.where(info.file),
                                 deadline=self.deadline(), priority=self.priority, bound=bound)
 
     def _acquire(self, i: int) -> Pin:
         info = self.manifest.shards[i]
+        return self._pin_file(self.names[i], info.bytes, self.where(info.file), lambda: self.fetch(i))
+
+    def _pin_file(self, name: str, size: int, where: str, fetch: Callable[[], object]) -> Pin:
         deadline = self.deadline()
         while True:
-            pin = self.cache.pin(self.names[i], info.bytes)
+            pin = self.cache.pin(name, size)
             if pin is not None:
                 return pin
             if time.monotonic() > deadline:  # downloaded, then evicted by others, again and again
-                raise RemoteError(f"{self.where(info.file)}: the shard keeps being evicted before it can be read; "
+                raise RemoteError(f"{where}: the file keeps being evicted from the cache before it can be read; "
                                   "raise RemoteOptions.cache_limit")
-            self.fetch(i)
+            fetch()
+
+    # --- the sample keys' file -----------------------------------------------------------
+
+    def keys_path(self) -> Path:
+        """Where the cache keeps the keys file (``keys.bin``), once downloaded."""
+        if self.keys is None:
+            raise UsageError(f"{self.url}: the dataset has no keys file")
+        return self.cache.path(cache_name(self.keys))
+
+    def fetch_keys(self) -> None:
+        """Download the keys file into the cache unless it is there (checked like a shard)."""
+        self._mine()
+        k = self.keys
+        if k is None:
+            raise UsageError(f"{self.url}: the dataset has no keys file")
+        self._release_idle()
+        self.cache.fetch(cache_name(k), k.bytes, str(k.checksum), self._fill(k), where=self.where(str(k.file)),
+                         deadline=self.deadline(), priority=self.priority)
+
+    def pin_keys(self) -> Callable[[], None]:
+        """Make the keys file local and keep it from eviction; returns what releases it (the key
+        table calls this once per process, when keys are first used, and releases it on close)."""
+        self._mine()
+        k = self.keys
+        if k is None:
+            raise UsageError(f"{self.url}: the dataset has no keys file")
+        return self._pin_file(cache_name(k), k.bytes, self.where(str(k.file)), self.fetch_keys).release
 
     def pin(self, i: int, close_reader: Callable[[], None]) -> None:
         """Make shard ``i`` local and keep it until :meth:`unpin`; ``close_reader`` closes the reader's
