@@ -31,7 +31,7 @@ from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
 from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
-from fastdata.remote.retry import RemoteError, RemoteNotFoundError, with_retries
+from fastdata.remote.retry import RemoteError, RemoteNotFoundError, describe, with_retries
 from fastdata.remote.store import JOURNAL_NAME
 from fastdata.remote.url import filesystem, join
 
@@ -211,8 +211,11 @@ class RemoteTarget:
     def _upload_shard(self, info: ShardInfo) -> None:
         local = self.staging / info.file
         where = join(self.url, info.file)
-        _fault.point("upload", shard_number(info.file))
-        self._call(lambda: self.fs.put_file(str(local), where), f"{where}: upload")
+        try:
+            _fault.point("upload", shard_number(info.file))
+            self._call(lambda: self.fs.put_file(str(local), where), f"{where}: upload")
+        except OSError as e:  # the local copy could not be read (the retried call raises RemoteError itself)
+            raise RemoteError(f"{where}: upload failed: {describe(e)}") from None
         self._journal_shard(info)
         local.unlink(missing_ok=True)  # it is safe remotely; the local disk need not hold the dataset
 
