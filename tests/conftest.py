@@ -1,5 +1,5 @@
 """Fixtures and helpers: tiny source folders, arrays and datasets built in tmp_path; a CLI runner;
-manifest edits; a gloo process group for DDP tests."""
+manifest edits; a gloo process group for DDP tests; an S3-compatible server on 127.0.0.1 (moto)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import io
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +96,59 @@ def gloo_group(rank: int, world: int, port: int):
         yield dist
     finally:
         dist.destroy_process_group()
+
+
+CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class S3Server:
+    """moto's standalone S3 server in a subprocess on a fixed loopback port (so it can be killed and restarted)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **CREDS}
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("moto server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def fs(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(client_kwargs={"endpoint_url": self.endpoint}, skip_instance_cache=True)
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """One S3 server for the whole session (test_remote.py, test_scale_remote.py): one endpoint, so
+    fsspec's cached filesystems (keyed by their options, not by AWS_ENDPOINT_URL) never point at a
+    server that is gone. The test credentials are in the environment while it runs."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    old = {k: os.environ.get(k) for k in CREDS}
+    os.environ.update(CREDS)
+    server = S3Server(free_port())
+    server.start()
+    yield server
+    server.kill()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -13,7 +13,6 @@ import sys
 import textwrap
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-from conftest import free_port, gloo_group, make_class_folder  # noqa: E402
+from conftest import CREDS, S3Server, free_port, gloo_group, make_class_folder  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
@@ -31,57 +30,6 @@ from fastdata.fileio import file_checksum  # noqa: E402
 from fastdata.remote.store import cache_name  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-class S3Server:
-    """moto's standalone S3 server in a subprocess on a fixed loopback port (so it can be killed and restarted)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.endpoint = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, **CREDS}
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("moto server did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def fs(self):
-        import s3fs
-
-        return s3fs.S3FileSystem(client_kwargs={"endpoint_url": self.endpoint}, skip_instance_cache=True)
-
-
-@pytest.fixture(scope="session")
-def s3():
-    old = {k: os.environ.get(k) for k in CREDS}
-    os.environ.update(CREDS)
-    server = S3Server(free_port())
-    server.start()
-    yield server
-    server.kill()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 _buckets = iter(range(10**6))
 
 

@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-from conftest import free_port, make_class_folder  # noqa: E402
-from test_remote import CREDS, S3Server, arrays_source, bucket, opts  # noqa: E402
+from conftest import CREDS, S3Server, make_class_folder  # noqa: E402
+from test_remote import arrays_source, bucket, opts  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
@@ -25,22 +25,6 @@ from fastdata.errors import DataError, FastdataError, UsageError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARD = 4000  # 30 samples of 432 B + label -> 4 shards
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """This module's own moto server (test_remote.py's fixture is that module's)."""
-    old = {k: os.environ.get(k) for k in CREDS}
-    os.environ.update(CREDS)
-    server = S3Server(free_port())
-    server.start()
-    yield server
-    server.kill()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +58,7 @@ def same_remote(a: dict[str, bytes], b: dict[str, bytes]) -> None:
 def staged_files(cache: Path) -> list[Path]:
     """Shard files left in the upload staging folders (there should be none after a conversion)."""
     up = cache / "uploads"
-    return [p for p in up.rglob("*") if p.is_file()] if up.exists() else []
+    return [p for p in up.rglob("*") if p.is_file() and "shard-" in p.name] if up.exists() else []
 
 
 def cli_env(s3: S3Server, cache: Path, **extra: str) -> dict[str, str]:
