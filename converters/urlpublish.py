@@ -56,8 +56,13 @@ class UrlSpec:
         """The size of ``URL/name``, or None when there is no such object."""
         fs = fs or self.filesystem()
         where = join(self.url, name)
+
+        def size() -> int:
+            fs.invalidate_cache(where)  # never a listing cached earlier: another process uploaded it
+            return int(fs.info(where)["size"])
+
         try:
-            return int(with_retries(lambda: fs.info(where)["size"], where, self.deadline()))
+            return with_retries(size, where, self.deadline())
         except RemoteNotFoundError:
             return None
 

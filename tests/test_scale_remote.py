@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("s3fs")
@@ -217,4 +218,30 @@ def test_part_upload_failure_leaves_no_record_and_resume_finishes(s3, tmp_path, 
     assert "kept 1 finished shard" in out
     code, _, err = run_cli("merge-parts", url)
     assert code == 0, err
+    same_remote(objects(s3, one), objects(s3, url))
+
+
+def test_metadata_table_source_to_s3_whole_and_in_parts(s3, tmp_path):
+    """A metadata table as the source (fields from its columns, keys from its paths) uploads too, whole
+    or in parts (it used to stay in the local staging folder)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = ["path,score"]
+    for i in range(8):
+        np.save(src / f"s{i}.npy", np.full((2,), i, np.float32))
+        rows.append(f"s{i}.npy,{i / 2}")
+    (src / "meta.csv").write_text("\n".join(rows) + "\n")
+    one, url = f"s3://{bucket(s3)}/one", f"s3://{bucket(s3)}/parts"
+    ro = opts(s3, tmp_path / "cache")
+
+    def convert(dst: str, **kw):
+        return converters.convert(src, dst, converters.WriteOptions(shard_size=40, workers=1), meta=src / "meta.csv",
+                                  remote=ro, **kw)
+
+    report = convert(one)
+    assert report.dst == one and report.shards >= 2
+    assert {"manifest.json", "keys.bin"} <= set(objects(s3, one))
+    convert(url, part=(1, 2))
+    convert(url, part=(0, 2))
+    assert converters.merge_parts(url, remote=ro).samples == 8
     same_remote(objects(s3, one), objects(s3, url))
