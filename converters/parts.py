@@ -153,7 +153,7 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
             records.append(_parse_record(call(lambda w=where: fs.cat_file(w), where), name, where))
     manifest, skipped, n = _combine(url, lambda name: join(url, name), records, sizes.get)
     keys = manifest.keys
-    if keys.file is not None and sizes.get(keys.file) != keys.bytes:
+    if keys is not None and keys.file is not None and sizes.get(keys.file) != keys.bytes:
         got = sizes.get(keys.file)
         raise DataError(f"{join(url, keys.file)}: {'missing' if got is None else f'is {got} bytes, not {keys.bytes}'}"
                         f", though the parts list it; convert part 0/{n} again with --overwrite")

@@ -184,6 +184,11 @@ def test_merge_parts_on_s3_refuses_missing_duplicated_and_damaged_parts(s3, tmp_
     with pytest.raises(DataError, match=rf"{url}/shard-00003.h5: is {len(data) - 10} bytes, part 2/3 recorded"):
         converters.merge_parts(url, remote=ro)
     fs.pipe_file(victim, data)
+    keys = fs.cat_file(f"{url[5:]}/keys.bin")  # the parts uploaded the sample keys too
+    fs.rm_file(f"{url[5:]}/keys.bin")
+    with pytest.raises(DataError, match=rf"{url}/keys.bin: missing, though the parts list it"):
+        converters.merge_parts(url, remote=ro)
+    fs.pipe_file(f"{url[5:]}/keys.bin", keys)
     report = converters.merge_parts(url, remote=ro)
     assert (report.parts, report.shards, report.samples) == (3, 4, 30)
     with pytest.raises(UsageError, match="already holds a finished dataset"):
