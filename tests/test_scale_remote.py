@@ -115,6 +115,24 @@ def test_ray_upload_that_keeps_failing_leaves_no_manifest_and_resume_finishes(s3
     assert staged_files(tmp_path / "cache") == [] and staged_files(tmp_path / "elsewhere") == []
 
 
+def test_parts_run_on_ray_into_s3_merge_to_the_one_machine_result(s3, ray_cluster, tmp_path):
+    """--part with --engine ray: each part's shards uploaded by Ray workers, its record by the driver."""
+    src = arrays_source(tmp_path, 40)
+    ro = opts(s3, tmp_path / "cache")
+    one, url = f"s3://{bucket(s3)}/one", f"s3://{bucket(s3)}/parts"
+
+    def convert(dst: str, engine: str = "local", part=None):
+        return converters.convert(None, dst, converters.WriteOptions(shard_size=2000, engine=engine, workers=1),
+                                  arrays={"x": src / "X.npy"}, labels=src / "y.npy", remote=ro, part=part)
+
+    convert(one)
+    for i in range(2):
+        assert convert(url, "ray", (i, 2)).engine == "ray"
+    converters.merge_parts(url, remote=ro)
+    same_remote(objects(s3, one), objects(s3, url))
+    assert staged_files(tmp_path / "cache") == []
+
+
 # --- --part I/N into a URL, then merge-parts ----------------------------------------------
 
 
