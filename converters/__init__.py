@@ -61,7 +61,8 @@ def convert(
     converts only part I (from 0) of N into ``dst``, which other parts may share; ``merge_parts``
     finishes the dataset (see docs/scale.md). ``dst`` may be a URL (``s3://bucket/ds``): shards
     are written locally and uploaded as each is finished, the manifest last (converters/remote.py;
-    ``remote`` gives the storage options and staging place); not with ``part`` or the Ray engine.
+    ``remote`` gives the storage options and staging place); with the Ray engine each worker
+    uploads the shards it writes, and a ``part`` uploads its part record instead of the manifest.
 
     ``meta`` is a metadata table (CSV, JSON Lines, Parquet) whose ``path`` column names the samples
     under ``src`` and whose other columns become fields (``meta_types`` forces their types); ``src``
@@ -73,11 +74,6 @@ def convert(
     if part is not None and not (isinstance(part, tuple) and len(part) == 2 and 0 <= part[0] < part[1]):
         raise UsageError(f"part {part!r}: expected (I, N) with 0 <= I < N")
     url = dst if isinstance(dst, str) and is_url(dst) else None
-    if url is not None and (part is not None or options.engine == "ray"):
-        what = "--part I/N" if part is not None else "--engine ray"
-        raise UsageError(f"{dst}: {what} cannot convert into object storage yet (its workers would each need to "
-                         "upload); convert into a folder every worker shares, then upload it, or convert to the "
-                         "URL from one machine with the local engine (docs/remote.md)")
     if options.engine == "ray":
         from .rayengine import import_ray
 
@@ -87,7 +83,7 @@ def convert(
     check_not_urls([src, labels, *(arrays or {}).values()])
     if url is None and remote is not None:
         raise UsageError(f"{dst}: remote= options apply to URL destinations only, and this is a local path")
-    upload = RemoteTarget(url, remote) if url is not None else None
+    upload = RemoteTarget(url, remote, part=part, workers_upload=options.engine == "ray") if url is not None else None
     if upload is not None:
         upload.check(overwrite, resume)  # before scanning anything: a refusal costs nothing
     dst = upload.staging if upload is not None else Path(dst)
@@ -118,13 +114,12 @@ def convert(
         if not root.is_dir():
             raise UsageError(f"{root}: no such folder")
         inputs = [root, meta_path]
-        _check_dst(dst, inputs, overwrite, resume, part)
+        if upload is None:
+            _check_dst(dst, inputs, overwrite, resume, part)
         table: Source = scan_table(meta_path, root, types=dict(meta_types or {}), images=images, skip_bad=skip_bad,
                                    strict=strict, check_unlisted=not table_src, workers=options.workers,
                                    progress=progress)
-        with (prepare_dst(dst, inputs, overwrite, resume) if part is None
-              else prepare_part_dst(dst, inputs, part, overwrite, resume)) as target:
-            report = write_dataset(table, target, options, progress)
+        report = _write(table, dst, upload, inputs, options, progress, overwrite, resume, part)
         report.seconds = time.perf_counter() - t0
         return report
     if src is not None:
@@ -172,13 +167,7 @@ def convert(
             rels = drop_non_samples(src, rels, lambda r: r.lower().endswith((".npy", ".npz")), strict)
             source = NpyFolderSource.scan(src, labels_file=label_path, no_labels=no_labels, skip_bad=skip_bad,
                                           rels=rels)
-    if upload is not None:
-        report = _write_remote(upload, source, inputs, options, progress, overwrite, resume)
-    else:
-        prepared = (prepare_dst(dst, inputs, overwrite, resume) if part is None
-                    else prepare_part_dst(dst, inputs, part, overwrite, resume))
-        with prepared as target:
-            report = write_dataset(source, target, options, progress)
+    report = _write(source, dst, upload, inputs, options, progress, overwrite, resume, part)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report
 
@@ -191,21 +180,39 @@ def _check_dst(dst: Path, inputs: list[Path], overwrite: bool, resume: bool, par
         check_dst(dst, inputs, overwrite=True)
 
 
+def _write(source: Any, dst: Path, upload: "RemoteTarget | None", inputs: list[Path], options: WriteOptions,
+           progress: Progress | None, overwrite: bool, resume: bool, part: tuple[int, int] | None) -> ConvertReport:
+    """Write the scanned ``source``: into the folder ``dst`` (the whole dataset or one part), or to a URL."""
+    if upload is not None:
+        return _write_remote(upload, source, inputs, options, progress, overwrite, resume)
+    prepared = (prepare_dst(dst, inputs, overwrite, resume) if part is None
+                else prepare_part_dst(dst, inputs, part, overwrite, resume))
+    with prepared as target:
+        return write_dataset(source, target, options, progress)
+
+
 def _write_remote(upload: "RemoteTarget", source: Any, inputs: list[Path], options: WriteOptions,
                   progress: Progress | None, overwrite: bool, resume: bool) -> ConvertReport:
     staging, trusted = upload.prepare(overwrite, resume)
     try:
-        with prepare_dst(staging, inputs, False, resume) as target:
+        prepared = (prepare_dst(staging, inputs, False, resume) if upload.part is None
+                    else prepare_part_dst(staging, inputs, upload.part, False, resume))
+        with prepared as target:
             target.on_shard = upload.shard_done
             target.trusted = trusted
+            if upload.workers_upload:  # Ray: each worker uploads the shards it writes
+                target.remote = upload.spec
+                target.on_start = upload.started
             report = write_dataset(source, target, options, progress)
         upload.finish()
     except FastdataError as e:
         upload.abandon()
         done = len(upload.uploaded)
-        if done and not isinstance(e, UsageError):
-            raise type(e)(f"{str(e).split('; ')[0]}; {done} finished shard(s) are uploaded to {upload.url}: fix the "
-                          "problem, then run the same command with --resume to finish") from None
+        if upload.resumable and not isinstance(e, UsageError):
+            what = (f"{done} finished shard(s) are uploaded to {upload.url}" if done
+                    else f"its journal is at {upload.url}")
+            raise type(e)(f"{str(e).split('; ')[0]}; {what}: fix the problem, then run the same command with "
+                          "--resume to finish") from None
         raise
     except BaseException:
         upload.abandon()

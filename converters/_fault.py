@@ -12,7 +12,8 @@ points that name a shard, only for shard number ``SHARD`` if given):
 
 Points: ``before_first_shard`` (journal written, no shard started), ``mid_shard`` (half of a
 shard's samples written to its temporary file), ``between_shards`` (a shard renamed into
-place and journaled), ``before_manifest`` (every shard done, no manifest yet). The hook
+place and journaled), ``before_manifest`` (every shard done, no manifest yet), ``upload`` (a
+finished shard about to be uploaded to a URL destination; its local copy is there). The hook
 lives here only; see docs/reliability.md, "Fault injection".
 """
 
@@ -26,7 +27,7 @@ from fastdata.errors import UsageError
 
 ENV = "FASTDATA_FAULT"
 READY_ENV = "FASTDATA_FAULT_READY"
-POINTS = ("before_first_shard", "mid_shard", "between_shards", "before_manifest")
+POINTS = ("before_first_shard", "mid_shard", "between_shards", "before_manifest", "upload")
 _ERRNOS = {"enospc": errno.ENOSPC, "eio": errno.EIO, "eacces": errno.EACCES}
 
 

@@ -14,13 +14,16 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
 
 from . import journal
 from .dstlock import LOCK_NAME, DstLock, holder
+
+if TYPE_CHECKING:
+    from .urlpublish import UrlSpec
 
 SKIPPED_NAME = "skipped.json"
 # Names a conversion may leave in DST; --overwrite deletes only these.
@@ -109,6 +112,8 @@ class Destination:
     part: tuple[int, int] | None = None  # (I, N) for ``--part I/N``: this run writes part I of N
     on_shard: Callable[[ShardInfo], None] | None = field(default=None, repr=False)  # a new shard is finished
     trusted: set[str] = field(default_factory=set)  # journaled shards kept without a local file (URL resume)
+    remote: "UrlSpec | None" = field(default=None, repr=False)  # shard tasks upload here themselves (Ray into a URL)
+    on_start: Callable[[], None] | None = field(default=None, repr=False)  # the journal is written, no shard yet
 
     @property
     def journal_name(self) -> str:

@@ -6,31 +6,40 @@ each under its global name, and then a *part record* ``DST/.fastdata-part-IIIII-
 instead of a manifest. ``merge-parts`` checks that parts 0..N-1 are all there, agree on the
 conversion (options, source fingerprint, shard plan) and cover every shard exactly once with the
 files in place, then writes the manifest: byte for byte the one a one-machine conversion writes.
+DST may be a URL: each part uploads its shards and then its record (converters/remote.py), and
+``merge-parts URL`` makes the same checks on the objects there, then uploads the manifest last.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from fastdata.errors import DataError, DestinationBusyError, UsageError
+from fastdata.errors import DataError, DestinationBusyError, RemoteError, RemoteNotFoundError, UsageError
 from fastdata.fileio import file_checksum, fsync_dir, write_atomic
 from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
 from fastdata.format.manifest import parse_manifest, write_manifest
 from fastdata.format.spec import KEYS_FILE, KEYS_KIND_FILE
+from fastdata.remote import RemoteOptions, is_url
+from fastdata.remote.retry import with_retries
+from fastdata.remote.url import join
 
-from .dst import PART_FILE, part_lock_name, part_record_name, write_skipped
+from .dst import PART_FILE, SKIPPED_NAME, part_lock_name, part_record_name, write_skipped
 from .dstlock import DstLock, holder
+from .urlpublish import UrlSpec
 
 RECORD_VERSION = 1
 _PART_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 _RECORD = re.compile(r"^\.fastdata-part-(\d{5,})-of-(\d{5,})\.json$")
 MAX_RECORD_BYTES = 256 << 20
+log = logging.getLogger(__name__)
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -61,7 +70,7 @@ def write_part_record(dst: Path, part: tuple[int, int], head: dict[str, Any], ma
 
 @dataclass
 class MergePartsReport:
-    dst: Path
+    dst: Path | str
     parts: int
     shards: int
     samples: int
@@ -72,12 +81,18 @@ class MergePartsReport:
                 f"manifest written ({self.seconds:.1f} s)")
 
 
-def merge_parts(dst: str | os.PathLike[str]) -> MergePartsReport:
+def merge_parts(dst: str | os.PathLike[str], remote: RemoteOptions | None = None) -> MergePartsReport:
     """Check that every part of a ``--part I/N`` conversion into ``dst`` is present, complete and
-    from the same conversion, then write the manifest (and skipped.json) and remove the records."""
+    from the same conversion, then write the manifest (and skipped.json) and remove the records.
+    ``dst`` may be a URL the parts uploaded to (``remote``: its storage options); the manifest is
+    then uploaded last."""
     t0 = time.perf_counter()
-    if "://" in str(dst):  # checked before Path(), which would collapse "s3://b" into "s3:/b"
-        raise UsageError(f"{dst}: merge-parts works on a folder; object-storage URLs are not supported here")
+    if isinstance(dst, str) and is_url(dst):  # checked before Path(), which would collapse "s3://b" into "s3:/b"
+        return _merge_url(dst.rstrip("/"), remote or RemoteOptions(), t0)
+    if remote is not None:
+        raise UsageError(f"{dst}: remote= options apply to URL destinations only, and this is a local path")
+    if "://" in str(dst):
+        raise UsageError(f"{dst}: not a local folder (a URL must be given as a string)")
     dst = Path(dst)
     if not dst.is_dir():
         raise UsageError(f"{dst}: no such folder")
@@ -97,6 +112,76 @@ def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
                 raise DestinationBusyError(f"{dst}: part {int(m.group(1))}/{int(m.group(2))} is still being "
                                            f"converted ({who}); run merge-parts after every part has ended")
     records = [_read_record(dst / e) for e in entries if _RECORD.match(e)]
+
+    def size(name: str) -> int | None:
+        try:
+            return (dst / name).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    manifest, skipped, n = _combine(str(dst), lambda name: str(dst / name), records, size)
+    _check_keys_file(dst, manifest, n)
+    write_skipped(dst, skipped)
+    write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
+    for i in range(n):
+        (dst / part_record_name(i, n)).unlink(missing_ok=True)
+        (dst / part_lock_name(i, n)).unlink(missing_ok=True)
+    return MergePartsReport(dst, n, len(manifest.shards), manifest.num_samples, time.perf_counter() - t0)
+
+
+def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
+    """merge-parts on a URL: the same checks on the uploaded records and objects (sizes from one
+    listing), then skipped.json and the manifest uploaded, the manifest last."""
+    spec = UrlSpec.of(url, options)
+    fs = spec.filesystem()
+
+    def call(fn: Any, what: str) -> Any:
+        return with_retries(fn, what, spec.deadline())
+
+    try:
+        listing = call(lambda: fs.ls(url, detail=True, refresh=True), url)
+    except RemoteNotFoundError:
+        listing = []
+    sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in listing
+             if e.get("type") != "directory"}
+    if MANIFEST_NAME in sizes:
+        raise UsageError(f"{url}: already holds a finished dataset (manifest.json); nothing to merge")
+    records = []
+    for name in sorted(sizes):
+        if _RECORD.match(name):
+            where = join(url, name)
+            if sizes[name] > MAX_RECORD_BYTES:
+                raise DataError(f"{where}: part record too large to be one of ours")
+            records.append(_parse_record(call(lambda w=where: fs.cat_file(w), where), name, where))
+    manifest, skipped, n = _combine(url, lambda name: join(url, name), records, sizes.get)
+    keys = manifest.keys
+    if keys is not None and keys.file is not None and sizes.get(keys.file) != keys.bytes:
+        got = sizes.get(keys.file)
+        raise DataError(f"{join(url, keys.file)}: {'missing' if got is None else f'is {got} bytes, not {keys.bytes}'}"
+                        f", though the parts list it; convert part 0/{n} again with --overwrite")
+    with tempfile.TemporaryDirectory(prefix="fastdata-merge-") as tmp:
+        local = Path(tmp)
+        write_skipped(local, skipped)
+        write_manifest(local, manifest)  # the bytes a folder's merge-parts (and a whole conversion) writes
+        if (local / SKIPPED_NAME).is_file():
+            spec.upload(local / SKIPPED_NAME, SKIPPED_NAME, fs)
+        spec.upload(local / MANIFEST_NAME, MANIFEST_NAME, fs)  # the dataset is complete from here
+    for name in sorted(sizes):
+        m = PART_FILE.match(name)
+        if m and int(m.group(2)) == n:  # records and any journal left behind: clutter now
+            where = join(url, name)
+            try:
+                call(lambda w=where: fs.rm_file(w), where)
+            except RemoteError as e:
+                log.warning("%s: could not remove %s: %s", url, name, e)
+    return MergePartsReport(url, n, len(manifest.shards), manifest.num_samples, time.perf_counter() - t0)
+
+
+def _combine(dst: str, path_of: Callable[[str], str], records: list[dict[str, Any]],
+             size_of: Callable[[str], int | None]) -> tuple[Manifest, list[tuple[str, str]], int]:
+    """The checks merge-parts makes, wherever the parts are: every part 0..N-1 once, all of one
+    conversion, covering the shard plan exactly, each shard in place with its recorded size.
+    Returns the manifest to write, the skipped files and N."""
     if not records:
         raise UsageError(f"{dst}: no part records (.fastdata-part-*.json): convert the parts first "
                          "(fastdata convert SRC DST --part I/N)")
@@ -136,38 +221,40 @@ def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
         raise UsageError(f"{dst}: the parts do not cover the shard plan (first missing: "
                          f"{absent[0] if absent else '?'}); convert again into a new folder")
     for s in shards:
-        _check_shard_file(dst, s, claimed[s.file], n)
+        _check_shard_file(path_of(s.file), size_of(s.file), s, claimed[s.file], n)
     obj = dict(first["manifest"])
     obj["shards"] = [s.to_json() for s in sorted(shards, key=lambda s: s.start)]
-    manifest = parse_manifest(obj, where=str(dst))  # validates: contiguous, every sample covered
-    _check_keys_file(dst, manifest, n)
-    write_skipped(dst, [(str(p), str(r)) for p, r in first["skipped"]])
-    write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
-    for i in range(n):
-        (dst / part_record_name(i, n)).unlink(missing_ok=True)
-        (dst / part_lock_name(i, n)).unlink(missing_ok=True)
-    return MergePartsReport(dst, n, len(shards), manifest.num_samples, time.perf_counter() - t0)
+    manifest = parse_manifest(obj, where=dst)  # validates: contiguous, every sample covered
+    return manifest, [(str(p), str(r)) for p, r in first["skipped"]], n
 
 
 def _read_record(path: Path) -> dict[str, Any]:
     try:
         if path.stat().st_size > MAX_RECORD_BYTES:
             raise DataError(f"{path}: part record too large to be one of ours")
-        r = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
+        raw = path.read_bytes()
+    except OSError as e:
         raise DataError(f"{path}: unreadable part record ({e}); convert that part again with --overwrite") from None
-    m = _RECORD.match(path.name)
+    return _parse_record(raw, path.name, str(path))
+
+
+def _parse_record(raw: bytes, name: str, where: str) -> dict[str, Any]:
+    try:
+        r = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise DataError(f"{where}: unreadable part record ({e}); convert that part again with --overwrite") from None
+    m = _RECORD.match(name)
     ok = (isinstance(r, dict) and r.get("fastdata_part") == RECORD_VERSION and m is not None
           and r.get("part") == int(m.group(1)) and r.get("parts") == int(m.group(2))
           and isinstance(r.get("conversion"), dict) and isinstance(r.get("manifest"), dict)
           and isinstance(r["manifest"].get("shards"), list) and isinstance(r.get("skipped"), list))
     if not ok:
-        raise DataError(f"{path}: not a part record this fastdata wrote; convert that part again with --overwrite")
-    r["_file"] = path.name
+        raise DataError(f"{where}: not a part record this fastdata wrote; convert that part again with --overwrite")
+    r["_file"] = name
     return r
 
 
-def _check_same_conversion(dst: Path, a: dict[str, Any], b: dict[str, Any]) -> None:
+def _check_same_conversion(dst: str, a: dict[str, Any], b: dict[str, Any]) -> None:
     ca, cb = a["conversion"], b["conversion"]
     for key, what in (("options", "options"), ("source", "source"), ("fingerprint", "source files"),
                       ("shards", "shard plan")):
@@ -198,15 +285,13 @@ def _check_keys_file(dst: Path, manifest: Manifest, n: int) -> None:
                         "one part again with --overwrite")
 
 
-def _check_shard_file(dst: Path, s: ShardInfo, part: int, n: int) -> None:
+def _check_shard_file(where: str, size: int | None, s: ShardInfo, part: int, n: int) -> None:
     """The shard is in place with the size the part recorded (``fastdata verify`` checks hashes)."""
-    try:
-        size = (dst / s.file).stat().st_size
-    except FileNotFoundError:
-        raise DataError(f"{dst / s.file}: missing, though part {part}/{n} recorded it; convert that part "
-                        "again with --overwrite") from None
+    if size is None:
+        raise DataError(f"{where}: missing, though part {part}/{n} recorded it; convert that part "
+                        "again with --overwrite")
     if size != s.bytes:
-        raise DataError(f"{dst / s.file}: is {size} bytes, part {part}/{n} recorded {s.bytes}; convert that "
+        raise DataError(f"{where}: is {size} bytes, part {part}/{n} recorded {s.bytes}; convert that "
                         "part again with --overwrite")
 
 

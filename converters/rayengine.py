@@ -4,8 +4,9 @@ A shard task is a pure function of its :class:`~.shardwork.ShardTask` (same byte
 temporary name then publish), so Ray may retry it after a worker dies, or run it twice, without
 harm. A task that keeps failing ends the conversion naming the shard and the reason; shards that
 finished stay journaled for ``--resume``. Workers must see DST under the same path (a shared
-filesystem); the driver checks every shard it is told about, so a DST on one node's local disk is
-an error, never a dataset with missing shards. Ray is optional: ``pip install 'fastdata[ray]'``.
+filesystem), or DST is a URL that every worker uploads its shards to (converters/urlpublish.py);
+the driver checks every shard it is told about (file or object, with its size), so a DST on one
+node's local disk is an error, never a dataset with missing shards. Ray is optional: ``pip install 'fastdata[ray]'``.
 """
 
 from __future__ import annotations
@@ -150,8 +151,10 @@ def _cancel(ray: Any, pending: dict[Any, ShardTask], force: bool) -> None:
 
 
 def _check_visible(task: ShardTask, info: ShardInfo, host: str) -> None:
-    """The driver must see the shard a worker wrote: DST has to be a filesystem every node shares."""
-    if "://" in task.dst:
+    """The driver must see the shard a worker wrote: DST has to be a filesystem every node shares,
+    or a URL the worker uploaded to."""
+    if task.remote is not None:
+        _check_uploaded(task, info, host)
         return
     path = Path(task.dst) / info.file
     try:
@@ -163,6 +166,18 @@ def _check_visible(task: ShardTask, info: ShardInfo, host: str) -> None:
             f"{path}: written by a Ray worker on {host}, but this driver ({socket.gethostname()}) sees "
             f"{'no such file' if size is None else f'{size} bytes, not {info.bytes}'}: DST must be a folder every "
             "Ray node shares under the same path (NFS, Lustre, ...)"
+        )
+
+
+def _check_uploaded(task: ShardTask, info: ShardInfo, host: str) -> None:
+    assert task.remote is not None
+    spec = task.remote
+    size = spec.remote_size(info.file)  # (fsspec hands back its cached filesystem for the same options)
+    if size != info.bytes:
+        raise FastdataError(
+            f"{spec.url}/{info.file}: uploaded by a Ray worker on {host}, but this driver ({socket.gethostname()}) "
+            f"finds {'no such object' if size is None else f'{size} bytes, not {info.bytes}'}: the workers must "
+            "reach the same bucket and endpoint as the driver (same storage options and credentials)"
         )
 
 

@@ -7,6 +7,12 @@ sample keys' file (``keys.bin``) follows the shards, and the manifest is uploade
 remote dataset without a manifest is never taken for finished.
 ``--resume`` continues from the remote journal (on any machine): shards it lists and that are
 present remotely with the right size are kept, the rest are written and uploaded again.
+
+With ``--engine ray`` the Ray workers upload the shards they write (converters/urlpublish.py);
+here the driver journals each one after checking it is there, and uploads the manifest last.
+``--part I/N`` into a URL stages, journals (``.fastdata-journal-part-I-of-N``) and uploads like a
+whole conversion, and uploads its part record instead of the manifest (``merge-parts`` then
+writes the manifest, converters/parts.py).
 """
 
 from __future__ import annotations
@@ -26,32 +32,40 @@ from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
 from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
-from fastdata.remote.retry import RemoteError, RemoteNotFoundError, with_retries
+from fastdata.remote.retry import RemoteError, RemoteNotFoundError, describe, with_retries
 from fastdata.remote.store import JOURNAL_NAME
 from fastdata.remote.url import filesystem, join
 
-from . import journal
-from .dst import OURS, SKIPPED_NAME
+from . import _fault, journal
+from .dst import OURS, PART_FILE, SKIPPED_NAME, part_journal_name, part_lock_name, part_record_name, part_stem
 from .dstlock import holder
+from .urlpublish import UrlSpec, shard_number
 
 log = logging.getLogger(__name__)
 _UPLOAD_THREADS = 4
 
 
 class RemoteTarget:
-    """The URL a conversion uploads to, and its local staging folder."""
+    """The URL a conversion uploads to, and its local staging folder. ``part`` = (I, N): this run
+    converts part I of N (its own journal and staging folder; a part record instead of the manifest).
+    ``workers_upload``: the shard tasks upload their shards themselves (``--engine ray``)."""
 
-    def __init__(self, url: str, options: RemoteOptions | None = None) -> None:
+    def __init__(self, url: str, options: RemoteOptions | None = None, *, part: tuple[int, int] | None = None,
+                 workers_upload: bool = False) -> None:
         self.url = url.rstrip("/")
         self.options = options or RemoteOptions()
         self.fs = filesystem(self.url, self.options.storage_options)
-        key = hashlib.sha256(self.url.encode()).hexdigest()[:20]
+        self.part = part
+        self.workers_upload = workers_upload
+        self.journal_name = JOURNAL_NAME if part is None else part_journal_name(*part)
+        key = hashlib.sha256(self.url.encode()).hexdigest()[:20] + ("" if part is None else "-" + part_stem(*part))
         self.staging = self.options.cache_path() / "uploads" / key
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
         self._uploaded: list[ShardInfo] = []
         self._head: str | None = None
+        self.journal_uploaded = False  # the remote journal exists: a failed run can be resumed
 
     def _call(self, fn: Any, what: str) -> Any:
         return with_retries(fn, what, _deadline(self.options))
@@ -63,6 +77,11 @@ class RemoteTarget:
             return []
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
 
+    @property
+    def spec(self) -> UrlSpec | None:
+        """What the shard tasks upload with (``workers_upload`` only)."""
+        return UrlSpec.of(self.url, self.options) if self.workers_upload else None
+
     def check(self, overwrite: bool, resume: bool) -> None:
         """Refuse what a local destination would refuse (see converters/dst.py), before any work."""
         if overwrite and resume:
@@ -72,7 +91,9 @@ class RemoteTarget:
         if foreign:
             raise UsageError(f"{self.url}: refused: it holds {foreign[0]!r}, which fastdata did not write; "
                              "choose an empty or new prefix")
-        if resume:
+        if self.part is not None:
+            self._check_part(names, overwrite, resume)
+        elif resume:
             if MANIFEST_NAME in names:
                 raise UsageError(f"{self.url}: already holds a finished dataset; nothing to resume "
                                  "(--overwrite converts again)")
@@ -84,22 +105,50 @@ class RemoteTarget:
                 raise UsageError(f"{self.url}: holds an interrupted conversion; pass --resume to finish it, "
                                  "or --overwrite to start over")
             raise UsageError(f"{self.url}: already exists; pass --overwrite to replace it")
-        who = holder(self.staging) if self.staging.is_dir() else None
+        self._check_not_busy()
+
+    def _check_not_busy(self) -> None:
+        who = None
+        if self.staging.is_dir():
+            who = holder(self.staging) if self.part is None else holder(self.staging, part_lock_name(*self.part))
         if who is not None:
-            raise DestinationBusyError(f"{self.url}: another conversion on this machine is writing it ({who}); "
+            what = "it" if self.part is None else f"part {self.part[0]}/{self.part[1]} of it"
+            raise DestinationBusyError(f"{self.url}: another conversion on this machine is writing {what} ({who}); "
                                        "wait for it to end")
+
+    def _check_part(self, names: list[str], overwrite: bool, resume: bool) -> None:
+        """As converters/dst.py ``prepare_part_dst`` checks a shared folder (other parts may be uploading)."""
+        assert self.part is not None
+        index, count = self.part
+        if MANIFEST_NAME in names:
+            raise UsageError(f"{self.url}: already holds a finished dataset; convert the parts into a new prefix")
+        for name in names:
+            m = PART_FILE.match(name)
+            if m and int(m.group(2)) != count:
+                raise UsageError(f"{self.url}: holds {name}, a part of a conversion split in {int(m.group(2))} "
+                                 f"parts, not {count}; use the same N for every part (or a new prefix)")
+        record, what = part_record_name(index, count), f"{self.url}: part {index}/{count}"
+        if record in names and not overwrite:
+            raise UsageError(f"{what} is already converted; pass --overwrite to convert it again")
+        if resume and self.journal_name not in names:
+            raise UsageError(f"{what}: no interrupted conversion of this part to resume (no {self.journal_name})")
+        if self.journal_name in names and not (resume or overwrite):
+            raise UsageError(f"{what} was interrupted; pass --resume to finish it, or --overwrite to start it over")
 
     def prepare(self, overwrite: bool, resume: bool) -> tuple[Path, set[str]]:
         """A fresh staging folder (holding the remote journal on resume) and the shards kept remotely."""
         if self.staging.exists():
             shutil.rmtree(self.staging)
         self.staging.parent.mkdir(parents=True, exist_ok=True)
-        if overwrite:
+        if overwrite and self.part is not None:  # this part's record and journal; its shards are written again
+            for name in (part_record_name(*self.part), self.journal_name):
+                self._remove(name)
+        elif overwrite:
             self._remove_ours()
         if not resume:
             return self.staging, set()
         self.staging.mkdir()
-        where = join(self.url, JOURNAL_NAME)
+        where = join(self.url, self.journal_name)
         raw = self._call(lambda: self.fs.cat_file(where), where).split(b"\n")
         kept: list[ShardInfo] = []
         for line in raw[1:]:
@@ -115,8 +164,14 @@ class RemoteTarget:
                 kept.append(info)
         self._head = raw[0].decode("utf-8")
         self._uploaded = list(kept)
-        (self.staging / journal.JOURNAL_NAME).write_bytes(self._journal_bytes())
+        (self.staging / self.journal_name).write_bytes(self._journal_bytes())
         return self.staging, {k.file for k in kept}
+
+    def _remove(self, name: str) -> None:
+        try:
+            self._call(lambda: self.fs.rm_file(join(self.url, name)), join(self.url, name))
+        except RemoteNotFoundError:
+            pass
 
     def _remove_ours(self) -> None:
         """--overwrite: the manifest first, so an interrupted delete never leaves a dataset that looks complete."""
@@ -133,25 +188,53 @@ class RemoteTarget:
 
     # --- while writing -------------------------------------------------------------------
 
-    def shard_done(self, info: ShardInfo) -> None:
-        """A shard is finished locally: upload it in the background (a failed upload stops the conversion)."""
-        self.raise_failed()
+    def _read_head(self) -> None:
         if self._head is None:
-            self._head = (self.staging / journal.JOURNAL_NAME).read_text(encoding="utf-8").split("\n", 1)[0]
+            self._head = (self.staging / self.journal_name).read_text(encoding="utf-8").split("\n", 1)[0]
+
+    def started(self) -> None:
+        """The local journal is written, no shard yet (``workers_upload``): put it remotely first, so that
+        a shard a worker uploads is never there without a journal saying what it belongs to."""
+        self._read_head()
+        with self._lock:
+            self._upload_journal()
+
+    def shard_done(self, info: ShardInfo) -> None:
+        """A shard is finished locally: upload it in the background (a failed upload stops the conversion).
+        With ``workers_upload`` it is uploaded already (the engine checked it): journal it."""
+        self.raise_failed()
+        self._read_head()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(_UPLOAD_THREADS, thread_name_prefix="fastdata-upload")
-        self._pending.append(self._pool.submit(self._upload_shard, info))
+        work = self._journal_shard if self.workers_upload else self._upload_shard
+        self._pending.append(self._pool.submit(work, info))
 
     def _upload_shard(self, info: ShardInfo) -> None:
         local = self.staging / info.file
         where = join(self.url, info.file)
-        self._call(lambda: self.fs.put_file(str(local), where), f"{where}: upload")
+        try:
+            _fault.point("upload", shard_number(info.file))
+            self._call(lambda: self.fs.put_file(str(local), where), f"{where}: upload")
+        except OSError as e:  # the local copy could not be read (the retried call raises RemoteError itself)
+            raise RemoteError(f"{where}: upload failed: {describe(e)}") from None
+        self._journal_shard(info)
+        local.unlink(missing_ok=True)  # it is safe remotely; the local disk need not hold the dataset
+
+    def _journal_shard(self, info: ShardInfo) -> None:
         with self._lock:
             self._uploaded.append(info)
-            data = self._journal_bytes()
-            jw = join(self.url, JOURNAL_NAME)
-            self._call(lambda: self.fs.pipe_file(jw, data), f"{jw}: upload")
-        local.unlink(missing_ok=True)  # it is safe remotely; the local disk need not hold the dataset
+            self._upload_journal()
+
+    @property
+    def resumable(self) -> bool:
+        """A failed conversion left a remote journal that ``--resume`` continues from."""
+        return self.journal_uploaded or bool(self.uploaded)
+
+    def _upload_journal(self) -> None:
+        data = self._journal_bytes()
+        jw = join(self.url, self.journal_name)
+        self._call(lambda: self.fs.pipe_file(jw, data), f"{jw}: upload")
+        self.journal_uploaded = True
 
     @property
     def uploaded(self) -> list[ShardInfo]:
@@ -179,21 +262,34 @@ class RemoteTarget:
             raise RemoteError(f"{first}; the conversion stopped: run the same command with --resume to finish") from None
 
     def finish(self) -> None:
-        """Every shard is uploaded: upload the sample keys' file and skipped.json, then the manifest
-        (last: it lists keys.bin with its checksum), remove the remote journal and the staging folder."""
+        """Every shard is uploaded: upload the sample keys' file, skipped.json and then the manifest
+        (last: it lists keys.bin with its checksum), remove the remote journal and the staging folder.
+        A part uploads its part record instead of the manifest."""
         self.wait()
-        for name in (KEYS_FILE, SKIPPED_NAME):
-            local = self.staging / name
-            if local.is_file():
-                where = join(self.url, name)
-                self._call(lambda local=local, where=where: self.fs.put_file(str(local), where), f"{where}: upload")
+        if (self.staging / KEYS_FILE).is_file():  # the manifest lists it: it goes up before the manifest
+            self._put(KEYS_FILE)
+        if self.part is not None:
+            self._put(part_record_name(*self.part))
+            self._drop_journal()
+            shutil.rmtree(self.staging, ignore_errors=True)
+            return
+        skipped = self.staging / SKIPPED_NAME
+        if skipped.is_file():
+            self._call(lambda: self.fs.put_file(str(skipped), join(self.url, SKIPPED_NAME)), join(self.url, SKIPPED_NAME))
         man = join(self.url, MANIFEST_NAME)
         self._call(lambda: self.fs.put_file(str(self.staging / MANIFEST_NAME), man), f"{man}: upload")
+        self._drop_journal()
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def _put(self, name: str) -> None:
+        where = join(self.url, name)
+        self._call(lambda: self.fs.put_file(str(self.staging / name), where), f"{where}: upload")
+
+    def _drop_journal(self) -> None:
         try:
-            self._call(lambda: self.fs.rm_file(join(self.url, JOURNAL_NAME)), join(self.url, JOURNAL_NAME))
+            self._remove(self.journal_name)
         except RemoteError as e:
             log.warning("%s: could not remove the conversion journal: %s", self.url, e)
-        shutil.rmtree(self.staging, ignore_errors=True)
 
     def abandon(self) -> None:
         """The conversion failed: let uploads in flight end (the remote journal lists what is safe)."""

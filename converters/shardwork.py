@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from fastdata.format import FieldSpec, ShardInfo, backend
 from fastdata.format.spec import CHECKSUM_DEFAULT
 
 from . import _fault
+
+if TYPE_CHECKING:
+    from .urlpublish import UrlSpec
 
 _PROGRESS_EVERY_S = 0.2
 _PR_SET_PDEATHSIG = 1
@@ -67,6 +70,7 @@ class ShardTask:
     expect: ShardInfo | None = None
     in_bytes: int = 0  # the source bytes of its samples, for progress counted per shard
     trusted: bool = False  # --resume to a URL: the shard is uploaded already; keep it without a local copy
+    remote: "UrlSpec | None" = None  # dst is a URL: the writing process uploads the shard (converters/urlpublish.py)
 
 
 def check_sample(sample: dict[str, np.ndarray], fields: list[FieldSpec], where: str) -> None:
@@ -100,14 +104,16 @@ def write_error(path: Path | str, e: BaseException) -> WriteError:
 class Publisher(Protocol):
     """Where a finished shard goes. A shard is always written to a local file first
     (:meth:`local_path`), then :meth:`publish` makes it part of DST. A local or shared-filesystem
-    DST publishes by fsync + rename (:class:`LocalPublisher`); an object-storage DST would upload
-    the file and delete the local copy. Publishing the same name twice with the same bytes is
-    harmless, so a retried or duplicated shard task is too."""
+    DST publishes by fsync + rename (:class:`LocalPublisher`); an object-storage DST uploads the
+    file and deletes the local copy (:class:`~.urlpublish.UrlPublisher`). Publishing the same name
+    twice with the same bytes is harmless, so a retried or duplicated shard task is too.
+    :meth:`discard` drops the local file of a task that failed before publishing."""
 
     def local_path(self, name: str) -> Path: ...
     def publish(self, tmp: Path, name: str) -> None: ...
     def intact(self, name: str, expect: ShardInfo) -> bool: ...
     def where(self, name: str) -> str: ...
+    def discard(self, tmp: Path) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -132,25 +138,34 @@ class LocalPublisher:
     def where(self, name: str) -> str:
         return str(self.dst / name)
 
+    def discard(self, tmp: Path) -> None:
+        """Nothing here: the temporary name sits in DST, where the conversion's own tidying (or the
+        next attempt at the shard) deals with it; a duplicate task may be writing it right now."""
 
-def publisher_for(dst: str) -> Publisher:
-    """The publisher for a shard task's destination, always a folder. A URL destination
-    (``fastdata convert SRC s3://...``) never reaches a shard task: :func:`converters.convert`
-    writes into a local staging folder and converters/remote.py uploads each finished shard, the
-    manifest last. A URL here is a caller's mistake, refused rather than written as a local path."""
+
+def publisher_for(dst: str, remote: "UrlSpec | None" = None) -> Publisher:
+    """The publisher for a shard task's destination: a folder, or a URL whose task carries the
+    :class:`~.urlpublish.UrlSpec` (storage options included) the writing process uploads with. A URL
+    without one is a caller's mistake, refused rather than written as a local folder named ``s3:``."""
+    if remote is not None:
+        from .urlpublish import UrlPublisher
+
+        if remote.url != dst.rstrip("/"):
+            raise UsageError(f"{dst}: the shard task's upload settings name another URL ({remote.url})")
+        return UrlPublisher(remote)
     if "://" in dst:
         scheme = dst.split("://", 1)[0]
-        raise UsageError(f"{dst}: shard tasks write into a folder, not to {scheme}://; convert to a URL with "
-                         "fastdata convert SRC URL (one machine, docs/remote.md), or convert to a shared folder, "
-                         "then upload it")
+        raise UsageError(f"{dst}: a shard task for {scheme}:// needs the upload settings (UrlSpec) with it; convert "
+                         "to a URL with fastdata convert SRC URL (docs/remote.md)")
     return LocalPublisher(Path(dst))
 
 
 def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = None) -> tuple[ShardInfo, bool]:
     """Write (or, on resume, keep) one shard; returns its manifest entry and whether it was kept.
     A pure function of ``task``: the same bytes every time, so a retried task is harmless."""
-    pub = publisher_for(task.dst)
+    pub = publisher_for(task.dst, task.remote)
     tmp = pub.local_path(task.name)
+    handed_over = False
     try:
         if task.expect is not None and (task.trusted or pub.intact(task.name, task.expect)):
             _report(report, task.count, task.expect.bytes)
@@ -162,10 +177,15 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
             checksum = file_checksum(tmp, CHECKSUM_DEFAULT)
             synced.result()
         size = tmp.stat().st_size
+        handed_over = True  # from here the publisher owns the local file (and cleans it up)
         pub.publish(tmp, task.name)  # the fsync in its rename finds nothing left to write
     except FastdataError:
+        if not handed_over:
+            pub.discard(tmp)
         raise
     except Exception as e:  # OSError, and h5py / lmdb write failures (disk full, I/O error)
+        if not handed_over:
+            pub.discard(tmp)
         raise write_error(pub.where(task.name), e) from None
     _report(report, sent_n, sent_b)
     return ShardInfo(file=task.name, start=task.start, count=task.count, bytes=size, checksum=checksum), False

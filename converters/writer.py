@@ -202,7 +202,9 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
     try:
         remove_temporary(dst, owned)
         remove_shards_except(dst, journaled, owned)
-        tasks = _tasks(source, opts, dst, names, plans, done, own, nbytes, target.trusted)
+        if target.on_start is not None:
+            target.on_start()  # workers upload to a URL: the remote journal must exist before any shard does
+        tasks = _tasks(source, opts, target, names, plans, done, own, nbytes)
         if progress is not None:
             progress.start(sum(t.count for t in tasks), sum(t.in_bytes for t in tasks))
         _fault.point("before_first_shard")
@@ -281,8 +283,10 @@ def _write_keys(dst: Path, keys: list[str] | None) -> KeysInfo:
         raise write_error(path, e) from None
 
 
-def _tasks(source: Source, opts: WriteOptions, dst: Path, names: list[str], plans: list[tuple[int, int]],
-           done: dict[str, ShardInfo], own: range, nbytes: np.ndarray, trusted: set[str]) -> list[ShardTask]:
+def _tasks(source: Source, opts: WriteOptions, target: Destination, names: list[str], plans: list[tuple[int, int]],
+           done: dict[str, ShardInfo], own: range, nbytes: np.ndarray) -> list[ShardTask]:
+    """One task per shard of ``own``; into ``target.remote``'s URL when the writing processes upload."""
+    dst = target.remote.url if target.remote is not None else str(target.path)
     ragged = [f.name for f in source.fields if f.ragged]
     rows = {name: source.ragged_rows(name) for name in ragged}
     tasks = []
@@ -292,10 +296,10 @@ def _tasks(source: Source, opts: WriteOptions, dst: Path, names: list[str], plan
         if expect is not None and (expect.start, expect.count) != (a, b - a):
             expect = None
         tasks.append(ShardTask(
-            part=source.part(a, b), fields=source.fields, backend=opts.backend, dst=str(dst), name=name, index=i,
+            part=source.part(a, b), fields=source.fields, backend=opts.backend, dst=dst, name=name, index=i,
             start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items()},
             compression=opts.compression, expect=expect, in_bytes=int(nbytes[a:b].sum()),
-            trusted=expect is not None and name in trusted,
+            trusted=expect is not None and name in target.trusted, remote=target.remote,
         ))
     return tasks
 

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of .npy/.npz samples or of images, one large .npy array, or a metadata table "
                         "(.csv/.tsv/.jsonl/.parquet) whose path column names each sample's file")
     c.add_argument("dst", metavar="DST", help="dataset folder to create, or a URL (s3://bucket/ds: written locally, "
-                                              "uploaded shard by shard, manifest last; docs/remote.md)")
+                                              "uploaded shard by shard, manifest last; with --engine ray or "
+                                              "--part, by every worker; docs/remote.md)")
     c.add_argument("--format", choices=["hdf5", "lmdb"], default="hdf5", help="shard format (default: hdf5)")
     c.add_argument("--shard-size", type=_size, default="256MB", metavar="SIZE",
                    help="target bytes per shard, e.g. 512MB or 1GiB (default: 256MB)")
@@ -118,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Check that all N parts of a 'fastdata convert ... --part I/N' conversion into "
                                     "DST are present, complete and from the same conversion, then write the "
                                     "manifest. The result is byte for byte a one-machine conversion.")
-    mp.add_argument("dst", metavar="DST", help="dataset folder the parts were converted into")
+    mp.add_argument("dst", metavar="DST", help="dataset folder or URL (s3://...) the parts were converted into; "
+                                              "for a URL the manifest is uploaded last")
     mp.set_defaults(run=_merge_parts)
 
     m = sub.add_parser("merge", help="one dataset from several with the same schema",

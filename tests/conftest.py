@@ -139,7 +139,11 @@ class S3Server:
 
 @pytest.fixture(scope="session")
 def s3():
-    """One moto S3 server for the session, started on a free loopback port and stopped at the end."""
+    """One S3 server for the whole session (test_remote.py, test_scale_remote.py): one endpoint, so
+    fsspec's cached filesystems (keyed by their options, not by AWS_ENDPOINT_URL) never point at a
+    server that is gone. The test credentials are in the environment while it runs."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
     old = {k: os.environ.get(k) for k in CREDS}
     os.environ.update(CREDS)
     server = S3Server(free_port())

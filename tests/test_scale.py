@@ -118,22 +118,23 @@ def test_ray_engine_without_ray_installed_says_how_to_get_it(src, tmp_path, monk
 def test_ray_options_are_checked(run_cli, src, tmp_path):
     code, _, err = run_cli("convert", src, tmp_path / "d", "--ray-address", "127.0.0.1:1")
     assert code == 2 and "--ray-address applies to --engine ray only" in err
-    code, _, err = run_cli("convert", src, "s3://bucket/ds", "--engine", "ray")
-    assert code == 2 and "--engine ray cannot convert into object storage yet" in err
-    assert not Path("s3:").exists()
 
 
-def test_url_destinations_without_upload_support_are_refused(run_cli, src, tmp_path, monkeypatch):
-    """--part and the shard publisher never write a URL as a local folder: they refuse, saying so."""
+def test_url_shard_tasks_need_their_upload_settings(tmp_path, monkeypatch):
+    """A shard task never writes a URL as a local folder: without the UrlSpec it carries (the Ray engine
+    into s3://, tests/test_scale_remote.py) it is refused, saying so; a spec for another URL too."""
     from converters.shardwork import publisher_for
+    from converters.urlpublish import UrlSpec
 
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli("convert", src, "s3://bucket/ds", "--part", "0/2")
-    assert code == 2 and "--part I/N cannot convert into object storage yet" in err and "Traceback" not in err
-    code, _, err = run_cli("merge-parts", "s3://bucket/ds")
-    assert code == 2 and "s3://bucket/ds: merge-parts works on a folder" in err
-    with pytest.raises(UsageError, match=r"s3://bucket/ds: shard tasks write into a folder, not to s3://"):
+    with pytest.raises(UsageError, match=r"s3://bucket/ds: a shard task for s3:// needs the upload settings"):
         publisher_for("s3://bucket/ds")
+    with pytest.raises(UsageError, match=r"s3://bucket/ds: the shard task's upload settings name another URL"):
+        publisher_for("s3://bucket/ds", UrlSpec("s3://bucket/other"))
+    assert publisher_for("s3://bucket/ds/", UrlSpec("s3://bucket/ds")).where("shard-00000.h5") == \
+        "s3://bucket/ds/shard-00000.h5"
+    with pytest.raises(UsageError, match="remote= options apply to URL destinations only"):
+        converters.merge_parts(tmp_path, remote=fastdata.RemoteOptions())
     assert not (tmp_path / "s3:").exists() and not Path("s3:").exists()
 
 

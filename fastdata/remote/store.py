@@ -26,6 +26,7 @@ from .url import filesystem, join
 
 log = logging.getLogger("fastdata.remote")
 JOURNAL_NAME = ".fastdata-journal"  # what an interrupted conversion to a URL leaves (converters/remote.py)
+PART_PREFIXES = (".fastdata-part-", ".fastdata-journal-part-")  # what --part I/N leaves before merge-parts
 _CHUNK = 8 << 20
 _SWEEP_EVERY_S = 1.0
 IDLE_PINS = 2  # shards a process keeps pinned after their last reader let go (most are read again at once)
@@ -123,6 +124,11 @@ class RemoteStore:
                 raise IncompleteDatasetError(
                     f"{self.url}: incomplete dataset: no {MANIFEST_NAME} (the conversion did not finish: run the "
                     "same fastdata convert command with --resume to finish it, or with --overwrite to start over)"
+                ) from None
+            if _holds_parts(fs, self.url, self.deadline()):
+                raise IncompleteDatasetError(
+                    f"{self.url}: incomplete dataset: no {MANIFEST_NAME}, only parts of a conversion split with "
+                    f"--part I/N: once every part is done, run fastdata merge-parts {self.url}"
                 ) from None
             raise FormatError(f"{self.url}: no fastdata dataset there (no {MANIFEST_NAME})") from None
         if len(data) > MAX_MANIFEST_BYTES:
@@ -283,6 +289,15 @@ class RemoteStore:
         return {"downloads": self.downloads, "downloaded_bytes": self.downloaded_bytes,
                 "cache_dir": str(self.cache.root), "cache_bytes": self.cache.held_bytes(),
                 "cache_limit": self.cache.limit}
+
+
+def _holds_parts(fs: Any, url: str, deadline: float) -> bool:
+    """Whether ``url`` holds part records or part journals (``convert --part I/N`` without merge-parts yet)."""
+    try:
+        names = with_retries(lambda: fs.ls(url, detail=False, refresh=True), url, deadline)
+    except RemoteError:
+        return False
+    return any(str(n).rstrip("/").rsplit("/", 1)[-1].startswith(PART_PREFIXES) for n in names)
 
 
 def _exists(fs: Any, url: str, deadline: float) -> bool:

@@ -1,0 +1,152 @@
+"""Shards published to object storage by the process that wrote them (``--engine ray`` into a URL).
+
+A shard task bound for a URL carries a :class:`UrlSpec` (the URL, the fsspec storage options and the
+time bound: picklable, so it travels to Ray workers with the task, never through global state). The
+worker writes the shard into a private staging folder under its node's cache directory, uploads it
+to ``URL/<name>`` (retried within the time bound) and deletes the local copy. Uploading the same
+bytes twice only replaces an object with itself, so a retried or duplicated task is harmless.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import RemoteNotFoundError
+from fastdata.format import ShardInfo
+from fastdata.remote import RemoteOptions
+from fastdata.remote.options import default_cache_dir
+from fastdata.remote.retry import with_retries
+from fastdata.remote.url import filesystem, join
+
+from . import _fault
+
+_WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
+
+
+@dataclass(frozen=True)
+class UrlSpec:
+    """Where a worker uploads shards: ``url``, fsspec ``storage_options`` (never printed: they may hold
+    credentials), ``timeout`` (seconds per remote operation, retries included) and ``cache_dir`` (the
+    staging place; None: each node's default cache directory)."""
+
+    url: str
+    storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
+    timeout: float = 300.0
+    cache_dir: str | None = None
+
+    @classmethod
+    def of(cls, url: str, options: RemoteOptions) -> "UrlSpec":
+        so = dict(options.storage_options) if options.storage_options is not None else None
+        cache = str(options.cache_dir) if options.cache_dir is not None else None
+        return cls(url.rstrip("/"), so, options.timeout, cache)
+
+    def filesystem(self) -> Any:
+        return filesystem(self.url, self.storage_options)
+
+    def deadline(self) -> float:
+        return time.monotonic() + self.timeout
+
+    def remote_size(self, name: str, fs: Any = None) -> int | None:
+        """The size of ``URL/name``, or None when there is no such object."""
+        fs = fs or self.filesystem()
+        where = join(self.url, name)
+
+        def size() -> int:
+            fs.invalidate_cache(where)  # never a listing cached earlier: another process uploaded it
+            return int(fs.info(where)["size"])
+
+        try:
+            return with_retries(size, where, self.deadline())
+        except RemoteNotFoundError:
+            return None
+
+    def upload(self, local: Path, name: str, fs: Any = None) -> None:
+        """``local`` -> ``URL/name`` (a whole-object PUT: readers never see half of it)."""
+        fs = fs or self.filesystem()
+        where = join(self.url, name)
+        with_retries(lambda: fs.put_file(str(local), where), f"{where}: upload", self.deadline())
+
+
+@dataclass
+class UrlPublisher:
+    """The :class:`~.shardwork.Publisher` for a URL destination: write locally, upload, delete."""
+
+    spec: UrlSpec
+    _fs: Any = field(default=None, repr=False)
+
+    def fs(self) -> Any:
+        if self._fs is None:
+            self._fs = self.spec.filesystem()
+        return self._fs
+
+    def local_path(self, name: str) -> Path:
+        return staging_dir(self.spec) / f".{name}.partial"
+
+    def publish(self, tmp: Path, name: str) -> None:
+        try:
+            _fault.point("upload", shard_number(name))
+            self.spec.upload(tmp, name, self.fs())
+        finally:
+            _remove_local(tmp)  # uploaded, or failed: a retry writes it again from the source
+
+    def intact(self, name: str, expect: ShardInfo) -> bool:
+        """The object is there with the journaled size (what ``--resume`` to a URL checks: hashing it
+        would mean downloading it)."""
+        return self.spec.remote_size(name, self.fs()) == expect.bytes
+
+    def where(self, name: str) -> str:
+        return join(self.spec.url, name)
+
+    def discard(self, tmp: Path) -> None:
+        _remove_local(tmp)
+
+
+def shard_number(name: str) -> int | None:
+    """``shard-00012.h5`` -> 12 (for the fault hook's SHARD)."""
+    digits = "".join(c for c in name.split(".", 1)[0] if c.isdigit())
+    return int(digits) if digits else None
+
+
+def staging_dir(spec: UrlSpec) -> Path:
+    """This process's staging folder, ``<cache>/uploads/workers/<host>-<pid>``; folders left by dead
+    processes of this host (a killed worker's half-written shard) are removed on the way."""
+    root = (Path(spec.cache_dir) if spec.cache_dir is not None else default_cache_dir()) / "uploads" / _WORKERS_DIR
+    host = socket.gethostname()
+    mine = root / f"{host}-{os.getpid()}"
+    if not mine.is_dir():
+        mine.mkdir(parents=True, exist_ok=True)
+        _sweep_dead(root, host)
+    return mine
+
+
+def _sweep_dead(root: Path, host: str) -> None:
+    for d in root.iterdir():
+        stem, _, pid = d.name.rpartition("-")
+        if stem != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_local(tmp: Path) -> None:
+    """Remove a local shard file (and an LMDB lock file beside it)."""
+    tmp.unlink(missing_ok=True)
+    Path(f"{tmp}-lock").unlink(missing_ok=True)
+
+
+__all__ = ["UrlPublisher", "UrlSpec", "shard_number", "staging_dir"]
