@@ -159,3 +159,42 @@ def test_dali_backend_refuses_packed_batches(tmp_path):
     root, _ = _seq_dataset(tmp_path, "hdf5")
     with pytest.raises(UsageError, match="padded batches only"):
         fastdata.loader(root, 2, device="cpu", backend="dali", config=LoaderConfig(ragged="packed"))
+
+
+def test_lightning_trains_on_packed_sequences_as_nested_tensors(tmp_path):
+    """Lightning passes packed batches through unchanged: a jagged nested tensor per batch, every
+    sample once per epoch (the step logs with batch_size=B: a packed field's first dimension is rows)."""
+    L = pytest.importorskip("lightning")
+    import torch
+
+    from fastdata.loaders import LoaderConfig
+
+    root, seqs = _seq_dataset(tmp_path, "hdf5")
+    ld = fastdata.loader(root, 8, device="cpu", num_workers=1, fields=["x"], config=LoaderConfig(ragged="packed"))
+    seen: list[float] = []
+    sizes: list[int] = []
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _):
+            nt = torch.nested.nested_tensor_from_jagged(batch["x"], batch["x_offsets"])
+            sums = torch.stack([t.sum() for t in nt.unbind()])  # one value per sample, empty ones 0
+            seen.extend(sums.tolist())
+            sizes.append(len(batch["x_lengths"]))
+            loss = self.lin(batch["x"]).pow(2).mean() if len(batch["x"]) else self.lin.weight.sum() * 0
+            self.log("loss", loss, batch_size=len(batch["x_lengths"]))
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(Model(), train_dataloaders=ld)
+    ld.close()
+    expect = sorted([float(s.sum()) for s in seqs] * 2)
+    np.testing.assert_allclose(sorted(seen), expect, rtol=1e-5, atol=1e-5)
+    assert sum(sizes) == 60
