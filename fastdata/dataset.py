@@ -58,7 +58,9 @@ class Dataset:
     """Samples of a fastdata dataset; ``ds[i]`` and ``ds.get_batch(indices)`` give dicts of numpy arrays.
 
     ``decode`` turns encoded and ragged image fields into pixels on read, with
-    ``decode_threads`` threads per process (default: the usable CPUs). ``root`` may be a URL
+    ``decode_threads`` threads per process (default: the usable CPUs); ``decode="float"`` gives
+    encoded images as float32 in [0, 1] instead of uint8, each converted right after it is decoded
+    (the torch loader's choice on the CPU; stored pixels stay uint8). ``root`` may be a URL
     (``s3://bucket/ds``): shards are then read through the node's shard cache, set up by
     ``remote`` (:class:`fastdata.RemoteOptions`; docs/remote.md).
     """
@@ -68,7 +70,7 @@ class Dataset:
         root: str | os.PathLike[str],
         fields: Sequence[str] | None = None,
         *,
-        decode: bool = True,
+        decode: bool | Literal["float"] = True,
         decode_threads: int | None = None,
         remote: RemoteOptions | None = None,
     ) -> None:
@@ -117,7 +119,9 @@ class Dataset:
         # raw pixels are placed straight into the padded image batch as they are read
         self._pixels = [f for f in self._images if f.encoding == ENCODING_PIXELS]
         encoded = [f for f in self._images if f.encoding != ENCODING_PIXELS]
-        self._decoder = BatchDecoder(decode_threads) if encoded else None
+        if decode not in (True, False, "float"):
+            raise UsageError(f"decode={decode!r}: expected True, False or 'float'")
+        self._decoder = BatchDecoder(decode_threads, unit_float=decode == "float") if encoded else None
         impl = backend(self.manifest.backend)
         self._readers = []
         for i, info in enumerate(self.manifest.shards):

@@ -47,11 +47,13 @@ class DeviceStage:
     """Moves host batches to ``device`` and applies image conversion and augmentation there."""
 
     def __init__(self, device: torch.device, augment: Augment | None, seed: int, channels_last: bool,
-                 images: tuple[str, ...], rank: int = 0, keep_uint8: bool = False) -> None:
+                 images: tuple[str, ...], rank: int = 0, keep_uint8: bool = False,
+                 unit_float: frozenset[str] = frozenset()) -> None:
         if keep_uint8 and augment is not None and augment.ops:
             raise UsageError("LoaderConfig(image_dtype='uint8') keeps images as stored; augmentation needs float "
                              "images: drop augment, or use image_dtype='float32'")
         self.keep_uint8 = keep_uint8
+        self.unit_float = unit_float  # image fields the reader already decoded to float32 in [0, 1]
         self.device = device
         self.augment = augment
         self.seed = seed
@@ -66,7 +68,7 @@ class DeviceStage:
         if self.keep_uint8:
             return batch
         for name in self.images:
-            batch[name] = self._to_float(batch[name])
+            batch[name] = self._to_float(batch[name], name in self.unit_float)
         if self.augment is not None and self.augment.ops:
             # parameters are drawn on the CPU on every device: the DALI backend draws the same ones
             g = batch_generator(self.seed, epoch, k, torch.device("cpu"), self.rank)
@@ -86,9 +88,11 @@ class DeviceStage:
                     batch[name] = x.contiguous(memory_format=torch.channels_last)
         return batch
 
-    def _to_float(self, x: torch.Tensor) -> torch.Tensor:
+    def _to_float(self, x: torch.Tensor, converted: bool = False) -> torch.Tensor:
         """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1]; NHWC memory is channels_last NCHW."""
-        if x.is_cuda:
+        if converted and x.dtype == torch.float32:  # (a collate_fn batch comes from the uint8 dataset)
+            out = x  # decoded straight to float in [0, 1] by the reader (Dataset(decode="float"))
+        elif x.is_cuda:
             out = x.float().mul_(1 / 255)  # the caching allocator already reuses device memory
         else:
             out = self._floats.take(tuple(x.shape), torch.float32)

@@ -17,7 +17,7 @@ import torch
 
 from .._compat import shutdown_workers
 from ..dataset import Dataset
-from ..format.spec import is_string
+from ..format.spec import ENCODING_IMAGE, is_string
 from .base import wrap_error
 from .buffers import Recycler, torch_dtype
 
@@ -37,7 +37,9 @@ class _BufferPool:
         self.fixed = [(f.name, f.trailing, torch_dtype(f.np_dtype), dataset.copy_phase(f.name))
                       for f in dataset.schema if not f.ragged and f.np_dtype.isnative]
         self.recyclers = {name: Recycler(pin) for name, *_ in self.fixed}  # one per field: its own phase
-        self.ragged = {f.name: torch_dtype(f.np_dtype) for f in dataset.schema
+        unit_float = dataset.options.get("decode") == "float"  # encoded images decode to float32
+        self.ragged = {f.name: torch.float32 if unit_float and f.encoding == ENCODING_IMAGE else torch_dtype(f.np_dtype)
+                       for f in dataset.schema
                        if f.ragged and f.np_dtype.isnative and not is_string(f)}  # strings become lists of str
         self.capacity = dict.fromkeys(self.ragged, 0)  # elements; 0 until a batch was seen
         for name in self.ragged:
