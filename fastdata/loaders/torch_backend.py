@@ -49,6 +49,9 @@ class TorchLoader(Loader):
             # the reader threads are the parallelism: a decode pool shared by them made each reader
             # wait on the others' images (measured: 13% fewer JPEG batches per second on 2 cores)
             changes["decode_threads"] = 1
+        if self.dataset.remote is not None:
+            changes = {}  # a URL dataset's reads and plan-following prefetch share one store: no second view
+            floats = ()
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
             self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged)
