@@ -568,7 +568,7 @@ def open(  # noqa: A001
     path: str | os.PathLike[str],
     fields: Sequence[str] | None = None,
     *,
-    decode: bool = True,
+    decode: bool | Literal["float"] = True,
     decode_threads: int | None = None,
     remote: RemoteOptions | None = None,
 ) -> Dataset:
