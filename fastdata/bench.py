@@ -101,9 +101,11 @@ def _close(it: Any) -> None:
 
 
 def _result(name: str, durations: list[float], samples: int, bps: float, first: float,
-            settings: dict[str, Any] | None) -> BenchResult:
+            settings: dict[str, Any] | None, seconds: float | None = None) -> BenchResult:
+    """``durations``: time per batch; ``seconds``: the wall time the samples took, when batches ran
+    in parallel (else the durations' sum)."""
     d = np.array(durations)
-    secs = float(d.sum())
+    secs = float(d.sum()) if seconds is None else seconds
     return BenchResult(name=name, samples=samples, batches=len(d), seconds=secs,
                        samples_per_s=samples / secs if secs > 0 else 0.0,
                        mb_per_s=samples * bps / secs / 1e6 if secs > 0 else 0.0,
@@ -128,17 +130,21 @@ def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_secon
 def _run_batches(name: str, job: Callable[[int], int], threads: int, max_seconds: float, bps: float,
                  settings: dict[str, Any]) -> BenchResult:
     """Run ``job(k)`` (one batch, returns its samples) ``threads`` at a time until ``max_seconds``."""
-    durations: list[float] = []
+    durations: list[float] = []  # per batch: a round's wall time over the batches it ran at once
     done = 0
+    wall = 0.0
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(job, range(threads)))  # warm-up: buffers touched, caches filled
         k, t0 = threads, time.perf_counter()
         while time.perf_counter() - t0 < max_seconds or len(durations) < 3:
             t = time.perf_counter()
             done += sum(pool.map(job, range(k, k + threads)))
-            durations.append((time.perf_counter() - t) / threads)
+            took = time.perf_counter() - t
+            wall += took
+            durations.append(took / threads)
             k += threads
-    return _result(name, durations, done, bps, 0.0, settings)
+    # the rate is samples over wall time (the per-batch durations of parallel rounds sum to wall / threads)
+    return _result(name, durations, done, bps, 0.0, settings, seconds=wall)
 
 
 def _gather_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float) -> BenchResult:

@@ -228,3 +228,18 @@ def test_bench_ceiling_is_a_gather_for_raw_data_and_decoding_for_encoded_images(
     code, out, _ = run_cli("bench", tmp_path / "enc", "--batches", "3", "--seconds", "1", "--batch-size", "2", "--json")
     rows = json.loads(out)["results"]
     assert code == 0 and rows[-1]["ceiling_ratio"] == 1.0 and rows[0]["ceiling_ratio"] > 0
+
+
+def test_ceiling_rate_counts_parallel_batches_once():
+    """Batches run ``threads`` at a time: the rate is samples over wall time, not over the sum of
+    per-batch times (which would multiply it by the thread count). Sleeping jobs: a slower machine
+    only lowers the rate, so the upper bound holds under any load."""
+    import time
+
+    def job(k: int) -> int:
+        time.sleep(0.05)
+        return 10
+
+    r = bench._run_batches("sleep", job, 2, 0.3, 1.0, {})
+    assert 0 < r.samples_per_s <= 2 * 10 / 0.05 * 1.02  # 400/s at most; the old sum gave 800/s
+    assert r.batch_ms_median >= 0.05 / 2 * 1e3 * 0.98  # a batch's share of its round
