@@ -416,20 +416,15 @@ def main(argv: list[str] | None = None) -> int:
         jpegs = work / "jpegs"
         bench_images.generate(jpegs, cfg["images"])
         _harness.warm_page_cache(jpegs)
-        sections = {}
-        want = lambda name: args.only in (None, name)  # noqa: E731
-        if want("raw"):
-            sections["raw"] = section_raw(work, cfg, jpegs)
-            print("raw images done", flush=True)
-        if want("ragged"):
-            sections["ragged"] = section_ragged(work, cfg)
-            print("variable-size done", flush=True)
-        if want("jpeg"):
-            sections["jpeg"] = section_jpeg(work, cfg, jpegs)
-            print("jpeg done", flush=True)
-        if want("convert"):
-            sections["convert"] = section_convert(work, cfg)
-            print("convert done", flush=True)
+        sections: dict[str, dict[str, Any]] = {}
+        runs_of: dict[str, Callable[[], dict[str, Any]]] = {
+            "raw": lambda: section_raw(work, cfg, jpegs), "ragged": lambda: section_ragged(work, cfg),
+            "jpeg": lambda: section_jpeg(work, cfg, jpegs), "convert": lambda: section_convert(work, cfg)}
+        for name, run in runs_of.items():
+            if args.only in (None, name):
+                sections[name] = run()
+                print(f"{name} done", flush=True)
+        if "convert" in sections:
             sections["npy"] = section_npy(work, cfg, sections["convert"].pop("files"))
         rows, table = [], []
         for sec in sections.values():

@@ -162,6 +162,28 @@ def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: boo
     return target
 
 
+def check_part_entries(where: str, names: Sequence[str], part: tuple[int, int], journal_name: str,
+                       overwrite: bool, resume: bool, place: str) -> None:
+    """What part ``part`` refuses in a destination (a folder or a URL prefix, ``place``) holding
+    ``names``: a finished dataset, parts of a conversion split another way, this part already
+    converted (unless ``overwrite``), or interrupted (unless ``resume`` or ``overwrite``)."""
+    index, count = part
+    if MANIFEST_NAME in names:
+        raise UsageError(f"{where}: already holds a finished dataset; convert the parts into a new {place}")
+    for name in names:
+        m = PART_FILE.match(name)
+        if m and int(m.group(2)) != count:
+            raise UsageError(f"{where}: holds {name}, a part of a conversion split in {int(m.group(2))} parts, not "
+                             f"{count}; use the same N for every part (or a new {place})")
+    what = f"{where}: part {index}/{count}"
+    if part_record_name(index, count) in names and not overwrite:
+        raise UsageError(f"{what} is already converted; pass --overwrite to convert it again")
+    if resume and journal_name not in names:
+        raise UsageError(f"{what}: no interrupted conversion of this part to resume (no {journal_name})")
+    if journal_name in names and not (resume or overwrite):
+        raise UsageError(f"{what} was interrupted; pass --resume to finish it, or --overwrite to start it over")
+
+
 def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], overwrite: bool,
                      resume: bool = False) -> Destination:
     """Create DST if needed and lock this part's files in it (other parts may be writing DST at the
@@ -188,21 +210,8 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
         if foreign:
             raise UsageError(f"{dst}: refused: it holds {foreign[0]!r}, which fastdata did not write; "
                              "choose an empty or new folder")
-        if MANIFEST_NAME in entries:
-            raise UsageError(f"{dst}: already holds a finished dataset; convert the parts into a new folder")
-        for name in entries:
-            m = PART_FILE.match(name)
-            if m and int(m.group(2)) != count:
-                raise UsageError(f"{dst}: holds {name}, a part of a conversion split in {int(m.group(2))} parts, not "
-                                 f"{count}; use the same N for every part (or a new folder)")
         record, jname = part_record_name(index, count), part_journal_name(index, count)
-        what = f"{dst}: part {index}/{count}"
-        if record in entries and not overwrite:
-            raise UsageError(f"{what} is already converted; pass --overwrite to convert it again")
-        if resume and jname not in entries:
-            raise UsageError(f"{what}: no interrupted conversion of this part to resume (no {jname})")
-        if jname in entries and not (resume or overwrite):
-            raise UsageError(f"{what} was interrupted; pass --resume to finish it, or --overwrite to start it over")
+        check_part_entries(str(dst), entries, part, jname, overwrite, resume, "folder")
         target.resume = resume
         if overwrite:
             (dst / record).unlink(missing_ok=True)

@@ -15,14 +15,13 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fastdata.errors import FastdataError, UsageError, WriteError
 from fastdata.format import ShardInfo
 
 from . import _fault
-from .shardwork import ShardTask, write_shard
+from .shardwork import ShardTask, publisher_for, write_shard
 
 log = logging.getLogger(__name__)
 RETRIES = 3  # Ray re-runs a shard task this many times after its worker dies or an I/O error
@@ -151,34 +150,18 @@ def _cancel(ray: Any, pending: dict[Any, ShardTask], force: bool) -> None:
 
 
 def _check_visible(task: ShardTask, info: ShardInfo, host: str) -> None:
-    """The driver must see the shard a worker wrote: DST has to be a filesystem every node shares,
-    or a URL the worker uploaded to."""
-    if task.remote is not None:
-        _check_uploaded(task, info, host)
+    """The driver must see the shard a worker reported: in a folder every node shares, or in the
+    bucket the worker uploaded to (same endpoint and credentials)."""
+    pub = publisher_for(task.dst, task.remote)
+    size = pub.size(info.file)
+    if size == info.bytes:
         return
-    path = Path(task.dst) / info.file
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        size = None
-    if size != info.bytes:
-        raise FastdataError(
-            f"{path}: written by a Ray worker on {host}, but this driver ({socket.gethostname()}) sees "
-            f"{'no such file' if size is None else f'{size} bytes, not {info.bytes}'}: DST must be a folder every "
-            "Ray node shares under the same path (NFS, Lustre, ...)"
-        )
-
-
-def _check_uploaded(task: ShardTask, info: ShardInfo, host: str) -> None:
-    assert task.remote is not None
-    spec = task.remote
-    size = spec.remote_size(info.file)  # (fsspec hands back its cached filesystem for the same options)
-    if size != info.bytes:
-        raise FastdataError(
-            f"{spec.url}/{info.file}: uploaded by a Ray worker on {host}, but this driver ({socket.gethostname()}) "
-            f"finds {'no such object' if size is None else f'{size} bytes, not {info.bytes}'}: the workers must "
-            "reach the same bucket and endpoint as the driver (same storage options and credentials)"
-        )
+    local = task.remote is None
+    seen = f"no such {'file' if local else 'object'}" if size is None else f"{size} bytes, not {info.bytes}"
+    need = ("DST must be a folder every Ray node shares under the same path (NFS, Lustre, ...)" if local else
+            "the workers must reach the same bucket and endpoint as the driver (same storage options and credentials)")
+    raise FastdataError(f"{pub.where(info.file)}: {'written' if local else 'uploaded'} by a Ray worker on {host}, "
+                        f"but this driver ({socket.gethostname()}) {'sees' if local else 'finds'} {seen}: {need}")
 
 
 def _shard_error(ray: Any, task: ShardTask, e: BaseException) -> BaseException:

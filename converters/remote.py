@@ -37,7 +37,15 @@ from fastdata.remote.store import JOURNAL_NAME
 from fastdata.remote.url import filesystem, join
 
 from . import _fault, journal
-from .dst import OURS, PART_FILE, SKIPPED_NAME, part_journal_name, part_lock_name, part_record_name, part_stem
+from .dst import (
+    OURS,
+    SKIPPED_NAME,
+    check_part_entries,
+    part_journal_name,
+    part_lock_name,
+    part_record_name,
+    part_stem,
+)
 from .dstlock import holder
 from .urlpublish import UrlSpec, shard_number
 
@@ -117,23 +125,9 @@ class RemoteTarget:
                                        "wait for it to end")
 
     def _check_part(self, names: list[str], overwrite: bool, resume: bool) -> None:
-        """As converters/dst.py ``prepare_part_dst`` checks a shared folder (other parts may be uploading)."""
+        """As a shared folder is checked for a part (other parts may be uploading)."""
         assert self.part is not None
-        index, count = self.part
-        if MANIFEST_NAME in names:
-            raise UsageError(f"{self.url}: already holds a finished dataset; convert the parts into a new prefix")
-        for name in names:
-            m = PART_FILE.match(name)
-            if m and int(m.group(2)) != count:
-                raise UsageError(f"{self.url}: holds {name}, a part of a conversion split in {int(m.group(2))} "
-                                 f"parts, not {count}; use the same N for every part (or a new prefix)")
-        record, what = part_record_name(index, count), f"{self.url}: part {index}/{count}"
-        if record in names and not overwrite:
-            raise UsageError(f"{what} is already converted; pass --overwrite to convert it again")
-        if resume and self.journal_name not in names:
-            raise UsageError(f"{what}: no interrupted conversion of this part to resume (no {self.journal_name})")
-        if self.journal_name in names and not (resume or overwrite):
-            raise UsageError(f"{what} was interrupted; pass --resume to finish it, or --overwrite to start it over")
+        check_part_entries(self.url, names, self.part, self.journal_name, overwrite, resume, "prefix")
 
     def prepare(self, overwrite: bool, resume: bool) -> tuple[Path, set[str]]:
         """A fresh staging folder (holding the remote journal on resume) and the shards kept remotely."""

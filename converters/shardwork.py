@@ -107,11 +107,13 @@ class Publisher(Protocol):
     DST publishes by fsync + rename (:class:`LocalPublisher`); an object-storage DST uploads the
     file and deletes the local copy (:class:`~.urlpublish.UrlPublisher`). Publishing the same name
     twice with the same bytes is harmless, so a retried or duplicated shard task is too.
-    :meth:`discard` drops the local file of a task that failed before publishing."""
+    :meth:`discard` drops the local file of a task that failed before publishing; :meth:`size` is
+    the published shard's size as this process sees it (None: not there)."""
 
     def local_path(self, name: str) -> Path: ...
     def publish(self, tmp: Path, name: str) -> None: ...
     def intact(self, name: str, expect: ShardInfo) -> bool: ...
+    def size(self, name: str) -> int | None: ...
     def where(self, name: str) -> str: ...
     def discard(self, tmp: Path) -> None: ...
 
@@ -131,9 +133,15 @@ class LocalPublisher:
     def intact(self, name: str, expect: ShardInfo) -> bool:
         path = self.dst / name
         try:
-            return path.stat().st_size == expect.bytes and file_checksum(path, expect.checksum_algorithm) == expect.checksum
+            return self.size(name) == expect.bytes and file_checksum(path, expect.checksum_algorithm) == expect.checksum
         except FileNotFoundError:
             return False
+
+    def size(self, name: str) -> int | None:
+        try:
+            return (self.dst / name).stat().st_size
+        except FileNotFoundError:
+            return None
 
     def where(self, name: str) -> str:
         return str(self.dst / name)

@@ -20,6 +20,7 @@ from typing import Any
 from fastdata.errors import RemoteNotFoundError
 from fastdata.format import ShardInfo
 from fastdata.remote import RemoteOptions
+from fastdata.remote.locks import pid_alive
 from fastdata.remote.options import default_cache_dir
 from fastdata.remote.retry import with_retries
 from fastdata.remote.url import filesystem, join
@@ -98,7 +99,10 @@ class UrlPublisher:
     def intact(self, name: str, expect: ShardInfo) -> bool:
         """The object is there with the journaled size (what ``--resume`` to a URL checks: hashing it
         would mean downloading it)."""
-        return self.spec.remote_size(name, self.fs()) == expect.bytes
+        return self.size(name) == expect.bytes
+
+    def size(self, name: str) -> int | None:
+        return self.spec.remote_size(name, self.fs())
 
     def where(self, name: str) -> str:
         return join(self.spec.url, name)
@@ -128,19 +132,9 @@ def staging_dir(spec: UrlSpec) -> Path:
 def _sweep_dead(root: Path, host: str) -> None:
     for d in root.iterdir():
         stem, _, pid = d.name.rpartition("-")
-        if stem != host or not pid.isdigit() or _alive(int(pid)):
+        if stem != host or not pid.isdigit() or pid_alive(int(pid)):
             continue
         shutil.rmtree(d, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_local(tmp: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 import converters
 import fastdata
 import imagegen as g
+from scenarios.kit import quiet_trainer
 from fastdata.errors import UsageError
 
 BACKENDS = ("hdf5", "lmdb")
@@ -191,9 +192,7 @@ def test_lightning_trains_on_packed_sequences_as_nested_tensors(tmp_path):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
-    trainer.fit(Model(), train_dataloaders=ld)
+    quiet_trainer(max_epochs=2, default_root_dir=tmp_path).fit(Model(), train_dataloaders=ld)
     ld.close()
     expect = sorted([float(s.sum()) for s in seqs] * 2)
     np.testing.assert_allclose(sorted(seen), expect, rtol=1e-5, atol=1e-5)

@@ -211,11 +211,11 @@ def _pwrite_all(fd: int, a: np.ndarray, offset: int) -> None:
 
 @dataclass
 class _Column:
-    """How to read one field in this process: a byte offset for pread, a cached array, or h5py."""
+    """How to read one field in this process: a cached array, a memory map (at byte ``offset``), or h5py."""
 
     offset: int | None = None  # contiguous uncompressed data
     cached: np.ndarray | None = None  # whole small column in memory
-    mapped: np.ndarray | None = None  # small samples: a read-only memory map of the column
+    mapped: np.ndarray | None = None  # a read-only memory map of the column (any sample size)
     dset: Any = None  # chunked/compressed: read through h5py
     offsets: np.ndarray | None = None  # ragged: row offsets, count + 1
     byte_offsets: list[int] | None = None  # ragged and mapped: offsets in bytes, as Python ints
@@ -256,7 +256,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             h5.close()
             raise CorruptShardError(f"{self._where()}: unexpected layout ({type(e).__name__}: {e})") from None
         if not keep_h5:
-            h5.close()  # every column is read with pread: no h5py (and no lock) from here on
+            h5.close()  # every column is cached or memory-mapped: no h5py (and no lock) from here on
             handle.h5 = None
         return handle
 
@@ -305,10 +305,11 @@ class ShardReader(ShardReaderBase[_Handle]):
                 col.bytes_view = memoryview(col.mapped)  # type: ignore[arg-type]
                 assert col.offsets is not None
                 col.byte_offsets = (col.offsets * f.row_nbytes).tolist()
-            elif nbytes and not f.ragged:
-                if nbytes <= _CACHE_COLUMN_BYTES:
+            elif not f.ragged:
+                if nbytes <= _CACHE_COLUMN_BYTES:  # (an empty column too: nothing to map or read)
                     col.cached = np.empty(expect, dtype=f.np_dtype)
-                    pread_into(fd, col.cached, off, self._where())
+                    if nbytes:
+                        pread_into(fd, col.cached, off, self._where())
                 else:
                     # In bounds: the file size was checked above, and read_into re-checks it before
                     # every read, so a file truncated later raises instead of a SIGBUS.
@@ -353,10 +354,6 @@ class ShardReader(ShardReaderBase[_Handle]):
                 m = col.mapped.view(np.ndarray)  # larger rows: one copy per run, straight into the batch
                 for l0, d0, n in runs(local, dest):
                     out[d0 : d0 + n] = m[l0 : l0 + n]
-            elif col.offset is not None:
-                row = f.row_nbytes
-                for l0, d0, n in runs(local, dest):
-                    pread_into(h.fd, out[d0 : d0 + n], col.offset + l0 * row, self._where(l0))
             else:
                 for l0, d0, n in runs(local, dest):
                     self._h5_read(col.dset, np.s_[l0 : l0 + n], out[d0 : d0 + n], l0)

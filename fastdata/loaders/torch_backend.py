@@ -42,16 +42,16 @@ class TorchLoader(Loader):
         # On the CPU, reader threads decode JPEG/PNG straight to float (each image converted while in
         # cache, fastdata/decode.py: +5-7% against converting the batch after); worker processes ship
         # uint8 (4x fewer bytes) and a GPU converts itself.
-        floats = () if processes else self._decode_float(images)
+        # A view of the dataset for the reader threads; not for a URL dataset, whose reads and
+        # plan-following prefetch must share one remote store.
+        view = not processes and self.dataset.remote is None
+        floats = self._decode_float(images) if view else ()
         changes: dict[str, Any] = {"decode": "float"} if floats else {}
         encoded = any(f.encoding == ENCODING_IMAGE for f in self.dataset.schema)
-        if not processes and self.workers >= 2 and encoded and self.dataset.options.get("decode_threads") is None:
+        if view and self.workers >= 2 and encoded and self.dataset.options.get("decode_threads") is None:
             # the reader threads are the parallelism: a decode pool shared by them made each reader
             # wait on the others' images (measured: 13% fewer JPEG batches per second on 2 cores)
             changes["decode_threads"] = 1
-        if self.dataset.remote is not None:
-            changes = {}  # a URL dataset's reads and plan-following prefetch share one store: no second view
-            floats = ()
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
             self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged)
