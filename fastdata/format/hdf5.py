@@ -28,9 +28,9 @@ COMPRESSIONS = ("none", "lzf", "gzip")
 _CHUNK_BYTES = 1 << 20
 _STAGE_BYTES = 32 << 20
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
-# Fixed columns are copied from a memory map, whatever the sample size: against one pread per run,
-# measured 20% faster for 196 KB images, 10% for 903 KB samples (the .npy loader: 0.77 -> 0.85 of a
-# gather from RAM) and 2x for 4 MB rows, on 2 threads (docs/benchmarks.md, issue 16).
+# Fixed columns are copied from a memory map, whatever the sample size: against one pread per
+# sample, 1.7-2.2x for 4 MB rows and 0.90-1.05x for 903 KB rows on 2 threads
+# (benchmarks/bench_choices.py; docs/benchmarks.md, issue 16).
 _GATHER_ROW_BYTES = 64 << 10  # mapped rows up to this size are gathered with one fancy-index call
 
 

@@ -26,9 +26,9 @@ _MAX_INFLIGHT = 4  # host batches whose copy to the GPU may still be queued (eac
 
 def to_unit_float(x: torch.Tensor, out: torch.Tensor) -> None:
     """``out = x / 255`` for a uint8 tensor into a float32 one of the same shape: two whole-batch
-    ops. Cache-sized chunks were measured slower: with two loader threads converting at once, each
-    chunk's parallel region made torch's intra-op threads contend (7.3k against 24.5k images/s of
-    256x256x3 on 2 cores), and chunks small enough to stay single-threaded pay per-op overhead."""
+    ops. Cache-sized chunks were slower: with two loader threads converting at once, each chunk's
+    parallel region made torch's intra-op threads contend (whole-batch ops 1.7-2.5x the 64K-element
+    chunks, benchmarks/bench_choices.py); chunks small enough to stay single-threaded pay per-op overhead."""
     out.copy_(x).mul_(1 / 255)
 
 

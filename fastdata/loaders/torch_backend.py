@@ -40,8 +40,8 @@ class TorchLoader(Loader):
             self._check_packed(images)
         processes = config.mode == "processes" and self.workers > 0
         # On the CPU, reader threads decode JPEG/PNG straight to float (each image converted while in
-        # cache, fastdata/decode.py: +5-7% against converting the batch after); worker processes ship
-        # uint8 (4x fewer bytes) and a GPU converts itself.
+        # cache, fastdata/decode.py); worker processes ship uint8 (4x fewer bytes) and a GPU converts
+        # itself. With the decode_threads choice below: JPEG batches +10-12% (benchmarks/bench_choices.py).
         # A view of the dataset for the reader threads; not for a URL dataset, whose reads and
         # plan-following prefetch must share one remote store.
         view = not processes and self.dataset.remote is None
@@ -50,7 +50,7 @@ class TorchLoader(Loader):
         encoded = any(f.encoding == ENCODING_IMAGE for f in self.dataset.schema)
         if view and self.workers >= 2 and encoded and self.dataset.options.get("decode_threads") is None:
             # the reader threads are the parallelism: a decode pool shared by them made each reader
-            # wait on the others' images (measured: 13% fewer JPEG batches per second on 2 cores)
+            # wait on the others' images
             changes["decode_threads"] = 1
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
