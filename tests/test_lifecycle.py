@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
 
 import psutil
 import pytest
@@ -38,10 +39,22 @@ def shard_handles(ds) -> int:
     return n
 
 
-def resources() -> tuple[int, int, int]:
-    """(open files, threads, child processes) of this process, after a collection."""
+def _snapshot() -> tuple[int, int, int]:
     gc.collect()
     return open_files(), threading.active_count(), len(psutil.Process().children(recursive=True))
+
+
+def resources() -> tuple[int, int, int]:
+    """(open files, threads, child processes) of this process, after a collection, once two readings
+    0.1 s apart agree (at most 5 s): a thread or child of an earlier loader that is already ending
+    finishes first, so it is not counted on one side of a comparison only (seen once under load)."""
+    last, deadline = _snapshot(), time.monotonic() + 5
+    while True:
+        time.sleep(0.1)
+        now = _snapshot()
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
 
 
 def test_dataset_has_several_shards(ds):

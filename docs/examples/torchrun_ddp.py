@@ -21,4 +21,5 @@ with fastdata.loader(sys.argv[1], batch_size=4, seed=0, num_workers=2) as train:
             optimizer.zero_grad()
             samples += len(batch["label"])
     print(f"rank {dist.get_rank()} of {dist.get_world_size()}: {samples} samples per epoch")
+    dist.barrier()  # every rank is done communicating before any tears its connections down
     dist.destroy_process_group()
