@@ -1,4 +1,4 @@
-"""A/B runs behind three reading choices (issue 16), each pair interleaved in one process.
+"""A/B runs behind six reading and writing choices (issue 16), each pair interleaved in one process.
 
 Usage::
 
@@ -13,6 +13,18 @@ Usage::
    uses now (each reader decodes its own batch, straight to float: ``decode_threads=1``,
    ``decode="float"``) against the path before (one decode pool shared by the readers, uint8
    decoding, then a batch conversion), rebuilt here from the same loader.
+4. The float conversion of one decoded 256x256 image while it is in cache (``decode="float"``), 2
+   threads each filling its own batch buffer: a plain cast into the batch row, then the multiply in
+   place, against one mixed-type ``np.multiply(pixels, 1/255, out=row)``.
+5. How an HDF5 shard's bytes are written decides how the page cache holds them, and so how fast
+   they are read back while cached: 2 threads copying random 196 KB rows (256x256x3 images) out of
+   the memory map of a file just written in large ``pwrite``s ending on 2 MB offsets
+   (``fastdata.format.hdf5._Coalesced``, what the converter does now) against the same file
+   written with one ``pwrite`` per sample (before).
+6. LMDB shards of 196 KB records (the images of 3., converted ``--images raw``), ``get_batch`` of
+   random batches on 2 threads: records copied from the reader's own map once their place in the
+   file is known (``fastdata.format.lmdb._Located``) against every record fetched through py-lmdb,
+   which touches each page of a value before returning it.
 
 Each figure is the median of interleaved rounds; results go to ``<out>/choices[_quick].{json,md}``.
 """
@@ -37,6 +49,7 @@ import bench_images  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
+from fastdata.format.hdf5 import _Coalesced  # noqa: E402
 from fastdata.loaders.device import to_unit_float  # noqa: E402
 from fastdata.loaders.host import ThreadReader  # noqa: E402
 
@@ -93,6 +106,81 @@ def jpeg_choice(root: Path) -> tuple[dict[str, Callable[[int], Any]], list[Any]]
             "jpeg loader: shared decode pool, uint8, batch conversion (before)": epoch(before)}, [now, before]
 
 
+def image_float_choice(pool: ThreadPoolExecutor, batches: int) -> dict[str, Callable[[int], Any]]:
+    pixels = [np.random.default_rng(t).integers(0, 256, (256, 256, 3), dtype=np.uint8) for t in range(THREADS)]
+    outs = [np.empty((BATCH, 256, 256, 3), np.float32) for _ in range(THREADS)]
+    scale = np.float32(1 / 255)
+
+    def cast_then_scale(t: int) -> None:
+        for _ in range(batches):
+            for k in range(BATCH):
+                dst = outs[t][k]
+                dst[...] = pixels[t]
+                np.multiply(dst, scale, out=dst)
+
+    def mixed_multiply(t: int) -> None:
+        for _ in range(batches):
+            for k in range(BATCH):
+                np.multiply(pixels[t], scale, out=outs[t][k])
+
+    return {"image to float in cache: cast, then multiply in place (now)": lambda _i: list(pool.map(cast_then_scale, range(THREADS))),
+            "image to float in cache: one mixed-type np.multiply (before)": lambda _i: list(pool.map(mixed_multiply, range(THREADS)))}
+
+
+def written_choice(pool: ThreadPoolExecutor, work: Path, n: int, batches: int) -> dict[str, Callable[[int], Any]]:
+    row, head = 256 * 256 * 3, 2048  # an HDF5 shard's data starts past its header
+    samples = np.random.default_rng(2).integers(0, 256, (n, row), dtype=np.uint8)
+    maps = {}
+    for how in ("coalesced", "per_sample"):
+        path = work / f"written_{how}.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, head + n * row)
+            pending = _Coalesced(fd, n * row)
+            for i in range(n):
+                if how == "coalesced":
+                    pending.add(samples[i], head + i * row)
+                else:
+                    os.pwrite(fd, samples[i], head + i * row)
+            pending.flush()
+        finally:
+            os.close(fd)
+        maps[how] = np.memmap(path, dtype=np.uint8, mode="r", offset=head, shape=(n, row)).view(np.ndarray)
+    bufs = [np.empty((BATCH, row), np.uint8) for _ in range(4)]
+    plans = [np.random.default_rng(k).integers(0, n, BATCH) for k in range(batches)]
+
+    def run(m: np.ndarray) -> Callable[[int], Any]:
+        def gather(k: int) -> None:
+            out = bufs[k % len(bufs)]
+            for j, i in enumerate(plans[k].tolist()):
+                out[j] = m[i]
+
+        return lambda _i: list(pool.map(gather, range(batches)))
+
+    return {"written shard: 2 MB-aligned pwrites, read from its map (now)": run(maps["coalesced"]),
+            "written shard: one pwrite per sample, read from its map (before)": run(maps["per_sample"])}
+
+
+def lmdb_choice(pool: ThreadPoolExecutor, root: Path) -> dict[str, Callable[[int], Any]]:
+    now, before = fastdata.open(root), fastdata.open(root)
+    for r in before._readers:
+        r._located = lambda: None  # type: ignore[attr-defined,method-assign]  # every record through py-lmdb
+    n = len(now)
+    plan = [p[a : a + BATCH] for p in [np.random.default_rng(4).permutation(n)] for a in range(0, n, BATCH)]
+    shape = now.manifest.fields[0].shape
+    bufs = [{"image": np.empty((BATCH, *shape), np.uint8), "label": np.empty(BATCH, np.int64)} for _ in range(4)]
+
+    def run(ds: fastdata.Dataset) -> Callable[[int], Any]:
+        def read(k: int) -> None:
+            b = len(plan[k])
+            ds.get_batch(plan[k], out={name: a[:b] for name, a in bufs[k % 4].items()})
+
+        return lambda _i: list(pool.map(read, range(len(plan))))
+
+    return {"lmdb 196 KB records: copied from the reader's map (now)": run(now),
+            "lmdb 196 KB records: fetched through py-lmdb (before)": run(before)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, figures meaningless")
@@ -115,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         _harness.warm_page_cache(work)
         jpeg, closers = jpeg_choice(work / "jpeg_ds")
         fns.update(jpeg)
+        fns.update(image_float_choice(pool, 1 if args.quick else 4))
+        fns.update(written_choice(pool, work, 64 if args.quick else 2000, 4 if args.quick else 64))
+        converters.convert(work / "jpegs", work / "raw_lmdb", converters.WriteOptions(backend="lmdb", workers=THREADS),
+                           images=converters.ImageOptions(images="raw"))
+        _harness.warm_page_cache(work / "raw_lmdb")
+        fns.update(lmdb_choice(pool, work / "raw_lmdb"))
         times = _harness.time_interleaved(fns, repeats=2 * rounds, warmup=1, rounds=rounds)
         names = list(fns)
         rows = []

@@ -193,7 +193,9 @@ class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
                     if self.unit_float:  # decode into this thread's scratch, convert while it is in cache
                         pixels = scratch[: h * w * spec.channels].reshape(h, w, spec.channels)
                         decode_image(data[k, :n], codec, spec, pixels, self.jpeg)
-                        np.multiply(pixels, scale, out=out[k, :h, :w])
+                        dst = out[k, :h, :w]
+                        dst[...] = pixels  # a plain cast, then the multiply in place: 1.3-1.6x faster
+                        np.multiply(dst, scale, out=dst)  # than one mixed-type multiply (bench_choices)
                     else:
                         decode_image(data[k, :n], codec, spec, out[k, :h, :w], self.jpeg)
                 except DecodeError as e:
