@@ -1,4 +1,4 @@
-"""A/B runs behind six reading and writing choices (issue 16), each pair interleaved in one process.
+"""A/B runs behind five reading choices (issue 16), each pair interleaved in one process.
 
 Usage::
 
@@ -16,12 +16,7 @@ Usage::
 4. The float conversion of one decoded 256x256 image while it is in cache (``decode="float"``), 2
    threads each filling its own batch buffer: a plain cast into the batch row, then the multiply in
    place, against one mixed-type ``np.multiply(pixels, 1/255, out=row)``.
-5. How an HDF5 shard's bytes are written decides how the page cache holds them, and so how fast
-   they are read back while cached: 2 threads copying random 196 KB rows (256x256x3 images) out of
-   the memory map of a file just written in large ``pwrite``s ending on 2 MB offsets
-   (``fastdata.format.hdf5._Coalesced``, what the converter does now) against the same file
-   written with one ``pwrite`` per sample (before).
-6. LMDB shards of 196 KB records (the images of 3., converted ``--images raw``), ``get_batch`` of
+5. LMDB shards of 196 KB records (the images of 3., converted ``--images raw``), ``get_batch`` of
    random batches on 2 threads: records copied from the reader's own map once their place in the
    file is known (``fastdata.format.lmdb._Located``) against every record fetched through py-lmdb,
    which touches each page of a value before returning it.
@@ -49,7 +44,6 @@ import bench_images  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
-from fastdata.format.hdf5 import _Coalesced  # noqa: E402
 from fastdata.loaders.device import to_unit_float  # noqa: E402
 from fastdata.loaders.host import ThreadReader  # noqa: E402
 
@@ -127,40 +121,6 @@ def image_float_choice(pool: ThreadPoolExecutor, batches: int) -> dict[str, Call
             "image to float in cache: one mixed-type np.multiply (before)": lambda _i: list(pool.map(mixed_multiply, range(THREADS)))}
 
 
-def written_choice(pool: ThreadPoolExecutor, work: Path, n: int, batches: int) -> dict[str, Callable[[int], Any]]:
-    row, head = 256 * 256 * 3, 2048  # an HDF5 shard's data starts past its header
-    samples = np.random.default_rng(2).integers(0, 256, (n, row), dtype=np.uint8)
-    maps = {}
-    for how in ("coalesced", "per_sample"):
-        path = work / f"written_{how}.bin"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, head + n * row)
-            pending = _Coalesced(fd, n * row)
-            for i in range(n):
-                if how == "coalesced":
-                    pending.add(samples[i], head + i * row)
-                else:
-                    os.pwrite(fd, samples[i], head + i * row)
-            pending.flush()
-        finally:
-            os.close(fd)
-        maps[how] = np.memmap(path, dtype=np.uint8, mode="r", offset=head, shape=(n, row)).view(np.ndarray)
-    bufs = [np.empty((BATCH, row), np.uint8) for _ in range(4)]
-    plans = [np.random.default_rng(k).integers(0, n, BATCH) for k in range(batches)]
-
-    def run(m: np.ndarray) -> Callable[[int], Any]:
-        def gather(k: int) -> None:
-            out = bufs[k % len(bufs)]
-            for j, i in enumerate(plans[k].tolist()):
-                out[j] = m[i]
-
-        return lambda _i: list(pool.map(gather, range(batches)))
-
-    return {"written shard: 2 MB-aligned pwrites, read from its map (now)": run(maps["coalesced"]),
-            "written shard: one pwrite per sample, read from its map (before)": run(maps["per_sample"])}
-
-
 def lmdb_choice(pool: ThreadPoolExecutor, root: Path) -> dict[str, Callable[[int], Any]]:
     now, before = fastdata.open(root), fastdata.open(root)
     for r in before._readers:
@@ -204,7 +164,6 @@ def main(argv: list[str] | None = None) -> int:
         jpeg, closers = jpeg_choice(work / "jpeg_ds")
         fns.update(jpeg)
         fns.update(image_float_choice(pool, 1 if args.quick else 4))
-        fns.update(written_choice(pool, work, 64 if args.quick else 2000, 4 if args.quick else 64))
         converters.convert(work / "jpegs", work / "raw_lmdb", converters.WriteOptions(backend="lmdb", workers=THREADS),
                            images=converters.ImageOptions(images="raw"))
         _harness.warm_page_cache(work / "raw_lmdb")

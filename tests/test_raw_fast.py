@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -246,35 +244,3 @@ def test_ceiling_rate_counts_parallel_batches_once():
     assert 0 < r.samples_per_s <= 2 * 10 / 0.05 * 1.02  # 400/s at most; the old sum gave 800/s
     assert r.batch_ms_median >= 0.05 / 2 * 1e3 * 0.98  # a batch's share of its round
 
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
-def test_hdf5_writer_coalesces_pwrites_on_2mb_boundaries(tmp_path, monkeypatch):
-    """Samples' bytes reach the file exactly as before, in few large writes that end on 2 MB file
-    offsets (so Linux caches the shard in 2 MB folios), whatever the sample size."""
-    from fastdata.format import hdf5
-
-    writes: list[tuple[int, int]] = []
-    real = hdf5.os.pwrite
-
-    def spy(fd, data, offset):
-        if ".h5" in os.path.basename(os.readlink(f"/proc/self/fd/{fd}")):  # shard writes only (not the journal)
-            writes.append((offset, len(data)))
-        return real(fd, data, offset)
-
-    monkeypatch.setattr(hdf5.os, "pwrite", spy)
-    rng = np.random.default_rng(0)
-    row = 3 * 1000 * 1001  # ~3 MB: larger than a huge page and not a multiple of one
-    for n, shape in ((7, (1000, 1001, 3)), (300, (64, 70, 3))):
-        src = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
-        np.save(tmp_path / f"a{n}.npy", src)
-        dst = tmp_path / f"ds{n}"
-        writes.clear()
-        converters.convert(None, dst, converters.WriteOptions(workers=1), arrays={"x": tmp_path / f"a{n}.npy"})
-        np.testing.assert_array_equal(fastdata.open(dst).get_batch(np.arange(n))["x"], src)
-        big = sorted(writes)
-        total = src.nbytes
-        assert sum(size for _, size in big) == total
-        assert len(big) < max(4, total // (2 << 20))  # not one write per sample
-        ends = [off + size for off, size in big]
-        assert all(e % (2 << 20) == 0 for e in ends[:-1]), ends  # only the last write ends elsewhere
-    assert row > 2 << 20

@@ -2,8 +2,8 @@
 
 Uncompressed fields are stored contiguous, so a reader finds each field's byte offset
 once and then copies any run of samples straight into the batch buffer from a read-only
-memory map: no h5py call (and no h5py global lock) on the hot path. Writers put the samples' bytes in
-place with large ``pwrite``s. Compressed fields are chunked along the sample axis (about 1 MiB a
+memory map: no h5py call (and no h5py global lock) on the hot path. Writers put each sample's bytes in
+place with one ``pwrite``. Compressed fields are chunked along the sample axis (about 1 MiB a
 chunk) and read and written through h5py.
 """
 
@@ -58,9 +58,9 @@ def _chunk_rows(row_bytes: int, n: int) -> int:
 class ShardWriter:
     """Writes one HDF5 shard of ``count`` samples. Use as a context manager; see docs/format.md.
 
-    Uncompressed fields are allocated at creation (contiguous, never filled), and the samples'
-    bytes go to their place in the file in large ``pwrite``s (:class:`_Coalesced`): no h5py call
-    per sample. Compressed fields are staged and written through h5py in blocks.
+    Uncompressed fields are allocated at creation (contiguous, never filled), and each sample's
+    bytes go straight to their place in the file with one ``pwrite``: no staging copy and no h5py
+    call per sample. Compressed fields are staged and written through h5py in blocks.
     """
 
     def __init__(
@@ -102,8 +102,6 @@ class ShardWriter:
             self._file.flush()  # the allocated extents are in the file before any pwrite lands there
             if self._direct:
                 self._fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            self._pending = {f.name: _Coalesced(self._fd, f.row_nbytes * (self._planned_rows[f.name] if f.ragged else count))
-                             for f in fields if f.name in self._direct}
         except BaseException:
             self._file.close()
             raise
@@ -141,7 +139,8 @@ class ShardWriter:
             off = self._direct.get(f.name)
             if off is not None:
                 if a.nbytes:
-                    self._pending[f.name].add(np.ascontiguousarray(a), off + pos)
+                    assert self._fd is not None
+                    _pwrite_all(self._fd, np.ascontiguousarray(a), off + pos)
             else:
                 self._stage[f.name].append(a)
                 self._staged_bytes += a.nbytes
@@ -174,8 +173,6 @@ class ShardWriter:
             return
         try:
             self._flush()
-            for pending in self._pending.values():
-                pending.flush()
             if self._n != self.count:
                 raise ValueError(f"shard got {self._n} samples, planned {self.count}")
             for f in self.fields:
@@ -205,68 +202,11 @@ class ShardWriter:
             self._release()
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+def _pwrite_all(fd: int, a: np.ndarray, offset: int) -> None:
+    view = memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], offset + done)
-
-
-_HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4 KB pages)
-
-
-class _Coalesced:
-    """One field's sample bytes, written in large ``pwrite``s that end on 2 MB file offsets.
-
-    Linux (6.x, ext4 and others) caches a buffered write in folios as large as the write allows, up
-    to 2 MB, and maps 2 MB folios with huge page entries; one ``pwrite`` per sample left a fresh
-    shard cached in small pages. Copies of 196 KB rows out of its memory map: 1.0-1.2x faster from
-    a shard written this way (``benchmarks/bench_choices.py``). Samples are consecutive in the
-    file, so they are staged in one buffer and written when it fills, up to the last 2 MB boundary;
-    the rest waits for the next.
-    """
-
-    def __init__(self, fd: int | None, total: int) -> None:
-        """``total``: the field's bytes in this shard (a smaller field needs a smaller buffer)."""
-        self.fd = fd
-        self.capacity = max(1, min(4 * _HUGE, total))
-        self.buf = np.empty(self.capacity, dtype=np.uint8)
-        self.mv = memoryview(self.buf)  # type: ignore[arg-type]
-        self.start = 0  # file offset of buf[0]
-        self.n = 0
-
-    def add(self, a: np.ndarray, offset: int) -> None:
-        src = memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-        if self.n and offset != self.start + self.n:  # not next to what is staged: write that first
-            self.flush()
-        if not self.n:
-            self.start = offset
-        done = 0
-        while done < len(src):
-            k = min(len(src) - done, self.capacity - self.n)
-            self.mv[self.n : self.n + k] = src[done : done + k]
-            self.n += k
-            done += k
-            if self.n >= self.capacity:
-                self._write_aligned()
-
-    def _write_aligned(self) -> None:
-        end = (self.start + self.n) // _HUGE * _HUGE
-        if end <= self.start:
-            end = self.start + self.n
-        k = end - self.start
-        assert self.fd is not None
-        _pwrite_all(self.fd, self.mv[:k], self.start)
-        rest = self.n - k
-        if rest:
-            self.buf[:rest] = self.buf[k : self.n]
-        self.start, self.n = end, rest
-
-    def flush(self) -> None:
-        if self.n:
-            assert self.fd is not None
-            _pwrite_all(self.fd, self.mv[: self.n], self.start)
-            self.start += self.n
-            self.n = 0
 
 
 @dataclass
