@@ -1,4 +1,4 @@
-"""A/B runs behind five reading choices (issue 16), each pair interleaved in one process.
+"""A/B runs behind six reading choices (issue 16), each pair interleaved in one process.
 
 Usage::
 
@@ -20,6 +20,10 @@ Usage::
    random batches on 2 threads: records copied from the reader's own map once their place in the
    file is known (``fastdata.format.lmdb._Located``) against every record fetched through py-lmdb,
    which touches each page of a value before returning it.
+6. Mixed-size images (sides 160-352) copied into their batch padded to the largest height and width,
+   one thread (what ``get_batch`` does for a mixed-size ``pixels`` field): each image's whole block
+   zeroed first, then its rows copied (``fastdata.format.shardio.RaggedOut``), against the rows
+   copied first, then the right and bottom margins zeroed.
 
 Each figure is the median of interleaved rounds; results go to ``<out>/choices[_quick].{json,md}``.
 """
@@ -141,6 +145,34 @@ def lmdb_choice(pool: ThreadPoolExecutor, root: Path) -> dict[str, Callable[[int
             "lmdb 196 KB records: fetched through py-lmdb (before)": run(before)}
 
 
+def padded_choice(n: int, batches: int) -> dict[str, Callable[[int], Any]]:
+    rng = np.random.default_rng(6)
+    images = [rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8) for h, w in rng.integers(160, 353, (n, 2))]
+    plan = [rng.permutation(n)[:BATCH] for _ in range(batches)]
+    buf = np.empty(BATCH * 352 * 352 * 3, np.uint8)
+
+    def run(zero_first: bool) -> Callable[[int], Any]:
+        def epoch(_i: int) -> None:
+            for idx in plan:
+                shapes = [images[i].shape for i in idx]
+                hmax, wmax = max(s[0] for s in shapes), max(s[1] for s in shapes)
+                rows = buf[: len(idx) * hmax * wmax * 3].reshape(len(idx), hmax, wmax * 3)
+                for k, i in enumerate(idx.tolist()):
+                    h, w, _ = shapes[k]
+                    o = rows[k]
+                    if zero_first:
+                        o.fill(0)
+                    o[:h, : w * 3] = images[i].reshape(h, w * 3)
+                    if not zero_first:
+                        o[:h, w * 3 :].fill(0)
+                        o[h:].fill(0)
+
+        return epoch
+
+    return {"padded mixed images: block zeroed, then rows copied (now)": run(True),
+            "padded mixed images: rows copied, then margins zeroed (before)": run(False)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, figures meaningless")
@@ -168,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                            images=converters.ImageOptions(images="raw"))
         _harness.warm_page_cache(work / "raw_lmdb")
         fns.update(lmdb_choice(pool, work / "raw_lmdb"))
+        fns.update(padded_choice(100 if args.quick else 800, 2 if args.quick else 24))
         times = _harness.time_interleaved(fns, repeats=2 * rounds, warmup=1, rounds=rounds)
         names = list(fns)
         rows = []

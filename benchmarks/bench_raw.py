@@ -135,9 +135,8 @@ def numpy_padded_epoch(images: list[np.ndarray], plan: list[np.ndarray], buf: np
         o = buf[: len(idx) * H * W * 3].reshape(len(idx), H, W * 3)
         for k, i in enumerate(idx.tolist()):
             h, w = hs[k], ws[k]
+            o[k] = 0  # the image's whole block, then its rows: the faster order (bench_choices 6)
             o[k, :h, : w * 3] = images[i].reshape(h, w * 3)
-            o[k, :h, w * 3 :] = 0
-            o[k, h:] = 0
     return sum(len(p) for p in plan)
 
 

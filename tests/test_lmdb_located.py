@@ -96,3 +96,23 @@ def test_a_shard_truncated_after_its_records_were_located_is_an_error(tmp_path):
     with pytest.raises(CorruptShardError, match="truncated or rewritten"):
         ds.get_batch([N - 1])
     np.testing.assert_array_equal(ds.get_batch([0])["x"][0], x[0])  # the other shard still reads
+
+
+def test_a_map_not_found_in_proc_maps_is_looked_up_once_then_records_read_through_lmdb(tmp_path, monkeypatch):
+    """Where /proc/self/maps names another device or inode than fstat (some stacked filesystems),
+    no record can be located: reads stay correct and the maps file is not read again per record."""
+    from fastdata.format import lmdb as lmdb_format
+
+    calls = []
+    monkeypatch.setattr(lmdb_format._Located, "_find_map", lambda self, address: calls.append(address))
+    dst, x, y = _dataset(tmp_path)
+    ds = fastdata.open(dst)
+    idx = np.random.default_rng(1).integers(0, N, 40)
+    for _ in range(3):
+        b = ds.get_batch(idx)
+        np.testing.assert_array_equal(b["x"], x[idx])
+        np.testing.assert_array_equal(b["y"], y[idx])
+    readers = [r for r in ds._readers if r.handle().located is not None]
+    assert readers
+    assert len(calls) == len(readers)  # once per shard handle, not once per record or batch
+    assert all(r.handle().located.lost for r in readers)

@@ -253,9 +253,14 @@ class _Located:
         self.mv = memoryview(self.mem)  # type: ignore[arg-type]
         self.offsets = np.full(count, -1, dtype=np.int64)  # -1: not read yet in this process
         self._lmdb_map: tuple[int, int, int] | None = None  # start, end, file offset of start
+        # LMDB's map not found in /proc/self/maps (a filesystem that names another device or inode
+        # there than fstat does): looked up once, then records are read through LMDB as before
+        self.lost = False
 
     def note(self, local: int, buf: memoryview | bytes) -> None:
         """Record ``local`` is ``buf`` (a value LMDB returned): remember where it lies in the file."""
+        if self.lost:
+            return
         off = self.offset_of(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
         if off is not None and 0 <= off <= len(self.mem) - len(buf):
             self.offsets[local] = off
@@ -264,8 +269,12 @@ class _Located:
         """The file offset of ``address`` inside LMDB's map of this file (None if not found)."""
         m = self._lmdb_map
         if m is None or not m[0] <= address < m[1]:
-            m = self._lmdb_map = self._find_map(address)
-        return None if m is None else address - m[0] + m[2]
+            m = self._find_map(address)
+            if m is None:
+                self.lost = True
+                return None
+            self._lmdb_map = m
+        return address - m[0] + m[2]
 
     def _find_map(self, address: int) -> tuple[int, int, int] | None:
         try:
@@ -579,7 +588,8 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _located(self) -> _Located | None:
         """This process's :class:`_Located` (Linux, records not gathered by getmulti), else None."""
-        return self.handle().located
+        loc = self.handle().located
+        return None if loc is None or loc.lost else loc
 
     def _locate(self, loc: _Located, local: np.ndarray) -> None:
         """Read records ``local`` through LMDB once: check each header and note where it lies."""

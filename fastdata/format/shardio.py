@@ -87,9 +87,8 @@ class RaggedOut:
             return
         h, w, c = self.shapes[d]
         o = self.rows[d]  # (H, W*C): rows of pixels as plain byte rows, far faster to copy than (h, w, c)
-        o[:h, : w * c] = np.frombuffer(src, np.uint8, n, off).reshape(h, w * c)
-        o[:h, w * c :].fill(0)
-        o[h:].fill(0)
+        o.fill(0)  # the whole block first (one memset), so the image rows land on lines already in cache:
+        o[:h, : w * c] = np.frombuffer(src, np.uint8, n, off).reshape(h, w * c)  # 1.1x zeroing margins after (bench_choices 6)
 
     def zero(self, a: int, b: int) -> None:
         if b - a <= len(self.zeros):
