@@ -45,6 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 import bench_images  # noqa: E402
+import bench_raw  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
@@ -150,27 +151,10 @@ def padded_choice(n: int, batches: int) -> dict[str, Callable[[int], Any]]:
     images = [rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8) for h, w in rng.integers(160, 353, (n, 2))]
     plan = [rng.permutation(n)[:BATCH] for _ in range(batches)]
     buf = np.empty(BATCH * 352 * 352 * 3, np.uint8)
-
-    def run(zero_first: bool) -> Callable[[int], Any]:
-        def epoch(_i: int) -> None:
-            for idx in plan:
-                shapes = [images[i].shape for i in idx]
-                hmax, wmax = max(s[0] for s in shapes), max(s[1] for s in shapes)
-                rows = buf[: len(idx) * hmax * wmax * 3].reshape(len(idx), hmax, wmax * 3)
-                for k, i in enumerate(idx.tolist()):
-                    h, w, _ = shapes[k]
-                    o = rows[k]
-                    if zero_first:
-                        o.fill(0)
-                    o[:h, : w * 3] = images[i].reshape(h, w * 3)
-                    if not zero_first:
-                        o[:h, w * 3 :].fill(0)
-                        o[h:].fill(0)
-
-        return epoch
-
-    return {"padded mixed images: block zeroed, then rows copied (now)": run(True),
-            "padded mixed images: rows copied, then margins zeroed (before)": run(False)}
+    return {"padded mixed images: block zeroed, then rows copied (now)":
+            lambda _i: bench_raw.numpy_padded_epoch(images, plan, buf, zero_first=True),
+            "padded mixed images: rows copied, then margins zeroed (before)":
+            lambda _i: bench_raw.numpy_padded_epoch(images, plan, buf, zero_first=False)}
 
 
 def main(argv: list[str] | None = None) -> int:
