@@ -88,8 +88,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def gloo_group(rank: int, world: int, port: int):
-    """In a spawned rank: a gloo process group on 127.0.0.1:port, destroyed on the way out; yields torch.distributed."""
+    """In a spawned rank: a gloo process group on 127.0.0.1:port, destroyed on the way out; yields torch.distributed.
+    A DDP model made inside must be freed before the block ends (see docs/integrations.md, "Ending a DDP script")."""
     import torch.distributed as dist
+    import torch.distributed.nn  # noqa: F401  imported later (by DDP), it keeps the group alive until exit
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

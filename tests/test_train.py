@@ -140,15 +140,19 @@ def test_compile_failure_falls_back_to_eager(blobs, monkeypatch):
     assert any("falling back to eager" in line and "inductor exploded" in line for line in logs)
 
 
+def _ddp_fit_rank(rank: int, path: str, out: str) -> None:
+    model = nn.parallel.DistributedDataParallel(make_model(5, bn=False))
+    ld = fastdata.loader(path, 8, device="cpu", num_workers=0)
+    logs: list[str] = []
+    res = train.fit(model, ld, torch.optim.SGD(model.parameters(), lr=0.1), classification_loss(), epochs=1,
+                    grad_accum=2, on_log=logs.append, log_every=0)
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.save({"params": flat, "logs": len(logs), "steps": res.steps}, f"{out}-{rank}.pt")
+
+
 def _ddp_fit(rank: int, world: int, port: int, path: str, out: str) -> None:
     with gloo_group(rank, world, port):
-        model = nn.parallel.DistributedDataParallel(make_model(5, bn=False))
-        ld = fastdata.loader(path, 8, device="cpu", num_workers=0)
-        logs: list[str] = []
-        res = train.fit(model, ld, torch.optim.SGD(model.parameters(), lr=0.1), classification_loss(), epochs=1,
-                        grad_accum=2, on_log=logs.append, log_every=0)
-        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-        torch.save({"params": flat, "logs": len(logs), "steps": res.steps}, f"{out}-{rank}.pt")
+        _ddp_fit_rank(rank, path, out)  # the DDP model is freed before the group is destroyed
 
 
 def test_ddp_ranks_stay_in_sync_and_only_rank0_logs(blobs, tmp_path):
