@@ -331,3 +331,24 @@ def test_torchrun_example_runs(ds, tmp_path):
                        capture_output=True, text=True, env=_example_env(), timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rank 0 of 2: 20 samples per epoch" in r.stdout and "rank 1 of 2: 20 samples per epoch" in r.stdout
+
+
+_GLOO_THREADS_LEFT = """
+import os, runpy, sys
+sys.argv = [sys.argv[1], sys.argv[2]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("left:", sorted(n for n in names if "gloo" in n or "tcpstore" in n))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc")
+def test_torchrun_example_ends_its_gloo_threads_before_exit(ds, tmp_path):
+    """The example's process group really ends at destroy_process_group: gloo threads still alive when
+    Python shuts down can abort the rank (docs/integrations.md, "Ending a DDP script"). One rank, no torchrun."""
+    env = {**_example_env(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    r = subprocess.run([sys.executable, "-c", _GLOO_THREADS_LEFT, str(EXAMPLES / "torchrun_ddp.py"), str(ds)],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rank 0 of 1: 40 samples per epoch" in r.stdout and "left: []" in r.stdout, r.stdout
