@@ -71,3 +71,28 @@ def test_readme_and_ci_run_the_same_test_command():
     assert len(commands) == 2, "README's first lines give the two commands"
     assert "torch==2.13.0" in commands[0] and "torch==2.13.0" in commands[1]
     assert commands[1] in ci
+    assert "-c constraints-dev.txt" in commands[1], "the test command installs the locked versions"
+    assert "python3 -m venv" in ci and "mktemp" in ci, ".ci/run makes a new virtual environment for every run"
+
+
+def test_every_dev_requirement_is_pinned_in_the_lock():
+    """constraints-dev.txt pins each package of the dev extra (and torch) to one version that the extra allows."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for line in (ROOT / "constraints-dev.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version and ";" not in version, f"not an exact pin: {line!r}"
+            pins[canonicalize_name(name)] = version.strip()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["optional-dependencies"]["dev"] + project["dependencies"]]
+    unpinned = [str(r) for r in wanted if canonicalize_name(r.name) not in pins]
+    assert not unpinned, f"not in constraints-dev.txt (run: python .ci/lock.py): {unpinned}"
+    outside = [f"{r} (locked {pins[canonicalize_name(r.name)]})" for r in wanted
+               if not r.specifier.contains(pins[canonicalize_name(r.name)], prereleases=True)]
+    assert not outside, f"locked versions outside pyproject's ranges: {outside}"
+    assert pins["torch"] == "2.13.0"

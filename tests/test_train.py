@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Iterator
 
 import numpy as np
 import pytest
 import torch
+from conftest import free_port, gloo_group
 from torch import nn
 
 import converters
 import fastdata
-from conftest import free_port, gloo_group
 from fastdata import train
 from fastdata.augment import RandomCrop
 from fastdata.examples import classification_loss
@@ -271,10 +272,38 @@ def test_precision_plan_for_cpu_cuda_and_bf16_support(monkeypatch):
         train.PrecisionPlan.choose(cuda, "fp8", conv, True, True)  # type: ignore[arg-type]
 
 
-def test_precision_plan_sets_tf32_and_cudnn_flags_only_for_cuda(monkeypatch):
-    for obj, name in [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
-                      (torch.backends.cudnn, "benchmark")]:
-        monkeypatch.setattr(obj, name, getattr(obj, name))  # restored after the test
+@contextlib.contextmanager
+def restored_backend_flags() -> Iterator[None]:
+    """Put torch's TF32 and cudnn.benchmark flags back as they were, by assignment.
+
+    Not monkeypatch: ``torch.backends.cuda.matmul`` serves ``allow_tf32`` from ``__getattr__``, so
+    pytest (>= 9) restores it by deleting an attribute that was never stored, and its teardown fails."""
+    flags = [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
+             (torch.backends.cudnn, "benchmark")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name in flags]
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+def test_restored_backend_flags_puts_every_flag_back():
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    with restored_backend_flags():
+        torch.backends.cuda.matmul.allow_tf32 = not before[0]
+        torch.backends.cudnn.allow_tf32 = not before[1]
+        torch.backends.cudnn.benchmark = not before[2]
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.benchmark) == before
+
+
+def test_precision_plan_sets_tf32_and_cudnn_flags_only_for_cuda():
+    with restored_backend_flags():
+        _check_precision_plan_flags()
+
+
+def _check_precision_plan_flags() -> None:
     torch.backends.cudnn.benchmark = False
     cuda, model = torch.device("cuda"), make_model()
     train.PrecisionPlan(cuda, "fp32", None, False, False, cudnn_benchmark=False).apply_flags()
