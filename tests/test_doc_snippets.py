@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import snippets
 from PIL import Image
 
 import converters
-import snippets
 from fastdata import cli
 
 Setup = Callable[[Path, pytest.MonkeyPatch, pytest.FixtureRequest], None]
@@ -320,6 +320,30 @@ def run_page(page: str, tmp: Path, mp: pytest.MonkeyPatch, request: pytest.Fixtu
 @pytest.mark.parametrize("page", PAGES_WITH_CODE)
 def test_page_snippets_run(page, tmp_path, monkeypatch, request):
     run_page(page, tmp_path, monkeypatch, request)
+
+
+@pytest.mark.parametrize("source", ["images", "arrays (2, 8, 8, 8)", "X.npy --labels y.npy"])
+def test_quickstart_trains_on_any_dataset(source, tmp_path, monkeypatch):
+    """Step 3 of the quickstart, as written, on the other kinds of data the page names (the page test trains
+    on .npy samples of (3, 8, 8))."""
+    monkeypatch.chdir(tmp_path)
+    if source == "images":
+        image_classes(tmp_path / "src", n=8, sizes=((16, 20), (20, 14)))
+        args = ["src/", "shards/train/"]
+    elif source.startswith("arrays"):
+        npy_classes(tmp_path / "src", n=8, shape=(2, 8, 8, 8))
+        args = ["src/", "shards/train/"]
+    else:
+        np.save(tmp_path / "X.npy", RNG.standard_normal((8, 5)).astype(np.float32))
+        np.save(tmp_path / "y.npy", np.arange(8) % 3)
+        args = ["X.npy", "shards/train/", "--labels", "y.npy"]
+    code, out = run_fastdata(["convert", *args, "--quiet", "--workers", "1"])
+    assert code == 0, out
+    train = next(b for b in snippets.blocks(snippets.ROOT / "docs/quickstart.md") if b.lang == "python")
+    assert "fit(" in train.code
+    namespace: dict = {}
+    exec(compile(train.code, train.where, "exec"), namespace)  # noqa: S102 - our own documentation
+    assert [m.samples for m in namespace["result"].epochs] == [8] * 10
 
 
 # --- every block is covered ------------------------------------------------------------------------------------
