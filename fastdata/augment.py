@@ -695,6 +695,19 @@ class Augment:
         return out
 
 
+def shapes_after(ops: Sequence[Any], shapes: Tensor) -> Tensor:
+    """``<image>_shape`` rows ((B, 3): H, W, C) after the built-in ``ops``, for the DALI backend (the torch backend
+    follows the images themselves): no random draw changes a size; crops and Resize give theirs, Pad adds its
+    borders, the other ops keep it."""
+    hw = shapes[:, :2]
+    for op in ops:
+        if _builtin(op) and isinstance(op, _Geometric):
+            hw = torch.tensor(pair(op.size)).to(hw).expand(len(hw), 2) if op.fixed_size else op.out_sizes(hw)  # type: ignore[attr-defined]
+    out = shapes.clone()
+    out[:, :2] = hw
+    return out
+
+
 def _update_shapes(batch: dict[str, Tensor], name: str, hw: Tensor) -> None:
     """Set the (H, W) columns of the ``<image>_shape`` field, if the batch has one, to the sizes after the ops
     (``hw``, (B, 2)), so the field describes the images it comes with; other columns (channels) are kept."""

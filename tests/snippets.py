@@ -13,7 +13,8 @@ A block is a fenced block or a 4-space indented one. How the runner treats it:
   in its quick mode instead.
 
 A comment on the line before a block changes that: ``<!-- snippet: skip WHY -->`` (not run, and the
-reason is required), ``<!-- snippet: gpu -->`` (run only with CUDA), ``<!-- snippet: dali -->`` (only with
+reason is required), ``<!-- snippet: slow WHY -->`` (run by a test marked slow, on the page's fresh data,
+not in the default suite), ``<!-- snippet: gpu -->`` (run only with CUDA), ``<!-- snippet: dali -->`` (only with
 CUDA and NVIDIA DALI), ``<!-- snippet: alternatives -->``
 (each command is an alternative to the others: see tests/test_doc_snippets.py).
 """
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 TEXT = {"text", "json", "csv", "jsonl"}
 MARKER = re.compile(r"^<!--\s*snippet:\s*(?P<kind>[a-z]+)\s*(?P<why>.*?)\s*-->$")
-KINDS = {"skip", "gpu", "dali", "alternatives"}
+KINDS = {"skip", "slow", "gpu", "dali", "alternatives"}
 EXAMPLE = re.compile(r"^# (docs/examples/\S+\.py)$")
 
 

@@ -8,8 +8,9 @@ such as ``/shared/raw`` mapped into tmp_path, a benchmark's time shortened); eac
 run against the local moto server of tests/conftest.py.
 
 In an ``alternatives`` block each command is an alternative to the others: a convert's destination is
-removed before it runs, and after the block the first command runs again, so the pages's later blocks
-see what its first line made.
+removed before it runs, and after the block the first command runs again, so the page's later blocks
+see what its first line made. Blocks marked ``slow`` (a local Ray) run in a test marked slow instead,
+``gpu``/``dali`` blocks only where CUDA (and DALI) is present.
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ SETUPS: dict[str, Setup] = {
 # (page, text in a command, what runs instead): placeholder paths into tmp_path, benchmarks shortened.
 REWRITES: list[tuple[str, str, str]] = [
     ("docs/quickstart.md", "--naive train/", "--naive train/ --seconds 0.5"),
-    ("docs/quickstart.md", "--budget 60s", "--budget 2s"),
+    ("docs/quickstart.md", "--budget 60s", "--budget 1s"),
     ("docs/scale.md", "/shared/", "shared/"),
     ("docs/scale.md", "/data/", "data/"),
     ("docs/remote.md", "--seconds 20", "--seconds 0.5"),
@@ -296,7 +297,8 @@ def run_command(page: str, line: int, command: str) -> None:
     assert code == 0, f"{page}:{line}: `{command}` exited with {code}:\n{out[-3000:]}"
 
 
-def run_page(page: str, tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+def run_page(page: str, tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest, slow: bool = False) -> None:
+    """Set the page's data up in ``tmp``, then run its blocks in order (``slow``: only the blocks marked slow)."""
     import torch
 
     mp.chdir(tmp)
@@ -306,7 +308,8 @@ def run_page(page: str, tmp: Path, mp: pytest.MonkeyPatch, request: pytest.Fixtu
     namespace: dict = {"__name__": "__snippet__"}
     used: set[int] = set()
     for block in snippets.blocks(snippets.ROOT / page):
-        if not runnable(block) or block.marker in ("gpu", "dali") and not torch.cuda.is_available() \
+        if not runnable(block) or (block.marker == "slow") != slow \
+                or block.marker in ("gpu", "dali") and not torch.cuda.is_available() \
                 or block.marker == "dali" and importlib.util.find_spec("nvidia.dali") is None:
             continue
         if block.lang == "python":
@@ -314,12 +317,21 @@ def run_page(page: str, tmp: Path, mp: pytest.MonkeyPatch, request: pytest.Fixtu
         else:
             run_shell(block, used)
     stale = [r for k, r in enumerate(REWRITES) if r[0] == page and k not in used]
-    assert not stale, f"rewrites that match no command of {page} any more: {stale}"
+    assert slow or not stale, f"rewrites that match no command of {page} any more: {stale}"
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE)
 def test_page_snippets_run(page, tmp_path, monkeypatch, request):
     run_page(page, tmp_path, monkeypatch, request)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", sorted({b.page for b in all_blocks() if b.marker == "slow"}))
+def test_slow_page_snippets_run(page, tmp_path, monkeypatch, request):
+    """The blocks marked slow (a local Ray: seconds to start), on the page's fresh data."""
+    if "--engine ray" in "".join(b.code for b in snippets.blocks(snippets.ROOT / page) if b.marker == "slow"):
+        pytest.importorskip("ray")
+    run_page(page, tmp_path, monkeypatch, request, slow=True)
 
 
 @pytest.mark.parametrize("source", ["images", "arrays (2, 8, 8, 8)", "X.npy --labels y.npy"])
@@ -354,8 +366,8 @@ def test_every_block_is_run_or_marked_with_a_reason():
     for b in all_blocks():
         if b.marker and b.marker not in snippets.KINDS:
             problems.append(f"{b.where}: unknown snippet marker {b.marker!r} (known: {sorted(snippets.KINDS)})")
-        if b.marker == "skip" and len(b.why.split()) < 3:
-            problems.append(f"{b.where}: a skipped block must say why (<!-- snippet: skip WHY -->)")
+        if b.marker in ("skip", "slow") and len(b.why.split()) < 3:
+            problems.append(f"{b.where}: a {b.marker} block must say why (<!-- snippet: {b.marker} WHY -->)")
         if b.marker == "skip" or b.lang in snippets.TEXT:
             continue
         if b.lang == "python":
