@@ -26,12 +26,12 @@ def render() -> str:
         "Generated from `fastdata --help` by `python docs/gen_cli.py`; do not edit by hand.",
         "Exit codes: 0 success, 1 data or dataset error, 2 usage error. `fastdata --debug COMMAND` shows tracebacks.",
         "",
-        "```",
+        "```text",
         parser.format_help().rstrip().replace(" ...", "").rstrip(),
         "```",
     ]
     for name, p in sub.choices.items():
-        parts += ["", f"## fastdata {name}", "", "```", p.format_help().rstrip(), "```"]
+        parts += ["", f"## fastdata {name}", "", "```text", p.format_help().rstrip(), "```"]
     return "\n".join(parts) + "\n"
 
 

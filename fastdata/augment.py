@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import UsageError
+from .format.spec import SHAPE_SUFFIX
 from .seeds import Stream, int_seed
 from .targets import VALID_SUFFIX, Boxes, Custom, Geometry, Keypoints, Mask, Target
 
@@ -689,8 +690,33 @@ class Augment:
                     hw = op.out_sizes(hw)
         if x is not None:
             out[image] = x  # type: ignore[index]
+            _update_shapes(out, image + SHAPE_SUFFIX, hw)  # type: ignore[operator]
         work.finish(out)
         return out
+
+
+def shapes_after(ops: Sequence[Any], shapes: Tensor) -> Tensor:
+    """``<image>_shape`` rows ((B, 3): H, W, C) after the built-in ``ops``, for the DALI backend (the torch backend
+    follows the images themselves): no random draw changes a size; crops and Resize give theirs, Pad adds its
+    borders, the other ops keep it."""
+    hw = shapes[:, :2]
+    for op in ops:
+        if _builtin(op) and isinstance(op, _Geometric):
+            hw = torch.tensor(pair(op.size)).to(hw).expand(len(hw), 2) if op.fixed_size else op.out_sizes(hw)  # type: ignore[attr-defined]
+    out = shapes.clone()
+    out[:, :2] = hw
+    return out
+
+
+def _update_shapes(batch: dict[str, Tensor], name: str, hw: Tensor) -> None:
+    """Set the (H, W) columns of the ``<image>_shape`` field, if the batch has one, to the sizes after the ops
+    (``hw``, (B, 2)), so the field describes the images it comes with; other columns (channels) are kept."""
+    shapes = batch.get(name)
+    if shapes is None or shapes.dim() != 2 or shapes.shape[1] < 2:
+        return
+    shapes = shapes.clone()
+    shapes[:, :2] = hw.round().to(shapes.device, shapes.dtype)
+    batch[name] = shapes
 
 
 class _Targets:

@@ -1,8 +1,9 @@
 """Small example models for the demo, benchmarks and docs (no torchvision needed).
 
 ``FlimCNN`` is a scaled-down version of the 3-D CNN our FLIM user trains on (2, 256, 21, 21)
-arrays: gentle stride-2 temporal downsampling, then global pooling. ``SmallConvNet`` is a plain
-2-D conv net for image batches. ``naive_loader`` is the per-file baseline every benchmark
+arrays: gentle stride-2 temporal downsampling, then global pooling; it needs (B, 2, T >= 16, H, W)
+batches. ``SmallConvNet`` is a plain 2-D conv net for image batches. ``TinyNet`` takes samples of any
+shape (the quickstart's model). ``naive_loader`` is the per-file baseline every benchmark
 compares against; ``write_npy_folder`` writes the per-file data it reads.
 """
 
@@ -33,6 +34,25 @@ class FlimCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(torch.log1p(x.clamp_min(0)) / 10.0))  # the user's FLIM preprocessing
+
+
+class TinyNet(nn.Module):
+    """A small classifier for samples of any shape and dtype: (B, ...) arrays, (B, C, H, W) images, padded
+    sequences. Each sample is flattened and pooled to ``bins`` means and ``bins`` maxima, normalised, then
+    fed to a two-layer MLP. No parameter depends on the sample's shape, so the same model runs on any
+    dataset (the quickstart uses it); it is a starting point, not a model chosen for accuracy."""
+
+    def __init__(self, num_classes: int, bins: int = 64, hidden: int = 128) -> None:
+        super().__init__()
+        self.bins = bins
+        self.head = nn.Sequential(nn.LayerNorm(2 * bins), nn.Linear(2 * bins, hidden), nn.ReLU(inplace=True),
+                                  nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(len(x), 1, -1).float()  # adaptive pooling also stretches samples shorter than bins
+        pooled = torch.cat([nn.functional.adaptive_avg_pool1d(flat, self.bins),
+                            nn.functional.adaptive_max_pool1d(flat, self.bins)], dim=-1)
+        return self.head(pooled.flatten(1))
 
 
 class SmallConvNet(nn.Module):

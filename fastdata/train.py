@@ -21,7 +21,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -427,6 +427,27 @@ def epoch_summary(m: EpochMetrics) -> str:
             f"({m.wait_s:.2f} s of {m.seconds:.2f} s), loss {m.loss:.4f}, skipped steps {m.skipped_steps}{peak}")
 
 
+@contextlib.contextmanager
+def shown_by_default(enabled: bool) -> Iterator[None]:
+    """While ``fit`` runs: if nothing in the program handles ``fastdata.train``'s records (no handler on it or
+    above it, the state before ``logging.basicConfig``), show its INFO lines on stderr, so the per-epoch
+    report is seen by default. A program that configured logging decides for itself; nothing stays behind."""
+    if not enabled or log.hasHandlers():
+        yield
+        return
+    handler = logging.StreamHandler()  # stderr, like every logging default
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = log.level
+    log.addHandler(handler)
+    if level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
 # --- the loop ------------------------------------------------------------------------------------------------------
 
 
@@ -481,49 +502,53 @@ def fit(
     max_steps: int | None = None,
     log_every: int = 50,
     on_log: Callable[[str], None] | None = None,
+    verbose: bool = True,
 ) -> FitResult:
     """Train ``model`` for ``epochs`` over ``loader`` (a ``fastdata.loader`` or any iterable of batch dicts).
 
     ``loss_fn(model, batch)`` returns the loss. ``checkpoint`` is written at every epoch end
     (and every ``checkpoint_every`` optimizer steps); ``resume`` continues from one. ``max_steps``
-    stops after that many optimizer steps in total (writing the checkpoint). Messages go to
-    ``on_log`` (default: the ``fastdata.train`` logger), from rank 0 only under DDP.
+    stops after that many optimizer steps in total (writing the checkpoint). Messages (the start-up
+    report, one line per epoch, a loss line every ``log_every`` batches) go to ``on_log``, else to the
+    ``fastdata.train`` logger at INFO, from rank 0 only under DDP. When the program has configured no
+    logging, ``fit`` shows the logger's lines on stderr while it runs; ``verbose=False`` never does.
     """
     if epochs < 1 or grad_accum < 1:
         raise ValueError("epochs and grad_accum must be at least 1")
     world = World.detect()
     say: Say = (on_log or log.info) if world.rank == 0 else (lambda _msg: None)
-    device = getattr(loader, "device", None) or next(model.parameters()).device
-    plan = PrecisionPlan.choose(torch.device(device), precision, _unwrap(model), channels_last, _fixed_shapes(loader))
-    plan.apply_flags()
-    plan.place(model)
-    scaler = plan.make_scaler()
+    with shown_by_default(verbose and on_log is None and world.rank == 0):
+        device = getattr(loader, "device", None) or next(model.parameters()).device
+        plan = PrecisionPlan.choose(torch.device(device), precision, _unwrap(model), channels_last, _fixed_shapes(loader))
+        plan.apply_flags()
+        plan.place(model)
+        scaler = plan.make_scaler()
 
-    start_epoch, step = 0, 0
-    history: list[EpochMetrics] = []
-    if resume is not None:
-        start_epoch, step, history = restore_checkpoint(resume, model, optimizer, scaler, loader)
-        say(f"resumed from {resume}: epoch {start_epoch}, step {step}")
-    runner = ModelRunner(model, compile, say)
-    report = startup_report(plan, runner.compiled, grad_accum, clip_grad_norm)
-    say(report)
+        start_epoch, step = 0, 0
+        history: list[EpochMetrics] = []
+        if resume is not None:
+            start_epoch, step, history = restore_checkpoint(resume, model, optimizer, scaler, loader)
+            say(f"resumed from {resume}: epoch {start_epoch}, step {step}")
+        runner = ModelRunner(model, compile, say)
+        report = startup_report(plan, runner.compiled, grad_accum, clip_grad_norm)
+        say(report)
 
-    def save(epoch: int, step: int) -> None:
-        if checkpoint is not None and world.rank == 0:
-            save_checkpoint(checkpoint, checkpoint_state(model, optimizer, scaler, loader, epoch=epoch, step=step,
-                                                         precision=plan.precision, history=history))
+        def save(epoch: int, step: int) -> None:
+            if checkpoint is not None and world.rank == 0:
+                save_checkpoint(checkpoint, checkpoint_state(model, optimizer, scaler, loader, epoch=epoch, step=step,
+                                                             precision=plan.precision, history=history))
 
-    trainer = TrainStep(runner, loss_fn, optimizer, scaler, plan, grad_accum, clip_grad_norm)
-    model.train()
-    for epoch in range(start_epoch, epochs):
-        metrics, step, stopped = run_epoch(loader, epoch, step, trainer, say=say, save=save, log_every=log_every,
-                                           checkpoint_every=checkpoint_every, max_steps=max_steps)
-        if stopped:
-            save(epoch, step)
-            return FitResult(report, history + [metrics], step, plan.precision, runner.compiled)
-        history.append(metrics)
-        save(epoch + 1, step)
-    return FitResult(report, history, step, plan.precision, runner.compiled)
+        trainer = TrainStep(runner, loss_fn, optimizer, scaler, plan, grad_accum, clip_grad_norm)
+        model.train()
+        for epoch in range(start_epoch, epochs):
+            metrics, step, stopped = run_epoch(loader, epoch, step, trainer, say=say, save=save, log_every=log_every,
+                                               checkpoint_every=checkpoint_every, max_steps=max_steps)
+            if stopped:
+                save(epoch, step)
+                return FitResult(report, history + [metrics], step, plan.precision, runner.compiled)
+            history.append(metrics)
+            save(epoch + 1, step)
+        return FitResult(report, history, step, plan.precision, runner.compiled)
 
 
 __all__ = ["EpochMetrics", "FitResult", "fit", "save_checkpoint", "startup_report"]

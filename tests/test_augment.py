@@ -227,6 +227,34 @@ def test_loader_augments_mixed_size_jpegs_at_their_own_size(tmp_path):
         assert img[:, :h, :w].min() > 0.9 and (img[:, h:, :] == 0).all() and (img[:, :, w:] == 0).all()
 
 
+def test_image_shape_describes_the_augmented_images(tmp_path):
+    """After a crop every image has the crop's size, and <image>_shape says so (with or without targets);
+    ops that keep sizes keep each image's own, and Pad grows them."""
+    from PIL import Image
+
+    from fastdata.augment import Pad
+    from fastdata.targets import Keypoints
+
+    src = tmp_path / "imgs"
+    sizes = [(40, 64), (64, 30), (24, 24)]
+    for i, (h, w) in enumerate(sizes):
+        (src / "c").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((h, w, 3), 200, np.uint8)).save(src / "c" / f"{i}.png")
+    converters.convert(src, tmp_path / "ds")
+
+    def first(augment):
+        return next(iter(fastdata.loader(tmp_path / "ds", 3, shuffle=False, device="cpu", augment=augment)))
+
+    assert first([RandomResizedCrop((16, 12))])["image_shape"].tolist() == [[16, 12, 3]] * 3
+    assert first([HorizontalFlip(), Pad(top=1, left=2)])["image_shape"].tolist() == [[h + 1, w + 2, 3] for h, w in sizes]
+    b = first([RandomCrop(8)])
+    assert b["image"].shape == (3, 3, 8, 8) and b["image_shape"].tolist() == [[8, 8, 3]] * 3
+    batch = {"image": torch.zeros(2, 3, 10, 10), "image_shape": torch.tensor([[10, 10, 3], [10, 10, 3]]),
+             "kp": torch.zeros(2, 1, 2)}
+    out = Augment((RandomCrop(4),), targets={"kp": Keypoints()}).run(batch, gen(), "image")
+    assert out["image_shape"].tolist() == [[4, 4, 3]] * 2 and batch["image_shape"].tolist() == [[10, 10, 3]] * 2
+
+
 def test_sizes_are_dropped_after_an_op_of_your_own_that_resizes_and_subclasses_keep_working():
     class Half:
         def apply(self, x, g):

@@ -596,3 +596,14 @@ def test_gpu_mixed_decode_and_augmentation(jpegs):
     b = next(iter(fastdata.loader(jpegs, 8, device="cuda", backend="dali", augment=aug)))
     assert b["image"].is_cuda and b["image"].shape == (8, 3, 16, 16)
     assert b["image"].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_image_shape_after_augmentation_matches_the_torch_backend(jpegs):
+    """<image>_shape describes the images each backend delivers: crop sizes after a crop, grown by Pad."""
+    from fastdata.augment import Pad
+
+    for aug in ([RandomResizedCrop((16, 12))], [HorizontalFlip(), Pad(top=1, left=2)]):
+        t, d = (next(iter(ld)) for ld in both(jpegs, 8, shuffle=False, augment=aug))
+        assert d["image"].shape == t["image"].shape
+        assert d["image_shape"].tolist() == t["image_shape"].tolist()
+    assert t["image_shape"][:, :2].tolist() == [[25, 34] if i % 4 else [31, 34] for i in range(8)]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 from typing import Iterator
 
 import numpy as np
@@ -55,6 +57,33 @@ def test_loss_falls_and_metrics_are_sane(blobs):
     assert res.precision == "fp32" and res.steps == 24
     assert "device   cpu" in res.report and "precision fp32" in res.report
     assert any("waited for input" in line for line in logs)
+
+
+def _fit_two_epochs(**kw) -> None:
+    model = nn.Linear(3, 2)
+    batches = [{"x": torch.randn(4, 3), "label": torch.tensor([0, 1, 0, 1])}] * 2
+    train.fit(model, batches, torch.optim.SGD(model.parameters(), lr=0.1), classification_loss(), epochs=2, **kw)
+
+
+def test_fit_shows_its_epoch_lines_on_stderr_only_where_logging_is_unconfigured(capsys):
+    """A plain script (no logging set up) sees the per-epoch line; a program that configured logging decides;
+    verbose=False shows nothing; fit leaves no handler behind."""
+    root, ours = logging.getLogger(), logging.getLogger("fastdata.train")
+    saved = root.handlers[:]
+    root.handlers.clear()  # pytest's own capture handlers: as if nothing were configured
+    try:
+        _fit_two_epochs()
+        err = capsys.readouterr().err
+        assert "epoch 0: " in err and "epoch 1: " in err and "waited for input" in err and "device   cpu" in err
+        assert not ours.handlers and ours.level == logging.NOTSET
+        _fit_two_epochs(verbose=False)
+        assert capsys.readouterr().err == ""
+        configured = logging.StreamHandler(io.StringIO())
+        root.addHandler(configured)  # root at WARNING: the program's choice hides INFO
+        _fit_two_epochs()
+        assert capsys.readouterr().err == "" and configured.stream.getvalue() == ""
+    finally:
+        root.handlers[:] = saved
 
 
 def test_resume_after_stop_gives_the_same_weights(blobs, tmp_path):

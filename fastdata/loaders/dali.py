@@ -21,7 +21,7 @@ from typing import Any, Generator, Iterator
 import numpy as np
 import torch
 
-from ..augment import Augment
+from ..augment import Augment, shapes_after
 from ..dataset import Dataset
 from ..errors import (
     BackendUnavailableError,
@@ -30,6 +30,7 @@ from ..errors import (
     UsageError,
 )
 from ..format import LENGTHS_SUFFIX
+from ..format.spec import SHAPE_SUFFIX
 from ..handles import usable_cpus
 from ..seeds import Stream, int_seed
 from .base import Loader
@@ -263,6 +264,10 @@ class DaliLoader(Loader):
             batch[r.name] = t
         for name, v in bypassed.items():  # added by the targets (``<boxes>_valid``)
             batch[name] = torch.from_numpy(v).to(self.device)
+        for r in self.routes:  # sizes after the crops, as the torch backend reports them
+            shapes = batch.get(r.name + SHAPE_SUFFIX)
+            if r.chain is not None and shapes is not None and self.augment is not None:
+                batch[r.name + SHAPE_SUFFIX] = shapes_after(self.augment.ops, shapes)
         return batch
 
     def _diagnose(self, plan: list[np.ndarray], first: int, delivered: int, e: Exception) -> Exception:

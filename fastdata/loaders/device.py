@@ -79,10 +79,7 @@ class DeviceStage:
                                  "Augment(..., fields=(name,))")
             for name in fields:
                 sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
-                if self.augment.targets:
-                    batch.update(self.augment.run(batch, g, name, sizes))
-                else:
-                    batch[name] = self.augment(batch[name], g, sizes)
+                batch.update(self.augment.run(batch, g, name, sizes))  # <name>_shape follows the images too
                 x = batch[name]
                 if self.channels_last and name in self.images and x.dim() == 4:
                     batch[name] = x.contiguous(memory_format=torch.channels_last)
