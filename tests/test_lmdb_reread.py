@@ -4,6 +4,7 @@ CorruptShardError, for fixed-layout and for ragged schemas (docs/reliability.md,
 
 from __future__ import annotations
 
+import struct
 import sys
 from pathlib import Path
 
@@ -90,3 +91,21 @@ def test_ragged_records_read_through_lmdb_compare_their_header_on_every_read(tmp
     np.testing.assert_array_equal(ds.get_batch([3])["x"][0][: len(xs[3])], xs[3])
     with pytest.raises(CorruptShardError, match=r"sample 2: "):
         ds.get_batch([2])
+
+
+def test_small_records_are_checked_on_every_read_not_only_the_first(tmp_path):
+    """Records of at most 64 KiB are fetched through LMDB (getmulti) each time, headers compared."""
+    x = np.arange(40 * 16, dtype="<f4").reshape(40, 16)
+    np.save(tmp_path / "x.npy", x)
+    dst = tmp_path / "small"
+    converters.convert(None, dst, converters.WriteOptions(backend="lmdb", workers=1), arrays={"x": tmp_path / "x.npy"})
+    ds = fastdata.open(dst)
+    np.testing.assert_array_equal(ds.get_batch(np.arange(40))["x"], x)
+    path = ds._readers[0].path
+    blob = path.read_bytes()
+    at = blob.find(b"FDR1" + struct.pack("<I", 1) + struct.pack("<Q", 64) + x[9].tobytes())
+    assert at > 0
+    _rewrite(path, at + 8, b"\x41")  # sample 9's payload size, in place
+    np.testing.assert_array_equal(ds.get_batch([8, 10])["x"], x[[8, 10]])
+    with pytest.raises(CorruptShardError, match=r"sample 9: "):
+        ds.get_batch([9])
