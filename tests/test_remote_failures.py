@@ -59,6 +59,10 @@ def test_cli_convert_into_a_missing_bucket_is_one_line_without_resume_advice(s3,
     lines = [ln for ln in err.splitlines() if ln.startswith("fastdata: error:")]
     assert code == 1 and len(lines) == 1, err
     assert "no such bucket: create s3://no-such-bucket-cli first" in lines[0] and "--resume" not in err
+    for args in (["merge-parts", "s3://no-such-bucket-cli/ds"], ["info", "s3://no-such-bucket-cli/ds"],
+                 ["convert", "--data", tmp_path / "X.npy", "s3://no-such-bucket-cli/ds", "--part", "0/2", "--quiet"]):
+        code, out, err = run_cli(*args)
+        assert code == 1 and "no such bucket: create s3://no-such-bucket-cli first" in err, (args, err)
 
 
 def test_missing_credentials_fail_at_once(s3, tmp_path, monkeypatch, caplog):
