@@ -32,7 +32,7 @@ from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
 from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
-from fastdata.remote.retry import RemoteError, RemoteNotFoundError, describe, with_retries
+from fastdata.remote.retry import NoSuchBucketError, RemoteError, RemoteNotFoundError, describe, with_retries
 from fastdata.remote.store import JOURNAL_NAME
 from fastdata.remote.url import filesystem, join
 
@@ -81,6 +81,8 @@ class RemoteTarget:
     def _names(self) -> list[str]:
         try:
             entries = self._call(lambda: self.fs.ls(self.url, detail=False, refresh=True), self.url)
+        except NoSuchBucketError:
+            raise  # before any work: the bucket must be created first
         except RemoteNotFoundError:
             return []
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
@@ -253,7 +255,9 @@ class RemoteTarget:
             self._pool.shutdown(wait=True)
             self._pool = None
         if first is not None:
-            raise RemoteError(f"{first}; the conversion stopped: run the same command with --resume to finish") from None
+            then = ("run the same command with --resume to finish" if self.resumable
+                    else "nothing was uploaded: run the same command again")
+            raise RemoteError(f"{first}; the conversion stopped: {then}") from None
 
     def finish(self) -> None:
         """Every shard is uploaded: upload the sample keys' file, skipped.json and then the manifest

@@ -21,7 +21,7 @@ from fastdata.errors import RemoteNotFoundError
 from fastdata.format import ShardInfo
 from fastdata.remote import RemoteOptions
 from fastdata.remote.locks import pid_alive
-from fastdata.remote.options import default_cache_dir
+from fastdata.remote.options import default_cache_dir, default_timeout
 from fastdata.remote.retry import with_retries
 from fastdata.remote.url import filesystem, join
 
@@ -38,7 +38,7 @@ class UrlSpec:
 
     url: str
     storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
-    timeout: float = 300.0
+    timeout: float = field(default_factory=default_timeout)
     cache_dir: str | None = None
 
     @classmethod

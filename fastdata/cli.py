@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,19 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return v
+
+
+_URL_COMMANDS = ("convert", "merge-parts", "info", "verify", "bench")  # the commands that take a URL
 
 
 def _positive(text: str) -> int:
@@ -174,12 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_bench import add_parsers
 
     add_parsers(sub)  # bench, tune
+    for name in _URL_COMMANDS:
+        sub.choices[name].add_argument(
+            "--remote-timeout", type=_seconds, metavar="SECONDS",
+            help="for a URL: how long one remote operation may keep failing (retried, with a warning) before "
+                 "the command gives up (default: $FASTDATA_REMOTE_TIMEOUT or 300; docs/remote.md)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "remote_timeout", None) is not None:  # RemoteOptions' default, here and in worker processes
+        from .remote.options import ENV_TIMEOUT
+
+        os.environ[ENV_TIMEOUT] = repr(args.remote_timeout)
     try:
         return args.run(args)  # each sub-parser names its handler (set_defaults)
     except FastdataError as e:

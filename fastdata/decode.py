@@ -5,7 +5,9 @@ so a batch decodes on every core with a small thread pool), else with PIL. PNG i
 with PIL. Both raise on truncated or corrupt data: simplejpeg in strict mode, and PIL as
 long as ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is left at its default (fastdata never sets
 it). A JPEG that simplejpeg refuses only for a recoverable problem (such as extraneous bytes
-before a marker) is handed to PIL, which accepted it at conversion time.
+before a marker) is handed to PIL, which accepted it at conversion time. Both decoders read any
+8-bit JPEG (greyscale, YCbCr/RGB, CMYK) in the field's mode, converting it (docs/format.md); a PNG
+must be in the field's mode.
 
 A batch whose images all have the same size comes back as one ``(B, H, W, C)`` array
 written in place; mixed sizes are padded with zeros to the largest height and width,
@@ -46,6 +48,7 @@ except (ImportError, AttributeError, ValueError):  # pragma: no cover - exercise
 JpegDecoder = Literal["auto", "simplejpeg", "pil"]
 _SJ_COLORSPACE = {"RGB": "RGB", "L": "GRAY"}
 _PIL_FORMATS = {CODEC_JPEG: ["JPEG"], CODEC_PNG: ["PNG"]}
+_JPEG_MODES = ("L", "RGB", "CMYK")  # what PIL decodes a baseline or progressive 8-bit JPEG to
 
 
 class DecodeError(ValueError):
@@ -93,10 +96,12 @@ def _decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None
         raise DecodeError(f"unknown codec {codec} (known: {', '.join(f'{k}={v}' for k, v in CODECS.items())})")
     try:
         with Image.open(io.BytesIO(data), formats=formats) as im:
+            if codec == CODEC_JPEG and im.mode != spec.mode:
+                im.draft(spec.mode, im.size)  # libjpeg converts greyscale <-> YCbCr itself, as simplejpeg does
             im.load()
-            if im.mode != spec.mode:
+            a = np.asarray(_jpeg_to_mode(im, spec.mode) if codec == CODEC_JPEG else im)
+            if codec != CODEC_JPEG and im.mode != spec.mode:
                 raise DecodeError(f"{CODECS[codec]} decodes to mode {im.mode}, the field is {spec.mode}")
-            a = np.asarray(im)
     except DecodeError:
         raise
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on corrupt data
@@ -105,6 +110,16 @@ def _decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None
     if a.shape != out.shape:
         raise DecodeError(f"{CODECS[codec]} decodes to {a.shape}, the recorded shape is {out.shape}")
     out[...] = a
+
+
+def _jpeg_to_mode(im: Any, mode: str) -> Any:
+    """A decoded JPEG in the field's mode, converted as simplejpeg (libjpeg-turbo) converts it:
+    greyscale, RGB and CMYK JPEGs all read as RGB or L (CMYK through RGB)."""
+    if im.mode == mode:
+        return im
+    if im.mode not in _JPEG_MODES:
+        raise DecodeError(f"JPEG decodes to mode {im.mode}, which cannot be read as {mode}")
+    return (im.convert("RGB") if im.mode == "CMYK" else im).convert(mode)
 
 
 def check_shapes(field: FieldSpec, shapes: np.ndarray, lengths: np.ndarray,

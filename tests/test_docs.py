@@ -38,7 +38,7 @@ def test_every_documented_option_exists():
     missing = []
     for doc in DOCS:
         for line in doc.read_text().splitlines():
-            for m in re.finditer(r"fastdata (\w+)([^`|]*)", line):
+            for m in re.finditer(r"fastdata (\w[\w-]*)([^`|]*)", line):
                 cmd, rest = m.group(1), m.group(2)
                 if cmd not in parsers:
                     continue

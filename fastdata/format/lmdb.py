@@ -11,9 +11,10 @@ Record (all integers little-endian; see docs/format.md)::
     offset 8 + 8n   payloads, concatenated: each field's array in C order, in its dtype
 
 A ragged field's first-axis length is its payload size divided by the row size.
-Every record header is checked against the schema before any byte is copied. Large records of a
-schema without ragged fields are copied from the reader's own map of the file once their place is
-known (:class:`_Located`).
+Every record header is checked against the schema before any byte is copied. Large records
+(over 64 KiB) are copied from the reader's own map of the file once their place is known
+(:class:`_Located`); each such read first compares the record's header in the map with the one
+its first read through LMDB found.
 
 One more record, under the key ``SHARD_KEY`` (all bits set, after every sample), describes
 the shard as JSON: its first sample, its count and the schema. A reader compares it with the
@@ -537,6 +538,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             self._check_unchanged(self.handle().fd, local)
             starts = loc.offsets[local]
             if (starts >= 0).all():
+                self._check_mapped_headers(loc.mem, starts, local, self._headers_of(ix.sizes[local]))
                 mv = loc.mv
                 for k, (o, d) in enumerate(zip(starts.tolist(), dest.tolist())):
                     for offs, sizes, out, placer, dtype, shape in plan:
@@ -546,12 +548,13 @@ class ShardReader(ShardReaderBase[_Handle]):
                         else:
                             out[d] = np.frombuffer(mv, dtype=dtype, count=size // dtype.itemsize, offset=off).reshape(shape)
                 return
+        heads = self._headers_of(ix.sizes[local])
         with self._env(local).begin(buffers=True) as txn:
             for k, (l, d) in enumerate(zip(local.tolist(), dest.tolist())):
                 buf = self._get(txn, l)
-                if len(buf) != totals[k]:
+                if len(buf) != totals[k] or buf[: self._header_size] != heads[k].tobytes():
                     self._layout(buf, l)  # raises, naming what is wrong
-                    raise CorruptShardError(f"{self._where(l)}: record changed size while the shard was open")
+                    raise CorruptShardError(f"{self._where(l)}: record changed while the shard was open")
                 for offs, sizes, out, placer, dtype, shape in plan:
                     off, size = offs[k], sizes[k]
                     if placer is not None:  # copies out before the transaction ends
@@ -571,6 +574,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                 offs = loc.offsets[local]
             if (offs >= 0).all():
                 mem = loc.mem
+                self._check_mapped_headers(mem, offs, local, np.frombuffer(head, dtype=np.uint8)[None, :])
                 rows = [(self._field_offsets[i], f.row_nbytes, out.reshape(-1).view(np.uint8).reshape(len(out), f.row_nbytes))
                         for i, f, out in wanted if f.row_nbytes]  # out: C-contiguous (Dataset checks)
                 for o, d in zip(offs.tolist(), dest.tolist()):
@@ -585,6 +589,23 @@ class ShardReader(ShardReaderBase[_Handle]):
                     self._layout(buf, l)  # raises, naming what is wrong
                 for off, dtype, count, shape, out in plan:
                     out[d] = np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape)
+
+    def _headers_of(self, sizes: np.ndarray) -> np.ndarray:
+        """The header bytes (k, header size) that records with these payload sizes (k, fields) carry."""
+        out = np.empty((len(sizes), self._header_size), dtype=np.uint8)
+        out[:, :8] = np.frombuffer(MAGIC + struct.pack("<I", len(self.all_fields)), dtype=np.uint8)
+        out[:, 8:] = np.ascontiguousarray(sizes, dtype="<u8").view(np.uint8).reshape(len(sizes), -1)
+        return out
+
+    def _check_mapped_headers(self, mem: np.ndarray, offs: np.ndarray, local: np.ndarray,
+                              expected: np.ndarray) -> None:
+        """Compare each record's header in the map with what its first read through LMDB found:
+        a record rewritten in place since then raises instead of being copied."""
+        found = mem[offs[:, None] + np.arange(self._header_size)]
+        bad = np.flatnonzero((found != expected).any(axis=1))
+        if len(bad):
+            raise CorruptShardError(f"{self._where(int(local[bad[0]]))}: record header changed since this "
+                                    "process first read it (the shard was rewritten in place?)")
 
     def _located(self) -> _Located | None:
         """This process's :class:`_Located` (Linux, records not gathered by getmulti), else None."""

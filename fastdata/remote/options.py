@@ -14,6 +14,8 @@ from ..fileio import user_cache_dir
 DEFAULT_CACHE_LIMIT = "50GB"
 ENV_CACHE_DIR = "FASTDATA_REMOTE_CACHE"
 ENV_CACHE_LIMIT = "FASTDATA_CACHE_LIMIT"
+ENV_TIMEOUT = "FASTDATA_REMOTE_TIMEOUT"  # what ``fastdata --remote-timeout`` sets
+DEFAULT_TIMEOUT = 300.0
 
 
 def default_cache_dir() -> Path:
@@ -21,6 +23,17 @@ def default_cache_dir() -> Path:
     (``$FASTDATA_CACHE_DIR``, ``$XDG_CACHE_HOME/fastdata`` or ``~/.cache/fastdata``)."""
     env = os.environ.get(ENV_CACHE_DIR)
     return Path(env) if env else user_cache_dir() / "remote"
+
+
+def default_timeout() -> float:
+    """``$FASTDATA_REMOTE_TIMEOUT`` (seconds), else 300."""
+    raw = os.environ.get(ENV_TIMEOUT)
+    if raw is None or not raw.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        return float(raw)
+    except ValueError:
+        raise UsageError(f"${ENV_TIMEOUT}={raw!r}: not a number of seconds") from None
 
 
 @dataclass(frozen=True)
@@ -33,7 +46,8 @@ class RemoteOptions:
     passed to the fsspec filesystem (endpoint, profile, ...); credentials come from the usual
     places when absent, and are never logged. ``prefetch_shards``: shards downloaded ahead of
     the loader's position, by ``download_threads`` threads. ``timeout``: seconds one remote
-    operation may take in all, retries with backoff included, before it fails.
+    operation may take in all, retries with backoff included, before it fails (default
+    ``$FASTDATA_REMOTE_TIMEOUT`` or 300; errors no retry can fix fail at once).
     """
 
     cache_dir: str | os.PathLike[str] | None = None
@@ -41,15 +55,15 @@ class RemoteOptions:
     storage_options: Mapping[str, Any] | None = field(default=None, hash=False)
     prefetch_shards: int = 2
     download_threads: int = 2
-    timeout: float = 300.0
+    timeout: float = field(default_factory=default_timeout)
 
     def __post_init__(self) -> None:
         if self.prefetch_shards < 0:
             raise UsageError("prefetch_shards must be >= 0")
         if self.download_threads < 1:
             raise UsageError("download_threads must be >= 1")
-        if not self.timeout > 0:
-            raise UsageError("timeout must be positive (seconds)")
+        if not self.timeout > 0 or self.timeout == float("inf"):
+            raise UsageError(f"timeout must be a positive number of seconds, not {self.timeout}")
         self.limit_bytes()  # a bad size fails here, not at the first download
 
     def cache_path(self) -> Path:

@@ -21,7 +21,7 @@ from ..format.manifest import parse_manifest
 from ..format.spec import KEYS_KIND_FILE, MANIFEST_NAME, MAX_MANIFEST_BYTES, KeysInfo, Manifest, ShardInfo
 from .cache import CacheFullError, Pin, Priority, ShardCache
 from .options import RemoteOptions
-from .retry import RemoteError, RemoteNotFoundError, with_retries
+from .retry import NoSuchBucketError, RemoteError, RemoteNotFoundError, with_retries
 from .url import filesystem, join
 
 log = logging.getLogger("fastdata.remote")
@@ -119,6 +119,8 @@ class RemoteStore:
         fs = self.fs()
         try:
             data = with_retries(lambda: fs.cat_file(where), where, self.deadline())
+        except NoSuchBucketError:
+            raise
         except RemoteNotFoundError:
             if _exists(fs, self.where(JOURNAL_NAME), self.deadline()):
                 raise IncompleteDatasetError(

@@ -1,0 +1,91 @@
+"""Every row of docs/reliability.md's "What is checked when" table names tests that fail if that
+check is removed. The table is parsed: a new row without an entry here, or an entry naming a test
+that does not exist, fails."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE_HEADING = "## What is checked when"
+
+# row (its first cell, as written) -> tests ("file::function") that fail without that check
+CHECKS: dict[str, list[str]] = {
+    "manifest: JSON, version, limits, field rules, shard names, shards inside the folder": [
+        "test_dataset.py::test_manifest_that_is_not_json",  # JSON
+        "test_dataset.py::test_hostile_manifest_is_rejected",  # version, limits, field dtypes, shard names
+        "test_dataset.py::test_shard_symlink_outside_dataset_is_rejected",  # inside the folder
+    ],
+    "each shard exists and has the manifest's size": [
+        "test_dataset.py::test_truncated_or_missing_shard",  # at open
+        "test_reliability_read.py::test_shard_missing_after_open",  # when the process opens the shard
+    ],
+    "the shard's size has not changed since it was opened": [
+        "test_reliability_read.py::test_shard_truncated_while_open_raises_instead_of_sigbus",  # read, cut, read
+        "test_lmdb_located.py::test_a_shard_truncated_after_its_records_were_located_is_an_error",
+    ],
+    "HDF5: every field's dataset, dtype, shape; ragged offsets; data inside the file; the shard's first "
+    "sample (`fastdata_start`)": [
+        "test_reliability_read.py::test_manifest_schema_that_does_not_match_the_shards",  # [hdf5]: dtype, shape, name
+        "test_reliability_read.py::test_swapped_shards_are_refused",  # [hdf5]: fastdata_start
+        "test_reliability_read.py::test_hdf5_corrupted_metadata_gives_corrupt_shard_error",
+    ],
+    "LMDB: its last page lies inside the file; the shard's own record of its first sample, count and schema": [
+        "test_reliability_read.py::test_lmdb_page_count_past_the_file_is_refused",
+        "test_reliability_read.py::test_swapped_shards_are_refused",  # [lmdb]: the shard record's start
+        "test_reliability_read.py::test_manifest_schema_that_does_not_match_the_shards",  # [lmdb]: its schema
+    ],
+    "LMDB: record present; magic, field count, payload sizes and record length match the schema": [
+        "test_reliability_read.py::test_flipped_record_header_names_the_sample_in_every_read_path",  # first read
+        "test_dataset.py::test_lmdb_flipped_header_byte",
+        "test_lmdb_reread.py::test_small_records_are_checked_on_every_read_not_only_the_first",
+    ],
+    "LMDB: the record's header (magic, field count, payload sizes) is the one that first read found": [
+        "test_lmdb_reread.py::test_a_record_header_rewritten_in_place_after_the_first_read_raises",
+        "test_lmdb_reread.py::test_ragged_records_read_through_lmdb_compare_their_header_on_every_read",
+    ],
+    "images decode, to exactly their recorded size; a PNG in its recorded mode (a JPEG is converted to it, "
+    "[backends.md](backends.md#jpeg-decoders-on-the-cpu-simplejpeg-and-pil))": [
+        "test_images_read.py::test_decoders_raise_on_truncated_jpeg",  # both decoders: size, corrupt data
+        "test_images_read.py::test_corrupt_stored_image_names_the_sample",
+        "test_decode_modes.py::test_a_png_in_another_mode_is_refused",
+    ],
+    "checksum of every shard": [
+        "test_verify.py::test_flipped_byte_is_a_checksum_problem",
+    ],
+    "labels within the class list; each sample as decoded": [
+        "test_verify.py::test_deep_checks_labels_against_the_classes",
+        "test_verify.py::test_deep_decodes_images",
+    ],
+}
+
+
+def table_rows() -> list[str]:
+    """The first cell of every row of the table under TABLE_HEADING."""
+    text = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+    section = text.split(TABLE_HEADING, 1)[1].split("\n#", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("|")][2:]  # past the header and its rule
+    assert rows, f"no table under {TABLE_HEADING!r}"
+    return [re.split(r"\s\|\s", ln.strip("| "), maxsplit=1)[0].strip() for ln in rows]
+
+
+def test_every_row_of_the_table_has_tests():
+    rows = table_rows()
+    missing = [r for r in rows if r not in CHECKS]
+    assert not missing, f"rows of docs/reliability.md's table with no test listed in {Path(__file__).name}: {missing}"
+    stale = [c for c in CHECKS if c not in rows]
+    assert not stale, f"entries for rows no longer in the table: {stale}"
+
+
+@pytest.mark.parametrize("row", list(CHECKS))
+def test_each_listed_test_exists(row):
+    assert CHECKS[row], row
+    for ref in CHECKS[row]:
+        file, _, name = ref.partition("::")
+        tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert name in defined, f"{ref} (for {row!r}) does not exist"

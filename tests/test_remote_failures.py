@@ -1,0 +1,169 @@
+"""Object-storage failures that no retry can fix fail at once with one line naming the cause and the
+fix (no bucket, no credentials, wrong credentials, an invalid endpoint URL); an unreachable endpoint
+is retried visibly (a warning saying what is retried and until when) and gives up at the time bound,
+which the CLI sets with --remote-timeout. Against moto's S3 server on 127.0.0.1 (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+from conftest import CREDS, S3Server, bucket, free_port, opts  # noqa: E402
+
+import converters  # noqa: E402
+import fastdata  # noqa: E402
+from fastdata.errors import RemoteError, UsageError  # noqa: E402
+from fastdata.remote import retry  # noqa: E402
+from fastdata.remote.retry import NoSuchBucketError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SLACK = 30.0  # a generous allowance over a time bound (a loaded machine), still far below the default 300 s
+
+
+def _array(tmp_path: Path) -> Path:
+    np.save(tmp_path / "X.npy", np.arange(40, dtype=np.float32).reshape(10, 4))
+    return tmp_path / "X.npy"
+
+
+def _retry_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "fastdata.remote" and r.levelno >= logging.WARNING]
+
+
+def test_a_missing_bucket_fails_at_once_saying_to_create_it(s3, tmp_path, caplog):
+    url = f"s3://no-such-bucket-{os.getpid()}/ds"
+    ro = opts(s3, tmp_path / "cache")
+    with pytest.raises(NoSuchBucketError, match=rf"no such bucket: create s3://no-such-bucket-{os.getpid()} first"):
+        converters.convert(None, url, converters.WriteOptions(workers=1), arrays={"x": _array(tmp_path)}, remote=ro)
+    with pytest.raises(NoSuchBucketError, match="no such bucket") as e:
+        fastdata.open(url, remote=ro)
+    assert "--resume" not in str(e.value)
+    assert not _retry_warnings(caplog)  # never retried
+    uploads = tmp_path / "cache" / "uploads"
+    assert not uploads.exists() or not any(uploads.rglob("*.h5"))  # refused before anything was written
+
+
+def test_cli_convert_into_a_missing_bucket_is_one_line_without_resume_advice(s3, tmp_path, monkeypatch, run_cli):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    monkeypatch.setenv("FASTDATA_REMOTE_CACHE", str(tmp_path / "cache"))
+    code, out, err = run_cli("convert", "--data", _array(tmp_path), "s3://no-such-bucket-cli/ds", "--quiet")
+    lines = [ln for ln in err.splitlines() if ln.startswith("fastdata: error:")]
+    assert code == 1 and len(lines) == 1, err
+    assert "no such bucket: create s3://no-such-bucket-cli first" in lines[0] and "--resume" not in err
+    for args in (["merge-parts", "s3://no-such-bucket-cli/ds"], ["info", "s3://no-such-bucket-cli/ds"],
+                 ["convert", "--data", tmp_path / "X.npy", "s3://no-such-bucket-cli/ds", "--part", "0/2", "--quiet"]):
+        code, out, err = run_cli(*args)
+        assert code == 1 and "no such bucket: create s3://no-such-bucket-cli first" in err, (args, err)
+
+
+def test_missing_credentials_fail_at_once(s3, tmp_path, monkeypatch, caplog):
+    url = f"s3://{bucket(s3)}/ds"  # the bucket exists: only the credentials are missing
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    ro = fastdata.RemoteOptions(cache_dir=tmp_path / "cache", timeout=60.0,  # a retry would show as a warning
+                                storage_options={"client_kwargs": {"endpoint_url": s3.endpoint},
+                                                 "skip_instance_cache": True})  # not a client with credentials
+    with pytest.raises(RemoteError, match="no credentials .*set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        fastdata.open(url, remote=ro)
+    assert not _retry_warnings(caplog)
+
+
+@pytest.fixture
+def s3_checking_credentials(monkeypatch):
+    """A second moto server that authenticates every request: the test credentials are unknown to it."""
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    server = S3Server(free_port())
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_wrong_credentials_fail_at_once(s3_checking_credentials, tmp_path, caplog, monkeypatch, run_cli):
+    server = s3_checking_credentials
+    ro = fastdata.RemoteOptions(cache_dir=tmp_path / "cache", timeout=60.0,
+                                storage_options={"client_kwargs": {"endpoint_url": server.endpoint}})
+    with pytest.raises(RemoteError, match=r"s3://any/ds.*access denied \(.*\): check the credentials"):
+        fastdata.open("s3://any/ds", remote=ro)
+    with pytest.raises(RemoteError, match="access denied"):
+        converters.convert(None, "s3://any/ds", converters.WriteOptions(workers=1), arrays={"x": _array(tmp_path)},
+                           remote=ro)
+    assert not _retry_warnings(caplog)
+
+
+def test_an_invalid_endpoint_url_fails_at_once(tmp_path, caplog):
+    ro = fastdata.RemoteOptions(cache_dir=tmp_path / "cache", timeout=60.0,
+                                storage_options={"client_kwargs": {"endpoint_url": "not a url"}})
+    with pytest.raises(RemoteError, match="Invalid endpoint: not a url: check AWS_ENDPOINT_URL"):
+        fastdata.open("s3://any/ds", remote=ro)
+    assert not _retry_warnings(caplog)
+
+
+def test_an_unreachable_endpoint_is_retried_visibly_until_the_bound(tmp_path, caplog):
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    ro = fastdata.RemoteOptions(cache_dir=tmp_path / "cache", timeout=6.0,  # an attempt takes about 1 s here
+                                storage_options={"client_kwargs": {"endpoint_url": closed}})
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError, match=r"s3://any/ds/manifest.json: cannot reach the endpoint .*gave up after "
+                                          r"\d+ attempt\(s\) in \d+ s \(the time bound: --remote-timeout"):
+        fastdata.open("s3://any/ds", remote=ro)
+    assert time.monotonic() - t0 < 6.0 + SLACK
+    warnings = _retry_warnings(caplog)
+    assert warnings and "s3://any/ds/manifest.json: cannot reach the endpoint" in warnings[0]
+    assert "retrying until" in warnings[0]
+
+
+def test_cli_remote_timeout_bounds_the_retries_and_the_warning_shows_by_default(tmp_path):
+    """A real `fastdata info` process: the retry warning is on stderr without --debug, then one error line."""
+    env = {**os.environ, **CREDS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+           "FASTDATA_REMOTE_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    env.pop("FASTDATA_REMOTE_TIMEOUT", None)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "fastdata", "info", "s3://any/ds", "--remote-timeout", "6"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert time.monotonic() - t0 < 6.0 + SLACK + 20  # (+ the interpreter's start)
+    assert r.returncode == 1
+    assert "WARNING fastdata.remote: s3://any/ds/manifest.json: cannot reach the endpoint" in r.stderr
+    assert "retrying until" in r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("fastdata: error:")]
+    assert len(errors) == 1 and "gave up after" in errors[0] and "Traceback" not in r.stderr
+
+
+def test_retrying_warns_at_the_start_then_periodically(monkeypatch, caplog):
+    monkeypatch.setattr(retry, "WARN_EVERY_S", 0.3)
+    calls = []
+
+    def refused() -> None:
+        calls.append(time.monotonic())
+        raise ConnectionRefusedError("connection refused")
+
+    with pytest.raises(RemoteError, match="gave up after"):
+        retry.with_retries(refused, "s3://b/x", time.monotonic() + 1.5, first_delay=0.05, max_delay=0.1)
+    warnings = _retry_warnings(caplog)
+    assert len(calls) > len(warnings) >= 2  # not every attempt, but more than once
+    assert "retrying until" in warnings[0] and "still retrying after" in warnings[1]
+
+
+@pytest.mark.parametrize("value,ok", [("7", True), ("0.5", True), ("soon", False), ("0", False), ("-3", False)])
+def test_the_default_time_bound_comes_from_the_environment(monkeypatch, value, ok):
+    monkeypatch.setenv("FASTDATA_REMOTE_TIMEOUT", value)
+    if ok:
+        assert fastdata.RemoteOptions().timeout == float(value)
+    else:
+        with pytest.raises(UsageError, match="FASTDATA_REMOTE_TIMEOUT|positive number of seconds"):
+            fastdata.RemoteOptions()
+    monkeypatch.delenv("FASTDATA_REMOTE_TIMEOUT")
+    assert fastdata.RemoteOptions().timeout == 300.0
