@@ -506,10 +506,11 @@ class TableColumns:
     strings: list[str]
     files: list[FileColumn]
     classes: list[str] | None = None
+    n: int = 0  # rows (a table may have no column but path)
 
     def part(self, idx: slice) -> "TableColumns":
         return replace(self, values={k: v[idx] for k, v in self.values.items()},
-                       files=[f.part(idx.start, idx.stop) for f in self.files])
+                       files=[f.part(idx.start, idx.stop) for f in self.files], n=len(range(self.n)[idx]))
 
     def read(self, root: str, i: int) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -521,8 +522,7 @@ class TableColumns:
         return out
 
     def nbytes(self) -> np.ndarray:
-        n = len(next(iter(self.values.values()))) if self.values else len(self.files[0].rels) if self.files else 0
-        total = np.zeros(n, dtype=np.int64)
+        total = np.zeros(self.n, dtype=np.int64)
         for k, v in self.values.items():
             total += np.array([len(x.encode("utf-8")) if k in self.strings else x.nbytes for x in v], dtype=np.int64)
         for f in self.files:
@@ -588,7 +588,7 @@ def finish_columns(table: Table, cols: dict[str, Column], rows: list[int], root:
             assert c.dtype is not None
             values[name] = [c.values[i] for i in rows]
             fields.append(make_field(name, c.dtype, c.shape))
-    return TableColumns(fields, values, strings, files, classes)
+    return TableColumns(fields, values, strings, files, classes, len(rows))
 
 
 @dataclass

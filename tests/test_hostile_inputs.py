@@ -142,6 +142,12 @@ def test_one_bad_file_cell_is_skipped_with_skip_bad(src, tmp_path, run_cli):
     assert len(fastdata.open(tmp_path / "ds")) == 3 and "skipped 1 bad file(s)" in out
 
 
+def test_a_table_of_paths_alone_converts(src, tmp_path):
+    (tmp_path / "meta.csv").write_text("path\n" + "".join(f"s{i}.npy\n" for i in range(4)))
+    converters.convert(src, tmp_path / "ds", converters.WriteOptions(workers=1), meta=tmp_path / "meta.csv")
+    assert [f.name for f in fastdata.open(tmp_path / "ds").manifest.fields] == ["x"]
+
+
 JSONL_BAD = [
     ("not JSON", '{"path": "s0.npy"}\n{oops\n', ("meta.jsonl: line 2", "not JSON")),
     ("not an object", '{"path": "s0.npy"}\n[1, 2]\n', ("meta.jsonl: line 2", "JSON object")),
@@ -320,6 +326,8 @@ def test_a_source_folder_is_not_taken_for_an_interrupted_conversion(src, tmp_pat
     (images / "cat").mkdir(parents=True)
     Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(images / "cat" / "a.jpg")
     refused(run_cli, "info", images, code=1, words=("this is a source folder",))
+    refused(run_cli, "info", images / "cat" / "a.jpg", code=1, words=("a source file, not a fastdata dataset",))
+    refused(run_cli, "info", tmp_path / "nope", code=1, words=("nope: no such folder",))
 
 
 def test_unmerged_parts_say_merge_parts(src, tmp_path, run_cli):
@@ -376,7 +384,8 @@ def two(src, tmp_path: Path) -> tuple[Path, Path]:
 def test_merge_inputs(two, src, tmp_path, run_cli):
     a, b = two
     out = tmp_path / "m"
-    refused(run_cli, "merge", tmp_path / "nope", a, out, code=1, words=("nope", "not a directory"), dst=out)
+    refused(run_cli, "merge", tmp_path / "nope", a, out, code=1, words=("nope", "no such folder"), dst=out)
+    refused(run_cli, "merge", src / "s0.npy", a, out, code=1, words=("s0.npy: a source file", "fastdata convert"), dst=out)
     refused(run_cli, "merge", src, a, out, code=1, words=("this is a source folder",), dst=out)
     refused(run_cli, "merge", a, b, out, code=2, words=(str(b), "field 'x'", "same schema"), dst=out)
     refused(run_cli, "merge", a, code=2, words=("merge needs at least one input and DST",))
@@ -402,6 +411,16 @@ def test_merge_parts_inputs(src, tmp_path, run_cli):
     record.write_text(json.dumps({"fastdata_part": 1}))
     refused(run_cli, "merge-parts", parts, code=1, words=(record.name, "not a part record"), dst=parts)
     record.write_bytes(good)
+    other = tmp_path / "other"
+    other.mkdir()
+    for i in range(4):
+        np.save(other / f"s{i}.npy", np.ones((3,), np.float32))
+    code, _, err = run_cli("convert", other, tmp_path / "mixed", "--part", "1/2", *ARGS)
+    assert code == 0, err
+    code, _, err = run_cli("convert", src, tmp_path / "mixed", "--part", "0/2", *ARGS)
+    assert code == 0, err
+    refused(run_cli, "merge-parts", tmp_path / "mixed", code=2, words=("part 1/2 comes from another conversion",
+                                                                     "different source"), dst=tmp_path / "mixed")
     code, _, err = run_cli("merge-parts", parts)
     assert code == 0, err
 

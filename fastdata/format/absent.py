@@ -21,6 +21,16 @@ _SOURCE_SUFFIXES = (".npy", ".npz", ".csv", ".tsv", ".json", ".jsonl", ".parquet
 _LOOK = 2000  # names looked at in sub-folders, at most: enough to tell, cheap on a huge folder
 
 
+def not_a_folder_error(root: Path) -> FormatError:
+    """The error for a dataset path that is no folder: missing, a source file, or some other file."""
+    if not os.path.lexists(root):
+        return FormatError(f"{root}: no such folder (a fastdata dataset is the folder fastdata convert wrote)")
+    if root.name.lower().endswith(_SOURCE_SUFFIXES):
+        return FormatError(f"{root}: a source file, not a fastdata dataset (a dataset is a folder); convert it with "
+                           f"`fastdata convert {root} DST`, then open DST")
+    return FormatError(f"{root}: not a directory (a fastdata dataset is a directory)")
+
+
 def no_manifest_error(root: Path) -> FormatError:
     """The error for the folder ``root``, which has no manifest: what the folder is, and what to do."""
     names = set(os.listdir(root))

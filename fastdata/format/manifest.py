@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import FormatError, VersionError
 from ..fileio import fsync_dir, write_atomic
-from .absent import no_manifest_error
+from .absent import no_manifest_error, not_a_folder_error
 from .spec import (
     _FILE_RE,
     _SHA_RE,
@@ -55,7 +55,7 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
     root = Path(root)
     path = root / MANIFEST_NAME
     if not root.is_dir():
-        raise FormatError(f"{root}: not a directory (a fastdata dataset is a directory)")
+        raise not_a_folder_error(root)  # missing, or a file: a source file says how to convert it
     if not path.is_file():
         raise no_manifest_error(root)  # what the folder is instead, and the fix that works
     try:
