@@ -57,9 +57,10 @@ class Table:
     kind: str
     columns: dict[str, list[Any]]
     rows: int
+    lines: list[int] | None = None  # CSV/JSONL: the file line each row starts on
 
     def where(self, row: int, column: str | None = None) -> str:
-        line = f" (line {row + 2})" if self.kind == "csv" else f" (line {row + 1})" if self.kind == "jsonl" else ""
+        line = f" (line {self.lines[row]})" if self.lines is not None else ""
         col = f", column {column!r}" if column is not None else ""
         return f"{self.path}: row {row + 1}{line}{col}"
 
@@ -94,18 +95,19 @@ def read_table(path: Path) -> Table:
         lines = _csv_lines(path, reader)
         if not lines:
             raise DataError(f"{path}: empty table (no header row)")
-        header = [h.strip() for h in lines[0]]
+        header = [h.strip() for h in lines[0][1]]
         if len(set(header)) != len(header):
             raise DataError(f"{path}: duplicate column names in the header {header}")
         columns: dict[str, list[Any]] = {h: [] for h in header}
         body = lines[1:]
-        for i, r in enumerate(body):
+        for i, (ln, r) in enumerate(body):
             if len(r) != len(header):
-                raise DataError(f"{path}: row {i + 1} (line {i + 2}): {len(r)} cells, the header has {len(header)}")
+                raise DataError(f"{path}: row {i + 1} (line {ln}): {len(r)} cells, the header has {len(header)}")
             for h, v in zip(header, r):
                 columns[h].append(v)
-        return Table(path, kind, columns, len(body))
+        return Table(path, kind, columns, len(body), [ln for ln, _ in body])
     rows: list[dict[str, Any]] = []
+    starts: list[int] = []
     for ln, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -116,18 +118,24 @@ def read_table(path: Path) -> Table:
         if not isinstance(obj, dict):
             raise DataError(f"{path}: line {ln}: each line must be a JSON object")
         rows.append(obj)
+        starts.append(ln)
     names: dict[str, None] = {}
     for obj in rows:
         names.update(dict.fromkeys(obj))
-    return Table(path, kind, {k: [_MISSING if r.get(k) is None else r[k] for r in rows] for k in names}, len(rows))
+    return Table(path, kind, {k: [_MISSING if r.get(k) is None else r[k] for r in rows] for k in names}, len(rows),
+                 starts)
 
 
-def _csv_lines(path: Path, reader: Any) -> list[list[str]]:
-    """Every row of ``reader``; the csv module's errors (a cell over its size limit, a NUL byte) name the line."""
-    lines: list[list[str]] = []
+def _csv_lines(path: Path, reader: Any) -> list[tuple[int, list[str]]]:
+    """Every row of ``reader`` but blank lines, with the line it starts on (a quoted cell may span
+    lines); the csv module's errors (a cell over its size limit, a NUL byte) name the line."""
+    lines: list[tuple[int, list[str]]] = []
     try:
+        end = 0
         for row in reader:
-            lines.append(row)
+            if row:
+                lines.append((end + 1, row))
+            end = reader.line_num
     except csv.Error as e:
         big = "field larger than field limit" in str(e)
         fix = (f"; a cell over {csv.field_size_limit()} characters needs a JSON Lines or Parquet table" if big
@@ -727,10 +735,11 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
 
 
 def _class_folders(table: Table, root: Path, rels: list[str]) -> bool:
-    """Whether the table's paths lie in class folders (every path in a sub-folder of ``root``), as
-    in a folder source; paths both directly in ``root`` and in sub-folders are refused, as there."""
+    """Whether the table's paths lie in class folders (every path in a sub-folder of ``root``, two
+    sub-folders at least: one folder, ``images/``, is a layout, not a class), as in a folder source;
+    paths both directly in ``root`` and in sub-folders are refused, as there."""
     flat = [r for r in rels if "/" not in r]
-    if len(flat) == len(rels):
+    if len(flat) == len(rels) or len({r.split("/", 1)[0] for r in rels}) < 2:
         return False
     if flat:
         raise DataError(f"{table.path}: path {flat[0]!r} lies directly in {root} while other rows name files in "

@@ -142,6 +142,18 @@ def test_one_bad_file_cell_is_skipped_with_skip_bad(src, tmp_path, run_cli):
     assert len(fastdata.open(tmp_path / "ds")) == 3 and "skipped 1 bad file(s)" in out
 
 
+def test_rows_are_named_by_the_line_they_start_on(src, tmp_path, run_cli):
+    """A quoted cell spanning lines and a blank line: the error names the row and its real line."""
+    text = 'path,note,n\ns0.npy,"two\nlines",1\n\ns1.npy,x,2\ns2.npy,y,zz\ns3.npy,z,4\n'
+    (tmp_path / "meta.csv").write_text(text)
+    refused(run_cli, "convert", src, tmp_path / "ds", "--meta", tmp_path / "meta.csv", *ARGS, code=1,
+            words=("row 3 (line 6), column 'n'", "'zz' is not an integer"), dst=tmp_path / "ds")
+    (tmp_path / "meta.csv").write_text(text.replace("zz", "3"))
+    code, _, err = run_cli("convert", src, tmp_path / "ds", "--meta", tmp_path / "meta.csv", *ARGS)
+    assert code == 0, err
+    assert fastdata.open(tmp_path / "ds").get_batch([0])["note"] == ["two\nlines"]  # the newline kept
+
+
 def test_a_table_of_paths_alone_converts(src, tmp_path):
     (tmp_path / "meta.csv").write_text("path\n" + "".join(f"s{i}.npy\n" for i in range(4)))
     converters.convert(src, tmp_path / "ds", converters.WriteOptions(workers=1), meta=tmp_path / "meta.csv")
@@ -151,7 +163,7 @@ def test_a_table_of_paths_alone_converts(src, tmp_path):
 JSONL_BAD = [
     ("not JSON", '{"path": "s0.npy"}\n{oops\n', ("meta.jsonl: line 2", "not JSON")),
     ("not an object", '{"path": "s0.npy"}\n[1, 2]\n', ("meta.jsonl: line 2", "JSON object")),
-    ("path not a string", '{"path": 5, "a": 1}\n', ("meta.jsonl: row 1 (line 1), column 'path'", "5 is not a path")),
+    ("path not a string", '\n{"path": 5, "a": 1}\n', ("meta.jsonl: row 1 (line 2), column 'path'", "5 is not a path")),
 ]
 
 
@@ -278,6 +290,22 @@ def test_no_labels_or_a_label_column_turns_folder_labels_off(faces, tmp_path, ru
     code, out, err = run_cli("convert", faces, tmp_path / "b", "--meta", tmp_path / "own.csv", *ARGS)
     assert code == 0 and "label (2 classes)" in out, err
     assert fastdata.open(tmp_path / "b").classes == ["down", "up"]  # the table's, not the folders'
+
+
+def test_one_folder_is_a_layout_not_a_class(faces, tmp_path, run_cli):
+    text = (tmp_path / "angles.csv").read_text().replace("frontal/", "profile/f")
+    for i in range(3):
+        (faces / "frontal" / f"{i}.png").rename(faces / "profile" / f"f{i}.png")
+    (tmp_path / "one.csv").write_text(text)
+    code, out, err = run_cli("convert", faces, tmp_path / "ds", "--meta", tmp_path / "one.csv", *ARGS)
+    assert code == 0 and "fields image, image_shape, image_codec, angles\n" in out, err
+
+
+def test_a_table_as_src_labels_by_its_class_folders(faces, tmp_path, run_cli):
+    (faces / "angles.csv").write_text((tmp_path / "angles.csv").read_text())
+    code, out, err = run_cli("convert", faces / "angles.csv", tmp_path / "ds", *ARGS)
+    assert code == 0 and "label (2 classes)" in out, err
+    assert fastdata.open(tmp_path / "ds").classes == ["frontal", "profile"]
 
 
 def test_table_paths_both_flat_and_in_folders_are_refused(faces, tmp_path, run_cli):
