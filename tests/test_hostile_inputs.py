@@ -379,6 +379,9 @@ def test_only_a_journal_gets_the_resume_advice(tmp_path, run_cli):
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / ".fastdata-journal").write_text("{}\n")
     refused(run_cli, "info", tmp_path / "half", code=1, words=("incomplete dataset", "--resume"))
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "killed" / ".fastdata.lock").write_text("")  # killed before its journal was written
+    refused(run_cli, "info", tmp_path / "killed", code=1, words=("incomplete dataset", "convert again with --overwrite"))
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("hi")
     line = refused(run_cli, "info", tmp_path / "other", code=1, words=("not a fastdata dataset",))

@@ -143,7 +143,7 @@ def test_verify_refuses_a_dataset_without_a_usable_manifest(tmp_path, ds, run_cl
     with pytest.raises(FormatError, match="not a fastdata dataset"):
         verify(tmp_path / "half")
     (tmp_path / "half" / "shard-00000.h5").write_bytes(b"")
-    with pytest.raises(IncompleteDatasetError, match="no conversion journal to resume from; convert again with --overwrite"):
+    with pytest.raises(IncompleteDatasetError, match="no journal to resume from; convert again with --overwrite"):
         verify(tmp_path / "half")
     code, _, err = run_cli("verify", tmp_path / "half")
     assert code == 1 and "incomplete dataset" in err and "Traceback" not in err

@@ -15,7 +15,8 @@ from .spec import MANIFEST_NAME
 JOURNAL = ".fastdata-journal"  # converters/journal.py's JOURNAL_NAME (the format layer cannot import converters)
 _PART_RECORD = re.compile(r"^\.fastdata-part-\d{5,}-of-\d{5,}\.json$")
 _PART_JOURNAL = re.compile(r"^\.fastdata-journal-part-\d{5,}-of-\d{5,}$")
-_SHARD = re.compile(r"^shard-\d{5,}\.(h5|lmdb)$")
+# what a conversion writes besides its journal: shards (finished or partial), lock, temporary files, keys
+_OURS = re.compile(r"^(\.?shard-\d{5,}\..+|\.fastdata.*|\.manifest\..+\.tmp|\.?keys\.bin.*|skipped\.json)$")
 _SOURCE_SUFFIXES = (".npy", ".npz", ".csv", ".tsv", ".json", ".jsonl", ".parquet", ".jpg", ".jpeg", ".jpe", ".jfif",
                     ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _LOOK = 2000  # names looked at in sub-folders, at most: enough to tell, cheap on a huge folder
@@ -46,10 +47,10 @@ def no_manifest_error(root: Path) -> FormatError:
         return IncompleteDatasetError(
             f"{root}: an unfinished part of a conversion split with --part I/N (no {MANIFEST_NAME}): finish each "
             f"part with its fastdata convert command plus --resume, then run fastdata merge-parts {root}")
-    if any(_SHARD.match(n) for n in names):
+    if any(_OURS.match(n) for n in names):
         return IncompleteDatasetError(
-            f"{root}: incomplete dataset: shard files but no {MANIFEST_NAME} and no conversion journal to resume "
-            "from; convert again with --overwrite")
+            f"{root}: incomplete dataset: a conversion started here but left no {MANIFEST_NAME} and no journal to "
+            "resume from; convert again with --overwrite")
     if not names:
         return FormatError(f"{root}: an empty folder, not a fastdata dataset (no {MANIFEST_NAME})")
     if _holds_source_files(root, names):
