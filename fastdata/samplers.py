@@ -231,7 +231,7 @@ class Episodic:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
                 what = "a positive integer" if least else "an integer >= 0"
                 raise UsageError(f"Episodic: {name} must be {what}, not {v!r}")
-            setattr(self, name, int(v))  # a numpy integer is fine; the bound copy holds plain ints
+            setattr(self, name, int(v))  # a numpy integer becomes the plain int of the same value
         counts = np.bincount(codes) if len(codes) else np.zeros(0, dtype=np.int64)
         s = self.k_shot + self.n_query
         eligible = np.flatnonzero(counts >= s)
