@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.remote import RemoteOptions, is_url
 
-from .dst import check_dst, prepare_dst, prepare_part_dst
+from .dst import check_dst, prepare_dst, prepare_part_dst, refuse_broken_url
 from .imageio import ImageOptions
 from .images import ImageFolderSource, is_image_file
 from .merge import MergeReport, merge
@@ -66,7 +66,8 @@ def convert(
 
     ``meta`` is a metadata table (CSV, JSON Lines, Parquet) whose ``path`` column names the samples
     under ``src`` and whose other columns become fields (``meta_types`` forces their types); ``src``
-    may itself be such a table (paths relative to its folder). Files in a folder that are not
+    may itself be such a table (paths relative to its folder); class folders still give ``label`` unless
+    the table has a ``label`` column or ``no_labels``. Files in a folder that are not
     samples (README, CSV, ...) are skipped with a warning, or refused with ``strict``.
     """
     t0 = time.perf_counter()
@@ -74,6 +75,8 @@ def convert(
     if part is not None and not (isinstance(part, tuple) and len(part) == 2 and 0 <= part[0] < part[1]):
         raise UsageError(f"part {part!r}: expected (I, N) with 0 <= I < N")
     url = dst if isinstance(dst, str) and is_url(dst) else None
+    if url is None:
+        refuse_broken_url(dst)
     if options.engine == "ray":
         from .rayengine import import_ray
 
@@ -105,9 +108,9 @@ def convert(
     if meta_path is not None:
         if named or src is None:
             raise UsageError("--meta TABLE needs a source folder SRC (the table's paths are relative to it)")
-        if label_path is not None or no_labels:
-            raise UsageError("--labels/--no-labels do not apply with a metadata table: its columns are the fields "
-                             "(a 'label' column is the label)")
+        if label_path is not None:
+            raise UsageError("--labels does not apply with a metadata table: its columns are the fields (add a "
+                             "'label' column for the labels)")
         if not meta_path.is_file():
             raise UsageError(f"{meta_path}: table not found")
         root = meta_path.parent if table_src else Path(src)
@@ -118,7 +121,7 @@ def convert(
             _check_dst(dst, inputs, overwrite, resume, part)
         table: Source = scan_table(meta_path, root, types=dict(meta_types or {}), images=images, skip_bad=skip_bad,
                                    strict=strict, check_unlisted=not table_src, workers=options.workers,
-                                   progress=progress)
+                                   progress=progress, no_labels=no_labels)
         report = _write(table, dst, upload, inputs, options, progress, overwrite, resume, part)
         report.seconds = time.perf_counter() - t0
         return report

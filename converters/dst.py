@@ -60,6 +60,19 @@ def part_lock_name(index: int, count: int) -> str:
 SHARD = re.compile(r"^shard-\d{5,}\.(h5|lmdb)$")
 
 
+_BROKEN_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):/(?!/)")  # two letters or more: C:/x is a Windows path
+
+
+def refuse_broken_url(path: str | os.PathLike[str], what: str = "DST") -> None:
+    """A local path that starts like a URL with a slash too few (``s3:/bucket/ds``) is
+    almost surely a typo: refuse it rather than write a local folder named ``s3:``."""
+    text = os.fspath(path)
+    m = _BROKEN_URL.match(text) if isinstance(text, str) and "://" not in text else None
+    if m is not None:
+        raise UsageError(f"{text}: {what} looks like a URL missing a slash ({m.group(1)}://bucket/path); a local "
+                         f"path has no '{m.group(1)}:' prefix (write ./{text} if you mean one)")
+
+
 def check_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool = False) -> None:
     """Refuse a DST inside a source, one being written by another conversion, one that exists
     without --overwrite or --resume, one holding other files, and a --resume with nothing to resume."""

@@ -46,7 +46,7 @@ from fastdata.format import (
 from fastdata.format.keys import DuplicateKeyError, KeyTable, write_keys
 from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo
 
-from .dst import check_dst, prepare_dst, remove_ours
+from .dst import check_dst, prepare_dst, refuse_broken_url, remove_ours
 from .shardwork import write_error
 
 Method = Literal["auto", "link", "copy"]
@@ -95,6 +95,7 @@ def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, 
     for p in [*inputs, dst]:
         if "://" in str(p):
             raise UsageError(f"{p}: merge works on folders; object-storage URLs are not supported here")
+    refuse_broken_url(dst)
     roots = [Path(p) for p in inputs]
     dst = Path(dst)
     manifests = [read_manifest(r) for r in roots]

@@ -31,7 +31,7 @@ from fastdata.remote import RemoteOptions, is_url
 from fastdata.remote.retry import NoSuchBucketError, with_retries
 from fastdata.remote.url import join
 
-from .dst import PART_FILE, SKIPPED_NAME, part_lock_name, part_record_name, write_skipped
+from .dst import PART_FILE, SKIPPED_NAME, part_lock_name, part_record_name, refuse_broken_url, write_skipped
 from .dstlock import DstLock, holder
 from .urlpublish import UrlSpec
 
@@ -93,6 +93,7 @@ def merge_parts(dst: str | os.PathLike[str], remote: RemoteOptions | None = None
         raise UsageError(f"{dst}: remote= options apply to URL destinations only, and this is a local path")
     if "://" in str(dst):
         raise UsageError(f"{dst}: not a local folder (a URL must be given as a string)")
+    refuse_broken_url(dst)
     dst = Path(dst)
     if not dst.is_dir():
         raise UsageError(f"{dst}: no such folder")

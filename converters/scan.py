@@ -116,16 +116,18 @@ def folder_labels(paths: list[str], root: Path) -> Labels:
 def file_labels(path: Path) -> Labels:
     """Read ``relative_path,label`` pairs from CSV or JSON. Integer labels stay as they are;
     string labels become indices into the sorted class names."""
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".csv", ".txt", ".tsv"):
+        also = (f"; a .npy of labels goes with a single-array source (fastdata convert X.npy DST --labels "
+                f"{path.name})") if suffix == ".npy" else ""
+        raise UsageError(f"{path}: a folder source takes --labels as a CSV of relative_path,label lines or a JSON "
+                         f"object of path: label{also}")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read labels file: {e}") from None
-    if path.suffix.lower() == ".json":
-        pairs = _json_pairs(path, text)
-    elif path.suffix.lower() in (".csv", ".txt", ".tsv"):
-        pairs = _csv_pairs(path, text)
-    else:
-        raise UsageError(f"{path}: labels file must be .csv or .json")
+        raise UsageError(f"{path}: cannot read labels file ({e}); a folder source takes --labels as a UTF-8 CSV "
+                         "of relative_path,label lines (or a JSON object of path: label)") from None
+    pairs = _json_pairs(path, text) if suffix == ".json" else _csv_pairs(path, text)
     if not pairs:
         raise DataError(f"{path}: labels file is empty")
     raw: dict[str, str] = {}

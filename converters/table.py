@@ -13,6 +13,7 @@ table, the row and the column; ``--skip-bad`` skips such rows and lists them in 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -56,9 +57,10 @@ class Table:
     kind: str
     columns: dict[str, list[Any]]
     rows: int
+    lines: list[int] | None = None  # CSV/JSONL: the file line each row starts on
 
     def where(self, row: int, column: str | None = None) -> str:
-        line = f" (line {row + 2})" if self.kind == "csv" else f" (line {row + 1})" if self.kind == "jsonl" else ""
+        line = f" (line {self.lines[row]})" if self.lines is not None else ""
         col = f", column {column!r}" if column is not None else ""
         return f"{self.path}: row {row + 1}{line}{col}"
 
@@ -89,22 +91,23 @@ def read_table(path: Path) -> Table:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: cannot read table: {e}") from None
     if kind == "csv":
-        reader = csv.reader(text.splitlines(), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        lines = list(reader)
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        lines = _csv_lines(path, reader)
         if not lines:
             raise DataError(f"{path}: empty table (no header row)")
-        header = [h.strip() for h in lines[0]]
+        header = [h.strip() for h in lines[0][1]]
         if len(set(header)) != len(header):
             raise DataError(f"{path}: duplicate column names in the header {header}")
         columns: dict[str, list[Any]] = {h: [] for h in header}
         body = lines[1:]
-        for i, r in enumerate(body):
+        for i, (ln, r) in enumerate(body):
             if len(r) != len(header):
-                raise DataError(f"{path}: row {i + 1} (line {i + 2}): {len(r)} cells, the header has {len(header)}")
+                raise DataError(f"{path}: row {i + 1} (line {ln}): {len(r)} cells, the header has {len(header)}")
             for h, v in zip(header, r):
                 columns[h].append(v)
-        return Table(path, kind, columns, len(body))
+        return Table(path, kind, columns, len(body), [ln for ln, _ in body])
     rows: list[dict[str, Any]] = []
+    starts: list[int] = []
     for ln, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -115,10 +118,30 @@ def read_table(path: Path) -> Table:
         if not isinstance(obj, dict):
             raise DataError(f"{path}: line {ln}: each line must be a JSON object")
         rows.append(obj)
+        starts.append(ln)
     names: dict[str, None] = {}
     for obj in rows:
         names.update(dict.fromkeys(obj))
-    return Table(path, kind, {k: [_MISSING if r.get(k) is None else r[k] for r in rows] for k in names}, len(rows))
+    return Table(path, kind, {k: [_MISSING if r.get(k) is None else r[k] for r in rows] for k in names}, len(rows),
+                 starts)
+
+
+def _csv_lines(path: Path, reader: Any) -> list[tuple[int, list[str]]]:
+    """Every row of ``reader`` but blank lines, with the line it starts on (a quoted cell may span
+    lines); the csv module's errors (a cell over its size limit, a NUL byte) name the line."""
+    lines: list[tuple[int, list[str]]] = []
+    try:
+        end = 0
+        for row in reader:
+            if row:
+                lines.append((end + 1, row))
+            end = reader.line_num
+    except csv.Error as e:
+        big = "field larger than field limit" in str(e)
+        fix = (f"; a cell over {csv.field_size_limit()} characters needs a JSON Lines or Parquet table" if big
+               else "")
+        raise DataError(f"{path}: line {reader.line_num}: not a readable CSV row ({e}){fix}") from None
+    return lines
 
 
 # --- column types ----------------------------------------------------------------------------
@@ -260,7 +283,10 @@ def _scalar(v: Any, dtype: np.dtype) -> Any:
         if not info.min <= iv <= info.max:
             raise ValueError(f"{iv} does not fit {dtype}")
         return iv
-    return float(v)
+    fv = float(v)
+    if math.isfinite(fv) and abs(fv) > float(np.finfo(dtype).max):  # would turn into inf silently
+        raise ValueError(f"{v!r} does not fit {dtype} (largest {np.finfo(dtype).max:g})")
+    return fv
 
 
 def _scalar_column(name: str, cells: list[Any], live: list[int], dtype: np.dtype, fail: Any) -> Column:
@@ -320,6 +346,10 @@ def _list_column(table: Table, name: str, cells: list[Any], live: list[int], dty
                 a = a.reshape(shape)  # type: ignore[arg-type]
             if dtype.kind in "iu" and a.dtype.kind == "f" and not np.all(np.mod(a, 1) == 0):
                 raise ValueError("holds non-integers, the column is integer")
+            if dtype.kind in "iu" and a.size and (int(a.min()) < np.iinfo(dtype).min or int(a.max()) > np.iinfo(dtype).max):
+                raise ValueError(f"holds a number outside {dtype}'s range")
+            if dtype.kind == "f" and a.size and np.any(np.abs(a[np.isfinite(a)]) > np.finfo(dtype).max):
+                raise ValueError(f"holds a number too large for {dtype} (largest {np.finfo(dtype).max:g})")
             out.values[i] = np.ascontiguousarray(a, dtype=dtype)
         except (ValueError, OverflowError) as e:
             fail(i, str(e))
@@ -467,8 +497,9 @@ def scan_file_column(table: Table, col: Column, root: Path, rows: list[int], bad
     ok = [i for i in rows if i not in bad]
     shapes = [info[i][0] for i in ok]
     fixed = shapes[0] if not image and shapes and all(s == shapes[0] for s in shapes) else None
+    dims = len(shapes[0]) if shapes else 3 if image else 1  # no good row: an empty column, its rows all in bad
     return FileColumn(col.name, image, [col.values[i] for i in ok],
-                      np.array(shapes, dtype=np.int64).reshape(len(ok), -1), np.dtype(dtype), mode, fixed)
+                      np.array(shapes, dtype=np.int64).reshape(len(ok), dims), np.dtype(dtype), mode, fixed)
 
 
 # --- the table source --------------------------------------------------------------------------
@@ -483,10 +514,11 @@ class TableColumns:
     strings: list[str]
     files: list[FileColumn]
     classes: list[str] | None = None
+    n: int = 0  # rows (a table may have no column but path)
 
     def part(self, idx: slice) -> "TableColumns":
         return replace(self, values={k: v[idx] for k, v in self.values.items()},
-                       files=[f.part(idx.start, idx.stop) for f in self.files])
+                       files=[f.part(idx.start, idx.stop) for f in self.files], n=len(range(self.n)[idx]))
 
     def read(self, root: str, i: int) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -498,8 +530,7 @@ class TableColumns:
         return out
 
     def nbytes(self) -> np.ndarray:
-        n = len(next(iter(self.values.values()))) if self.values else len(self.files[0].rels) if self.files else 0
-        total = np.zeros(n, dtype=np.int64)
+        total = np.zeros(self.n, dtype=np.int64)
         for k, v in self.values.items():
             total += np.array([len(x.encode("utf-8")) if k in self.strings else x.nbytes for x in v], dtype=np.int64)
         for f in self.files:
@@ -548,6 +579,8 @@ def finish_columns(table: Table, cols: dict[str, Column], rows: list[int], root:
     for name, c in cols.items():
         if c.kind == "file":
             fc = scan_file_column(table, c, root, rows, bad)
+            if not fc.rels:  # every row of the column is bad: scan_table reports them (table, row, column)
+                continue
             files.append(fc)
             fields += fc.fields()
         elif c.kind == "str" and name == LABEL_FIELD:
@@ -563,7 +596,7 @@ def finish_columns(table: Table, cols: dict[str, Column], rows: list[int], root:
             assert c.dtype is not None
             values[name] = [c.values[i] for i in rows]
             fields.append(make_field(name, c.dtype, c.shape))
-    return TableColumns(fields, values, strings, files, classes)
+    return TableColumns(fields, values, strings, files, classes, len(rows))
 
 
 @dataclass
@@ -580,7 +613,7 @@ class TableSource:
 
     def __post_init__(self) -> None:
         self.fields = list(self.main.fields) + self.cols.fields
-        self.classes = self.cols.classes
+        self.classes = self.main.classes if self.main.classes is not None else self.cols.classes
 
     @property
     def root(self) -> str:
@@ -593,8 +626,8 @@ class TableSource:
         return list(self.main.rels) + [r for f in self.cols.files for r in f.rels] + [os.path.abspath(self.table_path)]
 
     @property
-    def labels(self) -> np.ndarray | None:  # for the journal's fingerprint
-        return None
+    def labels(self) -> np.ndarray | None:  # for the journal's fingerprint: the class folders' labels
+        return self.main.labels
 
     def __len__(self) -> int:
         return len(self.main)
@@ -629,9 +662,11 @@ class TableSource:
 
 
 def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], images: ImageOptions | None,
-               skip_bad: bool, strict: bool, check_unlisted: bool, workers: int | None, progress: Any) -> TableSource:
+               skip_bad: bool, strict: bool, check_unlisted: bool, workers: int | None, progress: Any,
+               no_labels: bool = False) -> TableSource:
     """Read and check a table and every file it names; build the source. Bad rows raise (the
-    first, naming table, row and column) unless ``skip_bad``."""
+    first, naming table, row and column) unless ``skip_bad``. Class folders give ``label`` as for
+    a folder source unless the table has a ``label`` column or ``no_labels``."""
     from .images import ImageFolderSource, is_image_file
     from .npy import NpyFolderSource
     from .scan import drop_non_samples, refuse_bad, walk_files
@@ -684,18 +719,33 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
     if not rows:
         raise DataError(f"{table_path}: no usable rows (all {table.rows} are bad)")
     rels = [paths[i] for i in rows]
+    folders = not no_labels and LABEL_FIELD not in table.columns and _class_folders(table, root, rels)
     if image_kind:
-        main: Any = ImageFolderSource.scan(root, images or ImageOptions(), no_labels=True, skip_bad=skip_bad,
+        main: Any = ImageFolderSource.scan(root, images or ImageOptions(), no_labels=not folders, skip_bad=skip_bad,
                                            workers=workers, progress=progress, rels=rels)
     else:
         if images is not None:
             raise UsageError(f"{table_path}: image options given, but the path column names no images")
-        main = NpyFolderSource.scan(root, no_labels=True, skip_bad=skip_bad, rels=rels)
+        main = NpyFolderSource.scan(root, no_labels=not folders, skip_bad=skip_bad, rels=rels)
     row_of = {paths[i]: i for i in rows}
     kept = [row_of[r] for r in main.rels]
     final = finish_columns(table, cols, kept, root, {})
     return TableSource(main=main, cols=final, table_path=str(table_path),
                        skipped=sorted(skipped_rows) + list(main.skipped))
+
+
+def _class_folders(table: Table, root: Path, rels: list[str]) -> bool:
+    """Whether the table's paths lie in class folders (every path in a sub-folder of ``root``, two
+    sub-folders at least: one folder, ``images/``, is a layout, not a class), as in a folder source;
+    paths both directly in ``root`` and in sub-folders are refused, as there."""
+    flat = [r for r in rels if "/" not in r]
+    if len(flat) == len(rels) or len({r.split("/", 1)[0] for r in rels}) < 2:
+        return False
+    if flat:
+        raise DataError(f"{table.path}: path {flat[0]!r} lies directly in {root} while other rows name files in "
+                        "sub-folders, whose names would be the classes (field 'label'); pass --no-labels for no "
+                        "labels from folders, or add a 'label' column to the table")
+    return True
 
 
 def _row_key(table: Table, i: int, paths: list[Any]) -> str:

@@ -29,7 +29,7 @@ from fastdata.errors import FastdataError, UsageError
 from fastdata.fileio import file_checksum, write_atomic
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, backend, shard_file_name, write_manifest
 from fastdata.format.keys import write_keys
-from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo
+from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, LABEL_FIELD, KeysInfo
 from fastdata.handles import usable_cpus
 
 from . import _fault, journal
@@ -116,6 +116,8 @@ class ConvertReport:
     kept: int = 0  # shards of an interrupted conversion that --resume verified and kept
     part: tuple[int, int] | None = None  # (I, N) when this run converted part I of N
     engine: str = "local"
+    fields: list[str] = field(default_factory=list)  # the fields written, in the manifest's order
+    classes: int | None = None  # how many classes the label field has, when it has names
 
     def summary(self) -> str:
         rate = self.bytes_in / self.seconds if self.seconds > 0 else 0.0
@@ -125,6 +127,9 @@ class ConvertReport:
             f"{what}{self.samples} samples -> {self.shards} {self.backend} shard(s) in {self.dst}{via}: "
             f"{fmt_bytes(self.bytes_in)} in, {fmt_bytes(self.bytes_out)} out, {self.seconds:.1f} s, {fmt_bytes(rate)}/s"
         )
+        if self.fields:
+            named = f" ({self.classes} classes)" if self.classes is not None else ""
+            line += "; fields " + ", ".join(f + named if f == LABEL_FIELD else f for f in self.fields)
         if self.kept:
             line += f"; resumed: kept {self.kept} finished shard(s)"
         if self.skipped:
@@ -239,7 +244,8 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
         out += (dst / MANIFEST_NAME).stat().st_size
     return ConvertReport(dst, opts.backend, sum(s.count for s in shards), len(shards),
                          source.bytes_in if target.part is None else int(sum(t.in_bytes for t in tasks)), out,
-                         time.perf_counter() - t0, list(source.skipped), kept, target.part, opts.engine)
+                         time.perf_counter() - t0, list(source.skipped), kept, target.part, opts.engine,
+                         [f.name for f in source.fields], len(source.classes) if source.classes is not None else None)
 
 
 def part_range(num_shards: int, index: int, count: int) -> range:

@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(same SRC and options; see docs/reliability.md)")
     c.add_argument("--labels", metavar="FILE",
                    help="labels: a CSV/JSON of relative_path,label for folders, or a .npy array for array sources")
-    c.add_argument("--no-labels", action="store_true", help="do not take labels from class sub-folders")
+    c.add_argument("--no-labels", action="store_true",
+                   help="do not take labels from class sub-folders (with --meta too)")
     c.add_argument("--data", metavar="X.npy", help="a large array whose first axis is the sample axis (field 'x')")
     c.add_argument("--field", action="append", type=_named_array, default=[], metavar="NAME=PATH",
                    help="a large array stored as field NAME (repeatable)")
@@ -197,7 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would print the top-level usage: show the subcommand's, and the near options
+        words = list(sys.argv[1:] if argv is None else argv)
+        if words.index(extra[0]) < words.index(args.command):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        _unknown(parser, args.command, extra)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if getattr(args, "remote_timeout", None) is not None:  # RemoteOptions' default, here and in worker processes
         from .remote.options import ENV_TIMEOUT
@@ -213,6 +220,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fastdata: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (fastdata info DST | head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 1
+
+
+def _unknown(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> None:
+    """Exit with the subcommand's usage and the unknown arguments (with the nearest option, if any)."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    known = [o for a in sub._actions for o in a.option_strings]
+    near = [m for e in extra if e.startswith("-") for m in difflib.get_close_matches(e.split("=")[0], known, 1)]
+    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
 
 
 class _Bar:

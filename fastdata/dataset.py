@@ -301,9 +301,16 @@ class Dataset:
         fractions and ``seed``. ``stratify="label"`` keeps each value's share in every part. Each part
         lists its samples in stored order (loaders shuffle). Fractions summing to less than 1 leave
         the rest out."""
-        if not fractions:
-            raise UsageError("split needs at least one part, e.g. {'train': 0.9, 'val': 0.1}")
+        if not isinstance(fractions, Mapping) or not fractions:
+            raise UsageError(f"split takes a dict of part name: fraction, e.g. {{'train': 0.9, 'val': 0.1}}, "
+                             f"not {fractions!r}")
         names = list(fractions)
+        for part in names:
+            v = fractions[part]
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise UsageError(f"split fraction of part {part!r} must be a number between 0 and 1, not {v!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise UsageError(f"split seed must be an integer >= 0, not {seed!r}")
         fr = np.array([float(fractions[k]) for k in names], dtype=np.float64)
         if not np.isfinite(fr).all() or (fr <= 0).any() or fr.sum() > 1 + 1e-9:
             raise UsageError(f"split fractions must be positive and sum to at most 1, not {dict(fractions)}")

@@ -144,7 +144,11 @@ class Weighted:
             assert codes is not None
             w = 1.0 / np.bincount(codes)[codes]
         else:
-            w = np.asarray(self.weights, dtype=np.float64)
+            w = np.asarray(self.weights)
+            if w.dtype.kind not in "biuf":
+                raise UsageError(f"Weighted: weights must be numbers (one per sample) or 'balanced', not an array "
+                                 f"of {w.dtype}")
+            w = w.astype(np.float64)
             if w.shape != (n,):
                 raise UsageError(f"Weighted: {w.shape[0] if w.ndim == 1 else w.shape} weights for a dataset of {n} "
                                  "samples; give one weight per sample")
@@ -155,6 +159,8 @@ class Weighted:
         total = w.sum()
         if not total > 0:
             raise UsageError("Weighted: every weight is zero; nothing can be drawn")
+        if not isinstance(self.replacement, (bool, np.bool_)):
+            raise UsageError(f"Weighted: replacement must be True or False, not {self.replacement!r}")
         k = n if self.num_samples is None else self.num_samples
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise UsageError(f"Weighted: num_samples must be a positive integer, not {self.num_samples!r}")
@@ -220,12 +226,12 @@ class Episodic:
 
     def prepare(self, codes: np.ndarray) -> "Episodic":
         """Bound to samples whose dense class codes (0..C-1, one per sample) are ``codes``."""
-        for name in ("n_way", "k_shot"):
+        for name, least in (("n_way", 1), ("k_shot", 1), ("n_query", 0)):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise UsageError(f"Episodic: {name} must be a positive integer, not {v!r}")
-        if not isinstance(self.n_query, int) or self.n_query < 0:
-            raise UsageError(f"Episodic: n_query must be an integer >= 0, not {self.n_query!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+                what = "a positive integer" if least else "an integer >= 0"
+                raise UsageError(f"Episodic: {name} must be {what}, not {v!r}")
+            setattr(self, name, int(v))  # a numpy integer becomes the plain int of the same value
         counts = np.bincount(codes) if len(codes) else np.zeros(0, dtype=np.int64)
         s = self.k_shot + self.n_query
         eligible = np.flatnonzero(counts >= s)
@@ -236,9 +242,9 @@ class Episodic:
         episodes = self.episodes_per_epoch
         if episodes is None:
             episodes = max(1, int(counts[eligible].sum()) // self.episode_size)
-        if not isinstance(episodes, int) or episodes < 1:
+        if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
             raise UsageError(f"Episodic: episodes_per_epoch must be a positive integer, not {episodes!r}")
-        bound = Episodic(self.n_way, self.k_shot, self.n_query, episodes, self.by)
+        bound = Episodic(self.n_way, self.k_shot, self.n_query, int(episodes), self.by)
         bound._codes = codes
         small = codes.astype(np.uint16) if len(counts) <= 1 << 16 else codes  # radix sort up to 65536 classes
         order = np.argsort(small, kind="stable")  # sample indices grouped by class
@@ -295,7 +301,11 @@ class Episodic:
 def check_batches(batches: Sequence[Any], n: int, name: str, epoch: int) -> list[np.ndarray]:
     """A sampler's batches as int64 arrays, refused (UsageError naming the batch) unless each is a
     1-D array of indices in ``0..n-1``. Vectorised: checking 10 million indices takes milliseconds."""
-    out = [np.asarray(b) for b in batches]
+    try:
+        out = [np.asarray(b) for b in batches]
+    except (TypeError, ValueError) as e:  # None, a number, ragged nested lists
+        raise UsageError(f"sampler {name}: epoch {epoch} gave {type(batches).__name__}, not a list of 1-D arrays of "
+                         f"indices ({e})") from None
     for k, b in enumerate(out):
         if b.ndim != 1 or (len(b) and b.dtype.kind not in "iu"):
             raise UsageError(f"sampler {name}: batch {k} of epoch {epoch} is not a 1-D array of integer indices")

@@ -27,7 +27,10 @@ def test_info_describes_the_dataset(tmp_path, class_folder, run_cli):
 def test_info_on_incomplete_dataset(tmp_path, run_cli):
     (tmp_path / "half").mkdir()
     code, _, err = run_cli("info", tmp_path / "half")
-    assert code == 1 and "incomplete dataset" in err and "Traceback" not in err
+    assert code == 1 and "an empty folder, not a fastdata dataset" in err and "--resume" not in err
+    (tmp_path / "half" / ".fastdata-journal").write_text("{}\n")  # an interrupted conversion: resumable
+    code, _, err = run_cli("info", tmp_path / "half")
+    assert code == 1 and "incomplete dataset" in err and "--resume" in err and "Traceback" not in err
 
 
 def test_convert_prints_one_summary_line(tmp_path, class_folder, run_cli):

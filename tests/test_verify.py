@@ -10,7 +10,7 @@ import pytest
 import converters
 import fastdata
 from conftest import edit_manifest, four_shard_dataset, make_class_folder
-from fastdata.errors import CorruptShardError, IncompleteDatasetError
+from fastdata.errors import CorruptShardError, FormatError, IncompleteDatasetError
 from fastdata.verify import MAX_SAMPLE_PROBLEMS, verify
 
 BACKENDS = ["hdf5", "lmdb"]
@@ -140,7 +140,10 @@ def test_deep_decodes_images(tmp_path):
 
 def test_verify_refuses_a_dataset_without_a_usable_manifest(tmp_path, ds, run_cli):
     (tmp_path / "half").mkdir()
-    with pytest.raises(IncompleteDatasetError):
+    with pytest.raises(FormatError, match="not a fastdata dataset"):
+        verify(tmp_path / "half")
+    (tmp_path / "half" / "shard-00000.h5").write_bytes(b"")
+    with pytest.raises(IncompleteDatasetError, match="no journal to resume from; convert again with --overwrite"):
         verify(tmp_path / "half")
     code, _, err = run_cli("verify", tmp_path / "half")
     assert code == 1 and "incomplete dataset" in err and "Traceback" not in err

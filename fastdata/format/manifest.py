@@ -13,8 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import FormatError, IncompleteDatasetError, VersionError
+from ..errors import FormatError, VersionError
 from ..fileio import fsync_dir, write_atomic
+from .absent import no_manifest_error, not_a_folder_error
 from .spec import (
     _FILE_RE,
     _SHA_RE,
@@ -54,12 +55,9 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
     root = Path(root)
     path = root / MANIFEST_NAME
     if not root.is_dir():
-        raise FormatError(f"{root}: not a directory (a fastdata dataset is a directory)")
+        raise not_a_folder_error(root)  # missing, or a file: a source file says how to convert it
     if not path.is_file():
-        raise IncompleteDatasetError(
-            f"{root}: incomplete dataset: no {MANIFEST_NAME} (the conversion did not finish: run the "
-            "same fastdata convert command with --resume to finish it, or with --overwrite to start over)"
-        )
+        raise no_manifest_error(root)  # what the folder is instead, and the fix that works
     try:
         size = path.stat().st_size
         if size > MAX_MANIFEST_BYTES:
