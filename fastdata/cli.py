@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ._units import parse_size
@@ -206,10 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         _unknown(parser, args.command, extra)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if getattr(args, "remote_timeout", None) is not None:  # RemoteOptions' default, here and in worker processes
-        from .remote.options import ENV_TIMEOUT
-
-        os.environ[ENV_TIMEOUT] = repr(args.remote_timeout)
+    restore = _remote_timeout_env(getattr(args, "remote_timeout", None))
     try:
         return args.run(args)  # each sub-parser names its handler (set_defaults)
     except FastdataError as e:
@@ -223,6 +220,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (fastdata info DST | head): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return 1
+    finally:
+        restore()
+
+
+def _remote_timeout_env(seconds: float | None) -> Callable[[], None]:
+    """Make ``--remote-timeout`` RemoteOptions' default for this command, here and in its worker processes
+    (through the environment they inherit); return the function that puts the variable back as it was."""
+    from .remote.options import ENV_TIMEOUT
+
+    before = os.environ.get(ENV_TIMEOUT)
+    if seconds is None:
+        return lambda: None
+    os.environ[ENV_TIMEOUT] = repr(seconds)
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop(ENV_TIMEOUT, None)
+        else:
+            os.environ[ENV_TIMEOUT] = before
+
+    return restore
 
 
 def _unknown(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> None:

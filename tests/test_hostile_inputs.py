@@ -5,6 +5,9 @@ the file, row and column (or the argument), exit code 1 (bad data) or 2 (usage),
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -402,6 +405,25 @@ def test_urls_malformed_or_of_unknown_scheme(src, tmp_path, run_cli, monkeypatch
     refused(run_cli, "merge", src, "gs:/x", code=2, words=("URL missing a slash",))
     refused(run_cli, "merge", src, "foo://x/y", code=2, words=("object-storage URLs are not supported",))
     refused(run_cli, "merge-parts", "s3:/x", code=2, words=("URL missing a slash",))
+
+
+def test_urls_without_a_bucket_or_host(src, tmp_path, run_cli):
+    for args in [("convert", src, "s3://", *ARGS), ("convert", src, "s3:///ds", *ARGS), ("info", "s3:///x"),
+                 ("info", "gs://"), ("merge-parts", "s3://"), ("verify", "s3:///x")]:
+        refused(run_cli, *args, code=2, words=("no bucket or host after",))
+
+
+def test_an_ftp_url_that_cannot_connect_is_one_line(src, tmp_path):
+    """The URL's own host reaches the filesystem (it used to be dropped: 'missing ... host'), and a
+    refused connection is one line, with no 'Exception ignored' from a half-made filesystem."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    r = subprocess.run([sys.executable, "-m", "fastdata", "convert", str(src), f"ftp://127.0.0.1:{port}/ds"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [f"fastdata: error: ftp://127.0.0.1:{port}/ds: cannot connect: "
+                                             "Connection refused"], r.stderr
 
 
 # --- merge and merge-parts -----------------------------------------------------------------------

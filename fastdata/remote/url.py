@@ -27,11 +27,19 @@ def is_url(path: str | os.PathLike[str]) -> bool:
     return isinstance(path, str) and _URL.match(path) is not None
 
 
+# Schemes whose URLs name no bucket or host: everything after "://" is a path.
+_HOSTLESS = {"file", "local", "memory"}
+
+
 def scheme(url: str) -> str:
+    """The URL's scheme, lower-cased; a UsageError when ``url`` is no URL or names no bucket or host."""
     m = _URL.match(url)
     if m is None:
         raise UsageError(f"{url}: not a URL")
-    return m.group(1).lower()
+    proto = m.group(1).lower()
+    if proto not in _HOSTLESS and not url[m.end():].split("/", 1)[0]:
+        raise UsageError(f"{url}: no bucket or host after '{m.group(0)}' (write {m.group(0)}BUCKET/PATH)")
+    return proto
 
 
 def join(url: str, name: str) -> str:
@@ -57,9 +65,12 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> Any:
             else:
                 opts.setdefault(k, v)
     try:
-        return fsspec.filesystem(proto, **opts)
+        # url_to_fs also takes what the URL itself says (an ftp/sftp/http host and port, for example)
+        return fsspec.core.url_to_fs(url, **opts)[0]
     except ImportError as e:
         need = _PACKAGES.get(proto) or str(e).splitlines()[0]
         raise UsageError(f"{url}: the {proto!r} scheme needs {need}, which is not installed") from None
     except (TypeError, ValueError) as e:
         raise UsageError(f"{url}: bad storage_options for {proto!r}: {e}") from None
+    except OSError as e:  # filesystems that connect when they are made (ftp, sftp)
+        raise UsageError(f"{url}: cannot connect: {e.strerror or e}") from None
