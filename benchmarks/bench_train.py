@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         os.sync()
         loaders = {"naive DataLoader (np.load per file, 2 workers)": lambda: naive_loader(src, BATCH, workers=2),
                    "fastdata.loader (hdf5, defaults)": lambda: fastdata.loader(work / "hdf5", BATCH, device="cpu")}
-        models = {"FlimCNN(width=8)": lambda: FlimCNN(4, width=8), "tiny (input-bound)": Tiny}
+        width = 2 if a.quick else 8  # quick: a smoke run, the model only has to train
+        models = {f"FlimCNN(width={width})": lambda: FlimCNN(4, width=width), "tiny (input-bound)": Tiny}
         results: dict = {}
         rows = []
         for mname, make_model in models.items():
