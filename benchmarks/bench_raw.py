@@ -35,6 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -78,7 +79,7 @@ def rounds(methods: dict[str, Callable[[], int]], n_rounds: int) -> dict[str, di
             n = fn()
             if r:
                 rates[name].append(n / (time.perf_counter() - t0))
-    return {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in rates.items()}
+    return {k: {"median": statistics.median(v), "min": min(v), "max": max(v), "rounds": v} for k, v in rates.items()}
 
 
 def best(rates: dict[str, dict[str, float]], prefix: str) -> tuple[str, float]:
@@ -224,7 +225,7 @@ def section_raw(work: Path, cfg: dict[str, int], jpegs: Path) -> dict[str, Any]:
     pools = {t: ThreadPoolExecutor(t) for t in COUNTS}
     bufs = [np.empty((BATCH, 256, 256, 3), np.uint8) for _ in range(2 * THREADS)]
     batches = [torch.from_numpy(data[p]) for p in plan[: 2 * THREADS]]  # uint8 batches already in RAM
-    floats = [torch.empty(b.shape, dtype=torch.float32) for b in batches]
+    floats = [torch.empty(batches[0].shape, dtype=torch.float32)]
     sizes = [len(p) for p in plan]  # the last batch is short: every method converts exactly n samples
 
     def torch_plain() -> int:
@@ -233,35 +234,35 @@ def section_raw(work: Path, cfg: dict[str, int], jpegs: Path) -> dict[str, Any]:
         return sum(sizes)
 
     def torch_intra(t: int) -> int:
-        """One batch at a time, converted into a reused float buffer by torch's ``t`` intra-op threads."""
+        """One batch at a time, converted into one reused float buffer by torch's ``t`` intra-op threads."""
         torch.set_num_threads(t)
         try:
             for k, m in enumerate(sizes):
-                floats[k % len(floats)][:m].copy_(batches[k % len(batches)][:m]).mul_(1 / 255)
+                floats[0][:m].copy_(batches[k % len(batches)][:m]).mul_(1 / 255)
         finally:
             torch.set_num_threads(THREADS)
         return sum(sizes)
 
-    def torch_per_thread(t: int) -> int:
-        """``t`` threads, each converting whole batches into its own reused buffers (one intra-op thread)."""
-        torch.set_num_threads(1)
+    mine = threading.local()  # each converting thread's own float buffer, reused batch after batch
 
+    def torch_per_thread(t: int) -> int:
+        """``t`` threads, each converting whole batches into its own reused float buffer (as the
+        loader's reader threads do: a batch handed over and released, its buffer reused at once)."""
         def one(k: int) -> int:
-            j = k % len(floats)
-            floats[j][: sizes[k]].copy_(batches[j][: sizes[k]]).mul_(1 / 255)
+            out = getattr(mine, "out", None)
+            if out is None:
+                out = mine.out = torch.empty(batches[0].shape, dtype=torch.float32)
+            out[: sizes[k]].copy_(batches[k % len(batches)][: sizes[k]]).mul_(1 / 255)
             return sizes[k]
 
-        try:
-            return sum(pools[t].map(one, range(len(sizes))))
-        finally:
-            torch.set_num_threads(THREADS)
+        return sum(pools[t].map(one, range(len(sizes))))
 
     methods: dict[str, Callable[[], int]] = {}
     for t in COUNTS:
         methods[f"ceiling: memcpy gather, {threads_label(t)}"] = lambda t=t: gather_epoch(data, plan, bufs, pools[t])
         methods[f"ceiling float: torch copy_+mul_ into reused buffers, {t} intra-op"] = lambda t=t: torch_intra(t)
         if t > 1:
-            methods[f"ceiling float: torch copy_+mul_ into reused buffers, {threads_label(t)} x 1 batch"] = \
+            methods[f"ceiling float: torch copy_+mul_ into reused buffers, {threads_label(t)}, a batch each"] = \
                 lambda t=t: torch_per_thread(t)
     methods["info: torch x.float().div_(255), a new output per batch"] = torch_plain
     loaders = {}
