@@ -55,7 +55,7 @@ def suite_block(name: str, results: Path) -> str:
     md = (results / f"{name}.md").read_text(encoding="utf-8").strip().splitlines()
     if md and md[0].startswith("# "):
         md = md[1:]
-    body = "\n".join("#" * 2 + line if line.startswith("#") else line for line in md).strip()
+    body = "\n".join("#" + line if line.startswith("#") else line for line in md).strip()
     head = [f"Results: `benchmarks/results/{name}.json`, `.md`.", machine_line(res), check_line(res)]
     return "\n".join(h for h in head if h) + "\n\n" + body + "\n"
 

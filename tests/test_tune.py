@@ -106,3 +106,19 @@ def test_bench_cli_measures_the_ceiling_up_to_the_loaders_threads(small_ds, run_
     assert code == 0 and sorted(rows[-1]["settings"]["rates"]) == ["1", "2", "3"]
     code, out, _ = run_cli("bench", small_ds, "--batches", "3", "--seconds", "1", "--workers", "0", "--json")
     assert code == 0 and list(json.loads(out)["results"][-1]["settings"]["rates"]) == ["1"]
+
+
+def test_bench_cli_warns_when_a_pipeline_beats_its_ceiling(small_ds, run_cli, monkeypatch):
+    """A ratio above 1.1 of the ceiling means the ceiling was measured badly (a busy machine): said on stderr."""
+    real = bench.measure_ceiling
+
+    def slow_ceiling(*a, **kw):  # type: ignore[no-untyped-def]
+        r = real(*a, **kw)
+        r.samples_per_s = 1.0  # no pipeline is that slow
+        return r
+
+    monkeypatch.setattr(bench, "measure_ceiling", slow_ceiling)
+    code, _, err = run_cli("bench", small_ds, "--batches", "3", "--seconds", "1", "--workers", "1")
+    assert code == 0 and "fastdata.loader above 1.1 of the ceiling" in err and "quiet machine" in err
+    code, _, err = run_cli("bench", small_ds, "--batches", "3", "--seconds", "1", "--workers", "1", "--no-ceiling")
+    assert code == 0 and "above 1.1" not in err
