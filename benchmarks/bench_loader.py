@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR), help="results folder")
     p.add_argument("--workdir", default=None, help="where to put the temporary data")
     a = p.parse_args(argv)
-    n, epochs, rounds = (256, 2, 2) if a.quick else (2000, 3, 3)
+    n, epochs, rounds = (256, 1, 1) if a.quick else (2000, 3, 3)
     work = Path(tempfile.mkdtemp(prefix="fastdata-bench-loader-", dir=a.workdir))
     try:
         res = run(n, epochs, rounds, work)
