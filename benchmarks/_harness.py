@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -17,6 +18,7 @@ from fastdata.fileio import write_atomic
 from fastdata.world import usable_cpus
 
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CEILING_LIMIT = 1.1  # no method beats the machine's best for the same work: a ratio above this is a measurement bug
 
 
 def time_interleaved(
@@ -134,6 +136,7 @@ def machine_info() -> dict[str, Any]:
         "ram_available_gib": _meminfo_gib("MemAvailable"),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "load_average": [round(v, 2) for v in os.getloadavg()],  # 1, 5, 15 min: other work on the machine
     }
     for module in ("numpy", "h5py", "lmdb", "torch", "fastdata"):
         info[module] = _version(module)
@@ -179,3 +182,24 @@ def write_results(
     _write_text(json_path, json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
     _write_text(md_path, markdown.rstrip("\n") + "\n")
     return json_path, md_path
+
+
+def check_ceiling(suite: str, ratios: dict[str, float], quick: bool) -> dict[str, Any]:
+    """Flag every ratio to its ceiling above ``CEILING_LIMIT`` as a measurement bug: the ceiling is
+    the machine's best for the same work, so nothing can beat it by more than noise. Printed
+    loudly; the returned record goes into the results JSON (``ceiling_check``), and
+    :func:`ceiling_exit` turns it into the run's exit status."""
+    over = {k: round(v, 3) for k, v in ratios.items() if v > CEILING_LIMIT}
+    if over:
+        bar = "!" * 78
+        lines = [f"{k}: {v} of its ceiling" for k, v in over.items()]
+        print(f"\n{bar}\n{suite}: MEASUREMENT BUG, ratio above {CEILING_LIMIT} of the ceiling (the ceiling is not the "
+              f"machine's best for this work{'; a --quick run, recorded only' if quick else ''}):\n  "
+              + "\n  ".join(lines) + f"\n{bar}\n", file=sys.stderr, flush=True)
+    return {"limit": CEILING_LIMIT, "checked": len(ratios), "over": over, "quick": quick}
+
+
+def ceiling_exit(check: dict[str, Any]) -> int:
+    """Exit status for a suite after :func:`check_ceiling`: 1 when a full run has a ratio over the
+    limit; 0 otherwise (a --quick run's tiny data is noise, so its flags are recorded only)."""
+    return 1 if check["over"] and not check["quick"] else 0

@@ -36,10 +36,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from _harness import (
+    DEFAULT_RESULTS_DIR,
+    ceiling_exit,
+    check_ceiling,
+    machine_info,
+    markdown_table,
+    time_interleaved,
+    warm_page_cache,
+    write_results,
+)
 
 import converters
 import fastdata
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
 
 BATCH = 64
 SEED = 0
@@ -335,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     checks = check_targets(datasets)
+    ratios = {f"{d['name']}: {m['method']}": m["ratio_to_ceiling"] for d in datasets for m in d["methods"]}
+    ceiling_check = check_ceiling("bench_get_batch", ratios, args.quick)
     report = render(info, settings, datasets, checks)
     print("\n" + report)
     results = {
@@ -344,11 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         "machine": info,
         "datasets": datasets,
         "targets": checks,
+        "ceiling_check": ceiling_check,
     }
     name = "get_batch_quick" if args.quick else "get_batch"
     json_path, md_path = write_results(name, results, report, args.out)
     print(f"wrote {json_path} and {md_path}")
-    return 0
+    return ceiling_exit(ceiling_check)
 
 
 if __name__ == "__main__":

@@ -265,10 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         res["dali"] = f"See results/dali{'_cuda' if args.device == 'cuda' else ''}{'_quick' if args.quick else ''}.md."
     report = render(info, settings, res)
     print("\n" + report)
+    check = _harness.check_ceiling("bench_gpu", {r["method"]: r["x_ceiling"] for r in res["h2d"]["rows"]
+                                                 if r["x_ceiling"] is not None}, args.quick)
     name = "gpu" + ("_cpu" if args.device == "cpu" else "") + ("_quick" if args.quick else "")
     _harness.write_results(name, {"benchmark": "gpu", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                  "settings": settings, "machine": info, "result": res}, report, args.out)
-    return 0
+                                  "settings": settings, "machine": info, "result": res, "ceiling_check": check},
+                           report, args.out)
+    return _harness.ceiling_exit(check)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ One run, one machine, ratios within the run:
 - fastdata.loader with default settings (``device="cpu"``) on HDF5 and LMDB shards, plus the
   reader settings the default was chosen from (threads 0-4, worker processes), and LMDB with
   batch buffers not aligned to the shard's bytes (the A/B of ``Dataset.copy_phase``);
-- ceiling: the same batches gathered by 2 threads, row by row, from the samples already in
-  memory into preallocated buffers (plain memcpy).
+- ceiling: the same batches gathered row by row from the samples already in memory into
+  preallocated buffers (plain memcpy) by 1 to 4 threads (the most the loaders here use); the
+  fastest thread count is the ceiling.
 Methods are timed over 3 consecutive epochs each, in interleaved rounds after one discarded
 warm-up round; the figure is the median round. Usage: python benchmarks/bench_loader.py [--quick]
 """
@@ -46,6 +47,9 @@ class _Unaligned(fastdata.Dataset):
         return 0
 
 
+CEILING_THREADS = (1, 2, 3, 4)  # the ceiling's thread counts: 1 to the most reader threads measured below
+
+
 def ceiling_epoch(data: np.ndarray, plan: list[np.ndarray], bufs: list[np.ndarray], pool: ThreadPoolExecutor) -> int:
     def gather(k: int) -> int:
         out = bufs[k % len(bufs)]
@@ -82,7 +86,7 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
     data = np.stack([np.load(f) for f in files])  # the bytes, in memory
     plan_rng = np.random.default_rng(1)
     bufs = [np.empty((BATCH, *SHAPE), np.float32) for _ in range(4)]
-    pool = ThreadPoolExecutor(2)
+    pools = {t: ThreadPoolExecutor(t) for t in CEILING_THREADS}
 
     methods: dict[str, Callable[[], int]] = {}
     methods["naive DataLoader (np.load per file, 2 workers)"] = lambda: epoch_samples(naive)
@@ -97,8 +101,9 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
                                                                               device="cpu")
     for name, ld in loaders.items():
         methods[name] = (lambda ld=ld: epoch_samples(ld))
-    methods["ceiling: 2 threads, memcpy from RAM"] = lambda: ceiling_epoch(
-        data, [plan_rng.permutation(n)[a : a + BATCH] for a in range(0, n, BATCH)], bufs, pool)
+    for t in CEILING_THREADS:
+        methods[f"ceiling: {t} thread{'s' if t > 1 else ''}, memcpy from RAM"] = lambda t=t: ceiling_epoch(
+            data, [plan_rng.permutation(n)[a : a + BATCH] for a in range(0, n, BATCH)], bufs, pools[t])
 
     times: dict[str, list[float]] = {k: [] for k in methods}
     # Round 0 is a discarded warm-up (workers start, page cache and buffers fill, the kernel settles
@@ -111,21 +116,27 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
                 times[name].append(got / (time.perf_counter() - t0))
     for ld in loaders.values():
         ld.close()
-    pool.shutdown()
+    for pool in pools.values():
+        pool.shutdown()
     sample_bytes = int(np.prod(SHAPE)) * 4
     rates = {k: statistics.median(v) for k, v in times.items()}
-    ceiling = rates["ceiling: 2 threads, memcpy from RAM"]
+    # x ceiling: best round over best round (other work on a shared machine only slows rounds down)
+    best = {k: max(v) for k, v in times.items()}
+    ceiling_name = max((k for k in best if k.startswith("ceiling")), key=lambda k: best[k])
+    ceiling = best[ceiling_name]
     naive_rate = rates["naive DataLoader (np.load per file, 2 workers)"]
     rows = []
     for name, r in rates.items():
         spread = (min(times[name]), max(times[name]))
         rows.append([name, f"{r:,.0f}", f"{spread[0]:,.0f}-{spread[1]:,.0f}", f"{r * sample_bytes / 1e9:.2f}",
-                     f"{r / naive_rate:.1f}", f"{r / ceiling:.2f}"])
+                     f"{r / naive_rate:.1f}", f"{best[name] / ceiling:.2f}"])
     default_threads = fastdata.loader(workdir / "lmdb", BATCH, device="cpu").workers
     return {"samples": n, "shape": SHAPE, "batch": BATCH, "epochs_per_round": epochs, "rounds": rounds,
+            "ceiling": {"method": ceiling_name, "samples_per_s": ceiling},
+            "x_ceiling": {k: v / ceiling for k, v in best.items() if not k.startswith("ceiling")},
             "conversions": conv, "samples_per_s": rates, "all_rounds": times, "default_threads": default_threads,
             "table": _harness.markdown_table(
-                ["method", "samples/s (median)", "range", "GB/s", "x naive", "x ceiling"], rows)}
+                ["method", "samples/s (median)", "range", "GB/s", "x naive", "x ceiling (best rounds)"], rows)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR), help="results folder")
     p.add_argument("--workdir", default=None, help="where to put the temporary data")
     a = p.parse_args(argv)
-    n, epochs, rounds = (256, 2, 2) if a.quick else (2000, 3, 3)
+    n, epochs, rounds = (256, 1, 1) if a.quick else (2000, 3, 3)
     work = Path(tempfile.mkdtemp(prefix="fastdata-bench-loader-", dir=a.workdir))
     try:
         res = run(n, epochs, rounds, work)
@@ -143,12 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     res["machine"] = _harness.machine_info()
     r = res["samples_per_s"]
     naive = r["naive DataLoader (np.load per file, 2 workers)"]
-    ceiling = r["ceiling: 2 threads, memcpy from RAM"]
+    x = res["x_ceiling"]
+    res["ceiling_check"] = _harness.check_ceiling("bench_loader", res["x_ceiling"], a.quick)
     checks = [
         ("hdf5 defaults >= 8x naive", r["fastdata hdf5, defaults"] / naive, 8.0),
         ("lmdb defaults >= 8x naive", r["fastdata lmdb, defaults"] / naive, 8.0),
-        ("lmdb defaults >= 0.8 of ceiling", r["fastdata lmdb, defaults"] / ceiling, 0.8),
-        ("hdf5 defaults >= 0.6 of ceiling", r["fastdata hdf5, defaults"] / ceiling, 0.6),
+        ("lmdb defaults >= 0.8 of ceiling", x["fastdata lmdb, defaults"], 0.8),
+        ("hdf5 defaults >= 0.6 of ceiling", x["fastdata hdf5, defaults"], 0.6),
     ]
     res["targets"] = {name: {"measured": round(v, 3), "target": t, "met": v >= t} for name, v, t in checks}
     md = [f"# Loader throughput, {n} samples float32{list(SHAPE)}, batch {BATCH}, device cpu",
@@ -157,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
           f"Median of {rounds} interleaved rounds of {epochs} epochs each, after a discarded warm-up round (page cache warm).",
           "", res["table"], ""]
     md += [f"- {k}: {v['measured']} ({'met' if v['met'] else 'NOT met'})" for k, v in res["targets"].items()]
+    md += ["", f"x ceiling: each method's best round over the fastest ceiling's ({res['ceiling']['method']})."]
     text = "\n".join(md)
     print(text)
     _harness.write_results("loader_quick" if a.quick else "loader", res, text, a.out)
-    return 0
+    return _harness.ceiling_exit(res["ceiling_check"])
 
 
 if __name__ == "__main__":

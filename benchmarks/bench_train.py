@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="timed steps per configuration")
     p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR))
     a = p.parse_args(argv)
-    n, steps = (128, 2) if a.quick else (2000, 20)
+    n, steps, batch = (128, 2, 16) if a.quick else (2000, 20, BATCH)  # quick: a smoke run, figures meaningless
     steps = a.steps or steps
     work = Path(tempfile.mkdtemp(prefix="fastdata-bench-train-"))
     try:
@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         write_npy_folder(src, n, SHAPE, learnable=True)
         converters.convert(src, work / "hdf5", converters.WriteOptions(backend="hdf5"))
         os.sync()
-        loaders = {"naive DataLoader (np.load per file, 2 workers)": lambda: naive_loader(src, BATCH, workers=2),
-                   "fastdata.loader (hdf5, defaults)": lambda: fastdata.loader(work / "hdf5", BATCH, device="cpu")}
-        models = {"FlimCNN(width=8)": lambda: FlimCNN(4, width=8), "tiny (input-bound)": Tiny}
+        loaders = {"naive DataLoader (np.load per file, 2 workers)": lambda: naive_loader(src, batch, workers=2),
+                   "fastdata.loader (hdf5, defaults)": lambda: fastdata.loader(work / "hdf5", batch, device="cpu")}
+        width = 2 if a.quick else 8
+        models = {f"FlimCNN(width={width})": lambda: FlimCNN(4, width=width), "tiny (input-bound)": Tiny}
         results: dict = {}
         rows = []
         for mname, make_model in models.items():
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     machine = _harness.machine_info()
     table = _harness.markdown_table(["model", "loader", "samples/s", "waited for input", "wait s", "compute s"], rows)
-    text = "\n".join([f"# Training input-wait, float32{list(SHAPE)}, batch {BATCH}, fp32 on the CPU", "",
+    text = "\n".join([f"# Training input-wait, float32{list(SHAPE)}, batch {batch}, fp32 on the CPU", "",
                       f"Machine: {machine['cpu_model']}, {machine['usable_cores']} cores, torch {machine['torch']}. "
                       f"{n} samples; {3 + steps} timed steps after a 3-step warm-up run, per row.", "", table])
     print(text)

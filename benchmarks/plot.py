@@ -66,8 +66,8 @@ def plot_get_batch(res: dict[str, Any], out: Path) -> Path:
 
 def plot_loader(res: dict[str, Any], out: Path) -> Path:
     rates = res["samples_per_s"]
-    ceiling_key = next(k for k in rates if k.startswith("ceiling"))
-    rows = [(k, v) for k, v in rates.items() if k != ceiling_key]
+    ceiling_key = res["ceiling"]["method"] if "ceiling" in res else next(k for k in rates if k.startswith("ceiling"))
+    rows = [(k, v) for k, v in rates.items() if not k.startswith("ceiling")]
     fig, ax = plt.subplots(figsize=(10, 0.38 * len(rows) + 1.5))
     bars(ax, f"Loader throughput, float32{res['shape']}, batch {res['batch']}, device cpu", rows, rates[ceiling_key])
     return _save(fig, out / "loader.png", machine_line(res))

@@ -115,16 +115,46 @@ def _result(name: str, durations: list[float], samples: int, bps: float, first: 
 
 _CEILING_RAM_BYTES = 512 << 20  # the gather ceiling's in-memory copy of the data is at most this big
 _CEILING_IMAGES = 256  # encoded images decoded over and over for the decode ceiling
+_PAYLOAD_SAMPLES = 256  # samples read to average the payload of ragged and encoded fields
 
 
-def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_seconds: float = 3.0) -> BenchResult:
-    """The machine's ceiling for this dataset, what a loader's rate is a fraction of: for encoded
-    images, decoding the stored images on ``threads`` threads with no loader at all (simplejpeg or
-    PIL, as the loader would); otherwise a ``threads``-thread memcpy gather of random batches of
-    rows of the same size (the dataset's bytes per sample) from memory into reused buffers."""
+def payload_bytes(ds: Dataset) -> float:
+    """Average bytes of one sample's data as ``get_batch`` hands them over (fixed fields from the
+    schema; ragged and encoded fields from their lengths in the first samples), without the
+    storage's overhead (LMDB record headers, HDF5 metadata) that :func:`sample_bytes` counts."""
+    fixed = sum(f.row_nbytes for f in ds.schema if not f.ragged)
+    ragged = [f for f in ds.schema if f.ragged]
+    if not ragged or len(ds) == 0:
+        return float(fixed)
+    m = min(len(ds), _PAYLOAD_SAMPLES)
+    raw = ds.with_options(fields=[f.name for f in ragged], decode=False)
+    batch = raw.get_batch(np.arange(m), ragged="packed")
+    total = 0
+    for f in ragged:
+        v = batch[f.name]
+        total += v.nbytes if isinstance(v, np.ndarray) else sum(len(str(s).encode("utf-8")) for s in v)
+    return fixed + total / m
+
+
+def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_seconds: float = 3.0,
+                    bytes_per_sample: float | None = None) -> BenchResult:
+    """The machine's ceiling for this dataset, what a loader's rate is a fraction of, at the best
+    thread count from 1 to ``threads`` (the loader's own; each count gets an equal share of
+    ``max_seconds``): for encoded images, decoding the stored images with no loader at all
+    (simplejpeg or PIL, as the loader would); otherwise a memcpy gather of random batches of rows of
+    the dataset's payload size (``bytes_per_sample``, default :func:`payload_bytes`) from memory
+    into reused buffers. ``settings["rates"]`` holds every count's rate."""
+    counts = list(range(1, max(1, threads) + 1))
+    share = max_seconds / len(counts)
+    bps = payload_bytes(ds) if bytes_per_sample is None else bytes_per_sample
     if any(f.encoding == ENCODING_IMAGE for f in ds.schema):
-        return _decode_ceiling(ds, batch_size, threads, max_seconds)
-    return _gather_ceiling(ds, batch_size, threads, max_seconds)
+        runs = [_decode_ceiling(ds, batch_size, t, share, bps) for t in counts]
+    else:
+        runs = [_gather_ceiling(ds, batch_size, t, share, bps) for t in counts]
+    best = max(runs, key=lambda r: r.samples_per_s)
+    best.name = f"ceiling: {best.settings['kind']}, best of 1-{counts[-1]} threads"
+    best.settings["rates"] = {r.settings["threads"]: round(r.samples_per_s, 1) for r in runs}
+    return best
 
 
 def _run_batches(name: str, job: Callable[[int], int], threads: int, max_seconds: float, bps: float,
@@ -147,8 +177,7 @@ def _run_batches(name: str, job: Callable[[int], int], threads: int, max_seconds
     return _result(name, durations, done, bps, 0.0, settings, seconds=wall)
 
 
-def _gather_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float) -> BenchResult:
-    bps = sample_bytes(ds)
+def _gather_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float, bps: float) -> BenchResult:
     row = max(1, int(round(bps)))
     n = max(batch_size, min(len(ds), _CEILING_RAM_BYTES // row))
     data = np.random.default_rng(0).integers(0, 256, (n, row), dtype=np.uint8)
@@ -165,7 +194,7 @@ def _gather_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
                         {"threads": threads, "kind": "memcpy gather", "row_bytes": row})
 
 
-def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float) -> BenchResult:
+def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float, bps: float) -> BenchResult:
     from .decode import decode_image
 
     fields = [f for f in ds.schema if f.encoding == ENCODING_IMAGE]
@@ -192,7 +221,7 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
             decode_image(data, codec, spec, out)
         return batch_size
 
-    return _run_batches(f"ceiling: {threads}-thread image decode", decode, threads, max_seconds, sample_bytes(ds),
+    return _run_batches(f"ceiling: {threads}-thread image decode", decode, threads, max_seconds, bps,
                         {"threads": threads, "kind": "decode", "images": m})
 
 

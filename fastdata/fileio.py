@@ -44,8 +44,8 @@ _HASHES: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": 
 
 
 def file_checksum(path: str | os.PathLike[str], algorithm: str) -> str:
-    """``"<algorithm>:<hex digest>"`` of the whole file; ``algorithm`` is ``xxh3_128`` (fast: about
-    9 GB/s a core, so hashing a shard costs far less than writing it) or ``sha256``."""
+    """``"<algorithm>:<hex digest>"`` of the whole file; ``algorithm`` is ``xxh3_128`` (fast: hashing
+    a shard costs far less than writing it) or ``sha256``."""
     try:
         h = _HASHES[algorithm]()
     except KeyError:

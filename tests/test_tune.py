@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -69,3 +70,55 @@ def test_cache_key_changes_with_dataset_content(small_ds, tmp_path):
     converters.convert(None, tmp_path / "other", arrays={"x": tmp_path / "Y.npy"})
     assert tune.settings_key(ds, 32, "cpu") != tune.settings_key(fastdata.open(tmp_path / "other"), 32, "cpu")
     assert tune.settings_key(ds, 32, "cpu") != tune.settings_key(ds, 64, "cpu")
+
+
+def test_ceiling_rows_are_payload_bytes_not_stored_bytes(tmp_path):
+    """LMDB stores a header with each record: the ceiling's rows are the 784 bytes the loader hands over."""
+    np.save(tmp_path / "X.npy", np.zeros((64, 1, 28, 28), np.uint8))
+    converters.convert(None, tmp_path / "ds", converters.WriteOptions(backend="lmdb", workers=1),
+                       arrays={"x": tmp_path / "X.npy"})
+    ds = fastdata.open(tmp_path / "ds")
+    assert bench.payload_bytes(ds) == 784 and bench.sample_bytes(ds) > 784
+    c = bench.measure_ceiling(ds, 16, threads=2, max_seconds=0.2)
+    assert c.settings["row_bytes"] == 784 and c.settings["kind"] == "memcpy gather"
+
+
+def test_payload_of_ragged_samples_counts_their_rows(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    lengths = [3, 5, 10, 2]
+    for i, n in enumerate(lengths):
+        np.save(src / f"{i}.npy", np.ones((n, 4), np.float32))
+    converters.convert(src, tmp_path / "ds", converters.WriteOptions(workers=1), no_labels=True)
+    assert bench.payload_bytes(fastdata.open(tmp_path / "ds")) == sum(lengths) * 16 / len(lengths)
+
+
+def test_ceiling_is_the_best_thread_count_from_one_to_the_loaders(small_ds):
+    c = bench.measure_ceiling(fastdata.open(small_ds), 32, threads=3, max_seconds=0.3)
+    rates = c.settings["rates"]
+    assert sorted(rates) == [1, 2, 3] and c.settings["threads"] in rates
+    assert round(c.samples_per_s, 1) == max(rates.values()) and c.name.endswith("best of 1-3 threads")
+
+
+def test_bench_cli_measures_the_ceiling_up_to_the_loaders_threads(small_ds, run_cli):
+    code, out, _ = run_cli("bench", small_ds, "--batches", "3", "--seconds", "1", "--workers", "3", "--json")
+    rows = json.loads(out)["results"]
+    assert code == 0 and sorted(rows[-1]["settings"]["rates"]) == ["1", "2", "3"]
+    code, out, _ = run_cli("bench", small_ds, "--batches", "3", "--seconds", "1", "--workers", "0", "--json")
+    assert code == 0 and list(json.loads(out)["results"][-1]["settings"]["rates"]) == ["1"]
+
+
+def test_bench_cli_warns_when_a_pipeline_beats_its_ceiling(small_ds, run_cli, monkeypatch):
+    """A ratio above 1.1 of the ceiling means the ceiling was measured badly (a busy machine): said on stderr."""
+    real = bench.measure_ceiling
+
+    def slow_ceiling(*a, **kw):  # type: ignore[no-untyped-def]
+        r = real(*a, **kw)
+        r.samples_per_s = 1.0  # no pipeline is that slow
+        return r
+
+    monkeypatch.setattr(bench, "measure_ceiling", slow_ceiling)
+    code, _, err = run_cli("bench", small_ds, "--batches", "3", "--seconds", "1", "--workers", "1")
+    assert code == 0 and "fastdata.loader above 1.1 of the ceiling" in err and "quiet machine" in err
+    code, _, err = run_cli("bench", small_ds, "--batches", "3", "--seconds", "1", "--workers", "1", "--no-ceiling")
+    assert code == 0 and "above 1.1" not in err

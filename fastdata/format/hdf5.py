@@ -29,8 +29,8 @@ _CHUNK_BYTES = 1 << 20
 _STAGE_BYTES = 32 << 20
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
 # Fixed columns are copied from a memory map, whatever the sample size: against one pread per
-# sample, 1.7-2.2x for 4 MB rows and 0.90-1.05x for 903 KB rows on 2 threads
-# (benchmarks/bench_choices.py; docs/benchmarks.md, issue 16).
+# sample, faster for 4 MB rows and about even for 903 KB rows on 2 threads
+# (benchmarks/bench_choices.py; its results in docs/benchmarks.md, issue 16).
 _GATHER_ROW_BYTES = 64 << 10  # mapped rows up to this size are gathered with one fancy-index call
 
 

@@ -243,7 +243,7 @@ class _Located:
 
     py-lmdb touches every page of a value it returns (to take page faults without the GIL); a
     record whose place is known is copied straight from the map instead, like an HDF5 column:
-    batches of 196 KB records 1.2-1.3x faster on 2 threads (``benchmarks/bench_choices.py``). Linux only: LMDB's own
+    batches of 196 KB records faster on 2 threads (``benchmarks/bench_choices.py``, choice 5). Linux only: LMDB's own
     mapping of the file is found in ``/proc/self/maps`` to turn a value's address into its offset.
     """
 

@@ -88,7 +88,7 @@ class RaggedOut:
         h, w, c = self.shapes[d]
         o = self.rows[d]  # (H, W*C): rows of pixels as plain byte rows, far faster to copy than (h, w, c)
         # the whole block zeroed first (one memset), so the rows land on lines already in cache:
-        # 1.05-1.14x zeroing the margins after the copy (benchmarks/bench_choices.py, 6)
+        # faster than zeroing the margins after the copy (benchmarks/bench_choices.py, choice 6)
         o.fill(0)
         o[:h, : w * c] = np.frombuffer(src, np.uint8, n, off).reshape(h, w * c)
 

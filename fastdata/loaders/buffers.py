@@ -1,5 +1,6 @@
 """Recycled batch buffers: a fresh 50 MB tensor page-faults on every batch (the copy into it then
-costs ~5x more than into memory already mapped), so batch buffers are reused.
+costs several times more than into memory already mapped: bench_raw's "a new output per batch" row
+against its reused buffers, docs/benchmarks.md), so batch buffers are reused.
 
 A buffer is handed out again only when nothing outside the pool uses its memory: no other
 reference to the tensor, and no view, numpy array or other tensor on its storage. Anything a
@@ -7,8 +8,8 @@ training loop keeps therefore stays intact.
 
 A buffer can start at a chosen address phase (mod 64 bytes): the phase of the bytes it is
 filled from (``Dataset.copy_phase``). memcpy can run faster when source and destination are
-equally aligned: for LMDB shards, whose samples sit past a cache line, measured from +1% to +20%
-depending on threads and buffers, +3.5% for the whole loader (docs/benchmarks.md).
+equally aligned: for LMDB shards, whose samples sit past a cache line (bench_loader's A/B row
+"buffers not aligned", docs/benchmarks.md).
 """
 
 from __future__ import annotations

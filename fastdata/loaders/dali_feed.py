@@ -3,7 +3,7 @@
 Fields are read with ``get_batch`` from a dataset opened with ``decode=False`` and handed to
 ``fn.external_source`` a whole batch at a time: encoded images as their stored bytes (the padded
 batch array and the lengths, which DALI slices per sample: one copy into DALI instead of one per
-sample, measured about 10% faster than a list of per-sample arrays), ``pixels`` images as
+sample, faster than a list of per-sample arrays in a one-off A/B), ``pixels`` images as
 per-sample HWC views of the read bytes, raw arrays as they are. No second copy of the data exists
 in another format. The callback also draws the batch's augmentation parameters
 (dali_augment.py) and the padding size of mixed-size image batches. Nothing here imports DALI.
@@ -49,7 +49,7 @@ class Route:
     hw: tuple[int, int] | None = None  # the fixed (H, W) of a raw image field
     chain: Chain | None = None
     bypass: bool = False  # a plain field that goes around DALI, straight to torch (CPU mode)
-    padding: bool = False  # pad mixed sizes (off until a batch mixes them: padding costs ~5% CPU)
+    padding: bool = False  # pad mixed sizes (off until a batch mixes them: padding costs CPU)
 
     @property
     def carrier(self) -> np.dtype:

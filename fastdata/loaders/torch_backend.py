@@ -41,7 +41,7 @@ class TorchLoader(Loader):
         processes = config.mode == "processes" and self.workers > 0
         # On the CPU, reader threads decode JPEG/PNG straight to float (each image converted while in
         # cache, fastdata/decode.py); worker processes ship uint8 (4x fewer bytes) and a GPU converts
-        # itself. With the decode_threads choice below: JPEG batches +10-12% (benchmarks/bench_choices.py).
+        # itself. With the decode_threads choice below JPEG batches run faster (benchmarks/bench_choices.py).
         # A view of the dataset for the reader threads; not for a URL dataset, whose reads and
         # plan-following prefetch must share one remote store.
         view = not processes and self.dataset.remote is None
