@@ -3,7 +3,7 @@
 
 Usage::
 
-    pip install kornia -c /tmp/constraints.txt   # a benchmark-only dependency; the constraints file pins
+    pip install kornia -c constraints-dev.txt   # a benchmark-only dependency; the constraints file pins
                                                  # torch (torch==2.13.0 here) so pip cannot replace it
     python benchmarks/bench_augment_targets.py [--quick] [--device cpu|cuda] [--out DIR]
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import kornia
     except ImportError:
-        print("kornia is not installed: pip install kornia -c /tmp/constraints.txt (torch pinned)", file=sys.stderr)
+        print("kornia is not installed: pip install kornia -c constraints-dev.txt (torch pinned)", file=sys.stderr)
         return 2
     batch = make_batch(device)
     fns = {**fastdata_fns(batch), **kornia_fns(batch)}
