@@ -47,7 +47,7 @@ class PerSample:
         rows = {n: v for n, v in batch.items() if isinstance(v, (np.ndarray, list)) and len(v) == b}
         stacked: dict[str, list[Any]] = {}
         for i in range(b):
-            sample = {n: v[i] for n, v in rows.items()}
+            sample = {n: v[i, ...] if isinstance(v, np.ndarray) else v[i] for n, v in rows.items()}  # 0-d views too
             got = self.fn(sample, rng)
             if got is None:
                 continue
