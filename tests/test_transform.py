@@ -208,3 +208,37 @@ def test_ddp_ranks_given_a_pickled_loader_read_disjoint_halves_with_their_own_dr
         np.testing.assert_array_equal(np.array([x for _, x in got], dtype=np.float32),
                                       np.stack([b["x"].numpy() for b in want]))
     assert sorted(i for got in ranks for labels, _ in got for i in labels) == list(range(N))
+
+
+def test_tune_races_worker_processes_only_with_a_transform_and_says_why(tmp_path, monkeypatch):
+    """The race itself with fixed rates (measuring is timing, not behaviour); one real trial with the transform."""
+    from fastdata import tune
+    from fastdata.bench import BenchResult
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    path = make_dataset(tmp_path, n=64)
+    fn = PerSample(flip_sample)
+    ds = fastdata.open(path)
+    real = tune.measure_setting(ds, {"mode": "processes", "num_workers": 1, "prefetch": 2, "batch_size": 4},
+                                max_seconds=0.1, transform=fn)
+    assert real.samples_per_s > 0
+
+    def fake(ds, s, *, device, max_seconds, transform):
+        assert transform is fn or s["mode"] == "threads"  # every trial of a race with a transform runs it
+        rate = 1000.0 * s["num_workers"] if s["mode"] == "processes" else 500.0 + s["num_workers"]
+        return BenchResult("t", 1, 1, 1.0, rate, 1.0, 1.0, 1.0, 0.1, s)
+
+    monkeypatch.setattr(tune, "measure_setting", fake)
+    monkeypatch.setattr(tune, "_warm_up", lambda *a, **k: None)
+    res = tune.tune(path, batch_size=4, budget_s=60, transform=fn)
+    assert res.winner["mode"] == "processes"
+    assert res.reason.startswith("processes: ") and "against" in res.reason and "holds the GIL" in res.reason
+    assert tune.load_tuned(ds, 4, "cpu", fn) == res.winner  # stored for loaders given this transform...
+    assert tune.load_tuned(ds, 4, "cpu") is None  # ...not for loaders without it
+    ld = fastdata.loader(ds, 4, device="cpu", transform=fn)  # num_workers="auto" takes the stored settings
+    assert (ld.workers, ld.config.mode) == (res.winner["num_workers"], "processes")
+    ld.close()
+    raced = []
+    monkeypatch.setattr(tune, "measure_setting", lambda ds, s, **k: (raced.append(s["mode"]), fake(ds, s, **k))[1])
+    plain = tune.tune(path, batch_size=4, budget_s=60, store=False)
+    assert set(raced) == {"threads"} and "no transform was given" in plain.reason

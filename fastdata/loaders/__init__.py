@@ -34,12 +34,12 @@ log = logging.getLogger("fastdata.loader")
 
 
 def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size: int, device: torch.device,
-                     config: LoaderConfig | None) -> tuple[int, LoaderConfig]:
+                     config: LoaderConfig | None, transform: TransformFn | None = None) -> tuple[int, LoaderConfig]:
     """Explicit workers (checked by :func:`loader`) win; ``"auto"`` takes ``fastdata tune``'s stored
     settings, else the default."""
     if num_workers != "auto":
         return num_workers, config or LoaderConfig()
-    tuned = load_tuned(ds, batch_size, device.type)
+    tuned = load_tuned(ds, batch_size, device.type, transform)
     if tuned is not None:
         default = LoaderConfig()  # what the cache does not say keeps LoaderConfig's default
         cfg = config or LoaderConfig(mode=tuned.get("mode", default.mode), prefetch=int(tuned.get("prefetch", default.prefetch)))
@@ -126,7 +126,7 @@ def loader(
         from .dali import dali_loader
 
         return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)
-    workers, config = _resolve_workers(num_workers, ds, batch_size, dev, config)
+    workers, config = _resolve_workers(num_workers, ds, batch_size, dev, config, transform)
     return TorchLoader(ds, batch_size, workers=workers, config=config, transform=transform, **common)
 
 
