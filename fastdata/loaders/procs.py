@@ -155,11 +155,11 @@ class ProcessReader:
             self.transform.check_pickles(f"worker processes started by {ctx.get_start_method()!r}")
         for w in range(self.workers):
             mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
+            _parent_ends.add(mine)  # (before the fork: the worker closes its copy of our end too)
             p = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
                             args=(w, theirs, os.getpid(), self.dataset, self.ragged, self.transform))
             p.start()
             theirs.close()
-            _parent_ends.add(mine)
             self._procs.append(p)
             self._conns.append(mine)
             self._known.append({})
