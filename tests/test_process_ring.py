@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import imagegen as g
 import numpy as np
 import psutil
 import pytest
@@ -23,7 +24,6 @@ from scenarios.kit import make_dataset
 
 import converters
 import fastdata
-import imagegen as g
 from fastdata.errors import LoaderWorkerError
 from fastdata.loaders import LoaderConfig
 

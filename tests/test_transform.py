@@ -50,19 +50,19 @@ def fail_on_seven(batch, rng):
         raise ValueError("no sevens here")
 
 
-def expected(ds, fn, seed=0, epochs=1, world=World(0, 1), shuffle=True):
+def expected(ds, fn, seed=0, epochs=1, world=None, shuffle=True):
     """What the loader must yield: the plan read with get_batch, then ``fn`` with the batch's generator."""
-    ld = fastdata.loader(ds, 4, seed=seed, device="cpu", num_workers=0, shuffle=shuffle)
+    from fastdata.sampling import epoch_batches
+
+    world = world or World(0, 1)
     d = fastdata.open(ds)
     out = []
     for e in range(epochs):
-        from fastdata.sampling import epoch_batches
-
         plan = epoch_batches(len(d), world=world, batch_size=4, shuffle=shuffle, drop_last=False, seed=seed, epoch=e)
         for k, idx in enumerate(plan):
             b = fn(d.get_batch(idx), numpy_rng(seed, e, Stream.TRANSFORM, world.rank, k))
             out.append({n: torch.from_numpy(np.ascontiguousarray(v)) for n, v in b.items()})
-    ld.close()
+    d.close()
     return out
 
 

@@ -14,7 +14,6 @@ is gone, even after a SIGKILL. A worker that dies is an error naming it, never a
 
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import os
 import pickle
@@ -27,7 +26,6 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Iterator
 
 import numpy as np
-import torch
 
 from ..dataset import Dataset
 from ..errors import LoaderWorkerError, UsageError
@@ -36,7 +34,6 @@ from .host import HostBatch, Post, Ragged, reader_fields, to_tensors
 from .ring import Ring, Slot, WorkerSlots
 from .transform import BatchTransform, TransformError
 
-log = logging.getLogger("fastdata.loader")
 _PARENT_POLL_S = 0.5  # how often an idle worker checks that the training process still runs
 _STOP_WAIT_S = 5.0  # how long close() lets a worker finish before it is terminated
 _parent_ends: "weakref.WeakSet[Connection]" = weakref.WeakSet()  # our ends of the workers' sockets
@@ -226,13 +223,13 @@ class ProcessReader:
             nxt = 0
             order: deque[int] = deque()
             while nxt < len(plan) or order:
+                if self._pass != mine:  # (its results were drained by the newer pass)
+                    raise UsageError("a newer pass over this loader started while this one was unfinished: "
+                                     "a loader in mode='processes' reads one pass at a time (iterate it again)")
                 while nxt < len(plan) and len(order) < self.depth:
                     self._send(nxt % self.workers, first + nxt, plan[nxt], epoch, rank)
                     order.append(nxt % self.workers)
                     nxt += 1
-                if self._pass != mine:
-                    raise UsageError("a newer pass over this loader started while this one was unfinished: "
-                                     "a loader in mode='processes' reads one pass at a time (iterate it again)")
                 w = order.popleft()
                 msg, slot = self._receive(w)
                 batch = self._unpack(w, msg, slot)
