@@ -242,3 +242,22 @@ def test_tune_races_worker_processes_only_with_a_transform_and_says_why(tmp_path
     monkeypatch.setattr(tune, "measure_setting", lambda ds, s, **k: (raced.append(s["mode"]), fake(ds, s, **k))[1])
     plain = tune.tune(path, batch_size=4, budget_s=60, store=False)
     assert set(raced) == {"threads"} and "no transform was given" in plain.reason
+
+
+def doubled(batch, rng):
+    """Replaces x by a new array (its own region takes it back) and adds a field (the slot's spare region)."""
+    return {**batch, "x": batch["x"] * 2, "extra": np.ones((len(batch["label"]), 5), np.float32)}
+
+
+def test_arrays_a_transform_makes_land_in_the_slot_after_the_first_batches(ds):
+    with fastdata.loader(ds, 4, device="cpu", num_workers=2, config=LoaderConfig(mode="processes"),
+                         transform=doubled) as ld:
+        first = _take(ld)
+        copied = ld.stats()["ring_copied"]
+        assert copied <= ld.stats()["ring_slots"]  # at most each slot's first batch: then its spare region fits
+        again = _take(ld)
+        assert ld.stats()["ring_copied"] == copied
+        b = next(iter(ld))
+        assert b["extra"].untyped_storage().data_ptr() == b["label"].untyped_storage().data_ptr()  # in the slot
+    _equal(first, expected(ds, doubled))
+    _equal(again, expected(ds, doubled, epochs=2)[len(first):])

@@ -189,7 +189,7 @@ class Ring:
                 self.capacity[name] = n + n // 4
 
     def _reclaim(self) -> None:
-        still = []
+        still: list[Slot] = []
         for slot in self.lent:
             (still if slot.in_use() else self.free).append(slot)
         self.lent = still
