@@ -19,7 +19,6 @@ import os
 import pickle
 import signal
 import traceback
-import weakref
 from collections import deque
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
@@ -29,6 +28,7 @@ import numpy as np
 
 from ..dataset import Dataset
 from ..errors import LoaderWorkerError, UsageError
+from ..handles import parent_only
 from .base import wrap_error
 from .host import HostBatch, Post, Ragged, reader_fields, to_tensors
 from .ring import Ring, Slot, WorkerSlots
@@ -36,19 +36,18 @@ from .transform import BatchTransform, TransformError
 
 _PARENT_POLL_S = 0.5  # how often an idle worker checks that the training process still runs
 _STOP_WAIT_S = 5.0  # how long close() lets a worker finish before it is terminated
-_parent_ends: "weakref.WeakSet[Connection]" = weakref.WeakSet()  # our ends of the workers' sockets
 
 
-def _close_parent_ends_in_child() -> None:
-    """In a forked child (a later worker, or anyone's): the training process's socket ends are not
-    its to hold; holding them would keep a worker from seeing the training process go."""
-    for conn in list(_parent_ends):
-        conn.close()
-    _parent_ends.clear()
+class _ParentEnd:
+    """The training process's end of a worker's socket; a forked child closes its copy (holding it
+    would keep a worker from seeing the training process go)."""
 
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        parent_only(self)
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_parent_ends_in_child)
+    def _after_fork_in_child(self) -> None:
+        self.conn.close()
 
 
 class _RemoteTraceback(Exception):
@@ -131,11 +130,14 @@ class ProcessReader:
         self.depth = max(prefetch, 3 * workers)
         self.pin = pin  # (the ring is not page-locked: the copy to a GPU is then synchronous)
         fixed, flat = reader_fields(dataset)
-        self.ring = Ring({n: (int(np.prod(tr, dtype=np.int64)) * np.dtype(dt).itemsize, ph)
-                          for n, (tr, dt, ph) in fixed.items()},
+        # a region starts at the address phase of the field's bytes in the shard (faster copies,
+        # fastdata.loaders.buffers) where that keeps its elements aligned
+        self.ring = Ring({n: (int(np.prod(tr, dtype=np.int64)) * np.dtype(dt).itemsize,
+                              ph if ph % np.dtype(dt).itemsize == 0 else 0) for n, (tr, dt, ph) in fixed.items()},
                          {n: 0 for n in flat}, self.depth + 2)
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
+        self._ends: list[_ParentEnd] = []
         self._known: list[dict[int, int]] = []  # per worker: slot id -> generation it has mapped
         self._pending: list[deque[tuple[int, Slot]]] = []  # per worker: (batch, slot) sent, not yet received
         self._pass = 0  # passes started: an older, unfinished pass must not take a newer one's results
@@ -152,7 +154,7 @@ class ProcessReader:
             self.transform.check_pickles(f"worker processes started by {ctx.get_start_method()!r}")
         for w in range(self.workers):
             mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
-            _parent_ends.add(mine)  # (before the fork: the worker closes its copy of our end too)
+            self._ends.append(_ParentEnd(mine))  # (before the fork: the worker closes its copy of our end too)
             p = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
                             args=(w, theirs, os.getpid(), self.dataset, self.ragged, self.transform))
             p.start()
@@ -285,7 +287,7 @@ class ProcessReader:
     def close(self) -> None:
         """Stop the workers (asked first, then terminated), close the sockets and the ring."""
         procs, conns = self._procs, self._conns
-        self._procs, self._conns, self._known, self._pending = [], [], [], []
+        self._procs, self._conns, self._known, self._pending, self._ends = [], [], [], [], []
         for c in conns:
             try:
                 c.send(("stop",))

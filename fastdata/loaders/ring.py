@@ -19,20 +19,19 @@ from __future__ import annotations
 import math
 import mmap
 import os
-import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
 from .._compat import storage_use_count
+from ..handles import parent_only
 
 ALIGN = 64  # a cache line
 Layout = dict[str, tuple[int, int]]  # region name -> (offset, bytes); SPARE: arrays a transform makes
 SPARE = ""
 Placed = tuple[str, Any]  # ("slot", (offset, shape, dtype str)) or ("copy", value)
 
-_open_fds: "weakref.WeakSet[Slot]" = weakref.WeakSet()  # a forked child closes its copies (see below)
 # Map every page at once: faulting a 50 MB slot in page by page costs several batches' reading time
 _POPULATE = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
@@ -82,7 +81,7 @@ class Slot:
         mm = mmap.mmap(self.fd, size, flags=_POPULATE)
         self.user = -1  # the worker that filled it last (each worker keeps to its own slots: fewer mappings)
         self.base = torch.frombuffer(mm, dtype=torch.uint8)  # keeps the mapping while any view lives
-        _open_fds.add(self)
+        parent_only(self)  # a forked child closes its copy of the descriptor
 
     def tensor(self, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
         """A view of the slot's bytes at ``offset`` as an array of ``shape`` and ``dtype``."""
@@ -101,25 +100,13 @@ class Slot:
     def close(self) -> None:
         """Close the descriptor; the memory stays mapped until the last view of it is dropped."""
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        _open_fds.discard(self)
-
-
-def _close_in_child() -> None:
-    """In a forked child: the parent's slot descriptors are not the child's to keep open."""
-    for slot in list(_open_fds):
-        if slot.fd >= 0:
+            fd, self.fd = self.fd, -1
             try:
-                os.close(slot.fd)
-            except OSError:
+                os.close(fd)
+            except OSError:  # (already closed by a fork hook in this process: nothing left to do)
                 pass
-            slot.fd = -1
-    _open_fds.clear()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_in_child)
+    _after_fork_in_child = close  # a forked child closes its copy of the descriptor; the mapping is harmless
 
 
 class Ring:
