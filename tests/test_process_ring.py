@@ -114,14 +114,17 @@ def test_held_batches_stay_intact_and_the_ring_grows_instead_of_waiting(ds):
 
 def test_a_killed_worker_is_an_error_naming_it_and_the_next_pass_starts_new_workers(ds):
     ld = fastdata.loader(ds, 4, shuffle=False, device="cpu", num_workers=2, config=PROCS)
+    before = {p.pid for p in psutil.Process().children()}  # (an earlier test's children may still be exiting)
     it = iter(ld)
     next(it)
-    victim = psutil.Process().children()[-1]
+    workers = [p for p in psutil.Process().children() if p.pid not in before]
+    assert len(workers) == 2, workers
+    victim = max(workers, key=lambda p: p.pid)
     victim.kill()
+    assert wait_dead(victim.pid)  # gone before the loader next writes to it or waits on it: both notice alike
     with pytest.raises(LoaderWorkerError, match=rf"worker process \d \(pid {victim.pid}\) was killed by signal 9"):
         for _ in it:
             pass
-    assert wait_dead(victim.pid)
     assert [i for b in ld for i in b["label"].tolist()] == list(range(64))
     ld.close()
 

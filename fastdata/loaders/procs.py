@@ -184,22 +184,23 @@ class ProcessReader:
         conn, proc = self._conns[w], self._procs[w]
         while True:
             ready = wait([conn, proc.sentinel])
-            if conn in ready:
+            if conn in ready:  # (first: a worker that sent its result and then died delivered it)
                 try:
                     msg = conn.recv()
                     break
                 except (EOFError, OSError):
-                    pass
+                    raise self._death(w, k) from None
             if proc.sentinel in ready:
-                proc.join(0.5)
                 raise self._death(w, k)
         self._pending[w].popleft()
         return msg, slot
 
     def _death(self, w: int, k: int) -> LoaderWorkerError:
         proc = self._procs[w]
+        proc.join(_STOP_WAIT_S)  # its socket may close a moment before it can be reaped: wait for the exit code
         code = proc.exitcode
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        how = (f"was killed by signal {-code}" if code is not None and code < 0 else
+               f"exited with code {code}" if code is not None else "closed its socket and stopped answering")
         self._broken = True
         return LoaderWorkerError(f"worker process {w} (pid {proc.pid}) {how} while batch {k} was being read; "
                                  "the loader's other workers are stopped (the next pass starts new ones)")
