@@ -294,6 +294,7 @@ class ProcessReader:
                 c.send(("stop",))
             except OSError:
                 pass
+            c.close()  # a worker still sending a result gets EPIPE at once, instead of a wait for us to read
         for p in procs:
             p.join(_STOP_WAIT_S)
             if p.is_alive():
@@ -303,7 +304,5 @@ class ProcessReader:
                 p.kill()
                 p.join()
             p.close()
-        for c in conns:
-            c.close()
         self.ring.close()
 
