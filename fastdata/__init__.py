@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from .augment import Augment
     from .loaders import Loader, LoaderConfig
+    from .loaders.transform import TransformFn
     from .samplers import SamplerFn
 
 
@@ -38,6 +39,7 @@ def loader(
     config: LoaderConfig | None = None,
     remote: RemoteOptions | None = None,
     sampler: SamplerFn | None = None,
+    transform: TransformFn | None = None,
 ) -> Loader:
     """Batches of a fastdata dataset as dicts of tensors on ``device``.
 
@@ -52,7 +54,10 @@ def loader(
     ``fastdata tune``'s stored settings or a default. ``backend="dali"`` decodes and augments with
     NVIDIA DALI; ``"auto"`` picks it for encoded images on CUDA. ``sampler``: replaces the shuffled
     order (``fastdata.samplers.Weighted``, ``Episodic`` (``batch_size`` may then be None), or a
-    function ``(n, world, seed, epoch) -> batches``). Details: docs/loader.md.
+    function ``(n, world, seed, epoch) -> batches``). ``transform(batch, rng)``: your function on
+    each batch's numpy arrays, run in the readers (worker processes with ``LoaderConfig(mode=
+    "processes")``), with a generator drawn from ``(seed, epoch, rank, batch)``; ``PerSample(fn)``
+    for a function of one sample. Details: docs/loader.md.
     """
     # A mirror of fastdata.loaders.loader (tests/test_architecture.py checks the signatures agree),
     # so that `import fastdata` does not import torch and help(fastdata.loader) shows the parameters.
@@ -60,11 +65,11 @@ def loader(
 
     return _loader(source, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
                    augment=augment, fields=fields, num_workers=num_workers, backend=backend, config=config,
-                   remote=remote, sampler=sampler)
+                   remote=remote, sampler=sampler, transform=transform)
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Loader", "LoaderConfig"):
+    if name in ("Loader", "LoaderConfig", "PerSample"):
         from . import loaders
 
         return getattr(loaders, name)
@@ -75,4 +80,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Loader", "LoaderConfig", "RemoteOptions", "__version__", "errors", "loader", "open"]
+__all__ = ["Dataset", "Loader", "LoaderConfig", "PerSample", "RemoteOptions", "__version__", "errors", "loader",
+           "open"]

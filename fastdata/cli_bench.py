@@ -72,6 +72,9 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
     t.add_argument("--batch-sizes", metavar="N,N,...", help="also search these batch sizes")
     t.add_argument("--device", default="cpu", help="device the batches go to (default: cpu)")
+    t.add_argument("--transform", metavar="MODULE:FUNCTION",
+                   help="race with this transform in every trial (transform= of fastdata.loader); worker processes "
+                        "are raced only then")
     t.add_argument("--no-store", action="store_true", help="do not remember the winner")
     t.add_argument("--json", action="store_true", help="print machine-readable JSON")
     t.set_defaults(run=run_tune)
@@ -168,12 +171,14 @@ def run_tune(args: argparse.Namespace) -> int:
         print(f"  round {rnd}: {r.name:<46} {r.samples_per_s:>10.0f} samples/s", file=sys.stderr, flush=True)
 
     res = tune(args.dst, batch_size=args.batch_size, budget_s=args.budget, device=args.device, batch_sizes=sizes,
-               store=not args.no_store, on_trial=None if args.json else show)
+               store=not args.no_store, on_trial=None if args.json else show,
+               transform=_import_function(args.transform) if args.transform else None)
     # each setting's rate in its last round (the table is in round order, so later trials overwrite)
     last = {json.dumps(s, sort_keys=True): (s, r.samples_per_s, rnd) for s, r, rnd in res.table}
     rows = sorted(last.values(), key=lambda t: (-t[2], -t[1]))
     if args.json:
         print(json.dumps({"winner": res.winner, "samples_per_s": res.rate, "stored_at": str(res.stored_at),
+                          "reason": res.reason,
                           "trials": [{"settings": s, "samples_per_s": r.samples_per_s, "round": k}
                                      for s, r, k in res.table]}, indent=1))
         return 0
@@ -182,7 +187,24 @@ def run_tune(args: argparse.Namespace) -> int:
         print(f"{s['mode']:<10}{s['num_workers']:>8}{s['prefetch']:>9}{s['batch_size']:>7}{rate:>11.0f}{rnd:>11}")
     print(f"winner: {res.winner} at {res.rate:.0f} samples/s"
           + (f"; stored in {res.stored_at} (fastdata.loader(num_workers='auto') uses it)" if res.stored_at else ""))
+    print(f"why: {res.reason}")
     return 0
+
+
+def _import_function(spec: str) -> Any:
+    """``module:function`` (or ``module:Class.attr``) imported, as ``--transform`` names it."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise UsageError(f"--transform {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.augment:jitter")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise UsageError(f"--transform {spec!r}: {type(e).__name__}: {e}") from None
+    return obj
 
 
 class _Live:

@@ -97,12 +97,25 @@ def _close_quietly(close: Any, handle: Any) -> None:
         pass
 
 
+_parent_only: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def parent_only(obj: Any) -> None:
+    """Register ``obj`` (with an ``_after_fork_in_child()`` method) as the parent's alone: a forked
+    child closes its copy (the loader's shared-memory slots and worker sockets: a child holding them
+    would keep memory alive, or keep a worker from seeing the training process go)."""
+    _parent_only.add(obj)
+
+
 def _close_inherited_handles() -> None:
     """In a forked child: close (the child's copies of) every handle the parent had open."""
     global _opening
     _opening = threading.RLock()  # another thread of the parent may have held it at fork time
     for obj in list(_open_handles):
         obj._after_fork_in_child()
+    for other in list(_parent_only):
+        other._after_fork_in_child()
+    _parent_only.clear()
 
 
 if hasattr(os, "register_at_fork"):

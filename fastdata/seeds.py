@@ -22,6 +22,7 @@ class Stream(enum.IntEnum):
     DALI = 2  # DALI's own random operators, seeded once per pass (batch = the pass's first batch)
     SAMPLER = 3  # samplers that draw (weighted, episodic)
     SPLIT = 4  # Dataset.split (epoch, rank and batch are 0)
+    TRANSFORM = 5  # the generator a user's transform gets with each batch (fastdata.loaders.transform)
 
 
 def seed_sequence(seed: int, epoch: int, stream: Stream, rank: int = 0, batch: int = 0) -> np.random.SeedSequence:

@@ -28,17 +28,18 @@ from .base import Loader
 from .config import LoaderConfig
 from .device import resolve_device
 from .torch_backend import TorchLoader
+from .transform import PerSample, TransformFn
 
 log = logging.getLogger("fastdata.loader")
 
 
 def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size: int, device: torch.device,
-                     config: LoaderConfig | None) -> tuple[int, LoaderConfig]:
+                     config: LoaderConfig | None, transform: TransformFn | None = None) -> tuple[int, LoaderConfig]:
     """Explicit workers (checked by :func:`loader`) win; ``"auto"`` takes ``fastdata tune``'s stored
     settings, else the default."""
     if num_workers != "auto":
         return num_workers, config or LoaderConfig()
-    tuned = load_tuned(ds, batch_size, device.type)
+    tuned = load_tuned(ds, batch_size, device.type, transform)
     if tuned is not None:
         default = LoaderConfig()  # what the cache does not say keeps LoaderConfig's default
         cfg = config or LoaderConfig(mode=tuned.get("mode", default.mode), prefetch=int(tuned.get("prefetch", default.prefetch)))
@@ -64,6 +65,7 @@ def loader(
     config: LoaderConfig | None = None,
     remote: RemoteOptions | None = None,
     sampler: SamplerFn | None = None,
+    transform: TransformFn | None = None,
 ) -> Loader:
     """Batches of a fastdata dataset as dicts of tensors on ``device``.
 
@@ -90,6 +92,12 @@ def loader(
     :class:`fastdata.samplers.Episodic` (then ``batch_size`` may be None: one episode per batch), or
     any function ``(n, world, seed, epoch) -> batches`` (docs/loader.md, "Samplers"). Its arguments
     are checked here. ``fields`` may include ``"key"``: each batch then holds its samples' keys.
+
+    ``transform(batch, rng)`` runs in the readers (threads, or worker processes with
+    ``LoaderConfig(mode="processes")``: the choice for Python code that holds the GIL) on each
+    batch's numpy arrays, with a generator drawn from ``(seed, epoch, rank, batch)``; it changes
+    the arrays in place or returns the batch to use. :class:`fastdata.loaders.PerSample` wraps a
+    function of one sample. Its errors reach the loop naming the batch and the reader (docs/loader.md).
     """
     if backend not in ("torch", "dali", "auto"):
         raise UsageError(f"backend must be 'torch', 'dali' or 'auto', not {backend!r}")
@@ -103,7 +111,7 @@ def loader(
     if augment is not None and not isinstance(augment, Augment):
         augment = Augment(tuple(augment))
     dev = resolve_device(device)
-    chosen = _pick_backend(dev, ds, augment, config) if backend == "auto" else backend
+    chosen = _pick_backend(dev, ds, augment, config, transform) if backend == "auto" else backend
     if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool)
                                   or num_workers < 0):
         raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
@@ -112,11 +120,14 @@ def loader(
     common: dict[str, Any] = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=augment,
                                   owns_dataset=ds is not source, sampler=sampler)
     if chosen == "dali":
+        if transform is not None:
+            raise UsageError("transform= runs in the torch backend's readers; DALI pipelines have no place for it: "
+                             "use backend='torch' (or 'auto'), or express the work as DALI/augment ops")
         from .dali import dali_loader
 
         return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)
-    workers, config = _resolve_workers(num_workers, ds, batch_size, dev, config)
-    return TorchLoader(ds, batch_size, workers=workers, config=config, **common)
+    workers, config = _resolve_workers(num_workers, ds, batch_size, dev, config, transform)
+    return TorchLoader(ds, batch_size, workers=workers, config=config, transform=transform, **common)
 
 
 def _bind_sampler(sampler: SamplerFn | None, ds: Dataset, batch_size: int | None) -> tuple[int, SamplerFn | None]:
@@ -138,12 +149,15 @@ def _bind_sampler(sampler: SamplerFn | None, ds: Dataset, batch_size: int | None
 
 
 def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augment | None = None,
-                  config: LoaderConfig | None = None) -> Literal["torch", "dali"]:
+                  config: LoaderConfig | None = None, transform: TransformFn | None = None) -> Literal["torch", "dali"]:
     """``backend="auto"``: DALI when it is installed, the device is CUDA and ``ds`` has encoded
     images (GPU decoding is what DALI adds) that DALI can take with ``augment``; else torch. The
     choice and its reason are logged at DEBUG."""
     if device.type != "cuda":
         log.debug("backend='auto': torch (device %s; DALI is picked for CUDA devices only)", device)
+        return "torch"
+    if transform is not None:
+        log.debug("backend='auto': torch (a transform runs in the torch backend's readers)")
         return "torch"
     if ds is not None and not any(f.encoding == ENCODING_IMAGE for f in ds.schema):
         log.debug("backend='auto': torch (no encoded images to decode on the GPU)")
@@ -158,4 +172,4 @@ def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augm
     return "dali"
 
 
-__all__ = ["Loader", "LoaderConfig", "TorchLoader", "loader"]
+__all__ = ["Loader", "LoaderConfig", "PerSample", "TorchLoader", "loader"]

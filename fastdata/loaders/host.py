@@ -2,12 +2,13 @@
 
 ``ThreadReader`` reads each batch with ``get_batch`` straight into recycled (pinned, when
 CUDA is used) buffers; h5py is bypassed on the hot path and LMDB and numpy copies release
-the GIL, so threads scale. ``ProcessReader`` runs ``get_batch`` in torch DataLoader worker
-processes; each batch crosses to the main process as one tensor per field.
+the GIL, so threads scale. Worker processes (procs.py) read into a shared ring instead. A user
+transform (transform.py) runs in the reader, on the batch's numpy arrays.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Literal
@@ -15,15 +16,28 @@ from typing import Any, Callable, Iterator, Literal
 import numpy as np
 import torch
 
-from .._compat import shutdown_workers
 from ..dataset import Dataset
+from ..errors import LoaderWorkerError
 from ..format.spec import ENCODING_IMAGE, is_string
 from .base import wrap_error
 from .buffers import Recycler, torch_dtype
+from .transform import BatchTransform, TransformError
 
 HostBatch = dict[str, torch.Tensor]
 Ragged = Literal["padded", "packed"]
 Post = Callable[[HostBatch, int], HostBatch]
+
+
+def reader_fields(dataset: Dataset) -> tuple[dict[str, tuple[tuple[int, ...], str, int]], dict[str, str]]:
+    """The fields a reader gives ``get_batch`` buffers for: fixed-shape ones as (per-sample shape,
+    dtype, address phase), and ragged ones (and images stored ragged) as the dtype of their padded
+    batch; byte-swapped fields are read fresh, and string fields become lists of str."""
+    fixed = {f.name: (f.trailing, f.np_dtype.str, dataset.copy_phase(f.name))
+             for f in dataset.schema if not f.ragged and f.np_dtype.isnative}
+    unit_float = dataset.options.get("decode") == "float"  # encoded images decode to float32
+    flat = {f.name: np.dtype(np.float32).str if unit_float and f.encoding == ENCODING_IMAGE else f.np_dtype.str
+            for f in dataset.schema if f.ragged and f.np_dtype.isnative and not is_string(f)}
+    return fixed, flat
 
 
 class _BufferPool:
@@ -34,13 +48,10 @@ class _BufferPool:
 
     def __init__(self, dataset: Dataset, pin: bool) -> None:
         self.pin = pin
-        self.fixed = [(f.name, f.trailing, torch_dtype(f.np_dtype), dataset.copy_phase(f.name))
-                      for f in dataset.schema if not f.ragged and f.np_dtype.isnative]
+        fixed, flat = reader_fields(dataset)
+        self.fixed = [(name, trailing, torch_dtype(dt), phase) for name, (trailing, dt, phase) in fixed.items()]
         self.recyclers = {name: Recycler(pin) for name, *_ in self.fixed}  # one per field: its own phase
-        unit_float = dataset.options.get("decode") == "float"  # encoded images decode to float32
-        self.ragged = {f.name: torch.float32 if unit_float and f.encoding == ENCODING_IMAGE else torch_dtype(f.np_dtype)
-                       for f in dataset.schema
-                       if f.ragged and f.np_dtype.isnative and not is_string(f)}  # strings become lists of str
+        self.ragged = {name: torch_dtype(dt) for name, dt in flat.items()}
         self.capacity = dict.fromkeys(self.ragged, 0)  # elements; 0 until a batch was seen
         for name in self.ragged:
             self.recyclers[name] = Recycler(pin)
@@ -81,35 +92,57 @@ def to_tensors(batch: dict[str, Any]) -> HostBatch:
     return out
 
 
-class ThreadReader:
-    """Reads batches in ``threads`` threads, at most ``prefetch`` batches ahead, in order."""
+def _same_memory(t: torch.Tensor, a: Any) -> bool:
+    """True when numpy array ``a`` is exactly tensor ``t``'s memory (shape, dtype and address)."""
+    return isinstance(a, np.ndarray) and a.__array_interface__["data"][0] == t.data_ptr() \
+        and tuple(a.shape) == tuple(t.shape) and a.dtype.itemsize == t.element_size() and a.flags.c_contiguous
 
-    def __init__(self, dataset: Dataset, threads: int, prefetch: int, pin: bool, ragged: Ragged = "padded") -> None:
+
+class ThreadReader:
+    """Reads batches in ``threads`` threads, at most ``prefetch`` batches ahead, in order; the user's
+    ``transform`` runs in the thread that read the batch."""
+
+    def __init__(self, dataset: Dataset, threads: int, prefetch: int, pin: bool, ragged: Ragged = "padded",
+                 transform: BatchTransform | None = None) -> None:
         self.dataset = dataset
         self.ragged = ragged
+        self.transform = transform
         self.threads = threads  # 0: read in the iterating thread
         self.prefetch = max(prefetch, threads)
         self.pool = _BufferPool(dataset, pin)
         self._executor: ThreadPoolExecutor | None = None
 
-    def _read(self, k: int, idx: np.ndarray, bufs: dict[str, torch.Tensor], post: Post | None) -> HostBatch:
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def _read(self, k: int, idx: np.ndarray, bufs: dict[str, torch.Tensor], post: Post | None,
+              epoch: int, rank: int) -> HostBatch:
+        where = f"loader thread {threading.current_thread().name!r}, batch {k}"
         try:
             batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()}, ragged=self.ragged)
         except Exception as e:
-            raise wrap_error(e, f"loader thread, batch {k}") from e
+            raise wrap_error(e, where) from e
         for name in self.pool.ragged:
             self.pool.saw(name, batch[name].size)  # ragged results are views of their buffer when it was large enough
-        fixed = {name: t for name, t in bufs.items() if name not in self.pool.ragged}
-        result = to_tensors({name: v for name, v in batch.items() if name not in fixed})
-        result.update(fixed)
+        if self.transform is not None:
+            try:
+                batch = self.transform(batch, epoch, rank, k)
+            except TransformError as e:
+                raise LoaderWorkerError(f"{where}, in the transform: {e}") from e.__cause__
+        # a fixed field still in its buffer is handed out as the buffer itself (recycled once let go)
+        result: dict[str, Any] = {name: bufs[name] for name, v in batch.items()
+                                  if name in bufs and name not in self.pool.ragged and _same_memory(bufs[name], v)}
+        result.update(to_tensors({name: v for name, v in batch.items() if name not in result}))
         return post(result, k) if post is not None else result
 
-    def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None) -> Iterator[HostBatch]:
-        """Batches of ``plan`` in order; ``post(batch, k)`` runs in the reader thread (CPU transforms)."""
+    def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None,
+            epoch: int = 0, rank: int = 0) -> Iterator[HostBatch]:
+        """Batches of ``plan`` (batches ``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs
+        in the reader thread (CPU transforms)."""
         if self.threads == 0:
             for k, idx in enumerate(plan, first):
                 bufs = self.pool.take(len(idx))
-                yield self._read(k, idx, bufs, post)
+                yield self._read(k, idx, bufs, post, epoch, rank)
                 self.pool.give_back(bufs)
             return
         if self._executor is None:
@@ -120,7 +153,8 @@ class ThreadReader:
             while nxt < len(plan) or pending:
                 while nxt < len(plan) and len(pending) < self.prefetch:
                     bufs = self.pool.take(len(plan[nxt]))
-                    pending.append((self._executor.submit(self._read, first + nxt, plan[nxt], bufs, post), bufs))
+                    pending.append((self._executor.submit(self._read, first + nxt, plan[nxt], bufs, post, epoch, rank),
+                                    bufs))
                     nxt += 1
                 fut, bufs = pending.popleft()
                 yield fut.result()
@@ -135,51 +169,3 @@ class ThreadReader:
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
-
-
-class _BatchDataset(torch.utils.data.Dataset):
-    """Map-style dataset whose 'index' is a whole batch of indices."""
-
-    def __init__(self, dataset: Dataset, ragged: Ragged = "padded") -> None:
-        self.dataset = dataset
-        self.ragged = ragged
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, idx: Any) -> HostBatch:
-        return to_tensors(self.dataset.get_batch(idx, ragged=self.ragged))
-
-
-class _PlanSampler(torch.utils.data.Sampler):
-    def __init__(self) -> None:
-        self.plan: list[np.ndarray] = []
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return iter(self.plan)
-
-    def __len__(self) -> int:
-        return len(self.plan)
-
-
-class ProcessReader:
-    """Reads batches in persistent torch DataLoader worker processes (one tensor per field per batch)."""
-
-    def __init__(self, dataset: Dataset, workers: int, prefetch: int, pin: bool, ragged: Ragged = "padded") -> None:
-        self.sampler = _PlanSampler()
-        per_worker = max(2, -(-prefetch // max(1, workers)))
-        if dataset.options.get("decode_threads") is None:
-            dataset = dataset.with_options(decode_threads=1)  # the workers are the parallelism: no oversubscription
-        self.loader = torch.utils.data.DataLoader(
-            _BatchDataset(dataset, ragged), batch_size=None, sampler=self.sampler, num_workers=workers,
-            pin_memory=pin, persistent_workers=True, prefetch_factor=per_worker,
-        )
-
-    def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None) -> Iterator[HostBatch]:
-        """Batches of ``plan`` in order; ``post`` runs in this process (workers ship uint8, 4x fewer bytes)."""
-        self.sampler.plan = plan
-        for k, batch in enumerate(self.loader, first):
-            yield post(batch, k) if post is not None else batch
-
-    def close(self) -> None:
-        shutdown_workers(self.loader)

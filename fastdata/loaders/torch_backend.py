@@ -13,7 +13,9 @@ from ..errors import UsageError
 from ..format.spec import ENCODING_IMAGE, image_fields
 from .base import Loader
 from .device import DeviceStage
-from .host import ProcessReader, ThreadReader, to_tensors
+from .host import ThreadReader, to_tensors
+from .procs import ProcessReader
+from .transform import BatchTransform, TransformFn
 
 
 class TorchLoader(Loader):
@@ -22,10 +24,14 @@ class TorchLoader(Loader):
     backend = "torch"
     _unpicklable = ("_reader", "_device", "_read_ds")
 
-    def __init__(self, dataset: Dataset, batch_size: int, *, workers: int, **common: Any) -> None:
-        """``workers``: reader threads (or processes); ``common``: :class:`Loader`'s arguments."""
+    def __init__(self, dataset: Dataset, batch_size: int, *, workers: int, transform: TransformFn | None = None,
+                 **common: Any) -> None:
+        """``workers``: reader threads (or processes); ``transform``: the user's function on each host
+        batch, run by the readers (fastdata.loaders.transform); ``common``: :class:`Loader`'s arguments."""
         super().__init__(dataset, batch_size, **common)
         self.workers = workers
+        self.transform = transform
+        self._bound = BatchTransform(transform, self.seed) if transform is not None else None  # checks it
         self._make_stages()
 
     def _make_stages(self) -> None:
@@ -54,9 +60,10 @@ class TorchLoader(Loader):
             changes["decode_threads"] = 1
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
-            self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged)
+            self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged,
+                                              self._bound)
         else:
-            self._reader = ThreadReader(self._read_ds, self.workers, config.prefetch, pin, config.ragged)
+            self._reader = ThreadReader(self._read_ds, self.workers, config.prefetch, pin, config.ragged, self._bound)
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
                                    keep_uint8=config.image_dtype == "uint8", unit_float=frozenset(floats))
 
@@ -79,8 +86,16 @@ class TorchLoader(Loader):
                              "add image_dtype='uint8' (and convert after unpacking), or use ragged='padded'")
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
-        self._device.rank = self.world.rank  # the world of this pass (read when it started)
-        return self._device.run(self._reader.run(plan, first, self._device.host_transform(epoch)), epoch, first)
+        rank = self._device.rank = self.world.rank  # the world of this pass (read when it started)
+        host = self._reader.run(plan, first, self._device.host_transform(epoch), epoch, rank)
+        return self._device.run(host, epoch, first)
+
+    def stats(self) -> dict[str, float]:
+        """:meth:`Loader.stats`, and in mode="processes" the shared ring's: ``ring_slots`` (slots
+        made), ``ring_grown`` (made because batches were held), ``ring_copied`` (arrays that did not
+        fit a slot and crossed as a copy; the slot is enlarged for later batches)."""
+        reader = getattr(self, "_reader", None)
+        return {**super().stats(), **(reader.stats() if reader is not None else {})}
 
     def collate_fn(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """A batch read by ``dataset.get_batch`` made into what this loader yields (tensors on the
@@ -91,9 +106,16 @@ class TorchLoader(Loader):
                              "DataLoader over its dataset: restore the position with load_state_dict instead")
         epoch, k = self._collate_at
         self._device.rank = self.world.rank
+        if self._bound is not None:
+            batch = self._bound(batch, epoch, self.world.rank, k)
         host = to_tensors(batch)
         moved = {n: t.to(self.device) for n, t in host.items()} if self.device.type == "cuda" else dict(host)
         return self._device.transform(moved, epoch, k, self._device.mixed(host))
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._bound is not None:  # say what to do, rather than a PicklingError from deep inside
+            self._bound.check_pickles("pickling the loader (ddp_spawn, spawn-started processes)")
+        return super().__getstate__()
 
     def _release(self) -> None:
         """Stop reader threads or worker processes."""

@@ -1,0 +1,308 @@
+"""Worker processes of ``LoaderConfig(mode="processes")``: the one place that starts, feeds, watches
+and stops them.
+
+Each worker reads whole batches with ``get_batch(out=...)`` straight into a slot of the shared
+ring (ring.py), runs the user's transform there, and sends back only where each array lies (plus
+the small values: lengths, strings, keys). Batch ``k`` of a pass goes to worker ``k % workers``
+over that worker's own socket, so results come back in order and every error names its worker.
+
+Lifetime: workers start on the first pass and serve later ones; ``close()`` stops them (and so
+does dropping the loader, or the interpreter's exit: they are daemons). A worker ignores Ctrl-C
+(the training process decides) and exits by itself within half a second once the training process
+is gone, even after a SIGKILL. A worker that dies is an error naming it, never a hang.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import traceback
+from collections import deque
+from multiprocessing import reduction
+from multiprocessing.connection import Connection, wait
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..dataset import Dataset
+from ..errors import LoaderWorkerError, UsageError
+from ..handles import parent_only
+from .base import wrap_error
+from .host import HostBatch, Post, Ragged, reader_fields, to_tensors
+from .ring import Ring, Slot, WorkerSlots
+from .transform import BatchTransform, TransformError
+
+_PARENT_POLL_S = 0.5  # how often an idle worker checks that the training process still runs
+_STOP_WAIT_S = 5.0  # how long close() lets a worker finish before it is terminated
+
+
+class _ParentEnd:
+    """The training process's end of a worker's socket; a forked child closes its copy (holding it
+    would keep a worker from seeing the training process go)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        parent_only(self)
+
+    def _after_fork_in_child(self) -> None:
+        self.conn.close()
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an error in a worker process, shown as the cause of the error raised here."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+
+    def __str__(self) -> str:
+        return "\n" + str(self.args[0])
+
+
+def _worker_main(wid: int, conn: Connection, parent: int, dataset: Dataset, ragged: Ragged,
+                 transform: BatchTransform | None) -> None:
+    """A worker's loop: map slots it is sent, fill the slots of the batches it is asked for."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the training process decides
+    fixed, flat = reader_fields(dataset)
+    fixed_shapes = {n: (tr, dt) for n, (tr, dt, _) in fixed.items()}
+    slots = WorkerSlots()
+    try:
+        while True:
+            while not conn.poll(_PARENT_POLL_S):
+                if os.getppid() != parent:
+                    return  # the training process is gone (killed): nobody will read what we make
+            msg = conn.recv()
+            if msg[0] == "stop":
+                return
+            if msg[0] == "slot":
+                _, sid, gen, size, layout = msg
+                slots.add(sid, gen, reduction.recv_handle(conn), size, layout)
+                continue
+            _, k, idx, sid, epoch, rank = msg
+            conn.send(_read_one(slots, dataset, ragged, transform, fixed_shapes, flat, k, idx, sid, epoch, rank))
+    except (EOFError, OSError, KeyboardInterrupt):
+        return  # the training process closed the socket or is going away
+    finally:
+        slots.close()
+        dataset.close()
+
+
+def _read_one(slots: WorkerSlots, dataset: Dataset, ragged: Ragged, transform: BatchTransform | None,
+              fixed: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str], k: int, idx: np.ndarray,
+              sid: int, epoch: int, rank: int) -> tuple[Any, ...]:
+    """Batch ``k`` read into slot ``sid`` and transformed: ("ok", k, placed, needs) or ("err", ...)."""
+    stage = "reading"
+    try:
+        batch = dataset.get_batch(idx, out=slots.outs(sid, len(idx), fixed, flat), ragged=ragged)
+        if transform is not None:
+            stage = "transform"
+            batch = transform(batch, epoch, rank, k)
+        stage = "handing over"
+        placed, needs = slots.place(sid, batch, set(flat))
+        del batch
+        return ("ok", k, placed, needs)
+    except Exception as e:
+        # a transform's error is sent as the user's own exception (when it pickles), a read error as itself
+        original = e.__cause__ if isinstance(e, TransformError) and e.__cause__ is not None else e
+        try:
+            sent: Any = pickle.dumps(original)
+        except Exception:
+            sent = None
+        text = str(e) if isinstance(e, TransformError) else f"{type(e).__name__}: {e}"
+        return ("err", k, stage, sent, text, "".join(traceback.format_exception(original)))
+
+
+class ProcessReader:
+    """Reads batches in ``workers`` worker processes into the shared ring, at most ``prefetch``
+    batches (and at least three per worker) ahead, in order."""
+
+    def __init__(self, dataset: Dataset, workers: int, prefetch: int, pin: bool, ragged: Ragged = "padded",
+                 transform: BatchTransform | None = None) -> None:
+        if dataset.options.get("decode_threads") is None:
+            dataset = dataset.with_options(decode_threads=1)  # the workers are the parallelism: no oversubscription
+        self.dataset = dataset
+        self.workers = workers
+        self.ragged = ragged
+        self.transform = transform
+        # three batches per worker: a worker keeps reading while the training process is off the CPU
+        # (on a loaded 2-core machine, 2 per worker left the workers idle a quarter of the time)
+        self.depth = max(prefetch, 3 * workers)
+        self.pin = pin  # (the ring is not page-locked: the copy to a GPU is then synchronous)
+        fixed, flat = reader_fields(dataset)
+        # a region starts at the address phase of the field's bytes in the shard (faster copies,
+        # fastdata.loaders.buffers) where that keeps its elements aligned
+        self.ring = Ring({n: (int(np.prod(tr, dtype=np.int64)) * np.dtype(dt).itemsize,
+                              ph if ph % np.dtype(dt).itemsize == 0 else 0) for n, (tr, dt, ph) in fixed.items()},
+                         {n: 0 for n in flat}, self.depth + 2)
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        self._ends: list[_ParentEnd] = []
+        self._known: list[dict[int, int]] = []  # per worker: slot id -> generation it has mapped
+        self._pending: list[deque[tuple[int, Slot]]] = []  # per worker: (batch, slot) sent, not yet received
+        self._pass = 0  # passes started: an older, unfinished pass must not take a newer one's results
+        self._broken = False
+
+    def stats(self) -> dict[str, int]:
+        """Slots made (``ring_slots``), made beyond the planned number because batches were held
+        (``ring_grown``), and arrays that did not fit a slot and crossed as a copy (``ring_copied``)."""
+        return {"ring_slots": len(self.ring.slots), "ring_grown": self.ring.grown, "ring_copied": self.ring.copied}
+
+    def _start(self) -> None:
+        ctx = mp.get_context()
+        if ctx.get_start_method() != "fork" and self.transform is not None:
+            self.transform.check_pickles(f"worker processes started by {ctx.get_start_method()!r}")
+        for w in range(self.workers):
+            mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
+            self._ends.append(_ParentEnd(mine))  # (before the fork: the worker closes its copy of our end too)
+            p = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
+                            args=(w, theirs, os.getpid(), self.dataset, self.ragged, self.transform))
+            p.start()
+            theirs.close()
+            self._procs.append(p)
+            self._conns.append(mine)
+            self._known.append({})
+            self._pending.append(deque())
+
+    def _send(self, w: int, k: int, idx: np.ndarray, epoch: int, rank: int) -> None:
+        slot = self.ring.take(len(idx), w)
+        conn = self._conns[w]
+        try:
+            if self._known[w].get(slot.id) != slot.gen:
+                conn.send(("slot", slot.id, slot.gen, slot.size, slot.layout))
+                reduction.send_handle(conn, slot.fd, self._procs[w].pid)
+                self._known[w][slot.id] = slot.gen
+            conn.send(("read", k, idx, slot.id, epoch, rank))
+        except OSError:
+            self.ring.give_back(slot)
+            raise self._death(w, k) from None
+        self._pending[w].append((k, slot))
+
+    def _receive(self, w: int) -> tuple[tuple[Any, ...], Slot]:
+        """The next result of worker ``w``, or the error of its death."""
+        k, slot = self._pending[w][0]
+        conn, proc = self._conns[w], self._procs[w]
+        while True:
+            ready = wait([conn, proc.sentinel])
+            if conn in ready:  # (first: a worker that sent its result and then died delivered it)
+                try:
+                    msg = conn.recv()
+                    break
+                except (EOFError, OSError):
+                    raise self._death(w, k) from None
+            if proc.sentinel in ready:
+                raise self._death(w, k)
+        self._pending[w].popleft()
+        return msg, slot
+
+    def _death(self, w: int, k: int) -> LoaderWorkerError:
+        proc = self._procs[w]
+        proc.join(_STOP_WAIT_S)  # its socket may close a moment before it can be reaped: wait for the exit code
+        code = proc.exitcode
+        how = (f"was killed by signal {-code}" if code is not None and code < 0 else
+               f"exited with code {code}" if code is not None else "closed its socket and stopped answering")
+        self._broken = True
+        return LoaderWorkerError(f"worker process {w} (pid {proc.pid}) {how} while batch {k} was being read; "
+                                 "the loader's other workers are stopped (the next pass starts new ones)")
+
+    def _drain(self) -> None:
+        """Results of a pass that ended early: received and dropped, their slots reused."""
+        for w in range(len(self._pending)):
+            while self._pending[w]:
+                _, slot = self._receive(w)
+                self.ring.give_back(slot)
+
+    def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None,
+            epoch: int = 0, rank: int = 0) -> Iterator[HostBatch]:
+        """Batches of ``plan`` (batches ``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs
+        here, on each batch as it is handed out."""
+        self._pass += 1
+        mine = self._pass
+        self._broken = False
+        try:
+            if not self._procs:
+                self._start()
+            self._drain()
+            nxt = 0
+            order: deque[int] = deque()
+            while nxt < len(plan) or order:
+                if self._pass != mine:  # (its results were drained by the newer pass)
+                    raise UsageError("a newer pass over this loader started while this one was unfinished: "
+                                     "a loader in mode='processes' reads one pass at a time (iterate it again)")
+                while nxt < len(plan) and len(order) < self.depth:
+                    self._send(nxt % self.workers, first + nxt, plan[nxt], epoch, rank)
+                    order.append(nxt % self.workers)
+                    nxt += 1
+                w = order.popleft()
+                msg, slot = self._receive(w)
+                batch = self._unpack(w, msg, slot)
+                self.ring.lend(slot)
+                yield post(batch, msg[1]) if post is not None else batch
+                del batch
+        except BaseException:
+            if self._broken:
+                self.close()
+            raise
+
+    def _unpack(self, w: int, msg: tuple[Any, ...], slot: Slot) -> HostBatch:
+        if msg[0] == "err":
+            self.ring.give_back(slot)
+            raise self._error(w, msg)
+        _, k, placed, needs = msg
+        self.ring.saw(needs)
+        out: dict[str, Any] = {}
+        loose: dict[str, Any] = {}
+        for name, (how, what) in placed.items():
+            if how == "slot":
+                offset, shape, dtype = what
+                out[name] = slot.tensor(offset, tuple(shape), dtype)
+            else:
+                loose[name] = what
+                self.ring.copied += isinstance(what, np.ndarray)
+        out.update(to_tensors(loose))
+        return out
+
+    def _error(self, w: int, msg: tuple[Any, ...]) -> Exception:
+        """A worker's error as raised here: its type kept where it pickles (fastdata's errors name
+        shard and sample), prefixed with the worker and batch, the worker's traceback as its cause."""
+        _, k, stage, sent, text, tb = msg
+        where = f"worker process {w} (pid {self._procs[w].pid}), batch {k}"
+        original: BaseException | None = None
+        if sent is not None:
+            try:
+                original = pickle.loads(sent)
+            except Exception:
+                original = None
+        if stage == "transform":
+            err: Exception = LoaderWorkerError(f"{where}, in the transform: {text}")
+        else:
+            err = wrap_error(original if isinstance(original, Exception) else LoaderWorkerError(text), where)
+        remote = _RemoteTraceback(tb)
+        if original is not None and stage == "transform":
+            original.__cause__ = remote
+            err.__cause__ = original
+        else:
+            err.__cause__ = remote
+        return err
+
+    def close(self) -> None:
+        """Stop the workers (asked first, then terminated), close the sockets and the ring."""
+        procs, conns = self._procs, self._conns
+        self._procs, self._conns, self._known, self._pending, self._ends = [], [], [], [], []
+        for c in conns:
+            try:
+                c.send(("stop",))
+            except OSError:
+                pass
+            c.close()  # a worker still sending a result gets EPIPE at once, instead of a wait for us to read
+        for p in procs:
+            p.join(_STOP_WAIT_S)
+            if p.is_alive():
+                p.terminate()
+                p.join(_STOP_WAIT_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+            p.close()
+        self.ring.close()
+
