@@ -1,0 +1,303 @@
+"""Batched augmentation of sequences and arrays on the device, padding never touched.
+
+A sequence field is ``(B, T, ...)`` (time on axis 1, channels after it) with ``<name>_lengths`` (B,)
+when its samples differ in length (padded) or ``<name>_offsets`` (B + 1,) when they are packed
+(``(sum T, ...)``); an array field is ``(B, ...)`` with no time axis. Every op draws its per-sample
+parameters from the batch's generator (on the CPU, as the image ops do: fastdata.augment), then
+transforms the whole batch with a few tensor ops. Positions at or past a sample's length are never
+read as data nor written: ops that keep lengths leave them exactly as they were; ops that change
+lengths (``TimeCrop``, ``TimeStretch``) return the new lengths and zeros past them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .errors import UsageError
+
+Tensor = torch.Tensor
+Params = dict[str, Tensor]
+
+
+def _uniform(g: torch.Generator, shape: tuple[int, ...], lo: float, hi: float) -> Tensor:
+    return torch.rand(shape, generator=g, device=g.device) * (hi - lo) + lo
+
+
+def valid_mask(lengths: Tensor, t: int) -> Tensor:
+    """(B, T) bool: True at each sample's positions before its length."""
+    return torch.arange(t, device=lengths.device).view(1, t) < lengths.view(-1, 1)
+
+
+def _bcast(m: Tensor, x: Tensor) -> Tensor:
+    """A (B, T) or (B, T, C) mask or factor shaped to broadcast over ``x`` (B, T, C, ...)."""
+    return m.view(*m.shape, *([1] * (x.dim() - m.dim())))
+
+
+def _take_time(x: Tensor, src: Tensor) -> Tensor:
+    """(B, T', ...) with ``out[b, t] = x[b, src[b, t]]``."""
+    idx = src.view(*src.shape, *([1] * (x.dim() - 2))).expand(*src.shape, *x.shape[2:])
+    return x.gather(1, idx)
+
+
+class SeqOp:
+    """A sequence op: ``draw`` the batch's parameters on the generator's device (``lengths`` there too),
+    then ``seq`` transforms ``(B, T, ...)`` with its lengths and returns both."""
+
+    needs_time: ClassVar[bool] = True  # False: elementwise, also for array fields
+
+    def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
+        return {}
+
+    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def apply(self, x: Tensor, g: torch.Generator, lengths: Tensor | None = None) -> Tensor:
+        """Draw and transform a padded batch (``lengths``: None means every sample fills T)."""
+        n = torch.full((x.shape[0],), x.shape[1] if x.dim() > 1 else 1, dtype=torch.long) if lengths is None \
+            else lengths.cpu().long()
+        out, _ = self.seq(x, n.to(x.device), self.draw(g, n.to(g.device), tuple(x.shape)))
+        return out
+
+
+@dataclass(frozen=True)
+class TimeCrop(SeqOp):
+    """A random window of ``length`` steps of each sample (uniform over its positions); a sample
+    shorter than ``length`` is kept whole. The output is ``(B, length, ...)`` with lengths
+    ``min(length, own length)``."""
+
+    length: int
+
+    def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
+        room = (lengths - self.length).clamp(min=0) + 1
+        u = torch.rand(len(lengths), generator=g, device=g.device)
+        return {"start": torch.minimum((u * room).long(), room - 1)}
+
+    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+        start = p["start"].to(x.device)
+        t = torch.arange(self.length, device=x.device).view(1, -1)
+        new = lengths.clamp(max=self.length)
+        src = (start.view(-1, 1) + t).clamp(max=x.shape[1] - 1)
+        out = _take_time(x, src)
+        return out * _bcast(valid_mask(new, self.length), out).to(out.dtype), new
+
+
+@dataclass(frozen=True)
+class TimeShift(SeqOp):
+    """Shift each sample in time by an integer ~ U[-max_shift, max_shift] steps (or fractions of its
+    length when ``max_shift`` < 1), within its own length: wrapping round (``rollover``) or filled with
+    ``fill``."""
+
+    max_shift: float
+    rollover: bool = True
+    fill: float = 0.0
+
+    def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
+        u = _uniform(g, (len(lengths),), -1.0, 1.0)
+        span = lengths.float() * self.max_shift if self.max_shift < 1 else torch.full_like(u, self.max_shift)
+        return {"shift": torch.round(u * span).long()}
+
+    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+        t = torch.arange(x.shape[1], device=x.device).view(1, -1)
+        n = lengths.view(-1, 1).clamp(min=1)
+        src = t - p["shift"].to(x.device).view(-1, 1)
+        inside = valid_mask(lengths, x.shape[1])
+        if self.rollover:
+            moved = _take_time(x, torch.where(inside, src.remainder(n), t))
+        else:
+            keep = (src >= 0) & (src < n)
+            moved = _take_time(x, torch.where(inside & keep, src, t))
+            moved = torch.where(_bcast(inside & ~keep, x), torch.full((), self.fill, dtype=x.dtype, device=x.device),
+                                moved)
+        return torch.where(_bcast(inside, x), moved, x), lengths
+
+
+@dataclass(frozen=True)
+class TimeMask(SeqOp):
+    """SpecAugment time masking: ``count`` spans per sample, each of width ~ U[0, max_width] steps (or
+    fractions of the sample's length when ``max_width`` < 1) at a uniform start inside the sample,
+    set to ``fill``."""
+
+    max_width: float
+    count: int = 1
+    fill: float = 0.0
+
+    def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
+        b = len(lengths)
+        cap = lengths.float().view(-1, 1) * self.max_width if self.max_width < 1 else \
+            torch.full((b, 1), float(self.max_width), device=lengths.device)
+        width = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (cap + 1))
+        width = torch.minimum(width, lengths.float().view(-1, 1))
+        start = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (lengths.view(-1, 1) - width + 1))
+        return {"start": start.long(), "width": width.long()}
+
+    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+        masked = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[1]) & valid_mask(lengths, x.shape[1])
+        return x.masked_fill(_bcast(masked, x), self.fill), lengths
+
+
+@dataclass(frozen=True)
+class ChannelMask(SeqOp):
+    """SpecAugment frequency masking on the channel axis (axis 2): ``count`` bands per sample of
+    width ~ U[0, max_width] channels set to ``fill``, over the sample's steps only."""
+
+    max_width: int
+    count: int = 1
+    fill: float = 0.0
+
+    def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
+        if len(shape) < 3:
+            raise UsageError(f"ChannelMask needs a channel axis: (B, T, C), got a batch of shape {shape}")
+        b, c = len(lengths), shape[2]
+        width = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (min(self.max_width, c) + 1))
+        start = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (c - width + 1))
+        return {"start": start.long(), "width": width.long()}
+
+    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+        bands = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[2])  # (B, C)
+        masked = valid_mask(lengths, x.shape[1]).unsqueeze(2) & bands.unsqueeze(1)  # (B, T, C)
+        return x.masked_fill(_bcast(masked, x), self.fill), lengths
+
+
+def _spans(start: Tensor, width: Tensor, n: int) -> Tensor:
+    """(B, n) bool: inside any of the (B, K) spans [start, start + width)."""
+    pos = torch.arange(n, device=start.device).view(1, 1, n)
+    s = start.unsqueeze(2)
+    return ((pos >= s) & (pos < s + width.unsqueeze(2))).any(1)
+
+
+@dataclass(frozen=True)
+class AmplitudeScale(SeqOp):
+    """Multiply each sample by a factor ~ U(low, high) (``log=True``: log-uniform)."""
+
+    low: float = 0.8
+    high: float = 1.25
+    log: bool = False
+    needs_time: ClassVar[bool] = False
+
+    def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
+        if self.log:
+            return {"gain": torch.exp(_uniform(g, (len(lengths),), math.log(self.low), math.log(self.high)))}
+        return {"gain": _uniform(g, (len(lengths),), self.low, self.high)}
+
+    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+        gain = p["gain"].to(x.device, x.dtype)
+        if x.dim() == 1:
+            return x * gain, lengths
+        inside = valid_mask(lengths, x.shape[1])
+        return torch.where(_bcast(inside, x), x * _bcast(gain.view(-1, 1), x), x), lengths
+
+
+@dataclass(frozen=True)
+class AdditiveNoise(SeqOp):
+    """Add N(0, std^2) noise at every position inside each sample (``std`` in the data's units;
+    ``relative=True``: times each sample's own standard deviation). The noise comes from a generator
+    on the batch's device seeded by one draw from the batch's generator."""
+
+    std: float
+    relative: bool = False
+    needs_time: ClassVar[bool] = False
+
+    def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
+        return {"seed": torch.randint(0, 2**62, (1,), generator=g, device=g.device)}
+
+    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+        gn = torch.Generator(device=x.device)
+        gn.manual_seed(int(p["seed"]))
+        noise = torch.randn(x.shape, generator=gn, device=x.device, dtype=x.dtype)
+        if x.dim() == 1:
+            return x + self.std * noise, lengths
+        inside = _bcast(valid_mask(lengths, x.shape[1]), x)
+        scale = torch.full((), self.std, dtype=x.dtype, device=x.device)
+        if self.relative:
+            n = (lengths.clamp(min=1) * (x[0, 0].numel())).to(x.dtype)
+            z = torch.where(inside, x, torch.zeros((), dtype=x.dtype, device=x.device))
+            dims = tuple(range(1, x.dim()))
+            mean = z.sum(dims) / n
+            var = (z.square().sum(dims) / n - mean.square()).clamp(min=0)
+            scale = scale * _bcast(var.sqrt().view(-1, 1), x)
+        return torch.where(inside, x + scale * noise, x), lengths
+
+
+@dataclass(frozen=True)
+class TimeStretch(SeqOp):
+    """Resample each sample in time by a speed factor ~ U(low, high) (log-uniform): its new length is
+    ``round(length / factor)`` (capped at the batch's T), values by linear interpolation between steps;
+    zeros past the new length."""
+
+    low: float = 0.9
+    high: float = 1.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low <= self.high:
+            raise UsageError(f"TimeStretch needs 0 < low <= high, got {self.low}, {self.high}")
+
+    def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
+        return {"factor": torch.exp(_uniform(g, (len(lengths),), math.log(self.low), math.log(self.high)))}
+
+    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+        f = p["factor"].to(x.device).view(-1, 1)
+        t_max = x.shape[1]
+        new = torch.round(lengths.float() / f.view(-1)).long().clamp(min=1, max=t_max)
+        new = torch.where(lengths > 0, new, lengths)
+        last = (lengths - 1).clamp(min=0).view(-1, 1).float()
+        pos = ((torch.arange(t_max, device=x.device).view(1, -1) + 0.5) * f - 0.5).clamp(min=0)
+        pos = torch.minimum(pos, last)
+        lo = pos.floor()
+        w = _bcast((pos - lo), x).to(x.dtype)
+        lo_i = lo.long()
+        hi_i = torch.minimum(lo_i + 1, last.long())
+        out = torch.lerp(_take_time(x, lo_i), _take_time(x, hi_i), w)
+        return out * _bcast(valid_mask(new, t_max), out).to(out.dtype), new
+
+
+SEQ_OPS = (TimeCrop, TimeShift, TimeMask, ChannelMask, AmplitudeScale, AdditiveNoise, TimeStretch)
+
+
+def is_seq_op(op: object) -> bool:
+    return isinstance(op, SeqOp)
+
+
+def run_padded(ops: tuple[SeqOp, ...], x: Tensor, lengths: Tensor | None, g: torch.Generator,
+               name: str, kind: str) -> tuple[Tensor, Tensor | None]:
+    """Apply ``ops`` in order to a padded (B, T, ...) batch (``kind`` "sequence") or an array batch
+    ((B, ...), ``kind`` "array": elementwise ops only); returns the batch and its lengths."""
+    if not x.is_floating_point():
+        raise UsageError(f"{kind} field {name!r} is {x.dtype}; sequence and array ops need floats (convert it as float)")
+    if kind == "array":
+        timed = [type(op).__name__ for op in ops if op.needs_time]
+        if timed:
+            raise UsageError(f"{timed[0]} needs a time axis, and {name!r} is an array field; declare it "
+                             f"Augment(ops, fields={{{name!r}: 'sequence'}}) if axis 1 is time")
+    elif x.dim() < 2:
+        raise UsageError(f"sequence field {name!r} must be (batch, time, ...), got {tuple(x.shape)}")
+    b = x.shape[0]
+    full = x.shape[1] if x.dim() > 1 else 1
+    n_cpu = lengths.cpu().long() if lengths is not None else torch.full((b,), full, dtype=torch.long)
+    n_dev = n_cpu.to(x.device)
+    for op in ops:
+        p = op.draw(g, n_cpu.to(g.device), tuple(x.shape))
+        x, n_dev = op.seq(x, n_dev, p)
+        n_cpu = n_dev.cpu() if type(op) in (TimeCrop, TimeStretch) else n_cpu
+    return x, (n_dev if lengths is not None or any(type(op) in (TimeCrop, TimeStretch) for op in ops) else None)
+
+
+def pack_to_padded(flat: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """A packed batch ((sum T, ...), offsets (B + 1,)) as padded (B, max T, ...) with zeros, and lengths."""
+    lengths = (offsets[1:] - offsets[:-1]).long()
+    b, t = len(lengths), int(lengths.max()) if len(lengths) else 0
+    out = flat.new_zeros((b, t, *flat.shape[1:]))
+    inside = valid_mask(lengths.to(flat.device), t)
+    out[inside] = flat
+    return out, lengths
+
+
+def padded_to_pack(x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """The inverse of :func:`pack_to_padded`: (sum lengths, ...) and offsets (B + 1,) int64."""
+    inside = valid_mask(lengths.to(x.device), x.shape[1])
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths.cpu().long(), 0)
+    return x[inside], offsets
