@@ -688,6 +688,9 @@ class Augment:
     def __call__(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         """Apply the ops in order; ``sizes``: (B, 2) true (H, W) of top-left images in a padded batch
         (ops of your own see the padded batch)."""
+        if len(self.view_ops) > 1 or self.mix is not None:
+            raise UsageError("calling an Augment applies its ops to one tensor; views and mix need the batch: "
+                             "fastdata.views.augment_batch(augment, batch, g)")
         return self.run({"": x}, g, "", sizes, targets=False)[""]
 
     def run(self, batch: dict[str, Tensor], g: torch.Generator, image: str | None, sizes: Tensor | None = None,

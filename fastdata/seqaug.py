@@ -38,9 +38,11 @@ def _bcast(m: Tensor, x: Tensor) -> Tensor:
 
 
 def _take_time(x: Tensor, src: Tensor) -> Tensor:
-    """(B, T', ...) with ``out[b, t] = x[b, src[b, t]]``."""
-    idx = src.view(*src.shape, *([1] * (x.dim() - 2))).expand(*src.shape, *x.shape[2:])
-    return x.gather(1, idx)
+    """(B, T', ...) with ``out[b, t] = x[b, src[b, t]]``: whole rows picked by one index_select (a gather
+    with an index expanded over the channels measured 3-5x slower)."""
+    b, t = x.shape[:2]
+    rows = (src + torch.arange(b, device=x.device).view(-1, 1) * t).reshape(-1)
+    return x.reshape(b * t, -1).index_select(0, rows).view(*src.shape, *x.shape[2:])
 
 
 class SeqOp:
@@ -104,15 +106,12 @@ class TimeShift(SeqOp):
         t = torch.arange(x.shape[1], device=x.device).view(1, -1)
         n = lengths.view(-1, 1).clamp(min=1)
         src = t - p["shift"].to(x.device).view(-1, 1)
-        inside = valid_mask(lengths, x.shape[1])
+        inside = valid_mask(lengths, x.shape[1])  # padding positions take themselves: left as they were
         if self.rollover:
-            moved = _take_time(x, torch.where(inside, src.remainder(n), t))
-        else:
-            keep = (src >= 0) & (src < n)
-            moved = _take_time(x, torch.where(inside & keep, src, t))
-            moved = torch.where(_bcast(inside & ~keep, x), torch.full((), self.fill, dtype=x.dtype, device=x.device),
-                                moved)
-        return torch.where(_bcast(inside, x), moved, x), lengths
+            return _take_time(x, torch.where(inside, src.remainder(n), t)), lengths
+        keep = (src >= 0) & (src < n)
+        moved = _take_time(x, torch.where(inside & keep, src, t))
+        return moved.masked_fill(_bcast(inside & ~keep, x), self.fill), lengths
 
 
 @dataclass(frozen=True)
@@ -187,8 +186,9 @@ class AmplitudeScale(SeqOp):
         gain = p["gain"].to(x.device, x.dtype)
         if x.dim() == 1:
             return x * gain, lengths
-        inside = valid_mask(lengths, x.shape[1])
-        return torch.where(_bcast(inside, x), x * _bcast(gain.view(-1, 1), x), x), lengths
+        one = torch.ones((), dtype=x.dtype, device=x.device)
+        factor = torch.where(valid_mask(lengths, x.shape[1]), gain.view(-1, 1), one)  # 1 on the padding: exact
+        return x * _bcast(factor, x), lengths
 
 
 @dataclass(frozen=True)
@@ -210,16 +210,16 @@ class AdditiveNoise(SeqOp):
         noise = torch.randn(x.shape, generator=gn, device=x.device, dtype=x.dtype)
         if x.dim() == 1:
             return x + self.std * noise, lengths
-        inside = _bcast(valid_mask(lengths, x.shape[1]), x)
-        scale = torch.full((), self.std, dtype=x.dtype, device=x.device)
+        inside = valid_mask(lengths, x.shape[1])
+        scale = inside.to(x.dtype) * self.std  # (B, T): 0 on the padding, which x + 0 * noise leaves as it was
         if self.relative:
             n = (lengths.clamp(min=1) * (x[0, 0].numel())).to(x.dtype)
-            z = torch.where(inside, x, torch.zeros((), dtype=x.dtype, device=x.device))
+            z = torch.where(_bcast(inside, x), x, torch.zeros((), dtype=x.dtype, device=x.device))
             dims = tuple(range(1, x.dim()))
             mean = z.sum(dims) / n
             var = (z.square().sum(dims) / n - mean.square()).clamp(min=0)
-            scale = scale * _bcast(var.sqrt().view(-1, 1), x)
-        return torch.where(inside, x + scale * noise, x), lengths
+            scale = scale * var.sqrt().view(-1, 1)
+        return torch.addcmul(x, noise, _bcast(scale, x)), lengths
 
 
 @dataclass(frozen=True)

@@ -123,12 +123,13 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
             sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
             outs = [aug.run(batch, g, name, sizes, ops=ops) for ops in aug.view_ops]
             written = [name] + [k for k in (name + SHAPE_SUFFIX,) if k in batch] + _target_keys(aug, outs[0])
+            if finish is not None:
+                for o in outs:
+                    o[name] = finish(name, o[name])
         else:
             outs = [_sequence(batch, name, kind, ops, g) for ops in aug.view_ops]
             written = [name] + [k for k in (name + LENGTHS_SUFFIX, name + OFFSETS_SUFFIX) if k in outs[0]]
         join_views(batch, outs, written)
-        if finish is not None and kind == "image" and name in batch:
-            batch[name] = finish(name, batch[name])
     if aug.mix is not None:
         mix_batch(aug, batch, g, image_fields)
     return batch

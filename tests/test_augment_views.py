@@ -291,3 +291,25 @@ def test_mix_through_the_loader(ds):
     b = first(ds / "ds", aug)
     assert b["label"].shape == (6, 5) and b["label"].dtype == torch.float32
     torch.testing.assert_close(b["label"].sum(1), torch.ones(6))
+
+
+@pytest.mark.skipif(len(BACKENDS) < 2, reason="NVIDIA DALI is not installed")
+def test_dali_says_once_that_sequence_ops_and_mix_run_with_the_torch_code(ds, caplog, monkeypatch):
+    import logging
+
+    from fastdata.loaders import dali as fdali
+
+    monkeypatch.setattr(fdali, "_LOGGED", set())
+    with caplog.at_level(logging.INFO, logger="fastdata.loader"):
+        for _ in range(2):
+            first(ds / "ds", Augment((RandomCrop(8),), mix=Mix(num_classes=5)), "dali")
+            first(ds / "seqs", Augment((TimeMask(2),)), "dali")
+    said = [r.getMessage() for r in caplog.records if "torch backend's code on DALI's output" in r.getMessage()]
+    assert len(said) == 2 and "MixUp/CutMix" in said[0] and "sequence/array ops" in said[1]
+
+
+def test_views_keep_the_image_layout_and_calling_needs_the_batch(ds):
+    multi = first(ds / "ds", Augment(views=[[RandomCrop(8)], [RandomCrop(4)]]))
+    assert multi["image_view0"].is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(UsageError, match="augment_batch"):
+        Augment((RandomCrop(4),), views=2)(torch.rand(2, 3, 8, 8), batch_generator(0, 0, 0, CPU))
