@@ -37,11 +37,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, write_results  # noqa: E402
 
 from fastdata.augment import (  # noqa: E402
-    Augment, ColorJitter, HorizontalFlip, Normalize, RandomResizedCrop, batch_generator,
+    Augment,
+    ColorJitter,
+    HorizontalFlip,
+    Normalize,
+    RandomResizedCrop,
+    batch_generator,
 )
 from fastdata.mixing import Mix, MixDraw, kept_fraction, mix_images  # noqa: E402
 from fastdata.seqaug import (  # noqa: E402
-    AdditiveNoise, AmplitudeScale, ChannelMask, TimeMask, TimeShift, TimeStretch, run_padded,
+    AdditiveNoise,
+    AmplitudeScale,
+    ChannelMask,
+    TimeMask,
+    TimeShift,
+    TimeStretch,
+    run_padded,
 )
 from fastdata.views import augment_batch  # noqa: E402
 

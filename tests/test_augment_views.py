@@ -16,8 +16,16 @@ from fastdata.errors import UsageError
 from fastdata.loaders import LoaderConfig
 from fastdata.mixing import Mix, MixDraw, mix_boxes
 from fastdata.seqaug import (
-    AdditiveNoise, AmplitudeScale, ChannelMask, TimeCrop, TimeMask, TimeShift, TimeStretch, pack_to_padded,
-    padded_to_pack, run_padded,
+    AdditiveNoise,
+    AmplitudeScale,
+    ChannelMask,
+    TimeCrop,
+    TimeMask,
+    TimeShift,
+    TimeStretch,
+    pack_to_padded,
+    padded_to_pack,
+    run_padded,
 )
 from fastdata.targets import Boxes, Keypoints, Mask
 from fastdata.views import augment_batch

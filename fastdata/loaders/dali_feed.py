@@ -22,8 +22,8 @@ from ..augment import Augment, batch_generator
 from ..dataset import Dataset
 from ..errors import UsageError
 from ..format import LENGTHS_SUFFIX
-from ..views import join_views
 from ..format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field, is_string
+from ..views import join_views
 from .base import wrap_error
 from .dali_augment import Chain, TorchRng
 
