@@ -47,14 +47,15 @@ def _take_time(x: Tensor, src: Tensor) -> Tensor:
 
 class SeqOp:
     """A sequence op: ``draw`` the batch's parameters on the generator's device (``lengths`` there too),
-    then ``seq`` transforms ``(B, T, ...)`` with its lengths and returns both."""
+    then ``seq`` transforms ``(B, T, ...)`` with its lengths and returns both (``inplace``: ``x`` is a
+    working copy the op may overwrite: a chain copies the batch once, not once per op)."""
 
     needs_time: ClassVar[bool] = True  # False: elementwise, also for array fields
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         return {}
 
-    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+    def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
     def apply(self, x: Tensor, g: torch.Generator, lengths: Tensor | None = None) -> Tensor:
@@ -78,13 +79,13 @@ class TimeCrop(SeqOp):
         u = torch.rand(len(lengths), generator=g, device=g.device)
         return {"start": torch.minimum((u * room).long(), room - 1)}
 
-    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+    def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         start = p["start"].to(x.device)
         t = torch.arange(self.length, device=x.device).view(1, -1)
         new = lengths.clamp(max=self.length)
         src = (start.view(-1, 1) + t).clamp(max=x.shape[1] - 1)
         out = _take_time(x, src)
-        return out * _bcast(valid_mask(new, self.length), out).to(out.dtype), new
+        return out.masked_fill_(_bcast(~valid_mask(new, self.length), out), 0), new
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class TimeShift(SeqOp):
         span = lengths.float() * self.max_shift if self.max_shift < 1 else torch.full_like(u, self.max_shift)
         return {"shift": torch.round(u * span).long()}
 
-    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+    def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         t = torch.arange(x.shape[1], device=x.device).view(1, -1)
         n = lengths.view(-1, 1).clamp(min=1)
         src = t - p["shift"].to(x.device).view(-1, 1)
@@ -111,7 +112,7 @@ class TimeShift(SeqOp):
             return _take_time(x, torch.where(inside, src.remainder(n), t)), lengths
         keep = (src >= 0) & (src < n)
         moved = _take_time(x, torch.where(inside & keep, src, t))
-        return moved.masked_fill(_bcast(inside & ~keep, x), self.fill), lengths
+        return moved.masked_fill_(_bcast(inside & ~keep, x), self.fill), lengths
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,9 @@ class TimeMask(SeqOp):
         start = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (lengths.view(-1, 1) - width + 1))
         return {"start": start.long(), "width": width.long()}
 
-    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+    def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         masked = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[1]) & valid_mask(lengths, x.shape[1])
-        return x.masked_fill(_bcast(masked, x), self.fill), lengths
+        return (x.masked_fill_ if inplace else x.masked_fill)(_bcast(masked, x), self.fill), lengths
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,10 @@ class ChannelMask(SeqOp):
         start = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (c - width + 1))
         return {"start": start.long(), "width": width.long()}
 
-    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+    def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         bands = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[2])  # (B, C)
         masked = valid_mask(lengths, x.shape[1]).unsqueeze(2) & bands.unsqueeze(1)  # (B, T, C)
-        return x.masked_fill(_bcast(masked, x), self.fill), lengths
+        return (x.masked_fill_ if inplace else x.masked_fill)(_bcast(masked, x), self.fill), lengths
 
 
 def _spans(start: Tensor, width: Tensor, n: int) -> Tensor:
@@ -182,13 +183,13 @@ class AmplitudeScale(SeqOp):
             return {"gain": torch.exp(_uniform(g, (len(lengths),), math.log(self.low), math.log(self.high)))}
         return {"gain": _uniform(g, (len(lengths),), self.low, self.high)}
 
-    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+    def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         gain = p["gain"].to(x.device, x.dtype)
         if x.dim() == 1:
-            return x * gain, lengths
+            return (x.mul_(gain) if inplace else x * gain), lengths
         one = torch.ones((), dtype=x.dtype, device=x.device)
-        factor = torch.where(valid_mask(lengths, x.shape[1]), gain.view(-1, 1), one)  # 1 on the padding: exact
-        return x * _bcast(factor, x), lengths
+        factor = _bcast(torch.where(valid_mask(lengths, x.shape[1]), gain.view(-1, 1), one), x)  # 1: padding exact
+        return (x.mul_(factor) if inplace else x * factor), lengths
 
 
 @dataclass(frozen=True)
@@ -204,12 +205,12 @@ class AdditiveNoise(SeqOp):
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         return {"seed": torch.randint(0, 2**62, (1,), generator=g, device=g.device)}
 
-    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+    def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         gn = torch.Generator(device=x.device)
         gn.manual_seed(int(p["seed"]))
         noise = torch.randn(x.shape, generator=gn, device=x.device, dtype=x.dtype)
         if x.dim() == 1:
-            return x + self.std * noise, lengths
+            return (x.add_(noise, alpha=self.std) if inplace else x + self.std * noise), lengths
         inside = valid_mask(lengths, x.shape[1])
         scale = inside.to(x.dtype) * self.std  # (B, T): 0 on the padding, which x + 0 * noise leaves as it was
         if self.relative:
@@ -219,7 +220,7 @@ class AdditiveNoise(SeqOp):
             mean = z.sum(dims) / n
             var = (z.square().sum(dims) / n - mean.square()).clamp(min=0)
             scale = scale * var.sqrt().view(-1, 1)
-        return torch.addcmul(x, noise, _bcast(scale, x)), lengths
+        return (x.addcmul_(noise, _bcast(scale, x)) if inplace else torch.addcmul(x, noise, _bcast(scale, x))), lengths
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ class TimeStretch(SeqOp):
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         return {"factor": torch.exp(_uniform(g, (len(lengths),), math.log(self.low), math.log(self.high)))}
 
-    def seq(self, x: Tensor, lengths: Tensor, p: Params) -> tuple[Tensor, Tensor]:
+    def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         f = p["factor"].to(x.device).view(-1, 1)
         t_max = x.shape[1]
         new = torch.round(lengths.float() / f.view(-1)).long().clamp(min=1, max=t_max)
@@ -250,8 +251,8 @@ class TimeStretch(SeqOp):
         w = _bcast((pos - lo), x).to(x.dtype)
         lo_i = lo.long()
         hi_i = torch.minimum(lo_i + 1, last.long())
-        out = torch.lerp(_take_time(x, lo_i), _take_time(x, hi_i), w)
-        return out * _bcast(valid_mask(new, t_max), out).to(out.dtype), new
+        out = _take_time(x, lo_i).lerp_(_take_time(x, hi_i), w)
+        return out.masked_fill_(_bcast(~valid_mask(new, t_max), out), 0), new
 
 
 SEQ_OPS = (TimeCrop, TimeShift, TimeMask, ChannelMask, AmplitudeScale, AdditiveNoise, TimeStretch)
@@ -278,9 +279,11 @@ def run_padded(ops: tuple[SeqOp, ...], x: Tensor, lengths: Tensor | None, g: tor
     full = x.shape[1] if x.dim() > 1 else 1
     n_cpu = lengths.cpu().long() if lengths is not None else torch.full((b,), full, dtype=torch.long)
     n_dev = n_cpu.to(x.device)
+    owned = False  # the batch itself is never written: the first op makes the working copy
     for op in ops:
         p = op.draw(g, n_cpu.to(g.device), tuple(x.shape))
-        x, n_dev = op.seq(x, n_dev, p)
+        x, n_dev = op.seq(x, n_dev, p, inplace=owned)
+        owned = True
         n_cpu = n_dev.cpu() if type(op) in (TimeCrop, TimeStretch) else n_cpu
     return x, (n_dev if lengths is not None or any(type(op) in (TimeCrop, TimeStretch) for op in ops) else None)
 
