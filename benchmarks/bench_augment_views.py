@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_augment_views.py [--quick] [--device cpu|cuda] [--out DIR]
+    python benchmarks/bench_augment_views.py [--quick] [--device cpu|cuda] [--threads N] [--out DIR]
 
 Three tables, each timed per call (one batch, new random parameters each time), methods interleaved
 in rounds so that load drift hits them alike (benchmarks/_harness.py):
@@ -170,8 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small batches, few repeats (a smoke run)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads (0: torch's default); 1 is steadier on a loaded machine")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def timed(fn: Callable[[int], Any]) -> Callable[[int], Any]:

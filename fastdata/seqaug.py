@@ -37,6 +37,15 @@ def _bcast(m: Tensor, x: Tensor) -> Tensor:
     return m.view(*m.shape, *([1] * (x.dim() - m.dim())))
 
 
+def _fill(x: Tensor, masked: Tensor, fill: float, inplace: bool) -> Tensor:
+    """``x`` with ``fill`` where the float 0/1 ``masked`` (broadcast over ``x``) is 1, as multiply-adds:
+    bool kernels (masked_fill, where) measured 6-10x slower on the CPU. Positions not masked are kept
+    exactly (times 1); a masked non-finite value (inf, NaN) becomes NaN, not ``fill``."""
+    keep = 1.0 - masked
+    out = x.mul_(keep) if inplace else x * keep
+    return out.add_(masked * fill) if fill else out
+
+
 def _take_time(x: Tensor, src: Tensor) -> Tensor:
     """(B, T', ...) with ``out[b, t] = x[b, src[b, t]]``: whole rows picked by one index_select (a gather
     with an index expanded over the channels measured 3-5x slower)."""
@@ -57,6 +66,10 @@ class SeqOp:
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
+
+    def after(self, lengths: Tensor, p: Params, shape: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
+        """The lengths (CPU) and batch shape after the op, known from its parameters alone."""
+        return lengths, shape
 
     def apply(self, x: Tensor, g: torch.Generator, lengths: Tensor | None = None) -> Tensor:
         """Draw and transform a padded batch (``lengths``: None means every sample fills T)."""
@@ -79,13 +92,16 @@ class TimeCrop(SeqOp):
         u = torch.rand(len(lengths), generator=g, device=g.device)
         return {"start": torch.minimum((u * room).long(), room - 1)}
 
+    def after(self, lengths: Tensor, p: Params, shape: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
+        return lengths.clamp(max=self.length), (shape[0], self.length, *shape[2:])
+
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         start = p["start"].to(x.device)
         t = torch.arange(self.length, device=x.device).view(1, -1)
         new = lengths.clamp(max=self.length)
         src = (start.view(-1, 1) + t).clamp(max=x.shape[1] - 1)
         out = _take_time(x, src)
-        return out.masked_fill_(_bcast(~valid_mask(new, self.length), out), 0), new
+        return out.mul_(_bcast(valid_mask(new, self.length).to(out.dtype), out)), new
 
 
 @dataclass(frozen=True)
@@ -112,7 +128,7 @@ class TimeShift(SeqOp):
             return _take_time(x, torch.where(inside, src.remainder(n), t)), lengths
         keep = (src >= 0) & (src < n)
         moved = _take_time(x, torch.where(inside & keep, src, t))
-        return moved.masked_fill_(_bcast(inside & ~keep, x), self.fill), lengths
+        return _fill(moved, _bcast((inside & ~keep).to(x.dtype), x), self.fill, True), lengths
 
 
 @dataclass(frozen=True)
@@ -136,7 +152,7 @@ class TimeMask(SeqOp):
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         masked = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[1]) & valid_mask(lengths, x.shape[1])
-        return (x.masked_fill_ if inplace else x.masked_fill)(_bcast(masked, x), self.fill), lengths
+        return _fill(x, _bcast(masked.to(x.dtype), x), self.fill, inplace), lengths
 
 
 @dataclass(frozen=True)
@@ -158,8 +174,12 @@ class ChannelMask(SeqOp):
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         bands = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[2])  # (B, C)
-        masked = valid_mask(lengths, x.shape[1]).unsqueeze(2) & bands.unsqueeze(1)  # (B, T, C)
-        return (x.masked_fill_ if inplace else x.masked_fill)(_bcast(masked, x), self.fill), lengths
+        inside = valid_mask(lengths, x.shape[1]).unsqueeze(2).to(x.dtype)
+        if not self.fill:  # keep = 1 - inside * band, made in one pass
+            keep = torch.addcmul(torch.ones((), dtype=x.dtype, device=x.device), inside,
+                                 bands.unsqueeze(1).to(x.dtype), value=-1)
+            return (x.mul_(_bcast(keep, x)) if inplace else x * _bcast(keep, x)), lengths
+        return _fill(x, _bcast(inside * bands.unsqueeze(1).to(x.dtype), x), self.fill, inplace), lengths
 
 
 def _spans(start: Tensor, width: Tensor, n: int) -> Tensor:
@@ -206,9 +226,7 @@ class AdditiveNoise(SeqOp):
         return {"seed": torch.randint(0, 2**62, (1,), generator=g, device=g.device)}
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
-        gn = torch.Generator(device=x.device)
-        gn.manual_seed(int(p["seed"]))
-        noise = torch.randn(x.shape, generator=gn, device=x.device, dtype=x.dtype)
+        noise = _block_noise(x, int(p["seed"]), int(p.get("first", torch.zeros(()))))
         if x.dim() == 1:
             return (x.add_(noise, alpha=self.std) if inplace else x + self.std * noise), lengths
         inside = valid_mask(lengths, x.shape[1])
@@ -221,6 +239,20 @@ class AdditiveNoise(SeqOp):
             var = (z.square().sum(dims) / n - mean.square()).clamp(min=0)
             scale = scale * var.sqrt().view(-1, 1)
         return (x.addcmul_(noise, _bcast(scale, x)) if inplace else torch.addcmul(x, noise, _bcast(scale, x))), lengths
+
+
+NOISE_BLOCK = 16  # samples per noise generator: the noise of a sample does not depend on how the batch is split
+
+
+def _block_noise(x: Tensor, seed: int, first: int) -> Tensor:
+    """N(0, 1) like ``x`` (samples ``first``, ``first + 1``, ... of the batch), each block of NOISE_BLOCK
+    samples from its own generator on ``x``'s device, seeded ``seed + block``."""
+    noise = torch.empty_like(x)
+    gn = torch.Generator(device=x.device)
+    for j in range(0, x.shape[0], NOISE_BLOCK):
+        gn.manual_seed(seed + (first + j) // NOISE_BLOCK)
+        noise[j : j + NOISE_BLOCK].normal_(generator=gn)
+    return noise
 
 
 @dataclass(frozen=True)
@@ -239,11 +271,18 @@ class TimeStretch(SeqOp):
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         return {"factor": torch.exp(_uniform(g, (len(lengths),), math.log(self.low), math.log(self.high)))}
 
+    @staticmethod
+    def _new(lengths: Tensor, factor: Tensor, t_max: int) -> Tensor:
+        new = torch.round(lengths.float() / factor.to(lengths.device)).long().clamp(min=1, max=t_max)
+        return torch.where(lengths > 0, new, lengths)
+
+    def after(self, lengths: Tensor, p: Params, shape: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
+        return self._new(lengths, p["factor"].cpu(), shape[1]), shape
+
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         f = p["factor"].to(x.device).view(-1, 1)
         t_max = x.shape[1]
-        new = torch.round(lengths.float() / f.view(-1)).long().clamp(min=1, max=t_max)
-        new = torch.where(lengths > 0, new, lengths)
+        new = self._new(lengths, f.view(-1), t_max)
         last = (lengths - 1).clamp(min=0).view(-1, 1).float()
         pos = ((torch.arange(t_max, device=x.device).view(1, -1) + 0.5) * f - 0.5).clamp(min=0)
         pos = torch.minimum(pos, last)
@@ -252,7 +291,7 @@ class TimeStretch(SeqOp):
         lo_i = lo.long()
         hi_i = torch.minimum(lo_i + 1, last.long())
         out = _take_time(x, lo_i).lerp_(_take_time(x, hi_i), w)
-        return out.masked_fill_(_bcast(~valid_mask(new, t_max), out), 0), new
+        return out.mul_(_bcast(valid_mask(new, t_max).to(out.dtype), out)), new
 
 
 SEQ_OPS = (TimeCrop, TimeShift, TimeMask, ChannelMask, AmplitudeScale, AdditiveNoise, TimeStretch)
@@ -278,14 +317,34 @@ def run_padded(ops: tuple[SeqOp, ...], x: Tensor, lengths: Tensor | None, g: tor
     b = x.shape[0]
     full = x.shape[1] if x.dim() > 1 else 1
     n_cpu = lengths.cpu().long() if lengths is not None else torch.full((b,), full, dtype=torch.long)
-    n_dev = n_cpu.to(x.device)
-    owned = False  # the batch itself is never written: the first op makes the working copy
-    for op in ops:
-        p = op.draw(g, n_cpu.to(g.device), tuple(x.shape))
-        x, n_dev = op.seq(x, n_dev, p, inplace=owned)
-        owned = True
-        n_cpu = n_dev.cpu() if type(op) in (TimeCrop, TimeStretch) else n_cpu
-    return x, (n_dev if lengths is not None or any(type(op) in (TimeCrop, TimeStretch) for op in ops) else None)
+    params, n, shape = [], n_cpu, tuple(x.shape)
+    for op in ops:  # every draw first, in op order (later ops see the lengths earlier ones leave)
+        params.append(op.draw(g, n.to(g.device), shape))
+        n, shape = op.after(n, params[-1], shape)
+    step = _chunk(x)
+    outs, lens = [], []
+    for s in range(0, b, step):  # on the CPU, cache-sized chunks of samples: ~2x faster than whole-batch passes
+        xc, nc = x[s : s + step], n_cpu[s : s + step].to(x.device)
+        for k, (op, p) in enumerate(zip(ops, params)):
+            part = {name: v if name == "seed" else v[s : s + step] for name, v in p.items()}
+            part["first"] = torch.tensor(s)
+            xc, nc = op.seq(xc, nc, part, inplace=k > 0)  # the batch itself is never written: the first op copies
+        outs.append(xc)
+        lens.append(nc)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    changed = any(type(op) in (TimeCrop, TimeStretch) for op in ops)
+    return out, ((lens[0] if len(lens) == 1 else torch.cat(lens)) if lengths is not None or changed else None)
+
+
+CHUNK_BYTES = 2 << 20  # measured (64, 1000, 16) float32, 6 ops, 1 thread: chunks of 32 samples 8 ms, whole batch 15 ms
+
+
+def _chunk(x: Tensor) -> int:
+    """Samples per chunk: the whole batch on a GPU; on the CPU about CHUNK_BYTES, a multiple of NOISE_BLOCK."""
+    if x.device.type != "cpu" or x.shape[0] <= NOISE_BLOCK:
+        return max(1, x.shape[0])
+    per = max(1, x[0].numel() * x.element_size())
+    return max(NOISE_BLOCK, CHUNK_BYTES // per // NOISE_BLOCK * NOISE_BLOCK)
 
 
 def pack_to_padded(flat: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
