@@ -321,3 +321,14 @@ def test_views_keep_the_image_layout_and_calling_needs_the_batch(ds):
     assert multi["image_view0"].is_contiguous(memory_format=torch.channels_last)
     with pytest.raises(UsageError, match="augment_batch"):
         Augment((RandomCrop(4),), views=2)(torch.rand(2, 3, 8, 8), batch_generator(0, 0, 0, CPU))
+
+
+def test_fit_sees_fixed_shapes_when_every_view_crops(ds):
+    from fastdata import train
+
+    def fixed(path: Path, aug: Augment) -> bool:
+        with fastdata.loader(path, 6, device="cpu", augment=aug) as ld:
+            return train._fixed_shapes(ld)
+
+    assert fixed(ds / "seqs", Augment((TimeCrop(4), TimeMask(2)), views=2))
+    assert not fixed(ds / "seqs", Augment((TimeMask(2),)))
