@@ -32,10 +32,10 @@ import torch
 from torch import nn
 
 from .augment import CROPS
-from .seqaug import TimeCrop
 from .batching import batch_len
 from .fileio import write_atomic
 from .format import IMAGE_ENCODINGS
+from .seqaug import TimeCrop
 from .world import World, usable_cpus
 
 log = logging.getLogger("fastdata.train")

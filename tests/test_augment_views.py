@@ -332,3 +332,12 @@ def test_fit_sees_fixed_shapes_when_every_view_crops(ds):
 
     assert fixed(ds / "seqs", Augment((TimeCrop(4), TimeMask(2)), views=2))
     assert not fixed(ds / "seqs", Augment((TimeMask(2),)))
+
+
+def test_stacked_channels_last_views_equal_a_plain_stack():
+    from fastdata.views import _stack
+
+    views = [torch.rand(4, 3, 5, 6).contiguous(memory_format=torch.channels_last) for _ in range(3)]
+    got = _stack(views)
+    assert torch.equal(got, torch.stack(views, 1))
+    assert got.flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
