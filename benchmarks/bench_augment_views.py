@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -160,6 +162,19 @@ def mix_fns(device: torch.device, quick: bool) -> dict[str, Callable[[int], Any]
             "fastdata CutMix (incl. a batch copy)": ours(cutmix), "v2 reference CutMix": ref(cutmix)}
 
 
+def paired_ratio(fns: dict[str, Callable[[int], Any]], one: str, two: str, pairs: int) -> float:
+    """Median over ``pairs`` of time(two) / time(one) measured back to back on the same batch index: load
+    drift on a shared machine hits both calls of a pair alike."""
+    ratios = []
+    for i in range(pairs):
+        t0 = time.perf_counter()
+        fns[one](i)
+        t1 = time.perf_counter()
+        fns[two](i)
+        ratios.append((time.perf_counter() - t1) / (t1 - t0))
+    return statistics.median(ratios)
+
+
 def check_same(device: torch.device) -> dict[str, bool]:
     """The fastdata results equal the references' (so the timings compare the same work)."""
     fns = mix_fns(device, quick=True)
@@ -197,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     res = {name: time_interleaved({k: timed(f) for k, f in fns.items()}, repeats=repeats, warmup=1, rounds=rounds)
            for name, fns in sections.items()}
     med = {s: {k: v["median"] for k, v in r.items()} for s, r in res.items()}
+    pairs = 3 if args.quick else 30
+    paired = {"augmentation": paired_ratio(sections["views"], "one view", "two views", pairs),
+              "device stage": paired_ratio(sections["views"], "one view, device stage", "two views, device stage", pairs)}
     ratios = {
         "two_views_over_one": med["views"]["two views"] / med["views"]["one view"],
         "two_views_over_one_device_stage": med["views"]["two views, device stage"] / med["views"]["one view, device stage"],
@@ -220,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         f"## 1. Views (batch {B}, crops of {side}; goal: two views <= 2.2x one view)", table("views"),
         f"Two views / one view: **{ratios['two_views_over_one']:.2f}x** for the augmentation alone, "
         f"**{ratios['two_views_over_one_device_stage']:.2f}x** for the loader's device stage (uint8 batch to float, "
-        "then augmentation: the conversion is shared by the views).",
+        "then augmentation: the conversion is shared by the views). Median of back-to-back pairs "
+        f"(steadier under load): **{paired['augmentation']:.2f}x** and **{paired['device stage']:.2f}x**.",
         f"## 2. Sequence ops on a padded ({B}, {t}, 16) batch (goal: at least as fast as the baseline)",
         "torchaudio is not installed (no CPU wheel for this torch): the baseline is a plain torch loop per sample.",
         table("sequence"),
@@ -234,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         f"**{ratios['v2_over_fastdata_cutmix']:.2f}x**.",
     ])
     results = {"machine": info, "device": str(device), "timings_s": res, "ratios": ratios, "same_output": same,
+               "two_views_over_one_paired": paired,
                "title": f"Views, sequence ops, MixUp/CutMix, {device} (batches/s)",
                "rows": [{"name": f"{s}: {k}", "samples_per_s": 1.0 / v} for s, r in med.items() for k, v in r.items()]}
     suffix = ("_quick" if args.quick else "") + ("_cuda" if device.type == "cuda" else "")

@@ -29,6 +29,7 @@ from .errors import UsageError
 from .format.spec import SHAPE_SUFFIX
 from .mixing import Mix
 from .seeds import Stream, int_seed
+from .seqaug import ops_kind
 from .targets import VALID_SUFFIX, Boxes, Custom, Geometry, Keypoints, Mask, Target
 
 Tensor = torch.Tensor
@@ -595,6 +596,12 @@ class Normalize(_Op):
         std = torch.tensor(self.std, device=x.device, dtype=x.dtype).view(shape)
         return (x - mean) / std
 
+    def into(self, x: Tensor, out: Tensor) -> Tensor:
+        """The same, written into ``out`` (a view's slice of a stacked batch: no copy to stack it)."""
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        torch.sub(x, torch.tensor(self.mean, device=x.device, dtype=x.dtype).view(shape), out=out)
+        return out.div_(torch.tensor(self.std, device=x.device, dtype=x.dtype).view(shape))
+
 
 Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
            ColorJitter, GaussianNoise, Normalize]
@@ -671,8 +678,6 @@ class Augment:
     @property
     def op_kind(self) -> str:
         """"sequence" when the ops are sequence ops (fastdata.seqaug), else "image"."""
-        from .views import ops_kind
-
         return ops_kind(tuple(op for ops in self.view_ops for op in ops))
 
     @property
@@ -694,12 +699,14 @@ class Augment:
         return self.run({"": x}, g, "", sizes, targets=False)[""]
 
     def run(self, batch: dict[str, Tensor], g: torch.Generator, image: str | None, sizes: Tensor | None = None,
-            hw: Tensor | None = None, targets: bool = True, ops: Sequence[Any] | None = None) -> dict[str, Tensor]:
+            hw: Tensor | None = None, targets: bool = True, ops: Sequence[Any] | None = None,
+            into: Tensor | None = None) -> dict[str, Tensor]:
         """Augment ``batch[image]`` (float (B, C, H, W)) and the declared targets in ``batch`` with
         one draw per op; returns the batch with them replaced (and ``<boxes>_valid`` added).
 
         ``image=None``: the targets alone, with the draws the image would have had: ``hw`` gives
-        the images' (B, 2) sizes (the DALI backend transforms the image itself).
+        the images' (B, 2) sizes (the DALI backend transforms the image itself). ``into``: where a final
+        ``Normalize`` writes the image when the shapes match (fastdata.views stacks views so).
         """
         x = batch[image] if image is not None else None
         if x is not None:
@@ -709,8 +716,9 @@ class Augment:
         else:
             hw = hw.to(g.device).float()
         out = dict(batch)
+        chain = list(self.ops if ops is None else ops)
         work = _Targets(self.targets if targets else {}, out, x)
-        for op in self.ops if ops is None else ops:
+        for k, op in enumerate(chain):
             if not _builtin(op):
                 if x is None:
                     raise UsageError(f"{op!r} is not a built-in op: it cannot run without the image")
@@ -727,7 +735,8 @@ class Augment:
                 op.check(x, sizes)
             p = op.draw(g, hw)
             if x is not None:
-                x = op.image(x, p, sizes)
+                last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == x.shape
+                x = op.into(x, into) if last else op.image(x, p, sizes)  # type: ignore[union-attr,arg-type]
             if isinstance(op, _Geometric):
                 if work.active:
                     work.apply(op, p, hw, sizes)

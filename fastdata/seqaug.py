@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -295,6 +295,15 @@ class TimeStretch(SeqOp):
 
 
 SEQ_OPS = (TimeCrop, TimeShift, TimeMask, ChannelMask, AmplitudeScale, AdditiveNoise, TimeStretch)
+
+
+def ops_kind(ops: tuple[Any, ...]) -> str:
+    """"sequence" when every op is a sequence op, "image" when none is; both in one list is an error."""
+    seq = [isinstance(op, SeqOp) for op in ops]
+    if any(seq) and not all(seq):
+        raise UsageError("one Augment mixes image ops and sequence ops; use one kind of op per Augment "
+                         f"(sequence ops: {[type(o).__name__ for o, s in zip(ops, seq) if s]})")
+    return "sequence" if seq and all(seq) else "image"
 
 
 def is_seq_op(op: object) -> bool:

@@ -15,31 +15,20 @@ turn, each of its views, each op; then ``Mix`` (one draw per batch).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
+from .augment import Augment, Normalize, _builtin, image_hw, shapes_after
 from .errors import UsageError
 from .format.spec import LENGTHS_SUFFIX, OFFSETS_SUFFIX, SHAPE_SUFFIX
 from .mixing import kept_fraction, mix_boxes, mix_images, mix_mask
-from .seqaug import SeqOp, pack_to_padded, padded_to_pack, run_padded
+from .seqaug import pack_to_padded, padded_to_pack, run_padded
 from .targets import VALID_SUFFIX, Boxes, Mask
-
-if TYPE_CHECKING:
-    from .augment import Augment
 
 Kind = Literal["image", "sequence", "array"]
 KINDS = ("image", "sequence", "array")
 Batch = dict[str, torch.Tensor]
-
-
-def ops_kind(ops: tuple[Any, ...]) -> Kind:
-    """"sequence" when every op is a sequence op, "image" when none is; both in one list is an error."""
-    seq = [isinstance(op, SeqOp) for op in ops]
-    if any(seq) and not all(seq):
-        raise UsageError("one Augment mixes image ops and sequence ops; use one kind of op per Augment "
-                         f"(sequence ops: {[type(o).__name__ for o, s in zip(ops, seq) if s]})")
-    return "sequence" if seq and all(seq) else "image"
 
 
 def _ragged(batch: Batch, name: str) -> bool:
@@ -119,14 +108,20 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
     for name, kind in kinds.items():
         if name in skip:
             continue
+        pre: Batch = {}
         if kind == "image":
             sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
-            outs = [aug.run(batch, g, name, sizes, ops=ops) for ops in aug.view_ops]
+            stacked = _preallocate(aug.view_ops, batch[name], sizes)
+            outs = [aug.run(batch, g, name, sizes, ops=ops, into=stacked[:, v] if stacked is not None else None)
+                    for v, ops in enumerate(aug.view_ops)]
             written = [name] + [k for k in (name + SHAPE_SUFFIX,) if k in batch] + _target_keys(aug, outs[0])
+            if stacked is not None and all(o[name].data_ptr() == stacked[:, v].data_ptr() for v, o in enumerate(outs)):
+                pre = {name: stacked}
         else:
+            pre = {}
             outs = [_sequence(batch, name, kind, ops, g) for ops in aug.view_ops]
             written = [name] + [k for k in (name + LENGTHS_SUFFIX, name + OFFSETS_SUFFIX) if k in outs[0]]
-        join_views(batch, outs, written)
+        join_views(batch, outs, written, pre=pre)
         if finish is not None and kind == "image":  # after stacking: stacked views are one new tensor already
             for key in [name] + [f"{name}_view{v}" for v in range(len(outs))]:
                 if key in batch and batch[key].dim() == 4:
@@ -164,10 +159,12 @@ def _sequence(batch: Batch, name: str, kind: Kind, ops: tuple[Any, ...], g: torc
     return out
 
 
-def join_views(batch: Batch, outs: list[Batch], written: list[str], stack: bool | None = None) -> None:
+def join_views(batch: Batch, outs: list[Batch], written: list[str], stack: bool | None = None,
+               pre: Batch | None = None) -> None:
     """Put each view's ``written`` fields into ``batch``: one view as is; views whose first written field
     (the image, the sequence) has one shape stacked on axis 1 (``stack`` overrides the test); otherwise
-    ``<field>_view<k>`` (the unaugmented fields are then removed). Packed sequences are never stacked."""
+    ``<field>_view<k>`` (the unaugmented fields are then removed). Packed sequences are never stacked.
+    ``pre``: fields whose views were written into one stacked tensor already."""
     keys = [k for k in dict.fromkeys(written) if k in outs[0]]
     if len(outs) == 1:
         batch.update({k: outs[0][k] for k in keys})
@@ -176,12 +173,27 @@ def join_views(batch: Batch, outs: list[Batch], written: list[str], stack: bool 
         stack = all(o[keys[0]].shape == outs[0][keys[0]].shape for o in outs) and \
             not any(k.endswith(OFFSETS_SUFFIX) for k in keys)
     if stack:
-        batch.update({k: _stack([o[k] for o in outs]) for k in keys})
+        batch.update({k: pre[k] if pre and k in pre else _stack([o[k] for o in outs]) for k in keys})
         return
     for k in keys:
         batch.pop(k, None)
         for v, o in enumerate(outs):
             batch[f"{k}_view{v}"] = o[k]
+
+
+def _preallocate(views: tuple[tuple[Any, ...], ...], x: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, V, C, H, W) for views that all end in a Normalize at one known size: each view's Normalize
+    writes its slice, so stacking copies nothing (the copy was ~15% of two views' time)."""
+    if len(views) < 2 or x.dim() != 4 or not all(ops and type(ops[-1]) is Normalize for ops in views) \
+            or not all(_builtin(op) for ops in views for op in ops):
+        return None
+    hw = image_hw(x, sizes, torch.device("cpu"))
+    shapes = torch.cat([hw, torch.full((len(hw), 1), float(x.shape[1]))], 1)
+    finals = {tuple(shapes_after(ops, shapes)[:, :2].unique(dim=0).flatten().tolist()) for ops in views}
+    if len(finals) != 1 or len(next(iter(finals))) != 2:
+        return None
+    h, w = (int(v) for v in next(iter(finals)))
+    return torch.empty((x.shape[0], len(views), x.shape[1], h, w), dtype=x.dtype, device=x.device)
 
 
 def _stack(ts: list[torch.Tensor]) -> torch.Tensor:

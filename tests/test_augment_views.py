@@ -341,3 +341,14 @@ def test_stacked_channels_last_views_equal_a_plain_stack():
     got = _stack(views)
     assert torch.equal(got, torch.stack(views, 1))
     assert got.flatten(0, 1).is_contiguous(memory_format=torch.channels_last)
+
+
+def test_views_ending_in_normalize_are_written_in_place_and_equal_the_plain_path(ds):
+    from fastdata.augment import Normalize
+
+    ops = (RandomResizedCrop(8), HorizontalFlip(), Normalize((0.5, 0.4, 0.3), (0.2, 0.3, 0.4)))
+    two = first(ds / "ds", Augment(ops, views=2, fields=("image",)))
+    one = first(ds / "ds", Augment(ops, fields=("image",)))
+    listed = first(ds / "ds", Augment(views=[ops, ops[:2]], fields=("image",)))  # no Normalize in view 1: stacked
+    assert two["image"].shape == (6, 2, 3, 8, 8) and torch.equal(two["image"][:, 0], one["image"])
+    assert torch.equal(listed["image"][:, 0], one["image"]) and not torch.equal(two["image"][:, 0], two["image"][:, 1])
