@@ -736,7 +736,7 @@ class Augment:
             p = op.draw(g, hw)
             if x is not None:
                 last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == x.shape
-                x = op.into(x, into) if last else op.image(x, p, sizes)  # type: ignore[union-attr,arg-type]
+                x = op.into(x, into) if last else op.image(x, p, sizes)
             if isinstance(op, _Geometric):
                 if work.active:
                     work.apply(op, p, hw, sizes)

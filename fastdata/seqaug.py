@@ -294,9 +294,6 @@ class TimeStretch(SeqOp):
         return out.mul_(_bcast(valid_mask(new, t_max).to(out.dtype), out)), new
 
 
-SEQ_OPS = (TimeCrop, TimeShift, TimeMask, ChannelMask, AmplitudeScale, AdditiveNoise, TimeStretch)
-
-
 def ops_kind(ops: tuple[Any, ...]) -> str:
     """"sequence" when every op is a sequence op, "image" when none is; both in one list is an error."""
     seq = [isinstance(op, SeqOp) for op in ops]
@@ -304,10 +301,6 @@ def ops_kind(ops: tuple[Any, ...]) -> str:
         raise UsageError("one Augment mixes image ops and sequence ops; use one kind of op per Augment "
                          f"(sequence ops: {[type(o).__name__ for o, s in zip(ops, seq) if s]})")
     return "sequence" if seq and all(seq) else "image"
-
-
-def is_seq_op(op: object) -> bool:
-    return isinstance(op, SeqOp)
 
 
 def run_padded(ops: tuple[SeqOp, ...], x: Tensor, lengths: Tensor | None, g: torch.Generator,

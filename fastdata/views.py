@@ -27,7 +27,6 @@ from .seqaug import pack_to_padded, padded_to_pack, run_padded
 from .targets import VALID_SUFFIX, Boxes, Mask
 
 Kind = Literal["image", "sequence", "array"]
-KINDS = ("image", "sequence", "array")
 Batch = dict[str, torch.Tensor]
 
 
