@@ -27,7 +27,9 @@ import torch.nn.functional as F
 
 from .errors import UsageError
 from .format.spec import SHAPE_SUFFIX
+from .mixing import Mix
 from .seeds import Stream, int_seed
+from .seqaug import ops_kind
 from .targets import VALID_SUFFIX, Boxes, Custom, Geometry, Keypoints, Mask, Target
 
 Tensor = torch.Tensor
@@ -594,6 +596,12 @@ class Normalize(_Op):
         std = torch.tensor(self.std, device=x.device, dtype=x.dtype).view(shape)
         return (x - mean) / std
 
+    def into(self, x: Tensor, out: Tensor) -> Tensor:
+        """The same, written into ``out`` (a view's slice of a stacked batch: no copy to stack it)."""
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        torch.sub(x, torch.tensor(self.mean, device=x.device, dtype=x.dtype).view(shape), out=out)
+        return out.div_(torch.tensor(self.std, device=x.device, dtype=x.dtype).view(shape))
+
 
 Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
            ColorJitter, GaussianNoise, Normalize]
@@ -619,16 +627,39 @@ class Augment:
     image ({name: Keypoints(...) | Boxes(...) | Mask() | Custom(...)}): every geometric op
     transforms them with the image's own random draw; then exactly one image field is augmented.
     Ops of your own (an object with ``apply(x, g)``) must not move pixels when targets are declared.
+
+    ``fields`` may give each field's kind, ``{"x": "sequence"}`` ("image", "sequence", "array"; sequence
+    ops: fastdata.seqaug). ``views``: a number of views made with ``ops``, or one list of ops (or an
+    ``Augment`` of ops only) per view; ``mix``: MixUp/CutMix after the ops (fastdata.mixing). How
+    views appear in the batch, and the draw order: fastdata/views.py, docs/augment.md.
     """
 
     ops: tuple[Op, ...] = ()
-    fields: tuple[str, ...] | None = None
+    fields: tuple[str, ...] | Mapping[str, str] | None = None
     targets: Mapping[str, Target] = field(default_factory=dict, hash=False)
+    views: int | tuple[tuple[Any, ...], ...] = 1
+    mix: Mix | None = None
+    kinds: Mapping[str, str] = field(default_factory=dict, init=False, hash=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", tuple(self.ops))
         object.__setattr__(self, "targets", dict(self.targets))
-        for op in self.ops:
+        if isinstance(self.fields, Mapping):
+            bad = {k: v for k, v in self.fields.items() if v not in ("image", "sequence", "array")}
+            if bad:
+                raise UsageError(f"field kinds must be 'image', 'sequence' or 'array', not {bad}")
+            object.__setattr__(self, "kinds", dict(self.fields))
+        if self.fields is not None:
+            object.__setattr__(self, "fields", tuple(self.fields))
+        object.__setattr__(self, "views", _views(self.views, self.ops))
+        if self.mix is not None:
+            if not isinstance(self.mix, Mix):
+                raise TypeError(f"mix must be a fastdata.mixing.Mix, not {self.mix!r}")
+            if len(self.view_ops) > 1:
+                raise UsageError("Mix with several views is not supported: mix one view, or make views without mix")
+            self.mix.check_targets(dict(self.targets))
+        self.op_kind  # noqa: B018 - raises on a list mixing image and sequence ops
+        for op in (op for ops in self.view_ops for op in ops):
             if not hasattr(op, "apply"):
                 raise TypeError(f"not an augmentation op: {op!r}")
         for name, t in self.targets.items():
@@ -639,18 +670,43 @@ class Augment:
             if both:
                 raise UsageError(f"{both[0]!r} is both an augmented image field and a target")
 
+    @property
+    def view_ops(self) -> tuple[tuple[Any, ...], ...]:
+        """Each view's ops (one view: ``(ops,)``)."""
+        return (self.ops,) * self.views if isinstance(self.views, int) else self.views
+
+    @property
+    def op_kind(self) -> str:
+        """"sequence" when the ops are sequence ops (fastdata.seqaug), else "image"."""
+        return ops_kind(tuple(op for ops in self.view_ops for op in ops))
+
+    @property
+    def enabled_ops(self) -> bool:
+        """Some view has an op."""
+        return any(self.view_ops)
+
+    @property
+    def enabled(self) -> bool:
+        """Anything to do: ops, several views or mixing."""
+        return self.enabled_ops or len(self.view_ops) > 1 or self.mix is not None
+
     def __call__(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
         """Apply the ops in order; ``sizes``: (B, 2) true (H, W) of top-left images in a padded batch
         (ops of your own see the padded batch)."""
+        if len(self.view_ops) > 1 or self.mix is not None:
+            raise UsageError("calling an Augment applies its ops to one tensor; views and mix need the batch: "
+                             "fastdata.views.augment_batch(augment, batch, g)")
         return self.run({"": x}, g, "", sizes, targets=False)[""]
 
     def run(self, batch: dict[str, Tensor], g: torch.Generator, image: str | None, sizes: Tensor | None = None,
-            hw: Tensor | None = None, targets: bool = True) -> dict[str, Tensor]:
+            hw: Tensor | None = None, targets: bool = True, ops: Sequence[Any] | None = None,
+            into: Tensor | None = None) -> dict[str, Tensor]:
         """Augment ``batch[image]`` (float (B, C, H, W)) and the declared targets in ``batch`` with
         one draw per op; returns the batch with them replaced (and ``<boxes>_valid`` added).
 
         ``image=None``: the targets alone, with the draws the image would have had: ``hw`` gives
-        the images' (B, 2) sizes (the DALI backend transforms the image itself).
+        the images' (B, 2) sizes (the DALI backend transforms the image itself). ``into``: where a final
+        ``Normalize`` writes the image when the shapes match (fastdata.views stacks views so).
         """
         x = batch[image] if image is not None else None
         if x is not None:
@@ -660,8 +716,9 @@ class Augment:
         else:
             hw = hw.to(g.device).float()
         out = dict(batch)
+        chain = list(self.ops if ops is None else ops)
         work = _Targets(self.targets if targets else {}, out, x)
-        for op in self.ops:
+        for k, op in enumerate(chain):
             if not _builtin(op):
                 if x is None:
                     raise UsageError(f"{op!r} is not a built-in op: it cannot run without the image")
@@ -678,7 +735,8 @@ class Augment:
                 op.check(x, sizes)
             p = op.draw(g, hw)
             if x is not None:
-                x = op.image(x, p, sizes)
+                last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == x.shape
+                x = op.into(x, into) if last else op.image(x, p, sizes)
             if isinstance(op, _Geometric):
                 if work.active:
                     work.apply(op, p, hw, sizes)
@@ -693,6 +751,28 @@ class Augment:
             _update_shapes(out, image + SHAPE_SUFFIX, hw)  # type: ignore[operator]
         work.finish(out)
         return out
+
+
+def _views(views: Any, ops: tuple[Any, ...]) -> int | tuple[tuple[Any, ...], ...]:
+    """``views`` as a count, or one tuple of ops per view (from lists of ops or Augments of ops only)."""
+    if isinstance(views, bool) or not isinstance(views, (int, Sequence)) or isinstance(views, str):
+        raise UsageError(f"views must be a number of views or a list of augmentations, not {views!r}")
+    if isinstance(views, int):
+        if views < 1:
+            raise UsageError(f"views must be >= 1, not {views}")
+        return views
+    if ops:
+        raise UsageError("give the ops either as ops= (the same for every view) or in views=[...], not both")
+    out = []
+    for v in views:
+        if isinstance(v, Augment):
+            if v.fields is not None or v.targets or v.mix is not None or v.view_ops != (v.ops,):
+                raise UsageError("a view is ops only: give fields, targets and mix to the outer Augment")
+            v = v.ops
+        out.append(tuple(v))
+    if not out:
+        raise UsageError("views=[] has no view")
+    return tuple(out)
 
 
 def shapes_after(ops: Sequence[Any], shapes: Tensor) -> Tensor:

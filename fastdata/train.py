@@ -35,6 +35,7 @@ from .augment import CROPS
 from .batching import batch_len
 from .fileio import write_atomic
 from .format import IMAGE_ENCODINGS
+from .seqaug import TimeCrop
 from .world import World, usable_cpus
 
 log = logging.getLogger("fastdata.train")
@@ -91,12 +92,14 @@ def _fixed_shapes(loader: Any) -> bool:
     if ds is None:
         return True
     aug = getattr(loader, "augment", None)
-    crops = aug is not None and any(type(op) in CROPS for op in aug.ops)
+    views = aug.view_ops if aug is not None else ()
+    crops = bool(views) and all(any(type(op) in CROPS for op in ops) for ops in views)  # every view crops
+    time_crops = bool(views) and all(any(isinstance(op, TimeCrop) for op in ops) for ops in views)
     for f in getattr(ds, "schema", []):
         if not getattr(f, "ragged", False):
             continue
-        cropped = (crops and aug is not None and f.encoding in IMAGE_ENCODINGS
-                   and (aug.fields is None or f.name in aug.fields))
+        named = aug is not None and (aug.fields is None or f.name in aug.fields)
+        cropped = named and (crops and f.encoding in IMAGE_ENCODINGS or time_crops and f.encoding not in IMAGE_ENCODINGS)
         if not cropped:
             return False
     return True

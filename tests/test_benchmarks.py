@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -39,6 +41,20 @@ def test_quick_suite_completes_and_writes_json_markdown_and_plots(tmp_path):
     fields = json.loads((tmp_path / "fields_quick.json").read_text())  # bench_fields: extra fields, keys, samplers
     assert len(fields["planning"]) == 3 and all(p["drawn_all_ranks"] > 0 for p in fields["planning"])
     assert "images + keypoints + angles + keys" in fields["reads"]["get_batch_s_per_sample"]
+    views = json.loads((tmp_path / "augment_views_quick.json").read_text())  # views, sequence ops, mixing
+    assert set(views["timings_s"]) == {"views", "sequence", "mix"} and all(r > 0 for r in views["ratios"].values())
+    assert views["same_output"] == {"MixUp": True, "CutMix": True}  # the v2 reference computes what we compute
+    times = json.loads((tmp_path / "lmdb_check_quick.json").read_text())["times"]  # the per-read header check
+    for records in ("196 KB fixed records", "~100 KB ragged records"):
+        for what in ("header checked on every read", "no per-read check", "the comparison alone"):
+            assert times[f"{records}: {what}"]["runs"] >= 1
+
+
+def test_the_sequence_baseline_runs_on_the_padded_batch():
+    """bench_augment_views' per-sample loop (the baseline of the sequence ops) gives a finite batch of the input's shape."""
+    bench = _bench_module("bench_augment_views")
+    out = bench.seq_fns(torch.device("cpu"), quick=True)["plain torch loop per sample"](0)
+    assert out.shape == (64, 250, 16) and torch.isfinite(out).all()
 
 
 def test_ceiling_check_flags_ratios_above_1_1_and_fails_full_runs_only(capsys):

@@ -194,6 +194,13 @@ def augment_page(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureReque
     (tmp / "src" / "meta.csv").write_text("\n".join(rows) + "\n")
     code, out = run_fastdata(["convert", "src", "shards", "--meta", "src/meta.csv", "--quiet", "--workers", "1"])
     assert code == 0, out
+    image_classes(tmp / "pet-photos", n=8)  # the MixUp/CutMix example: images with class labels
+    convert(tmp / "pet-photos", tmp / "pets")
+    for i in range(8):  # the sequence example: (t, 16) recordings of different lengths, in two classes
+        d = tmp / "rec" / ("a", "b")[i % 2]
+        d.mkdir(parents=True, exist_ok=True)
+        np.save(d / f"{i}.npy", RNG.standard_normal((20 + 3 * i, 16)).astype(np.float32))
+    convert(tmp / "rec", tmp / "recordings")
 
 
 def training(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:

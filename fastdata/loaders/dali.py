@@ -33,11 +33,12 @@ from ..format import LENGTHS_SUFFIX
 from ..format.spec import SHAPE_SUFFIX
 from ..handles import usable_cpus
 from ..seeds import Stream, int_seed
+from ..views import augment_batch, join_views
 from .base import Loader
 from .buffers import torch_dtype
 from .config import LoaderConfig
-from .dali_augment import Graph, Img, compile_chain
-from .dali_feed import Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
+from .dali_augment import Chain, Graph, Img, compile_chain
+from .dali_feed import GENERATOR_STATE, Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
 
 log = logging.getLogger("fastdata.loader")
 INSTALL_HINT = 'pip install "fastdata[dali]"  (the nvidia-dali-cuda130 wheel)'
@@ -138,6 +139,14 @@ class DaliLoader(Loader):
         targets = tuple(self.augment.targets) if self.augment is not None else ()
         self.routes: list[Route] = plan_routes(dataset, self.config.images, targets)
         self._targets = _attach_augment(self.routes, self.augment)
+        # sequence ops and Mix run with the torch code on DALI's output, with the generator where DALI left it
+        self._rest = self.augment is not None and (self.augment.mix is not None
+                                                   or self.augment.enabled_ops and self.augment.op_kind != "image")
+        if self._rest:
+            _log_once(("rest", self.augment is not None and self.augment.op_kind), "DALI backend: %s run(s) with the "
+                      "torch backend's code on DALI's output, with the same draws (docs/augment.md)",
+                      "MixUp/CutMix" if self.augment is not None and self.augment.op_kind == "image"
+                      else "the sequence/array ops")
         # In CPU mode labels and other plain fields need nothing from DALI (passing them through cost
         # JPEG throughput in a one-off A/B); a dataset of plain fields only still uses DALI.
         # Targets are transformed on the host (HostTargets), then moved to the device.
@@ -161,7 +170,7 @@ class DaliLoader(Loader):
         routes = self._dali_routes
         # the feed's outputs, in its order: each route's data, augmentation parameters, padded sizes
         spec = [o for r in routes for o in r.outputs]
-        spec += [(dt, "") for r in routes if r.chain is not None for dt in r.chain.param_dtypes]
+        spec += [(dt, "") for r in routes for c in r.chains for dt in c.param_dtypes]
         spec += [(np.dtype(np.float32), "")] * (2 * sum(r.pads for r in routes))
         channels_last = self.config.channels_last
 
@@ -172,9 +181,9 @@ class DaliLoader(Loader):
                                               dtype=[d.types.to_dali_type(dt) for dt, _ in spec],
                                               layout=[layout for _, layout in spec], no_copy=True))
             data = [[next(nodes) for _ in r.outputs] for r in routes]
-            params = [[next(nodes) for _ in r.chain.param_dtypes] if r.chain is not None else [] for r in routes]
+            params = [[[next(nodes) for _ in c.param_dtypes] for c in r.chains] for r in routes]
             pads = [[next(nodes), next(nodes)] if r.pads else [] for r in routes]
-            return tuple(_graph(g, r, x, p, hw, channels_last) for r, x, p, hw in zip(routes, data, params, pads))
+            return tuple(o for r, x, p, hw in zip(routes, data, params, pads) for o in _graph(g, r, x, p, hw, channels_last))
 
         pipe = pipeline()
         pipe.build()
@@ -184,10 +193,11 @@ class DaliLoader(Loader):
         """A new pipeline positioned at the start of the pass; its own random draws (only GaussianNoise)
         are seeded by (seed, epoch, rank, first batch)."""
         feed = Feed(self.dataset, self.routes, self.seed, self.world.rank, keep=2 * self.config.prefetch + 2,
-                    targets=self._targets)
+                    targets=self._targets, rest=self._rest)
         feed.add(0, Pass(plan, first, epoch))
         pipe = self._build(feed, _pipeline_seed(self.seed, epoch, self.world.rank, first))
-        it = self._dali.Iterator([pipe], [r.name for r in self._dali_routes], auto_reset=False,
+        it = self._dali.Iterator([pipe], [_view_name(r.name, v) for r in self._dali_routes
+                                          for v in range(max(1, len(r.chains)))], auto_reset=False,
                                  prepare_first_batch=False)
         return SimpleNamespace(pipe=pipe, it=it, feed=feed, dali_epoch=0, at=(epoch, first), fresh=True)
 
@@ -251,23 +261,37 @@ class DaliLoader(Loader):
 
     def _to_torch(self, out: dict[str, torch.Tensor], bypassed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """DALI's outputs and the bypassing fields of the same batch, in schema order, as the torch backend."""
-        batch = {}
+        batch: dict[str, torch.Tensor] = {}
+        state = bypassed.pop(GENERATOR_STATE, None)
+        views: dict[str, list[torch.Tensor]] = {}
         for r in self.routes:
             if r.bypass:
                 batch[r.name] = torch.from_numpy(bypassed.pop(r.name)).to(self.device)
                 continue
-            t = out[r.name]
-            if r.image and self.config.channels_last:
-                t = t.permute(0, 3, 1, 2)  # HWC memory seen as NCHW: channels_last, as the torch backend
-            elif r.carrier != r.dtype:
-                t = torch.view_as_complex(t) if r.dtype.kind == "c" else t.view(torch_dtype(r.dtype))
-            batch[r.name] = t
-        for name, v in bypassed.items():  # added by the targets (``<boxes>_valid``)
-            batch[name] = torch.from_numpy(v).to(self.device)
-        for r in self.routes:  # sizes after the crops, as the torch backend reports them
+            for v in range(max(1, len(r.chains))):
+                t = out[_view_name(r.name, v)]
+                if r.image and self.config.channels_last:
+                    t = t.permute(0, 3, 1, 2)  # HWC memory seen as NCHW: channels_last, as the torch backend
+                elif r.carrier != r.dtype:
+                    t = torch.view_as_complex(t) if r.dtype.kind == "c" else t.view(torch_dtype(r.dtype))
+                views.setdefault(r.name, []).append(t)
+            batch[r.name] = views[r.name][0]
+        for name, a in bypassed.items():  # added by the targets (``<boxes>_valid``)
+            batch[name] = torch.from_numpy(a).to(self.device)
+        for r in self.routes:  # sizes after the crops, as the torch backend reports them; views joined
             shapes = batch.get(r.name + SHAPE_SUFFIX)
-            if r.chain is not None and shapes is not None and self.augment is not None:
-                batch[r.name + SHAPE_SUFFIX] = shapes_after(self.augment.ops, shapes)
+            if not r.chains or self.augment is None:
+                continue
+            outs = [{r.name: t} for t in views[r.name]]
+            if shapes is not None:
+                for o, ops in zip(outs, self.augment.view_ops):
+                    o[r.name + SHAPE_SUFFIX] = shapes_after(ops, shapes)
+            join_views(batch, outs, [r.name, r.name + SHAPE_SUFFIX])
+        if state is not None and self.augment is not None:
+            g = torch.Generator()
+            g.set_state(torch.from_numpy(state))
+            done = frozenset(r.name for r in self.routes if r.chains)
+            augment_batch(self.augment, batch, g, tuple(r.name for r in self.routes if r.image), skip=done)
         return batch
 
     def _diagnose(self, plan: list[np.ndarray], first: int, delivered: int, e: Exception) -> Exception:
@@ -295,8 +319,8 @@ class DaliLoader(Loader):
 def _attach_augment(routes: list[Route], augment: Augment | None) -> HostTargets | None:
     """Compile the spec for each augmented field (the image fields unless ``augment.fields`` says);
     with targets, the one augmented image field and the targets' host-side transform."""
-    if augment is None or not augment.ops:
-        return None
+    if augment is None or not augment.enabled or augment.op_kind != "image":
+        return None  # nothing to do, or sequence ops: the torch code runs them on DALI's output
     images = [r for r in routes if r.image]
     if augment.fields is not None:
         by_name = {r.name: r for r in routes}
@@ -312,7 +336,10 @@ def _attach_augment(routes: list[Route], augment: Augment | None) -> HostTargets
         raise UsageError("the DALI backend augments image fields only, and this dataset has none; "
                          "use backend='torch' to augment other fields")
     for r in images:
-        r.chain = compile_chain(augment.ops, r.channels)
+        r.chain, *r.more = (compile_chain(ops, r.channels) for ops in augment.view_ops)
+        if r.more and any(c.out_size is None for c in r.chains):
+            raise UsageError("on the DALI backend every view must end in one size (a crop or Resize): add one to "
+                             "each view, or use backend='torch'")
     if not augment.targets:
         return None
     if len(images) != 1:
@@ -324,34 +351,48 @@ def _attach_augment(routes: list[Route], augment: Augment | None) -> HostTargets
         raise UsageError(f"target field {missing[0]!r} is not in the batch (fields: {sorted(names)})")
     inputs = tuple(n for t in augment.targets for n in (t, t + LENGTHS_SUFFIX) if n in names)
     key = tuple(sorted((n, type(t).__name__) for n, t in augment.targets.items()))
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        log.info("DALI backend: the augmentation targets %s are transformed on the host by the torch backend's "
-                 "code, with the parameters DALI uses for the image (docs/augment.md)",
-                 ", ".join(f"{n} ({k})" for n, k in key))
+    _log_once(key, "DALI backend: the augmentation targets %s are transformed on the host by the torch backend's "
+              "code, with the parameters DALI uses for the image (docs/augment.md)",
+              ", ".join(f"{n} ({k})" for n, k in key))
     return HostTargets(augment, images[0], inputs)
 
 
-_LOGGED: set[tuple[tuple[str, str], ...]] = set()  # target declarations already logged (once per process)
+_LOGGED: set[Any] = set()  # what was already logged (once per process)
 
 
-def _graph(g: Graph, r: Route, data: list[Any], params: list[Any], pad_hw: list[Any], channels_last: bool) -> Any:
-    """The DALI operators of one route: decode, augment, float output (mixed sizes padded, top-left)."""
+def _log_once(key: Any, msg: str, *args: Any) -> None:
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        log.info(msg, *args)
+
+
+def _view_name(name: str, view: int) -> str:
+    """The DALI output of one view of a field (view 0: the field's own name)."""
+    return name if view == 0 else f"{name}\0view{view}"
+
+
+def _graph(g: Graph, r: Route, data: list[Any], params: list[list[Any]], pad_hw: list[Any],
+           channels_last: bool) -> list[Any]:
+    """The DALI outputs of one route, one per view: decode once, augment each view, float output."""
     if r.kind == "plain":
-        return g.dev(data[0])
+        return [g.dev(data[0])]
     if r.kind == "encoded":
         files = g.fn.slice(data[0], start=[0], shape=data[1], axes=[0])  # each sample's stored bytes
         node = g.fn.decoders.image(files, device="mixed" if g.gpu else "cpu",
                                    output_type=g.types.RGB if r.channels == 3 else g.types.GRAY)
     else:
         node = g.dev(data[0])
-    img = Img(node)
-    if r.chain is not None:
-        img = r.chain.apply(g, img, params)
+    if not r.chains:
+        return [_output(g, r, Img(node), None, pad_hw, channels_last)]
+    return [_output(g, r, c.apply(g, Img(node), p), c, pad_hw, channels_last) for c, p in zip(r.chains, params)]
+
+
+def _output(g: Graph, r: Route, img: Img, chain: Chain | None, pad_hw: list[Any], channels_last: bool) -> Any:
+    """An image route's output: uint8 HWC when not asked to become a float image, else the normalised floats."""
     if not r.image:  # decoded, but not asked to become a float image: uint8 HWC
         return g.fn.pad(img.node, axis_names="HW") if r.variable_size else img.node
-    mean = r.chain.final_mean if r.chain is not None and r.chain.final_mean is not None else [0.0] * r.channels
-    std = r.chain.final_std if r.chain is not None and r.chain.final_std is not None else [1.0] * r.channels
+    mean = chain.final_mean if chain is not None and chain.final_mean is not None else [0.0] * r.channels
+    std = chain.final_std if chain is not None and chain.final_std is not None else [1.0] * r.channels
     pad: dict[str, Any] = {}
     if r.pads:  # crop the batch's largest (H, W) at the top-left corner: the outside is padding, a
         # stored 0 normalised like the pixels (what the torch backend's zero padding becomes)

@@ -12,7 +12,7 @@ in another format. The callback also draws the batch's augmentation parameters
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Collection, Literal
 
 import numpy as np
@@ -23,9 +23,11 @@ from ..dataset import Dataset
 from ..errors import UsageError
 from ..format import LENGTHS_SUFFIX
 from ..format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field, is_string
+from ..views import join_views
 from .base import wrap_error
 from .dali_augment import Chain, TorchRng
 
+GENERATOR_STATE = "\0generator"  # bypassed entry: the batch generator's state after DALI's draws
 Kind = Literal["encoded", "pixels", "raw_image", "plain"]
 
 # DALI's PyTorch plugin has no unsigned types wider than 8 bits and no complex types: such fields
@@ -48,8 +50,14 @@ class Route:
     variable_size: bool = False  # images of one batch may differ in size
     hw: tuple[int, int] | None = None  # the fixed (H, W) of a raw image field
     chain: Chain | None = None
+    more: list[Chain] = field(default_factory=list)  # the chains of views 1, 2, ... (Augment(views=...))
     bypass: bool = False  # a plain field that goes around DALI, straight to torch (CPU mode)
     padding: bool = False  # pad mixed sizes (off until a batch mixes them: padding costs CPU)
+
+    @property
+    def chains(self) -> list[Chain]:
+        """One compiled chain per view (none: not augmented by DALI)."""
+        return [self.chain, *self.more] if self.chain is not None else []
 
     @property
     def carrier(self) -> np.dtype:
@@ -153,7 +161,10 @@ class HostTargets:
     def __call__(self, batch: dict[str, np.ndarray], g: torch.Generator) -> dict[str, np.ndarray]:
         hw = torch.from_numpy(np.ascontiguousarray(self.image.sizes(batch)))
         tb = {n: torch.from_numpy(np.ascontiguousarray(batch[n])) for n in self.inputs}
-        out = self.augment.run(tb, g, None, hw=hw)
+        outs = [self.augment.run(tb, g, None, hw=hw, ops=ops) for ops in self.augment.view_ops]
+        out = dict(tb)
+        written = [k for k in outs[0] if k not in tb or k in self.augment.targets]
+        join_views(out, outs, written, stack=len({c.out_size for c in self.image.chains}) == 1)
         return {n: v.numpy() for n, v in out.items()}
 
 
@@ -189,11 +200,12 @@ class Feed:
     """
 
     def __init__(self, dataset: Dataset, routes: list[Route], seed: int, rank: int, keep: int,
-                 targets: HostTargets | None = None) -> None:
+                 targets: HostTargets | None = None, rest: bool = False) -> None:
         self.dataset, self.routes, self.seed, self.rank = dataset, routes, seed, rank
+        self.rest = rest  # torch code runs after DALI: hand it the generator's state
         self.targets = targets
         self._alive: deque[tuple[Any, ...]] = deque(maxlen=keep)  # fed without a copy: DALI reads them later
-        self._augmented = [r for r in routes if r.chain is not None and r.chain.steps]
+        self._augmented = [r for r in routes if any(c.steps for c in r.chains)]
         self._padded = [r for r in routes if r.pads]
         self._unpadded = [r for r in routes if r.may_mix and not r.pads]
         self.passes: dict[int, Pass] = {}
@@ -221,8 +233,12 @@ class Feed:
             bypassed = {r.name: r.host(batch)[0] for r in self.routes if r.bypass}
             if self._augmented:
                 rng = TorchRng(batch_draws(self.seed, p.epoch, self.rank, p.first + i))
-                for r in self._augmented:
-                    out.extend(r.chain.draw(rng, r.sizes(batch)))  # type: ignore[union-attr]
+                for r in self._augmented:  # each view in turn, as the torch backend draws them
+                    for c in r.chains:
+                        out.extend(c.draw(rng, r.sizes(batch)))
+            if self.rest:  # where the torch code after DALI goes on drawing (sequence ops, Mix)
+                g = rng.g if self._augmented else batch_draws(self.seed, p.epoch, self.rank, p.first + i)
+                bypassed[GENERATOR_STATE] = g.get_state().numpy()
             if self.targets is not None:
                 g = batch_draws(self.seed, p.epoch, self.rank, p.first + i)  # the same draws, replayed
                 bypassed.update(self.targets({**batch, **bypassed}, g))

@@ -17,6 +17,7 @@ import torch
 from ..augment import Augment, batch_generator
 from ..errors import UsageError
 from ..format.spec import SHAPE_SUFFIX
+from ..views import augment_batch
 from ..world import World
 from .buffers import Recycler
 
@@ -49,7 +50,7 @@ class DeviceStage:
     def __init__(self, device: torch.device, augment: Augment | None, seed: int, channels_last: bool,
                  images: tuple[str, ...], rank: int = 0, keep_uint8: bool = False,
                  unit_float: frozenset[str] = frozenset()) -> None:
-        if keep_uint8 and augment is not None and augment.ops:
+        if keep_uint8 and augment is not None and augment.enabled and augment.op_kind == "image":
             raise UsageError("LoaderConfig(image_dtype='uint8') keeps images as stored; augmentation needs float "
                              "images: drop augment, or use image_dtype='float32'")
         self.keep_uint8 = keep_uint8
@@ -69,21 +70,17 @@ class DeviceStage:
             return batch
         for name in self.images:
             batch[name] = self._to_float(batch[name], name in self.unit_float)
-        if self.augment is not None and self.augment.ops:
+        if self.augment is not None and self.augment.enabled:
             # parameters are drawn on the CPU on every device: the DALI backend draws the same ones
             g = batch_generator(self.seed, epoch, k, torch.device("cpu"), self.rank)
-            fields = self._augment_fields(batch)
-            if self.augment.targets and len(fields) != 1:
-                raise UsageError(f"augmentation with targets {sorted(self.augment.targets)} moves them with one "
-                                 f"image field, and this batch has {list(fields) or 'none'}; name it with "
-                                 "Augment(..., fields=(name,))")
-            for name in fields:
-                sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
-                batch.update(self.augment.run(batch, g, name, sizes))  # <name>_shape follows the images too
-                x = batch[name]
-                if self.channels_last and name in self.images and x.dim() == 4:
-                    batch[name] = x.contiguous(memory_format=torch.channels_last)
+            augment_batch(self.augment, batch, g, self.images, mixed, self._finish)
         return batch
+
+    def _finish(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """An augmented image field's memory layout: channels_last, as unaugmented images."""
+        if self.channels_last and name in self.images and x.dim() == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
 
     def _to_float(self, x: torch.Tensor, converted: bool = False) -> torch.Tensor:
         """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1]; NHWC memory is channels_last NCHW."""
@@ -100,20 +97,7 @@ class DeviceStage:
 
     def mixed(self, host: Batch) -> frozenset[str]:
         """Checked on the host batch (no device sync), only when augmenting."""
-        return mixed_sizes(host) if self.augment is not None and self.augment.ops else frozenset()
-
-    def _augment_fields(self, batch: Batch) -> tuple[str, ...]:
-        assert self.augment is not None
-        if self.augment.fields is not None:
-            missing = [f for f in self.augment.fields if f not in batch]
-            if missing:
-                raise KeyError(f"augment fields {missing} are not in the batch (fields: {sorted(batch)})")
-            return self.augment.fields
-        if self.images:
-            return self.images
-        return tuple(k for k, v in batch.items()
-                     if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 3
-                     and k not in self.augment.targets)
+        return mixed_sizes(host) if self.augment is not None and self.augment.enabled else frozenset()
 
     def host_transform(self, epoch: int) -> Callable[[Batch, int], Batch] | None:
         """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""
