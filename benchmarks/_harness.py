@@ -50,6 +50,20 @@ def time_interleaved(
     return {name: summarize(t) for name, t in times.items()}
 
 
+def synced(fn: Callable[[int], Any], device: Any) -> Callable[[int], Any]:
+    """``fn`` followed by a CUDA synchronize when ``device`` is a GPU, so a timing covers the work, not its launch."""
+    if getattr(device, "type", str(device)) != "cuda":
+        return fn
+    import torch
+
+    def run(i: int) -> Any:
+        out = fn(i)
+        torch.cuda.synchronize()
+        return out
+
+    return run
+
+
 def summarize(times: Sequence[float]) -> dict[str, float]:
     """Median, p10, p90, min and mean of ``times`` (seconds), and their count as ``runs``."""
     ordered = sorted(times)

@@ -34,7 +34,14 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, write_results  # noqa: E402
+from _harness import (  # noqa: E402
+    DEFAULT_RESULTS_DIR,
+    machine_info,
+    markdown_table,
+    synced,
+    time_interleaved,
+    write_results,
+)
 
 from fastdata.augment import Augment, HorizontalFlip, RandomAffine, RandomResizedCrop, batch_generator  # noqa: E402
 from fastdata.targets import Keypoints, Mask  # noqa: E402
@@ -96,14 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     batch = make_batch(device)
     fns = {**fastdata_fns(batch), **kornia_fns(batch)}
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
     def timed(fn: Callable[[int], Any]) -> Callable[[int], Any]:
-        def run(i: int) -> Any:
-            out = fn(i)
-            sync()
-            return out
-        return run
+        return synced(fn, device)
 
     repeats, rounds = (4, 2) if args.quick else (30, 5)
     res = time_interleaved({k: timed(f) for k, f in fns.items()}, repeats=repeats, warmup=2, rounds=rounds)

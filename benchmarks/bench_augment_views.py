@@ -37,7 +37,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, write_results  # noqa: E402
+from _harness import (  # noqa: E402
+    DEFAULT_RESULTS_DIR,
+    machine_info,
+    markdown_table,
+    synced,
+    time_interleaved,
+    write_results,
+)
 
 from fastdata.augment import (  # noqa: E402
     Augment,
@@ -197,14 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
     def timed(fn: Callable[[int], Any]) -> Callable[[int], Any]:
-        def run(i: int) -> Any:
-            out = fn(i)
-            sync()
-            return out
-        return run
+        return synced(fn, device)
 
     repeats, rounds = (3, 1) if args.quick else (40, 8)
     sections = {"views": views_fns(device, args.quick), "sequence": seq_fns(device, args.quick),
