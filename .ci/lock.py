@@ -29,8 +29,8 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         py = str(venv / "bin" / "python")
         subprocess.run([py, "-m", "pip", "install", "-q", "torch==2.13.0", "-e", ".[dev]"], cwd=ROOT, check=True)
-        frozen = subprocess.run([py, "-m", "pip", "freeze", "--exclude-editable"], check=True,
-                                capture_output=True, text=True).stdout
+        frozen = subprocess.run([py, "-m", "pip", "freeze", "--all", "--exclude-editable", "--exclude", "pip"],
+                                check=True, capture_output=True, text=True).stdout  # --all: setuptools, wheel too
     # A local version label (torch's "+cpu") is dropped: "==2.13.0" matches 2.13.0+cpu, as the README pins it.
     lines = sorted({re.sub(r"\+[\w.]+$", "", line.strip()) for line in frozen.splitlines()
                     if "==" in line and not line.startswith("#")}, key=str.lower)
