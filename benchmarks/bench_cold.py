@@ -21,7 +21,8 @@ shape (2, 256, 21, 21) (0.9 MB a sample; the class sets the lifetime range). Shu
 each mode is given as the mean distance, in stored order, between consecutive samples of a batch,
 divided by n/3 (what a uniform shuffle gives): 1.0 mixes fully, 0 reads in order.
 
-Usage: python benchmarks/bench_cold.py [--quick] [--samples N] [--dir DIR] [--out DIR]
+Each reader runs ``--rounds`` passes, interleaved with the others; the figure is the median pass.
+Usage: python benchmarks/bench_cold.py [--quick] [--samples N] [--rounds R] [--dir DIR] [--out DIR]
 The machine may be shared: the result records the load average before and after.
 """
 
@@ -173,7 +174,7 @@ def shuffle_quality(ds: fastdata.Dataset, shuffle: Any) -> dict[str, float]:
     order = epoch_order(n, shuffle=shuffle, seed=0, epoch=0, shard_counts=counts)
     starts = np.array([s.start for s in ds.manifest.shards])
     dists, shards = [], []
-    for a in range(0, n - BATCH + 1, BATCH):
+    for a in range(0, n - 1, BATCH):
         b = order[a : a + BATCH]
         dists.append(np.abs(np.diff(b)).mean())
         shards.append(len(np.unique(np.searchsorted(starts, b, side="right"))))
@@ -193,8 +194,26 @@ def rss_kib() -> dict[str, int]:
 
 # --- the run -----------------------------------------------------------------------------------
 
-def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: int, work: Path) -> dict[str, Any]:
-    res: dict[str, Any] = {"loadavg_before": loadavg(), "samples": n, "shape": list(shape), "batch": BATCH}
+def interleaved(fns: dict[str, Callable[[], dict[str, float]]], rounds: int) -> dict[str, list[dict[str, float]]]:
+    """Every pass ``rounds`` times, in an order rotated each round (drift in load hits all alike)."""
+    names = list(fns)
+    out: dict[str, list[dict[str, float]]] = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            out[k].append(fns[k]())
+    return out
+
+
+def median_of(results: list[dict[str, float]], key: str) -> dict[str, float]:
+    """The pass with the median ``key`` (and every pass's ``key``, as ``all``)."""
+    ranked = sorted(results, key=lambda r: r[key])
+    return {**ranked[len(ranked) // 2], "all": [round(r[key], 1) for r in results]}  # type: ignore[dict-item]
+
+
+def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: int, rounds: int,
+        work: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {"loadavg_before": loadavg(), "samples": n, "shape": list(shape), "batch": BATCH,
+                           "rounds": rounds}
     src = work / "npy"
     files = write_folder(src, n, lambda rng, c: flim_sample(rng, shape, c))
     conv = {}
@@ -210,33 +229,37 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     res["dataset_bytes"] = {k: sum(p.stat().st_size for p in files_of(work / k)) for k in conv}
     res["ratio"] = {k: round(conv[k].bytes_in / res["dataset_bytes"][k], 2) for k in conv}
     shard_files = files_of(work / "hdf5")
+    conv["lmdb"] = converters.convert(src, work / "lmdb", converters.WriteOptions(backend="lmdb"))
+    os.sync()
 
-    rows: dict[str, dict[str, float]] = {}
     naive_loader(src, BATCH)  # (imports and forks once before timing: the first pass is not a start-up figure)
-    rows["naive np.load per file, random"] = naive_pass(src, files)
+    cold_fns: dict[str, Callable[[], dict[str, float]]] = {"naive np.load per file, random": lambda: naive_pass(src, files)}
     for sh in SHUFFLES:
-        rows[f"loader shuffle={sh!r}"] = loader_pass(work / "hdf5", sh)
+        cold_fns[f"loader shuffle={sh!r}"] = lambda sh=sh: loader_pass(work / "hdf5", sh)
     for sh in (True, "block"):
-        rows[f"loader shuffle={sh!r}, no read-ahead"] = loader_pass(work / "hdf5", sh, readahead=False)
-    rows["loader lz4 shuffle=True"] = loader_pass(work / "hdf5_lz4", True)
-    rows["loader lz4 shuffle='block'"] = loader_pass(work / "hdf5_lz4", "block")
-    ceil: dict[str, dict[str, float]] = {}
+        cold_fns[f"loader shuffle={sh!r}, no read-ahead"] = lambda sh=sh: loader_pass(work / "hdf5", sh, readahead=False)
+    cold_fns["loader lz4 shuffle=True"] = lambda: loader_pass(work / "hdf5_lz4", True)
+    cold_fns["loader lz4 shuffle='block'"] = lambda: loader_pass(work / "hdf5_lz4", "block")
+    cold_fns["loader LMDB shuffle=True"] = lambda: loader_pass(work / "lmdb", True)
+    cold_fns["loader LMDB shuffle=True, no read-ahead"] = lambda: loader_pass(work / "lmdb", True, readahead=False)
+    ceil_fns: dict[str, Callable[[], dict[str, float]]] = {}
     for t in THREADS:
-        ceil[f"pread {sample_bytes} B, {t} threads, random"] = pread_pass(shard_files, sample_bytes, t, True)
-    ceil[f"pread {sample_bytes} B, 1 thread, in order"] = pread_pass(shard_files, sample_bytes, 1, False)
-    ceil["pread 4 MiB, 16 threads, random"] = pread_pass(shard_files, LARGE, 16, True)
-    ceil["pread 4 MiB, 1 thread, in order"] = pread_pass(shard_files, LARGE, 1, False)
+        ceil_fns[f"pread {sample_bytes} B, {t} threads, random"] = lambda t=t: pread_pass(shard_files, sample_bytes, t, True)
+    ceil_fns[f"pread {sample_bytes} B, 1 thread, in order"] = lambda: pread_pass(shard_files, sample_bytes, 1, False)
+    ceil_fns["pread 4 MiB, 16 threads, random"] = lambda: pread_pass(shard_files, LARGE, 16, True)
+    ceil_fns["pread 4 MiB, 1 thread, in order"] = lambda: pread_pass(shard_files, LARGE, 1, False)
+    runs = interleaved({**cold_fns, **ceil_fns}, rounds)
+    rows = {k: median_of(runs[k], "samples_per_s") for k in cold_fns}
+    ceil = {k: median_of(runs[k], "mb_per_s") for k in ceil_fns}
     for r in rows.values():
         r["mb_per_s"] = r["samples_per_s"] * sample_bytes / 1e6  # decoded bytes for lz4
     for c in ceil.values():
         c["samples_per_s"] = c["mb_per_s"] * 1e6 / sample_bytes
-    warm: dict[str, dict[str, float]] = {}
-    for root in ("hdf5", "hdf5_lz4"):
-        _harness.warm_page_cache(work / root)
-        for ra in (True, False):
-            best = max((loader_pass(work / root, True, readahead=ra, warm=True, epoch=e) for e in range(3)),
-                       key=lambda r: r["samples_per_s"])
-            warm[f"{root} shuffle=True, read-ahead {'on' if ra else 'off'}"] = best
+    _harness.warm_page_cache(work / "hdf5", work / "hdf5_lz4")
+    warm_fns = {f"{root} shuffle=True, read-ahead {'on' if ra else 'off'}":
+                (lambda root=root, ra=ra: loader_pass(work / root, True, readahead=ra, warm=True))
+                for root in ("hdf5", "hdf5_lz4") for ra in (True, False)}
+    warm = {k: median_of(v, "samples_per_s") for k, v in interleaved(warm_fns, max(3, rounds)).items()}
     images = {k: loader_pass(work / k, True, uint8=True) for k in ("img", "img_lz4")}
     with fastdata.open(work / "hdf5") as ds:
         quality = {repr(sh): shuffle_quality(ds, sh) for sh in SHUFFLES}
@@ -310,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a small run (seconds): checks the script, not the disk")
     p.add_argument("--samples", type=int, default=None, help="FLIM-like samples (default 2000; quick 48)")
     p.add_argument("--rss-epochs", type=int, default=None, help="cold epochs for the RSS check (default 20; quick 2)")
+    p.add_argument("--rounds", type=int, default=None, help="passes of each reader, interleaved (default 3; quick 1)")
     p.add_argument("--dir", default=None, help="work folder on the disk to measure (default: a temporary folder)")
     p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR), help="results folder")
     a = p.parse_args(argv)
@@ -318,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_cold_", dir=a.dir))
     try:
         res = run(n, 32 if a.quick else 400, 64 if a.quick else 256, shape,
-                  a.rss_epochs or (2 if a.quick else 20), work)
+                  a.rss_epochs or (2 if a.quick else 20), a.rounds or (1 if a.quick else 3), work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     name = "cold_quick" if a.quick else "cold"

@@ -693,11 +693,22 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _check_mapped_headers(self, mem: np.ndarray, offs: np.ndarray, local: np.ndarray,
                               expected: np.ndarray) -> None:
-        """Compare each record's header in the map with what its first read through LMDB found:
+        """Compare each record's header in the map with what its first read found (through LMDB, or
+        from the map when the places came from the B-tree; for fixed records: the schema's header):
         a record rewritten in place since then raises instead of being copied."""
         found = mem[offs[:, None] + np.arange(self._header_size)]
         bad = np.flatnonzero((found != expected).any(axis=1))
         if len(bad):
+            loc = self._located()
+            l = int(local[bad[0]])
+            if loc is not None and loc.sizes is not None:  # placed from the tree, perhaps never read: say what is wrong
+                try:
+                    with self._env(local).begin(buffers=True) as txn:
+                        self._layout(self._get(txn, l), l)
+                except CorruptShardError as e:
+                    detail = str(e)[len(self._where(l)) + 2 :]
+                    raise CorruptShardError(f"{self._where(l)}: record header changed since this process opened "
+                                            f"the shard, or damaged: {detail}") from None
             raise CorruptShardError(f"{self._where(int(local[bad[0]]))}: record header changed since this "
                                     "process first read it (the shard was rewritten in place?)")
 
