@@ -30,7 +30,15 @@ from fastdata.fileio import file_checksum, write_atomic
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, backend, shard_file_name, write_manifest
 from fastdata.format import codec as blosc_codec
 from fastdata.format.keys import write_keys
-from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, LABEL_FIELD, KeysInfo, version_for
+from fastdata.format.spec import (
+    CHECKSUM_DEFAULT,
+    KEYS_FILE,
+    KEYS_INDEX,
+    KEYS_KIND_FILE,
+    LABEL_FIELD,
+    KeysInfo,
+    version_for,
+)
 from fastdata.handles import usable_cpus
 
 from . import _fault, journal

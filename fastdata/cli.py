@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_bench import add_parsers
 
     add_parsers(sub)  # bench, tune
+    from .cli_cold import add_cold
+
+    add_cold(sub.choices["bench"])  # bench --cold
     for name in _URL_COMMANDS:
         sub.choices[name].add_argument(
             "--remote-timeout", type=_seconds, metavar="SECONDS",

@@ -114,4 +114,5 @@ def hdf5_filter(codec: Codec) -> Any:
         import hdf5plugin
     except ImportError:
         raise UsageError(f"compressed fields need numcodecs and hdf5plugin: pip install '{EXTRA}'") from None
-    return hdf5plugin.Blosc(cname=codec.cname, clevel=codec.level, shuffle=hdf5plugin.Blosc.SHUFFLE)
+    return hdf5plugin.Blosc(cname=codec.cname, clevel=codec.level,  # type: ignore[arg-type]  # one of CNAMES
+                            shuffle=hdf5plugin.Blosc.SHUFFLE)

@@ -385,10 +385,11 @@ class ShardReader(ShardReaderBase[_Handle]):
             offs, sizes = lmdbtree.record_offsets(fd, env.stat()["psize"], self.info.stored_start, n)
             with env.begin(buffers=True) as txn:
                 buf = txn.get(key(self.info.stored_start))
-            check = loc.offset_of(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if buf is not None else None
+                check = None if buf is None else loc.offset_of(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
+                first_size = 0 if buf is None else len(buf)
         except (lmdbtree.LayoutUnknown, lmdb.Error, OSError, struct.error):
             return
-        if check is None or check != offs[0] or len(buf) != sizes[0] or (offs < 0).any() or \
+        if check is None or check != offs[0] or first_size != sizes[0] or (offs < 0).any() or \
                 (offs + sizes > len(loc.mem)).any():
             return
         loc.offsets[:] = offs
