@@ -281,3 +281,39 @@ def test_drop_page_cache_empties_it_for_a_file(tmp_path):
     f.read_bytes()
     drop_page_cache([f])
     assert resident_bytes([f]) < (1 << 20) // 2
+
+
+@pytest.mark.parametrize("key", [("hdf5", "lz4"), ("lmdb", None)])
+def test_read_ahead_with_worker_processes_reads_the_same(data, key):
+    """Worker processes share the page cache: the hints start once the workers are forked (after the
+    first batch), and the batches are those of the threads, bit for bit."""
+    got = []
+    for mode, ra in (("processes", 1), ("threads", 0)):
+        with fastdata.loader(data[2][key], 16, seed=4, device="cpu", num_workers=2,
+                             config=LoaderConfig(mode=mode, readahead=ra)) as ld:
+            got.append(_batches(ld))
+    _same(*got)
+
+
+@pytest.mark.slow
+def test_rss_stays_flat_over_20_cold_epochs(tmp_path):
+    """The loader's anonymous memory does not grow epoch after epoch with the page cache emptied before each."""
+    x = np.random.default_rng(0).poisson(20, (400, 2, 64, 21, 21)).astype(np.float32)  # 90 MB
+    np.save(tmp_path / "x.npy", x)
+    convert(None, tmp_path / "ds", WriteOptions(workers=1, shard_size=16 << 20), arrays={"x": tmp_path / "x.npy"})
+    files = sorted((tmp_path / "ds").glob("shard-*"))
+
+    def anon_kib() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("RssAnon:"))
+
+    seen = []
+    ld = fastdata.loader(tmp_path / "ds", 32, device="cpu")
+    for _ in range(20):
+        ld.close()  # unmaps the shards, so that the pages can be dropped
+        drop_page_cache(files)
+        for _b in ld:
+            pass
+        seen.append(anon_kib())
+    ld.close()
+    assert max(seen[2:]) - seen[1] < 16 << 10, seen  # KiB: no growth beyond noise after the first epochs

@@ -197,6 +197,7 @@ class Loader:
         # A generator: nothing runs until the first batch is asked for (Lightning calls iter() to check a
         # loader, then set_epoch, then asks for batches; the process group may start in between).
         follower: "PlanFollower | ReadAhead | None" = None
+        ahead: list[np.ndarray] | None = None  # a local plan whose read-ahead starts after the first batch
         try:
             world, epoch, first = self._start_pass()
             if self.dataset.remote is not None:  # every rank's plan: the node's cache ranks shards by next use
@@ -205,7 +206,10 @@ class Loader:
                 follower = self.dataset.follow(plans, world.rank, first, self._lead())
             else:  # hint the kernel to read the plan's next byte ranges (fastdata/readahead.py)
                 plan = self.plan(epoch)
-                follower = self.dataset.read_ahead(plan, first, self._lead(), self.config.readahead)
+                if self.config.mode == "threads":
+                    follower = self.dataset.read_ahead(plan, first, self._lead(), self.config.readahead)
+                else:  # worker processes fork when the first batch is asked for: no hinting thread then
+                    ahead = plan
             last = len(plan) - 1
             plan = plan[first:]
             self._done = first
@@ -226,6 +230,9 @@ class Loader:
                 s.samples += len(plan[s.batches - 1])
                 s.ended = now
                 self._done += 1
+                if ahead is not None:
+                    follower = self.dataset.read_ahead(ahead, self._done, self._lead(), self.config.readahead)
+                    ahead = None
                 if self._done - 1 == last and self.epoch == epoch:
                     self.epoch = epoch + 1  # the epoch's last batch is delivered: the next pass is the next epoch
                     self._done = 0  # (set_epoch during the pass overrides)
