@@ -15,7 +15,7 @@ field's payload (``"compression": "blosc"`` in the manifest) is one Blosc buffer
 (fastdata/format/codec.py); its size in the header is the stored size.
 Every record header is checked against the schema before any byte is copied. Large records
 (over 64 KiB) are copied from the reader's own map of the file once their place is known
-(:class:`_Located`); each such read first compares the record's header in the map with the one
+(:class:`_Located`: from LMDB's B-tree pages when the shard is opened, fastdata/format/lmdbtree.py); each such read first compares the record's header in the map with the one
 its first read through LMDB found.
 
 One more record, under the key ``SHARD_KEY`` (all bits set, after every sample), describes
@@ -450,9 +450,11 @@ class ShardReader(ShardReaderBase[_Handle]):
         self._check_unchanged(h.fd, local)
         return h.env
 
-    def _layout(self, buf: memoryview | bytes, local: int) -> list[tuple[int, int]]:
-        """(offset, nbytes) of each field in one record, after checking the header."""
+    def _layout(self, buf: memoryview | bytes, local: int, total: int | None = None) -> list[tuple[int, int]]:
+        """(offset, nbytes) of each field in one record, after checking the header (``buf`` may hold
+        the header only when ``total`` gives the record's length)."""
         where = self._where(local)
+        total = len(buf) if total is None else total
         if len(buf) < self._header_size or buf[:4] != MAGIC:
             raise CorruptShardError(f"{where}: bad record header")
         if self._record_size is not None:
@@ -477,8 +479,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         for s in sizes:
             out.append((pos, s))
             pos += s
-        if pos != len(buf):
-            raise CorruptShardError(f"{where}: record is {len(buf)} bytes, its header says {pos}")
+        if pos != total:
+            raise CorruptShardError(f"{where}: record is {total} bytes, its header says {pos}")
         return out
 
     def _get(self, txn: lmdb.Transaction, local: int) -> memoryview | bytes:
@@ -523,16 +525,18 @@ class ShardReader(ShardReaderBase[_Handle]):
         self._check_unchanged(h.fd, np.zeros(1, dtype=np.int64))
         if loc is not None and loc.sizes is not None:  # places known: read only the headers (and small fields)
             for local, (o, size) in enumerate(zip(loc.offsets.tolist(), loc.sizes.tolist())):
-                buf = loc.mv[o : o + size]
+                # pread, not the map: a fault there would read the kernel's read-around window (MBs) per header
+                head = os.pread(h.fd, min(size, hs), o)
                 try:
-                    layout = self._layout(buf, local)
+                    layout = self._layout(head, local, size)
                 except CorruptShardError as e:
                     bad[local] = str(e)
                     continue
                 sizes[local] = [s for _, s in layout]
                 total[local] = size
                 for i, col in small.items():
-                    col[local] = np.frombuffer(buf, np.uint8, col.shape[1], layout[i][0])
+                    off, nb = layout[i]
+                    col[local] = np.frombuffer(os.pread(h.fd, nb, o + off), np.uint8, col.shape[1])
         else:
             self._index_through_lmdb(h, first, n, sizes, total, bad, small, loc)
         for local in np.flatnonzero(total < 0).tolist():
