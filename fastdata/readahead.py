@@ -3,7 +3,8 @@
 A loader knows every batch of its pass before the pass starts. :class:`ReadAhead` follows the
 loader's position (``at(k)``: batch ``k`` is handed out now) in one small thread and, for each batch
 up to a bounded distance ahead, tells the kernel the exact byte ranges of the shard files that
-batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``). The kernel queues those reads at once,
+batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel
+reads for one hint). The kernel queues those reads at once,
 many in flight, while the reader threads copy the batches before them; when a reader reaches a
 sample, its pages are in the page cache or on their way. On a warm cache a hint finds the pages
 present and costs one system call per range (adjacent ranges are merged first).
@@ -31,6 +32,28 @@ log = logging.getLogger("fastdata.readahead")
 
 DEFAULT_AHEAD_BYTES = 256 << 20
 _MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is read too: cheaper than a seek)
+_MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
+_chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
+
+
+def hint_chunk(path: Path | str) -> int:
+    """The most one ``WILLNEED`` hint reads on the device holding ``path``: Linux reads at most
+    ``max(read_ahead_kb, max_sectors_kb)`` of the device per call and drops the rest of a longer
+    range (mm/readahead.c, ``force_page_cache_ra``), so longer ranges are hinted in pieces of this size.
+    128 KiB (the default read-ahead) where the device's queue is not found (network filesystems)."""
+    dev = os.stat(path).st_dev
+    if dev not in _chunks:
+        base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+        found = _MIN_CHUNK
+        for queue in (f"{base}/queue", f"{base}/../queue"):  # a disk, or a partition of one
+            try:
+                kb = [int(Path(queue, name).read_text()) for name in ("read_ahead_kb", "max_sectors_kb")]
+            except (OSError, ValueError):
+                continue
+            found = max(_MIN_CHUNK, max(kb) << 10)
+            break
+        _chunks[dev] = found
+    return _chunks[dev]
 
 Ranges = list[tuple[Path, np.ndarray, np.ndarray]]  # per shard file: (path, starts, lengths) in bytes
 
@@ -66,6 +89,7 @@ class ReadAhead:
         self._ahead = max(0, ahead_bytes)
         self._sizes: dict[int, int] = {}  # batch -> bytes hinted (for the byte bound)
         self._fds: dict[Path, int] = {}
+        self._chunk: dict[Path, int] = {}  # file -> bytes one hint may cover (hint_chunk)
         self._cond = threading.Condition()
         self._stop = False
         self.hinted_bytes = 0  # what was hinted in all (a figure for tests and benchmarks)
@@ -114,9 +138,12 @@ class ReadAhead:
             fd = self._fds.get(path)
             if fd is None:
                 fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self._chunk[path] = hint_chunk(path)
+            chunk = self._chunk[path]
             s, n = merge_ranges(starts, lengths)
             for off, size in zip(s.tolist(), n.tolist()):
-                os.posix_fadvise(fd, off, size, os.POSIX_FADV_WILLNEED)
+                for at in range(off, off + size, chunk):  # (a longer hint would be cut short by the kernel)
+                    os.posix_fadvise(fd, at, min(chunk, off + size - at), os.POSIX_FADV_WILLNEED)
             total += int(n.sum())
         self.hinted_bytes += total
         return total
