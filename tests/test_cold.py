@@ -317,3 +317,27 @@ def test_rss_stays_flat_over_20_cold_epochs(tmp_path):
         seen.append(anon_kib())
     ld.close()
     assert max(seen[2:]) - seen[1] < 16 << 10, seen  # KiB: no growth beyond noise after the first epochs
+
+
+def test_long_ranges_are_hinted_in_pieces_the_kernel_reads_whole(tmp_path, monkeypatch):
+    """Linux reads at most max(read_ahead_kb, max_sectors_kb) of one WILLNEED hint and drops the rest."""
+    import os
+
+    from fastdata import readahead
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(bytes(1 << 20))
+    monkeypatch.setitem(readahead._chunks, os.stat(f).st_dev, 256 << 10)
+    calls = []
+    monkeypatch.setattr(readahead.os, "posix_fadvise", lambda fd, off, n, advice: calls.append((off, n)))
+    rec = _Recorder()
+
+    def ranges(batch):
+        rec(batch)
+        return [(f, np.array([1000]), np.array([700 << 10]))]
+
+    ra = ReadAhead(ranges, [np.array([0])], first=0, lead=0)
+    rec.wait_for(1)
+    ra.close()
+    assert calls == [(1000, 256 << 10), (1000 + (256 << 10), 256 << 10), (1000 + (512 << 10), 188 << 10)]
+    assert readahead.hint_chunk("/proc/self/status") == 128 << 10  # no block device: the kernel's default
