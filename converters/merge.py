@@ -44,7 +44,7 @@ from fastdata.format import (
     write_manifest,
 )
 from fastdata.format.keys import DuplicateKeyError, KeyTable, write_keys
-from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo
+from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo, version_for
 
 from .dst import check_dst, prepare_dst, refuse_broken_url, remove_ours
 from .shardwork import write_error
@@ -118,7 +118,7 @@ def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, 
                     entry["key_prefix"] = p
             manifest = Manifest(
                 backend=first.backend, fields=first.fields, num_samples=report.samples, shards=shards,
-                classes=classes, version=FORMAT_VERSION,  # >= ORIGIN_VERSION: linked shards keep their origin
+                classes=classes, version=max(FORMAT_VERSION, version_for(first.fields)),  # >= ORIGIN_VERSION: origins
                 source={"kind": "merge", "fastdata_version": __version__, "inputs": inputs_json},
                 keys=None if keys_bytes is None else _write_keys_file(target.path, keys_bytes),
             )

@@ -28,8 +28,17 @@ from fastdata._version import __version__
 from fastdata.errors import FastdataError, UsageError
 from fastdata.fileio import file_checksum, write_atomic
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, backend, shard_file_name, write_manifest
+from fastdata.format import codec as blosc_codec
 from fastdata.format.keys import write_keys
-from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, LABEL_FIELD, KeysInfo
+from fastdata.format.spec import (
+    CHECKSUM_DEFAULT,
+    KEYS_FILE,
+    KEYS_INDEX,
+    KEYS_KIND_FILE,
+    LABEL_FIELD,
+    KeysInfo,
+    version_for,
+)
 from fastdata.handles import usable_cpus
 
 from . import _fault, journal
@@ -89,6 +98,8 @@ class WriteOptions:
     def __post_init__(self) -> None:
         impl = backend(self.backend)
         impl.parse_compression(self.compression)
+        if blosc_codec.parse(self.compression) is not None:
+            blosc_codec.require()  # the packages are missing: say so before anything is written
         if self.shard_size <= 0:
             raise UsageError("--shard-size must be positive")
         if self.workers is not None and self.workers < 1:
@@ -175,6 +186,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
     dst = target.path
     nbytes = source.sample_nbytes()
     plans = plan_shards(nbytes, opts.shard_size)
+    fields = blosc_codec.compress_fields(source.fields, blosc_codec.parse(opts.compression))
     names = [shard_file_name(i, opts.backend) for i in range(len(plans))]
     head = journal.header(source, opts.identity(), [(n, a, b - a) for n, (a, b) in zip(names, plans)])
     own = range(len(plans)) if target.part is None else part_range(len(plans), *target.part)
@@ -209,17 +221,18 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
         remove_shards_except(dst, journaled, owned)
         if target.on_start is not None:
             target.on_start()  # workers upload to a URL: the remote journal must exist before any shard does
-        tasks = _tasks(source, opts, target, names, plans, done, own, nbytes)
+        tasks = _tasks(source, fields, opts, target, names, plans, done, own, nbytes)
         if progress is not None:
             progress.start(sum(t.count for t in tasks), sum(t.in_bytes for t in tasks))
         _fault.point("before_first_shard")
         _engine(opts, len(tasks)).run(tasks, progress, finished)
         shards.sort(key=lambda s: s.start)
         manifest = Manifest(
-            backend=opts.backend, fields=source.fields, num_samples=len(source), shards=shards,
-            classes=source.classes,
+            backend=opts.backend, fields=fields, num_samples=len(source), shards=shards,
+            classes=source.classes, version=version_for(fields),
             source={**source.describe(), "fastdata_version": __version__,
-                    "shard_size": opts.shard_size, "compression": opts.compression or "none"},
+                    "shard_size": opts.shard_size, "compression": opts.compression or "none",
+                    "sample_bytes": int(nbytes.sum())},  # before compression: `fastdata info` shows the ratio
             keys=_write_keys(dst, source.sample_keys()),
         )
         _fault.point("before_manifest")
@@ -289,7 +302,7 @@ def _write_keys(dst: Path, keys: list[str] | None) -> KeysInfo:
         raise write_error(path, e) from None
 
 
-def _tasks(source: Source, opts: WriteOptions, target: Destination, names: list[str], plans: list[tuple[int, int]],
+def _tasks(source: Source, fields: list[FieldSpec], opts: WriteOptions, target: Destination, names: list[str], plans: list[tuple[int, int]],
            done: dict[str, ShardInfo], own: range, nbytes: np.ndarray) -> list[ShardTask]:
     """One task per shard of ``own``; into ``target.remote``'s URL when the writing processes upload."""
     dst = target.remote.url if target.remote is not None else str(target.path)
@@ -302,7 +315,7 @@ def _tasks(source: Source, opts: WriteOptions, target: Destination, names: list[
         if expect is not None and (expect.start, expect.count) != (a, b - a):
             expect = None
         tasks.append(ShardTask(
-            part=source.part(a, b), fields=source.fields, backend=opts.backend, dst=dst, name=name, index=i,
+            part=source.part(a, b), fields=fields, backend=opts.backend, dst=dst, name=name, index=i,
             start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items()},
             compression=opts.compression, expect=expect, in_bytes=int(nbytes[a:b].sum()),
             trusted=expect is not None and name in target.trusted, remote=target.remote,

@@ -47,6 +47,7 @@ from .remote import RemoteOptions, is_url
 from .seeds import Stream, numpy_rng
 
 if TYPE_CHECKING:
+    from .readahead import ReadAhead
     from .remote.prefetch import PlanFollower
     from .remote.store import RemoteStore
 
@@ -162,6 +163,35 @@ class Dataset:
         from .remote.prefetch import PlanFollower
 
         return PlanFollower(self._remote, plans, mine, first, lead)
+
+    def read_ahead(self, plan: Sequence[np.ndarray], first: int, lead: int, ahead_bytes: int) -> "ReadAhead | None":
+        """For a local dataset: start hinting the byte ranges of ``plan[first:]`` to the kernel, up to
+        ``ahead_bytes`` beyond the ``lead`` batches the readers may be reading (fastdata/readahead.py).
+        None when off (``ahead_bytes=0``), for a URL dataset (its shard cache prefetches) or without
+        ``posix_fadvise``."""
+        from .readahead import ReadAhead, supported
+
+        if self._remote is not None or ahead_bytes <= 0 or not supported():
+            return None
+        return ReadAhead(self.byte_ranges, plan, first, lead, ahead_bytes)
+
+    def byte_ranges(self, indices: Iterable[int] | np.ndarray) -> list[tuple[Path, np.ndarray, np.ndarray]]:
+        """Where reading samples ``indices`` reads in the shard files: ``(file, starts, lengths)`` per
+        shard, in bytes; columns held in memory, and records whose place is not known yet, give none."""
+        idx = np.sort(self._stored(np.asarray(indices, dtype=np.int64)))
+        if self._remote is not None or len(idx) == 0:
+            return []
+        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
+        cuts = np.concatenate(([0], np.flatnonzero(np.diff(shard_of)) + 1, [len(idx)]))
+        names = [f.name for f in self.schema]
+        out = []
+        for a, e in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            s = int(shard_of[a])
+            reader = self._readers[s]
+            starts, lengths = reader.ranges(idx[a:e] - self._starts[s], names)
+            if len(starts):
+                out.append((reader.path, starts, lengths))
+        return out
 
     def shard_paths(self) -> list[Path]:
         """Local files of the shards (for a URL dataset: where the cache keeps them, once downloaded)."""

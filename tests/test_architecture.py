@@ -25,13 +25,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastdata.fileio", "fastdata.handles", "fastdata.batching"),
     ("fastdata.format.",),
     ("fastdata.remote.",),  # where shard files come from when a dataset is a URL: fsspec + the local cache
-    ("fastdata.decode", "fastdata.dataset", "converters."),
+    ("fastdata.decode", "fastdata.dataset", "fastdata.readahead", "converters."),
     ("fastdata.world", "fastdata.sampling", "fastdata.samplers", "fastdata.tuned"),
     ("fastdata.targets", "fastdata.augment", "fastdata._compat", "fastdata.seqaug", "fastdata.mixing", "fastdata.views"),
     ("fastdata.loaders.",),
     ("fastdata.train",),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",
-     "fastdata.cli_bench", "fastdata.demo", "fastdata.examples"),
+     "fastdata.cli_bench", "fastdata.cli_cold", "fastdata.demo", "fastdata.examples"),
 ]
 
 

@@ -3,8 +3,10 @@
 Uncompressed fields are stored contiguous, so a reader finds each field's byte offset
 once and then copies any run of samples straight into the batch buffer from a read-only
 memory map: no h5py call (and no h5py global lock) on the hot path. Writers put each sample's bytes in
-place with one ``pwrite``. Compressed fields are chunked along the sample axis (about 1 MiB a
-chunk) and read and written through h5py.
+place with one ``pwrite``. Fields compressed per sample (``--compression lz4|zstd``, fastdata/format/codec.py)
+hold one chunk per sample, written with ``write_direct_chunk`` and read with one ``pread`` and a
+Blosc decode straight into the batch (no h5py on the hot path either). With ``lzf``/``gzip`` every
+field is chunked along the sample axis (about 1 MiB a chunk) and read and written through h5py.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import numpy as np
 
 from ..errors import CorruptShardError, UsageError
 from ..fileio import pread_into
+from . import codec as blosc_codec
 from .shardio import Layout, RaggedOut, ShardReaderBase, runs
 from .spec import FORMAT_VERSION, FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
-COMPRESSIONS = ("none", "lzf", "gzip")
+COMPRESSIONS = ("none", "lzf", "gzip", "lz4", "zstd")
 _CHUNK_BYTES = 1 << 20
 _STAGE_BYTES = 32 << 20
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
@@ -34,10 +37,14 @@ _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per
 _GATHER_ROW_BYTES = 64 << 10  # mapped rows up to this size are gathered with one fancy-index call
 
 
-def parse_compression(value: str | None) -> tuple[str | None, int | None]:
-    """``none`` | ``lzf`` | ``gzip`` | ``gzip:N`` -> (h5py filter, level)."""
+def parse_compression(value: str | None) -> tuple[str | None, Any]:
+    """``none`` | ``lzf`` | ``gzip`` | ``gzip:N`` -> (h5py filter, level); ``lz4[:N]`` | ``zstd[:N]``
+    -> (``"blosc"``, the :class:`~.codec.Codec`), per field (see fastdata/format/codec.py)."""
     if value in (None, "", "none"):
         return None, None
+    codec = blosc_codec.parse(value)
+    if codec is not None:
+        return blosc_codec.BLOSC, codec
     name, _, level = value.partition(":")
     if name == "lzf" and not level:
         return "lzf", None
@@ -48,7 +55,7 @@ def parse_compression(value: str | None) -> tuple[str | None, int | None]:
             lvl = -1
         if 0 <= lvl <= 9:
             return "gzip", lvl
-    raise UsageError(f"unknown HDF5 compression {value!r} (use none, lzf, gzip or gzip:0-9)")
+    raise UsageError(f"unknown compression {value!r} (use none, lz4, lz4:1-9, zstd, zstd:1-9, lzf, gzip or gzip:0-9)")
 
 
 def _chunk_rows(row_bytes: int, n: int) -> int:
@@ -75,6 +82,11 @@ class ShardWriter:
         self.fields = fields
         self.count = count
         filt, level = parse_compression(compression)
+        self._codec = level if filt == blosc_codec.BLOSC else None
+        if filt == blosc_codec.BLOSC:
+            filt, level = None, None  # per field: the fields marked compressed get one Blosc chunk per sample
+        if any(f.compression is not None for f in fields) and self._codec is None:
+            raise ValueError(f"compressed fields need --compression lz4 or zstd, not {compression!r}")
         self._file = h5py.File(path, "w", libver="earliest", track_order=False)
         self._fd: int | None = None
         try:
@@ -87,7 +99,15 @@ class ShardWriter:
             self._offsets: dict[str, np.ndarray] = {}  # ragged: row offsets, count + 1
             self._planned_rows = {f.name: int(ragged_rows[f.name]) for f in fields if f.ragged}
             self._direct: dict[str, int] = {}  # field -> byte offset of its data in the file (pwrite)
+            self._chunked: dict[str, Any] = {}  # compressed field -> its dataset (one chunk per sample)
             for f in fields:
+                if f.compression is not None and count > 0:
+                    assert self._codec is not None
+                    self._chunked[f.name] = self._file.create_dataset(
+                        f.name, shape=(count, *f.trailing), dtype=f.np_dtype, chunks=(1, *f.trailing),
+                        track_times=False, **blosc_codec.hdf5_filter(self._codec))
+                    self._stage[f.name] = []
+                    continue
                 if f.ragged:
                     rows = self._planned_rows[f.name]
                     g = self._file.create_group(f.name)
@@ -137,7 +157,11 @@ class ShardWriter:
             else:
                 pos = n * f.row_nbytes
             off = self._direct.get(f.name)
-            if off is not None:
+            chunked = self._chunked.get(f.name)
+            if chunked is not None:
+                assert self._codec is not None
+                chunked.id.write_direct_chunk((n,) + (0,) * len(f.trailing), blosc_codec.encode(a, self._codec), 0)
+            elif off is not None:
                 if a.nbytes:
                     assert self._fd is not None
                     _pwrite_all(self._fd, np.ascontiguousarray(a), off + pos)
@@ -154,7 +178,7 @@ class ShardWriter:
             return
         for f in self.fields:
             parts = self._stage[f.name]
-            if f.name in self._direct or not parts:
+            if f.name in self._direct or f.name in self._chunked or not parts:
                 continue
             dset = self._dsets[f.name]
             if f.ragged:
@@ -220,6 +244,9 @@ class _Column:
     offsets: np.ndarray | None = None  # ragged: row offsets, count + 1
     byte_offsets: list[int] | None = None  # ragged and mapped: offsets in bytes, as Python ints
     bytes_view: memoryview | None = None  # ragged and mapped: the map as bytes
+    chunk_off: np.ndarray | None = None  # compressed per sample: each sample's chunk offset in the file
+    chunk_len: np.ndarray | None = None  # ... its stored bytes
+    chunk_raw: np.ndarray | None = None  # ... True where HDF5 stored the chunk unfiltered
 
 
 @dataclass
@@ -293,7 +320,9 @@ class ShardReader(ShardReaderBase[_Handle]):
                 f"{self._where()}: field {f.name!r} is {dset.dtype}{tuple(dset.shape)}, manifest says {f.np_dtype}{expect}"
             )
         nbytes = int(math.prod(expect)) * f.np_dtype.itemsize
-        if dset.chunks is None and dset.compression is None:
+        if f.compression is not None and n > 0:
+            self._chunk_table(dset, f, col, file_size)
+        elif dset.chunks is None and dset.compression is None:
             off = dset.id.get_offset()
             if nbytes and (off is None or off + nbytes > file_size):
                 raise CorruptShardError(f"{self._where()}: field {f.name!r} data lies outside the file")
@@ -317,6 +346,49 @@ class ShardReader(ShardReaderBase[_Handle]):
         else:
             col.dset = dset
         return col
+
+    def _chunk_table(self, dset: Any, f: FieldSpec, col: _Column, file_size: int) -> None:
+        """Where each sample's compressed chunk lies (one chunk per sample, checked to lie in the file)."""
+        if dset.chunks != (1, *f.trailing):
+            raise CorruptShardError(f"{self._where()}: compressed field {f.name!r} has chunks {dset.chunks}, "
+                                    f"expected one sample each")
+        n = self.info.count
+        off = np.full(n, -1, dtype=np.int64)
+        size = np.zeros(n, dtype=np.int64)
+        raw = np.zeros(n, dtype=bool)
+
+        def note(si: Any) -> None:
+            i = si.chunk_offset[0]
+            off[i], size[i], raw[i] = si.byte_offset, si.size, si.filter_mask != 0
+
+        dset.id.chunk_iter(note)
+        if (off + size > file_size).any() or (raw & (size != f.row_nbytes)).any():
+            raise CorruptShardError(f"{self._where()}: field {f.name!r} has chunks outside the file or of a bad size")
+        col.chunk_off, col.chunk_len, col.chunk_raw = off, size, raw
+
+    def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The byte ranges (starts, lengths) of this file that reading fields ``names`` of samples
+        ``local`` touches (what fastdata.readahead hints to the kernel); columns held in memory or
+        read through h5py (lzf, gzip) give none."""
+        h = self.handle()
+        starts, lengths = [], []
+        for name in names:
+            f, col = self.fields[name], h.columns[name]
+            if col.chunk_off is not None:
+                assert col.chunk_len is not None
+                starts.append(col.chunk_off[local])
+                lengths.append(col.chunk_len[local])
+            elif col.cached is not None or col.offset is None or col.dset is not None:
+                continue
+            elif f.ragged and col.offsets is not None:
+                starts.append(col.offset + col.offsets[local] * f.row_nbytes)
+                lengths.append((col.offsets[local + 1] - col.offsets[local]) * f.row_nbytes)
+            elif not f.ragged:
+                starts.append(col.offset + local.astype(np.int64) * f.row_nbytes)
+                lengths.append(np.full(len(local), f.row_nbytes, dtype=np.int64))
+        if not starts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(starts), np.concatenate(lengths)
 
     def copy_phase(self, name: str) -> int:
         """Where (mod 64 bytes) each sample of fixed field ``name`` starts in the file, hence in the
@@ -346,6 +418,8 @@ class ShardReader(ShardReaderBase[_Handle]):
             col = h.columns[name]
             if f.ragged:
                 self._read_ragged(h, f, col, local, dest, RaggedOut(out, (layouts or {}).get(name)))
+            elif col.chunk_off is not None:
+                self._read_compressed(h.fd, f, col, local, dest, out)
             elif col.cached is not None:
                 out[dest] = col.cached[local]
             elif col.mapped is not None and f.row_nbytes <= _GATHER_ROW_BYTES:
@@ -357,6 +431,22 @@ class ShardReader(ShardReaderBase[_Handle]):
             else:
                 for l0, d0, n in runs(local, dest):
                     self._h5_read(col.dset, np.s_[l0 : l0 + n], out[d0 : d0 + n], l0)
+
+    def _read_compressed(self, fd: int, f: FieldSpec, col: _Column, local: np.ndarray, dest: np.ndarray,
+                         out: np.ndarray) -> None:
+        """One ``pread`` per sample (GIL released), decoded straight into its batch row."""
+        assert col.chunk_off is not None and col.chunk_len is not None and col.chunk_raw is not None
+        offs, sizes, raw = col.chunk_off[local].tolist(), col.chunk_len[local].tolist(), col.chunk_raw[local].tolist()
+        for l, d, o, n, r in zip(local.tolist(), dest.tolist(), offs, sizes, raw):
+            if o < 0:
+                raise CorruptShardError(f"{self._where(l)}: field {f.name!r} has no stored chunk")
+            buf = os.pread(fd, n, o)
+            if len(buf) != n:
+                raise CorruptShardError(f"{self._where(l)}: short read of field {f.name!r} (file truncated?)")
+            if r:  # stored unfiltered (HDF5 keeps a chunk plain when the filter declines it)
+                out[d] = np.frombuffer(buf, dtype=f.np_dtype).reshape(f.trailing)
+            else:
+                blosc_codec.decode_into(buf, out[d], f"{self._where(l)}: field {f.name!r}")
 
     def _read_ragged(self, h: _Handle, f: FieldSpec, col: _Column, local: np.ndarray, dest: np.ndarray,
                      out: RaggedOut) -> None:

@@ -10,10 +10,12 @@ Record (all integers little-endian; see docs/format.md)::
     offset 8        n x u64 payload size in bytes of each field, in manifest order
     offset 8 + 8n   payloads, concatenated: each field's array in C order, in its dtype
 
-A ragged field's first-axis length is its payload size divided by the row size.
+A ragged field's first-axis length is its payload size divided by the row size. A compressed
+field's payload (``"compression": "blosc"`` in the manifest) is one Blosc buffer holding the sample
+(fastdata/format/codec.py); its size in the header is the stored size.
 Every record header is checked against the schema before any byte is copied. Large records
 (over 64 KiB) are copied from the reader's own map of the file once their place is known
-(:class:`_Located`); each such read first compares the record's header in the map with the one
+(:class:`_Located`: from LMDB's B-tree pages when the shard is opened, fastdata/format/lmdbtree.py); each such read first compares the record's header in the map with the one
 its first read through LMDB found.
 
 One more record, under the key ``SHARD_KEY`` (all bits set, after every sample), describes
@@ -38,6 +40,8 @@ import lmdb
 import numpy as np
 
 from ..errors import CorruptShardError, UsageError
+from . import codec as blosc_codec
+from . import lmdbtree
 from .shardio import Layout, RaggedOut, ShardReaderBase
 from .spec import FieldSpec, ShardInfo
 
@@ -97,9 +101,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_envs_in_child)
 
 
-def parse_compression(value: str | None) -> None:
-    if value not in (None, "", "none"):
-        raise UsageError(f"--compression {value} is not supported for LMDB shards (HDF5 only)")
+def parse_compression(value: str | None) -> blosc_codec.Codec | None:
+    """``none``, or ``lz4[:N]`` | ``zstd[:N]`` (per field, fastdata/format/codec.py) -> the codec."""
+    if value in (None, "", "none"):
+        return None
+    codec = blosc_codec.parse(value)
+    if codec is None:
+        raise UsageError(f"--compression {value} is not supported for LMDB shards (use none, lz4, lz4:1-9, zstd "
+                         "or zstd:1-9; lzf and gzip are HDF5 only)")
+    return codec
 
 
 def key(index: int) -> bytes:
@@ -112,10 +122,20 @@ def shard_record(fields: list[FieldSpec], start: int, count: int) -> bytes:
                       sort_keys=True).encode()
 
 
-def encode_record(fields: list[FieldSpec], sample: dict[str, np.ndarray]) -> bytes:
-    arrays = [np.asarray(sample[f.name]) for f in fields]  # tobytes() is C order
-    header = MAGIC + struct.pack(f"<I{len(arrays)}Q", len(arrays), *(a.nbytes for a in arrays))
-    return b"".join([header, *(a.tobytes() for a in arrays)])
+def encode_record(fields: list[FieldSpec], sample: dict[str, np.ndarray],
+                  codec: blosc_codec.Codec | None = None) -> bytes:
+    """One record: header, then each field's bytes (compressed fields as one Blosc buffer with ``codec``)."""
+    parts = []
+    for f in fields:
+        a = np.asarray(sample[f.name])
+        if f.compression is not None:
+            if codec is None:
+                raise ValueError(f"field {f.name!r} is compressed: encode_record needs the codec")
+            parts.append(blosc_codec.encode(a, codec))
+        else:
+            parts.append(a.tobytes())  # C order
+    header = MAGIC + struct.pack(f"<I{len(parts)}Q", len(parts), *(len(p) for p in parts))
+    return b"".join([header, *parts])
 
 
 def initial_map_size(payload: int, count: int, nfields: int) -> int:
@@ -152,7 +172,9 @@ class ShardWriter:
         compression: str | None = None,
         start: int = 0,
     ) -> None:
-        parse_compression(compression)
+        self._codec = parse_compression(compression)
+        if any(f.compression is not None for f in fields) and self._codec is None:
+            raise ValueError(f"compressed fields need --compression lz4 or zstd, not {compression!r}")
         self.path = Path(path)
         self.fields = fields
         self.count = count
@@ -171,7 +193,7 @@ class ShardWriter:
     def write(self, sample: dict[str, np.ndarray]) -> None:
         if self._n >= self.count:
             raise ValueError("shard is full")
-        value = encode_record(self.fields, sample)
+        value = encode_record(self.fields, sample, self._codec)
         self._largest = max(self._largest, len(value))
         self._pending.append((key(self.start + self._n), value))
         self._pending_bytes += len(value)
@@ -253,6 +275,7 @@ class _Located:
         self.mem = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8)
         self.mv = memoryview(self.mem)  # type: ignore[arg-type]
         self.offsets = np.full(count, -1, dtype=np.int64)  # -1: not read yet in this process
+        self.sizes: np.ndarray | None = None  # every record's size, when its place came from the tree
         self._lmdb_map: tuple[int, int, int] | None = None  # start, end, file offset of start
         # LMDB's map not found in /proc/self/maps (a filesystem that names another device or inode
         # there than fstat does): looked up once, then records are read through LMDB as before
@@ -293,6 +316,18 @@ class _Located:
         return None
 
 
+class _Decoder:
+    """Places a compressed field's record bytes into the batch: a Blosc decode into row ``d``."""
+
+    def __init__(self, reader: "ShardReader", f: FieldSpec, out: np.ndarray, local: np.ndarray, dest: np.ndarray) -> None:
+        self.reader, self.field, self.out = reader, f, out
+        self.local = dict(zip(dest.tolist(), local.tolist()))  # batch row -> sample, for error messages
+
+    def put(self, d: int, src: memoryview | bytes, off: int, n: int) -> None:
+        where = f"{self.reader._where(self.local[d])}: field {self.field.name!r}"
+        blosc_codec.decode_into(memoryview(src)[off : off + n], self.out[d], where)
+
+
 @dataclass
 class _Handle:
     env: lmdb.Environment
@@ -311,7 +346,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         n = len(fields)
         self._header_size = 8 + 8 * n
         self._sizes_fmt = f"<{n}Q"
-        fixed = all(not f.ragged for f in fields)
+        fixed = all(not f.ragged and f.compression is None for f in fields)  # every record of one size
         self._expected_header = MAGIC + struct.pack(f"<I{n}Q", n, *(f.row_nbytes if not f.ragged else 0 for f in fields))
         self._index = {f.name: i for i, f in enumerate(fields)}
         # every record of a schema without ragged fields has this size; None otherwise
@@ -326,17 +361,39 @@ class ShardReader(ShardReaderBase[_Handle]):
         try:
             self._check_meta(env, st.st_size)
             self._check_shard_record(env)
-            small = self._record_size is not None and self._record_size <= _GATHER_RECORD_BYTES
-            located = None
-            if sys.platform.startswith("linux") and not small:
+            located = None  # (small records are read through LMDB: their places serve read-ahead only)
+            if sys.platform.startswith("linux"):
                 try:
                     located = _Located(fd, self.info.count)
                 except (OSError, ValueError):  # no second map (address space, limits): read through LMDB
                     located = None
+                if located is not None:
+                    self._locate_all(env, fd, located)
         except BaseException:
             _release_env(env)
             raise
         return _Handle(env, fd, located=located)
+
+    def _locate_all(self, env: lmdb.Environment, fd: int, loc: _Located) -> None:
+        """Every record's place from the B-tree pages (fastdata/format/lmdbtree.py), kept only if the
+        first record's place agrees with what LMDB itself returns: a cold first epoch then reads
+        records from the map (and read-ahead hints them) instead of page by page through LMDB."""
+        n = self.info.count
+        if n == 0:
+            return
+        try:
+            offs, sizes = lmdbtree.record_offsets(fd, env.stat()["psize"], self.info.stored_start, n)
+            with env.begin(buffers=True) as txn:
+                buf = txn.get(key(self.info.stored_start))
+                check = None if buf is None else loc.offset_of(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
+                first_size = 0 if buf is None else len(buf)
+        except (lmdbtree.LayoutUnknown, lmdb.Error, OSError, struct.error):
+            return
+        if check is None or check != offs[0] or first_size != sizes[0] or (offs < 0).any() or \
+                (offs + sizes > len(loc.mem)).any():
+            return
+        loc.offsets[:] = offs
+        loc.sizes = sizes
 
     def _check_meta(self, env: lmdb.Environment, size: int) -> None:
         """liblmdb refuses page numbers past its last page but trusts that page to lie in the file:
@@ -393,9 +450,11 @@ class ShardReader(ShardReaderBase[_Handle]):
         self._check_unchanged(h.fd, local)
         return h.env
 
-    def _layout(self, buf: memoryview | bytes, local: int) -> list[tuple[int, int]]:
-        """(offset, nbytes) of each field in one record, after checking the header."""
+    def _layout(self, buf: memoryview | bytes, local: int, total: int | None = None) -> list[tuple[int, int]]:
+        """(offset, nbytes) of each field in one record, after checking the header (``buf`` may hold
+        the header only when ``total`` gives the record's length)."""
         where = self._where(local)
+        total = len(buf) if total is None else total
         if len(buf) < self._header_size or buf[:4] != MAGIC:
             raise CorruptShardError(f"{where}: bad record header")
         if self._record_size is not None:
@@ -408,7 +467,9 @@ class ShardReader(ShardReaderBase[_Handle]):
                 raise CorruptShardError(f"{where}: record has {n} fields, the schema {len(self.all_fields)}")
             sizes = list(struct.unpack_from(self._sizes_fmt, buf, 8))
             for f, s in zip(self.all_fields, sizes):
-                if f.ragged:
+                if f.compression is not None:
+                    whole = s >= blosc_codec.HEADER_BYTES  # the Blosc header is checked when decoded
+                elif f.ragged:
                     whole = s % f.row_nbytes == 0 if f.row_nbytes else s == 0
                 else:
                     whole = s == f.row_nbytes
@@ -418,8 +479,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         for s in sizes:
             out.append((pos, s))
             pos += s
-        if pos != len(buf):
-            raise CorruptShardError(f"{where}: record is {len(buf)} bytes, its header says {pos}")
+        if pos != total:
+            raise CorruptShardError(f"{where}: record is {total} bytes, its header says {pos}")
         return out
 
     def _get(self, txn: lmdb.Transaction, local: int) -> memoryview | bytes:
@@ -462,6 +523,32 @@ class ShardReader(ShardReaderBase[_Handle]):
         first = key(self.info.start)
         loc = self._located()
         self._check_unchanged(h.fd, np.zeros(1, dtype=np.int64))
+        if loc is not None and loc.sizes is not None:  # places known: read only the headers (and small fields)
+            for local, (o, size) in enumerate(zip(loc.offsets.tolist(), loc.sizes.tolist())):
+                # pread, not the map: a fault there would read the kernel's read-around window (MBs) per header
+                head = os.pread(h.fd, min(size, hs), o)
+                try:
+                    layout = self._layout(head, local, size)
+                except CorruptShardError as e:
+                    bad[local] = str(e)
+                    continue
+                sizes[local] = [s for _, s in layout]
+                total[local] = size
+                for i, col in small.items():
+                    off, nb = layout[i]
+                    col[local] = np.frombuffer(os.pread(h.fd, nb, o + off), np.uint8, col.shape[1])
+        else:
+            self._index_through_lmdb(h, first, n, sizes, total, bad, small, loc)
+        for local in np.flatnonzero(total < 0).tolist():
+            bad.setdefault(local, f"{self._where(local)}: record is missing")
+        offsets = hs + np.cumsum(sizes, axis=1) - sizes
+        values = {i: col.view(self.all_fields[i].np_dtype).reshape((n, *self.all_fields[i].trailing))
+                  for i, col in small.items()}
+        return _Index(sizes=sizes, offsets=offsets, total=total, bad=bad, small=values)
+
+    def _index_through_lmdb(self, h: _Handle, first: bytes, n: int, sizes: np.ndarray, total: np.ndarray,
+                            bad: dict[int, str], small: dict[int, np.ndarray], loc: _Located | None) -> None:
+        """Fill the record index with a cursor over the shard (reads every record: a slow cold pass)."""
         try:
             with h.env.begin(buffers=True) as txn, txn.cursor() as cur:
                 ok = cur.set_range(first)
@@ -487,12 +574,6 @@ class ShardReader(ShardReaderBase[_Handle]):
                     ok = cur.next()
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
-        for local in np.flatnonzero(total < 0).tolist():
-            bad.setdefault(local, f"{self._where(local)}: record is missing")
-        offsets = hs + np.cumsum(sizes, axis=1) - sizes
-        values = {i: col.view(self.all_fields[i].np_dtype).reshape((n, *self.all_fields[i].trailing))
-                  for i, col in small.items()}
-        return _Index(sizes=sizes, offsets=offsets, total=total, bad=bad, small=values)
 
     def _check_good(self, ix: _Index, local: np.ndarray) -> None:
         if ix.bad:
@@ -529,6 +610,8 @@ class ShardReader(ShardReaderBase[_Handle]):
             offs, sizes = ix.offsets[local, i].tolist(), ix.sizes[local, i].tolist()
             if f.ragged:
                 plan.append((offs, sizes, None, RaggedOut(out, (layouts or {}).get(f.name)), None, None))
+            elif f.compression is not None:
+                plan.append((offs, sizes, None, _Decoder(self, f, out, local, dest), None, None))
             else:
                 plan.append((offs, sizes, out, None, f.np_dtype, f.trailing))
         if not plan:
@@ -561,6 +644,22 @@ class ShardReader(ShardReaderBase[_Handle]):
                         placer.put(d, buf, off, size)
                     else:
                         out[d] = np.frombuffer(buf, dtype=dtype, count=size // dtype.itemsize, offset=off).reshape(shape)
+
+    def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The byte ranges (starts, lengths) of this file holding records ``local``, where known
+        (what fastdata.readahead hints to the kernel): records whose place this process has learned
+        (every record once a schema with ragged or compressed fields has built its index)."""
+        none = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if self._record_size is None:
+            total = self.records().total[local]
+        else:
+            total = np.full(len(local), self._record_size, dtype=np.int64)
+        loc = self._located()
+        if loc is None:
+            return none
+        starts = loc.offsets[local]
+        known = (starts >= 0) & (total > 0)
+        return starts[known], total[known]
 
     def _read_fixed(self, local: np.ndarray, dest: np.ndarray, wanted: list[tuple[int, FieldSpec, np.ndarray]]) -> None:
         """Fixed-layout records: one header comparison per record, then straight copies."""
@@ -599,11 +698,22 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _check_mapped_headers(self, mem: np.ndarray, offs: np.ndarray, local: np.ndarray,
                               expected: np.ndarray) -> None:
-        """Compare each record's header in the map with what its first read through LMDB found:
+        """Compare each record's header in the map with what its first read found (through LMDB, or
+        from the map when the places came from the B-tree; for fixed records: the schema's header):
         a record rewritten in place since then raises instead of being copied."""
         found = mem[offs[:, None] + np.arange(self._header_size)]
         bad = np.flatnonzero((found != expected).any(axis=1))
         if len(bad):
+            loc = self._located()
+            l = int(local[bad[0]])
+            if loc is not None and loc.sizes is not None:  # placed from the tree, perhaps never read: say what is wrong
+                try:
+                    with self._env(local).begin(buffers=True) as txn:
+                        self._layout(self._get(txn, l), l)
+                except CorruptShardError as e:
+                    detail = str(e)[len(self._where(l)) + 2 :]
+                    raise CorruptShardError(f"{self._where(l)}: record header changed since this process opened "
+                                            f"the shard, or damaged: {detail}") from None
             raise CorruptShardError(f"{self._where(int(local[bad[0]]))}: record header changed since this "
                                     "process first read it (the shard was rewritten in place?)")
 

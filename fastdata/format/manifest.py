@@ -125,6 +125,7 @@ def _parse_field(obj: Any) -> FieldSpec:
         shape=tuple(shape),
         encoding=obj.get("encoding", "raw"),
         image=None if image is None else parse_image_spec(image, obj.get("name")),
+        compression=obj.get("compression"),
     )
     _check_field(spec)
     return spec

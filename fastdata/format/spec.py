@@ -131,7 +131,13 @@ FORMAT_VERSION = 3  # what a conversion writes. 3: sample keys ("keys", keys.bin
 # 2: shard checksums name their algorithm ("checksum": "xxh3_128:<hex>") and a shard may carry an
 # ``origin``; 1: "sha256" only, no origin
 ORIGIN_VERSION = 2  # a manifest with a shard ``origin`` (``fastdata merge``) needs a reader of at least this
-READ_VERSION = 3  # the newest manifest version this fastdata reads
+COMPRESSED_VERSION = 4  # a manifest with a compressed field ("compression" in a field entry) is written as
+# version 4, so that readers of version 3 refuse it ("written by a newer fastdata") instead of reading
+# compressed bytes as samples; a dataset without compressed fields is still written as FORMAT_VERSION
+READ_VERSION = 4  # the newest manifest version this fastdata reads
+# Per-field compression codecs a reader must know (docs/format.md, "Compressed fields"): "blosc" stores
+# each sample of a fixed field as one Blosc (1.x format) buffer, byte-shuffled, LZ4 or Zstd inside.
+FIELD_CODECS = ("blosc",)
 # Shard checksum algorithms: name -> hex digits. Writers use CHECKSUM_DEFAULT; readers verify any of these.
 CHECKSUMS = {"xxh3_128": 32, "sha256": 64}
 CHECKSUM_DEFAULT = "xxh3_128"
@@ -177,6 +183,7 @@ class FieldSpec:
     shape: tuple[int | None, ...]
     encoding: str = "raw"
     image: ImageSpec | None = None
+    compression: str | None = None  # a codec of FIELD_CODECS: each stored sample is compressed
 
     @property
     def ragged(self) -> bool:
@@ -200,6 +207,8 @@ class FieldSpec:
         out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
         if self.image is not None:
             out["image"] = self.image.to_json()
+        if self.compression is not None:
+            out["compression"] = self.compression
         return out
 
 
@@ -308,6 +317,11 @@ class Manifest:
         }
 
 
+def version_for(fields: Sequence[FieldSpec]) -> int:
+    """The manifest version a dataset with these fields is written as (see COMPRESSED_VERSION)."""
+    return COMPRESSED_VERSION if any(f.compression is not None for f in fields) else FORMAT_VERSION
+
+
 def make_field(
     name: str, dtype: np.dtype | str, shape: tuple[int | None, ...], encoding: str = "raw", image: ImageSpec | None = None
 ) -> FieldSpec:
@@ -337,6 +351,9 @@ def validate(m: Manifest, where: str = "manifest") -> None:
             _check_field(f)
         except FormatError as e:
             raise bad(str(e)) from None
+        if f.compression is not None and m.version < COMPRESSED_VERSION:
+            raise bad(f"field {f.name!r} is compressed, which needs format version {COMPRESSED_VERSION} "
+                      f"(the manifest says {m.version})")
         if f.ragged and f.name + LENGTHS_SUFFIX in names:
             raise bad(f"field {f.name + LENGTHS_SUFFIX!r} clashes with the lengths of ragged field {f.name!r}")
     try:
@@ -384,6 +401,12 @@ def _check_field(f: FieldSpec) -> None:
         raise FormatError(f"field {f.name!r}: a utf8 string field needs dtype |u1 and shape [null], no image")
     if f.image is not None:
         check_image_spec(f.image, f.name)
+    if f.compression is not None:
+        if f.compression not in FIELD_CODECS:
+            raise FormatError(f"field {f.name!r}: unknown compression {f.compression!r} (this fastdata reads "
+                              f"{', '.join(FIELD_CODECS)}; upgrade fastdata)")
+        if f.encoding != ENCODING_RAW or (len(f.shape) > 0 and f.shape[0] is None):
+            raise FormatError(f"field {f.name!r}: only fixed-shape raw fields can be compressed")
     if not isinstance(f.shape, tuple) or len(f.shape) > MAX_DIMS:
         raise FormatError(f"field {f.name!r}: bad shape {f.shape!r}")
     for i, d in enumerate(f.shape):

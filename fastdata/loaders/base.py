@@ -23,6 +23,8 @@ from ..sampling import SHUFFLES, Shuffle, all_rank_batches, num_batches
 from ..world import World
 
 if TYPE_CHECKING:
+    from ..readahead import ReadAhead
+    from ..remote.prefetch import PlanFollower
     from .config import LoaderConfig
 
 _STATE_VERSION = 1
@@ -194,15 +196,20 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         # A generator: nothing runs until the first batch is asked for (Lightning calls iter() to check a
         # loader, then set_epoch, then asks for batches; the process group may start in between).
-        follower = None
+        follower: "PlanFollower | ReadAhead | None" = None
+        ahead: list[np.ndarray] | None = None  # a local plan whose read-ahead starts after the first batch
         try:
             world, epoch, first = self._start_pass()
             if self.dataset.remote is not None:  # every rank's plan: the node's cache ranks shards by next use
                 plans = self._plans(epoch, None)
                 plan = plans[world.rank]
                 follower = self.dataset.follow(plans, world.rank, first, self._lead())
-            else:
+            else:  # hint the kernel to read the plan's next byte ranges (fastdata/readahead.py)
                 plan = self.plan(epoch)
+                if self.config.mode == "threads":
+                    follower = self.dataset.read_ahead(plan, first, self._lead(), self.config.readahead)
+                else:  # worker processes fork when the first batch is asked for: no hinting thread then
+                    ahead = plan
             last = len(plan) - 1
             plan = plan[first:]
             self._done = first
@@ -223,6 +230,9 @@ class Loader:
                 s.samples += len(plan[s.batches - 1])
                 s.ended = now
                 self._done += 1
+                if ahead is not None:
+                    follower = self.dataset.read_ahead(ahead, self._done, self._lead(), self.config.readahead)
+                    ahead = None
                 if self._done - 1 == last and self.epoch == epoch:
                     self.epoch = epoch + 1  # the epoch's last batch is delivered: the next pass is the next epoch
                     self._done = 0  # (set_epoch during the pass overrides)

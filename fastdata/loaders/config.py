@@ -20,6 +20,8 @@ class LoaderConfig:
     the choice when your model converts on the GPU (a quarter of the bytes to copy and move, no
     CPU pass; no ``augment`` then). The DALI backend uses ``prefetch`` (its queue depth),
     ``channels_last``, ``images``, ``block`` and ``window``.
+    ``readahead``: bytes of shard file ranges hinted to the kernel beyond the batches being read,
+    following the epoch plan (fastdata/readahead.py; docs/loader.md, "Larger than RAM"); 0: off.
     ``shard_window``: with ``shuffle="shards"``, how many shards' samples are mixed at a time.
     ``ragged``: ``"padded"`` pads ragged fields (and mixed-size images) to the batch's largest
     sample; ``"packed"`` gives them back to back with ``<name>_offsets`` (``Dataset.get_batch``),
@@ -37,6 +39,7 @@ class LoaderConfig:
     image_dtype: Literal["float32", "uint8"] = "float32"
     shard_window: int = 2
     ragged: Literal["padded", "packed"] = "padded"
+    readahead: int = 256 << 20
 
     def __post_init__(self) -> None:
         if self.mode not in ("threads", "processes"):
@@ -47,5 +50,7 @@ class LoaderConfig:
             raise UsageError(f"image_dtype must be 'float32' or 'uint8', not {self.image_dtype!r}")
         if self.ragged not in ("padded", "packed"):
             raise UsageError(f"ragged must be 'padded' or 'packed', not {self.ragged!r}")
+        if isinstance(self.readahead, bool) or not isinstance(self.readahead, int) or self.readahead < 0:
+            raise UsageError(f"readahead must be a number of bytes >= 0 (0: off), not {self.readahead!r}")
         if self.block < 1 or self.window < 1 or self.shard_window < 1:
             raise UsageError("block, window and shard_window must be positive")

@@ -1,0 +1,356 @@
+"""Cold reads: the loader on data that is not in the page cache, against what the disk can give.
+
+Before every timed pass the page cache is emptied for exactly the files that pass reads:
+``os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` on each file (no root needed; it drops clean
+pages that no process has mapped, so every dataset is closed before), then ``mincore`` checks
+how much stayed resident (reported). One run compares, on the same files:
+
+- naive: per-file ``np.load`` in a torch DataLoader (fastdata.examples.naive_loader), random order;
+- fastdata.loader, uncompressed HDF5, each shuffle mode (True, "block", "shards", False), with the
+  plan-following read-ahead (fastdata/readahead.py) and, for True and "block", without it;
+- the same data converted with ``--compression lz4`` (Blosc, byte shuffle), decoded samples/s;
+- the disk's ceilings on the uncompressed shard files: ``pread`` at the loader's request size (one
+  sample), random order, by 4, 8, 16 and 32 threads (the best is the ceiling) and by one thread in
+  order; and 4 MiB preads, parallel in random order and one thread in order;
+- warm cache: the loader with and without read-ahead, uncompressed and compressed;
+- natural-looking raw images (smooth gradients + texture), uncompressed and lz4: ratio and cold rate;
+- RSS (anonymous and file-backed) of the loader's process after each of ``--rss-epochs`` cold epochs.
+
+Data: FLIM-like decays, ``counts ~ Poisson(A * exp(-t / tau))`` per pixel, stored as float32 of
+shape (2, 256, 21, 21) (0.9 MB a sample; the class sets the lifetime range). Shuffle quality of
+each mode is given as the mean distance, in stored order, between consecutive samples of a batch,
+divided by n/3 (what a uniform shuffle gives): 1.0 mixes fully, 0 reads in order.
+
+Each reader runs ``--rounds`` passes, interleaved with the others; the figure is the median pass.
+Usage: python benchmarks/bench_cold.py [--quick] [--samples N] [--rounds R] [--dir DIR] [--out DIR]
+The machine may be shared: the result records the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness  # noqa: E402
+
+import converters  # noqa: E402
+import fastdata  # noqa: E402
+from fastdata.examples import naive_loader  # noqa: E402
+from fastdata.loaders import LoaderConfig  # noqa: E402
+from fastdata.readahead import drop_page_cache, resident_bytes  # noqa: E402
+from fastdata.sampling import SHUFFLES, epoch_order  # noqa: E402
+
+SHAPE = (2, 256, 21, 21)
+QUICK_SHAPE = (2, 64, 21, 21)
+BATCH = 64
+CLASSES = ("c0", "c1", "c2", "c3")
+LARGE = 4 << 20
+THREADS = (4, 8, 16, 32)
+
+
+# --- data --------------------------------------------------------------------------------------
+
+def flim_sample(rng: np.random.Generator, shape: tuple[int, ...], c: int) -> np.ndarray:
+    """Photon counts of a decay per pixel, ``Poisson(A * exp(-t / tau))``, as float32."""
+    ch, nt, h, w = shape
+    t = np.arange(nt, dtype=np.float32)[None, :, None, None]
+    amp = rng.uniform(20, 200, size=(ch, 1, h, w)).astype(np.float32)
+    tau = rng.uniform(5 + 5 * c, 15 + 5 * c, size=(ch, 1, h, w)).astype(np.float32)
+    return rng.poisson(amp * np.exp(-t / tau)).astype(np.float32)
+
+
+def natural_image(rng: np.random.Generator, side: int) -> np.ndarray:
+    """A smooth colour gradient with low-frequency blobs and mild sensor texture, uint8 (side, side, 3)."""
+    y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
+    img = np.empty((side, side, 3), dtype=np.float32)
+    for ch in range(3):
+        a, b, c = rng.uniform(-1, 1, 3)
+        img[..., ch] = 128 + 60 * (a * x + b * y) + 40 * np.sin(2 * np.pi * (c * x + rng.uniform(0.5, 2) * y))
+    for _ in range(4):
+        cy, cx, r = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.05, 0.3)
+        img += rng.uniform(-50, 50, 3) * np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / (2 * r * r))[..., None]
+    img += rng.normal(0, 2.0, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def write_folder(root: Path, n: int, make: Callable[[np.random.Generator, int], np.ndarray], seed: int = 0) -> list[Path]:
+    rng = np.random.default_rng(seed)
+    files = []
+    for i in range(n):
+        c = i % len(CLASSES)
+        d = root / CLASSES[c]
+        d.mkdir(parents=True, exist_ok=True)
+        files.append(d / f"{i:07d}.npy")
+        np.save(files[-1], make(rng, c))
+    return sorted(files)
+
+
+def files_of(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".json"))
+
+
+# --- one cold pass -----------------------------------------------------------------------------
+
+def loadavg() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def cold(paths: list[Path]) -> float:
+    """Empty the page cache for ``paths``; the fraction still resident after."""
+    total = drop_page_cache(paths)
+    return resident_bytes(paths) / total if total else 0.0
+
+
+def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int = 0, warm: bool = False,
+                uint8: bool = False) -> dict[str, float]:
+    """One epoch of fastdata.loader (threads, defaults) over ``root``; cold unless ``warm``."""
+    cfg = LoaderConfig(readahead=LoaderConfig.readahead if readahead else 0,
+                       image_dtype="uint8" if uint8 else "float32")
+    paths = files_of(root)
+    left = 0.0 if warm else cold(paths)
+    with fastdata.loader(root, BATCH, shuffle=shuffle, device="cpu", config=cfg, seed=epoch) as ld:
+        ld.set_epoch(epoch)
+        t0 = time.perf_counter()
+        n = 0
+        for b in ld:
+            n += len(b["label"])
+        dt = time.perf_counter() - t0
+    return {"samples_per_s": n / dt, "seconds": dt, "resident_before": left}
+
+
+def naive_pass(src: Path, files: list[Path]) -> dict[str, float]:
+    left = cold(files)
+    dl = naive_loader(src, BATCH)
+    t0 = time.perf_counter()
+    n = sum(len(b["label"]) for b in dl)
+    dt = time.perf_counter() - t0
+    del dl
+    return {"samples_per_s": n / dt, "seconds": dt, "resident_before": left}
+
+
+def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool) -> dict[str, float]:
+    """Read every byte of ``paths`` in ``size`` preads (random order if ``shuffled``), ``threads`` at
+    a time, into one reused buffer per thread: the disk's ceiling at that request size."""
+    left = cold(paths)
+    fds = [os.open(p, os.O_RDONLY) for p in paths]
+    reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
+    if shuffled:
+        random.Random(0).shuffle(reqs)
+    bufs: dict[int, bytearray] = {}
+
+    def read(req: tuple[int, int]) -> int:
+        import threading
+
+        buf = bufs.setdefault(threading.get_ident(), bytearray(size))
+        return os.preadv(req[0], [buf], req[1])
+
+    t0 = time.perf_counter()
+    if threads == 1:
+        total = sum(read(r) for r in reqs)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            total = sum(pool.map(read, reqs, chunksize=8))
+    dt = time.perf_counter() - t0
+    for fd in fds:
+        os.close(fd)
+    return {"mb_per_s": total / dt / 1e6, "seconds": dt, "resident_before": left}
+
+
+def shuffle_quality(ds: fastdata.Dataset, shuffle: Any) -> dict[str, float]:
+    """Mean distance in stored order between consecutive samples of a batch / (n/3), and shards per batch."""
+    n = len(ds)
+    counts = [s.count for s in ds.manifest.shards]
+    order = epoch_order(n, shuffle=shuffle, seed=0, epoch=0, shard_counts=counts)
+    starts = np.array([s.start for s in ds.manifest.shards])
+    dists, shards = [], []
+    for a in range(0, n - 1, BATCH):
+        b = order[a : a + BATCH]
+        dists.append(np.abs(np.diff(b)).mean())
+        shards.append(len(np.unique(np.searchsorted(starts, b, side="right"))))
+    return {"mixing": float(np.mean(dists) / (n / 3)) if dists else 0.0,
+            "shards_per_batch": float(np.mean(shards)) if shards else 0.0}
+
+
+def rss_kib() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, v = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(v.split()[0])
+    return out
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+def interleaved(fns: dict[str, Callable[[], dict[str, float]]], rounds: int) -> dict[str, list[dict[str, float]]]:
+    """Every pass ``rounds`` times, in an order rotated each round (drift in load hits all alike)."""
+    names = list(fns)
+    out: dict[str, list[dict[str, float]]] = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            out[k].append(fns[k]())
+    return out
+
+
+def median_of(results: list[dict[str, float]], key: str) -> dict[str, float]:
+    """The pass with the median ``key`` (and every pass's ``key``, as ``all``)."""
+    ranked = sorted(results, key=lambda r: r[key])
+    return {**ranked[len(ranked) // 2], "all": [round(r[key], 1) for r in results]}  # type: ignore[dict-item]
+
+
+def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: int, rounds: int,
+        work: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {"loadavg_before": loadavg(), "samples": n, "shape": list(shape), "batch": BATCH,
+                           "rounds": rounds}
+    src = work / "npy"
+    files = write_folder(src, n, lambda rng, c: flim_sample(rng, shape, c))
+    conv = {}
+    for name, comp in (("hdf5", None), ("hdf5_lz4", "lz4")):
+        conv[name] = converters.convert(src, work / name, converters.WriteOptions(backend="hdf5", compression=comp),
+                                        progress=None)
+    img_src = work / "img_npy"
+    write_folder(img_src, n_images, lambda rng, c: natural_image(rng, side), seed=1)
+    for name, comp in (("img", None), ("img_lz4", "lz4")):
+        conv[name] = converters.convert(img_src, work / name, converters.WriteOptions(backend="hdf5", compression=comp))
+    os.sync()  # writeback done: every page dropped below is clean
+    sample_bytes = int(np.prod(shape)) * 4
+    res["dataset_bytes"] = {k: sum(p.stat().st_size for p in files_of(work / k)) for k in conv}
+    res["ratio"] = {k: round(conv[k].bytes_in / res["dataset_bytes"][k], 2) for k in conv}
+    shard_files = files_of(work / "hdf5")
+    conv["lmdb"] = converters.convert(src, work / "lmdb", converters.WriteOptions(backend="lmdb"))
+    os.sync()
+
+    naive_loader(src, BATCH)  # (imports and forks once before timing: the first pass is not a start-up figure)
+    cold_fns: dict[str, Callable[[], dict[str, float]]] = {"naive np.load per file, random": lambda: naive_pass(src, files)}
+    for sh in SHUFFLES:
+        cold_fns[f"loader shuffle={sh!r}"] = lambda sh=sh: loader_pass(work / "hdf5", sh)
+    for sh in (True, "block"):
+        cold_fns[f"loader shuffle={sh!r}, no read-ahead"] = lambda sh=sh: loader_pass(work / "hdf5", sh, readahead=False)
+    cold_fns["loader lz4 shuffle=True"] = lambda: loader_pass(work / "hdf5_lz4", True)
+    cold_fns["loader lz4 shuffle='block'"] = lambda: loader_pass(work / "hdf5_lz4", "block")
+    cold_fns["loader LMDB shuffle=True"] = lambda: loader_pass(work / "lmdb", True)
+    cold_fns["loader LMDB shuffle=True, no read-ahead"] = lambda: loader_pass(work / "lmdb", True, readahead=False)
+    ceil_fns: dict[str, Callable[[], dict[str, float]]] = {}
+    for t in THREADS:
+        ceil_fns[f"pread {sample_bytes} B, {t} threads, random"] = lambda t=t: pread_pass(shard_files, sample_bytes, t, True)
+    ceil_fns[f"pread {sample_bytes} B, 1 thread, in order"] = lambda: pread_pass(shard_files, sample_bytes, 1, False)
+    ceil_fns["pread 4 MiB, 16 threads, random"] = lambda: pread_pass(shard_files, LARGE, 16, True)
+    ceil_fns["pread 4 MiB, 1 thread, in order"] = lambda: pread_pass(shard_files, LARGE, 1, False)
+    runs = interleaved({**cold_fns, **ceil_fns}, rounds)
+    rows = {k: median_of(runs[k], "samples_per_s") for k in cold_fns}
+    ceil = {k: median_of(runs[k], "mb_per_s") for k in ceil_fns}
+    for r in rows.values():
+        r["mb_per_s"] = r["samples_per_s"] * sample_bytes / 1e6  # decoded bytes for lz4
+    for c in ceil.values():
+        c["samples_per_s"] = c["mb_per_s"] * 1e6 / sample_bytes
+    _harness.warm_page_cache(work / "hdf5", work / "hdf5_lz4")
+    warm_fns = {f"{root} shuffle=True, read-ahead {'on' if ra else 'off'}":
+                (lambda root=root, ra=ra: loader_pass(work / root, True, readahead=ra, warm=True))
+                for root in ("hdf5", "hdf5_lz4") for ra in (True, False)}
+    warm = {k: median_of(v, "samples_per_s") for k, v in interleaved(warm_fns, max(3, rounds)).items()}
+    images = {k: loader_pass(work / k, True, uint8=True) for k in ("img", "img_lz4")}
+    with fastdata.open(work / "hdf5") as ds:
+        quality = {repr(sh): shuffle_quality(ds, sh) for sh in SHUFFLES}
+    rss = rss_run(work / "hdf5", rss_epochs)
+    best_par = max(v["mb_per_s"] for k, v in ceil.items() if "threads, random" in k and "4 MiB" not in k)
+    large = max(v["mb_per_s"] for k, v in ceil.items() if "4 MiB" in k)
+    unc = rows["loader shuffle=True"]["mb_per_s"]
+    res.update(rows=rows, ceilings=ceil, warm=warm, images=images, shuffle_quality=quality, rss=rss,
+               loadavg_after=loadavg(), machine=_harness.machine_info())
+    res["targets"] = {
+        "shuffle=True / best parallel ceiling at the request size (>= 0.85)": unc / best_par,
+        "shuffle='block' / 4 MiB ceiling (>= 0.9)": rows["loader shuffle='block'"]["mb_per_s"] / large,
+        "shuffle='shards' / 4 MiB ceiling (>= 0.9)": rows["loader shuffle='shards'"]["mb_per_s"] / large,
+        "lz4 cold / uncompressed cold, shuffle=True (>= 1.5)": rows["loader lz4 shuffle=True"]["mb_per_s"] / unc,
+        "lz4 warm / uncompressed warm (>= 0.5)": warm["hdf5_lz4 shuffle=True, read-ahead on"]["samples_per_s"]
+        / warm["hdf5 shuffle=True, read-ahead on"]["samples_per_s"],
+        "warm read-ahead on / off, uncompressed (>= ~1)": warm["hdf5 shuffle=True, read-ahead on"]["samples_per_s"]
+        / warm["hdf5 shuffle=True, read-ahead off"]["samples_per_s"],
+        "RssAnon growth epoch 2 -> last, MiB": (rss[-1]["RssAnon"] - rss[min(1, len(rss) - 1)]["RssAnon"]) / 1024,
+    }
+    return res
+
+
+def rss_run(root: Path, epochs: int) -> list[dict[str, int]]:
+    """RSS of this process after each cold epoch of one loader (closed between epochs to unmap the shards)."""
+    out = []
+    paths = files_of(root)
+    ld = fastdata.loader(root, BATCH, shuffle=True, device="cpu")
+    for _ in range(epochs):
+        ld.close()
+        cold(paths)
+        for _b in ld:
+            pass
+        out.append(rss_kib())
+    ld.close()
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    mb = lambda v: f"{v:,.0f}"  # noqa: E731
+    rows = [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), f"{v['resident_before']:.3f}"] for k, v in res["rows"].items()]
+    rows += [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), f"{v['resident_before']:.3f}"]
+             for k, v in res["ceilings"].items()]
+    q = res["shuffle_quality"]
+    out = [
+        f"Cold reads, {res['samples']} samples of float32 {tuple(res['shape'])} (Poisson counts), batch {res['batch']}; "
+        f"HDF5 {res['dataset_bytes']['hdf5'] / 1e9:.2f} GB, lz4 {res['dataset_bytes']['hdf5_lz4'] / 1e9:.2f} GB "
+        f"(ratio {res['ratio']['hdf5_lz4']}). Page cache emptied (POSIX_FADV_DONTNEED per file) before each pass. "
+        f"Load average before {res['loadavg_before']}, after {res['loadavg_after']} "
+        f"({res['machine']['usable_cores']} cores).",
+        "",
+        _harness.markdown_table(["reader (cold)", "samples/s", "MB/s (decoded)", "resident before"], rows),
+        "",
+        _harness.markdown_table(["shuffle", "mixing (1 = uniform)", "shards per batch"],
+                                [[k, f"{v['mixing']:.3f}", f"{v['shards_per_batch']:.1f}"] for k, v in q.items()]),
+        "",
+        _harness.markdown_table(["warm cache", "samples/s"], [[k, mb(v["samples_per_s"])] for k, v in res["warm"].items()]),
+        "",
+        _harness.markdown_table(["raw images (cold, uint8)", "ratio", "samples/s"],
+                                [[k, res["ratio"][k], mb(v["samples_per_s"])] for k, v in res["images"].items()]),
+        "",
+        _harness.markdown_table(["target", "measured"], [[k, f"{v:.2f}"] for k, v in res["targets"].items()]),
+        "",
+        "RssAnon after each cold epoch (MiB): " + ", ".join(f"{r['RssAnon'] / 1024:.0f}" for r in res["rss"]),
+    ]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a small run (seconds): checks the script, not the disk")
+    p.add_argument("--samples", type=int, default=None, help="FLIM-like samples (default 2000; quick 48)")
+    p.add_argument("--rss-epochs", type=int, default=None, help="cold epochs for the RSS check (default 20; quick 2)")
+    p.add_argument("--rounds", type=int, default=None, help="passes of each reader, interleaved (default 3; quick 1)")
+    p.add_argument("--dir", default=None, help="work folder on the disk to measure (default: a temporary folder)")
+    p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR), help="results folder")
+    a = p.parse_args(argv)
+    n = a.samples or (48 if a.quick else 2000)
+    shape = QUICK_SHAPE if a.quick else SHAPE
+    work = Path(tempfile.mkdtemp(prefix="bench_cold_", dir=a.dir))
+    try:
+        res = run(n, 32 if a.quick else 400, 64 if a.quick else 256, shape,
+                  a.rss_epochs or (2 if a.quick else 20), a.rounds or (1 if a.quick else 3), work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    name = "cold_quick" if a.quick else "cold"
+    md = markdown(res)
+    _harness.write_results(name, res, md, a.out)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""``fastdata bench PATH --cold``: the loader on your dataset with the page cache emptied, against the disk.
+
+Before each measurement the page cache is emptied for the dataset's shard files
+(``POSIX_FADV_DONTNEED`` on each: no root needed; pages another process has mapped stay, so
+stop other readers of the dataset first). Then, each for at most ``--seconds`` (or ``--batches``):
+the loader with ``shuffle=True`` and with ``shuffle="block"``, and the disk's ceiling: ``pread`` of
+the same files by 16 threads in random order, at the size of one sample and at 4 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from ._units import fmt_bytes
+from .errors import UsageError
+
+_THREADS = 16
+_LARGE = 4 << 20
+
+
+def add_cold(bench: argparse.ArgumentParser) -> None:
+    """Add ``--cold`` to the ``bench`` parser; with it, :func:`run_cold` runs instead of the warm bench."""
+    bench.add_argument("--cold", action="store_true",
+                       help="empty the page cache for the dataset's files before each pass and compare with the "
+                            "disk's own speed (docs/loader.md, 'Larger than RAM')")
+    warm = bench.get_default("run")
+
+    def run(args: argparse.Namespace) -> int:
+        return run_cold(args) if args.cold else int(warm(args))
+
+    bench.set_defaults(run=run)
+
+
+def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[str]) -> dict[str, float]:
+    from .dataset import Dataset
+    from .loaders import LoaderConfig, loader
+    from .readahead import drop_page_cache
+
+    drop_page_cache(paths)
+    given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}
+    ds = Dataset(path)
+    n = batches = 0
+    t0 = time.perf_counter()
+    with loader(ds, args.batch_size, shuffle=shuffle, device=args.device, num_workers=args.workers,
+                config=LoaderConfig(**given) if given else None) as ld:
+        for b in ld:
+            n += len(next(iter(b.values())))
+            batches += 1
+            if (args.batches and batches >= args.batches) or time.perf_counter() - t0 >= args.seconds:
+                break
+        dt = time.perf_counter() - t0
+    ds.close()
+    return {"samples": n, "seconds": dt}
+
+
+def _pread_pass(paths: list[str], size: int, seconds: float) -> dict[str, float]:
+    from .readahead import drop_page_cache
+
+    drop_page_cache(paths)
+    fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
+    try:
+        reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
+        random.Random(0).shuffle(reqs)
+        bufs: dict[int, bytearray] = {}
+        t0 = time.perf_counter()
+        stop = t0 + seconds
+
+        def read(req: tuple[int, int]) -> int:
+            if time.perf_counter() > stop:
+                return 0
+            buf = bufs.setdefault(threading.get_ident(), bytearray(size))
+            return os.preadv(req[0], [buf], req[1])
+
+        with ThreadPoolExecutor(_THREADS) as pool:
+            total = sum(pool.map(read, reqs, chunksize=4))
+        return {"bytes": total, "seconds": time.perf_counter() - t0}
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def run_cold(args: argparse.Namespace) -> int:
+    from .bench import sample_bytes
+    from .dataset import Dataset
+    from .readahead import supported
+    from .remote import is_url
+
+    if is_url(args.dst):
+        raise UsageError(f"{args.dst}: --cold measures local shard files; run it on the node's cached copy or a local dataset")
+    if not supported():
+        raise UsageError("--cold needs posix_fadvise to empty the page cache (Linux)")
+    for flag in ("naive", "subset"):
+        if getattr(args, flag, None):
+            raise UsageError(f"--{flag} and --cold cannot be combined: measure them separately")
+    with Dataset(args.dst) as ds:
+        paths = [str(p) for p in ds.shard_paths()]
+        bps = int(sample_bytes(ds))
+        count = len(ds)
+    rows: list[tuple[str, float, float]] = []  # name, samples/s, MB/s
+    for shuffle in (True, "block"):
+        r = _loader_pass(args.dst, shuffle, args, paths)
+        sps = r["samples"] / r["seconds"] if r["seconds"] else 0.0
+        rows.append((f"fastdata.loader shuffle={shuffle!r}, cold", sps, sps * bps / 1e6))
+    ceilings: list[tuple[str, Callable[[], dict[str, float]]]] = [
+        (f"pread {fmt_bytes(bps)} x {_THREADS} threads, cold", lambda: _pread_pass(paths, max(bps, 4096), args.seconds)),
+        (f"pread 4 MiB x {_THREADS} threads, cold", lambda: _pread_pass(paths, _LARGE, args.seconds)),
+    ]
+    for name, fn in ([] if args.no_ceiling else ceilings):
+        c = fn()
+        mbs = c["bytes"] / c["seconds"] / 1e6 if c["seconds"] else 0.0
+        rows.append((name, mbs * 1e6 / bps if bps else 0.0, mbs))
+    best = max((r[2] for r in rows if r[0].startswith("pread")), default=None)
+    if args.json:
+        print(json.dumps({"dataset": str(args.dst), "cold": True, "results": [
+            {"name": n, "samples_per_s": s, "mb_per_s": m, "ceiling_ratio": m / best if best else None}
+            for n, s, m in rows]}, indent=1))
+        return 0
+    print(f"dataset {args.dst}: {count} samples, {fmt_bytes(bps)} per sample, page cache emptied before each pass")
+    print(f"{'pipeline':<48}{'samples/s':>11}{'MB/s':>9}{'x disk':>8}")
+    for n, s, m in rows:
+        x = f"{m / best:>8.2f}" if best else f"{'-':>8}"
+        print(f"{n:<48}{s:>11.0f}{m:>9.0f}{x}")
+    if best:
+        print("x disk: samples/s as a fraction of what the best parallel pread rate of the same files delivers "
+              "(MB/s: bytes as stored; compressed samples decode to more)")
+    return 0

@@ -1,0 +1,118 @@
+"""Per-field compression (``fastdata convert --compression lz4``): one Blosc buffer per stored sample.
+
+Blosc byte-shuffles each sample (the bytes of every float side by side) and compresses it with
+LZ4 or Zstd in blocks; LZ4 decodes at several GB/s a core, faster than a disk delivers the raw
+bytes, so compressed counts and images read faster cold than uncompressed ones
+(docs/benchmarks.md, "Cold reads"). The buffers are Blosc 1.x format: the HDF5 Blosc filter
+(id 32001, ``import hdf5plugin``) reads the same bytes, so plain h5py opens a compressed shard.
+Decoding (numcodecs, GIL released) happens in the reader threads, straight into the batch.
+
+Only fixed-shape raw fields of at least ``MIN_FIELD_BYTES`` a sample are compressed: labels and
+other small fields stay plain (they are read whole, once per shard). Normative description:
+docs/format.md, "Compressed fields".
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import CorruptShardError, UsageError
+from .spec import ENCODING_RAW, FieldSpec
+
+BLOSC = "blosc"  # the manifest's name of the codec (spec.FIELD_CODECS)
+CNAMES = ("lz4", "zstd")
+DEFAULT_LEVEL = {"lz4": 5, "zstd": 3}
+MIN_FIELD_BYTES = 4096
+HEADER_BYTES = 16  # Blosc 1.x header: version, flags, typesize, then nbytes, blocksize, cbytes (u32 LE)
+HDF5_FILTER_ID = 32001  # the HDF5 Blosc filter (hdf5plugin.Blosc)
+EXTRA = "fastdata[compress]"
+
+
+@dataclass(frozen=True)
+class Codec:
+    """``cname`` (lz4 or zstd) at ``level``, byte shuffle: what ``--compression lz4[:N]|zstd[:N]`` asks for."""
+
+    cname: str
+    level: int
+
+    def __str__(self) -> str:
+        return f"{self.cname}:{self.level}"
+
+
+def parse(value: str | None) -> Codec | None:
+    """``lz4``, ``lz4:N``, ``zstd`` or ``zstd:N`` (N 1-9) -> a Codec; anything else -> None (not a Blosc codec)."""
+    if not value:
+        return None
+    name, sep, level = value.partition(":")
+    if name not in CNAMES:
+        return None
+    if not sep:
+        return Codec(name, DEFAULT_LEVEL[name])
+    if level.isdigit() and 1 <= int(level) <= 9:
+        return Codec(name, int(level))
+    raise UsageError(f"--compression {value}: the level of {name} must be 1-9 (e.g. {name}:{DEFAULT_LEVEL[name]})")
+
+
+def eligible(f: FieldSpec) -> bool:
+    """Whether ``--compression lz4|zstd`` compresses field ``f`` (fixed, raw, at least MIN_FIELD_BYTES a sample)."""
+    return not f.ragged and f.encoding == ENCODING_RAW and f.row_nbytes >= MIN_FIELD_BYTES
+
+
+def compress_fields(fields: Sequence[FieldSpec], codec: Codec | None) -> list[FieldSpec]:
+    """The schema as written with ``codec``: eligible fields marked compressed."""
+    if codec is None:
+        return list(fields)
+    return [replace(f, compression=BLOSC) if eligible(f) else f for f in fields]
+
+
+def _blosc() -> Any:
+    try:
+        from numcodecs import blosc
+    except ImportError:
+        raise UsageError(f"compressed fields need numcodecs and hdf5plugin: pip install '{EXTRA}'") from None
+    return blosc
+
+
+def require() -> None:
+    """Raise a one-line UsageError now if the compression packages are missing."""
+    _blosc()
+    hdf5_filter(Codec("lz4", 5))
+
+
+def encode(a: np.ndarray, codec: Codec) -> bytes:
+    """One sample as a Blosc buffer (shuffled by the dtype's item size; bit shuffle for 1-byte types)."""
+    b = _blosc()
+    data = np.ascontiguousarray(a)
+    # byte shuffle for multi-byte types, bit shuffle for bytes (images): Blosc's AUTOSHUFFLE
+    out: bytes = b.compress(data, codec.cname.encode(), codec.level, b.AUTOSHUFFLE, typesize=data.dtype.itemsize)
+    return out
+
+
+def decode_into(buf: Any, out: np.ndarray, where: str) -> None:
+    """Decode one Blosc buffer ``buf`` into ``out`` (a C-contiguous sample row), after checking
+    that its header promises exactly ``out.nbytes`` bytes and that ``buf`` is whole."""
+    view = memoryview(buf).cast("B")
+    if len(view) < HEADER_BYTES:
+        raise CorruptShardError(f"{where}: compressed sample is {len(view)} bytes, too short for its header")
+    nbytes, _, cbytes = struct.unpack_from("<III", view, 4)
+    if nbytes != out.nbytes or cbytes != len(view):
+        raise CorruptShardError(f"{where}: compressed sample header says {nbytes} bytes in {cbytes}, expected "
+                                f"{out.nbytes} in {len(view)}")
+    try:
+        _blosc().decompress(view, out.reshape(-1).view(np.uint8))
+    except (RuntimeError, ValueError) as e:
+        raise CorruptShardError(f"{where}: cannot decompress sample ({e})") from None
+
+
+def hdf5_filter(codec: Codec) -> Any:
+    """The h5py ``compression=`` argument that declares ``codec``'s buffers to HDF5 (hdf5plugin.Blosc)."""
+    try:
+        import hdf5plugin
+    except ImportError:
+        raise UsageError(f"compressed fields need numcodecs and hdf5plugin: pip install '{EXTRA}'") from None
+    return hdf5plugin.Blosc(cname=codec.cname, clevel=codec.level,  # type: ignore[arg-type]  # one of CNAMES
+                            shuffle=hdf5plugin.Blosc.SHUFFLE)

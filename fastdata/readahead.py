@@ -1,0 +1,210 @@
+"""Read ahead by the epoch plan: keep the disk busy with the bytes the next batches will read.
+
+A loader knows every batch of its pass before the pass starts. :class:`ReadAhead` follows the
+loader's position (``at(k)``: batch ``k`` is handed out now) in one small thread and, for each batch
+up to a bounded distance ahead, tells the kernel the exact byte ranges of the shard files that
+batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel
+reads for one hint). The kernel queues those reads at once,
+many in flight, while the reader threads copy the batches before them; when a reader reaches a
+sample, its pages are in the page cache or on their way. On a warm cache a hint finds the pages
+present and costs one system call per range (adjacent ranges are merged first).
+
+The distance is bounded, so memory is too: hints go at most ``ahead_bytes`` of file ranges beyond
+the batches the readers may already be reading (the loader's ``prefetch`` and workers), and at
+least one batch. Hinted pages are ordinary page cache: the kernel drops them under memory pressure
+like any other clean page, and nothing is held in the process (its RSS does not grow with it).
+It works in whichever process reads (threads or worker processes share the page cache), for both
+shard formats (HDF5 columns and per-sample chunks; LMDB records once their place is known), any
+shuffle, sampler, DDP share or resumed position: it only hints, it never changes what is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+log = logging.getLogger("fastdata.readahead")
+
+DEFAULT_AHEAD_BYTES = 256 << 20
+_MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is read too: cheaper than a seek)
+_MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
+_chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
+
+
+def hint_chunk(path: Path | str) -> int:
+    """The most one ``WILLNEED`` hint reads on the device holding ``path``: Linux reads at most
+    ``max(read_ahead_kb, max_sectors_kb)`` of the device per call and drops the rest of a longer
+    range (mm/readahead.c, ``force_page_cache_ra``), so longer ranges are hinted in pieces of this size.
+    128 KiB (the default read-ahead) where the device's queue is not found (network filesystems)."""
+    dev = os.stat(path).st_dev
+    if dev not in _chunks:
+        base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+        found = _MIN_CHUNK
+        for queue in (f"{base}/queue", f"{base}/../queue"):  # a disk, or a partition of one
+            try:
+                kb = [int(Path(queue, name).read_text()) for name in ("read_ahead_kb", "max_sectors_kb")]
+            except (OSError, ValueError):
+                continue
+            found = max(_MIN_CHUNK, max(kb) << 10)
+            break
+        _chunks[dev] = found
+    return _chunks[dev]
+
+Ranges = list[tuple[Path, np.ndarray, np.ndarray]]  # per shard file: (path, starts, lengths) in bytes
+
+
+def merge_ranges(starts: np.ndarray, lengths: np.ndarray, gap: int = _MERGE_GAP) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted, merged byte ranges covering ``starts``/``lengths`` (ranges closer than ``gap`` joined)."""
+    if len(starts) == 0:
+        return starts, lengths
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], starts[order] + lengths[order]
+    reach = np.maximum.accumulate(e)
+    new = np.concatenate(([True], s[1:] > reach[:-1] + gap))
+    first = np.flatnonzero(new)
+    last = np.concatenate((first[1:], [len(s)])) - 1
+    return s[first], reach[last] - s[first]
+
+
+class ReadAhead:
+    """Hints the byte ranges of batches ``plan[first:]`` to the kernel, following :meth:`at`.
+
+    ``ranges(batch)`` gives the file ranges one batch reads. ``lead``: batches the loader's readers
+    may be reading ahead of the one handed out (hinted first, they are needed soonest);
+    ``ahead_bytes``: how far beyond those the hints may run. ``close`` stops the thread.
+    """
+
+    def __init__(self, ranges: Callable[[np.ndarray], Ranges], plan: Sequence[np.ndarray], first: int, lead: int,
+                 ahead_bytes: int = DEFAULT_AHEAD_BYTES) -> None:
+        self._ranges = ranges
+        self._plan = plan
+        self._k = first  # the batch handed out now
+        self._next = first  # the next batch to hint
+        self._lead = max(0, lead)
+        self._ahead = max(0, ahead_bytes)
+        self._sizes: dict[int, int] = {}  # batch -> bytes hinted (for the byte bound)
+        self._fds: dict[Path, int] = {}
+        self._chunk: dict[Path, int] = {}  # file -> bytes one hint may cover (hint_chunk)
+        self._cond = threading.Condition()
+        self._stop = False
+        self.hinted_bytes = 0  # what was hinted in all (a figure for tests and benchmarks)
+        self._thread = threading.Thread(target=self._run, name="fastdata-readahead", daemon=True)
+        self._thread.start()
+
+    def at(self, k: int) -> None:
+        """The loader hands out batch ``k`` now."""
+        with self._cond:
+            self._k = k
+            self._cond.notify()
+
+    def _may_hint(self) -> bool:
+        """Whether batch ``_next`` is within the bound (called with the lock held)."""
+        j = self._next
+        if j >= len(self._plan):
+            return False
+        if j <= self._k + self._lead:
+            return True  # the readers may be at it already
+        beyond = sum(n for b, n in self._sizes.items() if b > self._k + self._lead)
+        return beyond < self._ahead or j == self._k + self._lead + 1
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stop and not self._may_hint():
+                        if self._next >= len(self._plan):
+                            return
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                    j = self._next
+                    self._next += 1
+                    for b in [b for b in self._sizes if b < self._k]:
+                        del self._sizes[b]
+                self._sizes[j] = self._hint(self._plan[j])
+        except Exception as e:  # noqa: BLE001 - only a hint: the readers meet (and report) any real problem
+            log.info("read-ahead stopped: %s: %s", type(e).__name__, e)
+        finally:
+            self._close_fds()
+
+    def _hint(self, batch: np.ndarray) -> int:
+        total = 0
+        for path, starts, lengths in self._ranges(batch):
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self._chunk[path] = hint_chunk(path)
+            chunk = self._chunk[path]
+            s, n = merge_ranges(starts, lengths)
+            for off, size in zip(s.tolist(), n.tolist()):
+                for at in range(off, off + size, chunk):  # (a longer hint would be cut short by the kernel)
+                    os.posix_fadvise(fd, at, min(chunk, off + size - at), os.POSIX_FADV_WILLNEED)
+            total += int(n.sum())
+        self.hinted_bytes += total
+        return total
+
+    def _close_fds(self) -> None:
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+
+    def close(self) -> None:
+        """Stop hinting (a hint in flight finishes first; it is one system call)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+def supported() -> bool:
+    """Whether this platform has ``posix_fadvise`` (Linux and most Unixes; not macOS or Windows)."""
+    return hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_WILLNEED")
+
+
+def drop_page_cache(paths: Sequence[Path | str]) -> int:
+    """Ask the kernel to drop the cached pages of ``paths`` (``POSIX_FADV_DONTNEED`` on each whole
+    file; no root needed, clean pages only, and pages some process has mapped stay): how cold reads
+    are measured (benchmarks/bench_cold.py, ``fastdata bench --cold``). Returns the files' bytes."""
+    total = 0
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            total += os.fstat(fd).st_size
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return total
+
+
+def resident_bytes(paths: Sequence[Path | str]) -> int:
+    """Bytes of ``paths`` in the page cache now (``mincore`` over a fresh map of each file; Linux):
+    how a cold measurement checks that the cache really was emptied."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    total = 0
+    for p in paths:
+        size = os.path.getsize(p)
+        if size == 0:
+            continue
+        with open(p, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
+            view = np.frombuffer(m, dtype=np.uint8)
+            vec = np.zeros(-(-size // page), dtype=np.uint8)
+            rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size),
+                              ctypes.c_void_p(vec.ctypes.data))
+            del view  # the map cannot close while numpy holds it
+            if rc != 0:
+                raise OSError(ctypes.get_errno(), f"mincore failed on {p}")
+            total += min(int((vec & 1).sum()) * page, size)
+    return total

@@ -1,0 +1,42 @@
+"""benchmarks/bench_cold.py --quick runs end to end in a temporary folder and writes its results;
+``fastdata bench --cold`` measures a dataset cold. No timing is asserted (docs/benchmarks.md has the figures)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from converters import convert
+from converters.writer import WriteOptions
+from fastdata import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cold.py"), "--quick", "--out", str(tmp_path),
+                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    data = json.loads((tmp_path / "cold_quick.json").read_text())
+    assert {"rows", "ceilings", "warm", "shuffle_quality", "rss", "targets"} <= set(data)
+    assert data["ratio"]["hdf5_lz4"] > 1.5  # Poisson counts compress
+    assert all(v["resident_before"] < 0.5 for v in data["rows"].values())  # the cache really was emptied
+    assert data["shuffle_quality"]["True"]["mixing"] > data["shuffle_quality"]["False"]["mixing"]
+    assert (tmp_path / "cold_quick.md").read_text().strip()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("bench_cold_")] == []  # its work folder went
+
+
+def test_fastdata_bench_cold_on_a_small_dataset(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).poisson(9, (64, 4, 32, 32)).astype(np.float32))
+    convert(None, tmp_path / "ds", WriteOptions(workers=1), arrays={"x": tmp_path / "x.npy"})
+    assert cli.main(["bench", str(tmp_path / "ds"), "--cold", "--batches", "2", "--seconds", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = [r["name"] for r in out["results"]]
+    assert out["cold"] and any("shuffle=True" in n for n in names) and any(n.startswith("pread") for n in names)
+    assert all(r["samples_per_s"] > 0 for r in out["results"])
+    assert cli.main(["bench", str(tmp_path / "ds"), "--cold", "--batches", "1", "--seconds", "1", "--no-ceiling"]) == 0
+    assert "shuffle='block', cold" in capsys.readouterr().out

@@ -1,0 +1,343 @@
+"""Larger than RAM: read-ahead by the plan never changes what is read; per-field compression
+(``--compression lz4|zstd``) round-trips bit-exactly in both formats, stays readable by plain
+h5py, is refused clearly by readers too old for it, and shows its ratio in ``fastdata info``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastdata
+from converters import convert
+from converters.writer import WriteOptions
+from fastdata import cli
+from fastdata.errors import CorruptShardError, FormatError
+from fastdata.loaders import LoaderConfig
+from fastdata.readahead import ReadAhead, drop_page_cache, merge_ranges, resident_bytes
+from fastdata.sampling import SHUFFLES
+from fastdata.world import World
+
+N = 182  # two shards of 91 (1.5 MB): columns over 1 MiB are read from the file, not cached
+SHAPE = (2, 32, 8, 8)  # 16 KiB a sample: compressed (at least codec.MIN_FIELD_BYTES)
+
+
+def _arrays(tmp_path):
+    rng = np.random.default_rng(0)
+    t = np.arange(SHAPE[1], dtype=np.float32)[None, None, :, None, None]
+    x = rng.poisson(80 * np.exp(-t / rng.uniform(3, 12, (N, SHAPE[0], 1, *SHAPE[2:])))).astype(np.float32)
+    y = np.arange(N, dtype=np.int64)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    return x, y
+
+
+def _convert(tmp_path, backend, compression):
+    dst = tmp_path / f"{backend}-{compression}"
+    convert(None, dst, WriteOptions(backend=backend, compression=compression, shard_size=1_500_000, workers=1),
+            arrays={"x": tmp_path / "x.npy", "label": tmp_path / "y.npy"})
+    return dst
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cold")
+    x, y = _arrays(tmp)
+    paths = {(b, c): _convert(tmp, b, c) for b in ("hdf5", "lmdb") for c in (None, "lz4")}
+    return x, y, paths
+
+
+def _batches(ld):
+    return [(b["label"].numpy().copy(), b["x"].numpy().copy()) for b in ld]
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for (la, xa), (lb, xb) in zip(a, b):
+        assert np.array_equal(la, lb) and np.array_equal(xa, xb)
+
+
+# --- compression ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
+@pytest.mark.parametrize("codec", ["lz4", "zstd:3"])
+def test_compressed_round_trip_is_bit_exact(tmp_path, backend, codec):
+    x, y = _arrays(tmp_path)
+    dst = _convert(tmp_path, backend, codec)
+    with fastdata.open(dst) as ds:
+        assert ds.manifest.version == 4
+        assert {f.name: f.compression for f in ds.manifest.fields} == {"x": "blosc", "label": None}
+        idx = np.random.default_rng(1).permutation(N)[:61]
+        b = ds.get_batch(idx)
+        assert np.array_equal(b["x"], x[idx]) and np.array_equal(b["label"], y[idx])
+        assert np.array_equal(ds[N - 1]["x"], x[N - 1])
+    used = sum(p.stat().st_blocks * 512 for p in dst.glob("shard-*"))  # (LMDB's zeroed tail is sparse)
+    assert used < x.nbytes * 0.75  # Poisson counts compress (LMDB rounds each record up to whole pages)
+
+
+def test_uncompressed_datasets_keep_format_version_3(data):
+    _, _, paths = data
+    with fastdata.open(paths["hdf5", None]) as ds:
+        assert ds.manifest.version == 3 and all(f.compression is None for f in ds.manifest.fields)
+
+
+def test_plain_h5py_reads_a_compressed_shard_after_importing_hdf5plugin(data):
+    import h5py
+    import hdf5plugin  # noqa: F401 - registers the Blosc filter with HDF5
+
+    x, _, paths = data
+    m = fastdata.open(paths["hdf5", "lz4"]).manifest
+    for s in m.shards:
+        with h5py.File(paths["hdf5", "lz4"] / s.file, "r") as f:
+            assert np.array_equal(f["x"][...], x[s.start : s.start + s.count])
+
+
+def test_a_reader_of_version_3_refuses_a_compressed_dataset(data, monkeypatch):
+    from fastdata.format import manifest
+
+    monkeypatch.setattr(manifest, "READ_VERSION", 3)
+    with pytest.raises(FormatError, match=r"newer fastdata \(format version 4.*upgrade fastdata"):
+        fastdata.open(data[2]["lmdb", "lz4"])
+
+
+def test_a_compressed_field_in_a_version_3_manifest_or_an_unknown_codec_is_refused(data, tmp_path):
+    import shutil
+
+    dst = tmp_path / "copy"
+    shutil.copytree(data[2]["hdf5", "lz4"], dst)
+    obj = json.loads((dst / "manifest.json").read_text())
+    obj["version"] = 3
+    (dst / "manifest.json").write_text(json.dumps(obj))
+    with pytest.raises(FormatError, match="needs format version 4"):
+        fastdata.open(dst)
+    obj["version"] = 4
+    obj["fields"][0]["compression"] = "snappy9"
+    (dst / "manifest.json").write_text(json.dumps(obj))
+    with pytest.raises(FormatError, match="unknown compression 'snappy9'.*upgrade fastdata"):
+        fastdata.open(dst)
+
+
+@pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
+def test_a_damaged_compressed_sample_is_a_one_line_error_naming_it(tmp_path, backend):
+    x, _ = _arrays(tmp_path)
+    dst = _convert(tmp_path, backend, "lz4")
+    with fastdata.open(dst) as ds:
+        info = ds.manifest.shards[0]
+        start, size = (a[0] for a in ds.byte_ranges([0])[0][1:])  # where sample 0's bytes lie
+        ds.close()
+    shard = dst / info.file
+    raw = bytearray(shard.read_bytes())
+    hs = 0 if backend == "hdf5" else 8 + 8 * 2  # an LMDB record starts with its own header
+    raw[start + hs + 4 : start + hs + 8] = (12345).to_bytes(4, "little")  # the Blosc header's nbytes
+    shard.write_bytes(bytes(raw))
+    with fastdata.open(dst) as ds, pytest.raises(CorruptShardError, match=r"sample 0: field 'x'.*compressed sample"):
+        ds.get_batch([0])
+
+
+def test_info_shows_the_ratio(data, capsys):
+    assert cli.main(["info", str(data[2]["hdf5", "lz4"])]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("compress"))
+    assert "lz4 on x" in line and "x (" in line
+    ratio = float(line.split(": ")[1].split("x")[0])
+    assert ratio > 2
+    assert cli.main(["info", str(data[2]["hdf5", None])]) == 0
+    assert not any(ln.startswith("compress") for ln in capsys.readouterr().out.splitlines())
+
+
+@pytest.mark.parametrize("value,fmt", [("lz5", "hdf5"), ("lz4:12", "hdf5"), ("gzip", "lmdb"), ("zstd:x", "lmdb")])
+def test_a_bad_compression_is_a_one_line_usage_error(tmp_path, capsys, value, fmt):
+    _arrays(tmp_path)
+    rc = cli.main(["convert", "--data", str(tmp_path / "x.npy"), "--no-labels", str(tmp_path / "out"),
+                   "--format", fmt, "--compression", value])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and value.split(":")[0] in err
+    assert not (tmp_path / "out").exists()
+
+
+# --- read-ahead ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", [("hdf5", None), ("hdf5", "lz4"), ("lmdb", None), ("lmdb", "lz4")])
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_read_ahead_never_changes_what_is_read(data, key, shuffle):
+    path = data[2][key]
+    for rank in (0, 1):  # DDP shares: each rank's batches equal with and without read-ahead
+        got = []
+        for ra in (1, 0):  # 1 byte: the smallest window (one batch beyond the readers), 0: off
+            with fastdata.loader(path, 16, shuffle=shuffle, seed=3, device="cpu",
+                                 config=LoaderConfig(readahead=ra)) as ld:
+                ld._fixed_world = World(rank=rank, size=2)
+                ld.set_epoch(2)
+                got.append(_batches(ld))
+        _same(*got)
+
+
+@pytest.mark.parametrize("key", [("hdf5", "lz4"), ("lmdb", None)])
+def test_resume_with_read_ahead_gives_exactly_the_rest(data, key):
+    path = data[2][key]
+    with fastdata.loader(path, 16, seed=5, device="cpu", config=LoaderConfig(readahead=0)) as full:
+        full.set_epoch(1)
+        expected = _batches(full)
+    with fastdata.loader(path, 16, seed=5, device="cpu", config=LoaderConfig(readahead=1)) as ld:
+        ld.set_epoch(1)
+        seen = []
+        for b in ld:
+            seen.append((b["label"].numpy().copy(), b["x"].numpy().copy()))
+            if len(seen) == 3:
+                state = ld.state_dict()
+                break
+    with fastdata.loader(path, 16, seed=5, device="cpu", config=LoaderConfig(readahead=1)) as fresh:
+        fresh.load_state_dict(state)
+        _same(seen + _batches(fresh), expected)
+
+
+@pytest.mark.parametrize("key", [("hdf5", None), ("hdf5", "lz4"), ("lmdb", None), ("lmdb", "lz4")])
+def test_byte_ranges_cover_every_sample_of_large_fields(data, key):
+    """Both formats know where each sample lies (LMDB: from its B-tree, before any record is read)."""
+    with fastdata.open(data[2][key]) as ds:
+        ranges = ds.byte_ranges(np.arange(N))
+        assert sum(len(s) for _, s, _ in ranges) == N
+        sizes = np.concatenate([n for _, _, n in ranges])
+        assert (sizes >= 16).all() and ((sizes < 16384) if key[1] else (sizes >= 16384)).all()
+        for path, starts, lengths in ranges:
+            assert (starts + lengths <= path.stat().st_size).all()
+
+
+def test_lmdb_record_places_from_the_tree_match_lmdb(data):
+    import lmdb
+
+    from fastdata.format import lmdbtree
+
+    paths = data[2]
+    m = fastdata.open(paths["lmdb", None]).manifest
+    s = m.shards[-1]
+    path = paths["lmdb", None] / s.file
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        offs, sizes = lmdbtree.record_offsets(fd, env.stat()["psize"], s.start, s.count)
+        raw = path.read_bytes()
+        with env.begin() as txn:
+            for i in range(s.count):
+                value = txn.get((s.start + i).to_bytes(8, "big"))
+                assert raw[offs[i] : offs[i] + sizes[i]] == value
+    finally:
+        os.close(fd)
+        env.close()
+
+
+def test_merge_ranges():
+    s, n = merge_ranges(np.array([100, 0, 50, 10_000_000]), np.array([10, 40, 20, 5]), gap=16)
+    assert s.tolist() == [0, 100, 10_000_000] and n.tolist() == [70, 10, 5]  # gaps of 10 joined, of 30 not
+    s, n = merge_ranges(np.array([100, 0, 50]), np.array([10, 40, 20]), gap=32)
+    assert s.tolist() == [0] and n.tolist() == [110]
+    s, n = merge_ranges(np.array([0, 100]), np.array([200, 10]), gap=0)  # contained
+    assert s.tolist() == [0] and n.tolist() == [200]
+
+
+class _Recorder:
+    def __init__(self):
+        self.batches: list[int] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, batch):
+        with self.cond:
+            self.batches.append(int(batch[0]))
+            self.cond.notify_all()
+        return []
+
+    def wait_for(self, n):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.batches) >= n, timeout=10)
+
+
+def test_read_ahead_stays_within_its_bound_and_follows_the_loader(tmp_path):
+    plan = [np.array([k]) for k in range(20)]
+    rec = _Recorder()
+    ra = ReadAhead(rec, plan, first=3, lead=2, ahead_bytes=0)
+    try:
+        rec.wait_for(4)  # batches 3..5 (the readers' lead) and one more
+        time.sleep(0.05)  # (nothing may follow: the bound holds while the loader stands still)
+        assert rec.batches == [3, 4, 5, 6]
+        ra.at(10)
+        rec.wait_for(11)
+        time.sleep(0.05)
+        assert rec.batches == list(range(3, 14))
+    finally:
+        ra.close()
+
+
+def test_drop_page_cache_empties_it_for_a_file(tmp_path):
+    f = tmp_path / "f.bin"
+    f.write_bytes(np.random.default_rng(0).bytes(1 << 20))
+    import os
+
+    os.sync()
+    f.read_bytes()
+    drop_page_cache([f])
+    assert resident_bytes([f]) < (1 << 20) // 2
+
+
+@pytest.mark.parametrize("key", [("hdf5", "lz4"), ("lmdb", None)])
+def test_read_ahead_with_worker_processes_reads_the_same(data, key):
+    """Worker processes share the page cache: the hints start once the workers are forked (after the
+    first batch), and the batches are those of the threads, bit for bit."""
+    got = []
+    for mode, ra in (("processes", 1), ("threads", 0)):
+        with fastdata.loader(data[2][key], 16, seed=4, device="cpu", num_workers=2,
+                             config=LoaderConfig(mode=mode, readahead=ra)) as ld:
+            got.append(_batches(ld))
+    _same(*got)
+
+
+@pytest.mark.slow
+def test_rss_stays_flat_over_20_cold_epochs(tmp_path):
+    """The loader's anonymous memory does not grow epoch after epoch with the page cache emptied before each."""
+    x = np.random.default_rng(0).poisson(20, (400, 2, 64, 21, 21)).astype(np.float32)  # 90 MB
+    np.save(tmp_path / "x.npy", x)
+    convert(None, tmp_path / "ds", WriteOptions(workers=1, shard_size=16 << 20), arrays={"x": tmp_path / "x.npy"})
+    files = sorted((tmp_path / "ds").glob("shard-*"))
+
+    def anon_kib() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("RssAnon:"))
+
+    seen = []
+    ld = fastdata.loader(tmp_path / "ds", 32, device="cpu")
+    for _ in range(20):
+        ld.close()  # unmaps the shards, so that the pages can be dropped
+        drop_page_cache(files)
+        for _b in ld:
+            pass
+        seen.append(anon_kib())
+    ld.close()
+    assert max(seen[2:]) - seen[1] < 16 << 10, seen  # KiB: no growth beyond noise after the first epochs
+
+
+def test_long_ranges_are_hinted_in_pieces_the_kernel_reads_whole(tmp_path, monkeypatch):
+    """Linux reads at most max(read_ahead_kb, max_sectors_kb) of one WILLNEED hint and drops the rest."""
+    import os
+
+    from fastdata import readahead
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(bytes(1 << 20))
+    monkeypatch.setitem(readahead._chunks, os.stat(f).st_dev, 256 << 10)
+    calls = []
+    monkeypatch.setattr(readahead.os, "posix_fadvise", lambda fd, off, n, advice: calls.append((off, n)))
+    rec = _Recorder()
+
+    def ranges(batch):
+        rec(batch)
+        return [(f, np.array([1000]), np.array([700 << 10]))]
+
+    ra = ReadAhead(ranges, [np.array([0])], first=0, lead=0)
+    rec.wait_for(1)
+    ra.close()
+    assert calls == [(1000, 256 << 10), (1000 + (256 << 10), 256 << 10), (1000 + (512 << 10), 188 << 10)]
+    assert readahead.hint_chunk("/proc/self/status") == 128 << 10  # no block device: the kernel's default
