@@ -2,8 +2,8 @@
 
 py-lmdb touches every page of a value it returns, so learning a record's place through LMDB
 reads the whole record, one 4 KiB page fault at a time on a cold cache (LMDB maps the file
-with ``MADV_RANDOM`` when opened with ``readahead=False``): about 80 MB/s where the disk gives
-1 GB/s. The tree's branch and leaf pages are a small fraction of the file: reading them with
+with ``MADV_RANDOM`` when opened with ``readahead=False``): far below what the disk gives to
+large reads. The tree's branch and leaf pages are a small fraction of the file: reading them with
 ``pread`` gives every record's offset, so the reader copies records from its own map and the
 read-ahead (fastdata/readahead.py) can hint their exact ranges before the first read.
 
