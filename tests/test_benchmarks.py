@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,8 +97,9 @@ def test_report_renders_a_block_from_a_results_file(tmp_path):
     assert "all 2 ratios at most 1.1" in out and out.startswith("intro\n") and out.endswith("after\n")
 
 
+@pytest.mark.slow  # about a minute on 2 cores: the default suite stays under its 10-minute budget
 def test_gpu_checks_run_end_to_end_on_the_cpu(tmp_path):
-    """bench_gpu.py is what a session with a GPU runs; its CPU smoke run keeps it working here."""
+    """bench_gpu.py is what a session with a GPU runs; its CPU smoke run keeps it working here (-m slow)."""
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--quick", "--device", "cpu",
                         "--skip-dali", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
