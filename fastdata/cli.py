@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_bench import add_parsers
 
     add_parsers(sub)  # bench, tune
+    from .doctor.cli import add_parser as add_doctor
+
+    add_doctor(sub)
     for name in _URL_COMMANDS:
         sub.choices[name].add_argument(
             "--remote-timeout", type=_seconds, metavar="SECONDS",
