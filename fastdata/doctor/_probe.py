@@ -75,6 +75,8 @@ class Recorder:
             rec.events.append((asked, got, rec.passes))
         if self.first_batch_at is None:
             self.first_batch_at = got
+        if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
+            self.batch_sizes[key] = _leading(batch)
         if self.cached is None and len(rec.events) == WARMUP + 1:
             self.cached, self.cached_from = _clone(batch), key
         return batch
@@ -268,6 +270,18 @@ def _describe(dataset: Any) -> str:
     except Exception:  # an iterable dataset without a length
         pass
     return f"{type(dataset).__module__}.{type(dataset).__qualname__}{n}"
+
+
+def _leading(batch: Any) -> int | None:
+    """The first axis of the first tensor or array in a batch (its number of samples), if any."""
+    if hasattr(batch, "shape") and len(batch.shape) > 0:
+        return int(batch.shape[0])
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
+    for v in items:
+        n = _leading(v)
+        if n is not None:
+            return n
+    return None
 
 
 def _clone(batch: Any) -> Any:

@@ -122,19 +122,20 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
                                         for r in raw["loaders"] if r is not main],
         "timeline": main["events"][:2000], "replay": main["replay"],
     }
-    out.update(_projection(proj, step_s, compute, main))
+    out.update(_projection(proj, step_s, wait_fraction * step_s, main))
     return out
 
 
-def _projection(proj: dict[str, Any], step_s: float, compute: float, main: dict[str, Any]) -> dict[str, Any]:
+def _projection(proj: dict[str, Any], step_s: float, wait_s: float, main: dict[str, Any]) -> dict[str, Any]:
     if not proj.get("ok"):
         return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj,
                 "commands": _commands(main, None)}
-    # The loader reads ahead in the background: a step takes the longer of the compute and the batch time.
-    # A replay slower than the measured step is noise (other load on the machine): fastdata cannot slow
-    # the model down, so the step as measured bounds the compute.
-    new_step = max(min(compute, step_s), proj["batch_s"])
-    return {"projected_wait_fraction": max(proj["batch_s"] - compute, 0.0) / new_step,
+    # The loader reads ahead in the background, so a step takes the longer of the script's own work per
+    # step (the step less the wait, as measured in the run: fastdata does not change it) and the batch time.
+    # The replay's compute-only step is the ceiling with no input at all; it is not used here: in the run
+    # the script's work also paid for the CPU the loader's workers took from it, and will with fastdata.
+    new_step = max(step_s - wait_s, proj["batch_s"])
+    return {"projected_wait_fraction": max(proj["batch_s"] - (step_s - wait_s), 0.0) / new_step,
             "projected_step_s": new_step, "projected_speedup": step_s / new_step, "projection": proj,
             "commands": _commands(main, proj)}
 
@@ -142,6 +143,10 @@ def _projection(proj: dict[str, Any], step_s: float, compute: float, main: dict[
 def _commands(main: dict[str, Any], proj: dict[str, Any] | None) -> list[str]:
     bs = main["settings"].get("batch_size")
     nw = proj["workers"] if proj else "auto"
+    if bs is None:  # a batch_sampler made the batches
+        return ["fastdata convert SRC DATASET   # as below",
+                f'loader = fastdata.loader("DATASET", None, sampler=fastdata.samplers.Episodic(...), num_workers={nw!r})'
+                "   # or another fastdata.samplers sampler in place of your batch_sampler (docs/loader.md)"]
     return ["fastdata convert SRC DATASET   # SRC: the folder of .npy/.npz/image files your dataset reads; "
             "for other sources write each __getitem__ output as SRC/NNNNNN.npz first (docs/doctor.md)",
             f'loader = fastdata.loader("DATASET", batch_size={bs}, num_workers={nw!r}, device="auto")']

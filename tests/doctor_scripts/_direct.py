@@ -1,6 +1,7 @@
 """Direct timing for the doctor's test scripts: with $DIRECT_TIMING=FILE, time each next() of the loop.
 
-Leaves out the first 2 batches of each pass, as the doctor does, and writes {"wait_fraction", "step_s"}.
+Records, for every batch after the first 2 of its pass (as the doctor does), the wait in next() and the
+step since the previous batch, with the batch's number in the run, and writes them to FILE as JSON.
 Without the variable the batches pass through untouched.
 """
 
@@ -11,8 +12,8 @@ import os
 import time
 from typing import Any, Iterable, Iterator
 
-_waits: list[float] = []
-_steps: list[float] = []
+_rows: list[tuple[int, float, float]] = []  # (batch number in the run, wait, step)
+_count = [0]
 
 
 def timed(loader: Iterable[Any]) -> Iterator[Any]:
@@ -20,7 +21,7 @@ def timed(loader: Iterable[Any]) -> Iterator[Any]:
         yield from loader
         return
     it = iter(loader)
-    prev, pos = None, 0
+    prev, pos = 0.0, 0
     while True:
         t0 = time.perf_counter()
         try:
@@ -28,16 +29,16 @@ def timed(loader: Iterable[Any]) -> Iterator[Any]:
         except StopIteration:
             return
         got = time.perf_counter()
-        if pos >= 2 and prev is not None:
-            _waits.append(got - t0)
-            _steps.append(got - prev)
+        mark(pos, got - t0, got - prev)
         prev, pos = got, pos + 1
         yield batch
-        _write()
 
 
-def _write() -> None:
-    path = os.environ.get("DIRECT_TIMING")
-    if path and _steps and len(_steps) % 5 == 0:
-        json.dump({"wait_fraction": sum(_waits) / sum(_steps), "step_s": sum(_steps) / len(_steps),
-                   "steps": len(_steps)}, open(path, "w"))
+def mark(pos: int, wait: float, step: float) -> None:
+    """One batch: its position in the pass, the wait for it, the time since the previous batch."""
+    if pos >= 2:
+        _rows.append((_count[0], wait, step))
+    _count[0] += 1
+    if _count[0] % 4 == 0:
+        with open(os.environ["DIRECT_TIMING"], "w") as f:
+            json.dump(_rows, f)

@@ -18,7 +18,30 @@ def volumes(root: Path, n: int = 64, side: int = 32) -> Path:
 
 def sequences(root: Path, n: int = 64, channels: int = 8, longest: int = 200) -> Path:
     rng = np.random.default_rng(1)
-    root.mkdir(parents=True, exist_ok=True)
     for i in range(n):
-        np.save(root / f"{i:05d}.npy", rng.standard_normal((int(rng.integers(20, longest)), channels)).astype(np.float32))
+        (root / f"class{i % 2}").mkdir(parents=True, exist_ok=True)
+        np.save(root / f"class{i % 2}" / f"{i:05d}.npy", rng.standard_normal((int(rng.integers(20, longest)), channels)).astype(np.float32))
+    return root
+
+
+def jpegs(root: Path, n: int = 64, side: int = 256) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(2)
+    for i in range(n):
+        d = root / f"class{i % 10}"
+        d.mkdir(parents=True, exist_ok=True)
+        base = rng.integers(0, 255, (side // 8, side // 8, 3), dtype=np.uint8)  # smooth enough to compress like a photo
+        im = Image.fromarray(base).resize((side, side), Image.BICUBIC)
+        im.save(d / f"{i:05d}.jpg", quality=90)
+    return root
+
+
+def clips(root: Path, classes: int = 10, per_class: int = 8, length: int = 256 * 64) -> Path:
+    rng = np.random.default_rng(3)
+    for c in range(classes):
+        d = root / f"class{c:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        for k in range(per_class):
+            np.save(d / f"{k:04d}.npy", rng.standard_normal(length).astype(np.float32))
     return root
