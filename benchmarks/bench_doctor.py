@@ -3,11 +3,12 @@
 Five small training scripts (tests/doctor_scripts: a 3D CNN over .npy volumes, an image classifier over
 JPEGs with PIL transforms, a LightningModule CNN-LSTM over variable-length .npy, an episodic few-shot
 sampler, and the 3D CNN again with more workers), each on small data made here. Per script:
-1. the script alone, timing its own waits ($DIRECT_TIMING: tests/doctor_scripts/_direct.py);
-2. the script under ``fastdata doctor --steps N`` (timing itself too: the same run's direct figure);
-3. the script switched to ``fastdata.loader`` over the converted data (``fastdata convert``).
-Figures: the doctor's wait fraction vs the direct ones (separate run and same run), its projected
-speedup vs the one measured in 3 (step time of 1 / step time of 3), and its overhead: the step time
+1. the script alone, timing its own waits ($DIRECT_TIMING: tests/doctor_scripts/_direct.py), and
+2. the script switched to ``fastdata.loader`` over the converted data (``fastdata convert``), interleaved,
+   ROUNDS times each (medians);
+3. the script under ``fastdata doctor --steps N`` (timing itself too: the same run's direct figure).
+Figures: the doctor's wait fraction vs the direct ones (separate runs and the same run), its projected
+speedup vs the one measured (step time of 1 / step time of 2), and its overhead: the step time
 the script measures under the doctor vs alone, and the hooks' own cost per batch measured in-process.
 Usage: python benchmarks/bench_doctor.py [--quick]   (quick: tiny data, figures meaningless)
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+ROUNDS = 2  # runs of the script alone and switched to fastdata (median step)
 ROOT = HERE.parent
 SCRIPTS = ROOT / "tests" / "doctor_scripts"
 sys.path.insert(0, str(HERE))
@@ -34,10 +36,12 @@ sys.path.insert(0, str(SCRIPTS))
 import _harness  # noqa: E402
 import make_data  # noqa: E402
 
+from fastdata.doctor.report import render  # noqa: E402
+
 
 def _cases(work: Path, quick: bool) -> list[dict[str, Any]]:
     k = 4 if quick else 1
-    vol = make_data.volumes(work / "vol", n=128 // k, side=48)
+    vol = make_data.volumes(work / "vol", n=128 // k, side=40)
     img = make_data.jpegs(work / "img", n=384 // k, side=448)
     seq = make_data.sequences(work / "seq", n=256 // k, longest=400)
     clip = make_data.clips(work / "clip", classes=10, per_class=24 // k, length=256 * 256)
@@ -46,7 +50,7 @@ def _cases(work: Path, quick: bool) -> list[dict[str, Any]]:
          "convert": []},
         {"name": "3D CNN, .npy volumes, 0 workers", "script": "cnn3d_npy.py", "data": vol,
          "args": ["--epochs", "3", "--workers", "0"], "convert": []},
-        {"name": "image classifier, JPEG + PIL", "script": "image_folder.py", "data": img, "args": ["--epochs", "2"],
+        {"name": "image classifier, JPEG + PIL", "script": "image_folder.py", "data": img, "args": ["--epochs", "3"],
          "convert": ["--images", "raw", "--size", "112", "112"]},
         {"name": "Lightning CNN-LSTM, ragged .npy", "script": "lightning_seq.py", "data": seq,
          "args": ["--epochs", "3"], "convert": []},
@@ -73,24 +77,27 @@ def _fraction(rows: list[list[float]], below: int | None = None) -> tuple[float,
 
 def _case(c: dict[str, Any], work: Path, steps: int) -> dict[str, Any]:
     script = [sys.executable, str(SCRIPTS / c["script"]), str(c["data"]), *c["args"]]
-    alone = _run(script, work / "t_alone.json")
-    report = work / "doctor.json"
-    under = _run([sys.executable, "-m", "fastdata", "doctor", "--steps", str(steps), "--json", str(report), "--",
-                  *script], work / "t_doctor.json")
-    r = json.loads(report.read_text())
     ds = work / (c["data"].name + ".fd")
     if not ds.exists():
         subprocess.run([sys.executable, "-m", "fastdata", "convert", str(c["data"]), str(ds), "--quiet",
                         *c["convert"]], check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    after = _run([*script, "--fastdata", str(ds)], work / "t_fastdata.json")
-    direct_wait, direct_step = _fraction(alone)
+    alone, after = [], []
+    for _ in range(ROUNDS):  # interleaved: the machine's other load drifts between runs
+        alone.append(_fraction(_run(script, work / "t_alone.json")))
+        after.append(_fraction(_run([*script, "--fastdata", str(ds)], work / "t_fastdata.json")))
+    report = work / "doctor.json"
+    under = _run([sys.executable, "-m", "fastdata", "doctor", "--steps", str(steps), "--json", str(report), "--",
+                  *script], work / "t_doctor.json")
+    r = json.loads(report.read_text())
+    direct_wait = statistics.median(w for w, _ in alone)
+    direct_step = statistics.median(st for _, st in alone)
+    fd_step = statistics.median(st for _, st in after)
     same_wait, same_step = _fraction(under, below=r["loader"]["batches"])
-    _, fd_step = _fraction(after)
     return {"name": c["name"], "doctor_wait": r["wait_fraction"], "direct_wait": direct_wait,
             "direct_wait_same_run": same_wait, "verdict": r["bottleneck"], "doctor_step_s": r["step_s"],
             "direct_step_s": direct_step, "step_s_under_doctor": same_step,
             "compute_only_step_s": r["compute_only_step_s"], "projected_speedup": r["projected_speedup"],
-            "actual_speedup": direct_step / fd_step, "fastdata_step_s": fd_step, "report": {
+            "actual_speedup": direct_step / fd_step, "fastdata_step_s": fd_step, "rendered": render(r), "report": {
                 k: r[k] for k in ("verdict", "projected_wait_fraction", "projection", "workers")}}
 
 
@@ -145,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['actual_speedup']:.2f}x", f"{r['hook_overhead_fraction']:.2%}", f"{r['step_overhead_fraction']:+.1%}"]
          for r in rows])
     md = (f"# fastdata doctor vs direct measurement{' (quick: meaningless)' if a.quick else ''}\n\n{table}\n\n"
-          f"Hooks' cost per batch (in-process, trivial loader): {cost['added_s_per_batch'] * 1e6:.1f} us.\n")
+          f"Hooks' cost per batch (in-process, trivial loader): {cost['added_s_per_batch'] * 1e6:.1f} us.\n\n"
+          "## The doctor's report on the image classifier (docs/doctor.md shows it)\n\n```text\n"
+          + next(r["rendered"] for r in rows if r["name"].startswith("image")) + "```\n")
     name = "doctor_quick" if a.quick else "doctor"
     _harness.write_results(name, {"machine": _harness.machine_info(), "quick": a.quick, "cases": rows,
                                   "hook_cost": cost}, md, a.out)

@@ -224,6 +224,14 @@ def remote(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest) ->
     npy_classes(tmp / "train", n=12)
 
 
+def doctor_page(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """train.py: the image-classifier script of tests/doctor_scripts (with its timing helper), over a few JPEGs."""
+    scripts = snippets.ROOT / "tests" / "doctor_scripts"
+    for name in ("image_folder.py", "_direct.py"):
+        shutil.copy(scripts / name, tmp / ("train.py" if name == "image_folder.py" else name))
+    image_classes(tmp / "images", n=24, ext="jpg", sizes=((48, 64),))
+
+
 SETUPS: dict[str, Setup] = {
     "README.md": readme,
     "docs/quickstart.md": quickstart,
@@ -235,6 +243,7 @@ SETUPS: dict[str, Setup] = {
     "docs/reliability.md": reliability,
     "docs/scale.md": scale,
     "docs/remote.md": remote,
+    "docs/doctor.md": doctor_page,
 }
 
 # (page, text in a command, what runs instead): placeholder paths into tmp_path, benchmarks shortened.
@@ -244,6 +253,7 @@ REWRITES: list[tuple[str, str, str]] = [
     ("docs/scale.md", "/shared/", "shared/"),
     ("docs/scale.md", "/data/", "data/"),
     ("docs/remote.md", "--seconds 20", "--seconds 0.5"),
+    ("docs/doctor.md", "--seconds 20", "--seconds 2"),
 ]
 
 

@@ -82,10 +82,11 @@ class Recorder:
         return batch
 
     def next_replay(self, key: int) -> Any:
-        """A fresh copy of the cached batch (the script may change a batch in place), or BudgetReached."""
+        """A fresh copy of the cached batch (the script may change a batch in place), or BudgetReached (also
+        when another loader, a validation loader say, asks: it must never be handed the training batch)."""
         rec = self.loaders[key]
         self.stop_reason = "budget spent"
-        if self.replaying >= REPLAY or self.cached is None or not self.do_replay:
+        if self.replaying >= REPLAY or self.cached is None or not self.do_replay or key != self.cached_from:
             self.stopped_at = time.perf_counter()
             raise BudgetReached(0)
         t0 = time.perf_counter()

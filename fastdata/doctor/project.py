@@ -82,7 +82,7 @@ def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
         f = _fields(ds[int(i)])
         if f is None:
             return {"ok": False, "why": f"sample {int(i)} holds objects that are not arrays or numbers"}
-        np.savez(src / f"{kept:06d}.npz", **f)
+        np.savez(src / f"{kept:06d}.npz", **f)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
         kept += 1
         if time.perf_counter() - t0 > SAMPLE_BUDGET_S and kept >= 2 * bs:
             break

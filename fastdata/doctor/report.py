@@ -31,12 +31,14 @@ def _steps(events: list[list[float]]) -> tuple[list[float], list[float]]:
 
 
 def _replay_step(loader: dict[str, Any], stopped_at: float | None) -> float | None:
+    """The median step on the cached batch, less the median copy: medians, as other load on the machine
+    makes single steps slow."""
     marks = [t for t, _ in loader["replay"]] + ([stopped_at] if stopped_at else [])
-    copies = [c for _, c in loader["replay"]]
+    copies = sorted(c for _, c in loader["replay"])
     if len(marks) < 3:
         return None
-    gaps = [b - a for a, b in zip(marks, marks[1:])]
-    return max(sum(gaps) / len(gaps) - sum(copies) / len(copies), 0.0)
+    gaps = sorted(b - a for a, b in zip(marks, marks[1:]))
+    return max(gaps[len(gaps) // 2] - copies[len(copies) // 2], 0.0)
 
 
 def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | None:
@@ -122,20 +124,21 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
                                         for r in raw["loaders"] if r is not main],
         "timeline": main["events"][:2000], "replay": main["replay"],
     }
-    out.update(_projection(proj, step_s, wait_fraction * step_s, main))
+    out.update(_projection(proj, step_s, compute, main))
     return out
 
 
-def _projection(proj: dict[str, Any], step_s: float, wait_s: float, main: dict[str, Any]) -> dict[str, Any]:
+def _projection(proj: dict[str, Any], step_s: float, compute: float, main: dict[str, Any]) -> dict[str, Any]:
     if not proj.get("ok"):
         return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj,
                 "commands": _commands(main, None)}
-    # The loader reads ahead in the background, so a step takes the longer of the script's own work per
-    # step (the step less the wait, as measured in the run: fastdata does not change it) and the batch time.
-    # The replay's compute-only step is the ceiling with no input at all; it is not used here: in the run
-    # the script's work also paid for the CPU the loader's workers took from it, and will with fastdata.
-    new_step = max(step_s - wait_s, proj["batch_s"])
-    return {"projected_wait_fraction": max(proj["batch_s"] - (step_s - wait_s), 0.0) / new_step,
+    # The loader reads ahead in the background, so a step takes the longer of the compute-only step and
+    # fastdata's time per batch. The replay is the better compute figure: in the run, the workers' CPU use
+    # also slowed the step itself (2 cores: decoding workers and the model's threads compete). A replay
+    # slower than the measured step is noise from other load: the measured step bounds it.
+    work = min(compute, step_s)
+    new_step = max(work, proj["batch_s"])
+    return {"projected_wait_fraction": max(proj["batch_s"] - work, 0.0) / new_step,
             "projected_step_s": new_step, "projected_speedup": step_s / new_step, "projection": proj,
             "commands": _commands(main, proj)}
 
