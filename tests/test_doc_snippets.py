@@ -227,9 +227,11 @@ def remote(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest) ->
 def doctor_page(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     """train.py: the image-classifier script of tests/doctor_scripts (with its timing helper), over a few JPEGs."""
     scripts = snippets.ROOT / "tests" / "doctor_scripts"
-    for name in ("image_folder.py", "_direct.py"):
-        shutil.copy(scripts / name, tmp / ("train.py" if name == "image_folder.py" else name))
-    image_classes(tmp / "images", n=24, ext="jpg", sizes=((48, 64),))
+    shutil.copy(scripts / "_direct.py", tmp)
+    train = (scripts / "image_folder.py").read_text()  # smaller batches and more epochs: enough steps for --steps 12
+    train = train.replace('"--batch-size", type=int, default=32', '"--batch-size", type=int, default=4')
+    (tmp / "train.py").write_text(train.replace('"--epochs", type=int, default=1', '"--epochs", type=int, default=8'))
+    image_classes(tmp / "images", n=40, ext="jpg", sizes=((48, 64),))
 
 
 SETUPS: dict[str, Setup] = {

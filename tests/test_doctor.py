@@ -62,7 +62,7 @@ def test_input_bound_script_is_read_only_and_reported(tmp_path: Path, capsys: py
                 "projected_speedup", "commands"):
         assert key in r
     assert r["bottleneck"] == "dataset_getitem"  # 20 ms of sleep per sample, one worker, a trivial step
-    assert r["wait_fraction"] > 0.5 and text.startswith("fastdata doctor:")
+    assert r["wait_fraction"] > 0.5 and text.startswith("doctor report on:")
     assert "Input-bound: the loop waited" in text and "__getitem__" in text
     assert r["loader"]["settings"]["num_workers"] == 1 and r["loader"]["settings"]["batch_size"] == 4
     assert r["workers"]["getitem_s_per_sample"] > 0.015
@@ -152,3 +152,13 @@ def test_script_failure_is_reported(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-m", "fastdata", "doctor", "--steps", "3", "--", sys.executable,
                         str(script)], capture_output=True, text=True)
     assert p.returncode == 1 and "no DataLoader was iterated" in p.stdout and "ValueError" in p.stderr
+
+
+def test_projection_with_fewer_samples_than_a_batch_ends(tmp_path: Path) -> None:
+    """One batch a pass: the first is start-up, the later passes are timed (this once looped forever)."""
+    import numpy as np
+
+    from fastdata.doctor.project import _sample_and_measure
+
+    r = _sample_and_measure([(np.zeros(3, np.float32), 1)] * 3, 4, tmp_path)
+    assert r["ok"] and r["batch_size"] == 3 and r["batch_s"] > 0

@@ -91,22 +91,21 @@ def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
     loader = fastdata.loader(str(work / "ds"), batch_size=min(bs, kept), device="cpu", num_workers=workers,
                              drop_last=True)
     times: list[float] = []
-    t_end = time.perf_counter() + MEASURE_S
-    while time.perf_counter() < t_end or len(times) < 4:
+    deadline, first = time.perf_counter() + MEASURE_S, True
+    while time.perf_counter() < deadline:  # whole passes until the time is up
         it = iter(loader)
-        first = True
         while True:
             t = time.perf_counter()
             try:
                 next(it)
             except StopIteration:
                 break
-            if not first:  # each pass's first batch pays the start-up
+            if not first:  # the very first batch pays the start-up
                 times.append(time.perf_counter() - t)
             first = False
-        if len(times) > 2000:
-            break
-    batch_s = float(np.mean(times)) if times else float("nan")
+    if not times:
+        return {"ok": False, "why": f"only {kept} samples: too few for a batch of {bs} after the first"}
+    batch_s = float(np.mean(times))
     return {"ok": True, "samples": kept, "fields": rep.fields, "batch_size": min(bs, kept), "workers": workers,
             "batch_s": batch_s, "sample_bytes": rep.bytes_in / max(kept, 1),
             "note": "samples are the dataset's __getitem__ outputs (after its transforms)"}

@@ -68,28 +68,29 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
 
 def _bottleneck(wait: float, loader: dict[str, Any], w: dict[str, Any] | None) -> tuple[str, str]:
     if wait < INPUT_BOUND:
-        return "compute", f"compute-bound: the loop waited {wait:.0%} of its time for data"
-    head = f"input-bound: the loop waited {wait:.0%} of its time for data"
+        return "compute", f"compute-bound: the loop waited {wait:.1%} of its time for data"
+    head = f"input-bound: the loop waited {wait:.1%} of its time for data"
     nw = loader["settings"].get("num_workers") or 0
     if w is None:
         return "loader", head + " (no timings from inside the loader: workers not started with fork?)"
     if nw == 0:
         return "num_workers=0", (head + f"; samples are loaded in the training process (num_workers=0), "
-                                 f"{w['getitem_fraction']:.0%} of its time in __getitem__")
+                                 f"{w['getitem_fraction']:.1%} of its time in __getitem__")
     io = w.get("io") or {}
     busy = w["getitem_fraction"] + w["collate_fraction"]
     if busy >= SATURATED and io.get("from_storage_fraction") and io["from_storage_fraction"] > 0.5 \
             and w["cpu_fraction"] < 0.5 * busy:
-        return "storage", head + (f"; the workers wait on storage reads ({io['from_storage_fraction']:.0%} of "
+        return "storage", head + (f"; the workers wait on storage reads ({io['from_storage_fraction']:.1%} of "
                                   f"the bytes they read were not in the page cache)")
     what, frac = ("collate", w["collate_fraction"]) if w["collate_fraction"] > w["getitem_fraction"] else (
         "__getitem__", w["getitem_fraction"])
     per = (f"{w['getitem_s_per_sample'] * 1e3:.1f} ms/sample" if what == "__getitem__"
            else f"{w['collate_s_per_batch'] * 1e3:.1f} ms/batch")
     if busy < 0.5:
-        return "loader", head + f"; the workers are busy only {busy:.0%} of the time (start-up, IPC, or too few in flight)"
+        return "loader", head + f"; the workers are busy only {busy:.1%} of the time (start-up, IPC, or too few in flight)"
     return ("dataset_getitem" if what == "__getitem__" else "collate",
-            head + f"; the {nw} workers spend {frac:.0%} of their time in {what} ({per})")
+            head + f"; {'the worker spends' if nw == 1 else f'the {nw} workers spend'} {frac:.1%} of "
+                   f"{'its' if nw == 1 else 'their'} time in {what} ({per})")
 
 
 def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
@@ -124,23 +125,27 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
                                         for r in raw["loaders"] if r is not main],
         "timeline": main["events"][:2000], "replay": main["replay"],
     }
-    out.update(_projection(proj, step_s, compute, main))
+    out.update(_projection(proj, step_s, wait_fraction * step_s, compute, w))
+    out["commands"] = _commands(main, proj if proj.get("ok") else None)
     return out
 
 
-def _projection(proj: dict[str, Any], step_s: float, compute: float, main: dict[str, Any]) -> dict[str, Any]:
+def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: float,
+                workers: dict[str, Any] | None) -> dict[str, Any]:
     if not proj.get("ok"):
-        return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj,
-                "commands": _commands(main, None)}
-    # The loader reads ahead in the background, so a step takes the longer of the compute-only step and
-    # fastdata's time per batch. The replay is the better compute figure: in the run, the workers' CPU use
-    # also slowed the step itself (2 cores: decoding workers and the model's threads compete). A replay
-    # slower than the measured step is noise from other load: the measured step bounds it.
-    work = min(compute, step_s)
+        return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj}
+    # The loader reads ahead in the background, so a step takes the longer of the script's own work per
+    # step and fastdata's time per batch. That work is the step less the wait, as measured in the run;
+    # but where the workers were busy (decoding, transforming) they also took CPU from the step, which
+    # fastdata gives back: then the compute-only replay is the step's work. A replay slower than the
+    # step is noise from other load: the step bounds it.
+    busy = workers is not None and workers["getitem_fraction"] + workers["collate_fraction"] >= 0.5
+    work, basis = (min(compute, step_s), "compute-only step (busy workers took CPU from the step)") if busy \
+        else (step_s - wait_s, "step less the wait")
     new_step = max(work, proj["batch_s"])
     return {"projected_wait_fraction": max(proj["batch_s"] - work, 0.0) / new_step,
-            "projected_step_s": new_step, "projected_speedup": step_s / new_step, "projection": proj,
-            "commands": _commands(main, proj)}
+            "projected_step_s": new_step, "projected_speedup": step_s / new_step, "projection_basis": basis,
+            "projection": proj}
 
 
 def _commands(main: dict[str, Any], proj: dict[str, Any] | None) -> list[str]:
@@ -159,11 +164,11 @@ def render(r: dict[str, Any]) -> str:
     """The one-screen text: verdict first, then the figures behind it and the fix."""
     cmd = shlex.join(r["command"])
     if r.get("bottleneck") is None:
-        return f"fastdata doctor: {cmd}\n{r['verdict']} ({r['stop_reason']})\n"
-    lines = [f"fastdata doctor: {cmd}  ({r['steps_measured']} steps measured; {r['stop_reason']})", ""]
+        return f"doctor report on: {cmd}\n{r['verdict']} ({r['stop_reason']})\n"
+    lines = [f"doctor report on: {cmd}", f"({r['steps_measured']} steps measured; {r['stop_reason']})", ""]
     verdict = r["verdict"]
     if r["projected_speedup"] is not None:
-        verdict += (f"; with fastdata: projected wait {r['projected_wait_fraction']:.0%}, "
+        verdict += (f"; with fastdata: projected wait {r['projected_wait_fraction']:.1%}, "
                     f"{r['projected_speedup']:.1f}x steps/s")
     lines += [verdict[:1].upper() + verdict[1:] + ".", ""]
     s = r["loader"]["settings"]
@@ -174,17 +179,18 @@ def render(r: dict[str, Any]) -> str:
     w = r.get("workers")
     if w:
         per = w["getitem_s_per_sample"]
-        lines.append(f"workers  {w['processes']} process(es): __getitem__ {w['getitem_fraction']:.0%} of their time"
+        lines.append(f"workers  {w['processes']} process(es): __getitem__ {w['getitem_fraction']:.1%} of their time"
                      + (f" ({per * 1e3:.2f} ms/sample)" if per else "")
-                     + f", collate {w['collate_fraction']:.0%}, CPU {w['cpu_fraction']:.0%} of one core each")
+                     + f", collate {w['collate_fraction']:.1%}, CPU {w['cpu_fraction']:.1%} of one core each")
         io = w.get("io")
         if io and io["from_storage_fraction"] is not None:
             lines.append(f"reads    {io['rchar'] / 1e6:.1f} MB read by the workers, "
-                         f"{io['from_storage_fraction']:.0%} from storage, the rest from the page cache")
+                         f"{io['from_storage_fraction']:.1%} from storage, the rest from the page cache")
     p = r["projection"]
     if p.get("ok"):
         lines.append(f"fastdata {p['batch_s'] * 1e3:.1f} ms/batch measured on {p['samples']} sampled samples "
-                     f"({p['workers']} reader threads); projected step {r['projected_step_s'] * 1e3:.1f} ms")
+                     f"({p['workers']} reader threads); projected step {r['projected_step_s'] * 1e3:.1f} ms, "
+                     f"from the {r['projection_basis']}")
     else:
         lines.append(f"fastdata not projected: {p.get('why')}")
     lines += ["", "the fix:"] + [f"  {c}" for c in r["commands"]]
