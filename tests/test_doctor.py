@@ -162,3 +162,22 @@ def test_projection_with_fewer_samples_than_a_batch_ends(tmp_path: Path) -> None
 
     r = _sample_and_measure([(np.zeros(3, np.float32), 1)] * 3, 4, tmp_path)
     assert r["ok"] and r["batch_size"] == 3 and r["batch_s"] > 0
+
+
+def test_accelerate_prepared_loader_is_measured() -> None:
+    pytest.importorskip("accelerate")
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import fastdata.doctor
+
+    ds = TensorDataset(torch.arange(64.0).view(32, 2), torch.arange(32))
+    acc = Accelerator(cpu=True)
+    model, opt, dl = acc.prepare(torch.nn.Linear(2, 1), torch.optim.SGD([torch.zeros(1, requires_grad=True)]),
+                                 DataLoader(ds, batch_size=4, num_workers=1))
+    with fastdata.doctor.watch(project=False, quiet=True) as w:
+        seen = sorted(int(v) for _, y in dl for v in y)
+    assert seen == list(range(32))  # every sample, once: the hooks change nothing
+    assert w.report["loader"]["batches"] == 8 and w.report["loader"]["settings"]["num_workers"] == 1
+    assert w.report["workers"]["processes"] >= 1  # the worker's __getitem__ was timed through Accelerate's wrapper
