@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_cold import add_cold
 
     add_cold(sub.choices["bench"])  # bench --cold
+    from .doctor.cli import add_parser as add_doctor
+
+    add_doctor(sub)
     for name in _URL_COMMANDS:
         sub.choices[name].add_argument(
             "--remote-timeout", type=_seconds, metavar="SECONDS",

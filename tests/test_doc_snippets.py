@@ -231,6 +231,16 @@ def remote(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest) ->
     npy_classes(tmp / "train", n=12)
 
 
+def doctor_page(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """train.py: the image-classifier script of tests/doctor_scripts (with its timing helper), over a few JPEGs."""
+    scripts = snippets.ROOT / "tests" / "doctor_scripts"
+    shutil.copy(scripts / "_direct.py", tmp)
+    train = (scripts / "image_folder.py").read_text()  # smaller batches and more epochs: enough steps for --steps 12
+    train = train.replace('"--batch-size", type=int, default=32', '"--batch-size", type=int, default=4')
+    (tmp / "train.py").write_text(train.replace('"--epochs", type=int, default=1', '"--epochs", type=int, default=8'))
+    image_classes(tmp / "images", n=40, ext="jpg", sizes=((48, 64),))
+
+
 SETUPS: dict[str, Setup] = {
     "README.md": readme,
     "docs/quickstart.md": quickstart,
@@ -242,6 +252,7 @@ SETUPS: dict[str, Setup] = {
     "docs/reliability.md": reliability,
     "docs/scale.md": scale,
     "docs/remote.md": remote,
+    "docs/doctor.md": doctor_page,
 }
 
 # (page, text in a command, what runs instead): placeholder paths into tmp_path, benchmarks shortened.
@@ -251,6 +262,7 @@ REWRITES: list[tuple[str, str, str]] = [
     ("docs/scale.md", "/shared/", "shared/"),
     ("docs/scale.md", "/data/", "data/"),
     ("docs/remote.md", "--seconds 20", "--seconds 0.5"),
+    ("docs/doctor.md", "--seconds 20", "--seconds 2"),
 ]
 
 

@@ -1,0 +1,344 @@
+"""The doctor's hooks: time every batch a torch DataLoader (or fastdata loader) hands the training loop.
+
+Installed by patching classes, never the user's objects: ``_BaseDataLoaderIter.__next__`` (the
+loop's wait and the step between batches), the dataset fetchers' ``fetch`` (time in the dataset and
+in collate, in whatever process runs them; forked workers inherit the patch) and fastdata's
+``Loader.__iter__``. The hooks only read clocks and counters; the batches pass through untouched.
+After the budget the loop is fed a copy of one cached batch for a few steps (the compute-only
+step), then stopped with :class:`BudgetReached`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+WARMUP = 2  # batches of each pass left out of the statistics: worker start-up, first-batch caching
+REPLAY = 8  # steps run on the cached batch to time the step without input
+MAX_EVENTS = 20000  # per loader, for the timeline
+# how fastdata.doctor.run tells the child (fastdata.doctor._boot) its folder and budget
+ENV_DIR, ENV_STEPS, ENV_SECONDS = "FASTDATA_DOCTOR_DIR", "FASTDATA_DOCTOR_STEPS", "FASTDATA_DOCTOR_SECONDS"
+ENV_REPLAY, ENV_PROJECT = "FASTDATA_DOCTOR_REPLAY", "FASTDATA_DOCTOR_PROJECT"
+
+
+class BudgetReached(SystemExit):
+    """Raised in the training loop when the doctor's budget is spent: stops the script like sys.exit."""
+
+
+@dataclass
+class LoaderRecord:
+    """What one loader (torch DataLoader or fastdata Loader) did in the training loop."""
+
+    key: int
+    kind: str  # "torch" or "fastdata"
+    settings: dict[str, Any]
+    dataset: str
+    events: list[tuple[float, float, int]] = field(default_factory=list)  # (asked, got, pass number)
+    passes: int = 0
+    replay: list[tuple[float, float]] = field(default_factory=list)  # (handed out, copy seconds)
+
+
+class Recorder:
+    """Collects the main-process side; one per process while the hooks are installed."""
+
+    def __init__(self, out_dir: Path, steps: int | None, seconds: float | None, replay: bool) -> None:
+        self.out_dir = out_dir
+        self.steps, self.seconds, self.do_replay = steps, seconds, replay
+        self.loaders: dict[int, LoaderRecord] = {}
+        self.started = time.perf_counter()
+        self.first_batch_at: float | None = None
+        self.cached: Any = None
+        self.cached_from: int | None = None
+        self.replaying = 0
+        self.stop_reason = "script ended"
+        self.stopped_at: float | None = None
+        self.datasets: dict[int, Any] = {}  # key -> the dataset object (for the fastdata projection)
+        self.batch_sizes: dict[int, int | None] = {}
+
+    # -- budget ---------------------------------------------------------------------------------
+    def spent(self) -> bool:
+        n = sum(len(r.events) for r in self.loaders.values())
+        if self.steps is not None and n >= self.steps + WARMUP:
+            return True
+        if self.seconds is not None and self.first_batch_at is not None:
+            return time.perf_counter() - self.first_batch_at >= self.seconds
+        return False
+
+    def record(self, key: int, asked: float, got: float, batch: Any) -> Any:
+        rec = self.loaders[key]
+        if len(rec.events) < MAX_EVENTS:
+            rec.events.append((asked, got, rec.passes))
+        if self.first_batch_at is None:
+            self.first_batch_at = got
+        if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
+            self.batch_sizes[key] = _leading(batch)
+        if self.cached is None and len(rec.events) == WARMUP + 1:
+            self.cached, self.cached_from = _clone(batch), key
+        return batch
+
+    def next_replay(self, key: int) -> Any:
+        """A fresh copy of the cached batch (the script may change a batch in place), or BudgetReached (also
+        when another loader, a validation loader say, asks: it must never be handed the training batch)."""
+        rec = self.loaders[key]
+        self.stop_reason = "budget spent"
+        if self.replaying >= REPLAY or self.cached is None or not self.do_replay or key != self.cached_from:
+            self.stopped_at = time.perf_counter()
+            raise BudgetReached(0)
+        t0 = time.perf_counter()
+        batch = _clone(self.cached)
+        now = time.perf_counter()
+        rec.replay.append((now, now - t0))
+        self.replaying += 1
+        return batch
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "started": self.started, "ended": time.perf_counter(), "stop_reason": self.stop_reason,
+            "main_pid": os.getpid(), "replay_key": self.cached_from,
+            "stopped_at": self.stopped_at, "budget": {"steps": self.steps, "seconds": self.seconds},
+            "loaders": [vars(r) for r in self.loaders.values()],
+        }
+
+
+_recorder: Recorder | None = None
+_saved: list[tuple[Any, str, Any]] = []  # (class, attribute, original) to undo the patches
+_worker = threading.local()
+
+
+# -- worker side: time in the dataset and in collate, flushed to a file per process ------------------
+class _WorkerStats:
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / f"worker-{os.getpid()}.json"
+        self.fetch_s = self.collate_s = 0.0
+        self.batches = self.samples = 0
+        self.born = time.time()
+        self.cpu0 = _cpu_seconds()
+        self.last_flush = 0.0
+
+    def add(self, fetch_s: float, collate_s: float, samples: int) -> None:
+        self.fetch_s += fetch_s
+        self.collate_s += collate_s
+        self.batches += 1
+        self.samples += samples
+        now = time.monotonic()
+        if now - self.last_flush > 0.25:
+            self.last_flush = now
+            self.flush()
+
+    def flush(self) -> None:
+        data = {"pid": os.getpid(), "fetch_s": self.fetch_s, "collate_s": self.collate_s, "batches": self.batches,
+                "samples": self.samples, "alive_s": time.time() - self.born, "cpu_s": _cpu_seconds() - self.cpu0,
+                "io": _proc_io()}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)
+
+
+_stats_by_pid: dict[int, _WorkerStats] = {}
+
+
+def _stats_here() -> _WorkerStats | None:
+    if _recorder is None:
+        return None
+    pid = os.getpid()
+    s = _stats_by_pid.get(pid)
+    if s is None:
+        s = _stats_by_pid[pid] = _WorkerStats(_recorder.out_dir)
+    return s
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _proc_io() -> dict[str, int] | None:
+    """/proc/self/io (Linux): rchar counts bytes asked of read(), read_bytes those fetched from storage."""
+    try:
+        text = Path("/proc/self/io").read_text()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        k, _, v = line.partition(":")
+        out[k.strip()] = int(v)
+    return out
+
+
+def _timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def fetch(self: Any, index: Any) -> Any:
+        stats = _stats_here()
+        if stats is None:
+            return orig(self, index)
+        if not getattr(self, "_doctor_wrapped", False):
+            inner = self.collate_fn
+
+            def collate(data: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return inner(data)
+                finally:
+                    _worker.collate = time.perf_counter() - t0
+
+            self.collate_fn, self._doctor_wrapped = collate, True
+        _worker.collate = 0.0
+        t0 = time.perf_counter()
+        out = orig(self, index)
+        total = time.perf_counter() - t0
+        n = len(index) if hasattr(index, "__len__") and self.auto_collation else 1
+        stats.add(total - _worker.collate, _worker.collate, n)
+        return out
+
+    return fetch
+
+
+# -- main side -----------------------------------------------------------------------------------------
+def _torch_settings(loader: Any) -> dict[str, Any]:
+    ctx = loader.multiprocessing_context
+    return {"num_workers": loader.num_workers, "batch_size": loader.batch_size, "pin_memory": loader.pin_memory,
+            "prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers,
+            "multiprocessing_context": getattr(ctx, "_name", None) if ctx is not None else None}
+
+
+def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, loader: Any) -> None:
+        orig(self, loader)
+        rec = _recorder
+        if rec is not None:
+            key = id(loader)
+            if key not in rec.loaders:
+                rec.loaders[key] = LoaderRecord(key, "torch", _torch_settings(loader), _describe(loader.dataset))
+                rec.datasets[key] = loader.dataset
+                rec.batch_sizes[key] = loader.batch_size
+            rec.loaders[key].passes += 1
+            self._doctor_key = key
+
+    return __init__
+
+
+def _timed_next(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __next__(self: Any) -> Any:
+        rec = _recorder
+        key = getattr(self, "_doctor_key", None)
+        if rec is None or key is None:
+            return orig(self)
+        if rec.replaying or rec.spent():
+            return rec.next_replay(key)
+        t0 = time.perf_counter()
+        batch = orig(self)
+        return rec.record(key, t0, time.perf_counter(), batch)
+
+    return __next__
+
+
+def _timed_fastdata_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __iter__(self: Any) -> Iterator[Any]:
+        rec = _recorder
+        if rec is None:
+            yield from orig(self)
+            return
+        key = id(self)
+        if key not in rec.loaders:
+            settings = {"num_workers": getattr(self.config, "workers", None), "batch_size": self.batch_size,
+                        "mode": getattr(self.config, "mode", None), "prefetch": getattr(self.config, "prefetch", None)}
+            rec.loaders[key] = LoaderRecord(key, "fastdata", settings, _describe(self.dataset))
+            rec.batch_sizes[key] = self.batch_size
+        rec.loaders[key].passes += 1
+        it = orig(self)
+        while True:
+            if rec.replaying or rec.spent():
+                yield rec.next_replay(key)
+                continue
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            yield rec.record(key, t0, time.perf_counter(), batch)
+
+    return __iter__
+
+
+def _describe(dataset: Any) -> str:
+    n = ""
+    try:
+        n = f", {len(dataset)} samples"
+    except Exception:  # an iterable dataset without a length
+        pass
+    return f"{type(dataset).__module__}.{type(dataset).__qualname__}{n}"
+
+
+def _leading(batch: Any) -> int | None:
+    """The first axis of the first tensor or array in a batch (its number of samples), if any."""
+    if hasattr(batch, "shape") and len(batch.shape) > 0:
+        return int(batch.shape[0])
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
+    for v in items:
+        n = _leading(v)
+        if n is not None:
+            return n
+    return None
+
+
+def _clone(batch: Any) -> Any:
+    """A deep copy of the tensors and arrays of a batch (other objects are shared: they are not data)."""
+    import numpy as np
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().clone()
+    if isinstance(batch, np.ndarray):
+        return batch.copy()
+    if isinstance(batch, dict):
+        return type(batch)((k, _clone(v)) for k, v in batch.items()) if type(batch) is dict else {
+            k: _clone(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_clone(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_clone(v) for v in batch)
+    return batch
+
+
+def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
+    orig = cls.__dict__[name]
+    _saved.append((cls, name, orig))
+    setattr(cls, name, make(orig))
+
+
+def install(out_dir: Path, steps: int | None = None, seconds: float | None = None, replay: bool = True) -> Recorder:
+    """Patch the loader classes in this process (and the workers it forks) to report to a new Recorder."""
+    global _recorder
+    if _recorder is not None:
+        raise RuntimeError("fastdata.doctor is already watching this process")
+    import torch.utils.data._utils.fetch as fetch
+    import torch.utils.data.dataloader as dl
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _recorder = Recorder(out_dir, steps, seconds, replay)
+    _patch(dl._BaseDataLoaderIter, "__init__", _timed_iter_init)
+    _patch(dl._BaseDataLoaderIter, "__next__", _timed_next)
+    _patch(fetch._MapDatasetFetcher, "fetch", _timed_fetch)
+    _patch(fetch._IterableDatasetFetcher, "fetch", _timed_fetch)
+    from ..loaders.base import Loader
+
+    _patch(Loader, "__iter__", _timed_fastdata_iter)
+    return _recorder
+
+
+def uninstall() -> Recorder | None:
+    """Undo the patches; flush this process's dataset timings; return the Recorder."""
+    global _recorder
+    rec, here = _recorder, _stats_by_pid.get(os.getpid())
+    if here is not None:
+        here.flush()
+    while _saved:
+        cls, name, orig = _saved.pop()
+        setattr(cls, name, orig)
+    _recorder = None
+    _stats_by_pid.clear()
+    return rec

@@ -1,0 +1,197 @@
+"""From what the hooks recorded to the verdict: wait fraction, step, compute-only step, bottleneck, fix.
+
+``analyse(folder, command)`` reads raw.json, worker-*.json and project.json written by the doctor's
+child (fastdata.doctor._boot) and returns the report as a dict (the JSON file); ``render`` makes the
+one-screen text of it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ._probe import WARMUP
+
+INPUT_BOUND = 0.10  # a loop waiting more than this fraction of its time for data is input-bound
+SATURATED = 0.80  # workers busy more than this fraction of their lifetime cannot go faster
+
+
+def _steps(events: list[list[float]]) -> tuple[list[float], list[float]]:
+    """Per measured step: (wait, step) seconds, leaving out the first WARMUP batches of each pass."""
+    waits, steps = [], []
+    pos = 0  # the batch's position in its pass
+    for i, (asked, got, p) in enumerate(events):
+        pos = pos + 1 if i and events[i - 1][2] == p else 0
+        if pos >= max(WARMUP, 1):
+            waits.append(got - asked)
+            steps.append(got - events[i - 1][1])
+    return waits, steps
+
+
+def _replay_step(loader: dict[str, Any], stopped_at: float | None) -> float | None:
+    """The median step on the cached batch, less the median copy: medians, as other load on the machine
+    makes single steps slow."""
+    marks = [t for t, _ in loader["replay"]] + ([stopped_at] if stopped_at else [])
+    copies = sorted(c for _, c in loader["replay"])
+    if len(marks) < 3:
+        return None
+    gaps = sorted(b - a for a, b in zip(marks, marks[1:]))
+    return max(gaps[len(gaps) // 2] - copies[len(copies) // 2], 0.0)
+
+
+def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | None:
+    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("worker-*.json"))]
+    rows = [r for r in rows if (r["pid"] == main_pid) == (num_workers == 0)]
+    if not rows:
+        return None
+    alive = sum(r["alive_s"] for r in rows) or 1e-9
+    fetch, collate = sum(r["fetch_s"] for r in rows), sum(r["collate_s"] for r in rows)
+    samples, batches = sum(r["samples"] for r in rows), sum(r["batches"] for r in rows)
+    ios = [r["io"] for r in rows if r.get("io")]
+    out: dict[str, Any] = {
+        "processes": len(rows), "samples": samples,
+        "getitem_s_per_sample": fetch / samples if samples else None,
+        "collate_s_per_batch": collate / batches if batches else None,
+        "getitem_fraction": fetch / alive, "collate_fraction": collate / alive,
+        "cpu_fraction": sum(r["cpu_s"] for r in rows) / alive,
+    }
+    if ios and num_workers > 0:  # the main process's counters hold the whole script, not the dataset
+        rchar, read_bytes = sum(i["rchar"] for i in ios), sum(i["read_bytes"] for i in ios)
+        out["io"] = {"rchar": rchar, "read_bytes": read_bytes,
+                     "from_storage_fraction": min(read_bytes / rchar, 1.0) if rchar else None,
+                     "method": "/proc/<worker>/io: read_bytes (fetched from storage) / rchar (asked of read()); "
+                               "mmap reads are not counted"}
+    return out
+
+
+def _bottleneck(wait: float, loader: dict[str, Any], w: dict[str, Any] | None) -> tuple[str, str]:
+    if wait < INPUT_BOUND:
+        return "compute", f"compute-bound: the loop waited {wait:.1%} of its time for data"
+    head = f"input-bound: the loop waited {wait:.1%} of its time for data"
+    nw = loader["settings"].get("num_workers") or 0
+    if w is None:
+        return "loader", head + " (no timings from inside the loader: workers not started with fork?)"
+    if nw == 0:
+        return "num_workers=0", (head + f"; samples are loaded in the training process (num_workers=0), "
+                                 f"{w['getitem_fraction']:.1%} of its time in __getitem__")
+    io = w.get("io") or {}
+    busy = w["getitem_fraction"] + w["collate_fraction"]
+    if busy >= SATURATED and io.get("from_storage_fraction") and io["from_storage_fraction"] > 0.5 \
+            and w["cpu_fraction"] < 0.5 * busy:
+        return "storage", head + (f"; the workers wait on storage reads ({io['from_storage_fraction']:.1%} of "
+                                  f"the bytes they read were not in the page cache)")
+    what, frac = ("collate", w["collate_fraction"]) if w["collate_fraction"] > w["getitem_fraction"] else (
+        "__getitem__", w["getitem_fraction"])
+    per = (f"{w['getitem_s_per_sample'] * 1e3:.1f} ms/sample" if what == "__getitem__"
+           else f"{w['collate_s_per_batch'] * 1e3:.1f} ms/batch")
+    if busy < 0.5:
+        return "loader", head + f"; the workers are busy only {busy:.1%} of the time (start-up, IPC, or too few in flight)"
+    return ("dataset_getitem" if what == "__getitem__" else "collate",
+            head + f"; {'the worker spends' if nw == 1 else f'the {nw} workers spend'} {frac:.1%} of "
+                   f"{'its' if nw == 1 else 'their'} time in {what} ({per})")
+
+
+def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
+    """The report (the JSON file's content) of one doctor run whose files are in ``folder``."""
+    raw = json.loads((folder / "raw.json").read_text())
+    proj_path = folder / "project.json"
+    proj = json.loads(proj_path.read_text()) if proj_path.exists() else {"ok": False, "why": "not measured"}
+    if not raw["loaders"]:
+        return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None,
+                "verdict": "no DataLoader was iterated: nothing to measure", "loaders": []}
+    main = max(raw["loaders"], key=lambda r: len(r["events"]))
+    waits, steps = _steps(main["events"])
+    if not steps:
+        return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None, "loaders": [],
+                "verdict": f"too few batches to measure ({len(main['events'])}); raise --steps or --seconds"}
+    wait_fraction = sum(waits) / sum(steps)
+    step_s = sum(steps) / len(steps)
+    compute = _replay_step(main, raw.get("stopped_at")) if raw.get("replay_key") == main["key"] else None
+    method = "replay: the script's step timed on one cached batch"
+    if compute is None:
+        compute, method = step_s - sum(waits) / len(waits), "estimate: step time minus the wait in next()"
+    nw = main["settings"].get("num_workers") or 0
+    w = _workers(folder, raw["main_pid"], nw) if main["kind"] == "torch" else None
+    bottleneck, verdict = _bottleneck(wait_fraction, main, w)
+    out: dict[str, Any] = {
+        "command": command, "stop_reason": raw["stop_reason"], "verdict": verdict, "bottleneck": bottleneck,
+        "wait_fraction": wait_fraction, "step_s": step_s, "steps_measured": len(steps),
+        "compute_only_step_s": compute, "compute_only_method": method,
+        "loader": {"kind": main["kind"], "dataset": main["dataset"], "settings": main["settings"],
+                   "batches": len(main["events"]), "passes": main["passes"]},
+        "workers": w, "other_loaders": [{"dataset": r["dataset"], "batches": len(r["events"])}
+                                        for r in raw["loaders"] if r is not main],
+        "timeline": main["events"][:2000], "replay": main["replay"],
+    }
+    out.update(_projection(proj, step_s, wait_fraction * step_s, compute, w))
+    out["commands"] = _commands(main, proj if proj.get("ok") else None)
+    return out
+
+
+def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: float,
+                workers: dict[str, Any] | None) -> dict[str, Any]:
+    if not proj.get("ok"):
+        return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj}
+    # The loader reads ahead in the background, so a step takes the longer of the script's own work per
+    # step and fastdata's time per batch. That work is the step less the wait, as measured in the run;
+    # but where the workers were busy (decoding, transforming) they also took CPU from the step, which
+    # fastdata gives back: then the compute-only replay is the step's work. A replay slower than the
+    # step is noise from other load: the step bounds it.
+    busy = workers is not None and workers["getitem_fraction"] + workers["collate_fraction"] >= 0.5
+    work, basis = (min(compute, step_s), "compute-only step (busy workers took CPU from the step)") if busy \
+        else (step_s - wait_s, "step less the wait")
+    new_step = max(work, proj["batch_s"])
+    return {"projected_wait_fraction": max(proj["batch_s"] - work, 0.0) / new_step,
+            "projected_step_s": new_step, "projected_speedup": step_s / new_step, "projection_basis": basis,
+            "projection": proj}
+
+
+def _commands(main: dict[str, Any], proj: dict[str, Any] | None) -> list[str]:
+    bs = main["settings"].get("batch_size")
+    nw = proj["workers"] if proj else "auto"
+    if bs is None:  # a batch_sampler made the batches
+        return ["fastdata convert SRC DATASET   # as below",
+                f'loader = fastdata.loader("DATASET", None, sampler=fastdata.samplers.Episodic(...), num_workers={nw!r})'
+                "   # or another fastdata.samplers sampler in place of your batch_sampler (docs/loader.md)"]
+    return ["fastdata convert SRC DATASET   # SRC: the folder of .npy/.npz/image files your dataset reads; "
+            "for other sources write each __getitem__ output as SRC/NNNNNN.npz first (docs/doctor.md)",
+            f'loader = fastdata.loader("DATASET", batch_size={bs}, num_workers={nw!r}, device="auto")']
+
+
+def render(r: dict[str, Any]) -> str:
+    """The one-screen text: verdict first, then the figures behind it and the fix."""
+    cmd = shlex.join(r["command"])
+    if r.get("bottleneck") is None:
+        return f"doctor report on: {cmd}\n{r['verdict']} ({r['stop_reason']})\n"
+    lines = [f"doctor report on: {cmd}", f"({r['steps_measured']} steps measured; {r['stop_reason']})", ""]
+    verdict = r["verdict"]
+    if r["projected_speedup"] is not None:
+        verdict += (f"; with fastdata: projected wait {r['projected_wait_fraction']:.1%}, "
+                    f"{r['projected_speedup']:.1f}x steps/s")
+    lines += [verdict[:1].upper() + verdict[1:] + ".", ""]
+    s = r["loader"]["settings"]
+    lines.append(f"loader   {r['loader']['kind']} over {r['loader']['dataset']}: "
+                 + ", ".join(f"{k}={v}" for k, v in s.items() if v is not None))
+    lines.append(f"step     {r['step_s'] * 1e3:.1f} ms, of which waiting {r['wait_fraction'] * r['step_s'] * 1e3:.1f} ms;"
+                 f" compute-only {r['compute_only_step_s'] * 1e3:.1f} ms ({r['compute_only_method'].split(':')[0]})")
+    w = r.get("workers")
+    if w:
+        per = w["getitem_s_per_sample"]
+        lines.append(f"workers  {w['processes']} process(es): __getitem__ {w['getitem_fraction']:.1%} of their time"
+                     + (f" ({per * 1e3:.2f} ms/sample)" if per else "")
+                     + f", collate {w['collate_fraction']:.1%}, CPU {w['cpu_fraction']:.1%} of one core each")
+        io = w.get("io")
+        if io and io["from_storage_fraction"] is not None:
+            lines.append(f"reads    {io['rchar'] / 1e6:.1f} MB read by the workers, "
+                         f"{io['from_storage_fraction']:.1%} from storage, the rest from the page cache")
+    p = r["projection"]
+    if p.get("ok"):
+        lines.append(f"fastdata {p['batch_s'] * 1e3:.1f} ms/batch measured on {p['samples']} sampled samples "
+                     f"({p['workers']} reader threads); projected step {r['projected_step_s'] * 1e3:.1f} ms, "
+                     f"from the {r['projection_basis']}")
+    else:
+        lines.append(f"fastdata not projected: {p.get('why')}")
+    lines += ["", "the fix:"] + [f"  {c}" for c in r["commands"]]
+    return "\n".join(lines) + "\n"

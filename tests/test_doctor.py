@@ -1,0 +1,183 @@
+"""fastdata doctor: runs a script unchanged under the hooks, stops it at the budget, and reports.
+
+The scripts are tiny (tests/doctor_scripts and one written here); the checks are on behaviour: the
+report's fields, the verdict for a loop that plainly waits, the batches the script sees, the page.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from fastdata.cli import main
+from fastdata.doctor.html import timeline
+
+SCRIPTS = Path(__file__).parent / "doctor_scripts"
+sys.path.insert(0, str(SCRIPTS))
+from make_data import sequences, volumes  # noqa: E402
+
+SLOW_DATASET = '''
+import sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.02)  # a slow read: the loop must wait for it
+        return torch.full((4,), float(i)), i
+
+seen = open(sys.argv[1], "w")
+loader = DataLoader(Slow(), batch_size=4, shuffle=False, num_workers=1)
+for epoch in range(3):
+    for x, y in loader:
+        seen.write(" ".join(str(v) for v in y.tolist()) + "\\n")
+        seen.flush()
+        x.mul_(2)  # an in-place change by the script must not leak into the doctor's cached batch
+'''
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().out
+
+
+def test_input_bound_script_is_read_only_and_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SLOW_DATASET)
+    before = script.read_text()
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    code, text = _run(["doctor", "--steps", "8", "--json", str(out_json), "--html", str(out_html), "--no-project",
+                       "--", sys.executable, str(script), str(tmp_path / "seen.txt")], capsys)
+    assert code == 0
+    r = json.loads(out_json.read_text())
+    for key in ("wait_fraction", "step_s", "compute_only_step_s", "bottleneck", "projected_wait_fraction",
+                "projected_speedup", "commands"):
+        assert key in r
+    assert r["bottleneck"] == "dataset_getitem"  # 20 ms of sleep per sample, one worker, a trivial step
+    assert r["wait_fraction"] > 0.5 and text.startswith("doctor report on:")
+    assert "Input-bound: the loop waited" in text and "__getitem__" in text
+    assert r["loader"]["settings"]["num_workers"] == 1 and r["loader"]["settings"]["batch_size"] == 4
+    assert r["workers"]["getitem_s_per_sample"] > 0.015
+    assert r["compute_only_method"].startswith("replay")
+    assert r["stop_reason"] == "budget spent" and r["projected_speedup"] is None
+    # the script saw exactly the batches of an unhooked run (in order, shuffle=False), then was stopped
+    lines = (tmp_path / "seen.txt").read_text().splitlines()
+    real = lines[:r["loader"]["batches"]]
+    assert real == [" ".join(str(4 * b + k) for k in range(4)) for b in range(len(real))]
+    assert script.read_text() == before
+    page = out_html.read_text()
+    parser = html.parser.HTMLParser()
+    parser.feed(page)
+    svg = ET.fromstring(page[page.index("<svg"):page.index("</svg>") + 6])
+    classes = {e.get("class") for e in svg.iter("{http://www.w3.org/2000/svg}rect")}
+    assert {"wait", "step", "replay"} <= classes
+    assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_npy_folder_script_with_projection(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = volumes(tmp_path / "vol", n=24, side=12)
+    out_json = tmp_path / "r.json"
+    code, text = _run(["doctor", "--steps", "6", "--json", str(out_json), "--", sys.executable,
+                       str(SCRIPTS / "cnn3d_npy.py"), str(data), "--epochs", "4"], capsys)
+    assert code == 0
+    r = json.loads(out_json.read_text())
+    assert r["projection"]["ok"], r["projection"]
+    assert r["projection"]["samples"] == 24 and r["projection"]["batch_s"] > 0
+    assert r["projected_speedup"] > 0 and 0 <= r["projected_wait_fraction"] <= 1
+    assert any("fastdata.loader(" in c and "batch_size=8" in c for c in r["commands"])
+    io = r["workers"]["io"]
+    assert io["rchar"] >= 24 * 12 ** 3 * 4 * 0.5  # the workers read (at least half of) the volumes once
+    assert "the fix:" in text
+
+
+def test_lightning_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("lightning")
+    data = sequences(tmp_path / "seq", n=32)
+    out_json = tmp_path / "r.json"
+    code, _ = _run(["doctor", "--steps", "6", "--no-project", "--json", str(out_json), "--", sys.executable,
+                    str(SCRIPTS / "lightning_seq.py"), str(data), "--epochs", "3"], capsys)
+    assert code == 0
+    r = json.loads(out_json.read_text())
+    assert r["stop_reason"] == "budget spent" and r["loader"]["kind"] == "torch"
+    assert r["loader"]["batches"] >= 6 and r["compute_only_method"].startswith("replay")
+    assert r["workers"]["collate_s_per_batch"] is not None  # the script's own collate_fn was timed
+
+
+def test_watch_in_process(tmp_path: Path) -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import fastdata.doctor
+
+    ds = TensorDataset(torch.arange(64.0).view(32, 2), torch.arange(32))
+    with fastdata.doctor.watch(json_path=tmp_path / "w.json", project=True, quiet=True) as w:
+        total = sum(float(x.sum()) for x, _ in DataLoader(ds, batch_size=4))
+    assert total == float(torch.arange(64.0).sum())  # the loop's result is unchanged
+    assert w.report["loader"]["settings"]["num_workers"] == 0
+    assert w.report["bottleneck"] in {"compute", "num_workers=0"}
+    assert w.report["compute_only_method"].startswith("estimate")  # watch() never replays
+    assert w.report["projection"]["ok"] and json.loads((tmp_path / "w.json").read_text())["step_s"] > 0
+    # the hooks are gone after the block
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    assert "doctor" not in _BaseDataLoaderIter.__next__.__qualname__ + str(_BaseDataLoaderIter.__next__.__module__)
+
+
+def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--steps", "5"]) == 2
+    assert "give the command to run after --" in capsys.readouterr().err
+    assert main(["doctor", "--", "bash", "train.sh"]) == 2
+    assert "runs Python training scripts" in capsys.readouterr().err
+    assert main(["doctor", "--", "python", str(tmp_path / "missing.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["doctor", "--steps", "5", "--seconds", "3", "--", "python", "x.py"])
+
+
+def test_timeline_without_steps() -> None:
+    assert "no steps" in timeline({"timeline": []})
+
+
+def test_script_failure_is_reported(tmp_path: Path) -> None:
+    script = tmp_path / "bad.py"
+    script.write_text("raise ValueError('broken before any batch')\n")
+    p = subprocess.run([sys.executable, "-m", "fastdata", "doctor", "--steps", "3", "--", sys.executable,
+                        str(script)], capture_output=True, text=True)
+    assert p.returncode == 1 and "no DataLoader was iterated" in p.stdout and "ValueError" in p.stderr
+
+
+def test_projection_with_fewer_samples_than_a_batch_ends(tmp_path: Path) -> None:
+    """One batch a pass: the first is start-up, the later passes are timed (this once looped forever)."""
+    import numpy as np
+
+    from fastdata.doctor.project import _sample_and_measure
+
+    r = _sample_and_measure([(np.zeros(3, np.float32), 1)] * 3, 4, tmp_path)
+    assert r["ok"] and r["batch_size"] == 3 and r["batch_s"] > 0
+
+
+def test_accelerate_prepared_loader_is_measured() -> None:
+    pytest.importorskip("accelerate")
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import fastdata.doctor
+
+    ds = TensorDataset(torch.arange(64.0).view(32, 2), torch.arange(32))
+    acc = Accelerator(cpu=True)
+    model, opt, dl = acc.prepare(torch.nn.Linear(2, 1), torch.optim.SGD([torch.zeros(1, requires_grad=True)]),
+                                 DataLoader(ds, batch_size=4, num_workers=1))
+    with fastdata.doctor.watch(project=False, quiet=True) as w:
+        seen = sorted(int(v) for _, y in dl for v in y)
+    assert seen == list(range(32))  # every sample, once: the hooks change nothing
+    assert w.report["loader"]["batches"] == 8 and w.report["loader"]["settings"]["num_workers"] == 1
+    assert w.report["workers"]["processes"] >= 1  # the worker's __getitem__ was timed through Accelerate's wrapper
