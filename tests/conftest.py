@@ -4,6 +4,7 @@ manifest edits; a gloo process group for DDP tests; an S3-compatible server on 1
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -51,6 +52,16 @@ def edit_manifest(root: Path, fn) -> None:
     m = json.loads((root / "manifest.json").read_text())
     fn(m)
     (root / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_dali_garbage():
+    """After each test module, collect what DALI left in reference cycles, here, where its executor threads
+    live: a later test that forks (multiprocessing, fork workers) would otherwise let the child's GC run a
+    DALI pipeline's finalizer, which waits on threads the child does not have, and hang."""
+    yield
+    if "nvidia.dali" in sys.modules:
+        gc.collect()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ NVIDIA DALI is imported only here, and only when this backend is used.
 
 from __future__ import annotations
 
+import gc
 import logging
 from types import SimpleNamespace
 from typing import Any, Generator, Iterator
@@ -258,6 +259,9 @@ class DaliLoader(Loader):
         run.pipe = run.it = None  # DALI's threads and buffers go with the last reference
         if self._run is run:
             self._run = None
+        # DALI's Python objects hold reference cycles: collect them now, in the process whose executor
+        # threads their finalizers wait for; left to the GC, a forked child could run them and hang.
+        gc.collect()
 
     def _to_torch(self, out: dict[str, torch.Tensor], bypassed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """DALI's outputs and the bypassing fields of the same batch, in schema order, as the torch backend."""

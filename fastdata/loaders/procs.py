@@ -14,6 +14,7 @@ is gone, even after a SIGKILL. A worker that dies is an error naming it, never a
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -152,6 +153,15 @@ class ProcessReader:
         ctx = mp.get_context()
         if ctx.get_start_method() != "fork" and self.transform is not None:
             self.transform.check_pickles(f"worker processes started by {ctx.get_start_method()!r}")
+        # A forked worker must not collect the parent's garbage: a finalizer that waits for the parent's
+        # threads (a DALI pipeline's executor does) would wait forever in a child that has none of them.
+        gc.freeze()
+        try:
+            self._start_workers(ctx)
+        finally:
+            gc.unfreeze()
+
+    def _start_workers(self, ctx: Any) -> None:
         for w in range(self.workers):
             mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
             self._ends.append(_ParentEnd(mine))  # (before the fork: the worker closes its copy of our end too)
