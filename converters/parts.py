@@ -29,7 +29,7 @@ from fastdata.format.manifest import parse_manifest, write_manifest
 from fastdata.format.spec import KEYS_FILE, KEYS_KIND_FILE
 from fastdata.remote import RemoteOptions, is_url
 from fastdata.remote.retry import NoSuchBucketError, with_retries
-from fastdata.remote.url import join, scheme
+from fastdata.remote.url import join, root
 
 from .dst import PART_FILE, SKIPPED_NAME, part_lock_name, part_record_name, refuse_broken_url, write_skipped
 from .dstlock import DstLock, holder
@@ -88,8 +88,7 @@ def merge_parts(dst: str | os.PathLike[str], remote: RemoteOptions | None = None
     then uploaded last."""
     t0 = time.perf_counter()
     if isinstance(dst, str) and is_url(dst):  # checked before Path(), which would collapse "s3://b" into "s3:/b"
-        scheme(dst)  # "s3://" names no bucket: say so before the slashes are trimmed
-        return _merge_url(dst.rstrip("/"), remote or RemoteOptions(), t0)
+        return _merge_url(root(dst), remote or RemoteOptions(), t0)
     if remote is not None:
         raise UsageError(f"{dst}: remote= options apply to URL destinations only, and this is a local path")
     if "://" in str(dst):

@@ -34,7 +34,7 @@ from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
 from fastdata.remote.retry import NoSuchBucketError, RemoteError, RemoteNotFoundError, describe, with_retries
 from fastdata.remote.store import JOURNAL_NAME
-from fastdata.remote.url import filesystem, join, scheme
+from fastdata.remote.url import filesystem, join, root
 
 from . import _fault, journal
 from .dst import (
@@ -60,8 +60,7 @@ class RemoteTarget:
 
     def __init__(self, url: str, options: RemoteOptions | None = None, *, part: tuple[int, int] | None = None,
                  workers_upload: bool = False) -> None:
-        scheme(url)  # "s3://" names no bucket: say so before the slashes are trimmed
-        self.url = url.rstrip("/")
+        self.url = root(url)
         self.options = options or RemoteOptions()
         self.fs = filesystem(self.url, self.options.storage_options)
         self.part = part

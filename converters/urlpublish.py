@@ -23,7 +23,7 @@ from fastdata.remote import RemoteOptions
 from fastdata.remote.locks import pid_alive
 from fastdata.remote.options import default_cache_dir, default_timeout
 from fastdata.remote.retry import with_retries
-from fastdata.remote.url import filesystem, join, scheme
+from fastdata.remote.url import filesystem, join, root
 
 from . import _fault
 
@@ -45,8 +45,7 @@ class UrlSpec:
     def of(cls, url: str, options: RemoteOptions) -> "UrlSpec":
         so = dict(options.storage_options) if options.storage_options is not None else None
         cache = str(options.cache_dir) if options.cache_dir is not None else None
-        scheme(url)  # "s3://" names no bucket: say so before the slashes are trimmed
-        return cls(url.rstrip("/"), so, options.timeout, cache)
+        return cls(root(url), so, options.timeout, cache)
 
     def filesystem(self) -> Any:
         return filesystem(self.url, self.storage_options)

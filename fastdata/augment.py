@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import UsageError
-from .format.spec import SHAPE_SUFFIX
+from .format.spec import LENGTHS_SUFFIX, SHAPE_SUFFIX
 from .mixing import Mix
 from .seeds import Stream, int_seed
 from .seqaug import ops_kind
@@ -819,7 +819,7 @@ class _Targets:
                 t.check(name, v)
                 self.values[name] = t.to_xyxy(v)
                 n = v.shape[1]
-                lengths = batch.get(name + "_lengths")
+                lengths = batch.get(name + LENGTHS_SUFFIX)
                 rows = torch.arange(n, device=v.device).view(1, n)
                 self.valid[name] = rows < lengths.view(-1, 1) if lengths is not None else \
                     torch.ones(v.shape[:2], dtype=torch.bool, device=v.device)

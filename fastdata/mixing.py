@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .errors import UsageError
+from .format.spec import LENGTHS_SUFFIX
 from .targets import VALID_SUFFIX, Boxes, Mask, Target
 
 Tensor = torch.Tensor
@@ -163,7 +164,7 @@ def mix_boxes(batch: dict[str, Tensor], name: str, t: Boxes, d: MixDraw, hw: tup
     xyxy = t.to_xyxy(v)
     valid = batch.get(name + VALID_SUFFIX)
     if valid is None:
-        lengths = batch.get(name + "_lengths")
+        lengths = batch.get(name + LENGTHS_SUFFIX)
         rows = torch.arange(n, device=v.device).view(1, n)
         valid = rows < lengths.view(-1, 1).to(v.device) if lengths is not None else \
             torch.ones(v.shape[:2], dtype=torch.bool, device=v.device)
@@ -185,7 +186,7 @@ def mix_boxes(batch: dict[str, Tensor], name: str, t: Boxes, d: MixDraw, hw: tup
                                                                                   device=xyxy.device))
     batch[name] = t.from_xyxy(both).to(v.dtype if v.is_floating_point() else torch.float32)
     batch[name + VALID_SUFFIX] = keep
-    batch.pop(name + "_lengths", None)
+    batch.pop(name + LENGTHS_SUFFIX, None)
 
 
 def _area(b: Tensor) -> Tensor:

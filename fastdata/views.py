@@ -117,7 +117,6 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
             if stacked is not None and all(o[name].data_ptr() == stacked[:, v].data_ptr() for v, o in enumerate(outs)):
                 pre = {name: stacked}
         else:
-            pre = {}
             outs = [_sequence(batch, name, kind, ops, g) for ops in aug.view_ops]
             written = [name] + [k for k in (name + LENGTHS_SUFFIX, name + OFFSETS_SUFFIX) if k in outs[0]]
         join_views(batch, outs, written, pre=pre)
@@ -218,14 +217,13 @@ def mix_batch(aug: Augment, batch: Batch, g: torch.Generator, image_fields: list
         raise UsageError(f"Mix: the label field {mix.label!r} is not in the batch (fields: {sorted(batch)}); "
                          "name it with Mix(label=...)")
     d = mix.draw(g)
-    hw: tuple[int, int] = (0, 0)
     for name in image_fields:
         x = batch[name]
         if x.dim() != 4:
             raise UsageError(f"Mix needs image batches (B, C, H, W); {name!r} is {tuple(x.shape)}")
-        hw = (int(x.shape[-2]), int(x.shape[-1]))
         batch[name] = mix_images(x, d)
-    h, w = (int(v) for v in batch[image_fields[0]].shape[-2:])
+    h, w = (int(v) for v in batch[image_fields[0]].shape[-2:])  # targets come with exactly one image field
+    hw = (h, w)
     batch[mix.label] = mix.labels(batch[mix.label], kept_fraction(d, h, w))
     for t_name, t in aug.targets.items():
         if isinstance(t, Boxes):

@@ -59,11 +59,11 @@ class Recorder:
         self.stopped_at: float | None = None
         self.datasets: dict[int, Any] = {}  # key -> the dataset object (for the fastdata projection)
         self.batch_sizes: dict[int, int | None] = {}
+        self.batches = 0  # every loader's batches: the --steps budget (events stop at MAX_EVENTS)
 
     # -- budget ---------------------------------------------------------------------------------
     def spent(self) -> bool:
-        n = sum(len(r.events) for r in self.loaders.values())
-        if self.steps is not None and n >= self.steps + WARMUP:
+        if self.steps is not None and self.batches >= self.steps + WARMUP:
             return True
         if self.seconds is not None and self.first_batch_at is not None:
             return time.perf_counter() - self.first_batch_at >= self.seconds
@@ -71,6 +71,7 @@ class Recorder:
 
     def record(self, key: int, asked: float, got: float, batch: Any) -> Any:
         rec = self.loaders[key]
+        self.batches += 1
         if len(rec.events) < MAX_EVENTS:
             rec.events.append((asked, got, rec.passes))
         if self.first_batch_at is None:

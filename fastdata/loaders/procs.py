@@ -61,12 +61,11 @@ class _RemoteTraceback(Exception):
         return "\n" + str(self.args[0])
 
 
-def _worker_main(wid: int, conn: Connection, parent: int, dataset: Dataset, ragged: Ragged,
-                 transform: BatchTransform | None) -> None:
-    """A worker's loop: map slots it is sent, fill the slots of the batches it is asked for."""
+def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged, transform: BatchTransform | None,
+                 fixed_shapes: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str]) -> None:
+    """A worker's loop: map slots it is sent, fill the slots of the batches it is asked for. The field
+    layout comes from the training process (working it out here would open a shard in every worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the training process decides
-    fixed, flat = reader_fields(dataset)
-    fixed_shapes = {n: (tr, dt) for n, (tr, dt, _) in fixed.items()}
     slots = WorkerSlots()
     try:
         while True:
@@ -129,8 +128,9 @@ class ProcessReader:
         # three batches per worker: a worker keeps reading while the training process is off the CPU
         # (on a loaded 2-core machine, 2 per worker left the workers idle a quarter of the time)
         self.depth = max(prefetch, 3 * workers)
-        self.pin = pin  # (the ring is not page-locked: the copy to a GPU is then synchronous)
+        # ``pin`` is not used: the ring is not page-locked, so the copy to a GPU is synchronous
         fixed, flat = reader_fields(dataset)
+        self._fields = ({n: (tr, dt) for n, (tr, dt, _) in fixed.items()}, flat)  # what the workers read into
         # a region starts at the address phase of the field's bytes in the shard (faster copies,
         # fastdata.loaders.buffers) where that keeps its elements aligned
         self.ring = Ring({n: (int(np.prod(tr, dtype=np.int64)) * np.dtype(dt).itemsize,
@@ -166,7 +166,7 @@ class ProcessReader:
             mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
             self._ends.append(_ParentEnd(mine))  # (before the fork: the worker closes its copy of our end too)
             p = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
-                            args=(w, theirs, os.getpid(), self.dataset, self.ragged, self.transform))
+                            args=(theirs, os.getpid(), self.dataset, self.ragged, self.transform, *self._fields))
             p.start()
             theirs.close()
             self._procs.append(p)

@@ -26,8 +26,8 @@ import torch
 
 from .._compat import storage_use_count
 from ..handles import parent_only
+from .buffers import ALIGN, torch_dtype
 
-ALIGN = 64  # a cache line
 Layout = dict[str, tuple[int, int]]  # region name -> (offset, bytes); SPARE: arrays a transform makes
 SPARE = ""
 Placed = tuple[str, Any]  # ("slot", (offset, shape, dtype str)) or ("copy", value)
@@ -90,7 +90,7 @@ class Slot:
         if nbytes == 0:
             return torch.from_numpy(np.empty(shape, dtype=dt))
         flat = self.base[offset: offset + nbytes]
-        return flat.view(torch.from_numpy(np.empty(0, dtype=dt)).dtype).view(shape)
+        return flat.view(torch_dtype(dt)).view(shape)
 
     def in_use(self) -> bool:
         """True while a view of the slot's memory exists outside the ring (or torch cannot tell)."""
@@ -199,10 +199,6 @@ class WorkerSlots:
         finally:
             os.close(fd)
         self.maps[sid] = (gen, mm, np.frombuffer(mm, dtype=np.uint8), layout)
-
-    def gen(self, sid: int) -> int | None:
-        got = self.maps.get(sid)
-        return got[0] if got is not None else None
 
     def outs(self, sid: int, rows: int, fixed: dict[str, tuple[tuple[int, ...], str]],
              ragged: dict[str, str]) -> dict[str, np.ndarray]:

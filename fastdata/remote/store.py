@@ -22,7 +22,7 @@ from ..format.spec import KEYS_KIND_FILE, MANIFEST_NAME, MAX_MANIFEST_BYTES, Key
 from .cache import CacheFullError, Pin, Priority, ShardCache
 from .options import RemoteOptions
 from .retry import NoSuchBucketError, RemoteError, RemoteNotFoundError, with_retries
-from .url import filesystem, join, scheme
+from .url import filesystem, join, root
 
 log = logging.getLogger("fastdata.remote")
 JOURNAL_NAME = ".fastdata-journal"  # what an interrupted conversion to a URL leaves (converters/remote.py)
@@ -57,8 +57,7 @@ class RemoteStore:
     """Shards of the dataset at ``url`` through the node's shard cache (see fastdata/remote/cache.py)."""
 
     def __init__(self, url: str, options: RemoteOptions | None = None) -> None:
-        scheme(url)  # "s3://" or "s3:///x" names no bucket: say so before the slashes are trimmed
-        self.url = url.rstrip("/")
+        self.url = root(url)
         self.options = options or RemoteOptions()
         self.priority: Priority | None = None  # set by a PlanFollower while a loader iterates
         self._reset()

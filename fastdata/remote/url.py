@@ -42,6 +42,13 @@ def scheme(url: str) -> str:
     return proto
 
 
+def root(url: str) -> str:
+    """``url`` checked (a scheme, and a bucket or host where the scheme needs one) and without trailing
+    slashes: the form every remote store keeps. Checked first: "s3://" trimmed would read "s3:"."""
+    scheme(url)
+    return url.rstrip("/")
+
+
 def join(url: str, name: str) -> str:
     return url.rstrip("/") + "/" + name
 
