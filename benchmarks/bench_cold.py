@@ -34,6 +34,7 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -147,13 +148,12 @@ def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool) -> di
     reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
     if shuffled:
         random.Random(0).shuffle(reqs)
-    bufs: dict[int, bytearray] = {}
+    mine = threading.local()  # one buffer per thread, made once (setdefault made, and zeroed, one per read)
 
     def read(req: tuple[int, int]) -> int:
-        import threading
-
-        buf = bufs.setdefault(threading.get_ident(), bytearray(size))
-        return os.preadv(req[0], [buf], req[1])
+        if not hasattr(mine, "buf"):
+            mine.buf = bytearray(size)
+        return os.preadv(req[0], [mine.buf], req[1])
 
     t0 = time.perf_counter()
     if threads == 1:

@@ -14,6 +14,7 @@ docs/format.md, "Compressed fields".
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
@@ -69,6 +70,7 @@ def compress_fields(fields: Sequence[FieldSpec], codec: Codec | None) -> list[Fi
     return [replace(f, compression=BLOSC) if eligible(f) else f for f in fields]
 
 
+@functools.cache  # imported once, not on every decode
 def _blosc() -> Any:
     try:
         from numcodecs import blosc

@@ -649,14 +649,13 @@ class ShardReader(ShardReaderBase[_Handle]):
         """The byte ranges (starts, lengths) of this file holding records ``local``, where known
         (what fastdata.readahead hints to the kernel): records whose place this process has learned
         (every record once a schema with ragged or compressed fields has built its index)."""
-        none = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        loc = self._located()
+        if loc is None:  # checked first: records() can be a whole cursor pass
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         if self._record_size is None:
             total = self.records().total[local]
         else:
             total = np.full(len(local), self._record_size, dtype=np.int64)
-        loc = self._located()
-        if loc is None:
-            return none
         starts = loc.offsets[local]
         known = (starts >= 0) & (total > 0)
         return starts[known], total[known]
