@@ -346,10 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     name = "cold_quick" if a.quick else "cold"
+    ratios = {k: v for k, v in res["targets"].items() if "ceiling" in k}  # the rows measured against the disk
+    res["ceiling_check"] = _harness.check_ceiling("cold", ratios, quick=a.quick)
     md = markdown(res)
     _harness.write_results(name, res, md, a.out)
     print(md)
-    return 0
+    return _harness.ceiling_exit(res["ceiling_check"])
 
 
 if __name__ == "__main__":
