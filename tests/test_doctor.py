@@ -96,6 +96,10 @@ def test_npy_folder_script_with_projection(tmp_path: Path, capsys: pytest.Captur
     io = r["workers"]["io"]
     assert io["rchar"] >= 24 * 12 ** 3 * 4 * 0.5  # the workers read (at least half of) the volumes once
     assert "the fix:" in text
+    # the folder the workers read is named, and the printed command converts it as it is
+    assert r["workers"]["source"]["folder"] == str(data) and r["workers"]["source"]["convertible"]
+    assert r["commands"][0] == f"fastdata convert {data} DATASET"
+    assert "reading arrays (np.load)" in r["workers"]["causes"]
 
 
 def test_lightning_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,3 +185,75 @@ def test_accelerate_prepared_loader_is_measured() -> None:
     assert seen == list(range(32))  # every sample, once: the hooks change nothing
     assert w.report["loader"]["batches"] == 8 and w.report["loader"]["settings"]["num_workers"] == 1
     assert w.report["workers"]["processes"] >= 1  # the worker's __getitem__ was timed through Accelerate's wrapper
+
+
+SPAWNED_JPEG = '''
+import glob, sys
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+class Jpegs(Dataset):
+    def __init__(self, root):
+        self.files = sorted(glob.glob(root + "/*/*.jpg"))
+    def __len__(self):
+        return len(self.files)
+    def __getitem__(self, i):
+        im = Image.open(self.files[i]).convert("RGB")
+        return torch.from_numpy(np.asarray(im)[::64, ::64].copy())  # the decode is the work
+
+if __name__ == "__main__":
+    loader = DataLoader(Jpegs(sys.argv[1]), batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    for epoch in range(3):
+        for x in loader:
+            x.sum()
+'''
+
+
+def test_spawned_workers_and_the_decode_cause(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Workers started with spawn report their figures too, and the JPEG decode inside __getitem__ is named."""
+    from make_data import jpegs
+
+    data = jpegs(tmp_path / "img", n=64, side=512)  # one pass covers the budget: one worker start-up
+    script = tmp_path / "train.py"
+    script.write_text(SPAWNED_JPEG)
+    out_json = tmp_path / "r.json"
+    code, text = _run(["doctor", "--steps", "12", "--json", str(out_json), "--no-project", "--", sys.executable,
+                       str(script), str(data)], capsys)
+    assert code == 0, text
+    r = json.loads(out_json.read_text())
+    assert r["loader"]["settings"]["multiprocessing_context"] == "spawn"
+    w = r["workers"]
+    assert w is not None and w["processes"] >= 1 and w["samples"] >= 12 * 4  # a worker per pass: not persistent
+    assert "decoding JPEG (PIL)" in w["causes"] and w["causes"]["decoding JPEG (PIL)"] > 0
+    assert w["source"]["folder"] == str(data) and w["source"]["kinds"] == {".jpg": w["source"]["files_seen"]}
+    assert r["commands"][0] == f"fastdata convert {data} DATASET"
+    assert "decoding JPEG (PIL)" in text
+    # a loop of 4 decodes per trivial step waits, and the decode is most of __getitem__: it is the cause
+    assert r["bottleneck"] == "decode" and "decoding JPEG (PIL)" in r["verdict"]
+
+
+def _browser() -> str | None:
+    import shutil
+
+    return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+@pytest.mark.skipif(_browser() is None, reason="no headless Chromium on this machine (apt install chromium)")
+def test_html_page_renders_in_a_headless_browser(tmp_path: Path) -> None:
+    """The page as a browser draws it: the timeline's wait, step and replay colours are on the screenshot."""
+    from PIL import Image
+
+    from fastdata.doctor.html import page
+
+    ev = [[i * 0.1, i * 0.1 + 0.04, 0] for i in range(20)]
+    r = {"timeline": ev, "replay": [[2.0 + 0.05 * k, 0.0] for k in range(5)]}
+    path = tmp_path / "r.html"
+    path.write_text(page(r, "input-bound: the loop waited 40.0% of its time for data"))
+    shot = tmp_path / "shot.png"
+    subprocess.run([str(_browser()), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--screenshot={shot}", "--window-size=1100,800", path.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    colours = {c for _, c in Image.open(shot).convert("RGB").getcolors(1 << 20) or []}
+    assert {(0xD9, 0x53, 0x4F), (0x5B, 0x8B, 0xD9), (0x5C, 0xB8, 0x5C)} <= colours

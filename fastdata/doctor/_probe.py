@@ -1,8 +1,9 @@
 """The doctor's hooks: time every batch a torch DataLoader (or fastdata loader) hands the training loop.
 
-Installed by patching classes, never the user's objects: ``_BaseDataLoaderIter.__next__`` (the
-loop's wait and the step between batches), the dataset fetchers' ``fetch`` (time in the dataset and
-in collate, in whatever process runs them; forked workers inherit the patch) and fastdata's
+Installed by patching classes: ``_BaseDataLoaderIter.__next__`` (the loop's wait and the step
+between batches), the dataset fetchers' ``fetch`` (fastdata.doctor._worker: time in the dataset and
+in collate, in whatever process runs them; forked workers inherit the patch, spawned ones get it
+from a wrapper around the loader's ``worker_init_fn``, given back at the end) and fastdata's
 ``Loader.__iter__``. The hooks only read clocks and counters; the batches pass through untouched.
 After the budget the loop is fed a copy of one cached batch for a few steps (the compute-only
 step), then stopped with :class:`BudgetReached`.
@@ -10,13 +11,13 @@ step), then stopped with :class:`BudgetReached`.
 
 from __future__ import annotations
 
-import json
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from . import _worker
 
 WARMUP = 2  # batches of each pass left out of the statistics: worker start-up, first-batch caching
 REPLAY = 8  # steps run on the cached batch to time the step without input
@@ -108,94 +109,7 @@ class Recorder:
 
 _recorder: Recorder | None = None
 _saved: list[tuple[Any, str, Any]] = []  # (class, attribute, original) to undo the patches
-_worker = threading.local()
-
-
-# -- worker side: time in the dataset and in collate, flushed to a file per process ------------------
-class _WorkerStats:
-    def __init__(self, out_dir: Path) -> None:
-        self.path = out_dir / f"worker-{os.getpid()}.json"
-        self.fetch_s = self.collate_s = 0.0
-        self.batches = self.samples = 0
-        self.born = time.time()
-        self.cpu0 = _cpu_seconds()
-        self.last_flush = 0.0
-
-    def add(self, fetch_s: float, collate_s: float, samples: int) -> None:
-        self.fetch_s += fetch_s
-        self.collate_s += collate_s
-        self.batches += 1
-        self.samples += samples
-        now = time.monotonic()
-        if now - self.last_flush > 0.25:
-            self.last_flush = now
-            self.flush()
-
-    def flush(self) -> None:
-        data = {"pid": os.getpid(), "fetch_s": self.fetch_s, "collate_s": self.collate_s, "batches": self.batches,
-                "samples": self.samples, "alive_s": time.time() - self.born, "cpu_s": _cpu_seconds() - self.cpu0,
-                "io": _proc_io()}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.path)
-
-
-_stats_by_pid: dict[int, _WorkerStats] = {}
-
-
-def _stats_here() -> _WorkerStats | None:
-    if _recorder is None:
-        return None
-    pid = os.getpid()
-    s = _stats_by_pid.get(pid)
-    if s is None:
-        s = _stats_by_pid[pid] = _WorkerStats(_recorder.out_dir)
-    return s
-
-
-def _cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def _proc_io() -> dict[str, int] | None:
-    """/proc/self/io (Linux): rchar counts bytes asked of read(), read_bytes those fetched from storage."""
-    try:
-        text = Path("/proc/self/io").read_text()
-    except OSError:
-        return None
-    out = {}
-    for line in text.splitlines():
-        k, _, v = line.partition(":")
-        out[k.strip()] = int(v)
-    return out
-
-
-def _timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def fetch(self: Any, index: Any) -> Any:
-        stats = _stats_here()
-        if stats is None:
-            return orig(self, index)
-        if not getattr(self, "_doctor_wrapped", False):
-            inner = self.collate_fn
-
-            def collate(data: Any) -> Any:
-                t0 = time.perf_counter()
-                try:
-                    return inner(data)
-                finally:
-                    _worker.collate = time.perf_counter() - t0
-
-            self.collate_fn, self._doctor_wrapped = collate, True
-        _worker.collate = 0.0
-        t0 = time.perf_counter()
-        out = orig(self, index)
-        total = time.perf_counter() - t0
-        n = len(index) if hasattr(index, "__len__") and self.auto_collation else 1
-        stats.add(total - _worker.collate, _worker.collate, n)
-        return out
-
-    return fetch
+_hooked: list[tuple[Any, Any]] = []  # (DataLoader, its own worker_init_fn) to give back at uninstall
 
 
 # -- main side -----------------------------------------------------------------------------------------
@@ -210,6 +124,10 @@ def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, loader: Any) -> None:
         orig(self, loader)
         rec = _recorder
+        if rec is not None and loader.num_workers > 0 and not isinstance(loader.worker_init_fn, _worker.WorkerHook):
+            # read by the multiprocessing iterator right after this: spawned workers install the hooks
+            _hooked.append((loader, loader.worker_init_fn))
+            loader.worker_init_fn = _worker.WorkerHook(rec.out_dir, loader.worker_init_fn)
         if rec is not None:
             key = id(loader)
             if key not in rec.loaders:
@@ -316,15 +234,14 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
     global _recorder
     if _recorder is not None:
         raise RuntimeError("fastdata.doctor is already watching this process")
-    import torch.utils.data._utils.fetch as fetch
     import torch.utils.data.dataloader as dl
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _recorder = Recorder(out_dir, steps, seconds, replay)
     _patch(dl._BaseDataLoaderIter, "__init__", _timed_iter_init)
     _patch(dl._BaseDataLoaderIter, "__next__", _timed_next)
-    _patch(fetch._MapDatasetFetcher, "fetch", _timed_fetch)
-    _patch(fetch._IterableDatasetFetcher, "fetch", _timed_fetch)
+    _saved.extend(_worker.patch_fetchers())
+    _worker.start(out_dir)
     from ..loaders.base import Loader
 
     _patch(Loader, "__iter__", _timed_fastdata_iter)
@@ -334,12 +251,13 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
 def uninstall() -> Recorder | None:
     """Undo the patches; flush this process's dataset timings; return the Recorder."""
     global _recorder
-    rec, here = _recorder, _stats_by_pid.get(os.getpid())
-    if here is not None:
-        here.flush()
+    rec = _recorder
+    _worker.stop()
     while _saved:
         cls, name, orig = _saved.pop()
         setattr(cls, name, orig)
+    while _hooked:
+        loader, init = _hooked.pop()
+        loader.worker_init_fn = init
     _recorder = None
-    _stats_by_pid.clear()
     return rec

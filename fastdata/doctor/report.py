@@ -8,6 +8,7 @@ one-screen text of it.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,19 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
     fetch, collate = sum(r["fetch_s"] for r in rows), sum(r["collate_s"] for r in rows)
     samples, batches = sum(r["samples"] for r in rows), sum(r["batches"] for r in rows)
     ios = [r["io"] for r in rows if r.get("io")]
+    causes: dict[str, float] = {}
+    for r in rows:
+        for k, v in (r.get("causes") or {}).items():
+            causes[k] = causes.get(k, 0.0) + v
     out: dict[str, Any] = {
         "processes": len(rows), "samples": samples,
         "getitem_s_per_sample": fetch / samples if samples else None,
         "collate_s_per_batch": collate / batches if batches else None,
         "getitem_fraction": fetch / alive, "collate_fraction": collate / alive,
         "cpu_fraction": sum(r["cpu_s"] for r in rows) / alive,
+        # time inside known readers and decoders, as a fraction of the workers' time (sorted, largest first)
+        "causes": dict(sorted(((k, v / alive) for k, v in causes.items()), key=lambda kv: -kv[1])),
+        "source": source_of([f for r in rows for f in r.get("files") or []]),
     }
     if ios and num_workers > 0:  # the main process's counters hold the whole script, not the dataset
         rchar, read_bytes = sum(i["rchar"] for i in ios), sum(i["read_bytes"] for i in ios)
@@ -64,6 +72,23 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
                      "method": "/proc/<worker>/io: read_bytes (fetched from storage) / rchar (asked of read()); "
                                "mmap reads are not counted"}
     return out
+
+
+def source_of(files: list[str]) -> dict[str, Any] | None:
+    """The folder the dataset's files share and what they are (from the paths the workers opened), and
+    whether ``fastdata convert`` takes that folder as it is (per-sample .npy/.npz or image files)."""
+    from converters.imageio import IMAGE_EXTENSIONS
+
+    files = [f for f in files if os.path.isfile(f)]
+    if not files:
+        return None
+    kinds: dict[str, int] = {}
+    for f in files:
+        ext = os.path.splitext(f)[1].lower() or "(none)"
+        kinds[ext] = kinds.get(ext, 0) + 1
+    folder = os.path.commonpath([os.path.dirname(f) for f in files])
+    per_sample = len(files) > 1 and all(k in IMAGE_EXTENSIONS or k in (".npy", ".npz") for k in kinds)
+    return {"folder": folder, "kinds": kinds, "files_seen": len(files), "convertible": per_sample}
 
 
 def _bottleneck(wait: float, loader: dict[str, Any], w: dict[str, Any] | None) -> tuple[str, str]:
@@ -88,6 +113,11 @@ def _bottleneck(wait: float, loader: dict[str, Any], w: dict[str, Any] | None) -
            else f"{w['collate_s_per_batch'] * 1e3:.1f} ms/batch")
     if busy < 0.5:
         return "loader", head + f"; the workers are busy only {busy:.1%} of the time (start-up, IPC, or too few in flight)"
+    cause, share = next(iter(w["causes"].items()), ("", 0.0))
+    if what == "__getitem__" and share >= 0.5 * frac:
+        verb = "spends" if nw == 1 else "spend"
+        return ("decode" if cause.startswith("decoding") else "read", head + f"; {'the worker' if nw == 1 else f'the {nw} workers'} {verb} "
+                f"{share:.1%} of {'its' if nw == 1 else 'their'} time {cause} ({per} in __getitem__)")
     return ("dataset_getitem" if what == "__getitem__" else "collate",
             head + f"; {'the worker spends' if nw == 1 else f'the {nw} workers spend'} {frac:.1%} of "
                    f"{'its' if nw == 1 else 'their'} time in {what} ({per})")
@@ -126,7 +156,7 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
         "timeline": main["events"][:2000], "replay": main["replay"],
     }
     out.update(_projection(proj, step_s, wait_fraction * step_s, compute, w))
-    out["commands"] = _commands(main, proj if proj.get("ok") else None)
+    out["commands"] = _commands(main, proj if proj.get("ok") else None, (w or {}).get("source"))
     return out
 
 
@@ -148,16 +178,20 @@ def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: flo
             "projection": proj}
 
 
-def _commands(main: dict[str, Any], proj: dict[str, Any] | None) -> list[str]:
+def _commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[str, Any] | None) -> list[str]:
     bs = main["settings"].get("batch_size")
     nw = proj["workers"] if proj else "auto"
+    if source and source["convertible"]:  # the folder the workers read, which fastdata convert takes as it is
+        convert = f"fastdata convert {shlex.quote(source['folder'])} DATASET"
+    else:
+        seen = f" (the workers read {', '.join(source['kinds'])} files under {source['folder']})" if source else ""
+        convert = ("fastdata convert SRC DATASET   # SRC: a folder of per-sample .npy/.npz/image files" + seen
+                   + "; for other sources write each __getitem__ output as SRC/NNNNNN.npz first (docs/doctor.md)")
     if bs is None:  # a batch_sampler made the batches
-        return ["fastdata convert SRC DATASET   # as below",
+        return [convert,
                 f'loader = fastdata.loader("DATASET", None, sampler=fastdata.samplers.Episodic(...), num_workers={nw!r})'
                 "   # or another fastdata.samplers sampler in place of your batch_sampler (docs/loader.md)"]
-    return ["fastdata convert SRC DATASET   # SRC: the folder of .npy/.npz/image files your dataset reads; "
-            "for other sources write each __getitem__ output as SRC/NNNNNN.npz first (docs/doctor.md)",
-            f'loader = fastdata.loader("DATASET", batch_size={bs}, num_workers={nw!r}, device="auto")']
+    return [convert, f'loader = fastdata.loader("DATASET", batch_size={bs}, num_workers={nw!r}, device="auto")']
 
 
 def render(r: dict[str, Any]) -> str:
@@ -182,6 +216,9 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"workers  {w['processes']} process(es): __getitem__ {w['getitem_fraction']:.1%} of their time"
                      + (f" ({per * 1e3:.2f} ms/sample)" if per else "")
                      + f", collate {w['collate_fraction']:.1%}, CPU {w['cpu_fraction']:.1%} of one core each")
+        if w.get("causes"):
+            lines.append("inside   " + ", ".join(f"{k} {v:.1%}" for k, v in w["causes"].items())
+                         + " of the workers' time")
         io = w.get("io")
         if io and io["from_storage_fraction"] is not None:
             lines.append(f"reads    {io['rchar'] / 1e6:.1f} MB read by the workers, "
