@@ -10,7 +10,8 @@ assertions). A full suite that finds a ratio above 1.1 of its ceiling exits non-
 measurement bug, benchmarks/_harness.py ``check_ceiling``), and so does this script.
 
 Not in ``SUITES`` (opt-in, each run by hand; docs/benchmarks.md says how): ``bench_scale.py``
-(starts Ray clusters), ``bench_augment_targets.py`` (needs kornia), ``bench_gpu.py`` (needs CUDA).
+(starts Ray clusters), ``bench_augment_targets.py`` (needs kornia), ``bench_gpu.py`` (needs CUDA),
+``bench_cold_large.py`` (a dataset larger than RAM).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SUITES = ["get_batch", "loader", "raw", "choices", "fields", "images", "dali", "train", "tune", "remote",
           "augment_views", "lmdb_check", "cold"]
-OPT_IN = {"scale": "starts Ray clusters", "augment_targets": "needs kornia", "gpu": "needs CUDA"}
+OPT_IN = {"scale": "starts Ray clusters", "augment_targets": "needs kornia", "gpu": "needs CUDA",
+          "cold_large": "writes a dataset larger than RAM (about 30 GB here)"}
 
 
 def main(argv: list[str] | None = None) -> int:
