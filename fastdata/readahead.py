@@ -6,8 +6,9 @@ up to a bounded distance ahead, tells the kernel the exact byte ranges of the sh
 batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel
 reads for one hint). The kernel queues those reads at once,
 many in flight, while the reader threads copy the batches before them; when a reader reaches a
-sample, its pages are in the page cache or on their way. On a warm cache a hint finds the pages
-present and costs one system call per range (adjacent ranges are merged first).
+sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped: a
+one-byte non-blocking read probes each batch, and once several batches in a row were found cached,
+a batch whose probe hits is not hinted (one system call instead of one per range).
 
 The distance is bounded, so memory is too: hints go at most ``ahead_bytes`` of file ranges beyond
 the batches the readers may already be reading (the loader's ``prefetch`` and workers), and at
@@ -32,6 +33,7 @@ log = logging.getLogger("fastdata.readahead")
 
 DEFAULT_AHEAD_BYTES = 256 << 20
 _MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is read too: cheaper than a seek)
+WARM_STREAK = 4  # batches found in the page cache in a row before hints are skipped (ReadAhead._resident)
 _MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
 _chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
 
@@ -93,6 +95,10 @@ class ReadAhead:
         self._cond = threading.Condition()
         self._stop = False
         self.hinted_bytes = 0  # what was hinted in all (a figure for tests and benchmarks)
+        self.skipped = 0  # batches not hinted: their data was found in the page cache (_resident)
+        self._hits = 0  # consecutive batches whose probe found the data resident
+        self._probe = bytearray(1)
+        self._can_probe = hasattr(os, "RWF_NOWAIT")
         self._thread = threading.Thread(target=self._run, name="fastdata-readahead", daemon=True)
         self._thread.start()
 
@@ -132,13 +138,40 @@ class ReadAhead:
         finally:
             self._close_fds()
 
+    def _fd(self, path: Path) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._chunk[path] = hint_chunk(path)
+        return fd
+
+    def _resident(self, ranges: Ranges) -> bool:
+        """Whether hints for this batch can be skipped: a one-byte read that may not block
+        (``RWF_NOWAIT``) in the middle of the batch's first range found its page cached, and so did the
+        probes of the WARM_STREAK batches before it. On a warm cache the hints then cost one system call
+        a batch; a probe that misses hints the batch at once (a cold or partly cached dataset)."""
+        if not self._can_probe or not ranges or len(ranges[0][1]) == 0:
+            return False
+        path, starts, lengths = ranges[0]
+        try:
+            os.preadv(self._fd(path), [self._probe], int(starts[0]) + int(lengths[0]) // 2, os.RWF_NOWAIT)
+        except BlockingIOError:
+            self._hits = 0
+            return False
+        except OSError:  # this filesystem does not take RWF_NOWAIT: always hint
+            self._can_probe = False
+            return False
+        self._hits += 1
+        return self._hits > WARM_STREAK
+
     def _hint(self, batch: np.ndarray) -> int:
         total = 0
-        for path, starts, lengths in self._ranges(batch):
-            fd = self._fds.get(path)
-            if fd is None:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                self._chunk[path] = hint_chunk(path)
+        ranges = self._ranges(batch)
+        if self._resident(ranges):
+            self.skipped += 1
+            return 0
+        for path, starts, lengths in ranges:
+            fd = self._fd(path)
             chunk = self._chunk[path]
             s, n = merge_ranges(starts, lengths)
             for off, size in zip(s.tolist(), n.tolist()):

@@ -341,3 +341,37 @@ def test_long_ranges_are_hinted_in_pieces_the_kernel_reads_whole(tmp_path, monke
     ra.close()
     assert calls == [(1000, 256 << 10), (1000 + (256 << 10), 256 << 10), (1000 + (512 << 10), 188 << 10)]
     assert readahead.hint_chunk("/proc/self/status") == 128 << 10  # no block device: the kernel's default
+
+
+def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path, monkeypatch):
+    """Warm: after WARM_STREAK batches found cached, a batch whose probe hits is not hinted. Cold: all are."""
+    import os
+
+    from fastdata import readahead
+
+    if not hasattr(os, "RWF_NOWAIT"):
+        pytest.skip("no preadv2 RWF_NOWAIT on this platform: read-ahead always hints")
+    f = tmp_path / "f.bin"
+    f.write_bytes(np.random.default_rng(0).bytes(24 << 20))
+    os.sync()
+    plan = [np.array([k]) for k in range(24)]
+
+    def ranges(batch):
+        return [(f, np.array([int(batch[0]) << 20]), np.array([1 << 20]))]
+
+    def run() -> tuple[int, int]:
+        calls = []
+        monkeypatch.setattr(readahead.os, "posix_fadvise", lambda fd, off, n, advice: calls.append(off))
+        ra = ReadAhead(ranges, plan, first=0, lead=len(plan))
+        ra._thread.join(timeout=10)
+        monkeypatch.undo()
+        return ra.skipped, len({off >> 20 for off in calls})
+
+    f.read_bytes()  # warm
+    skipped, hinted = run()
+    assert (skipped, hinted) == (len(plan) - readahead.WARM_STREAK, readahead.WARM_STREAK)
+    drop_page_cache([f])
+    if resident_bytes([f]) > (1 << 20):
+        pytest.skip("the page cache could not be emptied for the test file")
+    skipped, hinted = run()
+    assert skipped == 0 and hinted == len(plan)
