@@ -20,19 +20,19 @@ PACKAGES = ("fastdata", "converters")
 # lowest first: spec -> file utilities -> format backends -> remote shards -> dataset -> sampling/world -> augment
 # -> loaders -> train -> tools. A prefix ending in "." covers a whole package.
 LAYERS: list[tuple[str, ...]] = [
-    ("fastdata.errors", "fastdata._units", "fastdata._version", "fastdata.seeds"),  # seeds imports only numpy
+    ("fastdata.errors", "fastdata._units", "fastdata._version", "fastdata.seeds", "fastdata.world"),
     ("fastdata.format.spec",),
     ("fastdata.fileio", "fastdata.handles", "fastdata.batching"),
     ("fastdata.format.",),
     ("fastdata.remote.",),  # where shard files come from when a dataset is a URL: fsspec + the local cache
     ("fastdata.decode", "fastdata.dataset", "fastdata.selection", "fastdata.assembly", "fastdata.readahead",
      "converters."),
-    ("fastdata.world", "fastdata.sampling", "fastdata.samplers", "fastdata.tuned"),
+    ("fastdata.order", "fastdata.samplers", "fastdata.settings_cache"),
     ("fastdata.targets", "fastdata.augment", "fastdata._compat", "fastdata.seqaug", "fastdata.mixing", "fastdata.views"),
     ("fastdata.loaders.",),
     ("fastdata.train",),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",
-     "fastdata.cli_bench", "fastdata.cli_cold", "fastdata.demo", "fastdata.examples", "fastdata.doctor."),
+     "fastdata.cli_measure", "fastdata.cli_cold", "fastdata.demo.", "fastdata.examples", "fastdata.doctor."),
 ]
 
 

@@ -1,6 +1,6 @@
 """``fastdata.loader``: batches of tensors on the device, read whole from fastdata shards.
 
-The loader plans each epoch as a list of index batches (fastdata.sampling), reads each batch
+The loader plans each epoch as a list of index batches (fastdata.order), reads each batch
 with one ``get_batch`` call (host.py), and moves it to the device with prefetching and
 augmentation (device.py). It knows its position, so ``state_dict()`` taken mid-epoch resumes
 exactly. Semantics: docs/loader.md. Order, epochs, resume and stats live in base.py, shared by
@@ -19,11 +19,11 @@ from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import UsageError
 from ..format.spec import ENCODING_IMAGE
-from ..handles import usable_cpus
+from ..order import Shuffle
 from ..remote import RemoteOptions
 from ..samplers import Episodic, SamplerFn
-from ..sampling import Shuffle
-from ..tuned import load_tuned
+from ..settings_cache import load_tuned
+from ..world import usable_cpus
 from .base import Loader
 from .config import LoaderConfig
 from .device import resolve_device
