@@ -268,3 +268,7 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
     finally:
         for fd in fds:
             os.close(fd)
+
+
+__all__ = ["BenchResult", "CEILING_LIMIT", "measure", "measure_ceiling", "naive_pipeline", "payload_bytes",
+           "pread_pass", "sample_bytes"]

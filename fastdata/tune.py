@@ -25,7 +25,7 @@ from .dataset import Dataset
 from .settings_cache import load_tuned, settings_key, store_tuned
 from .world import usable_cpus
 
-__all__ = ["load_tuned", "settings_key", "store_tuned", "tune", "measure_setting"]
+__all__ = ["load_tuned", "measure_setting", "settings_key", "store_tuned", "tune"]
 
 log = logging.getLogger("fastdata.tune")
 

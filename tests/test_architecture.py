@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastdata.order", "fastdata.samplers", "fastdata.settings_cache"),
     ("fastdata.targets", "fastdata.augment", "fastdata._compat", "fastdata.seqaug", "fastdata.mixing", "fastdata.views"),
     ("fastdata.loaders.",),
-    ("fastdata.train",),
+    ("fastdata.train", "fastdata.precision", "fastdata.meter", "fastdata.checkpoint"),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",
      "fastdata.cli_measure", "fastdata.cli_cold", "fastdata.demo.", "fastdata.examples", "fastdata.doctor."),
 ]
@@ -53,7 +53,7 @@ LAYER_ROLES: list[str] = [
     "epoch order, samplers, tuned settings",
     "batched augmentation and its targets; private torch uses",
     "batches of tensors: order, resume, stats (base), reading (host: threads; procs + ring: processes), device",
-    "the AMP training core",
+    "the AMP training core: the loop, its precision plan, epoch meter and checkpoints",
     "tools: they use everything below and nothing below uses them",
 ]
 
