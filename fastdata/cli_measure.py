@@ -132,7 +132,7 @@ def _bench_dataset(args: argparse.Namespace) -> Dataset:
     return ds
 
 
-def _bench_results(args: argparse.Namespace, ds: Dataset, bps: int) -> tuple[list[BenchResult], dict[str, Any]]:
+def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float) -> tuple[list[BenchResult], dict[str, Any]]:
     """The loader's measurement, then the ceiling and the naive loader where asked; and the loader's settings."""
     from .bench import measure, measure_ceiling, naive_pipeline
     from .loaders import LoaderConfig, loader

@@ -58,15 +58,8 @@ class ShardWriter:
     call per sample. Compressed fields are staged and written through h5py in blocks.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        fields: list[FieldSpec],
-        count: int,
-        ragged_rows: dict[str, int],
-        compression: str | None = None,
-        start: int = 0,
-    ) -> None:
+    def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
+                 compression: str | None = None, start: int = 0) -> None:
         self.fields = fields
         self.count = count
         filt, level = parse_compression(compression)

@@ -84,15 +84,8 @@ def _add_tail_guard(path: Path, psize: int, largest_record: int) -> None:
 class ShardWriter:
     """Writes one LMDB shard; the map grows on demand, so ``MapFullError`` never reaches the user."""
 
-    def __init__(
-        self,
-        path: Path,
-        fields: list[FieldSpec],
-        count: int,
-        ragged_rows: dict[str, int],
-        compression: str | None = None,
-        start: int = 0,
-    ) -> None:
+    def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
+                 compression: str | None = None, start: int = 0) -> None:
         self._codec = parse_compression(compression)
         if any(f.compression is not None for f in fields) and self._codec is None:
             raise ValueError(f"compressed fields need --compression lz4 or zstd, not {compression!r}")
