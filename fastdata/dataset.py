@@ -231,17 +231,16 @@ class Dataset(Selection, Assembly):
     def _segments(self, idx: np.ndarray) -> tuple[list[Any], list[int]]:
         """The stored samples ``idx`` as segments (reader, rows in its shard, places in the batch),
         one per shard they touch, in shard order; and those shards."""
+        if len(idx) == 0:
+            return [], []
         order = np.argsort(idx, kind="stable")
         sidx = idx[order]
         shard_of = np.searchsorted(self._starts, sidx, side="right") - 1
-        cuts = np.flatnonzero(np.diff(shard_of)) + 1
-        firsts = np.concatenate(([0], cuts))
-        segments = [
-            (self._readers[shard_of[a]], sidx[a:e] - self._starts[shard_of[a]], order[a:e])
-            for a, e in zip(firsts, np.concatenate((cuts, [len(idx)])))
-            if e > a
-        ]
-        return segments, [int(shard_of[a]) for a in firsts if a < len(idx)]
+        cuts = (np.flatnonzero(np.diff(shard_of)) + 1).tolist()
+        firsts, ends = [0, *cuts], [*cuts, len(idx)]
+        shards: list[int] = shard_of[firsts].tolist()
+        local = sidx - self._starts[shard_of]
+        return [(self._readers[s], local[a:e], order[a:e]) for s, a, e in zip(shards, firsts, ends)], shards
 
     def __getitems__(self, indices: list[int]) -> Batch:
         """A whole batch in one :meth:`get_batch` call: what a torch DataLoader with a batch sampler
