@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from fastdata.cli_bench import CEILING_LIMIT  # one limit for the harness, the report and fastdata bench
+from fastdata.bench import CEILING_LIMIT  # one limit for the harness, the report and fastdata bench
 from fastdata.fileio import write_atomic
 from fastdata.world import usable_cpus
 
@@ -105,7 +105,7 @@ def timed_fit(model: Any, loader: Any, steps: int, *, during: Any = None, **fit_
     steps. Returns the second ``FitResult``; its last epoch is the figure."""
     import torch
 
-    from fastdata.examples import classification_loss
+    from fastdata.demo.models import classification_loss
     from fastdata.train import fit
 
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -30,13 +30,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,10 +44,11 @@ import _harness  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
-from fastdata.examples import naive_loader  # noqa: E402
+from fastdata.bench import pread_pass as bench_pread  # noqa: E402
+from fastdata.demo.baseline import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
+from fastdata.order import SHUFFLES, epoch_order  # noqa: E402
 from fastdata.readahead import drop_page_cache, resident_bytes  # noqa: E402
-from fastdata.sampling import SHUFFLES, epoch_order  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 QUICK_SHAPE = (2, 64, 21, 21)
@@ -141,30 +139,10 @@ def naive_pass(src: Path, files: list[Path]) -> dict[str, float]:
 
 
 def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool) -> dict[str, float]:
-    """Read every byte of ``paths`` in ``size`` preads (random order if ``shuffled``), ``threads`` at
-    a time, into one reused buffer per thread: the disk's ceiling at that request size."""
+    """The disk's ceiling at request size ``size`` (fastdata.bench.pread_pass), cold."""
     left = cold(paths)
-    fds = [os.open(p, os.O_RDONLY) for p in paths]
-    reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
-    if shuffled:
-        random.Random(0).shuffle(reqs)
-    mine = threading.local()  # one buffer per thread, made once (setdefault made, and zeroed, one per read)
-
-    def read(req: tuple[int, int]) -> int:
-        if not hasattr(mine, "buf"):
-            mine.buf = bytearray(size)
-        return os.preadv(req[0], [mine.buf], req[1])
-
-    t0 = time.perf_counter()
-    if threads == 1:
-        total = sum(read(r) for r in reqs)
-    else:
-        with ThreadPoolExecutor(threads) as pool:
-            total = sum(pool.map(read, reqs, chunksize=8))
-    dt = time.perf_counter() - t0
-    for fd in fds:
-        os.close(fd)
-    return {"mb_per_s": total / dt / 1e6, "seconds": dt, "resident_before": left}
+    r = bench_pread(paths, size, threads, shuffled=shuffled)
+    return {"mb_per_s": r["bytes"] / r["seconds"] / 1e6, "seconds": r["seconds"], "resident_before": left}
 
 
 def shuffle_quality(ds: fastdata.Dataset, shuffle: Any) -> dict[str, float]:

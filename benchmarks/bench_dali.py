@@ -56,6 +56,7 @@ import converters
 import fastdata
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, summarize, warm_page_cache, write_results
 from bench_images import BATCH, SIZE, EpochSampler, FolderImages, generate
+from fastdata._compat import shutdown_workers
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, HorizontalFlip, Normalize, RandomResizedCrop
 from fastdata.loaders import LoaderConfig
 from fastdata.world import usable_cpus
@@ -96,9 +97,7 @@ def naive(paths: list[Path], device: str) -> Method:
                 yield x.shape[0]
 
         def teardown() -> None:
-            it = getattr(loader, "_iterator", None)
-            if it is not None:
-                it._shutdown_workers()
+            shutdown_workers(loader)  # persistent workers: stop them now, not when the loader is collected
 
         return epoch, teardown
 

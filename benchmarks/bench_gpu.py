@@ -39,7 +39,8 @@ import _harness  # noqa: E402
 import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.augment import ColorJitter, HorizontalFlip, RandomResizedCrop  # noqa: E402
-from fastdata.examples import FlimCNN, SmallConvNet, naive_loader, write_npy_folder  # noqa: E402
+from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
+from fastdata.demo.models import FlimCNN, SmallConvNet  # noqa: E402
 
 FLIM = (2, 256, 21, 21)
 BATCH = 64

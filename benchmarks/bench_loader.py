@@ -39,7 +39,7 @@ import _harness  # noqa: E402
 
 import converters  # noqa: E402
 import fastdata  # noqa: E402
-from fastdata.examples import naive_loader, write_npy_folder  # noqa: E402
+from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
 from fastdata.loaders import LoaderConfig, PerSample  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)

@@ -54,7 +54,7 @@ import bench_images  # noqa: E402
 import converters  # noqa: E402
 import fastdata  # noqa: E402
 from converters.writer import DEFAULT_SHARD_SIZE, plan_shards  # noqa: E402
-from fastdata.examples import write_npy_folder  # noqa: E402
+from fastdata.demo.baseline import write_npy_folder  # noqa: E402
 from fastdata.fileio import fsync_dir  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 

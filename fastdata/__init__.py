@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 from . import errors
 from ._version import __version__
 from .dataset import Dataset, open
+from .order import Shuffle
 from .remote import RemoteOptions
-from .sampling import Shuffle
 
 if TYPE_CHECKING:
     import torch

@@ -8,16 +8,20 @@ separately as the first-batch latency and left out of the rate.
 from __future__ import annotations
 
 import os
+import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from .batching import batch_len
 from .dataset import Dataset
 from .format.spec import CODEC_SUFFIX, ENCODING_IMAGE, LENGTHS_SUFFIX, SHAPE_SUFFIX
+
+CEILING_LIMIT = 1.1  # a ratio above this of the ceiling means the ceiling's measurement was wrong
 
 
 @dataclass
@@ -227,7 +231,44 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
 
 def naive_pipeline(src: str | os.PathLike[str], batch_size: int, workers: int = 2) -> Callable[[], Iterable[Any]]:
     """The per-file baseline for a source folder of ``.npy`` files (what ``--naive SRC`` measures)."""
-    from .examples import naive_loader
+    from .demo.baseline import naive_loader
 
     loader = naive_loader(src, batch_size, workers)
     return lambda: loader
+
+
+def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int, *, shuffled: bool = True,
+               seconds: float | None = None) -> dict[str, float]:
+    """Read every byte of ``paths`` in ``size`` preads (in a seeded random order if ``shuffled``),
+    ``threads`` at a time, into one reused buffer per thread, for at most ``seconds``: the disk's
+    ceiling at that request size (``fastdata bench --cold`` and benchmarks/bench_cold.py; empty the
+    page cache first for a cold figure). Returns ``{"bytes", "seconds"}``."""
+    fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
+    try:
+        reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
+        if shuffled:
+            random.Random(0).shuffle(reqs)
+        mine = threading.local()  # one buffer per thread, made once: the ceiling times reads, not allocation
+        t0 = time.perf_counter()
+        stop = t0 + seconds if seconds is not None else float("inf")
+
+        def read(req: tuple[int, int]) -> int:
+            if time.perf_counter() > stop:
+                return 0
+            if not hasattr(mine, "buf"):
+                mine.buf = bytearray(size)
+            return os.preadv(req[0], [mine.buf], req[1])
+
+        if threads == 1:
+            total = sum(read(r) for r in reqs)
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                total = sum(pool.map(read, reqs, chunksize=8))
+        return {"bytes": total, "seconds": time.perf_counter() - t0}
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+__all__ = ["BenchResult", "CEILING_LIMIT", "measure", "measure_ceiling", "naive_pipeline", "payload_bytes",
+           "pread_pass", "sample_bytes"]

@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(run=_verify)
 
-    from .cli_bench import add_parsers
+    from .cli_measure import add_parsers
 
     add_parsers(sub)  # bench, tune
     from .cli_cold import add_cold

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ._units import fmt_bytes
@@ -60,31 +56,13 @@ def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[
     return {"samples": n, "seconds": dt}
 
 
-def _pread_pass(paths: list[str], size: int, seconds: float) -> dict[str, float]:
+def _pread_cold(paths: list[str], size: int, seconds: float) -> dict[str, float]:
+    """The disk's ceiling with the page cache emptied: random ``size`` preads by ``_THREADS`` threads."""
+    from .bench import pread_pass
     from .readahead import drop_page_cache
 
     drop_page_cache(paths)
-    fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
-    try:
-        reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
-        random.Random(0).shuffle(reqs)
-        mine = threading.local()  # one buffer per thread, made once: the ceiling times reads, not allocation
-        t0 = time.perf_counter()
-        stop = t0 + seconds
-
-        def read(req: tuple[int, int]) -> int:
-            if time.perf_counter() > stop:
-                return 0
-            if not hasattr(mine, "buf"):
-                mine.buf = bytearray(size)
-            return os.preadv(req[0], [mine.buf], req[1])
-
-        with ThreadPoolExecutor(_THREADS) as pool:
-            total = sum(pool.map(read, reqs, chunksize=4))
-        return {"bytes": total, "seconds": time.perf_counter() - t0}
-    finally:
-        for fd in fds:
-            os.close(fd)
+    return pread_pass(paths, size, _THREADS, seconds=seconds)
 
 
 def run_cold(args: argparse.Namespace) -> int:
@@ -110,8 +88,8 @@ def run_cold(args: argparse.Namespace) -> int:
         sps = r["samples"] / r["seconds"] if r["seconds"] else 0.0
         rows.append((f"fastdata.loader shuffle={shuffle!r}, cold", sps, sps * bps / 1e6))
     ceilings: list[tuple[str, Callable[[], dict[str, float]]]] = [
-        (f"pread {fmt_bytes(bps)} x {_THREADS} threads, cold", lambda: _pread_pass(paths, max(bps, 4096), args.seconds)),
-        (f"pread 4 MiB x {_THREADS} threads, cold", lambda: _pread_pass(paths, _LARGE, args.seconds)),
+        (f"pread {fmt_bytes(bps)} x {_THREADS} threads, cold", lambda: _pread_cold(paths, max(bps, 4096), args.seconds)),
+        (f"pread 4 MiB x {_THREADS} threads, cold", lambda: _pread_cold(paths, _LARGE, args.seconds)),
     ]
     for name, fn in ([] if args.no_ceiling else ceilings):
         c = fn()

@@ -1,4 +1,4 @@
-"""Process concerns in one place: file handles opened lazily once per process, usable CPUs.
+"""Per-process handles: file handles opened lazily once per process, closed in a forked child.
 
 h5py files and LMDB environments break when they cross a fork, and cannot be pickled
 for spawn workers. Readers therefore inherit :class:`PerProcessHandle`: the handle is
@@ -16,18 +16,15 @@ import threading
 import weakref
 from typing import Any, Generic, TypeVar
 
+# usable_cpus lives in fastdata.world; re-exported until decode.py and converters/ import it from there
+from .world import usable_cpus  # noqa: F401
+
 H = TypeVar("H")
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity where the OS has one), at least 1."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-_open_handles: "weakref.WeakSet[PerProcessHandle[Any]]" = weakref.WeakSet()
+# what a forked child must close its copy of: open handles (registered while open) and the parent's
+# own objects (parent_only); each has an ``_after_fork_in_child()``
+_open_handles: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _opening = threading.RLock()  # opening is rare (once per handle and process): one lock for all
 
 
@@ -97,14 +94,11 @@ def _close_quietly(close: Any, handle: Any) -> None:
         pass
 
 
-_parent_only: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
-
 def parent_only(obj: Any) -> None:
     """Register ``obj`` (with an ``_after_fork_in_child()`` method) as the parent's alone: a forked
     child closes its copy (the loader's shared-memory slots and worker sockets: a child holding them
     would keep memory alive, or keep a worker from seeing the training process go)."""
-    _parent_only.add(obj)
+    _open_handles.add(obj)
 
 
 def _close_inherited_handles() -> None:
@@ -113,9 +107,7 @@ def _close_inherited_handles() -> None:
     _opening = threading.RLock()  # another thread of the parent may have held it at fork time
     for obj in list(_open_handles):
         obj._after_fork_in_child()
-    for other in list(_parent_only):
-        other._after_fork_in_child()
-    _parent_only.clear()
+    _open_handles.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -197,3 +197,6 @@ def _intersect(b: Tensor, region: Tensor) -> Tensor:
     lo = torch.maximum(b[..., :2], region[:2])
     hi = torch.minimum(b[..., 2:], region[2:])
     return torch.cat([lo, torch.maximum(hi, lo)], -1)
+
+
+__all__ = ["Mix", "MixDraw", "kept_fraction", "mix_boxes", "mix_images", "mix_mask"]

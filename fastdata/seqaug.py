@@ -365,3 +365,7 @@ def padded_to_pack(x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths.cpu().long(), 0)
     return x[inside], offsets
+
+
+__all__ = ["AdditiveNoise", "AmplitudeScale", "ChannelMask", "SeqOp", "TimeCrop", "TimeMask", "TimeShift",
+           "TimeStretch", "ops_kind", "pack_to_padded", "padded_to_pack", "run_padded", "valid_mask"]

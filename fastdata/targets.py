@@ -215,3 +215,7 @@ class Custom:
 
 
 Target = Keypoints | Boxes | Mask | Custom
+
+
+__all__ = ["BoxFormat", "Boxes", "Custom", "Geometry", "HFlipHook", "Keypoints", "Mask", "RotateHook", "Target",
+           "TransformHook", "VALID_SUFFIX"]

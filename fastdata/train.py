@@ -8,10 +8,11 @@ metrics: samples/s and the share of each step spent waiting for data. Loss value
 from the device only at log boundaries, so the loop adds no host-device syncs per step.
 
 ``fit`` is a short loop over pieces that each do one job and are tested on their own:
-``PrecisionPlan`` (precision, flags, memory format), ``ModelRunner`` (torch.compile and its
-fallback), ``TrainStep`` (forward/backward, accumulation, DDP ``no_sync``, the optimizer step),
-``EpochMeter`` (input wait, compute time, on-device loss and skip counters),
-``checkpoint_state``/``save_checkpoint``/``restore_checkpoint`` (with RNG states) and ``run_epoch``.
+``PrecisionPlan`` (precision, flags, memory format: fastdata/precision.py), ``ModelRunner``
+(torch.compile and its fallback), ``TrainStep`` (forward/backward, accumulation, DDP ``no_sync``,
+the optimizer step), ``EpochMeter`` (input wait, compute time, on-device loss and skip counters:
+fastdata/meter.py), ``checkpoint_state``/``save_checkpoint``/``restore_checkpoint`` (with RNG
+states: fastdata/checkpoint.py) and ``run_epoch``.
 """
 
 from __future__ import annotations
@@ -19,49 +20,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from .augment import CROPS
 from .batching import batch_len
-from .fileio import write_atomic
-from .format import IMAGE_ENCODINGS
-from .seqaug import TimeCrop
-from .world import World, usable_cpus
+from .checkpoint import _unwrap, checkpoint_state, restore_checkpoint, save_checkpoint
+from .meter import _END, EpochMeter, EpochMetrics, epoch_summary
+from .precision import Precision, PrecisionPlan, fixed_shapes, startup_report
+from .world import World
 
 log = logging.getLogger("fastdata.train")
 
-Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 Say = Callable[[str], None]
-_CKPT_VERSION = 1
-
-
-@dataclass
-class EpochMetrics:
-    """What one epoch did and how input-bound it was."""
-
-    epoch: int
-    steps: int
-    samples: int
-    seconds: float
-    samples_per_s: float
-    wait_s: float
-    compute_s: float
-    wait_fraction: float
-    loss: float
-    skipped_steps: int
-    nonfinite_losses: int
-    peak_memory_bytes: int | None = None
 
 
 @dataclass
@@ -71,182 +47,6 @@ class FitResult:
     steps: int = 0
     precision: str = "fp32"
     compiled: bool = False
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Tensors of a batch (dicts, lists and tuples of them) on ``device``: a plain DataLoader's
-    batches move there, from pinned memory without blocking; tensors already there stay as they are."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if type(batch) in (list, tuple):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
-def _fixed_shapes(loader: Any) -> bool:
-    """Whether every batch has the same shapes (then cuDNN autotuning pays): no ragged field,
-    except image fields that the loader's augmentation crops to one size."""
-    ds = getattr(loader, "dataset", None)
-    if ds is None:
-        return True
-    aug = getattr(loader, "augment", None)
-    views = aug.view_ops if aug is not None else ()
-    crops = bool(views) and all(any(type(op) in CROPS for op in ops) for ops in views)  # every view crops
-    time_crops = bool(views) and all(any(isinstance(op, TimeCrop) for op in ops) for ops in views)
-    for f in getattr(ds, "schema", []):
-        if not getattr(f, "ragged", False):
-            continue
-        named = aug is not None and (aug.fields is None or f.name in aug.fields)
-        cropped = named and (crops and f.encoding in IMAGE_ENCODINGS or time_crops and f.encoding not in IMAGE_ENCODINGS)
-        if not cropped:
-            return False
-    return True
-
-
-# --- precision -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PrecisionPlan:
-    """The numeric setup of a run, decided once from the device, the model and the loader:
-    autocast dtype, GradScaler, TF32, cuDNN autotuning, channels_last."""
-
-    device: torch.device
-    precision: str  # fp32 | tf32 | bf16 | fp16
-    autocast_dtype: torch.dtype | None
-    scaler: bool
-    channels_last: bool
-    cudnn_benchmark: bool
-
-    @classmethod
-    def choose(cls, device: torch.device, precision: Precision, model: nn.Module, channels_last: bool,
-               fixed_shapes: bool) -> PrecisionPlan:
-        """``auto`` is bf16 on GPUs that have it natively, fp16 (+ GradScaler) on older ones, fp32 on the CPU."""
-        cuda = device.type == "cuda"
-        if precision == "auto":
-            # native bf16 from compute capability 8 (Ampere); before it torch would emulate bf16 slowly
-            precision = ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16") if cuda else "fp32"
-        if precision not in ("fp32", "tf32", "bf16", "fp16"):
-            raise ValueError(f"precision must be auto, fp32, tf32, bf16 or fp16, not {precision!r}")
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        has_conv2d = any(isinstance(m, nn.Conv2d) for m in model.modules())
-        return cls(device=device, precision=precision, autocast_dtype=dtype, scaler=precision == "fp16",
-                   channels_last=channels_last and has_conv2d, cudnn_benchmark=cuda and fixed_shapes)
-
-    def apply_flags(self) -> None:
-        """Set TF32 and cudnn.benchmark for this plan (CUDA only; the CPU has no such flags)."""
-        if self.device.type == "cuda":
-            tf32 = self.precision != "fp32"  # fp32 means strict fp32; every other mode lets matmuls use TF32
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            torch.backends.cudnn.allow_tf32 = tf32
-            if self.cudnn_benchmark:  # (left as the user set it when input shapes may vary)
-                torch.backends.cudnn.benchmark = True
-
-    def place(self, model: nn.Module) -> None:
-        """Move ``model`` to the plan's device, in channels_last when the plan says so."""
-        model.to(self.device)
-        if self.channels_last:
-            model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # Module.to's stubs omit it
-
-    def autocast(self) -> AbstractContextManager[Any]:
-        """A fresh autocast context for one forward pass (a no-op context in fp32/tf32)."""
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
-    def make_scaler(self) -> torch.amp.GradScaler:
-        """A GradScaler, enabled only for fp16 (bf16 and fp32 need none)."""
-        return torch.amp.GradScaler(self.device.type, enabled=self.scaler)
-
-
-def startup_report(plan: PrecisionPlan, compiled: bool, grad_accum: int, clip: float | None) -> str:
-    """Device, memory, CUDA/cuDNN versions, and the precision and flags in force."""
-    lines = [f"fastdata.train: torch {torch.__version__}"]
-    if plan.device.type == "cuda":
-        props = torch.cuda.get_device_properties(plan.device)
-        lines.append(f"  device   {props.name} ({plan.device}), {props.total_memory / 2**30:.1f} GiB, "
-                     f"capability {props.major}.{props.minor}")
-        lines.append(f"  cuda     {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
-        lines.append(f"  flags    TF32 matmul={torch.backends.cuda.matmul.allow_tf32} "
-                     f"cuDNN TF32={torch.backends.cudnn.allow_tf32} cudnn.benchmark={torch.backends.cudnn.benchmark}")
-    else:
-        lines.append(f"  device   cpu, {usable_cpus()} usable cores, {torch.get_num_threads()} torch threads")
-    amp = f"autocast {plan.precision}" if plan.autocast_dtype is not None else plan.precision
-    lines.append(f"  precision {amp}{' + GradScaler' if plan.scaler else ''}; channels_last={plan.channels_last}; "
-                 f"compile={compiled}; grad_accum={grad_accum}; clip_grad_norm={clip}")
-    return "\n".join(lines)
-
-
-# --- checkpoints and RNG state ---------------------------------------------------------------------------------
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    model = getattr(model, "_orig_mod", model)  # torch.compile
-    return getattr(model, "module", model)  # DistributedDataParallel
-
-
-def _rng_state() -> dict[str, Any]:
-    """RNG states as tensors and plain lists, so checkpoints load with ``weights_only=True`` (no pickle)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    version, internal, gauss_py = random.getstate()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": [kind, torch.from_numpy(np.asarray(keys).astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
-        "python": [version, list(internal), gauss_py],
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``_rng_state`` saved (torch, numpy, python, and CUDA when both sides have it)."""
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_py = state["python"]
-    random.setstate((version, tuple(internal), gauss_py))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
-    """Write a checkpoint atomically: temp file in the same folder, fsync, rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda f: torch.save(payload, f))
-
-
-def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, loader: Any,
-                     *, epoch: int, step: int, precision: str, history: Sequence[EpochMetrics]) -> dict[str, Any]:
-    """Everything exact resume needs (weights, optimizer, scaler, loader position, RNG states, metric
-    history), as tensors and plain values only, so that it loads with ``weights_only=True``."""
-    return {
-        "version": _CKPT_VERSION, "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict(), "loader": loader.state_dict() if hasattr(loader, "state_dict") else None,
-        "epoch": epoch, "step": step, "rng": _rng_state(), "precision": precision,
-        "history": [asdict(m) for m in history]}
-
-
-def restore_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer,
-                       scaler: torch.amp.GradScaler, loader: Any) -> tuple[int, int, list[EpochMetrics]]:
-    """Load a ``checkpoint_state`` into the objects of this run and the RNGs; returns (epoch, step, history).
-    A scaler state saved under another precision (empty) is left out."""
-    # onto the CPU: RNG states must stay there; model and optimizer copy into their own devices
-    state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle code
-    if state.get("version") != _CKPT_VERSION:
-        raise ValueError(f"{path}: unknown checkpoint version {state.get('version')!r}")
-    _unwrap(model).load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    if state["scaler"]:  # empty when saved without a scaler (another precision)
-        scaler.load_state_dict(state["scaler"])
-    if state.get("loader") is not None and hasattr(loader, "load_state_dict"):
-        loader.load_state_dict(state["loader"])
-    history = [EpochMetrics(**m) for m in state.get("history", [])]
-    _set_rng_state(state["rng"])
-    return state["epoch"], state["step"], history
 
 
 # --- the step ----------------------------------------------------------------------------------------------------
@@ -349,86 +149,7 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-# --- metrics -------------------------------------------------------------------------------------------------------
-
-_END = object()  # EpochMeter.fetch: the loader is exhausted
-
-
-class EpochMeter:
-    """Input wait and compute time of one epoch, with loss, non-finite and skip counters kept on the device
-    (read back by ``mean_loss`` at log lines and once by ``finish``). On CUDA, compute is timed with events
-    read at the epoch's end, so the timing does not serialise the pipeline."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        self.loss_sum = torch.zeros((), device=device)
-        self.skipped = torch.zeros((), device=device, dtype=torch.int64)
-        self.nonfinite = torch.zeros((), device=device, dtype=torch.int64)
-        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        self.wait = self.compute = 0.0
-        self.micro = self.samples = 0
-        self._t_batch = 0.0
-        self.t_start = time.perf_counter()
-
-    def fetch(self, it: Any, device: torch.device) -> Any:
-        """The next batch on ``device`` (``_END`` when exhausted); the time of getting and moving it is input wait."""
-        t0 = time.perf_counter()
-        try:
-            batch = to_device(next(it), device)  # a no-op for fastdata.loader's batches
-        except StopIteration:
-            return _END
-        self._t_batch = t1 = time.perf_counter()
-        self.wait += t1 - t0
-        if self.cuda:
-            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            ev[0].record()
-            self.events.append(ev)
-        return batch
-
-    def add(self, loss: torch.Tensor, samples: int) -> None:
-        """Count one micro-batch: its loss (inf/nan counted apart and summed as 0) and its samples."""
-        self.micro += 1
-        self.samples += samples
-        self.nonfinite += (~torch.isfinite(loss)).long()
-        self.loss_sum += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
-
-    def add_skipped(self, skipped: torch.Tensor) -> None:
-        self.skipped += skipped
-
-    def end_compute(self) -> None:
-        """The step of the batch from the last ``fetch`` is done (on CUDA: queued)."""
-        if self.cuda:
-            self.events[-1][1].record()
-        else:
-            self.compute += time.perf_counter() - self._t_batch
-
-    def mean_loss(self) -> float:
-        """Mean loss so far (a host sync: for log lines only)."""
-        return self.loss_sum.item() / max(self.micro, 1)
-
-    def finish(self, epoch: int, steps: int) -> EpochMetrics:
-        """The epoch's metrics: one host sync for the counters, and on CUDA for the compute events."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-            self.compute = sum(a.elapsed_time(b) for a, b in self.events) / 1e3
-        seconds = time.perf_counter() - self.t_start
-        return EpochMetrics(
-            epoch=epoch, steps=steps, samples=self.samples, seconds=seconds,
-            samples_per_s=self.samples / seconds if seconds > 0 else 0.0, wait_s=self.wait, compute_s=self.compute,
-            wait_fraction=self.wait / seconds if seconds > 0 else 0.0, loss=self.mean_loss(),
-            skipped_steps=int(self.skipped.item()), nonfinite_losses=int(self.nonfinite.item()),
-            peak_memory_bytes=torch.cuda.max_memory_allocated(self.device) if self.cuda else None)
-
-
-def epoch_summary(m: EpochMetrics) -> str:
-    """The log line of an epoch: throughput, input wait, loss, skipped steps, GPU memory peak."""
-    peak = f", peak memory {m.peak_memory_bytes / 2**20:.0f} MiB" if m.peak_memory_bytes is not None else ""
-    return (f"epoch {m.epoch}: {m.samples_per_s:.0f} samples/s, waited for input {100 * m.wait_fraction:.1f}% "
-            f"({m.wait_s:.2f} s of {m.seconds:.2f} s), loss {m.loss:.4f}, skipped steps {m.skipped_steps}{peak}")
-
+# --- logging -------------------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def shown_by_default(enabled: bool) -> Iterator[None]:
@@ -487,6 +208,15 @@ def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Sa
     return metrics, step, stopped
 
 
+def _setup(model: nn.Module, loader: Any, precision: Precision, channels_last: bool) -> PrecisionPlan:
+    """The run's precision plan, its flags set and ``model`` placed on the loader's device (else the model's)."""
+    device = getattr(loader, "device", None) or next(model.parameters()).device
+    plan = PrecisionPlan.choose(torch.device(device), precision, _unwrap(model), channels_last, fixed_shapes(loader))
+    plan.apply_flags()
+    plan.place(model)
+    return plan
+
+
 def fit(
     model: nn.Module,
     loader: Any,
@@ -521,14 +251,9 @@ def fit(
     world = World.detect()
     say: Say = (on_log or log.info) if world.rank == 0 else (lambda _msg: None)
     with shown_by_default(verbose and on_log is None and world.rank == 0):
-        device = getattr(loader, "device", None) or next(model.parameters()).device
-        plan = PrecisionPlan.choose(torch.device(device), precision, _unwrap(model), channels_last, _fixed_shapes(loader))
-        plan.apply_flags()
-        plan.place(model)
+        plan = _setup(model, loader, precision, channels_last)
         scaler = plan.make_scaler()
-
-        start_epoch, step = 0, 0
-        history: list[EpochMetrics] = []
+        start_epoch, step, history = 0, 0, list[EpochMetrics]()
         if resume is not None:
             start_epoch, step, history = restore_checkpoint(resume, model, optimizer, scaler, loader)
             say(f"resumed from {resume}: epoch {start_epoch}, step {step}")

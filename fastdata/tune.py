@@ -22,10 +22,10 @@ from typing import Any, Callable
 
 from .bench import BenchResult, measure, sample_bytes
 from .dataset import Dataset
-from .handles import usable_cpus
-from .tuned import load_tuned, settings_key, store_tuned
+from .settings_cache import load_tuned, settings_key, store_tuned
+from .world import usable_cpus
 
-__all__ = ["load_tuned", "settings_key", "store_tuned", "tune", "measure_setting"]
+__all__ = ["load_tuned", "measure_setting", "settings_key", "store_tuned", "tune"]
 
 log = logging.getLogger("fastdata.tune")
 

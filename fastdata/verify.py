@@ -32,8 +32,8 @@ from .format import (
     shard_path,
 )
 from .format.spec import SHAPE_SUFFIX, is_string
-from .handles import usable_cpus
 from .remote import RemoteOptions, is_url
+from .world import usable_cpus
 
 _BATCH_BYTES = 32 << 20
 _MAX_BATCH = 1024

@@ -1,4 +1,4 @@
-"""Rank concerns in one place: which share of the data this process reads.
+"""Where this process runs: which share of the data it reads (its rank), and how many CPUs it may use.
 
 The only module that asks torch.distributed; everything else takes a :class:`World` value.
 """
@@ -8,7 +8,14 @@ from __future__ import annotations
 import os
 
 from .errors import UsageError
-from .handles import usable_cpus
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS has one), at least 1."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 class World:

@@ -3,13 +3,19 @@
 Every module of fastdata/ and converters/ has a layer. A module may import (at module level or
 inside a function) only modules of its own layer or below; imports under ``if TYPE_CHECKING:`` are
 exempt (they never run). A new module must be given a layer here: that is the moment to decide
-where it sits in the data flow.
+where it sits in the data flow. docs/architecture.md's layer table is generated from LAYERS and
+LAYER_ROLES (``python docs/gen_architecture.py``); a test fails when it is not current.
+
+Also checked: sizes (no module over MAX_MODULE_LINES, no function over MAX_FUNCTION_LINES, but for
+the few in SIZE_ALLOWED, each with its reason) and every public module's ``__all__`` (sorted,
+names that exist).
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,22 +23,62 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fastdata", "converters")
 
-# lowest first: spec -> file utilities -> format backends -> remote shards -> dataset -> sampling/world -> augment
+# lowest first: spec -> file utilities -> format backends -> remote shards -> dataset -> epoch order -> augment
 # -> loaders -> train -> tools. A prefix ending in "." covers a whole package.
 LAYERS: list[tuple[str, ...]] = [
-    ("fastdata.errors", "fastdata._units", "fastdata._version", "fastdata.seeds"),  # seeds imports only numpy
+    ("fastdata.errors", "fastdata._units", "fastdata._version", "fastdata.seeds", "fastdata.world"),
     ("fastdata.format.spec",),
     ("fastdata.fileio", "fastdata.handles", "fastdata.batching"),
     ("fastdata.format.",),
     ("fastdata.remote.",),  # where shard files come from when a dataset is a URL: fsspec + the local cache
-    ("fastdata.decode", "fastdata.dataset", "fastdata.readahead", "converters."),
-    ("fastdata.world", "fastdata.sampling", "fastdata.samplers", "fastdata.tuned"),
+    ("fastdata.decode", "fastdata.dataset", "fastdata.selection", "fastdata.assembly", "fastdata.readahead",
+     "converters."),
+    ("fastdata.order", "fastdata.samplers", "fastdata.settings_cache"),
     ("fastdata.targets", "fastdata.augment", "fastdata._compat", "fastdata.seqaug", "fastdata.mixing", "fastdata.views"),
     ("fastdata.loaders.",),
-    ("fastdata.train",),
+    ("fastdata.train", "fastdata.precision", "fastdata.meter", "fastdata.checkpoint"),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",
-     "fastdata.cli_bench", "fastdata.cli_cold", "fastdata.demo", "fastdata.examples", "fastdata.doctor."),
+     "fastdata.cli_measure", "fastdata.cli_cold", "fastdata.demo.", "fastdata.examples", "fastdata.doctor."),
 ]
+
+# what lives in each layer (the same order as LAYERS): the last column of docs/architecture.md's table
+LAYER_ROLES: list[str] = [
+    "shared by all: errors, units, seeds, where the process runs (rank, usable CPUs)",
+    "the format's types, constants, rules",
+    "atomic files, positional reads, per-process handles",
+    "the on-disk format's I/O: manifest, keys, the backend registry and interface, hdf5 and lmdb shards, "
+    "local shard sources",
+    "shards of a URL dataset: fsspec, the node's shard cache, plan-aware prefetch",
+    "reading shards (opening, subsets and splits, batch assembly, decoding, read-ahead hints); writing them",
+    "epoch order, samplers, tuned settings",
+    "batched augmentation and its targets; private torch uses",
+    "batches of tensors: order, resume, stats (base), reading (host: threads; procs + ring: processes), device",
+    "the AMP training core: the loop, its precision plan, epoch meter and checkpoints",
+    "tools: they use everything below and nothing below uses them",
+]
+
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+# modules ("path") and functions ("path::name") allowed over the limits, each with its reason; an entry
+# that is no longer over fails the test, so the list only shrinks
+SIZE_ALLOWED: dict[str, str] = {
+    "fastdata/cli.py": "split by i28-write (the CLI becomes a thin layer over fastdata.convert)",
+    "fastdata/cli.py::build_parser": "split by i28-write",
+    "converters/table.py": "split by i28-write",
+    "converters/table.py::scan_table": "split by i28-write",
+    "converters/__init__.py::convert": "split by i28-write (sources registered in one table, no if-chain)",
+    "converters/writer.py::write_dataset": "split by i28-write (the write engine moves to fastdata/write/)",
+    "converters/npy.py::scan": "split by i28-write",
+    "fastdata/augment.py": "split by i27-jpeg",
+}
+# modules users import from (docs, README): each declares a sorted __all__ of names it has
+PUBLIC_MODULES = (
+    "fastdata", "fastdata.bench", "fastdata.doctor", "fastdata.errors", "fastdata.examples", "fastdata.format",
+    "fastdata.format.interface", "fastdata.format.source", "fastdata.loaders", "fastdata.mixing",
+    "fastdata.remote", "fastdata.samplers", "fastdata.seqaug", "fastdata.targets", "fastdata.train",
+    "fastdata.tune", "fastdata.world",
+)
+ALL_PENDING = {"fastdata.augment": "its __all__ comes with i27-jpeg's split of augment.py"}
 
 
 def _modules() -> dict[str, Path]:
@@ -192,3 +238,99 @@ def test_import_fastdata_does_not_import_torch() -> None:
     code = "import sys, fastdata, fastdata.format; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
+
+
+# --- sizes ------------------------------------------------------------------------------------
+
+
+def oversized(root: Path = ROOT) -> dict[str, int]:
+    """Every module over MAX_MODULE_LINES ("path": lines) and function over MAX_FUNCTION_LINES
+    ("path::name": lines, from ``def`` to its last line, docstring included)."""
+    found: dict[str, int] = {}
+    for path in _modules().values():
+        rel = path.relative_to(root).as_posix()
+        text = path.read_text(encoding="utf-8")
+        if (n := len(text.splitlines())) > MAX_MODULE_LINES:
+            found[rel] = n
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    found[f"{rel}::{node.name}"] = max(n, found.get(f"{rel}::{node.name}", 0))
+    return found
+
+
+def test_modules_and_functions_stay_small() -> None:
+    found = oversized()
+    over = [f"{k}: {n} lines" for k, n in sorted(found.items()) if k not in SIZE_ALLOWED]
+    assert not over, (f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function (split it, or "
+                      "add it to SIZE_ALLOWED with its reason):\n" + "\n".join(over))
+    stale = sorted(set(SIZE_ALLOWED) - set(found))
+    assert not stale, "no longer over the limits: remove from SIZE_ALLOWED: " + ", ".join(stale)
+    assert all(reason.strip() for reason in SIZE_ALLOWED.values())
+
+
+# --- __all__ ----------------------------------------------------------------------------------
+
+
+def declared_all(path: Path) -> list[str] | None:
+    """A module's ``__all__`` as written (a literal list or tuple at module level), or None."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value is not None:
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+def test_every_declared_all_is_sorted() -> None:
+    bad = [m for m, p in _modules().items() if (names := declared_all(p)) is not None and names != sorted(set(names))]
+    assert not bad, "__all__ not sorted (or with a name twice) in: " + ", ".join(sorted(bad))
+
+
+def test_public_modules_declare_what_they_export() -> None:
+    import importlib
+
+    mods = _modules()
+    for m in PUBLIC_MODULES:
+        names = declared_all(mods[m])
+        assert names is not None, f"{m} (a public module) has no __all__"
+        missing = [n for n in names if not hasattr(importlib.import_module(m), n)]
+        assert not missing, f"{m}.__all__ names what it does not have: {missing}"
+    assert not set(ALL_PENDING) & set(PUBLIC_MODULES)
+
+
+def test_documented_imports_are_public_modules() -> None:
+    """Every ``from fastdata.X import`` in docs/ and README.md is a module in PUBLIC_MODULES (or pending)."""
+    import re
+
+    texts = [p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+    named = {m for t in texts for m in re.findall(r"from (fastdata[\w.]*) import", t)}
+    unlisted = sorted(named - set(PUBLIC_MODULES) - set(ALL_PENDING) - {"fastdata.cli"})
+    assert not unlisted, f"documented imports from modules not in PUBLIC_MODULES: {unlisted}"
+
+
+# --- docs/architecture.md ---------------------------------------------------------------------
+
+
+def test_layer_roles_match_layers() -> None:
+    assert len(LAYER_ROLES) == len(LAYERS), "one LAYER_ROLES entry per layer"
+
+
+def test_architecture_doc_is_current() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_architecture", ROOT / "docs" / "gen_architecture.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert gen.render(doc) == doc, "docs/architecture.md's layer table differs from LAYERS: run python docs/gen_architecture.py"
+
+
+def test_the_size_check_can_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "fastdata"
+    pkg.mkdir()
+    (pkg / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1) + "def f():\n" + "    y = 1\n" * MAX_FUNCTION_LINES)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert oversized(tmp_path) == {"fastdata/big.py": MAX_MODULE_LINES + 2 + MAX_FUNCTION_LINES,
+                                   "fastdata/big.py::f": MAX_FUNCTION_LINES + 1}

@@ -18,7 +18,7 @@ from fastdata import cli
 from fastdata.errors import CorruptShardError, FormatError
 from fastdata.loaders import LoaderConfig
 from fastdata.readahead import ReadAhead, drop_page_cache, merge_ranges, resident_bytes
-from fastdata.sampling import SHUFFLES
+from fastdata.order import SHUFFLES
 from fastdata.world import World
 
 N = 182  # two shards of 91 (1.5 MB): columns over 1 MiB are read from the file, not cached

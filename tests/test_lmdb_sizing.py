@@ -9,7 +9,7 @@ import numpy as np
 import converters
 import fastdata
 from fastdata.format import lmdb as lmdb_format
-from fastdata.format import make_field
+from fastdata.format import lmdbwrite, make_field
 from fastdata.verify import verify
 
 
@@ -33,9 +33,9 @@ def test_map_grows_from_a_tiny_estimate_and_the_file_is_right_sized(tmp_path, mo
                 w.write({"x": s})
         return w
 
-    monkeypatch.setattr(lmdb_format, "_COMMIT_BYTES", 32 << 10)  # several commits, each may find the map full
+    monkeypatch.setattr(lmdbwrite, "_COMMIT_BYTES", 32 << 10)  # several commits, each may find the map full
     normal = write(tmp_path / "normal.lmdb")
-    monkeypatch.setattr(lmdb_format, "initial_map_size", lambda payload, count, nfields: 64 << 10)
+    monkeypatch.setattr(lmdbwrite, "initial_map_size", lambda payload, count, nfields: 64 << 10)
     tiny = write(tmp_path / "tiny.lmdb")
     assert normal.grows == 0 and tiny.grows >= 3
     for path in (tmp_path / "normal.lmdb", tmp_path / "tiny.lmdb"):
@@ -46,7 +46,7 @@ def test_map_grows_from_a_tiny_estimate_and_the_file_is_right_sized(tmp_path, mo
 
 
 def test_conversion_with_a_tiny_map_estimate_reads_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(lmdb_format, "initial_map_size", lambda payload, count, nfields: 32 << 10)
+    monkeypatch.setattr(lmdbwrite, "initial_map_size", lambda payload, count, nfields: 32 << 10)
     x = np.random.default_rng(0).standard_normal((500, 300)).astype("<f4")
     np.save(tmp_path / "X.npy", x)
     opts = converters.WriteOptions(backend="lmdb", workers=2, shard_size=240_000)  # 200 samples a shard

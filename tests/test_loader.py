@@ -82,7 +82,7 @@ def test_storage_order_and_block_shuffle(ds_path):
     ld = fastdata.loader(ds_path, 8, shuffle="block", device="cpu", config=LoaderConfig(block=4, window=2))
     flat = [i for b in ids_of(ld) for i in b]
     assert sorted(flat) == list(range(N)) and flat != list(range(N))
-    assert flat == [i for b in ld.plan(0) for i in b.tolist()]  # the order is the sampling module's
+    assert flat == [i for b in ld.plan(0) for i in b.tolist()]  # the order is fastdata.order's
 
 
 @pytest.mark.parametrize("mode,workers", MODES)

@@ -7,7 +7,7 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> None:
-    from ..cli_bench import _seconds
+    from ..cli_measure import parse_duration
 
     d = sub.add_parser("doctor", help="is a training script input-bound? measured on the script, with the fix",
                        description="Run a training script unchanged for a bounded budget, measure how long its loop "
@@ -17,7 +17,7 @@ def add_parser(sub: Any) -> None:
                                    "gain and the commands (docs/doctor.md).")
     b = d.add_mutually_exclusive_group()
     b.add_argument("--steps", type=int, default=None, metavar="N", help="stop after N batches")
-    b.add_argument("--seconds", type=_seconds, default=None, metavar="S",
+    b.add_argument("--seconds", type=parse_duration, default=None, metavar="S",
                    help="stop S seconds after the first batch, e.g. 30s or 2m (default: 60s)")
     d.add_argument("--json", metavar="FILE", help="write the report as JSON")
     d.add_argument("--html", metavar="FILE", help="write an HTML page with a timeline of waits and steps")

@@ -1,18 +1,18 @@
 """The fastdata on-disk format: manifest + shards. Writers and readers both import it from here.
 
 Each storage backend is one module with the same small interface (``EXTENSION``,
-``ShardWriter``, ``ShardReader``, ``parse_compression``), picked by the manifest's
-``backend`` value. Normative description: docs/format.md.
+``ShardWriter``, ``ShardReader``, ``parse_compression``; declared in interface.py), registered
+once in backends.py and picked by the manifest's ``backend`` value. Normative description:
+docs/format.md.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from . import hdf5, lmdb, spec
+from .backends import BACKENDS, backend, shard_file_name
+from .interface import Backend, ShardReader, ShardWriter
 from .manifest import read_manifest, shard_path, write_manifest
 from .spec import (
-    BACKENDS,
     FORMAT_VERSION,
     IMAGE_ENCODINGS,
     LABEL_FIELD,
@@ -27,35 +27,25 @@ from .spec import (
     make_field,
 )
 
-_REGISTRY: dict[str, ModuleType] = {"hdf5": hdf5, "lmdb": lmdb}
-
-
-def backend(name: str) -> ModuleType:
-    """The module implementing a storage backend (``hdf5`` or ``lmdb``)."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown backend {name!r} (expected one of {', '.join(BACKENDS)})") from None
-
-
-def shard_file_name(index: int, backend_name: str) -> str:
-    return f"shard-{index:05d}{backend(backend_name).EXTENSION}"
-
-
 __all__ = [
     "BACKENDS",
+    "Backend",
     "FORMAT_VERSION",
-    "ORIGIN_VERSION",
-    "READ_VERSION",
+    "FieldSpec",
     "IMAGE_ENCODINGS",
+    "ImageSpec",
     "LABEL_FIELD",
     "LENGTHS_SUFFIX",
     "MANIFEST_NAME",
-    "FieldSpec",
-    "ImageSpec",
     "Manifest",
+    "ORIGIN_VERSION",
+    "READ_VERSION",
     "ShardInfo",
+    "ShardReader",
+    "ShardWriter",
     "backend",
+    "hdf5",
+    "lmdb",
     "make_field",
     "read_manifest",
     "shard_file_name",

@@ -15,7 +15,7 @@ field's payload (``"compression": "blosc"`` in the manifest) is one Blosc buffer
 (fastdata/format/codec.py); its size in the header is the stored size.
 Every record header is checked against the schema before any byte is copied. Large records
 (over 64 KiB) are copied from the reader's own map of the file once their place is known
-(:class:`_Located`: from LMDB's B-tree pages when the shard is opened, fastdata/format/lmdbtree.py); each such read first compares the record's header in the map with the one
+(:class:`~.lmdbmap.Located`: from LMDB's B-tree pages when the shard is opened, fastdata/format/lmdbtree.py); each such read first compares the record's header in the map with the one
 its first read through LMDB found.
 
 One more record, under the key ``SHARD_KEY`` (all bits set, after every sample), describes
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import struct
 import sys
@@ -39,281 +38,29 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from ..errors import CorruptShardError, UsageError
+from ..errors import CorruptShardError
 from . import codec as blosc_codec
 from . import lmdbtree
+from .lmdbindex import RecordIndex, build_index
+from .lmdbmap import Located, acquire_env, release_env
+from .lmdbwrite import (
+    MAGIC,
+    SHARD_KEY,
+    ShardWriter,
+    encode_record,
+    initial_map_size,
+    key,
+    parse_compression,
+    shard_record,
+    tail_guard_bytes,
+)
 from .shardio import Layout, RaggedOut, ShardReaderBase
 from .spec import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"
-MAGIC = b"FDR1"
-SHARD_KEY = b"\xff" * 8  # the shard's own description; sorts after every sample key
 _MAX_SHARD_RECORD = 1 << 20
-_COMMIT_BYTES = 64 << 20
-_GATHER_RECORD_BYTES = 64 << 10
-_SMALL_FIELD_BYTES = 64  # fixed fields up to this size per sample are kept in a shard's record index  # smaller fixed-layout records are fetched with one getmulti
-_KEY = struct.Struct(">Q")
-_TAIL_GUARD_MIN = 192 << 10  # > the 64 KiB an in-page offset can reach, plus a 64 KiB key size
-
-
-# py-lmdb refuses to open a file that this process already has open, so every reader of one
-# shard file shares one environment: reference-counted, keyed by the file's identity (a file
-# replaced at the same path is a new file). A forked child closes the parent's copies.
-_envs_lock = threading.RLock()  # reentrant: a finalizer (GC) may release an environment mid-acquire
-_envs: dict[tuple[int, int], list[Any]] = {}  # (st_dev, st_ino) -> [environment, users]
-
-
-def _acquire_env(path: Path, st: os.stat_result) -> lmdb.Environment:
-    key = (st.st_dev, st.st_ino)
-    with _envs_lock:
-        entry = _envs.get(key)
-        if entry is None:
-            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False,
-                            meminit=False, max_readers=1024, max_dbs=0)
-            entry = _envs[key] = [env, 0]
-        entry[1] += 1
-        return entry[0]
-
-
-def _release_env(env: lmdb.Environment) -> None:
-    with _envs_lock:
-        for key, entry in list(_envs.items()):
-            if entry[0] is env:
-                entry[1] -= 1
-                if entry[1] <= 0:
-                    del _envs[key]
-                    env.close()
-                return
-
-
-def _reset_envs_in_child() -> None:
-    global _envs_lock
-    _envs_lock = threading.RLock()  # another thread may have held it at fork time
-    for env, _ in _envs.values():
-        try:
-            env.close()
-        except lmdb.Error:
-            pass
-    _envs.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_envs_in_child)
-
-
-def parse_compression(value: str | None) -> blosc_codec.Codec | None:
-    """``none``, or ``lz4[:N]`` | ``zstd[:N]`` (per field, fastdata/format/codec.py) -> the codec."""
-    if value in (None, "", "none"):
-        return None
-    codec = blosc_codec.parse(value)
-    if codec is None:
-        raise UsageError(f"--compression {value} is not supported for LMDB shards (use none, lz4, lz4:1-9, zstd "
-                         "or zstd:1-9; lzf and gzip are HDF5 only)")
-    return codec
-
-
-def key(index: int) -> bytes:
-    return _KEY.pack(index)
-
-
-def shard_record(fields: list[FieldSpec], start: int, count: int) -> bytes:
-    """The value stored under SHARD_KEY."""
-    return json.dumps({"start": start, "count": count, "fields": [f.to_json() for f in fields]},
-                      sort_keys=True).encode()
-
-
-def encode_record(fields: list[FieldSpec], sample: dict[str, np.ndarray],
-                  codec: blosc_codec.Codec | None = None) -> bytes:
-    """One record: header, then each field's bytes (compressed fields as one Blosc buffer with ``codec``)."""
-    parts = []
-    for f in fields:
-        a = np.asarray(sample[f.name])
-        if f.compression is not None:
-            if codec is None:
-                raise ValueError(f"field {f.name!r} is compressed: encode_record needs the codec")
-            parts.append(blosc_codec.encode(a, codec))
-        else:
-            parts.append(a.tobytes())  # C order
-    header = MAGIC + struct.pack(f"<I{len(parts)}Q", len(parts), *(len(p) for p in parts))
-    return b"".join([header, *parts])
-
-
-def initial_map_size(payload: int, count: int, nfields: int) -> int:
-    """A generous first map size for a shard. Only address space: the file holds just the pages
-    used, and the writer doubles the map whenever a commit finds it full."""
-    return int((payload + count * (4096 + 64 + 8 * nfields)) * 1.25) + (1 << 20)
-
-
-def tail_guard_bytes(psize: int, largest_record: int) -> int:
-    """Zero bytes appended after LMDB's last page (see docs/format.md, "LMDB shards")."""
-    return -(-max(_TAIL_GUARD_MIN, largest_record) // psize) * psize
-
-
-def _add_tail_guard(path: Path, psize: int, largest_record: int) -> None:
-    """liblmdb reads wherever an in-page offset or a value size points, checking only page numbers.
-    With this zeroed tail (sparse on disk), a corrupted offset or a value on one of the last pages
-    stays inside the file instead of running past its end into a SIGBUS."""
-    with open(path, "r+b") as f:
-        end = f.seek(0, os.SEEK_END)
-        f.truncate(end + tail_guard_bytes(psize, largest_record))
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class ShardWriter:
-    """Writes one LMDB shard; the map grows on demand, so ``MapFullError`` never reaches the user."""
-
-    def __init__(
-        self,
-        path: Path,
-        fields: list[FieldSpec],
-        count: int,
-        ragged_rows: dict[str, int],
-        compression: str | None = None,
-        start: int = 0,
-    ) -> None:
-        self._codec = parse_compression(compression)
-        if any(f.compression is not None for f in fields) and self._codec is None:
-            raise ValueError(f"compressed fields need --compression lz4 or zstd, not {compression!r}")
-        self.path = Path(path)
-        self.fields = fields
-        self.count = count
-        self.start = start
-        payload = sum(f.row_nbytes * (ragged_rows[f.name] if f.ragged else count) for f in fields)
-        self.grows = 0  # times the map was enlarged (the estimate below was too small)
-        self._env = lmdb.open(
-            str(self.path), subdir=False, map_size=initial_map_size(payload, count, len(fields)), metasync=False,
-            sync=False, readahead=False, max_dbs=0, lock=True,
-        )
-        self._pending: list[tuple[bytes, bytes]] = []
-        self._pending_bytes = 0
-        self._largest = 0
-        self._n = 0
-
-    def write(self, sample: dict[str, np.ndarray]) -> None:
-        if self._n >= self.count:
-            raise ValueError("shard is full")
-        value = encode_record(self.fields, sample, self._codec)
-        self._largest = max(self._largest, len(value))
-        self._pending.append((key(self.start + self._n), value))
-        self._pending_bytes += len(value)
-        self._n += 1
-        if self._pending_bytes >= _COMMIT_BYTES:
-            self._commit()
-
-    def _commit(self) -> None:
-        if not self._pending:
-            return
-        while True:
-            try:
-                with self._env.begin(write=True) as txn:
-                    with txn.cursor() as cur:
-                        cur.putmulti(self._pending, append=True)
-                break
-            except lmdb.MapFullError:
-                size = self._env.info()["map_size"]
-                self._env.set_mapsize(max(size * 2, size + 4 * self._pending_bytes))
-                self.grows += 1
-        self._pending.clear()
-        self._pending_bytes = 0
-
-    def close(self) -> None:
-        if self._env is None:
-            return
-        try:
-            if self._n != self.count:
-                raise ValueError(f"shard got {self._n} samples, planned {self.count}")
-            self._pending.append((SHARD_KEY, shard_record(self.fields, self.start, self.count)))
-            self._commit()
-            self._env.sync(True)
-            psize = self._env.stat()["psize"]
-        finally:
-            self._release()
-        _add_tail_guard(self.path, psize, self._largest)
-
-    def _release(self) -> None:
-        self._env.close()
-        self._env = None  # type: ignore[assignment]  # closed: the writer is finished
-        Path(str(self.path) + "-lock").unlink(missing_ok=True)
-
-    def __enter__(self) -> "ShardWriter":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        elif self._env is not None:
-            self._release()
-
-
-@dataclass
-class _Index:
-    """Every record's layout in one shard, read once per process (schemas with ragged fields):
-    reading a batch then needs no per-sample header parsing, only a length check per record."""
-
-    sizes: np.ndarray  # (count, fields) int64: payload bytes of each field
-    offsets: np.ndarray  # (count, fields) int64: where each payload starts in its record
-    total: np.ndarray  # (count,) int64: record length; -1 for a record that failed its checks
-    bad: dict[int, str]  # local index -> what is wrong with that record
-    small: dict[int, np.ndarray] = field(default_factory=dict)  # field index -> its values (small fixed fields)
-
-
-class _Located:
-    """Where each record of one shard lies in the file, learned the first time it is read through
-    LMDB (or, for schemas with ragged fields, when the record index is built), and this process's
-    own read-only map of the file to copy it from.
-
-    py-lmdb touches every page of a value it returns (to take page faults without the GIL); a
-    record whose place is known is copied straight from the map instead, like an HDF5 column:
-    batches of 196 KB records faster on 2 threads (``benchmarks/bench_choices.py``, choice 5). Linux only: LMDB's own
-    mapping of the file is found in ``/proc/self/maps`` to turn a value's address into its offset.
-    """
-
-    def __init__(self, fd: int, count: int) -> None:
-        st = os.fstat(fd)
-        self.inode = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-        self.mem = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8)
-        self.mv = memoryview(self.mem)  # type: ignore[arg-type]
-        self.offsets = np.full(count, -1, dtype=np.int64)  # -1: not read yet in this process
-        self.sizes: np.ndarray | None = None  # every record's size, when its place came from the tree
-        self._lmdb_map: tuple[int, int, int] | None = None  # start, end, file offset of start
-        # LMDB's map not found in /proc/self/maps (a filesystem that names another device or inode
-        # there than fstat does): looked up once, then records are read through LMDB as before
-        self.lost = False
-
-    def note(self, local: int, buf: memoryview | bytes) -> None:
-        """Record ``local`` is ``buf`` (a value LMDB returned): remember where it lies in the file."""
-        if self.lost:
-            return
-        off = self.offset_of(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
-        if off is not None and 0 <= off <= len(self.mem) - len(buf):
-            self.offsets[local] = off
-
-    def offset_of(self, address: int) -> int | None:
-        """The file offset of ``address`` inside LMDB's map of this file (None if not found)."""
-        m = self._lmdb_map
-        if m is None or not m[0] <= address < m[1]:
-            m = self._find_map(address)
-            if m is None:
-                self.lost = True
-                return None
-            self._lmdb_map = m
-        return address - m[0] + m[2]
-
-    def _find_map(self, address: int) -> tuple[int, int, int] | None:
-        try:
-            with open("/proc/self/maps") as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) < 5:
-                        continue
-                    lo, hi = (int(v, 16) for v in parts[0].split("-"))
-                    major, minor = (int(v, 16) for v in parts[3].split(":"))
-                    if lo <= address < hi and (major, minor, int(parts[4])) == self.inode:
-                        return lo, hi, int(parts[2], 16)
-        except (OSError, ValueError):
-            pass
-        return None
+_GATHER_RECORD_BYTES = 64 << 10  # smaller fixed-layout records are fetched with one getmulti
+_Located = Located  # the name tests and benchmarks patch
 
 
 class _Decoder:
@@ -332,9 +79,9 @@ class _Decoder:
 class _Handle:
     env: lmdb.Environment
     fd: int  # the same file, for a cheap size check before each read
-    index: _Index | None = None
+    index: RecordIndex | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    located: _Located | None = None  # where records lie in the file (Linux)
+    located: Located | None = None  # where records lie in the file (Linux)
 
 
 class ShardReader(ShardReaderBase[_Handle]):
@@ -355,7 +102,7 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _open_checked(self, fd: int, st: os.stat_result) -> _Handle:
         try:
-            env = _acquire_env(self.path, st)
+            env = acquire_env(self.path, st)
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
         try:
@@ -364,17 +111,17 @@ class ShardReader(ShardReaderBase[_Handle]):
             located = None  # (small records are read through LMDB: their places serve read-ahead only)
             if sys.platform.startswith("linux"):
                 try:
-                    located = _Located(fd, self.info.count)
+                    located = Located(fd, self.info.count)
                 except (OSError, ValueError):  # no second map (address space, limits): read through LMDB
                     located = None
                 if located is not None:
                     self._locate_all(env, fd, located)
         except BaseException:
-            _release_env(env)
+            release_env(env)
             raise
         return _Handle(env, fd, located=located)
 
-    def _locate_all(self, env: lmdb.Environment, fd: int, loc: _Located) -> None:
+    def _locate_all(self, env: lmdb.Environment, fd: int, loc: Located) -> None:
         """Every record's place from the B-tree pages (fastdata/format/lmdbtree.py), kept only if the
         first record's place agrees with what LMDB itself returns: a cold first epoch then reads
         records from the map (and read-ahead hints them) instead of page by page through LMDB."""
@@ -435,7 +182,7 @@ class ShardReader(ShardReaderBase[_Handle]):
     def _close_handle(handle: _Handle) -> None:
         handle.located = None  # its map goes with the last array still copying from it
         os.close(handle.fd)
-        _release_env(handle.env)
+        release_env(handle.env)
 
     def _after_fork_in_child(self) -> None:
         # The environment registry closes the parent's environments in the child itself.
@@ -501,7 +248,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             start = np.frombuffer(self._get(txn, 0), dtype=np.uint8).ctypes.data
         return (start + self._field_offsets[self._index[name]]) % 64
 
-    def records(self) -> _Index:
+    def records(self) -> RecordIndex:
         """The layout of every record of this shard, built on first use in each process by reading
         each record's header once; a bad record is remembered and raises when it is read."""
         h = self.handle()
@@ -509,73 +256,10 @@ class ShardReader(ShardReaderBase[_Handle]):
             return h.index
         with h.lock:
             if h.index is None:
-                h.index = self._build_index(h)
+                h.index = build_index(self, h)
         return h.index
 
-    def _build_index(self, h: _Handle) -> _Index:
-        n, nf, hs = self.info.count, len(self.all_fields), self._header_size
-        sizes = np.zeros((n, nf), dtype=np.int64)
-        total = np.full(n, -1, dtype=np.int64)
-        bad: dict[int, str] = {}
-        # small fixed fields (labels, image shapes) are kept whole: a batch reads them without records
-        small = {i: np.zeros((n, *f.trailing), dtype=f.np_dtype).view(np.uint8).reshape(n, f.row_nbytes)
-                 for i, f in enumerate(self.all_fields) if not f.ragged and 0 < f.row_nbytes <= _SMALL_FIELD_BYTES}
-        first = key(self.info.start)
-        loc = self._located()
-        self._check_unchanged(h.fd, np.zeros(1, dtype=np.int64))
-        if loc is not None and loc.sizes is not None:  # places known: read only the headers (and small fields)
-            for local, (o, size) in enumerate(zip(loc.offsets.tolist(), loc.sizes.tolist())):
-                # pread, not the map: a fault there would read the kernel's read-around window (MBs) per header
-                head = os.pread(h.fd, min(size, hs), o)
-                try:
-                    layout = self._layout(head, local, size)
-                except CorruptShardError as e:
-                    bad[local] = str(e)
-                    continue
-                sizes[local] = [s for _, s in layout]
-                total[local] = size
-                for i, col in small.items():
-                    off, nb = layout[i]
-                    col[local] = np.frombuffer(os.pread(h.fd, nb, o + off), np.uint8, col.shape[1])
-        else:
-            self._index_through_lmdb(h, first, n, sizes, total, bad, small, loc)
-        for local in np.flatnonzero(total < 0).tolist():
-            bad.setdefault(local, f"{self._where(local)}: record is missing")
-        offsets = hs + np.cumsum(sizes, axis=1) - sizes
-        values = {i: col.view(self.all_fields[i].np_dtype).reshape((n, *self.all_fields[i].trailing))
-                  for i, col in small.items()}
-        return _Index(sizes=sizes, offsets=offsets, total=total, bad=bad, small=values)
-
-    def _index_through_lmdb(self, h: _Handle, first: bytes, n: int, sizes: np.ndarray, total: np.ndarray,
-                            bad: dict[int, str], small: dict[int, np.ndarray], loc: _Located | None) -> None:
-        """Fill the record index with a cursor over the shard (reads every record: a slow cold pass)."""
-        try:
-            with h.env.begin(buffers=True) as txn, txn.cursor() as cur:
-                ok = cur.set_range(first)
-                while ok:
-                    k = bytes(cur.key())
-                    if len(k) != 8:
-                        break
-                    local = _KEY.unpack(k)[0] - self.info.start
-                    if not 0 <= local < n:
-                        break
-                    buf = cur.value()
-                    try:
-                        layout = self._layout(buf, local)
-                    except CorruptShardError as e:
-                        bad[local] = str(e)
-                    else:
-                        sizes[local] = [s for _, s in layout]
-                        total[local] = len(buf)
-                        if loc is not None:
-                            loc.note(local, buf)
-                        for i, col in small.items():
-                            col[local] = np.frombuffer(buf, np.uint8, col.shape[1], layout[i][0])
-                    ok = cur.next()
-        except lmdb.Error as e:
-            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
-
-    def _check_good(self, ix: _Index, local: np.ndarray) -> None:
+    def _check_good(self, ix: RecordIndex, local: np.ndarray) -> None:
         if ix.bad:
             broken = ix.total[local] < 0
             if broken.any():
@@ -716,12 +400,12 @@ class ShardReader(ShardReaderBase[_Handle]):
             raise CorruptShardError(f"{self._where(int(local[bad[0]]))}: record header changed since this "
                                     "process first read it (the shard was rewritten in place?)")
 
-    def _located(self) -> _Located | None:
-        """This process's :class:`_Located` (Linux, records not gathered by getmulti), else None."""
+    def _located(self) -> Located | None:
+        """This process's :class:`Located` (Linux, records not gathered by getmulti), else None."""
         loc = self.handle().located
         return None if loc is None or loc.lost else loc
 
-    def _locate(self, loc: _Located, local: np.ndarray) -> None:
+    def _locate(self, loc: Located, local: np.ndarray) -> None:
         """Read records ``local`` through LMDB once: check each header and note where it lies."""
         size, hs, head = self._record_size, self._header_size, self._expected_header
         with self._env(local).begin(buffers=True) as txn:
@@ -760,3 +444,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             off = self._field_offsets[i]
             col = rec[:, off : off + f.row_nbytes].view(f.np_dtype).reshape((len(found), *f.trailing))
             out[dest] = col
+
+
+__all__ = ["EXTENSION", "MAGIC", "SHARD_KEY", "ShardReader", "ShardWriter", "encode_record", "initial_map_size", "key",
+           "parse_compression", "shard_record", "tail_guard_bytes"]

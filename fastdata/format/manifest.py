@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import FormatError, VersionError
 from ..fileio import fsync_dir, write_atomic
 from .absent import no_manifest_error, not_a_folder_error
+from .backends import check_backend
 from .spec import (
     _FILE_RE,
     _SHA_RE,
@@ -40,9 +41,15 @@ from .spec import (
 )
 
 
+def _validate(m: Manifest, where: str) -> None:
+    """The format's rules (spec.validate), with the backend checked against the registry first."""
+    check_backend(m.backend, where)
+    validate(m, where=where)
+
+
 def write_manifest(root: str | os.PathLike[str], manifest: Manifest) -> Path:
     """Write ``manifest.json`` atomically (temp file, fsync, rename, fsync the directory)."""
-    validate(manifest, where=str(root))
+    _validate(manifest, where=str(root))
     root = Path(root)
     text = json.dumps(manifest.to_json(), indent=1, sort_keys=False) + "\n"
     write_atomic(root / MANIFEST_NAME, lambda f: f.write(text.encode("utf-8")))
@@ -108,7 +115,7 @@ def parse_manifest(obj: Any, where: str = "manifest") -> Manifest:
         )
     except FormatError as e:
         raise FormatError(f"{where}: {e}") from None
-    validate(manifest, where=where)
+    _validate(manifest, where=where)
     return manifest
 
 

@@ -142,7 +142,6 @@ FIELD_CODECS = ("blosc",)
 CHECKSUMS = {"xxh3_128": 32, "sha256": 64}
 CHECKSUM_DEFAULT = "xxh3_128"
 MANIFEST_NAME = "manifest.json"
-BACKENDS = ("hdf5", "lmdb")
 ENCODINGS = (ENCODING_RAW, ENCODING_PIXELS, ENCODING_IMAGE, ENCODING_UTF8)  # images: see above
 LABEL_FIELD = "label"
 KEY_FIELD = "key"  # the name under which get_batch and the loader return sample keys
@@ -337,8 +336,6 @@ def validate(m: Manifest, where: str = "manifest") -> None:
     def bad(msg: str) -> FormatError:
         return FormatError(f"{where}: {msg}")
 
-    if m.backend not in BACKENDS:
-        raise bad(f"unknown backend {m.backend!r} (expected one of {', '.join(BACKENDS)})")
     if not _is_int(m.num_samples) or not 0 <= m.num_samples <= MAX_SAMPLES:
         raise bad(f"bad num_samples {m.num_samples!r}")
     if not m.fields:

@@ -1,6 +1,6 @@
 """``fastdata.loader``: batches of tensors on the device, read whole from fastdata shards.
 
-The loader plans each epoch as a list of index batches (fastdata.sampling), reads each batch
+The loader plans each epoch as a list of index batches (fastdata.order), reads each batch
 with one ``get_batch`` call (host.py), and moves it to the device with prefetching and
 augmentation (device.py). It knows its position, so ``state_dict()`` taken mid-epoch resumes
 exactly. Semantics: docs/loader.md. Order, epochs, resume and stats live in base.py, shared by
@@ -19,11 +19,11 @@ from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import UsageError
 from ..format.spec import ENCODING_IMAGE
-from ..handles import usable_cpus
+from ..order import Shuffle
 from ..remote import RemoteOptions
 from ..samplers import Episodic, SamplerFn
-from ..sampling import Shuffle
-from ..tuned import load_tuned
+from ..settings_cache import load_tuned
+from ..world import usable_cpus
 from .base import Loader
 from .config import LoaderConfig
 from .device import resolve_device
@@ -69,56 +69,65 @@ def loader(
 ) -> Loader:
     """Batches of a fastdata dataset as dicts of tensors on ``device``.
 
-    ``source`` is a dataset folder, a URL (``s3://bucket/ds``, read through the node's shard
-    cache; ``remote`` sets it up, docs/remote.md) or an open :class:`Dataset`. Each epoch is a
-    permutation drawn from ``(seed, epoch)`` (``shuffle="block"``: nearly sequential reads;
-    ``"shards"``: shard by shard, for datasets larger than the cache; ``False``: storage order),
-    split into disjoint equal shares across
-    torch.distributed ranks. ``augment`` is an :class:`fastdata.augment.Augment` or a list of
-    its ops, applied on the device. ``num_workers`` is reader threads (or processes with
-    ``LoaderConfig(mode="processes")``); 0 reads in the iterating thread.
+    ``source`` is a dataset folder, a URL (``s3://bucket/ds``, read through the node's shard cache; ``remote``
+    sets it up, docs/remote.md) or an open :class:`Dataset`. Each epoch is a permutation drawn from
+    ``(seed, epoch)`` (``shuffle="block"``: nearly sequential reads; ``"shards"``: shard by shard, for datasets
+    larger than the cache; ``False``: storage order), split into disjoint equal shares across torch.distributed ranks.
+    ``augment`` is an :class:`fastdata.augment.Augment` or a list of its ops, applied on the device.
+    ``num_workers`` is reader threads (or processes with ``LoaderConfig(mode="processes")``); 0 reads in the
+    iterating thread.
 
-    The rank share is read from torch.distributed when each pass starts, so the loader may be
-    built before ``init_process_group``. A pass that delivers an epoch's last batch moves the
-    loader to the next epoch. Use it as a context manager (or ``close()``) to release threads,
-    worker processes and the files it opened. Trainer integrations: docs/integrations.md.
+    The rank share is read from torch.distributed when each pass starts, so the loader may be built before
+    ``init_process_group``. A pass that delivers an epoch's last batch moves the loader to the next epoch. Use it
+    as a context manager (or ``close()``) to release threads, worker processes and the files it opened. Trainer
+    integrations: docs/integrations.md.
 
-    ``backend="dali"`` decodes and augments with NVIDIA DALI (docs/backends.md; there
-    ``num_workers`` is DALI's CPU threads); ``"auto"`` picks DALI when it is installed, the
-    device is CUDA and the dataset has encoded images DALI can decode and augment as asked,
-    torch otherwise.
+    ``backend="dali"`` decodes and augments with NVIDIA DALI (docs/backends.md; there ``num_workers`` is DALI's
+    CPU threads); ``"auto"`` picks DALI when it is installed, the device is CUDA and the dataset has encoded
+    images DALI can decode and augment as asked, torch otherwise.
 
     ``sampler`` replaces the shuffled order: :class:`fastdata.samplers.Weighted`,
-    :class:`fastdata.samplers.Episodic` (then ``batch_size`` may be None: one episode per batch), or
-    any function ``(n, world, seed, epoch) -> batches`` (docs/loader.md, "Samplers"). Its arguments
-    are checked here. ``fields`` may include ``"key"``: each batch then holds its samples' keys.
+    :class:`fastdata.samplers.Episodic` (then ``batch_size`` may be None: one episode per batch), or any function
+    ``(n, world, seed, epoch) -> batches`` (docs/loader.md, "Samplers"). Its arguments are checked here.
+    ``fields`` may include ``"key"``: each batch then holds its samples' keys.
 
     ``transform(batch, rng)`` runs in the readers (threads, or worker processes with
-    ``LoaderConfig(mode="processes")``: the choice for Python code that holds the GIL) on each
-    batch's numpy arrays, with a generator drawn from ``(seed, epoch, rank, batch)``; it changes
-    the arrays in place or returns the batch to use. :class:`fastdata.loaders.PerSample` wraps a
-    function of one sample. Its errors reach the loop naming the batch and the reader (docs/loader.md).
+    ``LoaderConfig(mode="processes")``: the choice for Python code that holds the GIL) on each batch's numpy
+    arrays, with a generator drawn from ``(seed, epoch, rank, batch)``; it changes the arrays in place or returns
+    the batch to use. :class:`fastdata.loaders.PerSample` wraps a function of one sample. Its errors reach the
+    loop naming the batch and the reader (docs/loader.md).
     """
     if backend not in ("torch", "dali", "auto"):
         raise UsageError(f"backend must be 'torch', 'dali' or 'auto', not {backend!r}")
+    ds = _open_dataset(source, fields, remote)
+    batch_size, sampler = _bind_sampler(sampler, ds, batch_size)
+    aug = augment if augment is None or isinstance(augment, Augment) else Augment(tuple(augment))
+    dev = resolve_device(device)
+    chosen = _pick_backend(dev, ds, aug, config, transform) if backend == "auto" else backend
+    if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0):
+        raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
+    # the loader closes a dataset it opened itself (from a path, or a copy with other options), not the caller's
+    common: dict[str, Any] = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=aug,
+                                  owns_dataset=ds is not source, sampler=sampler)
+    return _backend_loader(chosen, ds, batch_size, num_workers, config, transform, common)
+
+
+def _open_dataset(source: str | os.PathLike[str] | Dataset, fields: Sequence[str] | None,
+                  remote: RemoteOptions | None) -> Dataset:
+    """The dataset a loader reads: ``source`` opened, or the caller's Dataset (with ``fields``, a copy)."""
     if isinstance(source, Dataset) and remote is not None:
         raise UsageError("remote= is for loaders given a URL; this Dataset was opened already (pass remote= to "
                          "fastdata.open instead)")
     ds = source if isinstance(source, Dataset) else Dataset(source, fields=fields, remote=remote)
     if isinstance(source, Dataset) and fields is not None:
         ds = source.with_options(fields=fields)  # keeps the caller's decode settings
-    batch_size, sampler = _bind_sampler(sampler, ds, batch_size)
-    if augment is not None and not isinstance(augment, Augment):
-        augment = Augment(tuple(augment))
-    dev = resolve_device(device)
-    chosen = _pick_backend(dev, ds, augment, config, transform) if backend == "auto" else backend
-    if num_workers != "auto" and (not isinstance(num_workers, int) or isinstance(num_workers, bool)
-                                  or num_workers < 0):
-        raise UsageError(f"num_workers must be 'auto' or an integer >= 0, not {num_workers!r}")
-    # The world is read when each pass starts (a loader may be built before init_process_group). The
-    # loader closes a dataset it opened itself (from a path, or a copy with other options), not the caller's.
-    common: dict[str, Any] = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=augment,
-                                  owns_dataset=ds is not source, sampler=sampler)
+    return ds
+
+
+def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int | Literal["auto"],
+                    config: LoaderConfig | None, transform: TransformFn | None, common: dict[str, Any]) -> Loader:
+    """The chosen backend's loader. The world is read when each pass starts (a loader may be built
+    before init_process_group)."""
     if chosen == "dali":
         if transform is not None:
             raise UsageError("transform= runs in the torch backend's readers; DALI pipelines have no place for it: "
@@ -126,7 +135,7 @@ def loader(
         from .dali import dali_loader
 
         return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)
-    workers, config = _resolve_workers(num_workers, ds, batch_size, dev, config, transform)
+    workers, config = _resolve_workers(num_workers, ds, batch_size, common["device"], config, transform)
     return TorchLoader(ds, batch_size, workers=workers, config=config, transform=transform, **common)
 
 

@@ -1,7 +1,7 @@
 """What every loader backend shares: the epoch plan, epochs, exact resume and stats.
 
 A backend only turns a list of index batches into batches of tensors (``_batches``); the order
-(fastdata.sampling), the rank share, ``drop_last``, ``len()``, ``set_epoch``, ``state_dict`` and
+(fastdata.order), the rank share, ``drop_last``, ``len()``, ``set_epoch``, ``state_dict`` and
 ``stats`` live here once, so the torch and DALI backends cannot drift apart. A state saved by one
 backend resumes in the other.
 """
@@ -18,8 +18,8 @@ import torch
 from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import FastdataError, LoaderWorkerError, UsageError
+from ..order import SHUFFLES, Shuffle, all_rank_batches, num_batches
 from ..samplers import SamplerFn, describe, rank_batches, world_batches
-from ..sampling import SHUFFLES, Shuffle, all_rank_batches, num_batches
 from ..world import World
 
 if TYPE_CHECKING:

@@ -6,15 +6,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._units import fmt_bytes
 from .errors import UsageError
 
-CEILING_LIMIT = 1.1  # a ratio above this of the ceiling means the ceiling's measurement was wrong
+if TYPE_CHECKING:
+    from .bench import BenchResult
+    from .dataset import Dataset
 
 
-def _seconds(text: str) -> float:
+def parse_duration(text: str) -> float:
+    """A duration flag's value (``30``, ``30s``, ``2m``) in seconds; argparse's error otherwise."""
     t = text.strip().lower()
     mult = 60.0 if t.endswith("m") else 1.0
     t = t.rstrip("sm")
@@ -55,7 +58,7 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     b.add_argument("--augment", choices=["none", "flip", "imagenet"], default="none",
                    help="augmentation on the device: none, flip (+noise), imagenet (crop, flip, jitter, normalise)")
-    b.add_argument("--seconds", type=_seconds, default=10.0, metavar="T", help="how long to measure (default: 10s)")
+    b.add_argument("--seconds", type=parse_duration, default=10.0, metavar="T", help="how long to measure (default: 10s)")
     b.add_argument("--batches", type=int, default=None, metavar="N", help="stop after N batches instead")
     b.add_argument("--naive", metavar="SRC", help="also measure the naive per-file loader over this .npy folder")
     b.add_argument("--no-ceiling", action="store_true", help="skip measuring the machine's ceiling")
@@ -68,7 +71,7 @@ def add_parsers(sub: Any) -> None:
                        description="Race loader settings (reader mode, workers, prefetch, optionally batch size) "
                                    "within a time budget; store the winner in the user's cache directory.")
     t.add_argument("dst", metavar="PATH", help="dataset folder")
-    t.add_argument("--budget", type=_seconds, default=60.0, metavar="T", help="time budget, e.g. 60s or 2m")
+    t.add_argument("--budget", type=parse_duration, default=60.0, metavar="T", help="time budget, e.g. 60s or 2m")
     t.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
     t.add_argument("--batch-sizes", metavar="N,N,...", help="also search these batch sizes")
     t.add_argument("--device", default="cpu", help="device the batches go to (default: cpu)")
@@ -92,9 +95,32 @@ def _augment(name: str) -> Any:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import measure, measure_ceiling, naive_pipeline, payload_bytes, sample_bytes
+    from .bench import CEILING_LIMIT, payload_bytes, sample_bytes
+
+    ds = _bench_dataset(args)
+    local = ds.remote is None or all(p.is_file() for p in ds.shard_paths())
+    # MB/s of the data the loader hands over; stored bytes only where reading the payload would download shards
+    bps = payload_bytes(ds) if local else sample_bytes(ds)
+    results, settings = _bench_results(args, ds, bps)
+    ceiling = next((r for r in results if r.name.startswith("ceiling")), None)
+    ratio = {r.name: r.samples_per_s / ceiling.samples_per_s if ceiling and ceiling.samples_per_s else None
+             for r in results}
+    over = [n for n, x in ratio.items() if x is not None and x > CEILING_LIMIT]
+    if over:  # a pipeline cannot beat the machine's best for the same work: the ceiling was measured badly
+        print(f"warning: {', '.join(over)} above {CEILING_LIMIT} of the ceiling: the ceiling's measurement was "
+              "disturbed (another process busy?); run again on a quiet machine", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"dataset": str(ds.root), "results": [{**r.as_dict(), "ceiling_ratio": ratio[r.name]}
+                                                                for r in results]}, indent=1))
+        return 0
+    print(f"dataset {ds.root}: {len(ds)} samples, {fmt_bytes(bps)} per sample, settings {settings}")
+    _print_bench(results, ratio, ceiling)
+    return 0
+
+
+def _bench_dataset(args: argparse.Namespace) -> Dataset:
+    """The dataset ``fastdata bench`` measures: ``PATH``, or the samples keyed in ``--subset``'s file."""
     from .dataset import Dataset
-    from .loaders import LoaderConfig, loader
 
     ds = Dataset(args.dst)
     if args.subset:
@@ -103,15 +129,20 @@ def run_bench(args: argparse.Namespace) -> int:
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"{args.subset}: cannot read the subset's keys: {e}") from None
         ds = ds.subset(keys)
+    return ds
+
+
+def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float) -> tuple[list[BenchResult], dict[str, Any]]:
+    """The loader's measurement, then the ceiling and the naive loader where asked; and the loader's settings."""
+    from .bench import measure, measure_ceiling, naive_pipeline
+    from .loaders import LoaderConfig, loader
+
     given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}  # others: the defaults
     config = LoaderConfig(**given) if given else None  # None: tuned settings where stored
     ld = loader(ds, args.batch_size, device=args.device, num_workers=args.workers, config=config,
                 augment=_augment(args.augment))
     settings = {"mode": ld.config.mode, "workers": getattr(ld, "workers", None), "prefetch": ld.config.prefetch,
                 "batch_size": args.batch_size, "device": str(ld.device), "augment": args.augment}
-    local = ds.remote is None or all(p.is_file() for p in ds.shard_paths())
-    # MB/s of the data the loader hands over; stored bytes only where reading the payload would download shards
-    bps = payload_bytes(ds) if local else sample_bytes(ds)
     live = _Live(enabled=not args.json)
     try:
         results = [measure("fastdata.loader", lambda: ld, bytes_per_sample=bps, max_batches=args.batches,
@@ -133,19 +164,11 @@ def run_bench(args: argparse.Namespace) -> int:
                                    settings={"workers": 2}, on_batch=live.update))
         finally:
             live.close()
-    ceiling = next((r for r in results if r.name.startswith("ceiling")), None)
-    ratio = {r.name: r.samples_per_s / ceiling.samples_per_s if ceiling and ceiling.samples_per_s else None
-             for r in results}
-    over = [n for n, x in ratio.items() if x is not None and x > CEILING_LIMIT]
-    if over:  # a pipeline cannot beat the machine's best for the same work: the ceiling was measured badly
-        print(f"warning: {', '.join(over)} above {CEILING_LIMIT} of the ceiling: the ceiling's measurement was "
-              "disturbed (another process busy?); run again on a quiet machine", file=sys.stderr)
-    if args.json:
-        print(json.dumps({"dataset": str(ds.root), "results": [{**r.as_dict(), "ceiling_ratio": ratio[r.name]}
-                                                                for r in results]}, indent=1))
-        return 0
+    return results, settings
+
+
+def _print_bench(results: list[BenchResult], ratio: dict[str, float | None], ceiling: BenchResult | None) -> None:
     main = results[0]
-    print(f"dataset {ds.root}: {len(ds)} samples, {fmt_bytes(bps)} per sample, settings {settings}")
     print(f"{'pipeline':<44}{'samples/s':>11}{'MB/s':>9}{'ms/batch':>10}{'p95 ms':>9}{'first s':>9}{'x this':>8}"
           f"{'x ceiling':>10}")
     for r in results:
@@ -159,7 +182,6 @@ def run_bench(args: argparse.Namespace) -> int:
         tried = ", ".join(f"{t}: {r:.0f}" for t, r in ceiling.settings.get("rates", {}).items())
         print(f"x ceiling: the fraction of the machine's limit for this dataset ({what}, the best of "
               f"1 to the loader's {max(ceiling.settings.get('rates', {1: 0}))} threads: {tried} samples/s)")
-    return 0
 
 
 def run_tune(args: argparse.Namespace) -> int:

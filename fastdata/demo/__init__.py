@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ._units import fmt_bytes
+from .._units import fmt_bytes
 
 if TYPE_CHECKING:
     from converters.writer import Progress
@@ -30,9 +30,10 @@ def train_side_by_side(src: Path, shards: Path, batch: int, steps: int) -> list[
     """A few training steps of a small FLIM-style 3-D CNN fed by the naive loader and by fastdata.loader."""
     import torch
 
-    from .examples import FlimCNN, classification_loss, naive_loader
-    from .loaders import loader
-    from .train import fit
+    from ..loaders import loader
+    from ..train import fit
+    from .baseline import naive_loader
+    from .models import FlimCNN, classification_loss
 
     rows, report = [], ""
     for name, make in (("naive DataLoader (2 workers)", lambda: naive_loader(src, batch, workers=2)),
@@ -68,8 +69,8 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
     """Run the demo and return its report (what ``fastdata demo`` prints)."""
     import converters  # the CLI layer may import converters; the library proper does not
 
-    from .dataset import open as open_dataset
-    from .examples import write_npy_folder
+    from ..dataset import open as open_dataset
+    from .baseline import write_npy_folder
 
     own = workdir is None
     root = Path(tempfile.mkdtemp(prefix="fastdata-demo-")) if workdir is None else Path(workdir)

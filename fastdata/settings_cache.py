@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .fileio import user_cache_dir, write_atomic
-from .handles import usable_cpus
+from .world import usable_cpus
 
 if TYPE_CHECKING:
     from .dataset import Dataset

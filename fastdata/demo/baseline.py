@@ -1,0 +1,56 @@
+"""The baseline every benchmark compares against: per-sample ``.npy`` files read one ``np.load`` each
+by a torch DataLoader (``naive_loader``), and ``write_npy_folder``, which writes such files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def write_npy_folder(root: str | os.PathLike[str], n: int, shape: tuple[int, ...], *,
+                     classes: tuple[str, ...] = ("c0", "c1", "c2", "c3"), learnable: bool = False,
+                     seed: int = 0) -> list[Path]:
+    """``n`` float32 samples of ``shape`` as ``root/<class>/<i>.npy``, sample ``i`` in class
+    ``i % len(classes)``: the per-sample files our users have. ``learnable``: positive values
+    whose scale depends on the class (a model can learn it); else standard normal. Returns the
+    files sorted (the order ``fastdata convert`` and :class:`NaiveNpyFolder` read them in)."""
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        c = i % len(classes)
+        d = Path(root) / classes[c]
+        d.mkdir(parents=True, exist_ok=True)
+        x = rng.gamma(2.0, 1.0 + 0.5 * c, shape).astype(np.float32) if learnable else \
+            rng.standard_normal(shape, dtype=np.float32)
+        np.save(d / f"{i:06d}.npy", x)
+    return sorted(Path(root).rglob("*.npy"))
+
+
+class NaiveNpyFolder(torch.utils.data.Dataset):
+    """The baseline we measure against, written the way our users write it: one ``np.load``
+    per sample in ``__getitem__``, the label from the class folder."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.files = sorted(Path(root).rglob("*.npy"))
+        classes = sorted({f.parent.name for f in self.files})
+        self.labels = [classes.index(f.parent.name) for f in self.files]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"x": torch.from_numpy(np.load(self.files[i])), "label": self.labels[i]}
+
+
+def naive_loader(root: str | os.PathLike[str], batch_size: int = 64, workers: int = 2) -> torch.utils.data.DataLoader:
+    """A torch DataLoader over :class:`NaiveNpyFolder` with the usual hand-picked flags."""
+    return torch.utils.data.DataLoader(
+        NaiveNpyFolder(root), batch_size=batch_size, shuffle=True, num_workers=workers,
+        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None)
+
+
+__all__ = ["NaiveNpyFolder", "naive_loader", "write_npy_folder"]

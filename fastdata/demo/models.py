@@ -1,0 +1,79 @@
+"""Small models for the demo, benchmarks and docs (no torchvision needed).
+
+``FlimCNN`` is a scaled-down version of the 3-D CNN our FLIM user trains on (2, 256, 21, 21)
+arrays: gentle stride-2 temporal downsampling, then global pooling; it needs (B, 2, T >= 16, H, W)
+batches. ``SmallConvNet`` is a plain 2-D conv net for image batches. ``TinyNet`` takes samples of any
+shape (the quickstart's model).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class FlimCNN(nn.Module):
+    """3-D CNN for inputs of shape (B, 2, T, H, W): channels, time bins, pixels."""
+
+    def __init__(self, num_classes: int = 4, width: int = 16, in_channels: int = 2) -> None:
+        super().__init__()
+
+        def block(cin: int, cout: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv3d(cin, cout, kernel_size=(5, 3, 3), stride=(2, 1, 1), padding=(2, 1, 1)),
+                                 nn.BatchNorm3d(cout), nn.ReLU(inplace=True))
+
+        self.features = nn.Sequential(block(in_channels, width), block(width, 2 * width), block(2 * width, 2 * width),
+                                      nn.MaxPool3d((2, 2, 2)))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(2 * width, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(torch.log1p(x.clamp_min(0)) / 10.0))  # the user's FLIM preprocessing
+
+
+class TinyNet(nn.Module):
+    """A small classifier for samples of any shape and dtype: (B, ...) arrays, (B, C, H, W) images, padded
+    sequences. Each sample is flattened and pooled to ``bins`` means and ``bins`` maxima, normalised, then
+    fed to a two-layer MLP. No parameter depends on the sample's shape, so the same model runs on any
+    dataset (the quickstart uses it); it is a starting point, not a model chosen for accuracy."""
+
+    def __init__(self, num_classes: int, bins: int = 64, hidden: int = 128) -> None:
+        super().__init__()
+        self.bins = bins
+        self.head = nn.Sequential(nn.LayerNorm(2 * bins), nn.Linear(2 * bins, hidden), nn.ReLU(inplace=True),
+                                  nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(len(x), 1, -1).float()  # adaptive pooling also stretches samples shorter than bins
+        pooled = torch.cat([nn.functional.adaptive_avg_pool1d(flat, self.bins),
+                            nn.functional.adaptive_max_pool1d(flat, self.bins)], dim=-1)
+        return self.head(pooled.flatten(1))
+
+
+class SmallConvNet(nn.Module):
+    """2-D conv net for (B, C, H, W) batches."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 32) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = in_channels
+        for cout in (width, 2 * width, 4 * width):
+            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                       nn.MaxPool2d(2)]
+            cin = cout
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def classification_loss(input_field: str = "x", label_field: str = "label"):  # type: ignore[no-untyped-def]
+    """``loss_fn(model, batch)`` for ``fastdata.train.fit``: cross-entropy of ``model(batch[input])``."""
+
+    def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.cross_entropy(model(batch[input_field]), batch[label_field])
+
+    return loss_fn
+
+
+__all__ = ["FlimCNN", "SmallConvNet", "TinyNet", "classification_loss"]

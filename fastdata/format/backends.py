@@ -1,0 +1,34 @@
+"""The one registry of shard backends: manifest ``backend`` value -> the module that reads and
+writes that kind of shard. Adding a backend is a module in fastdata/format/ plus its line here;
+mypy checks each entry against :class:`fastdata.format.interface.Backend`.
+"""
+
+from __future__ import annotations
+
+from ..errors import FormatError
+from . import hdf5, lmdb
+from .interface import Backend
+
+REGISTRY: dict[str, Backend] = {"hdf5": hdf5, "lmdb": lmdb}
+BACKENDS = tuple(REGISTRY)  # the values a manifest's "backend" may hold
+
+
+def backend(name: str) -> Backend:
+    """The module implementing a storage backend (``hdf5`` or ``lmdb``)."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r} (expected one of {', '.join(BACKENDS)})") from None
+
+
+def check_backend(name: str, where: str) -> None:
+    """FormatError unless a manifest's ``backend`` names a registered backend."""
+    if name not in BACKENDS:  # a tuple: an unhashable value from a bad manifest is just not there
+        raise FormatError(f"{where}: unknown backend {name!r} (expected one of {', '.join(BACKENDS)})")
+
+
+def shard_file_name(index: int, backend_name: str) -> str:
+    return f"shard-{index:05d}{backend(backend_name).EXTENSION}"
+
+
+__all__ = ["BACKENDS", "REGISTRY", "backend", "check_backend", "shard_file_name"]

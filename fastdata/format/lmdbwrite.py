@@ -1,0 +1,164 @@
+"""LMDB records, the layout both sides share (fastdata/format/lmdb.py describes it), and writing
+LMDB shards: records appended in key order, committed in batches, the map grown on demand."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import lmdb
+import numpy as np
+
+from ..errors import UsageError
+from . import codec as blosc_codec
+from .spec import FieldSpec
+
+MAGIC = b"FDR1"
+SHARD_KEY = b"\xff" * 8  # the shard's own description; sorts after every sample key
+KEY = struct.Struct(">Q")
+_COMMIT_BYTES = 64 << 20
+_TAIL_GUARD_MIN = 192 << 10  # > the 64 KiB an in-page offset can reach, plus a 64 KiB key size
+
+
+def parse_compression(value: str | None) -> blosc_codec.Codec | None:
+    """``none``, or ``lz4[:N]`` | ``zstd[:N]`` (per field, fastdata/format/codec.py) -> the codec."""
+    if value in (None, "", "none"):
+        return None
+    codec = blosc_codec.parse(value)
+    if codec is None:
+        raise UsageError(f"--compression {value} is not supported for LMDB shards (use none, lz4, lz4:1-9, zstd "
+                         "or zstd:1-9; lzf and gzip are HDF5 only)")
+    return codec
+
+
+def key(index: int) -> bytes:
+    return KEY.pack(index)
+
+
+def shard_record(fields: list[FieldSpec], start: int, count: int) -> bytes:
+    """The value stored under SHARD_KEY."""
+    return json.dumps({"start": start, "count": count, "fields": [f.to_json() for f in fields]},
+                      sort_keys=True).encode()
+
+
+def encode_record(fields: list[FieldSpec], sample: dict[str, np.ndarray],
+                  codec: blosc_codec.Codec | None = None) -> bytes:
+    """One record: header, then each field's bytes (compressed fields as one Blosc buffer with ``codec``)."""
+    parts = []
+    for f in fields:
+        a = np.asarray(sample[f.name])
+        if f.compression is not None:
+            if codec is None:
+                raise ValueError(f"field {f.name!r} is compressed: encode_record needs the codec")
+            parts.append(blosc_codec.encode(a, codec))
+        else:
+            parts.append(a.tobytes())  # C order
+    header = MAGIC + struct.pack(f"<I{len(parts)}Q", len(parts), *(len(p) for p in parts))
+    return b"".join([header, *parts])
+
+
+def initial_map_size(payload: int, count: int, nfields: int) -> int:
+    """A generous first map size for a shard. Only address space: the file holds just the pages
+    used, and the writer doubles the map whenever a commit finds it full."""
+    return int((payload + count * (4096 + 64 + 8 * nfields)) * 1.25) + (1 << 20)
+
+
+def tail_guard_bytes(psize: int, largest_record: int) -> int:
+    """Zero bytes appended after LMDB's last page (see docs/format.md, "LMDB shards")."""
+    return -(-max(_TAIL_GUARD_MIN, largest_record) // psize) * psize
+
+
+def _add_tail_guard(path: Path, psize: int, largest_record: int) -> None:
+    """liblmdb reads wherever an in-page offset or a value size points, checking only page numbers.
+    With this zeroed tail (sparse on disk), a corrupted offset or a value on one of the last pages
+    stays inside the file instead of running past its end into a SIGBUS."""
+    with open(path, "r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        f.truncate(end + tail_guard_bytes(psize, largest_record))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class ShardWriter:
+    """Writes one LMDB shard; the map grows on demand, so ``MapFullError`` never reaches the user."""
+
+    def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
+                 compression: str | None = None, start: int = 0) -> None:
+        self._codec = parse_compression(compression)
+        if any(f.compression is not None for f in fields) and self._codec is None:
+            raise ValueError(f"compressed fields need --compression lz4 or zstd, not {compression!r}")
+        self.path = Path(path)
+        self.fields = fields
+        self.count = count
+        self.start = start
+        payload = sum(f.row_nbytes * (ragged_rows[f.name] if f.ragged else count) for f in fields)
+        self.grows = 0  # times the map was enlarged (the estimate below was too small)
+        self._env = lmdb.open(
+            str(self.path), subdir=False, map_size=initial_map_size(payload, count, len(fields)), metasync=False,
+            sync=False, readahead=False, max_dbs=0, lock=True,
+        )
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self._largest = 0
+        self._n = 0
+
+    def write(self, sample: dict[str, np.ndarray]) -> None:
+        if self._n >= self.count:
+            raise ValueError("shard is full")
+        value = encode_record(self.fields, sample, self._codec)
+        self._largest = max(self._largest, len(value))
+        self._pending.append((key(self.start + self._n), value))
+        self._pending_bytes += len(value)
+        self._n += 1
+        if self._pending_bytes >= _COMMIT_BYTES:
+            self._commit()
+
+    def _commit(self) -> None:
+        if not self._pending:
+            return
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    with txn.cursor() as cur:
+                        cur.putmulti(self._pending, append=True)
+                break
+            except lmdb.MapFullError:
+                size = self._env.info()["map_size"]
+                self._env.set_mapsize(max(size * 2, size + 4 * self._pending_bytes))
+                self.grows += 1
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def close(self) -> None:
+        if self._env is None:
+            return
+        try:
+            if self._n != self.count:
+                raise ValueError(f"shard got {self._n} samples, planned {self.count}")
+            self._pending.append((SHARD_KEY, shard_record(self.fields, self.start, self.count)))
+            self._commit()
+            self._env.sync(True)
+            psize = self._env.stat()["psize"]
+        finally:
+            self._release()
+        _add_tail_guard(self.path, psize, self._largest)
+
+    def _release(self) -> None:
+        self._env.close()
+        self._env = None  # type: ignore[assignment]  # closed: the writer is finished
+        Path(str(self.path) + "-lock").unlink(missing_ok=True)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        elif self._env is not None:
+            self._release()
+
+
+__all__ = ["KEY", "MAGIC", "SHARD_KEY", "ShardWriter", "encode_record", "initial_map_size", "key", "parse_compression",
+           "shard_record", "tail_guard_bytes"]

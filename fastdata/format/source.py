@@ -1,0 +1,107 @@
+"""Where a dataset's shards live, and how they are opened and kept readable: :class:`ShardSource`.
+
+``Dataset`` reads every kind of shard through this one interface: shards in a local folder
+(:class:`LocalShards`, here), shards of a URL dataset downloaded into the node's cache
+(``fastdata.remote.shards.RemoteShards``). A new kind (rows inside existing files, say) is one
+more class with these members; nothing in ``Dataset`` changes.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+import numpy as np
+
+from ..errors import CorruptShardError
+from .backends import backend
+from .interface import ShardReader
+from .keys import KeyTable
+from .manifest import read_manifest, shard_path
+from .spec import KEYS_KIND_FILE, FieldSpec, Manifest
+
+if TYPE_CHECKING:
+    from ..remote.prefetch import PlanFollower
+    from ..remote.store import RemoteStore
+
+_UNPINNED: AbstractContextManager[None] = nullcontext()  # reusable: nothing to hold while a batch reads
+
+
+class ShardSource(Protocol):
+    """A dataset's shards: the manifest, one reader per shard, and what keeps a shard readable."""
+
+    root: Path | str  # what names the dataset in messages (a folder, or a URL)
+    manifest: Manifest
+    in_place: bool  # readers read the shard files where they stay (read-ahead hints apply to their paths)
+    remote: RemoteStore | None  # the remote store and shard cache of a URL dataset, else None
+
+    def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
+        """One reader per shard of the manifest (files are opened lazily, per process); checks what
+        can be checked before the first read."""
+        ...
+
+    def key_table(self) -> KeyTable | None:
+        """The reader of the sample keys' file, or None when the manifest has none."""
+        ...
+
+    def pinned(self, shards: Sequence[int], readers: Sequence[ShardReader]) -> AbstractContextManager[None]:
+        """Keeps ``shards`` readable (local, checked, not evicted) while a batch reads them."""
+        ...
+
+    def follow(self, plans: Sequence[Sequence[np.ndarray]], mine: int, first: int, lead: int) -> PlanFollower | None:
+        """Starts fetching shards ahead along an epoch plan, where shards must be fetched; else None."""
+        ...
+
+    def close(self) -> None:
+        """Releases what this process holds for the source (pins); readers are closed by the caller."""
+        ...
+
+
+class LocalShards:
+    """Shards in a local folder, read where they are."""
+
+    in_place = True
+    remote: RemoteStore | None = None
+
+    def __init__(self, root: Path) -> None:
+        self.root: Path | str = root
+        self.folder = root
+        self.manifest: Manifest = read_manifest(root)
+
+    def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
+        impl = backend(self.manifest.backend)
+        readers = []
+        for info in self.manifest.shards:
+            path = shard_path(self.folder, info)
+            if not path.is_file():
+                raise CorruptShardError(f"{self.root}: shard {info.file!r} is missing")
+            size = path.stat().st_size
+            if size != info.bytes:
+                raise CorruptShardError(
+                    f"{self.root}: shard {info.file!r} is {size} bytes, the manifest says {info.bytes} (truncated or replaced)"
+                )
+            readers.append(impl.ShardReader(path, info, fields))
+        return readers
+
+    def key_table(self) -> KeyTable | None:
+        keys = self.manifest.keys
+        if keys is None or keys.kind != KEYS_KIND_FILE:
+            return None
+        real = os.path.realpath(self.folder / str(keys.file))
+        if os.path.dirname(real) != os.path.realpath(self.folder):  # as for shards: never outside the dataset
+            raise CorruptShardError(f"{self.root}: keys file {keys.file!r} points outside the dataset directory")
+        return KeyTable(Path(real), self.manifest.num_samples, keys.bytes)
+
+    def pinned(self, shards: Sequence[int], readers: Sequence[ShardReader]) -> AbstractContextManager[None]:
+        return _UNPINNED
+
+    def follow(self, plans: Sequence[Sequence[np.ndarray]], mine: int, first: int, lead: int) -> PlanFollower | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["LocalShards", "ShardSource"]
