@@ -47,7 +47,7 @@ import _harness  # noqa: E402
 import bench_images  # noqa: E402
 import bench_raw  # noqa: E402
 
-import converters  # noqa: E402
+from fastdata import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.loaders.device import to_unit_float  # noqa: E402
 from fastdata.loaders.host import ThreadReader  # noqa: E402

@@ -45,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
+from fastdata import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.examples import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-import converters
+from fastdata import converters
 import fastdata
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, summarize, warm_page_cache, write_results
 from bench_images import BATCH, SIZE, EpochSampler, FolderImages, generate

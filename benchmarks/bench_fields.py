@@ -41,7 +41,7 @@ import numpy as np
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, warm_page_cache, write_results
 from PIL import Image
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata.samplers import Episodic, Weighted, rank_batches, world_batches
 from fastdata.world import World

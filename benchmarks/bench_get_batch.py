@@ -47,7 +47,7 @@ from _harness import (
     write_results,
 )
 
-import converters
+from fastdata import converters
 import fastdata
 
 BATCH = 64

@@ -38,7 +38,7 @@ import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata.loaders import LoaderConfig
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results

@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
+from fastdata import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.examples import naive_loader, write_npy_folder  # noqa: E402
 from fastdata.loaders import LoaderConfig, PerSample  # noqa: E402

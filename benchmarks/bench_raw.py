@@ -51,9 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 import bench_images  # noqa: E402
 
-import converters  # noqa: E402
+from fastdata import converters  # noqa: E402
 import fastdata  # noqa: E402
-from converters.writer import DEFAULT_SHARD_SIZE, plan_shards  # noqa: E402
+from fastdata.write.engine import DEFAULT_SHARD_SIZE, plan_shards  # noqa: E402
 from fastdata.examples import write_npy_folder  # noqa: E402
 from fastdata.fileio import fsync_dir  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402

@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
+from fastdata import converters  # noqa: E402
 import fastdata  # noqa: E402
 
 SHAPE = (2, 64, 64)  # 32 KiB per sample

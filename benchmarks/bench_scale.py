@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         src_bytes = warm_page_cache(src)
         print(f"source: {n} samples, {src_bytes / 1e9:.2f} GB in {src} (generated in {gen_s:.0f} s)", flush=True)
 
-        from converters.npy import NpyFolderSource
+        from fastdata.converters.npy_folder import NpyFolderSource
 
         t0 = time.perf_counter()
         NpyFolderSource.scan(src)  # what every --part process repeats, and the Ray driver does once
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             """converters.convert in this process (a program that holds the Ray connection, as a Ray
             application or notebook does): no interpreter start, no Ray import, and with ``engine="ray"``
             the job's workers stay up between conversions (Ray starts them once per job)."""
-            import converters
+            from fastdata import converters
 
             shutil.rmtree(dst, ignore_errors=True)
             t0 = time.perf_counter()

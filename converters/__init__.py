@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING, Any
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.remote import RemoteOptions, is_url
 
-from .dst import check_dst, prepare_dst, prepare_part_dst, refuse_broken_url
-from .imageio import ImageOptions
-from .images import ImageFolderSource, is_image_file
-from .merge import MergeReport, merge
-from .npy import DEFAULT_FIELD, ArraysSource, NpyFolderSource
-from .parts import MergePartsReport, merge_parts, parse_part
+from fastdata.write.destination import check_dst, prepare_dst, prepare_part_dst, refuse_broken_url
+from .image_codec import ImageOptions
+from .image_folder import ImageFolderSource, is_image_file
+from fastdata.write.merge import MergeReport, merge
+from .npy_folder import DEFAULT_FIELD, ArraysSource, NpyFolderSource
+from fastdata.write.parts import MergePartsReport, merge_parts, parse_part
 from .scan import drop_non_samples, walk_files
 from .table import ColumnType, is_table, parse_meta_type, scan_table
-from .writer import ConvertReport, Progress, Source, WriteOptions, write_dataset
+from fastdata.write.engine import ConvertReport, Progress, Source, WriteOptions, write_dataset
 
 if TYPE_CHECKING:
-    from .remote import RemoteTarget
+    from fastdata.write.remote_target import RemoteTarget
 
 __all__ = ["ColumnType", "ConvertReport", "ImageOptions", "MergePartsReport", "MergeReport", "Progress", "WriteOptions",
            "convert", "merge", "merge_parts", "parse_meta_type", "parse_part"]
@@ -60,7 +60,7 @@ def convert(
     finishes an interrupted conversion into ``dst`` (see docs/reliability.md). ``part`` = (I, N)
     converts only part I (from 0) of N into ``dst``, which other parts may share; ``merge_parts``
     finishes the dataset (see docs/scale.md). ``dst`` may be a URL (``s3://bucket/ds``): shards
-    are written locally and uploaded as each is finished, the manifest last (converters/remote.py;
+    are written locally and uploaded as each is finished, the manifest last (fastdata/write/remote_target.py;
     ``remote`` gives the storage options and staging place); with the Ray engine each worker
     uploads the shards it writes, and a ``part`` uploads its part record instead of the manifest.
 
@@ -78,10 +78,10 @@ def convert(
     if url is None:
         refuse_broken_url(dst)
     if options.engine == "ray":
-        from .rayengine import import_ray
+        from fastdata.write.ray_engine import import_ray
 
         import_ray()  # before anything is scanned or written: a missing extra is a one-line error
-    from .remote import RemoteTarget, check_not_urls
+    from fastdata.write.remote_target import RemoteTarget, check_not_urls
 
     check_not_urls([src, labels, *(arrays or {}).values()])
     if url is None and remote is not None:

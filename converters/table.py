@@ -30,8 +30,8 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import _NAME_RE, ENCODING_PIXELS, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
-from .imageio import IMAGE_EXTENSIONS, ImageOptions
-from .npyfile import read_npy_data, read_npy_header
+from .image_codec import IMAGE_EXTENSIONS, ImageOptions
+from .npy_parse import read_npy_data, read_npy_header
 
 TABLE_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 PATH_COLUMN = "path"
@@ -667,8 +667,8 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
     """Read and check a table and every file it names; build the source. Bad rows raise (the
     first, naming table, row and column) unless ``skip_bad``. Class folders give ``label`` as for
     a folder source unless the table has a ``label`` column or ``no_labels``."""
-    from .images import ImageFolderSource, is_image_file
-    from .npy import NpyFolderSource
+    from .image_folder import ImageFolderSource, is_image_file
+    from .npy_folder import NpyFolderSource
     from .scan import drop_non_samples, refuse_bad, walk_files
 
     table = read_table(table_path)

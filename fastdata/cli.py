@@ -58,7 +58,7 @@ def _named_array(text: str) -> tuple[str, str]:
 
 
 def _meta_type(text: str) -> tuple[str, object]:
-    from converters.table import parse_meta_type
+    from fastdata.converters.table import parse_meta_type
 
     try:
         return parse_meta_type(text)
@@ -297,7 +297,7 @@ class _Bar:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    import converters
+    from fastdata import converters
 
     arrays = dict(args.field)
     if args.data:
@@ -332,14 +332,14 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _merge_parts(args: argparse.Namespace) -> int:
-    import converters
+    from fastdata import converters
 
     print(converters.merge_parts(args.dst).summary())
     return 0
 
 
 def _merge(args: argparse.Namespace) -> int:
-    import converters
+    from fastdata import converters
 
     if len(args.paths) < 2:
         raise UsageError("merge needs at least one input and DST: fastdata merge A [B ...] DST")

@@ -20,7 +20,7 @@ import numpy as np
 from ._units import fmt_bytes
 
 if TYPE_CHECKING:
-    from converters.writer import Progress
+    from fastdata.write.engine import Progress
 
 SHAPE = (2, 64, 21, 21)  # the FLIM-style arrays of our users, with a shorter time axis
 CLASSES = ("class_a", "class_b", "class_c", "class_d")
@@ -66,7 +66,7 @@ def _time_batches(fn: Callable[[np.ndarray], object], batches: list[np.ndarray])
 def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batches: int = 20, train_steps: int = 6,
         progress: Progress | None = None) -> str:
     """Run the demo and return its report (what ``fastdata demo`` prints)."""
-    import converters  # the CLI layer may import converters; the library proper does not
+    from fastdata import converters  # the CLI layer may import converters; the library proper does not
 
     from .dataset import open as open_dataset
     from .examples import write_npy_folder

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata import cli
 

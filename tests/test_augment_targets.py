@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-import converters
+from fastdata import converters
 import fastdata
-from converters import WriteOptions
+from fastdata.converters import WriteOptions
 from fastdata.augment import (
     Augment,
     CenterCrop,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-import converters
+from fastdata import converters
 import fastdata
-from converters import WriteOptions
+from fastdata.converters import WriteOptions
 from fastdata.augment import Augment, HorizontalFlip, RandomCrop, RandomResizedCrop, batch_generator
 from fastdata.errors import UsageError
 from fastdata.loaders import LoaderConfig

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 from conftest import tree_state
 from fastdata.errors import DataError, UsageError, WriteError
@@ -88,7 +88,7 @@ def test_object_array_is_refused_without_unpickling(tmp_path):
 
 def test_unreadable_file(tmp_path, class_folder, monkeypatch):
     src, _ = class_folder
-    from converters import npyfile
+    from fastdata.converters import npy_parse as npyfile
 
     real_open = open
 
@@ -213,7 +213,7 @@ def test_bad_options_are_usage_errors(tmp_path, class_folder, run_cli):
 @pytest.mark.parametrize("failing", [0, 1])
 def test_write_failure_leaves_nothing_that_looks_complete(tmp_path, class_folder, monkeypatch, failing):
     src, _ = class_folder
-    from converters import writer
+    from fastdata.write import engine as writer
 
     real = writer.write_shard
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from converters import convert
-from converters.writer import WriteOptions
+from fastdata.converters import convert
+from fastdata.write.engine import WriteOptions
 from fastdata import cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import fastdata
-from converters import convert
-from converters.writer import WriteOptions
+from fastdata.converters import convert
+from fastdata.write.engine import WriteOptions
 from fastdata import cli
 from fastdata.errors import CorruptShardError, FormatError
 from fastdata.loaders import LoaderConfig

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 
 BACKENDS = ["hdf5", "lmdb"]

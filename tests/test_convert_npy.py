@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
-from converters import WriteOptions
+from fastdata.converters import WriteOptions
 from conftest import make_class_folder, tree_state
 
 BACKENDS = ["hdf5", "lmdb"]

@@ -18,11 +18,11 @@ import torch
 
 pytest.importorskip("nvidia.dali")
 
-import converters  # noqa: E402
+from fastdata import converters  # noqa: E402
 import fastdata  # noqa: E402
 import imagegen  # noqa: E402
 from conftest import free_port, gloo_group  # noqa: E402
-from converters import ImageOptions, WriteOptions  # noqa: E402
+from fastdata.converters import ImageOptions, WriteOptions  # noqa: E402
 from fastdata.augment import (  # noqa: E402
     Augment, CenterCrop, ColorJitter, GaussianNoise, HorizontalFlip, Normalize, RandomCrop, RandomResizedCrop,
     VerticalFlip,

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 from conftest import edit_manifest, four_shard_dataset, make_class_folder
 from fastdata.errors import CorruptShardError, FormatError, IncompleteDatasetError, VersionError

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import converters
+from fastdata import converters
 import fastdata
 import imagegen as g
 from fastdata.errors import UsageError

@@ -28,7 +28,7 @@ import pytest
 import snippets
 from PIL import Image
 
-import converters
+from fastdata import converters
 from fastdata import cli
 
 Setup = Callable[[Path, pytest.MonkeyPatch, pytest.FixtureRequest], None]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata import train
 from fastdata.samplers import Episodic, Weighted

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import edit_manifest, make_class_folder
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata.errors import DataError, UsageError
 from fastdata.samplers import Episodic, Weighted, rank_batches

@@ -12,7 +12,7 @@ import lmdb
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 from conftest import edit_manifest, make_class_folder
 from fastdata.errors import CorruptShardError, DataError, FastdataError, FormatError, UsageError

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata.errors import FastdataError, UsageError
 from fastdata.samplers import Episodic, Weighted

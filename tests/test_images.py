@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import converters
+from fastdata import converters
 import fastdata
 import imagegen as g
-from converters import ImageOptions, WriteOptions
+from fastdata.converters import ImageOptions, WriteOptions
 from conftest import tree_state
 
 BACKENDS = ["hdf5", "lmdb"]

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-import converters
+from fastdata import converters
 import fastdata
 import imagegen as g
-from converters import ImageOptions, WriteOptions
-from converters.images import ImageFolderSource
+from fastdata.converters import ImageOptions, WriteOptions
+from fastdata.converters.image_folder import ImageFolderSource
 from fastdata.errors import DataError, UsageError
 
 BAD = {

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import converters
+from fastdata import converters
 import fastdata
 import imagegen as g
 from conftest import edit_manifest
-from converters import ImageOptions, WriteOptions
+from fastdata.converters import ImageOptions, WriteOptions
 from fastdata import decode
 from fastdata.errors import CorruptShardError, FormatError
 from fastdata.format import ImageSpec, read_manifest

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import bucket, edit_manifest, make_class_folder, opts
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata.errors import CorruptShardError, UsageError
 from fastdata.verify import verify

@@ -6,7 +6,7 @@ from __future__ import annotations
 import lmdb
 import numpy as np
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata.format import lmdb as lmdb_format
 from fastdata.format import make_field

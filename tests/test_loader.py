@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import converters
+from fastdata import converters
 import fastdata
 from conftest import free_port, gloo_group
 from fastdata.errors import CorruptShardError, UsageError

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 import imagegen as g
 from scenarios.kit import quiet_trainer

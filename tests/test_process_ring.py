@@ -23,7 +23,7 @@ import torch
 from crashkit import wait_dead
 from scenarios.kit import make_dataset
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata.errors import LoaderWorkerError
 from fastdata.loaders import LoaderConfig

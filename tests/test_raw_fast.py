@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-import converters
+from fastdata import converters
 import fastdata
 import imagegen as g
 from fastdata import bench

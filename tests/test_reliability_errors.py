@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 from conftest import make_class_folder
-from converters import shardwork
+from fastdata.write import shard_task as shardwork
 from crashkit import cli, kill, same_dataset, start_paused
 from fastdata.errors import DestinationBusyError, WriteError
 
@@ -72,7 +72,7 @@ def test_real_disk_full_from_libhdf5_is_one_line(tmp_path):
     dst = tmp_path / "ds"
     dst.mkdir()
     os.symlink("/dev/full", dst / ".shard-00000.h5.partial")
-    part = converters.npy.ArraysSource(paths={}, offset=0, count=0, fields=[field], file_sizes={})
+    part = fastdata.converters.npy_folder.ArraysSource(paths={}, offset=0, count=0, fields=[field], file_sizes={})
     task = shardwork.ShardTask(part=part, fields=[field], backend="hdf5", dst=str(dst), name="shard-00000.h5",
                                index=0, start=0, count=0, ragged_rows={}, compression=None)
     with pytest.raises(WriteError) as e:
@@ -117,7 +117,7 @@ def test_second_conversion_into_the_same_dst_refuses(src, tmp_path, run_cli):
             assert code == 2, (more, err)
             assert f"another conversion is writing it (fastdata pid {first.pid} on " in err
         with pytest.raises(DestinationBusyError):  # also when the check before scanning is passed
-            converters.dst.prepare_dst(dst, [src], overwrite=True)
+            fastdata.write.destination.prepare_dst(dst, [src], overwrite=True)
         assert (dst / "shard-00000.h5").exists()  # the refusals deleted nothing
     finally:
         kill(first)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 from conftest import make_class_folder
 from crashkit import cli, kill, same_dataset, start_paused, wait_dead
@@ -186,7 +186,7 @@ def test_journal_records_the_plan_and_each_finished_shard(src, tmp_path):
 
 def test_image_folder_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     import imagegen
-    from converters import writer
+    from fastdata.write import engine as writer
 
     src = tmp_path / "imgs"
     for c in ("a", "b"):

@@ -23,7 +23,7 @@ pytest.importorskip("moto")
 
 from conftest import CREDS, S3Server, bucket, free_port, gloo_group, make_class_folder, opts  # noqa: E402
 
-import converters  # noqa: E402
+from fastdata import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.errors import CorruptShardError, FastdataError, IncompleteDatasetError, UsageError  # noqa: E402
 from fastdata.fileio import file_checksum  # noqa: E402

@@ -20,7 +20,7 @@ pytest.importorskip("moto")
 
 from conftest import CREDS, S3Server, bucket, free_port, opts  # noqa: E402
 
-import converters  # noqa: E402
+from fastdata import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.errors import RemoteError, UsageError  # noqa: E402
 from fastdata.remote import retry  # noqa: E402

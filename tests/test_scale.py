@@ -19,7 +19,7 @@ import pytest
 from conftest import make_class_folder
 from crashkit import ROOT, cli, same_dataset
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata.errors import FastdataError, UsageError
 
@@ -123,8 +123,8 @@ def test_ray_options_are_checked(run_cli, src, tmp_path):
 def test_url_shard_tasks_need_their_upload_settings(tmp_path, monkeypatch):
     """A shard task never writes a URL as a local folder: without the UrlSpec it carries (the Ray engine
     into s3://, tests/test_scale_remote.py) it is refused, saying so; a spec for another URL too."""
-    from converters.shardwork import publisher_for
-    from converters.urlpublish import UrlSpec
+    from fastdata.write.shard_task import publisher_for
+    from fastdata.write.url_publish import UrlSpec
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match=r"s3://bucket/ds: a shard task for s3:// needs the upload settings"):

@@ -20,7 +20,7 @@ pytest.importorskip("moto")
 from conftest import CREDS, S3Server, make_class_folder  # noqa: E402
 from test_remote import arrays_source, bucket, opts  # noqa: E402
 
-import converters  # noqa: E402
+from fastdata import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.errors import DataError, FastdataError, UsageError  # noqa: E402
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 from conftest import make_class_folder, tree_state
 

@@ -13,7 +13,7 @@ import torch
 from conftest import free_port, gloo_group
 from torch import nn
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata import train
 from fastdata.augment import RandomCrop

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-import converters
+from fastdata import converters
 import fastdata
 from fastdata import bench, tune
 

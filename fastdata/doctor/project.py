@@ -69,7 +69,7 @@ def project_loader(rec: Any, out: Path) -> dict[str, Any]:
 
 def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
     import fastdata
-    from converters import WriteOptions, convert
+    from fastdata.converters import WriteOptions, convert
 
     n = len(ds)
     rng = np.random.default_rng(0)

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import FormatError, IncompleteDatasetError
 from .spec import MANIFEST_NAME
 
-JOURNAL = ".fastdata-journal"  # converters/journal.py's JOURNAL_NAME (the format layer cannot import converters)
+JOURNAL = ".fastdata-journal"  # fastdata/write/journal.py's JOURNAL_NAME (the format layer cannot import converters)
 _PART_RECORD = re.compile(r"^\.fastdata-part-\d{5,}-of-\d{5,}\.json$")
 _PART_JOURNAL = re.compile(r"^\.fastdata-journal-part-\d{5,}-of-\d{5,}$")
 # what a conversion writes besides its journal: shards (finished or partial), lock, temporary files, keys

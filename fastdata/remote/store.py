@@ -25,7 +25,7 @@ from .retry import NoSuchBucketError, RemoteError, RemoteNotFoundError, with_ret
 from .url import filesystem, join, root
 
 log = logging.getLogger("fastdata.remote")
-JOURNAL_NAME = ".fastdata-journal"  # what an interrupted conversion to a URL leaves (converters/remote.py)
+JOURNAL_NAME = ".fastdata-journal"  # what an interrupted conversion to a URL leaves (fastdata/write/remote_target.py)
 PART_PREFIXES = (".fastdata-part-", ".fastdata-journal-part-")  # what --part I/N leaves before merge-parts
 _CHUNK = 8 << 20
 _SWEEP_EVERY_S = 1.0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-import converters
+from fastdata import converters
 
 N = 40  # samples; with batch 4: 10 batches per epoch
 

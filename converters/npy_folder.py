@@ -19,7 +19,7 @@ from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.handles import PerProcessHandle
 
-from .npyfile import NpyHeader, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
+from .npy_parse import NpyHeader, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
 from .scan import FolderSource, check_labelled, find_and_label, label_field, refuse_bad
 
 DEFAULT_FIELD = "x"

@@ -6,7 +6,7 @@ each under its global name, and then a *part record* ``DST/.fastdata-part-IIIII-
 instead of a manifest. ``merge-parts`` checks that parts 0..N-1 are all there, agree on the
 conversion (options, source fingerprint, shard plan) and cover every shard exactly once with the
 files in place, then writes the manifest: byte for byte the one a one-machine conversion writes.
-DST may be a URL: each part uploads its shards and then its record (converters/remote.py), and
+DST may be a URL: each part uploads its shards and then its record (fastdata/write/remote_target.py), and
 ``merge-parts URL`` makes the same checks on the objects there, then uploads the manifest last.
 """
 
@@ -31,9 +31,9 @@ from fastdata.remote import RemoteOptions, is_url
 from fastdata.remote.retry import NoSuchBucketError, with_retries
 from fastdata.remote.url import join, root
 
-from .dst import PART_FILE, SKIPPED_NAME, part_lock_name, part_record_name, refuse_broken_url, write_skipped
-from .dstlock import DstLock, holder
-from .urlpublish import UrlSpec
+from .destination import PART_FILE, SKIPPED_NAME, part_lock_name, part_record_name, refuse_broken_url, write_skipped
+from .lock import DstLock, holder
+from .url_publish import UrlSpec
 
 RECORD_VERSION = 1
 _PART_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")

@@ -32,9 +32,9 @@ from fastdata.format.spec import (
 )
 from fastdata.handles import usable_cpus
 
-from .imageio import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, prepare, read_source
+from .image_codec import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, prepare, read_source
 from .scan import FolderSource, check_labelled, find_and_label, label_field, refuse_bad
-from .writer import Progress, _mp_context
+from fastdata.write.engine import Progress, _mp_context
 
 IMAGE_FIELD = "image"
 _SCAN_CHUNK = 32  # files per scan task

@@ -4,7 +4,7 @@ A shard task is a pure function of its :class:`~.shardwork.ShardTask` (same byte
 temporary name then publish), so Ray may retry it after a worker dies, or run it twice, without
 harm. A task that keeps failing ends the conversion naming the shard and the reason; shards that
 finished stay journaled for ``--resume``. Workers must see DST under the same path (a shared
-filesystem), or DST is a URL that every worker uploads its shards to (converters/urlpublish.py);
+filesystem), or DST is a URL that every worker uploads its shards to (fastdata/write/url_publish.py);
 the driver checks every shard it is told about (file or object, with its size), so a DST on one
 node's local disk is an error, never a dataset with missing shards. Ray is optional: ``pip install 'fastdata[ray]'``.
 """
@@ -21,7 +21,7 @@ from fastdata.errors import FastdataError, UsageError, WriteError
 from fastdata.format import ShardInfo
 
 from . import _fault
-from .shardwork import ShardTask, publisher_for, write_shard
+from .shard_task import ShardTask, publisher_for, write_shard
 
 log = logging.getLogger(__name__)
 RETRIES = 3  # Ray re-runs a shard task this many times after its worker dies or an I/O error

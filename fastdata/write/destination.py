@@ -20,10 +20,10 @@ from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
 
 from . import journal
-from .dstlock import LOCK_NAME, DstLock, holder
+from .lock import LOCK_NAME, DstLock, holder
 
 if TYPE_CHECKING:
-    from .urlpublish import UrlSpec
+    from .url_publish import UrlSpec
 
 SKIPPED_NAME = "skipped.json"
 # Names a conversion may leave in DST; --overwrite deletes only these.
@@ -38,7 +38,7 @@ OURS = re.compile(
 TEMPORARY = re.compile(
     r"^(\.manifest\..+\.tmp|\.keys\.bin\..+\.tmp|\.shard-\d{5,}\.(h5|lmdb)\.partial(-lock)?|shard-\d{5,}\.lmdb-lock|\.fastdata-journal\.tmp)$"
 )
-# The files of one part of a conversion split with --part I/N (see converters/parts.py).
+# The files of one part of a conversion split with --part I/N (see fastdata/write/parts.py).
 PART_FILE = re.compile(r"^\.fastdata-(?:journal-)?part-(\d{5,})-of-(\d{5,})(?:\.json|\.lock)?$")
 
 

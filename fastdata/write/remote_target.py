@@ -8,11 +8,11 @@ remote dataset without a manifest is never taken for finished.
 ``--resume`` continues from the remote journal (on any machine): shards it lists and that are
 present remotely with the right size are kept, the rest are written and uploaded again.
 
-With ``--engine ray`` the Ray workers upload the shards they write (converters/urlpublish.py);
+With ``--engine ray`` the Ray workers upload the shards they write (fastdata/write/url_publish.py);
 here the driver journals each one after checking it is there, and uploads the manifest last.
 ``--part I/N`` into a URL stages, journals (``.fastdata-journal-part-I-of-N``) and uploads like a
 whole conversion, and uploads its part record instead of the manifest (``merge-parts`` then
-writes the manifest, converters/parts.py).
+writes the manifest, fastdata/write/parts.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from fastdata.remote.store import JOURNAL_NAME
 from fastdata.remote.url import filesystem, join, root
 
 from . import _fault, journal
-from .dst import (
+from .destination import (
     OURS,
     SKIPPED_NAME,
     check_part_entries,
@@ -46,8 +46,8 @@ from .dst import (
     part_record_name,
     part_stem,
 )
-from .dstlock import holder
-from .urlpublish import UrlSpec, shard_number
+from .lock import holder
+from .url_publish import UrlSpec, shard_number
 
 log = logging.getLogger(__name__)
 _UPLOAD_THREADS = 4
@@ -93,7 +93,7 @@ class RemoteTarget:
         return UrlSpec.of(self.url, self.options) if self.workers_upload else None
 
     def check(self, overwrite: bool, resume: bool) -> None:
-        """Refuse what a local destination would refuse (see converters/dst.py), before any work."""
+        """Refuse what a local destination would refuse (see fastdata/write/destination.py), before any work."""
         if overwrite and resume:
             raise UsageError("--overwrite and --resume contradict each other: --resume continues, --overwrite starts over")
         names = self._names()

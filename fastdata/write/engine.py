@@ -42,8 +42,8 @@ from fastdata.format.spec import (
 from fastdata.handles import usable_cpus
 
 from . import _fault, journal
-from .dst import SKIPPED_NAME, Destination, remove_ours, remove_shards_except, remove_temporary, write_skipped
-from .shardwork import ShardTask, init_worker, write_error, write_shard
+from .destination import SKIPPED_NAME, Destination, remove_ours, remove_shards_except, remove_temporary, write_skipped
+from .shard_task import ShardTask, init_worker, write_error, write_shard
 
 DEFAULT_SHARD_SIZE = 256 << 20
 log = logging.getLogger(__name__)
@@ -268,7 +268,7 @@ def part_range(num_shards: int, index: int, count: int) -> range:
 
 def _engine(opts: WriteOptions, ntasks: int) -> ShardEngine:
     if opts.engine == "ray":
-        from .rayengine import RayEngine
+        from .ray_engine import RayEngine
 
         return RayEngine(address=opts.ray_address, workers=opts.workers)
     return LocalEngine(min(opts.workers or usable_cpus(), ntasks))
