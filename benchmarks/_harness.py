@@ -3,6 +3,8 @@ description, result files."""
 
 from __future__ import annotations
 
+import fastdata
+
 import contextlib
 import importlib
 import json

@@ -9,27 +9,26 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastdata.errors import DataError, FormatError, UsageError
-from fastdata.format import LABEL_FIELD, FieldSpec, make_field
-from fastdata.handles import PerProcessHandle
+from fastdata.errors import DataError, UsageError
+from fastdata.format import LABEL_FIELD, FieldSpec
 
-from .npy_parse import NpyHeader, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
-from .scan import FolderSource, check_labelled, find_and_label, label_field, refuse_bad
+from .image_codec import is_image_file
+from .npy_parse import NpyHeader, data_field, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
+from .registry import Request, register
+from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label, label_field, refuse_bad
+
+if TYPE_CHECKING:
+    from fastdata.write import Progress
+
+    from .config import ConvertConfig
 
 DEFAULT_FIELD = "x"
-
-
-def _field(name: str, dtype: Any, shape: tuple[int | None, ...], where: str) -> FieldSpec:
-    try:
-        return make_field(name, dtype, shape)
-    except FormatError as e:
-        raise DataError(f"{where}: {e}") from None
 
 
 def _signature(headers: dict[str, NpyHeader]) -> tuple:
@@ -113,7 +112,7 @@ class NpyFolderSource(FolderSource):
             h = first_headers[name]
             firsts = {g[1][name].shape[0] for g in good} if h.shape else {None}
             shape = (None, *h.shape[1:]) if len(firsts) > 1 else h.shape
-            fields.append(_field(name, h.dtype, shape, str(root / good[0][0])))
+            fields.append(data_field(name, h.dtype, shape, str(root / good[0][0])))
         if labels.by_path is not None:
             if any(f.name == LABEL_FIELD for f in fields):
                 raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass --no-labels")
@@ -159,70 +158,22 @@ class NpyFolderSource(FolderSource):
         return self.labelled(arrays, i)
 
 
-@dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
-class ArraysSource(PerProcessHandle[dict[str, np.ndarray]]):
-    """Large arrays with the sample axis first (``X.npy`` + ``y.npy`` or several named fields), memory-mapped
-    once per process (the maps are dropped when a part is pickled for a worker)."""
+class NpyFolderKind:
+    """A folder of per-sample ``.npy``/``.npz`` files (what a folder without images is)."""
 
-    paths: dict[str, str]
-    offset: int
-    count: int
-    fields: list[FieldSpec]
-    file_sizes: dict[str, int]
-    classes: list[str] | None = None
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    kind: str = "npy-arrays"
+    name = "npy-folder"
 
-    @classmethod
-    def scan(cls, paths: dict[str, Path]) -> "ArraysSource":
-        if not paths:
-            raise UsageError("no arrays given")
-        fields, sizes, n0, first = [], {}, None, None
-        for name, path in paths.items():
-            if not path.is_file():
-                raise UsageError(f"{path}: no such file")
-            if path.suffix.lower() != ".npy":
-                raise DataError(f"{path}: not a .npy file")
-            h, size = read_npy_header(str(path))
-            if not h.shape:
-                raise DataError(f"{path}: a 0-d array has no sample axis")
-            if n0 is None:
-                n0, first = h.shape[0], path
-            elif h.shape[0] != n0:
-                raise DataError(f"{path}: has {h.shape[0]} samples but {first} has {n0}")
-            fields.append(_field(name, h.dtype, h.shape[1:], str(path)))
-            sizes[name] = size
-        return cls(paths={k: str(v) for k, v in paths.items()}, offset=0, count=int(n0 or 0), fields=fields, file_sizes=sizes)
+    def detect(self, req: Request) -> bool:
+        return (req.meta is None and not req.arrays and req.src is not None and req.src.is_dir()
+                and not any(is_image_file(r) for r in req.files))
 
-    def __len__(self) -> int:
-        return self.count
+    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> NpyFolderSource:
+        assert req.src is not None
+        if config.images is not None:
+            raise UsageError(f"{req.src}: images options given, but the folder holds no images", params=("images",))
+        rels = drop_non_samples(req.src, req.files, lambda r: r.lower().endswith((".npy", ".npz")), config.strict)
+        return NpyFolderSource.scan(req.src, labels_file=req.labels, no_labels=config.no_labels,
+                                    skip_bad=config.skip_bad, rels=rels)
 
-    @property
-    def bytes_in(self) -> int:
-        return int(sum(self.file_sizes.values()))
 
-    def sample_nbytes(self) -> np.ndarray:
-        return np.full(self.count, sum(f.row_nbytes for f in self.fields), dtype=np.int64)
-
-    def ragged_rows(self, name: str) -> np.ndarray:  # arrays are never ragged
-        raise KeyError(name)
-
-    def sample_keys(self) -> None:
-        """Array rows are keyed by their index."""
-        return None
-
-    def part(self, start: int, stop: int) -> "ArraysSource":
-        return replace(self, offset=self.offset + start, count=stop - start)
-
-    def _open_handle(self) -> dict[str, np.ndarray]:
-        try:
-            return {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in self.paths.items()}
-        except (OSError, ValueError) as e:
-            raise DataError(f"cannot map source arrays: {e}") from None
-
-    def read(self, i: int) -> dict[str, np.ndarray]:
-        j = self.offset + i
-        return {k: np.array(m[j], order="C") for k, m in self.handle().items()}
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "arrays": {k: os.path.abspath(p) for k, p in self.paths.items()}}
+register(NpyFolderKind())

@@ -16,6 +16,7 @@ __all__ = [
     "FormatError",
     "IncompleteDatasetError",
     "LoaderWorkerError",
+    "NoSuchBucketError",
     "RemoteError",
     "RemoteNotFoundError",
     "UsageError",
@@ -30,10 +31,18 @@ class FastdataError(Exception):
     exit_code = 1
 
 
-class UsageError(FastdataError):
-    """The command was asked for something it cannot do (bad path, DST exists, ...)."""
+class UsageError(FastdataError, ValueError):
+    """The command was asked for something it cannot do (bad path, DST exists, ...).
+
+    A ``ValueError`` too, so ordinary ``except ValueError`` code catches bad arguments. ``params``
+    names the parameters the message mentions (as ``name`` or ``name=value``), so that the CLI
+    can say them as its flags (fastdata/cli_convert.py)."""
 
     exit_code = 2
+
+    def __init__(self, message: str = "", *, params: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.params = params
 
 
 class BackendUnavailableError(UsageError):
@@ -78,6 +87,12 @@ class RemoteError(FastdataError):
 
 class RemoteNotFoundError(RemoteError):
     """The object (or its bucket) does not exist."""
+
+
+class NoSuchBucketError(RemoteError):
+    """The URL's bucket (or container) does not exist: it must be created first. Not a
+    RemoteNotFoundError: code that treats a missing object as "nothing there yet" must not
+    treat a missing bucket so."""
 
 
 class CacheFullError(RemoteError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fastdata
+
 import numpy as np
 import pytest
 

@@ -18,29 +18,13 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
+from fastdata.format.files import JOURNAL_NAME, OURS, PART_FILE, SKIPPED_NAME, TEMPORARY
 
 from . import journal
 from .lock import LOCK_NAME, DstLock, holder
 
 if TYPE_CHECKING:
     from .url_publish import UrlSpec
-
-SKIPPED_NAME = "skipped.json"
-# Names a conversion may leave in DST; --overwrite deletes only these.
-_PART = r"part-\d{5,}-of-\d{5,}"
-OURS = re.compile(
-    r"^(manifest\.json|skipped\.json|keys\.bin|\.keys\.bin\..+\.tmp|\.manifest\..+\.tmp"
-    r"|\.?shard-\d{5,}\.(h5|lmdb)(\.partial)?(-lock)?"
-    rf"|\.fastdata-journal(-{_PART})?(\.tmp)?|\.fastdata\.lock|\.fastdata-{_PART}\.(json|lock)"
-    rf"|\.\.fastdata-{_PART}\.json\..+\.tmp)$"
-)
-# Temporary names: never part of a finished or resumable conversion.
-TEMPORARY = re.compile(
-    r"^(\.manifest\..+\.tmp|\.keys\.bin\..+\.tmp|\.shard-\d{5,}\.(h5|lmdb)\.partial(-lock)?|shard-\d{5,}\.lmdb-lock|\.fastdata-journal\.tmp)$"
-)
-# The files of one part of a conversion split with --part I/N (see fastdata/write/parts.py).
-PART_FILE = re.compile(r"^\.fastdata-(?:journal-)?part-(\d{5,})-of-(\d{5,})(?:\.json|\.lock)?$")
-
 
 def part_stem(index: int, count: int) -> str:
     return f"part-{index:05d}-of-{count:05d}"
@@ -52,7 +36,7 @@ def part_record_name(index: int, count: int) -> str:
 
 
 def part_journal_name(index: int, count: int) -> str:
-    return f"{journal.JOURNAL_NAME}-{part_stem(index, count)}"
+    return f"{JOURNAL_NAME}-{part_stem(index, count)}"
 
 
 def part_lock_name(index: int, count: int) -> str:
@@ -100,11 +84,11 @@ def _check_entries(dst: Path, overwrite: bool, resume: bool) -> list[str]:
     if resume:
         if MANIFEST_NAME in entries:
             raise UsageError(f"{dst}: already holds a finished dataset; nothing to resume (--overwrite converts again)")
-        if entries and journal.JOURNAL_NAME not in entries and not foreign:
-            raise UsageError(f"{dst}: no interrupted conversion to resume (no {journal.JOURNAL_NAME}); "
+        if entries and JOURNAL_NAME not in entries and not foreign:
+            raise UsageError(f"{dst}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
                              "convert again with --overwrite")
     elif entries and not overwrite:
-        if journal.JOURNAL_NAME in entries and MANIFEST_NAME not in entries:
+        if JOURNAL_NAME in entries and MANIFEST_NAME not in entries:
             raise UsageError(f"{dst}: holds an interrupted conversion; pass --resume to finish it, or --overwrite to start over")
         raise UsageError(f"{dst}: already exists; pass --overwrite to replace it")
     if foreign:
@@ -130,7 +114,7 @@ class Destination:
 
     @property
     def journal_name(self) -> str:
-        return journal.JOURNAL_NAME if self.part is None else part_journal_name(*self.part)
+        return JOURNAL_NAME if self.part is None else part_journal_name(*self.part)
 
     def release(self) -> None:
         if self.lock is not None:
@@ -166,7 +150,7 @@ def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: boo
     target = Destination(dst, created, resume=False, lock=lock)
     try:
         entries = _check_entries(dst, overwrite, resume)  # again: it may have changed before we held the lock
-        target.resume = resume and journal.JOURNAL_NAME in entries
+        target.resume = resume and JOURNAL_NAME in entries
         if overwrite:
             remove_ours(dst)  # the manifest first: an interrupted delete never leaves a dataset that looks complete
     except BaseException:

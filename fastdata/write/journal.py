@@ -25,10 +25,9 @@ from fastdata._version import __version__
 from fastdata.errors import UsageError
 from fastdata.fileio import finish_file, fsync_dir
 from fastdata.format import ShardInfo
-from fastdata.format.absent import JOURNAL
+from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.spec import parse_checksum
 
-JOURNAL_NAME = JOURNAL  # one name, known to the format layer too (its errors say when to --resume)
 JOURNAL_VERSION = 1
 MAX_JOURNAL_BYTES = 1 << 30
 _OPTION_FLAGS = {"backend": "--format", "shard_size": "--shard-size", "compression": "--compression"}

@@ -19,8 +19,8 @@ import socket
 from pathlib import Path
 
 from fastdata.errors import DestinationBusyError, WriteError
+from fastdata.format.files import LOCK_NAME
 
-LOCK_NAME = ".fastdata.lock"
 log = logging.getLogger(__name__)
 
 

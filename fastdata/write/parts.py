@@ -28,7 +28,7 @@ from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
 from fastdata.format.manifest import parse_manifest, write_manifest
 from fastdata.format.spec import KEYS_FILE, KEYS_KIND_FILE
 from fastdata.remote import RemoteOptions, is_url
-from fastdata.remote.retry import NoSuchBucketError, with_retries
+from fastdata.remote.retry import with_retries
 from fastdata.remote.url import join, root
 
 from .destination import PART_FILE, SKIPPED_NAME, part_lock_name, part_record_name, refuse_broken_url, write_skipped
@@ -141,8 +141,6 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
 
     try:
         listing = call(lambda: fs.ls(url, detail=True, refresh=True), url)
-    except NoSuchBucketError:
-        raise  # not "no part records": the bucket itself is missing
     except RemoteNotFoundError:
         listing = []
     sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in listing

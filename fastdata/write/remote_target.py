@@ -30,10 +30,10 @@ from typing import Any
 
 from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
+from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
-from fastdata.remote.retry import NoSuchBucketError, RemoteError, RemoteNotFoundError, describe, with_retries
-from fastdata.remote.store import JOURNAL_NAME
+from fastdata.remote.retry import RemoteError, RemoteNotFoundError, describe, with_retries
 from fastdata.remote.url import filesystem, join, root
 
 from . import _fault, journal
@@ -81,8 +81,6 @@ class RemoteTarget:
     def _names(self) -> list[str]:
         try:
             entries = self._call(lambda: self.fs.ls(self.url, detail=False, refresh=True), self.url)
-        except NoSuchBucketError:
-            raise  # before any work: the bucket must be created first
         except RemoteNotFoundError:
             return []
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
