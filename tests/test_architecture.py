@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fastdata", "converters")
+IMPORT_NAMES = {"fastdata": "fastdata", "converters": "fastdata.converters"}  # pyproject's package-dir
 
 # lowest first: spec -> file utilities -> format backends -> remote shards -> dataset -> sampling/world -> augment
 # -> loaders -> train -> tools. A prefix ending in "." covers a whole package.
@@ -25,11 +26,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastdata.fileio", "fastdata.handles", "fastdata.batching"),
     ("fastdata.format.",),
     ("fastdata.remote.",),  # where shard files come from when a dataset is a URL: fsspec + the local cache
-    ("fastdata.decode", "fastdata.dataset", "fastdata.readahead", "converters."),
+    ("fastdata.decode", "fastdata.dataset", "fastdata.readahead"),
     ("fastdata.world", "fastdata.sampling", "fastdata.samplers", "fastdata.tuned"),
     ("fastdata.targets", "fastdata.augment", "fastdata._compat", "fastdata.seqaug", "fastdata.mixing", "fastdata.views"),
     ("fastdata.loaders.",),
     ("fastdata.train",),
+    # the write side, a peer of the read side (nothing that reads imports it): engine, then sources, then the API
+    ("fastdata.write.",),
+    ("fastdata.converters.",),
+    ("fastdata.conversion", "fastdata.cli_convert", "fastdata.cli_common"),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",
      "fastdata.cli_bench", "fastdata.cli_cold", "fastdata.demo", "fastdata.examples", "fastdata.doctor."),
 ]
@@ -42,7 +47,7 @@ def _modules() -> dict[str, Path]:
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            mods[".".join(parts)] = path
+            mods[".".join([IMPORT_NAMES[parts[0]], *parts[1:]])] = path
     return mods
 
 

@@ -437,7 +437,7 @@ def test_parquet_without_pyarrow_and_bad_meta_type(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(UsageError, match=r"m.parquet: Parquet tables need pyarrow: pip install 'fastdata\[parquet\]'"):
         fastdata.convert(src, tmp_path / "a", meta=src / "m.parquet")
-    with pytest.raises(UsageError, match="--meta-type names 'nope', which is not a column"):
+    with pytest.raises(UsageError, match="meta_types names 'nope', which is not a column"):
         fastdata.convert(src, tmp_path / "b", fastdata.ConvertConfig(meta_types={"nope": fastdata.converters.ColumnType("float32")}), meta=src / "meta.csv")
     with pytest.raises(UsageError, match="expected NAME=DTYPE"):
         fastdata.converters.parse_meta_type("kp=double:3")

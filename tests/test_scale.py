@@ -133,7 +133,7 @@ def test_url_shard_tasks_need_their_upload_settings(tmp_path, monkeypatch):
         publisher_for("s3://bucket/ds", UrlSpec("s3://bucket/other"))
     assert publisher_for("s3://bucket/ds/", UrlSpec("s3://bucket/ds")).where("shard-00000.h5") == \
         "s3://bucket/ds/shard-00000.h5"
-    with pytest.raises(UsageError, match="remote= options apply to URL destinations only"):
+    with pytest.raises(UsageError, match="remote options apply to URL destinations only"):
         fastdata.write.merge_parts(tmp_path, remote=fastdata.RemoteOptions())
     assert not (tmp_path / "s3:").exists() and not Path("s3:").exists()
 

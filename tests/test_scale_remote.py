@@ -206,7 +206,7 @@ def test_merge_parts_on_s3_refuses_missing_duplicated_and_damaged_parts(s3, tmp_
     assert (report.parts, report.shards, report.samples) == (3, 4, 30)
     with pytest.raises(UsageError, match="already holds a finished dataset"):
         fastdata.write.merge_parts(url, remote=ro)
-    with pytest.raises(UsageError, match="remote= options apply to URL destinations only"):
+    with pytest.raises(UsageError, match="remote options apply to URL destinations only"):
         fastdata.write.merge_parts(tmp_path, remote=ro)
 
 
