@@ -105,14 +105,13 @@ class ArraysKind:
 
     def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> ArraysSource:
         if config.images is not None:
-            raise UsageError("images options apply to image folders, not to .npy arrays", params=("images",))
+            raise UsageError("image options (%(images)) apply to image folders, not to .npy arrays")
         named = dict(req.arrays)
         if req.labels is not None:
             if req.labels.suffix.lower() != ".npy":
-                raise UsageError(f"{req.labels}: with array sources, labels must be a .npy array", params=("labels",))
+                raise UsageError(f"{req.labels}: with array sources, %(labels) must be a .npy array")
             if "label" in named:
-                raise UsageError("labels and arrays both name the labels (arrays has a 'label' field)",
-                                 params=("labels", "arrays"))
+                raise UsageError("%(labels) and %(arrays) both name the labels (a field 'label')")
             named["label"] = req.labels
         return ArraysSource.scan(named)
 

@@ -41,18 +41,16 @@ class ConvertConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.write, WriteOptions):
-            raise UsageError(f"write must be a WriteOptions, not {type(self.write).__name__}", params=("write",))
+            raise UsageError(f"%(write) must be a WriteOptions, not {type(self.write).__name__}")
         if self.images is not None and not isinstance(self.images, ImageOptions):
-            raise UsageError(f"images must be an ImageOptions or None, not {type(self.images).__name__}",
-                             params=("images",))
+            raise UsageError(f"%(images) must be an ImageOptions or None, not {type(self.images).__name__}")
         bad = [k for k, v in self.meta_types.items() if not isinstance(k, str) or not isinstance(v, ColumnType)]
         if bad:
-            raise UsageError(f"meta_types maps column names to ColumnType values; {bad[0]!r} does not",
-                             params=("meta_types",))
+            raise UsageError(f"%(meta_types) maps column names to ColumnType values; {bad[0]!r} does not")
         part = self.part
         if part is not None and not (isinstance(part, tuple) and len(part) == 2
                                      and all(isinstance(v, int) for v in part) and 0 <= part[0] < part[1]):
-            raise UsageError(f"part={part!r}: expected (I, N) with 0 <= I < N", params=("part",))
+            raise UsageError(f"%(part)={part!r}: expected (I, N) with 0 <= I < N")
         if self.remote is not None and not isinstance(self.remote, RemoteOptions):
-            raise UsageError(f"remote must be a RemoteOptions, not {type(self.remote).__name__}", params=("remote",))
+            raise UsageError(f"%(remote) must be a RemoteOptions, not {type(self.remote).__name__}")
         object.__setattr__(self, "meta_types", dict(self.meta_types))  # a copy the caller cannot change

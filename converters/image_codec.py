@@ -55,23 +55,23 @@ class ImageOptions:
 
     def __post_init__(self) -> None:
         if self.images not in ("encoded", "raw", "jpeg"):
-            raise UsageError(f"images must be encoded, raw or jpeg, not {self.images!r}", params=("images",))
+            raise UsageError(f"%(images) must be encoded, raw or jpeg, not {self.images!r}")
         if self.mode not in CHANNELS:
-            raise UsageError(f"mode must be RGB or L, not {self.mode!r}", params=("mode",))
+            raise UsageError(f"%(mode) must be RGB or L, not {self.mode!r}")
         if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
-            raise UsageError(f"size needs two positive integers H W, not {self.size!r}", params=("size",))
+            raise UsageError(f"%(size) needs two positive integers H W, not {self.size!r}")
         if self.max_side is not None and self.max_side < 1:
-            raise UsageError("max_side must be a positive integer", params=("max_side",))
+            raise UsageError("%(max_side) must be a positive integer")
         if self.size is not None and self.max_side is not None:
-            raise UsageError("size and max_side contradict each other; give one", params=("size", "max_side"))
+            raise UsageError("%(size) and %(max_side) contradict each other; give one")
         if self.images == "encoded" and (self.size is not None or self.max_side is not None):
-            raise UsageError("images=encoded keeps the original files; size and max_side need images=raw or images=jpeg",
-                             params=("images", "size", "max_side"))
+            raise UsageError("%(images)=encoded keeps the original files; %(size) and %(max_side) need %(images)=raw or "
+                             "%(images)=jpeg")
         if self.quality is not None:
             if self.images == "raw":
-                raise UsageError("quality applies to images=jpeg or images=encoded, not raw", params=("quality", "images"))
+                raise UsageError("%(quality) applies to %(images)=jpeg or %(images)=encoded, not raw")
             if not 1 <= self.quality <= 100:
-                raise UsageError(f"quality must be between 1 and 100, not {self.quality}", params=("quality",))
+                raise UsageError(f"%(quality) must be between 1 and 100, not {self.quality}")
 
     @property
     def channels(self) -> int:

@@ -42,6 +42,30 @@ def _describe(sig: tuple) -> str:
     return "; ".join(parts)
 
 
+def _headers(root: Path, rels: list[str], main: str, bad: dict[str, str]) -> list[tuple[str, dict[str, NpyHeader], int]]:
+    """Each good file's headers (one per array) and size; the others go to ``bad`` with the reason."""
+    good: list[tuple[str, dict[str, NpyHeader], int]] = []
+    for rel in rels:
+        path = str(root / rel)
+        ext = Path(rel).suffix.lower()
+        if ext not in (".npy", ".npz"):
+            bad[rel] = f"{path}: not a .npy or .npz file"
+            continue
+        if ext != main:
+            bad[rel] = f"{path}: is {ext} but the folder holds {main} files"
+            continue
+        try:
+            if main == ".npy":
+                h, size = read_npy_header(path)
+                good.append((rel, {DEFAULT_FIELD: h}, size))
+            else:
+                hs, size = read_npz_headers(path)
+                good.append((rel, hs, size))
+        except DataError as e:
+            bad[rel] = str(e)
+    return good
+
+
 @dataclass
 class NpyFolderSource(FolderSource):
     """Per-sample ``.npy`` (one field ``x``) or ``.npz`` (one field per array) files under a folder."""
@@ -69,25 +93,7 @@ class NpyFolderSource(FolderSource):
         bad: dict[str, str] = {}
         suffix = Counter(Path(r).suffix.lower() for r in rels)
         main = ".npz" if suffix[".npz"] > suffix[".npy"] else ".npy"
-        good: list[tuple[str, dict[str, NpyHeader], int]] = []
-        for rel in rels:
-            path = str(root / rel)
-            ext = Path(rel).suffix.lower()
-            if ext not in (".npy", ".npz"):
-                bad[rel] = f"{path}: not a .npy or .npz file"
-                continue
-            if ext != main:
-                bad[rel] = f"{path}: is {ext} but the folder holds {main} files"
-                continue
-            try:
-                if main == ".npy":
-                    h, size = read_npy_header(path)
-                    good.append((rel, {DEFAULT_FIELD: h}, size))
-                else:
-                    hs, size = read_npz_headers(path)
-                    good.append((rel, hs, size))
-            except DataError as e:
-                bad[rel] = str(e)
+        good = _headers(root, rels, main, bad)
         check_labelled(root, rels, labels, labels_file, bad)
         good = [g for g in good if g[0] not in bad]
         if good:
@@ -170,7 +176,7 @@ class NpyFolderKind:
     def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> NpyFolderSource:
         assert req.src is not None
         if config.images is not None:
-            raise UsageError(f"{req.src}: images options given, but the folder holds no images", params=("images",))
+            raise UsageError(f"{req.src}: image options (%(images)) given, but the folder holds no images")
         rels = drop_non_samples(req.src, req.files, lambda r: r.lower().endswith((".npy", ".npz")), config.strict)
         return NpyFolderSource.scan(req.src, labels_file=req.labels, no_labels=config.no_labels,
                                     skip_bad=config.skip_bad, rels=rels)

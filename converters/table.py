@@ -196,8 +196,8 @@ def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: d
     """Parse every column but ``path``; returns the columns and the rows not bad so far."""
     unknown = sorted(set(types) - set(table.columns))
     if unknown:
-        raise UsageError(f"meta_types names {unknown[0]!r}, which is not a column of {table.path} "
-                         f"(columns: {', '.join(table.columns)})", params=("meta_types",))
+        raise UsageError(f"%(meta_types) names {unknown[0]!r}, which is not a column of {table.path} "
+                         f"(columns: {', '.join(table.columns)})")
     cols: dict[str, Column] = {}
     for name, raw in table.columns.items():
         if name == PATH_COLUMN:
@@ -339,8 +339,7 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
                                            workers=workers, progress=progress, rels=rels)
     else:
         if images is not None:
-            raise UsageError(f"{table_path}: images options given, but the path column names no images",
-                             params=("images",))
+            raise UsageError(f"{table_path}: image options (%(images)) given, but the path column names no images")
         main = NpyFolderSource.scan(root, no_labels=not folders, skip_bad=skip_bad, rels=rels)
     row_of = {paths[i]: i for i in rows}
     kept = [row_of[r] for r in main.rels]

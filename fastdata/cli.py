@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _said(e: FastdataError) -> str:
     """The error as the CLI says it: a usage error names the flags, not the library's parameters."""
-    if isinstance(e, UsageError) and e.params:
+    if isinstance(e, UsageError):
         from .cli_convert import flag_message
 
         return flag_message(e)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from typing import Any
 
@@ -18,24 +17,18 @@ __all__ = ["add_parsers", "flag_message"]
 # The flag that sets each parameter whose name differs from the flag's (others: --name-with-dashes).
 _FLAGS = {"backend": "--format", "meta_types": "--meta-type", "arrays": "--data/--field", "src": "SRC",
           "dst": "DST", "key_prefixes": "--key-prefix"}
-_BARE = {"images": "image options (--images, --size, ...)", "meta": "--meta TABLE"}  # name=, with no value
+_BARE = {"images": "--images, --size, ..."}  # a group of flags, where no value follows
 
 
 def flag_message(e: UsageError) -> str:
     """``e``'s message with the parameters it names said as flags: ``shard_size`` -> ``--shard-size``,
-    ``engine=ray`` -> ``--engine ray``, ``images=`` -> ``image options (--images, --size, ...)``."""
-    msg = str(e)
-    for p in e.params:
-        flag = _FLAGS.get(p, "--" + p.replace("_", "-"))
+    ``engine=ray`` -> ``--engine ray``, ``images`` -> ``--images, --size, ...``."""
 
-        def say(m: re.Match[str], p: str = p, flag: str = flag) -> str:
-            if not m.group(1):
-                return flag
-            nxt = m.string[m.end():m.end() + 1]
-            return flag + " " if nxt and not nxt.isspace() and nxt not in ")," else _BARE.get(p, flag)
+    def say(name: str, valued: bool) -> str:
+        flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+        return flag + " " if valued else _BARE.get(name, flag)
 
-        msg = re.sub(rf"(?<![\w\-\[./'\"]){re.escape(p)}(?![\w\-/])(=?)", say, msg)
-    return msg
+    return e.said(say)
 
 
 def add_parsers(sub: Any) -> None:
@@ -88,7 +81,7 @@ def _add_convert(sub: Any) -> argparse.ArgumentParser:
                    help="force a table column's type, e.g. keypoints=float32:17,3, boxes=float32:n,4 or "
                         "subject=str (repeatable)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
-    return c  # type: ignore[no-any-return]
+    return c
 
 
 def _add_convert_groups(c: argparse.ArgumentParser) -> None:

@@ -47,7 +47,7 @@ def convert(src: PathLike | None, dst: PathLike, config: ConvertConfig | None = 
     t0 = time.perf_counter()
     config = config if config is not None else ConvertConfig()
     if not isinstance(config, ConvertConfig):
-        raise UsageError(f"config must be a ConvertConfig, not {type(config).__name__}", params=("config",))
+        raise UsageError(f"%(config) must be a ConvertConfig, not {type(config).__name__}")
     url = dst if isinstance(dst, str) and is_url(dst) else None
     if url is None:
         refuse_broken_url(dst)
@@ -58,7 +58,7 @@ def convert(src: PathLike | None, dst: PathLike, config: ConvertConfig | None = 
     from .write.remote_target import check_not_urls
 
     check_not_urls([src, labels, meta, *(arrays or {}).values()])
-    upload = _remote_target(url, config)
+    upload = _remote_target(dst, url, config)
     req = _request(src, labels, arrays, meta, config)
     target = upload.staging if upload is not None else Path(dst)
     if upload is None:
@@ -69,12 +69,11 @@ def convert(src: PathLike | None, dst: PathLike, config: ConvertConfig | None = 
     return report
 
 
-def _remote_target(url: str | None, config: ConvertConfig) -> RemoteTarget | None:
+def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> RemoteTarget | None:
     """The URL destination, checked before anything is scanned (a refusal costs nothing)."""
     if url is None:
         if config.remote is not None:
-            raise UsageError("remote options apply to URL destinations only, and this is a local path",
-                             params=("remote",))
+            raise UsageError(f"{dst}: %(remote) options apply to URL destinations only, and this is a local path")
         return None
     from .write.remote_target import RemoteTarget
 
@@ -88,7 +87,7 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
     """The inputs as a :class:`Request`, their combination checked (each kind checks its own options)."""
     label_path = Path(labels) if labels is not None else None
     if label_path is not None and config.no_labels:
-        raise UsageError("labels and no_labels contradict each other", params=("labels", "no_labels"))
+        raise UsageError("%(labels) and %(no_labels) contradict each other")
     if label_path is not None and not label_path.is_file():
         raise UsageError(f"{label_path}: labels file not found")
     named = {k: Path(v) for k, v in (arrays or {}).items()}
@@ -97,11 +96,10 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
     if meta is not None or table_src:
         return _table_request(src_path, Path(meta) if meta is not None else None, table_src, named, label_path)
     if config.meta_types:
-        raise UsageError("meta_types applies to a metadata table (meta=TABLE, or a table as src)",
-                         params=("meta_types", "meta", "src"))
+        raise UsageError("%(meta_types) applies to a metadata table (%(meta)=TABLE, or a table as %(src))")
     if src_path is None:
         if not named:
-            raise UsageError("nothing to convert: give src, or arrays", params=("src", "arrays"))
+            raise UsageError("nothing to convert: give %(src), or %(arrays)")
         return Request(None, named, label_path)
     if not os.path.exists(src_path):
         raise UsageError(f"{src_path}: no such file or folder")
@@ -110,11 +108,10 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
             raise UsageError(f"{src_path}: a single-file source must be a .npy array or a table "
                              "(.csv, .tsv, .jsonl, .parquet), or give a folder")
         if DEFAULT_FIELD in named:
-            raise UsageError(f"{src_path}: given both as src and as field {DEFAULT_FIELD!r} of arrays",
-                             params=("src", "arrays"))
+            raise UsageError(f"{src_path}: given both as %(src) and as field {DEFAULT_FIELD!r} of %(arrays)")
         return Request(None, {DEFAULT_FIELD: src_path, **named}, label_path)
     if named:
-        raise UsageError("give either a source folder or arrays, not both", params=("arrays",))
+        raise UsageError("give either a source folder or %(arrays), not both")
     return Request(src_path, {}, label_path)
 
 
@@ -124,17 +121,16 @@ def _table_request(src: Path | None, meta: Path | None, table_src: bool, named: 
     if table_src:
         assert src is not None
         if meta is not None:
-            raise UsageError(f"{src}: a table given as src is the metadata itself; drop meta", params=("src", "meta"))
+            raise UsageError(f"{src}: a table given as %(src) is the metadata itself; drop %(meta)")
         meta, root = src, src.parent
     else:
         assert meta is not None
         if named or src is None:
-            raise UsageError("meta=TABLE needs a source folder src (the table's paths are relative to it)",
-                             params=("meta", "src"))
+            raise UsageError("%(meta)=TABLE needs a source folder %(src) (the table's paths are relative to it)")
         root = src
     if labels is not None:
-        raise UsageError("labels does not apply with a metadata table: its columns are the fields (add a "
-                         "'label' column for the labels)", params=("labels",))
+        raise UsageError("%(labels) does not apply with a metadata table: its columns are the fields (add a "
+                         "'label' column for the labels)")
     if not meta.is_file():
         raise UsageError(f"{meta}: table not found")
     if not root.is_dir():

@@ -68,10 +68,9 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
     """Run the demo and return its report (what ``fastdata demo`` prints)."""
     from .conversion import convert
     from .converters import ConvertConfig
-    from .write import WriteOptions
-
     from .dataset import open as open_dataset
     from .examples import write_npy_folder
+    from .write import WriteOptions
 
     own = workdir is None
     root = Path(tempfile.mkdtemp(prefix="fastdata-demo-")) if workdir is None else Path(workdir)

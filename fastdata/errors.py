@@ -6,6 +6,9 @@ to exit code 1, and prints the message without a traceback (``--debug`` shows it
 
 from __future__ import annotations
 
+import re
+from typing import Callable
+
 __all__ = [
     "BackendUnavailableError",
     "CacheFullError",
@@ -25,6 +28,10 @@ __all__ = [
 ]
 
 
+_PARAM = re.compile(r"%\((\w+)\)")  # a parameter named in a UsageError's message
+_PARAM_VALUE = re.compile(r"%\((\w+)\)(=)?")
+
+
 class FastdataError(Exception):
     """Base of every error fastdata raises on purpose."""
 
@@ -34,15 +41,19 @@ class FastdataError(Exception):
 class UsageError(FastdataError, ValueError):
     """The command was asked for something it cannot do (bad path, DST exists, ...).
 
-    A ``ValueError`` too, so ordinary ``except ValueError`` code catches bad arguments. ``params``
-    names the parameters the message mentions (as ``name`` or ``name=value``), so that the CLI
-    can say them as its flags (fastdata/cli_convert.py)."""
+    A ``ValueError`` too, so ordinary ``except ValueError`` code catches bad arguments. A parameter
+    the message names is written ``%(name)`` in it: ``str()`` says it as the parameter (``name``), and
+    the CLI as the flag that sets it (:meth:`said`, fastdata/cli_convert.py)."""
 
     exit_code = 2
 
-    def __init__(self, message: str = "", *, params: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.params = params
+    def __init__(self, message: str = "") -> None:
+        super().__init__(_PARAM.sub(r"\1", message))
+        self.template = message
+
+    def said(self, say: Callable[[str, bool], str]) -> str:
+        """The message with each parameter said as ``say(name, a value follows)`` (``%(engine)=ray``)."""
+        return _PARAM_VALUE.sub(lambda m: say(m.group(1), bool(m.group(2))), self.template)
 
 
 class BackendUnavailableError(UsageError):

@@ -67,6 +67,7 @@ def _images(root: Path) -> None:
 def test_conversion_leaves_a_read_only_source_untouched(tmp_path, no_writes_under, kind, backend):
     src = tmp_path / "src"
     kwargs: dict = {}
+    images = None
     if kind == "npy-folder":
         make_class_folder(src)
         arg = src

@@ -21,6 +21,16 @@ __all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "ConvertReport", "Engine", "Progress
 
 
 class Source(Protocol):
+    """What the engine writes: a scanned, checked input of ``len()`` samples (fastdata/converters makes them).
+
+    ``fields`` (the manifest's schema), ``classes`` (label names, or None) and ``skipped`` ((name, reason)
+    of each bad sample left out) are known after the scan. ``part(start, stop)`` is a small picklable slice
+    that a worker process (or Ray task) reads with ``read(i)`` -> {field: array}; it opens its files
+    itself, lazily, never from a handle of the parent. ``sample_nbytes()`` plans the shards;
+    ``ragged_rows(name)`` is the rows per sample of a ragged field; ``describe()`` goes into the manifest
+    and the journal (what --resume compares); ``sample_keys()`` names the samples (None: their index).
+    """
+
     kind: str
     fields: list[FieldSpec]
     classes: list[str] | None
@@ -28,7 +38,7 @@ class Source(Protocol):
 
     def __len__(self) -> int: ...
     @property
-    def bytes_in(self) -> int: ...
+    def bytes_in(self) -> int: ...  # the bytes read from the source files (the summary's "in")
     def sample_nbytes(self) -> np.ndarray: ...
     def ragged_rows(self, name: str) -> np.ndarray: ...
     def part(self, start: int, stop: int) -> "Source": ...
@@ -70,14 +80,13 @@ class WriteOptions:
         if blosc_codec.parse(self.compression) is not None:
             blosc_codec.require()  # the packages are missing: say so before anything is written
         if self.shard_size <= 0:
-            raise UsageError("shard_size must be positive", params=("shard_size",))
+            raise UsageError("%(shard_size) must be positive")
         if self.workers is not None and self.workers < 1:
-            raise UsageError("workers must be at least 1", params=("workers",))
+            raise UsageError("%(workers) must be at least 1")
         if self.engine not in ENGINES:
-            raise UsageError(f"engine={self.engine!r} is not an engine (expected one of {', '.join(ENGINES)})",
-                             params=("engine",))
+            raise UsageError(f"%(engine)={self.engine!r} is not an engine (expected one of {', '.join(ENGINES)})")
         if self.ray_address is not None and self.engine != "ray":
-            raise UsageError("ray_address applies to engine=ray only", params=("ray_address", "engine"))
+            raise UsageError("%(ray_address) applies to %(engine)=ray only")
 
     def identity(self) -> dict[str, Any]:
         """The options that decide the output bytes (``workers`` and ``engine`` do not), for the journal."""

@@ -90,7 +90,7 @@ def merge_parts(dst: str | os.PathLike[str], remote: RemoteOptions | None = None
     if isinstance(dst, str) and is_url(dst):  # checked before Path(), which would collapse "s3://b" into "s3:/b"
         return _merge_url(root(dst), remote or RemoteOptions(), t0)
     if remote is not None:
-        raise UsageError(f"{dst}: remote= options apply to URL destinations only, and this is a local path")
+        raise UsageError(f"{dst}: %(remote) options apply to URL destinations only, and this is a local path")
     if "://" in str(dst):
         raise UsageError(f"{dst}: not a local folder (a URL must be given as a string)")
     refuse_broken_url(dst)
