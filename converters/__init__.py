@@ -15,5 +15,5 @@ from .image_codec import ImageOptions
 from .registry import SOURCES, Request, SourceKind, detect, register
 from .table_types import ColumnType, parse_meta_type
 
-__all__ = ["SOURCES", "ColumnType", "ConvertConfig", "ImageOptions", "Request", "SourceKind", "detect",
+__all__ = ["ColumnType", "ConvertConfig", "ImageOptions", "Request", "SOURCES", "SourceKind", "detect",
            "parse_meta_type", "register"]

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
     from .config import ConvertConfig
 
+__all__ = ["ArraysKind", "ArraysSource"]
+
 
 @dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
 class ArraysSource(PerProcessHandle[dict[str, np.ndarray]]):

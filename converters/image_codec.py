@@ -24,6 +24,10 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
+__all__ = ["DEFAULT_QUALITY", "IMAGE_EXTENSIONS", "ImageOptions", "OPEN_FORMATS", "PNG_COMPRESS_LEVEL", "Prepared",
+           "RESAMPLE", "check_pil_settings", "encode", "is_image_file", "prepare", "read_source", "resize",
+           "to_mode"]
+
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = IMAGE_SUFFIXES

@@ -41,6 +41,8 @@ from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label
 if TYPE_CHECKING:
     from .config import ConvertConfig
 
+__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "fixed_shape", "image_fields"]
+
 IMAGE_FIELD = "image"
 _SCAN_CHUNK = 32  # files per scan task
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
     from .config import ConvertConfig
 
+__all__ = ["DEFAULT_FIELD", "NpyFolderKind", "NpyFolderSource"]
+
 DEFAULT_FIELD = "x"
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from .config import ConvertConfig
 
-__all__ = ["SOURCES", "Request", "SourceKind", "detect", "register"]
+__all__ = ["Request", "SOURCES", "SourceKind", "detect", "register"]
 
 
 @dataclass(frozen=True)

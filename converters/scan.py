@@ -20,6 +20,9 @@ import numpy as np
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD
 
+__all__ = ["FolderSource", "LABEL_DTYPE", "Labels", "check_labelled", "drop_non_samples", "file_labels",
+           "find_and_label", "folder_labels", "label_field", "refuse_bad", "walk_files"]
+
 LABEL_DTYPE = np.dtype("<i8")
 log = logging.getLogger("fastdata.convert")
 

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
     from .config import ConvertConfig
 
+__all__ = ["FileColumn", "TableColumns", "TableKind", "TableSource", "finish_columns", "scan_file_column",
+           "scan_table", "table_columns"]
+
 # --- file columns ----------------------------------------------------------------------------
 
 

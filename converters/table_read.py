@@ -13,6 +13,8 @@ from typing import Any
 from fastdata.errors import DataError, UsageError
 from fastdata.format.files import TABLE_SUFFIXES
 
+__all__ = ["PATH_COLUMN", "Table", "is_table", "read_table"]
+
 PATH_COLUMN = "path"
 
 

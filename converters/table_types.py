@@ -20,6 +20,8 @@ from fastdata.errors import UsageError
 from .image_codec import IMAGE_EXTENSIONS
 from .table_read import _MISSING, Table
 
+__all__ = ["Column", "ColumnType", "FLOAT_DTYPE", "INT_DTYPE", "parse_column", "parse_meta_type", "safe_rel"]
+
 _FILE_SUFFIXES = tuple(IMAGE_EXTENSIONS) + (".npy",)
 _DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
            "float64", "bool"}

@@ -9,5 +9,5 @@ from .merge import MergeReport, merge
 from .options import DEFAULT_SHARD_SIZE, ConvertReport, Progress, Source, WriteOptions
 from .parts import MergePartsReport, merge_parts, parse_part
 
-__all__ = ["DEFAULT_SHARD_SIZE", "ConvertReport", "MergePartsReport", "MergeReport", "Progress", "Source",
+__all__ = ["ConvertReport", "DEFAULT_SHARD_SIZE", "MergePartsReport", "MergeReport", "Progress", "Source",
            "WriteOptions", "merge", "merge_parts", "parse_part", "plan_shards", "write_dataset"]

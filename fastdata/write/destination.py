@@ -18,13 +18,17 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
-from fastdata.format.files import JOURNAL_NAME, OURS, PART_FILE, SKIPPED_NAME, TEMPORARY
+from fastdata.format.files import JOURNAL_NAME, LOCK_NAME, OURS, PART_FILE, SKIPPED_NAME, TEMPORARY
 
 from . import journal
-from .lock import LOCK_NAME, DstLock, holder
+from .lock import DstLock, holder
 
 if TYPE_CHECKING:
     from .url_publish import UrlSpec
+
+__all__ = ["Destination", "SHARD", "check_dst", "check_part_entries", "part_journal_name", "part_lock_name",
+           "part_record_name", "part_stem", "prepare_dst", "prepare_part_dst", "refuse_broken_url", "remove_ours",
+           "remove_shards_except", "remove_temporary", "write_skipped"]
 
 def part_stem(index: int, count: int) -> str:
     return f"part-{index:05d}-of-{count:05d}"

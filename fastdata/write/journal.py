@@ -28,6 +28,9 @@ from fastdata.format import ShardInfo
 from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.spec import parse_checksum
 
+__all__ = ["JOURNAL_VERSION", "MAX_JOURNAL_BYTES", "append", "check_same", "fingerprint", "header", "load", "remove",
+           "start"]
+
 JOURNAL_VERSION = 1
 MAX_JOURNAL_BYTES = 1 << 30
 _OPTION_FLAGS = {"backend": "--format", "shard_size": "--shard-size", "compression": "--compression"}

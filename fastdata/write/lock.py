@@ -21,6 +21,8 @@ from pathlib import Path
 from fastdata.errors import DestinationBusyError, WriteError
 from fastdata.format.files import LOCK_NAME
 
+__all__ = ["DstLock", "holder"]
+
 log = logging.getLogger(__name__)
 
 

@@ -17,7 +17,7 @@ from fastdata.format.files import SKIPPED_NAME
 from fastdata.format.spec import LABEL_FIELD
 
 DEFAULT_SHARD_SIZE = 256 << 20
-__all__ = ["DEFAULT_SHARD_SIZE", "ENGINES", "ConvertReport", "Engine", "Progress", "Source", "WriteOptions"]
+__all__ = ["ConvertReport", "DEFAULT_SHARD_SIZE", "ENGINES", "Engine", "Progress", "Source", "WriteOptions"]
 
 
 class Source(Protocol):

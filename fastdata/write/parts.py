@@ -25,13 +25,14 @@ from typing import Any, Callable
 from fastdata.errors import DataError, DestinationBusyError, RemoteError, RemoteNotFoundError, UsageError
 from fastdata.fileio import file_checksum, fsync_dir, write_atomic
 from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
+from fastdata.format.files import PART_FILE, SKIPPED_NAME
 from fastdata.format.manifest import parse_manifest, write_manifest
 from fastdata.format.spec import KEYS_FILE, KEYS_KIND_FILE
 from fastdata.remote import RemoteOptions, is_url
 from fastdata.remote.retry import with_retries
 from fastdata.remote.url import join, root
 
-from .destination import PART_FILE, SKIPPED_NAME, part_lock_name, part_record_name, refuse_broken_url, write_skipped
+from .destination import part_lock_name, part_record_name, refuse_broken_url, write_skipped
 from .lock import DstLock, holder
 from .url_publish import UrlSpec
 

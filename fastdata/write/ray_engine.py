@@ -23,6 +23,8 @@ from fastdata.format import ShardInfo
 from . import _fault
 from .shard_task import ShardTask, publisher_for, write_shard
 
+__all__ = ["RETRIES", "RayEngine", "import_ray", "ray_write_shard"]
+
 log = logging.getLogger(__name__)
 RETRIES = 3  # Ray re-runs a shard task this many times after its worker dies or an I/O error
 _WAIT_S = 0.2

@@ -30,7 +30,7 @@ from typing import Any
 
 from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
-from fastdata.format.files import JOURNAL_NAME
+from fastdata.format.files import JOURNAL_NAME, OURS, SKIPPED_NAME
 from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
 from fastdata.remote.retry import RemoteError, RemoteNotFoundError, describe, with_retries
@@ -38,8 +38,6 @@ from fastdata.remote.url import filesystem, join, root
 
 from . import _fault, journal
 from .destination import (
-    OURS,
-    SKIPPED_NAME,
     check_part_entries,
     part_journal_name,
     part_lock_name,
@@ -48,6 +46,8 @@ from .destination import (
 )
 from .lock import holder
 from .url_publish import UrlSpec, shard_number
+
+__all__ = ["RemoteTarget", "check_not_urls"]
 
 log = logging.getLogger(__name__)
 _UPLOAD_THREADS = 4

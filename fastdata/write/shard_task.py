@@ -31,6 +31,9 @@ from . import _fault
 if TYPE_CHECKING:
     from .url_publish import UrlSpec
 
+__all__ = ["LocalPublisher", "Publisher", "ShardTask", "check_sample", "init_worker", "publisher_for", "write_error",
+           "write_shard"]
+
 _PROGRESS_EVERY_S = 0.2
 _PR_SET_PDEATHSIG = 1
 _ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")
