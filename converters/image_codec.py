@@ -69,11 +69,11 @@ class ImageOptions:
         if self.size is not None and self.max_side is not None:
             raise UsageError("%(size) and %(max_side) contradict each other; give one")
         if self.images == "encoded" and (self.size is not None or self.max_side is not None):
-            raise UsageError("%(images)=encoded keeps the original files; %(size) and %(max_side) need %(images)=raw or "
-                             "%(images)=jpeg")
+            raise UsageError("%(images=encoded) keeps the original files; %(size) and %(max_side) need %(images=raw) or "
+                             "%(images=jpeg)")
         if self.quality is not None:
             if self.images == "raw":
-                raise UsageError("%(quality) applies to %(images)=jpeg or %(images)=encoded, not raw")
+                raise UsageError("%(quality) applies to %(images=jpeg) or %(images=encoded), not raw")
             if not 1 <= self.quality <= 100:
                 raise UsageError(f"%(quality) must be between 1 and 100, not {self.quality}")
 

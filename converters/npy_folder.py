@@ -123,7 +123,7 @@ class NpyFolderSource(FolderSource):
             fields.append(data_field(name, h.dtype, shape, str(root / good[0][0])))
         if labels.by_path is not None:
             if any(f.name == LABEL_FIELD for f in fields):
-                raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass --no-labels")
+                raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass %(no_labels=True)")
         usable = [g[0] for g in good]
         label_values = labels.of(usable)
         if label_values is not None:

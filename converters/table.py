@@ -397,7 +397,7 @@ def _class_folders(table: Table, root: Path, rels: list[str]) -> bool:
         return False
     if flat:
         raise DataError(f"{table.path}: path {flat[0]!r} lies directly in {root} while other rows name files in "
-                        "sub-folders, whose names would be the classes (field 'label'); pass --no-labels for no "
+                        "sub-folders, whose names would be the classes (field 'label'); pass %(no_labels=True) for no "
                         "labels from folders, or add a 'label' column to the table")
     return True
 

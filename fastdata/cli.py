@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ._version import __version__
 from .cli_common import Bar, positive
-from .errors import FastdataError, UsageError
+from .errors import FastdataError
 from .remote import is_url
 
 
@@ -108,12 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _said(e: FastdataError) -> str:
-    """The error as the CLI says it: a usage error names the flags, not the library's parameters."""
-    if isinstance(e, UsageError):
-        from .cli_convert import flag_message
+    """The error as the CLI says it: naming the flags, not the library's parameters."""
+    from .cli_convert import flag_message
 
-        return flag_message(e)
-    return str(e)
+    return flag_message(e)
 
 
 def _remote_timeout_env(seconds: float | None) -> Callable[[], None]:

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from .cli_common import Bar, positive, size
-from .errors import UsageError
+from .errors import FastdataError, UsageError
 
 __all__ = ["add_parsers", "flag_message"]
 
@@ -18,15 +18,20 @@ __all__ = ["add_parsers", "flag_message"]
 _FLAGS = {"backend": "--format", "meta_types": "--meta-type", "arrays": "--data/--field", "src": "SRC",
           "dst": "DST", "key_prefixes": "--key-prefix"}
 _BARE = {"images": "--images, --size, ..."}  # a group of flags, where no value follows
+_SPECIAL = {("key_prefixes", "'names'"): "--prefix-keys"}  # a flag for one value of a parameter
 
 
-def flag_message(e: UsageError) -> str:
+def flag_message(e: FastdataError) -> str:
     """``e``'s message with the parameters it names said as flags: ``shard_size`` -> ``--shard-size``,
-    ``engine=ray`` -> ``--engine ray``, ``images`` -> ``--images, --size, ...``."""
+    ``engine=ray`` -> ``--engine ray``, ``resume=True`` -> ``--resume``, ``images`` -> ``--images, --size, ...``."""
 
-    def say(name: str, valued: bool) -> str:
+    def say(name: str, value: str | None) -> str:
+        if (name, value) in _SPECIAL:
+            return _SPECIAL[(name, value)]
         flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
-        return flag + " " if valued else _BARE.get(name, flag)
+        if value is None:
+            return _BARE.get(name, flag)
+        return flag if value == "True" else f"{flag} {value}"
 
     return e.said(say)
 

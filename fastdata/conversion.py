@@ -96,7 +96,7 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
     if meta is not None or table_src:
         return _table_request(src_path, Path(meta) if meta is not None else None, table_src, named, label_path)
     if config.meta_types:
-        raise UsageError("%(meta_types) applies to a metadata table (%(meta)=TABLE, or a table as %(src))")
+        raise UsageError("%(meta_types) applies to a metadata table (%(meta=TABLE), or a table as %(src))")
     if src_path is None:
         if not named:
             raise UsageError("nothing to convert: give %(src), or %(arrays)")
@@ -126,7 +126,7 @@ def _table_request(src: Path | None, meta: Path | None, table_src: bool, named: 
     else:
         assert meta is not None
         if named or src is None:
-            raise UsageError("%(meta)=TABLE needs a source folder %(src) (the table's paths are relative to it)")
+            raise UsageError("%(meta=TABLE) needs a source folder %(src) (the table's paths are relative to it)")
         root = src
     if labels is not None:
         raise UsageError("%(labels) does not apply with a metadata table: its columns are the fields (add a "
@@ -178,8 +178,8 @@ def _write_remote(upload: RemoteTarget, source: Source, inputs: list[Path], conf
         if upload.resumable and not isinstance(e, UsageError):
             what = (f"{done} finished shard(s) are uploaded to {upload.url}" if done
                     else f"its journal is at {upload.url}")
-            raise type(e)(f"{str(e).split('; ')[0]}; {what}: fix the problem, then run the same command with "
-                          "--resume to finish") from None
+            raise type(e)(f"{(e.template or str(e)).split('; ')[0]}; {what}: fix the problem, then run the same command with "
+                          "%(resume=True) to finish") from None
         raise
     except BaseException:
         upload.abandon()

@@ -28,32 +28,40 @@ __all__ = [
 ]
 
 
-_PARAM = re.compile(r"%\((\w+)\)")  # a parameter named in a UsageError's message
-_PARAM_VALUE = re.compile(r"%\((\w+)\)(=)?")
+# A parameter named in a message: %(name), or %(name=value) (%(engine=ray), %(resume=True)).
+_PARAM = re.compile(r"%\((\w+)(?:=([^()]*))?\)")
 
 
 class FastdataError(Exception):
-    """Base of every error fastdata raises on purpose."""
+    """Base of every error fastdata raises on purpose.
+
+    A parameter the message names is written ``%(name)`` or ``%(name=value)`` in it: ``str()`` says it
+    as the parameter (``resume=True``), and the CLI as the flag that sets it (``--resume``; :meth:`said`,
+    fastdata/cli_convert.py), so the library's errors name parameters and the CLI's name flags."""
 
     exit_code = 1
+
+    def __init__(self, *args: object) -> None:
+        first = args[0] if args else None
+        self.template = first if isinstance(first, str) else None
+        if isinstance(first, str):
+            args = (_PARAM.sub(lambda m: m.group(1) if m.group(2) is None else f"{m.group(1)}={m.group(2)}", first),
+                    *args[1:])
+        super().__init__(*args)
+
+    def said(self, say: Callable[[str, str | None], str]) -> str:
+        """The message with each parameter said as ``say(name, value or None)``."""
+        if self.template is None:
+            return str(self)
+        return _PARAM.sub(lambda m: say(m.group(1), m.group(2)), self.template)
 
 
 class UsageError(FastdataError, ValueError):
     """The command was asked for something it cannot do (bad path, DST exists, ...).
 
-    A ``ValueError`` too, so ordinary ``except ValueError`` code catches bad arguments. A parameter
-    the message names is written ``%(name)`` in it: ``str()`` says it as the parameter (``name``), and
-    the CLI as the flag that sets it (:meth:`said`, fastdata/cli_convert.py)."""
+    A ``ValueError`` too, so ordinary ``except ValueError`` code catches bad arguments."""
 
     exit_code = 2
-
-    def __init__(self, message: str = "") -> None:
-        super().__init__(_PARAM.sub(r"\1", message))
-        self.template = message
-
-    def said(self, say: Callable[[str, bool], str]) -> str:
-        """The message with each parameter said as ``say(name, a value follows)`` (``%(engine)=ray``)."""
-        return _PARAM_VALUE.sub(lambda m: say(m.group(1), bool(m.group(2))), self.template)
 
 
 class BackendUnavailableError(UsageError):

@@ -37,7 +37,7 @@ def test_convert_config_is_frozen_and_checked():
     config = fastdata.ConvertConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.skip_bad = True  # type: ignore[misc]
-    with pytest.raises(UsageError, match=r"^part=\(3, 2\): expected \(I, N\)"):
+    with pytest.raises(UsageError, match=r"^part \(3, 2\): expected \(I, N\)"):
         fastdata.ConvertConfig(part=(3, 2))
     with pytest.raises(UsageError, match="^write must be a WriteOptions"):
         fastdata.ConvertConfig(write={"backend": "lmdb"})  # type: ignore[arg-type]

@@ -126,7 +126,7 @@ def test_resume_refuses_a_changed_source(src, tmp_path, run_cli):
     code, _, err = run_cli(*_args(src, dst, "hdf5", 1), "--resume")
     assert code == 2 and "source files changed" in err
     make_class_folder(src, per_class=11)  # one more sample per class
-    with pytest.raises(UsageError, match="--resume refused"):
+    with pytest.raises(UsageError, match="resume=True refused"):
         fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=1), resume=True))
     code, _, err = run_cli(*_args(src, dst, "hdf5", 1), "--overwrite")
     assert code == 0, err
@@ -202,7 +202,7 @@ def test_image_folder_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
         return real(task, report)
 
     monkeypatch.setattr(writer, "write_shard", fail_on_third)
-    with pytest.raises(fastdata.errors.WriteError, match="Input/output error.*2 finished shard.*--resume"):
+    with pytest.raises(fastdata.errors.WriteError, match="Input/output error.*2 finished shard.*resume=True"):
         fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=opts))
     monkeypatch.undo()
     report = fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=opts, resume=True))

@@ -521,14 +521,14 @@ def test_interrupted_conversion_to_s3_resumes_from_the_remote_copy(s3, tmp_path,
         return fastdata.convert(None, url, config, arrays={"x": src / "X.npy"}, labels=src / "y.npy")
 
     monkeypatch.setenv("FASTDATA_FAULT", "eio:between_shards:2")
-    with pytest.raises(FastdataError, match="uploaded to s3://.*--resume"):
+    with pytest.raises(FastdataError, match="uploaded to s3://.*resume=True"):
         convert(tmp_path / "up")
     names = [p.rsplit("/", 1)[-1] for p in s3.fs().ls(url[5:], refresh=True)]
     assert ".fastdata-journal" in names and "manifest.json" not in names
     with pytest.raises(IncompleteDatasetError, match="--resume"):
         fastdata.open(url, remote=opts(s3, tmp_path / "c"))
     monkeypatch.delenv("FASTDATA_FAULT")
-    with pytest.raises(UsageError, match="interrupted conversion; pass --resume"):
+    with pytest.raises(UsageError, match="interrupted conversion; pass resume=True"):
         convert(tmp_path / "up")
     report = convert(tmp_path / "elsewhere", resume=True)  # another machine: only the remote copy to go on
     assert report.kept >= 1 and report.dst == url

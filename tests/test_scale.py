@@ -99,7 +99,7 @@ def test_ray_task_that_keeps_failing_names_the_shard_and_keeps_finished_shards(r
         fastdata.convert(src, dst, fastdata.ConvertConfig(write=opts))
     msg = str(e.value)
     assert "shard shard-00002.h5 (samples" in msg and "Input/output error" in msg
-    assert "--resume" in msg and "\n" not in msg
+    assert "resume=True" in msg and "\n" not in msg
     assert {"shard-00000.h5", "shard-00001.h5"} <= {p.name for p in dst.iterdir()}
     assert not (dst / "manifest.json").exists()
     monkeypatch.delenv("FASTDATA_FAULT")
@@ -110,7 +110,7 @@ def test_ray_task_that_keeps_failing_names_the_shard_and_keeps_finished_shards(r
 
 def test_ray_engine_without_ray_installed_says_how_to_get_it(src, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, as without the extra
-    with pytest.raises(UsageError, match=r"--engine ray needs Ray: pip install 'fastdata\[ray\]'"):
+    with pytest.raises(UsageError, match=r"engine=ray needs Ray: pip install 'fastdata\[ray\]'"):
         fastdata.convert(src, tmp_path / "d", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, engine="ray")))
     assert not (tmp_path / "d").exists()
 

@@ -98,7 +98,7 @@ def test_ray_upload_that_keeps_failing_leaves_no_manifest_and_resume_finishes(s3
         fastdata.convert(src, url, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, engine="ray", workers=1), remote=ro))
     msg = str(e.value)
     assert "shard shard-00002.h5" in msg and f"{url}/shard-00002.h5" in msg and "Input/output error" in msg
-    assert "--resume" in msg and "\n" not in msg
+    assert "resume=True" in msg and "\n" not in msg
     names = set(objects(s3, url))
     assert "manifest.json" not in names and "keys.bin" not in names
     assert {"shard-00000.h5", "shard-00001.h5", ".fastdata-journal"} <= names
@@ -184,7 +184,7 @@ def test_merge_parts_on_s3_refuses_missing_duplicated_and_damaged_parts(s3, tmp_
     assert "manifest.json" not in objects(s3, url)
     with pytest.raises(UsageError, match=r"split in 3 parts, not 2; use the same N"):
         part(1, 2)  # refused before anything is written
-    with pytest.raises(UsageError, match=r"part 2/3 is already converted; pass --overwrite"):
+    with pytest.raises(UsageError, match=r"part 2/3 is already converted; pass overwrite=True"):
         part(2, 3)
     part(1, 3)
     fs = s3.fs()

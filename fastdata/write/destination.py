@@ -65,7 +65,7 @@ def check_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool 
     """Refuse a DST inside a source, one being written by another conversion, one that exists
     without --overwrite or --resume, one holding other files, and a --resume with nothing to resume."""
     if overwrite and resume:
-        raise UsageError("--overwrite and --resume contradict each other: --resume continues, --overwrite starts over")
+        raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
     dst_real = os.path.realpath(dst)
     for src in sources:
         s = os.path.realpath(src)
@@ -87,14 +87,14 @@ def _check_entries(dst: Path, overwrite: bool, resume: bool) -> list[str]:
     foreign = [e for e in entries if not OURS.match(e)]
     if resume:
         if MANIFEST_NAME in entries:
-            raise UsageError(f"{dst}: already holds a finished dataset; nothing to resume (--overwrite converts again)")
+            raise UsageError(f"{dst}: already holds a finished dataset; nothing to resume (%(overwrite=True) converts again)")
         if entries and JOURNAL_NAME not in entries and not foreign:
             raise UsageError(f"{dst}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
-                             "convert again with --overwrite")
+                             "convert again with %(overwrite=True)")
     elif entries and not overwrite:
         if JOURNAL_NAME in entries and MANIFEST_NAME not in entries:
-            raise UsageError(f"{dst}: holds an interrupted conversion; pass --resume to finish it, or --overwrite to start over")
-        raise UsageError(f"{dst}: already exists; pass --overwrite to replace it")
+            raise UsageError(f"{dst}: holds an interrupted conversion; pass %(resume=True) to finish it, or %(overwrite=True) to start over")
+        raise UsageError(f"{dst}: already exists; pass %(overwrite=True) to replace it")
     if foreign:
         raise UsageError(
             f"{dst}: refused: it holds {foreign[0]!r}, which fastdata did not write; choose an empty or new folder"
@@ -178,11 +178,11 @@ def check_part_entries(where: str, names: Sequence[str], part: tuple[int, int], 
                              f"{count}; use the same N for every part (or a new {place})")
     what = f"{where}: part {index}/{count}"
     if part_record_name(index, count) in names and not overwrite:
-        raise UsageError(f"{what} is already converted; pass --overwrite to convert it again")
+        raise UsageError(f"{what} is already converted; pass %(overwrite=True) to convert it again")
     if resume and journal_name not in names:
         raise UsageError(f"{what}: no interrupted conversion of this part to resume (no {journal_name})")
     if journal_name in names and not (resume or overwrite):
-        raise UsageError(f"{what} was interrupted; pass --resume to finish it, or --overwrite to start it over")
+        raise UsageError(f"{what} was interrupted; pass %(resume=True) to finish it, or %(overwrite=True) to start it over")
 
 
 def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], overwrite: bool,
@@ -191,7 +191,7 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
     same time, each under its own lock). Refuses a finished dataset, files fastdata did not write,
     parts of a conversion split another way, and this part already done (unless ``overwrite``)."""
     if overwrite and resume:
-        raise UsageError("--overwrite and --resume contradict each other: --resume continues, --overwrite starts over")
+        raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
     check_dst(dst, sources, overwrite=True)  # only the source checks: DST may hold other parts
     try:
         dst.mkdir(parents=True, exist_ok=True)

@@ -232,6 +232,6 @@ def _failed(dst: Path, journaled: set[str], e: BaseException, owned: set[str] | 
     if isinstance(e, OSError):
         e = write_error(dst, e)
     if isinstance(e, FastdataError) and kept:
-        return type(e)(f"{e}; {kept} finished shard(s) kept in {dst}: fix the problem, then run the same "
-                       "command with --resume to finish")
+        return type(e)(f"{e.template or e}; {kept} finished shard(s) kept in {dst}: fix the problem, then run the same "
+                       "command with %(resume=True) to finish")
     return e

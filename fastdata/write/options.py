@@ -84,9 +84,9 @@ class WriteOptions:
         if self.workers is not None and self.workers < 1:
             raise UsageError("%(workers) must be at least 1")
         if self.engine not in ENGINES:
-            raise UsageError(f"%(engine)={self.engine!r} is not an engine (expected one of {', '.join(ENGINES)})")
+            raise UsageError(f"%(engine) {self.engine!r} is unknown (expected one of {', '.join(ENGINES)})")
         if self.ray_address is not None and self.engine != "ray":
-            raise UsageError("%(ray_address) applies to %(engine)=ray only")
+            raise UsageError("%(ray_address) applies to %(engine=ray) only")
 
     def identity(self) -> dict[str, Any]:
         """The options that decide the output bytes (``workers`` and ``engine`` do not), for the journal."""

@@ -41,7 +41,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise UsageError("--engine ray needs Ray: pip install 'fastdata[ray]'") from None
+        raise UsageError("%(engine=ray) needs Ray: pip install 'fastdata[ray]'") from None
     return ray
 
 
@@ -70,8 +70,8 @@ class RayEngine:
         if ray.is_initialized():
             current = ray.get_runtime_context().gcs_address
             if address not in (None, "auto", current):
-                raise UsageError(f"--ray-address {address}: this process is already connected to the Ray cluster at "
-                                 f"{current}; drop --ray-address, or run the conversion from another process")
+                raise UsageError(f"%(ray_address={address}): this process is already connected to the Ray cluster at "
+                                 f"{current}; drop %(ray_address), or run the conversion from another process")
             return False
         try:
             if address:
@@ -86,7 +86,7 @@ class RayEngine:
         except (ConnectionError, ValueError, RuntimeError) as e:
             where = f"the Ray cluster at {address}" if address else "a local Ray"
             raise UsageError(f"cannot start or reach {where}: {str(e).splitlines()[0] if str(e) else e!r}; check "
-                             "--ray-address / RAY_ADDRESS (or leave both unset for a local Ray)") from None
+                             "%(ray_address) / RAY_ADDRESS (or leave both unset for a local Ray)") from None
         return True
 
     def _run(self, ray: Any, tasks: list[ShardTask], progress: Any, finished: Any) -> None:

@@ -93,7 +93,7 @@ class RemoteTarget:
     def check(self, overwrite: bool, resume: bool) -> None:
         """Refuse what a local destination would refuse (see fastdata/write/destination.py), before any work."""
         if overwrite and resume:
-            raise UsageError("--overwrite and --resume contradict each other: --resume continues, --overwrite starts over")
+            raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
         names = self._names()
         foreign = [n for n in names if not OURS.match(n)]
         if foreign:
@@ -104,15 +104,15 @@ class RemoteTarget:
         elif resume:
             if MANIFEST_NAME in names:
                 raise UsageError(f"{self.url}: already holds a finished dataset; nothing to resume "
-                                 "(--overwrite converts again)")
+                                 "(%(overwrite=True) converts again)")
             if JOURNAL_NAME not in names:
                 raise UsageError(f"{self.url}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
-                                 "convert again without --resume")
+                                 "convert again without %(resume=True)")
         elif names and not overwrite:
             if JOURNAL_NAME in names and MANIFEST_NAME not in names:
-                raise UsageError(f"{self.url}: holds an interrupted conversion; pass --resume to finish it, "
-                                 "or --overwrite to start over")
-            raise UsageError(f"{self.url}: already exists; pass --overwrite to replace it")
+                raise UsageError(f"{self.url}: holds an interrupted conversion; pass %(resume=True) to finish it, "
+                                 "or %(overwrite=True) to start over")
+            raise UsageError(f"{self.url}: already exists; pass %(overwrite=True) to replace it")
         self._check_not_busy()
 
     def _check_not_busy(self) -> None:
@@ -253,7 +253,7 @@ class RemoteTarget:
             self._pool.shutdown(wait=True)
             self._pool = None
         if first is not None:
-            then = ("run the same command with --resume to finish" if self.resumable
+            then = ("run the same conversion with %(resume=True) to finish" if self.resumable
                     else "nothing was uploaded: run the same command again")
             raise RemoteError(f"{first}; the conversion stopped: {then}") from None
 
