@@ -3,8 +3,6 @@ description, result files."""
 
 from __future__ import annotations
 
-import fastdata
-
 import contextlib
 import importlib
 import json

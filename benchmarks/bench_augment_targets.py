@@ -26,8 +26,6 @@ fastdata does both (so it does a little more work). Results go to stdout (markdo
 
 from __future__ import annotations
 
-import fastdata
-
 import argparse
 import sys
 from pathlib import Path

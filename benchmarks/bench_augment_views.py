@@ -25,8 +25,6 @@ Results go to stdout (markdown) and to ``<out>/augment_views[_quick|_cuda].{json
 
 from __future__ import annotations
 
-import fastdata
-
 import argparse
 import math
 import statistics

@@ -15,8 +15,6 @@ Usage: python benchmarks/bench_doctor.py [--quick]   (quick: tiny data, figures 
 
 from __future__ import annotations
 
-import fastdata
-
 import argparse
 import json
 import os

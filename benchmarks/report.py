@@ -12,8 +12,6 @@ differs from what the results render (tests/test_benchmarks.py runs it).
 
 from __future__ import annotations
 
-import fastdata
-
 import argparse
 import json
 import re

@@ -4,8 +4,6 @@ field's mode (docs/format.md, "Image fields"). A PNG must be in the field's mode
 
 from __future__ import annotations
 
-import fastdata
-
 import io
 
 import numpy as np

@@ -3,8 +3,6 @@ resolve. (Every code block runs in tests/test_doc_snippets.py.)"""
 
 from __future__ import annotations
 
-import fastdata
-
 import argparse
 import importlib.util
 import re

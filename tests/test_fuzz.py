@@ -8,8 +8,6 @@ or ``pytest -m slow tests/test_fuzz.py`` (10000 examples each).
 
 from __future__ import annotations
 
-import fastdata
-
 import io
 import json
 import os

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import fastdata
-
 import numpy as np
 import pytest
 
