@@ -42,16 +42,17 @@ class ColumnType:
 
 
 def parse_meta_type(text: str) -> tuple[str, ColumnType]:
-    """``NAME=DTYPE[:SHAPE]``: ``keypoints=float32:17,3``, ``boxes=float32:n,4``, ``subject=str``."""
+    """``NAME=DTYPE[:SHAPE]``: ``keypoints=float32:17,3``, ``boxes=float32:n,4``, ``subject=str``: the text of
+    the CLI's ``--meta-type`` flag, which its errors name (from Python, give ``ColumnType`` values)."""
     name, sep, spec = text.partition("=")
     dtype, _, shape_text = spec.partition(":")
     if not sep or not name or dtype not in _DTYPES | {"str"}:
-        raise UsageError(f"%(meta_types) {text!r}: expected NAME=DTYPE[:SHAPE] with DTYPE one of "
+        raise UsageError(f"--meta-type {text!r}: expected NAME=DTYPE[:SHAPE] with DTYPE one of "
                          f"{', '.join(sorted(_DTYPES))} or str (e.g. keypoints=float32:17,3 or boxes=float32:n,4)")
     shape: tuple[int | None, ...] | None = None
     if shape_text:
         if dtype == "str":
-            raise UsageError(f"%(meta_types) {text!r}: a str column has no shape")
+            raise UsageError(f"--meta-type {text!r}: a str column has no shape")
         dims: list[int | None] = []
         for k, d in enumerate(shape_text.split(",")):
             d = d.strip()
@@ -60,7 +61,7 @@ def parse_meta_type(text: str) -> tuple[str, ColumnType]:
             elif d.isdigit():
                 dims.append(int(d))
             else:
-                raise UsageError(f"%(meta_types) {text!r}: bad shape {shape_text!r} (integers; 'n' first for ragged)")
+                raise UsageError(f"--meta-type {text!r}: bad shape {shape_text!r} (integers; 'n' first for ragged)")
         shape = tuple(dims)
     return name, ColumnType(dtype, shape)
 

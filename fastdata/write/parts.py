@@ -44,15 +44,16 @@ log = logging.getLogger(__name__)
 
 
 def parse_part(text: str) -> tuple[int, int]:
-    """``"I/N"`` -> (I, N); I counts from 0 (as SLURM array indices and Spark partitions do)."""
+    """``"I/N"`` -> (I, N); I counts from 0 (as SLURM array indices and Spark partitions do). The text of the
+    CLI's ``--part`` flag, which its errors name (from Python, ``ConvertConfig(part=(I, N))``)."""
     m = _PART_ARG.match(text)
     if not m:
-        raise UsageError(f"%(part={text!r}): expected I/N, e.g. 0/4 (part I of N, I from 0 to N-1)")
+        raise UsageError(f"--part {text!r}: expected I/N, e.g. 0/4 (part I of N, I from 0 to N-1)")
     i, n = int(m.group(1)), int(m.group(2))
     if n < 1 or n > 99999:
-        raise UsageError(f"%(part={text}): N must be 1 to 99999")
+        raise UsageError(f"--part {text}: N must be 1 to 99999")
     if i >= n:
-        raise UsageError(f"%(part={text}): I counts from 0 to N-1 = {n - 1} (SLURM: --array=0-{n - 1})")
+        raise UsageError(f"--part {text}: I counts from 0 to N-1 = {n - 1} (SLURM: --array=0-{n - 1})")
     return i, n
 
 
