@@ -18,7 +18,7 @@ __all__ = ["add_parsers", "flag_message"]
 _FLAGS = {"backend": "--format", "meta_types": "--meta-type", "arrays": "--data/--field", "src": "SRC",
           "dst": "DST", "key_prefixes": "--key-prefix"}
 _BARE = {"images": "--images, --size, ..."}  # a group of flags, where no value follows
-_SPECIAL = {("key_prefixes", "'names'"): "--prefix-keys"}  # a flag for one value of a parameter
+_SPECIAL: dict[tuple[str, str | None], str] = {("key_prefixes", "'names'"): "--prefix-keys"}  # a flag for one value of a parameter
 
 
 def flag_message(e: FastdataError) -> str:
