@@ -47,7 +47,6 @@ import _harness  # noqa: E402
 import bench_images  # noqa: E402
 import bench_raw  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.loaders.device import to_unit_float  # noqa: E402
 from fastdata.loaders.host import ThreadReader  # noqa: E402
@@ -175,13 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             np.random.default_rng(0).integers(0, 256, row * n, dtype=np.uint8).tofile(path)
             fns.update(rows_choice(pool, path, row, n, reads))
         bench_images.generate(work / "jpegs", images)
-        converters.convert(work / "jpegs", work / "jpeg_ds", converters.WriteOptions(workers=THREADS))
+        fastdata.convert(work / "jpegs", work / "jpeg_ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=THREADS)))
         _harness.warm_page_cache(work)
         jpeg, closers = jpeg_choice(work / "jpeg_ds")
         fns.update(jpeg)
         fns.update(image_float_choice(pool, 1 if args.quick else 4))
-        converters.convert(work / "jpegs", work / "raw_lmdb", converters.WriteOptions(backend="lmdb", workers=THREADS),
-                           images=converters.ImageOptions(images="raw"))
+        fastdata.convert(work / "jpegs", work / "raw_lmdb", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=THREADS), images=fastdata.ImageOptions(images="raw")))
         _harness.warm_page_cache(work / "raw_lmdb")
         fns.update(lmdb_choice(pool, work / "raw_lmdb"))
         fns.update(padded_choice(100 if args.quick else 800, 2 if args.quick else 24))

@@ -42,7 +42,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.bench import pread_pass as bench_pread  # noqa: E402
 from fastdata.demo.baseline import naive_loader  # noqa: E402
@@ -196,18 +195,17 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     files = write_folder(src, n, lambda rng, c: flim_sample(rng, shape, c))
     conv = {}
     for name, comp in (("hdf5", None), ("hdf5_lz4", "lz4")):
-        conv[name] = converters.convert(src, work / name, converters.WriteOptions(backend="hdf5", compression=comp),
-                                        progress=None)
+        conv[name] = fastdata.convert(src, work / name, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="hdf5", compression=comp)), progress=None)
     img_src = work / "img_npy"
     write_folder(img_src, n_images, lambda rng, c: natural_image(rng, side), seed=1)
     for name, comp in (("img", None), ("img_lz4", "lz4")):
-        conv[name] = converters.convert(img_src, work / name, converters.WriteOptions(backend="hdf5", compression=comp))
+        conv[name] = fastdata.convert(img_src, work / name, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="hdf5", compression=comp)))
     os.sync()  # writeback done: every page dropped below is clean
     sample_bytes = int(np.prod(shape)) * 4
     res["dataset_bytes"] = {k: sum(p.stat().st_size for p in files_of(work / k)) for k in conv}
     res["ratio"] = {k: round(conv[k].bytes_in / res["dataset_bytes"][k], 2) for k in conv}
     shard_files = files_of(work / "hdf5")
-    conv["lmdb"] = converters.convert(src, work / "lmdb", converters.WriteOptions(backend="lmdb"))
+    conv["lmdb"] = fastdata.convert(src, work / "lmdb", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")))
     os.sync()
 
     naive_loader(src, BATCH)  # (imports and forks once before timing: the first pass is not a start-up figure)

@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 import bench_cold  # noqa: E402
 
-import converters  # noqa: E402
+import fastdata  # noqa: E402
+from fastdata.converters import ConvertConfig  # noqa: E402
+from fastdata.write import WriteOptions  # noqa: E402
 
 
 def mem_total() -> int:
@@ -46,7 +48,7 @@ def build(work: Path, base: int, ram_factor: float) -> tuple[Path, int]:
     src = work / "npy"
     bench_cold.write_folder(src, base, lambda rng, c: bench_cold.flim_sample(rng, bench_cold.SHAPE, c))
     one = work / "one"
-    converters.convert(src, one, converters.WriteOptions(backend="hdf5"))
+    fastdata.convert(src, one, ConvertConfig(write=WriteOptions(backend="hdf5")))
     shutil.rmtree(src)
     one_bytes = sum(p.stat().st_size for p in bench_cold.files_of(one))
     copies = max(2, math.ceil(ram_factor * mem_total() / one_bytes))
@@ -54,7 +56,7 @@ def build(work: Path, base: int, ram_factor: float) -> tuple[Path, int]:
         raise SystemExit(f"{work}: needs {(copies + 1) * one_bytes / 1e9:.0f} GB free for {copies} copies")
     big = work / "large"
     t0 = time.perf_counter()
-    converters.merge([one] * copies, big, method="copy", drop_keys=True)
+    fastdata.merge([one] * copies, big, method="copy", drop_keys=True)
     print(f"merged {copies} copies in {time.perf_counter() - t0:.0f} s", flush=True)
     shutil.rmtree(one)
     os.sync()

@@ -52,7 +52,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-import converters
 import fastdata
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, summarize, warm_page_cache, write_results
 from bench_images import BATCH, SIZE, EpochSampler, FolderImages, generate
@@ -221,8 +220,7 @@ def run(settings: dict[str, Any], workdir: Path, backend: str, device: str) -> d
     paths = generate(src, n)
     print(f"generated {n} JPEGs in {time.perf_counter() - t0:.1f} s", flush=True)
     dst = workdir / "encoded"
-    report = converters.convert(src, dst, converters.WriteOptions(backend=backend, workers=WORKERS),
-                                images=converters.ImageOptions(images="encoded"))
+    report = fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=WORKERS), images=fastdata.ImageOptions(images="encoded")))
     print(f"convert encoded: {report.summary()}", flush=True)
     warm_page_cache(src, dst)  # every method reads from memory
 

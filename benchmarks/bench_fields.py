@@ -41,7 +41,6 @@ import numpy as np
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, warm_page_cache, write_results
 from PIL import Image
 
-import converters
 import fastdata
 from fastdata.samplers import Episodic, Weighted, rank_batches, world_batches
 from fastdata.world import World
@@ -180,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (dst / "manifest.json").exists():
             shutil.rmtree(work / "src", ignore_errors=True)
             make_source(src, n)
-            converters.convert(src, dst, converters.WriteOptions(workers=2), meta=src / "meta.csv",
-                               images=converters.ImageOptions(images="raw", size=(SIDE, SIDE)),
-                               meta_types={"keypoints": converters.ColumnType("float32", (17, 3))})
+            fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=2), images=fastdata.ImageOptions(images="raw", size=(SIDE, SIDE)), meta_types={"keypoints": fastdata.converters.ColumnType("float32", (17, 3))}), meta=src / "meta.csv")
         warm_page_cache(dst)
         reads = bench_reads(dst, n, repeats=20 if args.quick else 400, epochs=2 if args.quick else 30)
         plans = bench_planning(plan_n, PLAN_CLASSES if not args.quick else 100)

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/bench_get_batch.py [--quick] [--out DIR] [--workdir DIR]
 
 For each synthetic dataset this writes a folder of per-sample ``.npy`` files, converts it
-to HDF5 and to LMDB with ``converters.convert``, writes the concatenated sample bytes to
+to HDF5 and to LMDB with ``fastdata.convert``, writes the concatenated sample bytes to
 one raw file, reads every file once so that everything is in the page cache, and then
 times batches of 64 random indices (the same batches for every method):
 
@@ -46,8 +46,6 @@ from _harness import (
     warm_page_cache,
     write_results,
 )
-
-import converters
 import fastdata
 
 BATCH = 64
@@ -130,7 +128,7 @@ def bench_dataset(spec: Spec, n: int, repeats: int, workdir: Path) -> dict[str, 
     datasets: dict[str, fastdata.Dataset] = {}
     for backend in BACKENDS:
         dst = root / backend
-        report = converters.convert(src, dst, converters.WriteOptions(backend=backend))
+        report = fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend)))
         print(f"convert {backend}: {report.summary()}", flush=True)
         conversions[backend] = {
             "seconds": report.seconds,

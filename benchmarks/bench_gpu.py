@@ -36,7 +36,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.augment import ColorJitter, HorizontalFlip, RandomResizedCrop  # noqa: E402
 from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
@@ -179,7 +178,7 @@ def section_images(work: Path, device: torch.device, s: dict[str, Any]) -> dict[
         (src / f"c{i % 4}").mkdir(parents=True, exist_ok=True)
         level = int(rng.integers(120, 250))
         Image.fromarray(np.full((h, w, 3), level, np.uint8)).save(src / f"c{i % 4}" / f"{i:05d}.jpg", quality=90)
-    converters.convert(src, work / "jpeg_ds", images=converters.ImageOptions(images="encoded"))
+    fastdata.convert(src, work / "jpeg_ds", fastdata.ConvertConfig(images=fastdata.ImageOptions(images="encoded")))
     aug = [RandomResizedCrop(224), HorizontalFlip(), ColorJitter(0.2, 0.2, 0.2)]
     ld = fastdata.loader(work / "jpeg_ds", BATCH, device=device, augment=aug)
     darkest = 1.0
@@ -243,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         write_npy_folder(work / "npy", settings["samples"], FLIM)
         for be in ("hdf5", "lmdb"):
-            converters.convert(work / "npy", work / be, converters.WriteOptions(backend=be))
+            fastdata.convert(work / "npy", work / be, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be)))
         for name, run in (("h2d", lambda: section_h2d(work, device, settings)),
                           ("train", lambda: section_train(work, device, settings)),
                           ("precision", lambda: section_precision(device, settings)),

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/bench_images.py [--quick] [--backend hdf5|lmdb] [--out DIR] [--workdir DIR]
 
 Generates synthetic 256x256 JPEGs (quality 90, gradients + shapes + mild noise, about 30 KB
-each) in 10 class folders, converts them with ``converters.convert`` three ways
+each) in 10 class folders, converts them with ``fastdata.convert`` three ways
 (``--images raw --size 256 256``, ``encoded``, ``jpeg``), reads every file once so that all
 methods read from the page cache, checks that every method returns the right pixels, and
 times whole epochs in random batches of 64 (seeded):
@@ -37,8 +37,6 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import BatchSampler, DataLoader, Dataset
-
-import converters
 import fastdata
 from fastdata.loaders import LoaderConfig
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
@@ -54,9 +52,9 @@ SEED = 0
 FULL = {"images": 2000, "repeats": 5, "decode_images": 500}
 QUICK = {"images": 200, "repeats": 2, "decode_images": 50}
 MODES = {
-    "raw": converters.ImageOptions(images="raw", size=(SIZE, SIZE)),
-    "encoded": converters.ImageOptions(images="encoded"),
-    "jpeg": converters.ImageOptions(images="jpeg", quality=QUALITY),
+    "raw": fastdata.ImageOptions(images="raw", size=(SIZE, SIZE)),
+    "encoded": fastdata.ImageOptions(images="encoded"),
+    "jpeg": fastdata.ImageOptions(images="jpeg", quality=QUALITY),
 }
 TARGETS = {"raw": 15.0, "encoded": 2.0}  # x naive, for the best fastdata method of each mode
 
@@ -243,7 +241,7 @@ def run(settings: dict[str, Any], workdir: Path, backend: str) -> dict[str, Any]
     conversions, datasets = {}, {}
     for mode, opts in MODES.items():
         dst = workdir / mode
-        report = converters.convert(src, dst, converters.WriteOptions(backend=backend, workers=WORKERS), images=opts)
+        report = fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=WORKERS), images=opts))
         print(f"convert {mode}: {report.summary()}", flush=True)
         conversions[mode] = {"seconds": report.seconds, "bytes": disk_bytes(dst), "shards": report.shards}
         datasets[mode] = fastdata.open(dst, decode_threads=WORKERS)

@@ -26,7 +26,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.format import lmdb as lmdb_format  # noqa: E402
 
@@ -37,7 +36,7 @@ def make_fixed(work: Path, n: int) -> Path:
     x = np.random.default_rng(0).integers(0, 256, (n, 256, 256, 3), dtype=np.uint8)
     np.save(work / "x.npy", x)
     dst = work / "fixed"
-    converters.convert(None, dst, converters.WriteOptions(backend="lmdb", workers=1), arrays={"x": work / "x.npy"})
+    fastdata.convert(None, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)), arrays={"x": work / "x.npy"})
     return dst
 
 
@@ -48,7 +47,7 @@ def make_ragged(work: Path, n: int) -> Path:
     for i in range(n):
         np.save(src / f"{i:05d}.npy", rng.standard_normal((int(rng.integers(5000, 7500)), 4)).astype("<f4"))
     dst = work / "ragged"
-    converters.convert(src, dst, converters.WriteOptions(backend="lmdb", workers=1))
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)))
     return dst
 
 

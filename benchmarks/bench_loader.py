@@ -37,7 +37,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
 from fastdata.loaders import LoaderConfig, PerSample  # noqa: E402
@@ -79,7 +78,7 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
     files = write_npy_folder(src, n, SHAPE)
     conv = {}
     for be in ("hdf5", "lmdb"):
-        conv[be] = converters.convert(src, workdir / be, converters.WriteOptions(backend=be)).summary()
+        conv[be] = fastdata.convert(src, workdir / be, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be))).summary()
     os.sync()  # let writeback of the fresh files finish before anything is timed
 
     # Start every loader that forks worker processes first: a fork after the big buffers below
@@ -187,7 +186,7 @@ def _data(n: int, workdir: Path) -> None:
         write_npy_folder(src, n, SHAPE)
     for be in ("hdf5", "lmdb"):
         if not (workdir / be).exists():
-            converters.convert(src, workdir / be, converters.WriteOptions(backend=be))
+            fastdata.convert(src, workdir / be, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be)))
     os.sync()
 
 

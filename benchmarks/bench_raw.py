@@ -51,10 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 import bench_images  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
-from converters.writer import DEFAULT_SHARD_SIZE, plan_shards  # noqa: E402
+import fastdata.write  # noqa: E402
 from fastdata.demo.baseline import write_npy_folder  # noqa: E402
+from fastdata.write import DEFAULT_SHARD_SIZE, plan_shards  # noqa: E402
 from fastdata.fileio import fsync_dir  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 
@@ -218,8 +218,7 @@ def section_raw(work: Path, cfg: dict[str, int], jpegs: Path) -> dict[str, Any]:
     n = cfg["images"]
     res: dict[str, Any] = {"rows": {}, "conversions": {}}
     for be in ("hdf5", "lmdb"):
-        rep = converters.convert(jpegs, work / f"raw_{be}", converters.WriteOptions(backend=be, workers=THREADS),
-                                 images=converters.ImageOptions(images="raw"))
+        rep = fastdata.convert(jpegs, work / f"raw_{be}", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be, workers=THREADS), images=fastdata.ImageOptions(images="raw")))
         res["conversions"][f"raw {be}"] = rep.summary()
     ds = fastdata.open(work / "raw_hdf5")
     assert ds.manifest.fields[0].shape == (256, 256, 3), ds.manifest.fields[0]
@@ -298,10 +297,8 @@ def section_ragged(work: Path, cfg: dict[str, int]) -> dict[str, Any]:
     make_mixed(mixed_src, cfg["mixed"])
     make_seqs(seq_src, cfg["seqs"])
     for be in ("hdf5", "lmdb"):
-        converters.convert(mixed_src, work / f"mixed_{be}", converters.WriteOptions(backend=be, workers=THREADS),
-                           images=converters.ImageOptions(images="raw"), no_labels=True)
-        converters.convert(seq_src, work / f"seq_{be}", converters.WriteOptions(backend=be, workers=THREADS),
-                           no_labels=True)
+        fastdata.convert(mixed_src, work / f"mixed_{be}", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be, workers=THREADS), no_labels=True, images=fastdata.ImageOptions(images="raw")))
+        fastdata.convert(seq_src, work / f"seq_{be}", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be, workers=THREADS), no_labels=True))
     mixed = fastdata.open(work / "mixed_hdf5")
     assert mixed.manifest.fields[0].encoding == "pixels"
     shapes = mixed.get_batch(np.arange(len(mixed)))["image_shape"]
@@ -313,10 +310,8 @@ def section_ragged(work: Path, cfg: dict[str, int]) -> dict[str, Any]:
     rows = int(round(mean_rows))
     np.save(work / "fixed_seq.npy", rng.standard_normal((cfg["seqs"], rows, 16)).astype(np.float32))
     for be in ("hdf5", "lmdb"):
-        converters.convert(None, work / f"fixedimg_{be}", converters.WriteOptions(backend=be, workers=THREADS),
-                           arrays={"image": work / "fixed_img.npy"})
-        converters.convert(None, work / f"fixedseq_{be}", converters.WriteOptions(backend=be, workers=THREADS),
-                           arrays={"x": work / "fixed_seq.npy"})
+        fastdata.convert(None, work / f"fixedimg_{be}", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be, workers=THREADS)), arrays={"image": work / "fixed_img.npy"})
+        fastdata.convert(None, work / f"fixedseq_{be}", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be, workers=THREADS)), arrays={"x": work / "fixed_seq.npy"})
     _harness.warm_page_cache(work)
     methods: dict[str, Callable[[], int]] = {}
     for kind, n, fixed_name, ragged_name in (("img", cfg["mixed"], "fixedimg", "mixed"),
@@ -375,8 +370,7 @@ def section_jpeg(work: Path, cfg: dict[str, int], jpegs: Path) -> dict[str, Any]
     import simplejpeg
 
     n = cfg["images"]
-    converters.convert(jpegs, work / "jpeg_ds", converters.WriteOptions(workers=THREADS),
-                       images=converters.ImageOptions(images="encoded"))
+    fastdata.convert(jpegs, work / "jpeg_ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=THREADS), images=fastdata.ImageOptions(images="encoded")))
     files = sorted(jpegs.rglob("*.jpg"))
     blobs = [p.read_bytes() for p in files]
     plan = plans(n, 1, 4)[0]
@@ -469,7 +463,7 @@ def section_convert(work: Path, cfg: dict[str, int]) -> dict[str, Any]:
         shutil.rmtree(work / "npy_hdf5", ignore_errors=True)
         os.sync()
         t0 = time.perf_counter()
-        converters.convert(src, work / "npy_hdf5", converters.WriteOptions(backend="hdf5", workers=THREADS))
+        fastdata.convert(src, work / "npy_hdf5", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="hdf5", workers=THREADS)))
         return time.perf_counter() - t0
 
     copy_name = f"parallel copy, {THREADS} workers, fsync per shard"

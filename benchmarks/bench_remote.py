@@ -33,7 +33,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 
 SHAPE = (2, 64, 64)  # 32 KiB per sample
@@ -83,9 +82,9 @@ def run(n: int, rounds: int, epochs: int, work: Path) -> dict[str, Any]:
     x = np.random.default_rng(0).standard_normal((n, *SHAPE), dtype=np.float32)
     np.save(work / "X.npy", x)
     np.save(work / "y.npy", np.arange(n, dtype=np.int64) % 10)
-    opts = converters.WriteOptions(shard_size=16 << 20, workers=1)
+    opts = fastdata.WriteOptions(shard_size=16 << 20, workers=1)
     arrays = {"x": work / "X.npy"}
-    converters.convert(None, work / "local", opts, arrays=arrays, labels=work / "y.npy")
+    fastdata.convert(None, work / "local", fastdata.ConvertConfig(write=opts), labels=work / "y.npy", arrays=arrays)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -98,7 +97,7 @@ def run(n: int, rounds: int, epochs: int, work: Path) -> dict[str, Any]:
         s3fs.S3FileSystem(**storage).mkdir("bench")
         url = "s3://bench/ds"
         up = fastdata.RemoteOptions(cache_dir=work / "staging", storage_options=storage)
-        converters.convert(None, url, opts, arrays=arrays, labels=work / "y.npy", remote=up)
+        fastdata.convert(None, url, fastdata.ConvertConfig(write=opts, remote=up), labels=work / "y.npy", arrays=arrays)
         warm_opts = fastdata.RemoteOptions(cache_dir=work / "warm", cache_limit="10GB", storage_options=storage)
         _epoch(url, warm_opts)  # fills the warm cache (and the page cache)
         _epoch(work / "local", None)  # page cache warm for the local copy

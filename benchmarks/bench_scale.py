@@ -14,7 +14,7 @@ cluster job runs it; the output folder is deleted after each run):
   started once (as a running cluster is), interleaved with the local runs; twice: with Ray's default
   worker niceness (15: on a machine shared with other work its workers get less CPU than the local
   engine's), and with its workers at nice 0, the priority the local engine's workers have;
-* the in-process API (``converters.convert`` called by a program that is connected to the nice 0
+* the in-process API (``fastdata.convert`` called by a program that is connected to the nice 0
   cluster, as a Ray application is): the engine's own cost with no interpreter start, Ray import or
   worker start (Ray starts a job's workers once), interleaved with ``workers=2`` in-process local runs;
 * cold, once each before the clusters start: local again, and ``--engine ray`` with no address (the
@@ -28,6 +28,8 @@ and to ``<out>/scale[_quick].{json,md}``.
 """
 
 from __future__ import annotations
+
+import fastdata
 
 import argparse
 import contextlib
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         src_bytes = warm_page_cache(src)
         print(f"source: {n} samples, {src_bytes / 1e9:.2f} GB in {src} (generated in {gen_s:.0f} s)", flush=True)
 
-        from converters.npy import NpyFolderSource
+        from fastdata.converters.npy_folder import NpyFolderSource
 
         t0 = time.perf_counter()
         NpyFolderSource.scan(src)  # what every --part process repeats, and the Ray driver does once
@@ -138,14 +140,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: wall {r['wall']:.2f} s, convert {r['internal']:.2f} s | {r['summary']}", flush=True)
 
         def api(name: str, **kw: Any) -> None:
-            """converters.convert in this process (a program that holds the Ray connection, as a Ray
+            """fastdata.convert in this process (a program that holds the Ray connection, as a Ray
             application or notebook does): no interpreter start, no Ray import, and with ``engine="ray"``
             the job's workers stay up between conversions (Ray starts them once per job)."""
-            import converters
 
             shutil.rmtree(dst, ignore_errors=True)
             t0 = time.perf_counter()
-            rep = converters.convert(src, dst, converters.WriteOptions(shard_size=parse_size(a.shard_size), **kw))
+            rep = fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=parse_size(a.shard_size), **kw)))
             r = {"wall": time.perf_counter() - t0, "internal": rep.seconds, "summary": rep.summary()}
             digests[name] = _digest(dst)
             shutil.rmtree(dst)

@@ -22,7 +22,6 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
 from fastdata.demo.models import FlimCNN  # noqa: E402
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         src = work / "npy"
         write_npy_folder(src, n, SHAPE, learnable=True)
-        converters.convert(src, work / "hdf5", converters.WriteOptions(backend="hdf5"))
+        fastdata.convert(src, work / "hdf5", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="hdf5")))
         os.sync()
         loaders = {"naive DataLoader (np.load per file, 2 workers)": lambda: naive_loader(src, batch, workers=2),
                    "fastdata.loader (hdf5, defaults)": lambda: fastdata.loader(work / "hdf5", batch, device="cpu")}

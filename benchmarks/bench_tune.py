@@ -23,7 +23,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.tune import measure_setting, tune  # noqa: E402
 
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rng = np.random.default_rng(0)
         np.save(work / "X.npy", rng.standard_normal((n, *SHAPE), dtype=np.float32))
-        converters.convert(None, work / "hdf5", converters.WriteOptions(backend="hdf5"), arrays={"x": work / "X.npy"})
+        fastdata.convert(None, work / "hdf5", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="hdf5")), arrays={"x": work / "X.npy"})
         (work / "X.npy").unlink()
         os.sync()
         ds = fastdata.open(work / "hdf5")

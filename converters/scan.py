@@ -20,6 +20,9 @@ import numpy as np
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD
 
+__all__ = ["FolderSource", "LABEL_DTYPE", "Labels", "check_labelled", "drop_non_samples", "file_labels",
+           "find_and_label", "folder_labels", "label_field", "refuse_bad", "walk_files"]
+
 LABEL_DTYPE = np.dtype("<i8")
 log = logging.getLogger("fastdata.convert")
 
@@ -33,7 +36,7 @@ def drop_non_samples(root: Path, rels: list[str], is_sample: Any, strict: bool) 
         few = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
         if strict:
             raise DataError(f"{root / other[0]}: not a sample file ({len(other)} such file(s) in {root}: {few}); "
-                            "without --strict they are skipped")
+                            "without %(strict=True) they are skipped")
         log.warning("%s: skipped %d file(s) that are not samples: %s (--strict makes this an error)",
                     root, len(other), few)
     return keep
@@ -106,7 +109,7 @@ def folder_labels(paths: list[str], root: Path) -> Labels:
     if flat:
         raise DataError(
             f"{root}: mixed layout: {root / flat[0]} lies directly in the folder while other files are in "
-            "class sub-folders; move it into a class folder, or pass --no-labels or --labels FILE"
+            "class sub-folders; move it into a class folder, or pass %(no_labels=True) or %(labels=FILE)"
         )
     classes = sorted({p.split("/", 1)[0] for p in paths})
     index = {c: i for i, c in enumerate(classes)}
@@ -120,12 +123,12 @@ def file_labels(path: Path) -> Labels:
     if suffix not in (".json", ".csv", ".txt", ".tsv"):
         also = (f"; a .npy of labels goes with a single-array source (fastdata convert X.npy DST --labels "
                 f"{path.name})") if suffix == ".npy" else ""
-        raise UsageError(f"{path}: a folder source takes --labels as a CSV of relative_path,label lines or a JSON "
+        raise UsageError(f"{path}: a folder source takes %(labels) as a CSV of relative_path,label lines or a JSON "
                          f"object of path: label{also}")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read labels file ({e}); a folder source takes --labels as a UTF-8 CSV "
+        raise UsageError(f"{path}: cannot read labels file ({e}); a folder source takes %(labels) as a UTF-8 CSV "
                          "of relative_path,label lines (or a JSON object of path: label)") from None
     pairs = _json_pairs(path, text) if suffix == ".json" else _csv_pairs(path, text)
     if not pairs:
@@ -241,7 +244,7 @@ def refuse_bad(bad: dict[str, str], skip_bad: bool) -> list[tuple[str, str]]:
     """Raise for the first bad file (by path) unless ``skip_bad``; returns the skipped files, sorted."""
     if bad and not skip_bad:
         first = min(bad)
-        more = f" ({len(bad) - 1} more bad file(s); --skip-bad skips them and lists them in skipped.json)" if len(bad) > 1 else ""
+        more = f" ({len(bad) - 1} more bad file(s); %(skip_bad=True) skips them and lists them in skipped.json)" if len(bad) > 1 else ""
         raise DataError(bad[first] + more)
     return sorted(bad.items())
 

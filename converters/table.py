@@ -12,16 +12,11 @@ table, the row and the column; ``--skip-bad`` skips such rows and lists them in 
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -30,369 +25,22 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import _NAME_RE, ENCODING_PIXELS, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
-from .imageio import IMAGE_EXTENSIONS, ImageOptions
-from .npyfile import read_npy_data, read_npy_header
+from .image_codec import IMAGE_EXTENSIONS, ImageOptions
+from .image_folder import ImageFolderSource, is_image_file
+from .npy_folder import NpyFolderSource
+from .npy_parse import read_npy_data, read_npy_header
+from .registry import Request, register
+from .scan import drop_non_samples, refuse_bad, walk_files
+from .table_read import _MISSING, PATH_COLUMN, Table, read_table
+from .table_types import INT_DTYPE, Column, ColumnType, parse_column, safe_rel
 
-TABLE_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
-PATH_COLUMN = "path"
-_FILE_SUFFIXES = tuple(IMAGE_EXTENSIONS) + (".npy",)
-_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
-           "float64", "bool"}
-FLOAT_DTYPE = np.dtype("<f4")
-INT_DTYPE = np.dtype("<i8")
+if TYPE_CHECKING:
+    from fastdata.write import Progress
 
+    from .config import ConvertConfig
 
-def is_table(path: Path) -> bool:
-    return path.suffix.lower() in TABLE_SUFFIXES
-
-
-# --- reading ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Table:
-    """A table's raw cells by column; ``csv`` cells are text, the others keep their JSON/Arrow types."""
-
-    path: Path
-    kind: str
-    columns: dict[str, list[Any]]
-    rows: int
-    lines: list[int] | None = None  # CSV/JSONL: the file line each row starts on
-
-    def where(self, row: int, column: str | None = None) -> str:
-        line = f" (line {self.lines[row]})" if self.lines is not None else ""
-        col = f", column {column!r}" if column is not None else ""
-        return f"{self.path}: row {row + 1}{line}{col}"
-
-
-_MISSING = object()
-
-
-def read_table(path: Path) -> Table:
-    """Read a CSV/TSV (header row), JSON Lines or Parquet table."""
-    kind = TABLE_SUFFIXES.get(path.suffix.lower())
-    if kind is None:
-        raise UsageError(f"{path}: a metadata table must be .csv, .tsv, .jsonl or .parquet")
-    if not path.is_file():
-        raise UsageError(f"{path}: table not found")
-    if kind == "parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise UsageError(f"{path}: Parquet tables need pyarrow: pip install 'fastdata[parquet]'") from None
-        try:
-            cols = pq.read_table(path).to_pydict()
-        except Exception as e:  # pyarrow's ArrowInvalid and friends
-            raise DataError(f"{path}: unreadable Parquet table ({type(e).__name__}: {e})") from None
-        n = len(next(iter(cols.values()))) if cols else 0
-        return Table(path, kind, {k: [_MISSING if v is None else v for v in vs] for k, vs in cols.items()}, n)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read table: {e}") from None
-    if kind == "csv":
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        lines = _csv_lines(path, reader)
-        if not lines:
-            raise DataError(f"{path}: empty table (no header row)")
-        header = [h.strip() for h in lines[0][1]]
-        if len(set(header)) != len(header):
-            raise DataError(f"{path}: duplicate column names in the header {header}")
-        columns: dict[str, list[Any]] = {h: [] for h in header}
-        body = lines[1:]
-        for i, (ln, r) in enumerate(body):
-            if len(r) != len(header):
-                raise DataError(f"{path}: row {i + 1} (line {ln}): {len(r)} cells, the header has {len(header)}")
-            for h, v in zip(header, r):
-                columns[h].append(v)
-        return Table(path, kind, columns, len(body), [ln for ln, _ in body])
-    rows: list[dict[str, Any]] = []
-    starts: list[int] = []
-    for ln, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {ln}: not JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}: line {ln}: each line must be a JSON object")
-        rows.append(obj)
-        starts.append(ln)
-    names: dict[str, None] = {}
-    for obj in rows:
-        names.update(dict.fromkeys(obj))
-    return Table(path, kind, {k: [_MISSING if r.get(k) is None else r[k] for r in rows] for k in names}, len(rows),
-                 starts)
-
-
-def _csv_lines(path: Path, reader: Any) -> list[tuple[int, list[str]]]:
-    """Every row of ``reader`` but blank lines, with the line it starts on (a quoted cell may span
-    lines); the csv module's errors (a cell over its size limit, a NUL byte) name the line."""
-    lines: list[tuple[int, list[str]]] = []
-    try:
-        end = 0
-        for row in reader:
-            if row:
-                lines.append((end + 1, row))
-            end = reader.line_num
-    except csv.Error as e:
-        big = "field larger than field limit" in str(e)
-        fix = (f"; a cell over {csv.field_size_limit()} characters needs a JSON Lines or Parquet table" if big
-               else "")
-        raise DataError(f"{path}: line {reader.line_num}: not a readable CSV row ({e}){fix}") from None
-    return lines
-
-
-# --- column types ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ColumnType:
-    """A forced column type: ``dtype`` a numpy name or ``str``; ``shape`` per sample (a leading
-    None: ragged), or None for a scalar."""
-
-    dtype: str
-    shape: tuple[int | None, ...] | None = None
-
-
-def parse_meta_type(text: str) -> tuple[str, ColumnType]:
-    """``NAME=DTYPE[:SHAPE]``: ``keypoints=float32:17,3``, ``boxes=float32:n,4``, ``subject=str``."""
-    name, sep, spec = text.partition("=")
-    dtype, _, shape_text = spec.partition(":")
-    if not sep or not name or dtype not in _DTYPES | {"str"}:
-        raise UsageError(f"--meta-type {text!r}: expected NAME=DTYPE[:SHAPE] with DTYPE one of "
-                         f"{', '.join(sorted(_DTYPES))} or str (e.g. keypoints=float32:17,3 or boxes=float32:n,4)")
-    shape: tuple[int | None, ...] | None = None
-    if shape_text:
-        if dtype == "str":
-            raise UsageError(f"--meta-type {text!r}: a str column has no shape")
-        dims: list[int | None] = []
-        for k, d in enumerate(shape_text.split(",")):
-            d = d.strip()
-            if k == 0 and d in ("n", "N", "*"):
-                dims.append(None)
-            elif d.isdigit():
-                dims.append(int(d))
-            else:
-                raise UsageError(f"--meta-type {text!r}: bad shape {shape_text!r} (integers; 'n' first for ragged)")
-        shape = tuple(dims)
-    return name, ColumnType(dtype, shape)
-
-
-def _cell(v: Any) -> Any:
-    """A CSV cell's value: JSON arrays, booleans, integers, floats, else the text itself."""
-    if not isinstance(v, str):
-        return v
-    t = v.strip()
-    if t == "":
-        return _MISSING
-    if t.startswith("["):
-        try:
-            return json.loads(t)
-        except json.JSONDecodeError:
-            return v
-    low = t.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return int(t)
-    except ValueError:
-        pass
-    try:
-        return float(t)
-    except ValueError:
-        return v
-
-
-def _kind(v: Any) -> str:
-    if v is _MISSING:
-        return "missing"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, (int, np.integer)):
-        return "int"
-    if isinstance(v, (float, np.floating)):
-        return "float"
-    if isinstance(v, (list, tuple)):
-        return "list"
-    if isinstance(v, str):
-        return "str"
-    return type(v).__name__
-
-
-@dataclass
-class Column:
-    """One parsed column: ``kind`` num (fixed arrays), ragged, str, or file (relative paths)."""
-
-    name: str
-    kind: str
-    dtype: np.dtype | None = None
-    shape: tuple[int | None, ...] = ()
-    values: list[Any] = field(default_factory=list)  # per row: an array, a str, a path; None where bad
-
-
-def parse_column(table: Table, name: str, raw: list[Any], forced: ColumnType | None, root: Path,
-                 bad: dict[int, str]) -> Column:
-    """Type the column (forced or inferred from all its cells) and convert every cell; a cell that
-    does not fit puts its row in ``bad`` with a message naming the table, row and column."""
-    cells = [_cell(v) if table.kind == "csv" else v for v in raw]
-    live = [i for i in range(len(cells)) if i not in bad]
-
-    def fail(i: int, msg: str) -> None:
-        bad.setdefault(i, f"{table.where(i, name)}: {msg}")
-
-    if forced is not None and forced.dtype == "str":
-        col = Column(name, "str", values=[None] * len(cells))
-        for i in live:
-            v = raw[i]
-            col.values[i] = "" if v is _MISSING else v if isinstance(v, str) else json.dumps(v) if isinstance(v, list) else str(v)
-        return col
-    kinds = Counter(_kind(cells[i]) for i in live)
-    if forced is None:
-        numeric = kinds["int"] + kinds["float"] + kinds["bool"]
-        if kinds["list"] and kinds["list"] * 2 > len(live):
-            return _list_column(table, name, cells, live, None, None, fail)
-        if kinds["str"] + kinds["missing"] and numeric * 2 <= len(live):
-            return _string_column(table, name, raw, cells, live, root, fail)
-        dtype: np.dtype
-        if kinds["bool"] == len(live):
-            dtype = np.dtype(bool)
-        elif kinds["int"] + kinds["bool"] == numeric and not kinds["float"]:
-            dtype = INT_DTYPE
-        else:
-            dtype = FLOAT_DTYPE
-        return _scalar_column(name, cells, live, dtype, fail)
-    dtype = np.dtype(forced.dtype)
-    if forced.shape:
-        return _list_column(table, name, cells, live, dtype, forced.shape, fail)
-    return _scalar_column(name, cells, live, dtype, fail)
-
-
-def _scalar(v: Any, dtype: np.dtype) -> Any:
-    k = _kind(v)
-    if dtype.kind == "b":
-        if k != "bool":
-            raise ValueError(f"{v!r} is not true/false")
-        return v
-    if k not in ("int", "float") or (dtype.kind in "iu" and k == "float" and not float(v).is_integer()):
-        raise ValueError(f"{'empty cell' if v is _MISSING else repr(v)} is not {'an integer' if dtype.kind in 'iu' else 'a number'}")
-    if dtype.kind in "iu":
-        iv = int(v)
-        info = np.iinfo(dtype)
-        if not info.min <= iv <= info.max:
-            raise ValueError(f"{iv} does not fit {dtype}")
-        return iv
-    fv = float(v)
-    if math.isfinite(fv) and abs(fv) > float(np.finfo(dtype).max):  # would turn into inf silently
-        raise ValueError(f"{v!r} does not fit {dtype} (largest {np.finfo(dtype).max:g})")
-    return fv
-
-
-def _scalar_column(name: str, cells: list[Any], live: list[int], dtype: np.dtype, fail: Any) -> Column:
-    col = Column(name, "num", dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype, shape=(),
-                 values=[None] * len(cells))
-    for i in live:
-        try:
-            col.values[i] = np.asarray(_scalar(cells[i], dtype), dtype=col.dtype)
-        except ValueError as e:
-            fail(i, f"{e} (the column holds {dtype.name} values)")
-    return col
-
-
-def _list_column(table: Table, name: str, cells: list[Any], live: list[int], dtype: np.dtype | None,
-                 shape: tuple[int | None, ...] | None, fail: Any) -> Column:
-    arrays: dict[int, np.ndarray] = {}
-    any_float = False
-    for i in live:
-        v = cells[i]
-        if not isinstance(v, (list, tuple)):
-            fail(i, f"{'empty cell' if v is _MISSING else repr(v)} is not a list of numbers")
-            continue
-        try:
-            a = np.array(v)
-        except ValueError:
-            fail(i, "nested lists of unequal lengths")
-            continue
-        if a.size and a.dtype.kind not in "biuf":
-            fail(i, "the list holds non-numbers")
-            continue
-        any_float |= a.size > 0 and a.dtype.kind == "f"
-        arrays[i] = a
-    if dtype is None:
-        dtype = FLOAT_DTYPE if any_float else INT_DTYPE
-    dtype = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
-    if shape is None:  # inferred: one shape for all, or ragged on the first axis
-        trailing = Counter(a.shape[1:] for a in arrays.values() if a.size)
-        tr = trailing.most_common(1)[0][0] if trailing else ()
-        shapes = {a.shape for a in arrays.values()}
-        shape = next(iter(shapes)) if len(shapes) == 1 else (None, *tr)
-    out = Column(name, "num" if shape[:1] != (None,) else "ragged", dtype=dtype, shape=shape, values=[None] * len(cells))
-    for i, a in arrays.items():
-        try:
-            if shape[:1] == (None,):
-                tr = tuple(shape[1:])
-                if a.size == 0:
-                    a = a.reshape((0, *tr))
-                elif a.shape[1:] != tr:
-                    if tr and a.ndim == 1 and a.size % math.prod(tr) == 0:  # a flat list of whole rows
-                        a = a.reshape((-1, *tr))
-                    else:
-                        raise ValueError(f"has shape {list(a.shape)}, rows of the column are {list(tr)}")
-            elif a.shape != shape:
-                if a.size != math.prod(shape):  # type: ignore[arg-type]
-                    raise ValueError(f"has {a.size} values (shape {list(a.shape)}), the column's shape "
-                                     f"{list(shape)} needs {math.prod(shape)}")  # type: ignore[arg-type]
-                a = a.reshape(shape)  # type: ignore[arg-type]
-            if dtype.kind in "iu" and a.dtype.kind == "f" and not np.all(np.mod(a, 1) == 0):
-                raise ValueError("holds non-integers, the column is integer")
-            if dtype.kind in "iu" and a.size and (int(a.min()) < np.iinfo(dtype).min or int(a.max()) > np.iinfo(dtype).max):
-                raise ValueError(f"holds a number outside {dtype}'s range")
-            if dtype.kind == "f" and a.size and np.any(np.abs(a[np.isfinite(a)]) > np.finfo(dtype).max):
-                raise ValueError(f"holds a number too large for {dtype} (largest {np.finfo(dtype).max:g})")
-            out.values[i] = np.ascontiguousarray(a, dtype=dtype)
-        except (ValueError, OverflowError) as e:
-            fail(i, str(e))
-    return out
-
-
-def _string_column(table: Table, name: str, raw: list[Any], cells: list[Any], live: list[int], root: Path,
-                   fail: Any) -> Column:
-    texts: list[Any] = [None] * len(cells)
-    for i in live:
-        v = raw[i]
-        texts[i] = "" if v is _MISSING else v if isinstance(v, str) else json.dumps(v) if isinstance(v, list) else str(v)
-    shown = [texts[i] for i in live]
-    if shown and all(t.lower().endswith(_FILE_SUFFIXES) for t in shown):
-        col = Column(name, "file", values=[None] * len(cells))
-        for i in live:
-            try:
-                col.values[i] = safe_rel(texts[i], root)
-            except ValueError as e:
-                fail(i, str(e))
-        return col
-    return Column(name, "str", values=texts)
-
-
-def safe_rel(text: str, root: Path) -> str:
-    """``text`` as a normalised relative POSIX path of an existing file under ``root``; ValueError if it
-    is absolute, escapes ``root`` or names no file."""
-    t = text.strip()
-    p = PurePosixPath(t.replace("\\", "/"))
-    if not t or p.is_absolute() or re.match(r"^[A-Za-z]:", t):
-        raise ValueError(f"path {text!r} is not relative to {root}")
-    parts = [x for x in p.parts if x not in (".", "")]
-    if ".." in parts:
-        raise ValueError(f"path {text!r} leads out of {root}")
-    rel = "/".join(parts)
-    full = root / rel
-    real_root = os.path.realpath(root)
-    if not os.path.realpath(full).startswith(real_root.rstrip(os.sep) + os.sep):
-        raise ValueError(f"path {text!r} leads out of {root} (through a link)")
-    if not full.is_file():
-        raise ValueError(f"file {rel!r} not found under {root}")
-    return rel
-
+__all__ = ["FileColumn", "TableColumns", "TableKind", "TableSource", "finish_columns", "scan_file_column",
+           "scan_table", "table_columns"]
 
 # --- file columns ----------------------------------------------------------------------------
 
@@ -551,7 +199,7 @@ def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: d
     """Parse every column but ``path``; returns the columns and the rows not bad so far."""
     unknown = sorted(set(types) - set(table.columns))
     if unknown:
-        raise UsageError(f"--meta-type names {unknown[0]!r}, which is not a column of {table.path} "
+        raise UsageError(f"%(meta_types) names {unknown[0]!r}, which is not a column of {table.path} "
                          f"(columns: {', '.join(table.columns)})")
     cols: dict[str, Column] = {}
     for name, raw in table.columns.items():
@@ -667,11 +315,44 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
     """Read and check a table and every file it names; build the source. Bad rows raise (the
     first, naming table, row and column) unless ``skip_bad``. Class folders give ``label`` as for
     a folder source unless the table has a ``label`` column or ``no_labels``."""
-    from .images import ImageFolderSource, is_image_file
-    from .npy import NpyFolderSource
-    from .scan import drop_non_samples, refuse_bad, walk_files
-
     table = read_table(table_path)
+    paths, bad = _paths(table, table_path, root)
+    rows = [i for i in range(table.rows) if i not in bad]
+    is_img = [is_image_file(paths[i]) for i in rows]
+    if any(is_img) and not all(is_img):
+        first = rows[is_img.index(False)]
+        raise DataError(f"{table.where(first, PATH_COLUMN)}: {paths[first]!r} is not an image, other rows name "
+                        "images; a table's path column names one kind of file")
+    image_kind = bool(is_img) and all(is_img)
+    reserved = {"image", "image_shape", "image_codec"} if image_kind else {"x"}
+    cols, _ = table_columns(table, root, types, bad, reserved)
+    rows = [i for i in range(table.rows) if i not in bad]
+    finish_columns(table, cols, rows, root, bad)  # scans file columns: may find bad rows
+    rows = [i for i in range(table.rows) if i not in bad]
+
+    skipped_rows = refuse_bad({_row_key(table, i, paths): msg for i, msg in bad.items()}, skip_bad)
+    if check_unlisted:
+        skipped_rows += _unlisted(table, table_path, root, paths, cols, image_kind, strict, skip_bad)
+    if not rows:
+        raise DataError(f"{table_path}: no usable rows (all {table.rows} are bad)")
+    rels = [paths[i] for i in rows]
+    folders = not no_labels and LABEL_FIELD not in table.columns and _class_folders(table, root, rels)
+    if image_kind:
+        main: Any = ImageFolderSource.scan(root, images or ImageOptions(), no_labels=not folders, skip_bad=skip_bad,
+                                           workers=workers, progress=progress, rels=rels)
+    else:
+        if images is not None:
+            raise UsageError(f"{table_path}: image options (%(images)) given, but the path column names no images")
+        main = NpyFolderSource.scan(root, no_labels=not folders, skip_bad=skip_bad, rels=rels)
+    row_of = {paths[i]: i for i in rows}
+    kept = [row_of[r] for r in main.rels]
+    final = finish_columns(table, cols, kept, root, {})
+    return TableSource(main=main, cols=final, table_path=str(table_path),
+                       skipped=sorted(skipped_rows) + list(main.skipped))
+
+
+def _paths(table: Table, table_path: Path, root: Path) -> tuple[list[Any], dict[int, str]]:
+    """The ``path`` column, checked: each row's relative path (None where bad), and the bad rows."""
     if PATH_COLUMN not in table.columns:
         raise DataError(f"{table_path}: no {PATH_COLUMN!r} column (columns: {', '.join(table.columns)})")
     if table.rows == 0:
@@ -692,46 +373,19 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
             continue
         seen[rel] = i
         paths[i] = rel
-    rows = [i for i in range(table.rows) if i not in bad]
-    is_img = [is_image_file(paths[i]) for i in rows]
-    if any(is_img) and not all(is_img):
-        first = rows[is_img.index(False)]
-        raise DataError(f"{table.where(first, PATH_COLUMN)}: {paths[first]!r} is not an image, other rows name "
-                        "images; a table's path column names one kind of file")
-    image_kind = bool(is_img) and all(is_img)
-    reserved = {"image", "image_shape", "image_codec"} if image_kind else {"x"}
-    cols, _ = table_columns(table, root, types, bad, reserved)
-    rows = [i for i in range(table.rows) if i not in bad]
-    finish_columns(table, cols, rows, root, bad)  # scans file columns: may find bad rows
-    rows = [i for i in range(table.rows) if i not in bad]
+    return paths, bad
 
-    skipped_rows = refuse_bad({_row_key(table, i, paths): msg for i, msg in bad.items()}, skip_bad)
-    if check_unlisted:
-        listed = set(paths[i] for i in range(table.rows) if paths[i]) | {
-            c.values[i] for c in cols.values() if c.kind == "file" for i in range(table.rows) if c.values[i]}
-        ours = {os.path.realpath(table_path)}
-        others = [r for r in walk_files(root, ours) if r not in listed]
-        unlisted = drop_non_samples(root, others, lambda r: _is_sample(r, image_kind), strict)
-        if unlisted:
-            msg = {r: f"{root / r}: a sample file that {table_path} does not list (add a row for it, or move it)"
-                   for r in unlisted}
-            skipped_rows += refuse_bad(msg, skip_bad)
-    if not rows:
-        raise DataError(f"{table_path}: no usable rows (all {table.rows} are bad)")
-    rels = [paths[i] for i in rows]
-    folders = not no_labels and LABEL_FIELD not in table.columns and _class_folders(table, root, rels)
-    if image_kind:
-        main: Any = ImageFolderSource.scan(root, images or ImageOptions(), no_labels=not folders, skip_bad=skip_bad,
-                                           workers=workers, progress=progress, rels=rels)
-    else:
-        if images is not None:
-            raise UsageError(f"{table_path}: image options given, but the path column names no images")
-        main = NpyFolderSource.scan(root, no_labels=not folders, skip_bad=skip_bad, rels=rels)
-    row_of = {paths[i]: i for i in rows}
-    kept = [row_of[r] for r in main.rels]
-    final = finish_columns(table, cols, kept, root, {})
-    return TableSource(main=main, cols=final, table_path=str(table_path),
-                       skipped=sorted(skipped_rows) + list(main.skipped))
+
+def _unlisted(table: Table, table_path: Path, root: Path, paths: list[Any], cols: dict[str, Column],
+              image_kind: bool, strict: bool, skip_bad: bool) -> list[tuple[str, str]]:
+    """Sample files under ``root`` that the table does not list: an error, or skipped with ``skip_bad``."""
+    listed = set(paths[i] for i in range(table.rows) if paths[i]) | {
+        c.values[i] for c in cols.values() if c.kind == "file" for i in range(table.rows) if c.values[i]}
+    others = [r for r in walk_files(root, {os.path.realpath(table_path)}) if r not in listed]
+    unlisted = drop_non_samples(root, others, lambda r: _is_sample(r, image_kind), strict)
+    msg = {r: f"{root / r}: a sample file that {table_path} does not list (add a row for it, or move it)"
+           for r in unlisted}
+    return refuse_bad(msg, skip_bad) if msg else []
 
 
 def _class_folders(table: Table, root: Path, rels: list[str]) -> bool:
@@ -743,7 +397,7 @@ def _class_folders(table: Table, root: Path, rels: list[str]) -> bool:
         return False
     if flat:
         raise DataError(f"{table.path}: path {flat[0]!r} lies directly in {root} while other rows name files in "
-                        "sub-folders, whose names would be the classes (field 'label'); pass --no-labels for no "
+                        "sub-folders, whose names would be the classes (field 'label'); pass %(no_labels=True) for no "
                         "labels from folders, or add a 'label' column to the table")
     return True
 
@@ -756,3 +410,21 @@ def _row_key(table: Table, i: int, paths: list[Any]) -> str:
 def _is_sample(rel: str, image_kind: bool) -> bool:
     low = rel.lower()
     return low.endswith(tuple(IMAGE_EXTENSIONS)) if image_kind else low.endswith((".npy", ".npz"))
+
+
+class TableKind:
+    """A metadata table (``meta``, or SRC itself a table): its ``path`` column names the samples."""
+
+    name = "table"
+
+    def detect(self, req: Request) -> bool:
+        return req.meta is not None
+
+    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> TableSource:
+        assert req.meta is not None and req.src is not None  # (detect, and the request's checks)
+        return scan_table(req.meta, req.src, types=dict(config.meta_types), images=config.images,
+                          skip_bad=config.skip_bad, strict=config.strict, check_unlisted=not req.table_src,
+                          workers=config.write.workers, progress=progress, no_labels=config.no_labels)
+
+
+register(TableKind())

@@ -1,7 +1,8 @@
 """fastdata: sharded HDF5/LMDB datasets and fast PyTorch input pipelines.
 
-``fastdata.open`` reads a dataset; ``fastdata.loader`` feeds training. torch is imported
-only when the loader or augmentation is first used, so converting data does not need it.
+``fastdata.convert`` writes a dataset (``fastdata.merge`` joins several); ``fastdata.open`` reads
+one; ``fastdata.loader`` feeds training. torch is imported only when the loader or augmentation is
+first used, so converting data does not need it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ if TYPE_CHECKING:
     import torch
 
     from .augment import Augment
+    from .conversion import convert, merge
+    from .converters import ConvertConfig, ImageOptions
     from .loaders import Loader, LoaderConfig
     from .loaders.transform import TransformFn
     from .samplers import SamplerFn
+    from .write import ConvertReport, MergeReport, WriteOptions
 
 
 def loader(
@@ -68,7 +72,15 @@ def loader(
                    remote=remote, sampler=sampler, transform=transform)
 
 
+_WRITE_SIDE = {"convert": "conversion", "merge": "conversion", "ConvertConfig": "converters",
+               "ImageOptions": "converters", "WriteOptions": "write", "ConvertReport": "write", "MergeReport": "write"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _WRITE_SIDE:  # the write side (converting): imported when first used
+        import importlib
+
+        return getattr(importlib.import_module(f".{_WRITE_SIDE[name]}", __name__), name)
     if name in ("Loader", "LoaderConfig", "PerSample"):
         from . import loaders
 
@@ -80,5 +92,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Loader", "LoaderConfig", "PerSample", "RemoteOptions", "__version__", "errors", "loader",
-           "open"]
+__all__ = ["ConvertConfig", "ConvertReport", "Dataset", "ImageOptions", "Loader", "LoaderConfig", "MergeReport",
+           "PerSample", "RemoteOptions", "WriteOptions", "__version__", "convert", "errors", "loader", "merge", "open"]

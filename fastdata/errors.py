@@ -6,6 +6,9 @@ to exit code 1, and prints the message without a traceback (``--debug`` shows it
 
 from __future__ import annotations
 
+import re
+from typing import Callable
+
 __all__ = [
     "BackendUnavailableError",
     "CacheFullError",
@@ -16,6 +19,7 @@ __all__ = [
     "FormatError",
     "IncompleteDatasetError",
     "LoaderWorkerError",
+    "NoSuchBucketError",
     "RemoteError",
     "RemoteNotFoundError",
     "UsageError",
@@ -24,14 +28,38 @@ __all__ = [
 ]
 
 
+# A parameter named in a message: %(name), or %(name=value) (%(engine=ray), %(resume=True)).
+_PARAM = re.compile(r"%\((\w+)(?:=([^()]*))?\)")
+
+
 class FastdataError(Exception):
-    """Base of every error fastdata raises on purpose."""
+    """Base of every error fastdata raises on purpose.
+
+    A parameter the message names is written ``%(name)`` or ``%(name=value)`` in it: ``str()`` says it
+    as the parameter (``resume=True``), and the CLI as the flag that sets it (``--resume``; :meth:`said`,
+    fastdata/cli_convert.py), so the library's errors name parameters and the CLI's name flags."""
 
     exit_code = 1
 
+    def __init__(self, *args: object) -> None:
+        first = args[0] if args else None
+        self.template = first if isinstance(first, str) else None
+        if isinstance(first, str):
+            args = (_PARAM.sub(lambda m: m.group(1) if m.group(2) is None else f"{m.group(1)}={m.group(2)}", first),
+                    *args[1:])
+        super().__init__(*args)
 
-class UsageError(FastdataError):
-    """The command was asked for something it cannot do (bad path, DST exists, ...)."""
+    def said(self, say: Callable[[str, str | None], str]) -> str:
+        """The message with each parameter said as ``say(name, value or None)``."""
+        if self.template is None:
+            return str(self)
+        return _PARAM.sub(lambda m: say(m.group(1), m.group(2)), self.template)
+
+
+class UsageError(FastdataError, ValueError):
+    """The command was asked for something it cannot do (bad path, DST exists, ...).
+
+    A ``ValueError`` too, so ordinary ``except ValueError`` code catches bad arguments."""
 
     exit_code = 2
 
@@ -78,6 +106,12 @@ class RemoteError(FastdataError):
 
 class RemoteNotFoundError(RemoteError):
     """The object (or its bucket) does not exist."""
+
+
+class NoSuchBucketError(RemoteError):
+    """The URL's bucket (or container) does not exist: it must be created first. Not a
+    RemoteNotFoundError: code that treats a missing object as "nothing there yet" must not
+    treat a missing bucket so."""
 
 
 class CacheFullError(RemoteError):

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 from fastdata import cli
 
@@ -43,7 +42,7 @@ def four_shard_dataset(tmp_path: Path, backend: str) -> tuple[Path, dict[str, np
     """tmp_path/ds: the 30 samples of make_class_folder(tmp_path / "src", per_class=10) in 4 shards,
     the first three of equal size. Returns (dataset path, {relative path: array})."""
     arrays = make_class_folder(tmp_path / "src", per_class=10)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(backend=backend, shard_size=4000, workers=1))
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=4000, workers=1)))
     return tmp_path / "ds", arrays
 
 

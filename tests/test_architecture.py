@@ -22,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fastdata", "converters")
+IMPORT_NAMES = {"fastdata": "fastdata", "converters": "fastdata.converters"}  # pyproject's package-dir
 
 # lowest first: spec -> file utilities -> format backends -> remote shards -> dataset -> epoch order -> augment
 # -> loaders -> train -> tools. A prefix ending in "." covers a whole package.
@@ -31,12 +32,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastdata.fileio", "fastdata.handles", "fastdata.batching"),
     ("fastdata.format.",),
     ("fastdata.remote.",),  # where shard files come from when a dataset is a URL: fsspec + the local cache
-    ("fastdata.decode", "fastdata.dataset", "fastdata.selection", "fastdata.assembly", "fastdata.readahead",
-     "converters."),
+    ("fastdata.decode", "fastdata.dataset", "fastdata.selection", "fastdata.assembly", "fastdata.readahead"),
     ("fastdata.order", "fastdata.samplers", "fastdata.settings_cache"),
     ("fastdata.targets", "fastdata.augment", "fastdata._compat", "fastdata.seqaug", "fastdata.mixing", "fastdata.views"),
     ("fastdata.loaders.",),
     ("fastdata.train", "fastdata.precision", "fastdata.meter", "fastdata.checkpoint"),
+    # the write side, a peer of the read side (nothing that reads imports it): engine, then sources, then the API
+    ("fastdata.write.",),
+    ("fastdata.converters.",),
+    ("fastdata.conversion", "fastdata.cli_convert", "fastdata.cli_common"),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",
      "fastdata.cli_measure", "fastdata.cli_cold", "fastdata.demo.", "fastdata.examples", "fastdata.doctor."),
 ]
@@ -49,11 +53,15 @@ LAYER_ROLES: list[str] = [
     "the on-disk format's I/O: manifest, keys, the backend registry and interface, hdf5 and lmdb shards, "
     "local shard sources",
     "shards of a URL dataset: fsspec, the node's shard cache, plan-aware prefetch",
-    "reading shards (opening, subsets and splits, batch assembly, decoding, read-ahead hints); writing them",
+    "reading shards (opening, subsets and splits, batch assembly, decoding, read-ahead hints)",
     "epoch order, samplers, tuned settings",
     "batched augmentation and its targets; private torch uses",
     "batches of tensors: order, resume, stats (base), reading (host: threads; procs + ring: processes), device",
     "the AMP training core: the loop, its precision plan, epoch meter and checkpoints",
+    "the write engine: shard plan and tasks, journal, destination and lock, local/Ray/parts engines, URL "
+    "publishing, merge",
+    "conversion sources (.npy folders and arrays, image folders, tables), registered in one table",
+    "the conversion API (fastdata.convert, fastdata.merge, ConvertConfig) and its CLI commands",
     "tools: they use everything below and nothing below uses them",
 ]
 
@@ -62,13 +70,6 @@ MAX_FUNCTION_LINES = 60
 # modules ("path") and functions ("path::name") allowed over the limits, each with its reason; an entry
 # that is no longer over fails the test, so the list only shrinks
 SIZE_ALLOWED: dict[str, str] = {
-    "fastdata/cli.py": "split by i28-write (the CLI becomes a thin layer over fastdata.convert)",
-    "fastdata/cli.py::build_parser": "split by i28-write",
-    "converters/table.py": "split by i28-write",
-    "converters/table.py::scan_table": "split by i28-write",
-    "converters/__init__.py::convert": "split by i28-write (sources registered in one table, no if-chain)",
-    "converters/writer.py::write_dataset": "split by i28-write (the write engine moves to fastdata/write/)",
-    "converters/npy.py::scan": "split by i28-write",
     "fastdata/augment.py": "split by i27-jpeg",
 }
 # modules users import from (docs, README): each declares a sorted __all__ of names it has
@@ -88,7 +89,7 @@ def _modules() -> dict[str, Path]:
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            mods[".".join(parts)] = path
+            mods[".".join([IMPORT_NAMES[parts[0]], *parts[1:]])] = path
     return mods
 
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-import converters
 import fastdata
 from fastdata.augment import (
     Augment, CenterCrop, ColorJitter, GaussianNoise, HorizontalFlip, Normalize, RandomCrop, RandomResizedCrop,
@@ -98,7 +97,7 @@ def test_pipeline_is_deterministic_per_batch_and_differs_across_batches():
 def test_loader_turns_uint8_images_into_float_nchw_and_augments(tmp_path):
     imgs = np.random.default_rng(0).integers(0, 256, (10, 6, 8, 3), dtype=np.uint8)
     np.save(tmp_path / "img.npy", imgs)
-    converters.convert(None, tmp_path / "ds", arrays={"image": tmp_path / "img.npy"})
+    fastdata.convert(None, tmp_path / "ds", arrays={"image": tmp_path / "img.npy"})
     ld = fastdata.loader(tmp_path / "ds", 5, shuffle=False, device="cpu")
     b = next(iter(ld))
     assert b["image"].dtype == torch.float32 and b["image"].shape == (5, 3, 6, 8)
@@ -120,7 +119,7 @@ def test_loader_turns_uint8_images_into_float_nchw_and_augments(tmp_path):
 def test_cuda_prefetcher_matches_cpu(tmp_path):
     imgs = np.random.default_rng(0).integers(0, 256, (40, 16, 16, 3), dtype=np.uint8)
     np.save(tmp_path / "img.npy", imgs)
-    converters.convert(None, tmp_path / "ds", arrays={"image": tmp_path / "img.npy"})
+    fastdata.convert(None, tmp_path / "ds", arrays={"image": tmp_path / "img.npy"})
     # CPU and CUDA generators draw different streams: compare with ops that need no randomness
     aug = [HorizontalFlip(1.0), Normalize((0.5,) * 3, (0.25,) * 3)]
     cpu = [b["image"] for b in fastdata.loader(tmp_path / "ds", 8, device="cpu", augment=aug)]
@@ -216,7 +215,7 @@ def test_loader_augments_mixed_size_jpegs_at_their_own_size(tmp_path):
     for i, (h, w) in enumerate([(40, 64), (64, 30), (24, 24), (64, 64), (50, 36), (30, 60)]):
         (src / "c").mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.full((h, w, 3), 250, np.uint8)).save(src / "c" / f"{i}.jpg", quality=95)
-    converters.convert(src, tmp_path / "ds", images=converters.ImageOptions(images="encoded"))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(images=fastdata.ImageOptions(images="encoded")))
     aug = [RandomResizedCrop(16), HorizontalFlip(), ColorJitter(contrast=0.3)]
     for device_batch in fastdata.loader(tmp_path / "ds", 6, device="cpu", augment=aug):
         assert device_batch["image"].shape == (6, 3, 16, 16)
@@ -240,7 +239,7 @@ def test_image_shape_describes_the_augmented_images(tmp_path):
     for i, (h, w) in enumerate(sizes):
         (src / "c").mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.full((h, w, 3), 200, np.uint8)).save(src / "c" / f"{i}.png")
-    converters.convert(src, tmp_path / "ds")
+    fastdata.convert(src, tmp_path / "ds")
 
     def first(augment):
         return next(iter(fastdata.loader(tmp_path / "ds", 3, shuffle=False, device="cpu", augment=augment)))

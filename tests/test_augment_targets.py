@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-import converters
 import fastdata
-from converters import WriteOptions
+from fastdata import WriteOptions
 from fastdata.augment import (
     Augment,
     CenterCrop,
@@ -337,8 +336,7 @@ def posed(tmp_path_factory):
     arrays = {"image": img, "kp": kp.numpy(), "mask": mask, "boxes": boxes.numpy(), "pose": pose}
     for k, v in arrays.items():
         np.save(tmp / f"{k}.npy", v)
-    converters.convert(None, tmp / "ds", WriteOptions(workers=1, shard_size=20_000),
-                       arrays={k: tmp / f"{k}.npy" for k in arrays})
+    fastdata.convert(None, tmp / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1, shard_size=20_000)), arrays={k: tmp / f"{k}.npy" for k in arrays})
     return tmp / "ds"
 
 
@@ -482,8 +480,7 @@ def test_dali_new_ops_on_mixed_sizes_match_the_torch_backend(tmp_path):
     src.mkdir(parents=True)
     for i in range(12):
         imagegen.png_rgb(src / f"{i:02d}.png", h=20 if i % 3 else 26, w=28 if i % 2 else 22, seed=i)
-    converters.convert(tmp_path / "src", tmp_path / "ds", WriteOptions(workers=1),
-                       images=converters.ImageOptions(images="raw"))
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1), images=fastdata.ImageOptions(images="raw")))
     aug = [RandomAffine(20, (0.1, 0.1), (0.9, 1.1)), Pad(top=2, bottom=1, left=3, right=4, fill=0.5), HorizontalFlip()]
     t = fastdata.loader(tmp_path / "ds", 6, shuffle=False, device="cpu", augment=aug, backend="torch")
     d = fastdata.loader(tmp_path / "ds", 6, shuffle=False, device="cpu", augment=aug, backend="dali")

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import converters
 import fastdata
-from converters import WriteOptions
+from fastdata import WriteOptions
 from fastdata.augment import Augment, HorizontalFlip, RandomCrop, RandomResizedCrop, batch_generator
 from fastdata.errors import UsageError
 from fastdata.loaders import LoaderConfig
@@ -53,9 +52,8 @@ def ds(tmp_path_factory) -> Path:
     (tmp / "seq").mkdir()
     for i in range(N):
         np.save(tmp / "seq" / f"{i:03d}.npy", rng.standard_normal((5 + i % 7, 3)).astype(np.float32))
-    converters.convert(None, tmp / "ds", WriteOptions(workers=1, shard_size=3000),
-                       arrays={"image": tmp / "image.npy", "kp": tmp / "kp.npy"}, labels=tmp / "y.npy")
-    converters.convert(tmp / "seq", tmp / "seqs", WriteOptions(workers=1))
+    fastdata.convert(None, tmp / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1, shard_size=3000)), labels=tmp / "y.npy", arrays={"image": tmp / "image.npy", "kp": tmp / "kp.npy"})
+    fastdata.convert(tmp / "seq", tmp / "seqs", fastdata.ConvertConfig(write=WriteOptions(workers=1)))
     return tmp
 
 
@@ -201,7 +199,7 @@ def test_sequence_fields_through_the_loader_padded_and_packed(ds):
 
 def test_a_field_kind_is_declared_or_from_the_schema_never_guessed(ds, tmp_path):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((8, 10, 4)).astype(np.float32))
-    converters.convert(None, tmp_path / "fixed", WriteOptions(workers=1), arrays={"x": tmp_path / "x.npy"})
+    fastdata.convert(None, tmp_path / "fixed", fastdata.ConvertConfig(write=WriteOptions(workers=1)), arrays={"x": tmp_path / "x.npy"})
     with pytest.raises(UsageError, match=r"an image \(H, W\) or a sequence \(T, C\)\? Declare it"):
         first(tmp_path / "fixed", Augment((HorizontalFlip(),)))
     with pytest.raises(UsageError, match="is axis 1 time"):

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 from conftest import tree_state
 from fastdata.errors import DataError, UsageError, WriteError
@@ -74,7 +73,7 @@ def test_garbage_npy(tmp_path, content, expect):
     np.save(src / "a.npy", np.zeros(3))
     (src / "b.npy").write_bytes(content)
     with pytest.raises(DataError, match=expect) as e:
-        converters.convert(src, tmp_path / "ds")
+        fastdata.convert(src, tmp_path / "ds")
     assert "b.npy" in str(e.value)
 
 
@@ -83,12 +82,12 @@ def test_object_array_is_refused_without_unpickling(tmp_path):
     src.mkdir()
     np.save(src / "a.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(DataError, match="object arrays would need pickle"):
-        converters.convert(src, tmp_path / "ds")
+        fastdata.convert(src, tmp_path / "ds")
 
 
 def test_unreadable_file(tmp_path, class_folder, monkeypatch):
     src, _ = class_folder
-    from converters import npyfile
+    from fastdata.converters import npy_parse as npyfile
 
     real_open = open
 
@@ -99,7 +98,7 @@ def test_unreadable_file(tmp_path, class_folder, monkeypatch):
 
     monkeypatch.setattr("builtins.open", deny)
     with pytest.raises(DataError, match=r"dog/002\.npy: cannot read: Permission denied"):
-        converters.convert(src, tmp_path / "ds")
+        fastdata.convert(src, tmp_path / "ds")
     assert npyfile  # the module under test reads through builtins.open
 
 
@@ -107,13 +106,13 @@ def test_broken_symlink(tmp_path, class_folder):
     src, _ = class_folder
     os.symlink(tmp_path / "gone.npy", src / "cat" / "link.npy")
     with pytest.raises(DataError, match="link.npy: broken symlink"):
-        converters.convert(src, tmp_path / "ds")
+        fastdata.convert(src, tmp_path / "ds")
 
 
 def test_symlink_loop_is_followed_once(tmp_path, class_folder):
     src, _ = class_folder
     os.symlink(src, src / "cat" / "loop")
-    converters.convert(src, tmp_path / "ds")
+    fastdata.convert(src, tmp_path / "ds")
     assert len(fastdata.open(tmp_path / "ds")) == 12
 
 
@@ -174,8 +173,8 @@ def test_mixed_layout_is_reported(tmp_path, class_folder):
     src, _ = class_folder
     np.save(src / "stray.npy", np.zeros((2, 6, 3, 3), np.float32))
     with pytest.raises(DataError, match="stray.npy.*mixed layout|mixed layout.*stray.npy"):
-        converters.convert(src, tmp_path / "ds")
-    converters.convert(src, tmp_path / "ds", no_labels=True)
+        fastdata.convert(src, tmp_path / "ds")
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(no_labels=True))
     assert len(fastdata.open(tmp_path / "ds")) == 13
 
 
@@ -184,12 +183,12 @@ def test_labels_file_problems(tmp_path, class_folder):
     lab = tmp_path / "l.csv"
     lab.write_text("cat/000.npy,1\n")
     with pytest.raises(DataError, match="cat/001.npy: no label"):
-        converters.convert(src, tmp_path / "ds", labels=lab)
+        fastdata.convert(src, tmp_path / "ds", labels=lab)
     lab.write_text("".join(f"{p.relative_to(src).as_posix()},0\n" for p in src.rglob("*.npy")) + "ghost.npy,1\n")
     with pytest.raises(DataError, match="ghost.npy"):
-        converters.convert(src, tmp_path / "ds", labels=lab)
+        fastdata.convert(src, tmp_path / "ds", labels=lab)
     with pytest.raises(UsageError, match="not found"):
-        converters.convert(src, tmp_path / "ds", labels=tmp_path / "missing.csv")
+        fastdata.convert(src, tmp_path / "ds", labels=tmp_path / "missing.csv")
 
 
 def test_arrays_with_different_lengths(tmp_path, run_cli):
@@ -213,7 +212,7 @@ def test_bad_options_are_usage_errors(tmp_path, class_folder, run_cli):
 @pytest.mark.parametrize("failing", [0, 1])
 def test_write_failure_leaves_nothing_that_looks_complete(tmp_path, class_folder, monkeypatch, failing):
     src, _ = class_folder
-    from converters import writer
+    from fastdata.write import local as writer
 
     real = writer.write_shard
 
@@ -224,9 +223,9 @@ def test_write_failure_leaves_nothing_that_looks_complete(tmp_path, class_folder
 
     monkeypatch.setattr(writer, "write_shard", flaky)
     with pytest.raises(WriteError, match="No space left on device") as e:
-        converters.convert(src, tmp_path / "ds", converters.WriteOptions(shard_size=1500, workers=1))
+        fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=1500, workers=1)))
     if failing == 0:  # nothing finished: DST is gone again
         assert not (tmp_path / "ds").exists()
     else:  # the finished shard and the journal stay for --resume (tests/test_reliability_resume.py)
-        assert "--resume" in str(e.value)
+        assert "resume=True" in str(e.value)
         assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [".fastdata-journal", "shard-00000.h5"]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from converters import convert
-from converters.writer import WriteOptions
+import fastdata
+import fastdata.write
+from fastdata.write import WriteOptions
 from fastdata import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path):
 
 def test_fastdata_bench_cold_on_a_small_dataset(tmp_path, capsys):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).poisson(9, (64, 4, 32, 32)).astype(np.float32))
-    convert(None, tmp_path / "ds", WriteOptions(workers=1), arrays={"x": tmp_path / "x.npy"})
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1)), arrays={"x": tmp_path / "x.npy"})
     assert cli.main(["bench", str(tmp_path / "ds"), "--cold", "--batches", "2", "--seconds", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in out["results"]]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import fastdata
-from converters import convert
-from converters.writer import WriteOptions
+import fastdata.write
+from fastdata.write import WriteOptions
 from fastdata import cli
 from fastdata.errors import CorruptShardError, FormatError
 from fastdata.loaders import LoaderConfig
@@ -37,8 +37,7 @@ def _arrays(tmp_path):
 
 def _convert(tmp_path, backend, compression):
     dst = tmp_path / f"{backend}-{compression}"
-    convert(None, dst, WriteOptions(backend=backend, compression=compression, shard_size=1_500_000, workers=1),
-            arrays={"x": tmp_path / "x.npy", "label": tmp_path / "y.npy"})
+    fastdata.convert(None, dst, fastdata.ConvertConfig(write=WriteOptions(backend=backend, compression=compression, shard_size=1_500_000, workers=1)), arrays={"x": tmp_path / "x.npy", "label": tmp_path / "y.npy"})
     return dst
 
 
@@ -300,7 +299,7 @@ def test_rss_stays_flat_over_20_cold_epochs(tmp_path):
     """The loader's anonymous memory does not grow epoch after epoch with the page cache emptied before each."""
     x = np.random.default_rng(0).poisson(20, (400, 2, 64, 21, 21)).astype(np.float32)  # 90 MB
     np.save(tmp_path / "x.npy", x)
-    convert(None, tmp_path / "ds", WriteOptions(workers=1, shard_size=16 << 20), arrays={"x": tmp_path / "x.npy"})
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1, shard_size=16 << 20)), arrays={"x": tmp_path / "x.npy"})
     files = sorted((tmp_path / "ds").glob("shard-*"))
 
     def anon_kib() -> int:

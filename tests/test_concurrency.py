@@ -14,7 +14,6 @@ import time
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 
 BACKENDS = ["hdf5", "lmdb"]
@@ -25,8 +24,7 @@ def ds(request, tmp_path):
     x = np.random.default_rng(0).standard_normal((600, 8, 32)).astype("<f4")
     np.save(tmp_path / "X.npy", x)
     np.save(tmp_path / "y.npy", np.arange(600, dtype="<i8") % 7)
-    converters.convert(None, tmp_path / "ds", converters.WriteOptions(backend=request.param, shard_size=100_000, workers=1),
-                       arrays={"x": tmp_path / "X.npy", "label": tmp_path / "y.npy"})
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=request.param, shard_size=100_000, workers=1)), arrays={"x": tmp_path / "X.npy", "label": tmp_path / "y.npy"})
     return tmp_path / "ds"
 
 
@@ -94,8 +92,8 @@ def test_reader_process_while_another_conversion_writes(ds, tmp_path):
         time.sleep(0.01)  # the reader is reading before the conversions start
     try:
         for backend in BACKENDS:
-            converters.convert(None, tmp_path / f"other-{backend}", converters.WriteOptions(backend=backend, workers=2,
-                               shard_size=50_000), arrays={"x": tmp_path / "X.npy"})
+            fastdata.convert(None, tmp_path / f"other-{backend}", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=2,
+                               shard_size=50_000)), arrays={"x": tmp_path / "X.npy"})
     finally:
         stop.touch()
     out, err = reader.communicate(timeout=120)
@@ -123,8 +121,8 @@ def test_reader_thread_while_a_conversion_runs_in_the_same_process(ds, tmp_path)
     t.start()
     try:
         for backend in BACKENDS:
-            converters.convert(None, tmp_path / f"inline-{backend}", converters.WriteOptions(backend=backend, workers=1,
-                               shard_size=50_000), arrays={"x": tmp_path / "X.npy"})
+            fastdata.convert(None, tmp_path / f"inline-{backend}", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1,
+                               shard_size=50_000)), arrays={"x": tmp_path / "X.npy"})
     finally:
         stop.set()
         t.join(timeout=60)

@@ -7,9 +7,8 @@ import json
 import numpy as np
 import pytest
 
-import converters
 import fastdata
-from converters import WriteOptions
+from fastdata import WriteOptions
 from conftest import make_class_folder, tree_state
 
 BACKENDS = ["hdf5", "lmdb"]
@@ -23,7 +22,7 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 def test_class_folder_round_trip(tmp_path, class_folder, backend):
     src, arrays = class_folder
     before = tree_state(src)
-    report = converters.convert(src, tmp_path / "ds", WriteOptions(backend=backend, shard_size=2000, workers=1))
+    report = fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(backend=backend, shard_size=2000, workers=1)))
     assert report.samples == 12 and report.shards > 1  # small shard size forces several shards
     ds = fastdata.open(tmp_path / "ds")
     assert len(ds) == 12
@@ -39,8 +38,8 @@ def test_class_folder_round_trip(tmp_path, class_folder, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_parallel_workers_give_same_dataset_as_serial(tmp_path, class_folder, backend):
     src, _ = class_folder
-    converters.convert(src, tmp_path / "a", WriteOptions(backend=backend, shard_size=1500, workers=1))
-    converters.convert(src, tmp_path / "b", WriteOptions(backend=backend, shard_size=1500, workers=2))
+    fastdata.convert(src, tmp_path / "a", fastdata.ConvertConfig(write=WriteOptions(backend=backend, shard_size=1500, workers=1)))
+    fastdata.convert(src, tmp_path / "b", fastdata.ConvertConfig(write=WriteOptions(backend=backend, shard_size=1500, workers=2)))
     ma = fastdata.open(tmp_path / "a").manifest
     mb = fastdata.open(tmp_path / "b").manifest
     assert len(ma.shards) >= 3
@@ -51,7 +50,7 @@ def test_parallel_workers_give_same_dataset_as_serial(tmp_path, class_folder, ba
 def test_two_conversions_are_identical(tmp_path, class_folder, backend):
     src, _ = class_folder
     for name in ("a", "b"):
-        converters.convert(src, tmp_path / name, WriteOptions(backend=backend, shard_size=3000))
+        fastdata.convert(src, tmp_path / name, fastdata.ConvertConfig(write=WriteOptions(backend=backend, shard_size=3000)))
     for sa, sb in zip(fastdata.open(tmp_path / "a").manifest.shards, fastdata.open(tmp_path / "b").manifest.shards):
         assert sa == sb
         assert (tmp_path / "a" / sa.file).read_bytes() == (tmp_path / "b" / sb.file).read_bytes()
@@ -64,7 +63,7 @@ def test_flat_folder_has_no_labels(tmp_path, backend):
     data = [np.arange(i, i + 5, dtype=np.int16) for i in range(7)]
     for i, a in enumerate(data):
         np.save(src / f"s{i}.npy", a)
-    converters.convert(src, tmp_path / "ds", WriteOptions(backend=backend))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(backend=backend)))
     ds = fastdata.open(tmp_path / "ds")
     assert [f.name for f in ds.schema] == ["x"] and ds.classes is None
     assert all(same(ds[i]["x"], a) for i, a in enumerate(data))
@@ -84,7 +83,7 @@ def test_labels_file_with_string_labels(tmp_path, backend, kind):
         lab.write_text("path,label\n" + "".join(f"{k},{v}\n" for k, v in labels.items()))
     else:
         lab.write_text(json.dumps(labels))
-    converters.convert(src, tmp_path / "ds", WriteOptions(backend=backend), labels=lab)
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(backend=backend)), labels=lab)
     ds = fastdata.open(tmp_path / "ds")
     assert ds.classes == ["ant", "zebra"]
     assert [int(ds[i]["label"]) for i in range(3)] == [1, 0, 1]  # sorted paths: a, b, sub/c
@@ -96,7 +95,7 @@ def test_labels_file_with_integer_labels_inside_source(tmp_path):
     for n in ("a", "b"):
         np.save(src / f"{n}.npy", np.zeros(2, np.uint8))
     (src / "labels.csv").write_text("a.npy,7\nb.npy,3\n")  # the labels file itself is not a sample
-    converters.convert(src, tmp_path / "ds", labels=src / "labels.csv")
+    fastdata.convert(src, tmp_path / "ds", labels=src / "labels.csv")
     ds = fastdata.open(tmp_path / "ds")
     assert ds.classes is None
     assert [int(ds[i]["label"]) for i in range(2)] == [7, 3]
@@ -113,7 +112,7 @@ def test_ragged_sequences(tmp_path, backend, compression):
             a = rng.standard_normal((int(rng.integers(0, 9)), 4)).astype(np.float32)
             data[f"{c}/{i}.npy"] = a
             np.save(src / c / f"{i}.npy", a)
-    converters.convert(src, tmp_path / "ds", WriteOptions(backend=backend, compression=compression, shard_size=200))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(backend=backend, compression=compression, shard_size=200)))
     ds = fastdata.open(tmp_path / "ds")
     assert ds.schema[0].shape == (None, 4) and ds.schema[0].ragged
     for i, rel in enumerate(sorted(data)):
@@ -139,7 +138,7 @@ def test_npz_samples_with_several_arrays(tmp_path, backend):
         mask = np.arange(i, i + 16, dtype=np.float64).reshape(4, 4)
         np.savez(src / f"k{i % 2}" / f"{i}.npz", image=img, mask=mask)
         ref.append((f"k{i % 2}/{i}.npz", img, mask))
-    converters.convert(src, tmp_path / "ds", WriteOptions(backend=backend))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(backend=backend)))
     ds = fastdata.open(tmp_path / "ds")
     assert [f.name for f in ds.schema] == ["image", "mask", "label"]
     for i, (rel, img, mask) in enumerate(sorted(ref)):
@@ -154,8 +153,7 @@ def test_large_arrays_with_labels(tmp_path, backend):
     np.save(tmp_path / "X.npy", x)
     np.save(tmp_path / "y.npy", y)
     before = tree_state(tmp_path)
-    converters.convert(None, tmp_path / "ds", WriteOptions(backend=backend, shard_size=1000),
-                       arrays={"x": tmp_path / "X.npy"}, labels=tmp_path / "y.npy")
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(backend=backend, shard_size=1000)), labels=tmp_path / "y.npy", arrays={"x": tmp_path / "X.npy"})
     ds = fastdata.open(tmp_path / "ds")
     b = ds.get_batch(np.arange(50))
     assert same(b["x"], x) and same(b["label"], y)
@@ -168,7 +166,7 @@ def test_named_array_fields_fortran_and_big_endian(tmp_path):
     b = np.linspace(0, 1, 10).astype("<f2")
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
-    converters.convert(None, tmp_path / "ds", arrays={"feat": tmp_path / "a.npy", "w": tmp_path / "b.npy"})
+    fastdata.convert(None, tmp_path / "ds", arrays={"feat": tmp_path / "a.npy", "w": tmp_path / "b.npy"})
     ds = fastdata.open(tmp_path / "ds")
     assert ds.schema[0].dtype == ">i4"
     batch = ds.get_batch(range(10))
@@ -186,7 +184,7 @@ def test_large_array_is_memory_mapped_not_loaded(tmp_path, monkeypatch):
         return real_load(*args, **kw)
 
     monkeypatch.setattr(np, "load", spy)
-    converters.convert(tmp_path / "X.npy", tmp_path / "ds", WriteOptions(workers=1))
+    fastdata.convert(tmp_path / "X.npy", tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1)))
     assert modes and all(m == "r" for m in modes)
 
 
@@ -206,7 +204,7 @@ def test_progress_is_reported(tmp_path, class_folder):
 
     for workers in (1, 2):
         p = P()
-        converters.convert(src, tmp_path / f"ds{workers}", WriteOptions(workers=workers, shard_size=1500), progress=p)
+        fastdata.convert(src, tmp_path / f"ds{workers}", fastdata.ConvertConfig(write=WriteOptions(workers=workers, shard_size=1500)), progress=p)
         assert p.total[0] == 12 and p.samples == 12 and p.bytes == p.total[1] + 12 * 8  # + labels
 
 
@@ -215,8 +213,8 @@ def test_hdf5_compression_round_trip_and_smaller(tmp_path):
     src.mkdir()
     for i in range(8):
         np.save(src / f"{i}.npy", np.zeros((64, 64), np.float32) + i)
-    converters.convert(src, tmp_path / "plain")
-    converters.convert(src, tmp_path / "gz", WriteOptions(compression="gzip"))
+    fastdata.convert(src, tmp_path / "plain")
+    fastdata.convert(src, tmp_path / "gz", fastdata.ConvertConfig(write=WriteOptions(compression="gzip")))
     plain, gz = fastdata.open(tmp_path / "plain"), fastdata.open(tmp_path / "gz")
     assert gz.manifest.shards[0].bytes < plain.manifest.shards[0].bytes / 4
     assert same(gz.get_batch([7, 1, 1])["x"], plain.get_batch([7, 1, 1])["x"])
@@ -226,6 +224,6 @@ def test_subfolders_nest_under_their_class(tmp_path):
     src = tmp_path / "src"
     make_class_folder(src / "a" / "deep", per_class=1, classes=("x",))
     make_class_folder(src, per_class=1, classes=("b",))
-    converters.convert(src, tmp_path / "ds")
+    fastdata.convert(src, tmp_path / "ds")
     ds = fastdata.open(tmp_path / "ds")
     assert ds.classes == ["a", "b"]

@@ -18,11 +18,10 @@ import torch
 
 pytest.importorskip("nvidia.dali")
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 import imagegen  # noqa: E402
 from conftest import free_port, gloo_group  # noqa: E402
-from converters import ImageOptions, WriteOptions  # noqa: E402
+from fastdata import ImageOptions, WriteOptions  # noqa: E402
 from fastdata.augment import (  # noqa: E402
     Augment, CenterCrop, ColorJitter, GaussianNoise, HorizontalFlip, Normalize, RandomCrop, RandomResizedCrop,
     VerticalFlip,
@@ -55,8 +54,7 @@ def jpegs(tmp_path_factory) -> Path:
     for i in range(N):
         imagegen.jpeg(tmp / "src" / f"{i:03d}.jpg", h=24 if i % 4 else 30, w=32, seed=i)
     (tmp / "labels.csv").write_text("".join(f"{i:03d}.jpg,{i}\n" for i in range(N)))
-    converters.convert(tmp / "src", tmp / "ds", WriteOptions(backend="lmdb", shard_size=20_000, workers=1),
-                       labels=tmp / "labels.csv", images=ImageOptions(images="encoded"))
+    fastdata.convert(tmp / "src", tmp / "ds", fastdata.ConvertConfig(write=WriteOptions(backend="lmdb", shard_size=20_000, workers=1), images=ImageOptions(images="encoded")), labels=tmp / "labels.csv")
     return tmp / "ds"
 
 
@@ -67,7 +65,7 @@ def pixels(tmp_path_factory) -> Path:
     for i in range(N):
         (tmp / "src" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
         imagegen.png_rgb(tmp / "src" / f"c{i % 2}" / f"{i:03d}.png", h=20 if i % 3 else 26, w=28, seed=i)
-    converters.convert(tmp / "src", tmp / "ds", WriteOptions(workers=1), images=ImageOptions(images="raw"))
+    fastdata.convert(tmp / "src", tmp / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1), images=ImageOptions(images="raw")))
     return tmp / "ds"
 
 
@@ -90,8 +88,7 @@ def raw(tmp_path_factory) -> Path:
     np.save(tmp / "u.npy", rng.integers(0, 65535, (N, 4)).astype(np.uint16))
     np.save(tmp / "z.npy", (rng.standard_normal(N) + 1j * rng.standard_normal(N)).astype(np.complex64))
     np.save(tmp / "y.npy", np.arange(N, dtype=np.int64))
-    converters.convert(None, tmp / "ds", WriteOptions(shard_size=4000, workers=1),
-                       arrays={k: tmp / f"{k}.npy" for k in ("image", "x", "u", "z")}, labels=tmp / "y.npy")
+    fastdata.convert(None, tmp / "ds", fastdata.ConvertConfig(write=WriteOptions(shard_size=4000, workers=1)), labels=tmp / "y.npy", arrays={k: tmp / f"{k}.npy" for k in ("image", "x", "u", "z")})
     return tmp / "ds"
 
 
@@ -101,8 +98,7 @@ def big_ramps(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("dali-ramps")
     np.save(tmp / "image.npy", ramps(512, 32, 32))
     np.save(tmp / "y.npy", np.arange(512, dtype=np.int64))
-    converters.convert(None, tmp / "ds", WriteOptions(workers=1), arrays={"image": tmp / "image.npy"},
-                       labels=tmp / "y.npy")
+    fastdata.convert(None, tmp / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1)), labels=tmp / "y.npy", arrays={"image": tmp / "image.npy"})
     return tmp / "ds"
 
 
@@ -162,7 +158,7 @@ def test_padding_starts_at_the_first_batch_that_mixes_sizes(tmp_path):
     for i in range(21):
         imagegen.jpeg(tmp_path / "src" / f"{i:03d}.jpg", h=24 if i < 16 or i % 2 else 20, w=32, seed=i)
     (tmp_path / "labels.csv").write_text("".join(f"{i:03d}.jpg,{i}\n" for i in range(21)))
-    converters.convert(tmp_path / "src", tmp_path / "ds", WriteOptions(workers=1), labels=tmp_path / "labels.csv")
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1)), labels=tmp_path / "labels.csv")
     t, d = both(tmp_path / "ds", 4, shuffle=False)
     route = next(r for r in d.routes if r.name == "image")
     first = list(d)
@@ -184,7 +180,7 @@ def test_ragged_non_image_fields_are_padded_with_lengths(tmp_path):
     src.mkdir()
     for i in range(11):
         np.save(src / f"{i:02d}.npy", np.full((i % 4 + 1, 3), i, np.int16))
-    converters.convert(src, tmp_path / "ds", WriteOptions(workers=1))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1)))
     t, d = both(tmp_path / "ds", 4, seed=2)
     db = list(d)
     assert_same_batches(list(t), db)
@@ -196,7 +192,7 @@ def test_fields_dali_cannot_type_cross_it_bit_for_bit(tmp_path):
     rng = np.random.default_rng(1)
     np.save(tmp_path / "u.npy", rng.integers(0, 2**32, (9, 3), dtype=np.uint64).astype(np.uint32))
     np.save(tmp_path / "z.npy", (rng.standard_normal((9, 2)) + 1j).astype(np.complex128))
-    converters.convert(None, tmp_path / "ds", WriteOptions(workers=1), arrays={"u": tmp_path / "u.npy",
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1)), arrays={"u": tmp_path / "u.npy",
                                                                                "z": tmp_path / "z.npy"})
     t, d = both(tmp_path / "ds", 4, seed=3)
     db = list(d)
@@ -395,7 +391,7 @@ def test_resized_crop_resamples_like_torch(tmp_path):
     # scale=ratio=1 on square images: the whole image, no randomness left, so the pixels must match
     # the torch op's bilinear grid_sample (pixel centres, no antialiasing), down- and upscaling
     np.save(tmp_path / "noise.npy", np.random.default_rng(0).integers(0, 256, (6, 20, 20, 3), dtype=np.uint8))
-    converters.convert(None, tmp_path / "ds", WriteOptions(workers=1), arrays={"image": tmp_path / "noise.npy"})
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1)), arrays={"image": tmp_path / "noise.npy"})
     for size in (8, 28):
         aug = [RandomResizedCrop(size, scale=(1.0, 1.0), ratio=(1.0, 1.0))]
         t, d = both(tmp_path / "ds", 6, shuffle=False, augment=aug)
@@ -500,7 +496,7 @@ def test_unmappable_or_misapplied_augmentation_is_a_clear_error(raw, tmp_path):
         fastdata.loader(raw, 4, device="cpu", backend="dali", augment=[Normalize((0.5, 0.5), (1.0, 1.0))])
     grey = tmp_path / "grey.npy"
     np.save(grey, np.zeros((4, 8, 8, 1), np.uint8))
-    converters.convert(None, tmp_path / "g", WriteOptions(workers=1), arrays={"image": grey})
+    fastdata.convert(None, tmp_path / "g", fastdata.ConvertConfig(write=WriteOptions(workers=1)), arrays={"image": grey})
     with pytest.raises(UsageError, match="ColorJitter needs RGB"):
         fastdata.loader(tmp_path / "g", 4, device="cpu", backend="dali", augment=[ColorJitter(0.1)])
     ok = fastdata.loader(tmp_path / "g", 4, device="cpu", backend="dali",

@@ -10,7 +10,6 @@ import shutil
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 from conftest import edit_manifest, four_shard_dataset, make_class_folder
 from fastdata.errors import CorruptShardError, FormatError, IncompleteDatasetError, VersionError
@@ -117,7 +116,7 @@ def test_shard_truncated_after_open_raises_typed_error(dataset):
 def test_lmdb_flipped_header_byte(tmp_path):
     src = tmp_path / "src"
     make_class_folder(src, per_class=3)
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(backend="lmdb"))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")))
     shard = tmp_path / "ds" / "shard-00000.lmdb"
     blob = bytearray(shard.read_bytes())
     pos = blob.find(b"FDR1", blob.find(b"FDR1") + 1)  # the second record's magic

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import converters
 import fastdata
 import imagegen as g
 from fastdata.errors import UsageError
@@ -24,7 +23,7 @@ def _encoded(tmp_path: Path, sizes: list[tuple[int, int]]) -> Path:
             g.png_rgb(src / "a" / f"{i:03d}.png", h=h, w=w, seed=i)
         else:
             g.jpeg(src / "a" / f"{i:03d}.jpg", h=h, w=w, seed=i)
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(workers=1))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     return tmp_path / "ds"
 
 

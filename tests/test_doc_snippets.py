@@ -15,6 +15,8 @@ see what its first line made. Blocks marked ``slow`` (a local Ray) run in a test
 
 from __future__ import annotations
 
+import fastdata
+
 import contextlib
 import importlib.util
 import io
@@ -27,8 +29,6 @@ import numpy as np
 import pytest
 import snippets
 from PIL import Image
-
-import converters
 from fastdata import cli
 
 Setup = Callable[[Path, pytest.MonkeyPatch, pytest.FixtureRequest], None]
@@ -114,7 +114,7 @@ def parquet(path: Path, columns: dict[str, list]) -> None:
 
 
 def convert(src: Path | str, dst: Path | str, **kw) -> None:
-    converters.convert(Path(src), Path(dst), converters.WriteOptions(workers=1), **kw)
+    fastdata.convert(Path(src), Path(dst), fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), **kw))
 
 
 def run_fastdata(args: list[str]) -> tuple[int, str]:

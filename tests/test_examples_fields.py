@@ -14,7 +14,6 @@ import pytest
 import torch
 from PIL import Image
 
-import converters
 import fastdata
 from fastdata import train
 from fastdata.samplers import Episodic, Weighted
@@ -79,8 +78,7 @@ def test_pose_keypoints_episodic(tmp_path, backend):
     (src / "README.txt").write_text("pose data")  # not a sample: skipped with a warning
 
     dst = tmp_path / "pose.fd"
-    converters.convert(src, dst, converters.WriteOptions(backend=backend, workers=1), meta=src / "train.csv",
-                       meta_types={"keypoints": converters.ColumnType("float32", (17, 3))})
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1), meta_types={"keypoints": fastdata.converters.ColumnType("float32", (17, 3))}), meta=src / "train.csv")
     ds = fastdata.open(dst, fields=["image", "keypoints", "label", "key"])
     _check_all(ds, truth)
     assert ds.classes == ["cat", "cow", "dog", "horse"]
@@ -123,7 +121,7 @@ def test_head_pose_angles_subject(tmp_path, backend):
         truth[rel] = {"image": img, "angles": angles, "subject": subject}
     (src / "meta.jsonl").write_text("\n".join(lines) + "\n")
     dst = tmp_path / "heads.fd"
-    converters.convert(src, dst, converters.WriteOptions(backend=backend, workers=1), meta=src / "meta.jsonl")
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1)), meta=src / "meta.jsonl")
     ds = fastdata.open(dst, fields=["image", "angles", "subject", "key"])
     _check_all(ds, truth)
 
@@ -165,7 +163,7 @@ def test_sequences_ragged_npy_parquet(tmp_path, backend):
         truth[rel] = {"x": x, "label": np.int64(i % 2), "recording": f"rec{i // 4}"}
     pq.write_table(pa.table({"path": paths, "label": labels, "recording": recs}), src / "meta.parquet")
     dst = tmp_path / "seqs.fd"
-    converters.convert(src, dst, converters.WriteOptions(backend=backend, workers=1), meta=src / "meta.parquet")
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1)), meta=src / "meta.parquet")
     ds = fastdata.open(dst, fields=["x", "label", "recording", "key"])
     assert ds.manifest.field("x").ragged
     _check_all(ds, truth)
@@ -213,7 +211,7 @@ def test_segmentation_masks(tmp_path, backend):
         assert np.array_equal(truth[f"img/{i}.png"]["mask"][:, :, 0], mask)
     _write_csv(src / "meta.csv", rows)
     dst = tmp_path / "seg.fd"
-    converters.convert(src, dst, converters.WriteOptions(backend=backend, workers=1), meta=src / "meta.csv")
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1)), meta=src / "meta.csv")
     ds = fastdata.open(dst, fields=["image", "mask", "key"])
     _check_all(ds, truth)
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from conftest import edit_manifest, make_class_folder
 
-import converters
 import fastdata
 from fastdata.errors import DataError, UsageError
 from fastdata.samplers import Episodic, Weighted, rank_batches
@@ -43,7 +42,7 @@ def _edit_row(path: Path, row: int, column: str, value: str) -> None:
 
 def test_table_types_are_inferred_and_round_trip(tmp_path):
     src = _table_folder(tmp_path / "src")
-    converters.convert(src, tmp_path / "ds", meta=src / "meta.csv")
+    fastdata.convert(src, tmp_path / "ds", meta=src / "meta.csv")
     ds = fastdata.open(tmp_path / "ds", fields=["x", "kp", "name", "score", "ok", "cls", "key"])
     m = ds.manifest
     assert (m.field("kp").dtype, m.field("kp").shape) == ("<i8", (4, 3))
@@ -102,7 +101,7 @@ def test_parquet_and_jsonl_lists_become_ragged_fields(tmp_path):
     boxes = [[[0, 0, 1, 1]] * k for k in range(4)]
     pq.write_table(pa.table({"path": [f"s{i}.npy" for i in range(4)], "boxes": boxes}), src / "m.parquet")
     (src / "meta.csv").unlink()
-    converters.convert(src, tmp_path / "ds", meta=src / "m.parquet")
+    fastdata.convert(src, tmp_path / "ds", meta=src / "m.parquet")
     ds = fastdata.open(tmp_path / "ds", fields=["boxes"])
     assert ds.manifest.field("boxes").shape == (None, 4)
     b = ds.get_batch([0, 3])
@@ -116,11 +115,11 @@ def test_float_and_vector_labels_without_a_table(tmp_path):
         np.save(src / f"{i}.npy", np.zeros(3, np.float32))
     (src / "..").resolve()
     (tmp_path / "reg.csv").write_text("path,label\n" + "".join(f"{i}.npy,{i * 0.25}\n" for i in range(4)))
-    converters.convert(src, tmp_path / "a", labels=tmp_path / "reg.csv")
+    fastdata.convert(src, tmp_path / "a", labels=tmp_path / "reg.csv")
     a = fastdata.open(tmp_path / "a")
     assert a.manifest.field("label").dtype == "<f4" and a.get_batch([3])["label"].tolist() == [0.75]
     (tmp_path / "vec.json").write_text(json.dumps({f"{i}.npy": [i, 0.5, -1.0] for i in range(4)}))
-    converters.convert(src, tmp_path / "b", labels=tmp_path / "vec.json")
+    fastdata.convert(src, tmp_path / "b", labels=tmp_path / "vec.json")
     b = fastdata.open(tmp_path / "b")
     assert b.manifest.field("label").shape == (3,) and b.get_batch([2])["label"].tolist() == [[2.0, 0.5, -1.0]]
 
@@ -130,17 +129,17 @@ def test_stray_files_next_to_class_folders(tmp_path):
     make_class_folder(src, per_class=2)
     (src / "README.txt").write_text("about")
     (src / "manifest.json").write_text("{}")
-    converters.convert(src, tmp_path / "ok")  # ImageFolder-like: ignored
+    fastdata.convert(src, tmp_path / "ok")  # ImageFolder-like: ignored
     assert fastdata.open(tmp_path / "ok").classes == ["cat", "dog", "eel"]
     np.save(src / "stray.npy", np.zeros((2, 6, 3, 3), np.float32))
     with pytest.raises(DataError, match="mixed layout.*stray.npy.*move it into a class folder"):
-        converters.convert(src, tmp_path / "bad")
+        fastdata.convert(src, tmp_path / "bad")
 
 
 def test_format_v1_datasets_still_open(tmp_path):
     src = tmp_path / "src"
     make_class_folder(src, per_class=2)
-    converters.convert(src, tmp_path / "ds")
+    fastdata.convert(src, tmp_path / "ds")
     (tmp_path / "ds" / "keys.bin").unlink()
 
     def to_v1(m):  # what an older fastdata wrote: no keys, SHA-256 shard checksums
@@ -164,7 +163,7 @@ def test_format_v1_datasets_still_open(tmp_path):
 def test_keys_file_is_checked(tmp_path):
     src = tmp_path / "src"
     make_class_folder(src, per_class=2)
-    converters.convert(src, tmp_path / "ds")
+    fastdata.convert(src, tmp_path / "ds")
     kb = tmp_path / "ds" / "keys.bin"
     kb.write_bytes(kb.read_bytes()[:-3])
     from fastdata.verify import verify
@@ -176,7 +175,7 @@ def test_keys_file_is_checked(tmp_path):
 
 def test_array_sources_are_keyed_by_row(tmp_path):
     np.save(tmp_path / "x.npy", np.arange(10.0).reshape(5, 2))
-    converters.convert(tmp_path / "x.npy", tmp_path / "ds")
+    fastdata.convert(tmp_path / "x.npy", tmp_path / "ds")
     ds = fastdata.open(tmp_path / "ds", fields=["x", "key"])
     assert ds.get_batch([4, 1])["key"] == ["4", "1"] and ds.index_of("3") == 3
 
@@ -188,7 +187,7 @@ def test_array_sources_are_keyed_by_row(tmp_path):
 def labelled(tmp_path):
     src = tmp_path / "src"
     make_class_folder(src, per_class=10, shape=(2,))
-    converters.convert(src, tmp_path / "ds")
+    fastdata.convert(src, tmp_path / "ds")
     return fastdata.open(tmp_path / "ds", fields=["x", "label", "key"])
 
 
@@ -334,7 +333,7 @@ def _image_dataset(tmp_path: Path) -> Path:
     for i in range(12):
         (src / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.full((8, 8, 3), i * 20, np.uint8)).save(src / f"c{i % 3}" / f"{i:02d}.png")
-    converters.convert(src, tmp_path / "ids", converters.WriteOptions(workers=1))
+    fastdata.convert(src, tmp_path / "ids", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     return tmp_path / "ids"
 
 
@@ -392,7 +391,7 @@ def test_lightning_trains_on_a_sampled_subset_with_keys(tmp_path):
 
 def test_worker_processes_carry_strings_keys_and_subsets(tmp_path):
     src = _table_folder(tmp_path / "src")
-    converters.convert(src, tmp_path / "ds", meta=src / "meta.csv")
+    fastdata.convert(src, tmp_path / "ds", meta=src / "meta.csv")
     ds = fastdata.open(tmp_path / "ds", fields=["x", "name", "key"]).subset([7, 1, 4, 2])
     ld = fastdata.loader(ds, 2, shuffle=False, device="cpu", num_workers=2,
                          config=fastdata.LoaderConfig(mode="processes"))
@@ -403,7 +402,7 @@ def test_worker_processes_carry_strings_keys_and_subsets(tmp_path):
 
 def test_info_shows_string_fields_and_keys(tmp_path, run_cli):
     src = _table_folder(tmp_path / "src")
-    converters.convert(src, tmp_path / "ds", meta=src / "meta.csv")
+    fastdata.convert(src, tmp_path / "ds", meta=src / "meta.csv")
     code, out, _ = run_cli("info", tmp_path / "ds")
     assert code == 0 and "name         str" in out and "keys      relative source paths (keys.bin" in out
 
@@ -437,12 +436,11 @@ def test_parquet_without_pyarrow_and_bad_meta_type(tmp_path, monkeypatch):
     (src / "m.parquet").write_bytes(b"PAR1")
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(UsageError, match=r"m.parquet: Parquet tables need pyarrow: pip install 'fastdata\[parquet\]'"):
-        converters.convert(src, tmp_path / "a", meta=src / "m.parquet")
-    with pytest.raises(UsageError, match="--meta-type names 'nope', which is not a column"):
-        converters.convert(src, tmp_path / "b", meta=src / "meta.csv",
-                           meta_types={"nope": converters.ColumnType("float32")})
+        fastdata.convert(src, tmp_path / "a", meta=src / "m.parquet")
+    with pytest.raises(UsageError, match="meta_types names 'nope', which is not a column"):
+        fastdata.convert(src, tmp_path / "b", fastdata.ConvertConfig(meta_types={"nope": fastdata.converters.ColumnType("float32")}), meta=src / "meta.csv")
     with pytest.raises(UsageError, match="expected NAME=DTYPE"):
-        converters.parse_meta_type("kp=double:3")
+        fastdata.converters.parse_meta_type("kp=double:3")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
@@ -450,7 +448,7 @@ def test_verify_deep_reads_string_fields(tmp_path):
     from fastdata.verify import verify
 
     src = _table_folder(tmp_path / "src", n=4)
-    converters.convert(src, tmp_path / "ds", meta=src / "meta.csv")
+    fastdata.convert(src, tmp_path / "ds", meta=src / "meta.csv")
     report = verify(tmp_path / "ds", deep=True)
     assert report.ok, [str(p) for p in report.problems]
 
@@ -476,7 +474,7 @@ def test_ddp_ranks_share_a_sampled_subset_equally(tmp_path):
 
     src = tmp_path / "src"
     make_class_folder(src, per_class=10, shape=(2,))
-    converters.convert(src, tmp_path / "ds")
+    fastdata.convert(src, tmp_path / "ds")
     world = 2
     torch.multiprocessing.spawn(_ddp_sampled, args=(world, free_port(), str(tmp_path / "ds"), str(tmp_path / "r")),
                                 nprocs=world, join=True)
@@ -495,7 +493,7 @@ def test_hostile_keys_files_are_refused(tmp_path):
 
     src = tmp_path / "src"
     make_class_folder(src, per_class=2)
-    converters.convert(src, tmp_path / "ds")
+    fastdata.convert(src, tmp_path / "ds")
     kb = tmp_path / "ds" / "keys.bin"
     good = kb.read_bytes()
     bad_offsets = bytearray(good)

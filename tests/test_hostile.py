@@ -12,7 +12,6 @@ import lmdb
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 from conftest import edit_manifest, make_class_folder
 from fastdata.errors import CorruptShardError, DataError, FastdataError, FormatError, UsageError
@@ -64,19 +63,19 @@ def test_pickle_payloads_in_a_dataset_are_never_unpickled(tmp_path, capsys):
     make_class_folder(tmp_path / "src", per_class=2)
 
     # 1. the manifest itself is a pickle
-    converters.convert(tmp_path / "src", tmp_path / "a")
+    fastdata.convert(tmp_path / "src", tmp_path / "a")
     (tmp_path / "a" / "manifest.json").write_bytes(evil)
     with pytest.raises(FormatError, match="unreadable manifest"):
         fastdata.open(tmp_path / "a")
     _everything(tmp_path / "a")
 
     # 2. a valid manifest carrying the payload in its free-form 'source'
-    converters.convert(tmp_path / "src", tmp_path / "b")
+    fastdata.convert(tmp_path / "src", tmp_path / "b")
     edit_manifest(tmp_path / "b", lambda m: m["source"].update(payload=evil.decode("latin-1")))
     _everything(tmp_path / "b")
 
     # 3. every LMDB record, and the shard description, replaced by the payload
-    converters.convert(tmp_path / "src", tmp_path / "c", converters.WriteOptions(backend="lmdb"))
+    fastdata.convert(tmp_path / "src", tmp_path / "c", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")))
     shard = tmp_path / "c" / "shard-00000.lmdb"
     env = lmdb.open(str(shard), subdir=False, lock=False)
     with env.begin(write=True) as txn:
@@ -91,10 +90,10 @@ def test_pickle_payloads_in_a_dataset_are_never_unpickled(tmp_path, capsys):
 
     # 4. HDF5 data that is the payload (read back as the bytes it is), and object-typed datasets
     np.save(tmp_path / "bytes.npy", np.frombuffer(evil * 4, dtype=np.uint8).reshape(4, -1))
-    converters.convert(None, tmp_path / "d", arrays={"x": tmp_path / "bytes.npy"})
+    fastdata.convert(None, tmp_path / "d", arrays={"x": tmp_path / "bytes.npy"})
     got = fastdata.open(tmp_path / "d").get_batch([0, 1, 2, 3])["x"]
     assert got.tobytes() == evil * 4
-    converters.convert(tmp_path / "src", tmp_path / "e")
+    fastdata.convert(tmp_path / "src", tmp_path / "e")
     with h5py.File(tmp_path / "e" / "shard-00000.h5", "r+") as f:
         del f["x"]
         rows = np.empty(6, dtype=object)
@@ -111,21 +110,21 @@ def test_pickle_payloads_in_a_dataset_are_never_unpickled(tmp_path, capsys):
     dst.mkdir()
     (dst / ".fastdata-journal").write_bytes(evil)
     with pytest.raises(UsageError, match="not a journal"):
-        converters.convert(tmp_path / "src", dst, resume=True)
+        fastdata.convert(tmp_path / "src", dst, fastdata.ConvertConfig(resume=True))
 
     # 6. sources: an object-dtype .npy sample and an object-dtype array
     objsrc = tmp_path / "objsrc"
     objsrc.mkdir()
     np.save(objsrc / "a.npy", np.array([_Touch(marker)], dtype=object), allow_pickle=True)
     with pytest.raises(DataError, match="object arrays would need pickle"):
-        converters.convert(objsrc, tmp_path / "g")
+        fastdata.convert(objsrc, tmp_path / "g")
     with pytest.raises(DataError, match="object arrays would need pickle"):
-        converters.convert(objsrc / "a.npy", tmp_path / "h")
+        fastdata.convert(objsrc / "a.npy", tmp_path / "h")
     np.savez(tmp_path / "obj.npz", a=np.array([_Touch(marker)], dtype=object))
     (tmp_path / "npzsrc").mkdir()
     (tmp_path / "obj.npz").rename(tmp_path / "npzsrc" / "obj.npz")
     with pytest.raises(DataError):
-        converters.convert(tmp_path / "npzsrc", tmp_path / "i")
+        fastdata.convert(tmp_path / "npzsrc", tmp_path / "i")
 
     capsys.readouterr()
     assert not marker.exists(), "a crafted dataset ran code"

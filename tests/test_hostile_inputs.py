@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-import converters
 import fastdata
 from fastdata.errors import FastdataError, UsageError
 from fastdata.samplers import Episodic, Weighted
@@ -165,7 +164,7 @@ def test_rows_are_named_by_the_line_they_start_on(src, tmp_path, run_cli):
 
 def test_a_table_of_paths_alone_converts(src, tmp_path):
     (tmp_path / "meta.csv").write_text("path\n" + "".join(f"s{i}.npy\n" for i in range(4)))
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(workers=1), meta=tmp_path / "meta.csv")
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)), meta=tmp_path / "meta.csv")
     assert [f.name for f in fastdata.open(tmp_path / "ds").manifest.fields] == ["x"]
 
 
@@ -188,7 +187,7 @@ def test_huge_cells_in_json_lines_convert(src, tmp_path):
     rows = [{"path": f"s{i}.npy", "note": "é" * (1 << 19) if i == 0 else "x", "v": list(range(100_000))}
             for i in range(4)]
     (tmp_path / "meta.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(workers=1), meta=tmp_path / "meta.jsonl")
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)), meta=tmp_path / "meta.jsonl")
     b = fastdata.open(tmp_path / "ds").get_batch([0])
     assert len(b["note"][0]) == 1 << 19 and b["v"].shape == (1, 100_000)
 
@@ -243,7 +242,7 @@ def test_fuzzed_csv_cells_convert_or_fail_cleanly(src, tmp_path, cells):
     dst = tmp_path / "fuzz-ds"
     shutil.rmtree(dst, ignore_errors=True)
     try:
-        converters.convert(src, dst, converters.WriteOptions(workers=1), meta=tmp_path / "meta.csv", skip_bad=True)
+        fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), skip_bad=True), meta=tmp_path / "meta.csv")
     except FastdataError as e:
         assert "\n" not in str(e) and not (dst / "manifest.json").exists()
     else:
@@ -254,7 +253,7 @@ def test_fuzzed_csv_cells_convert_or_fail_cleanly(src, tmp_path, cells):
 @settings(max_examples=200, deadline=None, database=None, derandomize=True)
 def test_fuzzed_meta_type_parses_or_is_a_usage_error(text):
     try:
-        name, t = converters.parse_meta_type(text)
+        name, t = fastdata.converters.parse_meta_type(text)
     except UsageError as e:
         assert "\n" not in str(e) and "--meta-type" in str(e)
     else:
@@ -431,12 +430,12 @@ def test_an_ftp_url_that_cannot_connect_is_one_line(src, tmp_path):
 
 @pytest.fixture
 def two(src, tmp_path: Path) -> tuple[Path, Path]:
-    converters.convert(src, tmp_path / "a", converters.WriteOptions(workers=1))
+    fastdata.convert(src, tmp_path / "a", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     other = tmp_path / "src2"
     other.mkdir()
     for i in range(2):
         np.save(other / f"t{i}.npy", np.zeros((5,), np.float32))
-    converters.convert(other, tmp_path / "b", converters.WriteOptions(workers=1))
+    fastdata.convert(other, tmp_path / "b", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     return tmp_path / "a", tmp_path / "b"
 
 
@@ -494,7 +493,7 @@ def labelled(tmp_path_factory) -> fastdata.Dataset:
         (root / "src" / c).mkdir(parents=True)
         for i in range(4):
             np.save(root / "src" / c / f"{i}.npy", np.full((2,), i, np.float32))
-    converters.convert(root / "src", root / "ds", converters.WriteOptions(workers=1))
+    fastdata.convert(root / "src", root / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     return fastdata.open(root / "ds", fields=["x", "label", "key"])
 
 

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import converters
 import fastdata
 import imagegen as g
-from converters import ImageOptions, WriteOptions
+from fastdata import ImageOptions, WriteOptions
 from conftest import tree_state
 
 BACKENDS = ["hdf5", "lmdb"]
@@ -21,8 +20,7 @@ ONE = WriteOptions(workers=1)
 
 
 def convert(src: Path, dst: Path, backend: str = "hdf5", workers: int = 1, shard_size: int = 256 << 20, **opts) -> fastdata.Dataset:
-    converters.convert(src, dst, WriteOptions(backend=backend, workers=workers, shard_size=shard_size),
-                       images=ImageOptions(**opts))
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=WriteOptions(backend=backend, workers=workers, shard_size=shard_size), images=ImageOptions(**opts)))
     return fastdata.open(dst)
 
 
@@ -226,7 +224,7 @@ def test_labels_file_with_string_labels(tmp_path):
     for i in range(4):
         g.png_rgb(src / f"img {i}.png", h=8, w=8, seed=i)
     (src / "labels.csv").write_text("path,label\nimg 0.png,zebra\nimg 1.png,ant\nimg 2.png,zebra\nimg 3.png,bee\n")
-    converters.convert(src, tmp_path / "ds", ONE, labels=src / "labels.csv", images=ImageOptions(images="raw"))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=ONE, images=ImageOptions(images="raw")), labels=src / "labels.csv")
     ds = fastdata.open(tmp_path / "ds")
     assert len(ds) == 4 and ds.classes == ["ant", "bee", "zebra"]
     assert ds.get_batch(np.arange(4))["label"].tolist() == [2, 0, 2, 1]

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-import converters
 import fastdata
 import imagegen as g
-from converters import ImageOptions, WriteOptions
-from converters.images import ImageFolderSource
+from fastdata import ImageOptions, WriteOptions
+from fastdata.converters.image_folder import ImageFolderSource
 from fastdata.errors import DataError, UsageError
 
 BAD = {
@@ -61,8 +60,7 @@ def test_skip_bad_lists_every_bad_file_with_its_reason(tmp_path, mode):
     src = good_folder(tmp_path / "src")
     for name, (make, _) in BAD.items():
         make(src / name)
-    report = converters.convert(src, tmp_path / "ds", WriteOptions(workers=2), skip_bad=True,
-                                images=ImageOptions(images=mode))
+    report = fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=2), skip_bad=True, images=ImageOptions(images=mode)))
     assert report.samples == 3 and len(report.skipped) == len(BAD)
     listed = json.loads((tmp_path / "ds" / "skipped.json").read_text())
     assert [e["path"] for e in listed] == sorted(BAD)
@@ -80,7 +78,7 @@ def test_truncated_jpeg_is_never_stored_as_grey(tmp_path):
     g.truncated_jpeg(src / "cut.jpg")
     for mode in ("encoded", "raw", "jpeg"):
         with pytest.raises(DataError, match="cut.jpg: cannot decode: image file is truncated"):
-            converters.convert(src, tmp_path / mode, WriteOptions(workers=1), images=ImageOptions(images=mode))
+            fastdata.convert(src, tmp_path / mode, fastdata.ConvertConfig(write=WriteOptions(workers=1), images=ImageOptions(images=mode)))
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
 
 
@@ -88,7 +86,7 @@ def test_a_program_that_allows_truncated_images_is_refused(tmp_path, monkeypatch
     src = good_folder(tmp_path / "src")
     monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
     with pytest.raises(UsageError, match="LOAD_TRUNCATED_IMAGES"):
-        converters.convert(src, tmp_path / "ds", WriteOptions(workers=1), images=ImageOptions())
+        fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1), images=ImageOptions()))
 
 
 def test_images_mixed_with_npy_is_an_error_naming_a_file(tmp_path, run_cli):
@@ -103,10 +101,10 @@ def test_labels_file_must_cover_every_image(tmp_path):
     labels = tmp_path / "labels.csv"
     labels.write_text("good 0.jpg,1\ngood 1.jpg,2\n")
     with pytest.raises(DataError, match="good 2.jpg: no label for it"):
-        converters.convert(src, tmp_path / "ds", WriteOptions(workers=1), labels=labels, images=ImageOptions())
+        fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1), images=ImageOptions()), labels=labels)
     labels.write_text("good 0.jpg,1\ngood 1.jpg,2\ngood 2.jpg,0\nmissing.jpg,3\n")
     with pytest.raises(DataError, match="lists 'missing.jpg', which is not a file"):
-        converters.convert(src, tmp_path / "ds", WriteOptions(workers=1), labels=labels, images=ImageOptions())
+        fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1), images=ImageOptions()), labels=labels)
 
 
 def test_a_file_that_changes_during_the_conversion_is_an_error(tmp_path):
@@ -131,5 +129,5 @@ def test_exif_that_cannot_be_parsed_does_not_lose_the_image(tmp_path, caplog):
 
 
 def _convert(src: Path, dst: Path) -> Path:
-    converters.convert(src, dst, WriteOptions(workers=1), images=ImageOptions(images="raw"))
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=WriteOptions(workers=1), images=ImageOptions(images="raw")))
     return dst

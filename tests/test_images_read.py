@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import converters
 import fastdata
 import imagegen as g
 from conftest import edit_manifest
-from converters import ImageOptions, WriteOptions
+from fastdata import ImageOptions, WriteOptions
 from fastdata import decode
 from fastdata.errors import CorruptShardError, FormatError
 from fastdata.format import ImageSpec, read_manifest
@@ -33,7 +32,7 @@ def encoded(tmp_path: Path) -> tuple[Path, list[Path]]:
         g.jpeg(src / f"{i}.jpg", h=24 if i % 2 else 32, w=40, seed=i)
     for i in range(2):
         g.png_rgb(src / f"p{i}.png", h=24, w=40, seed=i)
-    converters.convert(src, tmp_path / "ds", WriteOptions(workers=1), images=ImageOptions())
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1), images=ImageOptions()))
     return tmp_path / "ds", sorted(src.iterdir())
 
 
@@ -155,7 +154,7 @@ def test_ragged_pixels_shape_that_disagrees_with_the_bytes_is_corrupt(tmp_path):
     src.mkdir()
     g.png_rgb(src / "a.png", h=6, w=5)
     g.png_rgb(src / "b.png", h=7, w=4)  # mixed sizes: stored ragged, with each image's shape
-    converters.convert(src, tmp_path / "ds", WriteOptions(workers=1, backend="lmdb"), images=ImageOptions(images="raw"))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1, backend="lmdb"), images=ImageOptions(images="raw")))
     ds = fastdata.open(tmp_path / "ds")
     assert ds.manifest.fields[0].encoding == "pixels"
     assert ds[0]["image"].shape == (6, 5, 3)
@@ -191,7 +190,7 @@ def test_raw_image_field_shape_must_match_its_mode(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     g.png_rgb(src / "a.png", h=6, w=5)
-    converters.convert(src, tmp_path / "ds", WriteOptions(workers=1), images=ImageOptions(images="raw", size=(4, 4)))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1), images=ImageOptions(images="raw", size=(4, 4))))
     m = _manifest(tmp_path / "ds")
     assert m["fields"][0] == {"name": "image", "dtype": "|u1", "shape": [4, 4, 3], "encoding": "raw",
                               "image": {"mode": "RGB", "layout": "HWC"}}

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from conftest import bucket, edit_manifest, make_class_folder, opts
 
-import converters
 import fastdata
 from fastdata.errors import CorruptShardError, UsageError
 from fastdata.verify import verify
@@ -29,7 +28,7 @@ def _src(root: Path, tag: str, per_class: int = 5, seed: int = 0) -> list[str]:
 
 
 def _convert(src: Path, dst: Path, backend: str = "hdf5") -> Path:
-    converters.convert(src, dst, converters.WriteOptions(backend=backend, shard_size=SHARD, workers=1))
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=SHARD, workers=1)))
     return dst
 
 
@@ -85,7 +84,7 @@ def test_merge_refuses_a_key_in_two_inputs_and_writes_nothing(tmp_path, run_cli)
     assert "--prefix-keys" in line and "--key-prefix" in line and "--drop-keys" in line
     assert not (tmp_path / "m").exists()
     with pytest.raises(UsageError, match="keys must stay unique"):
-        converters.merge([a, a], tmp_path / "m")
+        fastdata.merge([a, a], tmp_path / "m")
     assert not (tmp_path / "m").exists()
 
 
@@ -115,7 +114,7 @@ def test_merge_prefixes_keys_by_folder_name_or_given_prefixes(tmp_path, run_cli)
     code, _, err = run_cli("merge", a, tmp_path / "again", tmp_path / "m3", "--prefix-keys", "--drop-keys")
     assert code == 2 and "not allowed with" in err  # argparse: one key option at a time
     with pytest.raises(UsageError, match="contradict"):
-        converters.merge([a, tmp_path / "again"], tmp_path / "m3", key_prefixes="names", drop_keys=True)
+        fastdata.merge([a, tmp_path / "again"], tmp_path / "m3", key_prefixes="names", drop_keys=True)
     # the same folder name twice: --prefix-keys cannot tell them apart
     (tmp_path / "other").mkdir()
     shutil.copytree(a, tmp_path / "other" / "a")
@@ -163,7 +162,7 @@ def test_merge_of_array_datasets_keyed_by_index(tmp_path, run_cli):
     for name, n in (("a", 5), ("b", 3)):
         (tmp_path / f"src_{name}").mkdir()
         np.save(tmp_path / f"src_{name}" / "x.npy", np.arange(n * 2, dtype=np.float32).reshape(n, 2))
-        converters.convert(tmp_path / f"src_{name}" / "x.npy", tmp_path / name)
+        fastdata.convert(tmp_path / f"src_{name}" / "x.npy", tmp_path / name)
         assert fastdata.open(tmp_path / name).manifest.keys.kind == "index"
     code, _, err = run_cli("merge", tmp_path / "a", tmp_path / "b", tmp_path / "m")
     assert code == 2 and "sample key '0' is sample 0 of" in err  # row 0 of each: the same key
@@ -242,8 +241,7 @@ def test_keys_of_a_dataset_converted_to_s3(s3k, tmp_path, run_cli):
     keys = _src(tmp_path / "src", "s", per_class=10)
     local = _convert(tmp_path / "src", tmp_path / "local")
     url = f"s3://{bucket(s3k)}/ds"
-    converters.convert(tmp_path / "src", url, converters.WriteOptions(shard_size=SHARD, workers=1),
-                       remote=opts(s3k, tmp_path / "up"))
+    fastdata.convert(tmp_path / "src", url, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, workers=1), remote=opts(s3k, tmp_path / "up")))
     names = sorted(p.rsplit("/", 1)[-1] for p in s3k.fs().ls(url[5:], refresh=True))
     assert "keys.bin" in names and "manifest.json" in names
     cache = tmp_path / "cache"
@@ -270,8 +268,7 @@ def test_keys_of_a_dataset_converted_to_s3(s3k, tmp_path, run_cli):
 def test_corrupted_remote_keys_file_is_caught_by_the_checksum(s3k, tmp_path):
     _src(tmp_path / "src", "s", per_class=4)
     url = f"s3://{bucket(s3k)}/ds"
-    converters.convert(tmp_path / "src", url, converters.WriteOptions(shard_size=SHARD, workers=1),
-                       remote=opts(s3k, tmp_path / "up"))
+    fastdata.convert(tmp_path / "src", url, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, workers=1), remote=opts(s3k, tmp_path / "up")))
     fs = s3k.fs()
     where = url[5:] + "/keys.bin"
     data = bytearray(fs.cat_file(where))
@@ -292,8 +289,7 @@ def test_corrupted_remote_keys_file_is_caught_by_the_checksum(s3k, tmp_path):
 def test_remote_keys_file_stays_pinned_while_shards_are_evicted(s3k, tmp_path):
     keys = _src(tmp_path / "src", "s", per_class=20)
     url = f"s3://{bucket(s3k)}/ds"
-    converters.convert(tmp_path / "src", url, converters.WriteOptions(shard_size=2000, workers=1),
-                       remote=opts(s3k, tmp_path / "up"))
+    fastdata.convert(tmp_path / "src", url, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=2000, workers=1), remote=opts(s3k, tmp_path / "up")))
     probe = fastdata.open(url, remote=opts(s3k, tmp_path / "probe"))
     biggest = max(s.bytes for s in probe.manifest.shards)
     assert len(probe.manifest.shards) >= 12

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 from fastdata.errors import CorruptShardError
 from fastdata.loaders import LoaderConfig
@@ -28,8 +27,7 @@ def _dataset(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
     dst = tmp_path / "ds"
-    converters.convert(None, dst, converters.WriteOptions(backend="lmdb", shard_size=1 << 20, workers=1),
-                       arrays={"x": tmp_path / "x.npy", "y": tmp_path / "y.npy"})
+    fastdata.convert(None, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", shard_size=1 << 20, workers=1)), arrays={"x": tmp_path / "x.npy", "y": tmp_path / "y.npy"})
     return dst, x, y
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 from fastdata.errors import CorruptShardError
 
@@ -24,7 +23,7 @@ def _fixed(tmp_path: Path) -> tuple[Path, np.ndarray]:
     x = np.random.default_rng(2).integers(0, 256, (N, 200, 200, 3), dtype=np.uint8)  # 120 KB records
     np.save(tmp_path / "x.npy", x)
     dst = tmp_path / "fixed"
-    converters.convert(None, dst, converters.WriteOptions(backend="lmdb", workers=1), arrays={"x": tmp_path / "x.npy"})
+    fastdata.convert(None, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)), arrays={"x": tmp_path / "x.npy"})
     return dst, x
 
 
@@ -36,7 +35,7 @@ def _ragged(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
     for i, a in enumerate(xs):
         np.save(src / f"{i:02d}.npy", a)
     dst = tmp_path / "ragged"
-    converters.convert(src, dst, converters.WriteOptions(backend="lmdb", workers=1))
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)))
     return dst, xs
 
 
@@ -98,7 +97,7 @@ def test_small_records_are_checked_on_every_read_not_only_the_first(tmp_path):
     x = np.arange(40 * 16, dtype="<f4").reshape(40, 16)
     np.save(tmp_path / "x.npy", x)
     dst = tmp_path / "small"
-    converters.convert(None, dst, converters.WriteOptions(backend="lmdb", workers=1), arrays={"x": tmp_path / "x.npy"})
+    fastdata.convert(None, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)), arrays={"x": tmp_path / "x.npy"})
     ds = fastdata.open(dst)
     np.testing.assert_array_equal(ds.get_batch(np.arange(40))["x"], x)
     path = ds._readers[0].path

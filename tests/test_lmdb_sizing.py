@@ -6,7 +6,6 @@ from __future__ import annotations
 import lmdb
 import numpy as np
 
-import converters
 import fastdata
 from fastdata.format import lmdb as lmdb_format
 from fastdata.format import lmdbwrite, make_field
@@ -49,8 +48,8 @@ def test_conversion_with_a_tiny_map_estimate_reads_back(tmp_path, monkeypatch):
     monkeypatch.setattr(lmdbwrite, "initial_map_size", lambda payload, count, nfields: 32 << 10)
     x = np.random.default_rng(0).standard_normal((500, 300)).astype("<f4")
     np.save(tmp_path / "X.npy", x)
-    opts = converters.WriteOptions(backend="lmdb", workers=2, shard_size=240_000)  # 200 samples a shard
-    report = converters.convert(None, tmp_path / "ds", opts, arrays={"x": tmp_path / "X.npy"})
+    opts = fastdata.WriteOptions(backend="lmdb", workers=2, shard_size=240_000)  # 200 samples a shard
+    report = fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=opts), arrays={"x": tmp_path / "X.npy"})
     assert report.shards == 3
     assert np.array_equal(fastdata.open(tmp_path / "ds").get_batch(np.arange(500))["x"], x)
     assert verify(tmp_path / "ds", deep=True).ok
@@ -59,7 +58,7 @@ def test_conversion_with_a_tiny_map_estimate_reads_back(tmp_path, monkeypatch):
 
 def test_readers_open_read_only_without_a_lock_file(tmp_path):
     np.save(tmp_path / "X.npy", np.zeros((10, 3), "<f4"))
-    converters.convert(None, tmp_path / "ds", converters.WriteOptions(backend="lmdb"), arrays={"x": tmp_path / "X.npy"})
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")), arrays={"x": tmp_path / "X.npy"})
     shard = tmp_path / "ds" / "shard-00000.lmdb"
     shard.chmod(0o444)
     ds = fastdata.open(tmp_path / "ds")

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import converters
 import fastdata
 from conftest import free_port, gloo_group
 from fastdata.errors import CorruptShardError, UsageError
@@ -23,8 +22,7 @@ def _make(tmp: Path, backend: str, n: int = N) -> Path:
     np.save(tmp / "X.npy", x)
     np.save(tmp / "y.npy", np.arange(n, dtype=np.int64))
     dst = tmp / f"ds-{backend}"
-    converters.convert(None, dst, converters.WriteOptions(backend=backend, shard_size=300, workers=1),
-                       arrays={"x": tmp / "X.npy"}, labels=tmp / "y.npy")
+    fastdata.convert(None, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=300, workers=1)), labels=tmp / "y.npy", arrays={"x": tmp / "X.npy"})
     return dst
 
 
@@ -152,7 +150,7 @@ def test_ragged_batches_are_padded_with_lengths(tmp_path):
     src.mkdir()
     for i in range(10):
         np.save(src / f"{i:02d}.npy", np.full((i % 4 + 1, 3), i, np.int16))
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(workers=1))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     ld = fastdata.loader(tmp_path / "ds", 4, shuffle=False, device="cpu")
     first = next(iter(ld))
     assert first["x_lengths"].tolist() == [1, 2, 3, 4]
@@ -245,7 +243,7 @@ def test_batch_buffers_are_aligned_like_the_shard_and_reused(tmp_path, backend):
     for i, a in enumerate(data):
         np.save(src / f"{i:03d}.npy", a)
     dst = tmp_path / backend
-    converters.convert(src, dst, converters.WriteOptions(backend=backend))
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend)))
     ds = fastdata.open(dst)
     phase = ds.copy_phase("x")
     assert 0 <= phase < 64 and phase % 4 == 0
@@ -275,7 +273,7 @@ def test_copy_phase_is_zero_unless_rows_are_whole_cache_lines(tmp_path):
     src.mkdir()
     for i in range(4):
         np.save(src / f"{i}.npy", np.zeros((5, 3301), np.float32))  # 66,020-byte rows: 36 past a cache line
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(backend="lmdb"))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")))
     ds = fastdata.open(tmp_path / "ds")
     assert ds._readers[0].copy_phase("x") != 0  # the first row alone would have a phase; later ones differ
     assert ds.copy_phase("x") == 0 and ds.copy_phase("no such field") == 0

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 import imagegen as g
 from scenarios.kit import quiet_trainer
@@ -35,8 +34,7 @@ def _seq_dataset(tmp_path: Path, backend: str) -> tuple[Path, list[np.ndarray]]:
         a = rng.standard_normal((int(rng.integers(0, 9)), 4)).astype("<f4")  # empty samples too
         np.save(src / f"{i:03d}.npy", a)
         seqs.append(a)
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(backend=backend, workers=1, shard_size=300),
-                       no_labels=True)
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1, shard_size=300), no_labels=True))
     return tmp_path / "ds", seqs
 
 
@@ -62,8 +60,7 @@ def test_packed_mixed_size_images_equal_the_padded_batch(tmp_path, backend):
     (src / "a").mkdir(parents=True)
     sizes = [(9, 7), (5, 11), (12, 4), (6, 6), (9, 7)]
     pixels = [g.png_rgb(src / "a" / f"{i:03d}.png", h=h, w=w, seed=i) for i, (h, w) in enumerate(sizes)]
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(backend=backend, workers=1),
-                       images=converters.ImageOptions(images="raw"))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1), images=fastdata.ImageOptions(images="raw")))
     ds = fastdata.open(tmp_path / "ds")
     idx = [4, 1, 2, 0, 1]
     b = ds.get_batch(idx, ragged="packed")
@@ -98,7 +95,7 @@ def test_packed_refuses_what_it_cannot_do(tmp_path):
     (src / "a").mkdir(parents=True)
     for i in range(3):
         g.jpeg(src / "a" / f"{i}.jpg", h=8 + i, w=6, seed=i)
-    converters.convert(src, tmp_path / "enc", converters.WriteOptions(workers=1))
+    fastdata.convert(src, tmp_path / "enc", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     with pytest.raises(UsageError, match="decode=False"):
         fastdata.open(tmp_path / "enc").get_batch([0, 1], ragged="packed")
     raw = fastdata.open(tmp_path / "enc", decode=False).get_batch([2, 0], ragged="packed")  # stored bytes, packed
@@ -134,8 +131,7 @@ def test_loader_packed_refusals(tmp_path):
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)
     pixels = [g.png_rgb(src / "a" / f"{i}.png", h=5 + i, w=7, seed=i) for i in range(4)]
-    converters.convert(src, tmp_path / "mixed", converters.WriteOptions(workers=1),
-                       images=converters.ImageOptions(images="raw"))
+    fastdata.convert(src, tmp_path / "mixed", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), images=fastdata.ImageOptions(images="raw")))
     with pytest.raises(UsageError, match="image_dtype='uint8'"):
         fastdata.loader(tmp_path / "mixed", 2, device="cpu", config=LoaderConfig(ragged="packed"))
     cfg = LoaderConfig(ragged="packed", image_dtype="uint8")
@@ -148,7 +144,7 @@ def test_loader_packed_refusals(tmp_path):
     (jpg / "a").mkdir(parents=True)
     for i in range(2):
         g.jpeg(jpg / "a" / f"{i}.jpg", h=8 + i, w=6, seed=i)
-    converters.convert(jpg, tmp_path / "enc", converters.WriteOptions(workers=1))
+    fastdata.convert(jpg, tmp_path / "enc", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     with pytest.raises(UsageError, match="decode=False"):
         fastdata.loader(tmp_path / "enc", 2, device="cpu", backend="torch", config=LoaderConfig(ragged="packed"))
 

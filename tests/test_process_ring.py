@@ -23,7 +23,6 @@ import torch
 from crashkit import wait_dead
 from scenarios.kit import make_dataset
 
-import converters
 import fastdata
 from fastdata.errors import LoaderWorkerError
 from fastdata.loaders import LoaderConfig
@@ -45,12 +44,12 @@ def _mixed(tmp_path: Path) -> Path:
     for i in range(24):
         h, w = 6 + i % 7, 5 + (i * 3) % 11
         (g.png_rgb if i % 2 else g.jpeg)(src / "a" / f"{i:03d}.{'png' if i % 2 else 'jpg'}", h=h, w=w, seed=i)
-    converters.convert(src, tmp_path / "img", converters.WriteOptions(workers=1))
+    fastdata.convert(src, tmp_path / "img", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     seq = tmp_path / "seq"
     seq.mkdir()
     for i in range(24):
         np.save(seq / f"{i:02d}.npy", np.full((1 + i * 2, 3), i, np.int32))  # later batches are longer
-    converters.convert(seq, tmp_path / "seqds", converters.WriteOptions(workers=1))
+    fastdata.convert(seq, tmp_path / "seqds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)))
     return tmp_path
 
 

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-import converters
 import fastdata
 import imagegen as g
 from fastdata import bench
@@ -48,8 +47,7 @@ def _seqs(src: Path, n: int, seed: int = 0) -> list[np.ndarray]:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_same_size_raw_images_become_a_fixed_shape_field(tmp_path, backend):
     pixels = _images(tmp_path / "src", [(9, 7)] * 5)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(backend=backend, workers=1),
-                       images=converters.ImageOptions(images="raw"))
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1), images=fastdata.ImageOptions(images="raw")))
     ds = fastdata.open(tmp_path / "ds")
     f = ds.manifest.fields[0]
     assert (f.name, f.shape, f.encoding, f.image.mode) == ("image", (9, 7, 3), "raw", "RGB")
@@ -61,8 +59,7 @@ def test_same_size_raw_images_become_a_fixed_shape_field(tmp_path, backend):
 def test_mixed_size_raw_images_stay_ragged_and_read_padded_into_reused_buffers(tmp_path, backend):
     sizes = [(9, 7), (4, 11), (9, 7), (12, 3), (1, 1)]
     pixels = _images(tmp_path / "src", sizes)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(backend=backend, workers=1),
-                       images=converters.ImageOptions(images="raw"))
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1), images=fastdata.ImageOptions(images="raw")))
     ds = fastdata.open(tmp_path / "ds")
     assert ds.manifest.fields[0].encoding == "pixels"
     idx = [3, 1, 4, 0]
@@ -86,8 +83,8 @@ def test_mixed_size_raw_images_stay_ragged_and_read_padded_into_reused_buffers(t
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ragged_sequences_read_the_same_with_and_without_reused_buffers(tmp_path, backend):
     seqs = _seqs(tmp_path / "src", 40)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(backend=backend, workers=1,
-                                                                                   shard_size=300), no_labels=True)
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1,
+                                                                                   shard_size=300), no_labels=True))
     ds = fastdata.open(tmp_path / "ds")
     assert len(ds.manifest.shards) > 2
     rng = np.random.default_rng(1)
@@ -108,8 +105,7 @@ def test_ragged_sequences_read_the_same_with_and_without_reused_buffers(tmp_path
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_loader_reuses_ragged_buffers_without_touching_batches_kept(tmp_path, backend):
     seqs = _seqs(tmp_path / "src", 50, seed=2)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(backend=backend, workers=1),
-                       no_labels=True)
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1), no_labels=True))
     ld = fastdata.loader(tmp_path / "ds", 8, shuffle=False, device="cpu", num_workers=2)
     for _ in range(2):  # the second epoch reads into recycled buffers
         kept = [b for b in ld]
@@ -124,8 +120,7 @@ def test_loader_reuses_ragged_buffers_without_touching_batches_kept(tmp_path, ba
 
 def test_uint8_and_float_image_outputs(tmp_path):
     pixels = _images(tmp_path / "src", [(6, 5)] * 8)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(workers=1),
-                       images=converters.ImageOptions(images="raw"))
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), images=fastdata.ImageOptions(images="raw")))
     raw = np.stack(pixels)
     u8 = fastdata.loader(tmp_path / "ds", 8, shuffle=False, device="cpu", num_workers=1,
                          config=LoaderConfig(image_dtype="uint8"))
@@ -165,8 +160,7 @@ def _as_version_1(root: Path) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_version_2_checksums_and_version_1_datasets_still_open_and_verify(tmp_path, backend):
     seqs = _seqs(tmp_path / "src", 12)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(backend=backend, workers=1),
-                       no_labels=True)
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1), no_labels=True))
     m = read_manifest(tmp_path / "ds")
     assert m.version >= 2 and all(s.checksum.startswith("xxh3_128:") and len(s.checksum) == 9 + 32 for s in m.shards)
     assert check_shards(tmp_path / "ds", m) == []
@@ -185,7 +179,7 @@ def test_version_2_checksums_and_version_1_datasets_still_open_and_verify(tmp_pa
 
 def test_flipped_byte_is_caught_by_the_xxh3_checksum(tmp_path):
     _seqs(tmp_path / "src", 12)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(workers=1), no_labels=True)
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), no_labels=True))
     m = read_manifest(tmp_path / "ds")
     shard = tmp_path / "ds" / m.shards[0].file
     blob = bytearray(shard.read_bytes())
@@ -202,7 +196,7 @@ def test_flipped_byte_is_caught_by_the_xxh3_checksum(tmp_path):
 @pytest.mark.parametrize("checksum", ["md5:" + "0" * 32, "xxh3_128:" + "0" * 31, "0" * 64, None])
 def test_version_2_manifest_with_a_bad_checksum_is_refused(tmp_path, checksum):
     _seqs(tmp_path / "src", 3)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(workers=1), no_labels=True)
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), no_labels=True))
     m = json.loads((tmp_path / "ds" / "manifest.json").read_text())
     m["shards"][0]["checksum"] = checksum
     (tmp_path / "ds" / "manifest.json").write_text(json.dumps(m))
@@ -215,10 +209,8 @@ def test_bench_ceiling_is_a_gather_for_raw_data_and_decoding_for_encoded_images(
     (src / "a").mkdir(parents=True)
     for i in range(6):
         g.jpeg(src / "a" / f"{i}.jpg", seed=i)
-    converters.convert(src, tmp_path / "enc", converters.WriteOptions(workers=1),
-                       images=converters.ImageOptions(images="encoded"))
-    converters.convert(src, tmp_path / "raw", converters.WriteOptions(workers=1),
-                       images=converters.ImageOptions(images="raw"))
+    fastdata.convert(src, tmp_path / "enc", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), images=fastdata.ImageOptions(images="encoded")))
+    fastdata.convert(src, tmp_path / "raw", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), images=fastdata.ImageOptions(images="raw")))
     dec = bench.measure_ceiling(fastdata.open(tmp_path / "enc"), 4, threads=2, max_seconds=0.1)
     gat = bench.measure_ceiling(fastdata.open(tmp_path / "raw"), 4, threads=2, max_seconds=0.1)
     assert dec.settings["kind"] == "decode" and dec.samples_per_s > 0

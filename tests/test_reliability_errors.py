@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import converters
 import fastdata
+import fastdata.write
 from conftest import make_class_folder
-from converters import shardwork
+from fastdata.write import shard_task as shardwork
 from crashkit import cli, kill, same_dataset, start_paused
 from fastdata.errors import DestinationBusyError, WriteError
 
@@ -58,7 +58,7 @@ def test_write_errors_are_one_line_and_resumable(src, tmp_path, fault, message, 
     debug = cli("--debug", *_args(src, tmp_path / "dbg"), env={"FASTDATA_FAULT": fault})
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "WriteError" in debug.stderr
 
-    converters.convert(src, tmp_path / "ref", converters.WriteOptions(shard_size=SHARD_SIZE, workers=1))
+    fastdata.convert(src, tmp_path / "ref", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=1)))
     done = cli(*_args(src, dst, "--resume"))  # "after freeing space"
     assert done.returncode == 0, done.stderr
     same_dataset(tmp_path / "ref", dst)
@@ -72,7 +72,7 @@ def test_real_disk_full_from_libhdf5_is_one_line(tmp_path):
     dst = tmp_path / "ds"
     dst.mkdir()
     os.symlink("/dev/full", dst / ".shard-00000.h5.partial")
-    part = converters.npy.ArraysSource(paths={}, offset=0, count=0, fields=[field], file_sizes={})
+    part = fastdata.converters.arrays.ArraysSource(paths={}, offset=0, count=0, fields=[field], file_sizes={})
     task = shardwork.ShardTask(part=part, fields=[field], backend="hdf5", dst=str(dst), name="shard-00000.h5",
                                index=0, start=0, count=0, ragged_rows={}, compression=None)
     with pytest.raises(WriteError) as e:
@@ -104,7 +104,7 @@ def test_permission_denied_on_the_lock_file(src, tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "open", deny)
     with pytest.raises(WriteError, match=r"ds: cannot create \.fastdata\.lock: Permission denied"):
-        converters.convert(src, tmp_path / "ds")
+        fastdata.convert(src, tmp_path / "ds")
     assert not (tmp_path / "ds").exists()
 
 
@@ -117,7 +117,7 @@ def test_second_conversion_into_the_same_dst_refuses(src, tmp_path, run_cli):
             assert code == 2, (more, err)
             assert f"another conversion is writing it (fastdata pid {first.pid} on " in err
         with pytest.raises(DestinationBusyError):  # also when the check before scanning is passed
-            converters.dst.prepare_dst(dst, [src], overwrite=True)
+            fastdata.write.destination.prepare_dst(dst, [src], overwrite=True)
         assert (dst / "shard-00000.h5").exists()  # the refusals deleted nothing
     finally:
         kill(first)
@@ -126,15 +126,14 @@ def test_second_conversion_into_the_same_dst_refuses(src, tmp_path, run_cli):
 
 
 def test_lock_is_gone_after_a_conversion_and_after_a_failure(src, tmp_path, monkeypatch):
-    converters.convert(src, tmp_path / "ok", converters.WriteOptions(shard_size=SHARD_SIZE, workers=2))
+    fastdata.convert(src, tmp_path / "ok", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=2)))
     assert not (tmp_path / "ok" / ".fastdata.lock").exists()
     monkeypatch.setenv("FASTDATA_FAULT", "enospc:between_shards:0")
     with pytest.raises(WriteError):
-        converters.convert(src, tmp_path / "bad", converters.WriteOptions(shard_size=SHARD_SIZE, workers=1))
+        fastdata.convert(src, tmp_path / "bad", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=1)))
     assert not (tmp_path / "bad" / ".fastdata.lock").exists()
     monkeypatch.delenv("FASTDATA_FAULT")
-    report = converters.convert(src, tmp_path / "bad", converters.WriteOptions(shard_size=SHARD_SIZE, workers=2),
-                                resume=True)
+    report = fastdata.convert(src, tmp_path / "bad", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=2), resume=True))
     assert report.kept == 1
     assert np.array_equal(fastdata.open(tmp_path / "bad").get_batch(range(30))["x"],
                           fastdata.open(tmp_path / "ok").get_batch(range(30))["x"])
@@ -143,7 +142,7 @@ def test_lock_is_gone_after_a_conversion_and_after_a_failure(src, tmp_path, monk
 def test_bad_fault_spec_is_reported(src, tmp_path, monkeypatch):
     monkeypatch.setenv("FASTDATA_FAULT", "explode:everywhere")
     with pytest.raises(fastdata.errors.UsageError, match="FASTDATA_FAULT"):
-        converters.convert(src, tmp_path / "ds")
+        fastdata.convert(src, tmp_path / "ds")
 
 
 def test_a_killed_worker_process_fails_the_conversion_cleanly(src, tmp_path):
@@ -159,5 +158,5 @@ def test_a_killed_worker_process_fails_the_conversion_cleanly(src, tmp_path):
     assert "a conversion worker process died (killed, or out of memory?)" in err
     assert not (dst / "manifest.json").exists()
     assert cli(*_args(src, dst, "--resume")).returncode == 0
-    converters.convert(src, tmp_path / "ref", converters.WriteOptions(shard_size=SHARD_SIZE, workers=1))
+    fastdata.convert(src, tmp_path / "ref", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=1)))
     same_dataset(tmp_path / "ref", dst)

@@ -15,7 +15,6 @@ import lmdb
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 from conftest import edit_manifest, four_shard_dataset, make_class_folder
 from fastdata.errors import CorruptShardError
@@ -31,8 +30,7 @@ def _run(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def big(request, tmp_path):
     """One shard of 3000 samples x 2 KiB: big enough that HDF5 memory-maps the column."""
     np.save(tmp_path / "X.npy", np.arange(3000 * 512, dtype="<f4").reshape(3000, 512))
-    converters.convert(None, tmp_path / "ds", converters.WriteOptions(backend=request.param, workers=1),
-                       arrays={"x": tmp_path / "X.npy"})
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=request.param, workers=1)), arrays={"x": tmp_path / "X.npy"})
     return tmp_path / "ds"
 
 
@@ -83,7 +81,7 @@ def _corrupt_last_leaf(shard, strip_guard: bool) -> int:
 def test_lmdb_in_page_offset_past_the_end(tmp_path, strip_guard):
     np.save(tmp_path / "X.npy", np.arange(3000 * 16, dtype="<f4").reshape(3000, 16))
     ds = tmp_path / "ds"
-    converters.convert(None, ds, converters.WriteOptions(backend="lmdb", workers=1), arrays={"x": tmp_path / "X.npy"})
+    fastdata.convert(None, ds, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)), arrays={"x": tmp_path / "X.npy"})
     shard = ds / "shard-00000.lmdb"
     size = _corrupt_last_leaf(shard, strip_guard)
     edit_manifest(ds, lambda m: m["shards"][0].update(bytes=size))
@@ -102,7 +100,7 @@ def test_lmdb_in_page_offset_past_the_end(tmp_path, strip_guard):
 
 def test_lmdb_page_count_past_the_file_is_refused(tmp_path):
     make_class_folder(tmp_path / "src", per_class=3)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(backend="lmdb"))
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")))
     shard = tmp_path / "ds" / "shard-00000.lmdb"
     blob = bytearray(shard.read_bytes())
     for meta in (0, 4096):  # both meta pages: mm_last_pg (after header, magic, version, address, mapsize, 2 dbs)
@@ -168,7 +166,7 @@ def test_shard_missing_after_open(four):
 def test_hdf5_corrupted_metadata_gives_corrupt_shard_error(tmp_path):
     """Every single-byte change outside the data area either raises CorruptShardError or changes nothing."""
     make_class_folder(tmp_path / "src", per_class=10)
-    converters.convert(tmp_path / "src", tmp_path / "ref", converters.WriteOptions(shard_size=10**6, workers=1))
+    fastdata.convert(tmp_path / "src", tmp_path / "ref", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=10**6, workers=1)))
     r = _run(f"""
         import shutil, h5py, numpy as np, fastdata
         from pathlib import Path
@@ -230,13 +228,12 @@ def test_flipped_record_header_names_the_sample_in_every_read_path(tmp_path):
     }
     for name, arrays in cases.items():
         np.save(tmp_path / f"{name}.npy", arrays["x"])
-        converters.convert(None, tmp_path / name, converters.WriteOptions(backend="lmdb", workers=1),
-                           arrays={"x": tmp_path / f"{name}.npy"})
+        fastdata.convert(None, tmp_path / name, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)), arrays={"x": tmp_path / f"{name}.npy"})
     src = tmp_path / "ragged-src"
     src.mkdir()
     for i in range(20):
         np.save(src / f"{i:02d}.npy", rng.standard_normal((i + 1, 2)).astype("<f4"))
-    converters.convert(src, tmp_path / "ragged", converters.WriteOptions(backend="lmdb", workers=1))
+    fastdata.convert(src, tmp_path / "ragged", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)))
     for name in ("small", "large", "ragged"):
         shard = tmp_path / name / "shard-00000.lmdb"
         blob = bytearray(shard.read_bytes())
@@ -264,7 +261,7 @@ def test_random_damage_never_crashes_and_raises_only_typed_errors(tmp_path, back
     for i in range(40):
         np.savez(src / f"{i:03d}.npz", a=rng.standard_normal((int(rng.integers(1, 9)), 3)).astype("<f4"),
                  b=np.arange(6, dtype="<i8") + i)
-    converters.convert(src, tmp_path / "ref", converters.WriteOptions(backend=backend, workers=1), no_labels=True)
+    fastdata.convert(src, tmp_path / "ref", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, workers=1), no_labels=True))
     r = _run(f"""
         import random, shutil, numpy as np, fastdata
         from pathlib import Path

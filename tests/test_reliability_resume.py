@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-import converters
 import fastdata
 from conftest import make_class_folder
 from crashkit import cli, kill, same_dataset, start_paused, wait_dead
@@ -25,7 +24,7 @@ def src(tmp_path):
 
 def reference(src, tmp_path, backend):
     ref = tmp_path / f"ref-{backend}"
-    converters.convert(src, ref, converters.WriteOptions(backend=backend, shard_size=SHARD_SIZE, workers=1))
+    fastdata.convert(src, ref, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=SHARD_SIZE, workers=1)))
     assert len(fastdata.open(ref).manifest.shards) == 4
     return ref
 
@@ -100,7 +99,7 @@ def test_torn_journal_line_is_ignored(src, tmp_path):
     lines = journal.read_bytes().split(b"\n")
     assert len(lines) == 4 and lines[-1] == b""  # header, two shards, end
     journal.write_bytes(b"\n".join(lines[:2]) + b"\n" + lines[2][:30])  # a crash in the middle of an append
-    converters.convert(src, dst, converters.WriteOptions(shard_size=SHARD_SIZE, workers=1), resume=True)
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=1), resume=True))
     same_dataset(ref, dst)
 
 
@@ -127,8 +126,8 @@ def test_resume_refuses_a_changed_source(src, tmp_path, run_cli):
     code, _, err = run_cli(*_args(src, dst, "hdf5", 1), "--resume")
     assert code == 2 and "source files changed" in err
     make_class_folder(src, per_class=11)  # one more sample per class
-    with pytest.raises(UsageError, match="--resume refused"):
-        converters.convert(src, dst, converters.WriteOptions(shard_size=SHARD_SIZE, workers=1), resume=True)
+    with pytest.raises(UsageError, match="resume=True refused"):
+        fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=1), resume=True))
     code, _, err = run_cli(*_args(src, dst, "hdf5", 1), "--overwrite")
     assert code == 0, err
     assert len(fastdata.open(dst)) == 33
@@ -186,15 +185,15 @@ def test_journal_records_the_plan_and_each_finished_shard(src, tmp_path):
 
 def test_image_folder_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     import imagegen
-    from converters import writer
+    from fastdata.write import local as writer
 
     src = tmp_path / "imgs"
     for c in ("a", "b"):
         (src / c).mkdir(parents=True)
         for i in range(6):
             imagegen.jpeg(src / c / f"{i}.jpg", h=16 + i, w=20, seed=i)
-    opts = converters.WriteOptions(shard_size=3000, workers=1)
-    converters.convert(src, tmp_path / "ref", opts)
+    opts = fastdata.WriteOptions(shard_size=3000, workers=1)
+    fastdata.convert(src, tmp_path / "ref", fastdata.ConvertConfig(write=opts))
     real = writer.write_shard
 
     def fail_on_third(task, report=None):
@@ -203,9 +202,9 @@ def test_image_folder_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
         return real(task, report)
 
     monkeypatch.setattr(writer, "write_shard", fail_on_third)
-    with pytest.raises(fastdata.errors.WriteError, match="Input/output error.*2 finished shard.*--resume"):
-        converters.convert(src, tmp_path / "ds", opts)
+    with pytest.raises(fastdata.errors.WriteError, match="Input/output error.*2 finished shard.*resume=True"):
+        fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=opts))
     monkeypatch.undo()
-    report = converters.convert(src, tmp_path / "ds", opts, resume=True)
+    report = fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=opts, resume=True))
     assert report.kept == 2
     same_dataset(tmp_path / "ref", tmp_path / "ds")

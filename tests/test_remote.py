@@ -22,8 +22,6 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 from conftest import CREDS, S3Server, bucket, free_port, gloo_group, make_class_folder, opts  # noqa: E402
-
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.errors import CorruptShardError, FastdataError, IncompleteDatasetError, UsageError  # noqa: E402
 from fastdata.fileio import file_checksum  # noqa: E402
@@ -40,8 +38,8 @@ def arrays_source(tmp: Path, n: int, row: int = 64) -> Path:
 
 def convert_arrays(tmp: Path, dst, n: int, shard_size: int, row: int = 64, backend: str = "hdf5", **kw):
     src = arrays_source(tmp, n, row)
-    return converters.convert(None, dst, converters.WriteOptions(backend=backend, shard_size=shard_size, workers=1),
-                              arrays={"x": src / "X.npy"}, labels=src / "y.npy", **kw)
+    config = fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=shard_size, workers=1), **kw)
+    return fastdata.convert(None, dst, config, arrays={"x": src / "X.npy"}, labels=src / "y.npy")
 
 
 def cached_files(cache: Path) -> list[Path]:
@@ -57,13 +55,12 @@ def test_round_trip_convert_to_s3_open_bit_exact(s3, tmp_path, backend):
     arrays = make_class_folder(tmp_path / "src", per_class=10)
     url = f"s3://{bucket(s3)}/ds"
     ro = opts(s3, tmp_path / "cache")
-    report = converters.convert(tmp_path / "src", url, converters.WriteOptions(backend=backend, shard_size=4000, workers=1),
-                                remote=ro)
+    report = fastdata.convert(tmp_path / "src", url, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=4000, workers=1), remote=ro))
     assert report.dst == url and report.shards >= 3
     names = sorted(p.rsplit("/", 1)[-1] for p in s3.fs().ls(url[5:], refresh=True))
     assert "manifest.json" in names and ".fastdata-journal" not in names
     assert not (tmp_path / "cache" / "uploads").exists() or not any((tmp_path / "cache" / "uploads").iterdir())
-    converters.convert(tmp_path / "src", tmp_path / "local", converters.WriteOptions(backend=backend, shard_size=4000, workers=1))
+    fastdata.convert(tmp_path / "src", tmp_path / "local", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=4000, workers=1)))
     local = fastdata.open(tmp_path / "local")
     ds = fastdata.open(url, remote=ro)
     assert len(ds) == len(local) == len(arrays) and ds.manifest.to_json()["shards"] == local.manifest.to_json()["shards"]
@@ -79,13 +76,13 @@ def test_url_is_never_a_local_path(s3, tmp_path, monkeypatch, run_cli):
     monkeypatch.chdir(tmp_path)
     arrays_source(tmp_path, 10)
     with pytest.raises(UsageError, match="unknown URL scheme 'zz'"):
-        converters.convert(None, "zz://bucket/ds", arrays={"x": tmp_path / "X.npy"})
+        fastdata.convert(None, "zz://bucket/ds", arrays={"x": tmp_path / "X.npy"})
     with pytest.raises(UsageError, match="unknown URL scheme"):
         fastdata.open("zz://bucket/ds")
     with pytest.raises(UsageError, match="needs gcsfs"):  # a known scheme whose package is not installed here
         fastdata.open("gs://bucket/ds", remote=fastdata.RemoteOptions(cache_dir=tmp_path / "c0"))
     with pytest.raises(UsageError, match="only the destination may be a URL"):
-        converters.convert("s3://bucket/src", tmp_path / "out")
+        fastdata.convert("s3://bucket/src", tmp_path / "out")
     with pytest.raises(UsageError, match="apply to URLs"):
         fastdata.open(tmp_path, remote=fastdata.RemoteOptions())
     code, _, err = run_cli("convert", "--data", "X.npy", "zz://bucket/ds")
@@ -281,8 +278,7 @@ def test_server_killed_mid_download_then_restarted(tmp_path):
     server.start()
     try:
         src = arrays_source(tmp_path, 64, row=160_000)  # 640 KB per sample: slow enough to catch mid-download
-        converters.convert(None, tmp_path / "ds", converters.WriteOptions(shard_size=12 << 20, workers=1),
-                           arrays={"x": src / "X.npy"}, labels=src / "y.npy")
+        fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=12 << 20, workers=1)), labels=src / "y.npy", arrays={"x": src / "X.npy"})
         files = sorted(os.listdir(tmp_path / "ds"))
 
         def upload() -> None:
@@ -396,8 +392,7 @@ def test_endpoint_gone_mid_download_then_back_succeeds_after_retry(s3, tmp_path)
     back 1.5 s later with the same objects: the download is retried and the read is bit-exact."""
     b = bucket(s3)
     src = arrays_source(tmp_path, 48, row=160_000)  # 640 KB per sample
-    converters.convert(None, f"s3://{b}/ds", converters.WriteOptions(shard_size=12 << 20, workers=1),
-                       arrays={"x": src / "X.npy"}, labels=src / "y.npy", remote=opts(s3, tmp_path / "up"))
+    fastdata.convert(None, f"s3://{b}/ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=12 << 20, workers=1), remote=opts(s3, tmp_path / "up")), labels=src / "y.npy", arrays={"x": src / "X.npy"})
     proxy = Proxy(s3.port)
     proxy.start()
     try:
@@ -522,18 +517,18 @@ def test_interrupted_conversion_to_s3_resumes_from_the_remote_copy(s3, tmp_path,
     src = arrays_source(tmp_path, 200)
 
     def convert(cache: Path, **kw):
-        return converters.convert(None, url, converters.WriteOptions(shard_size=8_000, workers=1),
-                                  arrays={"x": src / "X.npy"}, labels=src / "y.npy", remote=opts(s3, cache), **kw)
+        config = fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=8_000, workers=1), remote=opts(s3, cache), **kw)
+        return fastdata.convert(None, url, config, arrays={"x": src / "X.npy"}, labels=src / "y.npy")
 
     monkeypatch.setenv("FASTDATA_FAULT", "eio:between_shards:2")
-    with pytest.raises(FastdataError, match="uploaded to s3://.*--resume"):
+    with pytest.raises(FastdataError, match="uploaded to s3://.*resume=True"):
         convert(tmp_path / "up")
     names = [p.rsplit("/", 1)[-1] for p in s3.fs().ls(url[5:], refresh=True)]
     assert ".fastdata-journal" in names and "manifest.json" not in names
     with pytest.raises(IncompleteDatasetError, match="--resume"):
         fastdata.open(url, remote=opts(s3, tmp_path / "c"))
     monkeypatch.delenv("FASTDATA_FAULT")
-    with pytest.raises(UsageError, match="interrupted conversion; pass --resume"):
+    with pytest.raises(UsageError, match="interrupted conversion; pass resume=True"):
         convert(tmp_path / "up")
     report = convert(tmp_path / "elsewhere", resume=True)  # another machine: only the remote copy to go on
     assert report.kept >= 1 and report.dst == url

@@ -20,7 +20,6 @@ pytest.importorskip("moto")
 
 from conftest import CREDS, S3Server, bucket, free_port, opts  # noqa: E402
 
-import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.errors import RemoteError, UsageError  # noqa: E402
 from fastdata.remote import retry  # noqa: E402
@@ -43,7 +42,7 @@ def test_a_missing_bucket_fails_at_once_saying_to_create_it(s3, tmp_path, caplog
     url = f"s3://no-such-bucket-{os.getpid()}/ds"
     ro = opts(s3, tmp_path / "cache")
     with pytest.raises(NoSuchBucketError, match=rf"no such bucket: create s3://no-such-bucket-{os.getpid()} first"):
-        converters.convert(None, url, converters.WriteOptions(workers=1), arrays={"x": _array(tmp_path)}, remote=ro)
+        fastdata.convert(None, url, fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), remote=ro), arrays={"x": _array(tmp_path)})
     with pytest.raises(NoSuchBucketError, match="no such bucket") as e:
         fastdata.open(url, remote=ro)
     assert "--resume" not in str(e.value)
@@ -99,8 +98,7 @@ def test_wrong_credentials_fail_at_once(s3_checking_credentials, tmp_path, caplo
     with pytest.raises(RemoteError, match=r"s3://any/ds.*access denied \(.*\): check the credentials"):
         fastdata.open("s3://any/ds", remote=ro)
     with pytest.raises(RemoteError, match="access denied"):
-        converters.convert(None, "s3://any/ds", converters.WriteOptions(workers=1), arrays={"x": _array(tmp_path)},
-                           remote=ro)
+        fastdata.convert(None, "s3://any/ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), remote=ro), arrays={"x": _array(tmp_path)})
     assert not _retry_warnings(caplog)
 
 

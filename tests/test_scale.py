@@ -19,8 +19,8 @@ import pytest
 from conftest import make_class_folder
 from crashkit import ROOT, cli, same_dataset
 
-import converters
 import fastdata
+import fastdata.write
 from fastdata.errors import FastdataError, UsageError
 
 SHARD = 4000  # 30 samples of 432 B + label -> 4 shards
@@ -46,7 +46,7 @@ def src(tmp_path: Path) -> Path:
 
 
 def _local(src: Path, dst: Path, backend: str = "hdf5") -> Path:
-    converters.convert(src, dst, converters.WriteOptions(backend=backend, shard_size=SHARD, workers=1))
+    fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=SHARD, workers=1)))
     return dst
 
 
@@ -56,8 +56,8 @@ def _local(src: Path, dst: Path, backend: str = "hdf5") -> Path:
 @pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
 def test_ray_engine_equals_local_engine(ray_cluster, src, tmp_path, backend):
     local = _local(src, tmp_path / "local", backend)
-    opts = converters.WriteOptions(backend=backend, shard_size=SHARD, engine="ray")
-    report = converters.convert(src, tmp_path / "ray", opts)
+    opts = fastdata.WriteOptions(backend=backend, shard_size=SHARD, engine="ray")
+    report = fastdata.convert(src, tmp_path / "ray", fastdata.ConvertConfig(write=opts))
     assert report.shards == 4 and report.engine == "ray"
     same_dataset(local, tmp_path / "ray")  # shards and manifest: the manifest records no timing
 
@@ -93,25 +93,25 @@ def test_ray_task_killed_mid_shard_is_retried_and_output_identical(ray_cluster, 
 
 def test_ray_task_that_keeps_failing_names_the_shard_and_keeps_finished_shards(ray_cluster, src, tmp_path, monkeypatch):
     monkeypatch.setenv("FASTDATA_FAULT", "eio:mid_shard:2")  # every attempt at shard 2 hits an I/O error
-    opts = converters.WriteOptions(shard_size=SHARD, engine="ray", workers=1)  # one at a time: 0, 1 finish first
+    opts = fastdata.WriteOptions(shard_size=SHARD, engine="ray", workers=1)  # one at a time: 0, 1 finish first
     dst = tmp_path / "ray"
     with pytest.raises(FastdataError) as e:
-        converters.convert(src, dst, opts)
+        fastdata.convert(src, dst, fastdata.ConvertConfig(write=opts))
     msg = str(e.value)
     assert "shard shard-00002.h5 (samples" in msg and "Input/output error" in msg
-    assert "--resume" in msg and "\n" not in msg
+    assert "resume=True" in msg and "\n" not in msg
     assert {"shard-00000.h5", "shard-00001.h5"} <= {p.name for p in dst.iterdir()}
     assert not (dst / "manifest.json").exists()
     monkeypatch.delenv("FASTDATA_FAULT")
-    report = converters.convert(src, dst, converters.WriteOptions(shard_size=SHARD), resume=True)
+    report = fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD), resume=True))
     assert report.kept == 2
     same_dataset(_local(src, tmp_path / "local"), dst)
 
 
 def test_ray_engine_without_ray_installed_says_how_to_get_it(src, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, as without the extra
-    with pytest.raises(UsageError, match=r"--engine ray needs Ray: pip install 'fastdata\[ray\]'"):
-        converters.convert(src, tmp_path / "d", converters.WriteOptions(shard_size=SHARD, engine="ray"))
+    with pytest.raises(UsageError, match=r"engine=ray needs Ray: pip install 'fastdata\[ray\]'"):
+        fastdata.convert(src, tmp_path / "d", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, engine="ray")))
     assert not (tmp_path / "d").exists()
 
 
@@ -123,8 +123,8 @@ def test_ray_options_are_checked(run_cli, src, tmp_path):
 def test_url_shard_tasks_need_their_upload_settings(tmp_path, monkeypatch):
     """A shard task never writes a URL as a local folder: without the UrlSpec it carries (the Ray engine
     into s3://, tests/test_scale_remote.py) it is refused, saying so; a spec for another URL too."""
-    from converters.shardwork import publisher_for
-    from converters.urlpublish import UrlSpec
+    from fastdata.write.shard_task import publisher_for
+    from fastdata.write.url_publish import UrlSpec
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match=r"s3://bucket/ds: a shard task for s3:// needs the upload settings"):
@@ -133,8 +133,8 @@ def test_url_shard_tasks_need_their_upload_settings(tmp_path, monkeypatch):
         publisher_for("s3://bucket/ds", UrlSpec("s3://bucket/other"))
     assert publisher_for("s3://bucket/ds/", UrlSpec("s3://bucket/ds")).where("shard-00000.h5") == \
         "s3://bucket/ds/shard-00000.h5"
-    with pytest.raises(UsageError, match="remote= options apply to URL destinations only"):
-        converters.merge_parts(tmp_path, remote=fastdata.RemoteOptions())
+    with pytest.raises(UsageError, match="remote options apply to URL destinations only"):
+        fastdata.write.merge_parts(tmp_path, remote=fastdata.RemoteOptions())
     assert not (tmp_path / "s3:").exists() and not Path("s3:").exists()
 
 
@@ -234,8 +234,7 @@ def test_interrupted_part_resumes_without_touching_other_parts(src, tmp_path, ru
 
 def _dataset(tmp_path: Path, name: str, backend: str, classes=("cat", "dog", "eel"), per_class=5, seed=0):
     arrays = make_class_folder(tmp_path / f"src_{name}", per_class=per_class, classes=classes, seed=seed)
-    converters.convert(tmp_path / f"src_{name}", tmp_path / name,
-                       converters.WriteOptions(backend=backend, shard_size=SHARD, workers=1))
+    fastdata.convert(tmp_path / f"src_{name}", tmp_path / name, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=SHARD, workers=1)))
     return tmp_path / name, arrays
 
 
@@ -274,7 +273,7 @@ def test_merge_reads_back_every_sample_with_its_label_and_links_shards(tmp_path,
 def test_merge_refuses_other_schemas_formats_and_classes(tmp_path, run_cli):
     a, _ = _dataset(tmp_path, "a", "hdf5")
     make_class_folder(tmp_path / "src_s", per_class=2, shape=(2, 6, 3, 4))
-    converters.convert(tmp_path / "src_s", tmp_path / "s", converters.WriteOptions(shard_size=SHARD))
+    fastdata.convert(tmp_path / "src_s", tmp_path / "s", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD)))
     code, _, err = run_cli("merge", a, tmp_path / "s", tmp_path / "m")
     assert code == 2 and "field 'x' is float32 (2, 6, 3, 4)" in err and "merge datasets with the same schema" in err
     lm, _ = _dataset(tmp_path, "lm", "lmdb")
@@ -329,7 +328,7 @@ def test_merge_manifest_needs_a_reader_that_knows_origins(tmp_path, run_cli):
     assert m.version >= fastdata.format.ORIGIN_VERSION  # (conversions now write version 3: keys)
     assert [s.origin for s in m.shards][len(m.shards) // 2:] == [s.start for s in m.shards][: len(m.shards) // 2]
     with pytest.raises(UsageError):
-        converters.merge([], tmp_path / "x")
+        fastdata.merge([], tmp_path / "x")
 
 
 @pytest.mark.slow

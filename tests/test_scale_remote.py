@@ -19,9 +19,8 @@ pytest.importorskip("moto")
 
 from conftest import CREDS, S3Server, make_class_folder  # noqa: E402
 from test_remote import arrays_source, bucket, opts  # noqa: E402
-
-import converters  # noqa: E402
 import fastdata  # noqa: E402
+import fastdata.write  # noqa: E402
 from fastdata.errors import DataError, FastdataError, UsageError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,8 +75,7 @@ def test_ray_engine_to_s3_equals_local_engine_to_s3(s3, ray_cluster, tmp_path):
     one, ray = f"s3://{bucket(s3)}/one", f"s3://{bucket(s3)}/ray"
 
     def convert(url: str, **kw):
-        return converters.convert(None, url, converters.WriteOptions(shard_size=2000, **kw),
-                                  arrays={"x": src / "X.npy"}, labels=src / "y.npy", remote=ro)
+        return fastdata.convert(None, url, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=2000, **kw), remote=ro), labels=src / "y.npy", arrays={"x": src / "X.npy"})
 
     convert(one, workers=1)
     report = convert(ray, engine="ray")
@@ -94,13 +92,13 @@ def test_ray_upload_that_keeps_failing_leaves_no_manifest_and_resume_finishes(s3
     make_class_folder(src, per_class=10)  # 4 shards, and per-sample keys (keys.bin goes up before the manifest)
     ro = opts(s3, tmp_path / "cache")
     one, url = f"s3://{bucket(s3)}/one", f"s3://{bucket(s3)}/ray"
-    converters.convert(src, one, converters.WriteOptions(shard_size=SHARD, workers=1), remote=ro)
+    fastdata.convert(src, one, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, workers=1), remote=ro))
     monkeypatch.setenv("FASTDATA_FAULT", "eio:upload:2")  # every attempt at uploading shard 2 fails
     with pytest.raises(FastdataError) as e:  # one task at a time: shards 0 and 1 are up before
-        converters.convert(src, url, converters.WriteOptions(shard_size=SHARD, engine="ray", workers=1), remote=ro)
+        fastdata.convert(src, url, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, engine="ray", workers=1), remote=ro))
     msg = str(e.value)
     assert "shard shard-00002.h5" in msg and f"{url}/shard-00002.h5" in msg and "Input/output error" in msg
-    assert "--resume" in msg and "\n" not in msg
+    assert "resume=True" in msg and "\n" not in msg
     names = set(objects(s3, url))
     assert "manifest.json" not in names and "keys.bin" not in names
     assert {"shard-00000.h5", "shard-00001.h5", ".fastdata-journal"} <= names
@@ -108,8 +106,7 @@ def test_ray_upload_that_keeps_failing_leaves_no_manifest_and_resume_finishes(s3
         fastdata.open(url, remote=opts(s3, tmp_path / "read"))
     monkeypatch.delenv("FASTDATA_FAULT")
     # another machine (another staging place) finishes it, with the Ray engine again
-    report = converters.convert(src, url, converters.WriteOptions(shard_size=SHARD, engine="ray"), resume=True,
-                                remote=opts(s3, tmp_path / "elsewhere"))
+    report = fastdata.convert(src, url, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, engine="ray"), resume=True, remote=opts(s3, tmp_path / "elsewhere")))
     assert report.kept == 2
     same_remote(objects(s3, one), objects(s3, url))
     assert staged_files(tmp_path / "cache") == [] and staged_files(tmp_path / "elsewhere") == []
@@ -122,13 +119,12 @@ def test_parts_run_on_ray_into_s3_merge_to_the_one_machine_result(s3, ray_cluste
     one, url = f"s3://{bucket(s3)}/one", f"s3://{bucket(s3)}/parts"
 
     def convert(dst: str, engine: str = "local", part=None):
-        return converters.convert(None, dst, converters.WriteOptions(shard_size=2000, engine=engine, workers=1),
-                                  arrays={"x": src / "X.npy"}, labels=src / "y.npy", remote=ro, part=part)
+        return fastdata.convert(None, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=2000, engine=engine, workers=1), part=part, remote=ro), labels=src / "y.npy", arrays={"x": src / "X.npy"})
 
     convert(one)
     for i in range(2):
         assert convert(url, "ray", (i, 2)).engine == "ray"
-    converters.merge_parts(url, remote=ro)
+    fastdata.write.merge_parts(url, remote=ro)
     same_remote(objects(s3, one), objects(s3, url))
     assert staged_files(tmp_path / "cache") == []
 
@@ -154,8 +150,7 @@ def test_three_parts_to_s3_then_merge_parts_equals_one_machine(s3, tmp_path, run
     src = tmp_path / "src"
     make_class_folder(src, per_class=10)
     one, url = f"s3://{bucket(s3)}/one", f"s3://{bucket(s3)}/parts"
-    converters.convert(src, one, converters.WriteOptions(backend=backend, shard_size=SHARD, workers=1),
-                       remote=opts(s3, tmp_path / "cache"))
+    fastdata.convert(src, one, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, shard_size=SHARD, workers=1), remote=opts(s3, tmp_path / "cache")))
     _parts(s3, src, url, 3, tmp_path / "cache", backend=backend)
     names = set(objects(s3, url))
     assert "manifest.json" not in names and {f".fastdata-part-0000{i}-of-00003.json" for i in range(3)} <= names
@@ -178,8 +173,8 @@ def test_merge_parts_on_s3_refuses_missing_duplicated_and_damaged_parts(s3, tmp_
     ro = opts(s3, tmp_path / "cache")
 
     def part(i: int, n: int, **kw):
-        return converters.convert(src, url, converters.WriteOptions(shard_size=SHARD, workers=1), part=(i, n),
-                                  remote=ro, **kw)
+        return fastdata.convert(src, url, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, workers=1),
+                                                                 part=(i, n), remote=ro, **kw))
 
     part(0, 3)
     part(2, 3)
@@ -189,7 +184,7 @@ def test_merge_parts_on_s3_refuses_missing_duplicated_and_damaged_parts(s3, tmp_
     assert "manifest.json" not in objects(s3, url)
     with pytest.raises(UsageError, match=r"split in 3 parts, not 2; use the same N"):
         part(1, 2)  # refused before anything is written
-    with pytest.raises(UsageError, match=r"part 2/3 is already converted; pass --overwrite"):
+    with pytest.raises(UsageError, match=r"part 2/3 is already converted; pass overwrite=True"):
         part(2, 3)
     part(1, 3)
     fs = s3.fs()
@@ -197,22 +192,22 @@ def test_merge_parts_on_s3_refuses_missing_duplicated_and_damaged_parts(s3, tmp_
     data = fs.cat_file(victim)
     fs.rm_file(victim)
     with pytest.raises(DataError, match=rf"{url}/shard-00003.h5: missing, though part 2/3 recorded it"):
-        converters.merge_parts(url, remote=ro)
+        fastdata.write.merge_parts(url, remote=ro)
     fs.pipe_file(victim, data[:-10])
     with pytest.raises(DataError, match=rf"{url}/shard-00003.h5: is {len(data) - 10} bytes, part 2/3 recorded"):
-        converters.merge_parts(url, remote=ro)
+        fastdata.write.merge_parts(url, remote=ro)
     fs.pipe_file(victim, data)
     keys = fs.cat_file(f"{url[5:]}/keys.bin")  # the parts uploaded the sample keys too
     fs.rm_file(f"{url[5:]}/keys.bin")
     with pytest.raises(DataError, match=rf"{url}/keys.bin: missing, though the parts list it"):
-        converters.merge_parts(url, remote=ro)
+        fastdata.write.merge_parts(url, remote=ro)
     fs.pipe_file(f"{url[5:]}/keys.bin", keys)
-    report = converters.merge_parts(url, remote=ro)
+    report = fastdata.write.merge_parts(url, remote=ro)
     assert (report.parts, report.shards, report.samples) == (3, 4, 30)
     with pytest.raises(UsageError, match="already holds a finished dataset"):
-        converters.merge_parts(url, remote=ro)
-    with pytest.raises(UsageError, match="remote= options apply to URL destinations only"):
-        converters.merge_parts(tmp_path, remote=ro)
+        fastdata.write.merge_parts(url, remote=ro)
+    with pytest.raises(UsageError, match="remote options apply to URL destinations only"):
+        fastdata.write.merge_parts(tmp_path, remote=ro)
 
 
 def test_part_upload_failure_leaves_no_record_and_resume_finishes(s3, tmp_path, run_cli, monkeypatch):
@@ -220,7 +215,7 @@ def test_part_upload_failure_leaves_no_record_and_resume_finishes(s3, tmp_path, 
     make_class_folder(src, per_class=10)
     one, url = f"s3://{bucket(s3)}/one", f"s3://{bucket(s3)}/parts"
     ro = opts(s3, tmp_path / "cache")
-    converters.convert(src, one, converters.WriteOptions(shard_size=SHARD, workers=1), remote=ro)
+    fastdata.convert(src, one, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD, workers=1), remote=ro))
     _parts(s3, src, url, 2, tmp_path / "cache", which=[1])
     failed = subprocess.run([sys.executable, "-m", "fastdata", "convert", src, url, "--shard-size", str(SHARD),
                              "--part", "0/2", "--workers", "1", "--quiet"], cwd=ROOT, capture_output=True, text=True,
@@ -258,13 +253,13 @@ def test_metadata_table_source_to_s3_whole_and_in_parts(s3, tmp_path):
     ro = opts(s3, tmp_path / "cache")
 
     def convert(dst: str, **kw):
-        return converters.convert(src, dst, converters.WriteOptions(shard_size=40, workers=1), meta=src / "meta.csv",
-                                  remote=ro, **kw)
+        return fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=40, workers=1),
+                                                                 remote=ro, **kw), meta=src / "meta.csv")
 
     report = convert(one)
     assert report.dst == one and report.shards >= 2
     assert {"manifest.json", "keys.bin"} <= set(objects(s3, one))
     convert(url, part=(1, 2))
     convert(url, part=(0, 2))
-    assert converters.merge_parts(url, remote=ro).samples == 8
+    assert fastdata.write.merge_parts(url, remote=ro).samples == 8
     same_remote(objects(s3, one), objects(s3, url))

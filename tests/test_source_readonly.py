@@ -11,8 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import converters
 import fastdata
 from conftest import make_class_folder, tree_state
 
@@ -69,6 +67,7 @@ def _images(root: Path) -> None:
 def test_conversion_leaves_a_read_only_source_untouched(tmp_path, no_writes_under, kind, backend):
     src = tmp_path / "src"
     kwargs: dict = {}
+    images = None
     if kind == "npy-folder":
         make_class_folder(src)
         arg = src
@@ -81,20 +80,21 @@ def test_conversion_leaves_a_read_only_source_untouched(tmp_path, no_writes_unde
         src.mkdir()
         np.save(src / "X.npy", np.arange(40, dtype="<f4").reshape(10, 4))
         np.save(src / "y.npy", np.arange(10, dtype="<i8"))
-        arg, kwargs = src / "X.npy", {"labels": src / "y.npy"}
+        arg, kwargs, images = src / "X.npy", {"labels": src / "y.npy"}, None
     else:
         _images(src)
-        arg, kwargs = src, {"images": converters.ImageOptions(images="raw", size=(8, 8))}
+        arg, kwargs, images = src, {}, fastdata.ImageOptions(images="raw", size=(8, 8))
     _make_read_only(src)
     before = _state(src)
     no_writes_under(src)
     try:
-        report = converters.convert(arg, tmp_path / "ds", converters.WriteOptions(backend=backend, workers=2,
-                                    shard_size=200), **kwargs)
+        write = fastdata.WriteOptions(backend=backend, workers=2, shard_size=200)
+        report = fastdata.convert(arg, tmp_path / "ds", fastdata.ConvertConfig(write=write, images=images), **kwargs)
         assert report.shards > 1
         assert len(fastdata.open(tmp_path / "ds")) == report.samples
-        converters.convert(arg, tmp_path / "ds", converters.WriteOptions(backend=backend, workers=1, shard_size=200),
-                           overwrite=True, **kwargs)
+        write = fastdata.WriteOptions(backend=backend, workers=1, shard_size=200)
+        fastdata.convert(arg, tmp_path / "ds", fastdata.ConvertConfig(write=write, images=images, overwrite=True),
+                         **kwargs)
     finally:
         for p in [src, *src.rglob("*")]:
             p.chmod(stat.S_IMODE(p.stat().st_mode) | 0o200)

@@ -13,7 +13,6 @@ import torch
 from conftest import free_port, gloo_group
 from torch import nn
 
-import converters
 import fastdata
 from fastdata import checkpoint, train
 from fastdata import meter as epoch_meter
@@ -31,8 +30,7 @@ def blobs(tmp_path_factory):
     x = (rng.standard_normal((96, 1, 4, 4)) + 3.0 * y[:, None, None, None]).astype(np.float32)
     np.save(tmp / "X.npy", x)
     np.save(tmp / "y.npy", y.astype(np.int64))
-    converters.convert(None, tmp / "ds", converters.WriteOptions(workers=1), arrays={"x": tmp / "X.npy"},
-                       labels=tmp / "y.npy")
+    fastdata.convert(None, tmp / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)), labels=tmp / "y.npy", arrays={"x": tmp / "X.npy"})
     return tmp / "ds"
 
 
@@ -254,12 +252,12 @@ def test_cudnn_autotuning_only_when_batch_shapes_are_fixed(blobs, tmp_path):
     src.mkdir(parents=True)
     for i, (h, w) in enumerate([(20, 30), (24, 24), (30, 18)]):
         Image.fromarray(np.full((h, w, 3), 99, np.uint8)).save(src / f"{i}.jpg")
-    converters.convert(tmp_path / "imgs", tmp_path / "enc", images=converters.ImageOptions(images="encoded"))
+    fastdata.convert(tmp_path / "imgs", tmp_path / "enc", fastdata.ConvertConfig(images=fastdata.ImageOptions(images="encoded")))
     seqs = tmp_path / "seqs"
     seqs.mkdir()
     for i, n in enumerate([3, 5]):
         np.save(seqs / f"{i}.npy", np.zeros((n, 2), np.float32))
-    converters.convert(seqs, tmp_path / "rag")
+    fastdata.convert(seqs, tmp_path / "rag")
     assert precision_plan.fixed_shapes(fastdata.loader(blobs, 4, device="cpu"))
     assert precision_plan.fixed_shapes([{"x": torch.zeros(1)}])  # a plain iterable: nothing to go by
     assert not precision_plan.fixed_shapes(fastdata.loader(tmp_path / "enc", 2, device="cpu"))  # sizes vary

@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 from fastdata import bench, tune
 
@@ -18,7 +17,7 @@ from fastdata import bench, tune
 def small_ds(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
     np.save(tmp_path / "X.npy", np.random.default_rng(0).random((300, 8, 8), dtype=np.float32))
-    converters.convert(None, tmp_path / "ds", converters.WriteOptions(workers=1), arrays={"x": tmp_path / "X.npy"})
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1)), arrays={"x": tmp_path / "X.npy"})
     return tmp_path / "ds"
 
 
@@ -67,7 +66,7 @@ def test_tune_stores_winner_and_auto_uses_it(small_ds, tmp_path, caplog):
 def test_cache_key_changes_with_dataset_content(small_ds, tmp_path):
     ds = fastdata.open(small_ds)
     np.save(tmp_path / "Y.npy", np.zeros((10, 2), np.float32))
-    converters.convert(None, tmp_path / "other", arrays={"x": tmp_path / "Y.npy"})
+    fastdata.convert(None, tmp_path / "other", arrays={"x": tmp_path / "Y.npy"})
     assert tune.settings_key(ds, 32, "cpu") != tune.settings_key(fastdata.open(tmp_path / "other"), 32, "cpu")
     assert tune.settings_key(ds, 32, "cpu") != tune.settings_key(ds, 64, "cpu")
 
@@ -75,8 +74,7 @@ def test_cache_key_changes_with_dataset_content(small_ds, tmp_path):
 def test_ceiling_rows_are_payload_bytes_not_stored_bytes(tmp_path):
     """LMDB stores a header with each record: the ceiling's rows are the 784 bytes the loader hands over."""
     np.save(tmp_path / "X.npy", np.zeros((64, 1, 28, 28), np.uint8))
-    converters.convert(None, tmp_path / "ds", converters.WriteOptions(backend="lmdb", workers=1),
-                       arrays={"x": tmp_path / "X.npy"})
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)), arrays={"x": tmp_path / "X.npy"})
     ds = fastdata.open(tmp_path / "ds")
     assert bench.payload_bytes(ds) == 784 and bench.sample_bytes(ds) > 784
     c = bench.measure_ceiling(ds, 16, threads=2, max_seconds=0.2)
@@ -89,7 +87,7 @@ def test_payload_of_ragged_samples_counts_their_rows(tmp_path):
     lengths = [3, 5, 10, 2]
     for i, n in enumerate(lengths):
         np.save(src / f"{i}.npy", np.ones((n, 4), np.float32))
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(workers=1), no_labels=True)
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1), no_labels=True))
     assert bench.payload_bytes(fastdata.open(tmp_path / "ds")) == sum(lengths) * 16 / len(lengths)
 
 

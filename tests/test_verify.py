@@ -7,7 +7,6 @@ import lmdb
 import numpy as np
 import pytest
 
-import converters
 import fastdata
 from conftest import edit_manifest, four_shard_dataset, make_class_folder
 from fastdata.errors import CorruptShardError, FormatError, IncompleteDatasetError
@@ -73,7 +72,7 @@ def test_missing_and_truncated_shards(ds, run_cli):
 
 def test_deep_names_each_bad_lmdb_sample(tmp_path, run_cli):
     make_class_folder(tmp_path / "src", per_class=10)
-    converters.convert(tmp_path / "src", tmp_path / "ds", converters.WriteOptions(backend="lmdb", shard_size=4000))
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", shard_size=4000)))
     shard = tmp_path / "ds" / "shard-00001.lmdb"
     blob = bytearray(shard.read_bytes())
     bad = []
@@ -95,7 +94,7 @@ def test_deep_names_each_bad_lmdb_sample(tmp_path, run_cli):
 
 def test_deep_caps_problems_per_shard(tmp_path):
     np.save(tmp_path / "X.npy", np.zeros((60, 4), "<f4"))
-    converters.convert(None, tmp_path / "ds", converters.WriteOptions(backend="lmdb"), arrays={"x": tmp_path / "X.npy"})
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")), arrays={"x": tmp_path / "X.npy"})
     shard = tmp_path / "ds" / "shard-00000.lmdb"
     env = lmdb.open(str(shard), subdir=False, lock=False)
     with env.begin(write=True) as txn:
@@ -124,7 +123,7 @@ def test_deep_decodes_images(tmp_path):
     src.mkdir()
     for i in range(6):
         imagegen.jpeg(src / f"{i}.jpg", h=16, w=16, seed=i)
-    converters.convert(src, tmp_path / "ds", converters.WriteOptions(backend="lmdb"))
+    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")))
     assert verify(tmp_path / "ds", deep=True).ok
     shard = tmp_path / "ds" / "shard-00000.lmdb"
     blob = bytearray(shard.read_bytes())

@@ -20,7 +20,7 @@ import numpy as np
 from .._units import fmt_bytes
 
 if TYPE_CHECKING:
-    from converters.writer import Progress
+    from fastdata.write import Progress
 
 SHAPE = (2, 64, 21, 21)  # the FLIM-style arrays of our users, with a shorter time axis
 CLASSES = ("class_a", "class_b", "class_c", "class_d")
@@ -67,9 +67,10 @@ def _time_batches(fn: Callable[[np.ndarray], object], batches: list[np.ndarray])
 def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batches: int = 20, train_steps: int = 6,
         progress: Progress | None = None) -> str:
     """Run the demo and return its report (what ``fastdata demo`` prints)."""
-    import converters  # the CLI layer may import converters; the library proper does not
-
+    from ..conversion import convert
+    from ..converters import ConvertConfig
     from ..dataset import open as open_dataset
+    from ..write import WriteOptions
     from .baseline import write_npy_folder
 
     own = workdir is None
@@ -88,7 +89,7 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
             dst = root / backend
             if dst.exists():
                 shutil.rmtree(dst)
-            report = converters.convert(src, dst, converters.WriteOptions(backend=backend), progress=progress)
+            report = convert(src, dst, ConvertConfig(write=WriteOptions(backend=backend)), progress=progress)
             lines.append("converted: " + report.summary())
             ds = open_dataset(dst)
             check = ds.get_batch(np.arange(samples))

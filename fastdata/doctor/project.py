@@ -2,7 +2,7 @@
 
 Runs in the doctor's child after the script is stopped. It draws up to ``MAX_SAMPLES`` samples from the
 map-style dataset the loop iterated most, writes them as per-sample ``.npz`` files, converts them
-with ``converters.convert`` and times ``fastdata.loader`` over the result with the script's batch size.
+with ``fastdata.convert`` and times ``fastdata.loader`` over the result with the script's batch size.
 The samples are what ``__getitem__`` returned, after the script's transforms: the projection assumes
 those transforms move to conversion time or to the device (said in the report).
 """
@@ -69,7 +69,9 @@ def project_loader(rec: Any, out: Path) -> dict[str, Any]:
 
 def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
     import fastdata
-    from converters import WriteOptions, convert
+    from fastdata.conversion import convert
+    from fastdata.converters import ConvertConfig
+    from fastdata.write import WriteOptions
 
     n = len(ds)
     rng = np.random.default_rng(0)
@@ -86,7 +88,7 @@ def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
         kept += 1
         if time.perf_counter() - t0 > SAMPLE_BUDGET_S and kept >= 2 * bs:
             break
-    rep = convert(src, work / "ds", WriteOptions(workers=1), no_labels=True)
+    rep = convert(src, work / "ds", ConvertConfig(write=WriteOptions(workers=1), no_labels=True))
     workers = workers_for_projection()
     loader = fastdata.loader(str(work / "ds"), batch_size=min(bs, kept), device="cpu", num_workers=workers,
                              drop_last=True)

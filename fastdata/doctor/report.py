@@ -77,7 +77,7 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
 def source_of(files: list[str]) -> dict[str, Any] | None:
     """The folder the dataset's files share and what they are (from the paths the workers opened), and
     whether ``fastdata convert`` takes that folder as it is (per-sample .npy/.npz or image files)."""
-    from converters.imageio import IMAGE_EXTENSIONS
+    from ..format.files import ARRAY_SUFFIXES, IMAGE_SUFFIXES
 
     files = [f for f in files if os.path.isfile(f)]
     if not files:
@@ -87,7 +87,7 @@ def source_of(files: list[str]) -> dict[str, Any] | None:
         ext = os.path.splitext(f)[1].lower() or "(none)"
         kinds[ext] = kinds.get(ext, 0) + 1
     folder = os.path.commonpath([os.path.dirname(f) for f in files])
-    per_sample = len(files) > 1 and all(k in IMAGE_EXTENSIONS or k in (".npy", ".npz") for k in kinds)
+    per_sample = len(files) > 1 and all(k in IMAGE_SUFFIXES or k in ARRAY_SUFFIXES for k in kinds)
     return {"folder": folder, "kinds": kinds, "files_seen": len(files), "convertible": per_sample}
 
 

@@ -6,19 +6,12 @@ for a folder of finished parts, ``fastdata convert`` for a folder of source file
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from ..errors import FormatError, IncompleteDatasetError
+from .files import JOURNAL_NAME, OURS, PART_JOURNAL, PART_RECORD, SOURCE_SUFFIXES
 from .spec import MANIFEST_NAME
 
-JOURNAL = ".fastdata-journal"  # converters/journal.py's JOURNAL_NAME (the format layer cannot import converters)
-_PART_RECORD = re.compile(r"^\.fastdata-part-\d{5,}-of-\d{5,}\.json$")
-_PART_JOURNAL = re.compile(r"^\.fastdata-journal-part-\d{5,}-of-\d{5,}$")
-# what a conversion writes besides its journal: shards (finished or partial), lock, temporary files, keys
-_OURS = re.compile(r"^(\.?shard-\d{5,}\..+|\.fastdata.*|\.manifest\..+\.tmp|\.?keys\.bin.*|skipped\.json)$")
-_SOURCE_SUFFIXES = (".npy", ".npz", ".csv", ".tsv", ".json", ".jsonl", ".parquet", ".jpg", ".jpeg", ".jpe", ".jfif",
-                    ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _LOOK = 2000  # names looked at in sub-folders, at most: enough to tell, cheap on a huge folder
 
 
@@ -26,7 +19,7 @@ def not_a_folder_error(root: Path) -> FormatError:
     """The error for a dataset path that is no folder: missing, a source file, or some other file."""
     if not os.path.lexists(root):
         return FormatError(f"{root}: no such folder (a fastdata dataset is the folder fastdata convert wrote)")
-    if root.name.lower().endswith(_SOURCE_SUFFIXES):
+    if root.name.lower().endswith(SOURCE_SUFFIXES):
         return FormatError(f"{root}: a source file, not a fastdata dataset (a dataset is a folder); convert it with "
                            f"`fastdata convert {root} DST`, then open DST")
     return FormatError(f"{root}: not a directory (a fastdata dataset is a directory)")
@@ -35,19 +28,19 @@ def not_a_folder_error(root: Path) -> FormatError:
 def no_manifest_error(root: Path) -> FormatError:
     """The error for the folder ``root``, which has no manifest: what the folder is, and what to do."""
     names = set(os.listdir(root))
-    if JOURNAL in names:
+    if JOURNAL_NAME in names:
         return IncompleteDatasetError(
             f"{root}: incomplete dataset: no {MANIFEST_NAME} (the conversion did not finish: run the same "
             "fastdata convert command with --resume to finish it, or with --overwrite to start over)")
-    if any(_PART_RECORD.match(n) for n in names):
+    if any(PART_RECORD.match(n) for n in names):
         return IncompleteDatasetError(
             f"{root}: parts of a conversion split with --part I/N, not merged yet (no {MANIFEST_NAME}): once every "
             f"part is done, run fastdata merge-parts {root}")
-    if any(_PART_JOURNAL.match(n) for n in names):
+    if any(PART_JOURNAL.match(n) for n in names):
         return IncompleteDatasetError(
             f"{root}: an unfinished part of a conversion split with --part I/N (no {MANIFEST_NAME}): finish each "
             f"part with its fastdata convert command plus --resume, then run fastdata merge-parts {root}")
-    if any(_OURS.match(n) for n in names):
+    if any(OURS.match(n) for n in names):
         return IncompleteDatasetError(
             f"{root}: incomplete dataset: a conversion started here but left no {MANIFEST_NAME} and no journal to "
             "resume from; convert again with --overwrite")
@@ -62,7 +55,7 @@ def no_manifest_error(root: Path) -> FormatError:
 
 def _holds_source_files(root: Path, names: set[str]) -> bool:
     """Whether ``root`` or one of its sub-folders (class folders) holds .npy, image or table files."""
-    if any(n.lower().endswith(_SOURCE_SUFFIXES) for n in names):
+    if any(n.lower().endswith(SOURCE_SUFFIXES) for n in names):
         return True
     looked = 0
     for n in sorted(names):
@@ -70,7 +63,7 @@ def _holds_source_files(root: Path, names: set[str]) -> bool:
             with os.scandir(root / n) as it:
                 for e in it:
                     looked += 1
-                    if e.name.lower().endswith(_SOURCE_SUFFIXES):
+                    if e.name.lower().endswith(SOURCE_SUFFIXES):
                         return True
                     if looked >= _LOOK:
                         return False

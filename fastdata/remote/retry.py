@@ -11,7 +11,7 @@ import re
 import time
 from typing import Callable, TypeVar
 
-from ..errors import FastdataError, RemoteError, RemoteNotFoundError
+from ..errors import FastdataError, NoSuchBucketError, RemoteError, RemoteNotFoundError
 
 T = TypeVar("T")
 log = logging.getLogger("fastdata.remote")
@@ -30,10 +30,6 @@ _BAD_CONFIG = {"InvalidEndpointConfigurationError", "ParamValidationError", "NoR
                "UnknownSignatureVersionError", "InvalidRegionError"}
 _UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ClientConnectorError"}
 _URL_ROOT = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/\s:]+)")
-
-
-class NoSuchBucketError(RemoteNotFoundError):
-    """The URL's bucket (or container) does not exist: it must be created first."""
 
 
 def _names(e: BaseException) -> set[str]:

@@ -17,15 +17,15 @@ from typing import Any, BinaryIO, Callable
 
 from .._units import fmt_bytes
 from ..errors import FormatError, IncompleteDatasetError, UsageError
+from ..format.files import JOURNAL_NAME  # what an interrupted conversion to a URL leaves
 from ..format.manifest import parse_manifest
 from ..format.spec import KEYS_KIND_FILE, MANIFEST_NAME, MAX_MANIFEST_BYTES, KeysInfo, Manifest, ShardInfo
 from .cache import CacheFullError, Pin, Priority, ShardCache
 from .options import RemoteOptions
-from .retry import NoSuchBucketError, RemoteError, RemoteNotFoundError, with_retries
+from .retry import RemoteError, RemoteNotFoundError, with_retries
 from .url import filesystem, join, root
 
 log = logging.getLogger("fastdata.remote")
-JOURNAL_NAME = ".fastdata-journal"  # what an interrupted conversion to a URL leaves (converters/remote.py)
 PART_PREFIXES = (".fastdata-part-", ".fastdata-journal-part-")  # what --part I/N leaves before merge-parts
 _CHUNK = 8 << 20
 _SWEEP_EVERY_S = 1.0
@@ -119,8 +119,6 @@ class RemoteStore:
         fs = self.fs()
         try:
             data = with_retries(lambda: fs.cat_file(where), where, self.deadline())
-        except NoSuchBucketError:
-            raise
         except RemoteNotFoundError:
             if _exists(fs, self.where(JOURNAL_NAME), self.deadline()):
                 raise IncompleteDatasetError(

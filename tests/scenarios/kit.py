@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-import converters
+import fastdata
 
 N = 40  # samples; with batch 4: 10 batches per epoch
 
@@ -19,8 +19,8 @@ def make_dataset(root: Path, backend: str = "hdf5", n: int = N, shard_size: int 
     np.save(root / "X.npy", x)
     np.save(root / "y.npy", np.arange(n, dtype=np.int64))
     dst = root / f"ds-{backend}"
-    opts = converters.WriteOptions(backend=backend, workers=1, **({"shard_size": shard_size} if shard_size else {}))
-    converters.convert(None, dst, opts, arrays={"x": root / "X.npy"}, labels=root / "y.npy")
+    opts = fastdata.WriteOptions(backend=backend, workers=1, **({"shard_size": shard_size} if shard_size else {}))
+    fastdata.convert(None, dst, fastdata.ConvertConfig(write=opts), labels=root / "y.npy", arrays={"x": root / "X.npy"})
     return dst
 
 

@@ -5,7 +5,7 @@ killed conversion never leaves a lock that blocks ``--resume``: there is no proc
 check and no stale lock to break (process ids can be reused, and breaking a lock races).
 The file records the holder's pid and host, for the message a second conversion shows.
 Shard-writing worker processes inherit the lock and are killed with their parent (see
-converters/shardwork.py), so the lock is free once the conversion is gone.
+fastdata/write/shard_task.py), so the lock is free once the conversion is gone.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import socket
 from pathlib import Path
 
 from fastdata.errors import DestinationBusyError, WriteError
+from fastdata.format.files import LOCK_NAME
 
-LOCK_NAME = ".fastdata.lock"
+__all__ = ["DstLock", "holder"]
+
 log = logging.getLogger(__name__)
 
 

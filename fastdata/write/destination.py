@@ -18,29 +18,17 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
+from fastdata.format.files import JOURNAL_NAME, LOCK_NAME, OURS, PART_FILE, SKIPPED_NAME, TEMPORARY
 
 from . import journal
-from .dstlock import LOCK_NAME, DstLock, holder
+from .lock import DstLock, holder
 
 if TYPE_CHECKING:
-    from .urlpublish import UrlSpec
+    from .url_publish import UrlSpec
 
-SKIPPED_NAME = "skipped.json"
-# Names a conversion may leave in DST; --overwrite deletes only these.
-_PART = r"part-\d{5,}-of-\d{5,}"
-OURS = re.compile(
-    r"^(manifest\.json|skipped\.json|keys\.bin|\.keys\.bin\..+\.tmp|\.manifest\..+\.tmp"
-    r"|\.?shard-\d{5,}\.(h5|lmdb)(\.partial)?(-lock)?"
-    rf"|\.fastdata-journal(-{_PART})?(\.tmp)?|\.fastdata\.lock|\.fastdata-{_PART}\.(json|lock)"
-    rf"|\.\.fastdata-{_PART}\.json\..+\.tmp)$"
-)
-# Temporary names: never part of a finished or resumable conversion.
-TEMPORARY = re.compile(
-    r"^(\.manifest\..+\.tmp|\.keys\.bin\..+\.tmp|\.shard-\d{5,}\.(h5|lmdb)\.partial(-lock)?|shard-\d{5,}\.lmdb-lock|\.fastdata-journal\.tmp)$"
-)
-# The files of one part of a conversion split with --part I/N (see converters/parts.py).
-PART_FILE = re.compile(r"^\.fastdata-(?:journal-)?part-(\d{5,})-of-(\d{5,})(?:\.json|\.lock)?$")
-
+__all__ = ["Destination", "SHARD", "check_dst", "check_part_entries", "part_journal_name", "part_lock_name",
+           "part_record_name", "part_stem", "prepare_dst", "prepare_part_dst", "refuse_broken_url", "remove_ours",
+           "remove_shards_except", "remove_temporary", "write_skipped"]
 
 def part_stem(index: int, count: int) -> str:
     return f"part-{index:05d}-of-{count:05d}"
@@ -52,7 +40,7 @@ def part_record_name(index: int, count: int) -> str:
 
 
 def part_journal_name(index: int, count: int) -> str:
-    return f"{journal.JOURNAL_NAME}-{part_stem(index, count)}"
+    return f"{JOURNAL_NAME}-{part_stem(index, count)}"
 
 
 def part_lock_name(index: int, count: int) -> str:
@@ -77,7 +65,7 @@ def check_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool 
     """Refuse a DST inside a source, one being written by another conversion, one that exists
     without --overwrite or --resume, one holding other files, and a --resume with nothing to resume."""
     if overwrite and resume:
-        raise UsageError("--overwrite and --resume contradict each other: --resume continues, --overwrite starts over")
+        raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
     dst_real = os.path.realpath(dst)
     for src in sources:
         s = os.path.realpath(src)
@@ -99,14 +87,14 @@ def _check_entries(dst: Path, overwrite: bool, resume: bool) -> list[str]:
     foreign = [e for e in entries if not OURS.match(e)]
     if resume:
         if MANIFEST_NAME in entries:
-            raise UsageError(f"{dst}: already holds a finished dataset; nothing to resume (--overwrite converts again)")
-        if entries and journal.JOURNAL_NAME not in entries and not foreign:
-            raise UsageError(f"{dst}: no interrupted conversion to resume (no {journal.JOURNAL_NAME}); "
-                             "convert again with --overwrite")
+            raise UsageError(f"{dst}: already holds a finished dataset; nothing to resume (%(overwrite=True) converts again)")
+        if entries and JOURNAL_NAME not in entries and not foreign:
+            raise UsageError(f"{dst}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
+                             "convert again with %(overwrite=True)")
     elif entries and not overwrite:
-        if journal.JOURNAL_NAME in entries and MANIFEST_NAME not in entries:
-            raise UsageError(f"{dst}: holds an interrupted conversion; pass --resume to finish it, or --overwrite to start over")
-        raise UsageError(f"{dst}: already exists; pass --overwrite to replace it")
+        if JOURNAL_NAME in entries and MANIFEST_NAME not in entries:
+            raise UsageError(f"{dst}: holds an interrupted conversion; pass %(resume=True) to finish it, or %(overwrite=True) to start over")
+        raise UsageError(f"{dst}: already exists; pass %(overwrite=True) to replace it")
     if foreign:
         raise UsageError(
             f"{dst}: refused: it holds {foreign[0]!r}, which fastdata did not write; choose an empty or new folder"
@@ -130,7 +118,7 @@ class Destination:
 
     @property
     def journal_name(self) -> str:
-        return journal.JOURNAL_NAME if self.part is None else part_journal_name(*self.part)
+        return JOURNAL_NAME if self.part is None else part_journal_name(*self.part)
 
     def release(self) -> None:
         if self.lock is not None:
@@ -166,7 +154,7 @@ def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: boo
     target = Destination(dst, created, resume=False, lock=lock)
     try:
         entries = _check_entries(dst, overwrite, resume)  # again: it may have changed before we held the lock
-        target.resume = resume and journal.JOURNAL_NAME in entries
+        target.resume = resume and JOURNAL_NAME in entries
         if overwrite:
             remove_ours(dst)  # the manifest first: an interrupted delete never leaves a dataset that looks complete
     except BaseException:
@@ -190,11 +178,11 @@ def check_part_entries(where: str, names: Sequence[str], part: tuple[int, int], 
                              f"{count}; use the same N for every part (or a new {place})")
     what = f"{where}: part {index}/{count}"
     if part_record_name(index, count) in names and not overwrite:
-        raise UsageError(f"{what} is already converted; pass --overwrite to convert it again")
+        raise UsageError(f"{what} is already converted; pass %(overwrite=True) to convert it again")
     if resume and journal_name not in names:
         raise UsageError(f"{what}: no interrupted conversion of this part to resume (no {journal_name})")
     if journal_name in names and not (resume or overwrite):
-        raise UsageError(f"{what} was interrupted; pass --resume to finish it, or --overwrite to start it over")
+        raise UsageError(f"{what} was interrupted; pass %(resume=True) to finish it, or %(overwrite=True) to start it over")
 
 
 def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], overwrite: bool,
@@ -203,7 +191,7 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
     same time, each under its own lock). Refuses a finished dataset, files fastdata did not write,
     parts of a conversion split another way, and this part already done (unless ``overwrite``)."""
     if overwrite and resume:
-        raise UsageError("--overwrite and --resume contradict each other: --resume continues, --overwrite starts over")
+        raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
     check_dst(dst, sources, overwrite=True)  # only the source checks: DST may hold other parts
     try:
         dst.mkdir(parents=True, exist_ok=True)

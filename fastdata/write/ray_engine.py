@@ -4,7 +4,7 @@ A shard task is a pure function of its :class:`~.shardwork.ShardTask` (same byte
 temporary name then publish), so Ray may retry it after a worker dies, or run it twice, without
 harm. A task that keeps failing ends the conversion naming the shard and the reason; shards that
 finished stay journaled for ``--resume``. Workers must see DST under the same path (a shared
-filesystem), or DST is a URL that every worker uploads its shards to (converters/urlpublish.py);
+filesystem), or DST is a URL that every worker uploads its shards to (fastdata/write/url_publish.py);
 the driver checks every shard it is told about (file or object, with its size), so a DST on one
 node's local disk is an error, never a dataset with missing shards. Ray is optional: ``pip install 'fastdata[ray]'``.
 """
@@ -21,7 +21,9 @@ from fastdata.errors import FastdataError, UsageError, WriteError
 from fastdata.format import ShardInfo
 
 from . import _fault
-from .shardwork import ShardTask, publisher_for, write_shard
+from .shard_task import ShardTask, publisher_for, write_shard
+
+__all__ = ["RETRIES", "RayEngine", "import_ray", "ray_write_shard"]
 
 log = logging.getLogger(__name__)
 RETRIES = 3  # Ray re-runs a shard task this many times after its worker dies or an I/O error
@@ -39,7 +41,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise UsageError("--engine ray needs Ray: pip install 'fastdata[ray]'") from None
+        raise UsageError("%(engine=ray) needs Ray: pip install 'fastdata[ray]'") from None
     return ray
 
 
@@ -68,8 +70,8 @@ class RayEngine:
         if ray.is_initialized():
             current = ray.get_runtime_context().gcs_address
             if address not in (None, "auto", current):
-                raise UsageError(f"--ray-address {address}: this process is already connected to the Ray cluster at "
-                                 f"{current}; drop --ray-address, or run the conversion from another process")
+                raise UsageError(f"%(ray_address={address}): this process is already connected to the Ray cluster at "
+                                 f"{current}; drop %(ray_address), or run the conversion from another process")
             return False
         try:
             if address:
@@ -84,7 +86,7 @@ class RayEngine:
         except (ConnectionError, ValueError, RuntimeError) as e:
             where = f"the Ray cluster at {address}" if address else "a local Ray"
             raise UsageError(f"cannot start or reach {where}: {str(e).splitlines()[0] if str(e) else e!r}; check "
-                             "--ray-address / RAY_ADDRESS (or leave both unset for a local Ray)") from None
+                             "%(ray_address) / RAY_ADDRESS (or leave both unset for a local Ray)") from None
         return True
 
     def _run(self, ray: Any, tasks: list[ShardTask], progress: Any, finished: Any) -> None:

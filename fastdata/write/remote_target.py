@@ -8,11 +8,11 @@ remote dataset without a manifest is never taken for finished.
 ``--resume`` continues from the remote journal (on any machine): shards it lists and that are
 present remotely with the right size are kept, the rest are written and uploaded again.
 
-With ``--engine ray`` the Ray workers upload the shards they write (converters/urlpublish.py);
+With ``--engine ray`` the Ray workers upload the shards they write (fastdata/write/url_publish.py);
 here the driver journals each one after checking it is there, and uploads the manifest last.
 ``--part I/N`` into a URL stages, journals (``.fastdata-journal-part-I-of-N``) and uploads like a
 whole conversion, and uploads its part record instead of the manifest (``merge-parts`` then
-writes the manifest, converters/parts.py).
+writes the manifest, fastdata/write/parts.py).
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ from typing import Any
 
 from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
+from fastdata.format.files import JOURNAL_NAME, OURS, SKIPPED_NAME
 from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
-from fastdata.remote.retry import NoSuchBucketError, RemoteError, RemoteNotFoundError, describe, with_retries
-from fastdata.remote.store import JOURNAL_NAME
+from fastdata.remote.retry import RemoteError, RemoteNotFoundError, describe, with_retries
 from fastdata.remote.url import filesystem, join, root
 
 from . import _fault, journal
-from .dst import (
-    OURS,
-    SKIPPED_NAME,
+from .destination import (
     check_part_entries,
     part_journal_name,
     part_lock_name,
     part_record_name,
     part_stem,
 )
-from .dstlock import holder
-from .urlpublish import UrlSpec, shard_number
+from .lock import holder
+from .url_publish import UrlSpec, shard_number
+
+__all__ = ["RemoteTarget", "check_not_urls"]
 
 log = logging.getLogger(__name__)
 _UPLOAD_THREADS = 4
@@ -81,8 +81,6 @@ class RemoteTarget:
     def _names(self) -> list[str]:
         try:
             entries = self._call(lambda: self.fs.ls(self.url, detail=False, refresh=True), self.url)
-        except NoSuchBucketError:
-            raise  # before any work: the bucket must be created first
         except RemoteNotFoundError:
             return []
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
@@ -93,9 +91,9 @@ class RemoteTarget:
         return UrlSpec.of(self.url, self.options) if self.workers_upload else None
 
     def check(self, overwrite: bool, resume: bool) -> None:
-        """Refuse what a local destination would refuse (see converters/dst.py), before any work."""
+        """Refuse what a local destination would refuse (see fastdata/write/destination.py), before any work."""
         if overwrite and resume:
-            raise UsageError("--overwrite and --resume contradict each other: --resume continues, --overwrite starts over")
+            raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
         names = self._names()
         foreign = [n for n in names if not OURS.match(n)]
         if foreign:
@@ -106,15 +104,15 @@ class RemoteTarget:
         elif resume:
             if MANIFEST_NAME in names:
                 raise UsageError(f"{self.url}: already holds a finished dataset; nothing to resume "
-                                 "(--overwrite converts again)")
+                                 "(%(overwrite=True) converts again)")
             if JOURNAL_NAME not in names:
                 raise UsageError(f"{self.url}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
-                                 "convert again without --resume")
+                                 "convert again without %(resume=True)")
         elif names and not overwrite:
             if JOURNAL_NAME in names and MANIFEST_NAME not in names:
-                raise UsageError(f"{self.url}: holds an interrupted conversion; pass --resume to finish it, "
-                                 "or --overwrite to start over")
-            raise UsageError(f"{self.url}: already exists; pass --overwrite to replace it")
+                raise UsageError(f"{self.url}: holds an interrupted conversion; pass %(resume=True) to finish it, "
+                                 "or %(overwrite=True) to start over")
+            raise UsageError(f"{self.url}: already exists; pass %(overwrite=True) to replace it")
         self._check_not_busy()
 
     def _check_not_busy(self) -> None:
@@ -255,7 +253,7 @@ class RemoteTarget:
             self._pool.shutdown(wait=True)
             self._pool = None
         if first is not None:
-            then = ("run the same command with --resume to finish" if self.resumable
+            then = ("run the same conversion with %(resume=True) to finish" if self.resumable
                     else "nothing was uploaded: run the same command again")
             raise RemoteError(f"{first}; the conversion stopped: {then}") from None
 

@@ -29,7 +29,10 @@ from fastdata.format.spec import CHECKSUM_DEFAULT
 from . import _fault
 
 if TYPE_CHECKING:
-    from .urlpublish import UrlSpec
+    from .url_publish import UrlSpec
+
+__all__ = ["LocalPublisher", "Publisher", "ShardTask", "check_sample", "init_worker", "publisher_for", "write_error",
+           "write_shard"]
 
 _PROGRESS_EVERY_S = 0.2
 _PR_SET_PDEATHSIG = 1
@@ -70,7 +73,7 @@ class ShardTask:
     expect: ShardInfo | None = None
     in_bytes: int = 0  # the source bytes of its samples, for progress counted per shard
     trusted: bool = False  # --resume to a URL: the shard is uploaded already; keep it without a local copy
-    remote: "UrlSpec | None" = None  # dst is a URL: the writing process uploads the shard (converters/urlpublish.py)
+    remote: "UrlSpec | None" = None  # dst is a URL: the writing process uploads the shard (fastdata/write/url_publish.py)
 
 
 def check_sample(sample: dict[str, np.ndarray], fields: list[FieldSpec], where: str) -> None:
@@ -156,7 +159,7 @@ def publisher_for(dst: str, remote: "UrlSpec | None" = None) -> Publisher:
     :class:`~.urlpublish.UrlSpec` (storage options included) the writing process uploads with. A URL
     without one is a caller's mistake, refused rather than written as a local folder named ``s3:``."""
     if remote is not None:
-        from .urlpublish import UrlPublisher
+        from .url_publish import UrlPublisher
 
         if remote.url != dst.rstrip("/"):
             raise UsageError(f"{dst}: the shard task's upload settings name another URL ({remote.url})")

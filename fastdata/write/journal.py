@@ -25,13 +25,15 @@ from fastdata._version import __version__
 from fastdata.errors import UsageError
 from fastdata.fileio import finish_file, fsync_dir
 from fastdata.format import ShardInfo
-from fastdata.format.absent import JOURNAL
+from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.spec import parse_checksum
 
-JOURNAL_NAME = JOURNAL  # one name, known to the format layer too (its errors say when to --resume)
+__all__ = ["JOURNAL_VERSION", "MAX_JOURNAL_BYTES", "append", "check_same", "fingerprint", "header", "load", "remove",
+           "start"]
+
 JOURNAL_VERSION = 1
 MAX_JOURNAL_BYTES = 1 << 30
-_OPTION_FLAGS = {"backend": "--format", "shard_size": "--shard-size", "compression": "--compression"}
+_IDENTITY = ("backend", "shard_size", "compression")  # the options that decide the bytes (WriteOptions.identity)
 
 
 def header(source: Any, options: dict[str, Any], plan: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
@@ -115,7 +117,7 @@ def load(dst: Path, name: str = JOURNAL_NAME) -> tuple[dict[str, Any], dict[str,
     path = dst / name
     try:
         if path.stat().st_size > MAX_JOURNAL_BYTES:
-            raise UsageError(f"{path}: journal is too large to be one of ours; convert again with --overwrite")
+            raise UsageError(f"{path}: journal is too large to be one of ours; convert again with %(overwrite=True)")
         lines = path.read_bytes().split(b"\n")
     except OSError as e:
         raise UsageError(f"{path}: cannot read the conversion journal: {e.strerror}") from None
@@ -124,7 +126,7 @@ def load(dst: Path, name: str = JOURNAL_NAME) -> tuple[dict[str, Any], dict[str,
     except (ValueError, RecursionError):
         head = None
     if not isinstance(head, dict) or head.get("journal") != JOURNAL_VERSION:
-        raise UsageError(f"{path}: not a journal this fastdata can resume from; convert again with --overwrite")
+        raise UsageError(f"{path}: not a journal this fastdata can resume from; convert again with %(overwrite=True)")
     done: dict[str, ShardInfo] = {}
     for raw in lines[1:-1]:  # the part after the last newline is a torn append, or empty
         info = _parse_entry(raw)
@@ -148,10 +150,10 @@ def _parse_entry(raw: bytes) -> ShardInfo | None:
 def check_same(dst: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Refuse to resume when this conversion is not the one the journal describes."""
     why = None
-    for key, flag in _OPTION_FLAGS.items():
+    for key in _IDENTITY:
         a, b = old.get("options", {}).get(key), new["options"].get(key)
         if a != b:
-            why = f"it used {flag} {a}, this run {flag} {b}"
+            why = f"it used %({key}={a}), this run %({key}={b})"
             break
     if why is None and old.get("source") != new["source"]:
         a, b = old.get("source") or {}, new["source"]
@@ -163,8 +165,8 @@ def check_same(dst: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
         why = "its shard plan differs"
     if why is not None:
         raise UsageError(
-            f"{dst}: --resume refused: this is not the interrupted conversion ({why}); "
-            "run it with the same source and options, or convert again with --overwrite"
+            f"{dst}: %(resume=True) refused: this is not the interrupted conversion ({why}); "
+            "run it with the same source and options, or convert again with %(overwrite=True)"
         )
 
 

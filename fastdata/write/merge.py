@@ -46,8 +46,8 @@ from fastdata.format import (
 from fastdata.format.keys import DuplicateKeyError, KeyTable, write_keys
 from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo, version_for
 
-from .dst import check_dst, prepare_dst, refuse_broken_url, remove_ours
-from .shardwork import write_error
+from .destination import check_dst, prepare_dst, refuse_broken_url, remove_ours
+from .shard_task import write_error
 
 Method = Literal["auto", "link", "copy"]
 # errno values meaning "this filesystem will not hard-link these files" (auto copies instead)
@@ -137,7 +137,7 @@ def _reconcile(roots: list[Path], ms: list[Manifest], remap: bool) -> tuple[list
     for r, m in zip(roots[1:], ms[1:]):
         if m.backend != first.backend:
             raise UsageError(f"{r}: is {m.backend} but {a} is {first.backend}: merge datasets of one format "
-                             "(convert one again with --format)")
+                             "(convert one again with %(backend))")
         _same_fields(a, first, r, m)
     lists = [m.classes for m in ms]
     if all(c is None for c in lists):
@@ -151,7 +151,7 @@ def _reconcile(roots: list[Path], ms: list[Manifest], remap: bool) -> tuple[list
         return names[0], [None] * len(ms)
     if not remap:
         r, c = next((r, c) for r, c in zip(roots, names) if c != names[0])
-        raise UsageError(f"{r}: classes differ from {a}'s: {_class_diff(names[0], c)}; pass --remap-classes to "
+        raise UsageError(f"{r}: classes differ from {a}'s: {_class_diff(names[0], c)}; pass %(remap_classes=True) to "
                          "rewrite labels to one class list (the first input's, then new names)")
     if not any(f.name == LABEL_FIELD for f in first.fields):
         raise UsageError(f"{a}: has classes but no {LABEL_FIELD!r} field to remap")
@@ -171,7 +171,7 @@ def _key_prefixes(roots: list[Path], given: Sequence[str] | str | None, drop: bo
     if given is None:
         return None
     if drop:
-        raise UsageError("--drop-keys and a key prefix contradict each other: prefix keys to keep them, or drop them")
+        raise UsageError("%(drop_keys=True) and a key prefix contradict each other: prefix keys to keep them, or drop them")
     if isinstance(given, str):
         if given != "names":
             raise UsageError(f"key_prefixes={given!r}: give one prefix per input (a list), or 'names'")
@@ -179,8 +179,8 @@ def _key_prefixes(roots: list[Path], given: Sequence[str] | str | None, drop: bo
         seen: dict[str, Path] = {}
         for r, p in zip(roots, prefixes):
             if p in seen:
-                raise UsageError(f"{r} and {seen[p]} have the same folder name {p!r}, so --prefix-keys cannot tell "
-                                 "their keys apart; pass --key-prefix once per input instead")
+                raise UsageError(f"{r} and {seen[p]} have the same folder name {p!r}, so %(key_prefixes='names') cannot tell "
+                                 "their keys apart; pass %(key_prefixes) once per input instead")
             seen[p] = r
         return prefixes
     prefixes = list(given)
@@ -222,7 +222,7 @@ def _merged_keys(roots: list[Path], ms: list[Manifest], prefixes: list[str] | No
     if not all(have):
         r, named = roots[have.index(False)], roots[have.index(True)]
         raise UsageError(f"{r}: has no sample keys (written before format version 3) but {named} has: DST could not "
-                         f"keep them; convert {r} again to give it keys, or pass --drop-keys to merge without keys")
+                         f"keep them; convert {r} again to give it keys, or pass %(drop_keys=True) to merge without keys")
     keys: list[str] = []
     starts: list[int] = []
     for i, (r, m) in enumerate(zip(roots, ms)):
@@ -238,8 +238,8 @@ def _merged_keys(roots: list[Path], ms: list[Manifest], prefixes: list[str] | No
         ib = max(i for i, s0 in enumerate(starts) if s0 <= e.b)
         raise UsageError(f"sample key {e.key!r} is sample {e.a - starts[ia]} of {roots[ia]} and sample "
                          f"{e.b - starts[ib]} of {roots[ib]}: keys must stay unique in the merged dataset; pass "
-                         "--prefix-keys (each input's keys under its folder name), --key-prefix once per input, "
-                         "or --drop-keys") from None
+                         "%(key_prefixes='names') (each input's keys under its folder name), %(key_prefixes) once per input, "
+                         "or %(drop_keys=True)") from None
     return ("prefixed" if prefixes is not None and any(prefixes) else "kept"), buf.getvalue()
 
 

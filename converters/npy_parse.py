@@ -13,11 +13,15 @@ import tokenize
 import zipfile
 import zlib
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
-from fastdata.errors import DataError
+from fastdata.errors import DataError, FormatError
+from fastdata.format import FieldSpec, make_field
+
+__all__ = ["NpyHeader", "data_field", "parse_header", "read_npy_data", "read_npy_header", "read_npz_data",
+           "read_npz_headers"]
 
 _KINDS = "biufc"
 _MAX_DIMS = 32
@@ -134,3 +138,12 @@ def read_npz_data(path: str) -> dict[str, np.ndarray]:
             return out
     except (OSError, *_ZIP_ERRORS) as e:
         raise DataError(f"{path}: cannot read .npz ({e})") from None
+
+
+def data_field(name: str, dtype: Any, shape: tuple[int | None, ...], where: str) -> FieldSpec:
+    """The field of an array of ``dtype`` and per-sample ``shape``; a type the format cannot store is
+    a DataError naming ``where``."""
+    try:
+        return make_field(name, dtype, shape)
+    except FormatError as e:
+        raise DataError(f"{where}: {e}") from None

@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,17 +31,20 @@ from fastdata.format.spec import (
     SHAPE_SUFFIX,
 )
 from fastdata.handles import usable_cpus
+from fastdata.write import Progress
+from fastdata.write.local import mp_context
 
-from .imageio import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, prepare, read_source
-from .scan import FolderSource, check_labelled, find_and_label, label_field, refuse_bad
-from .writer import Progress, _mp_context
+from .image_codec import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, is_image_file, prepare, read_source
+from .registry import Request, register
+from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label, label_field, refuse_bad
+
+if TYPE_CHECKING:
+    from .config import ConvertConfig
+
+__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "fixed_shape", "image_fields"]
 
 IMAGE_FIELD = "image"
 _SCAN_CHUNK = 32  # files per scan task
-
-
-def is_image_file(rel: str) -> bool:
-    return Path(rel).suffix.lower() in IMAGE_EXTENSIONS
 
 
 def fixed_shape(opts: ImageOptions, shapes: np.ndarray) -> tuple[int, int, int] | None:
@@ -212,9 +215,36 @@ def _scan_all(root: str, rels: list[str], opts: ImageOptions, workers: int | Non
         progress.start(len(rels), 0, desc="checking images")
     workers = min(workers or usable_cpus(), len(chunks))
     results: list[tuple[Any, ...]] = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context()) if workers > 1 else nullcontext() as ex:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp_context()) if workers > 1 else nullcontext() as ex:
         for r in (ex.map if ex is not None else map)(_scan_chunk, [root] * len(chunks), chunks, [opts] * len(chunks)):
             results += r
             if progress is not None:
                 progress.update(len(r), sum(x[-1] for x in r if len(x) > 1))
     return results
+
+
+class ImageFolderKind:
+    """A folder of images (labels from class sub-folders, a labels file, or none)."""
+
+    name = "image-folder"
+
+    def detect(self, req: Request) -> bool:
+        if req.meta is not None or req.arrays or req.src is None or not req.src.is_dir():
+            return False
+        if not any(is_image_file(r) for r in req.files):
+            return False
+        arrays = [r for r in req.files if r.lower().endswith((".npy", ".npz"))]
+        if arrays:
+            raise DataError(f"{req.src / arrays[0]}: an array file in a folder of images; a folder holds either "
+                            "images or .npy/.npz samples, not both")
+        return True
+
+    def scan(self, req: Request, config: "ConvertConfig", progress: Progress | None) -> ImageFolderSource:
+        assert req.src is not None
+        rels = drop_non_samples(req.src, req.files, is_image_file, config.strict)
+        return ImageFolderSource.scan(req.src, config.images or ImageOptions(), labels_file=req.labels,
+                                      no_labels=config.no_labels, skip_bad=config.skip_bad,
+                                      workers=config.write.workers, progress=progress, rels=rels)
+
+
+register(ImageFolderKind())

@@ -9,27 +9,28 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastdata.errors import DataError, FormatError, UsageError
-from fastdata.format import LABEL_FIELD, FieldSpec, make_field
-from fastdata.handles import PerProcessHandle
+from fastdata.errors import DataError, UsageError
+from fastdata.format import LABEL_FIELD, FieldSpec
 
-from .npyfile import NpyHeader, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
-from .scan import FolderSource, check_labelled, find_and_label, label_field, refuse_bad
+from .image_codec import is_image_file
+from .npy_parse import NpyHeader, data_field, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
+from .registry import Request, register
+from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label, label_field, refuse_bad
+
+if TYPE_CHECKING:
+    from fastdata.write import Progress
+
+    from .config import ConvertConfig
+
+__all__ = ["DEFAULT_FIELD", "NpyFolderKind", "NpyFolderSource"]
 
 DEFAULT_FIELD = "x"
-
-
-def _field(name: str, dtype: Any, shape: tuple[int | None, ...], where: str) -> FieldSpec:
-    try:
-        return make_field(name, dtype, shape)
-    except FormatError as e:
-        raise DataError(f"{where}: {e}") from None
 
 
 def _signature(headers: dict[str, NpyHeader]) -> tuple:
@@ -41,6 +42,30 @@ def _describe(sig: tuple) -> str:
     parts = [f"{name}: {np.dtype(dt)} shape (n, {', '.join(map(str, tr))})" if nd else f"{name}: {np.dtype(dt)} scalar"
              for name, dt, nd, tr in sig]
     return "; ".join(parts)
+
+
+def _headers(root: Path, rels: list[str], main: str, bad: dict[str, str]) -> list[tuple[str, dict[str, NpyHeader], int]]:
+    """Each good file's headers (one per array) and size; the others go to ``bad`` with the reason."""
+    good: list[tuple[str, dict[str, NpyHeader], int]] = []
+    for rel in rels:
+        path = str(root / rel)
+        ext = Path(rel).suffix.lower()
+        if ext not in (".npy", ".npz"):
+            bad[rel] = f"{path}: not a .npy or .npz file"
+            continue
+        if ext != main:
+            bad[rel] = f"{path}: is {ext} but the folder holds {main} files"
+            continue
+        try:
+            if main == ".npy":
+                h, size = read_npy_header(path)
+                good.append((rel, {DEFAULT_FIELD: h}, size))
+            else:
+                hs, size = read_npz_headers(path)
+                good.append((rel, hs, size))
+        except DataError as e:
+            bad[rel] = str(e)
+    return good
 
 
 @dataclass
@@ -70,25 +95,7 @@ class NpyFolderSource(FolderSource):
         bad: dict[str, str] = {}
         suffix = Counter(Path(r).suffix.lower() for r in rels)
         main = ".npz" if suffix[".npz"] > suffix[".npy"] else ".npy"
-        good: list[tuple[str, dict[str, NpyHeader], int]] = []
-        for rel in rels:
-            path = str(root / rel)
-            ext = Path(rel).suffix.lower()
-            if ext not in (".npy", ".npz"):
-                bad[rel] = f"{path}: not a .npy or .npz file"
-                continue
-            if ext != main:
-                bad[rel] = f"{path}: is {ext} but the folder holds {main} files"
-                continue
-            try:
-                if main == ".npy":
-                    h, size = read_npy_header(path)
-                    good.append((rel, {DEFAULT_FIELD: h}, size))
-                else:
-                    hs, size = read_npz_headers(path)
-                    good.append((rel, hs, size))
-            except DataError as e:
-                bad[rel] = str(e)
+        good = _headers(root, rels, main, bad)
         check_labelled(root, rels, labels, labels_file, bad)
         good = [g for g in good if g[0] not in bad]
         if good:
@@ -113,10 +120,10 @@ class NpyFolderSource(FolderSource):
             h = first_headers[name]
             firsts = {g[1][name].shape[0] for g in good} if h.shape else {None}
             shape = (None, *h.shape[1:]) if len(firsts) > 1 else h.shape
-            fields.append(_field(name, h.dtype, shape, str(root / good[0][0])))
+            fields.append(data_field(name, h.dtype, shape, str(root / good[0][0])))
         if labels.by_path is not None:
             if any(f.name == LABEL_FIELD for f in fields):
-                raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass --no-labels")
+                raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass %(no_labels=True)")
         usable = [g[0] for g in good]
         label_values = labels.of(usable)
         if label_values is not None:
@@ -159,70 +166,22 @@ class NpyFolderSource(FolderSource):
         return self.labelled(arrays, i)
 
 
-@dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
-class ArraysSource(PerProcessHandle[dict[str, np.ndarray]]):
-    """Large arrays with the sample axis first (``X.npy`` + ``y.npy`` or several named fields), memory-mapped
-    once per process (the maps are dropped when a part is pickled for a worker)."""
+class NpyFolderKind:
+    """A folder of per-sample ``.npy``/``.npz`` files (what a folder without images is)."""
 
-    paths: dict[str, str]
-    offset: int
-    count: int
-    fields: list[FieldSpec]
-    file_sizes: dict[str, int]
-    classes: list[str] | None = None
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    kind: str = "npy-arrays"
+    name = "npy-folder"
 
-    @classmethod
-    def scan(cls, paths: dict[str, Path]) -> "ArraysSource":
-        if not paths:
-            raise UsageError("no arrays given")
-        fields, sizes, n0, first = [], {}, None, None
-        for name, path in paths.items():
-            if not path.is_file():
-                raise UsageError(f"{path}: no such file")
-            if path.suffix.lower() != ".npy":
-                raise DataError(f"{path}: not a .npy file")
-            h, size = read_npy_header(str(path))
-            if not h.shape:
-                raise DataError(f"{path}: a 0-d array has no sample axis")
-            if n0 is None:
-                n0, first = h.shape[0], path
-            elif h.shape[0] != n0:
-                raise DataError(f"{path}: has {h.shape[0]} samples but {first} has {n0}")
-            fields.append(_field(name, h.dtype, h.shape[1:], str(path)))
-            sizes[name] = size
-        return cls(paths={k: str(v) for k, v in paths.items()}, offset=0, count=int(n0 or 0), fields=fields, file_sizes=sizes)
+    def detect(self, req: Request) -> bool:
+        return (req.meta is None and not req.arrays and req.src is not None and req.src.is_dir()
+                and not any(is_image_file(r) for r in req.files))
 
-    def __len__(self) -> int:
-        return self.count
+    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> NpyFolderSource:
+        assert req.src is not None
+        if config.images is not None:
+            raise UsageError(f"{req.src}: image options (%(images)) given, but the folder holds no images")
+        rels = drop_non_samples(req.src, req.files, lambda r: r.lower().endswith((".npy", ".npz")), config.strict)
+        return NpyFolderSource.scan(req.src, labels_file=req.labels, no_labels=config.no_labels,
+                                    skip_bad=config.skip_bad, rels=rels)
 
-    @property
-    def bytes_in(self) -> int:
-        return int(sum(self.file_sizes.values()))
 
-    def sample_nbytes(self) -> np.ndarray:
-        return np.full(self.count, sum(f.row_nbytes for f in self.fields), dtype=np.int64)
-
-    def ragged_rows(self, name: str) -> np.ndarray:  # arrays are never ragged
-        raise KeyError(name)
-
-    def sample_keys(self) -> None:
-        """Array rows are keyed by their index."""
-        return None
-
-    def part(self, start: int, stop: int) -> "ArraysSource":
-        return replace(self, offset=self.offset + start, count=stop - start)
-
-    def _open_handle(self) -> dict[str, np.ndarray]:
-        try:
-            return {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in self.paths.items()}
-        except (OSError, ValueError) as e:
-            raise DataError(f"cannot map source arrays: {e}") from None
-
-    def read(self, i: int) -> dict[str, np.ndarray]:
-        j = self.offset + i
-        return {k: np.array(m[j], order="C") for k, m in self.handle().items()}
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "arrays": {k: os.path.abspath(p) for k, p in self.paths.items()}}
+register(NpyFolderKind())

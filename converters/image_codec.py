@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -20,11 +21,16 @@ import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from fastdata.errors import DataError, UsageError
+from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
+
+__all__ = ["DEFAULT_QUALITY", "IMAGE_EXTENSIONS", "ImageOptions", "OPEN_FORMATS", "PNG_COMPRESS_LEVEL", "Prepared",
+           "RESAMPLE", "check_pil_settings", "encode", "is_image_file", "prepare", "read_source", "resize",
+           "to_mode"]
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
+IMAGE_EXTENSIONS = IMAGE_SUFFIXES
 OPEN_FORMATS = ("JPEG", "PNG", "BMP", "WEBP", "TIFF", "GIF")  # PIL plugins allowed to parse sources
 DEFAULT_QUALITY = 90
 RESAMPLE = Image.Resampling.BILINEAR
@@ -36,9 +42,14 @@ _PLAIN_MODES = {"1", "L", "P", "RGB", "RGBX", "CMYK", "YCbCr", "I;16", "I;16L", 
 ImagesMode = Literal["encoded", "raw", "jpeg"]
 
 
+def is_image_file(rel: str) -> bool:
+    """Whether a file name has an image suffix (case-insensitive)."""
+    return os.path.splitext(rel)[1].lower() in IMAGE_EXTENSIONS
+
+
 @dataclass(frozen=True)
 class ImageOptions:
-    """How to store images (``--images``, ``--size``, ``--max-side``, ``--quality``, ``--mode``)."""
+    """How to store images (the CLI's ``--images``, ``--size``, ``--max-side``, ``--quality``, ``--mode``)."""
 
     images: ImagesMode = "encoded"
     size: tuple[int, int] | None = None  # (H, W): resize the shorter side, then centre-crop
@@ -48,22 +59,23 @@ class ImageOptions:
 
     def __post_init__(self) -> None:
         if self.images not in ("encoded", "raw", "jpeg"):
-            raise UsageError(f"--images must be encoded, raw or jpeg, not {self.images!r}")
+            raise UsageError(f"%(images) must be encoded, raw or jpeg, not {self.images!r}")
         if self.mode not in CHANNELS:
-            raise UsageError(f"--mode must be RGB or L, not {self.mode!r}")
+            raise UsageError(f"%(mode) must be RGB or L, not {self.mode!r}")
         if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
-            raise UsageError(f"--size needs two positive integers H W, not {self.size!r}")
+            raise UsageError(f"%(size) needs two positive integers H W, not {self.size!r}")
         if self.max_side is not None and self.max_side < 1:
-            raise UsageError("--max-side must be a positive integer")
+            raise UsageError("%(max_side) must be a positive integer")
         if self.size is not None and self.max_side is not None:
-            raise UsageError("--size and --max-side contradict each other; give one")
+            raise UsageError("%(size) and %(max_side) contradict each other; give one")
         if self.images == "encoded" and (self.size is not None or self.max_side is not None):
-            raise UsageError("--images encoded keeps the original files; --size and --max-side need --images raw or jpeg")
+            raise UsageError("%(images=encoded) keeps the original files; %(size) and %(max_side) need %(images=raw) or "
+                             "%(images=jpeg)")
         if self.quality is not None:
             if self.images == "raw":
-                raise UsageError("--quality applies to --images jpeg or encoded, not raw")
+                raise UsageError("%(quality) applies to %(images=jpeg) or %(images=encoded), not raw")
             if not 1 <= self.quality <= 100:
-                raise UsageError(f"--quality must be between 1 and 100, not {self.quality}")
+                raise UsageError(f"%(quality) must be between 1 and 100, not {self.quality}")
 
     @property
     def channels(self) -> int:

@@ -6,7 +6,7 @@ each under its global name, and then a *part record* ``DST/.fastdata-part-IIIII-
 instead of a manifest. ``merge-parts`` checks that parts 0..N-1 are all there, agree on the
 conversion (options, source fingerprint, shard plan) and cover every shard exactly once with the
 files in place, then writes the manifest: byte for byte the one a one-machine conversion writes.
-DST may be a URL: each part uploads its shards and then its record (converters/remote.py), and
+DST may be a URL: each part uploads its shards and then its record (fastdata/write/remote_target.py), and
 ``merge-parts URL`` makes the same checks on the objects there, then uploads the manifest last.
 """
 
@@ -25,15 +25,16 @@ from typing import Any, Callable
 from fastdata.errors import DataError, DestinationBusyError, RemoteError, RemoteNotFoundError, UsageError
 from fastdata.fileio import file_checksum, fsync_dir, write_atomic
 from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
+from fastdata.format.files import PART_FILE, SKIPPED_NAME
 from fastdata.format.manifest import parse_manifest, write_manifest
 from fastdata.format.spec import KEYS_FILE, KEYS_KIND_FILE
 from fastdata.remote import RemoteOptions, is_url
-from fastdata.remote.retry import NoSuchBucketError, with_retries
+from fastdata.remote.retry import with_retries
 from fastdata.remote.url import join, root
 
-from .dst import PART_FILE, SKIPPED_NAME, part_lock_name, part_record_name, refuse_broken_url, write_skipped
-from .dstlock import DstLock, holder
-from .urlpublish import UrlSpec
+from .destination import part_lock_name, part_record_name, refuse_broken_url, write_skipped
+from .lock import DstLock, holder
+from .url_publish import UrlSpec
 
 RECORD_VERSION = 1
 _PART_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -43,7 +44,8 @@ log = logging.getLogger(__name__)
 
 
 def parse_part(text: str) -> tuple[int, int]:
-    """``"I/N"`` -> (I, N); I counts from 0 (as SLURM array indices and Spark partitions do)."""
+    """``"I/N"`` -> (I, N); I counts from 0 (as SLURM array indices and Spark partitions do). The text of the
+    CLI's ``--part`` flag, which its errors name (from Python, ``ConvertConfig(part=(I, N))``)."""
     m = _PART_ARG.match(text)
     if not m:
         raise UsageError(f"--part {text!r}: expected I/N, e.g. 0/4 (part I of N, I from 0 to N-1)")
@@ -90,7 +92,7 @@ def merge_parts(dst: str | os.PathLike[str], remote: RemoteOptions | None = None
     if isinstance(dst, str) and is_url(dst):  # checked before Path(), which would collapse "s3://b" into "s3:/b"
         return _merge_url(root(dst), remote or RemoteOptions(), t0)
     if remote is not None:
-        raise UsageError(f"{dst}: remote= options apply to URL destinations only, and this is a local path")
+        raise UsageError(f"{dst}: %(remote) options apply to URL destinations only, and this is a local path")
     if "://" in str(dst):
         raise UsageError(f"{dst}: not a local folder (a URL must be given as a string)")
     refuse_broken_url(dst)
@@ -141,8 +143,6 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
 
     try:
         listing = call(lambda: fs.ls(url, detail=True, refresh=True), url)
-    except NoSuchBucketError:
-        raise  # not "no part records": the bucket itself is missing
     except RemoteNotFoundError:
         listing = []
     sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in listing
@@ -161,7 +161,7 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
     if keys is not None and keys.file is not None and sizes.get(keys.file) != keys.bytes:
         got = sizes.get(keys.file)
         raise DataError(f"{join(url, keys.file)}: {'missing' if got is None else f'is {got} bytes, not {keys.bytes}'}"
-                        f", though the parts list it; convert part 0/{n} again with --overwrite")
+                        f", though the parts list it; convert part 0/{n} again with %(overwrite=True)")
     with tempfile.TemporaryDirectory(prefix="fastdata-merge-") as tmp:
         local = Path(tmp)
         write_skipped(local, skipped)
@@ -187,7 +187,7 @@ def _combine(dst: str, path_of: Callable[[str], str], records: list[dict[str, An
     Returns the manifest to write, the skipped files and N."""
     if not records:
         raise UsageError(f"{dst}: no part records (.fastdata-part-*.json): convert the parts first "
-                         "(fastdata convert SRC DST --part I/N)")
+                         "(fastdata convert SRC DST %(part=I/N))")
     counts = sorted({r["parts"] for r in records})
     if len(counts) > 1:
         raise UsageError(f"{dst}: holds parts of conversions split in {' and '.join(map(str, counts))} parts: "
@@ -204,7 +204,7 @@ def _combine(dst: str, path_of: Callable[[str], str], records: list[dict[str, An
     if missing:
         shown = ", ".join(f"{i}/{n}" for i in missing[:10]) + (" ..." if len(missing) > 10 else "")
         raise UsageError(f"{dst}: {len(missing)} of {n} part(s) missing or unfinished: {shown}; run "
-                         f"fastdata convert SRC {dst} --part I/{n} for each (--resume for an interrupted one)")
+                         f"fastdata convert SRC {dst} %(part=I/{n}) for each (%(resume=True) for an interrupted one)")
     first = by_index[0]
     for i in range(1, n):
         _check_same_conversion(dst, first, by_index[i])
@@ -237,7 +237,7 @@ def _read_record(path: Path) -> dict[str, Any]:
             raise DataError(f"{path}: part record too large to be one of ours")
         raw = path.read_bytes()
     except OSError as e:
-        raise DataError(f"{path}: unreadable part record ({e}); convert that part again with --overwrite") from None
+        raise DataError(f"{path}: unreadable part record ({e}); convert that part again with %(overwrite=True)") from None
     return _parse_record(raw, path.name, str(path))
 
 
@@ -245,14 +245,14 @@ def _parse_record(raw: bytes, name: str, where: str) -> dict[str, Any]:
     try:
         r = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as e:
-        raise DataError(f"{where}: unreadable part record ({e}); convert that part again with --overwrite") from None
+        raise DataError(f"{where}: unreadable part record ({e}); convert that part again with %(overwrite=True)") from None
     m = _RECORD.match(name)
     ok = (isinstance(r, dict) and r.get("fastdata_part") == RECORD_VERSION and m is not None
           and r.get("part") == int(m.group(1)) and r.get("parts") == int(m.group(2))
           and isinstance(r.get("conversion"), dict) and isinstance(r.get("manifest"), dict)
           and isinstance(r["manifest"].get("shards"), list) and isinstance(r.get("skipped"), list))
     if not ok:
-        raise DataError(f"{where}: not a part record this fastdata wrote; convert that part again with --overwrite")
+        raise DataError(f"{where}: not a part record this fastdata wrote; convert that part again with %(overwrite=True)")
     r["_file"] = name
     return r
 
@@ -264,7 +264,7 @@ def _check_same_conversion(dst: str, a: dict[str, Any], b: dict[str, Any]) -> No
         if ca.get(key) != cb.get(key):
             raise UsageError(f"{dst}: part {b['part']}/{b['parts']} comes from another conversion than part "
                              f"{a['part']}/{a['parts']} (different {what}); convert every part with the same SRC "
-                             "and options (convert the odd one again with --overwrite)")
+                             "and options (convert the odd one again with %(overwrite=True))")
     ma = {k: v for k, v in a["manifest"].items() if k != "shards"}
     mb = {k: v for k, v in b["manifest"].items() if k != "shards"}
     if ma != mb:
@@ -282,20 +282,20 @@ def _check_keys_file(dst: Path, manifest: Manifest, n: int) -> None:
         size = path.stat().st_size
     except FileNotFoundError:
         raise DataError(f"{path}: missing, though the parts recorded sample keys; convert any one part again "
-                        f"with --overwrite (every part of the {n} writes it)") from None
+                        f"with %(overwrite=True) (every part of the {n} writes it)") from None
     if size != keys.bytes or file_checksum(path, str(keys.checksum).partition(":")[0]) != keys.checksum:
         raise DataError(f"{path}: is not the keys file the parts recorded (size or checksum differs); convert any "
-                        "one part again with --overwrite")
+                        "one part again with %(overwrite=True)")
 
 
 def _check_shard_file(where: str, size: int | None, s: ShardInfo, part: int, n: int) -> None:
     """The shard is in place with the size the part recorded (``fastdata verify`` checks hashes)."""
     if size is None:
         raise DataError(f"{where}: missing, though part {part}/{n} recorded it; convert that part "
-                        "again with --overwrite")
+                        "again with %(overwrite=True)")
     if size != s.bytes:
         raise DataError(f"{where}: is {size} bytes, part {part}/{n} recorded {s.bytes}; convert that "
-                        "part again with --overwrite")
+                        "part again with %(overwrite=True)")
 
 
 __all__ = ["MergePartsReport", "merge_parts", "parse_part", "write_part_record"]

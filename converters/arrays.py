@@ -1,0 +1,121 @@
+"""Large ``.npy`` arrays whose first axis is the sample axis (``X.npy`` + ``y.npy``, or named fields).
+
+Registered as the ``npy-arrays`` source kind: SRC is one ``.npy`` file (field ``x``), or the arrays are
+given by name (``arrays=``; the CLI's ``--data``/``--field``); ``labels`` is then a ``.npy`` array too.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastdata.errors import DataError, UsageError
+from fastdata.format import FieldSpec
+from fastdata.handles import PerProcessHandle
+
+from .npy_parse import data_field, read_npy_header
+from .registry import Request, register
+
+if TYPE_CHECKING:
+    from fastdata.write import Progress
+
+    from .config import ConvertConfig
+
+__all__ = ["ArraysKind", "ArraysSource"]
+
+
+@dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
+class ArraysSource(PerProcessHandle[dict[str, np.ndarray]]):
+    """Large arrays with the sample axis first (``X.npy`` + ``y.npy`` or several named fields), memory-mapped
+    once per process (the maps are dropped when a part is pickled for a worker)."""
+
+    paths: dict[str, str]
+    offset: int
+    count: int
+    fields: list[FieldSpec]
+    file_sizes: dict[str, int]
+    classes: list[str] | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    kind: str = "npy-arrays"
+
+    @classmethod
+    def scan(cls, paths: dict[str, Path]) -> "ArraysSource":
+        if not paths:
+            raise UsageError("no arrays given")
+        fields, sizes, n0, first = [], {}, None, None
+        for name, path in paths.items():
+            if not path.is_file():
+                raise UsageError(f"{path}: no such file")
+            if path.suffix.lower() != ".npy":
+                raise DataError(f"{path}: not a .npy file")
+            h, size = read_npy_header(str(path))
+            if not h.shape:
+                raise DataError(f"{path}: a 0-d array has no sample axis")
+            if n0 is None:
+                n0, first = h.shape[0], path
+            elif h.shape[0] != n0:
+                raise DataError(f"{path}: has {h.shape[0]} samples but {first} has {n0}")
+            fields.append(data_field(name, h.dtype, h.shape[1:], str(path)))
+            sizes[name] = size
+        return cls(paths={k: str(v) for k, v in paths.items()}, offset=0, count=int(n0 or 0), fields=fields, file_sizes=sizes)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def bytes_in(self) -> int:
+        return int(sum(self.file_sizes.values()))
+
+    def sample_nbytes(self) -> np.ndarray:
+        return np.full(self.count, sum(f.row_nbytes for f in self.fields), dtype=np.int64)
+
+    def ragged_rows(self, name: str) -> np.ndarray:  # arrays are never ragged
+        raise KeyError(name)
+
+    def sample_keys(self) -> None:
+        """Array rows are keyed by their index."""
+        return None
+
+    def part(self, start: int, stop: int) -> "ArraysSource":
+        return replace(self, offset=self.offset + start, count=stop - start)
+
+    def _open_handle(self) -> dict[str, np.ndarray]:
+        try:
+            return {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in self.paths.items()}
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot map source arrays: {e}") from None
+
+    def read(self, i: int) -> dict[str, np.ndarray]:
+        j = self.offset + i
+        return {k: np.array(m[j], order="C") for k, m in self.handle().items()}
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "arrays": {k: os.path.abspath(p) for k, p in self.paths.items()}}
+
+
+class ArraysKind:
+    """Named arrays (SRC as one ``.npy`` array is field ``x``), with ``labels`` as a ``.npy`` array."""
+
+    name = "npy-arrays"
+
+    def detect(self, req: Request) -> bool:
+        return bool(req.arrays) and req.meta is None
+
+    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> ArraysSource:
+        if config.images is not None:
+            raise UsageError("image options (%(images)) apply to image folders, not to .npy arrays")
+        named = dict(req.arrays)
+        if req.labels is not None:
+            if req.labels.suffix.lower() != ".npy":
+                raise UsageError(f"{req.labels}: with array sources, %(labels) must be a .npy array")
+            if "label" in named:
+                raise UsageError("%(labels) and %(arrays) both name the labels (a field 'label')")
+            named["label"] = req.labels
+        return ArraysSource.scan(named)
+
+
+register(ArraysKind())

@@ -1,0 +1,56 @@
+"""ConvertConfig: every setting of a conversion in one frozen value, checked when it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from fastdata.errors import UsageError
+from fastdata.remote import RemoteOptions
+from fastdata.write import WriteOptions
+
+from .image_codec import ImageOptions
+from .table_types import ColumnType
+
+__all__ = ["ConvertConfig"]
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """How to convert (``fastdata.convert``; the CLI maps its flags to these fields).
+
+    ``write``: the shards (backend, shard size, workers, compression, engine). ``images``: how to store
+    images (None: the original files; giving it for a source without images is an error). ``meta_types``
+    forces a metadata table's column types. ``no_labels``: no labels from class folders. ``skip_bad``:
+    bad samples are skipped and listed in DST/skipped.json instead of failing. ``strict``: files that are
+    not samples are an error instead of being skipped. ``overwrite`` replaces a dataset at DST; ``resume``
+    finishes an interrupted conversion there. ``part`` = (I, N) converts only part I of N (merge with
+    ``fastdata.write.merge_parts``). ``remote``: storage options for a URL destination.
+    """
+
+    write: WriteOptions = field(default_factory=WriteOptions)
+    images: ImageOptions | None = None
+    meta_types: Mapping[str, ColumnType] = field(default_factory=dict)
+    no_labels: bool = False
+    skip_bad: bool = False
+    strict: bool = False
+    overwrite: bool = False
+    resume: bool = False
+    part: tuple[int, int] | None = None
+    remote: RemoteOptions | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.write, WriteOptions):
+            raise UsageError(f"%(write) must be a WriteOptions, not {type(self.write).__name__}")
+        if self.images is not None and not isinstance(self.images, ImageOptions):
+            raise UsageError(f"%(images) must be an ImageOptions or None, not {type(self.images).__name__}")
+        bad = [k for k, v in self.meta_types.items() if not isinstance(k, str) or not isinstance(v, ColumnType)]
+        if bad:
+            raise UsageError(f"%(meta_types) maps column names to ColumnType values; {bad[0]!r} does not")
+        part = self.part
+        if part is not None and not (isinstance(part, tuple) and len(part) == 2
+                                     and all(isinstance(v, int) for v in part) and 0 <= part[0] < part[1]):
+            raise UsageError(f"%(part) {part!r}: expected (I, N) with 0 <= I < N")
+        if self.remote is not None and not isinstance(self.remote, RemoteOptions):
+            raise UsageError(f"%(remote) must be a RemoteOptions, not {type(self.remote).__name__}")
+        object.__setattr__(self, "meta_types", dict(self.meta_types))  # a copy the caller cannot change

@@ -1,0 +1,83 @@
+"""The one table of source kinds: ``convert`` asks every kind whether it takes the input (``detect``).
+
+A source kind is a small object with a ``name``, ``detect(request)`` and ``scan(request, config,
+progress)``; its module calls :func:`register` once, and converters/__init__.py imports the module.
+Adding a source is one file plus that import. Kinds decide on disjoint inputs: exactly one may
+claim a request (a second claim is a bug in the new kind, and says so).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from fastdata.errors import FastdataError, UsageError
+
+from .scan import walk_files
+
+if TYPE_CHECKING:
+    from fastdata.write import Progress, Source
+
+    from .config import ConvertConfig
+
+__all__ = ["Request", "SOURCES", "SourceKind", "detect", "register"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to convert, checked for consistency: ``src`` (a file or folder; the table's folder when
+    SRC was a table), the named ``arrays``, the ``labels`` file and the metadata table ``meta``."""
+
+    src: Path | None
+    arrays: dict[str, Path] = field(default_factory=dict)
+    labels: Path | None = None
+    meta: Path | None = None
+    table_src: bool = False  # SRC itself was the table (its paths are relative to its folder)
+
+    @property
+    def inputs(self) -> list[Path]:
+        """Every file and folder the conversion reads: DST may be none of them, nor inside one."""
+        named = [self.src, self.meta, self.labels, *self.arrays.values()]
+        return [p for p in named if p is not None]
+
+    @cached_property
+    def files(self) -> list[str]:
+        """The files under the folder ``src`` (relative, sorted, the labels file left out), walked once."""
+        if self.src is None or not self.src.is_dir():
+            return []
+        return walk_files(self.src, {os.path.realpath(self.labels)} if self.labels is not None else set())
+
+
+class SourceKind(Protocol):
+    """One kind of input. ``scan`` checks the whole input and returns the :class:`fastdata.write.Source`
+    to write; it may raise UsageError (an option that does not apply) or DataError (bad input)."""
+
+    name: str
+
+    def detect(self, req: Request) -> bool: ...
+    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> "Source": ...
+
+
+SOURCES: dict[str, SourceKind] = {}
+
+
+def register(kind: SourceKind) -> SourceKind:
+    """Add ``kind`` to the table (once per name)."""
+    if kind.name in SOURCES:
+        raise FastdataError(f"source kind {kind.name!r} is registered twice")
+    SOURCES[kind.name] = kind
+    return kind
+
+
+def detect(req: Request) -> SourceKind:
+    """The one kind that takes ``req``."""
+    claims = [k for k in SOURCES.values() if k.detect(req)]
+    if len(claims) > 1:
+        raise FastdataError(f"source kinds {', '.join(k.name for k in claims)} all claim {req.src}: "
+                            "their detect() must not overlap")
+    if not claims:
+        raise UsageError(f"{req.src}: not a source fastdata can convert (kinds: {', '.join(sorted(SOURCES))})")
+    return claims[0]

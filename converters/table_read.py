@@ -1,0 +1,120 @@
+"""Reading metadata tables (CSV/TSV, JSON Lines, Parquet) into columns of Python values, one row per
+sample; every problem names the table, the row (and line) and the column."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import DataError, UsageError
+from fastdata.format.files import TABLE_SUFFIXES
+
+__all__ = ["PATH_COLUMN", "Table", "is_table", "read_table"]
+
+PATH_COLUMN = "path"
+
+
+def is_table(path: Path) -> bool:
+    return path.suffix.lower() in TABLE_SUFFIXES
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """A table's raw cells by column; ``csv`` cells are text, the others keep their JSON/Arrow types."""
+
+    path: Path
+    kind: str
+    columns: dict[str, list[Any]]
+    rows: int
+    lines: list[int] | None = None  # CSV/JSONL: the file line each row starts on
+
+    def where(self, row: int, column: str | None = None) -> str:
+        line = f" (line {self.lines[row]})" if self.lines is not None else ""
+        col = f", column {column!r}" if column is not None else ""
+        return f"{self.path}: row {row + 1}{line}{col}"
+
+
+_MISSING = object()
+
+
+def read_table(path: Path) -> Table:
+    """Read a CSV/TSV (header row), JSON Lines or Parquet table."""
+    kind = TABLE_SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise UsageError(f"{path}: a metadata table must be .csv, .tsv, .jsonl or .parquet")
+    if not path.is_file():
+        raise UsageError(f"{path}: table not found")
+    if kind == "parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise UsageError(f"{path}: Parquet tables need pyarrow: pip install 'fastdata[parquet]'") from None
+        try:
+            cols = pq.read_table(path).to_pydict()
+        except Exception as e:  # pyarrow's ArrowInvalid and friends
+            raise DataError(f"{path}: unreadable Parquet table ({type(e).__name__}: {e})") from None
+        n = len(next(iter(cols.values()))) if cols else 0
+        return Table(path, kind, {k: [_MISSING if v is None else v for v in vs] for k, vs in cols.items()}, n)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read table: {e}") from None
+    if kind == "csv":
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        lines = _csv_lines(path, reader)
+        if not lines:
+            raise DataError(f"{path}: empty table (no header row)")
+        header = [h.strip() for h in lines[0][1]]
+        if len(set(header)) != len(header):
+            raise DataError(f"{path}: duplicate column names in the header {header}")
+        columns: dict[str, list[Any]] = {h: [] for h in header}
+        body = lines[1:]
+        for i, (ln, r) in enumerate(body):
+            if len(r) != len(header):
+                raise DataError(f"{path}: row {i + 1} (line {ln}): {len(r)} cells, the header has {len(header)}")
+            for h, v in zip(header, r):
+                columns[h].append(v)
+        return Table(path, kind, columns, len(body), [ln for ln, _ in body])
+    rows: list[dict[str, Any]] = []
+    starts: list[int] = []
+    for ln, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {ln}: not JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}: line {ln}: each line must be a JSON object")
+        rows.append(obj)
+        starts.append(ln)
+    names: dict[str, None] = {}
+    for obj in rows:
+        names.update(dict.fromkeys(obj))
+    return Table(path, kind, {k: [_MISSING if r.get(k) is None else r[k] for r in rows] for k in names}, len(rows),
+                 starts)
+
+
+def _csv_lines(path: Path, reader: Any) -> list[tuple[int, list[str]]]:
+    """Every row of ``reader`` but blank lines, with the line it starts on (a quoted cell may span
+    lines); the csv module's errors (a cell over its size limit, a NUL byte) name the line."""
+    lines: list[tuple[int, list[str]]] = []
+    try:
+        end = 0
+        for row in reader:
+            if row:
+                lines.append((end + 1, row))
+            end = reader.line_num
+    except csv.Error as e:
+        big = "field larger than field limit" in str(e)
+        fix = (f"; a cell over {csv.field_size_limit()} characters needs a JSON Lines or Parquet table" if big
+               else "")
+        raise DataError(f"{path}: line {reader.line_num}: not a readable CSV row ({e}){fix}") from None
+    return lines

@@ -1,0 +1,188 @@
+"""``fastdata.convert`` and ``fastdata.merge``: the write side's entry points, from Python or the CLI.
+
+``convert`` checks what it is given, asks the source table (fastdata.converters) which kind of input
+it is, lets that kind scan and check every input file, and hands the result to the write engine
+(fastdata.write): into a local folder, one part of it, or a URL. Nothing is written before every
+input is checked, and the source is never modified.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+from .converters import ConvertConfig, Request, detect
+from .converters.npy_folder import DEFAULT_FIELD
+from .converters.table_read import is_table
+from .errors import FastdataError, UsageError
+from .remote import is_url
+from .write import ConvertReport, Progress, Source, write_dataset
+from .write.destination import check_dst, prepare_dst, prepare_part_dst, refuse_broken_url
+from .write.merge import merge
+
+if TYPE_CHECKING:
+    from .write.remote_target import RemoteTarget
+
+PathLike = str | os.PathLike[str]
+__all__ = ["convert", "merge"]
+
+
+def convert(src: PathLike | None, dst: PathLike, config: ConvertConfig | None = None, *,
+            labels: PathLike | None = None, arrays: Mapping[str, PathLike] | None = None,
+            meta: PathLike | None = None, progress: Progress | None = None) -> ConvertReport:
+    """Convert ``src`` into a dataset at ``dst`` and say what was written (samples, shards, bytes, skipped).
+
+    ``src``: a folder of per-sample ``.npy``/``.npz`` files or of images (labels from class sub-folders,
+    from ``labels`` as CSV/JSON, or none), one large ``.npy`` array whose first axis is the sample axis
+    (``labels`` then names a ``.npy`` of labels), or a metadata table (CSV, JSON Lines, Parquet) whose
+    ``path`` column names the samples relative to its folder. ``arrays`` maps field names to large
+    ``.npy`` arrays (``src`` None, or the array of field ``x``). ``meta``: a metadata table whose paths
+    are relative to the folder ``src``; its other columns become fields. ``dst``: a folder, or a URL
+    (``s3://bucket/ds``: shards are uploaded as each is finished, the manifest last). ``config``: how
+    (shards, images, policies; :class:`ConvertConfig`). ``progress``: told of each phase and sample.
+    Bad arguments raise :class:`fastdata.errors.UsageError` (a ``ValueError``), bad input ``DataError``.
+    """
+    t0 = time.perf_counter()
+    config = config if config is not None else ConvertConfig()
+    if not isinstance(config, ConvertConfig):
+        raise UsageError(f"%(config) must be a ConvertConfig, not {type(config).__name__}")
+    url = dst if isinstance(dst, str) and is_url(dst) else None
+    if url is None:
+        refuse_broken_url(dst)
+    if config.write.engine == "ray":
+        from .write.ray_engine import import_ray
+
+        import_ray()  # before anything is scanned or written: a missing extra is a one-line error
+    from .write.remote_target import check_not_urls
+
+    check_not_urls([src, labels, meta, *(arrays or {}).values()])
+    upload = _remote_target(dst, url, config)
+    req = _request(src, labels, arrays, meta, config)
+    target = upload.staging if upload is not None else Path(dst)
+    if upload is None:
+        _check_dst(target, req.inputs, config)
+    source = detect(req).scan(req, config, progress)
+    report = _write(source, target, upload, req.inputs, config, progress)
+    report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
+    return report
+
+
+def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> RemoteTarget | None:
+    """The URL destination, checked before anything is scanned (a refusal costs nothing)."""
+    if url is None:
+        if config.remote is not None:
+            raise UsageError(f"{dst}: %(remote) options apply to URL destinations only, and this is a local path")
+        return None
+    from .write.remote_target import RemoteTarget
+
+    upload = RemoteTarget(url, config.remote, part=config.part, workers_upload=config.write.engine == "ray")
+    upload.check(config.overwrite, config.resume)
+    return upload
+
+
+def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str, PathLike] | None,
+             meta: PathLike | None, config: ConvertConfig) -> Request:
+    """The inputs as a :class:`Request`, their combination checked (each kind checks its own options)."""
+    label_path = Path(labels) if labels is not None else None
+    if label_path is not None and config.no_labels:
+        raise UsageError("%(labels) and %(no_labels) contradict each other")
+    if label_path is not None and not label_path.is_file():
+        raise UsageError(f"{label_path}: labels file not found")
+    named = {k: Path(v) for k, v in (arrays or {}).items()}
+    src_path = Path(src) if src is not None else None
+    table_src = src_path is not None and is_table(src_path) and src_path.is_file()
+    if meta is not None or table_src:
+        return _table_request(src_path, Path(meta) if meta is not None else None, table_src, named, label_path)
+    if config.meta_types:
+        raise UsageError("%(meta_types) applies to a metadata table (%(meta=TABLE), or a table as %(src))")
+    if src_path is None:
+        if not named:
+            raise UsageError("nothing to convert: give %(src), or %(arrays)")
+        return Request(None, named, label_path)
+    if not os.path.exists(src_path):
+        raise UsageError(f"{src_path}: no such file or folder")
+    if src_path.is_file():
+        if src_path.suffix.lower() != ".npy":
+            raise UsageError(f"{src_path}: a single-file source must be a .npy array or a table "
+                             "(.csv, .tsv, .jsonl, .parquet), or give a folder")
+        if DEFAULT_FIELD in named:
+            raise UsageError(f"{src_path}: given both as %(src) and as field {DEFAULT_FIELD!r} of %(arrays)")
+        return Request(None, {DEFAULT_FIELD: src_path, **named}, label_path)
+    if named:
+        raise UsageError("give either a source folder or %(arrays), not both")
+    return Request(src_path, {}, label_path)
+
+
+def _table_request(src: Path | None, meta: Path | None, table_src: bool, named: dict[str, Path],
+                   labels: Path | None) -> Request:
+    """A metadata table: ``meta`` with the folder ``src``, or ``src`` itself a table (paths relative to it)."""
+    if table_src:
+        assert src is not None
+        if meta is not None:
+            raise UsageError(f"{src}: a table given as %(src) is the metadata itself; drop %(meta)")
+        meta, root = src, src.parent
+    else:
+        assert meta is not None
+        if named or src is None:
+            raise UsageError("%(meta=TABLE) needs a source folder %(src) (the table's paths are relative to it)")
+        root = src
+    if labels is not None:
+        raise UsageError("%(labels) does not apply with a metadata table: its columns are the fields (add a "
+                         "'label' column for the labels)")
+    if not meta.is_file():
+        raise UsageError(f"{meta}: table not found")
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such folder")
+    return Request(root, {}, None, meta, table_src)
+
+
+def _check_dst(dst: Path, inputs: list[Path], config: ConvertConfig) -> None:
+    """Before scanning: a whole conversion checks DST fully; a part only the sources (DST is shared)."""
+    if config.part is None:
+        check_dst(dst, inputs, config.overwrite, config.resume)
+    else:
+        check_dst(dst, inputs, overwrite=True)
+
+
+def _write(source: Source, dst: Path, upload: RemoteTarget | None, inputs: list[Path], config: ConvertConfig,
+           progress: Progress | None) -> ConvertReport:
+    """Write the scanned ``source``: into the folder ``dst`` (the whole dataset or one part), or to a URL."""
+    if upload is not None:
+        return _write_remote(upload, source, inputs, config, progress)
+    part, overwrite, resume = config.part, config.overwrite, config.resume
+    prepared = (prepare_dst(dst, inputs, overwrite, resume) if part is None
+                else prepare_part_dst(dst, inputs, part, overwrite, resume))
+    with prepared as target:
+        return write_dataset(source, target, config.write, progress)
+
+
+def _write_remote(upload: RemoteTarget, source: Source, inputs: list[Path], config: ConvertConfig,
+                  progress: Progress | None) -> ConvertReport:
+    staging, trusted = upload.prepare(config.overwrite, config.resume)
+    try:
+        prepared = (prepare_dst(staging, inputs, False, config.resume) if upload.part is None
+                    else prepare_part_dst(staging, inputs, upload.part, False, config.resume))
+        with prepared as target:
+            target.on_shard = upload.shard_done
+            target.trusted = trusted
+            if upload.workers_upload:  # Ray: each worker uploads the shards it writes
+                target.remote = upload.spec
+                target.on_start = upload.started
+            report = write_dataset(source, target, config.write, progress)
+        upload.finish()
+    except FastdataError as e:
+        upload.abandon()
+        done = len(upload.uploaded)
+        if upload.resumable and not isinstance(e, UsageError):
+            what = (f"{done} finished shard(s) are uploaded to {upload.url}" if done
+                    else f"its journal is at {upload.url}")
+            raise type(e)(f"{(e.template or str(e)).split('; ')[0]}; {what}: fix the problem, then run the same command with "
+                          "%(resume=True) to finish") from None
+        raise
+    except BaseException:
+        upload.abandon()
+        raise
+    report.dst = upload.url
+    return report

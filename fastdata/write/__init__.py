@@ -1,0 +1,13 @@
+"""The write engine: a scanned Source -> shards + manifest, crash-safe and resumable, on this machine,
+on Ray, part by part, or to a URL; and merging datasets. The sources live in fastdata.converters;
+``fastdata.convert`` joins the two."""
+
+from __future__ import annotations
+
+from .engine import plan_shards, write_dataset
+from .merge import MergeReport, merge
+from .options import DEFAULT_SHARD_SIZE, ConvertReport, Progress, Source, WriteOptions
+from .parts import MergePartsReport, merge_parts, parse_part
+
+__all__ = ["ConvertReport", "DEFAULT_SHARD_SIZE", "MergePartsReport", "MergeReport", "Progress", "Source",
+           "WriteOptions", "merge", "merge_parts", "parse_part", "plan_shards", "write_dataset"]

@@ -1,0 +1,237 @@
+"""Sources -> shards: plan shards by bytes, write them in parallel processes, write the manifest last.
+
+The conversion is crash-safe and resumable (docs/reliability.md). A journal in DST records
+the plan before any shard is written and each shard once it is finished (written under a
+temporary name, fsynced, hashed, renamed); the manifest is written only after every shard is
+in place, and then the journal is deleted. After a failure the finished shards and the journal
+stay for ``--resume``; everything else this conversion wrote is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from fastdata._version import __version__
+from fastdata.errors import FastdataError
+from fastdata.fileio import file_checksum, write_atomic
+from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, shard_file_name, write_manifest
+from fastdata.format import codec as blosc_codec
+from fastdata.format.files import JOURNAL_NAME
+from fastdata.format.keys import write_keys
+from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo, version_for
+from fastdata.handles import usable_cpus
+
+from . import _fault, journal
+from .destination import Destination, remove_ours, remove_shards_except, remove_temporary, write_skipped
+from .local import Finished, LocalEngine
+from .options import ConvertReport, Progress, Source, WriteOptions
+from .shard_task import ShardTask, write_error
+
+log = logging.getLogger(__name__)
+__all__ = ["ShardEngine", "part_range", "plan_shards", "write_dataset"]
+
+
+def plan_shards(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
+    """Cut samples into consecutive shards of at most ``shard_size`` bytes (at least one sample each)."""
+    n = len(nbytes)
+    cum = np.cumsum(nbytes, dtype=np.int64)
+    plans, start = [], 0
+    while start < n:
+        base = cum[start - 1] if start else 0
+        stop = int(np.searchsorted(cum, base + shard_size, side="right"))
+        stop = max(stop, start + 1)
+        plans.append((start, stop))
+        start = stop
+    return plans
+
+
+class ShardEngine(Protocol):
+    """Runs shard tasks somewhere and reports each finished one to ``finished`` (on the calling
+    thread, in any order). On failure it raises, after reporting every task that did finish."""
+
+    def run(self, tasks: list[ShardTask], progress: Progress | None, finished: Finished) -> None: ...
+
+
+def write_dataset(source: Source, target: Destination, opts: WriteOptions, progress: Progress | None = None) -> ConvertReport:
+    """Write ``source`` into the prepared, locked folder ``target`` (continuing its journal on
+    resume). On failure, finished shards and the journal stay for ``--resume``; the rest goes.
+    With ``target.part`` = (I, N), only the shards of part I are written, and a part record
+    replaces the manifest (``fastdata merge-parts`` writes it once every part is done)."""
+    t0 = time.perf_counter()
+    dst = target.path
+    nbytes = source.sample_nbytes()
+    plans = plan_shards(nbytes, opts.shard_size)
+    fields = blosc_codec.compress_fields(source.fields, blosc_codec.parse(opts.compression))
+    names = [shard_file_name(i, opts.backend) for i in range(len(plans))]
+    head = journal.header(source, opts.identity(), [(n, a, b - a) for n, (a, b) in zip(names, plans)])
+    own = range(len(plans)) if target.part is None else part_range(len(plans), *target.part)
+    owned = None if target.part is None else {names[i] for i in own}
+    done = _open_journal(target, head)
+    journaled = set(done) if owned is None else set(done) & owned
+    shards: list[ShardInfo] = []
+    kept = 0
+
+    def finished(task: ShardTask, info: ShardInfo, was_kept: bool) -> None:
+        nonlocal kept
+        if not was_kept:
+            journal.append(dst, info, target.journal_name)
+            journaled.add(info.file)
+            if target.on_shard is not None:
+                target.on_shard(info)  # converting to a URL: upload it now
+        kept += was_kept
+        shards.append(info)
+        _fault.point("between_shards", task.index)
+
+    try:
+        remove_temporary(dst, owned)
+        remove_shards_except(dst, journaled, owned)
+        if target.on_start is not None:
+            target.on_start()  # workers upload to a URL: the remote journal must exist before any shard does
+        tasks = _tasks(source, fields, opts, target, names, plans, done, own, nbytes)
+        if progress is not None:
+            progress.start(sum(t.count for t in tasks), sum(t.in_bytes for t in tasks))
+        _fault.point("before_first_shard")
+        _engine(opts, len(tasks)).run(tasks, progress, finished)
+        shards.sort(key=lambda s: s.start)
+        _finish(source, target, opts, head, _manifest(source, opts, fields, shards, nbytes, dst))
+    except BaseException as e:
+        err = _failed(dst, journaled, e, owned, target.journal_name)
+        if err is e:
+            raise
+        raise err from e
+    in_bytes = source.bytes_in if target.part is None else int(sum(t.in_bytes for t in tasks))
+    return _report(source, target, opts, shards, in_bytes, kept, time.perf_counter() - t0)
+
+
+def _open_journal(target: Destination, head: dict) -> dict[str, ShardInfo]:
+    """Start the journal, or (resume) load it and check it records this same conversion: the shards it
+    says are finished."""
+    dst, jname = target.path, target.journal_name
+    try:
+        if target.resume:
+            old, done = journal.load(dst, jname)
+            journal.check_same(dst, old, head)  # refuses before anything is touched
+            return done
+        journal.start(dst, head, jname)
+        return {}
+    except OSError as e:
+        raise write_error(dst / jname, e) from None
+
+
+def _manifest(source: Source, opts: WriteOptions, fields: list[FieldSpec], shards: list[ShardInfo],
+              nbytes: np.ndarray, dst: Path) -> Manifest:
+    return Manifest(
+        backend=opts.backend, fields=fields, num_samples=len(source), shards=shards,
+        classes=source.classes, version=version_for(fields),
+        source={**source.describe(), "fastdata_version": __version__,
+                "shard_size": opts.shard_size, "compression": opts.compression or "none",
+                "sample_bytes": int(nbytes.sum())},  # before compression: `fastdata info` shows the ratio
+        keys=_write_keys(dst, source.sample_keys()),
+    )
+
+
+def _finish(source: Source, target: Destination, opts: WriteOptions, head: dict, manifest: Manifest) -> None:
+    """Write what says the conversion is complete (skipped.json and the manifest, or a part's record)."""
+    _fault.point("before_manifest")
+    if target.part is None:
+        write_skipped(target.path, source.skipped)
+        write_manifest(target.path, manifest)
+    else:
+        from .parts import write_part_record
+
+        write_part_record(target.path, target.part, head, manifest, source.skipped)
+
+
+def _report(source: Source, target: Destination, opts: WriteOptions, shards: list[ShardInfo], in_bytes: int,
+            kept: int, seconds: float) -> ConvertReport:
+    """Remove the journal (the manifest now says the dataset is complete) and sum up."""
+    dst = target.path
+    try:
+        journal.remove(dst, target.journal_name)
+    except OSError as e:
+        log.warning("%s: could not remove the conversion journal: %s", dst, e.strerror)
+    out = sum(s.bytes for s in shards)
+    if target.part is None:
+        out += (dst / MANIFEST_NAME).stat().st_size
+    return ConvertReport(dst, opts.backend, sum(s.count for s in shards), len(shards), in_bytes, out, seconds,
+                         list(source.skipped), kept, target.part, opts.engine, [f.name for f in source.fields],
+                         len(source.classes) if source.classes is not None else None)
+
+
+def part_range(num_shards: int, index: int, count: int) -> range:
+    """The shards of part ``index`` (from 0) of ``count``: consecutive, sizes differing by one at most."""
+    return range(num_shards * index // count, num_shards * (index + 1) // count)
+
+
+def _engine(opts: WriteOptions, ntasks: int) -> ShardEngine:
+    if opts.engine == "ray":
+        from .ray_engine import RayEngine
+
+        return RayEngine(address=opts.ray_address, workers=opts.workers)
+    return LocalEngine(min(opts.workers or usable_cpus(), ntasks))
+
+
+
+def _write_keys(dst: Path, keys: list[str] | None) -> KeysInfo:
+    """The keys side file (docs/format.md, "Sample keys"), written atomically before the manifest."""
+    if keys is None:
+        return KeysInfo(kind=KEYS_INDEX)
+    path = dst / KEYS_FILE
+    try:
+        write_atomic(path, lambda f: write_keys(f, keys, str(dst)))
+        return KeysInfo(kind=KEYS_KIND_FILE, file=KEYS_FILE, bytes=path.stat().st_size,
+                        checksum=file_checksum(path, CHECKSUM_DEFAULT))
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
+def _tasks(source: Source, fields: list[FieldSpec], opts: WriteOptions, target: Destination, names: list[str], plans: list[tuple[int, int]],
+           done: dict[str, ShardInfo], own: range, nbytes: np.ndarray) -> list[ShardTask]:
+    """One task per shard of ``own``; into ``target.remote``'s URL when the writing processes upload."""
+    dst = target.remote.url if target.remote is not None else str(target.path)
+    ragged = [f.name for f in source.fields if f.ragged]
+    rows = {name: source.ragged_rows(name) for name in ragged}
+    tasks = []
+    for i in own:
+        name, (a, b) = names[i], plans[i]
+        expect = done.get(name)
+        if expect is not None and (expect.start, expect.count) != (a, b - a):
+            expect = None
+        tasks.append(ShardTask(
+            part=source.part(a, b), fields=fields, backend=opts.backend, dst=dst, name=name, index=i,
+            start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items()},
+            compression=opts.compression, expect=expect, in_bytes=int(nbytes[a:b].sum()),
+            trusted=expect is not None and name in target.trusted, remote=target.remote,
+        ))
+    return tasks
+
+
+def _failed(dst: Path, journaled: set[str], e: BaseException, owned: set[str] | None = None,
+            jname: str = JOURNAL_NAME) -> BaseException:
+    """Tidy DST after a failure and return the error to raise: finished, journaled shards stay for
+    --resume (the message says so); temporary files go, and so does everything if no shard finished
+    (for a ``--part``: everything of that part; other parts' files are never touched)."""
+    try:
+        remove_temporary(dst, owned)
+        remove_shards_except(dst, journaled, owned)
+        if owned is None:  # (a --part leaves keys.bin to the others: every part writes the same one)
+            (dst / KEYS_FILE).unlink(missing_ok=True)  # written again, with the manifest, by --resume
+        kept = sum(1 for n in journaled if (dst / n).is_file())
+        if kept == 0:
+            if owned is None:
+                remove_ours(dst)
+            else:
+                journal.remove(dst, jname)
+    except OSError:
+        kept = 0  # tidying failed too (the disk is gone?); the original error matters more
+    if isinstance(e, OSError):
+        e = write_error(dst, e)
+    if isinstance(e, FastdataError) and kept:
+        return type(e)(f"{e.template or e}; {kept} finished shard(s) kept in {dst}: fix the problem, then run the same "
+                       "command with %(resume=True) to finish")
+    return e
