@@ -24,7 +24,7 @@ from fastdata.format import codec as blosc_codec
 from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.keys import write_keys
 from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo, version_for
-from fastdata.handles import usable_cpus
+from fastdata.world import usable_cpus
 
 from . import _fault, journal
 from .destination import Destination, remove_ours, remove_shards_except, remove_temporary, write_skipped

@@ -77,7 +77,7 @@ class RayEngine:
             if address:
                 ray.init(address=address, logging_level=logging.WARNING)
             else:
-                from fastdata.handles import usable_cpus
+                from fastdata.world import usable_cpus
 
                 # Ray runs its workers at nice 15 by default; the local engine's shard writers run at the
                 # caller's priority, and so do these (it matters on a machine shared with other work).
