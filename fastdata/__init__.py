@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 from . import errors
 from ._version import __version__
 from .dataset import Dataset, open
+from .indexer import index
 from .remote import RemoteOptions
 from .sampling import Shuffle
 
@@ -80,5 +81,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
 
 
-__all__ = ["Dataset", "Loader", "LoaderConfig", "PerSample", "RemoteOptions", "__version__", "errors", "loader",
-           "open"]
+__all__ = ["Dataset", "Loader", "LoaderConfig", "PerSample", "RemoteOptions", "__version__", "errors", "index",
+           "loader", "open"]

@@ -124,8 +124,9 @@ class Dataset:
             raise UsageError(f"decode={decode!r}: expected True, False or 'float'")
         self._decoder = BatchDecoder(decode_threads, unit_float=decode == "float") if encoded else None
         impl = backend(self.manifest.backend)
-        self._readers = []
-        for i, info in enumerate(self.manifest.shards):
+        external = getattr(impl, "open_readers", None)  # an in-place index (format/inplace.py): no shard files
+        self._readers = external(self.root, self.manifest) if external is not None else []
+        for i, info in enumerate([] if external is not None else self.manifest.shards):
             if self._remote is not None:  # downloaded (and checked) when a batch first needs it
                 self._readers.append(impl.ShardReader(self._remote.local_path(i), info, self.manifest.fields))
                 continue

@@ -31,7 +31,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastdata.loaders.",),
     ("fastdata.train",),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",
-     "fastdata.cli_bench", "fastdata.cli_cold", "fastdata.demo", "fastdata.examples", "fastdata.doctor."),
+     "fastdata.cli_bench", "fastdata.cli_cold", "fastdata.demo", "fastdata.examples", "fastdata.doctor.",
+     "fastdata.indexer", "fastdata.cli_index"),
 ]
 
 

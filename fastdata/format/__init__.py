@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import hdf5, lmdb, spec
+from . import hdf5, inplace, lmdb, spec
 from .manifest import read_manifest, shard_path, write_manifest
 from .spec import (
     BACKENDS,
@@ -27,7 +27,7 @@ from .spec import (
     make_field,
 )
 
-_REGISTRY: dict[str, ModuleType] = {"hdf5": hdf5, "lmdb": lmdb}
+_REGISTRY: dict[str, ModuleType] = {"hdf5": hdf5, "lmdb": lmdb, "inplace": inplace}
 
 
 def backend(name: str) -> ModuleType:
