@@ -16,7 +16,7 @@ from fastdata.errors import DataError, UsageError
 
 def _write(source, dst, **opts):
     with prepare_dst(dst, [], overwrite=False) as target:
-        return write_dataset(source, target, WriteOptions(workers=2, shard_size=4096, **opts))
+        return write_dataset(source, target, WriteOptions(workers=2, shard_size=1000, **opts))
 
 
 def test_hdf5_glob_converts_bit_exact(tmp_path):
