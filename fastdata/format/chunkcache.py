@@ -14,7 +14,8 @@ from typing import Callable, Hashable
 
 import numpy as np
 
-DEFAULT_BYTES = 256 << 20
+DEFAULT_BYTES = 64 << 20
+MIN_CHUNKS = 6  # kept at least: shuffle="chunks" mixes 2 chunks at a time, and readers run a batch or two ahead
 
 
 class ChunkCache:

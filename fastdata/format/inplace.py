@@ -23,7 +23,8 @@ import numpy as np
 
 from ..errors import CorruptShardError, UsageError
 from ..handles import PerProcessHandle
-from .chunkcache import ChunkCache
+from .chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
+from .h5chunks import ChunkTable, chunk_table, read_chunk
 from .external import Column, Index, Stamp, check_file, check_files, parse_index
 from .shardio import Layout, runs
 from .spec import FieldSpec, Manifest, ShardInfo
@@ -172,10 +173,12 @@ class _Mapped(PerProcessHandle[_Map]):
 
 @dataclass
 class _Source:
-    array: Any  # an h5py Dataset or a zarr Array
+    array: Any  # an h5py Dataset or a zarr Array (None: read with pread and decoded here)
     file: Any  # the h5py File to close, or None
     cache: ChunkCache
     whole: np.ndarray | None = None  # a small column, read whole
+    fd: int | None = None  # HDF5 chunks read without h5py (fastdata/format/h5chunks.py)
+    table: ChunkTable | None = None
 
 
 class _Chunked(PerProcessHandle[_Source]):
@@ -200,13 +203,18 @@ class _Chunked(PerProcessHandle[_Source]):
                 pass
             try:  # no HDF5 chunk cache: whole chunks are read, and kept decoded in our own cache
                 fh = h5py.File(self.stamp.path, "r", rdcc_nbytes=0)
-                src = _Source(fh[self.col.array], fh, ChunkCache())
+                src = _Source(fh[self.col.array], fh, self._cache())
+                src.table = chunk_table(src.array)
             except (OSError, KeyError, ValueError) as e:
                 raise CorruptShardError(f"{self.where}: cannot open ({e})") from None
+            if src.table is not None and bool((src.table.offsets >= 0).all()):
+                src.fd = os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC)  # no h5py from here on
+            else:
+                src.table = None
         else:
             from .arrayinfo import open_zarr
 
-            src = _Source(open_zarr(self.stamp.path, self.col.array), None, ChunkCache())
+            src = _Source(open_zarr(self.stamp.path, self.col.array), None, self._cache())
         if tuple(src.array.shape) != (self.count, *self.field.trailing):
             shape = tuple(src.array.shape)
             self._close_handle(src)
@@ -216,12 +224,22 @@ class _Chunked(PerProcessHandle[_Source]):
             src.whole = self._load(src, 0, self.count)
         return src
 
+    def _cache(self) -> ChunkCache:
+        """A cache of at least ``DEFAULT_BYTES`` and ``MIN_CHUNKS`` decoded chunks (per column and process)."""
+        return ChunkCache(max(DEFAULT_BYTES, MIN_CHUNKS * self.rows * self.field.row_nbytes))
+
     @staticmethod
     def _close_handle(handle: _Source) -> None:
+        if handle.fd is not None:
+            os.close(handle.fd)
         if handle.file is not None:
             handle.file.close()
 
     def _load(self, src: _Source, r0: int, r1: int) -> np.ndarray:
+        if src.fd is not None and src.table is not None:
+            a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
+            read_chunk(src.fd, src.table, r0 // self.rows, a, self.where)
+            return a
         try:
             if src.file is not None:
                 a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
