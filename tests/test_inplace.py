@@ -10,6 +10,7 @@ import h5py
 import hdf5plugin
 import numpy as np
 import pytest
+import torch
 
 import fastdata
 from fastdata.errors import CorruptShardError, DataError, UsageError
@@ -159,8 +160,20 @@ def test_npy_and_zarr(tmp_path):
     z2[:] = a["x"]
     fastdata.index(tmp_path / "g.zarr", tmp_path / "iz", {"x": "x", "y": "lab/y"})
     fastdata.index(tmp_path / "v2.zarr", tmp_path / "iz2")
+    z3 = zarr.create_array(str(tmp_path / "v3.zarr"), shape=a["x"].shape, chunks=(10, 2, 5, 3), dtype="f4",
+                           compressors=None)
+    z3[:] = a["x"]
+    zs = zarr.create_array(str(tmp_path / "sh.zarr"), shape=a["x"].shape, chunks=(5, 2, 5, 3), shards=(20, 2, 5, 3),
+                           dtype="f4")
+    zs[:] = a["x"]
+    fastdata.index(tmp_path / "v3.zarr", tmp_path / "iz3")
+    fastdata.index(tmp_path / "sh.zarr", tmp_path / "izs")
     idx = np.array([3, 88, 0, 41, 40])
-    for root in ("inpy", "iz", "iz2"):
+    direct = {"iz": True, "iz2": True, "iz3": True, "izs": False}  # sharded: read through zarr
+    for root, fast in direct.items():
+        col = fastdata.open(tmp_path / root)._readers[0].columns["x"]
+        assert (col.handle().zchunks is not None) == fast, root
+    for root in ("inpy", "iz", "iz2", "iz3", "izs"):
         b = fastdata.open(tmp_path / root).get_batch(idx)
         assert np.array_equal(b["x"], a["x"][idx]), root
         if "y" in b:
@@ -261,3 +274,19 @@ def test_cli_index_and_verify(tmp_path):
     assert run("verify", str(tmp_path / "i")).returncode == 0
     r = run("index", str(tmp_path / "d.h5"), str(tmp_path / "j"), "--field", "x=/bad")
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "d.h5: no dataset '/bad'" in r.stderr
+
+
+def test_dali_backend_reads_an_index_like_the_torch_backend(tmp_path):
+    pytest.importorskip("nvidia.dali")
+    rng = np.random.default_rng(2)
+    img = rng.integers(0, 255, (37, 12, 16, 3), dtype=np.uint8)
+    with h5py.File(tmp_path / "im.h5", "w") as f:
+        f.create_dataset("img", data=img, chunks=(5, 12, 16, 3), compression="gzip")
+        f["label"] = np.arange(37)
+    fastdata.index(tmp_path / "im.h5", tmp_path / "i", {"image": "/img", "label": "/label"})
+    kw = dict(shuffle="chunks", seed=3, device="cpu")
+    t = [(b["image"].clone(), b["label"].clone()) for b in fastdata.loader(tmp_path / "i", 8, backend="torch", **kw)]
+    d = [(b["image"].clone(), b["label"].clone()) for b in fastdata.loader(tmp_path / "i", 8, backend="dali", **kw)]
+    assert len(t) == len(d) == 5
+    for (ti, tl), (di, dl) in zip(t, d):
+        assert torch.equal(ti, di) and torch.equal(tl, dl)

@@ -28,6 +28,7 @@ from .h5chunks import ChunkTable, chunk_table, read_chunk
 from .external import Column, Index, Stamp, check_file, check_files, parse_index
 from .shardio import Layout, runs
 from .spec import FieldSpec, Manifest, ShardInfo
+from .zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
 
 NAME = "inplace"
 EXTENSION = ""
@@ -179,6 +180,7 @@ class _Source:
     whole: np.ndarray | None = None  # a small column, read whole
     fd: int | None = None  # HDF5 chunks read without h5py (fastdata/format/h5chunks.py)
     table: ChunkTable | None = None
+    zchunks: ZarrChunks | None = None  # Zarr chunk files read without zarr (fastdata/format/zarrchunks.py)
 
 
 class _Chunked(PerProcessHandle[_Source]):
@@ -215,6 +217,7 @@ class _Chunked(PerProcessHandle[_Source]):
             from .arrayinfo import open_zarr
 
             src = _Source(open_zarr(self.stamp.path, self.col.array), None, self._cache())
+            src.zchunks = zarr_chunks(src.array, self.stamp.path)
         if tuple(src.array.shape) != (self.count, *self.field.trailing):
             shape = tuple(src.array.shape)
             self._close_handle(src)
@@ -236,9 +239,13 @@ class _Chunked(PerProcessHandle[_Source]):
             handle.file.close()
 
     def _load(self, src: _Source, r0: int, r1: int) -> np.ndarray:
-        if src.fd is not None and src.table is not None:
+        if (src.fd is not None and src.table is not None) or src.zchunks is not None:
             a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
-            read_chunk(src.fd, src.table, r0 // self.rows, a, self.where)
+            if src.zchunks is not None:
+                read_zarr_chunk(src.zchunks, r0 // self.rows, a, self.where)
+            else:
+                assert src.fd is not None and src.table is not None
+                read_chunk(src.fd, src.table, r0 // self.rows, a, self.where)
             return a
         try:
             if src.file is not None:
