@@ -28,9 +28,11 @@ def _arrays(n: int = N, seed: int = 0) -> dict[str, np.ndarray]:
             "m": rng.integers(0, 255, (n, 4), dtype=np.uint8)}
 
 
-@pytest.fixture(autouse=True)
-def small_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(inplace, "_WHOLE_COLUMN_BYTES", 0)  # tiny test columns go through the chunk path too
+@pytest.fixture(autouse=True, params=["chunks", "whole"])
+def small_whole(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Each test twice: tiny columns read a chunk at a time, as large ones are, and read whole."""
+    if request.param == "chunks":
+        monkeypatch.setattr(inplace, "_WHOLE_COLUMN_BYTES", 0)
 
 
 def _h5(path: str, a: dict[str, np.ndarray]) -> None:

@@ -241,11 +241,13 @@ class _Chunked(PerProcessHandle[_Source]):
     def _load(self, src: _Source, r0: int, r1: int) -> np.ndarray:
         if (src.fd is not None and src.table is not None) or src.zchunks is not None:
             a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
-            if src.zchunks is not None:
-                read_zarr_chunk(src.zchunks, r0 // self.rows, a, self.where)
-            else:
-                assert src.fd is not None and src.table is not None
-                read_chunk(src.fd, src.table, r0 // self.rows, a, self.where)
+            for c0 in range(r0, r1, self.rows):  # r0 is the first row of a chunk
+                part = a[c0 - r0 : min(c0 + self.rows, r1) - r0]
+                if src.zchunks is not None:
+                    read_zarr_chunk(src.zchunks, c0 // self.rows, part, self.where)
+                else:
+                    assert src.fd is not None and src.table is not None
+                    read_chunk(src.fd, src.table, c0 // self.rows, part, self.where)
             return a
         try:
             if src.file is not None:
