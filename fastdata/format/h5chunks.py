@@ -3,7 +3,7 @@
 For a dataset chunked along the sample axis only (each chunk holds whole samples), the chunk
 table (``chunk_iter``: where each chunk lies, how big, which filters it skipped) is read once per
 process; afterwards a chunk is one positional read and a decode with the GIL released (zlib,
-numcodecs' LZ4/Zstd/Blosc, a numpy byte unshuffle), so reader threads decode in parallel, which
+numcodecs' LZ4, Zstd, Blosc and byte unshuffle), so reader threads decode in parallel, which
 h5py's global lock would forbid. Pipelines with any other filter (or chunks that split a sample)
 are read through h5py instead (fastdata/format/inplace.py).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +44,7 @@ def chunk_table(dset: Any) -> ChunkTable | None:
         return None
     plist = dset.id.get_create_plist()
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
-    if any(f not in KNOWN for f in filters):
+    if any(f not in KNOWN for f in filters) or (set(filters) - {DEFLATE} and not _has_numcodecs()):
         return None
     rows = int(dset.chunks[0])
     n = -(-int(dset.shape[0]) // rows) if dset.shape[0] else 0
@@ -61,80 +62,91 @@ def chunk_table(dset: Any) -> ChunkTable | None:
     return ChunkTable(rows, offsets, sizes, masks, filters, dset.dtype.itemsize, nbytes)
 
 
+def _has_numcodecs() -> bool:
+    try:
+        import numcodecs  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def read_chunk(fd: int, t: ChunkTable, c: int, out: np.ndarray, where: str) -> None:
-    """Chunk ``c`` decoded into ``out`` (C-contiguous, at most a chunk: the last one may be short)."""
+    """Chunk ``c`` decoded into ``out`` (C-contiguous, at most a chunk: the last one may be short).
+    Each filter writes straight into the next buffer (the last one into ``out``): no extra copies."""
     off, size, mask = int(t.offsets[c]), int(t.sizes[c]), int(t.masks[c])
-    raw = os.pread(fd, size, off)
-    if len(raw) != size:
+    raw = bytearray(size)
+    if os.preadv(fd, [raw], off) != size:
         raise CorruptShardError(f"{where}: chunk {c}: short read (file truncated?)")
-    data: Any = raw
     target = out.reshape(-1).view(np.uint8)
     steps = [f for i, f in enumerate(t.filters) if not mask & (1 << i)]
+    data: Any = raw
     try:
         for k, f in enumerate(reversed(steps)):
-            last = k == len(steps) - 1
-            if f == SHUFFLE and last:
-                _unshuffle(data, t.itemsize, t.chunk_nbytes, target)
-                return
-            data = _undo(f, data, t)
+            whole = k == len(steps) - 1 and len(target) == t.chunk_nbytes
+            dst = target if whole else _scratch(t.chunk_nbytes, k % 2)
+            _undo(f, data, t, dst)
+            data = dst
     except CorruptShardError:
         raise
     except Exception as e:  # a codec's own error type: name the place instead
         raise CorruptShardError(f"{where}: chunk {c}: cannot decode ({type(e).__name__}: {e})") from None
-    buf = np.frombuffer(data, dtype=np.uint8)
-    if len(buf) < len(target):
-        raise CorruptShardError(f"{where}: chunk {c}: decodes to {len(buf)} bytes, expected {t.chunk_nbytes}")
-    target[:] = buf[: len(target)]
+    if data is not target:
+        buf = np.frombuffer(data, dtype=np.uint8)
+        if len(buf) < len(target):
+            raise CorruptShardError(f"{where}: chunk {c}: holds {len(buf)} bytes, expected {t.chunk_nbytes}")
+        target[:] = buf[: len(target)]
 
 
-def _undo(f: int, data: Any, t: ChunkTable) -> Any:
-    if f == DEFLATE:
-        return zlib.decompress(data)
-    if f == SHUFFLE:
-        out = np.empty(t.chunk_nbytes, dtype=np.uint8)
-        _unshuffle(data, t.itemsize, t.chunk_nbytes, out)
-        return out
+_local = threading.local()
+
+
+def _scratch(n: int, which: int) -> np.ndarray:
+    """One of this thread's two reused buffers between filters, of ``n`` bytes (no page faults per chunk)."""
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = [np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint8)]
+    if len(bufs[which]) < n:
+        bufs[which] = np.empty(n, dtype=np.uint8)
+    return bufs[which][:n]
+
+
+def _undo(f: int, data: Any, t: ChunkTable, dst: np.ndarray) -> None:
+    """Undo filter ``f`` of ``data`` into ``dst`` (a chunk's bytes)."""
     if f == LZ4:
-        return _lz4(data, t.chunk_nbytes)
-    from numcodecs import Blosc, Zstd
-
-    return (Zstd() if f == ZSTD else Blosc()).decode(data)
-
-
-def _unshuffle(data: Any, itemsize: int, nbytes: int, target: np.ndarray) -> None:
-    """HDF5's byte shuffle undone: byte j of every element is stored together, plane after plane
-    (a tail shorter than ``itemsize`` elements is stored as it is)."""
-    src = np.frombuffer(data, dtype=np.uint8)
-    n = nbytes // itemsize
-    whole = n * itemsize
-    if itemsize == 1:
-        target[:] = src[: len(target)]
+        _lz4(data, dst)
         return
-    planes = src[:whole].reshape(itemsize, n)
-    rows = len(target) // itemsize
-    target[: rows * itemsize].reshape(rows, itemsize)[:] = planes[:, :rows].T
-    if len(target) > rows * itemsize:
-        target[rows * itemsize :] = src[whole : whole + len(target) - rows * itemsize]
+    if f == DEFLATE:
+        plain = zlib.decompress(data)
+        if len(plain) != len(dst):
+            raise CorruptShardError(f"deflate gave {len(plain)} bytes, expected {len(dst)}")
+        dst[:] = np.frombuffer(plain, dtype=np.uint8)
+        return
+    import numcodecs
+
+    codec = numcodecs.Shuffle(t.itemsize) if f == SHUFFLE else numcodecs.Zstd() if f == ZSTD else numcodecs.Blosc()
+    codec.decode(data, out=dst)
 
 
-def _lz4(data: Any, nbytes: int) -> bytearray:
+def _lz4(data: bytearray, dst: np.ndarray) -> None:
     """The HDF5 LZ4 filter's format: total size (u64, big-endian), block size (u32), then per block
-    its compressed size (u32) and bytes; a block whose compressed size equals its size is stored plain."""
+    its compressed size (u32) and bytes; a block whose compressed size equals its size is stored plain.
+    numcodecs' LZ4 wants the decoded size (u32, little-endian) before a block: it is written over
+    the compressed size in ``data`` (our own copy), so nothing is copied."""
     from numcodecs import LZ4 as Codec
 
     mv = memoryview(data)
     total, block = struct.unpack(">QI", mv[:12])
-    out = bytearray(total)
+    if total != len(dst):
+        raise CorruptShardError(f"LZ4 chunk holds {total} bytes, expected {len(dst)}")
     pos, at = 12, 0
     codec = Codec()
     while at < total:
         n = min(block, total - at)
         (csize,) = struct.unpack(">I", mv[pos : pos + 4])
-        pos += 4
         if csize == n:
-            out[at : at + n] = mv[pos : pos + n]
-        else:  # numcodecs' LZ4 frame: the decoded size (u32 little-endian), then the LZ4 block
-            out[at : at + n] = codec.decode(struct.pack("<I", n) + mv[pos : pos + csize])
-        pos += csize
+            dst[at : at + n] = np.frombuffer(mv[pos + 4 : pos + 4 + n], dtype=np.uint8)
+        else:
+            struct.pack_into("<I", data, pos, n)
+            codec.decode(mv[pos : pos + 4 + csize], out=dst[at : at + n])
+        pos += 4 + csize
         at += n
-    return out
