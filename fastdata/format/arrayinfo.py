@@ -84,11 +84,17 @@ def describe(path: str, names: list[str]) -> dict[str, Any]:
             if d.chunks is None:
                 entry["offset"] = d.id.get_offset()
             else:
-                h = xxhash.xxh3_128()
-                d.id.chunk_iter(lambda c: h.update(f"{c.chunk_offset}:{c.byte_offset}:{c.size};".encode()))
-                entry["chunk_table"] = h.hexdigest()
+                entry["chunk_table"] = _chunk_digest(d)
             out[name] = entry
     return out
+
+
+def _chunk_digest(d: Any) -> str:
+    """A digest of where every chunk of ``d`` lies, how big it is and which filters it skipped."""
+    h = xxhash.xxh3_128()
+    if d.size:
+        d.id.chunk_iter(lambda c: h.update(f"{c.chunk_offset}:{c.byte_offset}:{c.size}:{c.filter_mask};".encode()))
+    return h.hexdigest()
 
 
 def npy_layout(path: str) -> tuple[int, str, list[int], bool]:

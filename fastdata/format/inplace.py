@@ -24,8 +24,8 @@ import numpy as np
 from ..errors import CorruptShardError, UsageError
 from ..handles import PerProcessHandle
 from .chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
-from .h5chunks import ChunkTable, chunk_table, read_chunk
 from .external import Column, Index, Stamp, check_file, check_files, parse_index
+from .h5chunks import ChunkTable, chunk_table, read_chunk
 from .shardio import Layout, runs
 from .spec import FieldSpec, Manifest, ShardInfo
 from .zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
@@ -240,7 +240,7 @@ class _Chunked(PerProcessHandle[_Source]):
 
     def _load(self, src: _Source, r0: int, r1: int) -> np.ndarray:
         if (src.fd is not None and src.table is not None) or src.zchunks is not None:
-            a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
+            a = src.cache.buffer((r1 - r0, *self.field.trailing), self.field.np_dtype)
             for c0 in range(r0, r1, self.rows):  # r0 is the first row of a chunk
                 part = a[c0 - r0 : min(c0 + self.rows, r1) - r0]
                 if src.zchunks is not None:
@@ -266,11 +266,37 @@ class _Chunked(PerProcessHandle[_Source]):
             return
         chunk = local // self.rows
         cuts = np.flatnonzero(np.diff(chunk)) + 1
+        raw = (src.table is not None and not src.table.filters) or (src.zchunks is not None and src.zchunks.codec is None)
         for a, e in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(local)])).tolist()):
             c = int(chunk[a])
             r0 = c * self.rows
+            if raw:  # stored plain: each run of rows read straight into the batch, as contiguous data is
+                self._read_rows(src, c, local[a:e] - r0, dest[a:e], out)
+                continue
             data = src.cache.get(c, partial(self._load, src, r0, min(r0 + self.rows, self.count)))
-            out[dest[a:e]] = data[local[a:e] - r0]
+            if self.field.row_nbytes <= _GATHER_ROW_BYTES:
+                out[dest[a:e]] = data[local[a:e] - r0]
+            else:  # large rows: one copy per run, no gathered temporary
+                for l0, d0, n in runs(local[a:e] - r0, dest[a:e]):
+                    out[d0 : d0 + n] = data[l0 : l0 + n]
+
+    def _read_rows(self, src: _Source, c: int, rows: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+        """Rows ``rows`` of the unfiltered chunk ``c`` into ``out[dest]`` with positional reads."""
+        nb = self.field.row_nbytes
+        if src.zchunks is not None:
+            path = os.path.join(src.zchunks.root, src.zchunks.keys[c])
+            fd, base = os.open(path, os.O_RDONLY | os.O_CLOEXEC), 0
+        else:
+            assert src.table is not None and src.fd is not None
+            path, fd, base = self.stamp.path, src.fd, int(src.table.offsets[c])
+        try:
+            for l0, d0, n in runs(rows, dest):
+                view = memoryview(out[d0 : d0 + n].reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+                if os.preadv(fd, [view], base + l0 * nb) != n * nb:
+                    raise CorruptShardError(f"{self.where}: chunk {c} ({path}) is short (truncated?)")
+        finally:
+            if src.zchunks is not None:
+                os.close(fd)
 
     def decoded_bytes(self) -> int:
         """Bytes of chunks this process decoded so far (for read-amplification measurements)."""
