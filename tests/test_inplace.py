@@ -292,3 +292,13 @@ def test_dali_backend_reads_an_index_like_the_torch_backend(tmp_path):
     assert len(t) == len(d) == 5
     for (ti, tl), (di, dl) in zip(t, d):
         assert torch.equal(ti, di) and torch.equal(tl, dl)
+
+
+def test_an_index_is_neither_converted_into_nor_merged(h5index, tmp_path):
+    from converters import WriteOptions, merge
+
+    root, _ = h5index
+    with pytest.raises(UsageError, match="written by fastdata index"):
+        WriteOptions(backend="inplace")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="is an in-place index"):
+        merge([root, root], tmp_path / "merged")

@@ -37,10 +37,9 @@ _WHOLE_COLUMN_BYTES = 16 << 20  # a chunked column this small is read whole, onc
 
 
 def parse_compression(value: str | None) -> tuple[None, None]:
-    """An index is written by ``fastdata index``, never by a conversion: no compression to choose."""
-    if value not in (None, "", "none"):
-        raise UsageError(f"compression {value!r}: an in-place index reads the source as it is stored")
-    return None, None
+    """What a conversion asks a backend first: an index is written by ``fastdata index``, never converted into."""
+    raise UsageError("backend 'inplace' is written by fastdata index (docs/in-place.md), not by a conversion; "
+                     "convert with backend 'hdf5' or 'lmdb'")
 
 
 def index_of(manifest: Manifest, where: str) -> Index:
