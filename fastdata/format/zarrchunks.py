@@ -96,6 +96,9 @@ def read_zarr_chunk(z: ZarrChunks, c: int, out: np.ndarray, where: str) -> None:
     except OSError as e:
         raise CorruptShardError(f"{where}: chunk {c}: cannot read {path} ({e.strerror})") from None
     try:
+        if len(target) == z.chunk_nbytes and z.codec.codec_id in ("zstd", "blosc", "lz4"):
+            z.codec.decode(raw, out=target)  # straight into the chunk buffer
+            return
         data = np.frombuffer(z.codec.decode(raw), dtype=np.uint8)
     except Exception as e:  # the codec's own error type: name the place instead
         raise CorruptShardError(f"{where}: chunk {c} ({path}): cannot decode ({type(e).__name__}: {e})") from None
