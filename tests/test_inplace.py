@@ -274,6 +274,8 @@ def test_cli_index_and_verify(tmp_path):
     r = run("index", str(tmp_path / "d.h5"), str(tmp_path / "i"), "--field", "x=/xgz", "--field", "y=/grp/y")
     assert r.returncode == 0, r.stderr
     assert run("verify", str(tmp_path / "i")).returncode == 0
+    r = run("bench", str(tmp_path / "i"), "--cold", "--seconds", "0.2")
+    assert r.returncode == 2 and "an in-place index" in r.stderr
     r = run("index", str(tmp_path / "d.h5"), str(tmp_path / "j"), "--field", "x=/bad")
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "d.h5: no dataset '/bad'" in r.stderr
 
