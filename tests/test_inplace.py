@@ -304,3 +304,25 @@ def test_an_index_is_neither_converted_into_nor_merged(h5index, tmp_path):
         WriteOptions(backend="inplace")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="is an in-place index"):
         merge([root, root], tmp_path / "merged")
+
+
+def test_chunks_shuffle_on_splits_and_strict_ddp_shares(h5index):
+    root, a = h5index
+    parts = fastdata.open(root, fields=["y"]).split({"train": 0.7, "val": 0.3}, seed=4)
+    seen = {}
+    for name, part in parts.items():
+        ld = fastdata.loader(part, 8, shuffle="chunks", device="cpu", num_workers=2, seed=1)
+        seen[name] = [i for b in ld for i in b["y"].tolist()]
+        ld.close()
+        assert sorted(seen[name]) == sorted(part.column("y").tolist())
+    assert not set(seen["train"]) & set(seen["val"]) and len(seen["train"]) + len(seen["val"]) == N
+    with pytest.raises(UsageError, match="stored order"):
+        fastdata.loader(fastdata.open(root).subset([5, 1]), 2, shuffle="chunks", device="cpu")
+    shares = []
+    for rank in range(4):  # drop_last: equal shares, strictly disjoint
+        ld = fastdata.loader(root, 4, shuffle="chunks", drop_last=True, device="cpu", num_workers=1, fields=["y"])
+        ld._fixed_world = World(rank=rank, size=4)
+        shares.append([i for b in ld for i in b["y"].tolist()])
+        ld.close()
+    flat = [i for s in shares for i in s]
+    assert len({len(s) for s in shares}) == 1 and len(flat) == len(set(flat)) == 80  # 90 // 4 = 22, 5 whole batches

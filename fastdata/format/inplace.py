@@ -69,8 +69,9 @@ def open_readers(root: Path | str, manifest: Manifest) -> list["PartReader"]:
     return readers
 
 
-def unit_counts(manifest: Manifest) -> list[int]:
-    """Samples per unit of ``shuffle="chunks"``: each part cut into its chunks (of its largest field)."""
+def unit_counts(manifest: Manifest, stored: np.ndarray | None = None) -> list[int]:
+    """Samples per unit of ``shuffle="chunks"``: each part cut into its chunks (of its largest field).
+    ``stored``: the stored indices of a subset (sorted, as ``split`` gives them): its samples per unit."""
     if manifest.backend != NAME:
         raise UsageError("shuffle='chunks' is for in-place indexes (fastdata index); a converted dataset "
                          "is read shard by shard with shuffle='shards'")
@@ -78,7 +79,13 @@ def unit_counts(manifest: Manifest) -> list[int]:
     out: list[int] = []
     for info, unit in zip(manifest.shards, index.unit_rows):
         out += [unit] * (info.count // unit) + ([info.count % unit] if info.count % unit else [])
-    return out
+    if stored is None or len(stored) == manifest.num_samples:
+        return out
+    if len(stored) and bool((np.diff(stored) <= 0).any()):
+        raise UsageError("shuffle='chunks' on a subset needs its samples in stored order (as split() gives them); "
+                         "subset(np.sort(indices)) keeps the same samples")
+    bounds = np.concatenate(([0], np.cumsum(out)))
+    return np.diff(np.searchsorted(stored, bounds)).tolist()
 
 
 def _column(stamp: Stamp, c: Column, f: FieldSpec, count: int) -> "_Mapped | _Chunked":
