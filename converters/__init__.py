@@ -9,7 +9,7 @@ registers it; adding a source is one module plus its import below.
 
 from __future__ import annotations
 
-from . import arrays, image_folder, npy_folder, table  # noqa: F401  (each registers its source kind)
+from . import arrays, h5source, image_folder, npy_folder, table  # noqa: F401  (each registers its source kind)
 from .config import ConvertConfig
 from .image_codec import ImageOptions
 from .registry import SOURCES, Request, SourceKind, detect, register

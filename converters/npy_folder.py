@@ -17,6 +17,7 @@ import numpy as np
 
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec
+from fastdata.format.external import ZARR_META
 
 from .image_codec import is_image_file
 from .npy_parse import NpyHeader, data_field, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
@@ -173,7 +174,8 @@ class NpyFolderKind:
 
     def detect(self, req: Request) -> bool:
         return (req.meta is None and not req.arrays and req.src is not None and req.src.is_dir()
-                and not any(is_image_file(r) for r in req.files))
+                and not req.in_file and not any(is_image_file(r) for r in req.files)
+                and not any(os.path.basename(r) in ZARR_META for r in req.files))  # a Zarr store: kind "zarr"
 
     def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> NpyFolderSource:
         assert req.src is not None

@@ -36,6 +36,7 @@ class Request:
     labels: Path | None = None
     meta: Path | None = None
     table_src: bool = False  # SRC itself was the table (its paths are relative to its folder)
+    in_file: dict[str, str] = field(default_factory=dict)  # field -> array inside SRC (an HDF5 file or glob, Zarr)
 
     @property
     def inputs(self) -> list[Path]:

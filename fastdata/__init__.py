@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 from . import errors
 from ._version import __version__
 from .dataset import Dataset, open
+from .indexer import index
 from .order import Shuffle
 from .remote import RemoteOptions
 
@@ -50,7 +51,8 @@ def loader(
     ``source``: a dataset folder, a URL (``s3://bucket/ds``, read through the node's shard cache set
     up by ``remote``: docs/remote.md) or a :class:`Dataset`. Each epoch is a permutation drawn from
     ``(seed, epoch)`` (``shuffle="block"``: nearly sequential reads; ``"shards"``: shard by shard, for
-    datasets larger than the cache; ``False``: storage order), split
+    datasets larger than the cache; ``"chunks"``: chunk by chunk, for an in-place index of chunked
+    files, docs/in-place.md; ``False``: storage order), split
     into disjoint equal shares across torch.distributed ranks. ``augment``: an
     :class:`fastdata.augment.Augment` or a list of its ops, applied on the device. ``fields``: the
     fields to read (default: all). ``num_workers``: reader threads (or processes with
@@ -93,4 +95,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["ConvertConfig", "ConvertReport", "Dataset", "ImageOptions", "Loader", "LoaderConfig", "MergeReport",
-           "PerSample", "RemoteOptions", "WriteOptions", "__version__", "convert", "errors", "loader", "merge", "open"]
+           "PerSample", "RemoteOptions", "WriteOptions", "__version__", "convert", "errors", "index", "loader", "merge",
+           "open"]

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .doctor.cli import add_parser as add_doctor
 
     add_doctor(sub)
+    from .cli_index import add_parser as add_index
+
+    add_index(sub)  # index (fastdata/indexer.py)
     for name in _URL_COMMANDS:
         sub.choices[name].add_argument(
             "--remote-timeout", type=_seconds, metavar="SECONDS",

@@ -79,6 +79,8 @@ def run_cold(args: argparse.Namespace) -> int:
         if getattr(args, flag, None):
             raise UsageError(f"--{flag} and --cold cannot be combined: measure them separately")
     with Dataset(args.dst) as ds:
+        if ds.manifest.backend == "inplace":  # its files are the source's (docs/in-place.md), not shards
+            raise UsageError(f"{args.dst}: an in-place index: --cold measures fastdata shard files; convert it to compare")
         paths = [str(p) for p in ds.shard_paths()]
         bps = int(sample_bytes(ds))
         count = len(ds)

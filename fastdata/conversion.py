@@ -101,18 +101,30 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
         if not named:
             raise UsageError("nothing to convert: give %(src), or %(arrays)")
         return Request(None, named, label_path)
+    if _holds_arrays(src_path):  # an HDF5 file (or glob of them), a Zarr store: fields name arrays inside it
+        if label_path is not None:
+            raise UsageError(f"{src_path}: %(labels) does not apply here: name the labels' array as a field "
+                             "(label=/labels)")
+        return Request(src_path, {}, None, in_file={k: os.fspath(v) for k, v in (arrays or {}).items()})
     if not os.path.exists(src_path):
         raise UsageError(f"{src_path}: no such file or folder")
     if src_path.is_file():
         if src_path.suffix.lower() != ".npy":
-            raise UsageError(f"{src_path}: a single-file source must be a .npy array or a table "
-                             "(.csv, .tsv, .jsonl, .parquet), or give a folder")
+            raise UsageError(f"{src_path}: a single-file source must be a .npy array, an HDF5 file or a table "
+                             "(.csv, .tsv, .jsonl, .parquet), or give a folder (or a Zarr store)")
         if DEFAULT_FIELD in named:
             raise UsageError(f"{src_path}: given both as %(src) and as field {DEFAULT_FIELD!r} of %(arrays)")
         return Request(None, {DEFAULT_FIELD: src_path, **named}, label_path)
     if named:
         raise UsageError("give either a source folder or %(arrays), not both")
     return Request(src_path, {}, label_path)
+
+
+def _holds_arrays(src: Path) -> bool:
+    """SRC is a file or store of named arrays (an HDF5 file or a glob of them, a Zarr store)."""
+    from .converters.h5source import detect, detect_zarr
+
+    return detect(src) or detect_zarr(src)
 
 
 def _table_request(src: Path | None, meta: Path | None, table_src: bool, named: dict[str, Path],

@@ -25,7 +25,9 @@ from .assembly import Assembly, Batch
 from .decode import BatchDecoder
 from .errors import UsageError
 from .format import IMAGE_ENCODINGS, LENGTHS_SUFFIX, FieldSpec, Manifest
+from .format.backends import INDEX
 from .format.interface import ShardReader
+from .format.manifest import read_manifest
 from .format.source import LocalShards, ShardSource
 from .format.spec import ENCODING_PIXELS, KEY_FIELD, companions, is_string
 from .remote import RemoteOptions, is_url
@@ -45,7 +47,12 @@ def open_source(src: str, remote: RemoteOptions | None) -> ShardSource:
         return RemoteShards(src, remote)
     if remote is not None:
         raise UsageError(f"{src}: remote= options apply to URLs (s3://...) only, and this is a local path")
-    return LocalShards(Path(src))
+    manifest = read_manifest(Path(src))
+    if manifest.backend == INDEX:  # fastdata index: rows of existing files
+        from .format.inplace import InPlaceShards
+
+        return InPlaceShards(Path(src), manifest)
+    return LocalShards(Path(src), manifest)
 
 
 class Dataset(Selection, Assembly):

@@ -14,8 +14,8 @@ import numpy as np
 from .seeds import Stream, numpy_rng
 from .world import World
 
-Shuffle = Union[bool, Literal["block", "shards"]]
-SHUFFLES: tuple[Shuffle, ...] = (True, False, "block", "shards")
+Shuffle = Union[bool, Literal["block", "shards", "chunks"]]
+SHUFFLES: tuple[Shuffle, ...] = (True, False, "block", "shards", "chunks")
 
 
 def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int = 256, window: int = 16,
@@ -27,17 +27,18 @@ def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int =
     blocks, so reads stay nearly sequential for data larger than RAM. ``"shards"``: the shards
     (``shard_counts`` samples each, in storage order) in random order, then samples shuffled
     within windows of ``shard_window`` consecutive shards of that order, so only a few shards
-    are needed at a time (datasets larger than the local cache, docs/remote.md).
+    are needed at a time (datasets larger than the local cache, docs/remote.md). ``"chunks"``: the
+    same with the chunks of an in-place index as ``shard_counts`` (docs/in-place.md).
     """
     if shuffle is False:
         return np.arange(n, dtype=np.int64)
     rng = numpy_rng(seed, epoch, Stream.ORDER)
     if shuffle is True:
         return rng.permutation(n).astype(np.int64)
-    if shuffle == "shards":
+    if shuffle in ("shards", "chunks"):
         return _shard_order(n, rng, shard_counts, shard_window)
     if shuffle != "block":
-        raise ValueError(f"shuffle must be True, False, 'block' or 'shards', not {shuffle!r}")
+        raise ValueError(f"shuffle must be True, False, 'block', 'shards' or 'chunks', not {shuffle!r}")
     if block < 1 or window < 1:
         raise ValueError("block and window must be positive")
     starts = rng.permutation(np.arange(0, n, block))

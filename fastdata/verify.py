@@ -98,7 +98,12 @@ def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress 
     root = Path(root)
     manifest = read_manifest(root)
     report = VerifyReport(root, len(manifest.shards), manifest.num_samples, deep)
-    report.problems += check_shards(root, manifest, progress, threads)
+    if manifest.backend == "inplace":  # an in-place index: its source files, not shards (fastdata/indexer.py)
+        from .indexer import check_index
+
+        report.problems += [Problem(p) for p in check_index(root, manifest, content=deep)]
+    else:
+        report.problems += check_shards(root, manifest, progress, threads)
     keys = manifest.keys
     if keys is not None and keys.file is not None:  # the sample keys' side file: size and checksum too
         problem = _check_shard(root, ShardInfo(file=keys.file, start=0, count=manifest.num_samples,

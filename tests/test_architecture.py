@@ -42,7 +42,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastdata.converters.",),
     ("fastdata.conversion", "fastdata.cli_convert", "fastdata.cli_common"),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",
-     "fastdata.cli_measure", "fastdata.cli_cold", "fastdata.demo.", "fastdata.examples", "fastdata.doctor."),
+     "fastdata.cli_measure", "fastdata.cli_cold", "fastdata.demo.", "fastdata.examples", "fastdata.doctor.",
+     "fastdata.indexer", "fastdata.cli_index"),
 ]
 
 # what lives in each layer (the same order as LAYERS): the last column of docs/architecture.md's table

@@ -241,6 +241,26 @@ def doctor_page(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureReques
     image_classes(tmp / "images", n=40, ext="jpg", sizes=((48, 64),))
 
 
+def inplace_page(tmp: Path, mp: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """data.h5 and runs/*.h5 with /images and /labels, x.npy + y.npy, store.zarr with images and labels."""
+    import h5py
+    import zarr
+
+    x = RNG.standard_normal((40, 2, 16, 16)).astype(np.float32)
+    y = np.arange(40)
+    (tmp / "runs").mkdir()
+    for path, sl in ((tmp / "data.h5", slice(0, 40)), (tmp / "runs" / "a.h5", slice(0, 15)),
+                     (tmp / "runs" / "b.h5", slice(15, 40))):
+        with h5py.File(path, "w") as f:
+            f.create_dataset("images", data=x[sl], chunks=(8, 2, 16, 16), compression="gzip", shuffle=True)
+            f["labels"] = y[sl]
+    np.save(tmp / "x.npy", x)
+    np.save(tmp / "y.npy", y)
+    g = zarr.open_group(str(tmp / "store.zarr"), mode="w")
+    g.create_array("images", shape=x.shape, chunks=(8, 2, 16, 16), dtype="f4")[:] = x
+    g.create_array("labels", shape=y.shape, chunks=(16,), dtype=y.dtype)[:] = y
+
+
 SETUPS: dict[str, Setup] = {
     "README.md": readme,
     "docs/quickstart.md": quickstart,
@@ -253,6 +273,7 @@ SETUPS: dict[str, Setup] = {
     "docs/scale.md": scale,
     "docs/remote.md": remote,
     "docs/doctor.md": doctor_page,
+    "docs/in-place.md": inplace_page,
 }
 
 # (page, text in a command, what runs instead): placeholder paths into tmp_path, benchmarks shortened.

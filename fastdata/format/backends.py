@@ -5,20 +5,25 @@ mypy checks each entry against :class:`fastdata.format.interface.Backend`.
 
 from __future__ import annotations
 
-from ..errors import FormatError
+from ..errors import FormatError, UsageError
 from . import hdf5, lmdb
 from .interface import Backend
 
-REGISTRY: dict[str, Backend] = {"hdf5": hdf5, "lmdb": lmdb}
-BACKENDS = tuple(REGISTRY)  # the values a manifest's "backend" may hold
+REGISTRY: dict[str, Backend] = {"hdf5": hdf5, "lmdb": lmdb}  # the shard files a conversion writes
+INDEX = "inplace"  # a fastdata index: rows of existing files (format/inplace.py, read through InPlaceShards)
+BACKENDS = (*REGISTRY, INDEX)  # the values a manifest's "backend" may hold
 
 
 def backend(name: str) -> Backend:
     """The module implementing a storage backend (``hdf5`` or ``lmdb``)."""
+    if name == INDEX:
+        raise UsageError("backend 'inplace' is an index of existing files written by fastdata index "
+                         "(docs/in-place.md): it is opened from its local folder, never converted into, merged "
+                         "or read from a URL; convert with backend 'hdf5' or 'lmdb' for those")
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown backend {name!r} (expected one of {', '.join(BACKENDS)})") from None
+        raise ValueError(f"unknown backend {name!r} (expected one of {', '.join(REGISTRY)})") from None
 
 
 def check_backend(name: str, where: str) -> None:
@@ -31,4 +36,4 @@ def shard_file_name(index: int, backend_name: str) -> str:
     return f"shard-{index:05d}{backend(backend_name).EXTENSION}"
 
 
-__all__ = ["BACKENDS", "REGISTRY", "backend", "check_backend", "shard_file_name"]
+__all__ = ["BACKENDS", "INDEX", "REGISTRY", "backend", "check_backend", "shard_file_name"]

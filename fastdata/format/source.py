@@ -65,10 +65,10 @@ class LocalShards:
     in_place = True
     remote: RemoteStore | None = None
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, manifest: Manifest | None = None) -> None:
         self.root: Path | str = root
         self.folder = root
-        self.manifest: Manifest = read_manifest(root)
+        self.manifest: Manifest = manifest if manifest is not None else read_manifest(root)
 
     def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
         impl = backend(self.manifest.backend)

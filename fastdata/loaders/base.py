@@ -18,6 +18,7 @@ import torch
 from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import FastdataError, LoaderWorkerError, UsageError
+from ..format.inplace import unit_counts
 from ..order import SHUFFLES, Shuffle, all_rank_batches, num_batches
 from ..samplers import SamplerFn, describe, rank_batches, world_batches
 from ..world import World
@@ -84,7 +85,9 @@ class Loader:
         if batch_size < 1:
             raise UsageError("batch_size must be positive")
         if not any(shuffle is s or (isinstance(s, str) and shuffle == s) for s in SHUFFLES):
-            raise UsageError(f"shuffle must be True, False, 'block' or 'shards', not {shuffle!r}")
+            raise UsageError(f"shuffle must be True, False, 'block', 'shards' or 'chunks', not {shuffle!r}")
+        if shuffle == "chunks":
+            unit_counts(dataset.manifest, dataset.stored_indices)  # refuses what it cannot plan, now
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -171,6 +174,8 @@ class Loader:
             wanted = range(world.size) if ranks is None else ranks
             return [rank_batches(batches, World(r, world.size), self.drop_last) for r in wanted]
         counts = [s.count for s in self.dataset.manifest.shards] if self.shuffle == "shards" else None
+        if self.shuffle == "chunks":  # an in-place index's chunks (fastdata/format/inplace.py)
+            counts = unit_counts(self.dataset.manifest, self.dataset.stored_indices)
         return all_rank_batches(len(self.dataset), world=world, batch_size=self.batch_size, shuffle=self.shuffle,
                                 drop_last=self.drop_last, seed=self.seed, epoch=ep,
                                 block=self.config.block, window=self.config.window, shard_counts=counts,

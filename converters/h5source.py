@@ -1,0 +1,236 @@
+"""Arrays inside HDF5 files (one, or a glob of several) or a Zarr store, as conversion sources.
+
+``fastdata convert data.h5 DST --field x=/images --field label=/labels``: each field is a dataset
+(HDF5) or an array (Zarr) whose first axis is the sample axis; every field agrees on it, and the
+files of a glob follow one another. Layouts are checked before anything is written
+(fastdata/format/arrayinfo.py, shared with ``fastdata index``); handles open lazily, once per
+worker process, and are dropped when a part is pickled.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from fastdata.errors import DataError, UsageError
+from fastdata.format import FieldSpec, make_field
+from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, open_zarr, zarr_info
+from fastdata.format.external import ZARR_META, native
+from fastdata.handles import PerProcessHandle
+
+from .registry import Request, register
+
+if TYPE_CHECKING:
+    from fastdata.write import Progress
+
+    from .config import ConvertConfig
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def detect(src: str | os.PathLike[str]) -> bool:
+    """An HDF5 file, or a glob whose first match is one."""
+    s = os.fspath(src)
+    paths = sorted(glob.glob(s)) if any(c in s for c in "*?[") else [s]
+    if not paths or not os.path.isfile(paths[0]):
+        return False
+    with open(paths[0], "rb") as f:
+        return f.read(8) == HDF5_MAGIC
+
+
+def detect_zarr(src: str | os.PathLike[str]) -> bool:
+    """A Zarr (v2 or v3) array or group store: a folder with Zarr metadata."""
+    return os.path.isdir(src) and any(os.path.exists(os.path.join(src, m)) for m in ZARR_META)
+
+
+@dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
+class _ArrayFilesSource(PerProcessHandle[list[dict[str, Any]]]):
+    """Fields as arrays in one or more files (samples of file k follow those of file k - 1)."""
+
+    paths: list[str]
+    arrays: dict[str, str]  # field -> array path inside each file
+    counts: list[int]  # samples per file
+    fields: list[FieldSpec]
+    offset: int = 0
+    count: int = 0
+    classes: list[str] | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    kind: str = ""
+
+    @staticmethod
+    def _info(path: str, array: str) -> ArrayInfo:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def scan(cls, paths: list[str], arrays: Mapping[str, str]) -> "_ArrayFilesSource":
+        """Check every field of every file (shapes, types, sample counts) before anything is read."""
+        if not arrays:
+            raise UsageError(f"{paths[0]}: name the arrays to convert, e.g. --field x=/images --field label=/labels")
+        specs: dict[str, FieldSpec] = {}
+        counts = []
+        for path in paths:
+            n, first = None, ""
+            for name, array in arrays.items():
+                where = f"{path}: {array}" if array else path
+                info = cls._info(path, array)
+                spec = make_field(name, native(info.dtype, where), info.shape[1:])
+                if specs.setdefault(name, spec) != spec:
+                    raise DataError(f"{where}: field {name!r} is {spec.np_dtype}{list(spec.shape)}, in the first "
+                                    f"file {specs[name].np_dtype}{list(specs[name].shape)}")
+                if n is None:
+                    n, first = info.shape[0], where
+                elif info.shape[0] != n:
+                    raise DataError(f"{where}: has {info.shape[0]} samples but {first} has {n}")
+            counts.append(int(n or 0))
+        return cls(paths=paths, arrays=dict(arrays), counts=counts, fields=list(specs.values()), count=sum(counts))
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def bytes_in(self) -> int:
+        return self.count * sum(f.row_nbytes for f in self.fields)
+
+    def sample_nbytes(self) -> np.ndarray:
+        return np.full(self.count, sum(f.row_nbytes for f in self.fields), dtype=np.int64)
+
+    def ragged_rows(self, name: str) -> np.ndarray:  # arrays are never ragged
+        raise KeyError(name)
+
+    def sample_keys(self) -> None:
+        """Rows are keyed by their index."""
+        return None
+
+    def part(self, start: int, stop: int) -> "_ArrayFilesSource":
+        return replace(self, offset=self.offset + start, count=stop - start)
+
+    def read(self, i: int) -> dict[str, np.ndarray]:
+        j = self.offset + i
+        ends = np.cumsum(self.counts)
+        k = int(np.searchsorted(ends, j, side="right"))
+        row = j - (int(ends[k - 1]) if k else 0)
+        handles = self.handle()[k]
+        try:
+            return {name: np.array(handles[name][row], order="C") for name in self.arrays}
+        except Exception as e:  # h5py/zarr raise many types: name the file and the row instead
+            raise DataError(f"{self.paths[k]}: row {row}: read failed ({type(e).__name__}: {e})") from None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "files": [os.path.abspath(p) for p in self.paths], "arrays": self.arrays}
+
+
+@dataclass(eq=False)
+class H5Source(_ArrayFilesSource):
+    """Datasets of one or more HDF5 files (any chunking and filter h5py and hdf5plugin read)."""
+
+    kind: str = "hdf5"
+
+    @staticmethod
+    def _info(path: str, array: str) -> ArrayInfo:
+        return hdf5_info(path, array)
+
+    @classmethod
+    def from_src(cls, src: str | os.PathLike[str], arrays: Mapping[str, str]) -> "H5Source":
+        s = os.fspath(src)
+        paths = sorted(glob.glob(s)) if any(c in s for c in "*?[") else [s]
+        if not paths or not all(Path(p).is_file() for p in paths):
+            raise UsageError(f"{s}: no such file" + (" (the pattern matches none)" if not paths else ""))
+        return cls.scan(paths, arrays)  # type: ignore[return-value]
+
+    def _open_handle(self) -> list[dict[str, Any]]:
+        import h5py
+
+        try:
+            import hdf5plugin  # noqa: F401  (registers LZ4, Zstd, Blosc, ... filters)
+        except ImportError:
+            pass
+        out = []
+        for p in self.paths:  # a chunk cache that holds whole chunks: rows are read one after another
+            f = h5py.File(p, "r", rdcc_nbytes=64 << 20, rdcc_nslots=10007)
+            out.append({"_file": f, **{name: f[a] for name, a in self.arrays.items()}})
+        return out
+
+    @staticmethod
+    def _close_handle(handle: list[dict[str, Any]]) -> None:
+        for h in handle:
+            h["_file"].close()
+
+
+@dataclass(eq=False)
+class ZarrSource(_ArrayFilesSource):
+    """Arrays of a Zarr (v2 or v3) store: the store itself (field ``x``) or arrays of a group."""
+
+    kind: str = "zarr"
+
+    @staticmethod
+    def _info(path: str, array: str) -> ArrayInfo:
+        return zarr_info(path, array)
+
+    @classmethod
+    def from_src(cls, src: str | os.PathLike[str], arrays: Mapping[str, str] | None = None) -> "ZarrSource":
+        s = os.fspath(src)
+        if not detect_zarr(s):
+            raise UsageError(f"{s}: not a Zarr store (no .zarray, .zgroup or zarr.json)")
+        return cls.scan([s], arrays or {"x": ""})  # type: ignore[return-value]
+
+    def _open_handle(self) -> list[dict[str, Any]]:
+        return [{name: _RowCache(open_zarr(p, a)) for name, a in self.arrays.items()} for p in self.paths]
+
+
+class _RowCache:
+    """Rows of a Zarr array read a chunk at a time (reading row by row would decode each chunk per row)."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        self.rows = int(array.chunks[0])
+        self.at = -1
+        self.chunk: np.ndarray | None = None
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        c = row // self.rows
+        if c != self.at or self.chunk is None:
+            self.chunk = np.asarray(self.array[c * self.rows : (c + 1) * self.rows])
+            self.at = c
+        return self.chunk[row - c * self.rows]
+
+
+def _refuse_options(req: Request, config: "ConvertConfig") -> None:
+    if config.images is not None:
+        raise UsageError(f"{req.src}: image options (%(images)) apply to image folders, not to HDF5 or Zarr arrays")
+
+
+class HDF5Kind:
+    """An HDF5 file, or a glob of them (one after another): ``in_file`` names each field's dataset."""
+
+    name = "hdf5"
+
+    def detect(self, req: Request) -> bool:
+        return req.src is not None and req.meta is None and not req.arrays and detect(req.src)
+
+    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> H5Source:
+        assert req.src is not None
+        _refuse_options(req, config)
+        return H5Source.from_src(req.src, req.in_file)
+
+
+class ZarrKind:
+    """A Zarr store: an array (field ``x``) or a group whose arrays ``in_file`` names."""
+
+    name = "zarr"
+
+    def detect(self, req: Request) -> bool:
+        return req.src is not None and req.meta is None and not req.arrays and detect_zarr(req.src)
+
+    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> ZarrSource:
+        assert req.src is not None
+        _refuse_options(req, config)
+        return ZarrSource.from_src(req.src, req.in_file or None)
+
+
+register(HDF5Kind())
+register(ZarrKind())

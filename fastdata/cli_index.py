@@ -1,0 +1,44 @@
+"""``fastdata index SRC DST --field NAME=PATH``: the command line of :func:`fastdata.index`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _field(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not name or (sep and not path):
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH_IN_SRC (e.g. x=/images), not {text!r}")
+    return name, path
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``index`` to the ``fastdata`` command's sub-parsers."""
+    p = sub.add_parser("index", help="index existing HDF5, .npy or Zarr data in place (no copy)",
+                       description="Write a dataset folder whose manifest points into existing files: an HDF5 "
+                                   "file or a quoted glob of several, a .npy file, or a Zarr array or group. "
+                                   "fastdata.open and fastdata.loader then read the files where they are. "
+                                   "See docs/in-place.md.")
+    p.add_argument("src", metavar="SRC", help="HDF5 file or glob ('data/*.h5'), .npy file, or Zarr store")
+    p.add_argument("dst", metavar="DST", help="the index folder to write (new or empty)")
+    p.add_argument("--field", dest="fields", action="append", type=_field, default=[], metavar="NAME=PATH",
+                   help="a field and where it is in SRC: an HDF5 dataset (x=/images), a Zarr array in a group, "
+                        "or a .npy file (y=labels.npy); repeat for several (default for .npy and Zarr "
+                        "arrays: SRC itself as x)")
+    p.add_argument("--checksum", action="store_true",
+                   help="also record each file's full checksum (read once now; fastdata verify --deep checks it)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing index at DST")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .errors import UsageError
+    from .indexer import index
+
+    names = [n for n, _ in args.fields]
+    if len(set(names)) != len(names):
+        raise UsageError(f"--field names a field twice ({', '.join(sorted(n for n in set(names) if names.count(n) > 1))})")
+    report = index(args.src, args.dst, dict(args.fields), checksum=args.checksum, overwrite=args.overwrite)
+    print(report.summary())
+    return 0

@@ -1,0 +1,212 @@
+"""Files an in-place index points into (``fastdata index``): what their arrays look like, and proof
+that they have not changed since they were indexed.
+
+An index's manifest (backend ``inplace``) keeps in ``source`` each file's size, modification time
+and a checksum of its metadata (HDF5: the indexed datasets' shapes, types, filters and where their
+data or chunks lie; ``.npy``: the header; Zarr: the metadata documents and every chunk file's name
+and size), and optionally of its whole content. :func:`check_files` compares them with the files
+as they are now; a difference is a one-line :class:`~fastdata.errors.CorruptShardError` naming the
+file. Normative description: docs/in-place.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from ..errors import CorruptShardError, DataError
+
+KIND = "index"  # manifest source "kind" of an in-place index
+FORMATS = ("hdf5", "npy", "zarr")
+ZARR_META = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
+_HASH_BLOCK = 8 << 20
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a source file (or Zarr store directory) was when it was indexed."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    meta: str  # "xxh3_128:<hex>" of its metadata (see the module docstring)
+    checksum: str | None = None  # "xxh3_128:<hex>" of its whole content, with --checksum
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "meta": self.meta}
+        return out if self.checksum is None else {**out, "checksum": self.checksum}
+
+
+@dataclass(frozen=True)
+class Column:
+    """Where one field of one part lies: file ``file`` (an index into the stamps), ``format``, the
+    array's path inside it (HDF5 dataset, Zarr array; "" for .npy), contiguous data at byte
+    ``offset``, or chunks of ``chunk_rows`` samples."""
+
+    file: int
+    format: str
+    array: str = ""
+    offset: int | None = None
+    chunk_rows: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.file, "format": self.format, "array": self.array}
+        if self.offset is not None:
+            out["offset"] = self.offset
+        if self.chunk_rows is not None:
+            out["chunk_rows"] = self.chunk_rows
+        return out
+
+
+@dataclass(frozen=True)
+class Index:
+    """The manifest ``source`` of an in-place index: the files, and per part (shard) each field's column."""
+
+    files: list[Stamp]
+    parts: list[dict[str, Column]]
+    unit_rows: list[int]  # per part: the samples of one unit of shuffle="chunks"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": KIND, "files": [s.to_json() for s in self.files],
+                "parts": [{k: c.to_json() for k, c in p.items()} for p in self.parts], "unit_rows": self.unit_rows}
+
+
+def parse_index(source: dict[str, Any], where: str) -> Index:
+    """The index description of a manifest's ``source``; FormatError-like CorruptShardError if malformed."""
+    try:
+        files = [Stamp(str(f["path"]), int(f["size"]), int(f["mtime_ns"]), str(f["meta"]), f.get("checksum"))
+                 for f in source["files"]]
+        parts = [{k: Column(int(c["file"]), str(c["format"]), str(c.get("array", "")), _opt_int(c.get("offset")),
+                            _opt_int(c.get("chunk_rows"))) for k, c in p.items()} for p in source["parts"]]
+        units = [int(u) for u in source["unit_rows"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CorruptShardError(f"{where}: malformed in-place index description ({type(e).__name__}: {e})") from None
+    for p in parts:
+        for name, c in p.items():
+            if not 0 <= c.file < len(files) or c.format not in FORMATS or (c.offset is None) == (c.chunk_rows is None):
+                raise CorruptShardError(f"{where}: bad column of field {name!r} in the in-place index")
+    if len(units) != len(parts) or any(u < 1 for u in units):
+        raise CorruptShardError(f"{where}: bad unit_rows in the in-place index")
+    return Index(files, parts, units)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+# --- stamps -------------------------------------------------------------------------------
+
+
+def _tree(path: str) -> list[tuple[str, os.stat_result]]:
+    """Every file under a directory (a Zarr store), with its stat, in a stable order."""
+    out = []
+    for dirpath, dirs, names in os.walk(path):
+        dirs.sort()
+        for n in sorted(names):
+            p = os.path.join(dirpath, n)
+            out.append((os.path.relpath(p, path), os.stat(p)))
+    return out
+
+
+def size_mtime(path: str) -> tuple[int, int]:
+    """Bytes and modification time (ns) of a file, or the total and latest of a directory's files."""
+    if os.path.isdir(path):
+        tree = _tree(path)
+        return sum(s.st_size for _, s in tree), max((s.st_mtime_ns for _, s in tree), default=0)
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def meta_checksum(path: str, fmt: str, arrays: list[str]) -> str:
+    """The checksum of the metadata of ``path`` that the index relies on (see the module docstring)."""
+    h = xxhash.xxh3_128()
+    if fmt == "hdf5":
+        from .arrayinfo import describe
+
+        h.update(json.dumps(describe(path, sorted(set(arrays))), sort_keys=True).encode())
+    elif fmt == "npy":
+        from .arrayinfo import npy_layout
+
+        h.update(json.dumps(npy_layout(path)[1:], sort_keys=True).encode())
+    else:
+        for rel, st in _tree(path):
+            h.update(f"{rel}\0{st.st_size}\0".encode())
+            if os.path.basename(rel) in ZARR_META:
+                h.update(Path(path, rel).read_bytes())
+    return f"xxh3_128:{h.hexdigest()}"
+
+
+def content_checksum(path: str) -> str:
+    """``xxh3_128`` of every byte of a file (of a directory: of each file's name and bytes, in order)."""
+    h = xxhash.xxh3_128()
+    files = [(rel, os.path.join(path, rel)) for rel, _ in _tree(path)] if os.path.isdir(path) else [("", path)]
+    buf = bytearray(_HASH_BLOCK)
+    view = memoryview(buf)
+    for rel, p in files:
+        h.update(rel.encode() + b"\0")
+        with open(p, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                h.update(view[:n])
+    return f"xxh3_128:{h.hexdigest()}"
+
+
+def stamp(path: str, fmt: str, arrays: list[str], full: bool) -> Stamp:
+    size, mtime = size_mtime(path)
+    return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), content_checksum(path) if full else None)
+
+
+def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, content: bool = False) -> str | None:
+    """What changed in one source file since it was indexed (one line naming it), or None: its size
+    and modification time; with ``meta`` its metadata checksum; with ``content`` its full checksum
+    (when the index recorded one)."""
+    hint = "; run fastdata index again (or convert the data)"
+    if not os.path.exists(s.path):
+        return f"{s.path}: source file of this index is missing{hint}"
+    try:
+        size, mtime = size_mtime(s.path)
+    except OSError as e:
+        return f"{s.path}: cannot read source file ({e.strerror}){hint}"
+    if size != s.size:
+        return f"{s.path}: changed since it was indexed ({size} bytes, the index says {s.size}){hint}"
+    if mtime != s.mtime_ns:
+        return f"{s.path}: changed since it was indexed (modified at another time than recorded){hint}"
+    try:
+        if meta and meta_checksum(s.path, fmt, arrays) != s.meta:
+            return f"{s.path}: changed since it was indexed (its metadata differs){hint}"
+        if content and s.checksum is not None and content_checksum(s.path) != s.checksum:
+            return f"{s.path}: changed since it was indexed (its content checksum differs){hint}"
+    except (OSError, DataError) as e:
+        return f"{s.path}: cannot read source file ({e}){hint}"
+    return None
+
+
+def file_arrays(index: Index) -> list[tuple[str, list[str]]]:
+    """Per file of the index: its format and the arrays the index reads in it."""
+    out: list[tuple[str, list[str]]] = [("", []) for _ in index.files]
+    for p in index.parts:
+        for c in p.values():
+            out[c.file] = (c.format, out[c.file][1] + [c.array])
+    return out
+
+
+def check_files(index: Index, meta: bool = True) -> None:
+    """Raise a one-line CorruptShardError naming the first source file that changed."""
+    for s, (fmt, arrays) in zip(index.files, file_arrays(index)):
+        problem = check_file(s, fmt, arrays, meta)
+        if problem is not None:
+            raise CorruptShardError(problem)
+
+
+def native(dtype: np.dtype, where: str) -> np.dtype:
+    """``dtype`` if the index can hand it out as it is stored (plain numeric, native byte order)."""
+    if dtype.kind not in "biufc" or dtype.fields is not None:
+        raise DataError(f"{where}: holds {dtype}, not a plain numeric type; convert it instead (fastdata convert)")
+    if not dtype.isnative and dtype.byteorder != "|":
+        raise DataError(f"{where}: stored in non-native byte order ({dtype.str}); convert it instead (fastdata convert)")
+    return dtype

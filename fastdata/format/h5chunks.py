@@ -1,0 +1,152 @@
+"""Chunks of an HDF5 dataset read without h5py: one ``pread`` per chunk and the filters undone here.
+
+For a dataset chunked along the sample axis only (each chunk holds whole samples), the chunk
+table (``chunk_iter``: where each chunk lies, how big, which filters it skipped) is read once per
+process; afterwards a chunk is one positional read and a decode with the GIL released (zlib,
+numcodecs' LZ4, Zstd, Blosc and byte unshuffle), so reader threads decode in parallel, which
+h5py's global lock would forbid. Pipelines with any other filter (or chunks that split a sample)
+are read through h5py instead (fastdata/format/inplace.py).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptShardError
+
+DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD = 1, 2, 32001, 32004, 32015
+KNOWN = (DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD)
+
+
+@dataclass
+class ChunkTable:
+    """Where chunk ``c`` (samples ``c * rows`` onwards) lies in the file, and how to decode it."""
+
+    rows: int
+    offsets: np.ndarray  # -1: never written (reads fall back to h5py, which gives the fill value)
+    sizes: np.ndarray
+    masks: np.ndarray  # HDF5 filter mask: bit i set = filter i was skipped for this chunk
+    filters: list[int]  # filter ids in the order they were applied when writing
+    itemsize: int
+    chunk_nbytes: int
+
+
+def chunk_table(dset: Any) -> ChunkTable | None:
+    """The table of ``dset`` (an h5py Dataset), or None when it must be read through h5py."""
+    if dset.chunks is None or tuple(dset.chunks[1:]) != tuple(dset.shape[1:]):
+        return None
+    plist = dset.id.get_create_plist()
+    filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    if any(f not in KNOWN for f in filters) or (set(filters) - {DEFLATE} and not _has_numcodecs()):
+        return None
+    rows = int(dset.chunks[0])
+    n = -(-int(dset.shape[0]) // rows) if dset.shape[0] else 0
+    offsets = np.full(n, -1, dtype=np.int64)
+    sizes = np.zeros(n, dtype=np.int64)
+    masks = np.zeros(n, dtype=np.int64)
+
+    def note(info: Any) -> None:
+        c = info.chunk_offset[0] // rows
+        offsets[c], sizes[c], masks[c] = info.byte_offset, info.size, info.filter_mask
+
+    if n:
+        dset.id.chunk_iter(note)
+    nbytes = rows * int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize
+    return ChunkTable(rows, offsets, sizes, masks, filters, dset.dtype.itemsize, nbytes)
+
+
+def _has_numcodecs() -> bool:
+    try:
+        import numcodecs  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def read_chunk(fd: int, t: ChunkTable, c: int, out: np.ndarray, where: str) -> None:
+    """Chunk ``c`` decoded into ``out`` (C-contiguous, at most a chunk: the last one may be short).
+    Each filter writes straight into the next buffer (the last one into ``out``): no extra copies."""
+    off, size, mask = int(t.offsets[c]), int(t.sizes[c]), int(t.masks[c])
+    raw = bytearray(size)
+    if os.preadv(fd, [raw], off) != size:
+        raise CorruptShardError(f"{where}: chunk {c}: short read (file truncated?)")
+    target = out.reshape(-1).view(np.uint8)
+    steps = [f for i, f in enumerate(t.filters) if not mask & (1 << i)]
+    data: Any = raw
+    try:
+        for k, f in enumerate(reversed(steps)):
+            whole = k == len(steps) - 1 and len(target) == t.chunk_nbytes
+            dst = target if whole else _scratch(t.chunk_nbytes, k % 2)
+            _undo(f, data, t, dst)
+            data = dst
+    except CorruptShardError:
+        raise
+    except Exception as e:  # a codec's own error type: name the place instead
+        raise CorruptShardError(f"{where}: chunk {c}: cannot decode ({type(e).__name__}: {e})") from None
+    if data is not target:
+        buf = np.frombuffer(data, dtype=np.uint8)
+        if len(buf) < len(target):
+            raise CorruptShardError(f"{where}: chunk {c}: holds {len(buf)} bytes, expected {t.chunk_nbytes}")
+        target[:] = buf[: len(target)]
+
+
+_local = threading.local()
+
+
+def _scratch(n: int, which: int) -> np.ndarray:
+    """One of this thread's two reused buffers between filters, of ``n`` bytes (no page faults per chunk)."""
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = [np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint8)]
+    if len(bufs[which]) < n:
+        bufs[which] = np.empty(n, dtype=np.uint8)
+    return bufs[which][:n]
+
+
+def _undo(f: int, data: Any, t: ChunkTable, dst: np.ndarray) -> None:
+    """Undo filter ``f`` of ``data`` into ``dst`` (a chunk's bytes)."""
+    if f == LZ4:
+        _lz4(data, dst)
+        return
+    if f == DEFLATE:
+        plain = zlib.decompress(data)
+        if len(plain) != len(dst):
+            raise CorruptShardError(f"deflate gave {len(plain)} bytes, expected {len(dst)}")
+        dst[:] = np.frombuffer(plain, dtype=np.uint8)
+        return
+    import numcodecs
+
+    codec = numcodecs.Shuffle(t.itemsize) if f == SHUFFLE else numcodecs.Zstd() if f == ZSTD else numcodecs.Blosc()
+    codec.decode(data, out=dst)
+
+
+def _lz4(data: bytearray, dst: np.ndarray) -> None:
+    """The HDF5 LZ4 filter's format: total size (u64, big-endian), block size (u32), then per block
+    its compressed size (u32) and bytes; a block whose compressed size equals its size is stored plain.
+    numcodecs' LZ4 wants the decoded size (u32, little-endian) before a block: it is written over
+    the compressed size in ``data`` (our own copy), so nothing is copied."""
+    from numcodecs import LZ4 as Codec
+
+    mv = memoryview(data)
+    total, block = struct.unpack(">QI", mv[:12])
+    if total != len(dst):
+        raise CorruptShardError(f"LZ4 chunk holds {total} bytes, expected {len(dst)}")
+    pos, at = 12, 0
+    codec = Codec()
+    while at < total:
+        n = min(block, total - at)
+        (csize,) = struct.unpack(">I", mv[pos : pos + 4])
+        if csize == n:
+            dst[at : at + n] = np.frombuffer(mv[pos + 4 : pos + 4 + n], dtype=np.uint8)
+        else:
+            struct.pack_into("<I", data, pos, n)
+            codec.decode(mv[pos : pos + 4 + csize], out=dst[at : at + n])
+        pos += 4 + csize
+        at += n

@@ -1,0 +1,319 @@
+"""The ``inplace`` backend: a dataset whose samples stay in existing HDF5, ``.npy`` or Zarr files.
+
+``fastdata index`` writes a manifest whose shards are parts of the source (one per HDF5 file of a
+glob; one for a ``.npy`` set or a Zarr group) and whose ``source`` says where each field lies
+(fastdata/format/external.py). Contiguous data (uncompressed HDF5 datasets, ``.npy``) is copied
+from a read-only memory map at its byte offset, as fastdata's own HDF5 shards are: no h5py call
+per batch. Chunked or compressed data (HDF5, Zarr) is read a whole chunk at a time into a per-process
+cache of decoded chunks (fastdata/format/chunkcache.py), so batches drawn from a few chunks
+(``shuffle="chunks"``) decode each chunk once. Source files are checked against their stamps when
+the dataset is opened and when a process first reads them. See docs/in-place.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptShardError, UsageError
+from ..handles import PerProcessHandle
+from .backends import INDEX
+from .chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
+from .external import Column, Index, Stamp, check_file, check_files, parse_index
+from .h5chunks import ChunkTable, chunk_table, read_chunk
+from .interface import ShardReader
+from .shardio import Layout, runs
+from .source import LocalShards
+from .spec import FieldSpec, Manifest, ShardInfo
+from .zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
+
+NAME = INDEX
+_GATHER_ROW_BYTES = 64 << 10  # as fastdata/format/hdf5.py: small rows gathered in one numpy call
+_WHOLE_COLUMN_BYTES = 16 << 20  # a chunked column this small is read whole, once per process
+
+
+def index_of(manifest: Manifest, where: str) -> Index:
+    """The in-place description of an index's manifest."""
+    if manifest.backend != NAME:
+        raise UsageError(f"{where}: not an in-place index (backend {manifest.backend!r})")
+    index = parse_index(manifest.source, where)
+    if len(index.parts) != len(manifest.shards):
+        raise CorruptShardError(f"{where}: the in-place index describes {len(index.parts)} parts for "
+                                f"{len(manifest.shards)} shards")
+    return index
+
+
+class InPlaceShards(LocalShards):
+    """The ShardSource of an index: one reader per part of the source files (no shard files; the manifest's
+    ``source`` says where each field lies). Read-ahead hints go to the source files' byte ranges."""
+
+    def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
+        return list(open_readers(self.folder, self.manifest))
+
+
+def open_readers(root: Path | str, manifest: Manifest) -> list["PartReader"]:
+    """One reader per part of the index at ``root``, after checking every source file is as indexed."""
+    if not isinstance(root, Path):
+        raise UsageError(f"{root}: an in-place index is opened from a local folder, not a URL")
+    index = index_of(manifest, str(root))
+    check_files(index, meta=True)
+    fields = {f.name: f for f in manifest.fields}
+    readers = []
+    for info, part in zip(manifest.shards, index.parts):
+        if set(part) != set(fields):
+            raise CorruptShardError(f"{root}: part {info.file} does not describe every field")
+        cols = {name: _column(index.files[c.file], c, fields[name], info.count) for name, c in part.items()}
+        readers.append(PartReader(Path(index.files[next(iter(part.values())).file].path), info, cols))
+    return readers
+
+
+def unit_counts(manifest: Manifest, stored: np.ndarray | None = None) -> list[int]:
+    """Samples per unit of ``shuffle="chunks"``: each part cut into its chunks (of its largest field).
+    ``stored``: the stored indices of a subset (sorted, as ``split`` gives them): its samples per unit."""
+    if manifest.backend != NAME:
+        raise UsageError("shuffle='chunks' is for in-place indexes (fastdata index); a converted dataset "
+                         "is read shard by shard with shuffle='shards'")
+    index = parse_index(manifest.source, "manifest")
+    out: list[int] = []
+    for info, unit in zip(manifest.shards, index.unit_rows):
+        out += [unit] * (info.count // unit) + ([info.count % unit] if info.count % unit else [])
+    if stored is None or len(stored) == manifest.num_samples:
+        return out
+    if len(stored) and bool((np.diff(stored) <= 0).any()):
+        raise UsageError("shuffle='chunks' on a subset needs its samples in stored order (as split() gives them); "
+                         "subset(np.sort(indices)) keeps the same samples")
+    bounds = np.concatenate(([0], np.cumsum(out)))
+    return np.diff(np.searchsorted(stored, bounds)).tolist()
+
+
+def _column(stamp: Stamp, c: Column, f: FieldSpec, count: int) -> "_Mapped | _Chunked":
+    if c.offset is not None:
+        return _Mapped(stamp, c, f, count)
+    return _Chunked(stamp, c, f, count)
+
+
+class PartReader:
+    """Reads samples of one part (shard) of an index into caller-provided batch arrays, with the
+    interface of fastdata's shard readers (fixed-shape fields only)."""
+
+    def __init__(self, path: Path, info: ShardInfo, columns: dict[str, "_Mapped | _Chunked"]) -> None:
+        self.path = path
+        self.info = info
+        self.columns = columns
+
+    def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
+                  layouts: dict[str, Layout] | None = None) -> None:
+        """Sample ``local[k]`` of this part goes to row ``dest[k]`` of each array in ``outs`` (``local`` sorted)."""
+        for name, out in outs.items():
+            self.columns[name].read(local, dest, out)
+
+    def lengths(self, name: str, local: np.ndarray) -> np.ndarray:
+        raise UsageError(f"field {name!r}: an in-place index has no ragged fields")
+
+    def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """No read-ahead hints: a part's fields may lie in several files."""
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+
+    def copy_phase(self, name: str) -> int:
+        col = self.columns[name]
+        return col.offset % 64 if isinstance(col, _Mapped) else 0
+
+    def close(self) -> None:
+        for col in self.columns.values():
+            col.close()
+
+
+def _where(stamp: Stamp, c: Column) -> str:
+    return f"{stamp.path}: {c.array}" if c.array else stamp.path
+
+
+@dataclass
+class _Map:
+    fd: int
+    data: np.ndarray
+
+
+class _Mapped(PerProcessHandle[_Map]):
+    """A contiguous array at byte ``offset`` of its file, read through a read-only memory map."""
+
+    def __init__(self, stamp: Stamp, c: Column, f: FieldSpec, count: int) -> None:
+        self.stamp, self.col, self.field, self.count = stamp, c, f, count
+        assert c.offset is not None
+        self.offset = c.offset
+        self.where = _where(stamp, c)
+
+    def _open_handle(self) -> _Map:
+        problem = check_file(self.stamp, self.col.format, [self.col.array])
+        if problem is not None:
+            raise CorruptShardError(problem)
+        fd = os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            nbytes = self.count * self.field.row_nbytes
+            if self.offset + nbytes > os.fstat(fd).st_size:
+                raise CorruptShardError(f"{self.where}: data lies outside the file (truncated?)")
+            shape = (self.count, *self.field.trailing)
+            data = np.memmap(self.stamp.path, dtype=self.field.np_dtype, mode="r", offset=self.offset, shape=shape) \
+                if nbytes else np.empty(shape, dtype=self.field.np_dtype)
+            return _Map(fd, data.view(np.ndarray))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @staticmethod
+    def _close_handle(handle: _Map) -> None:
+        os.close(handle.fd)
+
+    def read(self, local: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+        h = self.handle()
+        size = os.fstat(h.fd).st_size  # a file truncated while mapped must raise here, not SIGBUS below
+        if size != self.stamp.size:
+            raise CorruptShardError(f"{self.stamp.path}: changed while open ({size} bytes, the index says "
+                                    f"{self.stamp.size}); run fastdata index again")
+        if self.field.row_nbytes <= _GATHER_ROW_BYTES:
+            out[dest] = h.data[local]
+            return
+        for l0, d0, n in runs(local, dest):
+            out[d0 : d0 + n] = h.data[l0 : l0 + n]
+
+
+@dataclass
+class _Source:
+    array: Any  # an h5py Dataset or a zarr Array (None: read with pread and decoded here)
+    file: Any  # the h5py File to close, or None
+    cache: ChunkCache
+    whole: np.ndarray | None = None  # a small column, read whole
+    fd: int | None = None  # HDF5 chunks read without h5py (fastdata/format/h5chunks.py)
+    table: ChunkTable | None = None
+    zchunks: ZarrChunks | None = None  # Zarr chunk files read without zarr (fastdata/format/zarrchunks.py)
+
+
+class _Chunked(PerProcessHandle[_Source]):
+    """A chunked (possibly compressed) HDF5 dataset or Zarr array, read a whole chunk at a time."""
+
+    def __init__(self, stamp: Stamp, c: Column, f: FieldSpec, count: int) -> None:
+        self.stamp, self.col, self.field, self.count = stamp, c, f, count
+        assert c.chunk_rows is not None
+        self.rows = c.chunk_rows
+        self.where = _where(stamp, c)
+
+    def _open_handle(self) -> _Source:
+        problem = check_file(self.stamp, self.col.format, [self.col.array])
+        if problem is not None:
+            raise CorruptShardError(problem)
+        if self.col.format == "hdf5":
+            import h5py
+
+            try:
+                import hdf5plugin  # noqa: F401  (filters such as LZ4 and Zstd)
+            except ImportError:
+                pass
+            try:  # no HDF5 chunk cache: whole chunks are read, and kept decoded in our own cache
+                fh = h5py.File(self.stamp.path, "r", rdcc_nbytes=0)
+                src = _Source(fh[self.col.array], fh, self._cache())
+                src.table = chunk_table(src.array)
+            except (OSError, KeyError, ValueError) as e:
+                raise CorruptShardError(f"{self.where}: cannot open ({e})") from None
+            if src.table is not None and bool((src.table.offsets >= 0).all()):
+                src.fd = os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC)  # no h5py from here on
+            else:
+                src.table = None
+        else:
+            from .arrayinfo import open_zarr
+
+            src = _Source(open_zarr(self.stamp.path, self.col.array), None, self._cache())
+            src.zchunks = zarr_chunks(src.array, self.stamp.path)
+        if tuple(src.array.shape) != (self.count, *self.field.trailing):
+            shape = tuple(src.array.shape)
+            self._close_handle(src)
+            raise CorruptShardError(f"{self.where}: is now of shape {shape}, the index says "
+                                    f"{(self.count, *self.field.trailing)}; run fastdata index again")
+        if self.count * self.field.row_nbytes <= _WHOLE_COLUMN_BYTES:
+            src.whole = self._load(src, 0, self.count)
+        return src
+
+    def _cache(self) -> ChunkCache:
+        """A cache of at least ``DEFAULT_BYTES`` and ``MIN_CHUNKS`` decoded chunks (per column and process)."""
+        return ChunkCache(max(DEFAULT_BYTES, MIN_CHUNKS * self.rows * self.field.row_nbytes))
+
+    @staticmethod
+    def _close_handle(handle: _Source) -> None:
+        if handle.fd is not None:
+            os.close(handle.fd)
+        if handle.file is not None:
+            handle.file.close()
+
+    def _load(self, src: _Source, r0: int, r1: int) -> np.ndarray:
+        if (src.fd is not None and src.table is not None) or src.zchunks is not None:
+            a = src.cache.buffer((r1 - r0, *self.field.trailing), self.field.np_dtype)
+            for c0 in range(r0, r1, self.rows):  # r0 is the first row of a chunk
+                part = a[c0 - r0 : min(c0 + self.rows, r1) - r0]
+                if src.zchunks is not None:
+                    read_zarr_chunk(src.zchunks, c0 // self.rows, part, self.where)
+                else:
+                    assert src.fd is not None and src.table is not None
+                    read_chunk(src.fd, src.table, c0 // self.rows, part, self.where)
+            return a
+        try:
+            if src.file is not None:
+                a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
+                if r1 > r0:
+                    src.array.read_direct(a, source_sel=np.s_[r0:r1])
+                return a
+            return np.ascontiguousarray(src.array[r0:r1], dtype=self.field.np_dtype)
+        except Exception as e:  # h5py/zarr raise many types; name the place instead
+            raise CorruptShardError(f"{self.where}: samples {r0}..{r1 - 1}: read failed ({type(e).__name__}: {e})") from None
+
+    def read(self, local: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+        src = self.handle()
+        if src.whole is not None:
+            out[dest] = src.whole[local]
+            return
+        chunk = local // self.rows
+        cuts = np.flatnonzero(np.diff(chunk)) + 1
+        raw = (src.table is not None and not src.table.filters) or (src.zchunks is not None and src.zchunks.codec is None)
+        for a, e in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(local)])).tolist()):
+            c = int(chunk[a])
+            r0 = c * self.rows
+            if raw:  # stored plain: each run of rows read straight into the batch, as contiguous data is
+                self._read_rows(src, c, local[a:e] - r0, dest[a:e], out)
+                continue
+            data = src.cache.get(c, partial(self._load, src, r0, min(r0 + self.rows, self.count)))
+            if self.field.row_nbytes <= _GATHER_ROW_BYTES:
+                out[dest[a:e]] = data[local[a:e] - r0]
+            else:  # large rows: one copy per run, no gathered temporary
+                for l0, d0, n in runs(local[a:e] - r0, dest[a:e]):
+                    out[d0 : d0 + n] = data[l0 : l0 + n]
+
+    def _read_rows(self, src: _Source, c: int, rows: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+        """Rows ``rows`` of the unfiltered chunk ``c`` into ``out[dest]`` with positional reads."""
+        nb = self.field.row_nbytes
+        if src.zchunks is not None:
+            path = os.path.join(src.zchunks.root, src.zchunks.keys[c])
+            fd, base = os.open(path, os.O_RDONLY | os.O_CLOEXEC), 0
+        else:
+            assert src.table is not None and src.fd is not None
+            path, fd, base = self.stamp.path, src.fd, int(src.table.offsets[c])
+        try:
+            for l0, d0, n in runs(rows, dest):
+                view = memoryview(out[d0 : d0 + n].reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+                if os.preadv(fd, [view], base + l0 * nb) != n * nb:
+                    raise CorruptShardError(f"{self.where}: chunk {c} ({path}) is short (truncated?)")
+        finally:
+            if src.zchunks is not None:
+                os.close(fd)
+
+    def decoded_bytes(self) -> int:
+        """Bytes of chunks this process decoded so far (for read-amplification measurements)."""
+        src = self._handle
+        return 0 if src is None else src.cache.decoded_bytes + (0 if src.whole is None else src.whole.nbytes)
+
+
+def total_rows_bytes(fields: list[FieldSpec], n: int) -> int:
+    """Bytes the samples of an index hold (what a full pass delivers)."""
+    return n * sum(math.prod(f.trailing) * f.np_dtype.itemsize for f in fields)

@@ -1,0 +1,200 @@
+"""``fastdata.index``: a dataset that points into existing HDF5, ``.npy`` or Zarr files, no copy.
+
+The index is a folder holding only ``manifest.json`` (backend ``inplace``, fastdata/format/inplace.py):
+``fastdata.open`` and ``fastdata.loader`` read it as they read converted data. Each source file is
+stamped (size, modification time, metadata checksum, optionally a full checksum) so that a file
+changed later is refused by name, never read as different data. See docs/in-place.md.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import xxhash
+
+from ._version import __version__
+from .errors import DataError, FastdataError, UsageError
+from .format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, make_field, read_manifest, write_manifest
+from .format.arrayinfo import ArrayInfo, hdf5_info, npy_info, zarr_info
+from .format.external import ZARR_META, Column, Index, check_file, file_arrays, native, stamp
+from .format.inplace import NAME, index_of
+from .format.spec import KEYS_INDEX, KeysInfo
+
+DEFAULT_FIELD = "x"  # the field of a single .npy file or Zarr array indexed without --field
+_UNIT_BYTES = 4 << 20  # contiguous data: the unit of shuffle="chunks" is about this many bytes
+
+
+@dataclass
+class IndexReport:
+    dst: Path
+    samples: int
+    parts: int
+    files: int
+    bytes: int  # of the source files
+    fields: list[str]
+
+    def summary(self) -> str:
+        return (f"{self.samples} samples in {self.files} source file(s), {self.parts} part(s), indexed in place "
+                f"at {self.dst} (fields: {', '.join(self.fields)}; no data copied)")
+
+
+def source_format(src: str) -> str:
+    """``hdf5``, ``npy`` or ``zarr``: what ``src`` (a path, or the first match of a glob) holds."""
+    p = Path(src)
+    if p.is_dir():
+        if any((p / m).exists() for m in ZARR_META):
+            return "zarr"
+        raise UsageError(f"{src}: a folder that is not a Zarr store (no .zarray, .zgroup or zarr.json)")
+    if p.suffix.lower() == ".npy":
+        return "npy"
+    if not p.is_file():
+        raise UsageError(f"{src}: no such file")
+    with open(p, "rb") as f:
+        head = f.read(8)
+    if head == b"\x89HDF\r\n\x1a\n":
+        return "hdf5"
+    raise UsageError(f"{src}: not an HDF5 file, a .npy file or a Zarr store")
+
+
+def _expand(src: str) -> list[str]:
+    if any(c in src for c in "*?["):
+        paths = sorted(glob.glob(src))
+        if not paths:
+            raise UsageError(f"{src}: the pattern matches no file")
+        return [os.path.abspath(p) for p in paths]
+    if not os.path.exists(src):
+        raise UsageError(f"{src}: no such file")
+    return [os.path.abspath(src)]
+
+
+def _info(fmt: str, path: str, array: str) -> ArrayInfo:
+    if fmt == "hdf5":
+        return hdf5_info(path, array)
+    if fmt == "zarr":
+        return zarr_info(path, array)
+    return npy_info(path)
+
+
+def _npy_path(base: str, rel: str) -> str:
+    """A field's ``.npy``: ``rel`` as given, else beside the indexed ``.npy``/in the indexed folder."""
+    if not rel:
+        return base
+    if os.path.isabs(rel) or os.path.exists(rel):
+        return os.path.abspath(rel)
+    return os.path.join(base if os.path.isdir(base) else os.path.dirname(base), rel)
+
+
+def _plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, int],
+               specs: dict[str, FieldSpec]) -> tuple[dict[str, Column], int, int]:
+    """Each field's column in one source file (several files for .npy), checked against the others:
+    the columns, the samples, and the samples of one shuffle="chunks" unit."""
+    cols: dict[str, Column] = {}
+    count: int | None = None
+    first = ""
+    chunk_rows, row_bytes = 0, -1
+    for name, array in fields.items():
+        fpath = _npy_path(path, array) if fmt == "npy" else path
+        where = f"{fpath}: {array}" if array and fmt != "npy" else fpath
+        info = _info(fmt, fpath, array)
+        dtype = native(info.dtype, where)
+        spec = make_field(name, dtype, info.shape[1:])
+        if name in specs and specs[name] != spec:
+            old = specs[name]
+            raise DataError(f"{where}: field {name!r} is {spec.np_dtype}{list(spec.shape)} here but "
+                            f"{old.np_dtype}{list(old.shape)} in the first file")
+        specs[name] = spec
+        if count is None:
+            count, first = info.shape[0], where
+        elif info.shape[0] != count:
+            raise DataError(f"{where}: has {info.shape[0]} samples but {first} has {count} (all fields must "
+                            "agree on the first axis)")
+        fid = files.setdefault(fpath, len(files))
+        cols[name] = Column(fid, fmt, "" if fmt == "npy" else array, info.offset, info.chunk_rows)
+        if info.chunk_rows is not None and spec.row_nbytes > row_bytes:
+            chunk_rows, row_bytes = info.chunk_rows, spec.row_nbytes
+    assert count is not None
+    if not chunk_rows:
+        chunk_rows = max(1, _UNIT_BYTES // max(1, sum(s.row_nbytes for s in specs.values())))
+    return cols, count, chunk_rows
+
+
+def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool = False) -> Manifest:
+    """The manifest of an in-place index of ``src`` (see :func:`index`), without writing it."""
+    paths = _expand(src)
+    fmt = source_format(paths[0])
+    if fmt != "hdf5" and len(paths) > 1:
+        raise UsageError(f"{src}: a pattern may match HDF5 files only (it matched {len(paths)} {fmt} sources)")
+    if not fields:
+        if fmt == "hdf5":
+            raise UsageError(f"{paths[0]}: name the datasets to read, e.g. --field x=/images --field label=/labels")
+        fields = {DEFAULT_FIELD: ""}
+    files: dict[str, int] = {}
+    specs: dict[str, FieldSpec] = {}
+    parts, shards, units, start = [], [], [], 0
+    for i, path in enumerate(paths):
+        cols, count, unit = _plan_part(fmt, path, fields, files, specs)
+        digest = xxhash.xxh3_128(json.dumps({k: c.to_json() for k, c in cols.items()}, sort_keys=True).encode())
+        size = sum(os.path.getsize(p) if os.path.isfile(p) else 0 for p, j in files.items()
+                   if j in {c.file for c in cols.values()})
+        shards.append(ShardInfo(f"part-{i:05d}", start, count, size, f"xxh3_128:{digest.hexdigest()}"))
+        parts.append(cols)
+        units.append(unit)
+        start += count
+    arrays = [[c.array for p in parts for c in p.values() if c.file == j] for j in range(len(files))]
+    stamps = [stamp(p, fmt, arrays[j], checksum) for p, j in files.items()]
+    source = {**Index(stamps, parts, units).to_json(), "format": fmt, "created_by": f"fastdata {__version__}"}
+    return Manifest(backend=NAME, fields=list(specs.values()), num_samples=start, shards=shards, source=source,
+                    keys=KeysInfo(kind=KEYS_INDEX))
+
+
+def index(src: str | os.PathLike[str], dst: str | os.PathLike[str], fields: Mapping[str, str] | None = None, *,
+          checksum: bool = False, overwrite: bool = False) -> IndexReport:
+    """Index ``src`` in place at the folder ``dst``: ``fastdata.open(dst)`` then reads the source files.
+
+    ``src``: an HDF5 file or a glob of several (quote it in a shell), a ``.npy`` file, or a Zarr array
+    or group. ``fields`` maps field names to the arrays inside it: HDF5 dataset paths
+    (``{"x": "/images", "label": "/labels"}``), Zarr array paths in a group, or ``.npy`` files (beside
+    ``src`` or absolute; default: ``src`` itself as field ``x``). All fields must agree on the
+    first axis. ``checksum`` also records every file's full checksum (``fastdata verify --deep``).
+    """
+    manifest = build(os.fspath(src), fields, checksum=checksum)
+    out = Path(dst)
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"{out}: exists and is not a folder")
+        if any(out.iterdir()):
+            is_index = (out / MANIFEST_NAME).is_file() and _is_index(out)
+            if not (overwrite and is_index):
+                why = "pass overwrite=True (--overwrite) to replace the index" if is_index else \
+                    "choose an empty or new folder (it is not an index fastdata would replace)"
+                raise UsageError(f"{out}: not empty; {why}")
+            shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_manifest(out, manifest)
+    nfiles = len(manifest.source["files"])
+    return IndexReport(out, manifest.num_samples, len(manifest.shards), nfiles,
+                       sum(int(f["size"]) for f in manifest.source["files"]), [f.name for f in manifest.fields])
+
+
+def _is_index(root: Path) -> bool:
+    try:
+        return read_manifest(root).backend == NAME and set(os.listdir(root)) == {MANIFEST_NAME}
+    except FastdataError:
+        return False
+
+
+def check_index(root: Path, manifest: Manifest, content: bool) -> list[str]:
+    """Every problem with the source files of the index at ``root`` (one line each)."""
+    idx = index_of(manifest, str(root))
+    out = []
+    for s, (fmt, arrays) in zip(idx.files, file_arrays(idx)):
+        problem = check_file(s, fmt, arrays, meta=True, content=content)
+        if problem is not None:
+            out.append(problem)
+    return out
