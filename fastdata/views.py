@@ -19,7 +19,8 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from .augment import Augment, Normalize, _builtin, image_hw, shapes_after
+from .augment import Augment, Normalize, image_hw, shapes_after
+from .augment.pipeline import _builtin
 from .errors import UsageError
 from .format.spec import LENGTHS_SUFFIX, OFFSETS_SUFFIX, SHAPE_SUFFIX
 from .mixing import kept_fraction, mix_boxes, mix_images, mix_mask

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastdata.remote.",),  # where shard files come from when a dataset is a URL: fsspec + the local cache
     ("fastdata.decode", "fastdata.dataset", "fastdata.readahead", "converters."),
     ("fastdata.world", "fastdata.sampling", "fastdata.samplers", "fastdata.tuned"),
-    ("fastdata.targets", "fastdata.augment", "fastdata._compat", "fastdata.seqaug", "fastdata.mixing", "fastdata.views"),
+    ("fastdata.targets", "fastdata.augment", "fastdata.augment.", "fastdata._compat", "fastdata.seqaug", "fastdata.mixing", "fastdata.views"),
     ("fastdata.loaders.",),
     ("fastdata.train",),
     ("fastdata", "fastdata.__main__", "fastdata.bench", "fastdata.tune", "fastdata.verify", "fastdata.cli",
