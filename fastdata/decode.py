@@ -112,6 +112,22 @@ def _decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None
     out[...] = a
 
 
+def _decode_pil_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.ndarray:
+    """A JPEG decoded by PIL at the DCT reduction (``draft``) that still gives at least ``min_hw``."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
+            im.draft(spec.mode, (min_hw[1], min_hw[0]))
+            im.load()
+            a = np.asarray(_jpeg_to_mode(im, spec.mode))
+    except DecodeError:
+        raise
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on corrupt data
+        raise DecodeError(f"cannot decode jpeg: {type(e).__name__}: {e}") from None
+    return a.reshape(a.shape[0], a.shape[1], -1)
+
+
 def _jpeg_to_mode(im: Any, mode: str) -> Any:
     """A decoded JPEG in the field's mode, converted as simplejpeg (libjpeg-turbo) converts it:
     greyscale, RGB and CMYK JPEGs all read as RGB or L (CMYK through RGB)."""

@@ -95,10 +95,11 @@ def _kind_of(name: str, batch: Batch, images: tuple[str, ...], mixed: frozenset[
 
 def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[str, ...] = (),
                   mixed: frozenset[str] = frozenset(), finish: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
-                  skip: frozenset[str] = frozenset()) -> Batch:
+                  skip: frozenset[str] = frozenset(), precropped: frozenset[str] = frozenset()) -> Batch:
     """Augment ``batch`` in place (and return it): every field of :func:`field_kinds`, then ``aug.mix``.
     ``finish(name, image)`` is called on each augmented image (e.g. channels_last); ``skip``: fields
-    already augmented elsewhere (by DALI, whose draws came first from ``g``)."""
+    already augmented elsewhere (by DALI, whose draws came first from ``g``); ``precropped``: image fields whose
+    first op (a crop or Resize) the reader applied while decoding (fastdata.loaders.crop)."""
     kinds = field_kinds(aug, batch, images, mixed)
     mixed_needs_size(aug, mixed)
     image_fields = [n for n, k in kinds.items() if k == "image"]
@@ -111,8 +112,11 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
         pre: Batch = {}
         if kind == "image":
             sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
+            done = int(name in precropped)  # its first op ran in the reader (fastdata.loaders.crop)
+            before = batch[name + SHAPE_SUFFIX][:, :2] if done else None
             stacked = _preallocate(aug.view_ops, batch[name], sizes)
-            outs = [aug.run(batch, g, name, sizes, ops=ops, into=stacked[:, v] if stacked is not None else None)
+            outs = [aug.run(batch, g, name, sizes, hw=before, ops=ops, into=stacked[:, v] if stacked is not None else None,
+                            done=done)
                     for v, ops in enumerate(aug.view_ops)]
             written = [name] + [k for k in (name + SHAPE_SUFFIX,) if k in batch] + _target_keys(aug, outs[0])
             if stacked is not None and all(o[name].data_ptr() == stacked[:, v].data_ptr() for v, o in enumerate(outs)):

@@ -115,19 +115,21 @@ class Augment:
 
     def run(self, batch: dict[str, Tensor], g: torch.Generator, image: str | None, sizes: Tensor | None = None,
             hw: Tensor | None = None, targets: bool = True, ops: Sequence[Any] | None = None,
-            into: Tensor | None = None) -> dict[str, Tensor]:
+            into: Tensor | None = None, done: int = 0) -> dict[str, Tensor]:
         """Augment ``batch[image]`` (float (B, C, H, W)) and the declared targets in ``batch`` with
         one draw per op; returns the batch with them replaced (and ``<boxes>_valid`` added).
 
         ``image=None``: the targets alone, with the draws the image would have had: ``hw`` gives
         the images' (B, 2) sizes (the DALI backend transforms the image itself). ``into``: where a final
-        ``Normalize`` writes the image when the shapes match (fastdata.views stacks views so).
+        ``Normalize`` writes the image when the shapes match (fastdata.views stacks views so). ``done``:
+        the first ops already ran on the image (the reader decoded the crop, fastdata.loaders.crop): they
+        are drawn again, from ``hw`` (the sizes before them), for the targets and the later draws.
         """
         x = batch[image] if image is not None else None
-        if x is not None:
+        if x is not None and not done:
             hw = image_hw(x, sizes, g.device)
         elif hw is None:
-            raise ValueError("Augment.run without an image needs hw, the images' sizes")
+            raise ValueError("Augment.run without an image, or with ops done, needs hw, the images' sizes")
         else:
             hw = hw.to(g.device).float()
         out = dict(batch)
@@ -135,23 +137,15 @@ class Augment:
         work = _Targets(self.targets if targets else {}, out, x)
         for k, op in enumerate(chain):
             if not _builtin(op):
-                if x is None:
-                    raise UsageError(f"{op!r} is not a built-in op: it cannot run without the image")
-                canvas = x.shape[-2:]
-                x = op.apply(x, g)
-                if x.shape[-2:] != canvas:
-                    if work.active:
-                        raise UsageError(f"{type(op).__name__} changed the image size; declared targets cannot "
-                                         "follow an op of your own that moves pixels")
-                    sizes = None  # resized by your op: the true sizes are unknown from here on
-                    hw = image_hw(x, None, g.device)
+                x, sizes, hw = _own_op(op, x, g, work.active, sizes, hw)
                 continue
-            if x is not None:
-                op.check(x, sizes)
+            img = x if k >= done else None  # the image this op transforms (None: done already, or none)
+            if img is not None:
+                op.check(img, sizes)
             p = op.draw(g, hw)
-            if x is not None:
-                last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == x.shape
-                x = op.into(x, into) if last else op.image(x, p, sizes)
+            if img is not None:
+                last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == img.shape
+                x = op.into(img, into) if last else op.image(img, p, sizes)
             if isinstance(op, _Geometric):
                 if work.active:
                     work.apply(op, p, hw, sizes)
@@ -162,6 +156,21 @@ class Augment:
             _update_shapes(out, image + SHAPE_SUFFIX, hw)  # type: ignore[operator]
         work.finish(out)
         return out
+
+
+def _own_op(op: Any, x: Tensor | None, g: torch.Generator, targets: bool, sizes: Tensor | None, hw: Tensor
+            ) -> tuple[Tensor, Tensor | None, Tensor]:
+    """An op of your own on the image; the sizes it leaves (unknown once it resized the canvas)."""
+    if x is None:
+        raise UsageError(f"{op!r} is not a built-in op: it cannot run without the image")
+    canvas = x.shape[-2:]
+    x = op.apply(x, g)
+    if x.shape[-2:] != canvas:
+        if targets:
+            raise UsageError(f"{type(op).__name__} changed the image size; declared targets cannot "
+                             "follow an op of your own that moves pixels")
+        return x, None, image_hw(x, None, g.device)  # resized by your op: the true sizes are unknown from here on
+    return x, sizes, hw
 
 
 def _views(views: Any, ops: tuple[Any, ...]) -> int | tuple[tuple[Any, ...], ...]:
