@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("fastdata.fileio", "fastdata.handles", "fastdata.batching"),
     ("fastdata.format.",),
     ("fastdata.remote.",),  # where shard files come from when a dataset is a URL: fsspec + the local cache
-    ("fastdata.decode", "fastdata.dataset", "fastdata.readahead", "converters."),
+    ("fastdata.decode", "fastdata.cropdecode", "fastdata.dataset", "fastdata.readahead", "converters."),
     ("fastdata.world", "fastdata.sampling", "fastdata.samplers", "fastdata.tuned"),
     ("fastdata.targets", "fastdata.augment", "fastdata.augment.", "fastdata._compat", "fastdata.seqaug", "fastdata.mixing", "fastdata.views"),
     ("fastdata.loaders.",),
