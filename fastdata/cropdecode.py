@@ -115,10 +115,12 @@ def _bounds(x0: float, extent: float, n_out: int, n_full: int) -> tuple[int, int
 
 
 def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_hw: tuple[int, int],
-                  out: np.ndarray, origin: tuple[int, int] | None = None) -> None:
+                  out: np.ndarray, origin: tuple[int, int] | None = None, flip: tuple[bool, bool] = (False, False)
+                  ) -> None:
     """Bilinear samples of the window ``box`` (x0, y0, w, h in full-image pixels of an image
     ``full_hw`` high and wide) from ``src`` (uint8 (h, w, C): the whole image at any scale, or with
-    ``origin`` (row, column) the full-scale region starting there) into ``out`` (float32 (oh, ow, C), /255)."""
+    ``origin`` (row, column) the full-scale region starting there) into ``out`` (float32 (oh, ow, C), /255);
+    ``flip``: (left-right, top-bottom) mirror the output, for free (the sample order reversed)."""
     x0, y0, w, h = box
     oh, ow = out.shape[:2]
     hf, wf = full_hw
@@ -130,19 +132,28 @@ def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_
     c0, c1, tx = _axis(x0, w, ow, n_x, sx, lo_x)
     if not ty.any() and not tx.any() and np.all(np.diff(r0) == 1) and np.all(np.diff(c0) == 1):
         win = src[r0[0] : r0[0] + oh, c0[0] : c0[0] + ow]  # an exact window: a copy, no resampling
-        np.multiply(win, _INV255, out=out, dtype=np.float32)
+        np.multiply(win[:: -1 if flip[1] else 1, :: -1 if flip[0] else 1], _INV255, out=out, dtype=np.float32)
         return
     first, last = int(c0[0]), int(c1[-1]) + 1
-    src = src[:, first:last]  # the window's columns (a view): the row gather copies only them
-    top, bot = src[r0], src[r1]  # (oh, w', C) rows, then columns
-    rows = np.subtract(bot, top, dtype=np.float32)
-    rows *= ty[:, None, None]
+    if flip[0]:
+        c0, c1, tx = c0[::-1], c1[::-1], tx[::-1]
+    if flip[1]:
+        r0, r1, ty = r0[::-1], r1[::-1], ty[::-1]
+    c = src.shape[2]
+    flat = src[:, first:last].reshape(src.shape[0], -1)  # the window's columns, (h, w' * C): 2-D takes are fast
+    top, bot = np.take(flat, r0, axis=0), np.take(flat, r1, axis=0)  # rows first (the window is >= the output)
+    rows = bot.astype(np.float32)
+    rows -= top
+    rows *= ty[:, None]
     rows += top
-    left, right = rows[:, c0 - first], rows[:, c1 - first]
-    np.subtract(right, left, out=out)
-    out *= tx[None, :, None]
-    out += left
-    out *= _INV255
+    chan = np.arange(c)
+    left = np.take(rows, ((c0 - first)[:, None] * c + chan).ravel(), axis=1)
+    right = np.take(rows, ((c1 - first)[:, None] * c + chan).ravel(), axis=1)
+    o = out.reshape(oh, ow * c)
+    np.subtract(right, left, out=o)
+    o *= np.repeat(tx, c)[None, :]
+    o += left
+    o *= _INV255
 
 
 def _region(box: tuple[float, float, float, float], oh: int, ow: int, hw: tuple[int, int]
@@ -161,10 +172,11 @@ def jpeg_plan(box: tuple[float, float, float, float], out_hw: tuple[int, int], r
 
 
 def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box: tuple[float, float, float, float],
-                out: np.ndarray, regions: RegionDecoders | None, scratch: np.ndarray) -> str:
+                out: np.ndarray, regions: RegionDecoders | None, scratch: np.ndarray,
+                flip: tuple[bool, bool] = (False, False)) -> str:
     """Decode the window ``box`` of one encoded image (recorded size ``hw``) into ``out`` (float32
-    (oh, ow, C) in [0, 1]); ``scratch``: uint8 memory of at least H*W*C for full decodes. Returns the
-    plan used (see :func:`jpeg_plan`). Raises DecodeError on corrupt data."""
+    (oh, ow, C) in [0, 1]), mirrored as ``flip`` says; ``scratch``: uint8 memory of at least H*W*C for
+    full decodes. Returns the plan used (see :func:`jpeg_plan`). Raises DecodeError on corrupt data."""
     oh, ow = out.shape[:2]
     h, w = hw
     c = spec.channels
@@ -174,18 +186,18 @@ def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box
         s = dct_scale(box[2], box[3], ow, oh)
         small = _decode_scaled(data, spec, (math.ceil(h / s), math.ceil(w / s)))
         if small is not None:
-            resample_into(small, box, hw, out)
+            resample_into(small, box, hw, out, flip=flip)
             return plan
         plan = "full"
     if plan == "region":
         rows, cols = _region(box, oh, ow, hw)
         part = regions.decode(data, rows, cols) if regions is not None else None
         if part is not None:
-            resample_into(part, box, hw, out, origin=(rows[0], cols[0]))
+            resample_into(part, box, hw, out, origin=(rows[0], cols[0]), flip=flip)
             return plan
     pixels = scratch[: h * w * c].reshape(h, w, c)
     decode_image(data, codec, spec, pixels)
-    resample_into(pixels, box, hw, out)
+    resample_into(pixels, box, hw, out, flip=flip)
     return "full"
 
 
@@ -206,7 +218,7 @@ def _decode_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.nd
 
 
 def pixels_crop(data: np.ndarray, hw: tuple[int, int], channels: int, box: tuple[float, float, float, float],
-                out: np.ndarray) -> None:
+                out: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> None:
     """The window of one image stored as raw pixels (``data``: its H*W*C bytes) into ``out``."""
     h, w = hw
-    resample_into(data[: h * w * channels].reshape(h, w, channels), box, hw, out)
+    resample_into(data[: h * w * channels].reshape(h, w, channels), box, hw, out, flip=flip)

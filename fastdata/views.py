@@ -15,7 +15,7 @@ turn, each of its views, each op; then ``Mix`` (one draw per batch).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Mapping
 
 import torch
 
@@ -95,11 +95,12 @@ def _kind_of(name: str, batch: Batch, images: tuple[str, ...], mixed: frozenset[
 
 def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[str, ...] = (),
                   mixed: frozenset[str] = frozenset(), finish: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
-                  skip: frozenset[str] = frozenset(), precropped: frozenset[str] = frozenset()) -> Batch:
+                  skip: frozenset[str] = frozenset(), precropped: Mapping[str, int] | None = None) -> Batch:
     """Augment ``batch`` in place (and return it): every field of :func:`field_kinds`, then ``aug.mix``.
     ``finish(name, image)`` is called on each augmented image (e.g. channels_last); ``skip``: fields
     already augmented elsewhere (by DALI, whose draws came first from ``g``); ``precropped``: image fields whose
-    first op (a crop or Resize) the reader applied while decoding (fastdata.loaders.crop)."""
+    first ops (a crop or Resize, and flips after it) the reader applied while decoding, and how many
+    (fastdata.loaders.crop)."""
     kinds = field_kinds(aug, batch, images, mixed)
     mixed_needs_size(aug, mixed)
     image_fields = [n for n, k in kinds.items() if k == "image"]
@@ -112,7 +113,7 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
         pre: Batch = {}
         if kind == "image":
             sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
-            done = int(name in precropped)  # its first op ran in the reader (fastdata.loaders.crop)
+            done = (precropped or {}).get(name, 0)  # its first ops ran in the reader (fastdata.loaders.crop)
             before = batch[name + SHAPE_SUFFIX][:, :2] if done else None
             stacked = _preallocate(aug.view_ops, batch[name], sizes)
             outs = [aug.run(batch, g, name, sizes, hw=before, ops=ops, into=stacked[:, v] if stacked is not None else None,

@@ -14,7 +14,15 @@ from PIL import Image
 import converters
 import fastdata
 from fastdata import cropdecode, decode
-from fastdata.augment import CenterCrop, ColorJitter, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize
+from fastdata.augment import (
+    CenterCrop,
+    ColorJitter,
+    HorizontalFlip,
+    RandomCrop,
+    RandomResizedCrop,
+    Resize,
+    VerticalFlip,
+)
 from fastdata.errors import CorruptShardError
 from fastdata.loaders import LoaderConfig
 from fastdata.targets import Boxes, Keypoints
@@ -57,7 +65,7 @@ def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_crop_decoding_matches_decoding_first(tmp_path, op):
     """Same draws as the padded path: exact windows are equal to float rounding, resampled ones close."""
     root = _dataset(tmp_path)
-    aug = [op, HorizontalFlip(), ColorJitter(brightness=0.2)]
+    aug = [op, HorizontalFlip(), VerticalFlip(), ColorJitter(brightness=0.2)]
     ref, fast = _batches(root, aug, "off"), _batches(root, aug, "auto")
     assert len(ref) == len(fast) == 2
     for r, f in zip(ref, fast):
@@ -161,7 +169,7 @@ def test_bad_jpeg_names_the_sample(tmp_path):
     raw = ds.get_batch(np.arange(len(ds)))
     field = next(f for f in ds.schema if f.name == "image")
     for regions in ("auto", "scaled"):
-        stage = CropStage(field, RandomResizedCrop(48, scale=(1.0, 1.0), ratio=(1.0, 1.0)), 0, False, regions)
+        stage = CropStage(field, (RandomResizedCrop(48, scale=(1.0, 1.0), ratio=(1.0, 1.0)),), 0, False, regions)
         bad = {**raw, "image": raw["image"].copy(), "image_lengths": raw["image_lengths"].copy()}
         bad["image_lengths"][1] = 320
         with pytest.raises(CorruptShardError, match="sample 7: field 'image'"):

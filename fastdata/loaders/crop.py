@@ -20,7 +20,17 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..augment import Augment, CenterCrop, RandomCrop, RandomResizedCrop, Resize, batch_generator, pair
+from ..augment import (
+    Augment,
+    CenterCrop,
+    HorizontalFlip,
+    RandomCrop,
+    RandomResizedCrop,
+    Resize,
+    VerticalFlip,
+    batch_generator,
+    pair,
+)
 from ..cropdecode import RegionDecoders, decode_crop, pixels_crop
 from ..dataset import Dataset
 from ..decode import DecodeError, check_shapes
@@ -40,6 +50,7 @@ from .config import LoaderConfig
 
 log = logging.getLogger(__name__)
 FIRST_OPS = (RandomResizedCrop, RandomCrop, CenterCrop, Resize)
+FLIPS = (HorizontalFlip, VerticalFlip)  # right after the first op: the reader mirrors while it samples
 Where = Callable[[int], str]
 
 
@@ -78,16 +89,20 @@ def _why_not(dataset: Dataset, augment: Augment | None, images: tuple[str, ...],
 
 
 class CropStage:
-    """Turns a batch read with ``decode=False`` into the first op's output for ``field``, one image at a
-    time, in the calling reader thread."""
+    """Turns a batch read with ``decode=False`` into the output of the chain's first ops for ``field`` (the
+    crop or Resize, and the flips right after it: ``ops``), one image at a time, in the calling reader thread."""
 
-    def __init__(self, field: FieldSpec, op: Any, seed: int, pin: bool, regions: str) -> None:
+    def __init__(self, field: FieldSpec, chain: tuple[Any, ...], seed: int, pin: bool, regions: str) -> None:
         if field.image is None or field.encoding not in (ENCODING_IMAGE, ENCODING_PIXELS):
             raise ValueError(f"field {field.name!r} holds no images")
         self.field = field
-        self.op = op
+        self.op = chain[0]
+        n = 1
+        while n < len(chain) and type(chain[n]) in FLIPS:
+            n += 1
+        self.ops = tuple(chain[:n])
         self.seed = seed
-        self.size = pair(op.size)
+        self.size = pair(self.op.size)
         self.regions = RegionDecoders("auto" if regions == "auto" else "none")
         self._floats = Recycler(pin)
         self._local = threading.local()  # each thread's scratch memory for whole-image decodes
@@ -106,8 +121,9 @@ class CropStage:
         self._local = threading.local()
         self._lock = threading.Lock()
 
-    def boxes(self, shapes: np.ndarray, epoch: int, rank: int, k: int) -> np.ndarray:
-        """(B, 4) float64 windows (x0, y0, w, h, in each image's pixels) from the op's draw for batch ``k``."""
+    def boxes(self, shapes: np.ndarray, epoch: int, rank: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(B, 4) float64 windows (x0, y0, w, h, in each image's pixels) from the first op's draw for batch ``k``,
+        and (B, 2) bool mirrors (left-right, top-bottom) from the flips' draws after it."""
         hw = torch.from_numpy(np.ascontiguousarray(shapes[:, :2], dtype=np.float32))
         oh, ow = self.size
         if isinstance(self.op, (RandomCrop, CenterCrop)) and len(hw):
@@ -117,14 +133,18 @@ class CropStage:
                                  f"({int(small[0])}x{int(small[1])}); crop to at most the smallest image size")
         g = batch_generator(self.seed, epoch, k, torch.device("cpu"), rank)
         p = self.op.draw(g, hw)
+        flips = np.zeros((len(hw), 2), dtype=bool)
+        after = self.op.out_sizes(hw)
+        for f in self.ops[1:]:  # drawn in the chain's order, from the same generator
+            flips[:, 0 if isinstance(f, HorizontalFlip) else 1] ^= f.draw(g, after)["flip"].numpy()
         h, w = hw[:, 0].double().numpy(), hw[:, 1].double().numpy()
         if isinstance(self.op, RandomResizedCrop):
             fw, fh, cx, cy = (p[n].double().numpy() for n in ("fw", "fh", "cx", "cy"))
-            return np.stack([(cx - fw / 2) * w, (cy - fh / 2) * h, fw * w, fh * h], 1)
+            return np.stack([(cx - fw / 2) * w, (cy - fh / 2) * h, fw * w, fh * h], 1), flips
         if isinstance(self.op, Resize):
-            return np.stack([np.zeros_like(w), np.zeros_like(h), w, h], 1)
+            return np.stack([np.zeros_like(w), np.zeros_like(h), w, h], 1), flips
         start = p["start"].double().numpy()
-        return np.stack([start[:, 1], start[:, 0], np.full_like(w, ow), np.full_like(h, oh)], 1)
+        return np.stack([start[:, 1], start[:, 0], np.full_like(w, ow), np.full_like(h, oh)], 1), flips
 
     def __call__(self, batch: dict[str, Any], epoch: int, rank: int, k: int, where: Where) -> dict[str, Any]:
         """Replace ``batch[name]`` (stored bytes, padded per row) by the float32 (B, oh, ow, C) first-op
@@ -136,7 +156,7 @@ class CropStage:
         lengths = batch.pop(name + LENGTHS_SUFFIX)
         shapes = batch[name + SHAPE_SUFFIX]
         check_shapes(f, shapes, lengths, where)
-        boxes = self.boxes(shapes, epoch, rank, k)
+        boxes, flips = self.boxes(shapes, epoch, rank, k)
         oh, ow = self.size
         out = self._floats.take((len(shapes), oh, ow, spec.channels), torch.float32)
         self._floats.lend(out)  # reused once the consumer has let go of the batch
@@ -144,14 +164,14 @@ class CropStage:
         codecs = batch.get(name + CODEC_SUFFIX)
         used: Counter[str] = Counter()
         for j, (h, w, _) in enumerate(shapes.tolist()):
-            box = tuple(boxes[j].tolist())
+            box, flip = tuple(boxes[j].tolist()), (bool(flips[j, 0]), bool(flips[j, 1]))
             try:
                 if f.encoding == ENCODING_PIXELS:
-                    pixels_crop(data[j], (h, w), spec.channels, box, arr[j])  # type: ignore[arg-type]
+                    pixels_crop(data[j], (h, w), spec.channels, box, arr[j], flip)  # type: ignore[arg-type]
                     used["pixels"] += 1
                     continue
                 used[decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box,  # type: ignore[arg-type]
-                                 arr[j], self.regions, self._scratch(h * w * spec.channels))] += 1
+                                 arr[j], self.regions, self._scratch(h * w * spec.channels), flip)] += 1
             except DecodeError as e:
                 raise CorruptShardError(f"{where(j)}: field {name!r}: {e}") from None
         with self._lock:

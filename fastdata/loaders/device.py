@@ -62,13 +62,13 @@ class DeviceStage:
         self.images = images  # uint8 HWC fields that become float NCHW (fastdata.format.spec.image_fields)
         self.rank = rank  # distributed ranks draw different augmentation parameters
         self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
-        self.precropped: frozenset[str] = frozenset()  # fields whose first op the reader threads ran (crop.py)
+        self.precropped: dict[str, int] = {}  # fields whose first ops the reader threads ran, how many (crop.py)
 
     def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset(),
-                  precropped: frozenset[str] = frozenset()) -> Batch:
+                  precropped: dict[str, int] | None = None) -> Batch:
         """Images to float NCHW, then augmentation; ``mixed``: image fields padded from mixed sizes
         (see :func:`mixed_sizes`), augmented image by image at their true sizes; ``precropped``: fields
-        the reader already cropped (their first op is drawn again, not applied)."""
+        the reader already cropped, with how many ops it ran (drawn again here, not applied)."""
         if self.keep_uint8:
             return batch
         for name in self.images:
@@ -102,7 +102,7 @@ class DeviceStage:
         """Checked on the host batch (no device sync), only when augmenting."""
         if self.augment is None or not self.augment.enabled:
             return frozenset()
-        return mixed_sizes(host) - self.precropped  # cropped in the reader: one size, stored sizes in <name>_shape
+        return mixed_sizes(host) - set(self.precropped)  # cropped in the reader: one size, stored sizes in <name>_shape
 
     def host_transform(self, epoch: int) -> Callable[[Batch, int], Batch] | None:
         """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""

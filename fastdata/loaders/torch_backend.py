@@ -66,7 +66,7 @@ class TorchLoader(Loader):
             changes["decode"] = False
             floats = (crop,)
             field = next(f for f in self.dataset.schema if f.name == crop)
-            stage = CropStage(field, self.augment.ops[0], self.seed, pin, config.crop_decode)
+            stage = CropStage(field, self.augment.ops, self.seed, pin, config.crop_decode)
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
             self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged,
@@ -76,7 +76,7 @@ class TorchLoader(Loader):
                                         stage)
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
                                    keep_uint8=config.image_dtype == "uint8", unit_float=frozenset(floats))
-        self._device.precropped = frozenset({crop} if crop is not None else ())
+        self._device.precropped = {crop: len(stage.ops)} if crop is not None and stage is not None else {}
 
     def _decode_float(self, images: tuple[str, ...]) -> tuple[str, ...]:
         """The encoded image fields to decode straight to float: on the CPU, float output, a dataset
