@@ -24,6 +24,7 @@ import threading
 from typing import Any, Literal
 
 import numpy as np
+import torch
 
 from .decode import DecodeError, _decode_pil_scaled, decode_image, jpeg_decoder, simplejpeg
 from .format.spec import CODEC_JPEG, ImageSpec
@@ -139,21 +140,25 @@ def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_
         c0, c1, tx = c0[::-1], c1[::-1], tx[::-1]
     if flip[1]:
         r0, r1, ty = r0[::-1], r1[::-1], ty[::-1]
+    _lerp2(src[:, first:last], (r0, r1, ty), (c0 - first, c1 - first, tx), out)
+
+
+def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
+           cols: tuple[np.ndarray, np.ndarray, np.ndarray], out: np.ndarray) -> None:
+    """Separable bilinear interpolation, rows first (the window is at least the output), in torch: its
+    gathers and lerps run about 3x faster than numpy's here (benchmarks/results/jpeg_crop.md)."""
     c = src.shape[2]
-    flat = src[:, first:last].reshape(src.shape[0], -1)  # the window's columns, (h, w' * C): 2-D takes are fast
-    top, bot = np.take(flat, r0, axis=0), np.take(flat, r1, axis=0)  # rows first (the window is >= the output)
-    rows = bot.astype(np.float32)
-    rows -= top
-    rows *= ty[:, None]
-    rows += top
+    flat = torch.from_numpy(np.ascontiguousarray(src)).view(src.shape[0], -1)  # (h, w' * C)
+    r0, r1, ty = (torch.from_numpy(np.ascontiguousarray(a)) for a in rows)
+    top = flat.index_select(0, r0).float()
+    kept = torch.lerp(top, flat.index_select(0, r1).float(), ty.view(-1, 1))
     chan = np.arange(c)
-    left = np.take(rows, ((c0 - first)[:, None] * c + chan).ravel(), axis=1)
-    right = np.take(rows, ((c1 - first)[:, None] * c + chan).ravel(), axis=1)
-    o = out.reshape(oh, ow * c)
-    np.subtract(right, left, out=o)
-    o *= np.repeat(tx, c)[None, :]
-    o += left
-    o *= _INV255
+    c0, c1, tx = cols
+    left = kept.index_select(1, torch.from_numpy((c0[:, None] * c + chan).ravel()))
+    right = kept.index_select(1, torch.from_numpy((c1[:, None] * c + chan).ravel()))
+    o = torch.from_numpy(out).view(out.shape[0], -1)
+    torch.lerp(left, right, torch.from_numpy(np.repeat(tx, c)).view(1, -1), out=o)
+    o.mul_(_INV255)
 
 
 def _region(box: tuple[float, float, float, float], oh: int, ow: int, hw: tuple[int, int]
@@ -212,7 +217,8 @@ def _decode_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.nd
         except ValueError:
             return None
     try:
-        return _decode_pil_scaled(data, spec, min_hw)
+        a = _decode_pil_scaled(data, spec, min_hw)
+        return a if a.flags.writeable else a.copy()  # torch views only writeable memory
     except DecodeError:
         return None
 
