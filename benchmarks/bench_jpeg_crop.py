@@ -33,7 +33,6 @@ photo crops, evaluated on the same held-out images. Results: ``<out>/jpeg_crop[_
 from __future__ import annotations
 
 import argparse
-import io
 import shutil
 import subprocess
 import sys
@@ -47,11 +46,11 @@ from typing import Any, Callable
 import numpy as np
 import simplejpeg
 import torch
+from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
 from PIL import Image, ImageDraw, ImageFilter
 
 import converters
 import fastdata
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
 from fastdata.augment import HorizontalFlip, RandomResizedCrop
 from fastdata.cropdecode import RegionDecoders, decode_crop, resample_into
 from fastdata.format import ImageSpec
@@ -174,8 +173,8 @@ def ceiling(files: list[bytes], hw: np.ndarray) -> Callable[[int], int]:
 
     def epoch(e: int) -> int:
         for k, boxes in enumerate(draws(n_batches, hw, e)):
-            half = BATCH // 2
-            list(pool.map(lambda r: part(k, r, boxes), [range(0, half), range(half, BATCH)]))
+            chunks = [range(j, j + 8) for j in range(0, BATCH, 8)]  # small chunks: mixed sizes stay balanced
+            list(pool.map(lambda r, k=k, boxes=boxes: part(k, r, boxes), chunks))
         return n_batches * BATCH
 
     return epoch
@@ -234,6 +233,39 @@ def ffcv_status() -> str:
             return "a wheel exists (not measured by this script)"
     return ("not measured: ffcv 1.0.2 is published as an sdist only (no wheel); its setup.py needs pkg-config's "
             "opencv4 and libjpeg-turbo headers, which pip cannot bring (pkg-config --exists opencv4 fails here)")
+
+
+def gil_check(files: list[bytes], hw: np.ndarray) -> dict[str, float]:
+    """A Python loop's speed while another thread decodes, as a fraction of its speed beside a sleeping
+    thread: near that reference when the decoder releases the GIL (on 2 cores the loop shares a core)."""
+    regions = RegionDecoders("auto")
+    boxes = np.concatenate(draws(len(files) // BATCH, hw, 0))
+    kinds: dict[str, Callable[[int], Any]] = {"sleep": lambda j: time.sleep(0.001),
+                                              "simplejpeg": lambda j: simplejpeg.decode_jpeg(files[j], colorspace="RGB")}
+    if regions.available:
+        def region(j: int) -> Any:
+            h, w = (int(v) for v in hw[j])
+            return regions.decode(files[j], (0, h // 2), (0, w // 2))
+        kinds["nvimgcodec region"] = region
+    loops = {}
+    for kind, fn in kinds.items():
+        stop = threading.Event()
+
+        def work(fn: Callable[[int], Any] = fn, stop: threading.Event = stop) -> None:
+            j = 0
+            while not stop.is_set():
+                fn(j % len(boxes))
+                j += 1
+
+        t = threading.Thread(target=work)
+        t.start()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 1.0:
+            n += 1
+        stop.set()
+        t.join()
+        loops[kind] = n
+    return {k: round(v / loops["sleep"], 2) for k, v in loops.items() if k != "sleep"}
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -379,6 +411,8 @@ def render(info: dict[str, Any], res: dict[str, Any]) -> str:
         rows = [(k, f"{v:,.0f}", f"{s['x_full_decode_ceiling'][k]:.2f}") for k, v in s["images_per_s"].items()]
         out += [markdown_table(["method", "images/s", "x full-decode ceiling"], rows), ""]
         out += [f"Windows decoded by crop_decode=auto (per method, over all epochs): {s['plans']}", ""]
+    out += [f"Python loop speed beside a decoding thread, as a fraction of beside a sleeping one (GIL released "
+            f"when well above 0): {res['gil']}", ""]
     q = res["quality"]
     out += ["## Quality: PSNR against full decode + the same crop and resize (mixed set)", ""]
     out += [markdown_table(["path", "mean dB", "worst dB", "worst sample"],
@@ -419,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         res["quality"] = quality(stored(mixed["encoded"]), {k: stored(v) for k, v in mixed.items() if k != "encoded"})
         res["sets"]["mixed sizes, 350-800 px long side"] = time_set(mixed, settings["repeats"])
         res["sets"][f"one size, {FIXED[1]}x{FIXED[0]}"] = time_set(fixed, settings["repeats"])
-        res["parity"] = None if a.no_train else parity(work, a.quick)
+        res["gil"] = gil_check(*stored(mixed["encoded"]))
+        res["parity"] = None if a.no_train or a.quick else parity(work, a.quick)
     finally:
         if a.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
