@@ -143,22 +143,31 @@ def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_
     _lerp2(src[:, first:last], (r0, r1, ty), (c0 - first, c1 - first, tx), out)
 
 
+_GRAIN = 16384  # elements per torch op: below torch's parallel grain (32768), so each op runs in the calling thread
+
+
 def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
            cols: tuple[np.ndarray, np.ndarray, np.ndarray], out: np.ndarray) -> None:
-    """Separable bilinear interpolation, rows first (the window is at least the output), in torch: its
-    gathers and lerps run about 3x faster than numpy's here (benchmarks/results/jpeg_crop.md)."""
+    """Separable bilinear interpolation, rows first, in blocks of output rows small enough that torch runs
+    each op in the calling thread: the reader threads are the parallelism (torch's intra-op threads,
+    called from two readers on a busy machine, were an order of magnitude slower in a one-off A/B here,
+    and numpy's takes held the GIL); torch's kernels release the GIL."""
     c = src.shape[2]
-    flat = torch.from_numpy(np.ascontiguousarray(src)).view(src.shape[0], -1)  # (h, w' * C)
+    flat = torch.from_numpy(np.ascontiguousarray(src)).view(src.shape[0], -1)  # (h, w' * C) uint8
     r0, r1, ty = (torch.from_numpy(np.ascontiguousarray(a)) for a in rows)
-    top = flat.index_select(0, r0).float()
-    kept = torch.lerp(top, flat.index_select(0, r1).float(), ty.view(-1, 1))
-    chan = np.arange(c)
     c0, c1, tx = cols
-    left = kept.index_select(1, torch.from_numpy((c0[:, None] * c + chan).ravel()))
-    right = kept.index_select(1, torch.from_numpy((c1[:, None] * c + chan).ravel()))
+    chan = np.arange(c)
+    i0 = torch.from_numpy((c0[:, None] * c + chan).ravel())
+    i1 = torch.from_numpy((c1[:, None] * c + chan).ravel())
+    wx = torch.from_numpy(np.repeat(tx, c)).view(1, -1)
     o = torch.from_numpy(out).view(out.shape[0], -1)
-    torch.lerp(left, right, torch.from_numpy(np.repeat(tx, c)).view(1, -1), out=o)
-    o.mul_(_INV255)
+    step = max(1, _GRAIN // max(flat.shape[1], o.shape[1]))
+    for a in range(0, o.shape[0], step):
+        b = min(o.shape[0], a + step)
+        top = flat.index_select(0, r0[a:b]).float()
+        kept = torch.lerp(top, flat.index_select(0, r1[a:b]).float(), ty[a:b].view(-1, 1))
+        torch.lerp(kept.index_select(1, i0), kept.index_select(1, i1), wx, out=o[a:b])
+        o[a:b].mul_(_INV255)
 
 
 def _region(box: tuple[float, float, float, float], oh: int, ow: int, hw: tuple[int, int]
