@@ -11,13 +11,14 @@ from PIL import Image
 
 pytest.importorskip("nvidia.dali")
 
+from test_decode_crop import SIZES, photo  # noqa: E402
+
 import converters  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.augment import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
-from fastdata.loaders.dali_region import decodes_region, with_region  # noqa: E402
 from fastdata.loaders.dali_augment import compile_chain  # noqa: E402
-from test_decode_crop import SIZES, photo  # noqa: E402
+from fastdata.loaders.dali_region import decodes_region, with_region  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -66,14 +66,16 @@ def test_crop_decoding_matches_decoding_first(tmp_path, op):
     """Same draws as the padded path: exact windows are equal to float rounding, resampled ones close."""
     root = _dataset(tmp_path)
     aug = [op, HorizontalFlip(), VerticalFlip(), ColorJitter(brightness=0.2)]
-    ref, fast = _batches(root, aug, "off"), _batches(root, aug, "auto")
-    assert len(ref) == len(fast) == 2
-    for r, f in zip(ref, fast):
-        assert r["image"].shape == f["image"].shape and r["image_shape"].tolist() == f["image_shape"].tolist()
-        if isinstance(op, (RandomCrop, CenterCrop)):  # no resampling: the same pixels
-            assert torch.allclose(r["image"], f["image"], atol=1e-5)
-        else:
-            assert _psnr(r["image"], f["image"]) > 30
+    ref = _batches(root, aug, "off")
+    for crop in ("auto", "region"):
+        fast = _batches(root, aug, crop)
+        assert len(ref) == len(fast) == 2
+        for r, f in zip(ref, fast):
+            assert r["image"].shape == f["image"].shape and r["image_shape"].tolist() == f["image_shape"].tolist()
+            if isinstance(op, (RandomCrop, CenterCrop)):  # no resampling: the same pixels
+                assert torch.allclose(r["image"], f["image"], atol=1e-5)
+            else:
+                assert _psnr(r["image"], f["image"]) > 30
 
 
 def test_full_scale_windows_are_exact_and_the_scaled_ones_are_close(tmp_path):
@@ -104,10 +106,10 @@ def test_full_scale_windows_are_exact_and_the_scaled_ones_are_close(tmp_path):
 def test_pil_fallback_decodes_the_same_windows(tmp_path, monkeypatch):
     root = _dataset(tmp_path)
     aug = [RandomResizedCrop(48)]
-    fast = _batches(root, aug, "scaled")
+    fast = _batches(root, aug, "auto")
     monkeypatch.setattr(decode, "simplejpeg", None)
     monkeypatch.setattr(cropdecode, "simplejpeg", None)
-    slow = _batches(root, aug, "scaled")
+    slow = _batches(root, aug, "auto")
     for a, b in zip(fast, slow):
         assert _psnr(a["image"], b["image"]) > 40  # both libjpeg-turbo: PIL's draft may upsample chroma differently
 
@@ -168,7 +170,7 @@ def test_bad_jpeg_names_the_sample(tmp_path):
     ds = fastdata.open(root, decode=False)
     raw = ds.get_batch(np.arange(len(ds)))
     field = next(f for f in ds.schema if f.name == "image")
-    for regions in ("auto", "scaled"):
+    for regions in ("auto", "region"):
         stage = CropStage(field, (RandomResizedCrop(48, scale=(1.0, 1.0), ratio=(1.0, 1.0)),), 0, False, regions)
         bad = {**raw, "image": raw["image"].copy(), "image_lengths": raw["image_lengths"].copy()}
         bad["image_lengths"][1] = 320

@@ -103,7 +103,7 @@ class CropStage:
         self.ops = tuple(chain[:n])
         self.seed = seed
         self.size = pair(self.op.size)
-        self.regions = RegionDecoders("auto" if regions == "auto" else "none")
+        self.regions = RegionDecoders("auto" if regions == "region" else "none")
         self._floats = Recycler(pin)
         self._local = threading.local()  # each thread's scratch memory for whole-image decodes
         self._lock = threading.Lock()
