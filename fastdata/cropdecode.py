@@ -18,6 +18,7 @@ measures them. Raw pixels and other codecs are decoded (or viewed) whole and sam
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import threading
@@ -46,10 +47,9 @@ def dct_scale(w: float, h: float, ow: int, oh: int) -> int:
 
 def _nvimgcodec() -> Any:
     try:
-        from nvidia import nvimgcodec
+        return importlib.import_module("nvidia.nvimgcodec")
     except ImportError:
         return None
-    return nvimgcodec
 
 
 class RegionDecoders:
@@ -76,7 +76,9 @@ class RegionDecoders:
     def decode(self, data: Any, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray | None:
         """RGB uint8 pixels of rows ``[r0, r1)`` and columns ``[c0, c1)``, or None when the decoder
         refuses the stream (the caller then decodes it whole and reports any error)."""
-        n = self.module
+        n: Any = self.module
+        if n is None:
+            return None
         local = self._local
         if getattr(local, "decoder", None) is None:
             local.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
@@ -167,7 +169,7 @@ def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
         top = flat.index_select(0, r0[a:b]).float()
         kept = torch.lerp(top, flat.index_select(0, r1[a:b]).float(), ty[a:b].view(-1, 1))
         torch.lerp(kept.index_select(1, i0), kept.index_select(1, i1), wx, out=o[a:b])
-        o[a:b].mul_(_INV255)
+        o[a:b].mul_(float(_INV255))
 
 
 def _region(box: tuple[float, float, float, float], oh: int, ow: int, hw: tuple[int, int]

@@ -164,13 +164,15 @@ class CropStage:
         codecs = batch.get(name + CODEC_SUFFIX)
         used: Counter[str] = Counter()
         for j, (h, w, _) in enumerate(shapes.tolist()):
-            box, flip = tuple(boxes[j].tolist()), (bool(flips[j, 0]), bool(flips[j, 1]))
+            box: tuple[float, float, float, float] = tuple(boxes[j].tolist())
+            flip = (bool(flips[j, 0]), bool(flips[j, 1]))
             try:
                 if f.encoding == ENCODING_PIXELS:
-                    pixels_crop(data[j], (h, w), spec.channels, box, arr[j], flip)  # type: ignore[arg-type]
+                    pixels_crop(data[j], (h, w), spec.channels, box, arr[j], flip)
                     used["pixels"] += 1
                     continue
-                used[decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box,  # type: ignore[arg-type]
+                assert codecs is not None, "an encoded image field is read with its codec field"
+                used[decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box,
                                  arr[j], self.regions, self._scratch(h * w * spec.channels), flip)] += 1
             except DecodeError as e:
                 raise CorruptShardError(f"{where(j)}: field {name!r}: {e}") from None

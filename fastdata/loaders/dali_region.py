@@ -21,7 +21,8 @@ class _RegionResizedCrop(_ResizedCrop):
     """RandomResizedCrop whose decoder decoded its region: params are the region (absolute start and end,
     (y, x)) for the decoder, then the window inside it for the resize."""
 
-    params = (np.dtype(np.int32), np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float32))
+    params: tuple[np.dtype, ...] = (np.dtype(np.int32), np.dtype(np.int32), np.dtype(np.float32),  # type: ignore[assignment]
+                                    np.dtype(np.float32))
 
     def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
         start, end = super().draw(rng, hw)  # relative (y, x), float32: the torch op's window
@@ -41,7 +42,7 @@ class _RegionResizedCrop(_ResizedCrop):
 class _RegionWindow(_Window):
     """RandomCrop / CenterCrop decoded as exactly the window: nothing left to do after the decoder."""
 
-    params = (np.dtype(np.int32), np.dtype(np.int32))
+    params: tuple[np.dtype, ...] = (np.dtype(np.int32), np.dtype(np.int32))  # type: ignore[assignment]
 
     def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
         (start,) = super().draw(rng, hw)
