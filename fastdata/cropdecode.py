@@ -145,7 +145,7 @@ def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_
     _lerp2(src[:, first:last], (r0, r1, ty), (c0 - first, c1 - first, tx), out)
 
 
-_GRAIN = 16384  # elements per torch op: below torch's parallel grain (32768), so each op runs in the calling thread
+_GRAIN = 32767  # elements per torch op: below torch's parallel grain (32768), so each op runs in the calling thread
 
 
 def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
