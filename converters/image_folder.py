@@ -30,7 +30,7 @@ from fastdata.format.spec import (
     SHAPE_DTYPE,
     SHAPE_SUFFIX,
 )
-from fastdata.handles import usable_cpus
+from fastdata.world import usable_cpus
 from fastdata.write import Progress
 from fastdata.write.local import mp_context
 

@@ -35,7 +35,8 @@ from .format.spec import (
     FieldSpec,
     ImageSpec,
 )
-from .handles import PerProcessHandle, usable_cpus
+from .handles import PerProcessHandle
+from .world import usable_cpus
 
 try:  # a dependency; PIL stays the fallback where it is missing. 1.7 added strict mode
     import simplejpeg
@@ -110,6 +111,22 @@ def _decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None
     if a.shape != out.shape:
         raise DecodeError(f"{CODECS[codec]} decodes to {a.shape}, the recorded shape is {out.shape}")
     out[...] = a
+
+
+def _decode_pil_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.ndarray:
+    """A JPEG decoded by PIL at the DCT reduction (``draft``) that still gives at least ``min_hw``."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
+            im.draft(spec.mode, (min_hw[1], min_hw[0]))
+            im.load()
+            a = np.asarray(_jpeg_to_mode(im, spec.mode))
+    except DecodeError:
+        raise
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on corrupt data
+        raise DecodeError(f"cannot decode jpeg: {type(e).__name__}: {e}") from None
+    return a.reshape(a.shape[0], a.shape[1], -1)
 
 
 def _jpeg_to_mode(im: Any, mode: str) -> Any:

@@ -16,9 +16,6 @@ import threading
 import weakref
 from typing import Any, Generic, TypeVar
 
-# usable_cpus lives in fastdata.world; re-exported until decode.py and converters/ import it from there
-from .world import usable_cpus  # noqa: F401
-
 H = TypeVar("H")
 
 

@@ -15,11 +15,12 @@ turn, each of its views, each op; then ``Mix`` (one draw per batch).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Mapping
 
 import torch
 
-from .augment import Augment, Normalize, _builtin, image_hw, shapes_after
+from .augment import Augment, Normalize, image_hw, shapes_after
+from .augment.pipeline import _builtin
 from .errors import UsageError
 from .format.spec import LENGTHS_SUFFIX, OFFSETS_SUFFIX, SHAPE_SUFFIX
 from .mixing import kept_fraction, mix_boxes, mix_images, mix_mask
@@ -94,10 +95,12 @@ def _kind_of(name: str, batch: Batch, images: tuple[str, ...], mixed: frozenset[
 
 def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[str, ...] = (),
                   mixed: frozenset[str] = frozenset(), finish: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
-                  skip: frozenset[str] = frozenset()) -> Batch:
+                  skip: frozenset[str] = frozenset(), precropped: Mapping[str, int] | None = None) -> Batch:
     """Augment ``batch`` in place (and return it): every field of :func:`field_kinds`, then ``aug.mix``.
     ``finish(name, image)`` is called on each augmented image (e.g. channels_last); ``skip``: fields
-    already augmented elsewhere (by DALI, whose draws came first from ``g``)."""
+    already augmented elsewhere (by DALI, whose draws came first from ``g``); ``precropped``: image fields whose
+    first ops (a crop or Resize, and flips after it) the reader applied while decoding, and how many
+    (fastdata.loaders.crop)."""
     kinds = field_kinds(aug, batch, images, mixed)
     mixed_needs_size(aug, mixed)
     image_fields = [n for n, k in kinds.items() if k == "image"]
@@ -110,8 +113,11 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
         pre: Batch = {}
         if kind == "image":
             sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
+            done = (precropped or {}).get(name, 0)  # its first ops ran in the reader (fastdata.loaders.crop)
+            before = batch[name + SHAPE_SUFFIX][:, :2] if done else None
             stacked = _preallocate(aug.view_ops, batch[name], sizes)
-            outs = [aug.run(batch, g, name, sizes, ops=ops, into=stacked[:, v] if stacked is not None else None)
+            outs = [aug.run(batch, g, name, sizes, hw=before, ops=ops, into=stacked[:, v] if stacked is not None else None,
+                            done=done)
                     for v, ops in enumerate(aug.view_ops)]
             written = [name] + [k for k in (name + SHAPE_SUFFIX,) if k in batch] + _target_keys(aug, outs[0])
             if stacked is not None and all(o[name].data_ptr() == stacked[:, v].data_ptr() for v, o in enumerate(outs)):

@@ -27,6 +27,13 @@ class LoaderConfig:
     sample; ``"packed"`` gives them back to back with ``<name>_offsets`` (``Dataset.get_batch``),
     e.g. for ``torch.nested.nested_tensor_from_jagged(x, x_offsets)``; torch backend only, and
     mixed-size images then stay flat uint8 bytes (``image_dtype="uint8"``, no ``augment``).
+    ``crop_decode``: when ``augment`` starts with a crop or ``Resize``, the reader threads decode
+    each image's window only (a JPEG at the smallest DCT scale that keeps the output's resolution)
+    straight into the fixed-size batch (fastdata/loaders/crop.py, docs/backends.md); ``"off"``:
+    decode whole images into a padded batch and crop after (bit-exact with decoding first).
+    ``"auto"``: simplejpeg (PIL without it), DCT-scaled when the window allows, else the whole image;
+    ``"region"``: windows near the output size decode only their region with nvImageCodec (when
+    installed): no faster on the CPU in benchmarks/results/jpeg_crop.md, so not the default.
     """
 
     mode: Literal["threads", "processes"] = "threads"
@@ -40,6 +47,7 @@ class LoaderConfig:
     shard_window: int = 2
     ragged: Literal["padded", "packed"] = "padded"
     readahead: int = 256 << 20
+    crop_decode: Literal["auto", "region", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in ("threads", "processes"):
@@ -52,5 +60,7 @@ class LoaderConfig:
             raise UsageError(f"ragged must be 'padded' or 'packed', not {self.ragged!r}")
         if isinstance(self.readahead, bool) or not isinstance(self.readahead, int) or self.readahead < 0:
             raise UsageError(f"readahead must be a number of bytes >= 0 (0: off), not {self.readahead!r}")
+        if self.crop_decode not in ("auto", "region", "off"):
+            raise UsageError(f"crop_decode must be 'auto', 'region' or 'off', not {self.crop_decode!r}")
         if self.block < 1 or self.window < 1 or self.shard_window < 1:
             raise UsageError("block, window and shard_window must be positive")

@@ -1,7 +1,7 @@
 """The DALI backend: ``fastdata.loader(..., backend="dali")``.
 
 One DALI pipeline, kept across consecutive epochs: ``fn.external_source`` fed by fastdata's own
-reader (dali_feed.py: whole batches of the plan from ``fastdata.sampling``, stored bytes for
+reader (dali_feed.py: whole batches of the plan from ``fastdata.order``, stored bytes for
 encoded images), ``fn.decoders.image`` (``device="mixed"``, nvJPEG, on CUDA; ``"cpu"``
 otherwise), the augmentation spec as DALI operators (dali_augment.py) and
 ``fn.crop_mirror_normalize`` for the float output. Batches reach torch through DALI's PyTorch
@@ -32,14 +32,16 @@ from ..errors import (
 )
 from ..format import LENGTHS_SUFFIX
 from ..format.spec import SHAPE_SUFFIX
-from ..handles import usable_cpus
 from ..seeds import Stream, int_seed
 from ..views import augment_batch, join_views
+from ..world import usable_cpus
 from .base import Loader
 from .buffers import torch_dtype
 from .config import LoaderConfig
 from .dali_augment import Chain, Graph, Img, compile_chain
 from .dali_feed import GENERATOR_STATE, Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
+from .dali_region import decode as decode_image
+from .dali_region import with_region
 
 log = logging.getLogger("fastdata.loader")
 INSTALL_HINT = 'pip install "fastdata[dali]"  (the nvidia-dali-cuda130 wheel)'
@@ -139,7 +141,7 @@ class DaliLoader(Loader):
             raise UsageError(f"{problem}: use backend='torch'")
         targets = tuple(self.augment.targets) if self.augment is not None else ()
         self.routes: list[Route] = plan_routes(dataset, self.config.images, targets)
-        self._targets = _attach_augment(self.routes, self.augment)
+        self._targets = _attach_augment(self.routes, self.augment, region=self.config.crop_decode != "off")
         # sequence ops and Mix run with the torch code on DALI's output, with the generator where DALI left it
         self._rest = self.augment is not None and (self.augment.mix is not None
                                                    or self.augment.enabled_ops and self.augment.op_kind != "image")
@@ -320,9 +322,10 @@ class DaliLoader(Loader):
             self._drop(run)
 
 
-def _attach_augment(routes: list[Route], augment: Augment | None) -> HostTargets | None:
+def _attach_augment(routes: list[Route], augment: Augment | None, region: bool = False) -> HostTargets | None:
     """Compile the spec for each augmented field (the image fields unless ``augment.fields`` says);
-    with targets, the one augmented image field and the targets' host-side transform."""
+    with targets, the one augmented image field and the targets' host-side transform. ``region``: an
+    encoded field of one view whose chain starts with a crop decodes only its window (dali_region.py)."""
     if augment is None or not augment.enabled or augment.op_kind != "image":
         return None  # nothing to do, or sequence ops: the torch code runs them on DALI's output
     images = [r for r in routes if r.image]
@@ -341,6 +344,8 @@ def _attach_augment(routes: list[Route], augment: Augment | None) -> HostTargets
                          "use backend='torch' to augment other fields")
     for r in images:
         r.chain, *r.more = (compile_chain(ops, r.channels) for ops in augment.view_ops)
+        if region and r.kind == "encoded" and not r.more:
+            r.chain = with_region(r.chain)
         if r.more and any(c.out_size is None for c in r.chains):
             raise UsageError("on the DALI backend every view must end in one size (a crop or Resize): add one to "
                              "each view, or use backend='torch'")
@@ -382,8 +387,7 @@ def _graph(g: Graph, r: Route, data: list[Any], params: list[list[Any]], pad_hw:
         return [g.dev(data[0])]
     if r.kind == "encoded":
         files = g.fn.slice(data[0], start=[0], shape=data[1], axes=[0])  # each sample's stored bytes
-        node = g.fn.decoders.image(files, device="mixed" if g.gpu else "cpu",
-                                   output_type=g.types.RGB if r.channels == 3 else g.types.GRAY)
+        node = decode_image(g, files, r.channels, r.chain if len(r.chains) == 1 else None, params[0] if params else [])
     else:
         node = g.dev(data[0])
     if not r.chains:

@@ -62,10 +62,13 @@ class DeviceStage:
         self.images = images  # uint8 HWC fields that become float NCHW (fastdata.format.spec.image_fields)
         self.rank = rank  # distributed ranks draw different augmentation parameters
         self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
+        self.precropped: dict[str, int] = {}  # fields whose first ops the reader threads ran, how many (crop.py)
 
-    def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset()) -> Batch:
+    def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset(),
+                  precropped: dict[str, int] | None = None) -> Batch:
         """Images to float NCHW, then augmentation; ``mixed``: image fields padded from mixed sizes
-        (see :func:`mixed_sizes`), augmented image by image at their true sizes."""
+        (see :func:`mixed_sizes`), augmented image by image at their true sizes; ``precropped``: fields
+        the reader already cropped, with how many ops it ran (drawn again here, not applied)."""
         if self.keep_uint8:
             return batch
         for name in self.images:
@@ -73,7 +76,7 @@ class DeviceStage:
         if self.augment is not None and self.augment.enabled:
             # parameters are drawn on the CPU on every device: the DALI backend draws the same ones
             g = batch_generator(self.seed, epoch, k, torch.device("cpu"), self.rank)
-            augment_batch(self.augment, batch, g, self.images, mixed, self._finish)
+            augment_batch(self.augment, batch, g, self.images, mixed, self._finish, precropped=precropped)
         return batch
 
     def _finish(self, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -97,13 +100,15 @@ class DeviceStage:
 
     def mixed(self, host: Batch) -> frozenset[str]:
         """Checked on the host batch (no device sync), only when augmenting."""
-        return mixed_sizes(host) if self.augment is not None and self.augment.enabled else frozenset()
+        if self.augment is None or not self.augment.enabled:
+            return frozenset()
+        return mixed_sizes(host) - set(self.precropped)  # cropped in the reader: one size, stored sizes in <name>_shape
 
     def host_transform(self, epoch: int) -> Callable[[Batch, int], Batch] | None:
         """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""
         if self.device.type == "cuda":
             return None
-        return lambda batch, k: self.transform(dict(batch), epoch, k, self.mixed(batch))
+        return lambda batch, k: self.transform(dict(batch), epoch, k, self.mixed(batch), self.precropped)
 
     def run(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
         """Batches on the device; on the CPU the readers already transformed them (host_transform)."""
@@ -120,7 +125,7 @@ class DeviceStage:
             with torch.cuda.stream(stream):
                 db = {n: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t
                       for n, t in hb.items()}
-                db = self.transform(db, epoch, k, self.mixed(hb))
+                db = self.transform(db, epoch, k, self.mixed(hb), self.precropped)
             ev = torch.cuda.Event()
             ev.record(stream)
             inflight.append((hb, ev))

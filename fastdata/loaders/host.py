@@ -21,6 +21,7 @@ from ..errors import LoaderWorkerError
 from ..format.spec import ENCODING_IMAGE, is_string
 from .base import wrap_error
 from .buffers import Recycler, torch_dtype
+from .crop import CropStage
 from .transform import BatchTransform, TransformError
 
 HostBatch = dict[str, torch.Tensor]
@@ -83,7 +84,7 @@ def to_tensors(batch: dict[str, Any]) -> HostBatch:
     """Arrays become tensors; lists of strings (string fields, keys) pass through unchanged."""
     out: dict[str, Any] = {}
     for k, v in batch.items():
-        if isinstance(v, list):
+        if isinstance(v, (list, torch.Tensor)):  # a tensor: already in its final (recycled) memory
             out[k] = v
             continue
         if not v.dtype.isnative:
@@ -103,8 +104,9 @@ class ThreadReader:
     ``transform`` runs in the thread that read the batch."""
 
     def __init__(self, dataset: Dataset, threads: int, prefetch: int, pin: bool, ragged: Ragged = "padded",
-                 transform: BatchTransform | None = None) -> None:
+                 transform: BatchTransform | None = None, crop: CropStage | None = None) -> None:
         self.dataset = dataset
+        self.crop = crop  # decodes the augmented image field window by window (crop.py)
         self.ragged = ragged
         self.transform = transform
         self.threads = threads  # 0: read in the iterating thread
@@ -120,10 +122,13 @@ class ThreadReader:
         where = f"loader thread {threading.current_thread().name!r}, batch {k}"
         try:
             batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()}, ragged=self.ragged)
+            for name in self.pool.ragged:
+                self.pool.saw(name, batch[name].size)  # ragged results are views of their buffer when large enough
+            if self.crop is not None:
+                root = self.dataset.root
+                batch = self.crop(batch, epoch, rank, k, lambda j: f"{root}: sample {int(idx[j])}")
         except Exception as e:
             raise wrap_error(e, where) from e
-        for name in self.pool.ragged:
-            self.pool.saw(name, batch[name].size)  # ragged results are views of their buffer when it was large enough
         if self.transform is not None:
             try:
                 batch = self.transform(batch, epoch, rank, k)

@@ -12,6 +12,7 @@ from ..dataset import Dataset
 from ..errors import UsageError
 from ..format.spec import ENCODING_IMAGE, image_fields
 from .base import Loader
+from .crop import CropStage, crop_field
 from .device import DeviceStage
 from .host import ThreadReader, to_tensors
 from .procs import ProcessReader
@@ -58,14 +59,24 @@ class TorchLoader(Loader):
             # the reader threads are the parallelism: a decode pool shared by them made each reader
             # wait on the others' images
             changes["decode_threads"] = 1
+        crop = crop_field(self.dataset, self.augment, images, config, view and self._bound is None)
+        stage = None
+        if crop is not None:  # the reader threads decode that field window by window (crop.py)
+            assert self.augment is not None
+            changes["decode"] = False
+            floats = (crop,)
+            field = next(f for f in self.dataset.schema if f.name == crop)
+            stage = CropStage(field, self.augment.ops, self.seed, pin, config.crop_decode)
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
             self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged,
                                               self._bound)
         else:
-            self._reader = ThreadReader(self._read_ds, self.workers, config.prefetch, pin, config.ragged, self._bound)
+            self._reader = ThreadReader(self._read_ds, self.workers, config.prefetch, pin, config.ragged, self._bound,
+                                        stage)
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
                                    keep_uint8=config.image_dtype == "uint8", unit_float=frozenset(floats))
+        self._device.precropped = {crop: len(stage.ops)} if crop is not None and stage is not None else {}
 
     def _decode_float(self, images: tuple[str, ...]) -> tuple[str, ...]:
         """The encoded image fields to decode straight to float: on the CPU, float output, a dataset

@@ -1,0 +1,219 @@
+"""The pipeline: :class:`Augment` runs its ops in order on a batch, one draw per op, targets following."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence, Union
+
+import torch
+
+from ..errors import UsageError
+from ..format.spec import SHAPE_SUFFIX
+from ..mixing import Mix
+from ..seqaug import ops_kind
+from ..targets import Boxes, Custom, Keypoints, Mask, Target
+from .affine import Pad, RandomAffine
+from .base import Tensor, _Geometric, image_hw
+from .color import ColorJitter, GaussianNoise, Normalize
+from .follow import _Targets
+from .geometric import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize, VerticalFlip
+
+Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
+           ColorJitter, GaussianNoise, Normalize]
+
+_BUILTIN = (RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
+            ColorJitter, GaussianNoise, Normalize)
+CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)  # crops: ops whose output has one size (so does Resize)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _builtin(op: Any) -> bool:
+    return type(op) in _BUILTIN  # a subclass may override apply without sizes: treated as an op of your own
+
+
+@dataclass(frozen=True)
+class Augment:
+    """An augmentation pipeline: ``ops`` applied in order to each field in ``fields``.
+
+    ``fields=None`` means the image fields (uint8 HWC) when the dataset has any, else every
+    floating-point field with at least two axes per sample. ``targets``: fields that move with the
+    image ({name: Keypoints(...) | Boxes(...) | Mask() | Custom(...)}): every geometric op
+    transforms them with the image's own random draw; then exactly one image field is augmented.
+    Ops of your own (an object with ``apply(x, g)``) must not move pixels when targets are declared.
+
+    ``fields`` may give each field's kind, ``{"x": "sequence"}`` ("image", "sequence", "array"; sequence
+    ops: fastdata.seqaug). ``views``: a number of views made with ``ops``, or one list of ops (or an
+    ``Augment`` of ops only) per view; ``mix``: MixUp/CutMix after the ops (fastdata.mixing). How
+    views appear in the batch, and the draw order: fastdata/views.py, docs/augment.md.
+    """
+
+    ops: tuple[Op, ...] = ()
+    fields: tuple[str, ...] | Mapping[str, str] | None = None
+    targets: Mapping[str, Target] = field(default_factory=dict, hash=False)
+    views: int | tuple[tuple[Any, ...], ...] = 1
+    mix: Mix | None = None
+    kinds: Mapping[str, str] = field(default_factory=dict, init=False, hash=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", tuple(self.ops))
+        object.__setattr__(self, "targets", dict(self.targets))
+        if isinstance(self.fields, Mapping):
+            bad = {k: v for k, v in self.fields.items() if v not in ("image", "sequence", "array")}
+            if bad:
+                raise UsageError(f"field kinds must be 'image', 'sequence' or 'array', not {bad}")
+            object.__setattr__(self, "kinds", dict(self.fields))
+        if self.fields is not None:
+            object.__setattr__(self, "fields", tuple(self.fields))
+        object.__setattr__(self, "views", _views(self.views, self.ops))
+        if self.mix is not None:
+            if not isinstance(self.mix, Mix):
+                raise TypeError(f"mix must be a fastdata.mixing.Mix, not {self.mix!r}")
+            if len(self.view_ops) > 1:
+                raise UsageError("Mix with several views is not supported: mix one view, or make views without mix")
+            self.mix.check_targets(dict(self.targets))
+        self.op_kind  # noqa: B018 - raises on a list mixing image and sequence ops
+        for op in (op for ops in self.view_ops for op in ops):
+            if not hasattr(op, "apply"):
+                raise TypeError(f"not an augmentation op: {op!r}")
+        for name, t in self.targets.items():
+            if not isinstance(t, (Keypoints, Boxes, Mask, Custom)):
+                raise TypeError(f"target {name!r} must be Keypoints, Boxes, Mask or Custom, not {t!r}")
+        if self.fields is not None:
+            both = sorted(set(self.fields) & set(self.targets))
+            if both:
+                raise UsageError(f"{both[0]!r} is both an augmented image field and a target")
+
+    @property
+    def view_ops(self) -> tuple[tuple[Any, ...], ...]:
+        """Each view's ops (one view: ``(ops,)``)."""
+        return (self.ops,) * self.views if isinstance(self.views, int) else self.views
+
+    @property
+    def op_kind(self) -> str:
+        """"sequence" when the ops are sequence ops (fastdata.seqaug), else "image"."""
+        return ops_kind(tuple(op for ops in self.view_ops for op in ops))
+
+    @property
+    def enabled_ops(self) -> bool:
+        """Some view has an op."""
+        return any(self.view_ops)
+
+    @property
+    def enabled(self) -> bool:
+        """Anything to do: ops, several views or mixing."""
+        return self.enabled_ops or len(self.view_ops) > 1 or self.mix is not None
+
+    def __call__(self, x: Tensor, g: torch.Generator, sizes: Tensor | None = None) -> Tensor:
+        """Apply the ops in order; ``sizes``: (B, 2) true (H, W) of top-left images in a padded batch
+        (ops of your own see the padded batch)."""
+        if len(self.view_ops) > 1 or self.mix is not None:
+            raise UsageError("calling an Augment applies its ops to one tensor; views and mix need the batch: "
+                             "fastdata.views.augment_batch(augment, batch, g)")
+        return self.run({"": x}, g, "", sizes, targets=False)[""]
+
+    def run(self, batch: dict[str, Tensor], g: torch.Generator, image: str | None, sizes: Tensor | None = None,
+            hw: Tensor | None = None, targets: bool = True, ops: Sequence[Any] | None = None,
+            into: Tensor | None = None, done: int = 0) -> dict[str, Tensor]:
+        """Augment ``batch[image]`` (float (B, C, H, W)) and the declared targets in ``batch`` with
+        one draw per op; returns the batch with them replaced (and ``<boxes>_valid`` added).
+
+        ``image=None``: the targets alone, with the draws the image would have had: ``hw`` gives
+        the images' (B, 2) sizes (the DALI backend transforms the image itself). ``into``: where a final
+        ``Normalize`` writes the image when the shapes match (fastdata.views stacks views so). ``done``:
+        the first ops already ran on the image (the reader decoded the crop, fastdata.loaders.crop): they
+        are drawn again, from ``hw`` (the sizes before them), for the targets and the later draws.
+        """
+        x = batch[image] if image is not None else None
+        if x is not None and not done:
+            hw = image_hw(x, sizes, g.device)
+        elif hw is None:
+            raise ValueError("Augment.run without an image, or with ops done, needs hw, the images' sizes")
+        else:
+            hw = hw.to(g.device).float()
+        out = dict(batch)
+        chain = list(self.ops if ops is None else ops)
+        work = _Targets(self.targets if targets else {}, out, x)
+        for k, op in enumerate(chain):
+            if not _builtin(op):
+                x, sizes, hw = _own_op(op, x, g, work.active, sizes, hw)
+                continue
+            img = x if k >= done else None  # the image this op transforms (None: done already, or none)
+            if img is not None:
+                op.check(img, sizes)
+            p = op.draw(g, hw)
+            if img is not None:
+                last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == img.shape
+                x = op.into(img, into) if last else op.image(img, p, sizes)
+            if isinstance(op, _Geometric):
+                if work.active:
+                    work.apply(op, p, hw, sizes)
+                sizes = None if op.fixed_size or sizes is None else op.out_sizes(sizes)
+                hw = op.out_sizes(hw)
+        if x is not None:
+            out[image] = x  # type: ignore[index]
+            _update_shapes(out, image + SHAPE_SUFFIX, hw)  # type: ignore[operator]
+        work.finish(out)
+        return out
+
+
+def _own_op(op: Any, x: Tensor | None, g: torch.Generator, targets: bool, sizes: Tensor | None, hw: Tensor
+            ) -> tuple[Tensor, Tensor | None, Tensor]:
+    """An op of your own on the image; the sizes it leaves (unknown once it resized the canvas)."""
+    if x is None:
+        raise UsageError(f"{op!r} is not a built-in op: it cannot run without the image")
+    canvas = x.shape[-2:]
+    x = op.apply(x, g)
+    if x.shape[-2:] != canvas:
+        if targets:
+            raise UsageError(f"{type(op).__name__} changed the image size; declared targets cannot "
+                             "follow an op of your own that moves pixels")
+        return x, None, image_hw(x, None, g.device)  # resized by your op: the true sizes are unknown from here on
+    return x, sizes, hw
+
+
+def _views(views: Any, ops: tuple[Any, ...]) -> int | tuple[tuple[Any, ...], ...]:
+    """``views`` as a count, or one tuple of ops per view (from lists of ops or Augments of ops only)."""
+    if isinstance(views, bool) or not isinstance(views, (int, Sequence)) or isinstance(views, str):
+        raise UsageError(f"views must be a number of views or a list of augmentations, not {views!r}")
+    if isinstance(views, int):
+        if views < 1:
+            raise UsageError(f"views must be >= 1, not {views}")
+        return views
+    if ops:
+        raise UsageError("give the ops either as ops= (the same for every view) or in views=[...], not both")
+    out = []
+    for v in views:
+        if isinstance(v, Augment):
+            if v.fields is not None or v.targets or v.mix is not None or v.view_ops != (v.ops,):
+                raise UsageError("a view is ops only: give fields, targets and mix to the outer Augment")
+            v = v.ops
+        out.append(tuple(v))
+    if not out:
+        raise UsageError("views=[] has no view")
+    return tuple(out)
+
+
+def shapes_after(ops: Sequence[Any], shapes: Tensor) -> Tensor:
+    """``<image>_shape`` rows ((B, 3): H, W, C) after the built-in ``ops``, for the DALI backend (the torch backend
+    follows the images themselves): no random draw changes a size; crops and Resize give theirs, Pad adds its
+    borders, the other ops keep it."""
+    hw = shapes[:, :2]
+    for op in ops:
+        if _builtin(op) and isinstance(op, _Geometric):
+            hw = op.out_sizes(hw)
+    out = shapes.clone()
+    out[:, :2] = hw
+    return out
+
+
+def _update_shapes(batch: dict[str, Tensor], name: str, hw: Tensor) -> None:
+    """Set the (H, W) columns of the ``<image>_shape`` field, if the batch has one, to the sizes after the ops
+    (``hw``, (B, 2)), so the field describes the images it comes with; other columns (channels) are kept."""
+    shapes = batch.get(name)
+    if shapes is None or shapes.dim() != 2 or shapes.shape[1] < 2:
+        return
+    shapes = shapes.clone()
+    shapes[:, :2] = hw.round().to(shapes.device, shapes.dtype)
+    batch[name] = shapes
