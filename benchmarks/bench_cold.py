@@ -47,6 +47,8 @@ from fastdata.bench import pread_pass as bench_pread  # noqa: E402
 from fastdata.demo.baseline import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 from fastdata.order import SHUFFLES, epoch_order  # noqa: E402
+
+CONVERTED_SHUFFLES = [s for s in SHUFFLES if s != "chunks"]  # "chunks": in-place indexes (bench_inplace.py)
 from fastdata.readahead import drop_page_cache, resident_bytes  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
@@ -210,7 +212,7 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
 
     naive_loader(src, BATCH)  # (imports and forks once before timing: the first pass is not a start-up figure)
     cold_fns: dict[str, Callable[[], dict[str, float]]] = {"naive np.load per file, random": lambda: naive_pass(src, files)}
-    for sh in SHUFFLES:
+    for sh in CONVERTED_SHUFFLES:
         cold_fns[f"loader shuffle={sh!r}"] = lambda sh=sh: loader_pass(work / "hdf5", sh)
     for sh in (True, "block"):
         cold_fns[f"loader shuffle={sh!r}, no read-ahead"] = lambda sh=sh: loader_pass(work / "hdf5", sh, readahead=False)
@@ -238,7 +240,7 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     warm = {k: median_of(v, "samples_per_s") for k, v in interleaved(warm_fns, max(3, rounds)).items()}
     images = {k: loader_pass(work / k, True, uint8=True) for k in ("img", "img_lz4")}
     with fastdata.open(work / "hdf5") as ds:
-        quality = {repr(sh): shuffle_quality(ds, sh) for sh in SHUFFLES}
+        quality = {repr(sh): shuffle_quality(ds, sh) for sh in CONVERTED_SHUFFLES}
     rss = rss_run(work / "hdf5", rss_epochs)
     best_par = max(v["mb_per_s"] for k, v in ceil.items() if "threads, random" in k and "4 MiB" not in k)
     large = max(v["mb_per_s"] for k, v in ceil.items() if "4 MiB" in k)
