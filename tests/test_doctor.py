@@ -200,8 +200,9 @@ class Jpegs(Dataset):
     def __len__(self):
         return len(self.files)
     def __getitem__(self, i):
-        im = Image.open(self.files[i]).convert("RGB")
-        return torch.from_numpy(np.asarray(im)[::64, ::64].copy())  # the decode is the work
+        im = Image.open(self.files[i])
+        im.load()  # the decode is the work
+        return torch.tensor(im.size)
 
 if __name__ == "__main__":
     loader = DataLoader(Jpegs(sys.argv[1]), batch_size=4, num_workers=1, multiprocessing_context="spawn")
@@ -215,7 +216,7 @@ def test_spawned_workers_and_the_decode_cause(tmp_path: Path, capsys: pytest.Cap
     """Workers started with spawn report their figures too, and the JPEG decode inside __getitem__ is named."""
     from make_data import jpegs
 
-    data = jpegs(tmp_path / "img", n=64, side=512)  # one pass covers the budget: one worker start-up
+    data = jpegs(tmp_path / "img", n=64, side=768)  # one pass covers the budget: one worker start-up
     script = tmp_path / "train.py"
     script.write_text(SPAWNED_JPEG)
     out_json = tmp_path / "r.json"
