@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -30,6 +31,9 @@ def shared_mappings(pid: int) -> list[str]:
 
 
 def main(path: str, action: str, ready: str) -> int:
+    # Ctrl-C raises KeyboardInterrupt, as in a training process started from a terminal; a process started in the
+    # background by a non-interactive shell (a CI job, say) inherits SIGINT ignored, and Python then keeps it so
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ld = fastdata.loader(path, 4, device="cpu", num_workers=2, config=LoaderConfig(mode="processes"))
     it = iter(ld)
     next(it)
