@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -25,11 +25,33 @@ if TYPE_CHECKING:
 
     from .config import ConvertConfig
 
-__all__ = ["ArraysKind", "ArraysSource"]
+__all__ = ["ArraysKind", "ArraysSource", "RowsSource"]
+
+
+class RowsSource:
+    """What every source of rows of big arrays shares (a dataclass with ``offset``, ``count``, ``fields``): fixed
+    sizes, nothing ragged, rows keyed by their index, parts as row ranges."""
+
+    offset: int
+    count: int
+    fields: list[FieldSpec]
+
+    def sample_nbytes(self) -> np.ndarray:
+        return np.full(self.count, sum(f.row_nbytes for f in self.fields), dtype=np.int64)
+
+    def ragged_rows(self, name: str) -> np.ndarray:  # arrays are never ragged
+        raise KeyError(name)
+
+    def sample_keys(self) -> None:
+        """Rows are keyed by their index."""
+        return None
+
+    def part(self, start: int, stop: int) -> Self:
+        return replace(self, offset=self.offset + start, count=stop - start)  # type: ignore[type-var]
 
 
 @dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
-class ArraysSource(PerProcessHandle[dict[str, np.ndarray]]):
+class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
     """Large arrays with the sample axis first (``X.npy`` + ``y.npy`` or several named fields), memory-mapped
     once per process (the maps are dropped when a part is pickled for a worker)."""
 
@@ -69,19 +91,6 @@ class ArraysSource(PerProcessHandle[dict[str, np.ndarray]]):
     @property
     def bytes_in(self) -> int:
         return int(sum(self.file_sizes.values()))
-
-    def sample_nbytes(self) -> np.ndarray:
-        return np.full(self.count, sum(f.row_nbytes for f in self.fields), dtype=np.int64)
-
-    def ragged_rows(self, name: str) -> np.ndarray:  # arrays are never ragged
-        raise KeyError(name)
-
-    def sample_keys(self) -> None:
-        """Array rows are keyed by their index."""
-        return None
-
-    def part(self, start: int, stop: int) -> "ArraysSource":
-        return replace(self, offset=self.offset + start, count=stop - start)
 
     def _open_handle(self) -> dict[str, np.ndarray]:
         try:

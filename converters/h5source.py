@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -23,6 +23,7 @@ from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, open_zarr, zarr_info
 from fastdata.format.external import ZARR_META, native
 from fastdata.handles import PerProcessHandle
 
+from .arrays import RowsSource
 from .registry import Request, register
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def detect_zarr(src: str | os.PathLike[str]) -> bool:
 
 
 @dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
-class _ArrayFilesSource(PerProcessHandle[list[dict[str, Any]]]):
+class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
     """Fields as arrays in one or more files (samples of file k follow those of file k - 1)."""
 
     paths: list[str]
@@ -95,19 +96,6 @@ class _ArrayFilesSource(PerProcessHandle[list[dict[str, Any]]]):
     @property
     def bytes_in(self) -> int:
         return self.count * sum(f.row_nbytes for f in self.fields)
-
-    def sample_nbytes(self) -> np.ndarray:
-        return np.full(self.count, sum(f.row_nbytes for f in self.fields), dtype=np.int64)
-
-    def ragged_rows(self, name: str) -> np.ndarray:  # arrays are never ragged
-        raise KeyError(name)
-
-    def sample_keys(self) -> None:
-        """Rows are keyed by their index."""
-        return None
-
-    def part(self, start: int, stop: int) -> "_ArrayFilesSource":
-        return replace(self, offset=self.offset + start, count=stop - start)
 
     def read(self, i: int) -> dict[str, np.ndarray]:
         j = self.offset + i
