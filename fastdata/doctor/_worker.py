@@ -184,22 +184,25 @@ def _opened(orig: Callable[..., Any]) -> Callable[..., Any]:
     return open_
 
 
-def _readers() -> list[tuple[str, str, str, Callable[[Any, tuple[Any, ...]], str]]]:
-    """(module, owner path, attribute, label) of the readers and decoders the doctor times, when imported."""
-    return [
-        ("PIL.ImageFile", "ImageFile", "load", lambda im, _: f"decoding {getattr(im, 'format', None) or 'images'} (PIL)"),
-        ("numpy", "", "load", lambda *_: "reading arrays (np.load)"),
-        ("torch", "", "load", lambda *_: "reading tensors (torch.load)"),
-        ("cv2", "", "imread", lambda *_: "decoding images (cv2.imread)"),
-        ("h5py", "Dataset", "__getitem__", lambda *_: "reading HDF5 (h5py)"),
-    ]
+# (module, owner path, attribute, label) of the readers and decoders the doctor times, once their module is imported
+_READERS: list[tuple[str, str, str, Callable[[Any, tuple[Any, ...]], str]]] = [
+    ("PIL.ImageFile", "ImageFile", "load", lambda im, _: f"decoding {getattr(im, 'format', None) or 'images'} (PIL)"),
+    ("numpy", "", "load", lambda *_: "reading arrays (np.load)"),
+    ("torch", "", "load", lambda *_: "reading tensors (torch.load)"),
+    ("cv2", "", "imread", lambda *_: "decoding images (cv2.imread)"),
+    ("h5py", "Dataset", "__getitem__", lambda *_: "reading HDF5 (h5py)"),
+]
 
 
 def _patch_causes() -> None:
+    """Patch open() and each reader whose module is imported by now (called per batch: a few dict lookups
+    once everything is patched)."""
+    if len(_patched) == len(_READERS) + 1:
+        return
     if "open" not in _patched:
         _patched["open"] = (builtins, "open", builtins.open)
         builtins.open = _opened(builtins.open)
-    for module, owner_path, attr, label in _readers():
+    for module, owner_path, attr, label in _READERS:
         key = f"{module}.{owner_path}.{attr}"
         mod = sys.modules.get(module)
         if key in _patched or mod is None:
