@@ -7,11 +7,13 @@ how much stayed resident (reported). One run compares, on the same files:
 
 - naive: per-file ``np.load`` in a torch DataLoader (fastdata.examples.naive_loader), random order;
 - fastdata.loader, uncompressed HDF5, each shuffle mode (True, "block", "shards", False), with the
-  plan-following read-ahead (fastdata/readahead.py) and, for True and "block", without it;
+  plan-following read-ahead (fastdata/readahead.py) and, for True and "block", without it; for
+  "block", "shards" and False also with hints alone (no sequential stream reads), the comparison;
 - the same data converted with ``--compression lz4`` (Blosc, byte shuffle), decoded samples/s;
 - the disk's ceilings on the uncompressed shard files: ``pread`` at the loader's request size (one
   sample), random order, by 4, 8, 16 and 32 threads (the best is the ceiling) and by one thread in
-  order; and 4 MiB preads, parallel in random order and one thread in order;
+  order; and 4 MiB preads, parallel in random order, one thread in order, and 16 threads each
+  reading its own contiguous part in order (parallel sequential streams);
 - warm cache: the loader with and without read-ahead, uncompressed and compressed;
 - natural-looking raw images (smooth gradients + texture), uncompressed and lz4: ratio and cold rate;
 - RSS (anonymous and file-backed) of the loader's process after each of ``--rss-epochs`` cold epochs.
@@ -19,7 +21,9 @@ how much stayed resident (reported). One run compares, on the same files:
 Data: FLIM-like decays, ``counts ~ Poisson(A * exp(-t / tau))`` per pixel, stored as float32 of
 shape (2, 256, 21, 21) (0.9 MB a sample; the class sets the lifetime range). Shuffle quality of
 each mode is given as the mean distance, in stored order, between consecutive samples of a batch,
-divided by n/3 (what a uniform shuffle gives): 1.0 mixes fully, 0 reads in order.
+divided by n/3 (what a uniform shuffle gives): 1.0 mixes fully, 0 reads in order; and the number of
+runs of consecutive stored samples a batch is made of (a uniform shuffle: about the batch size;
+"block" and "shards": about the 16 streams a window is read as; False: 1).
 
 Each reader runs ``--rounds`` passes, interleaved with the others; the figure is the median pass.
 Usage: python benchmarks/bench_cold.py [--quick] [--samples N] [--rounds R] [--dir DIR] [--out DIR]
@@ -46,9 +50,10 @@ import fastdata  # noqa: E402
 from fastdata.bench import pread_pass as bench_pread  # noqa: E402
 from fastdata.demo.baseline import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
-from fastdata.order import SHUFFLES, epoch_order  # noqa: E402
+from fastdata.order import SHUFFLES, STREAMS, epoch_order  # noqa: E402
 
 CONVERTED_SHUFFLES = [s for s in SHUFFLES if s != "chunks"]  # "chunks": in-place indexes (bench_inplace.py)
+import fastdata.readahead  # noqa: E402
 from fastdata.readahead import drop_page_cache, resident_bytes  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
@@ -113,19 +118,26 @@ def cold(paths: list[Path]) -> float:
 
 
 def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int = 0, warm: bool = False,
-                uint8: bool = False) -> dict[str, float]:
-    """One epoch of fastdata.loader (threads, defaults) over ``root``; cold unless ``warm``."""
+                uint8: bool = False, streams: bool = True) -> dict[str, float]:
+    """One epoch of fastdata.loader (threads, defaults) over ``root``; cold unless ``warm``.
+    ``streams=False``: the read-ahead hints every range (no sequential stream reads: the comparison)."""
     cfg = LoaderConfig(readahead=LoaderConfig.readahead if readahead else 0,
                        image_dtype="uint8" if uint8 else "float32")
     paths = files_of(root)
     left = 0.0 if warm else cold(paths)
-    with fastdata.loader(root, BATCH, shuffle=shuffle, device="cpu", config=cfg, seed=epoch) as ld:
-        ld.set_epoch(epoch)
-        t0 = time.perf_counter()
-        n = 0
-        for b in ld:
-            n += len(b["label"])
-        dt = time.perf_counter() - t0
+    real = fastdata.readahead._Streams.continues
+    if not streams:
+        fastdata.readahead._Streams.continues = lambda self, path, off, size: False  # type: ignore[method-assign]
+    try:
+        with fastdata.loader(root, BATCH, shuffle=shuffle, device="cpu", config=cfg, seed=epoch) as ld:
+            ld.set_epoch(epoch)
+            t0 = time.perf_counter()
+            n = 0
+            for b in ld:
+                n += len(b["label"])
+            dt = time.perf_counter() - t0
+    finally:
+        fastdata.readahead._Streams.continues = real  # type: ignore[method-assign]
     return {"samples_per_s": n / dt, "seconds": dt, "resident_before": left}
 
 
@@ -139,10 +151,10 @@ def naive_pass(src: Path, files: list[Path]) -> dict[str, float]:
     return {"samples_per_s": n / dt, "seconds": dt, "resident_before": left}
 
 
-def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool) -> dict[str, float]:
+def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool, streams: bool = False) -> dict[str, float]:
     """The disk's ceiling at request size ``size`` (fastdata.bench.pread_pass), cold."""
     left = cold(paths)
-    r = bench_pread(paths, size, threads, shuffled=shuffled)
+    r = bench_pread(paths, size, threads, shuffled=shuffled, streams=streams)
     return {"mb_per_s": r["bytes"] / r["seconds"] / 1e6, "seconds": r["seconds"], "resident_before": left}
 
 
@@ -152,13 +164,15 @@ def shuffle_quality(ds: fastdata.Dataset, shuffle: Any) -> dict[str, float]:
     counts = [s.count for s in ds.manifest.shards]
     order = epoch_order(n, shuffle=shuffle, seed=0, epoch=0, shard_counts=counts)
     starts = np.array([s.start for s in ds.manifest.shards])
-    dists, shards = [], []
+    dists, shards, runs = [], [], []
     for a in range(0, n - 1, BATCH):
         b = order[a : a + BATCH]
         dists.append(np.abs(np.diff(b)).mean())
         shards.append(len(np.unique(np.searchsorted(starts, b, side="right"))))
+        runs.append(1 + int((np.diff(np.sort(b)) != 1).sum()))
     return {"mixing": float(np.mean(dists) / (n / 3)) if dists else 0.0,
-            "shards_per_batch": float(np.mean(shards)) if shards else 0.0}
+            "shards_per_batch": float(np.mean(shards)) if shards else 0.0,
+            "runs_per_batch": float(np.mean(runs)) if runs else 0.0}
 
 
 def rss_kib() -> dict[str, int]:
@@ -216,6 +230,9 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
         cold_fns[f"loader shuffle={sh!r}"] = lambda sh=sh: loader_pass(work / "hdf5", sh)
     for sh in (True, "block"):
         cold_fns[f"loader shuffle={sh!r}, no read-ahead"] = lambda sh=sh: loader_pass(work / "hdf5", sh, readahead=False)
+    for sh in ("block", "shards", False):
+        cold_fns[f"loader shuffle={sh!r}, hints only (no stream reads)"] = \
+            lambda sh=sh: loader_pass(work / "hdf5", sh, streams=False)
     cold_fns["loader lz4 shuffle=True"] = lambda: loader_pass(work / "hdf5_lz4", True)
     cold_fns["loader lz4 shuffle='block'"] = lambda: loader_pass(work / "hdf5_lz4", "block")
     cold_fns["loader LMDB shuffle=True"] = lambda: loader_pass(work / "lmdb", True)
@@ -226,6 +243,7 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     ceil_fns[f"pread {sample_bytes} B, 1 thread, in order"] = lambda: pread_pass(shard_files, sample_bytes, 1, False)
     ceil_fns["pread 4 MiB, 16 threads, random"] = lambda: pread_pass(shard_files, LARGE, 16, True)
     ceil_fns["pread 4 MiB, 1 thread, in order"] = lambda: pread_pass(shard_files, LARGE, 1, False)
+    ceil_fns[f"pread 4 MiB, {STREAMS} streams in order"] = lambda: pread_pass(shard_files, LARGE, STREAMS, False, streams=True)
     runs = interleaved({**cold_fns, **ceil_fns}, rounds)
     rows = {k: median_of(runs[k], "samples_per_s") for k in cold_fns}
     ceil = {k: median_of(runs[k], "mb_per_s") for k in ceil_fns}
@@ -291,8 +309,9 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         _harness.markdown_table(["reader (cold)", "samples/s", "MB/s (decoded)", "resident before"], rows),
         "",
-        _harness.markdown_table(["shuffle", "mixing (1 = uniform)", "shards per batch"],
-                                [[k, f"{v['mixing']:.3f}", f"{v['shards_per_batch']:.1f}"] for k, v in q.items()]),
+        _harness.markdown_table(["shuffle", "mixing (1 = uniform)", "shards per batch", "stored runs per batch"],
+                                [[k, f"{v['mixing']:.3f}", f"{v['shards_per_batch']:.1f}",
+                                  f"{v.get('runs_per_batch', 0):.1f}"] for k, v in q.items()]),
         "",
         _harness.markdown_table(["warm cache", "samples/s"], [[k, mb(v["samples_per_s"])] for k, v in res["warm"].items()]),
         "",

@@ -81,8 +81,10 @@ def run(base: int, ram_factor: float, work: Path) -> dict[str, Any]:
     ceil = {f"pread {sample_bytes} B, {t} threads, random": bench_cold.pread_pass(paths, sample_bytes, t, True)
             for t in bench_cold.THREADS}  # the best thread count is the ceiling
     ceil["pread 4 MiB, 1 thread, in order"] = bench_cold.pread_pass(paths, bench_cold.LARGE, 1, False)
+    ceil[f"pread 4 MiB, {bench_cold.STREAMS} streams in order"] = bench_cold.pread_pass(
+        paths, bench_cold.LARGE, bench_cold.STREAMS, False, streams=True)
     par = max((v for k, v in ceil.items() if "threads, random" in k), key=lambda v: v["mb_per_s"])
-    large = ceil["pread 4 MiB, 1 thread, in order"]
+    large = max((v for k, v in ceil.items() if "4 MiB" in k), key=lambda v: v["mb_per_s"])
     res.update(rows=rows, ceilings=ceil, rss=rss, loadavg_after=bench_cold.loadavg(), machine=_harness.machine_info())
     res["targets"] = {
         "shuffle=True / best parallel ceiling at the request size (>= 0.85)": rows["loader shuffle=True"]["mb_per_s"]

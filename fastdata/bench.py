@@ -238,15 +238,19 @@ def naive_pipeline(src: str | os.PathLike[str], batch_size: int, workers: int = 
 
 
 def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int, *, shuffled: bool = True,
-               seconds: float | None = None) -> dict[str, float]:
+               seconds: float | None = None, streams: bool = False) -> dict[str, float]:
     """Read every byte of ``paths`` in ``size`` preads (in a seeded random order if ``shuffled``),
     ``threads`` at a time, into one reused buffer per thread, for at most ``seconds``: the disk's
     ceiling at that request size (``fastdata bench --cold`` and benchmarks/bench_cold.py; empty the
-    page cache first for a cold figure). Returns ``{"bytes", "seconds"}``."""
+    page cache first for a cold figure). ``streams``: the requests in storage order, cut into
+    ``threads`` contiguous runs read side by side, each front to back (parallel sequential reads).
+    Returns ``{"bytes", "seconds"}``."""
     fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
     try:
         reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
-        if shuffled:
+        per = -(-len(reqs) // max(1, threads))
+        runs = [reqs[a : a + per] for a in range(0, len(reqs), per)] if streams else []
+        if shuffled and not streams:
             random.Random(0).shuffle(reqs)
         mine = threading.local()  # one buffer per thread, made once: the ceiling times reads, not allocation
         t0 = time.perf_counter()
@@ -259,7 +263,10 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
                 mine.buf = bytearray(size)
             return os.preadv(req[0], [mine.buf], req[1])
 
-        if threads == 1:
+        if streams:  # one thread per run, each front to back
+            with ThreadPoolExecutor(len(runs)) as pool:
+                total = sum(pool.map(lambda run: sum(read(r) for r in run), runs))
+        elif threads == 1:
             total = sum(read(r) for r in reqs)
         else:
             with ThreadPoolExecutor(threads) as pool:

@@ -16,6 +16,8 @@ from .world import World
 
 Shuffle = Union[bool, Literal["block", "shards", "chunks"]]
 SHUFFLES: tuple[Shuffle, ...] = (True, False, "block", "shards", "chunks")
+STREAMS = 16  # a window of blocks or shards is read as about this many sequential streams (_streams)
+ORDER_RULE = 2  # bumped when an order changes for the same arguments (a loader state records it)
 
 
 def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int = 256, window: int = 16,
@@ -23,12 +25,13 @@ def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int =
     """A permutation of ``range(n)`` for one epoch.
 
     ``True``: uniform permutation. ``False``: storage order. ``"block"``: blocks of ``block``
-    consecutive samples in random order, then samples shuffled within windows of ``window``
-    blocks, so reads stay nearly sequential for data larger than RAM. ``"shards"``: the shards
-    (``shard_counts`` samples each, in storage order) in random order, then samples shuffled
-    within windows of ``shard_window`` consecutive shards of that order, so only a few shards
-    are needed at a time (datasets larger than the local cache, docs/remote.md). ``"chunks"``: the
-    same with the chunks of an in-place index as ``shard_counts`` (docs/in-place.md).
+    consecutive samples in random order, grouped in windows of ``window`` blocks; each window is
+    read as about :data:`STREAMS` sequential streams at once (:func:`_streams`), so the disk sees
+    long in-order runs for data larger than RAM. ``"shards"``: the shards (``shard_counts`` samples
+    each, in storage order) in random order, in windows of ``shard_window`` consecutive shards of
+    that order read the same way, so only a few shards are needed at a time
+    (datasets larger than the local cache, docs/remote.md). ``"chunks"``: the same with the chunks
+    of an in-place index as ``shard_counts`` (docs/in-place.md).
     """
     if shuffle is False:
         return np.arange(n, dtype=np.int64)
@@ -43,11 +46,39 @@ def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int =
         raise ValueError("block and window must be positive")
     starts = rng.permutation(np.arange(0, n, block))
     parts = []
-    for w in range(0, len(starts), window):  # each window: `window` whole blocks, samples mixed
-        group = np.concatenate([np.arange(s, min(s + block, n)) for s in starts[w : w + window]])
-        rng.shuffle(group)
-        parts.append(group)
+    for w in range(0, len(starts), window):  # each window: `window` whole blocks, read side by side
+        sizes = np.minimum(starts[w : w + window] + block, n) - starts[w : w + window]
+        parts.append(_streams(_split(sizes, starts[w : w + window], STREAMS), rng))
     return np.concatenate(parts).astype(np.int64) if parts else np.arange(0, dtype=np.int64)
+
+
+def _streams(segments: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """A window's ``segments`` (contiguous runs in storage order) consumed side by side: round ``r``
+    takes the ``r``-th sample of every segment that has one, in a random order. Each segment is read
+    front to back and every batch holds about ``batch / len(segments)`` consecutive samples of each:
+    the disk serves that many sequential runs (long requests once read-ahead merges a few batches)
+    instead of random samples, while a batch still mixes every place of the window."""
+    if len(segments) <= 1:
+        return segments[0] if segments else np.zeros(0, dtype=np.int64)
+    lengths = np.array([len(g) for g in segments])
+    per = int(lengths.max())
+    grid = np.full((len(segments), per), -1, dtype=np.int64)
+    for i, g in enumerate(segments):
+        grid[i, : len(g)] = g
+    rounds = rng.permuted(grid.T, axis=1).ravel()
+    return rounds[rounds >= 0]
+
+
+def _split(sizes: np.ndarray, starts: np.ndarray, streams: int) -> list[np.ndarray]:
+    """Units (shards or chunks, ``starts``/``sizes`` in samples) cut into about ``streams`` segments
+    in all, each unit into a share of them by its size: every segment lies inside one unit."""
+    total = int(sizes.sum())
+    out = []
+    for s, n in zip(starts.tolist(), sizes.tolist()):
+        if n:
+            k = max(1, min(n, round(streams * n / total)))
+            out += np.array_split(np.arange(s, s + n, dtype=np.int64), k)
+    return out
 
 
 def _shard_order(n: int, rng: np.random.Generator, counts: Sequence[int] | None, window: int) -> np.ndarray:
@@ -62,9 +93,8 @@ def _shard_order(n: int, rng: np.random.Generator, counts: Sequence[int] | None,
     perm = rng.permutation(len(sizes))
     parts = []
     for w in range(0, len(perm), window):
-        group = np.concatenate([np.arange(starts[s], starts[s] + sizes[s]) for s in perm[w : w + window]])
-        rng.shuffle(group)
-        parts.append(group)
+        units = perm[w : w + window]
+        parts.append(_streams(_split(sizes[units], starts[units], STREAMS), rng))
     return np.concatenate(parts).astype(np.int64) if parts else np.arange(0, dtype=np.int64)
 
 

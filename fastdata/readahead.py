@@ -4,7 +4,9 @@ A loader knows every batch of its pass before the pass starts. :class:`ReadAhead
 loader's position (``at(k)``: batch ``k`` is handed out now) in one small thread and, for each batch
 up to a bounded distance ahead, tells the kernel the exact byte ranges of the shard files that
 batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel
-reads for one hint). The kernel queues those reads at once,
+reads for one hint). A range that continues the previous range of a file (a sequential stream:
+``shuffle="block"``, ``"shards"`` or ``False``) is read ahead with ``pread``s in order instead
+(:class:`_Streams`), which the kernel serves in larger requests. The kernel queues those reads at once,
 many in flight, while the reader threads copy the batches before them; when a reader reaches a
 sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped: a
 one-byte non-blocking read probes each batch, and once several batches in a row were found cached,
@@ -24,6 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -36,6 +40,9 @@ _MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is r
 WARM_STREAK = 4  # batches found in the page cache in a row before hints are skipped (ReadAhead._resident)
 _MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
 _chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
+STREAM_THREADS = 4  # threads reading sequential streams ahead (_Streams)
+_STREAM_PIECE = 2 << 20  # bytes per pread of a stream (one reused buffer per thread)
+_STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
 
 
 def hint_chunk(path: Path | str) -> int:
@@ -73,6 +80,74 @@ def merge_ranges(starts: np.ndarray, lengths: np.ndarray, gap: int = _MERGE_GAP)
     return s[first], reach[last] - s[first]
 
 
+class _Streams:
+    """Reads ahead the ranges that continue an earlier range of the same file (a sequential stream:
+    ``shuffle="block"``/``"shards"``, or in order) with ``pread``s in order, each stream on its own
+    file descriptor. A hint (``WILLNEED``) fills the page cache with single pages, which the block
+    layer sends to the disk as requests of at most ``max_segments`` pages (about 1 MB); reads in
+    order let the kernel's own read-ahead grow the stream's window with large folios, in requests of
+    several MB (benchmarks/bench_cold.py compares both). The bytes are copied into a reused buffer
+    and dropped: the page cache keeps them for the readers."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="fastdata-stream")
+        self._ends: OrderedDict[tuple[Path, int], int | None] = OrderedDict()  # (file, end) -> its fd
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._closed = False
+
+    def continues(self, path: Path, off: int, size: int) -> bool:
+        """Whether ``[off, off + size)`` starts where an earlier range of ``path`` ended (then it is
+        read here, in order); either way its end is remembered as a place a stream may continue."""
+        with self._lock:
+            key = (path, off)
+            found = key in self._ends
+            fd = self._ends.pop(key, None)
+            self._ends[(path, off + size)] = None
+            while len(self._ends) > _STREAM_ENDS:
+                _, old = self._ends.popitem(last=False)
+                if old is not None:
+                    os.close(old)
+            if found and not self._closed:
+                self._pool.submit(self._read, path, off, size, fd)
+            elif fd is not None:
+                os.close(fd)
+        return found
+
+    def _read(self, path: Path, off: int, size: int, fd: int | None) -> None:
+        try:
+            if fd is None:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            buf = getattr(self._local, "buf", None)
+            if buf is None:
+                buf = self._local.buf = memoryview(bytearray(_STREAM_PIECE))
+            for at in range(off, off + size, _STREAM_PIECE):
+                if self._closed or os.preadv(fd, [buf[: min(_STREAM_PIECE, off + size - at)]], at) <= 0:
+                    break
+        except OSError as e:  # only read-ahead: the readers meet (and report) any real problem
+            log.info("stream read-ahead of %s failed: %s", path, e)
+        with self._lock:
+            end = (path, off + size)
+            if fd is not None and not self._closed and end in self._ends and self._ends[end] is None:
+                self._ends[end] = fd  # the stream's next range continues on this fd (its read-ahead state)
+            elif fd is not None:
+                os.close(fd)
+
+    def stop(self) -> None:
+        """Stop reading: a read in flight ends after its current piece."""
+        self._closed = True
+
+    def close(self) -> None:
+        """Wait for the reads submitted (all of them, unless :meth:`stop` came first), then close."""
+        self._pool.shutdown(wait=True, cancel_futures=self._closed)
+        self._closed = True
+        with self._lock:
+            for fd in self._ends.values():
+                if fd is not None:
+                    os.close(fd)
+            self._ends.clear()
+
+
 class ReadAhead:
     """Hints the byte ranges of batches ``plan[first:]`` to the kernel, following :meth:`at`.
 
@@ -99,6 +174,8 @@ class ReadAhead:
         self._hits = 0  # consecutive batches whose probe found the data resident
         self._probe = bytearray(1)
         self._can_probe = hasattr(os, "RWF_NOWAIT")
+        self._streams = _Streams()
+        self.streamed_bytes = 0  # of hinted_bytes, what was read ahead as sequential streams
         self._thread = threading.Thread(target=self._run, name="fastdata-readahead", daemon=True)
         self._thread.start()
 
@@ -136,6 +213,7 @@ class ReadAhead:
         except Exception as e:  # noqa: BLE001 - only a hint: the readers meet (and report) any real problem
             log.info("read-ahead stopped: %s: %s", type(e).__name__, e)
         finally:
+            self._streams.close()
             self._close_fds()
 
     def _fd(self, path: Path) -> int:
@@ -175,6 +253,9 @@ class ReadAhead:
             chunk = self._chunk[path]
             s, n = merge_ranges(starts, lengths)
             for off, size in zip(s.tolist(), n.tolist()):
+                if self._streams.continues(path, off, size):
+                    self.streamed_bytes += size
+                    continue
                 for at in range(off, off + size, chunk):  # (a longer hint would be cut short by the kernel)
                     os.posix_fadvise(fd, at, min(chunk, off + size - at), os.POSIX_FADV_WILLNEED)
             total += int(n.sum())
@@ -194,6 +275,7 @@ class ReadAhead:
         with self._cond:
             self._stop = True
             self._cond.notify()
+        self._streams.stop()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 

@@ -364,7 +364,7 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
         ra = ReadAhead(ranges, plan, first=0, lead=len(plan))
         ra._thread.join(timeout=10)
         monkeypatch.undo()
-        return ra.skipped, len({off >> 20 for off in calls})
+        return ra.skipped, len({off >> 20 for off in calls}) + ra.streamed_bytes // (1 << 20)  # hinted or streamed
 
     f.read_bytes()  # warm
     skipped, hinted = run()
@@ -374,3 +374,39 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
         pytest.skip("the page cache could not be emptied for the test file")
     skipped, hinted = run()
     assert skipped == 0 and hinted == len(plan)
+
+
+def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_path, monkeypatch):
+    """A range that continues an earlier range of the same file is read ahead with preads in order
+    (its pages end up in the page cache); a range that starts elsewhere is hinted (WILLNEED)."""
+    import os
+
+    from fastdata import readahead
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(np.random.default_rng(0).bytes(16 << 20))
+    os.sync()
+    mb = 1 << 20
+    # two streams: 0, 1, 2, 3 MiB ... and 8, 9, 10 MiB ..., side by side; then one random range
+    plan = [np.array([k]) for k in range(5)]
+
+    def ranges(batch):
+        k = int(batch[0])
+        if k == 4:
+            return [(f, np.array([14 * mb]), np.array([mb]))]
+        return [(f, np.array([k * mb, (8 + k) * mb]), np.array([mb, mb]))]
+
+    drop_page_cache([f])
+    if resident_bytes([f]) > mb:
+        pytest.skip("the page cache could not be emptied for the test file")
+    hinted: list[int] = []
+    real = readahead.os.posix_fadvise
+    monkeypatch.setattr(readahead.os, "posix_fadvise", lambda fd, off, n, advice: (hinted.append(off), real(fd, off, n, advice)))
+    ra = ReadAhead(ranges, plan, first=0, lead=len(plan))
+    ra._thread.join(timeout=10)
+    assert not ra._thread.is_alive()
+    assert ra.streamed_bytes == 6 * mb  # batches 1-3 continue both streams
+    assert sorted({o // mb for o in hinted}) == [0, 8, 14]  # the streams' first ranges and the random one
+    monkeypatch.undo()
+    assert resident_bytes([f]) >= 6 * mb  # the streamed ranges were really read: cached now
+    ra.close()

@@ -13,6 +13,7 @@ import fastdata
 from conftest import free_port, gloo_group
 from fastdata.errors import CorruptShardError, UsageError
 from fastdata.loaders import LoaderConfig
+from fastdata.order import ORDER_RULE
 
 N = 53  # prime: partial batches and uneven rank shares everywhere
 
@@ -112,6 +113,30 @@ def test_resume_state_must_match(ds_path):
     other = fastdata.loader(ds_path, 16, device="cpu")
     with pytest.raises(UsageError, match="batch_size"):
         other.load_state_dict(state)
+
+
+def test_resume_of_a_windowed_shuffle_needs_the_same_order_rule(ds_path):
+    """A mid-epoch state of shuffle='block' records the order rule and window settings: another
+    window, or a state from before the rule existed, is refused instead of resuming another order."""
+    cfg = LoaderConfig(block=4, window=2)
+    ld = fastdata.loader(ds_path, 8, shuffle="block", seed=1, device="cpu", config=cfg)
+    it = iter(ld)
+    next(it)
+    state = ld.state_dict()
+    ld.close()
+    assert state["order"] == {"rule": ORDER_RULE, "block": 4, "window": 2}
+    same = fastdata.loader(ds_path, 8, shuffle="block", seed=1, device="cpu", config=cfg)
+    same.load_state_dict(state)  # accepted
+    other = fastdata.loader(ds_path, 8, shuffle="block", seed=1, device="cpu", config=LoaderConfig(block=4, window=3))
+    with pytest.raises(UsageError, match="window"):
+        other.load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "order"}
+    with pytest.raises(UsageError, match=r"set_epoch\(1\)"):
+        same.load_state_dict(older)
+    older["batches_done"] = 0  # at an epoch boundary the order rule does not matter
+    same.load_state_dict(older)
+    for x in (same, other):
+        x.close()
 
 
 def _ddp_worker(rank: int, world: int, port: int, path: str, drop_last: bool, out: str) -> None:

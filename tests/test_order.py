@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdata.order import epoch_batches, epoch_order, num_batches
+from fastdata.order import STREAMS, epoch_batches, epoch_order, num_batches
 from fastdata.world import World
 
 
@@ -48,3 +48,55 @@ def test_block_shuffle_keeps_reads_local():
         assert all((blocks == k).sum() == block for k in set(blocks.tolist()))
     uniform = epoch_order(1024, shuffle=True, seed=0, epoch=0)
     assert len(set((uniform[:span] // block).tolist())) > 3 * window  # what a uniform shuffle touches
+
+
+def _stream_starts(window: np.ndarray) -> int:
+    """Samples of ``window`` whose predecessor (sample - 1) is in the window but comes later in the
+    order: where a stream starts. A window read as k sequential streams has at most k."""
+    pos = {int(s): i for i, s in enumerate(window)}
+    return sum(1 for s, i in pos.items() if s - 1 in pos and pos[s - 1] > i)
+
+
+@pytest.mark.parametrize("n,block,window", [(1024, 16, 4), (1000, 16, 4), (37, 16, 4), (1024, 256, 1), (5000, 64, 16)])
+def test_block_shuffle_reads_each_window_as_streams(n, block, window):
+    """A window (``window`` whole blocks) is read as at most STREAMS sequential streams side by side,
+    and its first round mixes places far apart (not consecutive samples)."""
+    order = epoch_order(n, shuffle="block", seed=5, epoch=1, block=block, window=window)
+    assert sorted(order.tolist()) == list(range(n))
+    blk = order // block
+    pos = 0
+    while pos < n:  # each window: `window` whole blocks (the last may have fewer), then the next
+        seen: set[int] = set()
+        end = pos
+        while end < n and len(seen | {int(blk[end])}) <= window:
+            seen.add(int(blk[end]))
+            end += 1
+        assert sum(min(block, n - b * block) for b in seen) == end - pos
+        assert len(seen) == window or end == n
+        w = order[pos:end]
+        assert _stream_starts(w) <= STREAMS
+        if len(w) >= 8 * STREAMS:
+            assert np.all(np.diff(np.sort(w[:8])) > 1)  # the first samples come from different streams
+        pos = end
+    assert not np.array_equal(order, epoch_order(n, shuffle="block", seed=6, epoch=1, block=block, window=window)) or n < 40
+
+
+def test_shard_shuffle_reads_streams_within_a_window_of_shards():
+    counts = [300, 200, 260, 100, 140]
+    n = sum(counts)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    order = epoch_order(n, shuffle="shards", seed=2, epoch=0, shard_counts=counts, shard_window=2)
+    assert sorted(order.tolist()) == list(range(n))
+    shard_of = np.searchsorted(starts, order, side="right") - 1
+    pos = 0
+    while pos < n:  # each window: two whole shards (the last may be one), read as at most STREAMS streams
+        seen: set[int] = set()
+        end = pos
+        while end < n and len(seen | {int(shard_of[end])}) <= 2:
+            seen.add(int(shard_of[end]))
+            end += 1
+        assert sum(counts[s] for s in seen) == end - pos
+        w = order[pos:end]
+        assert _stream_starts(w) <= STREAMS
+        assert len(set(shard_of[pos : pos + 8].tolist())) == len(seen)  # a batch mixes both shards
+        pos = end

@@ -19,7 +19,7 @@ from ..augment import Augment
 from ..dataset import Dataset
 from ..errors import FastdataError, LoaderWorkerError, UsageError
 from ..format.inplace import unit_counts
-from ..order import SHUFFLES, Shuffle, all_rank_batches, num_batches
+from ..order import ORDER_RULE, SHUFFLES, Shuffle, all_rank_batches, num_batches
 from ..samplers import SamplerFn, describe, rank_batches, world_batches
 from ..world import World
 
@@ -257,7 +257,16 @@ class Loader:
         return {"version": _STATE_VERSION, "epoch": self.epoch, "batches_done": self._done, "seed": self.seed,
                 "batch_size": self.batch_size, "num_samples": len(self.dataset), "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "world_size": self.world.size, "rank": self.world.rank,
-                "sampler": describe(self.sample_fn), "samples": self.dataset.identity()}
+                "sampler": describe(self.sample_fn), "samples": self.dataset.identity(), "order": self._order_rule()}
+
+    def _order_rule(self) -> dict[str, int] | None:
+        """What fixes a windowed shuffle's order besides the seed (the rule's version and the window
+        settings): a mid-epoch state resumes only with the same, or the rest of the epoch would differ."""
+        if self.shuffle in (True, False) or self.sample_fn is not None:
+            return None
+        cfg = self.config
+        sizes = {"block": cfg.block, "window": cfg.window} if self.shuffle == "block" else {"shard_window": cfg.shard_window}
+        return {"rule": ORDER_RULE, **sizes}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (see :meth:`state_dict`); refuses a state saved with other settings.
@@ -284,6 +293,12 @@ class Loader:
             raise UsageError(f"loader state has batches_done={done}, but an epoch has {per_epoch} batches")
         if done == per_epoch:  # saved after the epoch's last batch (older fastdata): the next epoch
             epoch, done = epoch + 1, 0
+        if done and state.get("order") != self._order_rule():
+            raise UsageError(
+                f"loader state was saved mid-epoch with shuffle={self.shuffle!r} order {state.get('order')!r} "
+                f"(older fastdata, or other block/window settings), this loader orders by {self._order_rule()!r}: "
+                f"the rest of epoch {epoch} would differ. Use the same settings, or skip this state and "
+                f"start epoch {epoch + 1} afresh with set_epoch({epoch + 1})")
         self.epoch = epoch
         self._resume_at = done
         self._resume_world = size if done else None
