@@ -1,8 +1,10 @@
 """Small benchmark harness: timing with warm-up, a warm page cache, warm-up-then-timed training, machine
-description, result files."""
+description, result files; and what the per-batch device suites share (flags, seeded images, timing
+synchronised on a GPU, the machine line, saving a run)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import json
@@ -12,11 +14,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fastdata.bench import CEILING_LIMIT  # one limit for the harness, the report and fastdata bench
 from fastdata.fileio import write_atomic
 from fastdata.world import usable_cpus
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -217,3 +222,45 @@ def ceiling_exit(check: dict[str, Any]) -> int:
     """Exit status for a suite after :func:`check_ceiling`: 1 when a full run has a ratio over the
     limit; 0 otherwise (a --quick run's tiny data is noise, so its flags are recorded only)."""
     return 1 if check["over"] and not check["quick"] else 0
+
+
+# --- the per-batch device suites (bench_augment_views, bench_augment_targets) -------------------------
+
+
+def device_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """The flags of a device suite: ``--quick`` (a smoke run), ``--device`` (cpu or cuda), ``--out``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
+    return ap
+
+
+def seeded_images(n: int, h: int, w: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``n`` float RGB images (n, 3, h, w) uniform in [0, 1), drawn from ``generator`` (default: seed 0)."""
+    import torch
+
+    return torch.rand(n, 3, h, w, generator=generator if generator is not None else torch.Generator().manual_seed(0))
+
+
+def time_on_device(fns: dict[str, Callable[[int], Any]], device: Any, *, repeats: int, warmup: int,
+                   rounds: int) -> dict[str, dict[str, float]]:
+    """:func:`time_interleaved` of ``fns``, each call followed by a synchronize on a GPU (:func:`synced`)."""
+    return time_interleaved({k: synced(f, device) for k, f in fns.items()}, repeats=repeats, warmup=warmup,
+                            rounds=rounds)
+
+
+def torch_machine_line(info: dict[str, Any], *libraries: str) -> str:
+    """``Machine: CPU, N usable cores, torch V, <libraries>, T torch threads`` for a suite's markdown."""
+    import torch
+
+    return ", ".join([f"Machine: {info['cpu_model']}", f"{info['usable_cores']} usable cores",
+                      f"torch {torch.__version__}", *libraries, f"{torch.get_num_threads()} torch threads"])
+
+
+def save_device_run(name: str, quick: bool, device: Any, results: dict[str, Any], markdown: str,
+                    out_dir: str | os.PathLike[str]) -> None:
+    """Write ``<out_dir>/<name>[_quick][_cuda].{json,md}`` (:func:`write_results`) and print the markdown."""
+    suffix = ("_quick" if quick else "") + ("_cuda" if getattr(device, "type", str(device)) == "cuda" else "")
+    write_results(f"{name}{suffix}", results, markdown, out_dir)
+    print(markdown)

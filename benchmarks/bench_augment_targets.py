@@ -26,7 +26,6 @@ fastdata does both (so it does a little more work). Results go to stdout (markdo
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -35,12 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (  # noqa: E402
-    DEFAULT_RESULTS_DIR,
+    device_parser,
     machine_info,
     markdown_table,
-    synced,
-    time_interleaved,
-    write_results,
+    save_device_run,
+    seeded_images,
+    time_on_device,
+    torch_machine_line,
 )
 
 from fastdata.augment import Augment, HorizontalFlip, RandomAffine, RandomResizedCrop, batch_generator  # noqa: E402
@@ -53,7 +53,7 @@ PAIRS = [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12), (13, 14), (15, 16)]
 
 def make_batch(device: torch.device) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    image = torch.rand(B, 3, H, W, generator=g)
+    image = seeded_images(B, H, W, g)
     blocks = torch.randint(0, 4, (B, H // 16, W // 16), generator=g, dtype=torch.uint8)
     mask = blocks.repeat_interleave(16, 1).repeat_interleave(16, 2).contiguous()
     kp = torch.cat([torch.rand(B, K, 2, generator=g) * torch.tensor([W - 1.0, H - 1.0]), torch.full((B, K, 1), 2.0)], -1)
@@ -90,11 +90,7 @@ def kornia_fns(batch: dict[str, torch.Tensor]) -> dict[str, Callable[[int], Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="few repeats (a smoke run)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
-    args = ap.parse_args(argv)
+    args = device_parser(__doc__, "few repeats (a smoke run)").parse_args(argv)
     device = torch.device(args.device)
     try:
         import kornia
@@ -103,11 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     batch = make_batch(device)
     fns = {**fastdata_fns(batch), **kornia_fns(batch)}
-    def timed(fn: Callable[[int], Any]) -> Callable[[int], Any]:
-        return synced(fn, device)
-
     repeats, rounds = (4, 2) if args.quick else (30, 5)
-    res = time_interleaved({k: timed(f) for k, f in fns.items()}, repeats=repeats, warmup=2, rounds=rounds)
+    res = time_on_device(fns, device, repeats=repeats, warmup=2, rounds=rounds)
     shapes = {k: [tuple(t.shape) for t in (v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple))
                                              else [v])] for k, v in ((k, f(0)) for k, f in fns.items())}
 
@@ -125,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     md = "\n\n".join([
         f"# Augmentation with targets: fastdata vs kornia ({'quick' if args.quick else 'full'} run, device {device})",
-        f"Machine: {info['cpu_model']}, {info['usable_cores']} usable cores, torch {torch.__version__}, "
-        f"kornia {kornia.__version__}, {torch.get_num_threads()} torch threads.",
+        torch_machine_line(info, f"kornia {kornia.__version__}") + ".",
         f"Batch of {B} RGB {H}x{W} float images + uint8 mask + {K} keypoints; RandomResizedCrop {SIZE} + "
         "horizontal flip + affine (±10°, ±5%, 0.9–1.1); "
         f"{rounds} rounds, {repeats} timed calls per method in all, 2 warm-up calls per method and round.",
@@ -140,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                "rows": [{"name": n, "samples_per_s": B / res[n]["median"]} for n in names],
                "kornia_over_fastdata": {"targets": ratio_t, "image_only": ratio_i},
                "target_cost_s": {"fastdata": extra_f, "kornia": extra_k}}
-    suffix = ("_quick" if args.quick else "") + ("_cuda" if device.type == "cuda" else "")
-    write_results(f"augment_targets{suffix}", results, md, args.out)
-    print(md)
+    save_device_run("augment_targets", args.quick, device, results, md, args.out)
     return 0
 
 

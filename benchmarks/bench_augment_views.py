@@ -25,7 +25,6 @@ Results go to stdout (markdown) and to ``<out>/augment_views[_quick|_cuda].{json
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -38,12 +37,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (  # noqa: E402
-    DEFAULT_RESULTS_DIR,
+    device_parser,
     machine_info,
     markdown_table,
-    synced,
-    time_interleaved,
-    write_results,
+    save_device_run,
+    seeded_images,
+    time_on_device,
+    torch_machine_line,
 )
 
 from fastdata.augment import (  # noqa: E402
@@ -73,7 +73,7 @@ B = 64
 
 def views_fns(device: torch.device, quick: bool) -> dict[str, Callable[[int], Any]]:
     side, crop = (64, 56) if quick else (128, 112)
-    image = torch.rand(B, 3, side, side, generator=torch.Generator().manual_seed(0)).to(device)
+    image = seeded_images(B, side, side).to(device)
     ops = (RandomResizedCrop(crop), HorizontalFlip(), ColorJitter(0.4, 0.4, 0.4, 0.1),
            Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))
     one, two = Augment(ops, fields=("image",)), Augment(ops, fields=("image",), views=2)
@@ -149,7 +149,7 @@ def v2_reference(images: torch.Tensor, labels: torch.Tensor, num_classes: int, d
 def mix_fns(device: torch.device, quick: bool) -> dict[str, Callable[[int], Any]]:
     side = 112 if quick else 224
     gen = torch.Generator().manual_seed(0)
-    images = torch.rand(B, 3, side, side, generator=gen).to(device)
+    images = seeded_images(B, side, side, gen).to(device)
     labels = torch.randint(0, 1000, (B,), generator=gen).to(device)
     mix = Mix(num_classes=1000)
     mixup, cutmix = MixDraw(True, False, 0.7), MixDraw(True, True, 0.7, (0.2, 0.3, 0.75, 0.85))
@@ -194,24 +194,17 @@ def check_same(device: torch.device) -> dict[str, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small batches, few repeats (a smoke run)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default=str(DEFAULT_RESULTS_DIR))
+    ap = device_parser(__doc__, "small batches, few repeats (a smoke run)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op threads (0: torch's default); 1 is steadier on a loaded machine")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    def timed(fn: Callable[[int], Any]) -> Callable[[int], Any]:
-        return synced(fn, device)
-
     repeats, rounds = (3, 1) if args.quick else (40, 8)
     sections = {"views": views_fns(device, args.quick), "sequence": seq_fns(device, args.quick),
                 "mix": mix_fns(device, args.quick)}
-    res = {name: time_interleaved({k: timed(f) for k, f in fns.items()}, repeats=repeats, warmup=1, rounds=rounds)
-           for name, fns in sections.items()}
+    res = {name: time_on_device(fns, device, repeats=repeats, warmup=1, rounds=rounds) for name, fns in sections.items()}
     med = {s: {k: v["median"] for k, v in r.items()} for s, r in res.items()}
     pairs = 3 if args.quick else 30
     paired = {"augmentation": paired_ratio(sections["views"], "one view", "two views", pairs),
@@ -234,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     t, side, mside = (250, 56, 112) if args.quick else (1000, 112, 224)
     md = "\n\n".join([
         f"# Views, sequence ops, MixUp/CutMix ({'quick' if args.quick else 'full'} run, device {device})",
-        f"Machine: {info['cpu_model']}, {info['usable_cores']} usable cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} torch threads; {rounds} rounds, {repeats} timed calls per method.",
+        torch_machine_line(info) + f"; {rounds} rounds, {repeats} timed calls per method.",
         f"## 1. Views (batch {B}, crops of {side}; goal: two views <= 2.2x one view)", table("views"),
         f"Two views / one view: **{ratios['two_views_over_one']:.2f}x** for the augmentation alone, "
         f"**{ratios['two_views_over_one_device_stage']:.2f}x** for the loader's device stage (uint8 batch to float, "
@@ -257,9 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                "two_views_over_one_paired": paired,
                "title": f"Views, sequence ops, MixUp/CutMix, {device} (batches/s)",
                "rows": [{"name": f"{s}: {k}", "samples_per_s": 1.0 / v} for s, r in med.items() for k, v in r.items()]}
-    suffix = ("_quick" if args.quick else "") + ("_cuda" if device.type == "cuda" else "")
-    write_results(f"augment_views{suffix}", results, md, args.out)
-    print(md)
+    save_device_run("augment_views", args.quick, device, results, md, args.out)
     return 0
 
 

@@ -18,7 +18,7 @@ from fastdata.format import FieldSpec
 from fastdata.handles import PerProcessHandle
 
 from .npy_parse import data_field, read_npy_header
-from .registry import Request, register
+from .registry import Request, SrcForm, register
 
 if TYPE_CHECKING:
     from fastdata.write import Progress
@@ -110,6 +110,9 @@ class ArraysKind:
     """Named arrays (SRC as one ``.npy`` array is field ``x``), with ``labels`` as a ``.npy`` array."""
 
     name = "npy-arrays"
+
+    def src_form(self, src: Path) -> SrcForm | None:
+        return None  # a .npy SRC is the array of field x among the named arrays: detect() decides
 
     def detect(self, req: Request) -> bool:
         return bool(req.arrays) and req.meta is None

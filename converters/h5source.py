@@ -13,7 +13,7 @@ import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Self
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from fastdata.format.external import ZARR_META, native
 from fastdata.handles import PerProcessHandle
 
 from .arrays import RowsSource
-from .registry import Request, register
+from .registry import DEFAULT_FIELD, Request, SrcForm, register
 
 if TYPE_CHECKING:
     from fastdata.write import Progress
@@ -34,10 +34,14 @@ if TYPE_CHECKING:
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 
+def _expand(src: str) -> list[str]:
+    """The files SRC names: the sorted matches of a glob, or SRC itself."""
+    return sorted(glob.glob(src)) if any(c in src for c in "*?[") else [src]
+
+
 def detect(src: str | os.PathLike[str]) -> bool:
     """An HDF5 file, or a glob whose first match is one."""
-    s = os.fspath(src)
-    paths = sorted(glob.glob(s)) if any(c in s for c in "*?[") else [s]
+    paths = _expand(os.fspath(src))
     if not paths or not os.path.isfile(paths[0]):
         return False
     with open(paths[0], "rb") as f:
@@ -62,13 +66,24 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
     classes: list[str] | None = None
     skipped: list[tuple[str, str]] = field(default_factory=list)
     kind: str = ""
+    default_arrays: ClassVar[Mapping[str, str]] = {}  # the fields when none are named (none: they must be)
+
+    @staticmethod
+    def _paths(src: str) -> list[str]:  # pragma: no cover - abstract
+        """The files SRC names, each checked to exist (a one-line UsageError if not)."""
+        raise NotImplementedError
 
     @staticmethod
     def _info(path: str, array: str) -> ArrayInfo:  # pragma: no cover - abstract
         raise NotImplementedError
 
     @classmethod
-    def scan(cls, paths: list[str], arrays: Mapping[str, str]) -> "_ArrayFilesSource":
+    def from_src(cls, src: str | os.PathLike[str], arrays: Mapping[str, str] | None = None) -> Self:
+        """The source of the files SRC names; ``arrays``: field -> array inside each file (default: the kind's)."""
+        return cls.scan(cls._paths(os.fspath(src)), arrays or cls.default_arrays)
+
+    @classmethod
+    def scan(cls, paths: list[str], arrays: Mapping[str, str]) -> Self:
         """Check every field of every file (shapes, types, sample counts) before anything is read."""
         if not arrays:
             raise UsageError(f"{paths[0]}: name the arrays to convert, e.g. --field x=/images --field label=/labels")
@@ -119,16 +134,15 @@ class H5Source(_ArrayFilesSource):
     kind: str = "hdf5"
 
     @staticmethod
+    def _paths(src: str) -> list[str]:
+        paths = _expand(src)
+        if not paths or not all(Path(p).is_file() for p in paths):
+            raise UsageError(f"{src}: no such file" + (" (the pattern matches none)" if not paths else ""))
+        return paths
+
+    @staticmethod
     def _info(path: str, array: str) -> ArrayInfo:
         return hdf5_info(path, array)
-
-    @classmethod
-    def from_src(cls, src: str | os.PathLike[str], arrays: Mapping[str, str]) -> "H5Source":
-        s = os.fspath(src)
-        paths = sorted(glob.glob(s)) if any(c in s for c in "*?[") else [s]
-        if not paths or not all(Path(p).is_file() for p in paths):
-            raise UsageError(f"{s}: no such file" + (" (the pattern matches none)" if not paths else ""))
-        return cls.scan(paths, arrays)  # type: ignore[return-value]
 
     def _open_handle(self) -> list[dict[str, Any]]:
         import h5py
@@ -154,17 +168,17 @@ class ZarrSource(_ArrayFilesSource):
     """Arrays of a Zarr (v2 or v3) store: the store itself (field ``x``) or arrays of a group."""
 
     kind: str = "zarr"
+    default_arrays: ClassVar[Mapping[str, str]] = {DEFAULT_FIELD: ""}  # the store itself is an array
+
+    @staticmethod
+    def _paths(src: str) -> list[str]:
+        if not detect_zarr(src):
+            raise UsageError(f"{src}: not a Zarr store (no .zarray, .zgroup or zarr.json)")
+        return [src]
 
     @staticmethod
     def _info(path: str, array: str) -> ArrayInfo:
         return zarr_info(path, array)
-
-    @classmethod
-    def from_src(cls, src: str | os.PathLike[str], arrays: Mapping[str, str] | None = None) -> "ZarrSource":
-        s = os.fspath(src)
-        if not detect_zarr(s):
-            raise UsageError(f"{s}: not a Zarr store (no .zarray, .zgroup or zarr.json)")
-        return cls.scan([s], arrays or {"x": ""})  # type: ignore[return-value]
 
     def _open_handle(self) -> list[dict[str, Any]]:
         return [{name: _RowCache(open_zarr(p, a)) for name, a in self.arrays.items()} for p in self.paths]
@@ -187,38 +201,25 @@ class _RowCache:
         return self.chunk[row - c * self.rows]
 
 
-def _refuse_options(req: Request, config: "ConvertConfig") -> None:
-    if config.images is not None:
-        raise UsageError(f"{req.src}: image options (%(images)) apply to image folders, not to HDF5 or Zarr arrays")
+class _ArrayFilesKind:
+    """SRC a file (or glob of files) or store of named arrays: ``in_file`` names each field's array inside it."""
 
+    def __init__(self, name: str, probe: Callable[[Path], bool], source: type[_ArrayFilesSource]) -> None:
+        self.name, self.probe, self.source = name, probe, source
 
-class HDF5Kind:
-    """An HDF5 file, or a glob of them (one after another): ``in_file`` names each field's dataset."""
-
-    name = "hdf5"
-
-    def detect(self, req: Request) -> bool:
-        return req.src is not None and req.meta is None and not req.arrays and detect(req.src)
-
-    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> H5Source:
-        assert req.src is not None
-        _refuse_options(req, config)
-        return H5Source.from_src(req.src, req.in_file)
-
-
-class ZarrKind:
-    """A Zarr store: an array (field ``x``) or a group whose arrays ``in_file`` names."""
-
-    name = "zarr"
+    def src_form(self, src: Path) -> SrcForm | None:
+        return "arrays" if self.probe(src) else None
 
     def detect(self, req: Request) -> bool:
-        return req.src is not None and req.meta is None and not req.arrays and detect_zarr(req.src)
+        return req.src is not None and req.meta is None and not req.arrays and self.probe(req.src)
 
-    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> ZarrSource:
+    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> _ArrayFilesSource:
         assert req.src is not None
-        _refuse_options(req, config)
-        return ZarrSource.from_src(req.src, req.in_file or None)
+        if config.images is not None:
+            raise UsageError(f"{req.src}: image options (%(images)) apply to image folders, not to HDF5 or Zarr "
+                             "arrays")
+        return self.source.from_src(req.src, req.in_file)
 
 
-register(HDF5Kind())
-register(ZarrKind())
+register(_ArrayFilesKind("hdf5", detect, H5Source))  # an HDF5 file, or a glob of them (one after another)
+register(_ArrayFilesKind("zarr", detect_zarr, ZarrSource))  # a Zarr array (field x) or a group

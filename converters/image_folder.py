@@ -35,7 +35,7 @@ from fastdata.write import Progress
 from fastdata.write.local import mp_context
 
 from .image_codec import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, is_image_file, prepare, read_source
-from .registry import Request, register
+from .registry import Request, SrcForm, register
 from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label, label_field, refuse_bad
 
 if TYPE_CHECKING:
@@ -227,6 +227,9 @@ class ImageFolderKind:
     """A folder of images (labels from class sub-folders, a labels file, or none)."""
 
     name = "image-folder"
+
+    def src_form(self, src: Path) -> SrcForm | None:
+        return None  # a folder: detect() decides, from its files
 
     def detect(self, req: Request) -> bool:
         if req.meta is not None or req.arrays or req.src is None or not req.src.is_dir():

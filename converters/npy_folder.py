@@ -21,7 +21,7 @@ from fastdata.format.external import ZARR_META
 
 from .image_codec import is_image_file
 from .npy_parse import NpyHeader, data_field, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
-from .registry import Request, register
+from .registry import DEFAULT_FIELD, Request, SrcForm, register
 from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label, label_field, refuse_bad
 
 if TYPE_CHECKING:
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from .config import ConvertConfig
 
 __all__ = ["DEFAULT_FIELD", "NpyFolderKind", "NpyFolderSource"]
-
-DEFAULT_FIELD = "x"
 
 
 def _signature(headers: dict[str, NpyHeader]) -> tuple:
@@ -171,6 +169,9 @@ class NpyFolderKind:
     """A folder of per-sample ``.npy``/``.npz`` files (what a folder without images is)."""
 
     name = "npy-folder"
+
+    def src_form(self, src: Path) -> SrcForm | None:
+        return None  # a folder: detect() decides, from its files
 
     def detect(self, req: Request) -> bool:
         return (req.meta is None and not req.arrays and req.src is not None and req.src.is_dir()

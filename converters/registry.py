@@ -1,9 +1,10 @@
 """The one table of source kinds: ``convert`` asks every kind whether it takes the input (``detect``).
 
-A source kind is a small object with a ``name``, ``detect(request)`` and ``scan(request, config,
-progress)``; its module calls :func:`register` once, and converters/__init__.py imports the module.
-Adding a source is one file plus that import. Kinds decide on disjoint inputs: exactly one may
-claim a request (a second claim is a bug in the new kind, and says so).
+A source kind is a small object with a ``name``, ``src_form(src)``, ``detect(request)`` and
+``scan(request, config, progress)``; its module calls :func:`register` once, and
+converters/__init__.py imports the module. Adding a source is one file plus that import. Kinds
+decide on disjoint inputs: exactly one may claim a request, at most one may say what a SRC is (a
+second claim is a bug in the new kind, and says so).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from fastdata.errors import FastdataError, UsageError
 
@@ -23,7 +24,13 @@ if TYPE_CHECKING:
 
     from .config import ConvertConfig
 
-__all__ = ["Request", "SOURCES", "SourceKind", "detect", "register"]
+__all__ = ["DEFAULT_FIELD", "Request", "SOURCES", "SourceKind", "SrcForm", "detect", "register", "src_form"]
+
+DEFAULT_FIELD = "x"  # the field of a sample file's array, or of a lone array given as SRC
+# What SRC itself is, asked before the request is built (it decides the request's shape): a metadata
+# "table" (its paths are relative to its folder), or a file or store of named "arrays" (the fields
+# name arrays inside it). Anything else (a folder, a .npy file) is None: ``detect`` decides.
+SrcForm = Literal["table", "arrays"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class SourceKind(Protocol):
 
     name: str
 
+    def src_form(self, src: Path) -> SrcForm | None: ...  # what SRC is, when this kind takes it as a whole
     def detect(self, req: Request) -> bool: ...
     def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> "Source": ...
 
@@ -71,6 +79,15 @@ def register(kind: SourceKind) -> SourceKind:
         raise FastdataError(f"source kind {kind.name!r} is registered twice")
     SOURCES[kind.name] = kind
     return kind
+
+
+def src_form(src: Path) -> SrcForm | None:
+    """What ``src`` itself is, as the one kind that knows it says (None: no kind takes it as a whole)."""
+    forms = [(k.name, f) for k in SOURCES.values() if (f := k.src_form(src)) is not None]
+    if len(forms) > 1:
+        raise FastdataError(f"source kinds {', '.join(n for n, _ in forms)} all say what {src} is: "
+                            "their src_form() must not overlap")
+    return forms[0][1] if forms else None
 
 
 def detect(req: Request) -> SourceKind:

@@ -29,9 +29,9 @@ from .image_codec import IMAGE_EXTENSIONS, ImageOptions
 from .image_folder import ImageFolderSource, is_image_file
 from .npy_folder import NpyFolderSource
 from .npy_parse import read_npy_data, read_npy_header
-from .registry import Request, register
+from .registry import Request, SrcForm, register
 from .scan import drop_non_samples, refuse_bad, walk_files
-from .table_read import _MISSING, PATH_COLUMN, Table, read_table
+from .table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
 from .table_types import INT_DTYPE, Column, ColumnType, parse_column, safe_rel
 
 if TYPE_CHECKING:
@@ -416,6 +416,9 @@ class TableKind:
     """A metadata table (``meta``, or SRC itself a table): its ``path`` column names the samples."""
 
     name = "table"
+
+    def src_form(self, src: Path) -> SrcForm | None:
+        return "table" if is_table(src) and src.is_file() else None  # SRC a table: paths relative to its folder
 
     def detect(self, req: Request) -> bool:
         return req.meta is not None

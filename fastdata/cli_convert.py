@@ -9,7 +9,7 @@ import logging
 import sys
 from typing import Any
 
-from .cli_common import Bar, positive, size
+from .cli_common import Bar, NamedPaths, positive, size
 from .errors import FastdataError, UsageError
 
 __all__ = ["add_parsers", "flag_message"]
@@ -73,7 +73,8 @@ def _add_convert(sub: Any) -> argparse.ArgumentParser:
     c.add_argument("--no-labels", action="store_true",
                    help="do not take labels from class sub-folders (with --meta too)")
     c.add_argument("--data", metavar="X.npy", help="a large array whose first axis is the sample axis (field 'x')")
-    c.add_argument("--field", action="append", type=_named_array, default=[], metavar="NAME=PATH",
+    c.add_argument("--field", action=NamedPaths, example="label=labels.npy (or label=/labels in an HDF5 SRC)",
+                   metavar="NAME=PATH",
                    help="a large array stored as field NAME (repeatable)")
     c.add_argument("--skip-bad", action="store_true",
                    help="skip unreadable or mismatched samples (and bad table rows) and list them in DST/skipped.json")
@@ -149,13 +150,6 @@ def _add_merge(sub: Any) -> None:
     m.set_defaults(run=_merge)
 
 
-def _named_array(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected NAME=PATH.npy, not {text!r}")
-    return name, path
-
-
 def _meta_type(text: str) -> tuple[str, object]:
     from .converters import parse_meta_type
 
@@ -185,7 +179,7 @@ def config_of(args: argparse.Namespace) -> Any:
 def _convert(args: argparse.Namespace) -> int:
     from .conversion import convert
 
-    arrays = dict(args.field)
+    arrays = dict(args.field or {})
     if args.data:
         if "x" in arrays:
             raise UsageError("--data and --field x=... both name field 'x'")

@@ -5,12 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-
-def _field(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
-    if not name or (sep and not path):
-        raise argparse.ArgumentTypeError(f"expected NAME=PATH_IN_SRC (e.g. x=/images), not {text!r}")
-    return name, path
+from .cli_common import NamedPaths
 
 
 def add_parser(sub: Any) -> None:
@@ -22,7 +17,8 @@ def add_parser(sub: Any) -> None:
                                    "See docs/in-place.md.")
     p.add_argument("src", metavar="SRC", help="HDF5 file or glob ('data/*.h5'), .npy file, or Zarr store")
     p.add_argument("dst", metavar="DST", help="the index folder to write (new or empty)")
-    p.add_argument("--field", dest="fields", action="append", type=_field, default=[], metavar="NAME=PATH",
+    p.add_argument("--field", dest="fields", action=NamedPaths, example="x=/images",
+                   bare=True, metavar="NAME=PATH",
                    help="a field and where it is in SRC: an HDF5 dataset (x=/images), a Zarr array in a group, "
                         "or a .npy file (y=labels.npy); repeat for several (default for .npy and Zarr "
                         "arrays: SRC itself as x)")
@@ -33,12 +29,8 @@ def add_parser(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .errors import UsageError
     from .indexer import index
 
-    names = [n for n, _ in args.fields]
-    if len(set(names)) != len(names):
-        raise UsageError(f"--field names a field twice ({', '.join(sorted(n for n in set(names) if names.count(n) > 1))})")
-    report = index(args.src, args.dst, dict(args.fields), checksum=args.checksum, overwrite=args.overwrite)
+    report = index(args.src, args.dst, args.fields or {}, checksum=args.checksum, overwrite=args.overwrite)
     print(report.summary())
     return 0

@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from .converters import ConvertConfig, Request, detect
-from .converters.npy_folder import DEFAULT_FIELD
-from .converters.table_read import is_table
+from .converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
 from .errors import FastdataError, UsageError
 from .remote import is_url
 from .write import ConvertReport, Progress, Source, write_dataset
@@ -92,7 +90,8 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
         raise UsageError(f"{label_path}: labels file not found")
     named = {k: Path(v) for k, v in (arrays or {}).items()}
     src_path = Path(src) if src is not None else None
-    table_src = src_path is not None and is_table(src_path) and src_path.is_file()
+    form = src_form(src_path) if src_path is not None else None  # the source table says what SRC is
+    table_src = form == "table"
     if meta is not None or table_src:
         return _table_request(src_path, Path(meta) if meta is not None else None, table_src, named, label_path)
     if config.meta_types:
@@ -101,7 +100,7 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
         if not named:
             raise UsageError("nothing to convert: give %(src), or %(arrays)")
         return Request(None, named, label_path)
-    if _holds_arrays(src_path):  # an HDF5 file (or glob of them), a Zarr store: fields name arrays inside it
+    if form == "arrays":  # an HDF5 file (or glob of them), a Zarr store: fields name arrays inside it
         if label_path is not None:
             raise UsageError(f"{src_path}: %(labels) does not apply here: name the labels' array as a field "
                              "(label=/labels)")
@@ -118,13 +117,6 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
     if named:
         raise UsageError("give either a source folder or %(arrays), not both")
     return Request(src_path, {}, label_path)
-
-
-def _holds_arrays(src: Path) -> bool:
-    """SRC is a file or store of named arrays (an HDF5 file or a glob of them, a Zarr store)."""
-    from .converters.h5source import detect, detect_zarr
-
-    return detect(src) or detect_zarr(src)
 
 
 def _table_request(src: Path | None, meta: Path | None, table_src: bool, named: dict[str, Path],

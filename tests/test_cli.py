@@ -99,3 +99,31 @@ def test_every_dev_requirement_is_pinned_in_the_lock():
                if not r.specifier.contains(pins[canonicalize_name(r.name)], prereleases=True)]
     assert not outside, f"locked versions outside pyproject's ranges: {outside}"
     assert pins["torch"] == "2.13.0"
+
+
+def test_convert_and_index_parse_name_path_alike(tmp_path, run_cli):
+    """--field NAME=PATH of convert and index: one parser, one error line quoting the argument and what is
+    expected; a field named twice is refused by both (convert used to keep the last one silently)."""
+    (tmp_path / "src").mkdir()
+    cases = [("x", "no '=PATH'"), ("=a", "no NAME before '='"), ("x=", "no PATH after '='")]
+    for command, example in (("convert", "e.g. label=labels.npy"), ("index", "e.g. x=/images")):
+        for args, problem in [*cases, ("x=a --field x=b", "field 'x' is already given (x=a)")]:
+            if command == "index" and args == "x":
+                continue  # index takes a bare NAME: the field is SRC itself
+            code, out, err = run_cli(command, tmp_path / "src", tmp_path / "dst", "--field", *args.split())
+            last = err.strip().splitlines()[-1]
+            assert code == 2 and out == "" and "Traceback" not in err, (command, args, err)
+            assert last.startswith(f"fastdata {command}: error: argument --field: '{args.split()[-1]}': {problem}; "
+                                   "expected NAME=PATH"), (command, last)
+            assert example in last and not (tmp_path / "dst").exists()
+
+
+def test_name_path_fields_reach_the_commands_as_a_dict():
+    from fastdata.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["index", "s", "d", "--field", "x=/a=b", "--field", "y"])
+    assert args.fields == {"x": "/a=b", "y": ""}  # the first '=' splits; a bare NAME is SRC itself
+    assert parser.parse_args(["index", "s", "d"]).fields is None
+    args = parser.parse_args(["convert", "s", "d", "--field", "x=X.npy", "--field", "label=/labels"])
+    assert args.field == {"x": "X.npy", "label": "/labels"}

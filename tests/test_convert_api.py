@@ -116,3 +116,35 @@ def test_import_fastdata_imports_neither_torch_nor_the_write_side():
             "assert 'torch' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_src_form_comes_from_the_source_table_alone(tmp_path, monkeypatch):
+    """convert shapes the request from what the registered kinds say SRC is: a new kind of array file needs no
+    change to fastdata/conversion.py; two kinds saying what one SRC is are a bug that says so."""
+    seen = []
+
+    class Blob:
+        name = "blob"
+
+        def src_form(self, src):
+            return "arrays" if src.suffix == ".blob" else None
+
+        def detect(self, req):
+            return req.src is not None and req.src.suffix == ".blob"
+
+        def scan(self, req, config, progress):
+            seen.append(req)
+            raise UsageError(f"{req.src}: scanned")
+
+    (tmp_path / "a.blob").write_bytes(b"")
+    monkeypatch.setitem(SOURCES, "blob", Blob())
+    with pytest.raises(UsageError, match="a.blob: scanned"):
+        fastdata.convert(tmp_path / "a.blob", tmp_path / "ds", arrays={"x": "/inside"})
+    assert seen[0].in_file == {"x": "/inside"} and seen[0].arrays == {} and not (tmp_path / "ds").exists()
+
+    class Also(Blob):
+        name = "also"
+
+    monkeypatch.setitem(SOURCES, "also", Also())
+    with pytest.raises(FastdataError, match="blob, also all say what .*a.blob is: their src_form\\(\\) must not overlap"):
+        fastdata.convert(tmp_path / "a.blob", tmp_path / "ds")

@@ -80,3 +80,40 @@ def test_fastdata_convert_and_the_cli_take_hdf5_and_zarr_sources(tmp_path):
     z[:] = x
     report = fastdata.convert(tmp_path / "z.zarr", tmp_path / "dz", ConvertConfig(write=WriteOptions(workers=1)))
     assert report.samples == 40 and np.array_equal(fastdata.open(tmp_path / "dz").get_batch(np.arange(40))["x"], x)
+
+
+def test_hdf5_and_zarr_sources_open_their_src_the_same_way(tmp_path):
+    """One from_src for both kinds: each checks what SRC names, then the fields (default: the kind's own)."""
+    zarr = pytest.importorskip("zarr")
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["x"] = np.arange(6.0).reshape(3, 2)
+    zarr.create_array(str(tmp_path / "z.zarr"), shape=(3, 2), chunks=(2, 2), dtype="f8")[:] = np.arange(6.0).reshape(3, 2)
+    with pytest.raises(UsageError, match=r"^\S*p\*\.h5: no such file \(the pattern matches none\)$"):
+        H5Source.from_src(tmp_path / "p*.h5", {"x": "/x"})
+    with pytest.raises(UsageError, match=r"^\S*nothing\.h5: no such file$"):
+        H5Source.from_src(tmp_path / "nothing.h5", {"x": "/x"})
+    with pytest.raises(UsageError, match=r"^\S*nothing\.zarr: not a Zarr store"):
+        ZarrSource.from_src(tmp_path / "nothing.zarr")
+    with pytest.raises(UsageError, match="name the arrays"):  # HDF5 has no default field: naming is required
+        H5Source.from_src(tmp_path / "d.h5")
+    h5, z = H5Source.from_src(tmp_path / "d.h5", {"x": "/x"}), ZarrSource.from_src(tmp_path / "z.zarr")
+    assert (h5.paths, h5.arrays, h5.counts) == ([str(tmp_path / "d.h5")], {"x": "/x"}, [3])
+    assert (z.paths, z.arrays, z.counts) == ([str(tmp_path / "z.zarr")], {"x": ""}, [3])  # the store is field x
+    assert [f.name for f in h5.fields] == [f.name for f in z.fields] == ["x"]
+
+
+def test_the_source_table_says_what_src_is(tmp_path):
+    """Every kind answers src_form() through the registry: conversion.py asks no source module directly."""
+    zarr = pytest.importorskip("zarr")
+    from fastdata.converters import src_form
+
+    with h5py.File(tmp_path / "p0.h5", "w") as f:
+        f["x"] = np.zeros((2, 1))
+    zarr.create_array(str(tmp_path / "z.zarr"), shape=(2, 1), chunks=(2, 1), dtype="f4")
+    (tmp_path / "meta.csv").write_text("path\n0.npy\n")
+    np.save(tmp_path / "X.npy", np.zeros((2, 1)))
+    (tmp_path / "folder").mkdir()
+    assert src_form(tmp_path / "p0.h5") == src_form(tmp_path / "p*.h5") == src_form(tmp_path / "z.zarr") == "arrays"
+    assert src_form(tmp_path / "meta.csv") == "table"
+    for other in ("X.npy", "folder", "missing.h5", "missing.csv"):
+        assert src_form(tmp_path / other) is None, other
