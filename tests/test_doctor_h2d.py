@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -104,10 +105,13 @@ def test_copies_before_the_first_batch_and_after_eviction_are_not_the_loops() ->
         acc.track(torch.zeros(2), 1, n, counted=True)
     acc.copy(first, torch.device("cuda"), False, lambda: None)  # its batch is long gone: not a batch copy
     assert 1 not in acc.loaders and acc.other.copies == 1
-    # a storage freed and its address taken by another tensor is not the batch's
-    acc.track(torch.zeros(64), 2, 99, counted=True)
-    reused = [torch.zeros(64) for _ in range(50)]  # the allocator hands the freed address out again
-    acc.copy(reused[-1], torch.device("cuda"), False, lambda: None)
+    # a storage freed and its address taken by another tensor is not the batch's (numpy's buffer outlives
+    # the first tensor's storage, and the second's storage starts at the same address)
+    buf = np.zeros(64, np.float32)
+    acc.track(torch.from_numpy(buf), 2, 99, counted=True)
+    again = torch.from_numpy(buf)
+    assert again.data_ptr() in acc.owner
+    acc.copy(again, torch.device("cuda"), False, lambda: None)
     assert 2 not in acc.loaders
 
 
@@ -122,6 +126,7 @@ def test_patched_loop_counts_only_cpu_to_cuda_and_gives_the_methods_back(tmp_pat
             torch.zeros(10).to("cuda")  # before the first batch (the model): not counted
             for x, y in DataLoader(ds, batch_size=4):
                 x.to("cpu")
+                x.to(torch.device("cpu"), non_blocking=True)
                 x.to(torch.float64)
                 y.to(dtype=torch.float32)
                 x.to("cuda:0", non_blocking=True)
@@ -129,6 +134,7 @@ def test_patched_loop_counts_only_cpu_to_cuda_and_gives_the_methods_back(tmp_pat
             assert clock.waits == 0
         finally:
             _probe.uninstall()
+        assert clock.waits <= 1  # resolved as the loop went (query()); only the last copy is waited for at the end
         assert torch.Tensor.__dict__["to"] is fake and "cuda" not in torch.Tensor.__dict__
         assert "copy_" not in torch.Tensor.__dict__
     finally:
