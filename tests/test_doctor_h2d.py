@@ -231,6 +231,26 @@ def test_without_cuda_the_scripts_own_error_comes_through() -> None:
     assert not acc.loaders and acc.dump()["cuda"] is False
 
 
+class _AccountantSeen(torch.utils.data.Dataset[int]):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        return int(_h2d._acc is None)
+
+
+def test_forked_workers_take_the_shortest_way() -> None:
+    """A forked DataLoader worker inherits the wrapped methods but not the accountant (it copies nothing to a GPU)."""
+    acc = _h2d.install(FakeClock())
+    try:
+        got = [int(b) for b in DataLoader(_AccountantSeen(), batch_size=1, num_workers=1,
+                                          multiprocessing_context="fork")]
+        assert _h2d._acc is acc  # the training process keeps it
+    finally:
+        _h2d.uninstall()
+    assert got == [1, 1]
+
+
 def test_figures_and_advice() -> None:
     main = {"key": 5, "kind": "torch", "settings": {"pin_memory": False}}
     bucket = {"copies": 4, "bytes": 4_000_000, "pinned": 0, "non_blocking": 0, "batches": 2, "last_batch": 9,

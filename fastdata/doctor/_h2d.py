@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import threading
 import weakref
 from collections import deque
@@ -130,8 +131,9 @@ class Accountant:
 
     def copy(self, src: torch.Tensor, device: torch.device, non_blocking: bool, do: Callable[[], Any]) -> Any:
         """Run ``do`` (the copy of CPU ``src`` to CUDA ``device``), counting it and timing a batch's."""
-        if not self.active or not self._cuda_usable():
-            return do()  # without CUDA the copy raises the script's own error
+        if not self.active or _compiling() or not self._cuda_usable():
+            # without CUDA the copy raises the script's own error; torch.compile traces the plain copy
+            return do()
         if self.depth:
             bucket, number, timed = self.inside, -1, False
         else:
@@ -275,6 +277,7 @@ def _wrap_copy(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _acc: Accountant | None = None
+_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", None) or (lambda: False)
 _saved: list[tuple[str, Any]] = []  # (attribute, what torch.Tensor's own __dict__ held: None when inherited)
 _WRAPS = {"to": _wrap_to, "cuda": _wrap_cuda, "copy_": _wrap_copy}
 
@@ -306,5 +309,10 @@ def uninstall() -> Accountant | None:
     return acc
 
 
-def current() -> Accountant | None:
-    return _acc
+def _forget_in_child() -> None:
+    """A forked DataLoader worker copies nothing to a GPU: its patched methods take the shortest way."""
+    global _acc
+    _acc = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
