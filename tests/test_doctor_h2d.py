@@ -116,7 +116,7 @@ def test_copies_before_the_first_batch_and_after_eviction_are_not_the_loops() ->
 
 
 def test_patched_loop_counts_only_cpu_to_cuda_and_gives_the_methods_back(tmp_path: Path) -> None:
-    clock, moved = FakeClock(), []
+    clock, moved = FakeClock(), list[tuple[Any, ...]]()
     assert not {"to", "cuda", "copy_"} & set(torch.Tensor.__dict__)
     fake = torch.Tensor.to = _fake_to(clock, moved)  # type: ignore[method-assign]
     try:
@@ -168,7 +168,7 @@ class FakeCudaTensor:
 def test_copies_inside_the_loaders_next_are_the_loaders(tmp_path: Path) -> None:
     """A collate_fn that moves the batch (as fastdata.loader(device="cuda") does inside its next()): counted
     apart, never as the loop's copies, and the report says why there is no figure."""
-    clock, moved = FakeClock(), []
+    clock, moved = FakeClock(), list[tuple[Any, ...]]()
     torch.Tensor.to = _fake_to(clock, moved)  # type: ignore[method-assign]
     try:
         ds = TensorDataset(torch.zeros(24, 3))
@@ -229,6 +229,16 @@ def test_without_cuda_the_scripts_own_error_comes_through() -> None:
     if not torch.cuda.is_available():
         assert "CUDA" in str(e.value)
     assert not acc.loaders and acc.dump()["cuda"] is False
+
+
+def test_traced_by_torch_compile_the_copy_is_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    acc = _h2d.Accountant(clock)
+    x = torch.zeros(4)
+    acc.track(x, 1, 0, counted=True)
+    monkeypatch.setattr(_h2d, "_compiling", lambda: True)
+    assert acc.copy(x, torch.device("cuda"), True, lambda: "plain") == "plain"
+    assert not acc.loaders and clock.marks == 0
 
 
 class _AccountantSeen(torch.utils.data.Dataset[int]):
