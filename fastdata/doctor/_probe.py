@@ -1,7 +1,8 @@
 """The doctor's hooks: time every batch a torch DataLoader (or fastdata loader) hands the training loop.
 
 Installed by patching classes: ``_BaseDataLoaderIter.__next__`` (the loop's wait and the step
-between batches), the dataset fetchers' ``fetch`` (fastdata.doctor._worker: time in the dataset and
+between batches), ``Tensor.to``/``cuda``/``copy_`` (fastdata.doctor._h2d: the copies of the batches to
+a GPU, timed with CUDA events), the dataset fetchers' ``fetch`` (fastdata.doctor._worker: time in the dataset and
 in collate, in whatever process runs them; forked workers inherit the patch, spawned ones get it
 from a wrapper around the loader's ``worker_init_fn``, given back at the end) and fastdata's
 ``Loader.__iter__``. The hooks only read clocks and counters; the batches pass through untouched.
@@ -15,9 +16,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import _worker
+
+if TYPE_CHECKING:
+    from ._h2d import Accountant
 
 WARMUP = 2  # batches of each pass left out of the statistics: worker start-up, first-batch caching
 REPLAY = 8  # steps run on the cached batch to time the step without input
@@ -61,6 +65,7 @@ class Recorder:
         self.datasets: dict[int, Any] = {}  # key -> the dataset object (for the fastdata projection)
         self.batch_sizes: dict[int, int | None] = {}
         self.batches = 0  # every loader's batches: the --steps budget (events stop at MAX_EVENTS)
+        self.h2d: dict[str, Any] | None = None  # the host-to-device copies (fastdata.doctor._h2d), at uninstall
 
     # -- budget ---------------------------------------------------------------------------------
     def spent(self) -> bool:
@@ -77,6 +82,8 @@ class Recorder:
             rec.events.append((asked, got, rec.passes))
         if self.first_batch_at is None:
             self.first_batch_at = got
+        if _copies is not None:  # to know the loop's later copies of this batch to the GPU
+            _copies.track(batch, key, self.batches, len(rec.events) > WARMUP)
         if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
             self.batch_sizes[key] = _leading(batch)
         if self.cached is None and len(rec.events) == WARMUP + 1:
@@ -88,6 +95,8 @@ class Recorder:
         when another loader, a validation loader say, asks: it must never be handed the training batch)."""
         rec = self.loaders[key]
         self.stop_reason = "budget spent"
+        if _copies is not None:  # the copies of the cached batch are not the loop's
+            _copies.active = False
         if self.replaying >= REPLAY or self.cached is None or not self.do_replay or key != self.cached_from:
             self.stopped_at = time.perf_counter()
             raise BudgetReached(0)
@@ -103,13 +112,14 @@ class Recorder:
             "started": self.started, "ended": time.perf_counter(), "stop_reason": self.stop_reason,
             "main_pid": os.getpid(), "replay_key": self.cached_from,
             "stopped_at": self.stopped_at, "budget": {"steps": self.steps, "seconds": self.seconds},
-            "loaders": [vars(r) for r in self.loaders.values()],
+            "loaders": [vars(r) for r in self.loaders.values()], "h2d": self.h2d,
         }
 
 
 _recorder: Recorder | None = None
 _saved: list[tuple[Any, str, Any]] = []  # (class, attribute, original) to undo the patches
 _hooked: list[tuple[Any, Any]] = []  # (DataLoader, its own worker_init_fn) to give back at uninstall
+_copies: Accountant | None = None  # times the copies of the batches to a GPU (fastdata.doctor._h2d)
 
 
 # -- main side -----------------------------------------------------------------------------------------
@@ -149,7 +159,7 @@ def _timed_next(orig: Callable[..., Any]) -> Callable[..., Any]:
         if rec.replaying or rec.spent():
             return rec.next_replay(key)
         t0 = time.perf_counter()
-        batch = orig(self)
+        batch = _inside_loader(orig, self)
         return rec.record(key, t0, time.perf_counter(), batch)
 
     return __next__
@@ -164,6 +174,7 @@ def _timed_fastdata_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
         key = id(self)
         if key not in rec.loaders:
             settings = {"num_workers": getattr(self.config, "workers", None), "batch_size": self.batch_size,
+                        "device": str(getattr(self, "device", None)),
                         "mode": getattr(self.config, "mode", None), "prefetch": getattr(self.config, "prefetch", None)}
             rec.loaders[key] = LoaderRecord(key, "fastdata", settings, _describe(self.dataset))
             rec.batch_sizes[key] = self.batch_size
@@ -175,12 +186,24 @@ def _timed_fastdata_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
                 continue
             t0 = time.perf_counter()
             try:
-                batch = next(it)
+                batch = _inside_loader(next, it)
             except StopIteration:
                 return
             yield rec.record(key, t0, time.perf_counter(), batch)
 
     return __iter__
+
+
+def _inside_loader(fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)`` (a loader's next()), with the copies to a GPU made meanwhile counted as the loader's own."""
+    acc = _copies
+    if acc is None:
+        return fn(arg)
+    acc.depth += 1
+    try:
+        return fn(arg)
+    finally:
+        acc.depth -= 1
 
 
 def _describe(dataset: Any) -> str:
@@ -229,12 +252,15 @@ def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
     setattr(cls, name, make(orig))
 
 
-def install(out_dir: Path, steps: int | None = None, seconds: float | None = None, replay: bool = True) -> Recorder:
+def install(out_dir: Path, steps: int | None = None, seconds: float | None = None, replay: bool = True,
+            clock: Any = None) -> Recorder:
     """Patch the loader classes in this process (and the workers it forks) to report to a new Recorder."""
-    global _recorder
+    global _recorder, _copies
     if _recorder is not None:
         raise RuntimeError("fastdata.doctor is already watching this process")
     import torch.utils.data.dataloader as dl
+
+    from . import _h2d
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _recorder = Recorder(out_dir, steps, seconds, replay)
@@ -245,13 +271,21 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
     from ..loaders.base import Loader
 
     _patch(Loader, "__iter__", _timed_fastdata_iter)
+    _copies = _h2d.install(clock)
     return _recorder
 
 
 def uninstall() -> Recorder | None:
     """Undo the patches; flush this process's dataset timings; return the Recorder."""
-    global _recorder
+    global _recorder, _copies
     rec = _recorder
+    if _copies is not None:
+        from . import _h2d
+
+        acc = _h2d.uninstall()
+        _copies = None
+        if rec is not None and acc is not None:
+            rec.h2d = acc.dump()
     _worker.stop()
     while _saved:
         cls, name, orig = _saved.pop()

@@ -12,7 +12,8 @@ def add_parser(sub: Any) -> None:
     d = sub.add_parser("doctor", help="is a training script input-bound? measured on the script, with the fix",
                        description="Run a training script unchanged for a bounded budget, measure how long its loop "
                                    "waits for each DataLoader batch and why (time in the dataset's __getitem__ and "
-                                   "collate, worker CPU, bytes read), time the step on a cached batch, time "
+                                   "collate, worker CPU, bytes read, the copies of batches to a CUDA GPU), time the step on a "
+                                   "cached batch, time "
                                    "fastdata.loader on a sample of the dataset, and print the verdict, the projected "
                                    "gain and the commands (docs/doctor.md).")
     b = d.add_mutually_exclusive_group()

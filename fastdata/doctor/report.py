@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from . import transfer
 from ._probe import WARMUP
 
 INPUT_BOUND = 0.10  # a loop waiting more than this fraction of its time for data is input-bound
@@ -155,6 +156,7 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
                                         for r in raw["loaders"] if r is not main],
         "timeline": main["events"][:2000], "replay": main["replay"],
     }
+    out.update(transfer.figures(raw.get("h2d"), main, step_s))
     out.update(_projection(proj, step_s, wait_fraction * step_s, compute, w))
     out["commands"] = _commands(main, proj if proj.get("ok") else None, (w or {}).get("source"))
     return out
@@ -223,6 +225,9 @@ def render(r: dict[str, Any]) -> str:
         if io and io["from_storage_fraction"] is not None:
             lines.append(f"reads    {io['rchar'] / 1e6:.1f} MB read by the workers, "
                          f"{io['from_storage_fraction']:.1%} from storage, the rest from the page cache")
+    copies = transfer.line(r)
+    if copies:
+        lines.append(copies)
     p = r["projection"]
     if p.get("ok"):
         lines.append(f"fastdata {p['batch_s'] * 1e3:.1f} ms/batch measured on {p['samples']} sampled samples "
