@@ -4,7 +4,8 @@ Before each measurement the page cache is emptied for the dataset's shard files
 (``POSIX_FADV_DONTNEED`` on each: no root needed; pages another process has mapped stay, so
 stop other readers of the dataset first). Then, each for at most ``--seconds`` (or ``--batches``):
 the loader with ``shuffle=True`` and with ``shuffle="block"``, and the disk's ceiling: ``pread`` of
-the same files by 16 threads in random order, at the size of one sample and at 4 MiB.
+the same files by 16 threads in random order, at the size of one sample and at 4 MiB, and 4 MiB
+preads by 16 threads each reading its own part of the files in order (parallel sequential streams).
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[
     return {"samples": n, "seconds": dt}
 
 
-def _pread_cold(paths: list[str], size: int, seconds: float) -> dict[str, float]:
-    """The disk's ceiling with the page cache emptied: random ``size`` preads by ``_THREADS`` threads."""
+def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False) -> dict[str, float]:
+    """The disk's ceiling with the page cache emptied: random ``size`` preads by ``_THREADS`` threads
+    (``streams``: each thread reads its own contiguous part in order)."""
     from .bench import pread_pass
     from .readahead import drop_page_cache
 
     drop_page_cache(paths)
-    return pread_pass(paths, size, _THREADS, seconds=seconds)
+    return pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams)
 
 
 def run_cold(args: argparse.Namespace) -> int:
@@ -92,6 +94,7 @@ def run_cold(args: argparse.Namespace) -> int:
     ceilings: list[tuple[str, Callable[[], dict[str, float]]]] = [
         (f"pread {fmt_bytes(bps)} x {_THREADS} threads, cold", lambda: _pread_cold(paths, max(bps, 4096), args.seconds)),
         (f"pread 4 MiB x {_THREADS} threads, cold", lambda: _pread_cold(paths, _LARGE, args.seconds)),
+        (f"pread 4 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, _LARGE, args.seconds, True)),
     ]
     for name, fn in ([] if args.no_ceiling else ceilings):
         c = fn()

@@ -38,6 +38,20 @@ def test_fastdata_bench_cold_on_a_small_dataset(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in out["results"]]
     assert out["cold"] and any("shuffle=True" in n for n in names) and any(n.startswith("pread") for n in names)
+    assert any("streams in order" in n for n in names)
     assert all(r["samples_per_s"] > 0 for r in out["results"])
     assert cli.main(["bench", str(tmp_path / "ds"), "--cold", "--batches", "1", "--seconds", "1", "--no-ceiling"]) == 0
     assert "shuffle='block', cold" in capsys.readouterr().out
+
+
+def test_pread_pass_reads_every_byte_once_in_each_pattern(tmp_path):
+    from fastdata.bench import pread_pass
+
+    sizes = [5 << 20, 3 << 20, 123457]
+    paths = []
+    for i, n in enumerate(sizes):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(bytes(n))
+    for kw in ({"shuffled": True}, {"shuffled": False}, {"shuffled": False, "streams": True}):
+        for threads in (1, 3, 16):
+            assert pread_pass(paths, 1 << 20, threads, **kw)["bytes"] == sum(sizes), (kw, threads)
