@@ -43,6 +43,7 @@ _chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
 STREAM_THREADS = 4  # threads reading sequential streams ahead (_Streams)
 _STREAM_PIECE = 2 << 20  # bytes per pread of a stream (one reused buffer per thread)
 _STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
+_STREAM_MIN = 2  # ranges a stream has had before its next ones are read (not hinted)
 
 
 def hint_chunk(path: Path | str) -> int:
@@ -91,28 +92,30 @@ class _Streams:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="fastdata-stream")
-        self._ends: OrderedDict[tuple[Path, int], int | None] = OrderedDict()  # (file, end) -> its fd
+        # (file, end of a range) -> (the fd its stream reads on, or None; ranges the stream has had)
+        self._ends: OrderedDict[tuple[Path, int], tuple[int | None, int]] = OrderedDict()
         self._lock = threading.Lock()
         self._local = threading.local()
         self._closed = False
 
     def continues(self, path: Path, off: int, size: int) -> bool:
-        """Whether ``[off, off + size)`` starts where an earlier range of ``path`` ended (then it is
-        read here, in order); either way its end is remembered as a place a stream may continue."""
+        """Whether ``[off, off + size)`` is read here, in order: it starts where the last range of a
+        stream of ``path`` ended, and that stream already had :data:`_STREAM_MIN` ranges (a shuffle
+        that meets a neighbour by chance is hinted, not read). Its end is remembered either way."""
         with self._lock:
-            key = (path, off)
-            found = key in self._ends
-            fd = self._ends.pop(key, None)
-            self._ends[(path, off + size)] = None
+            fd, depth = self._ends.pop((path, off), (None, -1))
+            depth += 1
+            read = depth >= _STREAM_MIN and not self._closed
+            self._ends[(path, off + size)] = (None, depth)
             while len(self._ends) > _STREAM_ENDS:
-                _, old = self._ends.popitem(last=False)
+                old, _ = self._ends.popitem(last=False)[1]
                 if old is not None:
                     os.close(old)
-            if found and not self._closed:
+            if read:
                 self._pool.submit(self._read, path, off, size, fd)
             elif fd is not None:
                 os.close(fd)
-        return found
+        return read
 
     def _read(self, path: Path, off: int, size: int, fd: int | None) -> None:
         try:
@@ -128,8 +131,9 @@ class _Streams:
             log.info("stream read-ahead of %s failed: %s", path, e)
         with self._lock:
             end = (path, off + size)
-            if fd is not None and not self._closed and end in self._ends and self._ends[end] is None:
-                self._ends[end] = fd  # the stream's next range continues on this fd (its read-ahead state)
+            entry = self._ends.get(end)
+            if fd is not None and not self._closed and entry is not None and entry[0] is None:
+                self._ends[end] = (fd, entry[1])  # the stream's next range continues on this fd (its read-ahead state)
             elif fd is not None:
                 os.close(fd)
 
@@ -142,7 +146,7 @@ class _Streams:
         self._pool.shutdown(wait=True, cancel_futures=self._closed)
         self._closed = True
         with self._lock:
-            for fd in self._ends.values():
+            for fd, _ in self._ends.values():
                 if fd is not None:
                     os.close(fd)
             self._ends.clear()
