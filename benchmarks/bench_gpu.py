@@ -166,11 +166,11 @@ def section_precision(work: Path, device: torch.device, s: dict[str, Any], deadl
     modes = ("fp32", "tf32", "bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
     configs = [(p, cl, False) for p in modes for cl in (False, True)]
     if device.type == "cuda":
-        configs.append(("auto", True, True))
+        configs.append(("auto", True, True))  # last: compiling takes the longest, and the deadline may stop it
     rows = []
-    for name, (make, folder, field) in models(s).items():
-        held = parts.resident(fastdata.loader(work / folder, BATCH, device=device), 8, device)
-        for precision, cl, comp in configs:
+    held: dict[str, list[dict[str, torch.Tensor]]] = {}
+    for precision, cl, comp in configs:
+        for name, (make, folder, field) in models(s).items():
             row: dict[str, Any] = {"model": name, "channels_last": cl, "compile": comp}
             if time.perf_counter() > deadline:
                 rows.append({**row, "precision": precision, "not_run": "time budget"})
@@ -180,7 +180,9 @@ def section_precision(work: Path, device: torch.device, s: dict[str, Any], deadl
             row.update(parts.fit_row(make, ld, s["prec_steps"], device, field, **kw))
             ld.close()
             if not comp:
-                base = parts.fit_row(make, held, s["prec_steps"], device, field, **kw)["samples_per_s"]
+                if name not in held:
+                    held[name] = parts.resident(fastdata.loader(work / folder, BATCH, device=device), 8, device)
+                base = parts.fit_row(make, held[name], s["prec_steps"], device, field, **kw)["samples_per_s"]
                 row["x_resident"] = row["samples_per_s"] / base
             rows.append(row)
     return rows
@@ -378,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "jpeg": lambda d: section_jpeg(work, device, settings, d),
         "views": lambda d: section_views(work, device, settings, d, args.out, args.quick),
         "dali": lambda d: section_dali(work, device, settings, d, args.out, args.quick)}
+    check: dict[str, Any] = {"over": {}, "quick": args.quick}
     try:
         prepare(work, settings, sections)
         used = 0
@@ -388,17 +391,22 @@ def main(argv: list[str] | None = None) -> int:
             res[name] = runs[name](deadline)
             print(f"{name}: done in {time.perf_counter() - t:.0f} s ({time.perf_counter() - start:.0f} s in all)",
                   flush=True)
+            check = save(args, info, settings, res)  # after every section: a run stopped later keeps these
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = render(info, settings, res)
-    print("\n" + report)
+    print("\n" + render(info, settings, res))
+    return _harness.ceiling_exit(check)
+
+
+def save(args: argparse.Namespace, info: dict[str, Any], settings: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
+    """Write gpu[_cpu][_quick].json and .md with the sections done so far; the ceiling check's record."""
     ratios = {r["method"]: r["x_ceiling"] for r in res.get("h2d", {}).get("rows", []) if r.get("x_ceiling")}
     check = _harness.check_ceiling("bench_gpu", ratios, args.quick)
     name = "gpu" + ("_cpu" if args.device == "cpu" else "") + ("_quick" if args.quick else "")
     _harness.write_results(name, {"benchmark": "gpu", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                   "settings": settings, "machine": info, "result": res, "ceiling_check": check},
-                           report, args.out)
-    return _harness.ceiling_exit(check)
+                           render(info, settings, res), args.out)
+    return check
 
 
 if __name__ == "__main__":

@@ -59,9 +59,10 @@ GROUPS: dict[str, list[str]] = {
              "libcst"],
 }
 DEVICE_HAS = {"torch", "numpy", "h5py", "tqdm", "pillow", "xxhash"}
-# The CUDA-only tests (marked gpu; they skip without CUDA), without and with DALI.
+# The CUDA-only tests (marked gpu; they skip without CUDA), without and with DALI; "--" starts another
+# pytest run: docs/backends.md's DALI block runs only where CUDA and DALI are.
 TESTS = {"base": ["tests/test_augment.py", "tests/test_train.py", "-m", "gpu"],
-         "dali": ["tests/test_dali.py", "-m", "gpu"]}
+         "dali": ["tests/test_dali.py", "-m", "gpu", "--", "tests/test_doc_snippets.py", "-k", "backends"]}
 SECTIONS = {"base": "h2d,train,precision,images,jpeg,views", "dali": "jpeg,dali"}
 
 
@@ -434,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--budget-mib", type=float, default=64, help="what one call may carry, tree included")
         s.add_argument("--margin-mib", type=float, default=2, help="kept free for files that change before the calls")
         s.add_argument("--tree-bytes", type=int, default=None, help="the travelling tree's size (default: measured)")
-        s.add_argument("--limit-base-s", type=int, default=420, help="limit of the call that runs the base checks")
-        s.add_argument("--limit-dali-s", type=int, default=240, help="limit of the call that runs the DALI checks")
+        s.add_argument("--limit-base-s", type=int, default=None,
+                       help="limit of the call that runs the base checks (default: 420 s, 330 s when DALI follows)")
+        s.add_argument("--limit-dali-s", type=int, default=200, help="limit of the call that runs the DALI checks")
     sub.choices["prepare"].add_argument("--dali", action="store_true", help="plan B: carry DALI too")
     sub.choices["prepare"].add_argument("--format", choices=["site", "wheels"], default="site")
     sub.choices["plan"].add_argument("--payloads", type=Path, required=True, help="folder of <group>/<files>")
@@ -469,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = int(a.budget_mib * MIB)
     room = budget - tree - int(a.margin_mib * MIB) - 64 * 1024  # 64 KiB: each call's plan.json
     calls = plan_calls(payloads, room)
-    assign_work(calls, {"base": a.limit_base_s, "dali": a.limit_dali_s})
+    dali = any(g == "dali" for g, _ in payloads)
+    assign_work(calls, {"base": a.limit_base_s or (330 if dali else 420), "dali": a.limit_dali_s})
     if a.cmd == "plan" and a.dry_run:
         print(json.dumps({"tree_bytes": tree, "budget_bytes": budget, "room_bytes": room,
                           "calls": [asdict(c) for c in calls], "run": run_commands(calls)}, indent=1))

@@ -165,7 +165,9 @@ def test_a_damaged_part_and_a_machine_gone_cold_are_reported(kit, tmp_path):
 def test_the_kit_runs_every_gpu_test_and_carries_what_fastdata_imports(kit):
     marked = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")
               if re.search(r"pytest\.mark\.gpu\b", p.read_text(encoding="utf-8"))}
-    assert marked and marked == {a for args in kit.TESTS.values() for a in args if a.startswith("tests/")}
+    listed = [args[:args.index("-m")] for group in kit.TESTS.values() for args in " ".join(group).split(" -- ")
+              for args in [args.split()] if args[-2:] == ["-m", "gpu"]]
+    assert marked and marked == {f for files in listed for f in files}  # every file with gpu tests, run with -m gpu
     pyproject = (ROOT / "pyproject.toml").read_text()
     deps = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.S | re.M).group(1)
     names = {re.match(r"[A-Za-z0-9_.-]+", d.strip().strip('"')).group(0).lower()
