@@ -68,12 +68,14 @@ class ResNetStyle(nn.Module):
 
 
 def resident(loader: Any, n_batches: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """The first ``n_batches`` batches of ``loader``, kept on ``device``: the no-input-cost baseline."""
+    """The first ``n_batches`` batches of ``loader`` (then closed), kept on ``device``: the no-input-cost baseline."""
     out = []
     for b in loader:
         out.append({k: v.to(device) for k, v in b.items()})
         if len(out) == n_batches:
             break
+    if hasattr(loader, "close"):
+        loader.close()
     return out
 
 
