@@ -103,21 +103,22 @@ def warm_page_cache(*roots: Path) -> int:
     return total
 
 
-def timed_fit(model: Any, loader: Any, steps: int, *, during: Any = None, **fit_kw: Any) -> Any:
-    """``fastdata.train.fit`` of ``model`` (SGD, cross-entropy), quiet: 3 untimed warm-up steps
-    (workers start, caches fill, cuDNN autotunes), then a second ``fit`` (inside the context
-    manager ``during``, if given) that counts from step 0 again and stops after ``3 + steps``
+def timed_fit(model: Any, loader: Any, steps: int, *, during: Any = None, loss: Any = None, **fit_kw: Any) -> Any:
+    """``fastdata.train.fit`` of ``model`` (SGD, ``loss`` or cross-entropy on field x), quiet: 3 untimed
+    warm-up steps (workers start, caches fill, cuDNN autotunes), then a second ``fit`` (inside the
+    context manager ``during``, if given) that counts from step 0 again and stops after ``3 + steps``
     steps. Returns the second ``FitResult``; its last epoch is the figure."""
     import torch
 
     from fastdata.demo.models import classification_loss
     from fastdata.train import fit
 
+    loss = loss or classification_loss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     kw = {"log_every": 0, "on_log": lambda _m: None, "epochs": 1000, **fit_kw}
-    fit(model, loader, opt, classification_loss(), max_steps=3, **kw)
+    fit(model, loader, opt, loss, max_steps=3, **kw)
     with during if during is not None else contextlib.nullcontext():
-        return fit(model, loader, opt, classification_loss(), max_steps=3 + steps, **kw)
+        return fit(model, loader, opt, loss, max_steps=3 + steps, **kw)
 
 
 def _read_proc(path: str, key: str) -> str | None:

@@ -1,27 +1,37 @@
-"""The GPU paths CI cannot run, checked and measured in one command (fits one 10-minute device call).
+"""The GPU paths CI cannot run, checked and measured in one command (issue 32's list; sized for one
+10-minute device call, each section bounded in time).
 
     python benchmarks/bench_gpu.py            # on a CUDA machine: every section
-    python benchmarks/bench_gpu.py --quick --device cpu   # smoke run of the same code, no GPU (CI)
+    python benchmarks/bench_gpu.py --sections h2d,train --limit-s 300
+    python benchmarks/bench_gpu.py --quick --device cpu --skip-dali   # smoke run of the same code, no GPU (CI)
+    python benchmarks/bench_gpu.py --combine a/gpu.json b/gpu.json   # one report from runs of several calls
 
-Sections, each in one run so ratios compare like with like:
-1. **Host to device**: the pinned-copy ceiling (one large pinned buffer copied with
-   ``non_blocking``), and ``fastdata.loader(device="cuda")`` (pinned recycled buffers, side-stream
-   prefetch) against the naive DataLoader (``pin_memory=True``, ``.to(device, non_blocking=True)``)
-   on FLIM-like float32 (2, 256, 21, 21) samples, HDF5 and LMDB: samples/s and GB/s.
-2. **Training input-wait**: ``fastdata.train.fit`` of the FlimCNN with automatic precision fed by
-   each loader: samples/s, the share of the time the step waited for data, GPU utilisation.
-3. **Precision**: a 2-D conv net on 3x128x128 inputs at fp32, tf32, bf16 and fp16, each with and
-   without channels_last: samples/s, peak memory, the loss finite.
-4. **Mixed-size JPEGs augmented on the device** (torch backend: uint8 crosses, crops per image):
-   images/s, and a check that no crop sampled the padding.
-5. **DALI**: ``benchmarks/bench_dali.py --device cuda`` when DALI imports (its own results file).
+Sections (``--sections``; each in one run so ratios compare like with like):
 
-Writes ``results/gpu.md`` and ``gpu.json`` (``gpu_cpu_quick.*`` for the smoke run).
+- ``h2d``: pinned and pageable ``copy_`` ceilings of one batch's bytes, and batches of
+  ``fastdata.loader(device="cuda")`` (FLIM float32 (2, 256, 21, 21), HDF5 and LMDB; raw 224x224
+  uint8 images) and of the naive DataLoader: samples/s, GB/s, x pinned ceiling (target >= 0.8).
+- ``train``: ``fastdata.train.fit`` of the FLIM 3-D CNN (about 0.9M parameters, batch 64) and of a
+  ResNet-style 2-D CNN on 224x224 images, each at its default precision, fed by the loader with
+  default settings against the same batches already on the device: samples/s, input wait, GPU busy,
+  x resident (targets: wait < 5%, x resident >= 0.9).
+- ``precision``: both models at fp32/tf32/bf16/fp16, channels_last off and on, and compiled
+  (CUDA only), fed by the loader: samples/s, input wait, peak memory, x resident.
+- ``images``: mixed-size JPEGs decoded on the host and augmented per image on the device, against
+  the same on the CPU (x CPU), and a check that no crop sampled the padding.
+- ``jpeg``: 256x256 JPEGs: the torch backend (CPU cores decode), ``torchvision.io.decode_jpeg(device=
+  "cuda")`` in batches, and, with DALI, the DALI backend and DALI's own ``fn.readers.file`` +
+  ``fn.decoders.image(device="mixed")``, in rotating rounds of one run.
+- ``views``: ``bench_augment_views.py`` on the device (two views, sequence ops, MixUp/CutMix).
+- ``dali``: ``bench_dali.py --device cuda`` when DALI imports (its own results file).
+
+Writes ``<out>/gpu.md`` and ``gpu.json`` (``gpu_cpu_quick.*`` for the smoke run).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import sys
@@ -34,40 +44,22 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _gpu_parts as parts  # noqa: E402
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
 from fastdata.augment import ColorJitter, HorizontalFlip, RandomResizedCrop  # noqa: E402
 from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
-from fastdata.demo.models import FlimCNN, SmallConvNet  # noqa: E402
+from fastdata.demo.models import FlimCNN  # noqa: E402
 
 FLIM = (2, 256, 21, 21)
 BATCH = 64
-FULL = {"samples": 2000, "epochs": 3, "train_steps": 60, "amp_steps": 40, "images": 1024, "flim_width": 16,
-        "conv_width": 64, "side": 128}
-QUICK = {"samples": 128, "epochs": 1, "train_steps": 2, "amp_steps": 1, "images": 64, "flim_width": 4,
-         "conv_width": 8, "side": 32}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def h2d_ceiling(device: torch.device, nbytes: int, reps: int) -> float | None:
-    """Bytes/s of one pinned host buffer copied to the device with ``non_blocking`` (None on the CPU)."""
-    if device.type != "cuda":
-        return None
-    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    for _ in range(3):
-        dst.copy_(src, non_blocking=True)
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src, non_blocking=True)
-    sync(device)
-    return nbytes * reps / (time.perf_counter() - t)
+SECTIONS = ["h2d", "train", "precision", "images", "jpeg", "views", "dali"]
+WEIGHTS = {"h2d": 1, "train": 2, "precision": 4, "images": 1, "jpeg": 2, "views": 1, "dali": 3}  # shares of --limit-s
+FULL = {"samples": 2000, "epochs": 3, "train_steps": 60, "prec_steps": 25, "images": 1024, "raw_images": 1024,
+        "side": 224, "flim_width": 58, "resnet_width": 64, "jpegs": 1000, "jpeg_rounds": 3}
+QUICK = {"samples": 128, "epochs": 1, "train_steps": 2, "prec_steps": 1, "images": 64, "raw_images": 64,
+         "side": 32, "flim_width": 4, "resnet_width": 8, "jpegs": 320, "jpeg_rounds": 1}  # jpegs: 5 batches, more than bench_dali.SKIP
 
 
 def naive_batches(root: Path, device: torch.device) -> Callable[[], Iterable[dict[str, torch.Tensor]]]:
@@ -84,91 +76,136 @@ def rate(epoch: Callable[[], Iterable[dict[str, torch.Tensor]]], epochs: int, de
     """Samples/s over ``epochs`` passes after an untimed one; every copy is complete when the clock stops."""
     for _ in epoch():
         pass
-    sync(device)
+    parts.sync(device)
     n, t = 0, time.perf_counter()
     for _ in range(epochs):
         for b in epoch():
-            n += b["x"].shape[0]
-    sync(device)
+            n += b["label"].shape[0]
+    parts.sync(device)
     return n / (time.perf_counter() - t)
 
 
-def section_h2d(work: Path, device: torch.device, s: dict[str, Any]) -> dict[str, Any]:
-    sample_bytes = math.prod(FLIM) * 4
-    ceiling = h2d_ceiling(device, BATCH * sample_bytes, 20 if s["epochs"] > 1 else 3)
-    rows = []
-    methods: list[tuple[str, Callable[[], Iterable[dict[str, torch.Tensor]]], Any]] = [
-        ("naive DataLoader (np.load per file, 2 workers, pin_memory)", naive_batches(work / "npy", device), None)]
+def section_h2d(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """Loader batches against a pinned (and a pageable) ``copy_`` of the bytes that cross, FLIM and raw images."""
+    reps = 20 if s["epochs"] > 1 else 3
+    flim_bytes, img_bytes = math.prod(FLIM) * 4, 3 * s["side"] ** 2  # float32 samples; uint8 images cross
+    ceil = {kind: {"pinned": parts.copy_ceiling(device, BATCH * b, reps, True),
+                   "pageable": parts.copy_ceiling(device, BATCH * b, reps, False)}
+            for kind, b in (("flim", flim_bytes), ("images", img_bytes))}
+    methods: list[tuple[str, str, Callable[[], Iterable[dict[str, torch.Tensor]]], Any]] = [
+        ("flim", "naive DataLoader (np.load per file, 2 workers, pin_memory)", naive_batches(work / "npy", device), None)]
     for be in ("hdf5", "lmdb"):
         ld = fastdata.loader(work / be, BATCH, device=device)
-        methods.append((f"fastdata.loader {be}, defaults", lambda ld=ld: ld, ld))
-    for name, epoch, ld in methods:
-        r = rate(epoch, s["epochs"], device)
-        rows.append({"method": name, "samples_per_s": r, "gb_per_s": r * sample_bytes / 1e9,
-                     "x_ceiling": r * sample_bytes / ceiling if ceiling else None})
+        methods.append(("flim", f"fastdata.loader {be}, defaults", lambda ld=ld: ld, ld))
+    ld = fastdata.loader(work / "raw", BATCH, device=device)
+    methods.append(("images", f"fastdata.loader raw {s['side']}x{s['side']} uint8 images, defaults", lambda ld=ld: ld, ld))
+    rows = []
+    for kind, name, epoch, ld in methods:
+        if time.perf_counter() > deadline:
+            rows.append({"method": name, "data": kind, "not_run": "time budget"})
+        else:
+            r = rate(epoch, s["epochs"], device)
+            sb = flim_bytes if kind == "flim" else img_bytes
+            c = ceil[kind]["pinned"]
+            rows.append({"method": name, "data": kind, "samples_per_s": r, "gb_per_s": r * sb / 1e9,
+                         "x_ceiling": r * sb / c if c else None})
         if ld is not None:
             ld.close()
-    naive = rows[0]["samples_per_s"]
+    naive = rows[0].get("samples_per_s")
     for r in rows:
-        r["x_naive"] = r["samples_per_s"] / naive
-    return {"ceiling_gb_per_s": ceiling / 1e9 if ceiling else None, "rows": rows}
+        r["x_naive"] = r["samples_per_s"] / naive if naive and r["data"] == "flim" and "samples_per_s" in r else None
+    gb = {k: {m: (v / 1e9 if v else None) for m, v in c.items()} for k, c in ceil.items()}
+    return {"ceiling_gb_per_s": gb["flim"]["pinned"], "ceilings_gb_per_s": gb, "rows": rows}
 
 
-def section_train(work: Path, device: torch.device, s: dict[str, Any]) -> list[dict[str, Any]]:
+def models(s: dict[str, Any]) -> dict[str, tuple[Callable[[], torch.nn.Module], str, str]]:
+    """name: (model factory, dataset folder, input field): the FLIM 3-D CNN and the ResNet-style 2-D CNN."""
+    return {f"FlimCNN 3-D ({FLIM})": (lambda: FlimCNN(width=s["flim_width"]), "hdf5", "x"),
+            f"ResNet-style 2-D (3x{s['side']}x{s['side']})":
+                (lambda: parts.ResNetStyle(width=s["resnet_width"]), "raw", "image")}
+
+
+def section_train(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
+    """Each model at its default precision fed by fastdata.loader (defaults) against the same batches
+    already on the device (the no-input-cost baseline), plus the naive DataLoader for the FLIM model."""
     from bench_dali import GpuSampler  # GPU utilisation (needs pynvml; no samples without it or without CUDA)
 
     rows = []
-    for name, make in (("naive DataLoader (2 workers, pin_memory)", lambda: naive_loader(work / "npy", BATCH)),
-                       ("fastdata.loader (hdf5, defaults)", lambda: fastdata.loader(work / "hdf5", BATCH, device=device))):
-        torch.manual_seed(0)
-        model = FlimCNN(width=s["flim_width"]).to(device)
-        ld = make()
-        gpu = GpuSampler()  # samples the timed fit only
-        res = _harness.timed_fit(model, ld, s["train_steps"], during=gpu)
-        m = res.epochs[-1]
-        busy = float(np.mean(gpu.samples)) if gpu.samples else None
-        rows.append({"loader": name, "precision": res.precision, "samples_per_s": m.samples_per_s,
-                     "wait_fraction": m.wait_fraction, "gpu_util_percent": busy, "loss": m.loss})
-        if hasattr(ld, "close"):
-            ld.close()
+    for name, (make, folder, field) in models(s).items():
+        params = sum(p.numel() for p in make().parameters())
+        feeds: list[tuple[str, Callable[[], Any]]] = [
+            ("fastdata.loader (defaults)", lambda folder=folder: fastdata.loader(work / folder, BATCH, device=device)),
+            ("batches already on the device", lambda folder=folder: parts.resident(
+                fastdata.loader(work / folder, BATCH, device=device), 8, device))]
+        if field == "x":
+            feeds.insert(0, ("naive DataLoader (2 workers, pin_memory)", lambda: naive_loader(work / "npy", BATCH)))
+        for feed_name, make_feed in feeds:
+            if time.perf_counter() > deadline:
+                rows.append({"model": name, "feed": feed_name, "not_run": "time budget"})
+                continue
+            feed = make_feed()
+            gpu = GpuSampler()  # samples the timed fit only
+            row = parts.fit_row(make, feed, s["train_steps"], device, field, during=gpu)
+            row.update(model=name, parameters=params, feed=feed_name,
+                       gpu_util_percent=float(np.mean(gpu.samples)) if gpu.samples else None)
+            rows.append(row)
+            if hasattr(feed, "close"):
+                feed.close()
+        base = next((r["samples_per_s"] for r in rows if r["model"] == name and r["feed"].startswith("batches")
+                     and "samples_per_s" in r), None)
+        for r in rows:
+            if r["model"] == name and "samples_per_s" in r:
+                r["x_resident"] = r["samples_per_s"] / base if base else None
     return rows
 
 
-class Images(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Synthetic 3 x side x side float images in memory, 10 classes: the precision section's input."""
-
-    def __init__(self, n: int, side: int) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.rand(n, 3, side, side, generator=g)
-        self.y = torch.randint(0, 10, (n,), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"x": self.x[i], "label": self.y[i]}
-
-
-def section_precision(device: torch.device, s: dict[str, Any]) -> list[dict[str, Any]]:
+def section_precision(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
+    """Each model fed by fastdata.loader at fp32/tf32/bf16/fp16, channels_last off and on, and compiled
+    (CUDA only) at its default precision with channels_last: samples/s, input wait, memory; and the same
+    configuration fed from batches already on the device (x resident)."""
     modes = ("fp32", "tf32", "bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
-    data = Images(BATCH * 4, s["side"])
+    configs = [(p, cl, False) for p in modes for cl in (False, True)]
+    if device.type == "cuda":
+        configs.append(("auto", True, True))  # last: compiling takes the longest, and the deadline may stop it
     rows = []
-    for precision in modes:
-        for cl in (False, True):
-            torch.manual_seed(0)
-            model = SmallConvNet(num_classes=10, width=s["conv_width"]).to(device)
-            batches = [{k: v.to(device) for k, v in b.items()}
-                       for b in torch.utils.data.DataLoader(data, batch_size=BATCH)]
-            res = _harness.timed_fit(model, batches, s["amp_steps"], precision=precision, channels_last=cl)
-            m = res.epochs[-1]  # (fit resets the peak memory statistics at each epoch)
-            rows.append({"precision": res.precision, "channels_last": cl, "samples_per_s": m.samples_per_s,
-                         "peak_memory_mib": m.peak_memory_bytes / 2**20 if m.peak_memory_bytes else None,
-                         "loss": m.loss, "loss_finite": bool(np.isfinite(m.loss))})
+    held: dict[str, list[dict[str, torch.Tensor]]] = {}
+    for precision, cl, comp in configs:
+        for name, (make, folder, field) in models(s).items():
+            row: dict[str, Any] = {"model": name, "channels_last": cl, "compile": comp}
+            if time.perf_counter() > deadline:
+                rows.append({**row, "precision": precision, "not_run": "time budget"})
+                continue
+            kw = {"precision": precision, "channels_last": cl, "compile": comp}
+            ld = fastdata.loader(work / folder, BATCH, device=device)
+            row.update(parts.fit_row(make, ld, s["prec_steps"], device, field, **kw))
+            ld.close()
+            if not comp:
+                if name not in held:
+                    held[name] = parts.resident(fastdata.loader(work / folder, BATCH, device=device), 8, device)
+                base = parts.fit_row(make, held[name], s["prec_steps"], device, field, **kw)["samples_per_s"]
+                row["x_resident"] = row["samples_per_s"] / base
+            rows.append(row)
     return rows
 
 
-def section_images(work: Path, device: torch.device, s: dict[str, Any]) -> dict[str, Any]:
-    """Mixed-size JPEGs stored encoded, decoded on the host, augmented per image on ``device``."""
+def augment_rate(ds: Path, device: torch.device, epochs: int) -> tuple[float, float]:
+    """Images/s of the loader with RandomResizedCrop(224), flip and jitter on ``device``; the darkest pixel."""
+    aug = [RandomResizedCrop(224), HorizontalFlip(), ColorJitter(0.2, 0.2, 0.2)]
+    ld = fastdata.loader(ds, BATCH, device=device, augment=aug)
+    darkest = 1.0
+    n, t = 0, time.perf_counter()
+    for _ in range(epochs):
+        for b in ld:
+            n += b["image"].shape[0]
+            darkest = min(darkest, float(b["image"].amin()))  # flat images: padding would show as 0
+    parts.sync(device)
+    r = n / (time.perf_counter() - t)
+    ld.close()
+    return r, darkest
+
+
+def section_images(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """Mixed-size JPEGs stored encoded, decoded on the host, augmented per image on ``device`` and on the CPU."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -179,49 +216,134 @@ def section_images(work: Path, device: torch.device, s: dict[str, Any]) -> dict[
         level = int(rng.integers(120, 250))
         Image.fromarray(np.full((h, w, 3), level, np.uint8)).save(src / f"c{i % 4}" / f"{i:05d}.jpg", quality=90)
     fastdata.convert(src, work / "jpeg_ds", fastdata.ConvertConfig(images=fastdata.ImageOptions(images="encoded")))
-    aug = [RandomResizedCrop(224), HorizontalFlip(), ColorJitter(0.2, 0.2, 0.2)]
-    ld = fastdata.loader(work / "jpeg_ds", BATCH, device=device, augment=aug)
-    darkest = 1.0
-    n, t = 0, time.perf_counter()
-    for _ in range(s["epochs"]):
-        for b in ld:
-            n += b["image"].shape[0]
-            darkest = min(darkest, float(b["image"].amin()))  # flat images: padding would show as 0
-    sync(device)
-    r = n / (time.perf_counter() - t)
-    ld.close()
+    r, darkest = augment_rate(work / "jpeg_ds", device, s["epochs"])
+    cpu = None
+    if device.type == "cuda" and time.perf_counter() < deadline:
+        cpu, dark_cpu = augment_rate(work / "jpeg_ds", torch.device("cpu"), s["epochs"])
+        darkest = min(darkest, dark_cpu)
     # brightness 0.8 of the darkest level (120/255) is about 0.37: anything near 0 is padding
-    return {"images_per_s": r, "darkest_pixel": darkest, "padding_sampled": darkest < 0.2}
+    return {"images_per_s": r, "images_per_s_cpu": cpu, "x_cpu": r / cpu if cpu else None,
+            "darkest_pixel": darkest, "padding_sampled": darkest < 0.2}
+
+
+def section_jpeg(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """Item 4's methods over the same 256x256 JPEGs (files and encoded shards), in rotating rounds."""
+    import bench_dali
+    from bench_images import generate
+
+    src, dst = work / "jpeg256", work / "jpeg256_ds"
+    paths = generate(src, s["jpegs"])
+    fastdata.convert(src, dst, fastdata.ConvertConfig(images=fastdata.ImageOptions(images="encoded")))
+    _harness.warm_page_cache(src, dst)
+    methods = parts.jpeg_methods(src, dst, paths, device)
+    rates: dict[str, list[float]] = {m.name: [] for m in methods}
+    for r in range(s["jpeg_rounds"]):
+        if r and time.perf_counter() > deadline:
+            break
+        for k in range(len(methods)):
+            m = methods[(r + k) % len(methods)]
+            images, seconds, _, _ = bench_dali.measure(m)
+            rates[m.name].append(images / seconds)
+    rows = [{"method": k, "images_per_s": float(np.median(v)), "runs": v} for k, v in rates.items() if v]
+    by = {r["method"]: r["images_per_s"] for r in rows}
+    ratios = {}
+    if bench_dali.DALI in by and bench_dali.FILE in by:
+        ratios["DALI backend / DALI file reader (target >= 0.9)"] = by[bench_dali.DALI] / by[bench_dali.FILE]
+    if bench_dali.DALI in by:
+        ratios["DALI backend / torch backend (target > 1)"] = by[bench_dali.DALI] / by[bench_dali.TORCH]
+    return {"images": s["jpegs"], "rounds": len(next(iter(rates.values()))), "rows": rows, "ratios": ratios,
+            "dali": "DALI imports" if bench_dali.DALI in by else "NVIDIA DALI is not installed here: no DALI rows"}
+
+
+def section_views(work: Path, device: torch.device, s: dict[str, Any], deadline: float, out: str,
+                  quick: bool) -> str:
+    import bench_augment_views
+
+    bench_augment_views.main(["--device", device.type, "--out", out] + (["--quick"] if quick else []))
+    return f"See augment_views{'_quick' if quick else ''}{'_cuda' if device.type == 'cuda' else ''}.md."
+
+
+def section_dali(work: Path, device: torch.device, s: dict[str, Any], deadline: float, out: str, quick: bool) -> str:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return "NVIDIA DALI is not installed here: not measured (its GPU figures are owed)."
+    import bench_dali
+
+    bench_dali.main((["--quick"] if quick else []) + ["--device", device.type, "--out", out])
+    return f"See dali{'_cuda' if device.type == 'cuda' else ''}{'_quick' if quick else ''}.md."
+
+
+def fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def render(info: dict[str, Any], settings: dict[str, Any], res: dict[str, Any]) -> str:
+    """The markdown report of whatever sections ``res`` holds."""
     t = _harness.markdown_table
     lines = [f"# GPU paths ({settings['mode']} run, device {settings['device']})", "",
-             f"Machine: {info.get('cpu_model', '?')}, {info.get('usable_cores')} usable cores, GPU: {info.get('gpu') or 'none'}; torch {torch.__version__}"
-             f" (CUDA {torch.version.cuda}).", ""]
-    h = res["h2d"]
-    lines += ["## 1. Host to device", "",
-              f"Pinned-copy ceiling: {h['ceiling_gb_per_s']:.1f} GB/s." if h["ceiling_gb_per_s"] else
-              "Pinned-copy ceiling: no CUDA here.", "",
-              t(["method", "samples/s", "GB/s", "x naive", "x ceiling"],
-                [[r["method"], f"{r['samples_per_s']:,.0f}", f"{r['gb_per_s']:.2f}", f"{r['x_naive']:.1f}",
-                  f"{r['x_ceiling']:.2f}" if r["x_ceiling"] else "-"] for r in h["rows"]]), ""]
-    lines += ["## 2. Training input-wait (FlimCNN, automatic precision)", "",
-              t(["loader", "precision", "samples/s", "waited for input", "GPU busy"],
-                [[r["loader"], r["precision"], f"{r['samples_per_s']:,.0f}", f"{100 * r['wait_fraction']:.1f}%",
-                  f"{r['gpu_util_percent']:.0f}%" if r["gpu_util_percent"] is not None else "-"]
-                 for r in res["train"]]), ""]
-    lines += [f"## 3. Precision (SmallConvNet, 3x{settings['side']}x{settings['side']}, batch {BATCH})", "",
-              t(["precision", "channels_last", "samples/s", "peak MiB", "loss finite"],
-                [[r["precision"], r["channels_last"], f"{r['samples_per_s']:,.0f}",
-                  f"{r['peak_memory_mib']:.0f}" if r["peak_memory_mib"] else "-", r["loss_finite"]]
-                 for r in res["precision"]]), ""]
-    im = res["images"]
-    lines += ["## 4. Mixed-size JPEGs, augmented on the device", "",
-              f"{im['images_per_s']:,.0f} images/s (RandomResizedCrop(224), HorizontalFlip, ColorJitter); "
-              f"darkest pixel {im['darkest_pixel']:.3f}: padding {'SAMPLED (bug)' if im['padding_sampled'] else 'never sampled'}.",
-              "", "## 5. DALI", "", res["dali"], ""]
+             f"Machine: {info.get('cpu_model', '?')}, {info.get('usable_cores')} usable cores, GPU: {info.get('gpu') or 'none'}; torch {info.get('torch')}"
+             f" (CUDA {info.get('cuda', '?')}). Sections: {', '.join(res)}.", ""]
+    if "h2d" in res:
+        c = res["h2d"]["ceilings_gb_per_s"]
+        lines += ["## 1. Host to device", "",
+                  "Copy ceilings of one batch (GB/s): " + "; ".join(
+                      f"{k} pinned {fmt(v['pinned'], '.1f')}, pageable {fmt(v['pageable'], '.1f')}" for k, v in c.items())
+                  + ".", "",
+                  t(["method", "samples/s", "GB/s", "x naive", "x pinned ceiling"],
+                    [[r["method"], fmt(r.get("samples_per_s"), ",.0f"), fmt(r.get("gb_per_s"), ".2f"),
+                      fmt(r.get("x_naive"), ".1f"), fmt(r.get("x_ceiling"), ".2f")] for r in res["h2d"]["rows"]]), ""]
+    for key, title in (("train", "## 2. Training input-wait (default precision, default loader)"),
+                       ("precision", "## 3. Precision, channels_last, compile (fed by the loader)")):
+        if key in res:
+            lines += [title, "", t(["model", "feed / precision", "channels_last", "compile", "samples/s",
+                                    "waited for input", "x resident", "GPU busy", "loss finite"],
+                                   [[r["model"], r.get("feed", r.get("precision")), r.get("channels_last", "-"),
+                                     r.get("compile", "-"), fmt(r.get("samples_per_s"), ",.0f"),
+                                     fmt(100 * r["wait_fraction"] if "wait_fraction" in r else None, ".1f"),
+                                     fmt(r.get("x_resident"), ".2f"), fmt(r.get("gpu_util_percent"), ".0f"),
+                                     r.get("loss_finite", r.get("not_run", "-"))] for r in res[key]]), ""]
+    if "images" in res:
+        im = res["images"]
+        lines += ["## 4. Mixed-size JPEGs, augmented on the device", "",
+                  f"{im['images_per_s']:,.0f} images/s (RandomResizedCrop(224), HorizontalFlip, ColorJitter); "
+                  f"the same on the CPU: {fmt(im['images_per_s_cpu'], ',.0f')} images/s (x CPU {fmt(im['x_cpu'], '.1f')}); "
+                  f"darkest pixel {im['darkest_pixel']:.3f}: padding {'SAMPLED (bug)' if im['padding_sampled'] else 'never sampled'}.",
+                  ""]
+    if "jpeg" in res:
+        j = res["jpeg"]
+        lines += [f"## 5. JPEG decoding, {j['images']} 256x256 JPEGs, median of {j['rounds']} rounds", "",
+                  t(["method", "images/s"], [[r["method"], f"{r['images_per_s']:,.0f}"] for r in j["rows"]]), "",
+                  "; ".join(f"{k}: {v:.2f}" for k, v in j["ratios"].items()) or j["dali"], ""]
+    for key, title in (("views", "## 6. Views, sequence ops, MixUp/CutMix"), ("dali", "## 7. DALI")):
+        if key in res:
+            lines += [title, "", res[key], ""]
     return "\n".join(lines)
+
+
+def prepare(work: Path, s: dict[str, Any], sections: list[str]) -> None:
+    """The data the chosen sections read: FLIM .npy files and their HDF5/LMDB shards, raw uint8 images."""
+    if {"h2d", "train", "precision"} & set(sections):
+        write_npy_folder(work / "npy", s["samples"], FLIM)
+        for be in ("hdf5", "lmdb"):
+            fastdata.convert(work / "npy", work / be, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be)))
+        rng = np.random.default_rng(0)
+        np.save(work / "img.npy", rng.integers(0, 256, (s["raw_images"], s["side"], s["side"], 3), dtype=np.uint8))
+        np.save(work / "y.npy", np.arange(s["raw_images"]) % 10)
+        fastdata.convert(None, work / "raw", arrays={"image": work / "img.npy", "label": work / "y.npy"})
+
+
+def combine(paths: list[str], out: str) -> int:
+    """One report from the gpu.json of several calls (later files win per section)."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    res: dict[str, Any] = {}
+    for r in runs:
+        res.update(r["result"])
+    last = runs[-1]
+    report = render(last["machine"], last["settings"], res)
+    _harness.write_results("gpu", {**last, "result": res, "combined_from": paths}, report, out)
+    print(report)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,48 +352,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="default: cuda")
     p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR))
     p.add_argument("--workdir", default=None, help="where to put the temporary data")
-    p.add_argument("--skip-dali", action="store_true", help="leave out section 5 (bench_dali.py runs on its own)")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--skip-dali", action="store_true", help="leave out the dali section (bench_dali.py runs on its own)")
+    p.add_argument("--limit-s", type=float, default=540, help="time for all sections, shared by weight (default 540)")
+    p.add_argument("--combine", nargs="+", metavar="JSON", help="merge gpu.json files of several calls, run nothing")
     args = p.parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.out)
+    sections = [x for x in args.sections.split(",") if x and not (args.skip_dali and x == "dali")]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections {sorted(unknown)}: choose from {','.join(SECTIONS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA here: use --device cpu for a smoke run")
     device = torch.device(args.device)
-    settings = {"mode": "quick" if args.quick else "full", "device": args.device, **(QUICK if args.quick else FULL)}
+    settings = {"mode": "quick" if args.quick else "full", "device": args.device, "sections": sections,
+                "limit_s": args.limit_s, **(QUICK if args.quick else FULL)}
     work = Path(tempfile.mkdtemp(prefix="bench_gpu-", dir=args.workdir))
-    info = _harness.machine_info()
+    info = {**_harness.machine_info(), "cuda": torch.version.cuda}
     res: dict[str, Any] = {}
+    start, total = time.perf_counter(), sum(WEIGHTS[x] for x in sections)
+    runs: dict[str, Callable[[float], Any]] = {
+        "h2d": lambda d: section_h2d(work, device, settings, d),
+        "train": lambda d: section_train(work, device, settings, d),
+        "precision": lambda d: section_precision(work, device, settings, d),
+        "images": lambda d: section_images(work, device, settings, d),
+        "jpeg": lambda d: section_jpeg(work, device, settings, d),
+        "views": lambda d: section_views(work, device, settings, d, args.out, args.quick),
+        "dali": lambda d: section_dali(work, device, settings, d, args.out, args.quick)}
+    check: dict[str, Any] = {"over": {}, "quick": args.quick}
     try:
-        write_npy_folder(work / "npy", settings["samples"], FLIM)
-        for be in ("hdf5", "lmdb"):
-            fastdata.convert(work / "npy", work / be, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be)))
-        for name, run in (("h2d", lambda: section_h2d(work, device, settings)),
-                          ("train", lambda: section_train(work, device, settings)),
-                          ("precision", lambda: section_precision(device, settings)),
-                          ("images", lambda: section_images(work, device, settings))):
+        prepare(work, settings, sections)
+        used = 0
+        for name in sections:
+            used += WEIGHTS[name]
             t = time.perf_counter()
-            res[name] = run()
-            print(f"{name}: done in {time.perf_counter() - t:.0f} s", flush=True)
+            deadline = start + args.limit_s * used / total  # a section that ends early leaves its time to the next
+            res[name] = runs[name](deadline)
+            print(f"{name}: done in {time.perf_counter() - t:.0f} s ({time.perf_counter() - start:.0f} s in all)",
+                  flush=True)
+            check = save(args, info, settings, res)  # after every section: a run stopped later keeps these
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        res["dali"] = "NVIDIA DALI is not installed here: not measured (its GPU figures are owed)."
-    if args.skip_dali:
-        res["dali"] = "Left out (--skip-dali)."
-    if "dali" not in res:
-        import bench_dali
+    print("\n" + render(info, settings, res))
+    return _harness.ceiling_exit(check)
 
-        bench_dali.main((["--quick"] if args.quick else []) + ["--device", args.device, "--out", args.out])
-        res["dali"] = f"See results/dali{'_cuda' if args.device == 'cuda' else ''}{'_quick' if args.quick else ''}.md."
-    report = render(info, settings, res)
-    print("\n" + report)
-    check = _harness.check_ceiling("bench_gpu", {r["method"]: r["x_ceiling"] for r in res["h2d"]["rows"]
-                                                 if r["x_ceiling"] is not None}, args.quick)
+
+def save(args: argparse.Namespace, info: dict[str, Any], settings: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
+    """Write gpu[_cpu][_quick].json and .md with the sections done so far; the ceiling check's record."""
+    ratios = {r["method"]: r["x_ceiling"] for r in res.get("h2d", {}).get("rows", []) if r.get("x_ceiling")}
+    check = _harness.check_ceiling("bench_gpu", ratios, args.quick)
     name = "gpu" + ("_cpu" if args.device == "cpu" else "") + ("_quick" if args.quick else "")
     _harness.write_results(name, {"benchmark": "gpu", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                   "settings": settings, "machine": info, "result": res, "ceiling_check": check},
-                           report, args.out)
-    return _harness.ceiling_exit(check)
+                           render(info, settings, res), args.out)
+    return check
 
 
 if __name__ == "__main__":

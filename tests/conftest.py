@@ -53,6 +53,19 @@ def edit_manifest(root: Path, fn) -> None:
     (root / "manifest.json").write_text(json.dumps(m))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: skipped without it. On a GPU, ``pytest -m gpu`` runs exactly them
+    (benchmarks/gpu_kit.py does)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _collect_dali_garbage():
     """After each test module, collect what DALI left in reference cycles, here, where its executor threads

@@ -115,7 +115,7 @@ def test_loader_turns_uint8_images_into_float_nchw_and_augments(tmp_path):
     assert torch.equal(next(iter(l2))["image"], first[1])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu  # needs CUDA: tests/conftest.py skips it without
 def test_cuda_prefetcher_matches_cpu(tmp_path):
     imgs = np.random.default_rng(0).integers(0, 256, (40, 16, 16, 3), dtype=np.uint8)
     np.save(tmp_path / "img.npy", imgs)

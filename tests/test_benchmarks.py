@@ -97,18 +97,38 @@ def test_report_renders_a_block_from_a_results_file(tmp_path):
     assert "all 2 ratios at most 1.1" in out and out.startswith("intro\n") and out.endswith("after\n")
 
 
-@pytest.mark.slow  # about a minute on 2 cores: the default suite stays under its 10-minute budget
+@pytest.mark.slow  # a few minutes on 2 cores: the default suite stays under its 10-minute budget
 def test_gpu_checks_run_end_to_end_on_the_cpu(tmp_path):
     """bench_gpu.py is what a session with a GPU runs; its CPU smoke run keeps it working here (-m slow)."""
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--quick", "--device", "cpu",
-                        "--skip-dali", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                        "--skip-dali", "--limit-s", "3000", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((tmp_path / "gpu_cpu_quick.json").read_text())["result"]
-    assert [row["x_naive"] > 0 for row in res["h2d"]["rows"]] == [True] * 3
+    assert [row["x_naive"] > 0 for row in res["h2d"]["rows"] if row["data"] == "flim"] == [True] * 3
+    assert [row["samples_per_s"] > 0 for row in res["h2d"]["rows"] if row["data"] == "images"] == [True]
+    assert len({row["model"] for row in res["train"]}) == 2 and all(row["x_resident"] > 0 for row in res["train"])
     assert {row["precision"] for row in res["precision"]} == {"fp32", "bf16"}
-    assert all(row["loss_finite"] for row in res["precision"])
+    assert all(row["loss_finite"] and row["x_resident"] > 0 for row in res["precision"])
     assert res["images"]["padding_sampled"] is False
-    assert "## 4. Mixed-size JPEGs" in (tmp_path / "gpu_cpu_quick.md").read_text()
+    assert res["jpeg"]["rows"][0]["images_per_s"] > 0
+    md = (tmp_path / "gpu_cpu_quick.md").read_text()
+    assert "## 4. Mixed-size JPEGs" in md and "## 5. JPEG decoding" in md and "## 6. Views" in md
+
+
+def test_gpu_sections_are_checked_and_runs_of_several_calls_combine(tmp_path, capsys):
+    bench = _bench_module("bench_gpu")
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--sections", "h2d,nope"])
+    assert "unknown sections ['nope']" in capsys.readouterr().err
+    run = {"machine": {"cpu_model": "CPU Z", "usable_cores": 16, "gpu": "GPU Y", "torch": "2.11"},
+           "settings": {"mode": "full", "device": "cuda"}}
+    (tmp_path / "a.json").write_text(json.dumps({**run, "result": {"views": "See views.", "dali": "old"}}))
+    (tmp_path / "b.json").write_text(json.dumps({**run, "result": {"dali": "See dali_cuda.md."}}))
+    assert bench.main(["--combine", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "gpu.md").read_text()
+    assert "GPU: GPU Y" in md and "See views." in md and "See dali_cuda.md." in md and "old" not in md
+    assert json.loads((tmp_path / "gpu.json").read_text())["result"]["dali"] == "See dali_cuda.md."
 
 
 _NUM = r"\d[\d,]*(?:\.\d+)?"

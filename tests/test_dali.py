@@ -33,7 +33,7 @@ from fastdata.loaders import dali as fdali  # noqa: E402
 from fastdata.world import World  # noqa: E402
 
 N = 37  # prime: a partial last batch and uneven rank shares
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+CUDA = pytest.mark.gpu  # needs CUDA: tests/conftest.py skips it without
 
 
 def both(path: Path, batch: int, **kw):

@@ -193,7 +193,7 @@ def test_ddp_ranks_stay_in_sync_and_only_rank0_logs(blobs, tmp_path):
     assert r0["steps"] == r1["steps"] == 3  # 48 samples per rank, batch 8, accumulate 2
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu  # needs CUDA: tests/conftest.py skips it without
 def test_auto_precision_on_gpu(blobs):
     model = make_model()
     ld = fastdata.loader(blobs, 16, device="cuda")
@@ -222,7 +222,7 @@ def test_batches_of_a_plain_dataloader_are_moved_to_the_device():
     assert meta["x"].device.type == "meta" and meta["pair"][1][0].device.type == "meta"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu  # needs CUDA: tests/conftest.py skips it without
 def test_fit_takes_a_plain_dataloader_on_gpu(blobs):
     ds = fastdata.open(blobs)  # the samples, served by a plain DataLoader as users bring one
     batches = [ds.get_batch(np.arange(i, i + 16)) for i in range(0, 48, 16)]
@@ -265,7 +265,7 @@ def test_cudnn_autotuning_only_when_batch_shapes_are_fixed(blobs, tmp_path):
     assert not precision_plan.fixed_shapes(fastdata.loader(tmp_path / "rag", 2, device="cpu"))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu  # needs CUDA: tests/conftest.py skips it without
 def test_resume_on_gpu(blobs, tmp_path):
     ckpt = tmp_path / "ckpt.pt"
     model = make_model(1).cuda()
