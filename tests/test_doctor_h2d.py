@@ -310,7 +310,7 @@ def test_report_without_cuda_says_not_measured(tmp_path: Path) -> None:
     assert "host->device not measured (no CUDA)" in render(w.report)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_real_copies_on_a_gpu() -> None:
     ds = TensorDataset(torch.randn(64, 3, 16, 16), torch.arange(64))
     model = torch.nn.Linear(3 * 16 * 16, 4).cuda()
