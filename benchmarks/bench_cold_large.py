@@ -5,7 +5,8 @@ hold when the data cannot fit in memory at all. It converts ``--base`` FLIM-like
 copies that dataset ``--copies`` times into one dataset with ``fastdata merge`` (method "copy": new
 files, no shared pages), sized to ``--ram-factor`` times the RAM (MemTotal). It then times one
 cold pass each of the loader (shuffle True, "block", "shards") and the disk's ceilings on the same
-shard files (sample-size preads by 4, 8, 16 and 32 threads in random order, the best of them; 4 MiB preads by one thread in order),
+shard files (sample-size preads by 4, 8, 16 and 32 threads in random order, the best of them; 4 MiB preads by one thread in order
+and by 16 threads each reading its own part in order, the better of the two),
 and the loader's RSS after each pass. The figures are single passes (each reads the whole dataset).
 
 Usage: python benchmarks/bench_cold_large.py [--ram-factor 1.15] [--base 2000] [--dir DIR] [--out DIR]

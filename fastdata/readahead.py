@@ -40,10 +40,10 @@ _MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is r
 WARM_STREAK = 4  # batches found in the page cache in a row before hints are skipped (ReadAhead._resident)
 _MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
 _chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
-STREAM_THREADS = 4  # threads reading sequential streams ahead (_Streams)
-_STREAM_PIECE = 2 << 20  # bytes per pread of a stream (one reused buffer per thread)
+STREAM_THREADS = 16  # threads reading sequential streams ahead (_Streams)
+_STREAM_PIECE = 1 << 20  # bytes per pread of a stream (one reused buffer per thread)
 _STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
-_STREAM_MIN = 2  # ranges a stream has had before its next ones are read (not hinted)
+_STREAM_MIN = 1  # ranges a stream has had before its next ones are read, not hinted (its first is hinted)
 
 
 def hint_chunk(path: Path | str) -> int:
@@ -100,8 +100,9 @@ class _Streams:
 
     def continues(self, path: Path, off: int, size: int) -> bool:
         """Whether ``[off, off + size)`` is read here, in order: it starts where the last range of a
-        stream of ``path`` ended, and that stream already had :data:`_STREAM_MIN` ranges (a shuffle
-        that meets a neighbour by chance is hinted, not read). Its end is remembered either way."""
+        stream of ``path`` ended, and that stream already had :data:`_STREAM_MIN` ranges. Its end is
+        remembered either way. (A uniform shuffle meets a neighbour by chance for a few ranges: those
+        are read too, at the cost of one copy each.)"""
         with self._lock:
             fd, depth = self._ends.pop((path, off), (None, -1))
             depth += 1
