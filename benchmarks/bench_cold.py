@@ -16,7 +16,9 @@ how much stayed resident (reported). One run compares, on the same files:
   reading its own contiguous part in order (parallel sequential streams);
 - warm cache: the loader with and without read-ahead, uncompressed and compressed;
 - natural-looking raw images (smooth gradients + texture), uncompressed and lz4: ratio and cold rate;
-- RSS (anonymous and file-backed) of the loader's process after each of ``--rss-epochs`` cold epochs.
+- RSS (anonymous and file-backed) of the loader's process after each of ``--rss-epochs`` cold epochs;
+- for every cold pass, the mean size of the read requests the disk received (/proc/diskstats: the
+  median pass's figure).
 
 Data: FLIM-like decays, ``counts ~ Poisson(A * exp(-t / tau))`` per pixel, stored as float32 of
 shape (2, 256, 21, 21) (0.9 MB a sample; the class sets the lifetime range). Shuffle quality of
@@ -109,6 +111,30 @@ def files_of(root: Path) -> list[Path]:
 
 def loadavg() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
+
+
+def disk_reads(path: Path) -> tuple[int, int]:
+    """(read requests completed, bytes read) of the block device holding ``path`` (/proc/diskstats;
+    (0, 0) where it is not found): the mean request size a pass sent to the disk."""
+    dev = os.stat(path).st_dev
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                v = line.split()
+                if (int(v[0]), int(v[1])) == (os.major(dev), os.minor(dev)):
+                    return int(v[3]), int(v[5]) * 512
+    except OSError:
+        pass
+    return 0, 0
+
+
+def with_requests(path: Path, fn: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``fn()``'s result plus ``request_kib``: the mean size of the disk's read requests during it."""
+    n0, b0 = disk_reads(path)
+    r = fn()
+    n1, b1 = disk_reads(path)
+    r["request_kib"] = (b1 - b0) / (n1 - n0) / 1024 if n1 > n0 else 0.0
+    return r
 
 
 def cold(paths: list[Path]) -> float:
@@ -244,7 +270,7 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     ceil_fns["pread 4 MiB, 16 threads, random"] = lambda: pread_pass(shard_files, LARGE, 16, True)
     ceil_fns["pread 4 MiB, 1 thread, in order"] = lambda: pread_pass(shard_files, LARGE, 1, False)
     ceil_fns[f"pread 4 MiB, {STREAMS} streams in order"] = lambda: pread_pass(shard_files, LARGE, STREAMS, False, streams=True)
-    runs = interleaved({**cold_fns, **ceil_fns}, rounds)
+    runs = interleaved({k: (lambda f=f: with_requests(work, f)) for k, f in {**cold_fns, **ceil_fns}.items()}, rounds)
     rows = {k: median_of(runs[k], "samples_per_s") for k in cold_fns}
     ceil = {k: median_of(runs[k], "mb_per_s") for k in ceil_fns}
     for r in rows.values():
@@ -296,9 +322,8 @@ def rss_run(root: Path, epochs: int) -> list[dict[str, int]]:
 
 def markdown(res: dict[str, Any]) -> str:
     mb = lambda v: f"{v:,.0f}"  # noqa: E731
-    rows = [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), f"{v['resident_before']:.3f}"] for k, v in res["rows"].items()]
-    rows += [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), f"{v['resident_before']:.3f}"]
-             for k, v in res["ceilings"].items()]
+    rows = [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), mb(v.get("request_kib", 0)), f"{v['resident_before']:.3f}"]
+            for k, v in [*res["rows"].items(), *res["ceilings"].items()]]
     q = res["shuffle_quality"]
     out = [
         f"Cold reads, {res['samples']} samples of float32 {tuple(res['shape'])} (Poisson counts), batch {res['batch']}; "
@@ -307,7 +332,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"Load average before {res['loadavg_before']}, after {res['loadavg_after']} "
         f"({res['machine']['usable_cores']} cores).",
         "",
-        _harness.markdown_table(["reader (cold)", "samples/s", "MB/s (decoded)", "resident before"], rows),
+        _harness.markdown_table(["reader (cold)", "samples/s", "MB/s (decoded)", "disk request, KiB", "resident before"],
+                                rows),
         "",
         _harness.markdown_table(["shuffle", "mixing (1 = uniform)", "shards per batch", "stored runs per batch"],
                                 [[k, f"{v['mixing']:.3f}", f"{v['shards_per_batch']:.1f}",
