@@ -205,7 +205,7 @@ def _fast_resize(src: np.ndarray, rows: tuple[float, float], cols: tuple[float, 
     """The window resized by torch's uint8 kernel (in the calling thread, GIL released) and converted to
     float once, into ``out``; False (nothing written) where it cannot match the sampling (see :func:`_grid`)."""
     (oh, ow), c = out.shape[:2], src.shape[2]
-    if not _FAST_RESIZE or c > 4:
+    if not _FAST_RESIZE or c > 4 or src.dtype != np.uint8:
         return False
     gy, gx = _grid(*rows, oh), _grid(*cols, ow)
     if gy is None or gx is None:
