@@ -14,8 +14,9 @@ re-encoded with ``--images jpeg --max-side 256`` and ``384`` (quality 90), the o
 Timed (whole epochs, interleaved, median of the repeats), every method with 2 threads:
 
 * the full-decode ceiling: simplejpeg decodes each file whole into a reused per-thread buffer, then the
-  same bilinear crop-and-resize (fastdata.cropdecode.resample_into) writes the reused float batch, the
-  files' bytes already in memory (no shard reads, no flip);
+  same crop-and-resize and flip as fastdata's (fastdata.cropdecode.resample_into: torch's uint8 resize,
+  then one conversion to float) writes the reused float batch, the files' bytes already in memory (no
+  shard reads);
 * fastdata's loader with ``LoaderConfig(crop_decode=...)``: ``auto`` (simplejpeg, DCT-scaled when the
   window allows), ``region`` (and nvImageCodec region decoding for windows near the output size), ``off``
   (whole images into a padded batch, crop after: the path before crop decoding);
@@ -24,8 +25,10 @@ Timed (whole epochs, interleaved, median of the repeats), every method with 2 th
   mirror), bytes from memory;
 * FFCV: not measured when it cannot be installed from wheels (recorded why).
 
-Quality: over the mixed set, each image's first-epoch draw decoded by the fast path against the full
-decode + the same crop and resize (PSNR, mean and worst); the same for the max-side conversions.
+Quality: over the mixed set, each image's first-epoch draw against the full decode + the exact float
+crop and resize (``resample_into(..., exact=True)``): the loader's path (DCT-scaled decode where the window
+allows, uint8 resize), the uint8 resize alone on the full decode, and the max-side conversions (PSNR,
+mean and worst).
 Training parity: a small CNN trained with crop decoding on and off (3 seeds each) on 12 classes of
 photo crops, evaluated on the same held-out images. Results: ``<out>/jpeg_crop[_quick].{json,md}``.
 """
@@ -63,6 +66,7 @@ BATCH = 64
 THREADS = 2
 QUALITY = 90
 FIXED = (375, 500)  # (H, W)
+RESIZE_ROW = "uint8 resize alone (full decode)"
 FULL = {"images": 512, "repeats": 5}
 QUICK = {"images": 64, "repeats": 1}
 PHOTOS = [Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
@@ -143,20 +147,24 @@ def convert(src: Path, dst: Path, **image_kw: Any) -> Path:
 
 
 def draws(n_batches: int, hw: np.ndarray, epoch: int) -> list[np.ndarray]:
-    """Per batch, (B, 4) RandomResizedCrop windows (x0, y0, w, h) from a seeded generator."""
-    op = RandomResizedCrop(OUT)
+    """Per batch, (B, 5) RandomResizedCrop windows (x0, y0, w, h) and HorizontalFlip's coin (0/1), from a
+    seeded generator."""
+    op, flip = RandomResizedCrop(OUT), HorizontalFlip()
     out = []
     for k in range(n_batches):
-        rows = hw[k * BATCH : (k + 1) * BATCH]
-        p = op.draw(torch.Generator().manual_seed(epoch * 10_000 + k), torch.from_numpy(rows.astype(np.float32)))
+        rows = torch.from_numpy(hw[k * BATCH : (k + 1) * BATCH].astype(np.float32))
+        g = torch.Generator().manual_seed(epoch * 10_000 + k)
+        p = op.draw(g, rows)
         fw, fh, cx, cy = (p[n].double().numpy() for n in ("fw", "fh", "cx", "cy"))
-        h, w = rows[:, 0].astype(np.float64), rows[:, 1].astype(np.float64)
-        out.append(np.stack([(cx - fw / 2) * w, (cy - fh / 2) * h, fw * w, fh * h], 1))
+        mirror = flip.draw(g, op.out_sizes(rows))["flip"].double().numpy()
+        h, w = rows[:, 0].double().numpy(), rows[:, 1].double().numpy()
+        out.append(np.stack([(cx - fw / 2) * w, (cy - fh / 2) * h, fw * w, fh * h, mirror], 1))
     return out
 
 
 def ceiling(files: list[bytes], hw: np.ndarray) -> Callable[[int], int]:
-    """The full-decode ceiling: simplejpeg into a reused per-thread buffer, crop-and-resize into a reused batch."""
+    """The full-decode ceiling: simplejpeg into a reused per-thread buffer, crop-and-resize and flip into a
+    reused batch (fastdata's own resize: a ceiling does the same work the best way the machine knows)."""
     pool = ThreadPoolExecutor(THREADS)
     local = threading.local()
     out = np.empty((BATCH, OUT, OUT, 3), np.float32)
@@ -170,7 +178,7 @@ def ceiling(files: list[bytes], hw: np.ndarray) -> Callable[[int], int]:
             if buf is None:
                 buf = local.buf = np.empty(800 * 800 * 3, np.uint8)
             full = simplejpeg.decode_jpeg(files[i], colorspace="RGB", buffer=buf[: h * w * 3].reshape(h, w, 3))
-            resample_into(full, tuple(boxes[j]), (h, w), out[j])
+            resample_into(full, tuple(boxes[j, :4]), (h, w), out[j], flip=(bool(boxes[j, 4]), False))
 
     def epoch(e: int) -> int:
         for k, boxes in enumerate(draws(n_batches, hw, e)):
@@ -243,6 +251,14 @@ def gil_check(files: list[bytes], hw: np.ndarray) -> dict[str, float]:
     boxes = np.concatenate(draws(len(files) // BATCH, hw, 0))
     kinds: dict[str, Callable[[int], Any]] = {"sleep": lambda j: time.sleep(0.001),
                                               "simplejpeg": lambda j: simplejpeg.decode_jpeg(files[j], colorspace="RGB")}
+    decoded = [simplejpeg.decode_jpeg(f, colorspace="RGB") for f in files[:16]]
+    out = np.empty((OUT, OUT, 3), np.float32)
+
+    def resize(j: int) -> None:
+        i = j % len(decoded)
+        resample_into(decoded[i], tuple(boxes[i, :4]), tuple(decoded[i].shape[:2]), out, flip=(j % 2 == 0, False))
+
+    kinds["crop-and-resize (uint8, flip)"] = resize
     if regions.available:
         def region(j: int) -> Any:
             h, w = (int(v) for v in hw[j])
@@ -283,24 +299,29 @@ def stored(root: Path) -> tuple[list[bytes], np.ndarray]:
 
 
 def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[bytes], np.ndarray]]) -> dict[str, Any]:
-    """PSNR of each image's first-epoch window: the fast path, and the max-side conversions, against the
-    full-resolution decode + the same bilinear crop and resize."""
+    """PSNR of each image's first-epoch window (and flip) against the full-resolution decode + the exact float
+    crop and resize: the loader's path, the uint8 resize alone on the full decode, the max-side conversions."""
     files, hw = full
     boxes = np.concatenate(draws(len(files) // BATCH, hw, 0))
     spec = ImageSpec(mode="RGB")
     scratch = np.empty(800 * 800 * 3, np.uint8)
     ref, got = np.empty((OUT, OUT, 3), np.float32), np.empty((OUT, OUT, 3), np.float32)
-    rows: dict[str, list[float]] = {"crop decode (auto)": []}
+    rows: dict[str, list[float]] = {"crop decode (auto)": [], RESIZE_ROW: []}
     rows.update({f"--max-side {k}": [] for k in smaller})
     plans: list[str] = []
-    for i, box in enumerate(boxes):
+    for i, drawn in enumerate(boxes):
         h, w = (int(v) for v in hw[i])
-        resample_into(simplejpeg.decode_jpeg(files[i], colorspace="RGB"), tuple(box), (h, w), ref)
-        plans.append(decode_crop(files[i], CODEC_JPEG, spec, (h, w), tuple(box), got, None, scratch))
+        box, flip = tuple(drawn[:4]), (bool(drawn[4]), False)
+        whole = simplejpeg.decode_jpeg(files[i], colorspace="RGB")
+        resample_into(whole, box, (h, w), ref, flip=flip, exact=True)
+        plans.append(decode_crop(files[i], CODEC_JPEG, spec, (h, w), box, got, None, scratch, flip))
         rows["crop decode (auto)"].append(_psnr(got, ref))
+        resample_into(whole, box, (h, w), got, flip=flip)
+        rows[RESIZE_ROW].append(_psnr(got, ref))
         for k, (sf, shw) in smaller.items():
             s = shw[i, 1] / w  # the re-encoded image's scale; the same relative window
-            resample_into(simplejpeg.decode_jpeg(sf[i], colorspace="RGB"), tuple(box * s), tuple(shw[i]), got)
+            resample_into(simplejpeg.decode_jpeg(sf[i], colorspace="RGB"), tuple(drawn[:4] * s), tuple(shw[i]), got,
+                          flip=flip)
             rows[f"--max-side {k}"].append(_psnr(got, ref))
     out = {}
     for name, ps in rows.items():
@@ -415,12 +436,12 @@ def render(info: dict[str, Any], res: dict[str, Any]) -> str:
     out += [f"Python loop speed beside a decoding thread, as a fraction of beside a sleeping one (GIL released "
             f"when well above 0): {res['gil']}", ""]
     q = res["quality"]
-    out += ["## Quality: PSNR against full decode + the same crop and resize (mixed set)", ""]
+    out += ["## Quality: PSNR against full decode + the exact float crop and resize (mixed set)", ""]
     out += [markdown_table(["path", "mean dB", "worst dB", "worst sample"],
                            [(k, v["mean_db"], v["worst_db"], v["worst_sample"]) for k, v in q.items()]), ""]
     a = q["crop decode (auto)"]
     out += [f"{a['scaled_windows']} of {a['images']} windows were decoded at a DCT scale (mean {a['scaled_mean_db']} dB); "
-            "the others at full scale (region or whole image: the same pixels).", ""]
+            "the others at full scale; every window is then resized in uint8 (the row above: that resize alone).", ""]
     if res.get("parity"):
         p = res["parity"]
         out += ["## Training parity (small CNN, 12 classes of photo crops)", "",

@@ -5,6 +5,8 @@ A window is given in the full image's pixels (``x0, y0, w, h``, continuous: a Ra
 box) with an output size ``(oh, ow)``. Output pixel ``j`` samples the source at
 ``x0 + (j + 0.5) * w / ow - 0.5`` (pixel centres at integers, clamped to the image: what
 ``grid_sample(align_corners=False, padding_mode="border")`` computes in the torch ops), bilinearly.
+The resize is torch's uint8 kernel (AVX2), its sample grid lined up with that one to 0.05 pixel, then
+one conversion to float (:func:`resample_into`); the exact float interpolation is the fallback.
 
 JPEG decoding (:func:`jpeg_plan`): when the window is at least twice the output on both axes,
 libjpeg-turbo decodes the whole image at 1/2, 1/4 or 1/8 scale in the DCT domain (simplejpeg's
@@ -111,19 +113,24 @@ def _axis(x0: float, extent: float, n_out: int, n_src: int, scale: float, lo: in
 
 
 def _bounds(x0: float, extent: float, n_out: int, n_full: int) -> tuple[int, int]:
-    """The full-resolution pixels ``[a, b)`` the samples of one axis touch (for region decoding)."""
+    """The full-resolution pixels ``[a, b)`` the samples of one axis touch (for region decoding), and one
+    more on each side for the uint8 resize's samples, which may sit up to ``_TOLERANCE`` off ours."""
     first = max(0.0, x0 + 0.5 * extent / n_out - 0.5)
     last = min(n_full - 1.0, x0 + (n_out - 0.5) * extent / n_out - 0.5)
-    return int(math.floor(first)), min(n_full, int(math.floor(last)) + 2)
+    return max(0, int(math.floor(first)) - 1), min(n_full, int(math.floor(last)) + 3)
 
 
 def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_hw: tuple[int, int],
-                  out: np.ndarray, origin: tuple[int, int] | None = None, flip: tuple[bool, bool] = (False, False)
-                  ) -> None:
+                  out: np.ndarray, origin: tuple[int, int] | None = None, flip: tuple[bool, bool] = (False, False),
+                  exact: bool = False) -> None:
     """Bilinear samples of the window ``box`` (x0, y0, w, h in full-image pixels of an image
     ``full_hw`` high and wide) from ``src`` (uint8 (h, w, C): the whole image at any scale, or with
     ``origin`` (row, column) the full-scale region starting there) into ``out`` (float32 (oh, ow, C), /255);
-    ``flip``: (left-right, top-bottom) mirror the output, for free (the sample order reversed)."""
+    ``flip``: (left-right, top-bottom) mirror the output.
+
+    An exact window is copied. Otherwise torch's uint8 resize (:func:`_fast_resize`: about twice as fast,
+    rounded to 1/255, samples within ``_TOLERANCE`` pixel of these) runs where its grid lines up with the
+    window's, else (or with ``exact``) the float interpolation at exactly these positions (:func:`_lerp2`)."""
     x0, y0, w, h = box
     oh, ow = out.shape[:2]
     hf, wf = full_hw
@@ -131,18 +138,128 @@ def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_
         (sy, sx), (lo_y, lo_x), (n_y, n_x) = (1.0, 1.0), origin, full_hw
     else:  # the whole image, maybe decoded at a reduced scale
         (sy, sx), (lo_y, lo_x), (n_y, n_x) = (src.shape[0] / hf, src.shape[1] / wf), (0, 0), src.shape[:2]
-    r0, r1, ty = _axis(y0, h, oh, n_y, sy, lo_y)
-    c0, c1, tx = _axis(x0, w, ow, n_x, sx, lo_x)
-    if not ty.any() and not tx.any() and np.all(np.diff(r0) == 1) and np.all(np.diff(c0) == 1):
-        win = src[r0[0] : r0[0] + oh, c0[0] : c0[0] + ow]  # an exact window: a copy, no resampling
+    rows, cols = _line(y0, h, oh, sy, lo_y), _line(x0, w, ow, sx, lo_x)
+    win = _exact_window(src, rows, cols, (oh, ow), (n_y - lo_y, n_x - lo_x))
+    if win is not None:  # an exact window: a copy, no resampling
         np.multiply(win[:: -1 if flip[1] else 1, :: -1 if flip[0] else 1], _INV255, out=out, dtype=np.float32)
         return
+    if not exact and _fast_resize(src, rows, cols, out, flip):
+        return
+    r0, r1, ty = _axis(y0, h, oh, n_y, sy, lo_y)
+    c0, c1, tx = _axis(x0, w, ow, n_x, sx, lo_x)
     first, last = int(c0[0]), int(c1[-1]) + 1
     if flip[0]:
         c0, c1, tx = c0[::-1], c1[::-1], tx[::-1]
     if flip[1]:
         r0, r1, ty = r0[::-1], r1[::-1], ty[::-1]
     _lerp2(src[:, first:last], (r0, r1, ty), (c0 - first, c1 - first, tx), out)
+
+
+def _line(x0: float, extent: float, n_out: int, scale: float, lo: int) -> tuple[float, float]:
+    """One axis's sample positions in ``src`` as ``(c, s)``: output pixel ``j`` samples ``c + j * s``
+    (before clamping; the full-resolution position mapped onto an image ``scale`` times the full one)."""
+    s = extent / n_out * scale
+    return (x0 + 0.5 * extent / n_out) * scale - 0.5 - lo, s
+
+
+def _exact_window(src: np.ndarray, rows: tuple[float, float], cols: tuple[float, float], out_hw: tuple[int, int],
+                  ends: tuple[int, int]) -> np.ndarray | None:
+    """The pixels themselves when every sample falls on a pixel centre inside the image, else None."""
+    starts = []
+    for (c, s), n, end in zip((rows, cols), out_hw, ends):
+        if s != 1 or c != int(c) or c < 0 or c + n > end:
+            return None
+        starts.append(int(c))
+    return src[starts[0] : starts[0] + out_hw[0], starts[1] : starts[1] + out_hw[1]]
+
+
+# torch's uint8 bilinear resize (upsample_bilinear2d, antialias off: two taps, as here) has an AVX2 kernel for
+# channels-last images; elsewhere it takes a generic path, and the exact float interpolation runs instead.
+_FAST_RESIZE = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+_TOLERANCE = 0.05  # source pixels: the largest sample-position error the uint8 resize may make, else the exact path
+_LEAD = 64  # at most this many extra outputs computed before the window's, to line torch's sample grid up with it
+_UPSAMPLE = torch.ops.aten.upsample_bilinear2d.out  # takes the output size and the scale both (F.interpolate: one)
+_scratch = threading.local()  # each thread's reused memory for the resize's input and output (no page faults per image)
+
+
+def _grid(c: float, s: float, n: int) -> tuple[int, int, float] | None:
+    """Line torch's grid up with one axis of ours (sample ``j`` at ``c + j * s``): torch's output ``i`` of an
+    input starting at pixel ``a`` samples ``a + (i + 0.5) * t - 0.5``. Returns ``(a, k, t)`` whose outputs
+    ``k .. k + n - 1`` sample within ``_TOLERANCE`` of ours (exact at the middle one), or None.
+
+    ``k`` shifts the grid by whole steps ``s`` against the whole pixels ``a``, and ``t`` stretches it a
+    little, so the phase that an integer ``a`` alone cannot match is matched to the tolerance."""
+    e = c + 0.5 - s / 2  # the window's first edge: ours is c + j * s = e + (j + 0.5) * s - 0.5
+    m = (n - 1) / 2
+    for k in range(_LEAD + 1):
+        a = math.floor(e - k * s + 0.5)
+        r = e - k * s - a
+        t = s + r / (k + m + 0.5)
+        if (k + 0.5) * t >= 0.5 and m * abs(r) / (k + m + 0.5) <= _TOLERANCE:  # torch's output k is at or past a
+            return a, k, t
+    return None
+
+
+def _fast_resize(src: np.ndarray, rows: tuple[float, float], cols: tuple[float, float], out: np.ndarray,
+                 flip: tuple[bool, bool]) -> bool:
+    """The window resized by torch's uint8 kernel (in the calling thread, GIL released) and converted to
+    float once, into ``out``; False (nothing written) where it cannot match the sampling (see :func:`_grid`)."""
+    (oh, ow), c = out.shape[:2], src.shape[2]
+    if not _FAST_RESIZE or c > 4 or src.dtype != np.uint8:
+        return False
+    gy, gx = _grid(*rows, oh), _grid(*cols, ow)
+    if gy is None or gx is None:
+        return False
+    spans = [(a, math.floor(a + (k + n - 0.5) * t - 0.5) + 2) for (a, k, t), n in ((gy, oh), (gx, ow))]
+    if any(b <= 0 or a >= end for (a, b), end in zip(spans, src.shape[:2])):
+        return False  # a window wholly outside the pixels given (not from a crop's draw): the exact path clamps
+    # an output as large as its input is a copy to torch whatever the scale: one more (dropped) output then
+    size = [k + n + (k + n == b - a) for (a, k, _), n, (a, b) in zip((gy, gx), (oh, ow), spans)]
+    win = _padded(src, spans[0], spans[1])
+    y = _buffer("out", size[0] * size[1] * c)[: size[0] * size[1] * c].reshape(size[0], size[1], c)
+    x, yt = torch.from_numpy(win).permute(2, 0, 1)[None], torch.from_numpy(y).permute(2, 0, 1)[None]
+    _UPSAMPLE(x, size, False, 1 / gy[2], 1 / gx[2], out=yt)  # channels-last in and out: no packing copies
+    _to_float(y[gy[1] : gy[1] + oh, gx[1] : gx[1] + ow], out, flip)
+    return True
+
+
+def _buffer(name: str, n: int) -> np.ndarray:
+    """This thread's uint8 scratch ``name``, at least ``n`` bytes."""
+    buf = getattr(_scratch, name, None)
+    if buf is None or buf.size < n:
+        buf = np.empty(max(n, 1 << 20), np.uint8)
+        setattr(_scratch, name, buf)
+    return buf
+
+
+def _padded(src: np.ndarray, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+    """``src[r0:r1, c0:c1]`` as a C-contiguous array (the input torch's kernel takes without a copy of its
+    own, a parallel one), indices outside ``src`` repeating its edge pixels (the clamp at the border)."""
+    (r0, r1), (c0, c1) = rows, cols
+    h, w, c = src.shape
+    y0, y1, x0, x1 = max(r0, 0), min(r1, h), max(c0, 0), min(c1, w)
+    part = src[y0:y1, x0:x1]
+    if (y0, y1, x0, x1) == (r0, r1, c0, c1) and part.flags.c_contiguous and part.flags.writeable:
+        return part  # whole rows of a decoded image: no copy
+    buf = _buffer("in", (r1 - r0) * (c1 - c0) * c)[: (r1 - r0) * (c1 - c0) * c].reshape(r1 - r0, c1 - c0, c)
+    buf[y0 - r0 : y1 - r0, x0 - c0 : x1 - c0] = part
+    buf[: y0 - r0] = buf[y0 - r0]
+    buf[y1 - r0 :] = buf[y1 - r0 - 1]
+    buf[:, : x0 - c0] = buf[:, x0 - c0 : x0 - c0 + 1]
+    buf[:, x1 - c0 :] = buf[:, x1 - c0 - 1 : x1 - c0]
+    return buf
+
+
+def _to_float(y: np.ndarray, out: np.ndarray, flip: tuple[bool, bool]) -> None:
+    """uint8 (oh, ow, C) into float32 ``out`` /255, mirrored as ``flip`` says: numpy reverses rows for free,
+    torch mirrors columns in blocks below its parallel grain (numpy's reversed copy of 3-byte pixels is slow)."""
+    dst = out[::-1] if flip[1] else out
+    if not flip[0]:
+        np.multiply(y, _INV255, out=dst, dtype=np.float32)
+        return
+    step = max(1, _GRAIN // max(1, y.shape[1] * y.shape[2]))
+    for a in range(0, y.shape[0], step):
+        np.multiply(torch.from_numpy(y[a : a + step]).flip(1).numpy(), _INV255, out=dst[a : a + step], dtype=np.float32)
 
 
 _GRAIN = 32767  # elements per torch op: below torch's parallel grain (32768), so each op runs in the calling thread
@@ -236,6 +353,7 @@ def _decode_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.nd
 
 def pixels_crop(data: np.ndarray, hw: tuple[int, int], channels: int, box: tuple[float, float, float, float],
                 out: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> None:
-    """The window of one image stored as raw pixels (``data``: its H*W*C bytes) into ``out``."""
+    """The window of one image stored as raw pixels (``data``: its H*W*C bytes) into ``out``, by the exact
+    float interpolation: stored pixels give the padded path's values to float rounding."""
     h, w = hw
-    resample_into(data[: h * w * channels].reshape(h, w, channels), box, hw, out, flip=flip)
+    resample_into(data[: h * w * channels].reshape(h, w, channels), box, hw, out, flip=flip, exact=True)

@@ -191,3 +191,61 @@ def test_crop_decoding_is_off_where_it_cannot_apply(tmp_path):
     assert crop_field(ds, fastdata.augment.Augment((RandomResizedCrop(8),), views=2), ("image",), cfg, True) is None
     with pytest.raises(fastdata.errors.UsageError, match="crop_decode"):
         LoaderConfig(crop_decode="yes")  # type: ignore[arg-type]
+
+
+def _resampled(src, box, hw, out_hw, flip=(False, False), exact=False, origin=None):
+    out = np.empty((*out_hw, src.shape[2]), np.float32)
+    cropdecode.resample_into(src, box, hw, out, origin=origin, flip=flip, exact=exact)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_uint8_resize_samples_where_the_exact_path_does(mode):
+    """torch's uint8 resize (shifted by whole steps, stretched a little to line its grid up with the window's)
+    gives the exact float interpolation's images to 8-bit rounding: downscaled, upscaled, at the image's
+    edges, mirrored, on a DCT-scaled image and on a decoded region."""
+    rng = np.random.default_rng(0)
+    a = photo(300, 400, 1)
+    a = a if mode == "RGB" else a[..., :1].copy()
+    boxes = [(10.3, 20.7, 300.2, 250.9), (0.0, 0.0, 400.0, 300.0), (371.5, 280.25, 28.5, 19.75), (0.2, 0.4, 61.0, 49.5),
+             *[(x, y, w, h) for x, y, w, h in rng.uniform([0, 0, 20, 20], [200, 150, 200, 150], (12, 4))]]
+    psnrs = []
+    for i, box in enumerate(boxes):
+        flip = (bool(i % 2), bool(i % 3 == 0))
+        for size in ((50, 60), (224, 224)):
+            exact = _resampled(a, box, (300, 400), size, flip, exact=True)
+            fast = _resampled(a, box, (300, 400), size, flip)
+            psnrs.append(_psnr(torch.from_numpy(fast), torch.from_numpy(exact)))
+            assert np.abs(fast - exact).mean() < 1.5 / 255
+    assert min(psnrs) > 45 and np.mean(psnrs) > 50
+    half = a[::2, ::2].copy()  # as decoded at 1/2 scale: the same window mapped onto it
+    box = (50.5, 30.25, 300.0, 250.0)
+    exact, fast = (_resampled(half, box, (300, 400), (64, 64), exact=e) for e in (True, False))
+    assert _psnr(torch.from_numpy(fast), torch.from_numpy(exact)) > 45
+    rows, cols = cropdecode._region(box, 64, 64, (300, 400))  # a region decode gives the whole image's result
+    part = a[rows[0] : rows[1], cols[0] : cols[1]].copy()
+    whole = _resampled(a, box, (300, 400), (64, 64))
+    assert np.array_equal(_resampled(part, box, (300, 400), (64, 64), origin=(rows[0], cols[0])), whole)
+
+
+def test_resize_grid_lines_up_or_leaves_it_to_the_exact_path():
+    """Every grid the uint8 resize uses samples within the tolerance of the window's, its first kept output
+    at or past its input's first pixel; a grid it cannot line up (a half-pixel phase at a whole-pixel
+    step) leaves the window to the exact path, which gives the exact values."""
+    rng = np.random.default_rng(1)
+    for c, s in rng.uniform([-0.5, 0.3], [300, 3.0], (300, 2)):
+        got = cropdecode._grid(float(c), float(s), 224)
+        if got is None:
+            continue
+        a, k, t = got
+        j = np.arange(224)
+        assert np.abs(a + (k + j + 0.5) * t - 0.5 - (c + j * s)).max() <= cropdecode._TOLERANCE + 1e-9
+        assert a + (k + 0.5) * t - 0.5 >= a - 1e-9
+    assert cropdecode._grid(10.5, 1.0, 224) is None
+    a = photo(100, 120, 2)
+    shifted = (10.5, 10.5, 30.0, 30.0)  # s = 1, phase 0.5 on both axes: cannot line up
+    assert cropdecode._grid(*cropdecode._line(10.5, 30.0, 30, 1.0, 0), 30) is None
+    assert np.array_equal(_resampled(a, shifted, (100, 120), (30, 30)),
+                          _resampled(a, shifted, (100, 120), (30, 30), exact=True))
+    box = (10.0, 10.0, 30.0, 30.0)  # an exact window: the pixels themselves
+    assert np.array_equal(_resampled(a, box, (100, 120), (30, 30)), a[10:40, 10:40] * np.float32(1 / 255))
