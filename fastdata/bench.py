@@ -248,8 +248,6 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
     fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
     try:
         reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
-        per = -(-len(reqs) // max(1, threads))
-        runs = [reqs[a : a + per] for a in range(0, len(reqs), per)] if streams else []
         if shuffled and not streams:
             random.Random(0).shuffle(reqs)
         mine = threading.local()  # one buffer per thread, made once: the ceiling times reads, not allocation
@@ -263,7 +261,9 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
                 mine.buf = bytearray(size)
             return os.preadv(req[0], [mine.buf], req[1])
 
-        if streams:  # one thread per run, each front to back
+        if streams:  # `threads` contiguous runs of the requests, one thread each, front to back
+            per = -(-len(reqs) // max(1, threads))
+            runs = [reqs[a : a + per] for a in range(0, len(reqs), per)] or [[]]
             with ThreadPoolExecutor(len(runs)) as pool:
                 total = sum(pool.map(lambda run: sum(read(r) for r in run), runs))
         elif threads == 1:

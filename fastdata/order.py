@@ -44,11 +44,16 @@ def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int =
         raise ValueError(f"shuffle must be True, False, 'block', 'shards' or 'chunks', not {shuffle!r}")
     if block < 1 or window < 1:
         raise ValueError("block and window must be positive")
-    starts = rng.permutation(np.arange(0, n, block))
-    parts = []
-    for w in range(0, len(starts), window):  # each window: `window` whole blocks, read side by side
-        sizes = np.minimum(starts[w : w + window] + block, n) - starts[w : w + window]
-        parts.append(_streams(_split(sizes, starts[w : w + window], STREAMS), rng))
+    starts = np.arange(0, n, block)
+    return _windows(starts, np.minimum(starts + block, n) - starts, window, rng)
+
+
+def _windows(starts: np.ndarray, sizes: np.ndarray, window: int, rng: np.random.Generator) -> np.ndarray:
+    """Units (blocks, shards or chunks: ``starts``/``sizes`` in samples) in a random order, taken
+    ``window`` at a time, each window read as :data:`STREAMS` streams side by side (:func:`_streams`)."""
+    perm = rng.permutation(len(starts))
+    parts = [_streams(_split(sizes[u], starts[u], STREAMS), rng)
+             for u in (perm[w : w + window] for w in range(0, len(perm), window))]
     return np.concatenate(parts).astype(np.int64) if parts else np.arange(0, dtype=np.int64)
 
 
@@ -90,12 +95,7 @@ def _shard_order(n: int, rng: np.random.Generator, counts: Sequence[int] | None,
     if window < 1:
         raise ValueError("shard_window must be positive")
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1])) if len(sizes) else sizes
-    perm = rng.permutation(len(sizes))
-    parts = []
-    for w in range(0, len(perm), window):
-        units = perm[w : w + window]
-        parts.append(_streams(_split(sizes[units], starts[units], STREAMS), rng))
-    return np.concatenate(parts).astype(np.int64) if parts else np.arange(0, dtype=np.int64)
+    return _windows(starts, sizes, window, rng)
 
 
 def _share_size(n: int, world: World, drop_last: bool) -> int:

@@ -238,31 +238,34 @@ def _flag(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return next((a for a in args if isinstance(a, bool)), False)
 
 
-def _wrap_to(orig: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        acc = _acc
-        if acc is None or not self.is_cpu:
-            return orig(self, *args, **kwargs)
-        dev = cuda_target(args, kwargs)
-        if dev is None:
-            return orig(self, *args, **kwargs)
-        return acc.copy(self, dev, _flag(args[1:], kwargs), lambda: orig(self, *args, **kwargs))
-
-    return to
+def _cuda_call_target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
+    """The device a ``Tensor.cuda(...)`` call moves to (the current CUDA device when none is named)."""
+    dev = kwargs.get("device", args[0] if args else None)
+    return torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev or "cuda")
 
 
-def _wrap_cuda(orig: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        acc = _acc
-        if acc is None or not self.is_cpu:
-            return orig(self, *args, **kwargs)
-        dev = kwargs.get("device", args[0] if args else None)
-        dev = torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev or "cuda")
-        return acc.copy(self, dev, _flag(args[1:], kwargs), lambda: orig(self, *args, **kwargs))
+def _wrap_move(target: Callable[[tuple[Any, ...], dict[str, Any]], torch.device | None]
+               ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A wrapper for a method that moves ``self`` (``to``, ``cuda``): a CPU tensor moved to the CUDA device
+    ``target(args, kwargs)`` names is reported as a copy; every other call goes straight to torch."""
+    def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def move(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            acc = _acc
+            if acc is None or not self.is_cpu:
+                return orig(self, *args, **kwargs)
+            dev = target(args, kwargs)
+            if dev is None:
+                return orig(self, *args, **kwargs)
+            return acc.copy(self, dev, _flag(args[1:], kwargs), lambda: orig(self, *args, **kwargs))
 
-    return cuda
+        return move
+
+    return wrap
+
+
+_wrap_to = _wrap_move(cuda_target)
+_wrap_cuda = _wrap_move(_cuda_call_target)
 
 
 def _wrap_copy(orig: Callable[..., Any]) -> Callable[..., Any]:
