@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ROUNDS = 2  # runs of the script alone and switched to fastdata (median step)
+ROUNDS = 3  # runs of the script alone and switched to fastdata (median step)
 ROOT = HERE.parent
 SCRIPTS = ROOT / "tests" / "doctor_scripts"
 sys.path.insert(0, str(HERE))

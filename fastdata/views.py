@@ -95,12 +95,14 @@ def _kind_of(name: str, batch: Batch, images: tuple[str, ...], mixed: frozenset[
 
 def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[str, ...] = (),
                   mixed: frozenset[str] = frozenset(), finish: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
-                  skip: frozenset[str] = frozenset(), precropped: Mapping[str, int] | None = None) -> Batch:
+                  skip: frozenset[str] = frozenset(), precropped: Mapping[str, int] | None = None,
+                  owned: frozenset[str] = frozenset()) -> Batch:
     """Augment ``batch`` in place (and return it): every field of :func:`field_kinds`, then ``aug.mix``.
     ``finish(name, image)`` is called on each augmented image (e.g. channels_last); ``skip``: fields
     already augmented elsewhere (by DALI, whose draws came first from ``g``); ``precropped``: image fields whose
     first ops (a crop or Resize, and flips after it) the reader applied while decoding, and how many
-    (fastdata.loaders.crop)."""
+    (fastdata.loaders.crop); ``owned``: image fields in the caller's own buffers, which the ops of a single
+    view may write into (fastdata.augment.Augment.run)."""
     kinds = field_kinds(aug, batch, images, mixed)
     mixed_needs_size(aug, mixed)
     image_fields = [n for n, k in kinds.items() if k == "image"]
@@ -116,8 +118,9 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
             done = (precropped or {}).get(name, 0)  # its first ops ran in the reader (fastdata.loaders.crop)
             before = batch[name + SHAPE_SUFFIX][:, :2] if done else None
             stacked = _preallocate(aug.view_ops, batch[name], sizes)
+            mine = name in owned and len(aug.view_ops) == 1  # several views all start from the image
             outs = [aug.run(batch, g, name, sizes, hw=before, ops=ops, into=stacked[:, v] if stacked is not None else None,
-                            done=done)
+                            done=done, owned=mine)
                     for v, ops in enumerate(aug.view_ops)]
             written = [name] + [k for k in (name + SHAPE_SUFFIX,) if k in batch] + _target_keys(aug, outs[0])
             if stacked is not None and all(o[name].data_ptr() == stacked[:, v].data_ptr() for v, o in enumerate(outs)):

@@ -268,3 +268,36 @@ def test_sizes_are_dropped_after_an_op_of_your_own_that_resizes_and_subclasses_k
     assert torch.equal(y, x[..., ::2, ::2].flip(-1))
     assert torch.equal(Augment((MyFlip(),))(x, gen(), s), x.flip(-1))
 
+
+def test_loader_flips_and_normalises_its_own_buffers_in_place_as_out_of_place(tmp_path, monkeypatch):
+    """On the CPU the loader's flips and final Normalize write into its own float buffers: the same images as
+    the ops applied to a copy, for one size and for padded batches of mixed sizes; the input stays as it was."""
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    imgs = rng.integers(0, 256, (12, 10, 14, 3), dtype=np.uint8)
+    np.save(tmp_path / "img.npy", imgs)
+    fastdata.convert(None, tmp_path / "one", arrays={"image": tmp_path / "img.npy"})
+    src = tmp_path / "imgs" / "c"
+    src.mkdir(parents=True)
+    for i, (h, w) in enumerate([(10, 14), (7, 9), (12, 5), (6, 6), (9, 13), (11, 8)]):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(src / f"{i}.png")
+    fastdata.convert(tmp_path / "imgs", tmp_path / "mixed",
+                     fastdata.ConvertConfig(images=fastdata.ImageOptions(images="raw")))  # padded uint8 batches
+    ops = [HorizontalFlip(), VerticalFlip(), Normalize((0.4, 0.5, 0.6), (0.2, 0.25, 0.3))]
+    from fastdata.augment.geometric import _Flip
+
+    calls = []
+    real = _Flip.flip_in_place
+    monkeypatch.setattr(_Flip, "flip_in_place",
+                        lambda self, x, p, sizes: calls.append(sizes is not None) or real(self, x, p, sizes))
+    for name in ("one", "mixed"):
+        plain = list(fastdata.loader(tmp_path / name, 6, shuffle=False, device="cpu"))
+        done = list(fastdata.loader(tmp_path / name, 6, shuffle=False, device="cpu", augment=ops))
+        for k, (p, d) in enumerate(zip(plain, done)):
+            sizes = p["image_shape"][:, :2] if "image_shape" in p else None
+            x = p["image"].clone()
+            want = Augment(tuple(ops))(x, batch_generator(0, 0, k, CPU), sizes)
+            assert torch.equal(x, p["image"])  # out of place: the input is untouched
+            assert torch.allclose(d["image"], want, atol=1e-6), (name, k)
+    assert set(calls) == {False, True}  # the in-place flips ran, on one-size and on padded batches

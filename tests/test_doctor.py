@@ -82,7 +82,9 @@ def test_input_bound_script_is_read_only_and_reported(tmp_path: Path, capsys: py
     assert "<script" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
 
 
-def test_npy_folder_script_with_projection(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_npy_folder_script_with_projection(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTDATA_DOCTOR_TMP", str(tmp_path))
     data = volumes(tmp_path / "vol", n=24, side=12)
     out_json = tmp_path / "r.json"
     code, text = _run(["doctor", "--steps", "6", "--json", str(out_json), "--", sys.executable,
@@ -92,6 +94,10 @@ def test_npy_folder_script_with_projection(tmp_path: Path, capsys: pytest.Captur
     assert r["projection"]["ok"], r["projection"]
     assert r["projection"]["samples"] == 24 and r["projection"]["batch_s"] > 0
     assert r["projected_speedup"] > 0 and 0 <= r["projected_wait_fraction"] <= 1
+    # the projection is the script's step replayed while fastdata's loader read the sample beside it
+    assert "step replayed beside" in r["projection_basis"] and r["beside"]["steps"] >= 8
+    assert r["projected_step_s"] >= r["beside"]["step_s"] > 0
+    assert not list(tmp_path.glob("fastdata-doctor-*"))  # the sample is removed
     assert any("fastdata.loader(" in c and "batch_size=8" in c for c in r["commands"])
     io = r["workers"]["io"]
     assert io["rchar"] >= 24 * 12 ** 3 * 4 * 0.5  # the workers read (at least half of) the volumes once
@@ -258,3 +264,50 @@ def test_html_page_renders_in_a_headless_browser(tmp_path: Path) -> None:
                    check=True, capture_output=True, timeout=120)
     colours = {c for _, c in Image.open(shot).convert("RGB").getcolors(1 << 20) or []}
     assert {(0xD9, 0x53, 0x4F), (0x5B, 0x8B, 0xD9), (0x5C, 0xB8, 0x5C)} <= colours
+
+
+def test_projection_beside_the_step_leaves_out_pass_start_ups() -> None:
+    """Steps come from consecutive hand-outs less the doctor's copy; a pass's first batch is left out."""
+    from fastdata.doctor.report import _beside
+
+    # (handed out, waited for fastdata, copy, position in the pass)
+    rows = [[0.0, 0.0, 0.0, 1], [0.11, 0.01, 0.01, 2], [0.21, 0.0, 0.0, 0], [1.21, 0.9, 0.0, 1],
+            [1.33, 0.02, 0.02, 2], [1.43, 0.0, 0.0, 3]]
+    b = _beside({"beside": rows})
+    assert b is not None and b["steps"] == 4  # the step ending in the pass start (position 0) is left out
+    assert b["step_s"] == pytest.approx(0.325)  # mean of 0.10, 1.0, 0.10, 0.10
+    assert b["wait_fraction"] == pytest.approx((0.01 + 0.9 + 0.02) / 1.3)
+    assert b["wait_s"] == pytest.approx((0.01 + 0.9 + 0.02) / 4)
+    assert _beside({"beside": [], "beside_why": "sample 3 holds objects"}) == {"why": "sample 3 holds objects"}
+    assert _beside({"beside": []}) is None
+
+
+def test_storage_verdict_needs_a_real_volume_of_reads() -> None:
+    """Saturated, CPU-idle workers whose few reads came from storage (a module imported) are not storage-bound."""
+    from fastdata.doctor.report import _bottleneck
+
+    loader = {"settings": {"num_workers": 2}}
+    w = {"getitem_fraction": 0.95, "collate_fraction": 0.0, "cpu_fraction": 0.05, "samples": 100,
+         "getitem_s_per_sample": 0.02, "collate_s_per_batch": 0.0, "causes": {},
+         "io": {"rchar": 8192, "read_bytes": 8192, "from_storage_fraction": 1.0}}
+    assert _bottleneck(0.5, loader, w)[0] == "dataset_getitem"
+    w["io"] = {"rchar": 50 << 20, "read_bytes": 40 << 20, "from_storage_fraction": 0.8}
+    kind, text = _bottleneck(0.5, loader, w)
+    assert kind == "storage" and "80.0% of the bytes" in text
+
+
+def test_projection_takes_the_replay_for_busy_workers_and_the_step_less_wait_otherwise() -> None:
+    """Busy workers stole CPU from the step: the step replayed beside fastdata is the projection. Idle
+    workers: the step's own work (less the wait) stays, unless fastdata's readers slow the replay further."""
+    from fastdata.doctor.report import _projection
+
+    proj = {"ok": True, "batch_s": 0.002}
+    beside = {"step_s": 0.010, "wait_s": 0.001, "wait_fraction": 0.1, "steps": 12}
+    busy = {"getitem_fraction": 0.8, "collate_fraction": 0.05}
+    idle = {"getitem_fraction": 0.1, "collate_fraction": 0.0}
+    r = _projection(proj, 0.050, 0.020, 0.012, busy, beside)
+    assert r["projected_step_s"] == 0.010 and r["projected_speedup"] == pytest.approx(5.0)
+    r = _projection(proj, 0.050, 0.002, 0.040, idle, beside)
+    assert r["projected_step_s"] == pytest.approx(0.049) and r["projected_wait_fraction"] == pytest.approx(0.001 / 0.049)
+    r = _projection(proj, 0.012, 0.006, 0.005, idle, beside)  # the replay beside fastdata is the longer
+    assert r["projected_step_s"] == 0.010

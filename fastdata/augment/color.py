@@ -108,6 +108,12 @@ class GaussianNoise(_Op):
         return x + self.std * noise
 
 
+def _channels_last_cpu(x: Tensor) -> bool:
+    """A float 4-D CPU tensor whose memory is (B, H, W, C), densely."""
+    return (x.device.type == "cpu" and x.dim() == 4 and x.is_floating_point()
+            and x.permute(0, 2, 3, 1).is_contiguous())
+
+
 @dataclass(frozen=True)
 class Normalize(_Op):
     """``(x - mean) / std`` per channel (axis 1)."""
@@ -121,6 +127,20 @@ class Normalize(_Op):
 
     def into(self, x: Tensor, out: Tensor) -> Tensor:
         """The same, written into ``out`` (a view's slice of a stacked batch: no copy to stack it)."""
+        if _channels_last_cpu(x) and _channels_last_cpu(out) and x.shape[1] == len(self.mean):
+            return self._into_rows(x, out)
         shape = (1, -1) + (1,) * (x.dim() - 2)
         torch.sub(x, torch.tensor(self.mean, device=x.device, dtype=x.dtype).view(shape), out=out)
         return out.div_(torch.tensor(self.std, device=x.device, dtype=x.dtype).view(shape))
+
+    def _into_rows(self, x: Tensor, out: Tensor) -> Tensor:
+        """Channels-last on the CPU: each image row (W x C values, channels interleaved) times a row of
+        1/std plus a row of -mean/std, in one pass (a per-channel broadcast over the innermost C=3
+        axis does not vectorise, and was many times slower)."""
+        b, c, h, w = x.shape
+        std = torch.tensor(self.std, dtype=torch.float64)
+        scale = (1 / std).repeat(w).to(x.dtype)
+        shift = (-torch.tensor(self.mean, dtype=torch.float64) / std).repeat(w).to(x.dtype)
+        rows = out.permute(0, 2, 3, 1).view(b * h, w * c)
+        return torch.addcmul(shift, x.permute(0, 2, 3, 1).view(b * h, w * c), scale, out=rows).view(
+            b, h, w, c).permute(0, 3, 1, 2)

@@ -130,7 +130,19 @@ class _Flip(_Geometric):
         flip = p["flip"].to(x.device)
         if sizes is not None:
             return _flip_inside(x, flip, sizes[:, self._axis + 2], axis=self._axis)
-        return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(self._axis), x)
+        return _flip_some(x, flip, self._axis)
+
+    def flip_in_place(self, x: Tensor, p: Params, sizes: Tensor | None) -> Tensor:
+        """The flagged images of a CPU batch mirrored in their own memory (the caller owns ``x``)."""
+        for i, f in enumerate(p["flip"].tolist()):
+            if f:
+                if sizes is None:
+                    x[i].copy_(x[i].flip(self._axis))
+                else:  # within the image, the padding after it stays
+                    n = int(sizes[i, self._axis + 2])
+                    part = x[i].narrow(x.dim() - 1 + self._axis, 0, n)
+                    part.copy_(part.flip(self._axis))
+        return x
 
     def geometry(self, p: Params, hw: Tensor) -> Geometry:
         flip = p["flip"].cpu()
@@ -154,6 +166,21 @@ class VerticalFlip(_Flip):
     """Mirror top-bottom with probability ``p``, per sample."""
 
     _axis = -2
+
+
+def _flip_some(x: Tensor, flip: Tensor, axis: int) -> Tensor:
+    """A copy of ``x`` with the flagged samples mirrored along ``axis``, in ``x``'s memory layout. On the
+    CPU sample by sample (a ``torch.where`` over a flipped and an unflipped batch was several times slower
+    there, most of all on channels_last batches); on a GPU the flagged samples in one gather."""
+    out = torch.empty_like(x)
+    if x.device.type == "cpu":
+        for i, f in enumerate(flip.tolist()):
+            out[i].copy_(x[i].flip(axis) if f else x[i])
+        return out
+    out.copy_(x)
+    idx = flip.nonzero().flatten()
+    out.index_copy_(0, idx, x.index_select(0, idx).flip(axis))
+    return out
 
 
 def _flip_inside(x: Tensor, flip: Tensor, extent: Tensor, axis: int) -> Tensor:

@@ -115,7 +115,7 @@ class Augment:
 
     def run(self, batch: dict[str, Tensor], g: torch.Generator, image: str | None, sizes: Tensor | None = None,
             hw: Tensor | None = None, targets: bool = True, ops: Sequence[Any] | None = None,
-            into: Tensor | None = None, done: int = 0) -> dict[str, Tensor]:
+            into: Tensor | None = None, done: int = 0, owned: bool = False) -> dict[str, Tensor]:
         """Augment ``batch[image]`` (float (B, C, H, W)) and the declared targets in ``batch`` with
         one draw per op; returns the batch with them replaced (and ``<boxes>_valid`` added).
 
@@ -124,6 +124,9 @@ class Augment:
         ``Normalize`` writes the image when the shapes match (fastdata.views stacks views so). ``done``:
         the first ops already ran on the image (the reader decoded the crop, fastdata.loaders.crop): they
         are drawn again, from ``hw`` (the sizes before them), for the targets and the later draws.
+        ``owned``: the caller owns ``batch[image]`` (the loader's own float buffer): flips and a final
+        Normalize then write into it on the CPU, not into fresh memory (whose first touch costs as much
+        as the op).
         """
         x = batch[image] if image is not None else None
         if x is not None and not done:
@@ -134,6 +137,7 @@ class Augment:
             hw = hw.to(g.device).float()
         out = dict(batch)
         chain = list(self.ops if ops is None else ops)
+        owned = owned and all(_builtin(op) for op in chain)  # an op of your own may hand back memory it keeps
         work = _Targets(self.targets if targets else {}, out, x)
         for k, op in enumerate(chain):
             if not _builtin(op):
@@ -144,8 +148,13 @@ class Augment:
                 op.check(img, sizes)
             p = op.draw(g, hw)
             if img is not None:
+                if owned and into is None and k == len(chain) - 1 and type(op) is Normalize:
+                    into = img  # written in place (elementwise: an output may be its input)
                 last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == img.shape
-                x = op.into(img, into) if last else op.image(img, p, sizes)
+                if owned and type(op) in (HorizontalFlip, VerticalFlip) and img.device.type == "cpu":
+                    x = op.flip_in_place(img, p, sizes)
+                else:
+                    x = op.into(img, into) if last else op.image(img, p, sizes)
             if isinstance(op, _Geometric):
                 if work.active:
                     work.apply(op, p, hw, sizes)

@@ -30,8 +30,9 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(os.environ[ENV_DIR])
     steps, seconds = _number(ENV_STEPS, int), _number(ENV_SECONDS, float)
+    project = os.environ.get(ENV_PROJECT, "1") == "1"
     rec = _probe.install(out, steps=int(steps) if steps else None, seconds=seconds,
-                         replay=os.environ.get(ENV_REPLAY, "1") == "1")
+                         replay=os.environ.get(ENV_REPLAY, "1") == "1", project=project)
     code, error = 0, None
     try:
         if argv[0] == "-m":
@@ -54,11 +55,13 @@ def main(argv: list[str]) -> int:
         _probe.uninstall()
         raw = rec.dump()
         (out / "raw.json").write_text(json.dumps(raw))
-    if os.environ.get(ENV_PROJECT, "1") == "1" and error is None:
+    if project and error is None:
         from .project import project_loader
 
-        result = project_loader(rec, out)
+        result = project_loader(rec, out, rec.sampled)  # the sample the replay used, if it made one
         (out / "project.json").write_text(json.dumps(result))
+    elif rec.sampled is not None and not isinstance(rec.sampled, str):
+        rec.sampled.remove()
     return code
 
 

@@ -7,7 +7,9 @@ in collate, in whatever process runs them; forked workers inherit the patch, spa
 from a wrapper around the loader's ``worker_init_fn``, given back at the end) and fastdata's
 ``Loader.__iter__``. The hooks only read clocks and counters; the batches pass through untouched.
 After the budget the loop is fed a copy of one cached batch for a few steps (the compute-only
-step), then stopped with :class:`BudgetReached`.
+step), then, when projecting, for a few more while fastdata's loader reads a converted sample of the
+dataset beside them, one batch a step (fastdata.doctor.project.Beside: the step as it would run after the
+switch), then stopped with :class:`BudgetReached`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
 WARMUP = 2  # batches of each pass left out of the statistics: worker start-up, first-batch caching
 REPLAY = 8  # steps run on the cached batch to time the step without input
+BESIDE = 24  # then steps on the cached batch while fastdata's loader reads a sample beside them (projection)
 MAX_EVENTS = 20000  # per loader, for the timeline
 # how fastdata.doctor.run tells the child (fastdata.doctor._boot) its folder and budget
 ENV_DIR, ENV_STEPS, ENV_SECONDS = "FASTDATA_DOCTOR_DIR", "FASTDATA_DOCTOR_STEPS", "FASTDATA_DOCTOR_SECONDS"
@@ -51,9 +54,10 @@ class LoaderRecord:
 class Recorder:
     """Collects the main-process side; one per process while the hooks are installed."""
 
-    def __init__(self, out_dir: Path, steps: int | None, seconds: float | None, replay: bool) -> None:
+    def __init__(self, out_dir: Path, steps: int | None, seconds: float | None, replay: bool,
+                 project: bool = False) -> None:
         self.out_dir = out_dir
-        self.steps, self.seconds, self.do_replay = steps, seconds, replay
+        self.steps, self.seconds, self.do_replay, self.do_project = steps, seconds, replay, project
         self.loaders: dict[int, LoaderRecord] = {}
         self.started = time.perf_counter()
         self.first_batch_at: float | None = None
@@ -66,6 +70,13 @@ class Recorder:
         self.batch_sizes: dict[int, int | None] = {}
         self.batches = 0  # every loader's batches: the --steps budget (events stop at MAX_EVENTS)
         self.h2d: dict[str, Any] | None = None  # the host-to-device copies (fastdata.doctor._h2d), at uninstall
+        # the replay beside fastdata's loader: (handed out, seconds waited for fastdata, copy seconds, position)
+        self.beside: list[tuple[float, float, float, int]] = []
+        self.beside_end: float | None = None
+        self.beside_why: str | None = None  # why there was no replay beside fastdata's loader
+        self.sampled: Any = None  # fastdata.doctor.project.Sampled, or a string saying why not
+        self._beside: Any = None  # the running fastdata.doctor.project.Beside
+        self.own = False  # the doctor's own loaders are running (sampling, fastdata beside): not the loop's
 
     # -- budget ---------------------------------------------------------------------------------
     def spent(self) -> bool:
@@ -97,9 +108,10 @@ class Recorder:
         self.stop_reason = "budget spent"
         if _copies is not None:  # the copies of the cached batch are not the loop's
             _copies.active = False
-        if self.replaying >= REPLAY or self.cached is None or not self.do_replay or key != self.cached_from:
-            self.stopped_at = time.perf_counter()
-            raise BudgetReached(0)
+        if self.cached is None or not self.do_replay or key != self.cached_from:
+            self._stop()
+        if self.replaying >= REPLAY:  # the compute-only steps are done: the steps beside fastdata's loader
+            return self._next_beside()
         t0 = time.perf_counter()
         batch = _clone(self.cached)
         now = time.perf_counter()
@@ -107,11 +119,59 @@ class Recorder:
         self.replaying += 1
         return batch
 
+    def _next_beside(self) -> Any:
+        if self.stopped_at is None:  # the end of the last compute-only step
+            self.stopped_at = time.perf_counter()
+            if not self.do_project:
+                self._stop()
+            self._start_beside()
+        if self._beside is None or len(self.beside) >= BESIDE:
+            self._stop()
+        self.own = True
+        try:
+            waited = self._beside.next()
+        except Exception as e:  # the projection is optional: say why, stop the script as planned
+            self.beside_why = f"fastdata's loader failed beside the step: {type(e).__name__}: {e}"
+            self._stop()
+        finally:
+            self.own = False
+        t1 = time.perf_counter()
+        batch = _clone(self.cached)
+        now = time.perf_counter()
+        self.beside.append((now, waited, now - t1, self._beside.position))
+        return batch
+
+    def _start_beside(self) -> None:
+        from . import project
+
+        self.own = True
+        try:
+            self.sampled = project.sample(self, self.cached_from)
+            if isinstance(self.sampled, str):
+                self.beside_why = self.sampled
+                return
+            self._beside = project.Beside(self.sampled)
+        except Exception as e:
+            self.beside_why = f"fastdata's loader failed on the sample: {type(e).__name__}: {e}"
+        finally:
+            self.own = False
+
+    def _stop(self) -> None:
+        """End the replay: stop fastdata's loader if it ran, then the script (BudgetReached)."""
+        now = time.perf_counter()
+        if self.stopped_at is None:
+            self.stopped_at = now
+        if self._beside is not None:
+            self.beside_end, b, self._beside = now, self._beside, None
+            b.close()
+        raise BudgetReached(0)
+
     def dump(self) -> dict[str, Any]:
         return {
             "started": self.started, "ended": time.perf_counter(), "stop_reason": self.stop_reason,
             "main_pid": os.getpid(), "replay_key": self.cached_from,
             "stopped_at": self.stopped_at, "budget": {"steps": self.steps, "seconds": self.seconds},
+            "beside": self.beside, "beside_end": self.beside_end, "beside_why": self.beside_why,
             "loaders": [vars(r) for r in self.loaders.values()], "h2d": self.h2d,
         }
 
@@ -134,6 +194,8 @@ def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, loader: Any) -> None:
         orig(self, loader)
         rec = _recorder
+        if rec is not None and rec.own:
+            return
         if rec is not None and loader.num_workers > 0 and not isinstance(loader.worker_init_fn, _worker.WorkerHook):
             # read by the multiprocessing iterator right after this: spawned workers install the hooks
             _hooked.append((loader, loader.worker_init_fn))
@@ -154,7 +216,7 @@ def _timed_next(orig: Callable[..., Any]) -> Callable[..., Any]:
     def __next__(self: Any) -> Any:
         rec = _recorder
         key = getattr(self, "_doctor_key", None)
-        if rec is None or key is None:
+        if rec is None or key is None or rec.own:
             return orig(self)
         if rec.replaying or rec.spent():
             return rec.next_replay(key)
@@ -168,7 +230,7 @@ def _timed_next(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _timed_fastdata_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
     def __iter__(self: Any) -> Iterator[Any]:
         rec = _recorder
-        if rec is None:
+        if rec is None or rec.own:  # (the doctor's own fastdata loader, beside the replayed step)
             yield from orig(self)
             return
         key = id(self)
@@ -253,7 +315,7 @@ def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
 
 
 def install(out_dir: Path, steps: int | None = None, seconds: float | None = None, replay: bool = True,
-            clock: Any = None) -> Recorder:
+            clock: Any = None, project: bool = False) -> Recorder:
     """Patch the loader classes in this process (and the workers it forks) to report to a new Recorder."""
     global _recorder, _copies
     if _recorder is not None:
@@ -263,7 +325,7 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
     from . import _h2d
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    _recorder = Recorder(out_dir, steps, seconds, replay)
+    _recorder = Recorder(out_dir, steps, seconds, replay, project)
     _patch(dl._BaseDataLoaderIter, "__init__", _timed_iter_init)
     _patch(dl._BaseDataLoaderIter, "__next__", _timed_next)
     _saved.extend(_worker.patch_fetchers())

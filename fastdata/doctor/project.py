@@ -1,10 +1,12 @@
 """The fix, measured: a sample of the dataset's ``__getitem__`` outputs as a temporary fastdata dataset.
 
-Runs in the doctor's child after the script is stopped. It draws up to ``MAX_SAMPLES`` samples from the
-map-style dataset the loop iterated most, writes them as per-sample ``.npz`` files, converts them
-with ``fastdata.convert`` and times ``fastdata.loader`` over the result with the script's batch size.
-The samples are what ``__getitem__`` returned, after the script's transforms: the projection assumes
-those transforms move to conversion time or to the device (said in the report).
+It draws up to ``MAX_SAMPLES`` samples from the map-style dataset the loop iterated most, writes them as
+per-sample ``.npz`` files, converts them with ``fastdata.convert`` and times ``fastdata.loader`` over the
+result with the script's batch size, twice: beside the script's own step (:class:`Beside`, fed to the
+doctor's replay, so the step and fastdata's reader threads share the CPU as they would after the switch)
+and alone (:func:`project_loader`, after the script is stopped). The samples are what ``__getitem__``
+returned, after the script's transforms: the projection assumes those transforms move to conversion time
+or to the device (said in the report).
 """
 
 from __future__ import annotations
@@ -13,14 +15,40 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 MAX_SAMPLES = 256
 SAMPLE_BUDGET_S = 20.0  # at most this long drawing samples through the user's __getitem__
 MEASURE_S = 3.0
+
+
+@dataclass
+class Sampled:
+    """A converted sample of the dataset, in a temporary folder removed by :meth:`remove`."""
+
+    work: Path
+    samples: int
+    fields: Any
+    batch_size: int
+    workers: int
+    sample_bytes: float
+
+    @property
+    def path(self) -> Path:
+        return self.work / "ds"
+
+    def loader(self) -> Any:
+        import fastdata
+
+        return fastdata.loader(str(self.path), batch_size=self.batch_size, device="cpu",
+                               num_workers=self.workers, drop_last=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def _fields(item: Any) -> dict[str, np.ndarray] | None:
@@ -48,34 +76,31 @@ def workers_for_projection() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def project_loader(rec: Any, out: Path) -> dict[str, Any]:
-    """Measure fastdata.loader on a converted sample of the busiest loader's dataset; a dict for project.json."""
+def sample(rec: Any, key: int | None = None) -> Sampled | str:
+    """Convert a sample of the dataset of loader ``key`` (default: the busiest); a string says why not."""
     if not rec.loaders:
-        return {"ok": False, "why": "the script iterated no DataLoader"}
-    key = max(rec.loaders, key=lambda k: len(rec.loaders[k].events))
+        return "the script iterated no DataLoader"
+    if key is None:
+        key = max(rec.loaders, key=lambda k: len(rec.loaders[k].events))
     ds, bs = rec.datasets.get(key), rec.batch_sizes.get(key)
     if ds is None:
-        return {"ok": False, "why": "the loop already reads through fastdata.loader"}
+        return "the loop already reads through fastdata.loader"
     if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")) or not bs:
-        return {"ok": False, "why": "the dataset is not map-style (no __len__/__getitem__) or has no batch size"}
+        return "the dataset is not map-style (no __len__/__getitem__) or has no batch size"
     work = Path(tempfile.mkdtemp(prefix="fastdata-doctor-", dir=os.environ.get("FASTDATA_DOCTOR_TMP")))
     try:
-        return _sample_and_measure(ds, int(bs), work)
+        return _sample(ds, int(bs), work)
     except Exception as e:  # the projection is optional: say why it is missing, never fail the report
-        return {"ok": False, "why": f"{type(e).__name__}: {e}"}
-    finally:
         shutil.rmtree(work, ignore_errors=True)
+        return f"{type(e).__name__}: {e}"
 
 
-def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
-    import fastdata
+def _sample(ds: Any, bs: int, work: Path) -> Sampled | str:
     from fastdata.conversion import convert
     from fastdata.converters import ConvertConfig
     from fastdata.write import WriteOptions
 
-    n = len(ds)
-    rng = np.random.default_rng(0)
-    idx = rng.permutation(n)[:MAX_SAMPLES]
+    idx = np.random.default_rng(0).permutation(len(ds))[:MAX_SAMPLES]
     src = work / "samples"
     src.mkdir()
     t0 = time.perf_counter()
@@ -83,15 +108,69 @@ def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
     for i in idx:
         f = _fields(ds[int(i)])
         if f is None:
-            return {"ok": False, "why": f"sample {int(i)} holds objects that are not arrays or numbers"}
+            shutil.rmtree(work, ignore_errors=True)
+            return f"sample {int(i)} holds objects that are not arrays or numbers"
         np.savez(src / f"{kept:06d}.npz", **f)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
         kept += 1
         if time.perf_counter() - t0 > SAMPLE_BUDGET_S and kept >= 2 * bs:
             break
     rep = convert(src, work / "ds", ConvertConfig(write=WriteOptions(workers=1), no_labels=True))
-    workers = workers_for_projection()
-    loader = fastdata.loader(str(work / "ds"), batch_size=min(bs, kept), device="cpu", num_workers=workers,
-                             drop_last=True)
+    shutil.rmtree(src, ignore_errors=True)
+    return Sampled(work, kept, rep.fields, min(bs, kept), workers_for_projection(), rep.bytes_in / max(kept, 1))
+
+
+class Beside:
+    """fastdata's loader over the sample, one batch per replayed step of the script: the replay then times
+    the step as it would run after the switch, reader threads and all, on the same CPU."""
+
+    def __init__(self, s: Sampled) -> None:
+        self.sampled, self._loader = s, s.loader()
+        self._it: Iterator[Any] | None = None
+        self.position = 0  # the batch's position in its pass (0: a pass's start-up)
+        self.next()  # the first pass's start-up is not timed
+
+    def next(self) -> float:
+        """Take one batch (dropped: the replay hands the script its cached batch); the seconds waited."""
+        t = time.perf_counter()
+        while True:
+            if self._it is None:
+                self._it, self.position = iter(self._loader), -1
+            try:
+                next(self._it)
+                self.position += 1
+                return time.perf_counter() - t
+            except StopIteration:
+                self._it = None
+
+    def close(self) -> None:
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def project_loader(rec: Any, out: Path, sampled: Sampled | str | None = None) -> dict[str, Any]:
+    """Measure fastdata.loader alone on a converted sample of the busiest loader's dataset (``sampled``
+    when the replay already made one); a dict for project.json. The sample is removed after."""
+    s = sample(rec) if sampled is None else sampled
+    if isinstance(s, str):
+        return {"ok": False, "why": s}
+    try:
+        return _measure(s)
+    except Exception as e:  # the projection is optional: say why it is missing, never fail the report
+        return {"ok": False, "why": f"{type(e).__name__}: {e}"}
+    finally:
+        s.remove()
+
+
+def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
+    """Sample ``ds`` into ``work`` and time the loader alone (tests and callers without a Recorder)."""
+    s = _sample(ds, bs, work)
+    return {"ok": False, "why": s} if isinstance(s, str) else _measure(s)
+
+
+def _measure(s: Sampled) -> dict[str, Any]:
+    loader = s.loader()
     times: list[float] = []
     deadline, first = time.perf_counter() + MEASURE_S, True
     while time.perf_counter() < deadline:  # whole passes until the time is up
@@ -106,8 +185,7 @@ def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
                 times.append(time.perf_counter() - t)
             first = False
     if not times:
-        return {"ok": False, "why": f"only {kept} samples: too few for a batch of {bs} after the first"}
-    batch_s = float(np.mean(times))
-    return {"ok": True, "samples": kept, "fields": rep.fields, "batch_size": min(bs, kept), "workers": workers,
-            "batch_s": batch_s, "sample_bytes": rep.bytes_in / max(kept, 1),
+        return {"ok": False, "why": f"only {s.samples} samples: too few for a batch of {s.batch_size} after the first"}
+    return {"ok": True, "samples": s.samples, "fields": s.fields, "batch_size": s.batch_size, "workers": s.workers,
+            "batch_s": float(np.mean(times)), "sample_bytes": s.sample_bytes,
             "note": "samples are the dataset's __getitem__ outputs (after its transforms)"}

@@ -104,7 +104,10 @@ def _bottleneck(wait: float, loader: dict[str, Any], w: dict[str, Any] | None) -
                                  f"{w['getitem_fraction']:.1%} of its time in __getitem__")
     io = w.get("io") or {}
     busy = w["getitem_fraction"] + w["collate_fraction"]
-    if busy >= SATURATED and io.get("from_storage_fraction") and io["from_storage_fraction"] > 0.5 \
+    # storage-bound: saturated workers, mostly idle on the CPU, whose reads came from storage; a few pages
+    # (the worker importing a module, say) cannot explain a wait, so it takes a real volume of reads
+    read_enough = io.get("read_bytes", 0) >= max(1 << 20, 4096 * (w.get("samples") or 0))
+    if busy >= SATURATED and read_enough and io.get("from_storage_fraction") and io["from_storage_fraction"] > 0.5 \
             and w["cpu_fraction"] < 0.5 * busy:
         return "storage", head + (f"; the workers wait on storage reads ({io['from_storage_fraction']:.1%} of "
                                   f"the bytes they read were not in the page cache)")
@@ -157,27 +160,58 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
         "timeline": main["events"][:2000], "replay": main["replay"],
     }
     out.update(transfer.figures(raw.get("h2d"), main, step_s))
-    out.update(_projection(proj, step_s, wait_fraction * step_s, compute, w))
+    out.update(_projection(proj, step_s, wait_fraction * step_s, compute, w, _beside(raw)))
     out["commands"] = _commands(main, proj if proj.get("ok") else None, (w or {}).get("source"))
     return out
 
 
+def _beside(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The script's step replayed with fastdata's loader reading beside it, one batch a step: the mean
+    step (less the doctor's copy of the cached batch; a mean, like the step measured in the run) and the
+    fraction of it spent waiting for fastdata. A pass's first batch (start-up, which a sample of a few
+    passes has far more often than the real dataset) is left out."""
+    rows = raw.get("beside") or []
+    if len(rows) < 2:
+        return {"why": raw.get("beside_why") or "no replay beside fastdata's loader"} if raw.get("beside_why") else None
+    steps = [(b[0] - a[0] - b[2], b[1], b[3]) for a, b in zip(rows, rows[1:])]  # (step, waited, position)
+    kept = [s for s in steps if s[2] > 0] or steps
+    times = [max(s[0], 0.0) for s in kept]
+    total = sum(times) or 1e-12
+    return {"step_s": total / len(times), "wait_fraction": min(sum(s[1] for s in kept) / total, 1.0),
+            "wait_s": sum(s[1] for s in kept) / len(kept), "steps": len(kept)}
+
+
 def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: float,
-                workers: dict[str, Any] | None) -> dict[str, Any]:
+                workers: dict[str, Any] | None, beside: dict[str, Any] | None = None) -> dict[str, Any]:
     if not proj.get("ok"):
         return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj}
-    # The loader reads ahead in the background, so a step takes the longer of the script's own work per
-    # step and fastdata's time per batch. That work is the step less the wait, as measured in the run;
-    # but where the workers were busy (decoding, transforming) they also took CPU from the step, which
-    # fastdata gives back: then the compute-only replay is the step's work. A replay slower than the
-    # step is noise from other load: the step bounds it.
     busy = workers is not None and workers["getitem_fraction"] + workers["collate_fraction"] >= 0.5
+    if beside and "step_s" in beside:  # measured: the step with fastdata's reader threads on the same CPU
+        # Busy workers (decoding, transforming) took CPU from the step, which fastdata gives back: the
+        # replay beside fastdata's loader is the step then. Otherwise the step's own work, as measured in
+        # the run (the step less the wait), stays; the replay (on one cache-warm batch: a little faster
+        # than fresh batches) says whether fastdata's readers slow it down.
+        if busy:
+            new_step, basis = beside["step_s"], f"step replayed beside fastdata's loader ({beside['steps']} steps)"
+        else:
+            new_step = max(step_s - wait_s + beside["wait_s"], beside["step_s"])
+            basis = (f"longer of the step less its wait and the step replayed beside fastdata's loader "
+                     f"({beside['steps']} steps)")
+        return {"projected_wait_fraction": min(beside["wait_s"] / new_step, 1.0) if new_step > 0 else None,
+                "projected_step_s": new_step, "projected_speedup": step_s / new_step if new_step > 0 else None,
+                "projection_basis": basis, "projection": proj, "beside": beside}
+    # Without that replay (watch(), --no-replay): the loader reads ahead in the background, so a step takes
+    # the longer of the script's own work per step and fastdata's time per batch alone. That work is the
+    # step less the wait, as measured in the run; but where the workers were busy (decoding, transforming)
+    # they also took CPU from the step, which fastdata gives back: then the compute-only replay is the
+    # step's work. A replay slower than the step is noise from other load: the step bounds it. This misses
+    # the CPU that fastdata's own readers take from the step.
     work, basis = (min(compute, step_s), "compute-only step (busy workers took CPU from the step)") if busy \
         else (step_s - wait_s, "step less the wait")
     new_step = max(work, proj["batch_s"])
     return {"projected_wait_fraction": max(proj["batch_s"] - work, 0.0) / new_step,
             "projected_step_s": new_step, "projected_speedup": step_s / new_step, "projection_basis": basis,
-            "projection": proj}
+            "projection": proj, "beside": beside}
 
 
 def _commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[str, Any] | None) -> list[str]:
@@ -230,7 +264,7 @@ def render(r: dict[str, Any]) -> str:
         lines.append(copies)
     p = r["projection"]
     if p.get("ok"):
-        lines.append(f"fastdata {p['batch_s'] * 1e3:.1f} ms/batch measured on {p['samples']} sampled samples "
+        lines.append(f"fastdata {p['batch_s'] * 1e3:.1f} ms/batch alone on {p['samples']} sampled samples "
                      f"({p['workers']} reader threads); projected step {r['projected_step_s'] * 1e3:.1f} ms, "
                      f"from the {r['projection_basis']}")
     else:

@@ -71,12 +71,17 @@ class DeviceStage:
         the reader already cropped, with how many ops it ran (drawn again here, not applied)."""
         if self.keep_uint8:
             return batch
+        owned = set()
         for name in self.images:
-            batch[name] = self._to_float(batch[name], name in self.unit_float)
+            x = batch[name]
+            batch[name] = self._to_float(x, name in self.unit_float)
+            if batch[name].data_ptr() != x.data_ptr():  # a float buffer of this stage's own
+                owned.add(name)
         if self.augment is not None and self.augment.enabled:
             # parameters are drawn on the CPU on every device: the DALI backend draws the same ones
             g = batch_generator(self.seed, epoch, k, torch.device("cpu"), self.rank)
-            augment_batch(self.augment, batch, g, self.images, mixed, self._finish, precropped=precropped)
+            augment_batch(self.augment, batch, g, self.images, mixed, self._finish, precropped=precropped,
+                          owned=frozenset(owned))
         return batch
 
     def _finish(self, name: str, x: torch.Tensor) -> torch.Tensor:

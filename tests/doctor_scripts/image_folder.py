@@ -42,12 +42,9 @@ class Folder(Dataset):
 
 
 def from_fastdata(batch):
-    """fastdata batches: images decoded once at conversion (float CHW in 0..1); flip and normalise the batch here."""
-    x = batch["image"]
-    flip = torch.rand(x.shape[0]) < 0.5
-    x[flip] = x[flip].flip(-1)
-    x = (x - torch.from_numpy(MEAN).view(1, 3, 1, 1)) / torch.from_numpy(STD).view(1, 3, 1, 1)
-    return x, batch["label"].long()
+    """fastdata batches: images resized once at conversion, flipped and normalised by the loader's reader
+    threads (its augment ops, as a user switching to fastdata moves the per-sample transforms)."""
+    return batch["image"], batch["label"].long()
 
 
 def main():
@@ -65,7 +62,10 @@ def main():
     if a.fastdata:
         import fastdata
 
-        loader = fastdata.loader(a.fastdata, batch_size=a.batch_size, num_workers=2, device="cpu")
+        from fastdata.augment import HorizontalFlip, Normalize
+
+        loader = fastdata.loader(a.fastdata, batch_size=a.batch_size, num_workers=2, device="cpu",
+                                 augment=[HorizontalFlip(), Normalize(tuple(map(float, MEAN)), tuple(map(float, STD)))])
     else:
         loader = DataLoader(Folder(a.data), batch_size=a.batch_size, shuffle=True, num_workers=a.workers)
     for _ in range(a.epochs):
