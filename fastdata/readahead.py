@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
@@ -81,19 +81,34 @@ def merge_ranges(starts: np.ndarray, lengths: np.ndarray, gap: int = _MERGE_GAP)
     return s[first], reach[last] - s[first]
 
 
+class _Stream:
+    """One sequential stream of a file: the ranges queued for it, read in order by one task at a time on
+    one file descriptor (the kernel keeps its read-ahead window per open file, and grows it only for
+    reads that follow each other on it)."""
+
+    __slots__ = ("fd", "depth", "queue", "busy", "dropped")
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.depth = -1  # ranges the stream has had, less one
+        self.queue: deque[tuple[int, int]] = deque()
+        self.busy = False  # a task is reading its queue
+        self.dropped = False  # forgotten (too many streams, or closed): its task closes the fd
+
+
 class _Streams:
     """Reads ahead the ranges that continue an earlier range of the same file (a sequential stream:
     ``shuffle="block"``/``"shards"``, or in order) with ``pread``s in order, each stream on its own
-    file descriptor. A hint (``WILLNEED``) fills the page cache with single pages, which the block
-    layer sends to the disk as requests of at most ``max_segments`` pages (about 1 MB); reads in
-    order let the kernel's own read-ahead grow the stream's window with large folios, in requests of
-    several MB (benchmarks/bench_cold.py compares both). The bytes are copied into a reused buffer
-    and dropped: the page cache keeps them for the readers."""
+    file descriptor, by one task at a time (its next ranges queue behind the one being read). A hint
+    (``WILLNEED``) fills the page cache with single pages, which the block layer sends to the disk as
+    requests of at most ``max_segments`` pages (about 1 MB); reads in order on one descriptor let the
+    kernel's own read-ahead grow the stream's window with large folios, in requests of several MB
+    (benchmarks/bench_cold.py compares both). The bytes are copied into a reused buffer and dropped:
+    the page cache keeps them for the readers."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="fastdata-stream")
-        # (file, end of a range) -> (the fd its stream reads on, or None; ranges the stream has had)
-        self._ends: OrderedDict[tuple[Path, int], tuple[int | None, int]] = OrderedDict()
+        self._ends: OrderedDict[tuple[Path, int], _Stream] = OrderedDict()  # (file, end of its last range)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._closed = False
@@ -104,39 +119,48 @@ class _Streams:
         remembered either way. (A uniform shuffle meets a neighbour by chance for a few ranges: those
         are read too, at the cost of one copy each.)"""
         with self._lock:
-            fd, depth = self._ends.pop((path, off), (None, -1))
-            depth += 1
-            read = depth >= _STREAM_MIN and not self._closed
-            self._ends[(path, off + size)] = (None, depth)
+            st = self._ends.pop((path, off), None) or _Stream()
+            st.depth += 1
+            read = st.depth >= _STREAM_MIN and not self._closed
+            self._ends[(path, off + size)] = st
             while len(self._ends) > _STREAM_ENDS:
-                old, _ = self._ends.popitem(last=False)[1]
-                if old is not None:
-                    os.close(old)
+                self._forget(self._ends.popitem(last=False)[1])
             if read:
-                self._pool.submit(self._read, path, off, size, fd)
-            elif fd is not None:
-                os.close(fd)
+                st.queue.append((off, size))
+                if not st.busy:
+                    st.busy = True
+                    self._pool.submit(self._drain, path, st)
         return read
 
-    def _read(self, path: Path, off: int, size: int, fd: int | None) -> None:
-        try:
-            if fd is None:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            buf = getattr(self._local, "buf", None)
-            if buf is None:
-                buf = self._local.buf = memoryview(bytearray(_STREAM_PIECE))
-            for at in range(off, off + size, _STREAM_PIECE):
-                if self._closed or os.preadv(fd, [buf[: min(_STREAM_PIECE, off + size - at)]], at) <= 0:
-                    break
-        except OSError as e:  # only read-ahead: the readers meet (and report) any real problem
-            log.info("stream read-ahead of %s failed: %s", path, e)
-        with self._lock:
-            end = (path, off + size)
-            entry = self._ends.get(end)
-            if fd is not None and not self._closed and entry is not None and entry[0] is None:
-                self._ends[end] = (fd, entry[1])  # the stream's next range continues on this fd (its read-ahead state)
-            elif fd is not None:
-                os.close(fd)
+    def _forget(self, st: _Stream) -> None:
+        """(Under the lock.) A stream no longer followed: its fd closes now, or when its task ends."""
+        st.dropped = True
+        if not st.busy and st.fd is not None:
+            os.close(st.fd)
+            st.fd = None
+
+    def _drain(self, path: Path, st: _Stream) -> None:
+        """Read the stream's queued ranges in order on its fd until the queue is empty."""
+        while True:
+            with self._lock:
+                if not st.queue or self._closed:
+                    st.busy = False
+                    if (st.dropped or self._closed) and st.fd is not None:
+                        os.close(st.fd)
+                        st.fd = None
+                    return
+                off, size = st.queue.popleft()
+            try:
+                if st.fd is None:
+                    st.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                buf = getattr(self._local, "buf", None)
+                if buf is None:
+                    buf = self._local.buf = memoryview(bytearray(_STREAM_PIECE))
+                for at in range(off, off + size, _STREAM_PIECE):
+                    if self._closed or os.preadv(st.fd, [buf[: min(_STREAM_PIECE, off + size - at)]], at) <= 0:
+                        break
+            except OSError as e:  # only read-ahead: the readers meet (and report) any real problem
+                log.info("stream read-ahead of %s failed: %s", path, e)
 
     def stop(self) -> None:
         """Stop reading: a read in flight ends after its current piece."""
@@ -147,9 +171,10 @@ class _Streams:
         self._pool.shutdown(wait=True, cancel_futures=self._closed)
         self._closed = True
         with self._lock:
-            for fd, _ in self._ends.values():
-                if fd is not None:
-                    os.close(fd)
+            for st in self._ends.values():
+                if st.fd is not None:
+                    os.close(st.fd)
+                    st.fd = None
             self._ends.clear()
 
 

@@ -403,12 +403,28 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
     hinted: list[int] = []
     real = readahead.os.posix_fadvise
     monkeypatch.setattr(readahead.os, "posix_fadvise", lambda fd, off, n, advice: (hinted.append(off), real(fd, off, n, advice)))
+    opened: list[int] = []
+    closed: list[int] = []
+    real_open, real_close = readahead.os.open, readahead.os.close
+    import threading
+
+    def counted_open(*a, **k):
+        fd = real_open(*a, **k)
+        if threading.current_thread().name.startswith("fastdata-stream"):
+            opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(readahead.os, "open", counted_open)
+    monkeypatch.setattr(readahead.os, "close", lambda fd: (closed.append(fd), real_close(fd))[1])
     ra = ReadAhead(ranges, plan, first=0, lead=len(plan))
     ra._thread.join(timeout=10)
     assert not ra._thread.is_alive()
     assert readahead._STREAM_MIN == 1
     assert ra.streamed_bytes == 6 * mb  # batches 1-3 of both streams
     assert sorted({o // mb for o in hinted}) == [0, 8, 14]  # the streams' first ranges and the random one
-    monkeypatch.undo()
-    assert resident_bytes([f]) >= 6 * mb  # the streamed ranges were really read: cached now
     ra.close()
+    monkeypatch.undo()
+    # each stream is read in order on one file descriptor of its own (the kernel's read-ahead state),
+    # however its ranges were queued; every descriptor opened was closed
+    assert len(opened) == 2 and set(opened) <= set(closed)
+    assert resident_bytes([f]) >= 6 * mb  # the streamed ranges were really read: cached now
