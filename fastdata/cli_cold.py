@@ -4,8 +4,9 @@ Before each measurement the page cache is emptied for the dataset's shard files
 (``POSIX_FADV_DONTNEED`` on each: no root needed; pages another process has mapped stay, so
 stop other readers of the dataset first). Then, each for at most ``--seconds`` (or ``--batches``):
 the loader with ``shuffle=True`` and with ``shuffle="block"``, and the disk's ceiling: ``pread`` of
-the same files by 16 threads in random order, at the size of one sample and at 4 MiB, and 4 MiB
-preads by 16 threads each reading its own part of the files in order (parallel sequential streams).
+the same files by 16 threads in random order, at the size of one sample and at 4 MiB, and 4 MiB and
+1 MiB preads by 16 threads each reading its own part of the files in order (parallel sequential
+streams; the loader's own stream read-ahead reads 1 MiB at a time).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def run_cold(args: argparse.Namespace) -> int:
         (f"pread {fmt_bytes(bps)} x {_THREADS} threads, cold", lambda: _pread_cold(paths, max(bps, 4096), args.seconds)),
         (f"pread 4 MiB x {_THREADS} threads, cold", lambda: _pread_cold(paths, _LARGE, args.seconds)),
         (f"pread 4 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, _LARGE, args.seconds, True)),
+        (f"pread 1 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, 1 << 20, args.seconds, True)),
     ]
     for name, fn in ([] if args.no_ceiling else ceilings):
         c = fn()
