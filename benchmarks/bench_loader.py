@@ -5,7 +5,8 @@ One run, one machine, ratios within the run:
   (batch 64, shuffle, 2 workers, persistent workers, prefetch_factor 4, pin_memory when CUDA);
 - fastdata.loader with default settings (``device="cpu"``) on HDF5 and LMDB shards, plus the
   reader settings the default was chosen from (threads 0-4, worker processes), and LMDB with
-  batch buffers not aligned to the shard's bytes (the A/B of ``Dataset.copy_phase``);
+  batch buffers not aligned to the shard's bytes (the A/B of ``Dataset.copy_phase``), and the
+  defaults with the read-ahead off (its A/B on a warm cache);
 - ceiling: the same batches gathered row by row from the samples already in memory into
   preallocated buffers (plain memcpy) by 1 to 4 threads (the most the loaders here use); the
   fastest thread count is the ceiling.
@@ -99,6 +100,9 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
     loaders = {}
     for be in ("hdf5", "lmdb"):
         loaders[f"fastdata {be}, defaults"] = fastdata.loader(workdir / be, BATCH, device="cpu")
+        # the A/B of the read-ahead on a warm cache (it must cost nothing there: fastdata/readahead.py)
+        loaders[f"fastdata {be}, defaults, read-ahead off"] = fastdata.loader(workdir / be, BATCH, device="cpu",
+                                                                             config=LoaderConfig(readahead=0))
         for th in (0, 1, 3, 4):  # the default (2 threads on 2 cores) is the row above
             loaders[f"fastdata {be}, {th} threads"] = fastdata.loader(workdir / be, BATCH, device="cpu", num_workers=th)
         loaders[f"fastdata {be}, 2 processes"] = forking[f"fastdata {be}, 2 processes"]
@@ -294,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             ("lmdb defaults >= 8x naive", r["fastdata lmdb, defaults"] / naive, 8.0),
             ("lmdb defaults >= 0.8 of ceiling", x["fastdata lmdb, defaults"], 0.8),
             ("hdf5 defaults >= 0.6 of ceiling", x["fastdata hdf5, defaults"], 0.6),
+            ("hdf5 defaults / read-ahead off >= 0.95 (warm)", r["fastdata hdf5, defaults"]
+             / r["fastdata hdf5, defaults, read-ahead off"], 0.95),
+            ("lmdb defaults / read-ahead off >= 0.95 (warm)", r["fastdata lmdb, defaults"]
+             / r["fastdata lmdb, defaults, read-ahead off"], 0.95),
         ]
         md += [f"Default reader threads here: {res['default_threads']}. Median of {rounds} interleaved rounds of "
                f"{epochs} epochs each, after a discarded warm-up round (page cache warm).", "", res["table"]]

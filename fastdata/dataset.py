@@ -84,6 +84,7 @@ class Dataset(Selection, Assembly):
         self.manifest: Manifest = self._source.manifest
         names = [f.name for f in self.manifest.fields]
         self._view: np.ndarray | None = None
+        self._read_ahead_memo: dict[str, bool] = {}  # whether the last pass found its batches cached (read_ahead)
         self._view_pos: tuple[np.ndarray, np.ndarray] | None = None
         self._with_key = fields is not None and KEY_FIELD in fields and KEY_FIELD not in names
         self._keys = self._source.key_table()
@@ -138,7 +139,7 @@ class Dataset(Selection, Assembly):
 
         if not self._source.in_place or ahead_bytes <= 0 or not supported():
             return None
-        return ReadAhead(self.byte_ranges, plan, first, lead, ahead_bytes)
+        return ReadAhead(self.byte_ranges, plan, first, lead, ahead_bytes, memo=self._read_ahead_memo)
 
     def byte_ranges(self, indices: Iterable[int] | np.ndarray) -> list[tuple[Path, np.ndarray, np.ndarray]]:
         """Where reading samples ``indices`` reads in the shard files: ``(file, starts, lengths)`` per

@@ -183,11 +183,14 @@ class ReadAhead:
 
     ``ranges(batch)`` gives the file ranges one batch reads. ``lead``: batches the loader's readers
     may be reading ahead of the one handed out (hinted first, they are needed soonest);
-    ``ahead_bytes``: how far beyond those the hints may run. ``close`` stops the thread.
+    ``ahead_bytes``: how far beyond those the hints may run. ``memo``: a dict kept by the dataset across
+    passes: ``memo["warm"]`` says the last batches probed were found cached; a pass that starts so
+    probes one sample a batch at once (a pass of a few dozen batches otherwise spends its first ones
+    hinting cached pages); a miss turns it cold. ``close`` stops the thread.
     """
 
     def __init__(self, ranges: Callable[[np.ndarray], Ranges], plan: Sequence[np.ndarray], first: int, lead: int,
-                 ahead_bytes: int = DEFAULT_AHEAD_BYTES) -> None:
+                 ahead_bytes: int = DEFAULT_AHEAD_BYTES, memo: dict[str, bool] | None = None) -> None:
         self._ranges = ranges
         self._plan = plan
         self._k = first  # the batch handed out now
@@ -201,7 +204,8 @@ class ReadAhead:
         self._stop = False
         self.hinted_bytes = 0  # what was hinted in all (a figure for tests and benchmarks)
         self.skipped = 0  # batches not hinted: their data was found in the page cache (_resident)
-        self._hits = 0  # consecutive batches whose probe found the data resident
+        self._memo = {} if memo is None else memo
+        self._hits = WARM_STREAK + 1 if self._memo.get("warm") else 0  # consecutive batches found resident
         self._probe = bytearray(1)
         self._can_probe = hasattr(os, "RWF_NOWAIT")
         self._streams = _Streams()
@@ -255,8 +259,8 @@ class ReadAhead:
 
     def _resident(self, ranges: Ranges) -> bool:
         """Whether hints for this batch can be skipped: a one-byte read that may not block
-        (``RWF_NOWAIT``) in the middle of the batch's first range found its page cached, and so did the
-        probes of the WARM_STREAK batches before it. On a warm cache the hints then cost one system call
+        (``RWF_NOWAIT``) in the middle of the batch's first range (once warm: of its first sample) found
+        its page cached, and so did the probes of the WARM_STREAK batches before it. On a warm cache the hints then cost one system call
         a batch; a probe that misses hints the batch at once (a cold or partly cached dataset)."""
         if not self._can_probe or not ranges or len(ranges[0][1]) == 0:
             return False
@@ -265,19 +269,27 @@ class ReadAhead:
             os.preadv(self._fd(path), [self._probe], int(starts[0]) + int(lengths[0]) // 2, os.RWF_NOWAIT)
         except BlockingIOError:
             self._hits = 0
+            self._memo["warm"] = False
             return False
         except OSError:  # this filesystem does not take RWF_NOWAIT: always hint
             self._can_probe = False
             return False
         self._hits += 1
+        self._memo["warm"] = self._hits > WARM_STREAK
         return self._hits > WARM_STREAK
 
     def _hint(self, batch: np.ndarray) -> int:
         total = 0
-        ranges = self._ranges(batch)
-        if self._resident(ranges):
-            self.skipped += 1
-            return 0
+        if self._hits > WARM_STREAK:  # warm so far: one sample's probe decides before the batch's ranges
+            if self._resident(self._ranges(batch[:1])):  # are worked out (their cost showed on a warm cache)
+                self.skipped += 1
+                return 0
+            ranges = self._ranges(batch)  # it missed: hint the batch
+        else:
+            ranges = self._ranges(batch)
+            if self._resident(ranges):
+                self.skipped += 1
+                return 0
         for path, starts, lengths in ranges:
             fd = self._fd(path)
             chunk = self._chunk[path]

@@ -353,15 +353,18 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
     f = tmp_path / "f.bin"
     f.write_bytes(np.random.default_rng(0).bytes(24 << 20))
     os.sync()
-    plan = [np.array([k]) for k in range(24)]
+    plan = [np.array([k, k]) for k in range(24)]
+    asked: list[int] = []  # samples each ranges() call was asked for
 
     def ranges(batch):
+        asked.append(len(batch))
         return [(f, np.array([int(batch[0]) << 20]), np.array([1 << 20]))]
 
-    def run() -> tuple[int, int]:
+    def run(memo=None) -> tuple[int, int]:
         calls = []
+        asked.clear()
         monkeypatch.setattr(readahead.os, "posix_fadvise", lambda fd, off, n, advice: calls.append(off))
-        ra = ReadAhead(ranges, plan, first=0, lead=len(plan))
+        ra = ReadAhead(ranges, plan, first=0, lead=len(plan), memo=memo)
         ra._thread.join(timeout=10)
         monkeypatch.undo()
         return ra.skipped, len({off >> 20 for off in calls}) + ra.streamed_bytes // (1 << 20)  # hinted or streamed
@@ -369,11 +372,20 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
     f.read_bytes()  # warm
     skipped, hinted = run()
     assert (skipped, hinted) == (len(plan) - readahead.WARM_STREAK, readahead.WARM_STREAK)
+    # once warm, one sample's ranges are worked out for the probe, not the whole batch's
+    assert asked == [2] * (readahead.WARM_STREAK + 1) + [1] * (len(plan) - readahead.WARM_STREAK - 1)
+    memo: dict[str, bool] = {}
+    run(memo)
+    assert memo == {"warm": True}
+    assert run(memo) == (len(plan), 0) and asked == [1] * len(plan)  # a pass after a warm one starts warm
     drop_page_cache([f])
     if resident_bytes([f]) > (1 << 20):
         pytest.skip("the page cache could not be emptied for the test file")
     skipped, hinted = run()
     assert skipped == 0 and hinted == len(plan)
+    drop_page_cache([f])  # (the stream reads of that run cached it again)
+    skipped, hinted = run(memo)  # started warm, found cold: the first miss hints it, and every batch after
+    assert skipped == 0 and hinted == len(plan) and memo == {"warm": False}
 
 
 def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_path, monkeypatch):
