@@ -4,9 +4,9 @@ A loader knows every batch of its pass before the pass starts. :class:`ReadAhead
 loader's position (``at(k)``: batch ``k`` is handed out now) in one small thread and, for each batch
 up to a bounded distance ahead, tells the kernel the exact byte ranges of the shard files that
 batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel
-reads for one hint). A range that continues the previous range of a file (a sequential stream:
-``shuffle="block"``, ``"shards"`` or ``False``) is read ahead with ``pread``s in order instead
-(:class:`_Streams`), which the kernel serves in larger requests. The kernel queues those reads at once,
+reads for one hint). A range that continues the previous range of a file, or that the plan's next
+batch continues (a sequential stream: ``shuffle="block"``, ``"shards"`` or ``False``), is read ahead
+with ``pread``s in order instead (:class:`_Streams`), which the kernel serves in larger requests. The kernel queues those reads at once,
 many in flight, while the reader threads copy the batches before them; when a reader reaches a
 sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped: a
 one-byte non-blocking read probes each batch, and once several batches in a row were found cached,
@@ -113,15 +113,15 @@ class _Streams:
         self._local = threading.local()
         self._closed = False
 
-    def continues(self, path: Path, off: int, size: int) -> bool:
+    def continues(self, path: Path, off: int, size: int, starts: bool = False) -> bool:
         """Whether ``[off, off + size)`` is read here, in order: it starts where the last range of a
-        stream of ``path`` ended, and that stream already had :data:`_STREAM_MIN` ranges. Its end is
-        remembered either way. (A uniform shuffle meets a neighbour by chance for a few ranges: those
+        stream of ``path`` ended, and that stream already had :data:`_STREAM_MIN` ranges, or ``starts``:
+        the plan's next batch continues it (a stream's first range). Its end is remembered either way. (A uniform shuffle meets a neighbour by chance for a few ranges: those
         are read too, at the cost of one copy each.)"""
         with self._lock:
             st = self._ends.pop((path, off), None) or _Stream()
             st.depth += 1
-            read = st.depth >= _STREAM_MIN and not self._closed
+            read = (st.depth >= _STREAM_MIN or starts) and not self._closed
             self._ends[(path, off + size)] = st
             while len(self._ends) > _STREAM_ENDS:
                 self._forget(self._ends.popitem(last=False)[1])
@@ -290,12 +290,13 @@ class ReadAhead:
             if self._resident(ranges):
                 self.skipped += 1
                 return 0
+        following = self._next_starts(batch)
         for path, starts, lengths in ranges:
             fd = self._fd(path)
             chunk = self._chunk[path]
             s, n = merge_ranges(starts, lengths)
             for off, size in zip(s.tolist(), n.tolist()):
-                if self._streams.continues(path, off, size):
+                if self._streams.continues(path, off, size, starts=(path, off + size) in following):
                     self.streamed_bytes += size
                     continue
                 for at in range(off, off + size, chunk):  # (a longer hint would be cut short by the kernel)
@@ -303,6 +304,17 @@ class ReadAhead:
             total += int(n.sum())
         self.hinted_bytes += total
         return total
+
+    def _next_starts(self, batch: np.ndarray) -> set[tuple[Path, int]]:
+        """Where the merged ranges of the plan's batch after ``batch`` start (``(file, offset)``): a range of
+        this batch ending at one of them begins a stream, read in order from its first range."""
+        j = self._next  # the batch after the one being hinted (``_next`` moved on when it was taken)
+        if j >= len(self._plan):
+            return set()
+        out: set[tuple[Path, int]] = set()
+        for path, starts, lengths in self._ranges(self._plan[j]):
+            out.update((path, int(o)) for o in merge_ranges(starts, lengths)[0].tolist())
+        return out
 
     def _close_fds(self) -> None:
         for fd in self._fds.values():
