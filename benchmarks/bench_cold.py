@@ -154,7 +154,7 @@ def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int 
     left = 0.0 if warm else cold(paths)
     real = fastdata.readahead._Streams.continues
     if not streams:
-        fastdata.readahead._Streams.continues = lambda self, path, off, size: False  # type: ignore[method-assign]
+        fastdata.readahead._Streams.continues = lambda self, path, off, size, starts=False: False  # type: ignore[method-assign]
     try:
         with fastdata.loader(root, BATCH, shuffle=shuffle, device="cpu", config=cfg, seed=epoch) as ld:
             ld.set_epoch(epoch)
