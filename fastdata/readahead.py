@@ -6,8 +6,8 @@ up to a bounded distance ahead, tells the kernel the exact byte ranges of the sh
 batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel
 reads for one hint). A range that continues the previous range of a file, or that the plan's next
 batch continues (a sequential stream: ``shuffle="block"``, ``"shards"`` or ``False``), is read ahead
-with ``pread``s in order instead (:class:`_Streams`), which the kernel serves in larger requests. The kernel queues those reads at once,
-many in flight, while the reader threads copy the batches before them; when a reader reaches a
+with ``pread``s in order instead (:class:`_Streams`), which the kernel serves in larger requests. The
+kernel queues those reads at once, many in flight, while the reader threads copy the batches before them; when a reader reaches a
 sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped: a
 one-byte non-blocking read probes each batch, and once several batches in a row were found cached,
 a batch whose probe hits is not hinted (one system call instead of one per range).
@@ -86,11 +86,11 @@ class _Stream:
     one file descriptor (the kernel keeps its read-ahead window per open file, and grows it only for
     reads that follow each other on it)."""
 
-    __slots__ = ("fd", "depth", "queue", "busy", "dropped")
+    __slots__ = ("fd", "ranges", "queue", "busy", "dropped")
 
     def __init__(self) -> None:
         self.fd: int | None = None
-        self.depth = -1  # ranges the stream has had, less one
+        self.ranges = 0  # ranges the stream has had
         self.queue: deque[tuple[int, int]] = deque()
         self.busy = False  # a task is reading its queue
         self.dropped = False  # forgotten (too many streams, or closed): its task closes the fd
@@ -116,12 +116,13 @@ class _Streams:
     def continues(self, path: Path, off: int, size: int, starts: bool = False) -> bool:
         """Whether ``[off, off + size)`` is read here, in order: it starts where the last range of a
         stream of ``path`` ended, and that stream already had :data:`_STREAM_MIN` ranges, or ``starts``:
-        the plan's next batch continues it (a stream's first range). Its end is remembered either way. (A uniform shuffle meets a neighbour by chance for a few ranges: those
-        are read too, at the cost of one copy each.)"""
+        the plan's next batch continues it (a stream's first range). Its end is remembered either way.
+        (A uniform shuffle meets a neighbour by chance for a few ranges: those are read too, at the cost
+        of one copy each.)"""
         with self._lock:
             st = self._ends.pop((path, off), None) or _Stream()
-            st.depth += 1
-            read = (st.depth >= _STREAM_MIN or starts) and not self._closed
+            read = (st.ranges >= _STREAM_MIN or starts) and not self._closed
+            st.ranges += 1
             self._ends[(path, off + size)] = st
             while len(self._ends) > _STREAM_ENDS:
                 self._forget(self._ends.popitem(last=False)[1])
@@ -260,8 +261,8 @@ class ReadAhead:
     def _resident(self, ranges: Ranges) -> bool:
         """Whether hints for this batch can be skipped: a one-byte read that may not block
         (``RWF_NOWAIT``) in the middle of the batch's first range (once warm: of its first sample) found
-        its page cached, and so did the probes of the WARM_STREAK batches before it. On a warm cache the hints then cost one system call
-        a batch; a probe that misses hints the batch at once (a cold or partly cached dataset)."""
+        its page cached, and so did the probes of the WARM_STREAK batches before it. On a warm cache the
+        hints then cost one system call a batch; a probe that misses hints the batch at once (a cold or partly cached dataset)."""
         if not self._can_probe or not ranges or len(ranges[0][1]) == 0:
             return False
         path, starts, lengths = ranges[0]
@@ -280,16 +281,15 @@ class ReadAhead:
 
     def _hint(self, batch: np.ndarray) -> int:
         total = 0
-        if self._hits > WARM_STREAK:  # warm so far: one sample's probe decides before the batch's ranges
-            if self._resident(self._ranges(batch[:1])):  # are worked out (their cost showed on a warm cache)
-                self.skipped += 1
-                return 0
-            ranges = self._ranges(batch)  # it missed: hint the batch
-        else:
+        # warm so far: one sample's probe decides before the batch's ranges are worked out (their cost
+        # showed on a warm cache); it missed, or not warm yet: the batch's ranges, probed and hinted
+        probe = batch[:1] if self._hits > WARM_STREAK else batch
+        ranges = self._ranges(probe)
+        if self._resident(ranges):
+            self.skipped += 1
+            return 0
+        if probe is not batch:
             ranges = self._ranges(batch)
-            if self._resident(ranges):
-                self.skipped += 1
-                return 0
         following = self._next_starts(batch)
         for path, starts, lengths in ranges:
             fd = self._fd(path)

@@ -127,22 +127,18 @@ class _Flip(_Geometric):
         return {"flip": torch.rand(hw.shape[0], generator=g, device=g.device) < self.p}
 
     def warp(self, x: Tensor, p: Params, sizes: Tensor | None, nearest: bool, fill: float) -> Tensor:
+        if x.device.type == "cpu":
+            return _flip_samples(x, p["flip"], self._axis, sizes, torch.empty_like(x))
         flip = p["flip"].to(x.device)
         if sizes is not None:
             return _flip_inside(x, flip, sizes[:, self._axis + 2], axis=self._axis)
-        return _flip_some(x, flip, self._axis)
+        out = x.clone()
+        idx = flip.nonzero().flatten()
+        return out.index_copy_(0, idx, x.index_select(0, idx).flip(self._axis))  # the flagged ones, one gather
 
     def flip_in_place(self, x: Tensor, p: Params, sizes: Tensor | None) -> Tensor:
         """The flagged images of a CPU batch mirrored in their own memory (the caller owns ``x``)."""
-        for i, f in enumerate(p["flip"].tolist()):
-            if f:
-                if sizes is None:
-                    x[i].copy_(x[i].flip(self._axis))
-                else:  # within the image, the padding after it stays
-                    n = int(sizes[i, self._axis + 2])
-                    part = x[i].narrow(x.dim() - 1 + self._axis, 0, n)
-                    part.copy_(part.flip(self._axis))
-        return x
+        return _flip_samples(x, p["flip"], self._axis, sizes, x)
 
     def geometry(self, p: Params, hw: Tensor) -> Geometry:
         flip = p["flip"].cpu()
@@ -168,18 +164,19 @@ class VerticalFlip(_Flip):
     _axis = -2
 
 
-def _flip_some(x: Tensor, flip: Tensor, axis: int) -> Tensor:
-    """A copy of ``x`` with the flagged samples mirrored along ``axis``, in ``x``'s memory layout. On the
-    CPU sample by sample (a ``torch.where`` over a flipped and an unflipped batch was several times slower
-    there, most of all on channels_last batches); on a GPU the flagged samples in one gather."""
-    out = torch.empty_like(x)
-    if x.device.type == "cpu":
-        for i, f in enumerate(flip.tolist()):
-            out[i].copy_(x[i].flip(axis) if f else x[i])
-        return out
-    out.copy_(x)
-    idx = flip.nonzero().flatten()
-    out.index_copy_(0, idx, x.index_select(0, idx).flip(axis))
+def _flip_samples(x: Tensor, flip: Tensor, axis: int, sizes: Tensor | None, out: Tensor) -> Tensor:
+    """On the CPU, sample by sample: ``out[i]`` is ``x[i]``, mirrored along ``axis`` where flagged, within
+    its image (``sizes``: the padding after it stays); ``out`` may be ``x`` (in place). A ``torch.where``
+    over a flipped and an unflipped batch was several times slower, most of all on channels_last batches."""
+    for i, f in enumerate(flip.tolist()):
+        src, dst = x[i], out[i]
+        if out is not x and (not f or sizes is not None):
+            dst.copy_(src)  # (a padded image: its padding too)
+        if f:
+            if sizes is not None:
+                n = int(sizes[i, axis + 2])
+                src, dst = src.narrow(axis, 0, n), dst.narrow(axis, 0, n)
+            dst.copy_(src.flip(axis))  # (flip makes a copy first: in place is safe)
     return out
 
 

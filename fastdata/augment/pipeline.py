@@ -16,7 +16,7 @@ from .affine import Pad, RandomAffine
 from .base import Tensor, _Geometric, image_hw
 from .color import ColorJitter, GaussianNoise, Normalize
 from .follow import _Targets
-from .geometric import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize, VerticalFlip
+from .geometric import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize, VerticalFlip, _Flip
 
 Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
            ColorJitter, GaussianNoise, Normalize]
@@ -151,7 +151,7 @@ class Augment:
                 if owned and into is None and k == len(chain) - 1 and type(op) is Normalize:
                     into = img  # written in place (elementwise: an output may be its input)
                 last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == img.shape
-                if owned and type(op) in (HorizontalFlip, VerticalFlip) and img.device.type == "cpu":
+                if owned and isinstance(op, _Flip) and img.device.type == "cpu":
                     x = op.flip_in_place(img, p, sizes)
                 else:
                     x = op.into(img, into) if last else op.image(img, p, sizes)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -127,14 +128,12 @@ class Recorder:
             self._start_beside()
         if self._beside is None or len(self.beside) >= BESIDE:
             self._stop()
-        self.own = True
         try:
-            waited = self._beside.next()
+            with self._own():
+                waited = self._beside.next()
         except Exception as e:  # the projection is optional: say why, stop the script as planned
             self.beside_why = f"fastdata's loader failed beside the step: {type(e).__name__}: {e}"
             self._stop()
-        finally:
-            self.own = False
         t1 = time.perf_counter()
         batch = _clone(self.cached)
         now = time.perf_counter()
@@ -144,15 +143,22 @@ class Recorder:
     def _start_beside(self) -> None:
         from . import project
 
-        self.own = True
         try:
-            self.sampled = project.sample(self, self.cached_from)
-            if isinstance(self.sampled, str):
-                self.beside_why = self.sampled
-                return
-            self._beside = project.Beside(self.sampled)
+            with self._own():
+                self.sampled = project.sample(self, self.cached_from)
+                if isinstance(self.sampled, str):
+                    self.beside_why = self.sampled
+                    return
+                self._beside = project.Beside(self.sampled)
         except Exception as e:
             self.beside_why = f"fastdata's loader failed on the sample: {type(e).__name__}: {e}"
+
+    @contextmanager
+    def _own(self) -> Iterator[None]:
+        """The doctor's own loaders run in this block (sampling, fastdata beside): the hooks pass them by."""
+        self.own = True
+        try:
+            yield
         finally:
             self.own = False
 

@@ -170,9 +170,9 @@ def _beside(raw: dict[str, Any]) -> dict[str, Any] | None:
     step (less the doctor's copy of the cached batch; a mean, like the step measured in the run) and the
     fraction of it spent waiting for fastdata. A pass's first batch (start-up, which a sample of a few
     passes has far more often than the real dataset) is left out."""
-    rows = raw.get("beside") or []
+    rows, why = raw.get("beside") or [], raw.get("beside_why")
     if len(rows) < 2:
-        return {"why": raw.get("beside_why") or "no replay beside fastdata's loader"} if raw.get("beside_why") else None
+        return {"why": why} if why else None
     steps = [(b[0] - a[0] - b[2], b[1], b[3]) for a, b in zip(rows, rows[1:])]  # (step, waited, position)
     kept = [s for s in steps if s[2] > 0] or steps
     times = [max(s[0], 0.0) for s in kept]
