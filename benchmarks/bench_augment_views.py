@@ -94,6 +94,8 @@ SEQ_OPS = (TimeShift(100), TimeMask(50, count=2), ChannelMask(4, count=2), Ampli
 def per_sample_loop(x: torch.Tensor, lengths: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """The baseline: the same ops, one sample at a time on its own length, as a Dataset's transform would."""
     out = torch.zeros_like(x)
+    # the noise is drawn where the sample is (a generator on the CPU cannot fill a CUDA tensor)
+    noise_g = g if x.device.type == "cpu" else torch.Generator(device=x.device).manual_seed(g.initial_seed())
     for b in range(x.shape[0]):
         n = int(lengths[b])
         s = x[b, :n]
@@ -108,7 +110,7 @@ def per_sample_loop(x: torch.Tensor, lengths: torch.Tensor, g: torch.Generator) 
             c0 = int(torch.randint(0, s.shape[1] - w + 1, (1,), generator=g))
             s[:, c0:c0 + w] = 0
         s = s * float(torch.empty(1).uniform_(0.8, 1.25, generator=g))
-        s = s + 0.05 * torch.randn(s.shape, generator=g, device=s.device)
+        s = s + 0.05 * torch.randn(s.shape, generator=noise_g, device=s.device)
         factor = math.exp(float(torch.empty(1).uniform_(math.log(0.9), math.log(1.1), generator=g)))
         m = min(max(1, round(n / factor)), x.shape[1])
         s = F.interpolate(s.T.unsqueeze(0), size=m, mode="linear", align_corners=False)[0].T

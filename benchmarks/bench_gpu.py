@@ -51,6 +51,7 @@ import fastdata  # noqa: E402
 from fastdata.augment import ColorJitter, HorizontalFlip, RandomResizedCrop  # noqa: E402
 from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
 from fastdata.demo.models import FlimCNN  # noqa: E402
+from fastdata.loaders import LoaderConfig  # noqa: E402
 
 FLIM = (2, 256, 21, 21)
 BATCH = 64
@@ -99,6 +100,11 @@ def section_h2d(work: Path, device: torch.device, s: dict[str, Any], deadline: f
         methods.append(("flim", f"fastdata.loader {be}, defaults", lambda ld=ld: ld, ld))
     ld = fastdata.loader(work / "raw", BATCH, device=device)
     methods.append(("images", f"fastdata.loader raw {s['side']}x{s['side']} uint8 images, defaults", lambda ld=ld: ld, ld))
+    # the host side alone (page cache -> pinned batches, no copy): what the loader can hand the GPU at most
+    for kind, folder, what in (("flim", "hdf5", "hdf5"), ("images", "raw", f"raw {s['side']}x{s['side']} images")):
+        cfg = LoaderConfig(pin_memory=device.type == "cuda", image_dtype="uint8")  # uint8 crosses; the GPU converts
+        ld = fastdata.loader(work / folder, BATCH, device="cpu", config=cfg)
+        methods.append((kind, f"host side alone: fastdata.loader {what}, device='cpu', pinned", lambda ld=ld: ld, ld))
     rows = []
     for kind, name, epoch, ld in methods:
         if time.perf_counter() > deadline:
@@ -125,6 +131,16 @@ def models(s: dict[str, Any]) -> dict[str, tuple[Callable[[], torch.nn.Module], 
                 (lambda: parts.ResNetStyle(width=s["resnet_width"]), "raw", "image")}
 
 
+NO_CARRY = "fastdata.loader (defaults), next epoch not started early (A/B)"
+
+
+def no_carry(ld: Any) -> Any:
+    """The loader with its reader's next-epoch reads turned off (each epoch starts its reads when
+    asked for its first batch, as before they were carried): the A/B of that change, same run."""
+    ld._reader._carry = lambda nxt, room: None
+    return ld
+
+
 def section_train(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
     """Each model at its default precision fed by fastdata.loader (defaults) against the same batches
     already on the device (the no-input-cost baseline), plus the naive DataLoader for the FLIM model."""
@@ -135,6 +151,9 @@ def section_train(work: Path, device: torch.device, s: dict[str, Any], deadline:
         params = sum(p.numel() for p in make().parameters())
         feeds: list[tuple[str, Callable[[], Any]]] = [
             ("fastdata.loader (defaults)", lambda folder=folder: fastdata.loader(work / folder, BATCH, device=device)),
+            (NO_CARRY, lambda folder=folder: no_carry(fastdata.loader(work / folder, BATCH, device=device))),
+            ("fastdata.loader, 4 reader threads", lambda folder=folder: fastdata.loader(work / folder, BATCH,
+                                                                                       device=device, num_workers=4)),
             ("batches already on the device", lambda folder=folder: parts.resident(
                 fastdata.loader(work / folder, BATCH, device=device), 8, device))]
         if field == "x":
@@ -167,6 +186,8 @@ def section_precision(work: Path, device: torch.device, s: dict[str, Any], deadl
     configs = [(p, cl, False) for p in modes for cl in (False, True)]
     if device.type == "cuda":
         configs.append(("auto", True, True))  # last: compiling takes the longest, and the deadline may stop it
+    if s.get("precisions"):  # a subset (a later call finishing what an earlier one's time budget left)
+        configs = [c for c in configs if c[0] in s["precisions"]]
     rows = []
     held: dict[str, list[dict[str, torch.Tensor]]] = {}
     for precision, cl, comp in configs:
@@ -278,12 +299,17 @@ def fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def render(info: dict[str, Any], settings: dict[str, Any], res: dict[str, Any]) -> str:
-    """The markdown report of whatever sections ``res`` holds."""
+def render(info: dict[str, Any], settings: dict[str, Any], res: dict[str, Any],
+           sources: dict[str, list[str]] | None = None) -> str:
+    """The markdown report of whatever sections ``res`` holds (``sources``: the run files each came from)."""
     t = _harness.markdown_table
     lines = [f"# GPU paths ({settings['mode']} run, device {settings['device']})", "",
-             f"Machine: {info.get('cpu_model', '?')}, {info.get('usable_cores')} usable cores, GPU: {info.get('gpu') or 'none'}; torch {info.get('torch')}"
+             f"Machine: {info.get('cpu_model', '?')}, {info.get('usable_cores')} usable cores, "
+             f"GPU: {info.get('gpu') or 'none'}; torch {info.get('torch')}"
              f" (CUDA {info.get('cuda', '?')}). Sections: {', '.join(res)}.", ""]
+    if sources:
+        lines += ["Combined from several device calls: " + "; ".join(
+            f"{name} from {' + '.join(files)}" for name, files in sources.items()) + ".", ""]
     if "h2d" in res:
         c = res["h2d"]["ceilings_gb_per_s"]
         lines += ["## 1. Host to device", "",
@@ -333,15 +359,36 @@ def prepare(work: Path, s: dict[str, Any], sections: list[str]) -> None:
         fastdata.convert(None, work / "raw", arrays={"image": work / "img.npy", "label": work / "y.npy"})
 
 
+def merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The precision rows of two runs: a measured row replaces the same configuration's row of an
+    earlier run or its "time budget" placeholder; a placeholder never replaces a measured row."""
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return r["model"], r.get("precision"), r.get("channels_last"), r.get("compile")
+
+    rows = {key(r): r for r in old}
+    for r in new:
+        if "not_run" not in r or key(r) not in rows:
+            rows[key(r)] = r
+    return list(rows.values())
+
+
 def combine(paths: list[str], out: str) -> int:
-    """One report from the gpu.json of several calls (later files win per section)."""
+    """One report from the gpu.json of several calls: later files win per section, except the
+    precision section, whose rows are merged (:func:`merge_rows`); the report says which file gave what."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     res: dict[str, Any] = {}
-    for r in runs:
-        res.update(r["result"])
+    sources: dict[str, list[str]] = {}
+    for path, r in zip(paths, runs):
+        for name, value in r["result"].items():
+            if name == "precision" and name in res:
+                res[name] = merge_rows(res[name], value)
+                sources[name].append(path)
+            else:
+                res[name] = value
+                sources[name] = [path]
     last = runs[-1]
-    report = render(last["machine"], last["settings"], res)
-    _harness.write_results("gpu", {**last, "result": res, "combined_from": paths}, report, out)
+    report = render(last["machine"], last["settings"], res, sources)
+    _harness.write_results("gpu", {**last, "result": res, "combined_from": paths, "sources": sources}, report, out)
     print(report)
     return 0
 
@@ -356,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-dali", action="store_true", help="leave out the dali section (bench_dali.py runs on its own)")
     p.add_argument("--limit-s", type=float, default=540, help="time for all sections, shared by weight (default 540)")
     p.add_argument("--combine", nargs="+", metavar="JSON", help="merge gpu.json files of several calls, run nothing")
+    p.add_argument("--precisions", default="", help="precision section: only these modes (fp32,tf32,bf16,fp16,auto)")
     args = p.parse_args(argv)
     if args.combine:
         return combine(args.combine, args.out)
@@ -367,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no CUDA here: use --device cpu for a smoke run")
     device = torch.device(args.device)
     settings = {"mode": "quick" if args.quick else "full", "device": args.device, "sections": sections,
-                "limit_s": args.limit_s, **(QUICK if args.quick else FULL)}
+                "limit_s": args.limit_s, **(QUICK if args.quick else FULL),
+                "precisions": [x for x in args.precisions.split(",") if x]}
     work = Path(tempfile.mkdtemp(prefix="bench_gpu-", dir=args.workdir))
     info = {**_harness.machine_info(), "cuda": torch.version.cuda}
     res: dict[str, Any] = {}

@@ -226,7 +226,7 @@ def test_batches_of_a_plain_dataloader_are_moved_to_the_device():
 def test_fit_takes_a_plain_dataloader_on_gpu(blobs):
     ds = fastdata.open(blobs)  # the samples, served by a plain DataLoader as users bring one
     batches = [ds.get_batch(np.arange(i, i + 16)) for i in range(0, 48, 16)]
-    plain = torch.utils.data.DataLoader([{k: torch.from_numpy(v[j]) for k, v in b.items()}
+    plain = torch.utils.data.DataLoader([{k: torch.as_tensor(v[j]) for k, v in b.items()}
                                          for b in batches for j in range(16)], batch_size=16, pin_memory=True)
     model = make_model()
     res = train.fit(model.cuda(), plain, torch.optim.SGD(model.parameters(), lr=0.1), classification_loss(), epochs=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
@@ -27,6 +28,15 @@ from .transform import BatchTransform, TransformError
 HostBatch = dict[str, torch.Tensor]
 Ragged = Literal["padded", "packed"]
 Post = Callable[[HostBatch, int], HostBatch]
+NextPass = Callable[[], tuple[list[np.ndarray], Post | None, int, int]]
+
+
+@dataclass
+class _Carried:
+    """Reads of the next pass's first batches (future, buffers, indices), for epoch and rank ``key``."""
+
+    key: tuple[int, int]
+    reads: list[tuple[Future[HostBatch], dict[str, torch.Tensor], np.ndarray]] = field(default_factory=list)
 
 
 def reader_fields(dataset: Dataset) -> tuple[dict[str, tuple[tuple[int, ...], str, int]], dict[str, str]]:
@@ -113,6 +123,7 @@ class ThreadReader:
         self.prefetch = max(prefetch, threads)
         self.pool = _BufferPool(dataset, pin)
         self._executor: ThreadPoolExecutor | None = None
+        self._carried: _Carried | None = None  # the next pass's first reads, started as this one ended
 
     def stats(self) -> dict[str, int]:
         return {}
@@ -141,9 +152,11 @@ class ThreadReader:
         return post(result, k) if post is not None else result
 
     def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None,
-            epoch: int = 0, rank: int = 0) -> Iterator[HostBatch]:
+            epoch: int = 0, rank: int = 0, then: NextPass | None = None) -> Iterator[HostBatch]:
         """Batches of ``plan`` (batches ``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs
-        in the reader thread (CPU transforms)."""
+        in the reader thread (CPU transforms). ``then()``: the pass that follows this one (its plan,
+        post, epoch, rank); once this pass's last batch is asked for, the free read slots start that
+        pass's first batches, so an epoch boundary costs no pipeline refill (see :meth:`_adopt`)."""
         if self.threads == 0:
             for k, idx in enumerate(plan, first):
                 bufs = self.pool.take(len(idx))
@@ -152,8 +165,9 @@ class ThreadReader:
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="fastdata-read")
-        pending: deque[tuple[Future[HostBatch], dict[str, torch.Tensor]]] = deque()
-        nxt = 0
+        pending = self._adopt(plan, first, epoch, rank)
+        nxt = len(pending)
+        nxt_pass: tuple[list[np.ndarray], Post | None, int, int] | None = None
         try:
             while nxt < len(plan) or pending:
                 while nxt < len(plan) and len(pending) < self.prefetch:
@@ -161,6 +175,9 @@ class ThreadReader:
                     pending.append((self._executor.submit(self._read, first + nxt, plan[nxt], bufs, post, epoch, rank),
                                     bufs))
                     nxt += 1
+                if nxt == len(plan) and then is not None:
+                    nxt_pass = nxt_pass or then()
+                    self._carry(nxt_pass, self.prefetch - len(pending))
                 fut, bufs = pending.popleft()
                 yield fut.result()
                 self.pool.give_back(bufs)
@@ -170,7 +187,48 @@ class ThreadReader:
                 fut.cancel()
             pending.clear()
 
+    def _carry(self, nxt: tuple[list[np.ndarray], Post | None, int, int], room: int) -> None:
+        """Start the first batches of the next pass (plan, post, epoch, rank) in ``room`` free slots."""
+        plan, post, epoch, rank = nxt
+        assert self._executor is not None
+        carried = self._carried
+        if carried is None or carried.key != (epoch, rank):
+            self._drop_carried()
+            carried = self._carried = _Carried((epoch, rank))
+        while room > len(carried.reads) and len(carried.reads) < len(plan):
+            j = len(carried.reads)
+            bufs = self.pool.take(len(plan[j]))
+            carried.reads.append((self._executor.submit(self._read, j, plan[j], bufs, post, epoch, rank), bufs, plan[j]))
+
+    def _adopt(self, plan: list[np.ndarray], first: int, epoch: int,
+               rank: int) -> deque[tuple[Future[HostBatch], dict[str, torch.Tensor]]]:
+        """The reads the last pass started for this one, when this pass is the one they were read
+        for (same epoch, rank, start and index batches); others are dropped once done."""
+        carried, self._carried = self._carried, None
+        pending: deque[tuple[Future[HostBatch], dict[str, torch.Tensor]]] = deque()
+        if carried is None:
+            return pending
+        if carried.key == (epoch, rank) and first == 0 and len(carried.reads) <= len(plan) and all(
+                np.array_equal(idx, plan[j]) for j, (_, _, idx) in enumerate(carried.reads)):
+            pending.extend((fut, bufs) for fut, bufs, _ in carried.reads)
+            return pending
+        self._carried = carried
+        self._drop_carried()
+        return pending
+
+    def _drop_carried(self) -> None:
+        """Cancel or finish the carried reads (their errors belong to a pass that will not run)."""
+        carried, self._carried = self._carried, None
+        for fut, bufs, _ in carried.reads if carried is not None else ():
+            if not fut.cancel():
+                try:
+                    fut.result()
+                except Exception:  # noqa: BLE001 - a batch nobody will ask for
+                    pass
+            self.pool.give_back(bufs)
+
     def close(self) -> None:
+        self._drop_carried()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None

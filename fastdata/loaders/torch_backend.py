@@ -98,7 +98,16 @@ class TorchLoader(Loader):
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
         rank = self._device.rank = self.world.rank  # the world of this pass (read when it started)
-        host = self._reader.run(plan, first, self._device.host_transform(epoch), epoch, rank)
+        post = self._device.host_transform(epoch)
+        if isinstance(self._reader, ThreadReader) and self.sample_fn is None and self.dataset.remote is None:
+            # the next epoch's first batches are read while this one ends (not with a sampler: a
+            # user's sampler may change its plan between epochs; not remote: its prefetch follows plans)
+            def then() -> tuple[list[np.ndarray], Any, int, int]:
+                return self.plan(epoch + 1), self._device.host_transform(epoch + 1), epoch + 1, rank
+
+            host = self._reader.run(plan, first, post, epoch, rank, then=then)
+        else:
+            host = self._reader.run(plan, first, post, epoch, rank)
         return self._device.run(host, epoch, first)
 
     def stats(self) -> dict[str, float]:
