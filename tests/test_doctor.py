@@ -297,8 +297,9 @@ def test_storage_verdict_needs_a_real_volume_of_reads() -> None:
 
 
 def test_projection_takes_the_replay_for_busy_workers_and_the_step_less_wait_otherwise() -> None:
-    """Busy workers stole CPU from the step: the step replayed beside fastdata is the projection. Idle
-    workers: the step's own work (less the wait) stays, unless fastdata's readers slow the replay further."""
+    """Busy workers stole CPU from the step, or the loop is input-bound: the step replayed beside fastdata
+    is the projection. Idle workers under a compute-bound loop: the step's own work (less the wait) stays,
+    unless fastdata's readers slow the replay further."""
     from fastdata.doctor.report import _projection
 
     proj = {"ok": True, "batch_s": 0.002}
@@ -311,3 +312,7 @@ def test_projection_takes_the_replay_for_busy_workers_and_the_step_less_wait_oth
     assert r["projected_step_s"] == pytest.approx(0.049) and r["projected_wait_fraction"] == pytest.approx(0.001 / 0.049)
     r = _projection(proj, 0.012, 0.006, 0.005, idle, beside)  # the replay beside fastdata is the longer
     assert r["projected_step_s"] == 0.010
+    r = _projection(proj, 0.050, 0.010, 0.009, idle, beside)  # input-bound (20% wait), idle workers
+    assert r["projected_step_s"] == 0.010 and "replayed beside" in r["projection_basis"]
+    r = _projection(proj, 0.050, 0.004, 0.040, idle, beside)  # compute-bound (8% wait): the step less its wait
+    assert r["projected_step_s"] == pytest.approx(0.047) and "longer of" in r["projection_basis"]

@@ -187,11 +187,14 @@ def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: flo
         return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj}
     busy = workers is not None and workers["getitem_fraction"] + workers["collate_fraction"] >= 0.5
     if beside and "step_s" in beside:  # measured: the step with fastdata's reader threads on the same CPU
-        # Busy workers (decoding, transforming) took CPU from the step, which fastdata gives back: the
-        # replay beside fastdata's loader is the step then. Otherwise the step's own work, as measured in
-        # the run (the step less the wait), stays; the replay (on one cache-warm batch: a little faster
-        # than fresh batches) says whether fastdata's readers slow it down.
-        if busy:
+        # The replay beside fastdata's loader is the step after the switch when the loop is input-bound
+        # or its workers are busy: what the DataLoader cost beyond the wait in next() (busy workers taking
+        # CPU from the step, batches arriving through shared memory) goes with it; "the step less the
+        # wait" kept that cost (benchmarks/bench_doctor.py's Lightning loop over ragged sequences).
+        # Otherwise the step's own work, as measured in the run (the step less the wait), stays; the
+        # replay (on one cache-warm batch: a little faster than fresh batches) says whether fastdata's
+        # readers slow it down.
+        if busy or wait_s >= INPUT_BOUND * step_s:
             new_step, basis = beside["step_s"], f"step replayed beside fastdata's loader ({beside['steps']} steps)"
         else:
             new_step = max(step_s - wait_s + beside["wait_s"], beside["step_s"])
