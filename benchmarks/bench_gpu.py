@@ -55,11 +55,11 @@ from fastdata.loaders import LoaderConfig  # noqa: E402
 
 FLIM = (2, 256, 21, 21)
 BATCH = 64
-SECTIONS = ["h2d", "train", "precision", "images", "jpeg", "views", "dali"]
-WEIGHTS = {"h2d": 1, "train": 2, "precision": 4, "images": 1, "jpeg": 2, "views": 1, "dali": 3}  # shares of --limit-s
-FULL = {"samples": 2000, "epochs": 3, "train_steps": 60, "prec_steps": 25, "images": 1024, "raw_images": 1024,
+SECTIONS = ["h2d", "train", "diag", "precision", "images", "jpeg", "views", "dali"]
+WEIGHTS = {"h2d": 1, "train": 2, "diag": 2, "precision": 4, "images": 1, "jpeg": 2, "views": 1, "dali": 3}  # shares of --limit-s
+FULL = {"samples": 2000, "epochs": 3, "h2d_min_s": 3.0, "diag_steps": 200, "train_steps": 60, "prec_steps": 25, "images": 1024, "raw_images": 1024,
         "side": 224, "flim_width": 58, "resnet_width": 64, "jpegs": 1000, "jpeg_rounds": 3}
-QUICK = {"samples": 128, "epochs": 1, "train_steps": 2, "prec_steps": 1, "images": 64, "raw_images": 64,
+QUICK = {"samples": 128, "epochs": 1, "h2d_min_s": 0.0, "diag_steps": 2, "train_steps": 2, "prec_steps": 1, "images": 64, "raw_images": 64,
          "side": 32, "flim_width": 4, "resnet_width": 8, "jpegs": 320, "jpeg_rounds": 1}  # jpegs: 5 batches, more than bench_dali.SKIP
 
 
@@ -73,15 +73,19 @@ def naive_batches(root: Path, device: torch.device) -> Callable[[], Iterable[dic
     return epoch
 
 
-def rate(epoch: Callable[[], Iterable[dict[str, torch.Tensor]]], epochs: int, device: torch.device) -> float:
-    """Samples/s over ``epochs`` passes after an untimed one; every copy is complete when the clock stops."""
+def rate(epoch: Callable[[], Iterable[dict[str, torch.Tensor]]], epochs: int, device: torch.device,
+         min_s: float = 0.0) -> float:
+    """Samples/s over ``epochs`` passes after an untimed one, and more passes until ``min_s`` seconds have
+    gone (one pass of the FLIM data took under a second on an H200: too short for a noisy machine); every
+    copy is complete when the clock stops."""
     for _ in epoch():
         pass
     parts.sync(device)
-    n, t = 0, time.perf_counter()
-    for _ in range(epochs):
+    n, done, t = 0, 0, time.perf_counter()
+    while done < epochs or time.perf_counter() - t < min_s:
         for b in epoch():
             n += b["label"].shape[0]
+        done += 1
     parts.sync(device)
     return n / (time.perf_counter() - t)
 
@@ -110,7 +114,7 @@ def section_h2d(work: Path, device: torch.device, s: dict[str, Any], deadline: f
         if time.perf_counter() > deadline:
             rows.append({"method": name, "data": kind, "not_run": "time budget"})
         else:
-            r = rate(epoch, s["epochs"], device)
+            r = rate(epoch, s["epochs"], device, s["h2d_min_s"])
             sb = flim_bytes if kind == "flim" else img_bytes
             c = ceil[kind]["pinned"]
             rows.append({"method": name, "data": kind, "samples_per_s": r, "gb_per_s": r * sb / 1e9,
@@ -175,6 +179,80 @@ def section_train(work: Path, device: torch.device, s: dict[str, Any], deadline:
         for r in rows:
             if r["model"] == name and "samples_per_s" in r:
                 r["x_resident"] = r["samples_per_s"] / base if base else None
+    return rows
+
+
+def host_waits(ld: Any) -> dict[str, float]:
+    """Time the training thread spends waiting for the reader's host batches inside the loader's
+    ``next()`` (the rest of that ``next()`` is staging the copy and conversion, and waiting on copies in
+    flight); read after the fit: ``{"host_s": seconds, "batches": n}``."""
+    acc = {"host_s": 0.0, "batches": 0}
+    real = ld._reader.run
+
+    def run(*a: Any, **k: Any) -> Iterable[Any]:
+        it = real(*a, **k)
+        while True:
+            t = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                return
+            acc["host_s"] += time.perf_counter() - t
+            acc["batches"] += 1
+            yield b
+
+    ld._reader.run = run
+    return acc
+
+
+class _Window:
+    """The timed fit's window: its seconds, and the host-batch wait (``host_waits``) within it."""
+
+    def __init__(self, acc: dict[str, float] | None) -> None:
+        self.acc, self.seconds, self.host_s = acc, 0.0, 0.0
+
+    def __enter__(self) -> "_Window":
+        self.t, self.h = time.perf_counter(), self.acc["host_s"] if self.acc else 0.0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.seconds = time.perf_counter() - self.t
+        self.host_s = (self.acc["host_s"] - self.h) if self.acc else 0.0
+
+
+def section_diag(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
+    """Where the ResNet-style model's input wait goes (the train section's miss): reader threads 1, 2, 4 and
+    the default, and the interpreter's GIL switch interval at 0.5 ms, over longer fits; for each, the share
+    of the step spent in the loader's ``next()`` and, within it, waiting for host batches."""
+    import sys as _sys
+
+    make, folder, field = models(s)[f"ResNet-style 2-D (3x{s['side']}x{s['side']})"]
+    held = parts.resident(fastdata.loader(work / folder, BATCH, device=device), 8, device)
+    variants: list[tuple[str, dict[str, Any], float | None]] = [
+        ("batches already on the device", {}, None), ("defaults", {}, None),
+        ("num_workers=1", {"num_workers": 1}, None), ("num_workers=2", {"num_workers": 2}, None),
+        ("num_workers=4", {"num_workers": 4}, None), ("defaults, GIL switch interval 0.5 ms", {}, 0.0005)]
+    rows, base = [], None
+    for name, kw, interval in variants:
+        if time.perf_counter() > deadline:
+            rows.append({"feed": name, "not_run": "time budget"})
+            continue
+        old = _sys.getswitchinterval()
+        ld = fastdata.loader(work / folder, BATCH, device=device, **kw) if name != variants[0][0] else None
+        acc = host_waits(ld) if ld is not None else None
+        timed = _Window(acc)
+        try:
+            if interval is not None:
+                _sys.setswitchinterval(interval)
+            row = parts.fit_row(make, ld if ld is not None else held, s["diag_steps"], device, field, during=timed)
+        finally:
+            _sys.setswitchinterval(old)
+            if ld is not None:
+                ld.close()
+        row.update(feed=name, host_wait_fraction=timed.host_s / timed.seconds if acc and timed.seconds else None)
+        base = row["samples_per_s"] if ld is None else base
+        row["x_resident"] = row["samples_per_s"] / base if base else None
+        rows.append(row)
     return rows
 
 
@@ -329,6 +407,13 @@ def render(info: dict[str, Any], settings: dict[str, Any], res: dict[str, Any],
                                      fmt(100 * r["wait_fraction"] if "wait_fraction" in r else None, ".1f"),
                                      fmt(r.get("x_resident"), ".2f"), fmt(r.get("gpu_util_percent"), ".0f"),
                                      r.get("loss_finite", r.get("not_run", "-"))] for r in res[key]]), ""]
+    if "diag" in res:
+        lines += ["## 2b. Where the ResNet-style model's input wait goes", "",
+                  t(["feed", "samples/s", "waited in next() (% of step)", "of which for host batches (% of step)", "x resident"],
+                    [[r["feed"], fmt(r.get("samples_per_s"), ",.0f"),
+                      fmt(100 * r["wait_fraction"] if "wait_fraction" in r else None, ".1f"),
+                      fmt(100 * r["host_wait_fraction"] if r.get("host_wait_fraction") is not None else None, ".1f"),
+                      fmt(r.get("x_resident"), ".2f") if "not_run" not in r else r["not_run"]] for r in res["diag"]]), ""]
     if "images" in res:
         im = res["images"]
         lines += ["## 4. Mixed-size JPEGs, augmented on the device", "",
@@ -349,7 +434,7 @@ def render(info: dict[str, Any], settings: dict[str, Any], res: dict[str, Any],
 
 def prepare(work: Path, s: dict[str, Any], sections: list[str]) -> None:
     """The data the chosen sections read: FLIM .npy files and their HDF5/LMDB shards, raw uint8 images."""
-    if {"h2d", "train", "precision"} & set(sections):
+    if {"h2d", "train", "diag", "precision"} & set(sections):
         write_npy_folder(work / "npy", s["samples"], FLIM)
         for be in ("hdf5", "lmdb"):
             fastdata.convert(work / "npy", work / be, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be)))
@@ -425,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         "h2d": lambda d: section_h2d(work, device, settings, d),
         "train": lambda d: section_train(work, device, settings, d),
         "precision": lambda d: section_precision(work, device, settings, d),
+        "diag": lambda d: section_diag(work, device, settings, d),
         "images": lambda d: section_images(work, device, settings, d),
         "jpeg": lambda d: section_jpeg(work, device, settings, d),
         "views": lambda d: section_views(work, device, settings, d, args.out, args.quick),

@@ -8,9 +8,10 @@ transform (transform.py) runs in the reader, on the batch's numpy arrays.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
@@ -36,6 +37,7 @@ class _Carried:
     """Reads of the next pass's first batches (future, buffers, indices), for epoch and rank ``key``."""
 
     key: tuple[int, int]
+    files: tuple[tuple[int, int] | None, ...]  # the shard files' (size, mtime) when the reads started
     reads: list[tuple[Future[HostBatch], dict[str, torch.Tensor], np.ndarray]] = field(default_factory=list)
 
 
@@ -182,6 +184,8 @@ class ThreadReader:
                 yield fut.result()
                 self.pool.give_back(bufs)
                 del fut, bufs
+            if self._carried is not None:  # the pass ran out: no read of the next may outlast it (a file the
+                wait([f for f, _, _ in self._carried.reads])  # caller changes now must not fault a memory map)
         finally:
             for fut, _ in pending:
                 fut.cancel()
@@ -194,7 +198,7 @@ class ThreadReader:
         carried = self._carried
         if carried is None or carried.key != (epoch, rank):
             self._drop_carried()
-            carried = self._carried = _Carried((epoch, rank))
+            carried = self._carried = _Carried((epoch, rank), self._files())
         while room > len(carried.reads) and len(carried.reads) < len(plan):
             j = len(carried.reads)
             bufs = self.pool.take(len(plan[j]))
@@ -209,12 +213,25 @@ class ThreadReader:
         if carried is None:
             return pending
         if carried.key == (epoch, rank) and first == 0 and len(carried.reads) <= len(plan) and all(
-                np.array_equal(idx, plan[j]) for j, (_, _, idx) in enumerate(carried.reads)):
+                np.array_equal(idx, plan[j]) for j, (_, _, idx) in enumerate(carried.reads)) \
+                and carried.files == self._files():  # read from the files as they still are
             pending.extend((fut, bufs) for fut, bufs, _ in carried.reads)
             return pending
         self._carried = carried
         self._drop_carried()
         return pending
+
+    def _files(self) -> tuple[tuple[int, int] | None, ...]:
+        """Size and modification time of each shard file: reads carried to the next pass are used only
+        when no file changed since they started."""
+        out: list[tuple[int, int] | None] = []
+        for path in self.dataset.shard_paths():
+            try:
+                st = os.stat(path)
+                out.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
 
     def _drop_carried(self) -> None:
         """Cancel or finish the carried reads (their errors belong to a pass that will not run)."""
