@@ -205,6 +205,9 @@ def host_waits(ld: Any) -> dict[str, float]:
     return acc
 
 
+STAGED = "defaults, staging in a helper thread (experimental)"
+
+
 class _Window:
     """The timed fit's window: its seconds, and the host-batch wait (``host_waits``) within it."""
 
@@ -222,8 +225,9 @@ class _Window:
 
 def section_diag(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
     """Where the ResNet-style model's input wait goes (the train section's miss): reader threads 1, 2, 4 and
-    the default, and the interpreter's GIL switch interval at 0.5 ms, over longer fits; for each, the share
-    of the step spent in the loader's ``next()`` and, within it, waiting for host batches."""
+    the default, the interpreter's GIL switch interval at 0.5 ms, and the device stage's experimental
+    staging thread, over longer fits; for each, the share of the step spent in the loader's ``next()`` and,
+    within it, waiting for host batches."""
     import sys as _sys
 
     make, folder, field = models(s)[f"ResNet-style 2-D (3x{s['side']}x{s['side']})"]
@@ -231,7 +235,8 @@ def section_diag(work: Path, device: torch.device, s: dict[str, Any], deadline: 
     variants: list[tuple[str, dict[str, Any], float | None]] = [
         ("batches already on the device", {}, None), ("defaults", {}, None),
         ("num_workers=1", {"num_workers": 1}, None), ("num_workers=2", {"num_workers": 2}, None),
-        ("num_workers=4", {"num_workers": 4}, None), ("defaults, GIL switch interval 0.5 ms", {}, 0.0005)]
+        ("num_workers=4", {"num_workers": 4}, None), ("defaults, GIL switch interval 0.5 ms", {}, 0.0005),
+        (STAGED, {}, None)]
     rows, base = [], None
     for name, kw, interval in variants:
         if time.perf_counter() > deadline:
@@ -239,6 +244,8 @@ def section_diag(work: Path, device: torch.device, s: dict[str, Any], deadline: 
             continue
         old = _sys.getswitchinterval()
         ld = fastdata.loader(work / folder, BATCH, device=device, **kw) if name != variants[0][0] else None
+        if ld is not None and name == STAGED:
+            ld._device.stage_thread = True  # experimental: DeviceStage._run_cuda_staged
         acc = host_waits(ld) if ld is not None else None
         timed = _Window(acc)
         try:

@@ -9,8 +9,10 @@ otherwise. On the CPU the same code runs without streams.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import deque
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -63,6 +65,7 @@ class DeviceStage:
         self.rank = rank  # distributed ranks draw different augmentation parameters
         self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
         self.precropped: dict[str, int] = {}  # fields whose first ops the reader threads ran, how many (crop.py)
+        self.stage_thread = False  # on CUDA, stage batches from a helper thread (_run_cuda_staged; experimental)
 
     def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset(),
                   precropped: dict[str, int] | None = None) -> Batch:
@@ -123,6 +126,9 @@ class DeviceStage:
         yield from host
 
     def _run_cuda(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
+        if self.stage_thread:
+            yield from self._run_cuda_staged(host, epoch, first)
+            return
         stream = torch.cuda.Stream(self.device)
         inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
 
@@ -160,6 +166,80 @@ class DeviceStage:
                 inflight.popleft()
             yield cur
             k += 1
+
+
+    def _run_cuda_staged(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
+        """:meth:`_run_cuda` with the staging (the copy and the conversion and augmentation launches) in a
+        helper thread, so the training thread only waits on an event: for models whose step is bound by
+        the Python thread launching kernels. Experimental, off by default (``stage_thread``): measured by
+        benchmarks/bench_gpu.py's diag section before it becomes the default; untested on GPU."""
+        stream = torch.cuda.Stream(self.device)
+        ready: queue.Queue[Any] = queue.Queue(maxsize=2)  # staged batches waiting for the training thread
+        stop = threading.Event()
+        end = object()
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def stage_all() -> None:
+            it = iter(host)
+            inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
+            try:
+                torch.cuda.set_device(self.device)
+                for k, hb in enumerate(it, first):
+                    with torch.cuda.stream(stream):
+                        db = {n: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+                              for n, t in hb.items()}
+                        db = self.transform(db, epoch, k, self.mixed(hb), self.precropped)
+                    ev = torch.cuda.Event()
+                    ev.record(stream)
+                    inflight.append((hb, ev))
+                    while len(inflight) > _MAX_INFLIGHT:
+                        inflight[0][1].synchronize()
+                        inflight.popleft()
+                    while inflight and inflight[0][1].query():
+                        inflight.popleft()
+                    if not put((db, ev)):
+                        return
+                put(end)
+            except BaseException as e:  # raised again in the training thread
+                put(e)
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()  # the reader's generator, in the thread that ran it
+                for _, ev in inflight:
+                    ev.synchronize()
+
+        worker = threading.Thread(target=stage_all, name="fastdata-stage", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is end:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                batch, ev = item
+                current = torch.cuda.current_stream(self.device)
+                current.wait_event(ev)
+                for t in batch.values():
+                    if isinstance(t, torch.Tensor):
+                        t.record_stream(current)
+                yield batch
+        finally:
+            stop.set()
+            while worker.is_alive():
+                try:
+                    ready.get_nowait()
+                except queue.Empty:
+                    worker.join(0.05)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
