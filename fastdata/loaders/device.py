@@ -133,17 +133,7 @@ class DeviceStage:
         inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
 
         def stage(hb: Batch, k: int) -> Batch:
-            with torch.cuda.stream(stream):
-                db = {n: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t
-                      for n, t in hb.items()}
-                db = self.transform(db, epoch, k, self.mixed(hb), self.precropped)
-            ev = torch.cuda.Event()
-            ev.record(stream)
-            inflight.append((hb, ev))
-            while len(inflight) > _MAX_INFLIGHT:  # the training loop runs far ahead of the GPU: wait
-                inflight[0][1].synchronize()  # here rather than pin a new buffer for every batch
-                inflight.popleft()
-            return db
+            return self._stage(hb, epoch, k, stream, inflight)[0]
 
         it = iter(host)
         k = first
@@ -167,6 +157,22 @@ class DeviceStage:
             yield cur
             k += 1
 
+
+    def _stage(self, hb: Batch, epoch: int, k: int, stream: torch.cuda.Stream,
+               inflight: deque[tuple[Batch, torch.cuda.Event]]) -> tuple[Batch, torch.cuda.Event]:
+        """Copy host batch ``hb`` (batch ``k``) on ``stream`` and transform it there; the event marks it
+        ready. ``inflight`` keeps host batches alive until their copy is done."""
+        with torch.cuda.stream(stream):
+            db = {n: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+                  for n, t in hb.items()}
+            db = self.transform(db, epoch, k, self.mixed(hb), self.precropped)
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        inflight.append((hb, ev))
+        while len(inflight) > _MAX_INFLIGHT:  # the training loop runs far ahead of the GPU: wait
+            inflight[0][1].synchronize()  # here rather than pin a new buffer for every batch
+            inflight.popleft()
+        return db, ev
 
     def _run_cuda_staged(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
         """:meth:`_run_cuda` with the staging (the copy and the conversion and augmentation launches) in a
@@ -193,19 +199,10 @@ class DeviceStage:
             try:
                 torch.cuda.set_device(self.device)
                 for k, hb in enumerate(it, first):
-                    with torch.cuda.stream(stream):
-                        db = {n: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t
-                              for n, t in hb.items()}
-                        db = self.transform(db, epoch, k, self.mixed(hb), self.precropped)
-                    ev = torch.cuda.Event()
-                    ev.record(stream)
-                    inflight.append((hb, ev))
-                    while len(inflight) > _MAX_INFLIGHT:
-                        inflight[0][1].synchronize()
-                        inflight.popleft()
+                    staged = self._stage(hb, epoch, k, stream, inflight)
                     while inflight and inflight[0][1].query():
                         inflight.popleft()
-                    if not put((db, ev)):
+                    if not put(staged):
                         return
                 put(end)
             except BaseException as e:  # raised again in the training thread
