@@ -316,3 +316,21 @@ def test_projection_takes_the_replay_for_busy_workers_and_the_step_less_wait_oth
     assert r["projected_step_s"] == 0.010 and "replayed beside" in r["projection_basis"]
     r = _projection(proj, 0.050, 0.004, 0.040, idle, beside)  # compute-bound (8% wait): the step less its wait
     assert r["projected_step_s"] == pytest.approx(0.047) and "longer of" in r["projection_basis"]
+
+
+def test_convert_command_decodes_images_once_at_the_size_the_samples_have() -> None:
+    """The projection read what __getitem__ returned (decoded, resized): the command converts image files to
+    that, raw; per-sample arrays, or a sample without exactly one image-shaped field, convert as they are."""
+    from fastdata.doctor.report import _commands
+
+    main = {"settings": {"batch_size": 32}}
+    jpgs = {"folder": "/data/img", "kinds": {".jpg": 40}, "files_seen": 40, "convertible": True}
+    proj = {"ok": True, "workers": 2, "shapes": {"f0": [3, 112, 96], "f1": []}}
+    assert _commands(main, proj, jpgs)[0] == "fastdata convert /data/img DATASET --images raw --size 112 96"
+    hwc = {**proj, "shapes": {"image": [64, 48, 3], "label": []}}
+    assert _commands(main, hwc, jpgs)[0].endswith("--images raw --size 64 48")
+    two = {**proj, "shapes": {"a": [3, 8, 8], "b": [3, 8, 8]}}
+    assert _commands(main, two, jpgs)[0] == "fastdata convert /data/img DATASET"
+    npys = {**jpgs, "kinds": {".npy": 40}}
+    assert _commands(main, proj, npys)[0] == "fastdata convert /data/img DATASET"
+    assert _commands(main, None, jpgs)[0] == "fastdata convert /data/img DATASET"

@@ -36,6 +36,7 @@ class Sampled:
     batch_size: int
     workers: int
     sample_bytes: float
+    shapes: dict[str, list[int]]  # each field's shape in the first sample (what __getitem__ returned)
 
     @property
     def path(self) -> Path:
@@ -105,18 +106,21 @@ def _sample(ds: Any, bs: int, work: Path) -> Sampled | str:
     src.mkdir()
     t0 = time.perf_counter()
     kept = 0
+    shapes: dict[str, list[int]] = {}
     for i in idx:
         f = _fields(ds[int(i)])
         if f is None:
             shutil.rmtree(work, ignore_errors=True)
             return f"sample {int(i)} holds objects that are not arrays or numbers"
+        shapes = shapes or {k: list(np.shape(v)) for k, v in f.items()}
         np.savez(src / f"{kept:06d}.npz", **f)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
         kept += 1
         if time.perf_counter() - t0 > SAMPLE_BUDGET_S and kept >= 2 * bs:
             break
     rep = convert(src, work / "ds", ConvertConfig(write=WriteOptions(workers=1), no_labels=True))
     shutil.rmtree(src, ignore_errors=True)
-    return Sampled(work, kept, rep.fields, min(bs, kept), workers_for_projection(), rep.bytes_in / max(kept, 1))
+    return Sampled(work, kept, rep.fields, min(bs, kept), workers_for_projection(), rep.bytes_in / max(kept, 1),
+                   shapes)
 
 
 class Beside:
@@ -187,5 +191,5 @@ def _measure(s: Sampled) -> dict[str, Any]:
     if not times:
         return {"ok": False, "why": f"only {s.samples} samples: too few for a batch of {s.batch_size} after the first"}
     return {"ok": True, "samples": s.samples, "fields": s.fields, "batch_size": s.batch_size, "workers": s.workers,
-            "batch_s": float(np.mean(times)), "sample_bytes": s.sample_bytes,
+            "batch_s": float(np.mean(times)), "sample_bytes": s.sample_bytes, "shapes": s.shapes,
             "note": "samples are the dataset's __getitem__ outputs (after its transforms)"}

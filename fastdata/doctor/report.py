@@ -217,11 +217,31 @@ def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: flo
             "projection": proj, "beside": beside}
 
 
+def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(H, W) of the one image the script's samples hold, when the workers read image files only and the
+    sample (the projection's data) has exactly one field shaped like an image (CHW or HWC, 1, 3 or 4
+    channels): decoding and resizing at conversion is what the projection measured."""
+    from ..format.files import IMAGE_SUFFIXES
+
+    if proj is None or not source["kinds"] or not all(k in IMAGE_SUFFIXES for k in source["kinds"]):
+        return None
+    sizes = []
+    for shape in (proj.get("shapes") or {}).values():
+        if len(shape) == 3 and shape[0] in (1, 3, 4) and shape[2] not in (1, 3, 4):
+            sizes.append((shape[1], shape[2]))
+        elif len(shape) == 3 and shape[2] in (1, 3, 4):
+            sizes.append((shape[0], shape[1]))
+    return sizes[0] if len(sizes) == 1 else None
+
+
 def _commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[str, Any] | None) -> list[str]:
     bs = main["settings"].get("batch_size")
     nw = proj["workers"] if proj else "auto"
     if source and source["convertible"]:  # the folder the workers read, which fastdata convert takes as it is
         convert = f"fastdata convert {shlex.quote(source['folder'])} DATASET"
+        size = _image_size(source, proj)
+        if size is not None:  # the projection read images as __getitem__ returned them: decoded, that size
+            convert += f" --images raw --size {size[0]} {size[1]}"
     else:
         seen = f" (the workers read {', '.join(source['kinds'])} files under {source['folder']})" if source else ""
         convert = ("fastdata convert SRC DATASET   # SRC: a folder of per-sample .npy/.npz/image files" + seen
