@@ -179,47 +179,11 @@ class DeviceStage:
         helper thread, so the training thread only waits on an event: for models whose step is bound by
         the Python thread launching kernels. Experimental, off by default (``stage_thread``): measured by
         benchmarks/bench_gpu.py's diag section before it becomes the default; untested on GPU."""
-        stream = torch.cuda.Stream(self.device)
-        ready: queue.Queue[Any] = queue.Queue(maxsize=2)  # staged batches waiting for the training thread
-        stop = threading.Event()
-        end = object()
-
-        def put(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    ready.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def stage_all() -> None:
-            it = iter(host)
-            inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
-            try:
-                torch.cuda.set_device(self.device)
-                for k, hb in enumerate(it, first):
-                    staged = self._stage(hb, epoch, k, stream, inflight)
-                    while inflight and inflight[0][1].query():
-                        inflight.popleft()
-                    if not put(staged):
-                        return
-                put(end)
-            except BaseException as e:  # raised again in the training thread
-                put(e)
-            finally:
-                close = getattr(it, "close", None)
-                if close is not None:
-                    close()  # the reader's generator, in the thread that ran it
-                for _, ev in inflight:
-                    ev.synchronize()
-
-        worker = threading.Thread(target=stage_all, name="fastdata-stage", daemon=True)
-        worker.start()
+        helper = _Stager(self, host, epoch, first)
         try:
             while True:
-                item = ready.get()
-                if item is end:
+                item = helper.ready.get()
+                if item is _END:
                     return
                 if isinstance(item, BaseException):
                     raise item
@@ -231,12 +195,63 @@ class DeviceStage:
                         t.record_stream(current)
                 yield batch
         finally:
-            stop.set()
-            while worker.is_alive():
-                try:
-                    ready.get_nowait()
-                except queue.Empty:
-                    worker.join(0.05)
+            helper.stop()
+
+
+_END = object()
+
+
+class _Stager:
+    """The helper thread of :meth:`DeviceStage._run_cuda_staged`: stages each host batch on a side stream and
+    hands (batch, ready event) over a queue two deep; an error is handed over to be raised there."""
+
+    def __init__(self, stage: DeviceStage, host: Iterable[Batch], epoch: int, first: int) -> None:
+        self.stage, self.host, self.epoch, self.first = stage, host, epoch, first
+        self.ready: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="fastdata-stage", daemon=True)
+        self.thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self.stopping.is_set():
+            try:
+                self.ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        st = self.stage
+        stream = torch.cuda.Stream(st.device)
+        it = iter(self.host)
+        inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
+        try:
+            torch.cuda.set_device(st.device)
+            for k, hb in enumerate(it, self.first):
+                staged = st._stage(hb, self.epoch, k, stream, inflight)
+                while inflight and inflight[0][1].query():
+                    inflight.popleft()
+                if not self._put(staged):
+                    return
+            self._put(_END)
+        except BaseException as e:  # raised again in the training thread
+            self._put(e)
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()  # the reader's generator, in the thread that ran it
+            for _, ev in inflight:
+                ev.synchronize()
+
+    def stop(self) -> None:
+        """Stop the helper (it may be waiting to hand over a batch) and wait for it to end."""
+        self.stopping.set()
+        while self.thread.is_alive():
+            try:
+                self.ready.get_nowait()
+            except queue.Empty:
+                self.thread.join(0.05)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
