@@ -185,8 +185,8 @@ def section_train(work: Path, device: torch.device, s: dict[str, Any], deadline:
 def host_waits(ld: Any) -> dict[str, float]:
     """Time the training thread spends waiting for the reader's host batches inside the loader's
     ``next()`` (the rest of that ``next()`` is staging the copy and conversion, and waiting on copies in
-    flight); read after the fit: ``{"host_s": seconds, "batches": n}``."""
-    acc = {"host_s": 0.0, "batches": 0}
+    flight); read after the fit: ``{"host_s": seconds}``."""
+    acc = {"host_s": 0.0}
     real = ld._reader.run
 
     def run(*a: Any, **k: Any) -> Iterable[Any]:
@@ -198,14 +198,10 @@ def host_waits(ld: Any) -> dict[str, float]:
             except StopIteration:
                 return
             acc["host_s"] += time.perf_counter() - t
-            acc["batches"] += 1
             yield b
 
     ld._reader.run = run
     return acc
-
-
-STAGED = "defaults, staging in a helper thread (experimental)"
 
 
 class _Window:
@@ -228,35 +224,34 @@ def section_diag(work: Path, device: torch.device, s: dict[str, Any], deadline: 
     the default, the interpreter's GIL switch interval at 0.5 ms, and the device stage's experimental
     staging thread, over longer fits; for each, the share of the step spent in the loader's ``next()`` and,
     within it, waiting for host batches."""
-    import sys as _sys
-
     make, folder, field = models(s)[f"ResNet-style 2-D (3x{s['side']}x{s['side']})"]
     held = parts.resident(fastdata.loader(work / folder, BATCH, device=device), 8, device)
-    variants: list[tuple[str, dict[str, Any], float | None]] = [
-        ("batches already on the device", {}, None), ("defaults", {}, None),
-        ("num_workers=1", {"num_workers": 1}, None), ("num_workers=2", {"num_workers": 2}, None),
-        ("num_workers=4", {"num_workers": 4}, None), ("defaults, GIL switch interval 0.5 ms", {}, 0.0005),
-        (STAGED, {}, None)]
+    # (feed, loader arguments or None for the resident batches, GIL switch interval, staging thread)
+    variants: list[tuple[str, dict[str, Any] | None, float | None, bool]] = [
+        ("batches already on the device", None, None, False), ("defaults", {}, None, False),
+        ("num_workers=1", {"num_workers": 1}, None, False), ("num_workers=2", {"num_workers": 2}, None, False),
+        ("num_workers=4", {"num_workers": 4}, None, False), ("defaults, GIL switch interval 0.5 ms", {}, 0.0005, False),
+        ("defaults, staging in a helper thread (experimental)", {}, None, True)]
     rows, base = [], None
-    for name, kw, interval in variants:
+    for name, kw, interval, staged in variants:
         if time.perf_counter() > deadline:
             rows.append({"feed": name, "not_run": "time budget"})
             continue
-        old = _sys.getswitchinterval()
-        ld = fastdata.loader(work / folder, BATCH, device=device, **kw) if name != variants[0][0] else None
-        if ld is not None and name == STAGED:
-            ld._device.stage_thread = True  # experimental: DeviceStage._run_cuda_staged
-        acc = host_waits(ld) if ld is not None else None
-        timed = _Window(acc)
+        old = sys.getswitchinterval()
+        ld = fastdata.loader(work / folder, BATCH, device=device, **kw) if kw is not None else None
+        if ld is not None:
+            ld._device.stage_thread = staged  # experimental: DeviceStage._run_cuda_staged
+        timed = _Window(host_waits(ld) if ld is not None else None)
         try:
             if interval is not None:
-                _sys.setswitchinterval(interval)
+                sys.setswitchinterval(interval)
             row = parts.fit_row(make, ld if ld is not None else held, s["diag_steps"], device, field, during=timed)
         finally:
-            _sys.setswitchinterval(old)
+            sys.setswitchinterval(old)
             if ld is not None:
                 ld.close()
-        row.update(feed=name, host_wait_fraction=timed.host_s / timed.seconds if acc and timed.seconds else None)
+        row.update(feed=name, host_wait_fraction=timed.host_s / timed.seconds if ld is not None and timed.seconds
+                   else None)
         base = row["samples_per_s"] if ld is None else base
         row["x_resident"] = row["samples_per_s"] / base if base else None
         rows.append(row)

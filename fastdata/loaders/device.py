@@ -131,32 +131,12 @@ class DeviceStage:
             return
         stream = torch.cuda.Stream(self.device)
         inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
-
-        def stage(hb: Batch, k: int) -> Batch:
-            return self._stage(hb, epoch, k, stream, inflight)[0]
-
-        it = iter(host)
-        k = first
-        try:
-            nxt: Batch | None = stage(next(it), k)
-        except StopIteration:
-            return
+        staged = (self._stage(hb, epoch, k, stream, inflight) for k, hb in enumerate(host, first))
+        nxt = next(staged, None)
         while nxt is not None:
-            cur = nxt
-            current = torch.cuda.current_stream(self.device)
-            current.wait_stream(stream)
-            for t in cur.values():
-                if isinstance(t, torch.Tensor):
-                    t.record_stream(current)
-            try:
-                nxt = stage(next(it), k + 1)
-            except StopIteration:
-                nxt = None
-            while inflight and inflight[0][1].query():
-                inflight.popleft()
+            cur = self._hand_over(*nxt)
+            nxt = next(staged, None)  # the next batch's copy is queued before this one is used
             yield cur
-            k += 1
-
 
     def _stage(self, hb: Batch, epoch: int, k: int, stream: torch.cuda.Stream,
                inflight: deque[tuple[Batch, torch.cuda.Event]]) -> tuple[Batch, torch.cuda.Event]:
@@ -172,7 +152,19 @@ class DeviceStage:
         while len(inflight) > _MAX_INFLIGHT:  # the training loop runs far ahead of the GPU: wait
             inflight[0][1].synchronize()  # here rather than pin a new buffer for every batch
             inflight.popleft()
+        while inflight and inflight[0][1].query():  # copied: the host buffers may be recycled
+            inflight.popleft()
         return db, ev
+
+    def _hand_over(self, batch: Batch, ready: torch.cuda.Event) -> Batch:
+        """A staged batch for the current stream: it waits for the staging, and the allocator keeps the
+        tensors' memory until the current stream is done with them."""
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(ready)
+        for t in batch.values():
+            if isinstance(t, torch.Tensor):
+                t.record_stream(current)
+        return batch
 
     def _run_cuda_staged(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
         """:meth:`_run_cuda` with the staging (the copy and the conversion and augmentation launches) in a
@@ -187,13 +179,7 @@ class DeviceStage:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                batch, ev = item
-                current = torch.cuda.current_stream(self.device)
-                current.wait_event(ev)
-                for t in batch.values():
-                    if isinstance(t, torch.Tensor):
-                        t.record_stream(current)
-                yield batch
+                yield self._hand_over(*item)
         finally:
             helper.stop()
 
@@ -229,10 +215,7 @@ class _Stager:
         try:
             torch.cuda.set_device(st.device)
             for k, hb in enumerate(it, self.first):
-                staged = st._stage(hb, self.epoch, k, stream, inflight)
-                while inflight and inflight[0][1].query():
-                    inflight.popleft()
-                if not self._put(staged):
+                if not self._put(st._stage(hb, self.epoch, k, stream, inflight)):
                     return
             self._put(_END)
         except BaseException as e:  # raised again in the training thread

@@ -195,9 +195,8 @@ class ThreadReader:
         """Start the first batches of the next pass (plan, post, epoch, rank) in ``room`` free slots."""
         plan, post, epoch, rank = nxt
         assert self._executor is not None
-        carried = self._carried
-        if carried is None or carried.key != (epoch, rank):
-            self._drop_carried()
+        carried = self._carried  # (none at a pass's start: _adopt took or dropped the last one)
+        if carried is None:
             carried = self._carried = _Carried((epoch, rank), self._files())
         while room > len(carried.reads) and len(carried.reads) < len(plan):
             j = len(carried.reads)
@@ -208,18 +207,14 @@ class ThreadReader:
                rank: int) -> deque[tuple[Future[HostBatch], dict[str, torch.Tensor]]]:
         """The reads the last pass started for this one, when this pass is the one they were read
         for (same epoch, rank, start and index batches); others are dropped once done."""
-        carried, self._carried = self._carried, None
-        pending: deque[tuple[Future[HostBatch], dict[str, torch.Tensor]]] = deque()
-        if carried is None:
-            return pending
-        if carried.key == (epoch, rank) and first == 0 and len(carried.reads) <= len(plan) and all(
-                np.array_equal(idx, plan[j]) for j, (_, _, idx) in enumerate(carried.reads)) \
+        carried = self._carried
+        if carried is not None and carried.key == (epoch, rank) and first == 0 and len(carried.reads) <= len(plan) \
+                and all(np.array_equal(idx, plan[j]) for j, (_, _, idx) in enumerate(carried.reads)) \
                 and carried.files == self._files():  # read from the files as they still are
-            pending.extend((fut, bufs) for fut, bufs, _ in carried.reads)
-            return pending
-        self._carried = carried
+            self._carried = None
+            return deque((fut, bufs) for fut, bufs, _ in carried.reads)
         self._drop_carried()
-        return pending
+        return deque()
 
     def _files(self) -> tuple[tuple[int, int] | None, ...]:
         """Size and modification time of each shard file: reads carried to the next pass are used only
