@@ -12,8 +12,11 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 from fastdata.cli import main
 from fastdata.doctor.html import timeline
@@ -334,3 +337,81 @@ def test_convert_command_decodes_images_once_at_the_size_the_samples_have() -> N
     npys = {**jpgs, "kinds": {".npy": 40}}
     assert _commands(main, proj, npys)[0] == "fastdata convert /data/img DATASET"
     assert _commands(main, None, jpgs)[0] == "fastdata convert /data/img DATASET"
+
+
+class _Images:
+    """Float CHW images; ``random``: a brightness drawn per call (two draws of one index differ)."""
+
+    def __init__(self, random: bool, normalised: bool) -> None:
+        import numpy as np
+
+        self.random, self.normalised = random, normalised
+        self.base = np.random.default_rng(0).random((40, 3, 16, 12), dtype=np.float32)
+        self.rng = np.random.default_rng(1)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        x = self.base[i]
+        if self.random:
+            x = x * np.float32(self.rng.uniform(0.8, 1.0))
+        return ((x - 0.5) / 0.25 if self.normalised else x).copy(), i % 2
+
+
+@pytest.mark.parametrize("random,normalised,ops", [(True, True, ["HorizontalFlip", "Normalize"]),
+                                                   (False, True, ["Normalize"]), (False, False, [])])
+def test_image_samples_are_stored_as_uint8_and_the_loader_redoes_the_transforms(
+        tmp_path: Path, random: bool, normalised: bool, ops: list[str]) -> None:
+    """On the CPU the script's image transforms become the loader's ops: the sample keeps uint8 images (what
+    --images raw stores), the loader turns them into floats and runs the ops standing in for the script's."""
+    from fastdata import open as fd_open
+    from fastdata.doctor.project import _sample
+    from fastdata.doctor.report import _commands
+
+    s = _sample(_Images(random, normalised), 8, tmp_path)
+    assert not isinstance(s, str)
+    assert list(s.ops) == ops and s.images == ("f0",) and s.shapes["f0"] == [3, 16, 12]
+    ds = fd_open(str(s.path))
+    assert ds[0]["f0"].dtype == np.uint8 and ds[0]["f0"].shape == (16, 12, 3)
+    batch = next(iter(s.loader()))
+    assert batch["f0"].dtype == torch.float32 and tuple(batch["f0"].shape) == (8, 3, 16, 12)
+    line = _commands({"settings": {"batch_size": 8}}, {"ok": True, "workers": 2, "shapes": s.shapes, "ops": ops},
+                     None)[1]
+    assert ("augment=[" in line) == bool(ops) and all(o in line for o in ops)
+
+
+def test_image_samples_stay_float_when_the_step_runs_on_a_gpu(tmp_path: Path) -> None:
+    """With the step on a GPU the ops run there (cheap): the sample keeps the floats, no ops are added."""
+    from fastdata import open as fd_open
+    from fastdata.doctor.project import _sample
+
+    s = _sample(_Images(True, True), 8, tmp_path, on_cpu=False)
+    assert not isinstance(s, str) and s.ops == () and s.images == ()
+    assert fd_open(str(s.path))[0]["f0"].dtype == np.float32
+
+
+def test_replay_hands_the_first_batches_in_turn(tmp_path: Path) -> None:
+    """Ragged batches: the replay cycles over copies of the first batches after the warm-up (each its own
+    length), not one batch whose length may be far from the run's."""
+    from torch.utils.data import DataLoader
+
+    from fastdata.doctor import _probe
+
+    lengths = [5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27]
+    loader = DataLoader([torch.zeros(n) for n in lengths], batch_size=None)
+    rec = _probe.install(tmp_path, steps=10, replay=True)
+    seen = []
+    try:
+        for x in loader:
+            seen.append(len(x))
+            x += 1  # the script may change a batch in place: the next copy is fresh
+    except _probe.BudgetReached:
+        pass
+    finally:
+        _probe.uninstall()
+    cached = lengths[_probe.WARMUP:_probe.WARMUP + _probe.CACHED_BATCHES]
+    replayed = seen[_probe.WARMUP + 10:]
+    assert len(replayed) == _probe.REPLAY and replayed == cached[:_probe.REPLAY]
+    assert all(float(c.sum()) == 0.0 for c in rec.cached)
+    assert _probe._nbytes({"a": torch.zeros(4), "b": (np.zeros(3, np.int64), "s")}) == 40

@@ -100,7 +100,7 @@ class Accountant:
         self.order: deque[list[tuple[int, _Tracked]]] = deque()
         self.pending: deque[tuple[Any, Any, Bucket, int]] = deque()
         self.depth = 0  # > 0 while the training thread is inside a loader's next()
-        self.active = True  # False once the doctor replays a cached batch
+        self.active = True  # False once the doctor replays cached batches
         self.usable: bool | None = None  # CUDA works here (asked at the first copy to a CUDA device)
         self.lock = threading.Lock()
 

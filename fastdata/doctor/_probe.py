@@ -6,8 +6,8 @@ a GPU, timed with CUDA events), the dataset fetchers' ``fetch`` (fastdata.doctor
 in collate, in whatever process runs them; forked workers inherit the patch, spawned ones get it
 from a wrapper around the loader's ``worker_init_fn``, given back at the end) and fastdata's
 ``Loader.__iter__``. The hooks only read clocks and counters; the batches pass through untouched.
-After the budget the loop is fed a copy of one cached batch for a few steps (the compute-only
-step), then, when projecting, for a few more while fastdata's loader reads a converted sample of the
+After the budget the loop is fed copies of the first batches it had (cached, in turn: ragged data gives
+each its own shape) for a few steps (the compute-only step), then, when projecting, for a few more while fastdata's loader reads a converted sample of the
 dataset beside them, one batch a step (fastdata.doctor.project.Beside: the step as it would run after the
 switch), then stopped with :class:`BudgetReached`.
 """
@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from ._h2d import Accountant
 
 WARMUP = 2  # batches of each pass left out of the statistics: worker start-up, first-batch caching
-REPLAY = 8  # steps run on the cached batch to time the step without input
-BESIDE = 24  # then steps on the cached batch while fastdata's loader reads a sample beside them (projection)
+REPLAY = 8  # steps run on the cached batches to time the step without input
+CACHED_BATCHES, CACHED_BYTES = 8, 32 << 20  # batches cached for the replay (at least one, whatever its size)
+BESIDE = 24  # then steps on the cached batches while fastdata's loader reads a sample beside them (projection)
 MAX_EVENTS = 20000  # per loader, for the timeline
 # how fastdata.doctor.run tells the child (fastdata.doctor._boot) its folder and budget
 ENV_DIR, ENV_STEPS, ENV_SECONDS = "FASTDATA_DOCTOR_DIR", "FASTDATA_DOCTOR_STEPS", "FASTDATA_DOCTOR_SECONDS"
@@ -62,9 +63,11 @@ class Recorder:
         self.loaders: dict[int, LoaderRecord] = {}
         self.started = time.perf_counter()
         self.first_batch_at: float | None = None
-        self.cached: Any = None
+        self.cached: list[Any] = []  # the replay's batches: the first after WARMUP of one loader
+        self.cached_bytes = 0
         self.cached_from: int | None = None
         self.replaying = 0
+        self.handed = -1  # cached batches handed to the replay
         self.stop_reason = "script ended"
         self.stopped_at: float | None = None
         self.datasets: dict[int, Any] = {}  # key -> the dataset object (for the fastdata projection)
@@ -98,27 +101,34 @@ class Recorder:
             _copies.track(batch, key, self.batches, len(rec.events) > WARMUP)
         if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
             self.batch_sizes[key] = _leading(batch)
-        if self.cached is None and len(rec.events) == WARMUP + 1:
-            self.cached, self.cached_from = _clone(batch), key
+        if len(rec.events) > WARMUP and self.cached_from in (None, key) and len(self.cached) < CACHED_BATCHES:
+            size = _nbytes(batch)
+            if not self.cached or self.cached_bytes + size <= CACHED_BYTES:
+                self.cached.append(_clone(batch))
+                self.cached_from, self.cached_bytes = key, self.cached_bytes + size
         return batch
 
     def next_replay(self, key: int) -> Any:
-        """A fresh copy of the cached batch (the script may change a batch in place), or BudgetReached (also
+        """A fresh copy of a cached batch (the script may change a batch in place), or BudgetReached (also
         when another loader, a validation loader say, asks: it must never be handed the training batch)."""
         rec = self.loaders[key]
         self.stop_reason = "budget spent"
-        if _copies is not None:  # the copies of the cached batch are not the loop's
+        if _copies is not None:  # the copies of the cached batches are not the loop's
             _copies.active = False
-        if self.cached is None or not self.do_replay or key != self.cached_from:
+        if not self.cached or not self.do_replay or key != self.cached_from:
             self._stop()
         if self.replaying >= REPLAY:  # the compute-only steps are done: the steps beside fastdata's loader
             return self._next_beside()
         t0 = time.perf_counter()
-        batch = _clone(self.cached)
+        batch = self._next_cached()
         now = time.perf_counter()
         rec.replay.append((now, now - t0))
         self.replaying += 1
         return batch
+
+    def _next_cached(self) -> Any:
+        self.handed += 1
+        return _clone(self.cached[self.handed % len(self.cached)])
 
     def _next_beside(self) -> Any:
         if self.stopped_at is None:  # the end of the last compute-only step
@@ -135,7 +145,7 @@ class Recorder:
             self.beside_why = f"fastdata's loader failed beside the step: {type(e).__name__}: {e}"
             self._stop()
         t1 = time.perf_counter()
-        batch = _clone(self.cached)
+        batch = self._next_cached()
         now = time.perf_counter()
         self.beside.append((now, waited, now - t1, self._beside.position))
         return batch
@@ -171,6 +181,12 @@ class Recorder:
             self.beside_end, b, self._beside = now, self._beside, None
             b.close()
         raise BudgetReached(0)
+
+    def step_on_cpu(self) -> bool:
+        """No batch of the loaders went to a CUDA device (so far): the script's step runs on the CPU."""
+        if self.h2d is not None:
+            return not any(b["batches"] for b in self.h2d["loaders"].values())
+        return _copies is None or not any(b.batches for b in _copies.loaders.values())
 
     def dump(self) -> dict[str, Any]:
         return {
@@ -293,6 +309,14 @@ def _leading(batch: Any) -> int | None:
         if n is not None:
             return n
     return None
+
+
+def _nbytes(batch: Any) -> int:
+    """Bytes of the tensors and arrays of a batch."""
+    if hasattr(batch, "nbytes") and hasattr(batch, "shape"):
+        return int(batch.nbytes)
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
+    return sum(_nbytes(v) for v in items)
 
 
 def _clone(batch: Any) -> Any:

@@ -13,7 +13,7 @@ def add_parser(sub: Any) -> None:
                        description="Run a training script unchanged for a bounded budget, measure how long its loop "
                                    "waits for each DataLoader batch and why (time in the dataset's __getitem__ and "
                                    "collate, worker CPU, bytes read, the copies of batches to a CUDA GPU), time the step on a "
-                                   "cached batch, time "
+                                   "copies of its first batches, time "
                                    "fastdata.loader on a sample of the dataset, and print the verdict, the projected "
                                    "gain and the commands (docs/doctor.md).")
     b = d.add_mutually_exclusive_group()
@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
     d.add_argument("--json", metavar="FILE", help="write the report as JSON")
     d.add_argument("--html", metavar="FILE", help="write an HTML page with a timeline of waits and steps")
     d.add_argument("--no-replay", action="store_true",
-                   help="do not time the step on a cached batch (the compute-only step is then estimated)")
+                   help="do not time the step on cached batches (the compute-only step is then estimated)")
     d.add_argument("--no-project", action="store_true", help="do not measure fastdata.loader on a sample")
     d.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- python SCRIPT ARGS",
                    help="the training command, after --")

@@ -15,7 +15,7 @@ def page(r: dict[str, Any], text: str) -> str:
             ".wait{fill:#d9534f}.step{fill:#5b8bd9}.replay{fill:#5cb85c}</style></head><body>\n"
             f"<h1>fastdata doctor</h1>\n<pre>{html.escape(text)}</pre>\n<h2>Timeline</h2>\n"
             "<p>Each row is a stretch of the training loop: red, waiting in next() for a batch; blue, the step "
-            "(everything between batches); green, the compute-only replay on a cached batch.</p>\n"
+            "(everything between batches); green, the compute-only replay on cached batches.</p>\n"
             f"{timeline(r)}\n</body></html>\n")
 
 

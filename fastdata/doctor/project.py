@@ -6,7 +6,10 @@ result with the script's batch size, twice: beside the script's own step (:class
 doctor's replay, so the step and fastdata's reader threads share the CPU as they would after the switch)
 and alone (:func:`project_loader`, after the script is stopped). The samples are what ``__getitem__``
 returned, after the script's transforms: the projection assumes those transforms move to conversion time
-or to the device (said in the report).
+or to the device (said in the report). When the step runs on the CPU, the loader's own ops run there too, so
+an image the script turned into floats is kept as uint8 and the loader turns it back (:func:`_as_image`): to
+float, ``Normalize`` when the values were normalised, a flip when two draws of one sample differ, like the
+script after the switch; those ops are in the report's ``fastdata.loader`` line.
 """
 
 from __future__ import annotations
@@ -37,6 +40,20 @@ class Sampled:
     workers: int
     sample_bytes: float
     shapes: dict[str, list[int]]  # each field's shape in the first sample (what __getitem__ returned)
+    images: tuple[str, ...] = ()  # float image fields stored as uint8 (the loader makes them floats again)
+    ops: tuple[str, ...] = ()  # the loader's augment ops standing in for the script's image transforms
+
+    def augment(self) -> list[Any] | None:
+        from ..augment import HorizontalFlip, Normalize
+
+        made = {"HorizontalFlip": lambda: HorizontalFlip(),
+                "Normalize": lambda: Normalize((0.5,) * self.channels, (0.25,) * self.channels)}
+        return [made[o]() for o in self.ops] or None
+
+    @property
+    def channels(self) -> int:
+        shape = self.shapes[self.images[0]] if self.images else [3]
+        return min(shape[0], shape[-1])
 
     @property
     def path(self) -> Path:
@@ -46,7 +63,7 @@ class Sampled:
         import fastdata
 
         return fastdata.loader(str(self.path), batch_size=self.batch_size, device="cpu",
-                               num_workers=self.workers, drop_last=True)
+                               num_workers=self.workers, drop_last=True, augment=self.augment())
 
     def remove(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
@@ -73,6 +90,32 @@ def _fields(item: Any) -> dict[str, np.ndarray] | None:
     return out
 
 
+def _image_shaped(shape: Any) -> bool:
+    """CHW or HWC with 1, 3 or 4 channels and sides of at least 8 (a 3-D array that may be an image)."""
+    if len(shape) != 3:
+        return False
+    chw, hwc = shape[0] in (1, 3, 4), shape[2] in (1, 3, 4)
+    return chw != hwc and min(shape[1:] if chw else shape[:2]) >= 8
+
+
+def _as_image(a: np.ndarray) -> np.ndarray:
+    """A float image (CHW or HWC) as uint8 HWC, its range stretched to 0-255: what ``fastdata convert
+    --images raw`` stores, and the loader turns into floats again (the values do not change the time)."""
+    hwc = a if a.shape[2] in (1, 3, 4) else a.transpose(1, 2, 0)
+    lo, hi = float(hwc.min()), float(hwc.max())
+    return np.ascontiguousarray(((hwc - lo) * (255.0 / max(hi - lo, 1e-12))).clip(0, 255).astype(np.uint8))
+
+
+def _image_ops(ds: Any, i: int, first: dict[str, np.ndarray], images: list[str]) -> tuple[str, ...]:
+    """The loader's stand-ins for the script's image transforms: a flip when a second draw of sample ``i``
+    differs (random ops), Normalize when the values left 0-1 (normalised)."""
+    again = _fields(ds[i]) or {}
+    random = any(k in again and again[k].shape == first[k].shape and not np.array_equal(again[k], first[k])
+                 for k in images)
+    normalised = any(float(first[k].min()) < 0 or float(first[k].max()) > 1.0 for k in images)
+    return (("HorizontalFlip",) if random else ()) + (("Normalize",) if normalised else ())
+
+
 def workers_for_projection() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
@@ -89,14 +132,15 @@ def sample(rec: Any, key: int | None = None) -> Sampled | str:
     if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")) or not bs:
         return "the dataset is not map-style (no __len__/__getitem__) or has no batch size"
     work = Path(tempfile.mkdtemp(prefix="fastdata-doctor-", dir=os.environ.get("FASTDATA_DOCTOR_TMP")))
+    on_cpu = getattr(rec, "step_on_cpu", lambda: True)()
     try:
-        return _sample(ds, int(bs), work)
+        return _sample(ds, int(bs), work, on_cpu)
     except Exception as e:  # the projection is optional: say why it is missing, never fail the report
         shutil.rmtree(work, ignore_errors=True)
         return f"{type(e).__name__}: {e}"
 
 
-def _sample(ds: Any, bs: int, work: Path) -> Sampled | str:
+def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True) -> Sampled | str:
     from fastdata.conversion import convert
     from fastdata.converters import ConvertConfig
     from fastdata.write import WriteOptions
@@ -107,12 +151,20 @@ def _sample(ds: Any, bs: int, work: Path) -> Sampled | str:
     t0 = time.perf_counter()
     kept = 0
     shapes: dict[str, list[int]] = {}
+    images: list[str] = []
+    ops: tuple[str, ...] = ()
     for i in idx:
         f = _fields(ds[int(i)])
         if f is None:
             shutil.rmtree(work, ignore_errors=True)
             return f"sample {int(i)} holds objects that are not arrays or numbers"
-        shapes = shapes or {k: list(np.shape(v)) for k, v in f.items()}
+        if not shapes:
+            shapes = {k: list(np.shape(v)) for k, v in f.items()}
+            images = [k for k, v in f.items() if on_cpu and v.dtype.kind == "f" and _image_shaped(v.shape)]
+            ops = _image_ops(ds, int(i), f, images) if images else ()
+        for k in images:
+            if _image_shaped(f[k].shape):
+                f[k] = _as_image(f[k])
         np.savez(src / f"{kept:06d}.npz", **f)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
         kept += 1
         if time.perf_counter() - t0 > SAMPLE_BUDGET_S and kept >= 2 * bs:
@@ -120,7 +172,7 @@ def _sample(ds: Any, bs: int, work: Path) -> Sampled | str:
     rep = convert(src, work / "ds", ConvertConfig(write=WriteOptions(workers=1), no_labels=True))
     shutil.rmtree(src, ignore_errors=True)
     return Sampled(work, kept, rep.fields, min(bs, kept), workers_for_projection(), rep.bytes_in / max(kept, 1),
-                   shapes)
+                   shapes, tuple(images), ops)
 
 
 class Beside:
@@ -192,4 +244,6 @@ def _measure(s: Sampled) -> dict[str, Any]:
         return {"ok": False, "why": f"only {s.samples} samples: too few for a batch of {s.batch_size} after the first"}
     return {"ok": True, "samples": s.samples, "fields": s.fields, "batch_size": s.batch_size, "workers": s.workers,
             "batch_s": float(np.mean(times)), "sample_bytes": s.sample_bytes, "shapes": s.shapes,
-            "note": "samples are the dataset's __getitem__ outputs (after its transforms)"}
+            "ops": list(s.ops), "note": "samples are the dataset's __getitem__ outputs (after its transforms)"
+            + (f"; images as uint8, the loader's {' + '.join(('to float',) + s.ops)} in the script's place"
+               if s.images else "")}

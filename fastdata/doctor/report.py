@@ -33,7 +33,7 @@ def _steps(events: list[list[float]]) -> tuple[list[float], list[float]]:
 
 
 def _replay_step(loader: dict[str, Any], stopped_at: float | None) -> float | None:
-    """The median step on the cached batch, less the median copy: medians, as other load on the machine
+    """The median step on the cached batches, less the median copy: medians, as other load on the machine
     makes single steps slow."""
     marks = [t for t, _ in loader["replay"]] + ([stopped_at] if stopped_at else [])
     copies = sorted(c for _, c in loader["replay"])
@@ -143,7 +143,7 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
     wait_fraction = sum(waits) / sum(steps)
     step_s = sum(steps) / len(steps)
     compute = _replay_step(main, raw.get("stopped_at")) if raw.get("replay_key") == main["key"] else None
-    method = "replay: the script's step timed on one cached batch"
+    method = "replay: the script's step timed on cached batches (the first it had, up to 8)"
     if compute is None:
         compute, method = step_s - sum(waits) / len(waits), "estimate: step time minus the wait in next()"
     nw = main["settings"].get("num_workers") or 0
@@ -167,7 +167,7 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
 
 def _beside(raw: dict[str, Any]) -> dict[str, Any] | None:
     """The script's step replayed with fastdata's loader reading beside it, one batch a step: the mean
-    step (less the doctor's copy of the cached batch; a mean, like the step measured in the run) and the
+    step (less the doctor's copy of a cached batch; a mean, like the step measured in the run) and the
     fraction of it spent waiting for fastdata. A pass's first batch (start-up, which a sample of a few
     passes has far more often than the real dataset) is left out."""
     rows, why = raw.get("beside") or [], raw.get("beside_why")
@@ -250,7 +250,13 @@ def _commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[st
         return [convert,
                 f'loader = fastdata.loader("DATASET", None, sampler=fastdata.samplers.Episodic(...), num_workers={nw!r})'
                 "   # or another fastdata.samplers sampler in place of your batch_sampler (docs/loader.md)"]
-    return [convert, f'loader = fastdata.loader("DATASET", batch_size={bs}, num_workers={nw!r}, device="auto")']
+    ops = (proj or {}).get("ops") or []
+    augment = ("augment=[" + ", ".join("Normalize(MEAN, STD)" if o == "Normalize" else f"{o}()" for o in ops)
+               + "], ") if ops else ""
+    line = f'loader = fastdata.loader("DATASET", batch_size={bs}, num_workers={nw!r}, {augment}device="auto")'
+    if ops:  # what the projection ran in place of the script's own image transforms
+        line += "   # your random ops and Normalize's mean/std in place of these (fastdata.augment, docs/augment.md)"
+    return [convert, line]
 
 
 def render(r: dict[str, Any]) -> str:
