@@ -6,10 +6,11 @@ a GPU, timed with CUDA events), the dataset fetchers' ``fetch`` (fastdata.doctor
 in collate, in whatever process runs them; forked workers inherit the patch, spawned ones get it
 from a wrapper around the loader's ``worker_init_fn``, given back at the end) and fastdata's
 ``Loader.__iter__``. The hooks only read clocks and counters; the batches pass through untouched.
-After the budget the loop is fed copies of the first batches it had (cached, in turn: ragged data gives
-each its own shape) for a few steps (the compute-only step), then, when projecting, for a few more while fastdata's loader reads a converted sample of the
-dataset beside them, one batch a step (fastdata.doctor.project.Beside: the step as it would run after the
-switch), then stopped with :class:`BudgetReached`.
+After the budget the loop is fed copies of the first batches it had (cached as they passed, handed in
+turn: ragged data gives each its own shape) for a few steps (the compute-only step), then, when
+projecting, for a few more while fastdata's loader reads a converted sample of the dataset beside them,
+one batch a step (fastdata.doctor.project.Beside: the step as it would run after the switch), then
+stopped with :class:`BudgetReached`.
 """
 
 from __future__ import annotations
