@@ -111,6 +111,27 @@ def test_npy_folder_script_with_projection(tmp_path: Path, capsys: pytest.Captur
     assert "reading arrays (np.load)" in r["workers"]["causes"]
 
 
+def test_image_script_projection_redoes_its_transforms(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image classifier (PIL crop, flip, normalise to floats in __getitem__), on the CPU: the projection
+    reads the images as uint8 with a flip and Normalize on the batch, and the report and the fix say so."""
+    from make_data import jpegs
+
+    monkeypatch.setenv("FASTDATA_DOCTOR_TMP", str(tmp_path))
+    data = jpegs(tmp_path / "img", n=48, side=128)
+    out_json = tmp_path / "r.json"
+    code, text = _run(["doctor", "--steps", "6", "--json", str(out_json), "--", sys.executable,
+                       str(SCRIPTS / "image_folder.py"), str(data), "--epochs", "8", "--workers", "0",
+                       "--batch-size", "8"], capsys)
+    assert code == 0, text
+    r = json.loads(out_json.read_text())
+    assert r["projection"]["ok"], r["projection"]
+    assert r["projection"]["ops"] == ["HorizontalFlip", "Normalize"] and r["beside"]["steps"] >= 8
+    assert "images as uint8 with HorizontalFlip + Normalize on the batch" in text
+    assert r["commands"][0].endswith("--images raw --size 112 112")
+    assert "augment=[HorizontalFlip(), Normalize(MEAN, STD)]" in r["commands"][1]
+
+
 def test_lightning_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("lightning")
     data = sequences(tmp_path / "seq", n=32)

@@ -293,8 +293,9 @@ def render(r: dict[str, Any]) -> str:
         lines.append(copies)
     p = r["projection"]
     if p.get("ok"):
+        ops = f", images as uint8 with {' + '.join(p['ops'])} on the batch" if p.get("ops") else ""
         lines.append(f"fastdata {p['batch_s'] * 1e3:.1f} ms/batch alone on {p['samples']} sampled samples "
-                     f"({p['workers']} reader threads); projected step {r['projected_step_s'] * 1e3:.1f} ms, "
+                     f"({p['workers']} reader threads{ops}); projected step {r['projected_step_s'] * 1e3:.1f} ms, "
                      f"from the {r['projection_basis']}")
     else:
         lines.append(f"fastdata not projected: {p.get('why')}")
