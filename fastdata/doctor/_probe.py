@@ -65,10 +65,8 @@ class Recorder:
         self.started = time.perf_counter()
         self.first_batch_at: float | None = None
         self.cached: list[Any] = []  # the replay's batches: the first after WARMUP of one loader
-        self.cached_bytes = 0
         self.cached_from: int | None = None
         self.replaying = 0
-        self.handed = -1  # cached batches handed to the replay
         self.stop_reason = "script ended"
         self.stopped_at: float | None = None
         self.datasets: dict[int, Any] = {}  # key -> the dataset object (for the fastdata projection)
@@ -103,10 +101,9 @@ class Recorder:
         if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
             self.batch_sizes[key] = _leading(batch)
         if len(rec.events) > WARMUP and self.cached_from in (None, key) and len(self.cached) < CACHED_BATCHES:
-            size = _nbytes(batch)
-            if not self.cached or self.cached_bytes + size <= CACHED_BYTES:
+            if not self.cached or sum(map(_nbytes, self.cached)) + _nbytes(batch) <= CACHED_BYTES:
                 self.cached.append(_clone(batch))
-                self.cached_from, self.cached_bytes = key, self.cached_bytes + size
+                self.cached_from = key
         return batch
 
     def next_replay(self, key: int) -> Any:
@@ -121,15 +118,15 @@ class Recorder:
         if self.replaying >= REPLAY:  # the compute-only steps are done: the steps beside fastdata's loader
             return self._next_beside()
         t0 = time.perf_counter()
-        batch = self._next_cached()
+        batch = self._cached_copy(self.replaying)
         now = time.perf_counter()
         rec.replay.append((now, now - t0))
         self.replaying += 1
         return batch
 
-    def _next_cached(self) -> Any:
-        self.handed += 1
-        return _clone(self.cached[self.handed % len(self.cached)])
+    def _cached_copy(self, i: int) -> Any:
+        """A copy of the ``i``-th batch the replay hands out: the cached batches in turn."""
+        return _clone(self.cached[i % len(self.cached)])
 
     def _next_beside(self) -> Any:
         if self.stopped_at is None:  # the end of the last compute-only step
@@ -146,7 +143,7 @@ class Recorder:
             self.beside_why = f"fastdata's loader failed beside the step: {type(e).__name__}: {e}"
             self._stop()
         t1 = time.perf_counter()
-        batch = self._next_cached()
+        batch = self._cached_copy(self.replaying + len(self.beside))
         now = time.perf_counter()
         self.beside.append((now, waited, now - t1, self._beside.position))
         return batch

@@ -46,14 +46,10 @@ class Sampled:
     def augment(self) -> list[Any] | None:
         from ..augment import HorizontalFlip, Normalize
 
-        made = {"HorizontalFlip": lambda: HorizontalFlip(),
-                "Normalize": lambda: Normalize((0.5,) * self.channels, (0.25,) * self.channels)}
-        return [made[o]() for o in self.ops] or None
-
-    @property
-    def channels(self) -> int:
         shape = self.shapes[self.images[0]] if self.images else [3]
-        return min(shape[0], shape[-1])
+        c = min(shape[0], shape[-1])  # the image's channels (CHW or HWC)
+        return [HorizontalFlip() if o == "HorizontalFlip" else Normalize((0.5,) * c, (0.25,) * c)
+                for o in self.ops] or None
 
     @property
     def path(self) -> Path:
@@ -90,12 +86,14 @@ def _fields(item: Any) -> dict[str, np.ndarray] | None:
     return out
 
 
-def _image_shaped(shape: Any) -> bool:
-    """CHW or HWC with 1, 3 or 4 channels and sides of at least 8 (a 3-D array that may be an image)."""
+def image_hw(shape: Any) -> tuple[int, int] | None:
+    """(H, W) of a shape that may be an image: CHW or HWC with 1, 3 or 4 channels (one reading only) and
+    sides of at least 8; None otherwise."""
     if len(shape) != 3:
-        return False
+        return None
     chw, hwc = shape[0] in (1, 3, 4), shape[2] in (1, 3, 4)
-    return chw != hwc and min(shape[1:] if chw else shape[:2]) >= 8
+    hw = (int(shape[1]), int(shape[2])) if chw else (int(shape[0]), int(shape[1]))
+    return hw if chw != hwc and min(hw) >= 8 else None
 
 
 def _as_image(a: np.ndarray) -> np.ndarray:
@@ -160,10 +158,10 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True) -> Sampled | str:
             return f"sample {int(i)} holds objects that are not arrays or numbers"
         if not shapes:
             shapes = {k: list(np.shape(v)) for k, v in f.items()}
-            images = [k for k, v in f.items() if on_cpu and v.dtype.kind == "f" and _image_shaped(v.shape)]
+            images = [k for k, v in f.items() if on_cpu and v.dtype.kind == "f" and image_hw(v.shape)]
             ops = _image_ops(ds, int(i), f, images) if images else ()
         for k in images:
-            if _image_shaped(f[k].shape):
+            if image_hw(f[k].shape):
                 f[k] = _as_image(f[k])
         np.savez(src / f"{kept:06d}.npz", **f)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
         kept += 1

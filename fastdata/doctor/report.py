@@ -222,15 +222,11 @@ def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[in
     sample (the projection's data) has exactly one field shaped like an image (CHW or HWC, 1, 3 or 4
     channels): decoding and resizing at conversion is what the projection measured."""
     from ..format.files import IMAGE_SUFFIXES
+    from .project import image_hw
 
     if proj is None or not source["kinds"] or not all(k in IMAGE_SUFFIXES for k in source["kinds"]):
         return None
-    sizes = []
-    for shape in (proj.get("shapes") or {}).values():
-        if len(shape) == 3 and shape[0] in (1, 3, 4) and shape[2] not in (1, 3, 4):
-            sizes.append((shape[1], shape[2]))
-        elif len(shape) == 3 and shape[2] in (1, 3, 4):
-            sizes.append((shape[0], shape[1]))
+    sizes = [hw for hw in map(image_hw, (proj.get("shapes") or {}).values()) if hw is not None]
     return sizes[0] if len(sizes) == 1 else None
 
 

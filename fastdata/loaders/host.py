@@ -8,7 +8,6 @@ transform (transform.py) runs in the reader, on the batch's numpy arrays.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -20,6 +19,7 @@ import torch
 
 from ..dataset import Dataset
 from ..errors import LoaderWorkerError
+from ..format.external import size_mtime
 from ..format.spec import ENCODING_IMAGE, is_string
 from .base import wrap_error
 from .buffers import Recycler, torch_dtype
@@ -222,8 +222,7 @@ class ThreadReader:
         out: list[tuple[int, int] | None] = []
         for path in self.dataset.shard_paths():
             try:
-                st = os.stat(path)
-                out.append((st.st_size, st.st_mtime_ns))
+                out.append(size_mtime(str(path)))
             except OSError:
                 out.append(None)
         return tuple(out)
