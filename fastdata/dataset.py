@@ -30,6 +30,7 @@ from .format.interface import ShardReader
 from .format.manifest import read_manifest
 from .format.source import LocalShards, ShardSource
 from .format.spec import ENCODING_PIXELS, KEY_FIELD, companions, is_string
+from .handles import open_all
 from .remote import RemoteOptions, is_url
 from .selection import Selection
 
@@ -85,6 +86,7 @@ class Dataset(Selection, Assembly):
         names = [f.name for f in self.manifest.fields]
         self._view: np.ndarray | None = None
         self._read_ahead_memo: dict[str, bool] = {}  # whether the last pass found its batches cached (read_ahead)
+        self._all_open_pid: int | None = None  # this process had every shard open (_open_shards)
         self._view_pos: tuple[np.ndarray, np.ndarray] | None = None
         self._with_key = fields is not None and KEY_FIELD in fields and KEY_FIELD not in names
         self._keys = self._source.key_table()
@@ -151,6 +153,7 @@ class Dataset(Selection, Assembly):
         cuts = np.concatenate(([0], np.flatnonzero(np.diff(shard_of)) + 1, [len(idx)]))
         names = [f.name for f in self.schema]
         out = []
+        self._open_shards([int(shard_of[a]) for a in cuts[:-1].tolist()])
         for a, e in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
             s = int(shard_of[a])
             reader = self._readers[s]
@@ -234,7 +237,17 @@ class Dataset(Selection, Assembly):
         packed = self.check_ragged(ragged)
         segments, shards = self._segments(idx)
         with self._source.pinned(shards, self._readers):
+            self._open_shards(shards)
             return self._read(segments, idx, asked, out, packed)
+
+    def _open_shards(self, shards: Sequence[int]) -> None:
+        """Open the shards ``shards`` side by side (handles.open_all) until every shard has been open
+        in this process; after that a batch skips the check (a shard closed since reopens on use)."""
+        if self._all_open_pid == os.getpid():
+            return
+        open_all([self._readers[s] for s in shards])
+        if all(r.is_open() for r in self._readers):
+            self._all_open_pid = os.getpid()
 
     def _segments(self, idx: np.ndarray) -> tuple[list[Any], list[int]]:
         """The stored samples ``idx`` as segments (reader, rows in its shard, places in the batch),
@@ -272,6 +285,7 @@ class Dataset(Selection, Assembly):
         Dropping the dataset releases them too."""
         for r in self._readers:
             r.close()
+        self._all_open_pid = None
         if self._decoder is not None:
             self._decoder.close()
         self._source.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, Sequence, TypeVar
 
 H = TypeVar("H")
 
@@ -22,7 +22,7 @@ H = TypeVar("H")
 # what a forked child must close its copy of: open handles (registered while open) and the parent's
 # own objects (parent_only); each has an ``_after_fork_in_child()``
 _open_handles: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_opening = threading.RLock()  # opening is rare (once per handle and process): one lock for all
+_opening = threading.Lock()  # guards making a handle's own opening lock (brief)
 
 
 class PerProcessHandle(Generic[H]):
@@ -44,7 +44,7 @@ class PerProcessHandle(Generic[H]):
         handle = self._handle
         if handle is not None and self._handle_pid == os.getpid():
             return handle
-        with _opening:  # reader threads racing to open the same shard must not leak the loser's handle
+        with self._open_lock():  # reader threads racing to open the same shard must not leak the loser's handle
             handle = self._handle
             if handle is None or self._handle_pid != os.getpid():
                 self._drop()
@@ -54,6 +54,22 @@ class PerProcessHandle(Generic[H]):
                 self._finalizer = weakref.finalize(self, _close_quietly, type(self)._close_handle, handle)
                 _open_handles.add(self)
             return handle
+
+    def is_open(self) -> bool:
+        """Whether this process has the handle open now (nothing is opened)."""
+        return self._handle is not None and self._handle_pid == os.getpid()
+
+    def _open_lock(self) -> Any:
+        """This object's opening lock in this process: different shards open at once (a cold open
+        waits on the disk), the same one once. Made anew after a fork (another thread may have
+        held the parent's) and not pickled."""
+        pair = self.__dict__.get("_opening_lock")
+        if pair is None or pair[0] != os.getpid():
+            with _opening:
+                pair = self.__dict__.get("_opening_lock")
+                if pair is None or pair[0] != os.getpid():
+                    pair = self.__dict__["_opening_lock"] = (os.getpid(), threading.RLock())
+        return pair[1]
 
     def close(self) -> None:
         """Release this process's handle; the next use opens a new one."""
@@ -79,7 +95,7 @@ class PerProcessHandle(Generic[H]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_handle", "_handle_pid", "_finalizer"):
+        for name in ("_handle", "_handle_pid", "_finalizer", "_opening_lock"):
             state.pop(name, None)
         return state
 
@@ -101,10 +117,32 @@ def parent_only(obj: Any) -> None:
 def _close_inherited_handles() -> None:
     """In a forked child: close (the child's copies of) every handle the parent had open."""
     global _opening
-    _opening = threading.RLock()  # another thread of the parent may have held it at fork time
+    _opening = threading.Lock()  # another thread of the parent may have held it at fork time
     for obj in list(_open_handles):
         obj._after_fork_in_child()
     _open_handles.clear()
+
+
+class _Opens(Protocol):
+    def is_open(self) -> bool: ...
+
+    def handle(self) -> Any: ...
+
+
+def open_all(owners: Sequence[_Opens], threads: int = 8) -> None:
+    """Open the handles of ``owners`` not open in this process yet, several at once: opening a shard
+    on a cold disk waits for a few small reads (its metadata, columns held in memory), and a batch
+    spread over many shards would otherwise wait for them one after another before its first read."""
+    todo = [o for o in owners if not o.is_open()]
+    if len(todo) < 2:
+        for o in todo:
+            o.handle()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(threads, len(todo)), thread_name_prefix="fastdata-open") as pool:
+        for f in [pool.submit(o.handle) for o in todo]:
+            f.result()  # the first error, as a plain open would raise it
 
 
 if hasattr(os, "register_at_fork"):

@@ -124,6 +124,14 @@ class PartReader:
         col = self.columns[name]
         return col.offset % 64 if isinstance(col, _Mapped) else 0
 
+    def handle(self) -> None:
+        """Open every column's file (each once per process)."""
+        for col in self.columns.values():
+            col.handle()
+
+    def is_open(self) -> bool:
+        return all(col.is_open() for col in self.columns.values())
+
     def close(self) -> None:
         for col in self.columns.values():
             col.close()
