@@ -232,10 +232,10 @@ def interleaved(fns: dict[str, Callable[[], dict[str, Any]]], rounds: int, seed:
     return out
 
 
-def median_of(results: list[dict[str, float]], key: str) -> dict[str, float]:
-    """The pass with the median ``key`` (and every pass's ``key``, as ``all``)."""
+def median_of(results: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The pass with the median ``key`` (and every pass's ``key``, as ``all``, and the pass before each)."""
     ranked = sorted(results, key=lambda r: r[key])
-    return {**ranked[len(ranked) // 2], "all": [round(r[key], 1) for r in results],  # type: ignore[dict-item]
+    return {**ranked[len(ranked) // 2], "all": [round(r[key], 1) for r in results],
             "after_all": [r.get("after") for r in results]}
 
 

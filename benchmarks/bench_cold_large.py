@@ -4,12 +4,13 @@ bench_cold.py empties the page cache per file before each pass; this run checks 
 hold when the data cannot fit in memory at all. It converts ``--base`` FLIM-like samples once, then
 copies that dataset ``--copies`` times into one dataset with ``fastdata merge`` (method "copy": new
 files, no shared pages), sized to ``--ram-factor`` times the RAM (MemTotal). It then times one
-cold pass each of the loader (shuffle True, "block", "shards") and the disk's ceilings on the same
+cold pass each (``--rounds``: more, in a new random order each round; the median) of the loader
+(shuffle True, "block", "shards") and the disk's ceilings on the same
 shard files (sample-size preads by 4, 8, 16 and 32 threads in random order, the best of them; 4 MiB preads by one thread in order
 and 4, 2 and 1 MiB preads by 16 threads each reading its own part in order, the best of these),
-and the loader's RSS after each pass. The figures are single passes (each reads the whole dataset).
+and the loader's RSS after its last pass. Each pass reads the whole dataset.
 
-Usage: python benchmarks/bench_cold_large.py [--ram-factor 1.15] [--base 2000] [--dir DIR] [--out DIR]
+Usage: python benchmarks/bench_cold_large.py [--ram-factor 1.15] [--base 2000] [--rounds R] [--dir DIR] [--out DIR]
 Needs free disk of about (1 + ram-factor) x RAM in --dir while it runs; everything is removed at the end.
 """
 
@@ -64,27 +65,36 @@ def build(work: Path, base: int, ram_factor: float) -> tuple[Path, int]:
     return big, copies
 
 
-def run(base: int, ram_factor: float, work: Path) -> dict[str, Any]:
+def run(base: int, ram_factor: float, work: Path, rounds: int = 1) -> dict[str, Any]:
     res: dict[str, Any] = {"loadavg_before": bench_cold.loadavg(), "ram_bytes": mem_total(), "base": base,
-                           "shape": list(bench_cold.SHAPE), "batch": bench_cold.BATCH}
+                           "shape": list(bench_cold.SHAPE), "batch": bench_cold.BATCH, "rounds": rounds}
     big, copies = build(work, base, ram_factor)
     paths = bench_cold.files_of(big)
     res.update(copies=copies, samples=base * copies, dataset_bytes=sum(p.stat().st_size for p in paths))
     sample_bytes = int(np.prod(bench_cold.SHAPE)) * 4
-    rows: dict[str, dict[str, float]] = {}
     rss: dict[str, dict[str, int]] = {}
-    for sh in (True, "block", "shards"):
-        key = f"loader shuffle={sh!r}"
+
+    def loader(sh: Any, key: str) -> dict[str, Any]:
         print(key, flush=True)
-        rows[key] = bench_cold.loader_pass(big, sh)
-        rows[key]["mb_per_s"] = rows[key]["samples_per_s"] * sample_bytes / 1e6
-        rss[key] = bench_cold.rss_kib()
-    ceil = {f"pread {sample_bytes} B, {t} threads, random": bench_cold.pread_pass(paths, sample_bytes, t, True)
-            for t in bench_cold.THREADS}  # the best thread count is the ceiling
-    ceil["pread 4 MiB, 1 thread, in order"] = bench_cold.pread_pass(paths, bench_cold.LARGE, 1, False)
+        r = bench_cold.loader_pass(big, sh)
+        r["mb_per_s"] = r["samples_per_s"] * sample_bytes / 1e6
+        rss[key] = bench_cold.rss_kib()  # (the last pass's)
+        return r
+
+    fns: dict[str, Any] = {f"loader shuffle={sh!r}": (lambda sh=sh, k=f"loader shuffle={sh!r}": loader(sh, k))
+                           for sh in (True, "block", "shards")}
+    ceil_fns: dict[str, Any] = {f"pread {sample_bytes} B, {t} threads, random":
+                                (lambda t=t: bench_cold.pread_pass(paths, sample_bytes, t, True))
+                                for t in bench_cold.THREADS}  # the best thread count is the ceiling
+    ceil_fns["pread 4 MiB, 1 thread, in order"] = lambda: bench_cold.pread_pass(paths, bench_cold.LARGE, 1, False)
     for mib in (4, 2, 1):  # the loader's stream reads are 1 MiB preads (bench_cold.py has the same ceilings)
-        ceil[f"pread {mib} MiB, {bench_cold.STREAMS} streams in order"] = bench_cold.pread_pass(
-            paths, mib << 20, bench_cold.STREAMS, False, streams=True)
+        ceil_fns[f"pread {mib} MiB, {bench_cold.STREAMS} streams in order"] = (
+            lambda mib=mib: bench_cold.pread_pass(paths, mib << 20, bench_cold.STREAMS, False, streams=True))
+    # in a random order (bench_cold.interleaved): a fixed one put every loader pass first, right after
+    # the dataset was written, and every ceiling after them
+    runs = bench_cold.interleaved({**fns, **ceil_fns}, rounds)
+    rows = {k: bench_cold.median_of(runs[k], "samples_per_s") for k in fns}
+    ceil = {k: bench_cold.median_of(runs[k], "mb_per_s") for k in ceil_fns}
     par = max((v for k, v in ceil.items() if "threads, random" in k), key=lambda v: v["mb_per_s"])
     large = max((v for k, v in ceil.items() if " MiB" in k), key=lambda v: v["mb_per_s"])
     res.update(rows=rows, ceilings=ceil, rss=rss, loadavg_after=bench_cold.loadavg(), machine=_harness.machine_info())
@@ -105,7 +115,8 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join([
         f"Larger than RAM: {res['samples']:,} samples of float32 {tuple(res['shape'])} ({res['copies']} copies of "
         f"{res['base']:,}), HDF5 {res['dataset_bytes'] / 1e9:.1f} GB on a machine with "
-        f"{res['ram_bytes'] / 2**30:.0f} GiB of RAM; one cold pass each, batch {res['batch']}. "
+        f"{res['ram_bytes'] / 2**30:.0f} GiB of RAM; {res.get('rounds', 1)} cold pass(es) each in a random order "
+        f"(the median), batch {res['batch']}. "
         f"Load average before {res['loadavg_before']}, after {res['loadavg_after']}.",
         "",
         _harness.markdown_table(["reader (cold, larger than RAM)", "samples/s", "MB/s", "VmRSS after, MiB"], rows),
@@ -119,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a tiny run (0.005 x RAM): checks the script, not the disk")
     p.add_argument("--ram-factor", type=float, default=1.15, help="dataset size over RAM (default 1.15)")
     p.add_argument("--base", type=int, default=2000, help="samples converted once, then copied (default 2000)")
+    p.add_argument("--rounds", type=int, default=1, help="passes of each reader, in a random order each round; "
+                   "the figure is the median pass (default 1)")
     p.add_argument("--dir", default=None, help="work folder on the disk to measure (default: a temporary folder)")
     p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR), help="results folder")
     a = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_cold_large_", dir=a.dir))
     try:
-        res = run(16 if a.quick else a.base, 0.005 if a.quick else a.ram_factor, work)
+        res = run(16 if a.quick else a.base, 0.005 if a.quick else a.ram_factor, work, a.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res["ceiling_check"] = _harness.check_ceiling("cold_large", dict(res["targets"]), quick=a.quick)
