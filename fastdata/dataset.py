@@ -244,7 +244,7 @@ class Dataset(Selection, Assembly):
     def _open_shards(self, shards: Sequence[int]) -> None:
         """Open the shards ``shards`` side by side (handles.open_all) until every shard has been open
         in this process; after that a batch skips the check (a shard closed since reopens on use). The
-        flag keeps the check off warm batches, where it cost about 5% of a batch of small samples."""
+        flag keeps the check off warm batches, where it showed on batches of small samples."""
         if self._all_open_pid == os.getpid():
             return
         open_all([self._readers[s] for s in shards])
