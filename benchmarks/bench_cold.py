@@ -14,7 +14,11 @@ how much stayed resident (reported). One run compares, on the same files:
   sample), random order, by 4, 8, 16 and 32 threads (the best is the ceiling) and by one thread in
   order; and 4 MiB preads, parallel in random order, one thread in order, and 16 threads each
   reading its own contiguous part in order (parallel sequential streams), those streams also with
-  2 MiB and 1 MiB preads (the loader's stream reads are 1 MiB); the large-read ceiling is the best;
+  2 MiB and 1 MiB preads (the loader's stream reads are 1 MiB), and those 1 MiB streams sent to
+  ``/dev/null`` (``sendfile``: into the page cache, no copy) with 2 threads ``pread``-ing each piece
+  once it arrived into a reused buffer (how the loader reads: its read-ahead sends, its readers copy
+  once); the large-read ceiling is the best of these. The same streams only sent to ``/dev/null`` are
+  the disk alone (nothing delivered to the process): a reference row, not a ceiling for reading;
 - warm cache: the loader with and without read-ahead, uncompressed and compressed;
 - natural-looking raw images (smooth gradients + texture), uncompressed and lz4: ratio and cold rate;
 - RSS (anonymous and file-backed) of the loader's process after each of ``--rss-epochs`` cold epochs;
@@ -65,6 +69,8 @@ QUICK_SHAPE = (2, 64, 21, 21)
 BATCH = 64
 CLASSES = ("c0", "c1", "c2", "c3")
 LARGE = 4 << 20
+AHEAD = f"1 MiB, {STREAMS} streams read ahead to /dev/null, each piece then pread by 2 threads"
+DISK_ALONE = f"1 MiB, {STREAMS} streams to /dev/null: the disk alone, nothing delivered (a reference)"
 THREADS = (4, 8, 16, 32)
 
 
@@ -179,10 +185,11 @@ def naive_pass(src: Path, files: list[Path]) -> dict[str, float]:
     return {"samples_per_s": n / dt, "seconds": dt, "resident_before": left}
 
 
-def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool, streams: bool = False) -> dict[str, float]:
+def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool, streams: bool = False,
+               sink: str = "buffer") -> dict[str, float]:
     """The disk's ceiling at request size ``size`` (fastdata.bench.pread_pass), cold."""
     left = cold(paths)
-    r = bench_pread(paths, size, threads, shuffled=shuffled, streams=streams)
+    r = bench_pread(paths, size, threads, shuffled=shuffled, streams=streams, sink=sink)
     return {"mb_per_s": r["bytes"] / r["seconds"] / 1e6, "seconds": r["seconds"], "resident_before": left}
 
 
@@ -291,9 +298,11 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     ceil_fns["pread 4 MiB, 16 threads, random"] = lambda: pread_pass(shard_files, LARGE, 16, True)
     ceil_fns["pread 4 MiB, 1 thread, in order"] = lambda: pread_pass(shard_files, LARGE, 1, False)
     ceil_fns[f"pread 4 MiB, {STREAMS} streams in order"] = lambda: pread_pass(shard_files, LARGE, STREAMS, False, streams=True)
-    for mib in (2, 1):  # the loader's stream reads are 1 MiB preads: the same streams at that size and between
+    for mib in (2, 1):  # the loader's stream reads are 1 MiB: the same streams at that size and between
         ceil_fns[f"pread {mib} MiB, {STREAMS} streams in order"] = (
             lambda mib=mib: pread_pass(shard_files, mib << 20, STREAMS, False, streams=True))
+    ceil_fns[AHEAD] = lambda: pread_pass(shard_files, 1 << 20, STREAMS, False, streams=True, sink="ahead")
+    ceil_fns[DISK_ALONE] = lambda: pread_pass(shard_files, 1 << 20, STREAMS, False, streams=True, sink="null")
     runs = interleaved({k: (lambda f=f: with_requests(work, f)) for k, f in {**cold_fns, **ceil_fns}.items()}, rounds)
     res["after_same_pattern"] = after_same_pattern(runs)
     rows = {k: median_of(runs[k], "samples_per_s") for k in cold_fns}
@@ -312,7 +321,7 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
         quality = {repr(sh): shuffle_quality(ds, sh) for sh in CONVERTED_SHUFFLES}
     rss = rss_run(work / "hdf5", rss_epochs)
     best_par = max(v["mb_per_s"] for k, v in ceil.items() if "threads, random" in k and "4 MiB" not in k)
-    large = max(v["mb_per_s"] for k, v in ceil.items() if " MiB" in k)
+    large = max(v["mb_per_s"] for k, v in ceil.items() if " MiB" in k and k != DISK_ALONE)
     unc = rows["loader shuffle=True"]["mb_per_s"]
     res.update(rows=rows, ceilings=ceil, warm=warm, images=images, shuffle_quality=quality, rss=rss,
                loadavg_after=loadavg(), machine=_harness.machine_info())
@@ -326,6 +335,8 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
         "warm read-ahead on / off, uncompressed (>= ~1)": warm["hdf5 shuffle=True, read-ahead on"]["samples_per_s"]
         / warm["hdf5 shuffle=True, read-ahead off"]["samples_per_s"],
         "RssAnon growth epoch 2 -> last, MiB": (rss[-1]["RssAnon"] - rss[min(1, len(rss) - 1)]["RssAnon"]) / 1024,
+        "shuffle='block' / the disk alone, nothing delivered (a reference)":
+            rows["loader shuffle='block'"]["mb_per_s"] / ceil[DISK_ALONE]["mb_per_s"],
     }
     return res
 

@@ -7,7 +7,9 @@ files, no shared pages), sized to ``--ram-factor`` times the RAM (MemTotal). It 
 cold pass each (``--rounds``: more, in a new random order each round; the median) of the loader
 (shuffle True, "block", "shards") and the disk's ceilings on the same
 shard files (sample-size preads by 4, 8, 16 and 32 threads in random order, the best of them; 4 MiB preads by one thread in order
-and 4, 2 and 1 MiB preads by 16 threads each reading its own part in order, the best of these),
+and 4, 2 and 1 MiB preads by 16 threads each reading its own part in order, and those 1 MiB streams
+read ahead to /dev/null and copied by 2 threads, the best of these; the same streams only sent to
+/dev/null as the disk alone, a reference),
 and the loader's RSS after its last pass. Each pass reads the whole dataset.
 
 Usage: python benchmarks/bench_cold_large.py [--ram-factor 1.15] [--base 2000] [--rounds R] [--dir DIR] [--out DIR]
@@ -87,22 +89,27 @@ def run(base: int, ram_factor: float, work: Path, rounds: int = 1) -> dict[str, 
                                 (lambda t=t: bench_cold.pread_pass(paths, sample_bytes, t, True))
                                 for t in bench_cold.THREADS}  # the best thread count is the ceiling
     ceil_fns["pread 4 MiB, 1 thread, in order"] = lambda: bench_cold.pread_pass(paths, bench_cold.LARGE, 1, False)
-    for mib in (4, 2, 1):  # the loader's stream reads are 1 MiB preads (bench_cold.py has the same ceilings)
+    for mib in (4, 2, 1):  # the loader's stream reads are 1 MiB (bench_cold.py has the same ceilings)
         ceil_fns[f"pread {mib} MiB, {bench_cold.STREAMS} streams in order"] = (
             lambda mib=mib: bench_cold.pread_pass(paths, mib << 20, bench_cold.STREAMS, False, streams=True))
+    for key, sink in ((bench_cold.AHEAD, "ahead"), (bench_cold.DISK_ALONE, "null")):
+        ceil_fns[key] = lambda sink=sink: bench_cold.pread_pass(paths, 1 << 20, bench_cold.STREAMS, False,
+                                                                streams=True, sink=sink)
     # in a random order (bench_cold.interleaved): a fixed one put every loader pass first, right after
     # the dataset was written, and every ceiling after them
     runs = bench_cold.interleaved({**fns, **ceil_fns}, rounds)
     rows = {k: bench_cold.median_of(runs[k], "samples_per_s") for k in fns}
     ceil = {k: bench_cold.median_of(runs[k], "mb_per_s") for k in ceil_fns}
     par = max((v for k, v in ceil.items() if "threads, random" in k), key=lambda v: v["mb_per_s"])
-    large = max((v for k, v in ceil.items() if " MiB" in k), key=lambda v: v["mb_per_s"])
+    large = max((v for k, v in ceil.items() if " MiB" in k and k != bench_cold.DISK_ALONE), key=lambda v: v["mb_per_s"])
     res.update(rows=rows, ceilings=ceil, rss=rss, loadavg_after=bench_cold.loadavg(), machine=_harness.machine_info())
     res["targets"] = {
         "shuffle=True / best parallel ceiling at the request size (>= 0.85)": rows["loader shuffle=True"]["mb_per_s"]
         / par["mb_per_s"],
         "shuffle='block' / best large-read ceiling, 1-4 MiB (>= 0.9)": rows["loader shuffle='block'"]["mb_per_s"] / large["mb_per_s"],
         "shuffle='shards' / best large-read ceiling, 1-4 MiB (>= 0.9)": rows["loader shuffle='shards'"]["mb_per_s"] / large["mb_per_s"],
+        "shuffle='block' / the disk alone, nothing delivered (a reference)":
+            rows["loader shuffle='block'"]["mb_per_s"] / ceil[bench_cold.DISK_ALONE]["mb_per_s"],
     }
     return res
 

@@ -38,9 +38,16 @@ class Assembly:
     _pixels: list[FieldSpec]  # raw pixels: placed straight into the padded image batch as they are read
     _decoder: BatchDecoder | None
     _with_key: bool
+    _read_ahead_memo: dict[str, bool]  # kept by the read-ahead (fastdata/readahead.py): "warm", its last probe
 
     if TYPE_CHECKING:
         def keys(self, indices: Iterable[int] | np.ndarray) -> list[str]: ...
+
+    def _from_disk(self) -> bool:
+        """Whether this process's read-ahead found the batches ahead of the readers not in the page
+        cache (its probe, ReadAhead._resident): the readers then read with ``pread`` rather than from
+        their maps (ShardReader.read_into). False without a read-ahead: nothing says so."""
+        return self._read_ahead_memo.get("warm") is False
 
     def check_ragged(self, ragged: str) -> bool:
         """True for ``ragged="packed"`` (see :meth:`fastdata.Dataset.get_batch`); refuses what cannot be packed."""
@@ -100,8 +107,9 @@ class Assembly:
                                                     None if f.name in decoded else out)
         outs = {**first, **{f.name: result[f.name] for f in self.schema if f.ragged}}
         if outs:
+            disk = self._from_disk()
             for reader, local, dest in segments:
-                reader.read_into(local, dest, outs, layouts)
+                reader.read_into(local, dest, outs, layouts, from_disk=disk)
         if self._decoder is not None:
             for f in self._images:
                 if f.encoding != ENCODING_PIXELS:

@@ -8,6 +8,7 @@ separately as the first-batch latency and left out of the rate.
 from __future__ import annotations
 
 import os
+import queue
 import random
 import threading
 import time
@@ -237,35 +238,70 @@ def naive_pipeline(src: str | os.PathLike[str], batch_size: int, workers: int = 
     return lambda: loader
 
 
+def _streams(reqs: list[tuple[int, int]], threads: int, read: Callable[[tuple[int, int]], int],
+             arrived: queue.SimpleQueue[tuple[int, int, int] | None], size: int, copiers: int) -> int:
+    """``threads`` contiguous runs of ``reqs``, one thread each, front to back (pread_pass); with
+    ``copiers``, that many threads pread each piece ``read`` put on ``arrived`` into a reused buffer."""
+
+    def copy() -> int:
+        buf, got = bytearray(size), 0
+        while (item := arrived.get()) is not None:
+            got += os.preadv(item[0], [memoryview(buf)[: item[2]]], item[1])
+        return got
+
+    per = -(-len(reqs) // max(1, threads))
+    runs = [reqs[a : a + per] for a in range(0, len(reqs), per)] or [[]]
+    with ThreadPoolExecutor(max(1, copiers)) as copying:
+        copied = [copying.submit(copy) for _ in range(copiers)]
+        try:
+            with ThreadPoolExecutor(len(runs)) as pool:
+                total = sum(pool.map(lambda run: sum(read(r) for r in run), runs))
+        finally:  # (the copiers end once told, whatever happened to the streams)
+            for _ in copied:
+                arrived.put(None)
+        return total + sum(c.result() for c in copied)
+
+
 def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int, *, shuffled: bool = True,
-               seconds: float | None = None, streams: bool = False) -> dict[str, float]:
+               seconds: float | None = None, streams: bool = False, sink: str = "buffer",
+               copiers: int = 2) -> dict[str, float]:
     """Read every byte of ``paths`` in ``size`` preads (in a seeded random order if ``shuffled``),
     ``threads`` at a time, into one reused buffer per thread, for at most ``seconds``: the disk's
     ceiling at that request size (``fastdata bench --cold`` and benchmarks/bench_cold.py; empty the
     page cache first for a cold figure). ``streams``: the requests in storage order, cut into
     ``threads`` contiguous runs read side by side, each front to back (parallel sequential reads).
-    Returns ``{"bytes", "seconds"}``."""
+    With ``streams``, ``sink="ahead"``: each stream sends its pieces to ``/dev/null`` (``sendfile``:
+    into the page cache, nothing copied) and ``copiers`` threads then ``pread`` each piece that has
+    arrived into a reused buffer (the bytes delivered, as fastdata's read-ahead and readers do);
+    ``sink="null"``: only sent to ``/dev/null``: the disk alone, nothing delivered (a reference, not
+    a ceiling for reading). Returns ``{"bytes", "seconds"}`` (bytes delivered, or read for "null")."""
+    if sink not in ("buffer", "ahead", "null") or (sink != "buffer" and not streams):
+        raise ValueError(f"sink={sink!r}: 'buffer', or with streams=True 'ahead' or 'null'")
     fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC) if sink != "buffer" else -1
     try:
         reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
         if shuffled and not streams:
             random.Random(0).shuffle(reqs)
         mine = threading.local()  # one buffer per thread, made once: the ceiling times reads, not allocation
+        arrived: queue.SimpleQueue[tuple[int, int, int] | None] = queue.SimpleQueue()
         t0 = time.perf_counter()
         stop = t0 + seconds if seconds is not None else float("inf")
 
         def read(req: tuple[int, int]) -> int:
             if time.perf_counter() > stop:
                 return 0
+            if sink != "buffer":
+                n = os.sendfile(null, req[0], req[1], size)
+                if sink == "ahead" and n > 0:
+                    arrived.put((req[0], req[1], n))
+                return n if sink == "null" else 0
             if not hasattr(mine, "buf"):
                 mine.buf = bytearray(size)
             return os.preadv(req[0], [mine.buf], req[1])
 
-        if streams:  # `threads` contiguous runs of the requests, one thread each, front to back
-            per = -(-len(reqs) // max(1, threads))
-            runs = [reqs[a : a + per] for a in range(0, len(reqs), per)] or [[]]
-            with ThreadPoolExecutor(len(runs)) as pool:
-                total = sum(pool.map(lambda run: sum(read(r) for r in run), runs))
+        if streams:
+            total = _streams(reqs, threads, read, arrived, size, copiers if sink == "ahead" else 0)
         elif threads == 1:
             total = sum(read(r) for r in reqs)
         else:
@@ -275,6 +311,8 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
     finally:
         for fd in fds:
             os.close(fd)
+        if null >= 0:
+            os.close(null)
 
 
 __all__ = ["BenchResult", "CEILING_LIMIT", "measure", "measure_ceiling", "naive_pipeline", "payload_bytes",

@@ -58,14 +58,15 @@ def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[
     return {"samples": n, "seconds": dt}
 
 
-def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False) -> dict[str, float]:
+def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False, sink: str = "buffer") -> dict[str, float]:
     """The disk's ceiling with the page cache emptied: random ``size`` preads by ``_THREADS`` threads
-    (``streams``: each thread reads its own contiguous part in order)."""
+    (``streams``: each thread reads its own contiguous part in order; ``sink="ahead"``: sent to
+    /dev/null first, then copied by 2 threads, as the loader reads: fastdata.bench.pread_pass)."""
     from .bench import pread_pass
     from .readahead import drop_page_cache
 
     drop_page_cache(paths)
-    return pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams)
+    return pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams, sink=sink)
 
 
 def run_cold(args: argparse.Namespace) -> int:
@@ -97,6 +98,8 @@ def run_cold(args: argparse.Namespace) -> int:
         (f"pread 4 MiB x {_THREADS} threads, cold", lambda: _pread_cold(paths, _LARGE, args.seconds)),
         (f"pread 4 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, _LARGE, args.seconds, True)),
         (f"pread 1 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, 1 << 20, args.seconds, True)),
+        (f"pread 1 MiB x {_THREADS} streams read ahead to /dev/null, copied by 2 threads, cold",
+         lambda: _pread_cold(paths, 1 << 20, args.seconds, True, "ahead")),
     ]
     for name, fn in ([] if args.no_ceiling else ceilings):
         c = fn()

@@ -6,7 +6,7 @@ up to a bounded distance ahead, tells the kernel the exact byte ranges of the sh
 batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel
 reads for one hint). A range that continues the previous range of a file, or that the plan's next
 batch continues (a sequential stream: ``shuffle="block"``, ``"shards"`` or ``False``), is read ahead
-with ``pread``s in order instead (:class:`_Streams`), which the kernel serves in larger requests. The
+in order instead (:class:`_Streams`: sent to ``/dev/null``, nothing copied), which the kernel serves in larger requests. The
 kernel queues those reads at once, many in flight, while the reader threads copy the batches before them; when a reader reaches a
 sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped: a
 one-byte non-blocking read probes each batch, and once several batches in a row were found cached,
@@ -23,6 +23,7 @@ shuffle, sampler, DDP share or resumed position: it only hints, it never changes
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -41,7 +42,8 @@ WARM_STREAK = 4  # batches found in the page cache in a row before hints are ski
 _MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
 _chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
 STREAM_THREADS = 16  # threads reading sequential streams ahead (_Streams)
-_STREAM_PIECE = 1 << 20  # bytes per pread of a stream (one reused buffer per thread)
+_STREAM_PIECE = 1 << 20  # bytes per read of a stream (_Streams._read)
+SENDFILE = True  # stream reads sent to /dev/null (no copy to the process) where the platform allows
 _STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
 _STREAM_MIN = 1  # ranges a stream has had before its next ones are read, not hinted (its first is hinted)
 
@@ -98,13 +100,14 @@ class _Stream:
 
 class _Streams:
     """Reads ahead the ranges that continue an earlier range of the same file (a sequential stream:
-    ``shuffle="block"``/``"shards"``, or in order) with ``pread``s in order, each stream on its own
+    ``shuffle="block"``/``"shards"``, or in order) with reads in order, each stream on its own
     file descriptor, by one task at a time (its next ranges queue behind the one being read). A hint
     (``WILLNEED``) fills the page cache with single pages, which the block layer sends to the disk as
     requests of at most ``max_segments`` pages (about 1 MB); reads in order on one descriptor let the
     kernel's own read-ahead grow the stream's window with large folios, in requests of several MB
-    (benchmarks/bench_cold.py compares both). The bytes are copied into a reused buffer and dropped:
-    the page cache keeps them for the readers."""
+    (benchmarks/bench_cold.py compares both). The reads go to ``/dev/null`` with ``sendfile``: the
+    kernel's read path without a copy into the process (:meth:`_read`); the page cache keeps the
+    bytes for the readers, who copy them once, into the batch."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="fastdata-stream")
@@ -112,6 +115,13 @@ class _Streams:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._closed = False
+        self._null: int | None = None  # /dev/null, the stream reads' sink (_read), where sendfile is used
+        self._nulls_closed: list[int] = []  # a sink dropped while a read may still use it: closed in close()
+        if SENDFILE and hasattr(os, "sendfile"):
+            try:
+                self._null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                self._null = None
 
     def continues(self, path: Path, off: int, size: int, starts: bool = False) -> bool:
         """Whether ``[off, off + size)`` is read here, in order: it starts where the last range of a
@@ -154,14 +164,35 @@ class _Streams:
             try:
                 if st.fd is None:
                     st.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                buf = getattr(self._local, "buf", None)
-                if buf is None:
-                    buf = self._local.buf = memoryview(bytearray(_STREAM_PIECE))
                 for at in range(off, off + size, _STREAM_PIECE):
-                    if self._closed or os.preadv(st.fd, [buf[: min(_STREAM_PIECE, off + size - at)]], at) <= 0:
+                    if self._closed or self._read(st.fd, at, min(_STREAM_PIECE, off + size - at)) <= 0:
                         break
             except OSError as e:  # only read-ahead: the readers meet (and report) any real problem
                 log.info("stream read-ahead of %s failed: %s", path, e)
+
+    def _read(self, fd: int, at: int, n: int) -> int:
+        """Read ``n`` bytes at ``at`` into the page cache, in order on ``fd``: sent to ``/dev/null``
+        (``sendfile``: the kernel's read path and read-ahead, without copying the bytes to the process),
+        else (no ``sendfile``, or the filesystem refuses it) a ``pread`` into a reused buffer."""
+        if self._null is not None:
+            try:
+                return os.sendfile(self._null, fd, at, n)
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+                    raise
+                log.info("sendfile refused (%s): stream read-ahead copies with pread", e)
+                with self._lock:
+                    self._null_off()
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = memoryview(bytearray(_STREAM_PIECE))
+        return os.preadv(fd, [buf[:n]], at)
+
+    def _null_off(self) -> None:
+        """(Under the lock.) Read with pread from now on."""
+        if self._null is not None:
+            null, self._null = self._null, None
+            self._nulls_closed.append(null)
 
     def stop(self) -> None:
         """Stop reading: a read in flight ends after its current piece."""
@@ -177,6 +208,10 @@ class _Streams:
                     os.close(st.fd)
                     st.fd = None
             self._ends.clear()
+            self._null_off()
+            for null in self._nulls_closed:
+                os.close(null)
+            self._nulls_closed.clear()
 
 
 class ReadAhead:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import fastdata
 import fastdata.write
@@ -52,6 +53,25 @@ def test_pread_pass_reads_every_byte_once_in_each_pattern(tmp_path):
     for i, n in enumerate(sizes):
         paths.append(tmp_path / f"f{i}")
         paths[-1].write_bytes(bytes(n))
-    for kw in ({"shuffled": True}, {"shuffled": False}, {"shuffled": False, "streams": True}):
+    for kw in ({"shuffled": True}, {"shuffled": False}, {"shuffled": False, "streams": True},
+               {"streams": True, "sink": "ahead"}, {"streams": True, "sink": "ahead", "copiers": 1},
+               {"streams": True, "sink": "null"}):
         for threads in (1, 3, 16):
             assert pread_pass(paths, 1 << 20, threads, **kw)["bytes"] == sum(sizes), (kw, threads)
+    with pytest.raises(ValueError, match="sink"):
+        pread_pass(paths, 1 << 20, 2, sink="ahead")  # read ahead of what: only streams have an order
+
+
+def test_pread_pass_ahead_delivers_the_bytes_into_its_buffers(tmp_path, monkeypatch):
+    """The "ahead" ceiling copies every piece the streams sent to /dev/null, once, at its offset."""
+    import os
+
+    from fastdata import bench
+
+    f = tmp_path / "f"
+    f.write_bytes(np.random.default_rng(0).bytes((3 << 20) + 777))
+    seen: list[tuple[int, int]] = []
+    real = os.preadv
+    monkeypatch.setattr(bench.os, "preadv", lambda fd, bufs, off, *a: (seen.append((off, len(bufs[0]))), real(fd, bufs, off, *a))[1])
+    assert bench.pread_pass([f], 1 << 20, 2, streams=True, sink="ahead")["bytes"] == (3 << 20) + 777
+    assert sorted(seen) == [(0, 1 << 20), (1 << 20, 1 << 20), (2 << 20, 1 << 20), (3 << 20, 777)]

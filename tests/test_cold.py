@@ -447,3 +447,83 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
     # however its ranges were queued; every descriptor opened was closed
     assert len(opened) == 2 and set(opened) <= set(closed)
     assert resident_bytes([f]) >= 6 * mb  # the streamed ranges were really read: cached now
+
+
+@pytest.mark.parametrize("sendfile", ["used", "refused"])
+def test_stream_reads_fill_the_page_cache_with_sendfile_or_else_pread(tmp_path, monkeypatch, sendfile):
+    """Stream reads go to /dev/null with sendfile (no copy into the process); where the filesystem
+    refuses it (EINVAL), they are read with pread instead, and the pages still end up cached."""
+    import errno
+    import os
+
+    from fastdata import readahead
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(np.random.default_rng(1).bytes(8 << 20))
+    os.sync()
+    mb = 1 << 20
+    drop_page_cache([f])
+    if resident_bytes([f]) > mb:
+        pytest.skip("the page cache could not be emptied for the test file")
+    calls: list[int] = []
+    real = readahead.os.sendfile
+
+    def spy(out, fd, off, n):
+        calls.append(off)
+        if sendfile == "refused":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(out, fd, off, n)
+
+    monkeypatch.setattr(readahead.os, "sendfile", spy)
+    preads: list[int] = []  # offsets of reads longer than the probes' one byte
+    real_preadv = readahead.os.preadv
+    monkeypatch.setattr(readahead.os, "preadv", lambda fd, bufs, off, *a: (
+        len(bufs[0]) > 1 and preads.append(off), real_preadv(fd, bufs, off, *a))[1])
+    plan = [np.array([k]) for k in range(6)]
+    ra = ReadAhead(lambda b: [(f, np.array([int(b[0]) * mb]), np.array([mb]))], plan, first=0, lead=len(plan))
+    ra._thread.join(timeout=10)
+    ra.close()
+    monkeypatch.undo()
+    assert ra.streamed_bytes == 6 * mb
+    if sendfile == "used":
+        assert len(calls) == 6 and not preads
+    else:
+        assert len(calls) == 1  # refused once: pread from then on
+        assert sorted(preads) == [k * mb for k in range(6)]
+    assert resident_bytes([f]) >= 6 * mb
+
+
+def test_a_batch_from_disk_is_read_with_pread_and_gives_the_same_bytes(tmp_path, monkeypatch):
+    """When the read-ahead's probe found the batches ahead not cached, HDF5 rows (of more than
+    64 KiB: smaller rows are gathered from the map) are pread into the batch instead of copied from
+    the map: the same batch either way; and an array that is not C-contiguous is still filled from the map."""
+    from fastdata.format import hdf5
+
+    x = np.random.default_rng(2).random((40, 20, 32, 32), dtype=np.float32)  # 80 KiB a sample
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.arange(40))
+    path = tmp_path / "ds"
+    fastdata.convert(None, path, fastdata.ConvertConfig(write=WriteOptions(shard_size=2_000_000, workers=1)),
+                     arrays={"x": tmp_path / "x.npy", "label": tmp_path / "y.npy"})
+    used: list[int] = []
+    real = hdf5.pread_into
+    monkeypatch.setattr(hdf5, "pread_into", lambda fd, out, off, where: (used.append(off), real(fd, out, off, where))[1])
+    idx = np.array([5, 3, 4, 20, 21, 30, 39, 0])
+    with fastdata.open(path) as ds:
+        assert len(ds._readers) > 1
+        ds.get_batch(np.arange(40))  # opens every shard (small columns are read into memory then)
+        used.clear()
+        mapped = ds.get_batch(idx)
+        assert not used
+        ds._read_ahead_memo["warm"] = False  # what ReadAhead._resident records on a miss
+        read = ds.get_batch(idx)
+        assert len(used) == 6  # one pread per run consecutive in both the shard and the batch: 3-4, 20-21, 0, 5, 30, 39
+        assert np.array_equal(read["x"], mapped["x"]) and np.array_equal(read["x"], x[idx])
+        assert np.array_equal(read["label"], idx)
+        ds._read_ahead_memo["warm"] = True
+        used.clear()
+        ds.get_batch(idx)
+        assert not used
+        out = np.asfortranarray(np.zeros((3, 20, 32, 32), dtype=np.float32))
+        ds._readers[0].read_into(np.array([0, 1, 2]), np.array([0, 1, 2]), {"x": out}, from_disk=True)
+        assert np.array_equal(out, x[:3]) and not used

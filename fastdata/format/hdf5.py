@@ -207,12 +207,15 @@ class ShardReader(ShardReaderBase[_Handle]):
         return o[local + 1] - o[local]
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
-                  layouts: dict[str, Layout] | None = None) -> None:
+                  layouts: dict[str, Layout] | None = None, *, from_disk: bool = False) -> None:
         """Sample ``local[k]`` of this shard goes to row ``dest[k]`` of each array in ``outs``.
 
         ``local`` is sorted; runs consecutive in both ``local`` and ``dest`` are read at once.
         Ragged fields are placed as :class:`RaggedOut` does (``layouts``: per ragged field, the
-        batch's image shapes of a ``pixels`` field, or a :class:`Packed` layout).
+        batch's image shapes of a ``pixels`` field, or a :class:`Packed` layout). ``from_disk``: the
+        batch is (mostly) not in the page cache: large rows are ``pread`` into the batch instead of
+        copied from the map (which would map every page into the process, and the kernel would have to
+        unmap them again to reclaim them; benchmarks/bench_cold_large.py measures both).
         """
         h = self.handle()
         self._check_unchanged(h.fd, local)
@@ -227,6 +230,9 @@ class ShardReader(ShardReaderBase[_Handle]):
                 out[dest] = col.cached[local]
             elif col.mapped is not None and f.row_nbytes <= _GATHER_ROW_BYTES:
                 out[dest] = col.mapped[local]  # small rows: one numpy gather
+            elif col.mapped is not None and col.offset is not None and from_disk and out.flags.c_contiguous:
+                for l0, d0, n in runs(local, dest):
+                    pread_into(h.fd, out[d0 : d0 + n], col.offset + l0 * f.row_nbytes, self._where(l0))
             elif col.mapped is not None:
                 m = col.mapped.view(np.ndarray)  # larger rows: one copy per run, straight into the batch
                 for l0, d0, n in runs(local, dest):
