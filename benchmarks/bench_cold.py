@@ -9,6 +9,8 @@ how much stayed resident (reported). One run compares, on the same files:
 - fastdata.loader, uncompressed HDF5, each shuffle mode (True, "block", "shards", False), with the
   plan-following read-ahead (fastdata/readahead.py) and, for True and "block", without it; for
   "block", "shards" and False also with hints alone (no sequential stream reads), the comparison;
+  for "block" and "shards" also as they read before (stream reads copied into a buffer by pread,
+  rows always copied from the shard's map);
 - the same data converted with ``--compression lz4`` (Blosc, byte shuffle), decoded samples/s;
 - the disk's ceilings on the uncompressed shard files: ``pread`` at the loader's request size (one
   sample), random order, by 4, 8, 16 and 32 threads (the best is the ceiling) and by one thread in
@@ -152,16 +154,23 @@ def cold(paths: list[Path]) -> float:
 
 
 def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int = 0, warm: bool = False,
-                uint8: bool = False, streams: bool = True) -> dict[str, float]:
+                uint8: bool = False, streams: bool = True, sendfile: bool = True,
+                from_map: bool = False) -> dict[str, float]:
     """One epoch of fastdata.loader (threads, defaults) over ``root``; cold unless ``warm``.
-    ``streams=False``: the read-ahead hints every range (no sequential stream reads: the comparison)."""
+    The comparisons: ``streams=False``: the read-ahead hints every range (no sequential stream reads);
+    ``sendfile=False``: stream reads copied into a buffer with pread; ``from_map``: rows always copied
+    from the shard's map, also when the read-ahead found them not cached (no pread into the batch)."""
     cfg = LoaderConfig(readahead=LoaderConfig.readahead if readahead else 0,
                        image_dtype="uint8" if uint8 else "float32")
     paths = files_of(root)
     left = 0.0 if warm else cold(paths)
     real = fastdata.readahead._Streams.continues
+    real_disk = fastdata.Dataset._from_disk
     if not streams:
         fastdata.readahead._Streams.continues = lambda self, path, off, size, starts=False: False  # type: ignore[method-assign]
+    fastdata.readahead.SENDFILE = sendfile
+    if from_map:
+        fastdata.Dataset._from_disk = lambda self: False  # type: ignore[method-assign]
     try:
         with fastdata.loader(root, BATCH, shuffle=shuffle, device="cpu", config=cfg, seed=epoch) as ld:
             ld.set_epoch(epoch)
@@ -172,6 +181,8 @@ def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int 
             dt = time.perf_counter() - t0
     finally:
         fastdata.readahead._Streams.continues = real  # type: ignore[method-assign]
+        fastdata.readahead.SENDFILE = True
+        fastdata.Dataset._from_disk = real_disk  # type: ignore[method-assign]
     return {"samples_per_s": n / dt, "seconds": dt, "resident_before": left}
 
 
@@ -287,6 +298,9 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     for sh in ("block", "shards", False):
         cold_fns[f"loader shuffle={sh!r}, hints only (no stream reads)"] = \
             lambda sh=sh: loader_pass(work / "hdf5", sh, streams=False)
+    for sh in ("block", "shards"):  # as the loader read before: stream reads copied by pread, rows from the map
+        cold_fns[f"loader shuffle={sh!r}, stream reads copied by pread, rows copied from the map"] = \
+            lambda sh=sh: loader_pass(work / "hdf5", sh, sendfile=False, from_map=True)
     cold_fns["loader lz4 shuffle=True"] = lambda: loader_pass(work / "hdf5_lz4", True)
     cold_fns["loader lz4 shuffle='block'"] = lambda: loader_pass(work / "hdf5_lz4", "block")
     cold_fns["loader LMDB shuffle=True"] = lambda: loader_pass(work / "lmdb", True)
