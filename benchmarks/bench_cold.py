@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.bench import pread_pass as bench_pread  # noqa: E402
+from fastdata.bench import Sink, pread_pass as bench_pread  # noqa: E402
 from fastdata.demo.baseline import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 from fastdata.order import SHUFFLES, STREAMS, epoch_order  # noqa: E402
@@ -197,7 +197,7 @@ def naive_pass(src: Path, files: list[Path]) -> dict[str, float]:
 
 
 def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool, streams: bool = False,
-               sink: str = "buffer") -> dict[str, float]:
+               sink: Sink = "buffer") -> dict[str, float]:
     """The disk's ceiling at request size ``size`` (fastdata.bench.pread_pass), cold."""
     left = cold(paths)
     r = bench_pread(paths, size, threads, shuffled=shuffled, streams=streams, sink=sink)

@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from .batching import batch_len
 from .dataset import Dataset
 from .format.spec import CODEC_SUFFIX, ENCODING_IMAGE, LENGTHS_SUFFIX, SHAPE_SUFFIX
 
+Sink = Literal["buffer", "ahead", "null"]  # where pread_pass puts the bytes it reads
 CEILING_LIMIT = 1.1  # a ratio above this of the ceiling means the ceiling's measurement was wrong
 
 
@@ -263,7 +264,7 @@ def _streams(reqs: list[tuple[int, int]], threads: int, read: Callable[[tuple[in
 
 
 def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int, *, shuffled: bool = True,
-               seconds: float | None = None, streams: bool = False, sink: str = "buffer",
+               seconds: float | None = None, streams: bool = False, sink: Sink = "buffer",
                copiers: int = 2) -> dict[str, float]:
     """Read every byte of ``paths`` in ``size`` preads (in a seeded random order if ``shuffled``),
     ``threads`` at a time, into one reused buffer per thread, for at most ``seconds``: the disk's
@@ -315,5 +316,5 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
             os.close(null)
 
 
-__all__ = ["BenchResult", "CEILING_LIMIT", "measure", "measure_ceiling", "naive_pipeline", "payload_bytes",
+__all__ = ["BenchResult", "CEILING_LIMIT", "Sink", "measure", "measure_ceiling", "naive_pipeline", "payload_bytes",
            "pread_pass", "sample_bytes"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from ._units import fmt_bytes
 from .errors import UsageError
@@ -58,7 +58,8 @@ def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[
     return {"samples": n, "seconds": dt}
 
 
-def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False, sink: str = "buffer") -> dict[str, float]:
+def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False,
+                sink: Literal["buffer", "ahead"] = "buffer") -> dict[str, float]:
     """The disk's ceiling with the page cache emptied: random ``size`` preads by ``_THREADS`` threads
     (``streams``: each thread reads its own contiguous part in order; ``sink="ahead"``: sent to
     /dev/null first, then copied by 2 threads, as the loader reads: fastdata.bench.pread_pass)."""
