@@ -97,19 +97,14 @@ def run(base: int, ram_factor: float, work: Path, rounds: int = 1) -> dict[str, 
                                 (lambda t=t: bench_cold.pread_pass(paths, sample_bytes, t, True))
                                 for t in bench_cold.THREADS}  # the best thread count is the ceiling
     ceil_fns["pread 4 MiB, 1 thread, in order"] = lambda: bench_cold.pread_pass(paths, bench_cold.LARGE, 1, False)
-    for mib in (4, 2, 1):  # the loader's stream reads are 1 MiB (bench_cold.py has the same ceilings)
-        ceil_fns[f"pread {mib} MiB, {bench_cold.STREAMS} streams in order"] = (
-            lambda mib=mib: bench_cold.pread_pass(paths, mib << 20, bench_cold.STREAMS, False, streams=True))
-    for key, sink in ((bench_cold.AHEAD, "ahead"), (bench_cold.DISK_ALONE, "null")):
-        ceil_fns[key] = lambda sink=sink: bench_cold.pread_pass(paths, 1 << 20, bench_cold.STREAMS, False,
-                                                                streams=True, sink=sink)
+    ceil_fns.update(bench_cold.stream_ceilings(paths))
     # in a random order (bench_cold.interleaved): a fixed one put every loader pass first, right after
     # the dataset was written, and every ceiling after them
     runs = bench_cold.interleaved({**fns, **ceil_fns}, rounds)
     rows = {k: bench_cold.median_of(runs[k], "samples_per_s") for k in fns}
     ceil = {k: bench_cold.median_of(runs[k], "mb_per_s") for k in ceil_fns}
     par = max((v for k, v in ceil.items() if "threads, random" in k), key=lambda v: v["mb_per_s"])
-    large = max((v for k, v in ceil.items() if " MiB" in k and k != bench_cold.DISK_ALONE), key=lambda v: v["mb_per_s"])
+    large = bench_cold.best_large(ceil)
     res.update(rows=rows, ceilings=ceil, rss=rss, loadavg_after=bench_cold.loadavg(), machine=_harness.machine_info())
     res["targets"] = {
         "shuffle=True / best parallel ceiling at the request size (>= 0.85)": rows["loader shuffle=True"]["mb_per_s"]

@@ -115,13 +115,13 @@ class _Streams:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._closed = False
-        self._null: int | None = None  # /dev/null, the stream reads' sink (_read), where sendfile is used
-        self._nulls_closed: list[int] = []  # a sink dropped while a read may still use it: closed in close()
+        self._null: int | None = None  # /dev/null, the stream reads' sink (_read); open until close()
         if SENDFILE and hasattr(os, "sendfile"):
             try:
                 self._null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
             except OSError:
-                self._null = None
+                pass
+        self._sendfile = self._null is not None  # False once a filesystem refused sendfile: pread from then on
 
     def continues(self, path: Path, off: int, size: int, starts: bool = False) -> bool:
         """Whether ``[off, off + size)`` is read here, in order: it starts where the last range of a
@@ -174,25 +174,18 @@ class _Streams:
         """Read ``n`` bytes at ``at`` into the page cache, in order on ``fd``: sent to ``/dev/null``
         (``sendfile``: the kernel's read path and read-ahead, without copying the bytes to the process),
         else (no ``sendfile``, or the filesystem refuses it) a ``pread`` into a reused buffer."""
-        if self._null is not None:
+        if self._sendfile and self._null is not None:
             try:
                 return os.sendfile(self._null, fd, at, n)
             except OSError as e:
-                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
                 log.info("sendfile refused (%s): stream read-ahead copies with pread", e)
-                with self._lock:
-                    self._null_off()
+                self._sendfile = False
         buf = getattr(self._local, "buf", None)
         if buf is None:
             buf = self._local.buf = memoryview(bytearray(_STREAM_PIECE))
         return os.preadv(fd, [buf[:n]], at)
-
-    def _null_off(self) -> None:
-        """(Under the lock.) Read with pread from now on."""
-        if self._null is not None:
-            null, self._null = self._null, None
-            self._nulls_closed.append(null)
 
     def stop(self) -> None:
         """Stop reading: a read in flight ends after its current piece."""
@@ -208,10 +201,9 @@ class _Streams:
                     os.close(st.fd)
                     st.fd = None
             self._ends.clear()
-            self._null_off()
-            for null in self._nulls_closed:
-                os.close(null)
-            self._nulls_closed.clear()
+            if self._null is not None:
+                os.close(self._null)
+                self._null = None
 
 
 class ReadAhead:
