@@ -13,7 +13,7 @@ how much stayed resident (reported). One run compares, on the same files:
   rows always copied from the shard's map);
 - the same data converted with ``--compression lz4`` (Blosc, byte shuffle), decoded samples/s;
 - the disk's ceilings on the uncompressed shard files: ``pread`` at the loader's request size (one
-  sample), random order, by 4, 8, 16 and 32 threads (the best is the ceiling) and by one thread in
+  sample), random order, by 4, 8, 16, 32, 64 and 128 threads (the best is the ceiling) and by one thread in
   order; and 4 MiB preads, parallel in random order, one thread in order, and 16 threads each
   reading its own contiguous part in order (parallel sequential streams), those streams also with
   2 MiB and 1 MiB preads (the loader's stream reads are 1 MiB), and those 1 MiB streams sent to
@@ -73,7 +73,7 @@ CLASSES = ("c0", "c1", "c2", "c3")
 LARGE = 4 << 20
 AHEAD = f"1 MiB, {STREAMS} streams read ahead to /dev/null, each piece then pread by 2 threads"
 DISK_ALONE = f"1 MiB, {STREAMS} streams to /dev/null: the disk alone, nothing delivered (a reference)"
-THREADS = (4, 8, 16, 32)
+THREADS = (4, 8, 16, 32, 64, 128)  # the best is the ceiling: the read-ahead keeps more than 32 reads in flight
 
 
 # --- data --------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ files, no shared pages), sized to ``--ram-factor`` times the RAM (MemTotal). It 
 cold pass each (``--rounds``: more, in a new random order each round; the median) of the loader
 (shuffle True, "block", "shards"; for "block" also as it read before: stream read-ahead copied
 into a buffer by ``pread``, rows copied from the map, and with only the rows from the map) and the disk's ceilings on the same
-shard files (sample-size preads by 4, 8, 16 and 32 threads in random order, the best of them; 4 MiB preads by one thread in order
+shard files (sample-size preads by 4, 8, 16, 32, 64 and 128 threads in random order, the best of them; 4 MiB preads by one thread in order
 and 4, 2 and 1 MiB preads by 16 threads each reading its own part in order, and those 1 MiB streams
 read ahead to /dev/null and copied by 2 threads, the best of these; the same streams only sent to
 /dev/null as the disk alone, a reference),

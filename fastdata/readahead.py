@@ -8,9 +8,10 @@ reads for one hint). A range that continues the previous range of a file, or tha
 batch continues (a sequential stream: ``shuffle="block"``, ``"shards"`` or ``False``), is read ahead
 in order instead (:class:`_Streams`: sent to ``/dev/null``, nothing copied), which the kernel serves in larger requests. The
 kernel queues those reads at once, many in flight, while the reader threads copy the batches before them; when a reader reaches a
-sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped: a
-one-byte non-blocking read probes each batch, and once several batches in a row were found cached,
-a batch whose probe hits is not hinted (one system call instead of one per range).
+sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped:
+one-byte non-blocking reads probe each batch (the end of each of its ranges), and once several
+batches in a row were found cached, one probe a batch decides and a batch whose probe hits is not
+hinted (one system call instead of one per range).
 
 The distance is bounded, so memory is too: hints go at most ``ahead_bytes`` of file ranges beyond
 the batches the readers may already be reading (the loader's ``prefetch`` and workers), and at
@@ -81,6 +82,11 @@ def merge_ranges(starts: np.ndarray, lengths: np.ndarray, gap: int = _MERGE_GAP)
     first = np.flatnonzero(new)
     last = np.concatenate((first[1:], [len(s)])) - 1
     return s[first], reach[last] - s[first]
+
+
+def _merged(ranges: Ranges) -> list[tuple[Path, np.ndarray, np.ndarray]]:
+    """Each file's ranges merged (:func:`merge_ranges`): what is probed, streamed and hinted."""
+    return [(path, *merge_ranges(starts, lengths)) for path, starts, lengths in ranges]
 
 
 class _Stream:
@@ -238,6 +244,7 @@ class ReadAhead:
         self._can_probe = hasattr(os, "RWF_NOWAIT")
         self._streams = _Streams()
         self.streamed_bytes = 0  # of hinted_bytes, what was read ahead as sequential streams
+        self._kept: tuple[int, list[tuple[Path, np.ndarray, np.ndarray]]] | None = None  # (_merged_of)
         self._thread = threading.Thread(target=self._run, name="fastdata-readahead", daemon=True)
         self._thread.start()
 
@@ -271,7 +278,7 @@ class ReadAhead:
                     self._next += 1
                     for b in [b for b in self._sizes if b < self._k]:
                         del self._sizes[b]
-                self._sizes[j] = self._hint(self._plan[j])
+                self._sizes[j] = self._hint(j)
         except Exception as e:  # noqa: BLE001 - only a hint: the readers meet (and report) any real problem
             log.info("read-ahead stopped: %s: %s", type(e).__name__, e)
         finally:
@@ -285,16 +292,26 @@ class ReadAhead:
             self._chunk[path] = hint_chunk(path)
         return fd
 
-    def _resident(self, ranges: Ranges) -> bool:
-        """Whether hints for this batch can be skipped: a one-byte read that may not block
-        (``RWF_NOWAIT``) in the middle of the batch's first range (once warm: of its first sample) found
-        its page cached, and so did the probes of the WARM_STREAK batches before it. On a warm cache the
-        hints then cost one system call a batch; a probe that misses hints the batch at once (a cold or partly cached dataset)."""
-        if not self._can_probe or not ranges or len(ranges[0][1]) == 0:
+    def _resident(self, merged: list[tuple[Path, np.ndarray, np.ndarray]], warm: bool) -> bool:
+        """Whether hints for this batch can be skipped: one-byte reads that may not block (``RWF_NOWAIT``)
+        found its pages cached, and so did the probes of the WARM_STREAK batches before it. Until then
+        (``warm`` false) the last byte of every merged range is probed: a sequential stream's read-ahead
+        (the kernel's, several MB past the stream's last read) caches the start of the next batch's range
+        of that stream but seldom all of a batch, so a cold pass is not taken for a warm one (taken so, it
+        would stop hinting and break its streams). Once warm, one probe in the middle of the batch's first
+        range: on a warm cache the hints then cost one system call a batch; a probe that misses hints the
+        batch at once (a cold or partly cached dataset)."""
+        if not self._can_probe or not merged or len(merged[0][1]) == 0:
             return False
-        path, starts, lengths = ranges[0]
+        if warm:
+            path, starts, lengths = merged[0]
+            probes = [(path, int(starts[0]) + int(lengths[0]) // 2)]
+        else:
+            probes = [(path, o + n - 1) for path, starts, lengths in merged
+                      for o, n in zip(starts.tolist(), lengths.tolist())]
         try:
-            os.preadv(self._fd(path), [self._probe], int(starts[0]) + int(lengths[0]) // 2, os.RWF_NOWAIT)
+            for path, at in probes:
+                os.preadv(self._fd(path), [self._probe], at, os.RWF_NOWAIT)
         except BlockingIOError:
             self._hits = 0
             self._memo["warm"] = False
@@ -306,22 +323,23 @@ class ReadAhead:
         self._memo["warm"] = self._hits > WARM_STREAK
         return self._hits > WARM_STREAK
 
-    def _hint(self, batch: np.ndarray) -> int:
+    def _hint(self, j: int) -> int:
+        """Hint (or stream) the byte ranges of batch ``j``; the bytes they cover (0: found cached)."""
         total = 0
         # warm so far: one sample's probe decides before the batch's ranges are worked out (their cost
         # showed on a warm cache); it missed, or not warm yet: the batch's ranges, probed and hinted
-        probe = batch[:1] if self._hits > WARM_STREAK else batch
-        ranges = self._ranges(probe)
-        if self._resident(ranges):
+        warm = self._hits > WARM_STREAK
+        batch = self._plan[j]
+        merged = _merged(self._ranges(batch[:1])) if warm else self._merged_of(j)
+        if self._resident(merged, warm):
             self.skipped += 1
             return 0
-        if probe is not batch:
-            ranges = self._ranges(batch)
-        following = self._next_starts(batch)
-        for path, starts, lengths in ranges:
+        if warm:
+            merged = self._merged_of(j)
+        following = {(path, o) for path, s, _ in self._merged_of(j + 1, keep=True) for o in s.tolist()}
+        for path, s, n in merged:
             fd = self._fd(path)
             chunk = self._chunk[path]
-            s, n = merge_ranges(starts, lengths)
             for off, size in zip(s.tolist(), n.tolist()):
                 if self._streams.continues(path, off, size, starts=(path, off + size) in following):
                     self.streamed_bytes += size
@@ -332,16 +350,19 @@ class ReadAhead:
         self.hinted_bytes += total
         return total
 
-    def _next_starts(self, batch: np.ndarray) -> set[tuple[Path, int]]:
-        """Where the merged ranges of the plan's batch after ``batch`` start (``(file, offset)``): a range of
-        this batch ending at one of them begins a stream, read in order from its first range."""
-        j = self._next  # the batch after the one being hinted (``_next`` moved on when it was taken)
+    def _merged_of(self, j: int, keep: bool = False) -> list[tuple[Path, np.ndarray, np.ndarray]]:
+        """Batch ``j``'s merged ranges (none past the plan's end). ``keep``: remembered for the next call,
+        which hints that batch: each batch's ranges are worked out once, though the batch before it asks
+        for them too (where the ranges of the next batch start: a range of this batch ending at one of
+        them begins a stream, read in order from its first range)."""
         if j >= len(self._plan):
-            return set()
-        out: set[tuple[Path, int]] = set()
-        for path, starts, lengths in self._ranges(self._plan[j]):
-            out.update((path, int(o)) for o in merge_ranges(starts, lengths)[0].tolist())
-        return out
+            return []
+        if self._kept is not None and self._kept[0] == j:
+            merged = self._kept[1]
+        else:
+            merged = _merged(self._ranges(self._plan[j]))
+        self._kept = (j, merged) if keep else None
+        return merged
 
     def _close_fds(self) -> None:
         for fd in self._fds.values():

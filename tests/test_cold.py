@@ -260,14 +260,15 @@ def test_read_ahead_stays_within_its_bound_and_follows_the_loader(tmp_path):
     rec = _Recorder()
     ra = ReadAhead(rec, plan, first=3, lead=2, ahead_bytes=0)
     try:
-        rec.wait_for(8)  # batches 3..5 (the readers' lead) and one more, and the batch after each
+        rec.wait_for(5)  # batches 3..5 (the readers' lead) and one more, and the batch after the last
         time.sleep(0.05)  # (nothing may follow: the bound holds while the loader stands still)
-        # batches 3-6 hinted; each hinted batch also looks at the next one's ranges (where streams start)
-        assert sorted(set(rec.batches)) == [3, 4, 5, 6, 7]
+        # batches 3-6 hinted; each hinted batch also looks at the next one's ranges (where streams start),
+        # which that batch then uses: each batch's ranges are asked for once
+        assert sorted(set(rec.batches)) == [3, 4, 5, 6, 7] and len(rec.batches) == 5
         ra.at(10)
-        rec.wait_for(21)
+        rec.wait_for(12)
         time.sleep(0.05)
-        assert sorted(set(rec.batches)) == list(range(3, 15))
+        assert sorted(set(rec.batches)) == list(range(3, 15)) and len(rec.batches) == 12
     finally:
         ra.close()
 
@@ -378,9 +379,9 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
     skipped, hinted = run()
     assert (skipped, hinted) == (len(plan) - readahead.WARM_STREAK, readahead.WARM_STREAK)
     # once warm, one sample's ranges are worked out for the probe, not the whole batch's (a hinted batch also
-    # works out the next batch's, to find the streams that start in it)
+    # works out the next batch's, to find the streams that start in it, and that batch uses them: each once)
     w = readahead.WARM_STREAK
-    assert asked == [2, 2] * w + [2] + [1] * (len(plan) - w - 1)
+    assert asked == [2] * (w + 1) + [1] * (len(plan) - w - 1)
     memo: dict[str, bool] = {}
     run(memo)
     assert memo == {"warm": True}
@@ -393,6 +394,37 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
     drop_page_cache([f])
     skipped, hinted = run(memo)  # started warm, found cold: the first miss hints it, and every batch after
     assert skipped == 0 and hinted == len(plan) and memo == {"warm": False}
+
+
+def test_read_ahead_counts_a_batch_as_cached_only_when_all_its_ranges_are(tmp_path, monkeypatch):
+    """Before the warm streak every merged range of a batch is probed (its last byte): batches whose
+    first range is cached (as a stream's kernel read-ahead leaves the start of the next batch's range)
+    but whose other range is not are hinted, all of them, and the pass stays cold."""
+    import os
+
+    from fastdata import readahead
+
+    if not hasattr(os, "RWF_NOWAIT"):
+        pytest.skip("no preadv2 RWF_NOWAIT on this platform: read-ahead always hints")
+    f = tmp_path / "f.bin"
+    f.write_bytes(np.random.default_rng(1).bytes(64 << 20))
+    os.sync()
+    drop_page_cache([f])
+    with open(f, "rb") as fh:
+        fh.read(12 << 20)  # the first 12 MB cached (and what the kernel reads ahead of them), not from 40 MB on
+    if resident_bytes([f]) > (36 << 20):
+        pytest.skip("the page cache could not be emptied for the test file")
+    plan = [np.array([k]) for k in range(12)]
+
+    def ranges(batch):  # a cached range and one that is not
+        k = int(batch[0])
+        return [(f, np.array([k << 20, (40 + k) << 20]), np.array([1 << 20, 1 << 20]))]
+
+    monkeypatch.setattr(readahead._Streams, "continues", lambda self, *a, **k: False)
+    memo: dict[str, bool] = {}
+    ra = ReadAhead(ranges, plan, first=0, lead=len(plan), memo=memo)
+    ra._thread.join(timeout=10)
+    assert ra.skipped == 0 and ra.hinted_bytes == len(plan) * (2 << 20) and memo == {"warm": False}
 
 
 def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_path, monkeypatch):
