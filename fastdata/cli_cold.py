@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable
 
 from ._units import fmt_bytes
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .bench import Sink
 
 _THREADS = 16
 _LARGE = 4 << 20
@@ -59,7 +62,7 @@ def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[
 
 
 def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False,
-                sink: Literal["buffer", "ahead"] = "buffer") -> dict[str, float]:
+                sink: Sink = "buffer") -> dict[str, float]:
     """The disk's ceiling with the page cache emptied: random ``size`` preads by ``_THREADS`` threads
     (``streams``: each thread reads its own contiguous part in order; ``sink="ahead"``: sent to
     /dev/null first, then copied by 2 threads, as the loader reads: fastdata.bench.pread_pass)."""
