@@ -73,6 +73,7 @@ CLASSES = ("c0", "c1", "c2", "c3")
 LARGE = 4 << 20
 AHEAD = f"1 MiB, {STREAMS} streams read ahead to /dev/null, each piece then pread by 2 threads"
 DISK_ALONE = f"1 MiB, {STREAMS} streams to /dev/null: the disk alone, nothing delivered (a reference)"
+PHOTO_SIDES = (192, 640)  # photos' height and width drawn apart, uniformly: every size, as in a folder of photos
 THREADS = (4, 8, 16, 32, 64, 128)  # the best is the ceiling: the read-ahead keeps more than 32 reads in flight
 
 
@@ -87,10 +88,12 @@ def flim_sample(rng: np.random.Generator, shape: tuple[int, ...], c: int) -> np.
     return rng.poisson(amp * np.exp(-t / tau)).astype(np.float32)
 
 
-def natural_image(rng: np.random.Generator, side: int) -> np.ndarray:
-    """A smooth colour gradient with low-frequency blobs and mild sensor texture, uint8 (side, side, 3)."""
-    y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
-    img = np.empty((side, side, 3), dtype=np.float32)
+def natural_image(rng: np.random.Generator, side: int, width: int | None = None) -> np.ndarray:
+    """A smooth colour gradient with low-frequency blobs and mild sensor texture, uint8 (side, width, 3)
+    (width: side when not given)."""
+    w = side if width is None else width
+    y, x = np.mgrid[0:side, 0:w].astype(np.float32) / max(side, w)
+    img = np.empty((side, w, 3), dtype=np.float32)
     for ch in range(3):
         a, b, c = rng.uniform(-1, 1, 3)
         img[..., ch] = 128 + 60 * (a * x + b * y) + 40 * np.sin(2 * np.pi * (c * x + rng.uniform(0.5, 2) * y))
@@ -287,7 +290,7 @@ def after_same_pattern(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: int, rounds: int,
-        work: Path) -> dict[str, Any]:
+        work: Path, n_photos: int = 1500, photo_sides: tuple[int, int] = PHOTO_SIDES) -> dict[str, Any]:
     res: dict[str, Any] = {"loadavg_before": loadavg(), "samples": n, "shape": list(shape), "batch": BATCH,
                            "rounds": rounds}
     src = work / "npy"
@@ -344,6 +347,7 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
                 for root in ("hdf5", "hdf5_lz4") for ra in (True, False)}
     warm = {k: median_of(v, "samples_per_s") for k, v in interleaved(warm_fns, max(3, rounds)).items()}
     images = {k: loader_pass(work / k, True, uint8=True) for k in ("img", "img_lz4")}
+    res["photos"] = photos(work, n_photos, rounds, photo_sides)
     with fastdata.open(work / "hdf5") as ds:
         quality = {repr(sh): shuffle_quality(ds, sh) for sh in CONVERTED_SHUFFLES}
     rss = rss_run(work / "hdf5", rss_epochs)
@@ -383,6 +387,86 @@ def rss_run(root: Path, epochs: int) -> list[dict[str, int]]:
     return out
 
 
+def write_photos(root: Path, n: int, sides: tuple[int, int]) -> list[tuple[int, int]]:
+    """``n`` JPEG photos (quality 90) of natural-looking images in class folders, each of its own size."""
+    from PIL import Image
+
+    rng = np.random.default_rng(2)
+    lo, hi = sides
+    sizes = []
+    for i in range(n):
+        h, w = (int(v) for v in rng.integers(lo, hi + 1, size=2))
+        d = root / CLASSES[i % len(CLASSES)]
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(natural_image(rng, h, w)).save(d / f"{i:07d}.jpg", quality=90)
+        sizes.append((h, w))
+    return sizes
+
+
+def photos(work: Path, n: int, rounds: int, sides: tuple[int, int] = PHOTO_SIDES) -> dict[str, Any]:
+    """Photos of mixed sizes, cold: stored as raw pixels (ragged, each its own shape) against the same
+    photos resized to one size of the same mean bytes, and as the JPEG files (decoded on read), with
+    the random-pread ceiling at the mean raw photo's size; then the same passes on a warm cache."""
+    sizes = write_photos(work / "photos", n, sides)
+    mean_px = float(np.mean([h * w for h, w in sizes]))
+    side = int(round(mean_px ** 0.5))
+    opts = {"raw, mixed sizes": fastdata.ImageOptions(images="raw"),
+            f"raw, one size ({side}x{side})": fastdata.ImageOptions(images="raw", size=(side, side)),
+            "JPEG, mixed sizes (decoded)": fastdata.ImageOptions(images="encoded")}
+    roots = {k: work / f"photos_{i}" for i, k in enumerate(opts)}
+    for k, o in opts.items():
+        fastdata.convert(work / "photos", roots[k], fastdata.ConvertConfig(images=o), progress=None)
+    os.sync()
+    raw_bytes = int(round(mean_px)) * 3
+    fns: dict[str, Callable[[], dict[str, float]]] = {
+        k: (lambda k=k: loader_pass(roots[k], True, uint8=True)) for k in opts}
+    fns["raw, mixed sizes, shuffle='block'"] = lambda: loader_pass(roots["raw, mixed sizes"], "block", uint8=True)
+    shard_files = files_of(roots["raw, mixed sizes"])
+    for t in (16, 64, 128):
+        fns[f"pread {raw_bytes} B, {t} threads, random"] = lambda t=t: pread_pass(shard_files, raw_bytes, t, True)
+    runs = interleaved({k: (lambda f=f: with_requests(work, f)) for k, f in fns.items()}, rounds, seed=1)
+    rows = {k: median_of(v, "mb_per_s" if k.startswith("pread") else "samples_per_s") for k, v in runs.items()}
+    for k, r in rows.items():  # MB/s of pixels delivered (decoded for JPEG); samples/s for the ceilings
+        if k.startswith("pread"):
+            r["samples_per_s"] = r["mb_per_s"] * 1e6 / raw_bytes
+        else:
+            r["mb_per_s"] = r["samples_per_s"] * raw_bytes / 1e6
+    for k in opts:
+        _harness.warm_page_cache(roots[k])
+    warm = {k: median_of(v, "samples_per_s") for k, v in interleaved(
+        {k: (lambda k=k: loader_pass(roots[k], True, uint8=True, warm=True)) for k in opts}, max(3, rounds // 4)).items()}
+    best = max(v["mb_per_s"] for k, v in rows.items() if k.startswith("pread"))
+    return {"n": n, "sides": list(sides), "mean_pixels": mean_px, "one_side": side, "mean_raw_bytes": raw_bytes,
+            "dataset_bytes": {k: sum(f.stat().st_size for f in files_of(r)) for k, r in roots.items()},
+            "rows": rows, "warm": warm,
+            "ratios": {"raw mixed sizes, shuffle=True / best random pread at the mean photo's size":
+                       rows["raw, mixed sizes"]["mb_per_s"] / best,
+                       "raw mixed sizes / raw one size, shuffle=True (cold)":
+                       rows["raw, mixed sizes"]["samples_per_s"] / rows[f"raw, one size ({side}x{side})"]["samples_per_s"],
+                       "JPEG cold / JPEG warm (1: decoding, not the disk, is the limit)":
+                       rows["JPEG, mixed sizes (decoded)"]["samples_per_s"] / warm["JPEG, mixed sizes (decoded)"]["samples_per_s"]}}
+
+
+def photos_markdown(ph: dict[str, Any]) -> list[str]:
+    mb = lambda v: f"{v:,.0f}"  # noqa: E731
+    lo, hi = ph["sides"]
+    return [
+        f"Photos of mixed sizes, cold: {ph['n']} JPEGs (quality 90), height and width each drawn from {lo}-{hi} "
+        f"pixels, mean {ph['mean_raw_bytes'] / 1e3:,.0f} kB of raw pixels; stored raw ({ph['dataset_bytes']['raw, mixed sizes'] / 1e9:.2f} GB), "
+        f"raw resized to one size of the same mean pixels, and as the JPEG files "
+        f"({ph['dataset_bytes']['JPEG, mixed sizes (decoded)'] / 1e9:.2f} GB). Loader: shuffle=True, uint8, defaults; "
+        "MB/s are raw pixels delivered (decoded for JPEG).",
+        "",
+        _harness.markdown_table(["photos (cold)", "samples/s", "MB/s", "disk request, KiB", "resident before"],
+                                [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), mb(v.get("request_kib", 0)),
+                                  f"{v['resident_before']:.3f}"] for k, v in ph["rows"].items()]),
+        "",
+        _harness.markdown_table(["photos (warm cache)", "samples/s"], [[k, mb(v["samples_per_s"])] for k, v in ph["warm"].items()]),
+        "",
+        _harness.markdown_table(["photos: ratio", "measured"], [[k, f"{v:.2f}"] for k, v in ph["ratios"].items()]),
+    ]
+
+
 def markdown(res: dict[str, Any]) -> str:
     mb = lambda v: f"{v:,.0f}"  # noqa: E731
     rows = [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), mb(v.get("request_kib", 0)), f"{v['resident_before']:.3f}"]
@@ -411,6 +495,8 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "RssAnon after each cold epoch (MiB): " + ", ".join(f"{r['RssAnon'] / 1024:.0f}" for r in res["rss"]),
     ]
+    if "photos" in res:
+        out += ["", *photos_markdown(res["photos"])]
     a = res.get("after_same_pattern")
     if a and a["after_streams"] is not None and a["after_other"] is not None:
         out += ["", f"Passes ran in a new random order each round. The ceiling's parallel streams right after another "
@@ -433,11 +519,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_cold_", dir=a.dir))
     try:
         res = run(n, 32 if a.quick else 400, 64 if a.quick else 256, shape,
-                  a.rss_epochs or (2 if a.quick else 20), a.rounds or (1 if a.quick else 3), work)
+                  a.rss_epochs or (2 if a.quick else 20), a.rounds or (1 if a.quick else 3), work,
+                  n_photos=24 if a.quick else 1500, photo_sides=(32, 96) if a.quick else PHOTO_SIDES)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     name = "cold_quick" if a.quick else "cold"
     ratios = {k: v for k, v in res["targets"].items() if "ceiling" in k}  # the rows measured against the disk
+    ratios.update({f"photos: {k}": v for k, v in res["photos"]["ratios"].items() if "pread" in k})
     res["ceiling_check"] = _harness.check_ceiling("cold", ratios, quick=a.quick)
     md = markdown(res)
     _harness.write_results(name, res, md, a.out)

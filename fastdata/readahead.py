@@ -11,7 +11,8 @@ kernel queues those reads at once, many in flight, while the reader threads copy
 sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped:
 one-byte non-blocking reads probe each batch (the end of each of its ranges), and once several
 batches in a row were found cached, one probe a batch decides and a batch whose probe hits is not
-hinted (one system call instead of one per range).
+hinted (one system call instead of one per range). A pass that found a batch not cached stays cold
+to its end: what a later probe finds cached may be the read-ahead's own work.
 
 The distance is bounded, so memory is too: hints go at most ``ahead_bytes`` of file ranges beyond
 the batches the readers may already be reading (the loader's ``prefetch`` and workers), and at
@@ -220,7 +221,8 @@ class ReadAhead:
     ``ahead_bytes``: how far beyond those the hints may run. ``memo``: a dict kept by the dataset across
     passes: ``memo["warm"]`` says the last batches probed were found cached; a pass that starts so
     probes one sample a batch at once (a pass of a few dozen batches otherwise spends its first ones
-    hinting cached pages); a miss turns it cold. ``close`` stops the thread.
+    hinting cached pages); a miss turns it cold, for the rest of the pass (:meth:`_resident`).
+    ``close`` stops the thread.
     """
 
     def __init__(self, ranges: Callable[[np.ndarray], Ranges], plan: Sequence[np.ndarray], first: int, lead: int,
@@ -240,6 +242,7 @@ class ReadAhead:
         self.skipped = 0  # batches not hinted: their data was found in the page cache (_resident)
         self._memo = {} if memo is None else memo
         self._hits = WARM_STREAK + 1 if self._memo.get("warm") else 0  # consecutive batches found resident
+        self._missed = False  # a probe of this pass found a batch not cached: no more probes (_resident)
         self._probe = bytearray(1)
         self._can_probe = hasattr(os, "RWF_NOWAIT")
         self._streams = _Streams()
@@ -295,13 +298,15 @@ class ReadAhead:
     def _resident(self, merged: list[tuple[Path, np.ndarray, np.ndarray]], warm: bool) -> bool:
         """Whether hints for this batch can be skipped: one-byte reads that may not block (``RWF_NOWAIT``)
         found its pages cached, and so did the probes of the WARM_STREAK batches before it. Until then
-        (``warm`` false) the last byte of every merged range is probed: a sequential stream's read-ahead
-        (the kernel's, several MB past the stream's last read) caches the start of the next batch's range
-        of that stream but seldom all of a batch, so a cold pass is not taken for a warm one (taken so, it
-        would stop hinting and break its streams). Once warm, one probe in the middle of the batch's first
-        range: on a warm cache the hints then cost one system call a batch; a probe that misses hints the
-        batch at once (a cold or partly cached dataset)."""
-        if not self._can_probe or not merged or len(merged[0][1]) == 0:
+        (``warm`` false) the last byte of every merged range is probed (a batch only partly cached is
+        not counted). Once warm, one probe in the middle of the batch's first range: on a warm cache the
+        hints then cost one system call a batch; a probe that misses hints the batch at once (a cold or
+        partly cached dataset). After a miss nothing is probed until the pass ends and every batch is
+        hinted: a stream's read-ahead (the kernel's, 8 MB past the stream's last read on a disk like
+        this one) caches whole ranges of the batches after it, so a streak of hits in a cold pass is the
+        read-ahead's own work; taken for warm, it stops hinting and breaks the streams (5 of 32 batches
+        of a cold ``"block"`` pass were skipped so, and that pass ran at 0.4 of the speed of the others)."""
+        if not self._can_probe or self._missed or not merged or len(merged[0][1]) == 0:
             return False
         if warm:
             path, starts, lengths = merged[0]
@@ -314,6 +319,7 @@ class ReadAhead:
                 os.preadv(self._fd(path), [self._probe], at, os.RWF_NOWAIT)
         except BlockingIOError:
             self._hits = 0
+            self._missed = True
             self._memo["warm"] = False
             return False
         except OSError:  # this filesystem does not take RWF_NOWAIT: always hint

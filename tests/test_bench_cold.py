@@ -28,6 +28,12 @@ def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path):
     assert data["ratio"]["hdf5_lz4"] > 1.5  # Poisson counts compress
     assert all(v["resident_before"] < 0.5 for v in data["rows"].values())  # the cache really was emptied
     assert data["shuffle_quality"]["True"]["mixing"] > data["shuffle_quality"]["False"]["mixing"]
+    ph = data["photos"]  # photos of mixed sizes: raw (ragged), raw at one size, JPEG; the pread ceiling
+    assert {"raw, mixed sizes", f"raw, one size ({ph['one_side']}x{ph['one_side']})", "JPEG, mixed sizes (decoded)"} \
+        <= set(ph["rows"]) and any(k.startswith("pread") for k in ph["rows"])
+    assert all(v["resident_before"] < 0.5 for v in ph["rows"].values())
+    assert ph["dataset_bytes"]["raw, mixed sizes"] > ph["dataset_bytes"]["JPEG, mixed sizes (decoded)"]
+    assert data["ceiling_check"]["checked"] == 4  # the 3 targets against the disk, and the photos' against theirs
     assert (tmp_path / "cold_quick.md").read_text().strip()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("bench_cold_")] == []  # its work folder went
 

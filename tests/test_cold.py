@@ -396,24 +396,33 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
     assert skipped == 0 and hinted == len(plan) and memo == {"warm": False}
 
 
-def test_read_ahead_counts_a_batch_as_cached_only_when_all_its_ranges_are(tmp_path, monkeypatch):
-    """Before the warm streak every merged range of a batch is probed (its last byte): batches whose
-    first range is cached (as a stream's kernel read-ahead leaves the start of the next batch's range)
-    but whose other range is not are hinted, all of them, and the pass stays cold."""
+def _partly_cached(tmp_path, mb: int, first_mb: int, cached_mb: int, most_mb: int):
+    """A file of ``mb`` MB with only ``cached_mb`` MB from ``first_mb`` on read into the page cache
+    (skips where the probes cannot run, or the cache is not emptied: more than ``most_mb`` MB resident)."""
     import os
-
-    from fastdata import readahead
 
     if not hasattr(os, "RWF_NOWAIT"):
         pytest.skip("no preadv2 RWF_NOWAIT on this platform: read-ahead always hints")
     f = tmp_path / "f.bin"
-    f.write_bytes(np.random.default_rng(1).bytes(64 << 20))
+    f.write_bytes(np.random.default_rng(mb).bytes(mb << 20))
     os.sync()
     drop_page_cache([f])
     with open(f, "rb") as fh:
-        fh.read(12 << 20)  # the first 12 MB cached (and what the kernel reads ahead of them), not from 40 MB on
-    if resident_bytes([f]) > (36 << 20):
+        fh.seek(first_mb << 20)
+        fh.read(cached_mb << 20)
+    if resident_bytes([f]) > (most_mb << 20):
         pytest.skip("the page cache could not be emptied for the test file")
+    return f
+
+
+def test_read_ahead_counts_a_batch_as_cached_only_when_all_its_ranges_are(tmp_path, monkeypatch):
+    """Before the warm streak every merged range of a batch is probed (its last byte): batches whose
+    first range is cached (as a stream's kernel read-ahead leaves the start of the next batch's range)
+    but whose other range is not are hinted, all of them, and the pass stays cold."""
+    from fastdata import readahead
+
+    # the first 12 MB cached (and what the kernel reads ahead of them), not from 40 MB on
+    f = _partly_cached(tmp_path, 64, 0, 12, 36)
     plan = [np.array([k]) for k in range(12)]
 
     def ranges(batch):  # a cached range and one that is not
@@ -425,6 +434,25 @@ def test_read_ahead_counts_a_batch_as_cached_only_when_all_its_ranges_are(tmp_pa
     ra = ReadAhead(ranges, plan, first=0, lead=len(plan), memo=memo)
     ra._thread.join(timeout=10)
     assert ra.skipped == 0 and ra.hinted_bytes == len(plan) * (2 << 20) and memo == {"warm": False}
+
+
+def test_read_ahead_stays_cold_for_the_rest_of_a_pass_that_found_a_batch_not_cached(tmp_path, monkeypatch):
+    """A cold pass is not taken for a warm one later: what a probe finds cached after a miss may be the
+    read-ahead's own work (a stream's kernel read-ahead runs MBs past it). Here the first 4 batches are
+    not cached and the 20 after them are: all 24 are hinted, none skipped (the streak of hits used to
+    turn the pass warm after WARM_STREAK batches and skip the rest)."""
+    from fastdata import readahead
+
+    f = _partly_cached(tmp_path, 24, 4, 20, 21)  # batches 4-23 cached, 0-3 not
+    plan = [np.array([k]) for k in range(24)]
+    hinted: list[int] = []
+    monkeypatch.setattr(readahead.os, "posix_fadvise", lambda fd, off, n, advice: hinted.append(off >> 20))
+    monkeypatch.setattr(readahead._Streams, "continues", lambda self, *a, **k: False)
+    memo: dict[str, bool] = {}
+    ra = ReadAhead(lambda b: [(f, np.array([int(b[0]) << 20]), np.array([1 << 20]))], plan, first=0,
+                   lead=len(plan), memo=memo)
+    ra._thread.join(timeout=10)
+    assert ra.skipped == 0 and sorted(set(hinted)) == list(range(24)) and memo == {"warm": False}
 
 
 def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_path, monkeypatch):
