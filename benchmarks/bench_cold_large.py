@@ -96,6 +96,8 @@ def run(base: int, ram_factor: float, work: Path, rounds: int = 1) -> dict[str, 
     ceil_fns: dict[str, Any] = {f"pread {sample_bytes} B, {t} threads, random":
                                 (lambda t=t: bench_cold.pread_pass(paths, sample_bytes, t, True))
                                 for t in bench_cold.THREADS}  # the best thread count is the ceiling
+    ceil_fns[f"pread {sample_bytes} B, {bench_cold.HINTED}"] = \
+        lambda: bench_cold.pread_pass(paths, sample_bytes, 2, True, sink="ahead")
     ceil_fns["pread 4 MiB, 1 thread, in order"] = lambda: bench_cold.pread_pass(paths, bench_cold.LARGE, 1, False)
     ceil_fns.update(bench_cold.stream_ceilings(paths))
     # in a random order (bench_cold.interleaved): a fixed one put every loader pass first, right after
@@ -103,7 +105,7 @@ def run(base: int, ram_factor: float, work: Path, rounds: int = 1) -> dict[str, 
     runs = bench_cold.interleaved({**fns, **ceil_fns}, rounds)
     rows = {k: bench_cold.median_of(runs[k], "samples_per_s") for k in fns}
     ceil = {k: bench_cold.median_of(runs[k], "mb_per_s") for k in ceil_fns}
-    par = max((v for k, v in ceil.items() if "threads, random" in k), key=lambda v: v["mb_per_s"])
+    par = max((v for k, v in ceil.items() if bench_cold.random_ceiling(k)), key=lambda v: v["mb_per_s"])
     large = bench_cold.best_large(ceil)
     res.update(rows=rows, ceilings=ceil, rss=rss, loadavg_after=bench_cold.loadavg(), machine=_harness.machine_info())
     res["targets"] = {

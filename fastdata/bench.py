@@ -263,9 +263,53 @@ def _streams(reqs: list[tuple[int, int]], threads: int, read: Callable[[tuple[in
         return total + sum(c.result() for c in copied)
 
 
+def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, ahead_bytes: int) -> int:
+    """``reqs`` in their order, hinted to the kernel (``WILLNEED``) by one thread at most ``ahead_bytes``
+    ahead of ``copiers`` threads that ``pread`` each, in the same order, into a reused buffer: random
+    reads with as deep a queue as fastdata's read-ahead keeps (threads that each wait for one read
+    keep fewer in flight). The bytes delivered."""
+    ahead = max(1, ahead_bytes // size)
+    state = {"next": 0, "done": 0, "over": False}
+    cond = threading.Condition()
+
+    def hint() -> None:
+        for i, (fd, off) in enumerate(reqs):
+            with cond:
+                while i - state["done"] >= ahead and not state["over"]:
+                    cond.wait()
+                if state["over"]:
+                    return
+            os.posix_fadvise(fd, off, size, os.POSIX_FADV_WILLNEED)
+
+    def copy() -> int:
+        buf, got = bytearray(size), 0
+        while time.perf_counter() <= stop:
+            with cond:
+                i = state["next"]
+                state["next"] += 1
+            if i >= len(reqs):
+                break
+            got += os.preadv(reqs[i][0], [buf], reqs[i][1])
+            with cond:
+                state["done"] += 1
+                cond.notify()
+        return got
+
+    hinting = threading.Thread(target=hint, name="fastdata-bench-hint", daemon=True)
+    hinting.start()
+    try:
+        with ThreadPoolExecutor(max(1, copiers)) as pool:
+            return sum(pool.map(lambda _: copy(), range(max(1, copiers))))
+    finally:
+        with cond:
+            state["over"] = True
+            cond.notify()
+        hinting.join()
+
+
 def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int, *, shuffled: bool = True,
                seconds: float | None = None, streams: bool = False, sink: Sink = "buffer",
-               copiers: int = 2) -> dict[str, float]:
+               copiers: int = 2, ahead_bytes: int = 256 << 20) -> dict[str, float]:
     """Read every byte of ``paths`` in ``size`` preads (in a seeded random order if ``shuffled``),
     ``threads`` at a time, into one reused buffer per thread, for at most ``seconds``: the disk's
     ceiling at that request size (``fastdata bench --cold`` and benchmarks/bench_cold.py; empty the
@@ -275,9 +319,12 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
     into the page cache, nothing copied) and ``copiers`` threads then ``pread`` each piece that has
     arrived into a reused buffer (the bytes delivered, as fastdata's read-ahead and readers do);
     ``sink="null"``: only sent to ``/dev/null``: the disk alone, nothing delivered (a reference, not
-    a ceiling for reading). Returns ``{"bytes", "seconds"}`` (bytes delivered, or read for "null")."""
-    if sink not in ("buffer", "ahead", "null") or (sink != "buffer" and not streams):
-        raise ValueError(f"sink={sink!r}: 'buffer', or with streams=True 'ahead' or 'null'")
+    a ceiling for reading). Without ``streams``, ``sink="ahead"``: the requests hinted (``WILLNEED``)
+    up to ``ahead_bytes`` ahead of ``copiers`` threads that ``pread`` them (``threads`` unused): random
+    reads with a deep queue, as fastdata's read-ahead reads them.
+    Returns ``{"bytes", "seconds"}`` (bytes delivered, or read for "null")."""
+    if sink not in ("buffer", "ahead", "null") or (sink == "null" and not streams):
+        raise ValueError(f"sink={sink!r}: 'buffer' or 'ahead', or with streams=True 'null'")
     fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
     null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC) if sink != "buffer" else -1
     try:
@@ -301,7 +348,9 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
                 mine.buf = bytearray(size)
             return os.preadv(req[0], [mine.buf], req[1])
 
-        if streams:
+        if sink == "ahead" and not streams:
+            total = _hinted(reqs, size, copiers, stop, ahead_bytes)
+        elif streams:
             total = _streams(reqs, threads, read, arrived, size, copiers if sink == "ahead" else 0)
         elif threads == 1:
             total = sum(read(r) for r in reqs)

@@ -64,8 +64,9 @@ def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[
 def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False,
                 sink: Sink = "buffer") -> dict[str, float]:
     """The disk's ceiling with the page cache emptied: random ``size`` preads by ``_THREADS`` threads
-    (``streams``: each thread reads its own contiguous part in order; ``sink="ahead"``: sent to
-    /dev/null first, then copied by 2 threads, as the loader reads: fastdata.bench.pread_pass)."""
+    (``streams``: each thread reads its own contiguous part in order; ``sink="ahead"``: with streams,
+    sent to /dev/null first, then copied by 2 threads; without, hinted up to 256 MiB ahead of 2
+    copying threads; both as the loader reads: fastdata.bench.pread_pass)."""
     from .bench import pread_pass
     from .readahead import drop_page_cache
 
@@ -99,6 +100,8 @@ def run_cold(args: argparse.Namespace) -> int:
         rows.append((f"fastdata.loader shuffle={shuffle!r}, cold", sps, sps * bps / 1e6))
     ceilings: list[tuple[str, Callable[[], dict[str, float]]]] = [
         (f"pread {fmt_bytes(bps)} x {_THREADS} threads, cold", lambda: _pread_cold(paths, max(bps, 4096), args.seconds)),
+        (f"pread {fmt_bytes(bps)} at random, hinted 256 MiB ahead, copied by 2 threads, cold",
+         lambda: _pread_cold(paths, max(bps, 4096), args.seconds, False, "ahead")),
         (f"pread 4 MiB x {_THREADS} threads, cold", lambda: _pread_cold(paths, _LARGE, args.seconds)),
         (f"pread 4 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, _LARGE, args.seconds, True)),
         (f"pread 1 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, 1 << 20, args.seconds, True)),

@@ -45,7 +45,7 @@ def test_fastdata_bench_cold_on_a_small_dataset(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in out["results"]]
     assert out["cold"] and any("shuffle=True" in n for n in names) and any(n.startswith("pread") for n in names)
-    assert any("streams in order" in n for n in names)
+    assert any("streams in order" in n for n in names) and any("hinted 256 MiB ahead" in n for n in names)
     assert all(r["samples_per_s"] > 0 for r in out["results"])
     assert cli.main(["bench", str(tmp_path / "ds"), "--cold", "--batches", "1", "--seconds", "1", "--no-ceiling"]) == 0
     assert "shuffle='block', cold" in capsys.readouterr().out
@@ -61,11 +61,41 @@ def test_pread_pass_reads_every_byte_once_in_each_pattern(tmp_path):
         paths[-1].write_bytes(bytes(n))
     for kw in ({"shuffled": True}, {"shuffled": False}, {"shuffled": False, "streams": True},
                {"streams": True, "sink": "ahead"}, {"streams": True, "sink": "ahead", "copiers": 1},
-               {"streams": True, "sink": "null"}):
+               {"streams": True, "sink": "null"}, {"sink": "ahead"}, {"sink": "ahead", "copiers": 1},
+               {"sink": "ahead", "ahead_bytes": 1}):
         for threads in (1, 3, 16):
             assert pread_pass(paths, 1 << 20, threads, **kw)["bytes"] == sum(sizes), (kw, threads)
     with pytest.raises(ValueError, match="sink"):
-        pread_pass(paths, 1 << 20, 2, sink="ahead")  # read ahead of what: only streams have an order
+        pread_pass(paths, 1 << 20, 2, sink="null")  # the disk alone is a streams reference only
+
+
+def test_pread_pass_hinted_random_reads_hint_each_request_once_within_the_bound(tmp_path, monkeypatch):
+    """Random reads with a deep queue (sink="ahead" without streams): each request is hinted once and
+    read once, into the buffers, and the hints run at most ``ahead_bytes`` ahead of the reads."""
+    import os
+    import threading
+
+    from fastdata import bench
+
+    f = tmp_path / "f"
+    f.write_bytes(np.random.default_rng(1).bytes((12 << 20) + 5))
+    events: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    real_read = os.preadv
+
+    def note(kind, off):
+        with lock:
+            events.append((kind, off))
+
+    monkeypatch.setattr(bench.os, "posix_fadvise", lambda fd, off, n, advice: note("hint", off))
+    monkeypatch.setattr(bench.os, "preadv", lambda fd, bufs, off, *a: (note("read", off), real_read(fd, bufs, off, *a))[1])
+    assert bench.pread_pass([f], 1 << 20, 8, sink="ahead", ahead_bytes=3 << 20)["bytes"] == (12 << 20) + 5
+    offs = sorted(range(0, (12 << 20) + 5, 1 << 20))
+    assert sorted(o for k, o in events if k == "hint") == offs and sorted(o for k, o in events if k == "read") == offs
+    lead = 0
+    for k, _ in events:  # hints ahead of finished reads: at most 3 (the bound) plus the 2 reads in flight
+        lead += 1 if k == "hint" else -1
+        assert lead <= 3 + 2
 
 
 def test_pread_pass_ahead_delivers_the_bytes_into_its_buffers(tmp_path, monkeypatch):
