@@ -231,6 +231,16 @@ def best_large(ceil: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return max((v for k, v in ceil.items() if " MiB" in k and k != DISK_ALONE), key=lambda v: v["mb_per_s"])
 
 
+def both_units(results: dict[str, dict[str, Any]], nbytes: int) -> dict[str, dict[str, Any]]:
+    """Each result in samples/s and MB/s (``nbytes`` a sample), from whichever of the two it has."""
+    for r in results.values():
+        if "mb_per_s" in r:
+            r["samples_per_s"] = r["mb_per_s"] * 1e6 / nbytes
+        else:
+            r["mb_per_s"] = r["samples_per_s"] * nbytes / 1e6
+    return results
+
+
 def shuffle_quality(ds: fastdata.Dataset, shuffle: Any) -> dict[str, float]:
     """Mean distance in stored order between consecutive samples of a batch / (n/3), and shards per batch."""
     n = len(ds)
@@ -342,12 +352,8 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     ceil_fns.update(stream_ceilings(shard_files))
     runs = interleaved({k: (lambda f=f: with_requests(work, f)) for k, f in {**cold_fns, **ceil_fns}.items()}, rounds)
     res["after_same_pattern"] = after_same_pattern(runs)
-    rows = {k: median_of(runs[k], "samples_per_s") for k in cold_fns}
-    ceil = {k: median_of(runs[k], "mb_per_s") for k in ceil_fns}
-    for r in rows.values():
-        r["mb_per_s"] = r["samples_per_s"] * sample_bytes / 1e6  # decoded bytes for lz4
-    for c in ceil.values():
-        c["samples_per_s"] = c["mb_per_s"] * 1e6 / sample_bytes
+    rows = both_units({k: median_of(runs[k], "samples_per_s") for k in cold_fns}, sample_bytes)  # decoded bytes for lz4
+    ceil = both_units({k: median_of(runs[k], "mb_per_s") for k in ceil_fns}, sample_bytes)
     _harness.warm_page_cache(work / "hdf5", work / "hdf5_lz4")
     warm_fns = {f"{root} shuffle=True, read-ahead {'on' if ra else 'off'}":
                 (lambda root=root, ra=ra: loader_pass(work / root, True, readahead=ra, warm=True))
@@ -433,12 +439,9 @@ def photos(work: Path, n: int, rounds: int, sides: tuple[int, int] = PHOTO_SIDES
         fns[f"pread {raw_bytes} B, {t} threads, random"] = lambda t=t: pread_pass(shard_files, raw_bytes, t, True)
     fns[f"pread {raw_bytes} B, {HINTED}"] = lambda: pread_pass(shard_files, raw_bytes, 2, True, sink="ahead")
     runs = interleaved({k: (lambda f=f: with_requests(work, f)) for k, f in fns.items()}, rounds, seed=1)
-    rows = {k: median_of(v, "mb_per_s" if k.startswith("pread") else "samples_per_s") for k, v in runs.items()}
-    for k, r in rows.items():  # MB/s of pixels delivered (decoded for JPEG); samples/s for the ceilings
-        if k.startswith("pread"):
-            r["samples_per_s"] = r["mb_per_s"] * 1e6 / raw_bytes
-        else:
-            r["mb_per_s"] = r["samples_per_s"] * raw_bytes / 1e6
+    # MB/s of pixels delivered (decoded for JPEG); samples/s for the ceilings
+    rows = both_units({k: median_of(v, "mb_per_s" if k.startswith("pread") else "samples_per_s")
+                       for k, v in runs.items()}, raw_bytes)
     for k in opts:
         _harness.warm_page_cache(roots[k])
     warm = {k: median_of(v, "samples_per_s") for k, v in interleaved(
