@@ -142,13 +142,50 @@ def disk_reads(path: Path) -> tuple[int, int]:
     return 0, 0
 
 
+def stalls() -> int:
+    """Times an allocation stalled for direct reclaim or compaction so far (/proc/vmstat ``allocstall_*`` and
+    ``compact_stall``; 0 where not found): a pass with many had to make room in memory for the pages it read."""
+    try:
+        with open("/proc/vmstat") as f:
+            return sum(int(v) for k, v in (line.split() for line in f)
+                       if k.startswith("allocstall_") or k == "compact_stall")
+    except (OSError, ValueError):
+        return 0
+
+
 def with_requests(path: Path, fn: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """``fn()``'s result plus ``request_kib``: the mean size of the disk's read requests during it."""
+    """``fn()``'s result plus ``request_kib``, the mean size of the disk's read requests during it, and
+    ``stalls``, the memory stalls (:func:`stalls`) during it."""
     n0, b0 = disk_reads(path)
+    s0 = stalls()
     r = fn()
     n1, b1 = disk_reads(path)
     r["request_kib"] = (b1 - b0) / (n1 - n0) / 1024 if n1 > n0 else 0.0
+    r["stalls"] = stalls() - s0
     return r
+
+
+def memory_mib() -> dict[str, int]:
+    """MemFree and Cached of /proc/meminfo, MiB (empty where not found)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {k.rstrip(":"): int(v) for k, v, *_ in (line.split() for line in f)}
+    except (OSError, ValueError):
+        return {}
+    return {k: info[k] // 1024 for k in ("MemFree", "Cached") if k in info}
+
+
+def drop_whole_page_cache() -> bool:
+    """Drop every clean page of the page cache (``/proc/sys/vm/drop_caches``; root only): a run starts with
+    the memory free, not fragmented by other files' pages (with it full, passes stalled for reclaim and
+    compaction and ran at 0.5-0.8 of their speed, notes of issue 26). False where not allowed."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        return False
+    return True
 
 
 def cold(paths: list[Path]) -> float:
@@ -291,7 +328,7 @@ def median_of(results: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """The pass with the median ``key`` (and every pass's ``key``, as ``all``, and the pass before each)."""
     ranked = sorted(results, key=lambda r: r[key])
     return {**ranked[len(ranked) // 2], "all": [round(r[key], 1) for r in results],
-            "after_all": [r.get("after") for r in results]}
+            "after_all": [r.get("after") for r in results], "stalls_all": [r.get("stalls") for r in results]}
 
 
 def after_same_pattern(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -308,7 +345,7 @@ def after_same_pattern(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: int, rounds: int,
         work: Path, n_photos: int = 1500, photo_sides: tuple[int, int] = PHOTO_SIDES) -> dict[str, Any]:
     res: dict[str, Any] = {"loadavg_before": loadavg(), "samples": n, "shape": list(shape), "batch": BATCH,
-                           "rounds": rounds}
+                           "rounds": rounds, "memory_mib_before": memory_mib()}
     src = work / "npy"
     files = write_folder(src, n, lambda rng, c: flim_sample(rng, shape, c))
     conv = {}
@@ -480,18 +517,21 @@ def photos_markdown(ph: dict[str, Any]) -> list[str]:
 
 def markdown(res: dict[str, Any]) -> str:
     mb = lambda v: f"{v:,.0f}"  # noqa: E731
-    rows = [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), mb(v.get("request_kib", 0)), f"{v['resident_before']:.3f}"]
+    rows = [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), mb(v.get("request_kib", 0)), f"{v['resident_before']:.3f}",
+             mb(sum(x or 0 for x in v.get("stalls_all", [])))]
             for k, v in [*res["rows"].items(), *res["ceilings"].items()]]
     q = res["shuffle_quality"]
     out = [
         f"Cold reads, {res['samples']} samples of float32 {tuple(res['shape'])} (Poisson counts), batch {res['batch']}; "
         f"HDF5 {res['dataset_bytes']['hdf5'] / 1e9:.2f} GB, lz4 {res['dataset_bytes']['hdf5_lz4'] / 1e9:.2f} GB "
-        f"(ratio {res['ratio']['hdf5_lz4']}). Page cache emptied (POSIX_FADV_DONTNEED per file) before each pass. "
+        f"(ratio {res['ratio']['hdf5_lz4']}). Page cache emptied (POSIX_FADV_DONTNEED per file) before each pass; "
+        f"the machine's whole page cache dropped at the start: {'yes' if res.get('whole_page_cache_dropped') else 'no'} "
+        f"(memory then, MiB: {res.get('memory_mib_before', {})}). "
         f"Load average before {res['loadavg_before']}, after {res['loadavg_after']} "
         f"({res['machine']['usable_cores']} cores).",
         "",
-        _harness.markdown_table(["reader (cold)", "samples/s", "MB/s (decoded)", "disk request, KiB", "resident before"],
-                                rows),
+        _harness.markdown_table(["reader (cold)", "samples/s", "MB/s (decoded)", "disk request, KiB", "resident before",
+                                 "memory stalls, all passes"], rows),
         "",
         _harness.markdown_table(["shuffle", "mixing (1 = uniform)", "shards per batch", "stored runs per batch"],
                                 [[k, f"{v['mixing']:.3f}", f"{v['shards_per_batch']:.1f}",
@@ -524,7 +564,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="passes of each reader, interleaved (default 3; quick 1)")
     p.add_argument("--dir", default=None, help="work folder on the disk to measure (default: a temporary folder)")
     p.add_argument("--out", default=str(_harness.DEFAULT_RESULTS_DIR), help="results folder")
+    p.add_argument("--keep-page-cache", action="store_true",
+                   help="do not drop the machine's whole page cache at the start (done by default where allowed: root)")
     a = p.parse_args(argv)
+    dropped = False if a.quick or a.keep_page_cache else drop_whole_page_cache()
+    print(f"whole page cache dropped at the start: {'yes' if dropped else 'no'}; memory {memory_mib()}", flush=True)
     n = a.samples or (48 if a.quick else 2000)
     shape = QUICK_SHAPE if a.quick else SHAPE
     work = Path(tempfile.mkdtemp(prefix="bench_cold_", dir=a.dir))
@@ -534,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                   n_photos=24 if a.quick else 1500, photo_sides=(32, 96) if a.quick else PHOTO_SIDES)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    res["whole_page_cache_dropped"] = dropped
     name = "cold_quick" if a.quick else "cold"
     ratios = {k: v for k, v in res["targets"].items() if "ceiling" in k}  # the rows measured against the disk
     ratios.update({f"photos: {k}": v for k, v in res["photos"]["ratios"].items() if "pread" in k})

@@ -27,6 +27,10 @@ def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path):
     assert {"rows", "ceilings", "warm", "shuffle_quality", "rss", "targets"} <= set(data)
     assert data["ratio"]["hdf5_lz4"] > 1.5  # Poisson counts compress
     assert all(v["resident_before"] < 0.5 for v in data["rows"].values())  # the cache really was emptied
+    # a quick run leaves the machine's page cache alone; every pass counts its memory stalls (/proc/vmstat)
+    assert data["whole_page_cache_dropped"] is False and "MemFree" in data["memory_mib_before"]
+    assert all(len(v["stalls_all"]) == len(v["all"]) and all(x >= 0 for x in v["stalls_all"])
+               for v in [*data["rows"].values(), *data["ceilings"].values()])
     assert data["shuffle_quality"]["True"]["mixing"] > data["shuffle_quality"]["False"]["mixing"]
     ph = data["photos"]  # photos of mixed sizes: raw (ragged), raw at one size, JPEG; the pread ceiling
     assert {"raw, mixed sizes", f"raw, one size ({ph['one_side']}x{ph['one_side']})", "JPEG, mixed sizes (decoded)"} \

@@ -26,7 +26,7 @@ def _bench_module(name: str):  # type: ignore[no-untyped-def]
 
 
 def test_quick_suite_completes_and_writes_json_markdown_and_plots(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick", "--out", str(tmp_path)],
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick", "--jobs", "2", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     plotted = set(_bench_module("plot").PLOTTERS)
@@ -49,6 +49,13 @@ def test_quick_suite_completes_and_writes_json_markdown_and_plots(tmp_path):
     for records in ("196 KB fixed records", "~100 KB ragged records"):
         for what in ("header checked on every read", "no per-read check", "the comparison alone"):
             assert times[f"{records}: {what}"]["runs"] >= 1
+
+
+def test_suites_run_side_by_side_only_in_a_quick_run(capsys):
+    """``--jobs 2`` (two suites at once: their figures would disturb each other) is refused for a full run."""
+    with pytest.raises(SystemExit) as e:
+        _bench_module("run_all").main(["--jobs", "2", "--only", "cold"])
+    assert e.value.code == 2 and "--jobs must be 1 for full runs" in capsys.readouterr().err
 
 
 def test_the_sequence_baseline_runs_on_the_padded_batch():
