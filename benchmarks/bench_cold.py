@@ -177,8 +177,10 @@ def memory_mib() -> dict[str, int]:
 
 def drop_whole_page_cache() -> bool:
     """Drop every clean page of the page cache (``/proc/sys/vm/drop_caches``; root only): a run starts with
-    the memory free, not fragmented by other files' pages (with it full, passes stalled for reclaim and
-    compaction and ran at 0.5-0.8 of their speed, notes of issue 26). False where not allowed."""
+    the memory free, not fragmented by other files' pages, which new pages would first have to be reclaimed
+    from (with the cache full after the 30.7 GB run, a stream pass right after a 128-thread random pass was
+    slower than the one before it in 3 of 4 pairs, and not with the cache dropped; notes of issue 26).
+    False where not allowed."""
     os.sync()
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:

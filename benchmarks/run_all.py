@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
