@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.bench import Sink, pread_pass as bench_pread  # noqa: E402
+from fastdata.bench import Sink, memory_stalls, pread_pass as bench_pread  # noqa: E402
 from fastdata.demo.baseline import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 from fastdata.order import SHUFFLES, STREAMS, epoch_order  # noqa: E402
@@ -142,26 +142,15 @@ def disk_reads(path: Path) -> tuple[int, int]:
     return 0, 0
 
 
-def stalls() -> int:
-    """Times an allocation stalled for direct reclaim or compaction so far (/proc/vmstat ``allocstall_*`` and
-    ``compact_stall``; 0 where not found): a pass with many had to make room in memory for the pages it read."""
-    try:
-        with open("/proc/vmstat") as f:
-            return sum(int(v) for k, v in (line.split() for line in f)
-                       if k.startswith("allocstall_") or k == "compact_stall")
-    except (OSError, ValueError):
-        return 0
-
-
 def with_requests(path: Path, fn: Callable[[], dict[str, float]]) -> dict[str, float]:
     """``fn()``'s result plus ``request_kib``, the mean size of the disk's read requests during it, and
-    ``stalls``, the memory stalls (:func:`stalls`) during it."""
+    ``stalls``, the memory stalls (fastdata.bench.memory_stalls) during it."""
     n0, b0 = disk_reads(path)
-    s0 = stalls()
+    s0 = memory_stalls()
     r = fn()
     n1, b1 = disk_reads(path)
     r["request_kib"] = (b1 - b0) / (n1 - n0) / 1024 if n1 > n0 else 0.0
-    r["stalls"] = stalls() - s0
+    r["stalls"] = memory_stalls() - s0
     return r
 
 

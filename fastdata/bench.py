@@ -365,5 +365,17 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
             os.close(null)
 
 
-__all__ = ["BenchResult", "CEILING_LIMIT", "Sink", "measure", "measure_ceiling", "naive_pipeline", "payload_bytes",
-           "pread_pass", "sample_bytes"]
+def memory_stalls() -> int:
+    """Times an allocation has stalled for direct reclaim or compaction since boot (/proc/vmstat
+    ``allocstall_*`` + ``compact_stall``; 0 where not found). A cold pass during which it grows had to make
+    room in a full page cache for the pages it read: its figure includes that work, not the disk alone."""
+    try:
+        with open("/proc/vmstat") as f:
+            return sum(int(v) for k, v in (line.split() for line in f)
+                       if k.startswith("allocstall_") or k == "compact_stall")
+    except (OSError, ValueError):
+        return 0
+
+
+__all__ = ["BenchResult", "CEILING_LIMIT", "Sink", "measure", "measure_ceiling", "memory_stalls", "naive_pipeline",
+           "payload_bytes", "pread_pass", "sample_bytes"]

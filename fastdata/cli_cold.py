@@ -6,7 +6,9 @@ stop other readers of the dataset first). Then, each for at most ``--seconds`` (
 the loader with ``shuffle=True`` and with ``shuffle="block"``, and the disk's ceiling: ``pread`` of
 the same files by 16 threads in random order, at the size of one sample and at 4 MiB, and 4 MiB and
 1 MiB preads by 16 threads each reading its own part of the files in order (parallel sequential
-streams; the loader's own stream read-ahead reads 1 MiB at a time).
+streams; the loader's own stream read-ahead reads 1 MiB at a time). Each pass counts the allocations
+that stalled for reclaim or compaction (fastdata.bench.memory_stalls): a full page cache makes a cold pass
+slower and less steady, so the report names such passes.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ def add_cold(bench: argparse.ArgumentParser) -> None:
 
 
 def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[str]) -> dict[str, float]:
+    from .bench import memory_stalls
     from .dataset import Dataset
     from .loaders import LoaderConfig, loader
     from .readahead import drop_page_cache
 
     drop_page_cache(paths)
+    stalls = memory_stalls()
     given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}
     ds = Dataset(path)
     n = batches = 0
@@ -58,7 +62,7 @@ def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[
                 break
         dt = time.perf_counter() - t0
     ds.close()
-    return {"samples": n, "seconds": dt}
+    return {"samples": n, "seconds": dt, "memory_stalls": memory_stalls() - stalls}
 
 
 def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False,
@@ -67,11 +71,13 @@ def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = Fal
     (``streams``: each thread reads its own contiguous part in order; ``sink="ahead"``: with streams,
     sent to /dev/null first, then copied by 2 threads; without, hinted up to 256 MiB ahead of 2
     copying threads; both as the loader reads: fastdata.bench.pread_pass)."""
-    from .bench import pread_pass
+    from .bench import memory_stalls, pread_pass
     from .readahead import drop_page_cache
 
     drop_page_cache(paths)
-    return pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams, sink=sink)
+    stalls = memory_stalls()
+    r = pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams, sink=sink)
+    return {**r, "memory_stalls": memory_stalls() - stalls}
 
 
 def run_cold(args: argparse.Namespace) -> int:
@@ -93,11 +99,11 @@ def run_cold(args: argparse.Namespace) -> int:
         paths = [str(p) for p in ds.shard_paths()]
         bps = int(sample_bytes(ds))
         count = len(ds)
-    rows: list[tuple[str, float, float]] = []  # name, samples/s, MB/s
+    rows: list[tuple[str, float, float, int]] = []  # name, samples/s, MB/s, memory stalls
     for shuffle in (True, "block"):
         r = _loader_pass(args.dst, shuffle, args, paths)
         sps = r["samples"] / r["seconds"] if r["seconds"] else 0.0
-        rows.append((f"fastdata.loader shuffle={shuffle!r}, cold", sps, sps * bps / 1e6))
+        rows.append((f"fastdata.loader shuffle={shuffle!r}, cold", sps, sps * bps / 1e6, int(r["memory_stalls"])))
     ceilings: list[tuple[str, Callable[[], dict[str, float]]]] = [
         (f"pread {fmt_bytes(bps)} x {_THREADS} threads, cold", lambda: _pread_cold(paths, max(bps, 4096), args.seconds)),
         (f"pread {fmt_bytes(bps)} at random, hinted 256 MiB ahead, copied by 2 threads, cold",
@@ -111,19 +117,24 @@ def run_cold(args: argparse.Namespace) -> int:
     for name, fn in ([] if args.no_ceiling else ceilings):
         c = fn()
         mbs = c["bytes"] / c["seconds"] / 1e6 if c["seconds"] else 0.0
-        rows.append((name, mbs * 1e6 / bps if bps else 0.0, mbs))
+        rows.append((name, mbs * 1e6 / bps if bps else 0.0, mbs, int(c["memory_stalls"])))
     best = max((r[2] for r in rows if r[0].startswith("pread")), default=None)
     if args.json:
         print(json.dumps({"dataset": str(args.dst), "cold": True, "results": [
-            {"name": n, "samples_per_s": s, "mb_per_s": m, "ceiling_ratio": m / best if best else None}
-            for n, s, m in rows]}, indent=1))
+            {"name": n, "samples_per_s": s, "mb_per_s": m, "ceiling_ratio": m / best if best else None,
+             "memory_stalls": st} for n, s, m, st in rows]}, indent=1))
         return 0
     print(f"dataset {args.dst}: {count} samples, {fmt_bytes(bps)} per sample, page cache emptied before each pass")
     print(f"{'pipeline':<48}{'samples/s':>11}{'MB/s':>9}{'x disk':>8}")
-    for n, s, m in rows:
+    for n, s, m, _ in rows:
         x = f"{m / best:>8.2f}" if best else f"{'-':>8}"
         print(f"{n:<48}{s:>11.0f}{m:>9.0f}{x}")
     if best:
         print("x disk: samples/s as a fraction of what the best parallel pread rate of the same files delivers "
               "(MB/s: bytes as stored; compressed samples decode to more)")
+    stalled = [n for n, *_, st in rows if st]
+    if stalled:
+        print(f"note: {len(stalled)} of {len(rows)} passes waited for memory to be reclaimed or compacted (/proc/vmstat): "
+              "the page cache is full of other files, so these figures include making room and vary more; as root, "
+              "`sync; echo 3 > /proc/sys/vm/drop_caches` before measuring gives the disk alone")
     return 0

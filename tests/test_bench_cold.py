@@ -51,6 +51,7 @@ def test_fastdata_bench_cold_on_a_small_dataset(tmp_path, capsys):
     assert out["cold"] and any("shuffle=True" in n for n in names) and any(n.startswith("pread") for n in names)
     assert any("streams in order" in n for n in names) and any("hinted 256 MiB ahead" in n for n in names)
     assert all(r["samples_per_s"] > 0 for r in out["results"])
+    assert all(isinstance(r["memory_stalls"], int) and r["memory_stalls"] >= 0 for r in out["results"])
     assert cli.main(["bench", str(tmp_path / "ds"), "--cold", "--batches", "1", "--seconds", "1", "--no-ceiling"]) == 0
     assert "shuffle='block', cold" in capsys.readouterr().out
 
@@ -115,3 +116,20 @@ def test_pread_pass_ahead_delivers_the_bytes_into_its_buffers(tmp_path, monkeypa
     monkeypatch.setattr(bench.os, "preadv", lambda fd, bufs, off, *a: (seen.append((off, len(bufs[0]))), real(fd, bufs, off, *a))[1])
     assert bench.pread_pass([f], 1 << 20, 2, streams=True, sink="ahead")["bytes"] == (3 << 20) + 777
     assert sorted(seen) == [(0, 1 << 20), (1 << 20, 1 << 20), (2 << 20, 1 << 20), (3 << 20, 777)]
+
+
+def test_fastdata_bench_cold_says_when_passes_waited_for_memory(tmp_path, capsys, monkeypatch):
+    """A pass during which allocations stalled for reclaim or compaction (the page cache full of other
+    files) is named in a note: its figure includes making room, not the disk alone."""
+    import fastdata.bench
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).poisson(9, (32, 4, 32, 32)).astype(np.float32))
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1)), arrays={"x": tmp_path / "x.npy"})
+    args = ["bench", str(tmp_path / "ds"), "--cold", "--batches", "1", "--seconds", "1", "--no-ceiling"]
+    monkeypatch.setattr(fastdata.bench, "memory_stalls", lambda: 5)  # no stall during the passes: no note
+    assert cli.main(args) == 0
+    assert "waited for memory" not in capsys.readouterr().out
+    counts = iter(range(0, 1000, 7))  # every reading of /proc/vmstat finds 7 more stalls
+    monkeypatch.setattr(fastdata.bench, "memory_stalls", lambda: next(counts))
+    assert cli.main(args) == 0
+    assert "note: 2 of 2 passes waited for memory to be reclaimed or compacted" in capsys.readouterr().out
