@@ -6,9 +6,10 @@ stop other readers of the dataset first). Then, each for at most ``--seconds`` (
 the loader with ``shuffle=True`` and with ``shuffle="block"``, and the disk's ceiling: ``pread`` of
 the same files by 16 threads in random order, at the size of one sample and at 4 MiB, and 4 MiB and
 1 MiB preads by 16 threads each reading its own part of the files in order (parallel sequential
-streams; the loader's own stream read-ahead reads 1 MiB at a time). Each pass counts the allocations
-that stalled for reclaim or compaction (fastdata.bench.memory_stalls): a full page cache makes a cold pass
-slower and less steady, so the report names such passes.
+streams; the loader's own stream read-ahead reads 1 MiB at a time). Each pass counts the allocations on
+the machine that stalled for reclaim or compaction meanwhile (fastdata.bench.memory_stalls; machine-wide,
+/proc/vmstat has no per-process count): a full page cache makes a cold pass slower and less steady, so the
+report names such passes.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def run_cold(args: argparse.Namespace) -> int:
               "(MB/s: bytes as stored; compressed samples decode to more)")
     stalled = [n for n, *_, st in rows if st]
     if stalled:
-        print(f"note: {len(stalled)} of {len(rows)} passes waited for memory to be reclaimed or compacted (/proc/vmstat): "
-              "the page cache is full of other files, so these figures include making room and vary more; as root, "
-              "`sync; echo 3 > /proc/sys/vm/drop_caches` before measuring gives the disk alone")
+        print(f"note: during {len(stalled)} of {len(rows)} passes, allocations on this machine waited for memory to be "
+              "reclaimed or compacted (/proc/vmstat): with the page cache full of other files these figures include "
+              "making room and vary more; as root, `sync; echo 3 > /proc/sys/vm/drop_caches` before measuring "
+              "gives the disk alone")
     return 0

@@ -119,8 +119,8 @@ def test_pread_pass_ahead_delivers_the_bytes_into_its_buffers(tmp_path, monkeypa
 
 
 def test_fastdata_bench_cold_says_when_passes_waited_for_memory(tmp_path, capsys, monkeypatch):
-    """A pass during which allocations stalled for reclaim or compaction (the page cache full of other
-    files) is named in a note: its figure includes making room, not the disk alone."""
+    """Passes during which allocations on the machine stalled for reclaim or compaction (the page cache
+    full of other files) are counted in a note: their figures include making room, not the disk alone."""
     import fastdata.bench
 
     np.save(tmp_path / "x.npy", np.random.default_rng(0).poisson(9, (32, 4, 32, 32)).astype(np.float32))
@@ -132,4 +132,4 @@ def test_fastdata_bench_cold_says_when_passes_waited_for_memory(tmp_path, capsys
     counts = iter(range(0, 1000, 7))  # every reading of /proc/vmstat finds 7 more stalls
     monkeypatch.setattr(fastdata.bench, "memory_stalls", lambda: next(counts))
     assert cli.main(args) == 0
-    assert "note: 2 of 2 passes waited for memory to be reclaimed or compacted" in capsys.readouterr().out
+    assert "note: during 2 of 2 passes, allocations on this machine waited for memory" in capsys.readouterr().out
