@@ -15,6 +15,7 @@ report names such passes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -42,14 +43,22 @@ def add_cold(bench: argparse.ArgumentParser) -> None:
     bench.set_defaults(run=run)
 
 
-def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[str]) -> dict[str, float]:
+def _cold(paths: list[str], measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``measure()`` run with the page cache emptied for ``paths`` first; its result plus ``memory_stalls``,
+    the machine's allocation stalls for reclaim or compaction meanwhile (fastdata.bench.memory_stalls)."""
     from .bench import memory_stalls
-    from .dataset import Dataset
-    from .loaders import LoaderConfig, loader
     from .readahead import drop_page_cache
 
     drop_page_cache(paths)
     stalls = memory_stalls()
+    r = measure()
+    return {**r, "memory_stalls": memory_stalls() - stalls}
+
+
+def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace) -> dict[str, float]:
+    from .dataset import Dataset
+    from .loaders import LoaderConfig, loader
+
     given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}
     ds = Dataset(path)
     n = batches = 0
@@ -63,7 +72,7 @@ def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace, paths: list[
                 break
         dt = time.perf_counter() - t0
     ds.close()
-    return {"samples": n, "seconds": dt, "memory_stalls": memory_stalls() - stalls}
+    return {"samples": n, "seconds": dt}
 
 
 def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False,
@@ -72,13 +81,9 @@ def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = Fal
     (``streams``: each thread reads its own contiguous part in order; ``sink="ahead"``: with streams,
     sent to /dev/null first, then copied by 2 threads; without, hinted up to 256 MiB ahead of 2
     copying threads; both as the loader reads: fastdata.bench.pread_pass)."""
-    from .bench import memory_stalls, pread_pass
-    from .readahead import drop_page_cache
+    from .bench import pread_pass
 
-    drop_page_cache(paths)
-    stalls = memory_stalls()
-    r = pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams, sink=sink)
-    return {**r, "memory_stalls": memory_stalls() - stalls}
+    return _cold(paths, lambda: pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams, sink=sink))
 
 
 def run_cold(args: argparse.Namespace) -> int:
@@ -102,7 +107,7 @@ def run_cold(args: argparse.Namespace) -> int:
         count = len(ds)
     rows: list[tuple[str, float, float, int]] = []  # name, samples/s, MB/s, memory stalls
     for shuffle in (True, "block"):
-        r = _loader_pass(args.dst, shuffle, args, paths)
+        r = _cold(paths, functools.partial(_loader_pass, args.dst, shuffle, args))
         sps = r["samples"] / r["seconds"] if r["seconds"] else 0.0
         rows.append((f"fastdata.loader shuffle={shuffle!r}, cold", sps, sps * bps / 1e6, int(r["memory_stalls"])))
     ceilings: list[tuple[str, Callable[[], dict[str, float]]]] = [
@@ -133,9 +138,9 @@ def run_cold(args: argparse.Namespace) -> int:
     if best:
         print("x disk: samples/s as a fraction of what the best parallel pread rate of the same files delivers "
               "(MB/s: bytes as stored; compressed samples decode to more)")
-    stalled = [n for n, *_, st in rows if st]
+    stalled = sum(1 for *_, st in rows if st)
     if stalled:
-        print(f"note: during {len(stalled)} of {len(rows)} passes, allocations on this machine waited for memory to be "
+        print(f"note: during {stalled} of {len(rows)} passes, allocations on this machine waited for memory to be "
               "reclaimed or compacted (/proc/vmstat): with the page cache full of other files these figures include "
               "making room and vary more; as root, `sync; echo 3 > /proc/sys/vm/drop_caches` before measuring "
               "gives the disk alone")
