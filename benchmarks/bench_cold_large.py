@@ -9,8 +9,9 @@ cold pass each (``--rounds``: more, in a new random order each round; the median
 into a buffer by ``pread``, rows copied from the map, and with only the rows from the map) and the disk's ceilings on the same
 shard files (sample-size preads by 4, 8, 16, 32, 64 and 128 threads in random order, the best of them; 4 MiB preads by one thread in order
 and 4, 2 and 1 MiB preads by 16 threads each reading its own part in order, and those 1 MiB streams
-read ahead to /dev/null and copied by 2 threads, the best of these; the same streams only sent to
-/dev/null as the disk alone, a reference),
+read ahead to /dev/null and copied by 2 threads, also kept within 2 consecutive shard files at a
+time (streams close together), the best of these; the same streams only sent to /dev/null as the
+disk alone, a reference),
 and the loader's RSS after its last pass. Each pass reads the whole dataset.
 
 Usage: python benchmarks/bench_cold_large.py [--ram-factor 1.15] [--base 2000] [--rounds R] [--dir DIR] [--out DIR]

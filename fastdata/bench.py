@@ -307,9 +307,28 @@ def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, a
         hinting.join()
 
 
+def _nearby(paths: Sequence[str | os.PathLike[str]], window: int, streams: bool, seconds: float | None,
+            **kw: Any) -> dict[str, float]:
+    """pread_pass's ``window``: its streams on ``window`` consecutive files at a time, the windows in a
+    seeded random order, until all are read or ``seconds`` have passed (a disk may serve streams close
+    together faster than streams spread over every file: the best large reads of the same bytes)."""
+    if not streams or window < 1:
+        raise ValueError(f"window={window!r}: a positive number of files, with streams=True")
+    groups = [list(paths[i : i + window]) for i in range(0, len(paths), window)]
+    random.Random(0).shuffle(groups)
+    t0 = time.perf_counter()
+    total = 0.0
+    for g in groups:
+        left = None if seconds is None else seconds - (time.perf_counter() - t0)
+        if left is not None and left <= 0:
+            break
+        total += pread_pass(g, shuffled=False, seconds=left, streams=True, **kw)["bytes"]
+    return {"bytes": total, "seconds": time.perf_counter() - t0}
+
+
 def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int, *, shuffled: bool = True,
                seconds: float | None = None, streams: bool = False, sink: Sink = "buffer",
-               copiers: int = 2, ahead_bytes: int = 256 << 20) -> dict[str, float]:
+               copiers: int = 2, ahead_bytes: int = 256 << 20, window: int | None = None) -> dict[str, float]:
     """Read every byte of ``paths`` in ``size`` preads (in a seeded random order if ``shuffled``),
     ``threads`` at a time, into one reused buffer per thread, for at most ``seconds``: the disk's
     ceiling at that request size (``fastdata bench --cold`` and benchmarks/bench_cold.py; empty the
@@ -322,9 +341,13 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
     a ceiling for reading). Without ``streams``, ``sink="ahead"``: the requests hinted (``WILLNEED``)
     up to ``ahead_bytes`` ahead of ``copiers`` threads that ``pread`` them (``threads`` unused): random
     reads with a deep queue, as fastdata's read-ahead reads them.
-    Returns ``{"bytes", "seconds"}`` (bytes delivered, or read for "null")."""
+    ``window``: the streams on that many consecutive files at a time (close together on the disk, as
+    ``shuffle="shards"`` reads: :func:`_nearby`). Returns ``{"bytes", "seconds"}`` (delivered, or read for "null")."""
     if sink not in ("buffer", "ahead", "null") or (sink == "null" and not streams):
         raise ValueError(f"sink={sink!r}: 'buffer' or 'ahead', or with streams=True 'null'")
+    if window is not None:
+        return _nearby(paths, window, streams, seconds, size=size, threads=threads, sink=sink, copiers=copiers,
+                       ahead_bytes=ahead_bytes)
     fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
     null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC) if sink != "buffer" else -1
     try:

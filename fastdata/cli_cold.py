@@ -6,7 +6,9 @@ stop other readers of the dataset first). Then, each for at most ``--seconds`` (
 the loader with ``shuffle=True`` and with ``shuffle="block"``, and the disk's ceiling: ``pread`` of
 the same files by 16 threads in random order, at the size of one sample and at 4 MiB, and 4 MiB and
 1 MiB preads by 16 threads each reading its own part of the files in order (parallel sequential
-streams; the loader's own stream read-ahead reads 1 MiB at a time). Each pass counts the allocations on
+streams; the loader's own stream read-ahead reads 1 MiB at a time), those 1 MiB streams sent to
+/dev/null and copied by 2 threads, and the same kept within 2 consecutive shard files at a time
+(streams close together on the disk, which some disks serve faster). Each pass counts the allocations on
 the machine that stalled for reclaim or compaction meanwhile (fastdata.bench.memory_stalls; machine-wide,
 /proc/vmstat has no per-process count): a full page cache makes a cold pass slower and less steady, so the
 report names such passes.
@@ -76,14 +78,32 @@ def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace) -> dict[str,
 
 
 def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = False,
-                sink: Sink = "buffer") -> dict[str, float]:
+                sink: Sink = "buffer", window: int | None = None) -> dict[str, float]:
     """The disk's ceiling with the page cache emptied: random ``size`` preads by ``_THREADS`` threads
     (``streams``: each thread reads its own contiguous part in order; ``sink="ahead"``: with streams,
     sent to /dev/null first, then copied by 2 threads; without, hinted up to 256 MiB ahead of 2
-    copying threads; both as the loader reads: fastdata.bench.pread_pass)."""
+    copying threads; both as the loader reads: fastdata.bench.pread_pass; ``window``: the streams within
+    that many consecutive shard files at a time)."""
     from .bench import pread_pass
 
-    return _cold(paths, lambda: pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams, sink=sink))
+    return _cold(paths, lambda: pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams, sink=sink,
+                                           window=window))
+
+
+def _ceilings(paths: list[str], bps: int, seconds: float) -> list[tuple[str, Callable[[], dict[str, float]]]]:
+    """The disk's ceilings on the dataset's files, each a name and its cold pass (module docstring)."""
+    return [
+        (f"pread {fmt_bytes(bps)} x {_THREADS} threads, cold", lambda: _pread_cold(paths, max(bps, 4096), seconds)),
+        (f"pread {fmt_bytes(bps)} at random, hinted 256 MiB ahead, copied by 2 threads, cold",
+         lambda: _pread_cold(paths, max(bps, 4096), seconds, False, "ahead")),
+        (f"pread 4 MiB x {_THREADS} threads, cold", lambda: _pread_cold(paths, _LARGE, seconds)),
+        (f"pread 4 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, _LARGE, seconds, True)),
+        (f"pread 1 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, 1 << 20, seconds, True)),
+        (f"pread 1 MiB x {_THREADS} streams read ahead to /dev/null, copied by 2 threads, cold",
+         lambda: _pread_cold(paths, 1 << 20, seconds, True, "ahead")),
+        (f"pread 1 MiB x {_THREADS} streams within 2 shard files at a time, read ahead, copied by 2 threads, cold",
+         lambda: _pread_cold(paths, 1 << 20, seconds, True, "ahead", window=2)),
+    ]
 
 
 def run_cold(args: argparse.Namespace) -> int:
@@ -110,16 +130,7 @@ def run_cold(args: argparse.Namespace) -> int:
         r = _cold(paths, functools.partial(_loader_pass, args.dst, shuffle, args))
         sps = r["samples"] / r["seconds"] if r["seconds"] else 0.0
         rows.append((f"fastdata.loader shuffle={shuffle!r}, cold", sps, sps * bps / 1e6, int(r["memory_stalls"])))
-    ceilings: list[tuple[str, Callable[[], dict[str, float]]]] = [
-        (f"pread {fmt_bytes(bps)} x {_THREADS} threads, cold", lambda: _pread_cold(paths, max(bps, 4096), args.seconds)),
-        (f"pread {fmt_bytes(bps)} at random, hinted 256 MiB ahead, copied by 2 threads, cold",
-         lambda: _pread_cold(paths, max(bps, 4096), args.seconds, False, "ahead")),
-        (f"pread 4 MiB x {_THREADS} threads, cold", lambda: _pread_cold(paths, _LARGE, args.seconds)),
-        (f"pread 4 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, _LARGE, args.seconds, True)),
-        (f"pread 1 MiB x {_THREADS} streams in order, cold", lambda: _pread_cold(paths, 1 << 20, args.seconds, True)),
-        (f"pread 1 MiB x {_THREADS} streams read ahead to /dev/null, copied by 2 threads, cold",
-         lambda: _pread_cold(paths, 1 << 20, args.seconds, True, "ahead")),
-    ]
+    ceilings = _ceilings(paths, bps, args.seconds)
     for name, fn in ([] if args.no_ceiling else ceilings):
         c = fn()
         mbs = c["bytes"] / c["seconds"] / 1e6 if c["seconds"] else 0.0

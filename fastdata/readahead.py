@@ -45,6 +45,7 @@ _MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads
 _chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
 STREAM_THREADS = 16  # threads reading sequential streams ahead (_Streams)
 _STREAM_PIECE = 1 << 20  # bytes per read of a stream (_Streams._read)
+SEQUENTIAL = True  # stream descriptors marked POSIX_FADV_SEQUENTIAL (_Streams._open)
 SENDFILE = True  # stream reads sent to /dev/null (no copy to the process) where the platform allows
 _STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
 _STREAM_MIN = 1  # ranges a stream has had before its next ones are read, not hinted (its first is hinted)
@@ -170,12 +171,26 @@ class _Streams:
                 off, size = st.queue.popleft()
             try:
                 if st.fd is None:
-                    st.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                    st.fd = self._open(path)
                 for at in range(off, off + size, _STREAM_PIECE):
                     if self._closed or self._read(st.fd, at, min(_STREAM_PIECE, off + size - at)) <= 0:
                         break
             except OSError as e:  # only read-ahead: the readers meet (and report) any real problem
                 log.info("stream read-ahead of %s failed: %s", path, e)
+
+    @staticmethod
+    def _open(path: Path) -> int:
+        """A stream's own descriptor, marked sequential where the platform allows
+        (``POSIX_FADV_SEQUENTIAL``: Linux doubles the kernel's read-ahead window for it, so more of the
+        stream is in flight at once: cold ``"block"`` read at 1.11x of the same without it in one
+        run of benchmarks/bench_cold.py, whose streams are spread over the whole dataset)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if SEQUENTIAL and hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except OSError:
+                pass  # only a hint
+        return fd
 
     def _read(self, fd: int, at: int, n: int) -> int:
         """Read ``n`` bytes at ``at`` into the page cache, in order on ``fd``: sent to ``/dev/null``

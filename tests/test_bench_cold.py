@@ -50,6 +50,7 @@ def test_fastdata_bench_cold_on_a_small_dataset(tmp_path, capsys):
     names = [r["name"] for r in out["results"]]
     assert out["cold"] and any("shuffle=True" in n for n in names) and any(n.startswith("pread") for n in names)
     assert any("streams in order" in n for n in names) and any("hinted 256 MiB ahead" in n for n in names)
+    assert any("streams within 2 shard files at a time" in n for n in names)
     assert all(r["samples_per_s"] > 0 for r in out["results"])
     assert all(isinstance(r["memory_stalls"], int) and r["memory_stalls"] >= 0 for r in out["results"])
     assert cli.main(["bench", str(tmp_path / "ds"), "--cold", "--batches", "1", "--seconds", "1", "--no-ceiling"]) == 0
@@ -67,11 +68,15 @@ def test_pread_pass_reads_every_byte_once_in_each_pattern(tmp_path):
     for kw in ({"shuffled": True}, {"shuffled": False}, {"shuffled": False, "streams": True},
                {"streams": True, "sink": "ahead"}, {"streams": True, "sink": "ahead", "copiers": 1},
                {"streams": True, "sink": "null"}, {"sink": "ahead"}, {"sink": "ahead", "copiers": 1},
-               {"sink": "ahead", "ahead_bytes": 1}):
+               {"sink": "ahead", "ahead_bytes": 1}, {"streams": True, "sink": "ahead", "window": 2},
+               {"streams": True, "window": 1}, {"streams": True, "sink": "null", "window": 5}):
         for threads in (1, 3, 16):
             assert pread_pass(paths, 1 << 20, threads, **kw)["bytes"] == sum(sizes), (kw, threads)
     with pytest.raises(ValueError, match="sink"):
         pread_pass(paths, 1 << 20, 2, sink="null")  # the disk alone is a streams reference only
+    for bad in ({"window": 2}, {"streams": True, "window": 0}):  # windows of files are for streams
+        with pytest.raises(ValueError, match="window"):
+            pread_pass(paths, 1 << 20, 2, **bad)
 
 
 def test_pread_pass_hinted_random_reads_hint_each_request_once_within_the_bound(tmp_path, monkeypatch):
@@ -133,3 +138,37 @@ def test_fastdata_bench_cold_says_when_passes_waited_for_memory(tmp_path, capsys
     monkeypatch.setattr(fastdata.bench, "memory_stalls", lambda: next(counts))
     assert cli.main(args) == 0
     assert "note: during 2 of 2 passes, allocations on this machine waited for memory" in capsys.readouterr().out
+
+
+def test_pread_pass_window_reads_the_files_a_window_at_a_time(tmp_path, monkeypatch):
+    """With ``window``, the streams read ``window`` consecutive files, then the next window: a file's
+    reads never interleave with those of a file of another window."""
+    import os
+
+    import fastdata.bench as fb
+
+    paths = []
+    for i in range(4):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(bytes(3 << 20))
+    seen: list[str] = []
+    real = os.sendfile
+    monkeypatch.setattr(fb.os, "sendfile", lambda out, fd, off, n: (
+        seen.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))), real(out, fd, off, n))[1])
+    assert fb.pread_pass(paths, 1 << 20, 4, shuffled=False, streams=True, sink="ahead", window=2)["bytes"] == 4 * (3 << 20)
+    windows = [frozenset({"f0", "f1"}) if name in ("f0", "f1") else frozenset({"f2", "f3"}) for name in seen]
+    assert len(seen) == 12 and sum(a != b for a, b in zip(windows, windows[1:])) == 1  # one window, then the other
+
+
+def test_the_large_read_ceiling_is_the_best_read_of_1_mib_or_more(monkeypatch):
+    """bench_cold's large-read ceiling: any read of 1 MiB or more, random ones too; not the disk alone
+    (nothing delivered) and not the sample-size reads hinted "256 MiB" ahead."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_cold
+
+    ceil = {"pread 4 MiB, 16 threads, random": {"mb_per_s": 3.0}, bench_cold.NEARBY: {"mb_per_s": 2.0},
+            f"pread 903168 B, {bench_cold.HINTED}": {"mb_per_s": 9.0}, bench_cold.DISK_ALONE: {"mb_per_s": 8.0},
+            "pread 903168 B, 64 threads, random": {"mb_per_s": 7.0}}
+    assert bench_cold.best_large(ceil)["mb_per_s"] == 3.0
+    del ceil["pread 4 MiB, 16 threads, random"]
+    assert bench_cold.best_large(ceil)["mb_per_s"] == 2.0

@@ -480,8 +480,17 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
     if resident_bytes([f]) > mb:
         pytest.skip("the page cache could not be emptied for the test file")
     hinted: list[int] = []
+    sequential: list[int] = []  # descriptors marked POSIX_FADV_SEQUENTIAL
     real = readahead.os.posix_fadvise
-    monkeypatch.setattr(readahead.os, "posix_fadvise", lambda fd, off, n, advice: (hinted.append(off), real(fd, off, n, advice)))
+
+    def spy(fd, off, n, advice):
+        if advice == readahead.os.POSIX_FADV_SEQUENTIAL:
+            sequential.append(fd)
+        else:
+            hinted.append(off)
+        return real(fd, off, n, advice)
+
+    monkeypatch.setattr(readahead.os, "posix_fadvise", spy)
     opened: list[int] = []
     closed: list[int] = []
     real_open, real_close = readahead.os.open, readahead.os.close
@@ -504,8 +513,10 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
     ra.close()
     monkeypatch.undo()
     # each stream is read in order on one file descriptor of its own (the kernel's read-ahead state),
-    # however its ranges were queued; every descriptor opened was closed
+    # marked sequential (a larger read-ahead window), however its ranges were queued; every descriptor
+    # opened was closed
     assert len(opened) == 2 and set(opened) <= set(closed)
+    assert sorted(sequential) == sorted(opened)
     assert resident_bytes([f]) >= 6 * mb  # the streamed ranges were really read: cached now
 
 
