@@ -215,6 +215,7 @@ def test_loader_signature_matches_the_factory() -> None:
     assert "batch_size" in inspect.signature(fastdata.loader).parameters
 
 
+@pytest.mark.slow  # ~18 s of mypy; the test command's own mypy run checks the package every time
 def test_type_check_catches_a_wrong_loader_argument(tmp_path: Path) -> None:
     """mypy (run on the package by the test command) sees fastdata.loader's real signature."""
     import subprocess
