@@ -235,10 +235,10 @@ def naive_pass(src: Path, files: list[Path]) -> dict[str, float]:
 
 
 def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool, streams: bool = False,
-               sink: Sink = "buffer") -> dict[str, float]:
+               sink: Sink = "buffer", window: int | None = None) -> dict[str, float]:
     """The disk's ceiling at request size ``size`` (fastdata.bench.pread_pass), cold."""
     left = cold(paths)
-    r = bench_pread(paths, size, threads, shuffled=shuffled, streams=streams, sink=sink)
+    r = bench_pread(paths, size, threads, shuffled=shuffled, streams=streams, sink=sink, window=window)
     return {"mb_per_s": r["bytes"] / r["seconds"] / 1e6, "seconds": r["seconds"], "resident_before": left}
 
 
@@ -246,24 +246,16 @@ def stream_ceilings(paths: list[Path]) -> dict[str, Callable[[], dict[str, float
     """The parallel-stream ceilings of both cold benchmarks: 16 threads each reading its own part in
     order with 4, 2 and 1 MiB preads (the loader's stream reads are 1 MiB); those 1 MiB streams read
     ahead to /dev/null and copied by 2 threads (AHEAD), also with the streams kept near each other
-    (NEARBY: :func:`nearby_streams`); and only sent to /dev/null (DISK_ALONE)."""
+    (NEARBY: fastdata.bench.pread_pass's ``window``); and only sent to /dev/null (DISK_ALONE)."""
     fns: dict[str, Callable[[], dict[str, float]]] = {
         f"pread {mib} MiB, {STREAMS} streams in order": (lambda mib=mib: pread_pass(paths, mib << 20, STREAMS, False, streams=True))
         for mib in (4, 2, 1)}
     fns[AHEAD] = lambda: pread_pass(paths, 1 << 20, STREAMS, False, streams=True, sink="ahead")
-    fns[NEARBY] = lambda: nearby_streams(paths, 2)
+    # streams close together on the disk, as shuffle="shards" reads: this disk serves them faster than
+    # streams spread over every file (docs/loader.md, Larger than RAM)
+    fns[NEARBY] = lambda: pread_pass(paths, 1 << 20, STREAMS, False, streams=True, sink="ahead", window=2)
     fns[DISK_ALONE] = lambda: pread_pass(paths, 1 << 20, STREAMS, False, streams=True, sink="null")
     return fns
-
-
-def nearby_streams(paths: list[Path], k: int) -> dict[str, float]:
-    """AHEAD's streams over ``k`` consecutive files at a time (fastdata.bench.pread_pass's ``window``), cold:
-    streams close together on the disk, as ``shuffle="shards"`` reads. (On this machine's disk, the
-    requests of 16 streams spread over the whole dataset waited far longer than those of ``"shards"`` at
-    about the same queue depth, /proc/diskstats: the best large reads of the same bytes keep streams close.)"""
-    left = cold(paths)
-    r = bench_pread(paths, 1 << 20, STREAMS, shuffled=False, streams=True, sink="ahead", window=k)
-    return {"mb_per_s": r["bytes"] / r["seconds"] / 1e6, "seconds": r["seconds"], "resident_before": left}
 
 
 def random_ceiling(name: str) -> bool:
