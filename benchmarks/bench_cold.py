@@ -9,8 +9,9 @@ how much stayed resident (reported). One run compares, on the same files:
 - fastdata.loader, uncompressed HDF5, each shuffle mode (True, "block", "shards", False), with the
   plan-following read-ahead (fastdata/readahead.py) and, for True and "block", without it; for
   "block", "shards" and False also with hints alone (no sequential stream reads), the comparison;
-  for "block" and "shards" also as they read before (stream reads copied into a buffer by pread,
-  rows always copied from the shard's map); "block" also with its stream descriptors not marked
+  for "block", False and "shards" also with the other way of reading their streams (the loader copies
+  the streams of "block" and False into a buffer with pread and sends those of "shards" to /dev/null:
+  fastdata/readahead.py); "block" also with its stream descriptors not marked
   sequential (``POSIX_FADV_SEQUENTIAL``: a read-ahead window of 2x the device's), as it read before;
 - the same data converted with ``--compression lz4`` (Blosc, byte shuffle), decoded samples/s;
 - the disk's ceilings on the uncompressed shard files: ``pread`` at the loader's request size (one
@@ -37,7 +38,9 @@ runs of consecutive stored samples a batch is made of (a uniform shuffle: about 
 "block" and "shards": about the 16 streams a window is read as; False: 1).
 
 Each reader runs ``--rounds`` passes, interleaved with the others in a new random order each round
-(:func:`interleaved` says why not a fixed rotation); the figure is the median pass.
+(:func:`interleaved` says why not a fixed rotation); the figure is the median pass. The target
+ratios are given as the ratio of two such medians and, where both sides are cold passes of the
+rounds, also as the median of each round's ratio (:func:`per_round`).
 Usage: python benchmarks/bench_cold.py [--quick] [--samples N] [--rounds R] [--dir DIR] [--out DIR]
 The machine may be shared: the result records the load average before and after.
 """
@@ -189,11 +192,12 @@ def cold(paths: list[Path]) -> float:
 
 
 def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int = 0, warm: bool = False,
-                uint8: bool = False, streams: bool = True, sendfile: bool = True,
+                uint8: bool = False, streams: bool = True, sendfile: bool | None = None,
                 from_map: bool = False, sequential: bool = True) -> dict[str, float]:
     """One epoch of fastdata.loader (threads, defaults) over ``root``; cold unless ``warm``.
     The comparisons: ``streams=False``: the read-ahead hints every range (no sequential stream reads);
-    ``sendfile=False``: stream reads copied into a buffer with pread; ``from_map``: rows always copied
+    ``sendfile``: stream reads sent to /dev/null (True) or copied into a buffer with pread (False) whatever
+    the shuffle (None: the loader's choice, fastdata.readahead.SENDFILE); ``from_map``: rows always copied
     from the shard's map, also when the read-ahead found them not cached (no pread into the batch);
     ``sequential=False``: the stream descriptors not marked sequential (fastdata.readahead.SEQUENTIAL)."""
     cfg = LoaderConfig(readahead=LoaderConfig.readahead if readahead else 0,
@@ -218,7 +222,7 @@ def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int 
             dt = time.perf_counter() - t0
     finally:
         fastdata.readahead._Streams.continues = real  # type: ignore[method-assign]
-        fastdata.readahead.SENDFILE = True
+        fastdata.readahead.SENDFILE = None
         fastdata.readahead.SEQUENTIAL = True
         fastdata.Dataset._from_disk = real_disk  # type: ignore[method-assign]
     return {"samples_per_s": n / dt, "seconds": dt, "resident_before": left}
@@ -269,6 +273,34 @@ def best_large(ceil: dict[str, dict[str, Any]]) -> dict[str, Any]:
     "256 MiB" ahead (HINTED: the size in their name is the hints' bound, not the request's)."""
     return max((v for k, v in ceil.items() if " MiB" in k and k != DISK_ALONE and HINTED not in k),
                key=lambda v: v["mb_per_s"])
+
+
+def per_round(runs: dict[str, list[dict[str, Any]]], num: str, den: str, nbytes: int) -> float:
+    """The median over rounds of ``num``'s MB/s over ``den``'s in the same round (``nbytes`` a sample):
+    this disk's speed drifts in runs of several passes (docs/loader.md), and the passes of one round
+    are closer in time than the medians of all rounds."""
+    mbs = lambda r: r["mb_per_s"] if "mb_per_s" in r else r["samples_per_s"] * nbytes / 1e6  # noqa: E731
+    return float(np.median([mbs(a) / mbs(b) for a, b in zip(runs[num], runs[den])]))
+
+
+READ_AB = {  # how each shuffle's streams are read (fastdata.readahead): the loader's choice / the other way
+    "'block': stream reads by pread (the loader's choice) / sent to /dev/null":
+        ("loader shuffle='block'", "loader shuffle='block', stream reads sent to /dev/null"),
+    "False: stream reads by pread (the loader's choice) / sent to /dev/null":
+        ("loader shuffle=False", "loader shuffle=False, stream reads sent to /dev/null"),
+    "'shards': stream reads sent to /dev/null (the loader's choice) / by pread":
+        ("loader shuffle='shards'", "loader shuffle='shards', stream reads copied by pread"),
+}
+
+
+def read_ab(rows: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Each READ_AB pair from a run's rows: (median of each round's ratio, ratio of the medians)."""
+    out = {}
+    for name, (a, b) in READ_AB.items():
+        if a in rows and b in rows:
+            each = [x / y for x, y in zip(rows[a]["all"], rows[b]["all"])]
+            out[name] = (float(np.median(each)), rows[a]["samples_per_s"] / rows[b]["samples_per_s"])
+    return out
 
 
 def both_units(results: dict[str, dict[str, Any]], nbytes: int) -> dict[str, dict[str, Any]]:
@@ -375,9 +407,10 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     for sh in ("block", "shards", False):
         cold_fns[f"loader shuffle={sh!r}, hints only (no stream reads)"] = \
             lambda sh=sh: loader_pass(work / "hdf5", sh, streams=False)
-    for sh in ("block", "shards"):  # as the loader read before: stream reads copied by pread, rows from the map
-        cold_fns[f"loader shuffle={sh!r}, stream reads copied by pread, rows copied from the map"] = \
-            lambda sh=sh: loader_pass(work / "hdf5", sh, sendfile=False, from_map=True)
+    # each stream-reading shuffle with the other way of reading its streams (the loader's choice: fastdata.readahead)
+    cold_fns["loader shuffle='block', stream reads sent to /dev/null"] = lambda: loader_pass(work / "hdf5", "block", sendfile=True)
+    cold_fns["loader shuffle=False, stream reads sent to /dev/null"] = lambda: loader_pass(work / "hdf5", False, sendfile=True)
+    cold_fns["loader shuffle='shards', stream reads copied by pread"] = lambda: loader_pass(work / "hdf5", "shards", sendfile=False)
     cold_fns["loader shuffle='block', stream descriptors not marked sequential"] = \
         lambda: loader_pass(work / "hdf5", "block", sequential=False)
     cold_fns["loader lz4 shuffle=True"] = lambda: loader_pass(work / "hdf5_lz4", True)
@@ -406,8 +439,10 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     with fastdata.open(work / "hdf5") as ds:
         quality = {repr(sh): shuffle_quality(ds, sh) for sh in CONVERTED_SHUFFLES}
     rss = rss_run(work / "hdf5", rss_epochs)
-    best_par = max(v["mb_per_s"] for k, v in ceil.items() if random_ceiling(k) and "4 MiB" not in k)
-    large = best_large(ceil)["mb_per_s"]
+    par_name = max((k for k in ceil if random_ceiling(k) and "4 MiB" not in k), key=lambda k: ceil[k]["mb_per_s"])
+    best_par = ceil[par_name]["mb_per_s"]
+    large_v = best_large(ceil)
+    large, large_name = large_v["mb_per_s"], next(k for k, v in ceil.items() if v is large_v)
     unc = rows["loader shuffle=True"]["mb_per_s"]
     res.update(rows=rows, ceilings=ceil, warm=warm, images=images, shuffle_quality=quality, rss=rss,
                loadavg_after=loadavg(), machine=_harness.machine_info())
@@ -424,6 +459,11 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
         "shuffle='block' / the disk alone, nothing delivered (a reference)":
             rows["loader shuffle='block'"]["mb_per_s"] / ceil[DISK_ALONE]["mb_per_s"],
     }
+    pair = {"shuffle=True / best parallel ceiling at the request size (>= 0.85)": ("loader shuffle=True", par_name),
+            "shuffle='block' / best large-read ceiling, 1-4 MiB (>= 0.9)": ("loader shuffle='block'", large_name),
+            "shuffle='shards' / best large-read ceiling, 1-4 MiB (>= 0.9)": ("loader shuffle='shards'", large_name),
+            "lz4 cold / uncompressed cold, shuffle=True (>= 1.5)": ("loader lz4 shuffle=True", "loader shuffle=True")}
+    res["targets_per_round"] = {k: per_round(runs, a, b, sample_bytes) for k, (a, b) in pair.items()}
     return res
 
 
@@ -547,7 +587,12 @@ def markdown(res: dict[str, Any]) -> str:
         _harness.markdown_table(["raw images (cold, uint8)", "ratio", "samples/s"],
                                 [[k, res["ratio"][k], mb(v["samples_per_s"])] for k, v in res["images"].items()]),
         "",
-        _harness.markdown_table(["target", "measured"], [[k, f"{v:.2f}"] for k, v in res["targets"].items()]),
+        _harness.markdown_table(["target", "measured (ratio of the medians)", "median of each round's ratio"],
+                                [[k, f"{v:.2f}", f"{res.get('targets_per_round', {})[k]:.2f}"
+                                  if k in res.get("targets_per_round", {}) else ""] for k, v in res["targets"].items()]),
+        "",
+        _harness.markdown_table(["stream reads, A/B (cold)", "median of each round's ratio", "ratio of the medians"],
+                                [[k, f"{v[0]:.2f}", f"{v[1]:.2f}"] for k, v in read_ab(res["rows"]).items()]),
         "",
         "RssAnon after each cold epoch (MiB): " + ", ".join(f"{r['RssAnon'] / 1024:.0f}" for r in res["rss"]),
     ]

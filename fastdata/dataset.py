@@ -132,16 +132,19 @@ class Dataset(Selection, Assembly):
         rank is ``mine``, starting at batch ``first``, readers up to ``lead`` batches ahead)."""
         return self._source.follow(plans, mine, first, lead)
 
-    def read_ahead(self, plan: Sequence[np.ndarray], first: int, lead: int, ahead_bytes: int) -> "ReadAhead | None":
+    def read_ahead(self, plan: Sequence[np.ndarray], first: int, lead: int, ahead_bytes: int,
+                   sendfile: bool = False) -> "ReadAhead | None":
         """For shards read in place (a local dataset): start hinting the byte ranges of ``plan[first:]`` to the kernel, up to
-        ``ahead_bytes`` beyond the ``lead`` batches the readers may be reading (fastdata/readahead.py).
+        ``ahead_bytes`` beyond the ``lead`` batches the readers may be reading (fastdata/readahead.py;
+        ``sendfile``: its stream reads go to ``/dev/null``, for plans whose streams lie within a few shards).
         None when off (``ahead_bytes=0``), for a URL dataset (its shard cache prefetches) or without
         ``posix_fadvise``."""
         from .readahead import ReadAhead, supported
 
         if not self._source.in_place or ahead_bytes <= 0 or not supported():
             return None
-        return ReadAhead(self.byte_ranges, plan, first, lead, ahead_bytes, memo=self._read_ahead_memo)
+        return ReadAhead(self.byte_ranges, plan, first, lead, ahead_bytes, memo=self._read_ahead_memo,
+                         sendfile=sendfile)
 
     def byte_ranges(self, indices: Iterable[int] | np.ndarray) -> list[tuple[Path, np.ndarray, np.ndarray]]:
         """Where reading samples ``indices`` reads in the shard files: ``(file, starts, lengths)`` per

@@ -6,7 +6,8 @@ up to a bounded distance ahead, tells the kernel the exact byte ranges of the sh
 batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel
 reads for one hint). A range that continues the previous range of a file, or that the plan's next
 batch continues (a sequential stream: ``shuffle="block"``, ``"shards"`` or ``False``), is read ahead
-in order instead (:class:`_Streams`: sent to ``/dev/null``, nothing copied), which the kernel serves in larger requests. The
+in order instead (:class:`_Streams`: copied into a reused buffer, or for streams that lie close together sent
+to ``/dev/null``), which the kernel serves in larger requests. The
 kernel queues those reads at once, many in flight, while the reader threads copy the batches before them; when a reader reaches a
 sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped:
 one-byte non-blocking reads probe each batch (the end of each of its ranges), and once several
@@ -25,6 +26,7 @@ shuffle, sampler, DDP share or resumed position: it only hints, it never changes
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -46,7 +48,7 @@ _chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
 STREAM_THREADS = 16  # threads reading sequential streams ahead (_Streams)
 _STREAM_PIECE = 1 << 20  # bytes per read of a stream (_Streams._read)
 SEQUENTIAL = True  # stream descriptors marked POSIX_FADV_SEQUENTIAL (_Streams._open)
-SENDFILE = True  # stream reads sent to /dev/null (no copy to the process) where the platform allows
+SENDFILE: bool | None = None  # stream reads to /dev/null: None: as ReadAhead's sendfile says; True/False: always (A/Bs)
 _STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
 _STREAM_MIN = 1  # ranges a stream has had before its next ones are read, not hinted (its first is hinted)
 
@@ -113,22 +115,21 @@ class _Streams:
     (``WILLNEED``) fills the page cache with single pages, which the block layer sends to the disk as
     requests of at most ``max_segments`` pages (about 1 MB); reads in order on one descriptor let the
     kernel's own read-ahead grow the stream's window with large folios, in requests of several MB
-    (benchmarks/bench_cold.py compares both). The reads go to ``/dev/null`` with ``sendfile``: the
-    kernel's read path without a copy into the process (:meth:`_read`); the page cache keeps the
-    bytes for the readers, who copy them once, into the batch."""
+    (benchmarks/bench_cold.py compares both). Each read is a ``pread`` into a reused buffer, or with
+    ``sendfile`` sent to ``/dev/null`` (no copy, :meth:`_read`): on the test machine the faster for
+    streams within a few shards (``"shards"``), slower for spread ones (``"block"``) and storage order
+    (docs/loader.md); the loader chooses by its plan. The readers copy the bytes into the batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, sendfile: bool = False) -> None:
         self._pool = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="fastdata-stream")
         self._ends: OrderedDict[tuple[Path, int], _Stream] = OrderedDict()  # (file, end of its last range)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._closed = False
         self._null: int | None = None  # /dev/null, the stream reads' sink (_read); open until close()
-        if SENDFILE and hasattr(os, "sendfile"):
-            try:
+        if (sendfile if SENDFILE is None else SENDFILE) and hasattr(os, "sendfile"):
+            with contextlib.suppress(OSError):
                 self._null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-            except OSError:
-                pass
         self._sendfile = self._null is not None  # False once a filesystem refused sendfile: pread from then on
 
     def continues(self, path: Path, off: int, size: int, starts: bool = False) -> bool:
@@ -195,7 +196,7 @@ class _Streams:
     def _read(self, fd: int, at: int, n: int) -> int:
         """Read ``n`` bytes at ``at`` into the page cache, in order on ``fd``: sent to ``/dev/null``
         (``sendfile``: the kernel's read path and read-ahead, without copying the bytes to the process),
-        else (no ``sendfile``, or the filesystem refuses it) a ``pread`` into a reused buffer."""
+        else (not chosen, not available, or the filesystem refuses it) a ``pread`` into a reused buffer."""
         if self._sendfile and self._null is not None:
             try:
                 return os.sendfile(self._null, fd, at, n)
@@ -237,11 +238,12 @@ class ReadAhead:
     passes: ``memo["warm"]`` says the last batches probed were found cached; a pass that starts so
     probes one sample a batch at once (a pass of a few dozen batches otherwise spends its first ones
     hinting cached pages); a miss turns it cold, for the rest of the pass (:meth:`_resident`).
-    ``close`` stops the thread.
-    """
+    ``sendfile``: stream reads go to ``/dev/null`` (:class:`_Streams`: streams within a few shards).
+    ``close`` stops the thread."""
 
     def __init__(self, ranges: Callable[[np.ndarray], Ranges], plan: Sequence[np.ndarray], first: int, lead: int,
-                 ahead_bytes: int = DEFAULT_AHEAD_BYTES, memo: dict[str, bool] | None = None) -> None:
+                 ahead_bytes: int = DEFAULT_AHEAD_BYTES, memo: dict[str, bool] | None = None,
+                 sendfile: bool = False) -> None:
         self._ranges = ranges
         self._plan = plan
         self._k = first  # the batch handed out now
@@ -260,7 +262,7 @@ class ReadAhead:
         self._missed = False  # a probe of this pass found a batch not cached: no more probes (_resident)
         self._probe = bytearray(1)
         self._can_probe = hasattr(os, "RWF_NOWAIT")
-        self._streams = _Streams()
+        self._streams = _Streams(sendfile)
         self.streamed_bytes = 0  # of hinted_bytes, what was read ahead as sequential streams
         self._kept: tuple[int, list[tuple[Path, np.ndarray, np.ndarray]]] | None = None  # (_merged_of)
         self._thread = threading.Thread(target=self._run, name="fastdata-readahead", daemon=True)

@@ -38,7 +38,9 @@ def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path):
     assert all(v["resident_before"] < 0.5 for v in ph["rows"].values())
     assert ph["dataset_bytes"]["raw, mixed sizes"] > ph["dataset_bytes"]["JPEG, mixed sizes (decoded)"]
     assert data["ceiling_check"]["checked"] == 4  # the 3 targets against the disk, and the photos' against theirs
-    assert (tmp_path / "cold_quick.md").read_text().strip()
+    assert set(data["targets_per_round"]) <= set(data["targets"]) and len(data["targets_per_round"]) == 4
+    md = (tmp_path / "cold_quick.md").read_text()
+    assert all(k in md for k in _bench_cold().READ_AB)  # each stream-read A/B pair was run and is reported
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("bench_cold_")] == []  # its work folder went
 
 
@@ -172,3 +174,26 @@ def test_the_large_read_ceiling_is_the_best_read_of_1_mib_or_more(monkeypatch):
     assert bench_cold.best_large(ceil)["mb_per_s"] == 3.0
     del ceil["pread 4 MiB, 16 threads, random"]
     assert bench_cold.best_large(ceil)["mb_per_s"] == 2.0
+
+
+def _bench_cold():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_cold
+
+    return bench_cold
+
+
+def test_per_round_ratios_pair_the_passes_of_each_round():
+    """A target's second figure is the median of each round's ratio, not the ratio of the two medians:
+    a disk that is slow for a whole round slows both sides of that round alike."""
+    b = _bench_cold()
+    runs = {"loader": [{"samples_per_s": 10.0}, {"samples_per_s": 40.0}, {"samples_per_s": 9.0}],
+            "ceiling": [{"mb_per_s": 10.0}, {"mb_per_s": 80.0}, {"mb_per_s": 10.0}]}
+    assert b.per_round(runs, "loader", "ceiling", nbytes=2_000_000) == pytest.approx(1.8)  # 2.0, 1.0, 1.8
+    rows = {k: {"all": [v["samples_per_s"] for v in runs["loader"]], "samples_per_s": 10.0}
+            for k in (*b.READ_AB["'block': stream reads by pread (the loader's choice) / sent to /dev/null"],)}
+    rows["loader shuffle='block', stream reads sent to /dev/null"]["all"] = [5.0, 40.0, 9.0]
+    rows["loader shuffle='block', stream reads sent to /dev/null"]["samples_per_s"] = 9.0
+    ab = b.read_ab(rows)
+    assert list(ab) == ["'block': stream reads by pread (the loader's choice) / sent to /dev/null"]
+    assert ab[next(iter(ab))] == pytest.approx((1.0, 10.0 / 9.0))  # rounds 2, 1, 1: median 1

@@ -520,10 +520,11 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
     assert resident_bytes([f]) >= 6 * mb  # the streamed ranges were really read: cached now
 
 
-@pytest.mark.parametrize("sendfile", ["used", "refused"])
-def test_stream_reads_fill_the_page_cache_with_sendfile_or_else_pread(tmp_path, monkeypatch, sendfile):
-    """Stream reads go to /dev/null with sendfile (no copy into the process); where the filesystem
-    refuses it (EINVAL), they are read with pread instead, and the pages still end up cached."""
+@pytest.mark.parametrize("sendfile", ["not chosen", "used", "refused"])
+def test_stream_reads_fill_the_page_cache_with_pread_or_sendfile(tmp_path, monkeypatch, sendfile):
+    """Stream reads are pread into a buffer, or when chosen (``sendfile=True``: streams close together)
+    go to /dev/null with sendfile (no copy into the process); where the filesystem refuses it (EINVAL),
+    they are read with pread instead, and the pages end up cached in every case."""
     import errno
     import os
 
@@ -551,12 +552,15 @@ def test_stream_reads_fill_the_page_cache_with_sendfile_or_else_pread(tmp_path, 
     monkeypatch.setattr(readahead.os, "preadv", lambda fd, bufs, off, *a: (
         len(bufs[0]) > 1 and preads.append(off), real_preadv(fd, bufs, off, *a))[1])
     plan = [np.array([k]) for k in range(6)]
-    ra = ReadAhead(lambda b: [(f, np.array([int(b[0]) * mb]), np.array([mb]))], plan, first=0, lead=len(plan))
+    ra = ReadAhead(lambda b: [(f, np.array([int(b[0]) * mb]), np.array([mb]))], plan, first=0, lead=len(plan),
+                   sendfile=sendfile != "not chosen")
     ra._thread.join(timeout=10)
     ra.close()
     monkeypatch.undo()
     assert ra.streamed_bytes == 6 * mb
-    if sendfile == "used":
+    if sendfile == "not chosen":
+        assert not calls and sorted(preads) == [k * mb for k in range(6)]
+    elif sendfile == "used":
         assert len(calls) == 6 and not preads
     else:
         assert len(calls) == 1  # refused once: pread from then on
@@ -598,3 +602,26 @@ def test_a_batch_from_disk_is_read_with_pread_and_gives_the_same_bytes(tmp_path,
         out = np.asfortranarray(np.zeros((3, 20, 32, 32), dtype=np.float32))
         ds._readers[0].read_into(np.array([0, 1, 2]), np.array([0, 1, 2]), {"x": out}, from_disk=True)
         assert np.array_equal(out, x[:3]) and not used
+
+
+@pytest.mark.parametrize("shuffle, sampled, sent", [("shards", False, True), ("block", False, False), (False, False, False),
+                                                    (True, False, False), ("shards", True, False)])
+def test_the_loader_sends_only_streams_within_a_few_shards_to_dev_null(tmp_path, monkeypatch, shuffle, sampled, sent):
+    """The loader asks its read-ahead for sendfile stream reads only where the plan's streams lie within
+    a few shards ("shards"); spread streams ("block"), storage order, a uniform shuffle and a sampler's
+    plan get pread (measured faster for each on the test machine's disk: docs/loader.md)."""
+    import fastdata
+    from fastdata import readahead
+
+    np.save(tmp_path / "x.npy", np.zeros((64, 8), np.float32))
+    np.save(tmp_path / "y.npy", np.arange(64))
+    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(shard_size=512, workers=1)),
+                     arrays={"x": tmp_path / "x.npy", "label": tmp_path / "y.npy"}, progress=None)
+    asked: list[bool] = []
+    real = readahead.ReadAhead.__init__
+    monkeypatch.setattr(readahead.ReadAhead, "__init__", lambda self, *a, sendfile=False, **k: (
+        asked.append(sendfile), real(self, *a, sendfile=sendfile, **k))[1])
+    sampler = (lambda n, world, seed, epoch: [np.arange(i, i + 16) for i in range(0, n, 16)]) if sampled else None
+    with fastdata.loader(tmp_path / "ds", 16, shuffle=shuffle, sampler=sampler, device="cpu") as ld:
+        assert sum(len(b["label"]) for b in ld) == 64
+    assert asked == [sent]

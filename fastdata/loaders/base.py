@@ -185,6 +185,11 @@ class Loader:
         """Batches the backend may read ahead of the one handed out (remote prefetch starts beyond)."""
         return self.config.prefetch + int(getattr(self, "workers", 0) or 0)
 
+    def _near_streams(self) -> bool:
+        """Whether the plan's streams lie within a few shards at a time ("shards", "chunks"): their read-ahead
+        goes to /dev/null, spread streams ("block") and storage order are copied (fastdata/readahead.py)."""
+        return self.sample_fn is None and self.shuffle in ("shards", "chunks")
+
     def _start_pass(self) -> tuple[World, int, int]:
         """Read the world, check it against a restored position; the (world, epoch, first batch) to run."""
         world = self._fixed_world or World.current()
@@ -212,7 +217,7 @@ class Loader:
             else:  # hint the kernel to read the plan's next byte ranges (fastdata/readahead.py)
                 plan = self.plan(epoch)
                 if self.config.mode == "threads":
-                    follower = self.dataset.read_ahead(plan, first, self._lead(), self.config.readahead)
+                    follower = self.dataset.read_ahead(plan, first, self._lead(), self.config.readahead, self._near_streams())
                 else:  # worker processes fork when the first batch is asked for: no hinting thread then
                     ahead = plan
             last = len(plan) - 1
@@ -236,7 +241,7 @@ class Loader:
                 s.ended = now
                 self._done += 1
                 if ahead is not None:
-                    follower = self.dataset.read_ahead(ahead, self._done, self._lead(), self.config.readahead)
+                    follower = self.dataset.read_ahead(ahead, self._done, self._lead(), self.config.readahead, self._near_streams())
                     ahead = None
                 if self._done - 1 == last and self.epoch == epoch:
                     self.epoch = epoch + 1  # the epoch's last batch is delivered: the next pass is the next epoch
