@@ -39,8 +39,10 @@ runs of consecutive stored samples a batch is made of (a uniform shuffle: about 
 
 Each reader runs ``--rounds`` passes, interleaved with the others in a new random order each round
 (:func:`interleaved` says why not a fixed rotation); the figure is the median pass. The target
-ratios are given as the ratio of two such medians and, where both sides are cold passes of the
-rounds, also as the median of each round's ratio (:func:`per_round`).
+ratios are given as the ratio of two such medians and, where both sides are cold passes, also as
+the median of each round's ratio (:func:`per_round`) and, after the rounds, as the median ratio of
+the two passes run back to back ``--rounds`` times (:func:`back_to_back`; against the ceiling the
+rounds found best): the steadiest of the three on a disk whose speed drifts.
 Usage: python benchmarks/bench_cold.py [--quick] [--samples N] [--rounds R] [--dir DIR] [--out DIR]
 The machine may be shared: the result records the load average before and after.
 """
@@ -283,6 +285,24 @@ def per_round(runs: dict[str, list[dict[str, Any]]], num: str, den: str, nbytes:
     return float(np.median([mbs(a) / mbs(b) for a, b in zip(runs[num], runs[den])]))
 
 
+def back_to_back(fns: dict[str, Callable[[], dict[str, Any]]], pairs: dict[str, tuple[str, str]], rounds: int,
+                 nbytes: int, seed: int = 1) -> dict[str, dict[str, Any]]:
+    """Each pair's two passes (``fns`` names) right after each other, which first drawn at random,
+    ``rounds`` times (the pairs in a new random order each round): the median of the pairs' MB/s
+    ratios, and every ratio. This disk's speed drifts over runs of several passes (docs/loader.md);
+    two passes back to back meet nearly the same disk, so theirs is the steadiest ratio of a target."""
+    mbs = lambda r: r["mb_per_s"] if "mb_per_s" in r else r["samples_per_s"] * nbytes / 1e6  # noqa: E731
+    rng = np.random.default_rng(seed)
+    got: dict[str, list[float]] = {k: [] for k in pairs}
+    for _ in range(rounds):
+        for k in rng.permutation(list(pairs)).tolist():
+            a, b = pairs[k]
+            flip = bool(rng.integers(2))
+            res = {n: fns[n]() for n in ((b, a) if flip else (a, b))}
+            got[k].append(mbs(res[a]) / mbs(res[b]))
+    return {k: {"median": float(np.median(v)), "all": [round(x, 3) for x in v]} for k, v in got.items()}
+
+
 READ_AB = {  # how each shuffle's streams are read (fastdata.readahead): the loader's choice / the other way
     "'block': stream reads by pread (the loader's choice) / sent to /dev/null":
         ("loader shuffle='block'", "loader shuffle='block', stream reads sent to /dev/null"),
@@ -464,6 +484,7 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
             "shuffle='shards' / best large-read ceiling, 1-4 MiB (>= 0.9)": ("loader shuffle='shards'", large_name),
             "lz4 cold / uncompressed cold, shuffle=True (>= 1.5)": ("loader lz4 shuffle=True", "loader shuffle=True")}
     res["targets_per_round"] = {k: per_round(runs, a, b, sample_bytes) for k, (a, b) in pair.items()}
+    res["targets_back_to_back"] = back_to_back({**cold_fns, **ceil_fns}, pair, rounds, sample_bytes)
     return res
 
 
@@ -560,6 +581,14 @@ def photos_markdown(ph: dict[str, Any]) -> list[str]:
     ]
 
 
+def target_rows(res: dict[str, Any]) -> list[list[str]]:
+    """The target table: each ratio of medians, and where measured the same ratio per round and from
+    back-to-back pairs (:func:`per_round`, :func:`back_to_back`)."""
+    rnd, b2b = res.get("targets_per_round", {}), res.get("targets_back_to_back", {})
+    return [[k, f"{v:.2f}", f"{rnd[k]:.2f}" if k in rnd else "", f"{b2b[k]['median']:.2f}" if k in b2b else ""]
+            for k, v in res["targets"].items()]
+
+
 def markdown(res: dict[str, Any]) -> str:
     mb = lambda v: f"{v:,.0f}"  # noqa: E731
     rows = [[k, mb(v["samples_per_s"]), mb(v["mb_per_s"]), mb(v.get("request_kib", 0)), f"{v['resident_before']:.3f}",
@@ -587,9 +616,8 @@ def markdown(res: dict[str, Any]) -> str:
         _harness.markdown_table(["raw images (cold, uint8)", "ratio", "samples/s"],
                                 [[k, res["ratio"][k], mb(v["samples_per_s"])] for k, v in res["images"].items()]),
         "",
-        _harness.markdown_table(["target", "measured (ratio of the medians)", "median of each round's ratio"],
-                                [[k, f"{v:.2f}", f"{res.get('targets_per_round', {})[k]:.2f}"
-                                  if k in res.get("targets_per_round", {}) else ""] for k, v in res["targets"].items()]),
+        _harness.markdown_table(["target", "measured (ratio of the medians)", "median of each round's ratio",
+                                 "back-to-back pairs: median ratio"], target_rows(res)),
         "",
         _harness.markdown_table(["stream reads, A/B (cold)", "median of each round's ratio", "ratio of the medians"],
                                 [[k, f"{v[0]:.2f}", f"{v[1]:.2f}"] for k, v in read_ab(res["rows"]).items()]),

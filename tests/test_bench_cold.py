@@ -39,6 +39,8 @@ def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path):
     assert ph["dataset_bytes"]["raw, mixed sizes"] > ph["dataset_bytes"]["JPEG, mixed sizes (decoded)"]
     assert data["ceiling_check"]["checked"] == 4  # the 3 targets against the disk, and the photos' against theirs
     assert set(data["targets_per_round"]) <= set(data["targets"]) and len(data["targets_per_round"]) == 4
+    assert set(data["targets_back_to_back"]) == set(data["targets_per_round"])
+    assert all(len(v["all"]) == data["rounds"] and v["median"] > 0 for v in data["targets_back_to_back"].values())
     md = (tmp_path / "cold_quick.md").read_text()
     assert all(k in md for k in _bench_cold().READ_AB)  # each stream-read A/B pair was run and is reported
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("bench_cold_")] == []  # its work folder went
@@ -197,3 +199,21 @@ def test_per_round_ratios_pair_the_passes_of_each_round():
     ab = b.read_ab(rows)
     assert list(ab) == ["'block': stream reads by pread (the loader's choice) / sent to /dev/null"]
     assert ab[next(iter(ab))] == pytest.approx((1.0, 10.0 / 9.0))  # rounds 2, 1, 1: median 1
+
+
+def test_back_to_back_pairs_run_each_pair_adjacent_in_both_orders():
+    """The two passes of a pair run right after each other, in either order, every round; the ratio is
+    always the pair's first name over its second, whichever ran first."""
+    b = _bench_cold()
+    calls: list[str] = []
+
+    def fn(name, value):
+        return lambda: (calls.append(name), {"samples_per_s": value} if name == "L" else {"mb_per_s": value})[1]
+
+    out = b.back_to_back({"L": fn("L", 5.0), "C": fn("C", 20.0), "M": fn("M", 3.0), "D": fn("D", 1.0)},
+                         {"t": ("L", "C"), "u": ("M", "D")}, rounds=8, nbytes=2_000_000)
+    pairs = [tuple(calls[i : i + 2]) for i in range(0, len(calls), 2)]
+    assert len(pairs) == 16 and all(set(p) in ({"L", "C"}, {"M", "D"}) for p in pairs)
+    assert ("L", "C") in pairs and ("C", "L") in pairs  # both orders occur
+    assert out["t"]["median"] == pytest.approx(0.5) and out["t"]["all"] == [0.5] * 8  # 10 MB/s over 20
+    assert out["u"]["median"] == pytest.approx(3.0)
