@@ -277,12 +277,16 @@ def best_large(ceil: dict[str, dict[str, Any]]) -> dict[str, Any]:
                key=lambda v: v["mb_per_s"])
 
 
+def mb_per_s(result: dict[str, Any], nbytes: int) -> float:
+    """A pass's MB/s: a ceiling's own, or a loader's samples/s times ``nbytes`` a sample."""
+    return result["mb_per_s"] if "mb_per_s" in result else result["samples_per_s"] * nbytes / 1e6
+
+
 def per_round(runs: dict[str, list[dict[str, Any]]], num: str, den: str, nbytes: int) -> float:
     """The median over rounds of ``num``'s MB/s over ``den``'s in the same round (``nbytes`` a sample):
     this disk's speed drifts in runs of several passes (docs/loader.md), and the passes of one round
     are closer in time than the medians of all rounds."""
-    mbs = lambda r: r["mb_per_s"] if "mb_per_s" in r else r["samples_per_s"] * nbytes / 1e6  # noqa: E731
-    return float(np.median([mbs(a) / mbs(b) for a, b in zip(runs[num], runs[den])]))
+    return float(np.median([mb_per_s(a, nbytes) / mb_per_s(b, nbytes) for a, b in zip(runs[num], runs[den])]))
 
 
 def back_to_back(fns: dict[str, Callable[[], dict[str, Any]]], pairs: dict[str, tuple[str, str]], rounds: int,
@@ -291,7 +295,6 @@ def back_to_back(fns: dict[str, Callable[[], dict[str, Any]]], pairs: dict[str, 
     ``rounds`` times (the pairs in a new random order each round): the median of the pairs' MB/s
     ratios, and every ratio. This disk's speed drifts over runs of several passes (docs/loader.md);
     two passes back to back meet nearly the same disk, so theirs is the steadiest ratio of a target."""
-    mbs = lambda r: r["mb_per_s"] if "mb_per_s" in r else r["samples_per_s"] * nbytes / 1e6  # noqa: E731
     rng = np.random.default_rng(seed)
     got: dict[str, list[float]] = {k: [] for k in pairs}
     for _ in range(rounds):
@@ -299,7 +302,7 @@ def back_to_back(fns: dict[str, Callable[[], dict[str, Any]]], pairs: dict[str, 
             a, b = pairs[k]
             flip = bool(rng.integers(2))
             res = {n: fns[n]() for n in ((b, a) if flip else (a, b))}
-            got[k].append(mbs(res[a]) / mbs(res[b]))
+            got[k].append(mb_per_s(res[a], nbytes) / mb_per_s(res[b], nbytes))
     return {k: {"median": float(np.median(v)), "all": [round(x, 3) for x in v]} for k, v in got.items()}
 
 
@@ -326,10 +329,8 @@ def read_ab(rows: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
 def both_units(results: dict[str, dict[str, Any]], nbytes: int) -> dict[str, dict[str, Any]]:
     """Each result in samples/s and MB/s (``nbytes`` a sample), from whichever of the two it has."""
     for r in results.values():
-        if "mb_per_s" in r:
-            r["samples_per_s"] = r["mb_per_s"] * 1e6 / nbytes
-        else:
-            r["mb_per_s"] = r["samples_per_s"] * nbytes / 1e6
+        r["mb_per_s"] = mb_per_s(r, nbytes)
+        r["samples_per_s"] = r["mb_per_s"] * 1e6 / nbytes
     return results
 
 
