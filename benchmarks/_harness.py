@@ -82,6 +82,12 @@ def summarize(times: Sequence[float]) -> dict[str, float]:
     }
 
 
+def median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """The median of ``a[i] / b[i]``: a ratio of two readers measured side by side in each round, steadier
+    than the ratio of their medians when the machine's speed drifts between rounds."""
+    return float(statistics.median(x / y for x, y in zip(a, b)))
+
+
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile ``q`` (0-100) of already sorted values."""
     pos = (len(sorted_values) - 1) * q / 100

@@ -277,6 +277,21 @@ def best_large(ceil: dict[str, dict[str, Any]]) -> dict[str, Any]:
                key=lambda v: v["mb_per_s"])
 
 
+DISK_TARGETS = {  # the targets against the disk: (loader row, which best ceiling: best_ceilings)
+    "shuffle=True / best parallel ceiling at the request size (>= 0.85)": ("loader shuffle=True", "parallel"),
+    "shuffle='block' / best large-read ceiling, 1-4 MiB (>= 0.9)": ("loader shuffle='block'", "large"),
+    "shuffle='shards' / best large-read ceiling, 1-4 MiB (>= 0.9)": ("loader shuffle='shards'", "large"),
+}
+
+
+def best_ceilings(ceil: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The names of the best ceilings by MB/s: random reads at the request size ("parallel": threads,
+    or hinted ahead) and large reads ("large": :func:`best_large`)."""
+    large = best_large(ceil)
+    return {"parallel": max((k for k in ceil if random_ceiling(k) and "4 MiB" not in k), key=lambda k: ceil[k]["mb_per_s"]),
+            "large": next(k for k, v in ceil.items() if v is large)}
+
+
 def mb_per_s(result: dict[str, Any], nbytes: int) -> float:
     """A pass's MB/s: a ceiling's own, or a loader's samples/s times ``nbytes`` a sample."""
     return result["mb_per_s"] if "mb_per_s" in result else result["samples_per_s"] * nbytes / 1e6
@@ -286,7 +301,7 @@ def per_round(runs: dict[str, list[dict[str, Any]]], num: str, den: str, nbytes:
     """The median over rounds of ``num``'s MB/s over ``den``'s in the same round (``nbytes`` a sample):
     this disk's speed drifts in runs of several passes (docs/loader.md), and the passes of one round
     are closer in time than the medians of all rounds."""
-    return float(np.median([mb_per_s(a, nbytes) / mb_per_s(b, nbytes) for a, b in zip(runs[num], runs[den])]))
+    return _harness.median_ratio([mb_per_s(r, nbytes) for r in runs[num]], [mb_per_s(r, nbytes) for r in runs[den]])
 
 
 def back_to_back(fns: dict[str, Callable[[], dict[str, Any]]], pairs: dict[str, tuple[str, str]], rounds: int,
@@ -321,8 +336,8 @@ def read_ab(rows: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
     out = {}
     for name, (a, b) in READ_AB.items():
         if a in rows and b in rows:
-            each = [x / y for x, y in zip(rows[a]["all"], rows[b]["all"])]
-            out[name] = (float(np.median(each)), rows[a]["samples_per_s"] / rows[b]["samples_per_s"])
+            out[name] = (_harness.median_ratio(rows[a]["all"], rows[b]["all"]),
+                         rows[a]["samples_per_s"] / rows[b]["samples_per_s"])
     return out
 
 
@@ -460,17 +475,12 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     with fastdata.open(work / "hdf5") as ds:
         quality = {repr(sh): shuffle_quality(ds, sh) for sh in CONVERTED_SHUFFLES}
     rss = rss_run(work / "hdf5", rss_epochs)
-    par_name = max((k for k in ceil if random_ceiling(k) and "4 MiB" not in k), key=lambda k: ceil[k]["mb_per_s"])
-    best_par = ceil[par_name]["mb_per_s"]
-    large_v = best_large(ceil)
-    large, large_name = large_v["mb_per_s"], next(k for k, v in ceil.items() if v is large_v)
+    best = best_ceilings(ceil)
     unc = rows["loader shuffle=True"]["mb_per_s"]
     res.update(rows=rows, ceilings=ceil, warm=warm, images=images, shuffle_quality=quality, rss=rss,
                loadavg_after=loadavg(), machine=_harness.machine_info())
     res["targets"] = {
-        "shuffle=True / best parallel ceiling at the request size (>= 0.85)": unc / best_par,
-        "shuffle='block' / best large-read ceiling, 1-4 MiB (>= 0.9)": rows["loader shuffle='block'"]["mb_per_s"] / large,
-        "shuffle='shards' / best large-read ceiling, 1-4 MiB (>= 0.9)": rows["loader shuffle='shards'"]["mb_per_s"] / large,
+        **{t: rows[row]["mb_per_s"] / ceil[best[which]]["mb_per_s"] for t, (row, which) in DISK_TARGETS.items()},
         "lz4 cold / uncompressed cold, shuffle=True (>= 1.5)": rows["loader lz4 shuffle=True"]["mb_per_s"] / unc,
         "lz4 warm / uncompressed warm (>= 0.5)": warm["hdf5_lz4 shuffle=True, read-ahead on"]["samples_per_s"]
         / warm["hdf5 shuffle=True, read-ahead on"]["samples_per_s"],
@@ -480,9 +490,7 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
         "shuffle='block' / the disk alone, nothing delivered (a reference)":
             rows["loader shuffle='block'"]["mb_per_s"] / ceil[DISK_ALONE]["mb_per_s"],
     }
-    pair = {"shuffle=True / best parallel ceiling at the request size (>= 0.85)": ("loader shuffle=True", par_name),
-            "shuffle='block' / best large-read ceiling, 1-4 MiB (>= 0.9)": ("loader shuffle='block'", large_name),
-            "shuffle='shards' / best large-read ceiling, 1-4 MiB (>= 0.9)": ("loader shuffle='shards'", large_name),
+    pair = {**{t: (row, best[which]) for t, (row, which) in DISK_TARGETS.items()},
             "lz4 cold / uncompressed cold, shuffle=True (>= 1.5)": ("loader lz4 shuffle=True", "loader shuffle=True")}
     res["targets_per_round"] = {k: per_round(runs, a, b, sample_bytes) for k, (a, b) in pair.items()}
     res["targets_back_to_back"] = back_to_back({**cold_fns, **ceil_fns}, pair, rounds, sample_bytes)

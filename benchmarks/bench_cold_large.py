@@ -107,14 +107,10 @@ def run(base: int, ram_factor: float, work: Path, rounds: int = 1) -> dict[str, 
     runs = bench_cold.interleaved({**fns, **ceil_fns}, rounds)
     rows = {k: bench_cold.median_of(runs[k], "samples_per_s") for k in fns}
     ceil = {k: bench_cold.median_of(runs[k], "mb_per_s") for k in ceil_fns}
-    par = max((v for k, v in ceil.items() if bench_cold.random_ceiling(k)), key=lambda v: v["mb_per_s"])
-    large = bench_cold.best_large(ceil)
+    best = bench_cold.best_ceilings(ceil)
     res.update(rows=rows, ceilings=ceil, rss=rss, loadavg_after=bench_cold.loadavg(), machine=_harness.machine_info())
     res["targets"] = {
-        "shuffle=True / best parallel ceiling at the request size (>= 0.85)": rows["loader shuffle=True"]["mb_per_s"]
-        / par["mb_per_s"],
-        "shuffle='block' / best large-read ceiling, 1-4 MiB (>= 0.9)": rows["loader shuffle='block'"]["mb_per_s"] / large["mb_per_s"],
-        "shuffle='shards' / best large-read ceiling, 1-4 MiB (>= 0.9)": rows["loader shuffle='shards'"]["mb_per_s"] / large["mb_per_s"],
+        **{t: rows[row]["mb_per_s"] / ceil[best[which]]["mb_per_s"] for t, (row, which) in bench_cold.DISK_TARGETS.items()},
         "shuffle='block' / the disk alone, nothing delivered (a reference)":
             rows["loader shuffle='block'"]["mb_per_s"] / ceil[bench_cold.DISK_ALONE]["mb_per_s"],
     }

@@ -261,12 +261,6 @@ def _sections_md(res: dict) -> tuple[list[str], list[tuple[str, float, float]]]:
     return md, checks
 
 
-def _paired(times: dict[str, list[float]], a: str, b: str) -> float:
-    """The median over rounds of ``a``'s rate over ``b``'s in the same round (steadier than a ratio of
-    medians when the machine's speed drifts between rounds)."""
-    return statistics.median(x / y for x, y in zip(times[a], times[b]))
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small dataset, few epochs (CI smoke run)")
@@ -310,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             ("lmdb defaults >= 0.8 of ceiling", x["fastdata lmdb, defaults"], 0.8),
             ("hdf5 defaults >= 0.6 of ceiling", x["fastdata hdf5, defaults"], 0.6),
             *[(f"{be} defaults / read-ahead off >= 0.95 (warm; median of the rounds' ratios: each round runs "
-               "the two one after the other)", _paired(res["all_rounds"], f"fastdata {be}, defaults",
-                                                   f"fastdata {be}, defaults, read-ahead off"), 0.95)
+               "the two one after the other)", _harness.median_ratio(res["all_rounds"][f"fastdata {be}, defaults"],
+                                                                res["all_rounds"][f"fastdata {be}, defaults, read-ahead off"]), 0.95)
               for be in ("hdf5", "lmdb")],
         ]
         md += [f"Default reader threads here: {res['default_threads']}. Median of {rounds} interleaved rounds of "

@@ -23,11 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 import bench_cold  # noqa: E402
 
-TARGETS = {  # target -> (loader row, which best ceiling), as bench_cold.run names them
-    "shuffle=True / best parallel ceiling at the request size (>= 0.85)": ("loader shuffle=True", "parallel"),
-    "shuffle='block' / best large-read ceiling, 1-4 MiB (>= 0.9)": ("loader shuffle='block'", "large"),
-    "shuffle='shards' / best large-read ceiling, 1-4 MiB (>= 0.9)": ("loader shuffle='shards'", "large"),
-}
+TARGETS = bench_cold.DISK_TARGETS  # target -> (loader row, which best ceiling), as bench_cold.run computes them
 
 
 def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -41,10 +37,7 @@ def pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
                for k in runs[0]["ceilings"] if all(k in r["ceilings"] for r in runs)})
     med = {k: {"mb_per_s": float(np.median(v)), "passes": len(v)} for k, v in mb.items()}
     ceil = {k: v for k, v in med.items() if k in runs[0]["ceilings"]}
-    best = {"parallel": max((k for k in ceil if bench_cold.random_ceiling(k) and "4 MiB" not in k),
-                            key=lambda k: ceil[k]["mb_per_s"])}
-    large = bench_cold.best_large(ceil)
-    best["large"] = next(k for k, v in ceil.items() if v is large)
+    best = bench_cold.best_ceilings(ceil)
     targets = {t: med[row]["mb_per_s"] / ceil[best[which]]["mb_per_s"] for t, (row, which) in TARGETS.items()}
     return {"runs": len(runs), "medians": med, "best_ceilings": best, "targets": targets,
             "targets_each_run": {t: [r["targets"][t] for r in runs] for t in TARGETS}}

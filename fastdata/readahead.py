@@ -187,10 +187,8 @@ class _Streams:
         run of benchmarks/bench_cold.py, whose streams are spread over the whole dataset)."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         if SEQUENTIAL and hasattr(os, "posix_fadvise"):
-            try:
+            with contextlib.suppress(OSError):  # only a hint
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            except OSError:
-                pass  # only a hint
         return fd
 
     def _read(self, fd: int, at: int, n: int) -> int:
