@@ -41,7 +41,7 @@ from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label
 if TYPE_CHECKING:
     from .config import ConvertConfig
 
-__all__ = ["IMAGE_FIELD", "ORIGINAL_SIZE_SUFFIX", "ImageFolderKind", "ImageFolderSource", "fixed_shape", "image_fields"]
+__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE_SUFFIX", "fixed_shape", "image_fields"]
 
 IMAGE_FIELD = "image"
 # A conversion that resizes stores each image's upright size before the resize as "<image>_original_size"
