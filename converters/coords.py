@@ -106,8 +106,9 @@ def rescale_columns(table: str, cols: "TableColumns", columns: Sequence[str], or
             continue
         why = _looks_like(cols, name, originals)
         if why is not None:
+            kinds = f"%(keypoints={name}), %(boxes={name})" if _trailing(cols, name) == 4 else f"%(keypoints={name})"
             raise DataError(f"{table}: column {name!r} looks like pixel coordinates ({why}) and the images are "
-                            f"resized; say what it is: %(keypoints={name}), %(boxes={name}) or %(not_coordinates={name})")
+                            f"resized; say what it is: {kinds} or %(not_coordinates={name})")
     kinds: dict[str, Any] = {**{n: "keypoints" for n in keypoints}, **{n: "boxes" for n in boxes}}
     for name, kind in kinds.items():
         cols.values[name] = [rescale(a, kind, o, opts) for a, o in zip(cols.values[name], originals)]
