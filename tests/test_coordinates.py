@@ -119,7 +119,24 @@ def test_declarations_are_checked(tmp_path):
         fastdata.convert(tmp_path / "src", tmp_path / "ds", ConvertConfig(images=opts, keypoints=("kp",)), meta=meta)
     with pytest.raises(DataError, match="column 'label' is given as boxes"):
         fastdata.convert(tmp_path / "src", tmp_path / "ds", ConvertConfig(images=opts, boxes=("label",)), meta=meta)
+    with pytest.raises(DataError, match="column 'label' is given as keypoints"):
+        fastdata.convert(tmp_path / "src", tmp_path / "ds", ConvertConfig(images=opts, keypoints=("label",)), meta=meta)
     with pytest.raises(UsageError, match="both as keypoints and as not_coordinates"):
         ConvertConfig(keypoints=("a",), not_coordinates=("a",))
     with pytest.raises(UsageError, match="keypoints, boxes and not_coordinates name columns of a metadata table"):
         fastdata.convert(tmp_path / "src", tmp_path / "ds", ConvertConfig(keypoints=("a",)))
+
+
+def test_a_file_column_cannot_be_declared(tmp_path):
+    """A mask named by a file column is an image, not coordinates: declaring it is an error, not a crash."""
+    _source(tmp_path / "src")
+    (tmp_path / "src" / "masks").mkdir()
+    lines = []
+    for i, line in enumerate((tmp_path / "src" / "ann.jsonl").read_text().splitlines()):
+        png_rgb(tmp_path / "src" / "masks" / f"m{i}.png", 8, 8, seed=i)
+        lines.append(json.dumps({**json.loads(line), "mask": f"masks/m{i}.png"}))
+    (tmp_path / "src" / "ann.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = ConvertConfig(images=ImageOptions(images="raw", size=(64, 64)), keypoints=("keypoints", "mask"),
+                        boxes=("boxes",))
+    with pytest.raises(DataError, match="column 'mask' is given as keypoints but is not numeric"):
+        fastdata.convert(tmp_path / "src", tmp_path / "ds", cfg, meta=tmp_path / "src" / "ann.jsonl")
