@@ -84,3 +84,11 @@ def test_labels_columns_picks_two_columns_of_a_wider_file(tmp_path, run_cli):
     cfg = ConvertConfig(labels_columns=("image", "cls"))
     fastdata.convert(tmp_path / "src", tmp_path / "ds2", cfg, labels=tmp_path / "labels.json")
     assert fastdata.open(tmp_path / "ds2").get_batch([1])["label"].tolist() == [1]
+
+
+def test_a_json_table_as_the_whole_source(tmp_path, run_cli):
+    recs = _samples(tmp_path / "src")
+    (tmp_path / "src" / "ann.json").write_text(json.dumps(recs))
+    code, _, err = run_cli("convert", tmp_path / "src" / "ann.json", tmp_path / "ds", "--quiet")
+    assert code == 0, err
+    _check(tmp_path / "ds")
