@@ -13,7 +13,7 @@ Without a resize nothing moves, so nothing is refused.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -107,10 +107,10 @@ def rescale_columns(table: str, cols: "TableColumns", columns: Sequence[str], or
             continue
         why = _looks_like(cols, name, originals)
         if why is not None:
-            kinds = f"%(keypoints={name}), %(boxes={name})" if _trailing(cols, name) == 4 else f"%(keypoints={name})"
+            say = f"%(keypoints={name}), %(boxes={name})" if _trailing(cols, name) == 4 else f"%(keypoints={name})"
             raise DataError(f"{table}: column {name!r} looks like pixel coordinates ({why}) and the images are "
-                            f"resized; say what it is: {kinds} or %(not_coordinates={name})")
-    kinds: dict[str, Any] = {**{n: "keypoints" for n in keypoints}, **{n: "boxes" for n in boxes}}
+                            f"resized; say what it is: {say} or %(not_coordinates={name})")
+    kinds: dict[str, str] = {**{n: "keypoints" for n in keypoints}, **{n: "boxes" for n in boxes}}
     for name, kind in kinds.items():
         cols.values[name] = [rescale(a, kind, o, opts) for a, o in zip(cols.values[name], originals)]
         cols.fields = [make_field(name, FLOAT_DTYPE, f.shape) if f.name == name else f for f in cols.fields]
