@@ -82,11 +82,12 @@ def _looks_like(cols: "TableColumns", name: str, originals: np.ndarray) -> str |
     if last > 4:
         return None
     top = 0.0
+    xs, ys = ([0, 2], [1, 3]) if last == 4 else ([0], [1])  # boxes: both corners; points: x, y
     for a, (h, w) in zip(cols.values[name], originals):
         a = np.asarray(a, dtype=np.float64)
         if a.size == 0:
             continue
-        x, y = a[..., 0::2][..., :2] if last == 4 else a[..., :1], a[..., 1::2][..., :2] if last == 4 else a[..., 1:2]
+        x, y = a[..., xs], a[..., ys]
         if not (np.all((x >= 0) & (x <= w)) and np.all((y >= 0) & (y <= h))):
             return None
         top = max(top, float(a[..., :2].max()))
