@@ -1,0 +1,210 @@
+"""Finds the measured figures of a markdown page and checks each against the results file its scope cites.
+
+A figure is a number with a decimal point ("0.97"), with thousands separators ("1,284") or with a unit of
+speed, ratio or share ("1.6x", "12%", "519 MB/s", "40 ms"). Skipped by rule, as no measurement: fenced and
+indented code blocks, inline code spans, HTML comments, link targets, tuples of whole numbers such as
+shapes "(2, 256, 21, 21)", dotted versions ("2.13.0") and a number right after a package name ("Python 3.11").
+
+A citation is a path ``results/NAME.md``, ``.json`` or ``.log`` (``*`` allowed, as in ``doctor*.md``) naming
+committed files in benchmarks/results (a run's log, as ``results/gpu_logs/call3_tests.log``), or a generated block of docs/benchmarks.md (``<!-- begin generated:
+NAME -->``), which cites NAME.md for every line in it. A figure's scope is its paragraph (list item,
+table), else the nearest paragraph before it in its section (a table's caption, the section's intro)
+that cites: the nearest citation decides, and the figure must be a
+value of one of the files it cites (NAME.md, .json or .log of the same run): equal at the precision printed,
+or a longer value that rounds to it ("1,284" for 1284.3, "0.97" for 0.9712), or for a percentage a
+fraction that does (12.7% for 0.1268).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+_NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+_UNIT = r"\s?(?:x(?![\w-])|×|%|[KMG]i?B/s|(?:samples|images|files|batches|steps)/s|ms\b|µs\b)"
+_FIGURE = re.compile(rf"(?<![\w.,/])(?:[-–−]\s?)?({_NUM})(?![\w]|\.\d|,\d)({_UNIT})?")
+_PACKAGE = re.compile(r"(?:python|torch|pytorch|numpy|h5py|lmdb|dali|cuda|pillow|version|v)\s?$", re.I)
+_CITE = re.compile(r"results/([\w*./-]+?)\.(?:md|json|log)\b")
+_SUFFIXES = (".md", ".json", ".log")
+_GENERATED = re.compile(r"<!-- (begin|end) generated: (\w+) -->")
+_SKIP_SPANS = [re.compile(p) for p in (r"`[^`]*`", r"<!--.*?-->", r"\]\([^)]*\)", r"https?://\S+",
+                                       r"\(\d+(?:,\s?\d+)+\)")]
+
+
+@dataclass
+class Figure:
+    line: int
+    text: str  # as printed, e.g. "1,284 MB/s"
+    number: str  # the number alone, e.g. "1,284"
+    percent: bool
+    cited: tuple[str, ...]  # the result runs (file stems) of the nearest scope that cites any; () if none
+
+
+def cited_runs(text: str) -> tuple[str, ...]:
+    """The result runs (file stems in benchmarks/results) that a piece of text cites."""
+    runs: list[str] = []
+    for m in _CITE.finditer(text):
+        for p in sorted(RESULTS.glob(m.group(1) + ".*")):
+            run = p.relative_to(RESULTS).with_suffix("").as_posix()
+            if p.suffix in _SUFFIXES and run not in runs:
+                runs.append(run)
+    return tuple(runs)
+
+
+def _strip(text: str) -> str:
+    for pattern in _SKIP_SPANS:
+        text = pattern.sub(lambda m: " " * len(m.group(0)), text)
+    return text
+
+
+def figures_in(line: str) -> list[tuple[str, str, bool]]:
+    """(as printed, number, is a percentage) of each figure in one line of prose."""
+    out = []
+    clean = _strip(line)
+    for m in _FIGURE.finditer(clean):
+        number, unit = m.group(1), (m.group(2) or "").strip()
+        if not unit and "." not in number and "," not in number:
+            continue
+        if not unit and _PACKAGE.search(clean[: m.start()]):
+            continue
+        out.append((m.group(0).strip(" -–−"), number, unit == "%"))
+    return out
+
+
+@dataclass
+class _Unit:
+    first: int  # line number of the first line
+    lines: list[str]
+    kind: str  # "para", "table", "list", "heading", "code"
+
+
+def _units(text: str) -> list[_Unit]:
+    """The page cut into paragraphs, tables, list items, headings and code blocks, in order."""
+    units: list[_Unit] = []
+    fence = False
+    prev_blank = True
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            if not fence:
+                units.append(_Unit(n, [], "code"))
+            fence = not fence
+            prev_blank = False
+            continue
+        if fence:
+            continue
+        if not stripped:
+            prev_blank = True
+            continue
+        kind = ("heading" if line.startswith("#") else "table" if stripped.startswith("|")
+                else "list" if re.match(r"\s*(?:[-*+]|\d+\.)\s", line) else "para")
+        if line.startswith("    ") and (prev_blank or units[-1].kind == "code") and kind != "list":
+            kind = "code"
+        last = units[-1] if units else None
+        starts = (prev_blank or last is None or kind in ("heading", "list") or last.kind == "heading"
+                  or (kind == "table") != (last.kind == "table") or (kind == "code") != (last.kind == "code"))
+        if starts:
+            units.append(_Unit(n, [line], kind))
+        else:
+            last.lines.append(line)
+        prev_blank = False
+    return units
+
+
+def page_figures(text: str) -> list[Figure]:
+    """Every figure of a markdown page with the runs its nearest citing scope names."""
+    units = _units(text)
+    generated: dict[int, str] = {}  # line -> run of the generated block holding it
+    block = None
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _GENERATED.search(line)
+        if m:
+            block = m.group(2) if m.group(1) == "begin" else None
+        elif block:
+            generated[n] = block
+    out: list[Figure] = []
+    section: list[_Unit] = []  # the units of the current section so far
+    for u in units:
+        if u.kind == "heading":
+            section = []
+            continue
+        section.append(u)
+        if u.kind == "code":
+            continue
+        nearest = next((runs for s in reversed(section) if (runs := cited_runs("\n".join(s.lines)))), ())
+        for k, line in enumerate(u.lines):
+            n = u.first + k
+            runs = _generated_runs(generated[n], line, text) if n in generated else nearest
+            for printed, number, percent in figures_in(line):
+                out.append(Figure(n, printed, number, percent, runs))
+    return out
+
+
+def _generated_runs(block: str, line: str, text: str) -> tuple[str, ...]:
+    """A generated block cites the run of its name; one gathered from several runs (``ceilings``) the
+    run named in the row's first cell, or for a line that is no row every run its rows name."""
+    if (RESULTS / f"{block}.json").exists():
+        return (block,)
+    cell = line.split("|")[1].strip() if line.startswith("|") else ""
+    if (RESULTS / f"{cell}.json").exists():
+        return (cell,)
+    body = text.split(f"<!-- begin generated: {block} -->")[1].split(f"<!-- end generated: {block} -->")[0]
+    return tuple(sorted({c for r in body.splitlines() if r.startswith("|")
+                         if (RESULTS / f"{(c := r.split('|')[1].strip())}.json").exists()}))
+
+
+@lru_cache(maxsize=None)
+def run_values(run: str) -> tuple[tuple[Decimal, int], ...]:
+    """Every number in a run's results files (.md and .json) with its count of decimals."""
+    values = set()
+    for suffix in _SUFFIXES:
+        p = RESULTS / (run + suffix)
+        if p.exists():
+            for m in re.finditer(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?:[eE]([-+]?\d+))?",
+                                 p.read_text(encoding="utf-8")):
+                whole, frac, exp = m.group(1).replace(",", ""), m.group(2) or "", m.group(3)
+                value = Decimal(f"{whole}.{frac}" if frac else whole)
+                places = len(frac)
+                if exp:
+                    value = value.scaleb(int(exp))
+                    places = max(0, places - int(exp))
+                values.add((value, places))
+    return tuple(values)
+
+
+def rounds_to(value: Decimal, places: int, number: str) -> bool:
+    """Whether a results value of ``places`` decimals is the printed number at its precision."""
+    target = Decimal(number.replace(",", ""))
+    printed = len(number.partition(".")[2])
+    if places < printed:
+        return value == target
+    half = Decimal(5).scaleb(-printed - 1)
+    return abs(value - target) <= half
+
+
+def in_run(figure: Figure, run: str) -> bool:
+    for value, places in run_values(run):
+        if rounds_to(value, places, figure.number):
+            return True
+        if figure.percent and rounds_to(value * 100, places - 2, figure.number):
+            return True
+    return False
+
+
+def check_page(text: str, exempt: frozenset[str] = frozenset()) -> list[str]:
+    """'line: figure: problem' for each figure that is not a value of the results its scope cites."""
+    problems = []
+    for f in page_figures(text):
+        if f.text in exempt:
+            continue
+        if not f.cited:
+            problems.append(f"{f.line}: {f.text}: no results file cited in its paragraph, table caption or section intro")
+        elif not any(in_run(f, run) for run in f.cited):
+            problems.append(f"{f.line}: {f.text}: not a value of {', '.join(r + '.md/.json' for r in f.cited)}")
+    return problems
