@@ -6,7 +6,8 @@ indented code blocks, inline code spans, HTML comments, link targets, tuples of 
 shapes "(2, 256, 21, 21)", dotted versions ("2.13.0") and a number right after a package name ("Python 3.11").
 
 A citation is a path ``results/NAME.md``, ``.json`` or ``.log`` (``*`` allowed, as in ``doctor*.md``) naming
-committed files in benchmarks/results (a run's log, as ``results/gpu_logs/call3_tests.log``), or a generated block of docs/benchmarks.md (``<!-- begin generated:
+committed files in benchmarks/results (a run's log, as ``results/gpu_logs/call3_tests.log``), a file name
+alone in backticks (`` `cold_s15.md` ``) where no page of docs/ has that name, or a generated block of docs/benchmarks.md (``<!-- begin generated:
 NAME -->``), which cites NAME.md for every line in it. A figure's scope is its paragraph (list item,
 table), else the nearest paragraph before it in its section (a table's caption, the section's intro)
 that cites: the nearest citation decides, and the figure must be a
@@ -32,6 +33,7 @@ _FIGURE = re.compile(rf"(?<![\w.,/])(?:[-–−]\s?)?({_NUM})(?![\w]|\.\d|,\d)({
 _PACKAGE = re.compile(r"(?:python|torch|pytorch|numpy|h5py|lmdb|dali|cuda|pillow|version|v)\s?$", re.I)
 _CITE = re.compile(r"results/([\w*./-]+?)\.(?:md|json|log)\b")
 _SUFFIXES = (".md", ".json", ".log")
+_BARE = re.compile(r"`([\w-]+)\.(?:md|json)`")  # `cold_s15.md`: a results file when no docs page has that name
 _GENERATED = re.compile(r"<!-- (begin|end) generated: (\w+) -->")
 _SKIP_SPANS = [re.compile(p) for p in (r"`[^`]*`", r"<!--.*?-->", r"\]\([^)]*\)", r"https?://\S+",
                                        r"\(\d+(?:,\s?\d+)+\)")]
@@ -54,6 +56,10 @@ def cited_runs(text: str) -> tuple[str, ...]:
             run = p.relative_to(RESULTS).with_suffix("").as_posix()
             if p.suffix in _SUFFIXES and run not in runs:
                 runs.append(run)
+    for m in _BARE.finditer(text):
+        name = m.group(1)
+        if (RESULTS / f"{name}.json").exists() and not (ROOT / "docs" / f"{name}.md").exists() and name not in runs:
+            runs.append(name)
     return tuple(runs)
 
 
@@ -66,7 +72,7 @@ def _strip(text: str) -> str:
 def figures_in(line: str) -> list[tuple[str, str, bool]]:
     """(as printed, number, is a percentage) of each figure in one line of prose."""
     out = []
-    clean = _strip(line)
+    clean = _strip(line)  # idempotent: page_figures strips whole paragraphs first
     for m in _FIGURE.finditer(clean):
         number, unit = m.group(1), (m.group(2) or "").strip()
         if not unit and "." not in number and "," not in number:
@@ -138,7 +144,7 @@ def page_figures(text: str) -> list[Figure]:
         if u.kind == "code":
             continue
         nearest = next((runs for s in reversed(section) if (runs := cited_runs("\n".join(s.lines)))), ())
-        for k, line in enumerate(u.lines):
+        for k, line in enumerate(_strip("\n".join(u.lines)).split("\n")):  # code spans may wrap lines
             n = u.first + k
             runs = _generated_runs(generated[n], line, text) if n in generated else nearest
             for printed, number, percent in figures_in(line):
