@@ -3,7 +3,8 @@
 A figure is a number with a decimal point ("0.97"), with thousands separators ("1,284") or with a unit of
 speed, ratio or share ("1.6x", "12%", "519 MB/s", "40 ms"). Skipped by rule, as no measurement: fenced and
 indented code blocks, inline code spans, HTML comments, link targets, tuples of whole numbers such as
-shapes "(2, 256, 21, 21)", dotted versions ("2.13.0") and a number right after a package name ("Python 3.11").
+shapes "(2, 256, 21, 21)", versions (dotted "2.13.0", or right after a package's name: "Python 3.11",
+"torch (2.13 here)", "Lightning 2.6") and defaults ("(default 0.25)", "89.5 M by default").
 
 A citation is a path ``results/NAME.md``, ``.json`` or ``.log`` (``*`` allowed, as in ``doctor*.md``) naming
 committed files in benchmarks/results (a run's log, as ``results/gpu_logs/call3_tests.log``), a file name
@@ -29,8 +30,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 _UNIT = r"\s?(?:x(?![\w-])|×|%|[KMG]i?B/s|(?:samples|images|files|batches|steps)/s|ms\b|µs\b)"
-_FIGURE = re.compile(rf"(?<![\w.,/])(?:[-–−]\s?)?({_NUM})(?![\w]|\.\d|,\d)({_UNIT})?")
-_PACKAGE = re.compile(r"(?:python|torch|pytorch|numpy|h5py|lmdb|dali|cuda|pillow|version|v)\s?$", re.I)
+_FIGURE = re.compile(rf"(?<![\w.,/])(?:[-–−]\s?)?({_NUM})(?!\.\d|,\d)({_UNIT})?(?!\w)")
+_PACKAGE = re.compile(r"(?:\b(?:python|torch|numpy|h5py|lmdb|dali|cuda|pil|pillow|simplejpeg|lightning|accelerate|"
+                      r"ray|torchvision|kornia|liblmdb|version)|\bv)\s?\(?$", re.I)
+_DEFAULT = re.compile(r"\bdefault\s?\(?$", re.I)
+_BY_DEFAULT = re.compile(r"^[^\w(]*(?:\w+\s)?by default\b")
 _CITE = re.compile(r"results/([\w*./-]+?)\.(?:md|json|log)\b")
 _SUFFIXES = (".md", ".json", ".log")
 _BARE = re.compile(r"`([\w-]+)\.(?:md|json)`")  # `cold_s15.md`: a results file when no docs page has that name
@@ -46,6 +50,7 @@ class Figure:
     number: str  # the number alone, e.g. "1,284"
     percent: bool
     cited: tuple[str, ...]  # the result runs (file stems) of the nearest scope that cites any; () if none
+    section: str  # the heading line above it ("" before the first)
 
 
 def cited_runs(text: str) -> tuple[str, ...]:
@@ -77,7 +82,8 @@ def figures_in(line: str) -> list[tuple[str, str, bool]]:
         number, unit = m.group(1), (m.group(2) or "").strip()
         if not unit and "." not in number and "," not in number:
             continue
-        if not unit and _PACKAGE.search(clean[: m.start()]):
+        before, after = clean[: m.start()], clean[m.end():]
+        if (not unit and _PACKAGE.search(before)) or _DEFAULT.search(before) or _BY_DEFAULT.search(after):
             continue
         out.append((m.group(0).strip(" -–−"), number, unit == "%"))
     return out
@@ -136,9 +142,10 @@ def page_figures(text: str) -> list[Figure]:
             generated[n] = block
     out: list[Figure] = []
     section: list[_Unit] = []  # the units of the current section so far
+    heading = ""
     for u in units:
         if u.kind == "heading":
-            section = []
+            section, heading = [], u.lines[0].strip()
             continue
         section.append(u)
         if u.kind == "code":
@@ -148,7 +155,7 @@ def page_figures(text: str) -> list[Figure]:
             n = u.first + k
             runs = _generated_runs(generated[n], line, text) if n in generated else nearest
             for printed, number, percent in figures_in(line):
-                out.append(Figure(n, printed, number, percent, runs))
+                out.append(Figure(n, printed, number, percent, runs, heading))
     return out
 
 
@@ -204,10 +211,11 @@ def in_run(figure: Figure, run: str) -> bool:
 
 
 def check_page(text: str, exempt: frozenset[str] = frozenset()) -> list[str]:
-    """'line: figure: problem' for each figure that is not a value of the results its scope cites."""
+    """'line: figure: problem' for each figure that is not a value of the results its scope cites;
+    ``exempt`` holds figures as printed, or heading lines whose section is skipped whole."""
     problems = []
     for f in page_figures(text):
-        if f.text in exempt:
+        if f.text in exempt or f.section in exempt:
             continue
         if not f.cited:
             problems.append(f"{f.line}: {f.text}: no results file cited in its paragraph, table caption or section intro")
