@@ -1,11 +1,17 @@
 """Every row of docs/reliability.md's "What is checked when" table names tests that fail if that
 check is removed. The table is parsed: a new row without an entry here, or an entry naming a test
-that does not exist, fails."""
+that does not exist, fails. For the rows in GUARDS the claim itself is tested: the function that makes
+the row's check is switched off (replaced with one that lets everything through, by a sitecustomize.py
+on PYTHONPATH, so in every Python process the test starts too), and each test the row names is run in a
+fresh pytest and must fail."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +70,32 @@ CHECKS: dict[str, list[str]] = {
 }
 
 
+# row -> the function that makes its check ("module:qualified name"), what it returns switched off, and
+# the row's tests that go through it (None: all of them)
+GUARDS: dict[str, tuple[str, str, list[str] | None]] = {
+    "the shard's size has not changed since it was opened": (
+        "fastdata.format.shardio:ShardReaderBase._check_unchanged", "None", None),
+    # only the reads copied from the map: reads through LMDB compare the header inline in ShardReader's
+    # read loop (test_ragged_records_read_through_lmdb_compare_their_header_on_every_read), no function to switch off
+    "LMDB: the record's header (magic, field count, payload sizes) is the one that first read found": (
+        "fastdata.format.lmdb:ShardReader._check_mapped_headers", "None",
+        ["test_lmdb_reread.py::test_a_record_header_rewritten_in_place_after_the_first_read_raises"]),
+    "checksum of every shard": ("fastdata.verify:_check_shard", "None", None),
+    "labels within the class list; each sample as decoded": ("fastdata.verify:check_samples", "(0, [])", None),
+}
+
+_SWITCH_OFF = """
+import importlib
+
+obj = importlib.import_module({module!r})
+*path, name = {name!r}.split(".")
+for part in path:
+    obj = getattr(obj, part)
+getattr(obj, name)  # the guard must exist: a rename fails here, not silently
+setattr(obj, name, lambda *args, **kwargs: {off})
+"""
+
+
 def table_rows() -> list[str]:
     """The first cell of every row of the table under TABLE_HEADING."""
     text = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
@@ -89,3 +121,33 @@ def test_each_listed_test_exists(row):
         tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         assert name in defined, f"{ref} (for {row!r}) does not exist"
+
+
+def _run_switched_off(tmp_path: Path, guard: str, off: str, refs: list[str]) -> tuple[int, str]:
+    module, _, name = guard.partition(":")
+    (tmp_path / "sitecustomize.py").write_text(_SWITCH_OFF.format(module=module, name=name, off=off))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
+                        *(f"tests/{ref}" for ref in refs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return r.returncode, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("row", list(GUARDS))
+def test_each_listed_test_fails_with_its_check_switched_off(row, tmp_path):
+    guard, off, refs = GUARDS[row]
+    refs = refs or CHECKS[row]
+    code, out = _run_switched_off(tmp_path, guard, off, refs)
+    if code < 0:  # killed by a signal (a SIGBUS where the check is gone): which test, one run each
+        for ref in refs:
+            code, out = _run_switched_off(tmp_path, guard, off, [ref])
+            assert code == 1 or code < 0, f"{ref} passes with {guard} switched off\n{out[-3000:]}"
+        return
+    assert code == 1, out[-3000:]  # 1: tests ran and some failed (not a usage or collection error)
+    failed = {ln.split()[1].split("[")[0] for ln in out.splitlines() if ln.startswith(("FAILED ", "ERROR "))}
+    for ref in refs:
+        assert f"tests/{ref}" in failed, f"{ref} passes with {guard} switched off\n{out[-3000:]}"
+
+
+def test_every_guard_is_for_a_row_of_the_table_and_its_tests():
+    for row, (_, _, refs) in GUARDS.items():
+        assert row in CHECKS and set(refs or []) <= set(CHECKS[row]), row
