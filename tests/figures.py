@@ -35,8 +35,7 @@ _PACKAGE = re.compile(r"(?:\b(?:python|torch|numpy|h5py|lmdb|dali|cuda|pil|pillo
                       r"ray|torchvision|kornia|liblmdb|version)|\bv)\s?\(?$", re.I)
 _DEFAULT = re.compile(r"\bdefault\s?\(?$", re.I)
 _BY_DEFAULT = re.compile(r"^[^\w(]*(?:\w+\s)?by default\b")
-_CITE = re.compile(r"results/([\w*./-]+?)\.(?:md|json|log)\b")
-_SUFFIXES = (".md", ".json", ".log")
+_CITE = re.compile(r"results/([\w*./-]+?\.(?:md|json|log))\b")
 _BARE = re.compile(r"`([\w-]+)\.(?:md|json)`")  # `cold_s15.md`: a results file when no docs page has that name
 _GENERATED = re.compile(r"<!-- (begin|end) generated: (\w+) -->")
 _SKIP_SPANS = [re.compile(p) for p in (r"`[^`]*`", r"<!--.*?-->", r"\]\([^)]*\)", r"https?://\S+",
@@ -49,23 +48,16 @@ class Figure:
     text: str  # as printed, e.g. "1,284 MB/s"
     number: str  # the number alone, e.g. "1,284"
     percent: bool
-    cited: tuple[str, ...]  # the result runs (file stems) of the nearest scope that cites any; () if none
+    cited: tuple[str, ...]  # the results files (in benchmarks/results) of the nearest scope that cites any
     section: str  # the heading line above it ("" before the first)
 
 
-def cited_runs(text: str) -> tuple[str, ...]:
-    """The result runs (file stems in benchmarks/results) that a piece of text cites."""
-    runs: list[str] = []
-    for m in _CITE.finditer(text):
-        for p in sorted(RESULTS.glob(m.group(1) + ".*")):
-            run = p.relative_to(RESULTS).with_suffix("").as_posix()
-            if p.suffix in _SUFFIXES and run not in runs:
-                runs.append(run)
-    for m in _BARE.finditer(text):
-        name = m.group(1)
-        if (RESULTS / f"{name}.json").exists() and not (ROOT / "docs" / f"{name}.md").exists() and name not in runs:
-            runs.append(name)
-    return tuple(runs)
+def cited_files(text: str) -> tuple[str, ...]:
+    """The results files (paths in benchmarks/results) that a piece of text cites."""
+    files = [p.relative_to(RESULTS).as_posix() for m in _CITE.finditer(text) for p in sorted(RESULTS.glob(m.group(1)))]
+    files += [name for m in _BARE.finditer(text)
+              if (RESULTS / (name := m.group(0).strip("`"))).exists() and not (ROOT / "docs" / name).exists()]
+    return tuple(dict.fromkeys(files))
 
 
 def _strip(text: str) -> str:
@@ -150,7 +142,7 @@ def page_figures(text: str) -> list[Figure]:
         section.append(u)
         if u.kind == "code":
             continue
-        nearest = next((runs for s in reversed(section) if (runs := cited_runs("\n".join(s.lines)))), ())
+        nearest = next((files for s in reversed(section) if (files := cited_files("\n".join(s.lines)))), ())
         for k, line in enumerate(_strip("\n".join(u.lines)).split("\n")):  # code spans may wrap lines
             n = u.first + k
             runs = _generated_runs(generated[n], line, text) if n in generated else nearest
@@ -160,34 +152,31 @@ def page_figures(text: str) -> list[Figure]:
 
 
 def _generated_runs(block: str, line: str, text: str) -> tuple[str, ...]:
-    """A generated block cites the run of its name; one gathered from several runs (``ceilings``) the
-    run named in the row's first cell, or for a line that is no row every run its rows name."""
+    """A generated block cites the run of its name (its .json and .md); one gathered from several runs
+    (``ceilings``) the run named in the row's first cell, or for a line that is no row every run its rows name."""
     if (RESULTS / f"{block}.json").exists():
-        return (block,)
+        return (f"{block}.json", f"{block}.md")
     cell = line.split("|")[1].strip() if line.startswith("|") else ""
     if (RESULTS / f"{cell}.json").exists():
-        return (cell,)
+        return (f"{cell}.json", f"{cell}.md")
     body = text.split(f"<!-- begin generated: {block} -->")[1].split(f"<!-- end generated: {block} -->")[0]
-    return tuple(sorted({c for r in body.splitlines() if r.startswith("|")
-                         if (RESULTS / f"{(c := r.split('|')[1].strip())}.json").exists()}))
+    runs = sorted({c for r in body.splitlines() if r.startswith("|") if (RESULTS / f"{(c := r.split('|')[1].strip())}.json").exists()})
+    return tuple(f"{run}{suffix}" for run in runs for suffix in (".json", ".md"))
 
 
 @lru_cache(maxsize=None)
-def run_values(run: str) -> tuple[tuple[Decimal, int], ...]:
-    """Every number in a run's results files (.md and .json) with its count of decimals."""
+def file_values(name: str) -> tuple[tuple[Decimal, int], ...]:
+    """Every number in a results file with its count of decimals."""
     values = set()
-    for suffix in _SUFFIXES:
-        p = RESULTS / (run + suffix)
-        if p.exists():
-            for m in re.finditer(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?:[eE]([-+]?\d+))?",
-                                 p.read_text(encoding="utf-8")):
-                whole, frac, exp = m.group(1).replace(",", ""), m.group(2) or "", m.group(3)
-                value = Decimal(f"{whole}.{frac}" if frac else whole)
-                places = len(frac)
-                if exp:
-                    value = value.scaleb(int(exp))
-                    places = max(0, places - int(exp))
-                values.add((value, places))
+    for m in re.finditer(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?:[eE]([-+]?\d+))?",
+                         (RESULTS / name).read_text(encoding="utf-8")):
+        whole, frac, exp = m.group(1).replace(",", ""), m.group(2) or "", m.group(3)
+        value = Decimal(f"{whole}.{frac}" if frac else whole)
+        places = len(frac)
+        if exp:
+            value = value.scaleb(int(exp))
+            places = max(0, places - int(exp))
+        values.add((value, places))
     return tuple(values)
 
 
@@ -201,8 +190,9 @@ def rounds_to(value: Decimal, places: int, number: str) -> bool:
     return abs(value - target) <= half
 
 
-def in_run(figure: Figure, run: str) -> bool:
-    for value, places in run_values(run):
+def in_file(figure: Figure, name: str) -> bool:
+    """Whether the figure is a value of the results file ``name`` at its printed precision."""
+    for value, places in file_values(name):
         if rounds_to(value, places, figure.number):
             return True
         if figure.percent and rounds_to(value * 100, places - 2, figure.number):
@@ -219,6 +209,6 @@ def check_page(text: str, exempt: frozenset[str] = frozenset()) -> list[str]:
             continue
         if not f.cited:
             problems.append(f"{f.line}: {f.text}: no results file cited in its paragraph, table caption or section intro")
-        elif not any(in_run(f, run) for run in f.cited):
-            problems.append(f"{f.line}: {f.text}: not a value of {', '.join(r + '.md/.json' for r in f.cited)}")
+        elif not any(in_file(f, name) for name in f.cited):
+            problems.append(f"{f.line}: {f.text}: not a value of {', '.join(f.cited)}")
     return problems

@@ -29,6 +29,7 @@ EXEMPT: dict[str, tuple[tuple[str, ...], str]] = {
     "4x": (("docs/loader.md", "fastdata/loaders/device.py", "fastdata/loaders/torch_backend.py"),
            "uint8 against float32: 1 byte against 4, arithmetic"),
     "25%": (("docs/loader.md", "fastdata/loaders/host.py"), "the ragged buffers' growth margin, a design constant"),
+    "10%": (("docs/doctor.md",), "the doctor's input-bound threshold (INPUT_BOUND in fastdata/doctor), a design constant"),
     "2%": (("docs/tuning.md",), "guidance: a wait share below which input is not the bottleneck"),
     "1.1": (("docs/tuning.md",), "the limit above which a ceiling ratio is flagged, a design constant"),
     "0.05": (("docs/backends.md",), "the uint8 resample's alignment tolerance in pixels, a design constant"),
@@ -68,7 +69,9 @@ _RUN = "benchmarks/results/cold_large.md"  # block 1,519 MB/s, shards 1,557, Tru
 
 @pytest.mark.parametrize("text, problem", [
     (f"`\"block\"` read 1,519 MB/s ({_RUN}).", None),
-    (f"`\"block\"` read 1,519.2 MB/s ({_RUN}).", None),  # a longer value of the file rounds to what is printed
+    ("`\"block\"` read 1,519 MB/s (benchmarks/results/cold_large.json).", None),  # 1519.18...: rounds to it
+    (f"`\"block\"` at 0.7 of the ceiling ({_RUN}).", None),  # 0.67, printed shorter
+    (f"`\"block\"` read 1,519.2 MB/s ({_RUN}).", "not a value of cold_large.md"),  # more digits than the file has
     (f"`\"block\"` read 1,523 MB/s ({_RUN}).", "not a value of cold_large"),  # invented
     ("`\"block\"` read 1,519 MB/s (benchmarks/results/cold_large_s14.md).", "not a value of cold_large_s14"),  # wrong file
     ("`\"block\"` read at 0.67 of the disk's best large reads.", "no results file cited"),  # a bare ratio, no citation
@@ -99,10 +102,12 @@ def test_a_generated_block_cites_its_results_file():
     assert "not a value of cold_large" in figures.check_page(bad)[0]
 
 
-def test_a_citation_resolves_to_committed_results_only():
-    assert figures.cited_runs("see `benchmarks/results/doctor*.md`") == ("doctor", "doctor_only", "doctor_rerun", "doctor_run3")
-    assert figures.cited_runs("`cold_s15.md` and `remote.md`") == ("cold_s15",)  # docs/remote.md exists: ambiguous
-    assert figures.cited_runs("benchmarks/results/nothing.md") == ()
+def test_a_citation_resolves_to_committed_results_files_only():
+    assert figures.cited_files("see `benchmarks/results/doctor*.md`") == (
+        "doctor.md", "doctor_only.md", "doctor_rerun.md", "doctor_run3.md")
+    assert figures.cited_files("`cold_s15.md` and `remote.md`") == ("cold_s15.md",)  # docs/remote.md exists: ambiguous
+    assert figures.cited_files("benchmarks/results/nothing.md") == ()
+    assert figures.cited_files("(`benchmarks/results/gpu_logs/call3_tests.log`)") == ("gpu_logs/call3_tests.log",)
 
 
 _UNIT_FIGURE = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)(?:\s?[–-]\s?(\d[\d,]*(?:\.\d+)?))?"
