@@ -4,17 +4,16 @@ A figure is a number with a decimal point ("0.97"), with thousands separators ("
 speed, ratio or share ("1.6x", "12%", "519 MB/s", "40 ms"). Skipped by rule, as no measurement: fenced and
 indented code blocks, inline code spans, HTML comments, link targets, tuples of whole numbers such as
 shapes "(2, 256, 21, 21)", versions (dotted "2.13.0", or right after a package's name: "Python 3.11",
-"torch (2.13 here)", "Lightning 2.6") and defaults ("(default 0.25)", "89.5 M by default").
+"torch (2.13 here)", "Lightning 2.6"), defaults ("(default 0.25)", "89.5 M by default") and headings.
 
-A citation is a path ``results/NAME.md``, ``.json`` or ``.log`` (``*`` allowed, as in ``doctor*.md``) naming
-committed files in benchmarks/results (a run's log, as ``results/gpu_logs/call3_tests.log``), a file name
-alone in backticks (`` `cold_s15.md` ``) where no page of docs/ has that name, or a generated block of docs/benchmarks.md (``<!-- begin generated:
-NAME -->``), which cites NAME.md for every line in it. A figure's scope is its paragraph (list item,
-table), else the nearest paragraph before it in its section (a table's caption, the section's intro)
-that cites: the nearest citation decides, and the figure must be a
-value of one of the files it cites (NAME.md, .json or .log of the same run): equal at the precision printed,
-or a longer value that rounds to it ("1,284" for 1284.3, "0.97" for 0.9712), or for a percentage a
-fraction that does (12.7% for 0.1268).
+A citation names one committed file of benchmarks/results: a path ``results/NAME.md``, ``.json`` or
+``.log`` (``*`` allowed: ``doctor*.md`` names each match), or a file name alone in backticks
+(`` `cold_s15.md` ``) where no page of docs/ has that name; a generated block of docs/benchmarks.md
+(``<!-- begin generated: NAME -->``) cites NAME.json and NAME.md for every line in it. A figure's scope is
+its paragraph (list item, table), else the nearest paragraph before it in its section (a table's caption,
+the section's intro) that cites: the nearest citation decides. The figure must be a value of one of the
+files cited there: equal at the precision printed, or a longer value that rounds to it ("1,284" for
+1284.3, "0.7" for 0.67), or for a percentage a fraction that does (12.7% for 0.1268).
 """
 
 from __future__ import annotations

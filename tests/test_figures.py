@@ -47,8 +47,8 @@ def _pages() -> list[Path]:
 
 
 def test_every_figure_in_the_docs_is_a_value_of_the_results_file_it_cites():
-    """Each page's figures against the results file of their nearest citation: run ``python tests/figures.py``
-    style checks with ``figures.check_page``; a figure with no committed results file goes, or says it is unmeasured."""
+    """Each page's figures against the results file of their nearest citation (``figures.check_page``): a
+    figure with no committed results file goes, or the page says it is unmeasured."""
     problems = []
     for page in _pages():
         rel = page.relative_to(ROOT).as_posix()
