@@ -77,6 +77,10 @@ GUARDS: dict[str, tuple[tuple[str, ...], str, list[str] | None]] = {
     # are checked elsewhere (read_manifest, shard_path), so their tests do not go through it
     "manifest: JSON, version, limits, field rules, shard names, shards inside the folder": (
         ("fastdata.format.manifest:_validate",), "None", ["test_dataset.py::test_hostile_manifest_is_rejected"]),
+    # the shard's first sample; the dataset, dtype and shape checks are inline where each column is opened
+    "HDF5: every field's dataset, dtype, shape; ragged offsets; data inside the file; the shard's first "
+    "sample (`fastdata_start`)": (
+        ("fastdata.format.hdf5:ShardReader._check_start",), "None", ["test_reliability_read.py::test_swapped_shards_are_refused"]),
     "the shard's size has not changed since it was opened": (
         ("fastdata.format.shardio:ShardReaderBase._check_unchanged",), "None", None),
     # swapped LMDB shards are refused with the shard record switched off too (something else catches them
