@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,49 +153,3 @@ def test_gpu_sections_are_checked_and_runs_of_several_calls_combine(tmp_path, ca
     merged = json.loads((tmp_path / "gpu.json").read_text())
     assert [r.get("samples_per_s") for r in merged["result"]["precision"]] == [5.0, 7.0]
     assert merged["sources"]["precision"] == [str(tmp_path / "c.json"), str(tmp_path / "d.json")]
-
-
-_NUM = r"\d[\d,]*(?:\.\d+)?"
-_FIGURE = re.compile(rf"(?<![\w.])({_NUM})(?:\s?[–-]\s?({_NUM}))?(x(?=[\s).,;:])|\s?(?:×|%|[KMG]B/s|samples/s|images/s|files/s))")
-# Figures that are no measurement: arithmetic, design constants, guidance and assumed bandwidths.
-_NOT_MEASURED = {
-    ("docs/loader.md", "4x"), ("fastdata/loaders/device.py", "4x"), ("fastdata/loaders/host.py", "4x"),
-    ("fastdata/loaders/torch_backend.py", "4x"),  # uint8 against float32 bytes
-    ("docs/loader.md", "25%"), ("fastdata/loaders/host.py", "25%"),  # the ragged buffers' growth margin
-    ("docs/doctor.md", "25%"),  # issue 33's tolerance for a projection
-    ("docs/doctor.md", "10%"),  # the doctor's input-bound threshold (fastdata/doctor/report.py INPUT_BOUND)
-    ("docs/tuning.md", "2%"),  # guidance: a wait share below which input is not the bottleneck
-    ("docs/scale.md", "2 GB/s"), ("docs/scale.md", "20 GB/s"),  # assumed storage bandwidths of the projection
-    ("docs/scale.md", "16.6 GB/s"), ("docs/scale.md", "8.3 GB/s"),  # the projection's arithmetic (16 x 519 MB/s)
-}
-
-
-def test_figures_in_docs_and_comments_come_from_committed_results():
-    """A speed figure (x, %, samples/s, images/s, files/s, MB/s, GB/s) in README.md, docs/ (but
-    docs/benchmarks.md, which report.py renders) or the package's code and comments appears in a
-    committed results file, or is listed above as no measurement. Small whole numbers (below 100)
-    match too much to be checked, so they need the list. A figure from a script that was not kept
-    has no results file: it goes."""
-    results = ROOT / "benchmarks" / "results"
-    corpus = "\n".join(p.read_text(encoding="utf-8") for p in results.iterdir() if p.suffix in (".json", ".md"))
-
-    def in_results(number: str) -> bool:
-        if "." not in number and int(number.replace(",", "")) < 100:
-            return False
-        return re.search(rf"(?<![\d.,]){re.escape(number)}(?!\d)", corpus) is not None
-
-    files = [ROOT / "README.md", ROOT / "pyproject.toml", *sorted((ROOT / "docs").glob("*.md"))]
-    files += sorted((ROOT / "fastdata").rglob("*.py")) + sorted((ROOT / "converters").rglob("*.py"))
-    unsupported = []
-    for f in files:
-        rel = f.relative_to(ROOT).as_posix()
-        if rel == "docs/benchmarks.md":
-            continue
-        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-            for m in _FIGURE.finditer(line):
-                figure = m.group(0).strip()
-                if (rel, figure) in _NOT_MEASURED:
-                    continue
-                if not all(in_results(x) for x in m.groups()[:2] if x):
-                    unsupported.append(f"{rel}:{n}: {figure}")
-    assert unsupported == []

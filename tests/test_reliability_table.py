@@ -1,11 +1,17 @@
 """Every row of docs/reliability.md's "What is checked when" table names tests that fail if that
 check is removed. The table is parsed: a new row without an entry here, or an entry naming a test
-that does not exist, fails."""
+that does not exist, fails. For the rows in GUARDS the claim itself is tested: the function that makes
+the row's check is switched off (replaced with one that lets everything through, by a sitecustomize.py
+on PYTHONPATH, so in every Python process the test starts too), and each test the row names is run in a
+fresh pytest and must fail."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,7 +42,8 @@ CHECKS: dict[str, list[str]] = {
     ],
     "LMDB: its last page lies inside the file; the shard's own record of its first sample, count and schema": [
         "test_reliability_read.py::test_lmdb_page_count_past_the_file_is_refused",
-        "test_reliability_read.py::test_swapped_shards_are_refused",  # [lmdb]: the shard record's start
+        # not test_swapped_shards_are_refused: a swapped LMDB shard is refused with the shard record's check
+        # switched off too (its first record is missing), so it does not show this check
         "test_reliability_read.py::test_manifest_schema_that_does_not_match_the_shards",  # [lmdb]: its schema
     ],
     "LMDB: record present; magic, field count, payload sizes and record length match the schema": [
@@ -64,6 +71,44 @@ CHECKS: dict[str, list[str]] = {
 }
 
 
+# row -> the functions that make its check ("module:qualified name"), what they return switched off, and
+# the row's tests that go through them (None: all of them)
+GUARDS: dict[str, tuple[tuple[str, ...], str, list[str] | None]] = {
+    # the version, limits, field rules and shard names; reading the JSON and keeping shards inside the folder
+    # are checked elsewhere (read_manifest, shard_path), so their tests do not go through it
+    "manifest: JSON, version, limits, field rules, shard names, shards inside the folder": (
+        ("fastdata.format.manifest:_validate",), "None", ["test_dataset.py::test_hostile_manifest_is_rejected"]),
+    # the shard's first sample; the dataset, dtype and shape checks are inline where each column is opened
+    "HDF5: every field's dataset, dtype, shape; ragged offsets; data inside the file; the shard's first "
+    "sample (`fastdata_start`)": (
+        ("fastdata.format.hdf5:ShardReader._check_start",), "None", ["test_reliability_read.py::test_swapped_shards_are_refused"]),
+    "the shard's size has not changed since it was opened": (
+        ("fastdata.format.shardio:ShardReaderBase._check_unchanged",), "None", None),
+    "LMDB: its last page lies inside the file; the shard's own record of its first sample, count and schema": (
+        ("fastdata.format.lmdb:ShardReader._check_meta", "fastdata.format.lmdb:ShardReader._check_shard_record"), "None", None),
+    # only the reads copied from the map: reads through LMDB compare the header inline in ShardReader's
+    # read loop (test_ragged_records_read_through_lmdb_compare_their_header_on_every_read), no function to switch off
+    "LMDB: the record's header (magic, field count, payload sizes) is the one that first read found": (
+        ("fastdata.format.lmdb:ShardReader._check_mapped_headers",), "None",
+        ["test_lmdb_reread.py::test_a_record_header_rewritten_in_place_after_the_first_read_raises"]),
+    "checksum of every shard": (("fastdata.verify:_check_shard",), "None", None),
+    "labels within the class list; each sample as decoded": (("fastdata.verify:check_samples",), "(0, [])", None),
+}
+
+_SWITCH_OFF = """
+import importlib
+
+for guard in {guards!r}:
+    module, _, qualname = guard.partition(":")
+    obj = importlib.import_module(module)
+    *path, name = qualname.split(".")
+    for part in path:
+        obj = getattr(obj, part)
+    getattr(obj, name)  # the guard must exist: a rename fails here, not silently
+    setattr(obj, name, lambda *args, **kwargs: {off})
+"""
+
+
 def table_rows() -> list[str]:
     """The first cell of every row of the table under TABLE_HEADING."""
     text = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
@@ -89,3 +134,32 @@ def test_each_listed_test_exists(row):
         tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         assert name in defined, f"{ref} (for {row!r}) does not exist"
+
+
+def _run_switched_off(tmp_path: Path, guards: tuple[str, ...], off: str, refs: list[str]) -> tuple[int, str]:
+    (tmp_path / "sitecustomize.py").write_text(_SWITCH_OFF.format(guards=guards, off=off))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE",
+                        *(f"tests/{ref}" for ref in refs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return r.returncode, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("row", list(GUARDS))
+def test_each_listed_test_fails_with_its_check_switched_off(row, tmp_path):
+    guard, off, refs = GUARDS[row]  # guard: the functions switched off
+    refs = refs or CHECKS[row]
+    code, out = _run_switched_off(tmp_path, guard, off, refs)
+    if code < 0:  # killed by a signal (a SIGBUS where the check is gone): which test, one run each
+        for ref in refs:
+            code, out = _run_switched_off(tmp_path, guard, off, [ref])
+            assert code == 1 or code < 0, f"{ref} passes with {guard} switched off\n{out[-3000:]}"
+        return
+    assert code == 1, out[-3000:]  # 1: tests ran and some failed (not a usage or collection error)
+    failed = {ln.split()[1].split("[")[0] for ln in out.splitlines() if ln.startswith(("FAILED ", "ERROR "))}
+    for ref in refs:
+        assert f"tests/{ref}" in failed, f"{ref} passes with {guard} switched off\n{out[-3000:]}"
+
+
+def test_every_guard_is_for_a_row_of_the_table_and_its_tests():
+    for row, (_, _, refs) in GUARDS.items():
+        assert row in CHECKS and set(refs or []) <= set(CHECKS[row]), row
