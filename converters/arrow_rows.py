@@ -11,7 +11,7 @@ import numpy as np
 
 from fastdata.errors import DataError
 
-__all__ = ["BATCH_ROWS", "ArrowRows", "is_arrow"]
+__all__ = ["ArrowRows", "BATCH_ROWS", "is_arrow"]
 
 BATCH_ROWS = 1024
 

@@ -18,7 +18,7 @@ from fastdata.format import FieldSpec
 from fastdata.handles import PerProcessHandle
 
 from .config import ConvertConfig
-from .objects import PROBE_SAMPLES, type_name_of, check_unique
+from .objects import PROBE_SAMPLES, check_unique, type_name_of
 from .sample_fields import infer_schema
 
 __all__ = ["SpoolSource", "spool_iterable"]

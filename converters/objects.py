@@ -35,7 +35,7 @@ from .arrow_rows import BATCH_ROWS, ArrowRows, is_arrow
 from .config import ConvertConfig
 from .sample_fields import SampleSchema, infer_schema
 
-__all__ = ["PROBE_SAMPLES", "ObjectRef", "ObjectSource", "check_unique", "is_python_source", "live", "object_source",
+__all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "check_unique", "is_python_source", "live", "object_source",
            "type_name_of"]
 
 PROBE_SAMPLES = 16  # the schema comes from this many first samples
