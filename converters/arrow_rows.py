@@ -5,6 +5,7 @@ row), other columns (strings, bytes, images, ragged lists) Python values per row
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -24,34 +25,43 @@ def is_arrow(obj: Any) -> bool:
 
 
 class ArrowRows:
-    """Row ``j`` of ``obj`` as {column: value}, from a cached batch of :data:`BATCH_ROWS` rows."""
+    """Row ``j`` of ``obj`` as {column: value}, from a cached batch of :data:`BATCH_ROWS` rows (each Arrow
+    chunk of the batch converted on its own: nothing is copied to join chunks)."""
 
     def __init__(self, obj: Any) -> None:
         self._plain = type(obj).__module__.split(".")[0] == "pyarrow"
         self._table = obj if self._plain else obj.with_format("arrow")
         self._len = obj.num_rows if self._plain else len(obj)
         self._start = -1
-        self._cols: dict[str, Any] = {}
         self._n = 0
+        self._cols: dict[str, tuple[list[int], list[Any]]] = {}  # column -> (chunk starts, chunk values)
 
     def row(self, j: int) -> dict[str, Any]:
         if not self._start <= j < self._start + self._n:
             self._load(j - j % BATCH_ROWS)
         k = j - self._start
-        return {name: col[k] for name, col in self._cols.items()}
+        out = {}
+        for name, (starts, chunks) in self._cols.items():
+            c = bisect.bisect_right(starts, k) - 1
+            out[name] = chunks[c][k - starts[c]]
+        return out
 
     def _load(self, start: int) -> None:
         stop = min(start + BATCH_ROWS, self._len)
         batch = self._table.slice(start, stop - start) if self._plain else self._table[start:stop]
-        self._cols = {name: column_values(batch.column(name), name) for name in batch.column_names}
+        self._cols = {}
+        for name in batch.column_names:
+            chunks = [c for c in batch.column(name).chunks if len(c)]
+            starts = np.cumsum([0] + [len(c) for c in chunks[:-1]]).tolist()
+            self._cols[name] = (starts, [column_values(c, name) for c in chunks])
         self._start, self._n = start, stop - start
 
 
 def column_values(col: Any, name: str) -> Any:
-    """A batch of one column as a numpy array of rows (numbers, fixed-shape arrays) or a list of values."""
+    """One Arrow array (a chunk of a column) as a numpy array of rows (numbers, fixed-shape arrays) or a list of values."""
     import pyarrow as pa
 
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    arr = col
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage  # e.g. datasets' Array2D..Array5D: nested lists underneath
     if arr.null_count:

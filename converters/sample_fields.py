@@ -11,8 +11,9 @@ ragged uint8 field. A ``key`` entry names the sample instead of its index.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 from PIL import Image
@@ -64,6 +65,8 @@ def as_dict(raw: Any, names: Sequence[str] | None, where: str) -> dict[str, Any]
 
 def _array(v: Any, where: str) -> np.ndarray:
     """A numeric value as an array: numpy, torch (copied off its device), a number or a list of numbers."""
+    if isinstance(v, np.ndarray) and v.dtype.kind in "biufc":
+        return v
     if type(v).__module__.split(".")[0] == "torch" and hasattr(v, "detach"):
         v = v.detach().cpu().numpy()
     a = np.asarray(v)
@@ -74,6 +77,8 @@ def _array(v: Any, where: str) -> np.ndarray:
 
 
 def _kind(v: Any, where: str) -> Kind:
+    if isinstance(v, np.ndarray):
+        return "array"
     if isinstance(v, str):
         return "string"
     if isinstance(v, Image.Image):
