@@ -5,9 +5,11 @@ gives the shards of an uninterrupted run."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -108,17 +110,19 @@ def test_iterable_reads_back_equal_and_keys_come_from_a_key_field(tmp_path):
 def test_hugging_face_dataset_reads_back_equal(tmp_path):
     datasets = pytest.importorskip("datasets")
     feats = datasets.Features({"x": datasets.Array2D((4, 3), "float32"), "v": datasets.Sequence(datasets.Value("int32")),
-                               "text": datasets.Value("string"), "label": datasets.ClassLabel(names=["a", "b"])})
+                               "text": datasets.Value("string"), "label": datasets.ClassLabel(names=["a", "b"]),
+                               "img": datasets.Image()})
     rng = np.random.default_rng(0)
     rows = {"x": [rng.random((4, 3), dtype=np.float32) for _ in range(50)],
             "v": [list(range(i % 4 + 1)) for i in range(50)], "text": [f"t{i}" for i in range(50)],
-            "label": [i % 2 for i in range(50)]}
+            "label": [i % 2 for i in range(50)], "img": [_image(i, (6, 5)) for i in range(50)]}
     hf = datasets.Dataset.from_dict(rows, features=feats).select(range(49, -1, -1))  # an index mapping too
     fastdata.convert(hf, tmp_path / "ds", _config(shard_size=1024))
     for i, s in enumerate(_read(tmp_path / "ds")):
         j = 49 - i
         assert np.array_equal(s["x"], rows["x"][j]) and s["x"].dtype == np.float32
         assert np.array_equal(s["v"], rows["v"][j]) and s["text"] == rows["text"][j] and int(s["label"]) == j % 2
+        assert np.array_equal(s["img"], np.asarray(rows["img"][j]))  # stored by datasets as PNG bytes, kept encoded
 
 
 def test_pyarrow_table_reads_back_equal(tmp_path):
@@ -208,17 +212,15 @@ def test_kill_and_resume_gives_the_shards_of_an_uninterrupted_run(tmp_path, work
         path.write_text(textwrap.dedent(_SCRIPT.format(workers=workers, resume=resume)))
         return path
 
-    env = {"PYTHONPATH": str(ROOT), "FASTDATA_FAULT": fault, "FASTDATA_FAULT_READY": str(tmp_path / "ready")}
-    proc = subprocess.Popen([sys.executable, script(False), tmp_path / "ds"], env=env)
-    import time
-
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    fault_env = {**env, "FASTDATA_FAULT": fault, "FASTDATA_FAULT_READY": str(tmp_path / "ready")}
+    proc = subprocess.Popen([sys.executable, script(False), tmp_path / "ds"], env=fault_env)
     deadline = time.monotonic() + 60
     while not (tmp_path / "ready").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (tmp_path / "ready").exists(), "the conversion never reached the fault point"
     kill(proc)
     assert not (tmp_path / "ds" / "manifest.json").exists()
-    env = {"PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, script(True), tmp_path / "ds"], env=env, check=True, timeout=120)
     subprocess.run([sys.executable, script(False), tmp_path / "whole"], env=env, check=True, timeout=120)
     same_dataset(tmp_path / "whole", tmp_path / "ds")
