@@ -65,8 +65,7 @@ def column_values(col: Any, name: str) -> Any:
     if isinstance(arr, pa.ExtensionArray):
         arr = arr.storage  # e.g. datasets' Array2D..Array5D: nested lists underneath
     if arr.null_count:
-        raise DataError(f"column {name!r}: has {arr.null_count} missing value(s) in rows "
-                        f"{_first_null(arr)}..: fill or drop them before converting")
+        return arr.to_pylist()  # a missing value (None) is then refused, or skipped, for its own sample
     fixed = _fixed_numpy(arr)
     if fixed is not None:
         return fixed
@@ -118,6 +117,3 @@ def _image_bytes(r: dict[str, Any], name: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
 
-
-def _first_null(arr: Any) -> int:
-    return int(np.flatnonzero(np.asarray(arr.is_null()))[0])

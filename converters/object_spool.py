@@ -102,7 +102,7 @@ def spool_iterable(it: Iterable[Any], path: str, config: ConvertConfig, names: S
     head = list(itertools.islice(samples, PROBE_SAMPLES))
     if not head:
         raise UsageError(f"{type_name}: has no samples")
-    schema = infer_schema([s for _, s in head], names, config.images, ragged)
+    schema = infer_schema(head, names, config.images, ragged, config.skip_bad)
     offsets, nbytes, keys, skipped = [0], [], [], []
     rows: dict[str, list[int]] = {f.name: [] for f in schema.fields if f.ragged}
     with open(path, "wb") as out:

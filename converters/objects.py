@@ -186,15 +186,38 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
     if n == 0:
         raise UsageError(f"{type_name_of(obj)}: has no samples")
     src = ObjectSource(ref, SampleSchema((), None, False), n, 0, type_name_of(obj), arrow)
-    first = [src.get(j) for j in range(min(n, PROBE_SAMPLES))]
-    schema = infer_schema(first, names, config.images, ragged)
-    nbytes = [sum(a.nbytes for a in schema.encode(s, j)[0].values()) for j, s in enumerate(first)]
-    src = replace(src, schema=schema, nbytes_est=int(np.ceil(np.mean(nbytes))))
+    first = _probe(src, min(n, PROBE_SAMPLES), config.skip_bad)
+    schema = infer_schema(first, names, config.images, ragged, config.skip_bad)
+    encoded = []
+    for j, s in first:
+        try:
+            encoded.append((j, s, schema.encode(s, j)[0]))
+        except DataError:
+            if not config.skip_bad:
+                raise
+    if not encoded:  # every first sample is bad: say why the first one is
+        schema.encode(first[0][1], first[0][0])
+    src = replace(src, schema=schema, nbytes_est=int(np.ceil(np.mean([sum(a.nbytes for a in e.values())
+                                                                       for _, _, e in encoded]))))
     if not arrow:
-        _warn_if_random(obj, src, first[0])
+        _warn_if_random(src, encoded[0][0], encoded[0][2])
     if schema.keyed or config.skip_bad:
         src = _check_all(src, config, progress)
     return src
+
+
+def _probe(src: ObjectSource, k: int, skip_bad: bool) -> list[tuple[int, Any]]:
+    """The first ``k`` samples (with ``skip_bad``, those the object could give) for the schema."""
+    out = []
+    for j in range(k):
+        try:
+            out.append((j, src.get(j)))
+        except DataError:
+            if not skip_bad:
+                raise
+    if not out:
+        src.get(0)  # raises: the first sample's error is the one to show
+    return out
 
 
 def type_name_of(obj: Any) -> str:
@@ -211,15 +234,15 @@ def _rng_states() -> tuple[Any, ...]:
     return tuple(states)
 
 
-def _warn_if_random(obj: Any, src: ObjectSource, first: Any) -> None:
-    """Warn when ``__getitem__`` draws from a global generator or gives sample 0 twice differently."""
+def _warn_if_random(src: ObjectSource, j: int, a: dict[str, np.ndarray]) -> None:
+    """Warn when ``__getitem__`` draws from a global generator, or gives sample ``j`` (encoded: ``a``) differently twice."""
     before = _rng_states()
-    again = src.get(0)
+    again = src.get(j)
     drew = _rng_states() != before
-    a, b = src.schema.encode(first, 0)[0], src.schema.encode(again, 0)[0]
+    b = src.schema.encode(again, j)[0]
     if drew or a.keys() != b.keys() or not all(np.array_equal(a[k], b[k]) for k in a):
         warnings.warn(f"{src.type_name}.__getitem__ is random (it draws from a global random generator, or gives "
-                      "sample 0 differently twice): the conversion stores one draw of each sample. Convert the "
+                      f"sample {j} differently twice): the conversion stores one draw of each sample. Convert the "
                       "deterministic loading and apply random transforms when reading (docs/convert.md, "
                       "'From your own Dataset')", UserWarning, stacklevel=4)
 

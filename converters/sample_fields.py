@@ -131,7 +131,7 @@ class FieldPlan:
 
     def encode(self, v: Any, where: str) -> dict[str, np.ndarray]:
         """The stored arrays of value ``v``; a value that disagrees with the plan raises DataError naming ``where``."""
-        kind = _kind(v, where)
+        kind = _kind(v, f"{where}: {self.name!r}")
         if kind != self.kind:
             raise DataError(f"{where}: {self.name!r} is a {kind}, the first samples had a {self.kind}")
         if kind == "string":
@@ -202,21 +202,38 @@ class SampleSchema:
         return out, None if key is None else str(key)
 
 
-def infer_schema(samples: list[Any], names: Sequence[str] | None, images: ImageOptions | None,
-                 ragged: Sequence[str]) -> SampleSchema:
-    """The schema of the first ``samples`` (all of them agree on each entry's kind, dtype and trailing shape)."""
-    dicts = [as_dict(s, names, f"sample {i}") for i, s in enumerate(samples)]
-    keyed = KEY_FIELD in dicts[0]
-    first = [k for k in dicts[0] if k != KEY_FIELD]
+def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, images: ImageOptions | None,
+                 ragged: Sequence[str], skip_bad: bool = False) -> SampleSchema:
+    """The schema of the first ``samples`` ((index, sample) pairs; all of them agree on each entry's kind,
+    dtype and trailing shape). With ``skip_bad``, a sample that cannot be stored on its own is left out."""
+    if skip_bad:
+        good = [(i, s) for i, s in samples if _usable(i, s, names, images, ragged)]
+        samples = good or samples[:1]  # none usable: the first one's error is the one to show
+    return _infer(samples, names, images, ragged)
+
+
+def _usable(i: int, s: Any, names: Sequence[str] | None, images: ImageOptions | None, ragged: Sequence[str]) -> bool:
+    try:
+        _infer([(i, s)], names, images, ()).encode(s, i)
+        return True
+    except DataError:
+        return False
+
+
+def _infer(samples: list[tuple[int, Any]], names: Sequence[str] | None, images: ImageOptions | None,
+           ragged: Sequence[str]) -> SampleSchema:
+    dicts = [(i, as_dict(s, names, f"sample {i}")) for i, s in samples]
+    keyed = KEY_FIELD in dicts[0][1]
+    first = [k for k in dicts[0][1] if k != KEY_FIELD]
     unknown = set(ragged) - set(first)
     if unknown:
         raise UsageError(f"%(ragged) names {sorted(unknown)[0]!r}, which the samples do not have")
     plans = []
     for name in first:
         if not isinstance(name, str) or not _NAME_RE.match(name) or name.endswith(SHAPE_SUFFIX):
-            raise UsageError(f"sample 0: {name!r} is not a field name (letters, digits, _ . -; not ending in "
+            raise UsageError(f"sample {dicts[0][0]}: {name!r} is not a field name (letters, digits, _ . -; not ending in "
                              f"{SHAPE_SUFFIX})")
-        vals = [(i, d[name]) for i, d in enumerate(dicts) if name in d]
+        vals = [(i, d[name]) for i, d in dicts if name in d]
         plans.append(_plan(name, vals, images, name in ragged))
     return SampleSchema(tuple(plans), tuple(names) if names is not None else None, keyed)
 
@@ -224,6 +241,9 @@ def infer_schema(samples: list[Any], names: Sequence[str] | None, images: ImageO
 def _plan(name: str, vals: list[tuple[int, Any]], images: ImageOptions | None, ragged: bool) -> FieldPlan:
     i0, v0 = vals[0]
     kind = _kind(v0, f"sample {i0}: {name!r}")
+    for i, v in vals[1:]:
+        if (k := _kind(v, f"sample {i}: {name!r}")) != kind:
+            raise DataError(f"sample {i}: {name!r} is a {k}, sample {i0} a {kind}")
     if kind == "string":
         return FieldPlan(name, kind, np.dtype("|u1"), (None,))
     if kind == "image":

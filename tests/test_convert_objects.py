@@ -156,6 +156,18 @@ def test_skip_bad_leaves_the_sample_out_and_keeps_the_indices_as_keys(tmp_path):
     assert ds.keys([32, 33]) == ["32", "34"] and int(ds[33]["label"]) == 34
 
 
+def test_skip_bad_among_the_first_samples_of_an_iterable(tmp_path):
+    def gen():
+        for i in range(20):
+            yield {"x": None if i == 2 else np.full(2, i, np.float32)}
+
+    with pytest.raises(DataError, match=r"^sample 2: 'x': a NoneType cannot be stored"):
+        fastdata.convert(gen(), tmp_path / "a", _config())
+    report = fastdata.convert(gen(), tmp_path / "b", _config(skip_bad=True))
+    assert report.samples == 19 and [p for p, _ in report.skipped] == ["sample 2"]
+    assert fastdata.open(tmp_path / "b").keys([1, 2]) == ["1", "3"]
+
+
 class RandomCrop(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 4
