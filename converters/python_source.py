@@ -51,8 +51,9 @@ def python_source(obj: Any, config: ConvertConfig, progress: Progress | None, na
     for opt, name in ((config.meta_types, "meta_types"), (config.no_labels, "no_labels"), (config.strict, "strict")):
         if opt:
             raise UsageError(f"%({name}) applies to file sources, not to Python objects")
-    if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
-        raise UsageError(f"%(fields) must be a tuple of field names, not {names!r}")
+    for given, what in ((names, "fields"), (ragged, "ragged")):
+        if given is not None and (isinstance(given, str) or not all(isinstance(n, str) for n in given)):
+            raise UsageError(f"%({what}) must be a tuple of field names, not {given!r}")
     mode = read_mode(obj)
     if mode != "iterable":
         with live(obj, config.write.workers or usable_cpus()) as ref:

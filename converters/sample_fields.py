@@ -209,7 +209,11 @@ def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, im
     if skip_bad:
         good = [(i, s) for i, s in samples if _usable(i, s, names, images, ragged)]
         samples = good or samples[:1]  # none usable: the first one's error is the one to show
-    return _infer(samples, names, images, ragged)
+    schema = _infer(samples, names, images, ragged)
+    if images is not None and not any(p.kind == "image" for p in schema.plans):
+        raise UsageError("image options (%(images)) apply to images, and the samples have none (PIL images or "
+                         "image bytes)")
+    return schema
 
 
 def _usable(i: int, s: Any, names: Sequence[str] | None, images: ImageOptions | None, ragged: Sequence[str]) -> bool:

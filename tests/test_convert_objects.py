@@ -94,6 +94,17 @@ def test_dataset_of_tuples_named_by_fields(tmp_path):
         fastdata.convert(src, tmp_path / "ds2", _config())
 
 
+def test_pil_images_re_encoded_as_asked(tmp_path):
+    config = _config(images=fastdata.ImageOptions("jpeg", quality=95))
+    fastdata.convert(TupleDataset(), tmp_path / "ds", config, fields=("jpeg", "thumb", "pose"))
+    ds = fastdata.open(tmp_path / "ds")
+    assert {f.name: f.encoding for f in ds.manifest.fields}["thumb"] == "image"
+    assert ds.column("thumb_codec").tolist() == [1] * len(ds)  # JPEG
+    buf = io.BytesIO()
+    TupleDataset()[3][1].save(buf, "JPEG", quality=95, optimize=True)  # what PIL makes of it at quality 95
+    assert np.array_equal(ds[3]["thumb"], np.asarray(Image.open(buf)))
+
+
 def test_iterable_reads_back_equal_and_keys_come_from_a_key_field(tmp_path):
     def gen():
         for i in range(30):
@@ -203,6 +214,10 @@ def test_options_that_do_not_apply_are_refused(tmp_path):
         fastdata.convert(Bad(), tmp_path / "a", fastdata.ConvertConfig(write=fastdata.WriteOptions(engine="ray")))
     with pytest.raises(UsageError, match="fields and ragged apply to Python sources"):
         fastdata.convert(tmp_path, tmp_path / "b", fields=("x",))
+    with pytest.raises(UsageError, match=r"ragged must be a tuple of field names, not 'x'"):
+        fastdata.convert(Bad(), tmp_path / "d", ragged="x")
+    with pytest.raises(UsageError, match=r"image options \(images\) apply to images, and the samples have none"):
+        fastdata.convert(Bad(), tmp_path / "e", fastdata.ConvertConfig(images=fastdata.ImageOptions("raw")))
     with pytest.raises(UsageError, match="not a dataset"):
         fastdata.convert({"x": 1}, tmp_path / "c")
 
