@@ -43,9 +43,9 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
     are relative to the folder ``src``; its other columns become fields. ``src`` may also be Python samples:
     a map-style Dataset (``__len__``/``__getitem__``, read in worker processes), an iterable, or a Hugging
     Face dataset; a sample is a dict, or a tuple whose items ``fields`` names; ``ragged`` names the fields
-    whose first axis varies when the first samples do not show it (docs/convert.md, "From your own Dataset"). ``dst``: a folder, or a URL
-    (``s3://bucket/ds``: shards are uploaded as each is finished, the manifest last). ``config``: how
-    (shards, images, policies; :class:`ConvertConfig`). ``progress``: told of each phase and sample.
+    whose first axis varies when the first samples do not show it (docs/convert.md, "From your own
+    Dataset"). ``dst``: a folder, or a URL (``s3://bucket/ds``: shards are uploaded as each is finished,
+    the manifest last). ``config``: how (shards, images, policies; :class:`ConvertConfig`). ``progress``: told of each phase and sample.
     Bad arguments raise :class:`fastdata.errors.UsageError` (a ``ValueError``), bad input ``DataError``.
     """
     t0 = time.perf_counter()
