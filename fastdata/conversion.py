@@ -46,7 +46,8 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
     whose first axis varies when the first samples do not show it (docs/convert.md, "From your own
     Dataset"). ``dst``: a folder, or a URL (``s3://bucket/ds``: shards are uploaded as each is finished,
     the manifest last). ``config``: how (shards, images, policies; :class:`ConvertConfig`). ``progress``:
-    told of each phase and sample. Bad arguments raise :class:`fastdata.errors.UsageError` (a ``ValueError``), bad input ``DataError``.
+    told of each phase and sample. Bad arguments raise :class:`fastdata.errors.UsageError` (a
+    ``ValueError``), bad input ``DataError``.
     """
     t0 = time.perf_counter()
     config = config if config is not None else ConvertConfig()
