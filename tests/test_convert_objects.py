@@ -179,6 +179,25 @@ def test_skip_bad_among_the_first_samples_of_an_iterable(tmp_path):
     assert fastdata.open(tmp_path / "b").keys([1, 2]) == ["1", "3"]
 
 
+class Keyed(torch.utils.data.Dataset):
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"key": self.keys[i], "x": np.full(2, i, np.int32)}
+
+
+def test_a_key_field_names_the_samples_and_duplicates_are_refused_before_writing(tmp_path):
+    fastdata.convert(Keyed([f"img/{i}.png" for i in range(12)]), tmp_path / "ds", _config())
+    assert fastdata.open(tmp_path / "ds").keys([0, 11]) == ["img/0.png", "img/11.png"]
+    with pytest.raises(DataError, match=r"^samples 3 and 7 have the same key 'a'"):
+        fastdata.convert(Keyed(["x", "y", "z", "a", "b", "c", "d", "a"]), tmp_path / "dup", _config())
+    assert not (tmp_path / "dup").exists() or not any((tmp_path / "dup").iterdir())
+
+
 class RandomCrop(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 4
