@@ -12,7 +12,8 @@ measurement bug, benchmarks/_harness.py ``check_ceiling``), and so does this scr
 
 Not in ``SUITES`` (opt-in, each run by hand; docs/benchmarks.md says how): ``bench_scale.py``
 (starts Ray clusters), ``bench_augment_targets.py`` (needs kornia), ``bench_gpu.py`` (needs CUDA),
-``bench_cold_large.py`` (a dataset larger than RAM).
+``bench_cold_large.py`` (a dataset larger than RAM), ``bench_convert_objects.py`` (Python objects against
+files, a raw copy, LitData and FFCV where installed).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ HERE = Path(__file__).resolve().parent
 SUITES = ["get_batch", "loader", "raw", "choices", "fields", "images", "dali", "train", "tune", "remote",
           "augment_views", "lmdb_check", "cold", "inplace", "jpeg_crop"]
 OPT_IN = {"scale": "starts Ray clusters", "augment_targets": "needs kornia", "gpu": "needs CUDA",
-          "cold_large": "writes a dataset larger than RAM (about 30 GB here)"}
+          "cold_large": "writes a dataset larger than RAM (about 30 GB here)",
+          "convert_objects": "compares with LitData and FFCV where they are installed; needs the hf extra"}
 
 
 def _suite(name: str, out: str, quick: bool) -> tuple[str, bool]:

@@ -5,7 +5,8 @@ Installed as ``fastdata.converters`` (the repository keeps the folder at its top
 the kind takes it as a whole (a table, a file of named arrays), a ``detect(request)`` that says whether
 it takes the input, and a ``scan(request, config, progress)`` that checks the whole input before
 anything is written and returns the :class:`fastdata.write.Source` the write engine reads. Importing a
-kind's module registers it; adding a source is one module plus its import below.
+kind's module registers it; adding a source is one module plus its import below. Python objects (a
+Dataset, an iterable, a Hugging Face dataset) are not paths: python_source.py makes their Source.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
 __all__ = ["DEFAULT_QUALITY", "IMAGE_EXTENSIONS", "ImageOptions", "OPEN_FORMATS", "PNG_COMPRESS_LEVEL", "Prepared",
-           "RESAMPLE", "ResizePlan", "check_pil_settings", "encode", "is_image_file", "prepare", "read_source",
-           "resize", "resize_plan", "to_mode"]
+           "RESAMPLE", "ResizePlan", "check_pil_settings", "encode", "is_image_file", "prepare", "prepare_bytes",
+           "prepare_image", "read_source", "resize", "resize_plan", "to_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -125,31 +125,42 @@ def read_source(path: str) -> bytes:
 
 def prepare(path: str, opts: ImageOptions) -> Prepared:
     """Convert the image at ``path``; any problem with it raises DataError naming the file."""
+    return prepare_bytes(read_source(path), path, opts)
+
+
+def prepare_bytes(data: bytes, where: str, opts: ImageOptions) -> Prepared:
+    """Convert an encoded image (a file's bytes); a JPEG already as asked is kept byte for byte.
+    Any problem raises DataError naming ``where``."""
     check_pil_settings()
-    data = read_source(path)
     crc = zlib.crc32(data)
-    im = _open(path, data)
+    im = _open(where, data)
     try:
-        _load(path, im)
-        orientation = _orientation(path, im)
+        _load(where, im)
+        orientation = _orientation(where, im)
         # MPO (several JPEGs in one file, from some cameras) decodes as its first image, like PIL's frame 0
         if opts.images == "encoded" and im.format in ("JPEG", "MPO") and im.mode == opts.mode and orientation == 1:
             shape = (im.height, im.width, opts.channels)
             return Prepared(np.frombuffer(data, dtype=np.uint8), shape, CODEC_JPEG, True, crc, shape[:2])
-        try:
-            upright = _transpose(to_mode(im, opts.mode), orientation)
-            original = (upright.height, upright.width)
-            out = resize(upright, opts)
-            shape = (out.height, out.width, opts.channels)
-            if opts.images == "raw":
-                return Prepared(np.asarray(out, dtype=np.uint8).reshape(shape), shape, 0, False, crc, original)
-            codec = CODEC_JPEG if opts.images == "jpeg" or opts.quality is not None else CODEC_PNG
-            payload = np.frombuffer(encode(out, codec, opts.quality), dtype=np.uint8)
-        except (OSError, ValueError) as e:  # PIL cannot convert or encode this image
-            raise DataError(f"{path}: cannot convert ({type(e).__name__}: {e})") from None
+        out = prepare_image(_transpose(im, orientation), where, opts)
     finally:
         im.close()
-    return Prepared(payload, shape, codec, False, crc, original)
+    return Prepared(out.payload, out.shape, out.codec, False, crc, out.original)
+
+
+def prepare_image(im: Image.Image, where: str, opts: ImageOptions) -> Prepared:
+    """Convert a decoded, upright PIL image (colour mode, resize) to raw pixels or encoded bytes (PNG, or
+    JPEG when asked); ``crc`` is 0 (there is no source file), ``original`` its size before the resize."""
+    original = (im.height, im.width)
+    try:
+        out = resize(to_mode(im, opts.mode), opts)
+        shape = (out.height, out.width, opts.channels)
+        if opts.images == "raw":
+            return Prepared(np.asarray(out, dtype=np.uint8).reshape(shape), shape, 0, False, 0, original)
+        codec = CODEC_JPEG if opts.images == "jpeg" or opts.quality is not None else CODEC_PNG
+        payload = np.frombuffer(encode(out, codec, opts.quality), dtype=np.uint8)
+    except (OSError, ValueError) as e:  # PIL cannot convert or encode this image
+        raise DataError(f"{where}: cannot convert ({type(e).__name__}: {e})") from None
+    return Prepared(payload, shape, codec, False, 0, original)
 
 
 def _open(path: str, data: bytes) -> Image.Image:

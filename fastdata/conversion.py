@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
+from .converters.objects import is_python_source
+from .converters.python_source import python_source
 from .errors import FastdataError, UsageError
 from .remote import is_url
 from .write import ConvertReport, Progress, Source, write_dataset
@@ -27,9 +29,10 @@ PathLike = str | os.PathLike[str]
 __all__ = ["convert", "merge"]
 
 
-def convert(src: PathLike | None, dst: PathLike, config: ConvertConfig | None = None, *,
+def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = None, *,
             labels: PathLike | None = None, arrays: Mapping[str, PathLike] | None = None,
-            meta: PathLike | None = None, progress: Progress | None = None) -> ConvertReport:
+            meta: PathLike | None = None, progress: Progress | None = None,
+            fields: Sequence[str] | None = None, ragged: Sequence[str] = ()) -> ConvertReport:
     """Convert ``src`` into a dataset at ``dst`` and say what was written (samples, shards, bytes, skipped).
 
     ``src``: a folder of per-sample ``.npy``/``.npz`` files or of images (labels from class sub-folders,
@@ -37,15 +40,28 @@ def convert(src: PathLike | None, dst: PathLike, config: ConvertConfig | None = 
     (``labels`` then names a ``.npy`` of labels), or a metadata table (CSV, JSON Lines, Parquet) whose
     ``path`` column names the samples relative to its folder. ``arrays`` maps field names to large
     ``.npy`` arrays (``src`` None, or the array of field ``x``). ``meta``: a metadata table whose paths
-    are relative to the folder ``src``; its other columns become fields. ``dst``: a folder, or a URL
-    (``s3://bucket/ds``: shards are uploaded as each is finished, the manifest last). ``config``: how
-    (shards, images, policies; :class:`ConvertConfig`). ``progress``: told of each phase and sample.
-    Bad arguments raise :class:`fastdata.errors.UsageError` (a ``ValueError``), bad input ``DataError``.
+    are relative to the folder ``src``; its other columns become fields. ``src`` may also be Python samples:
+    a map-style Dataset (``__len__``/``__getitem__``, read in worker processes), an iterable, or a Hugging
+    Face dataset; a sample is a dict, or a tuple whose items ``fields`` names; ``ragged`` names the fields
+    whose first axis varies when the first samples do not show it (docs/convert.md, "From your own
+    Dataset"). ``dst``: a folder, or a URL (``s3://bucket/ds``: shards are uploaded as each is finished,
+    the manifest last). ``config``: how (shards, images, policies; :class:`ConvertConfig`). ``progress``:
+    told of each phase and sample. Bad arguments raise :class:`fastdata.errors.UsageError` (a
+    ``ValueError``), bad input ``DataError``.
     """
     t0 = time.perf_counter()
     config = config if config is not None else ConvertConfig()
     if not isinstance(config, ConvertConfig):
         raise UsageError(f"%(config) must be a ConvertConfig, not {type(config).__name__}")
+    if is_python_source(src):
+        if labels is not None or arrays or meta is not None:
+            raise UsageError("%(labels), %(arrays) and %(meta) apply to file sources; with Python samples, put "
+                             "those values in each sample")
+        report = _convert_python(src, dst, config, progress, fields, ragged)
+        report.seconds = time.perf_counter() - t0
+        return report
+    if fields is not None or ragged:
+        raise UsageError("%(fields) and %(ragged) apply to Python sources (a Dataset, an iterable), not to paths")
     url = dst if isinstance(dst, str) and is_url(dst) else None
     if url is None:
         refuse_broken_url(dst)
@@ -65,6 +81,20 @@ def convert(src: PathLike | None, dst: PathLike, config: ConvertConfig | None = 
     report = _write(source, target, upload, req.inputs, config, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report
+
+
+def _convert_python(obj: Any, dst: PathLike, config: ConvertConfig, progress: Progress | None,
+                    names: Sequence[str] | None, ragged: Sequence[str]) -> ConvertReport:
+    """Convert Python samples (fastdata/converters/python_source.py) with the same write engine as files."""
+    url = dst if isinstance(dst, str) and is_url(dst) else None
+    if url is None:
+        refuse_broken_url(dst)
+    upload = _remote_target(dst, url, config)
+    target = upload.staging if upload is not None else Path(dst)
+    if upload is None:
+        _check_dst(target, [], config)
+    with python_source(obj, config, progress, names, ragged, target) as source:
+        return _write(source, target, upload, [], config, progress)
 
 
 def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> RemoteTarget | None:

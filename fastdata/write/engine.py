@@ -196,6 +196,7 @@ def _tasks(source: Source, fields: list[FieldSpec], opts: WriteOptions, target: 
     dst = target.remote.url if target.remote is not None else str(target.path)
     ragged = [f.name for f in source.fields if f.ragged]
     rows = {name: source.ragged_rows(name) for name in ragged}
+    known = all(v is not None for v in rows.values())  # else each part counts its rows when read (load_rows)
     tasks = []
     for i in own:
         name, (a, b) = names[i], plans[i]
@@ -204,7 +205,7 @@ def _tasks(source: Source, fields: list[FieldSpec], opts: WriteOptions, target: 
             expect = None
         tasks.append(ShardTask(
             part=source.part(a, b), fields=fields, backend=opts.backend, dst=dst, name=name, index=i,
-            start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items()},
+            start=a, count=b - a, ragged_rows={k: int(v[a:b].sum()) for k, v in rows.items() if v is not None} if known else None,
             compression=opts.compression, expect=expect, in_bytes=int(nbytes[a:b].sum()),
             trusted=expect is not None and name in target.trusted, remote=target.remote,
         ))

@@ -63,8 +63,9 @@ def fingerprint(source: Any) -> str:
     put(len(source))
     h.update(np.ascontiguousarray(source.sample_nbytes(), dtype="<i8").tobytes())
     for f in source.fields:
-        if f.ragged:
-            h.update(np.ascontiguousarray(source.ragged_rows(f.name), dtype="<i8").tobytes())
+        rows = source.ragged_rows(f.name) if f.ragged else None
+        if rows is not None:  # None: known only when read (Python objects)
+            h.update(np.ascontiguousarray(rows, dtype="<i8").tobytes())
     for attr in ("labels", "crcs"):  # per-sample values some sources compute at scan time
         v = getattr(source, attr, None)
         if isinstance(v, np.ndarray):

@@ -68,7 +68,7 @@ class ShardTask:
     index: int
     start: int
     count: int
-    ragged_rows: dict[str, int]
+    ragged_rows: dict[str, int] | None  # None: the part counts them by reading its samples (``load_rows()``)
     compression: str | None
     expect: ShardInfo | None = None
     in_bytes: int = 0  # the source bytes of its samples, for progress counted per shard
@@ -208,7 +208,8 @@ def _write(task: ShardTask, tmp: Path, report: Callable[[int, int], None] | None
     sent_n = sent_b = 0
     last = time.monotonic()
     half = task.count // 2
-    with impl.ShardWriter(tmp, task.fields, task.count, task.ragged_rows, task.compression, start=task.start) as w:
+    rows = task.ragged_rows if task.ragged_rows is not None else task.part.load_rows()
+    with impl.ShardWriter(tmp, task.fields, task.count, rows, task.compression, start=task.start) as w:
         for i in range(task.count):
             if i == half:
                 _fault.point("mid_shard", task.index)

@@ -1,0 +1,129 @@
+"""An iterable of Python samples as a source: one producer (this process) reads it once, checks and encodes
+every sample into a spool file beside the destination, and the write engine's workers write the shards
+from the spool in parallel. The spool is removed when the conversion ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from fastdata.errors import DataError, FastdataError, UsageError
+from fastdata.format import FieldSpec
+from fastdata.handles import PerProcessHandle
+
+from .config import ConvertConfig
+from .objects import PROBE_SAMPLES, check_unique, type_name_of
+from .sample_fields import infer_schema
+
+__all__ = ["SpoolSource", "spool_iterable"]
+
+
+@dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
+class SpoolSource(PerProcessHandle[int]):
+    """Encoded samples in a spool file (pickled dicts of arrays at ``offsets``), read with ``pread``."""
+
+    path: str
+    offsets: np.ndarray  # count + 1 byte offsets, of this part's samples
+    fields: list[FieldSpec]
+    nbytes: np.ndarray
+    rows: dict[str, np.ndarray]
+    type_name: str
+    keys: list[str] | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    kind: str = "python-iterable"
+    classes: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.nbytes)
+
+    @property
+    def bytes_in(self) -> int:
+        return int(self.nbytes.sum())
+
+    def sample_nbytes(self) -> np.ndarray:
+        return self.nbytes
+
+    def ragged_rows(self, name: str) -> np.ndarray:
+        return self.rows[name]
+
+    def sample_keys(self) -> list[str] | None:
+        return self.keys
+
+    def part(self, start: int, stop: int) -> "SpoolSource":
+        return replace(self, offsets=self.offsets[start:stop + 1], nbytes=self.nbytes[start:stop],
+                       rows={k: v[start:stop] for k, v in self.rows.items()}, keys=None)
+
+    def _open_handle(self) -> int:
+        return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+
+    @staticmethod
+    def _close_handle(handle: Any) -> None:
+        os.close(handle)
+
+    def read(self, i: int) -> dict[str, np.ndarray]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        data = os.pread(self.handle(), b - a, a)
+        if len(data) != b - a:
+            raise FastdataError(f"{self.path}: the conversion's spool file is shorter than written")
+        out: dict[str, np.ndarray] = pickle.loads(data)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "type": self.type_name, "samples": len(self)}
+
+
+def _samples(it: Iterable[Any], type_name: str) -> Iterable[tuple[int, Any]]:
+    """The iterable's samples with their index; its own errors become a DataError naming the index."""
+    iterator = iter(it)
+    for i in itertools.count():
+        try:
+            s = next(iterator)
+        except StopIteration:
+            return
+        except FastdataError:
+            raise
+        except Exception as e:
+            raise DataError(f"sample {i}: iterating {type_name} raised {type(e).__name__}: {e}") from None
+        yield i, s
+
+
+def spool_iterable(it: Iterable[Any], path: str, config: ConvertConfig, names: Sequence[str] | None,
+                   ragged: Sequence[str]) -> SpoolSource:
+    """Read ``it`` once into the spool file ``path``: every sample checked against the first samples' schema
+    (a bad one is an error naming its index, or skipped with ``skip_bad``)."""
+    type_name = type_name_of(it)
+    samples = iter(_samples(it, type_name))
+    head = list(itertools.islice(samples, PROBE_SAMPLES))
+    if not head:
+        raise UsageError(f"{type_name}: has no samples")
+    schema = infer_schema(head, names, config.images, ragged, config.skip_bad)
+    offsets, nbytes, keys, skipped = [0], [], [], []
+    rows: dict[str, list[int]] = {f.name: [] for f in schema.fields if f.ragged}
+    with open(path, "wb") as out:
+        for i, raw in itertools.chain(head, samples):
+            try:
+                arrays, key = schema.encode(raw, i)
+            except DataError as e:
+                if not config.skip_bad:
+                    raise DataError(f"{e} (pass %(skip_bad=True) to skip such samples)") from None
+                skipped.append((f"sample {i}", str(e)))
+                continue
+            data = pickle.dumps(arrays, protocol=pickle.HIGHEST_PROTOCOL)
+            out.write(data)
+            offsets.append(offsets[-1] + len(data))
+            nbytes.append(sum(a.nbytes for a in arrays.values()))
+            keys.append(key if key is not None else str(i))
+            for name, r in rows.items():
+                r.append(int(arrays[name].shape[0]))
+    if not nbytes:
+        raise DataError(f"{type_name}: every sample is bad, e.g. {skipped[0][1]}")
+    use_keys = keys if schema.keyed or skipped else None
+    check_unique(use_keys)
+    return SpoolSource(path, np.asarray(offsets, dtype=np.int64), schema.fields, np.asarray(nbytes, dtype=np.int64),
+                       {k: np.asarray(v, dtype=np.int64) for k, v in rows.items()}, type_name, use_keys, skipped)

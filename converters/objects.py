@@ -1,0 +1,302 @@
+"""Python objects as sources: a map-style Dataset (anything with ``__len__``/``__getitem__``), a Hugging Face
+``datasets.Dataset`` (read through its Arrow table) or an iterable of samples (fastdata/converters/object_spool.py).
+
+A map-style object is read in the write engine's worker processes, each writing its own shards: forked
+workers use the object they inherit, spawned ones unpickle it once from a file written once. The schema
+comes from the first samples (converters/sample_fields.py); every sample is checked against it where it is
+written. Samples with a ``key``, or ``skip_bad``, need one check pass over every sample first (the keys and
+the skipped samples must be known before the shards are planned).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+import sys
+import tempfile
+import uuid
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from fastdata.errors import DataError, FastdataError, UsageError
+from fastdata.format import FieldSpec
+from fastdata.world import usable_cpus
+from fastdata.write import Progress
+from fastdata.write.local import mp_context
+
+from .arrow_rows import BATCH_ROWS, ArrowRows, is_arrow
+from .config import ConvertConfig
+from .sample_fields import SampleSchema, infer_schema
+
+__all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "check_unique", "is_python_source", "live", "object_source",
+           "type_name_of"]
+
+PROBE_SAMPLES = 16  # the schema comes from this many first samples
+_LIVE: dict[str, Any] = {}  # token -> the object being converted, in this process (forked workers inherit it)
+
+
+def is_python_source(obj: Any) -> bool:
+    """Whether ``fastdata.convert`` reads ``obj`` as Python samples rather than as a path."""
+    return obj is not None and not isinstance(obj, (str, bytes, os.PathLike))
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """The object being converted, reachable from any worker: inherited (fork), else unpickled once per
+    process from ``pickled``."""
+
+    token: str
+    pickled: str | None = None
+
+    def get(self) -> Any:
+        obj = _LIVE.get(self.token)
+        if obj is None:
+            if self.pickled is None:
+                raise FastdataError("the object being converted is not in this worker process")
+            with open(self.pickled, "rb") as f:
+                obj = _LIVE[self.token] = pickle.load(f)
+        return obj
+
+
+@contextmanager
+def live(obj: Any, workers: int) -> Iterator[ObjectRef]:
+    """Make ``obj`` reachable from the conversion's workers while the context lasts."""
+    token = uuid.uuid4().hex
+    _LIVE[token] = obj
+    tmp = None
+    try:
+        if workers > 1 and mp_context().get_start_method() != "fork":
+            tmp = tempfile.mkdtemp(prefix="fastdata-object-")
+            path = os.path.join(tmp, "object.pkl")
+            try:
+                with open(path, "wb") as f:
+                    pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+            except (pickle.PicklingError, TypeError, AttributeError) as e:
+                raise UsageError(f"{type(obj).__name__}: cannot be pickled for the worker processes ({e}); make it "
+                                 "picklable (open files lazily in __getitem__) or use %(workers=1)") from None
+            yield ObjectRef(token, path)
+        else:
+            yield ObjectRef(token)
+    finally:
+        _LIVE.pop(token, None)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass(eq=False)
+class ObjectSource:
+    """A map-style object (or an Arrow-backed dataset) as the write engine's Source. ``index``: the samples
+    kept (skip_bad), None for all; a part is a range of it. Ragged fields' rows are learnt by reading
+    (:meth:`load_rows`, in the worker), so ``ragged_rows`` is None."""
+
+    ref: ObjectRef
+    schema: SampleSchema
+    count: int
+    nbytes_est: int  # per sample: exact when every field is fixed, the first samples' mean otherwise
+    type_name: str
+    arrow: bool
+    index: np.ndarray | None = None
+    offset: int = 0
+    keys: list[str] | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    kind: str = "python"
+    classes: list[str] | None = None
+    fields: list[FieldSpec] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fields = self.schema.fields
+        self._rows: ArrowRows | None = None
+        self._cache: list[dict[str, np.ndarray] | None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_rows", "_cache", "keys")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _rows=None, _cache=None, keys=None)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def bytes_in(self) -> int:
+        return self.nbytes_est * self.count
+
+    def sample_nbytes(self) -> np.ndarray:
+        return np.full(self.count, self.nbytes_est, dtype=np.int64)
+
+    def ragged_rows(self, name: str) -> np.ndarray | None:
+        return None  # known once read: the worker calls load_rows()
+
+    def sample_keys(self) -> list[str] | None:
+        return self.keys
+
+    def part(self, start: int, stop: int) -> "ObjectSource":
+        if self.index is not None:
+            return replace(self, index=self.index[start:stop], count=stop - start, keys=None)
+        return replace(self, offset=self.offset + start, count=stop - start, keys=None)
+
+    def original(self, i: int) -> int:
+        """The object's index of sample ``i`` of this source."""
+        return int(self.index[i]) if self.index is not None else self.offset + i
+
+    def get(self, j: int) -> Any:
+        """The object's sample ``j``; its own errors become a DataError naming the index."""
+        if self.arrow:
+            if self._rows is None:
+                self._rows = ArrowRows(self.ref.get())
+            return self._rows.row(j)
+        try:
+            return self.ref.get()[j]
+        except FastdataError:
+            raise
+        except Exception as e:
+            raise DataError(f"sample {j}: {self.type_name}[{j}] raised {type(e).__name__}: {e}") from None
+
+    def read(self, i: int) -> dict[str, np.ndarray]:
+        if self._cache is not None:
+            sample, self._cache[i] = self._cache[i], None
+            if sample is not None:
+                return sample
+        j = self.original(i)
+        return self.schema.encode(self.get(j), j)[0]
+
+    def load_rows(self) -> dict[str, int]:
+        """Read every sample of this part into memory (a shard's worth) and count the rows of its ragged fields."""
+        self._cache = [self.read(i) for i in range(self.count)]
+        return {f.name: sum(int(s[f.name].shape[0]) for s in self._cache if s is not None)
+                for f in self.fields if f.ragged}
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "type": self.type_name, "samples": self.count}
+
+
+def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, ref: ObjectRef,
+                  names: Sequence[str] | None, ragged: Sequence[str]) -> ObjectSource:
+    """Check a map-style or Arrow-backed ``obj`` (its schema from the first samples; every sample when
+    there are keys or ``skip_bad``) and return it as a Source."""
+    arrow = is_arrow(obj)
+    n = obj.num_rows if arrow and hasattr(obj, "num_rows") else len(obj)
+    if n == 0:
+        raise UsageError(f"{type_name_of(obj)}: has no samples")
+    src = ObjectSource(ref, SampleSchema((), None, False), n, 0, type_name_of(obj), arrow)
+    first = _probe(src, min(n, PROBE_SAMPLES), config.skip_bad)
+    schema = infer_schema(first, names, config.images, ragged, config.skip_bad)
+    encoded = []
+    for j, s in first:
+        try:
+            encoded.append((j, s, schema.encode(s, j)[0]))
+        except DataError:
+            if not config.skip_bad:
+                raise
+    if not encoded:  # every first sample is bad: say why the first one is
+        schema.encode(first[0][1], first[0][0])
+    src = replace(src, schema=schema, nbytes_est=int(np.ceil(np.mean([sum(a.nbytes for a in e.values())
+                                                                       for _, _, e in encoded]))))
+    if not arrow:
+        _warn_if_random(src, encoded[0][0], encoded[0][2])
+    if schema.keyed or config.skip_bad:
+        src = _check_all(src, config, progress)
+    return src
+
+
+def _probe(src: ObjectSource, k: int, skip_bad: bool) -> list[tuple[int, Any]]:
+    """The first ``k`` samples (with ``skip_bad``, those the object could give) for the schema."""
+    out = []
+    for j in range(k):
+        try:
+            out.append((j, src.get(j)))
+        except DataError:
+            if not skip_bad:
+                raise
+    if not out:
+        src.get(0)  # raises: the first sample's error is the one to show
+    return out
+
+
+def type_name_of(obj: Any) -> str:
+    t = type(obj)
+    return t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+
+
+def _rng_states() -> tuple[Any, ...]:
+    """The global random generators' states (Python, numpy, torch when imported)."""
+    states: list[Any] = [random.getstate(), pickle.dumps(np.random.get_state())]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        states.append(torch.random.get_rng_state().numpy().tobytes())
+    return tuple(states)
+
+
+def _warn_if_random(src: ObjectSource, j: int, a: dict[str, np.ndarray]) -> None:
+    """Warn when ``__getitem__`` draws from a global generator, or gives sample ``j`` (encoded: ``a``) differently twice."""
+    before = _rng_states()
+    again = src.get(j)
+    drew = _rng_states() != before
+    b = src.schema.encode(again, j)[0]
+    if drew or a.keys() != b.keys() or not all(np.array_equal(a[k], b[k]) for k in a):
+        warnings.warn(f"{src.type_name}.__getitem__ is random (it draws from a global random generator, or gives "
+                      f"sample {j} differently twice): the conversion stores one draw of each sample. Convert the "
+                      "deterministic loading and apply random transforms when reading (docs/convert.md, "
+                      "'From your own Dataset')", UserWarning, stacklevel=4)
+
+
+def _check_range(src: ObjectSource, a: int, b: int) -> list[tuple[int, str | None, str | None]]:
+    """(index, key, problem) of samples ``a..b-1``: a worker's share of the check pass."""
+    out: list[tuple[int, str | None, str | None]] = []
+    for j in range(a, b):
+        try:
+            out.append((j, src.schema.encode(src.get(j), j)[1], None))
+        except DataError as e:
+            out.append((j, None, str(e)))
+    return out
+
+
+def _check_all(src: ObjectSource, config: ConvertConfig, progress: Progress | None) -> ObjectSource:
+    """Read every sample once (in worker processes): their keys, and the bad ones (skipped, or an error)."""
+    n, step = src.count, BATCH_ROWS
+    workers = min(config.write.workers or usable_cpus(), -(-n // step))
+    if progress is not None:
+        progress.start(n, src.nbytes_est * n, desc="checking")
+    starts = list(range(0, n, step))
+    results: list[tuple[int, str | None, str | None]] = []
+    if workers <= 1:
+        chunks: Any = (_check_range(src, a, min(a + step, n)) for a in starts)
+    else:
+        ex = ProcessPoolExecutor(workers, mp_context())
+        chunks = ex.map(_check_range, [src] * len(starts), starts, [min(a + step, n) for a in starts])
+    try:
+        for chunk in chunks:
+            results.extend(chunk)
+            if progress is not None:
+                progress.update(len(chunk), src.nbytes_est * len(chunk))
+    finally:
+        if workers > 1:
+            ex.shutdown(cancel_futures=True)
+    bad = [(f"sample {j}", why) for j, _, why in results if why is not None]
+    if bad and not config.skip_bad:
+        raise DataError(f"{bad[0][1]} (pass %(skip_bad=True) to skip such samples)")
+    good = [(j, key) for j, key, why in results if why is None]
+    if not good:
+        raise DataError(f"{src.type_name}: every sample is bad, e.g. {bad[0][1]}")
+    keys = [key if key is not None else str(j) for j, key in good] if src.schema.keyed or bad else None
+    check_unique(keys)
+    index = np.array([j for j, _ in good], dtype=np.int64) if bad else None
+    return replace(src, index=index, count=len(good), keys=keys, skipped=bad)
+
+
+def check_unique(keys: list[str] | None) -> None:
+    """Two samples with the same key: an error before anything is written."""
+    if keys is None or len(set(keys)) == len(keys):
+        return
+    seen: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        if k in seen:
+            raise DataError(f"samples {seen[k]} and {i} have the same key {k!r}")
+        seen[k] = i

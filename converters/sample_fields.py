@@ -1,0 +1,271 @@
+"""Python samples -> what a dataset stores: the schema inferred from the first samples, every sample encoded
+and checked against it.
+
+A sample is a dict of arrays (numpy, torch), numbers, strings, bytes and PIL images, or a tuple (or one
+value) whose items ``names`` names. Arrays keep their dtype (Python ints are int64, floats float64); a
+field whose first axis varies is ragged, as in file conversion; strings are UTF-8 fields; PIL images are
+stored raw (or re-encoded as :class:`ImageOptions` asks); image bytes are kept encoded; other bytes are a
+ragged uint8 field. A ``key`` entry names the sample instead of its index.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Sequence
+
+import numpy as np
+from PIL import Image
+
+from fastdata.errors import DataError, FormatError, UsageError
+from fastdata.format import FieldSpec, ImageSpec, make_field
+from fastdata.format.spec import (
+    _NAME_RE,
+    CODEC_DTYPE,
+    CODEC_SUFFIX,
+    ENCODING_IMAGE,
+    ENCODING_PIXELS,
+    ENCODING_UTF8,
+    KEY_FIELD,
+    SHAPE_DTYPE,
+    SHAPE_SUFFIX,
+)
+
+from .image_codec import ImageOptions, Prepared, prepare_bytes, prepare_image
+from .registry import DEFAULT_FIELD
+
+__all__ = ["FieldPlan", "SampleSchema", "as_dict", "infer_schema"]
+
+Kind = Literal["array", "string", "image", "bytes"]
+_GREY = ("1", "L", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def as_dict(raw: Any, names: Sequence[str] | None, where: str) -> dict[str, Any]:
+    """One sample as {field: value}: a dict (only ``names`` when given), a tuple or list named by ``names``,
+    or one value (field ``names[0]``, else ``x``)."""
+    if isinstance(raw, Mapping):
+        if names is None:
+            return dict(raw)
+        missing = [n for n in names if n not in raw]
+        if missing:
+            raise DataError(f"{where}: has no {missing[0]!r} (its keys: {', '.join(map(str, raw))})")
+        return {n: raw[n] for n in names}
+    if isinstance(raw, (tuple, list)):
+        if names is None:
+            raise UsageError(f"{where} is a {type(raw).__name__} of {len(raw)} items: name them with "
+                             "fields=('image', 'label', ...)")
+        if len(raw) != len(names):
+            raise DataError(f"{where}: has {len(raw)} items, %(fields) names {len(names)}")
+        return dict(zip(names, raw))
+    if names is not None and len(names) != 1:
+        raise DataError(f"{where}: is one {type(raw).__name__}, %(fields) names {len(names)}")
+    return {names[0] if names else DEFAULT_FIELD: raw}
+
+
+def _array(v: Any, where: str) -> np.ndarray:
+    """A numeric value as an array: numpy, torch (copied off its device), a number or a list of numbers."""
+    if isinstance(v, np.ndarray) and v.dtype.kind in "biufc":
+        return v
+    if type(v).__module__.split(".")[0] == "torch" and hasattr(v, "detach"):
+        v = v.detach().cpu().numpy()
+    a = np.asarray(v)
+    if a.dtype.kind not in "biufc":
+        raise DataError(f"{where}: a {type(v).__name__} of dtype {a.dtype} cannot be stored (numbers, arrays, "
+                        "strings, bytes and PIL images can)")
+    return a
+
+
+def _kind(v: Any, where: str) -> Kind:
+    if isinstance(v, np.ndarray):
+        return "array"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, Image.Image):
+        return "image"
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return "image" if _is_image_bytes(bytes(v)) else "bytes"
+    if v is None or isinstance(v, Mapping):
+        raise DataError(f"{where}: a {type(v).__name__} cannot be stored (numbers, arrays, strings, bytes and PIL "
+                        "images can)")
+    return "array"
+
+
+def _is_image_bytes(data: bytes) -> bool:
+    try:
+        with Image.open(io.BytesIO(data)):
+            return True
+    except Exception:  # not an image PIL knows: plain bytes
+        return False
+
+
+@dataclass(frozen=True)
+class FieldPlan:
+    """How one entry of a sample is stored: its kind, dtype and per-sample shape (a leading None: ragged),
+    and for images the options they are converted with."""
+
+    name: str
+    kind: Kind
+    dtype: np.dtype
+    shape: tuple[int | None, ...]
+    image: ImageOptions | None = None
+
+    def specs(self) -> list[FieldSpec]:
+        """The dataset fields this entry becomes (an image that is not fixed raw pixels has companions)."""
+        n = self.name
+        try:
+            if self.kind == "string":
+                return [make_field(n, "|u1", (None,), encoding=ENCODING_UTF8)]
+            if self.kind != "image":
+                return [make_field(n, self.dtype, self.shape)]
+            assert self.image is not None
+            spec = ImageSpec(self.image.mode)
+            if self.shape[0] is not None:
+                return [make_field(n, "|u1", self.shape, image=spec)]
+            raw = self.image.images == "raw"
+            out = [make_field(n, "|u1", (None,), encoding=ENCODING_PIXELS if raw else ENCODING_IMAGE, image=spec),
+                   make_field(n + SHAPE_SUFFIX, SHAPE_DTYPE, (3,))]
+            return out if raw else [*out, make_field(n + CODEC_SUFFIX, CODEC_DTYPE, ())]
+        except FormatError as e:
+            raise DataError(f"field {n!r}: {e}") from None
+
+    def encode(self, v: Any, where: str) -> dict[str, np.ndarray]:
+        """The stored arrays of value ``v``; a value that disagrees with the plan raises DataError naming ``where``."""
+        kind = _kind(v, f"{where}: {self.name!r}")
+        if kind != self.kind:
+            raise DataError(f"{where}: {self.name!r} is a {kind}, the first samples had a {self.kind}")
+        if kind == "string":
+            return {self.name: np.frombuffer(v.encode("utf-8"), dtype=np.uint8)}
+        if kind == "image":
+            return self._image(v, where)
+        a = np.frombuffer(bytes(v), dtype=np.uint8) if kind == "bytes" else _array(v, where)
+        if a.dtype != self.dtype:
+            if not np.can_cast(a.dtype, self.dtype, "safe"):
+                raise DataError(f"{where}: {self.name!r} has dtype {a.dtype}, the first samples {self.dtype}")
+            a = a.astype(self.dtype)
+        self.check_shape(a.shape, where)
+        return {self.name: a}
+
+    def check_shape(self, shape: tuple[int, ...], where: str) -> None:
+        ragged = self.shape[:1] == (None,)
+        if (ragged and (not shape or shape[1:] != self.shape[1:])) or (not ragged and shape != self.shape):
+            hint = "" if ragged else f" (if its first axis varies, pass ragged=('{self.name}',))"
+            raise DataError(f"{where}: {self.name!r} has shape {list(shape)}, the first samples "
+                            f"{['n' if d is None else d for d in self.shape]}{hint}")
+
+    def _image(self, v: Any, where: str) -> dict[str, np.ndarray]:
+        assert self.image is not None
+        p = prepare_image_value(v, f"{where}: {self.name!r}", self.image)
+        if self.shape[0] is not None:
+            self.check_shape(p.shape, where)
+            return {self.name: p.payload.reshape(p.shape)}
+        out = {self.name: p.payload.reshape(-1), self.name + SHAPE_SUFFIX: np.asarray(p.shape, dtype=SHAPE_DTYPE)}
+        if self.image.images != "raw":
+            out[self.name + CODEC_SUFFIX] = np.asarray(p.codec, dtype=np.uint8)
+        return out
+
+
+def prepare_image_value(v: Any, where: str, opts: ImageOptions) -> Prepared:
+    """A PIL image or encoded image bytes, converted as ``opts`` asks."""
+    if isinstance(v, Image.Image):
+        return prepare_image(v, where, opts)
+    return prepare_bytes(bytes(v), where, opts)
+
+
+@dataclass(frozen=True)
+class SampleSchema:
+    """The plans of every entry of a sample, and whether samples carry a ``key``."""
+
+    plans: tuple[FieldPlan, ...]
+    names: tuple[str, ...] | None  # the fields= names of tuple samples (dict samples: those keys only)
+    keyed: bool
+
+    @property
+    def fields(self) -> list[FieldSpec]:
+        return [s for p in self.plans for s in p.specs()]
+
+    def encode(self, raw: Any, i: int) -> tuple[dict[str, np.ndarray], str | None]:
+        """Sample ``i`` as stored arrays, and its key (None: keyed by index)."""
+        where = f"sample {i}"
+        d = as_dict(raw, self.names, where)
+        key = d.pop(KEY_FIELD, None)
+        if (key is not None) != self.keyed:
+            raise DataError(f"{where}: {'has no' if self.keyed else 'has a'} {KEY_FIELD!r}, unlike the first samples")
+        extra = set(d) - {p.name for p in self.plans}
+        if extra:
+            raise DataError(f"{where}: has {sorted(extra)[0]!r}, which the first samples did not have")
+        out: dict[str, np.ndarray] = {}
+        for p in self.plans:
+            if p.name not in d:
+                raise DataError(f"{where}: has no {p.name!r}")
+            out.update(p.encode(d[p.name], where))
+        return out, None if key is None else str(key)
+
+
+def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, images: ImageOptions | None,
+                 ragged: Sequence[str], skip_bad: bool = False) -> SampleSchema:
+    """The schema of the first ``samples`` ((index, sample) pairs; all of them agree on each entry's kind,
+    dtype and trailing shape). With ``skip_bad``, a sample that cannot be stored on its own is left out."""
+    if skip_bad:
+        good = [(i, s) for i, s in samples if _usable(i, s, names, images, ragged)]
+        samples = good or samples[:1]  # none usable: the first one's error is the one to show
+    schema = _infer(samples, names, images, ragged)
+    if images is not None and not any(p.kind == "image" for p in schema.plans):
+        raise UsageError("image options (%(images)) apply to images, and the samples have none (PIL images or "
+                         "image bytes)")
+    return schema
+
+
+def _usable(i: int, s: Any, names: Sequence[str] | None, images: ImageOptions | None, ragged: Sequence[str]) -> bool:
+    try:
+        _infer([(i, s)], names, images, ()).encode(s, i)
+        return True
+    except DataError:
+        return False
+
+
+def _infer(samples: list[tuple[int, Any]], names: Sequence[str] | None, images: ImageOptions | None,
+           ragged: Sequence[str]) -> SampleSchema:
+    dicts = [(i, as_dict(s, names, f"sample {i}")) for i, s in samples]
+    keyed = KEY_FIELD in dicts[0][1]
+    first = [k for k in dicts[0][1] if k != KEY_FIELD]
+    unknown = set(ragged) - set(first)
+    if unknown:
+        raise UsageError(f"%(ragged) names {sorted(unknown)[0]!r}, which the samples do not have")
+    plans = []
+    for name in first:
+        if not isinstance(name, str) or not _NAME_RE.match(name) or name.endswith(SHAPE_SUFFIX):
+            raise UsageError(f"sample {dicts[0][0]}: {name!r} is not a field name (letters, digits, _ . -; not ending in "
+                             f"{SHAPE_SUFFIX})")
+        vals = [(i, d[name]) for i, d in dicts if name in d]
+        plans.append(_plan(name, vals, images, name in ragged))
+    return SampleSchema(tuple(plans), tuple(names) if names is not None else None, keyed)
+
+
+def _plan(name: str, vals: list[tuple[int, Any]], images: ImageOptions | None, ragged: bool) -> FieldPlan:
+    i0, v0 = vals[0]
+    kind = _kind(v0, f"sample {i0}: {name!r}")
+    for i, v in vals[1:]:
+        if (k := _kind(v, f"sample {i}: {name!r}")) != kind:
+            raise DataError(f"sample {i}: {name!r} is a {k}, sample {i0} a {kind}")
+    if kind == "string":
+        return FieldPlan(name, kind, np.dtype("|u1"), (None,))
+    if kind == "image":
+        opts = images or ImageOptions("encoded" if not isinstance(v0, Image.Image) else "raw",
+                                      mode="L" if isinstance(v0, Image.Image) and v0.mode in _GREY else "RGB")
+        plan = FieldPlan(name, kind, np.dtype("|u1"), (None,), opts)
+        if opts.images != "raw":
+            return plan
+        shapes = [prepare_image_value(v, f"sample {i}: {name!r}", opts).shape for i, v in vals]
+        return plan if ragged or len(set(shapes)) > 1 else replace(plan, shape=shapes[0])
+    arrays = [(i, np.frombuffer(bytes(v), dtype=np.uint8) if kind == "bytes" else _array(v, f"sample {i}: {name!r}"))
+              for i, v in vals]
+    a0 = arrays[0][1]
+    for i, a in arrays[1:]:
+        if a.ndim != a0.ndim or a.shape[1:] != a0.shape[1:] or a.dtype != a0.dtype:
+            raise DataError(f"sample {i}: {name!r} is {a.dtype} {list(a.shape)}, sample {i0} {a0.dtype} {list(a0.shape)}")
+    varies = len({a.shape for _, a in arrays}) > 1 or kind == "bytes"
+    if (ragged or varies) and a0.ndim == 0:
+        raise UsageError(f"{name!r} is a scalar: it cannot be ragged")
+    shape: tuple[int | None, ...] = (None, *a0.shape[1:]) if ragged or varies else a0.shape
+    return FieldPlan(name, kind, a0.dtype, shape)

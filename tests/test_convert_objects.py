@@ -1,0 +1,272 @@
+"""fastdata.convert from Python objects: a torch Dataset (dicts, tuples), an iterable, a Hugging Face dataset
+and a pyarrow Table each read back equal sample by sample; schema errors name the sample; kill-and-resume
+gives the shards of an uninterrupted run."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from crashkit import kill, same_dataset
+from PIL import Image
+
+import fastdata
+from fastdata.errors import DataError, UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _image(i: int, size: tuple[int, int]) -> Image.Image:
+    rng = np.random.default_rng(i)
+    return Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8))
+
+
+def _jpeg(i: int) -> bytes:
+    buf = io.BytesIO()
+    _image(i, (20, 16)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+class FaceDataset(torch.utils.data.Dataset):
+    """Dicts: a PIL image of varying size, keypoints, a ragged sequence, a string, a label, a tensor."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": _image(i, (8 + i % 3, 10)), "pose": np.full((5, 2), i, np.float32),
+                "seq": np.arange(i % 6 + 1, dtype=np.int16).repeat(3).reshape(-1, 3), "name": f"face-{i}",
+                "label": i % 4, "emb": torch.full((3,), float(i))}
+
+
+class TupleDataset(torch.utils.data.Dataset):
+    """Tuples: encoded JPEG bytes (kept as they are), a fixed-size image, keypoints."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> tuple:
+        return _jpeg(i), _image(100 + i, (6, 6)), np.full((3, 2), i, np.float64)
+
+
+def _read(dst: Path) -> list[dict]:
+    ds = fastdata.open(dst)
+    return [ds[i] for i in range(len(ds))]
+
+
+def _config(workers: int = 2, **kw) -> fastdata.ConvertConfig:
+    return fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=workers, shard_size=kw.pop("shard_size", 4096)), **kw)
+
+
+def test_dataset_of_dicts_reads_back_equal(tmp_path):
+    src = FaceDataset()
+    report = fastdata.convert(src, tmp_path / "ds", _config())
+    assert report.samples == 40 and report.shards > 2  # several shards, written by two workers
+    got = _read(tmp_path / "ds")
+    for i, s in enumerate(got):
+        want = src[i]
+        assert np.array_equal(s["image"], np.asarray(want["image"])), i
+        assert np.array_equal(s["pose"], want["pose"]) and np.array_equal(s["seq"], want["seq"])
+        assert s["name"] == want["name"] and int(s["label"]) == want["label"]
+        assert np.array_equal(s["emb"], want["emb"].numpy())
+
+
+def test_dataset_of_tuples_named_by_fields(tmp_path):
+    src = TupleDataset()
+    fastdata.convert(src, tmp_path / "ds", _config(), fields=("jpeg", "thumb", "pose"))
+    ds = fastdata.open(tmp_path / "ds")
+    assert {f.name: f.encoding for f in ds.manifest.fields}["jpeg"] == "image"  # kept encoded
+    for i in range(len(src)):
+        jpeg, thumb, pose = src[i]
+        s = ds[i]
+        assert np.array_equal(s["jpeg"], np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB")))
+        assert np.array_equal(s["thumb"], np.asarray(thumb)) and np.array_equal(s["pose"], pose)
+    with pytest.raises(UsageError, match="sample 0 is a tuple of 3 items: name them with fields="):
+        fastdata.convert(src, tmp_path / "ds2", _config())
+
+
+def test_pil_images_re_encoded_as_asked(tmp_path):
+    config = _config(images=fastdata.ImageOptions("jpeg", quality=95))
+    fastdata.convert(TupleDataset(), tmp_path / "ds", config, fields=("jpeg", "thumb", "pose"))
+    ds = fastdata.open(tmp_path / "ds")
+    assert {f.name: f.encoding for f in ds.manifest.fields}["thumb"] == "image"
+    assert ds.column("thumb_codec").tolist() == [1] * len(ds)  # JPEG
+    buf = io.BytesIO()
+    TupleDataset()[3][1].save(buf, "JPEG", quality=95, optimize=True)  # what PIL makes of it at quality 95
+    assert np.array_equal(ds[3]["thumb"], np.asarray(Image.open(buf)))
+
+
+def test_iterable_reads_back_equal_and_keys_come_from_a_key_field(tmp_path):
+    def gen():
+        for i in range(30):
+            yield {"key": f"row-{i}", "x": np.arange(i % 5 + 1, dtype=np.float32), "label": i}
+
+    fastdata.convert(gen(), tmp_path / "ds", _config(shard_size=256))
+    ds = fastdata.open(tmp_path / "ds")
+    for i, s in enumerate(_read(tmp_path / "ds")):
+        assert np.array_equal(s["x"], np.arange(i % 5 + 1, dtype=np.float32)) and int(s["label"]) == i
+    assert ds.keys([0, 1]) == ["row-0", "row-1"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".fastdata-spool")]  # the spool is gone
+
+
+def test_hugging_face_dataset_reads_back_equal(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    feats = datasets.Features({"x": datasets.Array2D((4, 3), "float32"), "v": datasets.Sequence(datasets.Value("int32")),
+                               "text": datasets.Value("string"), "label": datasets.ClassLabel(names=["a", "b"]),
+                               "img": datasets.Image()})
+    rng = np.random.default_rng(0)
+    rows = {"x": [rng.random((4, 3), dtype=np.float32) for _ in range(50)],
+            "v": [list(range(i % 4 + 1)) for i in range(50)], "text": [f"t{i}" for i in range(50)],
+            "label": [i % 2 for i in range(50)], "img": [_image(i, (6, 5)) for i in range(50)]}
+    hf = datasets.Dataset.from_dict(rows, features=feats).select(range(49, -1, -1))  # an index mapping too
+    fastdata.convert(hf, tmp_path / "ds", _config(shard_size=1024))
+    for i, s in enumerate(_read(tmp_path / "ds")):
+        j = 49 - i
+        assert np.array_equal(s["x"], rows["x"][j]) and s["x"].dtype == np.float32
+        assert np.array_equal(s["v"], rows["v"][j]) and s["text"] == rows["text"][j] and int(s["label"]) == j % 2
+        assert np.array_equal(s["img"], np.asarray(rows["img"][j]))  # stored by datasets as PNG bytes, kept encoded
+
+
+def test_pyarrow_table_reads_back_equal(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    x = np.arange(60, dtype=np.float32).reshape(10, 2, 3)
+    table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(x.ravel(), 3), 2),
+                      "y": pa.array(np.arange(10, dtype=np.int64))})
+    fastdata.convert(table, tmp_path / "ds", _config(workers=1))
+    for i, s in enumerate(_read(tmp_path / "ds")):
+        assert np.array_equal(s["x"], x[i]) and int(s["y"]) == i
+
+
+class Bad(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": np.zeros((3, 3) if i != 33 else (3, 4), np.float32), "label": i}
+
+
+def test_a_sample_of_another_shape_is_named_by_index(tmp_path):
+    with pytest.raises(DataError, match=r"^sample 33: 'x' has shape \[3, 4\], the first samples \[3, 3\]"):
+        fastdata.convert(Bad(), tmp_path / "ds", _config())
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_skip_bad_leaves_the_sample_out_and_keeps_the_indices_as_keys(tmp_path):
+    report = fastdata.convert(Bad(), tmp_path / "ds", _config(skip_bad=True))
+    assert report.samples == 39 and [p for p, _ in report.skipped] == ["sample 33"]
+    ds = fastdata.open(tmp_path / "ds")
+    assert ds.keys([32, 33]) == ["32", "34"] and int(ds[33]["label"]) == 34
+
+
+def test_skip_bad_among_the_first_samples_of_an_iterable(tmp_path):
+    def gen():
+        for i in range(20):
+            yield {"x": None if i == 2 else np.full(2, i, np.float32)}
+
+    with pytest.raises(DataError, match=r"^sample 2: 'x': a NoneType cannot be stored"):
+        fastdata.convert(gen(), tmp_path / "a", _config())
+    report = fastdata.convert(gen(), tmp_path / "b", _config(skip_bad=True))
+    assert report.samples == 19 and [p for p, _ in report.skipped] == ["sample 2"]
+    assert fastdata.open(tmp_path / "b").keys([1, 2]) == ["1", "3"]
+
+
+class Keyed(torch.utils.data.Dataset):
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"key": self.keys[i], "x": np.full(2, i, np.int32)}
+
+
+def test_a_key_field_names_the_samples_and_duplicates_are_refused_before_writing(tmp_path):
+    fastdata.convert(Keyed([f"img/{i}.png" for i in range(12)]), tmp_path / "ds", _config())
+    assert fastdata.open(tmp_path / "ds").keys([0, 11]) == ["img/0.png", "img/11.png"]
+    with pytest.raises(DataError, match=r"^samples 3 and 7 have the same key 'a'"):
+        fastdata.convert(Keyed(["x", "y", "z", "a", "b", "c", "d", "a"]), tmp_path / "dup", _config())
+    assert not (tmp_path / "dup").exists() or not any((tmp_path / "dup").iterdir())
+
+
+class RandomCrop(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": np.full(2, i + np.random.rand(), np.float32)}
+
+
+def test_a_random_getitem_is_warned_about(tmp_path):
+    with pytest.warns(UserWarning, match="__getitem__ is random"):
+        fastdata.convert(RandomCrop(), tmp_path / "ds", _config(workers=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fastdata.convert(Bad(), tmp_path / "ds2", _config(workers=1, skip_bad=True))
+
+
+def test_spawned_workers_unpickle_the_dataset(tmp_path, monkeypatch):
+    import multiprocessing as mp
+
+    from fastdata.write import local
+
+    monkeypatch.setattr(local, "mp_context", lambda: mp.get_context("spawn"))
+    from fastdata.converters import objects
+
+    monkeypatch.setattr(objects, "mp_context", lambda: mp.get_context("spawn"))
+    fastdata.convert(TupleDataset(), tmp_path / "ds", _config(), fields=("jpeg", "thumb", "pose"))
+    fastdata.convert(TupleDataset(), tmp_path / "ds1", _config(workers=1), fields=("jpeg", "thumb", "pose"))
+    same_dataset(tmp_path / "ds1", tmp_path / "ds")
+
+
+def test_options_that_do_not_apply_are_refused(tmp_path):
+    with pytest.raises(UsageError, match="engine=local"):
+        fastdata.convert(Bad(), tmp_path / "a", fastdata.ConvertConfig(write=fastdata.WriteOptions(engine="ray")))
+    with pytest.raises(UsageError, match="fields and ragged apply to Python sources"):
+        fastdata.convert(tmp_path, tmp_path / "b", fields=("x",))
+    with pytest.raises(UsageError, match=r"ragged must be a tuple of field names, not 'x'"):
+        fastdata.convert(Bad(), tmp_path / "d", ragged="x")
+    with pytest.raises(UsageError, match=r"image options \(images\) apply to images, and the samples have none"):
+        fastdata.convert(Bad(), tmp_path / "e", fastdata.ConvertConfig(images=fastdata.ImageOptions("raw")))
+    with pytest.raises(UsageError, match="not a dataset"):
+        fastdata.convert({"x": 1}, tmp_path / "c")
+
+
+_SCRIPT = """
+import sys, numpy as np, fastdata
+class Seqs:
+    def __len__(self): return 60
+    def __getitem__(self, i): return {{"seq": np.arange(i % 9 + 1, dtype=np.float32), "label": i}}
+config = fastdata.ConvertConfig(write=fastdata.WriteOptions(workers={workers}, shard_size=400), resume={resume})
+fastdata.convert(Seqs(), sys.argv[1], config)
+"""
+
+
+@pytest.mark.parametrize("workers, fault", [(1, "pause:between_shards:2"), (2, "pause:mid_shard:3")])
+def test_kill_and_resume_gives_the_shards_of_an_uninterrupted_run(tmp_path, workers, fault):
+    def script(resume: bool) -> Path:
+        path = tmp_path / f"convert_{resume}.py"
+        path.write_text(textwrap.dedent(_SCRIPT.format(workers=workers, resume=resume)))
+        return path
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    fault_env = {**env, "FASTDATA_FAULT": fault, "FASTDATA_FAULT_READY": str(tmp_path / "ready")}
+    proc = subprocess.Popen([sys.executable, script(False), tmp_path / "ds"], env=fault_env)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "ready").exists(), "the conversion never reached the fault point"
+    kill(proc)
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+    subprocess.run([sys.executable, script(True), tmp_path / "ds"], env=env, check=True, timeout=120)
+    subprocess.run([sys.executable, script(False), tmp_path / "whole"], env=env, check=True, timeout=120)
+    same_dataset(tmp_path / "whole", tmp_path / "ds")
