@@ -13,7 +13,7 @@ Without a resize nothing moves, so nothing is refused.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from .table_types import FLOAT_DTYPE
 if TYPE_CHECKING:
     from .table import TableColumns
 
-__all__ = ["COORDINATE_NAME", "check_declared", "rescale", "rescale_columns"]
+__all__ = ["COORDINATE_NAME", "check_declared", "looks_like", "rescale", "rescale_columns"]
 
 # names that say "pixel coordinates": key points, landmarks, kp(s), boxes, bbox(es), coords, points, joints, ...
 COORDINATE_NAME = re.compile(r"key_?points?|landmarks?|(^|[_.-])kps?([_.-]|$)|b_?box|boxes|(^|[_.-])box([_.-]|$)"
@@ -74,7 +74,12 @@ def check_declared(table: str, cols: "TableColumns", columns: Sequence[str], key
 
 def _looks_like(cols: "TableColumns", name: str, originals: np.ndarray) -> str | None:
     """Why column ``name`` looks like pixel coordinates, or None."""
-    last = _trailing(cols, name)
+    return looks_like(name, _trailing(cols, name), cols.values[name], originals)
+
+
+def looks_like(name: str, last: int | None, rows: Iterable[Any], originals: Iterable[Sequence[int]]) -> str | None:
+    """Why a numeric field ``name`` whose values' last axis has ``last`` entries looks like pixel
+    coordinates of images of upright sizes ``originals`` (H, W), or None (file and Python sources alike)."""
     if last is None or last < 2:
         return None
     if COORDINATE_NAME.search(name):
@@ -83,7 +88,7 @@ def _looks_like(cols: "TableColumns", name: str, originals: np.ndarray) -> str |
         return None
     top = 0.0
     xs, ys = ([0, 2], [1, 3]) if last == 4 else ([0], [1])  # boxes: both corners; points: x, y
-    for a, (h, w) in zip(cols.values[name], originals):
+    for a, (h, w) in zip(rows, originals):
         a = np.asarray(a, dtype=np.float64)
         if a.size == 0:
             continue

@@ -19,7 +19,7 @@ from fastdata.handles import PerProcessHandle
 
 from .config import ConvertConfig
 from .objects import PROBE_SAMPLES, check_unique, type_name_of
-from .sample_fields import infer_schema
+from .sample_fields import coordinates, infer_schema
 
 __all__ = ["SpoolSource", "spool_iterable"]
 
@@ -102,7 +102,7 @@ def spool_iterable(it: Iterable[Any], path: str, config: ConvertConfig, names: S
     head = list(itertools.islice(samples, PROBE_SAMPLES))
     if not head:
         raise UsageError(f"{type_name}: has no samples")
-    schema = infer_schema(head, names, config.images, ragged, config.skip_bad)
+    schema = infer_schema(head, names, config.images, ragged, config.skip_bad, coordinates(config))
     offsets, nbytes, keys, skipped = [0], [], [], []
     rows: dict[str, list[int]] = {f.name: [] for f in schema.fields if f.ragged}
     with open(path, "wb") as out:

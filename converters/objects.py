@@ -33,7 +33,7 @@ from fastdata.write.local import mp_context
 
 from .arrow_rows import BATCH_ROWS, ArrowRows, is_arrow
 from .config import ConvertConfig
-from .sample_fields import SampleSchema, infer_schema
+from .sample_fields import SampleSchema, coordinates, infer_schema
 
 __all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "check_unique", "is_python_source", "live", "object_source",
            "type_name_of"]
@@ -187,7 +187,7 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
         raise UsageError(f"{type_name_of(obj)}: has no samples")
     src = ObjectSource(ref, SampleSchema((), None, False), n, 0, type_name_of(obj), arrow)
     first = _probe(src, min(n, PROBE_SAMPLES), config.skip_bad)
-    schema = infer_schema(first, names, config.images, ragged, config.skip_bad)
+    schema = infer_schema(first, names, config.images, ragged, config.skip_bad, coordinates(config))
     encoded = []
     for j, s in first:
         try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 from PIL import Image
@@ -32,10 +32,16 @@ from fastdata.format.spec import (
     SHAPE_SUFFIX,
 )
 
+from .coords import looks_like, rescale
 from .image_codec import ImageOptions, Prepared, prepare_bytes, prepare_image
+from .image_folder import ORIGINAL_SIZE_DTYPE, ORIGINAL_SIZE_SUFFIX
 from .registry import DEFAULT_FIELD
+from .table_types import FLOAT_DTYPE
 
-__all__ = ["FieldPlan", "SampleSchema", "as_dict", "infer_schema"]
+if TYPE_CHECKING:
+    from .config import ConvertConfig
+
+__all__ = ["Coordinates", "FieldPlan", "SampleSchema", "as_dict", "coordinates", "infer_schema"]
 
 Kind = Literal["array", "string", "image", "bytes"]
 _GREY = ("1", "L", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")
@@ -109,6 +115,7 @@ class FieldPlan:
     dtype: np.dtype
     shape: tuple[int | None, ...]
     image: ImageOptions | None = None
+    coordinate: str | None = None  # "keypoints" | "boxes": any numbers, stored float32 after the resize's rescaling
 
     def specs(self) -> list[FieldSpec]:
         """The dataset fields this entry becomes (an image that is not fixed raw pixels has companions)."""
@@ -120,11 +127,12 @@ class FieldPlan:
                 return [make_field(n, self.dtype, self.shape)]
             assert self.image is not None
             spec = ImageSpec(self.image.mode)
+            size = [make_field(n + ORIGINAL_SIZE_SUFFIX, ORIGINAL_SIZE_DTYPE, (2,))] if self.image.resizes else []
             if self.shape[0] is not None:
-                return [make_field(n, "|u1", self.shape, image=spec)]
+                return [make_field(n, "|u1", self.shape, image=spec), *size]
             raw = self.image.images == "raw"
             out = [make_field(n, "|u1", (None,), encoding=ENCODING_PIXELS if raw else ENCODING_IMAGE, image=spec),
-                   make_field(n + SHAPE_SUFFIX, SHAPE_DTYPE, (3,))]
+                   make_field(n + SHAPE_SUFFIX, SHAPE_DTYPE, (3,)), *size]
             return out if raw else [*out, make_field(n + CODEC_SUFFIX, CODEC_DTYPE, ())]
         except FormatError as e:
             raise DataError(f"field {n!r}: {e}") from None
@@ -139,7 +147,9 @@ class FieldPlan:
         if kind == "image":
             return self._image(v, where)
         a = np.frombuffer(bytes(v), dtype=np.uint8) if kind == "bytes" else _array(v, where)
-        if a.dtype != self.dtype:
+        if self.coordinate is not None:  # SampleSchema.encode rescales it, to float32
+            a = a.astype(np.float64)
+        elif a.dtype != self.dtype:
             if not np.can_cast(a.dtype, self.dtype, "safe"):
                 raise DataError(f"{where}: {self.name!r} has dtype {a.dtype}, the first samples {self.dtype}")
             a = a.astype(self.dtype)
@@ -156,10 +166,13 @@ class FieldPlan:
     def _image(self, v: Any, where: str) -> dict[str, np.ndarray]:
         assert self.image is not None
         p = prepare_image_value(v, f"{where}: {self.name!r}", self.image)
+        size = ({self.name + ORIGINAL_SIZE_SUFFIX: np.asarray(p.original, dtype=ORIGINAL_SIZE_DTYPE)}
+                if self.image.resizes else {})
         if self.shape[0] is not None:
             self.check_shape(p.shape, where)
-            return {self.name: p.payload.reshape(p.shape)}
-        out = {self.name: p.payload.reshape(-1), self.name + SHAPE_SUFFIX: np.asarray(p.shape, dtype=SHAPE_DTYPE)}
+            return {self.name: p.payload.reshape(p.shape), **size}
+        out = {self.name: p.payload.reshape(-1), self.name + SHAPE_SUFFIX: np.asarray(p.shape, dtype=SHAPE_DTYPE),
+               **size}
         if self.image.images != "raw":
             out[self.name + CODEC_SUFFIX] = np.asarray(p.codec, dtype=np.uint8)
         return out
@@ -179,6 +192,8 @@ class SampleSchema:
     plans: tuple[FieldPlan, ...]
     names: tuple[str, ...] | None  # the fields= names of tuple samples (dict samples: those keys only)
     keyed: bool
+    coords: tuple[tuple[str, str], ...] = ()  # (field, "keypoints" | "boxes") moved with the resized image
+    resized: FieldPlan | None = None  # the one image field that is resized (coordinates follow it)
 
     @property
     def fields(self) -> list[FieldSpec]:
@@ -199,13 +214,34 @@ class SampleSchema:
             if p.name not in d:
                 raise DataError(f"{where}: has no {p.name!r}")
             out.update(p.encode(d[p.name], where))
+        if self.resized is not None:
+            original, opts = out[self.resized.name + ORIGINAL_SIZE_SUFFIX], self.resized.image
+            assert opts is not None
+            for name, kind in self.coords:
+                out[name] = rescale(out[name], kind, original.tolist(), opts)
         return out, None if key is None else str(key)
 
 
+@dataclass(frozen=True)
+class Coordinates:
+    """The fields of pixel coordinates (``keypoints``: x, y first; ``boxes``: x0, y0, x1, y1) that move with a
+    resized image, and numeric fields that look like coordinates but are not (``not_coordinates``)."""
+
+    keypoints: tuple[str, ...] = ()
+    boxes: tuple[str, ...] = ()
+    not_coordinates: tuple[str, ...] = ()
+
+
+def coordinates(config: "ConvertConfig") -> Coordinates:
+    """The coordinate settings of a conversion."""
+    return Coordinates(config.keypoints, config.boxes, config.not_coordinates)
+
+
 def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, images: ImageOptions | None,
-                 ragged: Sequence[str], skip_bad: bool = False) -> SampleSchema:
+                 ragged: Sequence[str], skip_bad: bool = False, coords: Coordinates = Coordinates()) -> SampleSchema:
     """The schema of the first ``samples`` ((index, sample) pairs; all of them agree on each entry's kind,
-    dtype and trailing shape). With ``skip_bad``, a sample that cannot be stored on its own is left out."""
+    dtype and trailing shape). With ``skip_bad``, a sample that cannot be stored on its own is left out.
+    When images are resized, ``coords`` says which fields move with them; a look-alike left undeclared is refused."""
     if skip_bad:
         good = [(i, s) for i, s in samples if _usable(i, s, names, images, ragged)]
         samples = good or samples[:1]  # none usable: the first one's error is the one to show
@@ -213,7 +249,56 @@ def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, im
     if images is not None and not any(p.kind == "image" for p in schema.plans):
         raise UsageError("image options (%(images)) apply to images, and the samples have none (PIL images or "
                          "image bytes)")
-    return schema
+    return _with_coordinates(schema, samples, coords)
+
+
+def _with_coordinates(schema: SampleSchema, samples: list[tuple[int, Any]], coords: Coordinates) -> SampleSchema:
+    plans = {p.name: p for p in schema.plans}
+    for flag, declared in (("keypoints", coords.keypoints), ("boxes", coords.boxes),
+                           ("not_coordinates", coords.not_coordinates)):
+        for name in declared:
+            p = plans.get(name)
+            if p is None:
+                raise UsageError(f"%({flag}) names {name!r}, which the samples do not have (fields: {', '.join(plans)})")
+            last = p.shape[-1] if p.kind == "array" and p.dtype.kind in "iuf" and p.shape else None
+            if flag != "not_coordinates" and (last is None or (last < 2 if flag == "keypoints" else last != 4)):
+                need = "(..., 2 or more): x, y first" if flag == "keypoints" else "(..., 4): x0, y0, x1, y1"
+                raise DataError(f"field {name!r} is given as %({flag}) but is not numeric of shape {need}")
+    resized = [p for p in schema.plans if p.kind == "image" and p.image is not None and p.image.resizes]
+    if not resized:
+        return schema
+    moved = {**{n: "keypoints" for n in coords.keypoints}, **{n: "boxes" for n in coords.boxes}}
+    if len(resized) > 1 and moved:
+        raise UsageError(f"images {', '.join(repr(p.name) for p in resized)} are all resized: coordinates can follow "
+                         "only one (convert one image field, or resize at load time)")
+    img = resized[0]
+    if img.name + ORIGINAL_SIZE_SUFFIX in plans:
+        raise UsageError(f"field {img.name + ORIGINAL_SIZE_SUFFIX!r} is where a resize stores each image's original "
+                         "size: rename the samples' field")
+    _refuse_look_alikes(schema, samples, img, set(moved) | set(coords.not_coordinates))
+    new = tuple(replace(p, dtype=np.dtype(FLOAT_DTYPE), coordinate=moved[p.name]) if p.name in moved else p
+                for p in schema.plans)
+    return replace(schema, plans=new, coords=tuple(moved.items()), resized=img)
+
+
+def _refuse_look_alikes(schema: SampleSchema, samples: list[tuple[int, Any]], img: FieldPlan, declared: set[str]) -> None:
+    """An undeclared numeric field that looks like pixel coordinates of the resized image is a DataError."""
+    assert img.image is not None
+    dicts = [(i, as_dict(s, schema.names, f"sample {i}")) for i, s in samples]
+    originals: list[tuple[int, int]] | None = None
+    for p in schema.plans:
+        if p.name in declared or p.kind != "array" or p.dtype.kind not in "iuf" or not p.shape:
+            continue
+        if originals is None:  # decoded only when a field might be coordinates
+            originals = [prepare_image_value(d[img.name], f"sample {i}: {img.name!r}", img.image).original
+                         for i, d in dicts]
+        rows = [_array(d[p.name], f"sample {i}: {p.name!r}") for i, d in dicts]
+        why = looks_like(p.name, p.shape[-1], rows, originals)
+        if why is not None:
+            boxes = f", %(boxes=('{p.name}',))" if p.shape[-1] == 4 else ""
+            raise DataError(f"field {p.name!r} looks like pixel coordinates ({why}) and images {img.name!r} are "
+                            f"resized; say what it is: %(keypoints=('{p.name}',)){boxes} or "
+                            f"%(not_coordinates=('{p.name}',))")
 
 
 def _usable(i: int, s: Any, names: Sequence[str] | None, images: ImageOptions | None, ragged: Sequence[str]) -> bool:

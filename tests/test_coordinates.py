@@ -140,3 +140,54 @@ def test_a_file_column_cannot_be_declared(tmp_path):
                         boxes=("boxes",))
     with pytest.raises(DataError, match="column 'mask' is given as keypoints but is not numeric"):
         fastdata.convert(tmp_path / "src", tmp_path / "ds", cfg, meta=tmp_path / "src" / "ann.jsonl")
+
+
+class _Poses:
+    """A user's own Dataset: PIL images of several sizes with keypoints (17, 3) and boxes (n, 4) in pixels."""
+
+    def __init__(self, keypoints_name: str = "keypoints") -> None:
+        from PIL import Image
+
+        rng = np.random.default_rng(1)
+        self.items = []
+        for i, (h, w) in enumerate(SIZES):
+            im = Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+            kp = np.stack([rng.uniform(0, w, 17), rng.uniform(0, h, 17), rng.integers(0, 3, 17)], axis=1)
+            boxes = np.array([[w / 4, h / 4, w / 2, h / 2]])
+            self.items.append({"image": im, keypoints_name: kp, "boxes": boxes, "label": i})
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+
+def test_python_objects_resized_keep_their_coordinates(tmp_path):
+    """fastdata.convert of a Dataset follows the same rule as a table: declared coordinates move with the pixels."""
+    ds = _Poses()
+    cfg = ConvertConfig(images=ImageOptions(images="raw", size=(64, 96)), keypoints=("keypoints",), boxes=("boxes",))
+    fastdata.convert(ds, tmp_path / "d", cfg)
+    d = fastdata.open(tmp_path / "d")
+    for i, (h, w) in enumerate(SIZES):
+        s = d[i]
+        assert tuple(s["image_original_size"]) == (h, w)
+        assert s["image"].shape == (64, 96, 3)
+        want = _theirs(ds.items[i]["keypoints"], h, w, (64, 96), None, box=False)
+        np.testing.assert_allclose(s["keypoints"], want, atol=0.5)
+        np.testing.assert_array_equal(s["keypoints"][:, 2], ds.items[i]["keypoints"][:, 2])  # visibility untouched
+        np.testing.assert_allclose(s["boxes"], _theirs(ds.items[i]["boxes"], h, w, (64, 96), None, box=True), atol=0.5)
+
+
+def test_python_objects_resized_refuse_undeclared_coordinates(tmp_path):
+    ds = _Poses("landmarks")
+    resize = ImageOptions(images="raw", size=(64, 96))
+    with pytest.raises(DataError, match="'landmarks' looks like pixel coordinates"):
+        fastdata.convert(ds, tmp_path / "a", ConvertConfig(images=resize, boxes=("boxes",)))
+    assert not (tmp_path / "a" / "manifest.json").exists()
+    fastdata.convert(ds, tmp_path / "b", ConvertConfig(images=resize, boxes=("boxes",), not_coordinates=("landmarks",)))
+    np.testing.assert_array_equal(fastdata.open(tmp_path / "b")[0]["landmarks"], ds.items[0]["landmarks"])
+    with pytest.raises(UsageError, match="'kp'"):
+        fastdata.convert(ds, tmp_path / "c", ConvertConfig(images=resize, keypoints=("kp",)))
+    fastdata.convert(ds, tmp_path / "e", ConvertConfig(images=ImageOptions(images="raw")))  # no resize: nothing moves
+    np.testing.assert_array_equal(fastdata.open(tmp_path / "e")[1]["landmarks"], ds.items[1]["landmarks"])
