@@ -98,11 +98,14 @@ class ShardWriter:
         self.start = start
         payload = sum(f.row_nbytes * (ragged_rows[f.name] if f.ragged else count) for f in fields)
         self.grows = 0  # times the map was enlarged (the estimate below was too small)
-        self._env = lmdb.open(
-            str(self.path), subdir=False, map_size=initial_map_size(payload, count, len(fields)), metasync=False,
-            sync=False, readahead=False, max_dbs=0, lock=False,
-        )  # lock=False: the temporary file is this writer's alone, and a lock file is mapped memory,
-        # which on a full tmpfs kills the process with SIGBUS instead of failing a write
+        try:  # lock=False: the temporary file is this writer's alone, and a lock file is mapped memory,
+            # which on a full tmpfs kills the process with SIGBUS instead of failing a write
+            self._env = lmdb.open(
+                str(self.path), subdir=False, map_size=initial_map_size(payload, count, len(fields)), metasync=False,
+                sync=False, readahead=False, max_dbs=0, lock=False,
+            )
+        except lmdb.Error as e:
+            raise self._disk_error(e, 0) from e
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._largest = 0
