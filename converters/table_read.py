@@ -12,6 +12,7 @@ from typing import Any
 
 from fastdata.errors import DataError, UsageError
 from fastdata.format.files import TABLE_SUFFIXES
+from fastdata.format.spec import MAX_FIELDS
 
 __all__ = ["PATH_COLUMN", "Table", "is_table", "read_table"]
 
@@ -57,9 +58,11 @@ def read_table(path: Path) -> Table:
         except ImportError:
             raise UsageError(f"{path}: Parquet tables need pyarrow: pip install 'fastdata[parquet]'") from None
         try:
-            cols = pq.read_table(path).to_pydict()
+            width = len(pq.read_schema(path).names)
+            cols = pq.read_table(path).to_pydict() if width <= MAX_FIELDS + 1 else {}
         except Exception as e:  # pyarrow's ArrowInvalid and friends
             raise DataError(f"{path}: unreadable Parquet table ({type(e).__name__}: {e})") from None
+        _check_width(path, width)
         n = len(next(iter(cols.values()))) if cols else 0
         return Table(path, kind, {k: [_MISSING if v is None else v for v in vs] for k, vs in cols.items()}, n)
     try:
@@ -72,6 +75,7 @@ def read_table(path: Path) -> Table:
         if not lines:
             raise DataError(f"{path}: empty table (no header row)")
         header = [h.strip() for h in lines[0][1]]
+        _check_width(path, len(header))
         if len(set(header)) != len(header):
             raise DataError(f"{path}: duplicate column names in the header {header}")
         columns: dict[str, list[Any]] = {h: [] for h in header}
@@ -98,8 +102,16 @@ def read_table(path: Path) -> Table:
     names: dict[str, None] = {}
     for obj in rows:
         names.update(dict.fromkeys(obj))
+        _check_width(path, len(names))
     return Table(path, kind, {k: [_MISSING if r.get(k) is None else r[k] for r in rows] for k in names}, len(rows),
                  starts)
+
+
+def _check_width(path: Path, columns: int) -> None:
+    """A table of more columns than a dataset may have fields is refused before its cells are parsed."""
+    if columns > MAX_FIELDS + 1:  # + the path column, which is no field
+        raise DataError(f"{path}: {columns} columns, over the limit of {MAX_FIELDS} fields a dataset may have "
+                        "(plus the path column)")
 
 
 def _csv_lines(path: Path, reader: Any) -> list[tuple[int, list[str]]]:

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from .converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
+from .converters.scan import refuse_non_finite_labels
 from .errors import FastdataError, UsageError
 from .remote import is_url
 from .write import ConvertReport, Progress, Source, write_dataset
 from .write.destination import check_dst, prepare_dst, prepare_part_dst, refuse_broken_url
+from .write.engine import check_source
 from .write.merge import merge
 
 if TYPE_CHECKING:
@@ -62,6 +64,9 @@ def convert(src: PathLike | None, dst: PathLike, config: ConvertConfig | None = 
     if upload is None:
         _check_dst(target, req.inputs, config)
     source = detect(req).scan(req, config, progress)
+    if not config.allow_nan:
+        refuse_non_finite_labels(source, req.labels)
+    check_source(source, config.write, str(req.meta or req.src or next(iter(req.arrays.values()), "")))
     report = _write(source, target, upload, req.inputs, config, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report

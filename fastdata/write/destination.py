@@ -88,7 +88,8 @@ def _check_entries(dst: Path, overwrite: bool, resume: bool) -> list[str]:
     if resume:
         if MANIFEST_NAME in entries:
             raise UsageError(f"{dst}: already holds a finished dataset; nothing to resume (%(overwrite=True) converts again)")
-        if entries and JOURNAL_NAME not in entries and not foreign:
+        left = [e for e in entries if not TEMPORARY.match(e)]  # a kill while the journal was written leaves only these
+        if left and JOURNAL_NAME not in entries and not foreign:
             raise UsageError(f"{dst}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
                              "convert again with %(overwrite=True)")
     elif entries and not overwrite:
