@@ -277,7 +277,7 @@ def refuse_non_finite_labels(source: Any, labels_file: Path | None) -> None:
         path = arrays[LABEL_FIELD]
         values = np.load(path, mmap_mode="r", allow_pickle=False)  # checked at scan: a plain numeric .npy
         for a in range(0, len(values), _FINITE_ROWS):
-            _check_finite(values[a:a + _FINITE_ROWS], lambda i: f"{path}: row {a + i}")
+            _check_finite(values[a:a + _FINITE_ROWS], lambda i, a=a: f"{path}: row {a + i}")
 
 
 def _check_finite(values: np.ndarray, where: Any) -> None:

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 
 import numpy as np
 import pytest
-
-import fastdata
 from crashkit import cli, same_dataset
 
 SMALL, LARGE = "12m", "48m"  # the tmpfs while it fills up; after "freeing space"
 SHARD_SIZE = "1MB"
+EXT = {"hdf5": "h5", "lmdb": "lmdb"}
 DEADLINE_S = 120  # a hang fails the test instead of hanging the suite
 _FULL = re.compile(r"^fastdata: error: (\S+/shard-\d{5}\.(h5|lmdb)|\S+): cannot write: No space left on device \(disk full\?\); "
                    r"(\d+) finished shard\(s\) kept in (\S+): fix the problem, then run the same command with --resume to finish\n$")
@@ -75,14 +75,13 @@ def _fill_and_resume(src, disk, ref, backend, rounds):
         assert kept >= 1 and m.group(4) == str(dst), failed.stderr
         assert not (dst / "manifest.json").exists()
         names = sorted(p.name for p in dst.iterdir())
-        assert names == [".fastdata-journal"] + [f"shard-{i:05d}.{ 'h5' if backend == 'hdf5' else 'lmdb'}"
-                                                 for i in range(kept)], names
+        assert names == [".fastdata-journal"] + [f"shard-{i:05d}.{EXT[backend]}" for i in range(kept)], names
         assert _mount(disk, LARGE, remount=True).returncode == 0  # "free some space"
         done = _run(*_args(src, dst, backend, "--resume"))
         assert done.returncode == 0, done.stderr
         assert f"resumed: kept {kept} finished shard(s)" in done.stdout
         same_dataset(ref, dst)
-        __import__("shutil").rmtree(dst)
+        shutil.rmtree(dst)
         assert _mount(disk, SMALL, remount=True).returncode == 0
 
 

@@ -5,6 +5,9 @@ Also: a second conversion into a DST that is being written refuses."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -199,10 +202,28 @@ def test_a_worker_dying_after_another_failed_does_not_hang_the_pool(tmp_path):
     script = tmp_path / "pool.py"
     script.write_text(_POOL_SCRIPT)
     (tmp_path / "ds").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(fastdata.__file__).parents[1])}
     try:
-        out = __import__("subprocess").run([__import__("sys").executable, script, tmp_path / "ds"], capture_output=True,
-                                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(Path(fastdata.__file__).parents[1])})
-    except __import__("subprocess").TimeoutExpired:
+        out = subprocess.run([sys.executable, script, tmp_path / "ds"], capture_output=True, text=True, timeout=60, env=env)
+    except subprocess.TimeoutExpired:
         pytest.fail("the conversion's process pool hung after a worker died")
     assert "raised: DataError shard 0 fails" in out.stdout, out.stdout + out.stderr
     assert "InvalidStateError" not in out.stderr, out.stderr
+
+
+def test_ctrl_c_is_one_line_and_resumable(src, tmp_path):
+    dst = tmp_path / "ds"
+    proc = start_paused(_args(src, dst), "pause:between_shards:1", tmp_path / "ready")
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err == "fastdata: interrupted\n", err
+    assert not (dst / "manifest.json").exists()
+    assert cli(*_args(src, dst, "--resume")).returncode == 0
+    fastdata.convert(src, tmp_path / "ref", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=1)))
+    same_dataset(tmp_path / "ref", dst)
+
+
+def test_a_dst_that_cannot_be_created_is_a_usage_error(src, tmp_path, run_cli):
+    (tmp_path / "file").write_text("not a folder")
+    code, _, err = run_cli(*_args(src, tmp_path / "file" / "ds"))
+    assert code == 2 and err == f"fastdata: error: {tmp_path / 'file' / 'ds'}: cannot create the destination: Not a directory\n"

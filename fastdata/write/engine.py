@@ -23,8 +23,18 @@ from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, shard
 from fastdata.format import codec as blosc_codec
 from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.keys import write_keys
-from fastdata.format.spec import (CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, MAX_CLASSES, MAX_FIELDS,
-                                  MAX_SAMPLES, MAX_SHARDS, KeysInfo, version_for)
+from fastdata.format.spec import (
+    CHECKSUM_DEFAULT,
+    KEYS_FILE,
+    KEYS_INDEX,
+    KEYS_KIND_FILE,
+    MAX_CLASSES,
+    MAX_FIELDS,
+    MAX_SAMPLES,
+    MAX_SHARDS,
+    KeysInfo,
+    version_for,
+)
 from fastdata.world import usable_cpus
 
 from . import _fault, journal
