@@ -174,7 +174,8 @@ def config_of(args: argparse.Namespace) -> Any:
         images = ImageOptions(images=args.images or "encoded", size=tuple(args.size) if args.size else None,
                               max_side=args.max_side, quality=args.quality, mode=args.mode or "RGB")
     return ConvertConfig(write=write, images=images, meta_types=dict(args.meta_type), no_labels=args.no_labels,
-                         skip_bad=args.skip_bad, strict=args.strict, allow_nan=args.allow_nan, overwrite=args.overwrite, resume=args.resume,
+                         skip_bad=args.skip_bad, strict=args.strict, allow_nan=args.allow_nan,
+                         overwrite=args.overwrite, resume=args.resume,
                          part=parse_part(args.part) if args.part is not None else None)
 
 

@@ -66,7 +66,7 @@ def convert(src: PathLike | None, dst: PathLike, config: ConvertConfig | None = 
     source = detect(req).scan(req, config, progress)
     if not config.allow_nan:
         refuse_non_finite_labels(source, req.labels)
-    check_source(source, config.write, str(req.meta or req.src or next(iter(req.arrays.values()), "")))
+    check_source(source, config.write, str(req.meta or req.src or next(iter(req.arrays.values()))))
     report = _write(source, target, upload, req.inputs, config, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report
