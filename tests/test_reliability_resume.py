@@ -222,3 +222,19 @@ def test_sigkill_while_the_journal_is_written_then_resume(src, tmp_path, backend
     done = cli(*_args(src, dst, backend, 1), "--resume")
     assert done.returncode == 0, done.stderr
     same_dataset(ref, dst)
+
+
+def test_resume_of_parts_never_started_or_killed_while_the_journal_is_written(src, tmp_path, run_cli):
+    """--part I/N --resume (a failed array task re-run with --resume appended) finishes a part killed
+    while writing its journal, and starts a part that never ran."""
+    ref = reference(src, tmp_path, "hdf5")
+    dst = tmp_path / "parts"
+    args = _args(src, dst, "hdf5", 1)
+    kill(start_paused([*args, "--part", "0/2"], "pause:mid_journal", tmp_path / "ready"))
+    assert (dst / ".fastdata-journal-part-00000-of-00002.tmp").exists()
+    for i in (0, 1):
+        done = cli(*args, "--part", f"{i}/2", "--resume")
+        assert done.returncode == 0, done.stderr
+    code, _, err = run_cli("merge-parts", dst)
+    assert code == 0, err
+    same_dataset(ref, dst)

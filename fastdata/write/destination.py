@@ -213,8 +213,8 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
             raise UsageError(f"{dst}: refused: it holds {foreign[0]!r}, which fastdata did not write; "
                              "choose an empty or new folder")
         record, jname = part_record_name(index, count), part_journal_name(index, count)
-        check_part_entries(str(dst), entries, part, jname, overwrite, resume, "folder")
-        target.resume = resume
+        target.resume = resume and jname in entries  # no journal (never started, or killed writing it): start afresh
+        check_part_entries(str(dst), entries, part, jname, overwrite, target.resume, "folder")
         if overwrite:
             (dst / record).unlink(missing_ok=True)
             journal.remove(dst, jname)  # its shards go when the writer removes shards no journal vouches for
