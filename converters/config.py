@@ -23,7 +23,8 @@ class ConvertConfig:
     images (None: the original files; giving it for a source without images is an error). ``meta_types``
     forces a metadata table's column types. ``no_labels``: no labels from class folders. ``skip_bad``:
     bad samples are skipped and listed in DST/skipped.json instead of failing. ``strict``: files that are
-    not samples are an error instead of being skipped. ``overwrite`` replaces a dataset at DST; ``resume``
+    not samples are an error instead of being skipped. ``allow_nan``: NaN and infinite labels are kept
+    (by default they are refused, naming the file and row). ``overwrite`` replaces a dataset at DST; ``resume``
     finishes an interrupted conversion there. ``part`` = (I, N) converts only part I of N (merge with
     ``fastdata.write.merge_parts``). ``remote``: storage options for a URL destination.
     ``keypoints``/``boxes``: table columns of pixel coordinates, rescaled when images are resized;
@@ -37,6 +38,7 @@ class ConvertConfig:
     no_labels: bool = False
     skip_bad: bool = False
     strict: bool = False
+    allow_nan: bool = False
     overwrite: bool = False
     resume: bool = False
     part: tuple[int, int] | None = None

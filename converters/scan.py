@@ -21,9 +21,11 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD
 
 __all__ = ["FolderSource", "LABEL_DTYPE", "Labels", "check_labelled", "drop_non_samples", "file_labels",
-           "find_and_label", "folder_labels", "label_field", "refuse_bad", "walk_files"]
+           "find_and_label", "folder_labels", "label_field", "refuse_bad", "refuse_non_finite_labels", "walk_files"]
 
 LABEL_DTYPE = np.dtype("<i8")
+_INT64 = np.iinfo(LABEL_DTYPE)
+_FINITE_ROWS = 1 << 20  # label rows checked at a time (a label .npy is memory-mapped)
 log = logging.getLogger("fastdata.convert")
 
 
@@ -59,6 +61,7 @@ def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # typ
         for ent in entries:
             if ent.name.startswith("."):
                 continue
+            _check_name(ent.path)
             r = f"{rel}/{ent.name}" if rel else ent.name
             try:
                 if ent.is_dir(follow_symlinks=True):
@@ -74,6 +77,15 @@ def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # typ
     visit(str(root), "")
     found.sort()
     return found
+
+
+def _check_name(path: str) -> None:
+    """A sample's key is its path as UTF-8 text: a name that is not UTF-8 cannot be one."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise DataError(f"{shown}: the file name is not valid UTF-8 (sample keys are UTF-8 text); rename it") from None
 
 
 @dataclass
@@ -149,6 +161,9 @@ def file_labels(path: Path, columns: tuple[str, str] | None = None) -> Labels:
         classes = sorted(set(raw.values()))
         index = {c: i for i, c in enumerate(classes)}
         return Labels({k: index[v] for k, v in raw.items()}, classes, "file")
+    big = next((k for k, v in ints.items() if not _INT64.min <= v <= _INT64.max), None)
+    if big is not None:
+        raise DataError(f"{path}: label {raw[big]!r} of {big!r} does not fit a 64-bit integer")
     return Labels(ints, None, "file")
 
 
@@ -272,6 +287,32 @@ def refuse_bad(bad: dict[str, str], skip_bad: bool) -> list[tuple[str, str]]:
         more = f" ({len(bad) - 1} more bad file(s); %(skip_bad=True) skips them and lists them in skipped.json)" if len(bad) > 1 else ""
         raise DataError(bad[first] + more)
     return sorted(bad.items())
+
+
+def refuse_non_finite_labels(source: Any, labels_file: Path | None) -> None:
+    """Refuse a NaN or infinite label, naming the file and the row: a labels file's (rows named by
+    path), or a label ``.npy`` array's (rows by index) of an array source."""
+    labels = getattr(source, "labels", None)
+    rels = getattr(source, "rels", None)
+    if isinstance(labels, np.ndarray) and labels_file is not None and rels is not None:
+        _check_finite(labels, lambda i: f"{labels_file}: the row for {rels[i]!r}")
+        return
+    arrays = getattr(source, "paths", None)
+    if isinstance(arrays, dict) and isinstance(arrays.get(LABEL_FIELD), str):
+        path = arrays[LABEL_FIELD]
+        values = np.load(path, mmap_mode="r", allow_pickle=False)  # checked at scan: a plain numeric .npy
+        for a in range(0, len(values), _FINITE_ROWS):
+            _check_finite(values[a:a + _FINITE_ROWS], lambda i, a=a: f"{path}: row {a + i}")
+
+
+def _check_finite(values: np.ndarray, where: Any) -> None:
+    if values.dtype.kind not in "fc" or not len(values):
+        return
+    ok = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        raise DataError(f"{where(i)}: label {np.asarray(values[i]).tolist()!r} is not a finite number; pass "
+                        "%(allow_nan=True) to keep NaN and infinite labels")
 
 
 class FolderSource:

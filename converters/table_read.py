@@ -12,6 +12,7 @@ from typing import Any
 
 from fastdata.errors import DataError, UsageError
 from fastdata.format.files import TABLE_SUFFIXES
+from fastdata.format.spec import MAX_FIELDS
 
 __all__ = ["PATH_COLUMN", "Table", "is_table", "read_table"]
 
@@ -58,9 +59,11 @@ def read_table(path: Path) -> Table:
         except ImportError:
             raise UsageError(f"{path}: Parquet tables need pyarrow: pip install 'fastdata[parquet]'") from None
         try:
-            cols = pq.read_table(path).to_pydict()
+            width = len(pq.read_schema(path).names)
+            cols = pq.read_table(path).to_pydict() if width <= MAX_FIELDS + 1 else {}
         except Exception as e:  # pyarrow's ArrowInvalid and friends
             raise DataError(f"{path}: unreadable Parquet table ({type(e).__name__}: {e})") from None
+        _check_width(path, width)
         n = len(next(iter(cols.values()))) if cols else 0
         return Table(path, kind, {k: [_MISSING if v is None else v for v in vs] for k, vs in cols.items()}, n)
     try:
@@ -73,6 +76,7 @@ def read_table(path: Path) -> Table:
         if not lines:
             raise DataError(f"{path}: empty table (no header row)")
         header = [h.strip() for h in lines[0][1]]
+        _check_width(path, len(header))
         if len(set(header)) != len(header):
             raise DataError(f"{path}: duplicate column names in the header {header}")
         columns: dict[str, list[Any]] = {h: [] for h in header}
@@ -85,7 +89,7 @@ def read_table(path: Path) -> Table:
         return Table(path, kind, columns, len(body), [ln for ln, _ in body])
     if kind == "json":
         records = _json_records(path, text)
-        return Table(path, kind, _by_column(records), len(records))
+        return Table(path, kind, _by_column(path, records), len(records))
     rows: list[dict[str, Any]] = []
     starts: list[int] = []
     for ln, line in enumerate(text.splitlines(), 1):
@@ -99,10 +103,10 @@ def read_table(path: Path) -> Table:
             raise DataError(f"{path}: line {ln}: each line must be a JSON object")
         rows.append(obj)
         starts.append(ln)
-    return Table(path, kind, _by_column(rows), len(rows), starts)
+    return Table(path, kind, _by_column(path, rows), len(rows), starts)
 
 
-def _by_column(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+def _by_column(path: Path, rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """Records as columns (every key of any record; a missing or null value is _MISSING)."""
     names: dict[str, None] = {}
     for obj in rows:
@@ -133,6 +137,13 @@ def _json_records(path: Path, text: str) -> list[dict[str, Any]]:
         raise DataError(f"{path}: {where}; a JSON table is an array of records (objects) or an object of records "
                         f"keyed by {PATH_COLUMN}")
     return obj
+
+
+def _check_width(path: Path, columns: int) -> None:
+    """A table of more columns than a dataset may have fields is refused before its cells are parsed."""
+    if columns > MAX_FIELDS + 1:  # + the path column, which is no field
+        raise DataError(f"{path}: {columns} columns, over the limit of {MAX_FIELDS} fields a dataset may have "
+                        "(plus the path column)")
 
 
 def _csv_lines(path: Path, reader: Any) -> list[tuple[int, list[str]]]:

@@ -81,6 +81,8 @@ def _add_convert(sub: Any) -> argparse.ArgumentParser:
                    help="a large array stored as field NAME (repeatable)")
     c.add_argument("--skip-bad", action="store_true",
                    help="skip unreadable or mismatched samples (and bad table rows) and list them in DST/skipped.json")
+    c.add_argument("--allow-nan", action="store_true",
+                   help="keep NaN and infinite labels (by default they are an error naming the file and row)")
     c.add_argument("--strict", action="store_true",
                    help="files in SRC that are not samples (README, CSV, Thumbs.db, ...) are an error, not skipped")
     c.add_argument("--meta", metavar="TABLE",
@@ -189,7 +191,8 @@ def config_of(args: argparse.Namespace) -> Any:
         images = ImageOptions(images=args.images or "encoded", size=tuple(args.size) if args.size else None,
                               max_side=args.max_side, quality=args.quality, mode=args.mode or "RGB")
     return ConvertConfig(write=write, images=images, meta_types=dict(args.meta_type), no_labels=args.no_labels,
-                         skip_bad=args.skip_bad, strict=args.strict, overwrite=args.overwrite, resume=args.resume,
+                         skip_bad=args.skip_bad, strict=args.strict, allow_nan=args.allow_nan,
+                         overwrite=args.overwrite, resume=args.resume,
                          part=parse_part(args.part) if args.part is not None else None,
                          keypoints=sum(args.keypoints, ()), boxes=sum(args.boxes, ()),
                          not_coordinates=sum(args.not_coordinates, ()), labels_columns=args.labels_columns)

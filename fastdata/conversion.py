@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from .converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
 from .converters.objects import is_python_source
 from .converters.python_source import python_source
+from .converters.scan import refuse_non_finite_labels
 from .errors import FastdataError, UsageError
 from .remote import is_url
 from .write import ConvertReport, Progress, Source, write_dataset
 from .write.destination import check_dst, prepare_dst, prepare_part_dst, refuse_broken_url
+from .write.engine import check_source
 from .write.merge import merge
 
 if TYPE_CHECKING:
@@ -78,6 +80,9 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
     if upload is None:
         _check_dst(target, req.inputs, config)
     source = detect(req).scan(req, config, progress)
+    if not config.allow_nan:
+        refuse_non_finite_labels(source, req.labels)
+    check_source(source, config.write, str(req.meta or req.src or next(iter(req.arrays.values()))))
     report = _write(source, target, upload, req.inputs, config, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report
@@ -94,6 +99,7 @@ def _convert_python(obj: Any, dst: PathLike, config: ConvertConfig, progress: Pr
     if upload is None:
         _check_dst(target, [], config)
     with python_source(obj, config, progress, names, ragged, target) as source:
+        check_source(source, config.write, type(obj).__name__)  # the reader's limits, before anything is written
         return _write(source, target, upload, [], config, progress)
 
 

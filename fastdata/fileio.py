@@ -102,3 +102,13 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def disk_full(path: str | os.PathLike[str], need: int) -> bool:
+    """Whether the file system holding ``path`` has less than ``need`` bytes free for this user.
+    liblmdb reports a short write (a full disk) as EIO: this tells the two apart."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < need

@@ -5,6 +5,9 @@ Also: a second conversion into a DST that is being written refuses."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +163,67 @@ def test_a_killed_worker_process_fails_the_conversion_cleanly(src, tmp_path):
     assert cli(*_args(src, dst, "--resume")).returncode == 0
     fastdata.convert(src, tmp_path / "ref", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=1)))
     same_dataset(tmp_path / "ref", dst)
+
+
+_POOL_SCRIPT = r'''
+import os, sys, time
+import numpy as np
+import fastdata
+from fastdata.errors import DataError
+from fastdata.write.local import _write_parallel
+from fastdata.write.shard_task import ShardTask
+
+class Part:
+    """Shard 0 fails at once; shard 1's worker dies a little later (as a SIGBUS or the OOM killer would)."""
+    def __init__(self, index):
+        self.index = index
+    def read(self, i):
+        if self.index == 0:
+            raise DataError("shard 0 fails")
+        if self.index == 1:
+            time.sleep(0.5)
+            os.kill(os.getpid(), 9)
+        time.sleep(0.5)  # the others are slow: futures still queued when shard 1's worker dies
+        return {"x": np.zeros(4, "<f4")}
+
+field = fastdata.format.make_field("x", "<f4", (4,))
+tasks = [ShardTask(part=Part(i), fields=[field], backend="hdf5", dst=sys.argv[1], name=f"shard-{i:05d}.h5",
+                   index=i, start=i, count=2, ragged_rows={}, compression=None) for i in range(12)]
+try:
+    _write_parallel(tasks, 2, None, lambda *a: None)
+except Exception as e:
+    print("raised:", type(e).__name__, e)
+'''
+
+
+def test_a_worker_dying_after_another_failed_does_not_hang_the_pool(tmp_path):
+    """A worker dying after another task failed: the conversion fails with the first error, never hangs
+    (the pool's thread crashed on futures cancelled after the first error, and nobody resolved the rest)."""
+    script = tmp_path / "pool.py"
+    script.write_text(_POOL_SCRIPT)
+    (tmp_path / "ds").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(fastdata.__file__).parents[1])}
+    try:
+        out = subprocess.run([sys.executable, script, tmp_path / "ds"], capture_output=True, text=True, timeout=60, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the conversion's process pool hung after a worker died")
+    assert "raised: DataError shard 0 fails" in out.stdout, out.stdout + out.stderr
+    assert "InvalidStateError" not in out.stderr, out.stderr
+
+
+def test_ctrl_c_is_one_line_and_resumable(src, tmp_path):
+    dst = tmp_path / "ds"
+    proc = start_paused(_args(src, dst), "pause:between_shards:1", tmp_path / "ready")
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err == "fastdata: interrupted\n", err
+    assert not (dst / "manifest.json").exists()
+    assert cli(*_args(src, dst, "--resume")).returncode == 0
+    fastdata.convert(src, tmp_path / "ref", fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=SHARD_SIZE, workers=1)))
+    same_dataset(tmp_path / "ref", dst)
+
+
+def test_a_dst_that_cannot_be_created_is_a_usage_error(src, tmp_path, run_cli):
+    (tmp_path / "file").write_text("not a folder")
+    code, _, err = run_cli(*_args(src, tmp_path / "file" / "ds"))
+    assert code == 2 and err == f"fastdata: error: {tmp_path / 'file' / 'ds'}: cannot create the destination: Not a directory\n"

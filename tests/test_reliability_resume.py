@@ -208,3 +208,33 @@ def test_image_folder_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     report = fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=opts, resume=True))
     assert report.kept == 2
     same_dataset(tmp_path / "ref", tmp_path / "ds")
+
+
+@pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
+def test_sigkill_while_the_journal_is_written_then_resume(src, tmp_path, backend):
+    """Killed between writing the journal's temporary file and renaming it: DST holds only the lock and
+    .fastdata-journal.tmp, and --resume (which scripts may always pass) starts the conversion afresh."""
+    ref = reference(src, tmp_path, backend)
+    dst = tmp_path / "ds"
+    kill(start_paused(_args(src, dst, backend, 1), "pause:mid_journal", tmp_path / "ready"))
+    assert sorted(p.name for p in dst.iterdir()) == [".fastdata-journal.tmp", ".fastdata.lock"]
+
+    done = cli(*_args(src, dst, backend, 1), "--resume")
+    assert done.returncode == 0, done.stderr
+    same_dataset(ref, dst)
+
+
+def test_resume_of_parts_never_started_or_killed_while_the_journal_is_written(src, tmp_path, run_cli):
+    """--part I/N --resume (a failed array task re-run with --resume appended) finishes a part killed
+    while writing its journal, and starts a part that never ran."""
+    ref = reference(src, tmp_path, "hdf5")
+    dst = tmp_path / "parts"
+    args = _args(src, dst, "hdf5", 1)
+    kill(start_paused([*args, "--part", "0/2"], "pause:mid_journal", tmp_path / "ready"))
+    assert (dst / ".fastdata-journal-part-00000-of-00002.tmp").exists()
+    for i in (0, 1):
+        done = cli(*args, "--part", f"{i}/2", "--resume")
+        assert done.returncode == 0, done.stderr
+    code, _, err = run_cli("merge-parts", dst)
+    assert code == 0, err
+    same_dataset(ref, dst)

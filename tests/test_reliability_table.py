@@ -163,3 +163,21 @@ def test_each_listed_test_fails_with_its_check_switched_off(row, tmp_path):
 def test_every_guard_is_for_a_row_of_the_table_and_its_tests():
     for row, (_, _, refs) in GUARDS.items():
         assert row in CHECKS and set(refs or []) <= set(CHECKS[row]), row
+
+
+WRITE_HEADING = "## When writing fails"
+
+
+def test_every_write_failure_names_tests_that_exist():
+    """The "When writing fails" table: each failure's last cell names the tests (``file::function``) that check it."""
+    text = (ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+    section = text.split(WRITE_HEADING, 1)[1].split("\n#", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("|")][2:]
+    assert rows, f"no table under {WRITE_HEADING!r}"
+    for row in rows:
+        refs = re.findall(r"`(test_\w+\.py::\w+)`", row.rsplit(" | ", 1)[-1])
+        assert refs, f"a row of {WRITE_HEADING!r} names no test: {row[:80]}"
+        for ref in refs:
+            file, _, name = ref.partition("::")
+            tree = ast.parse((ROOT / "tests" / file).read_text(encoding="utf-8"))
+            assert name in {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}, f"{ref} does not exist"

@@ -3,6 +3,7 @@ LMDB shards: records appended in key order, committed in batches, the map grown 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -12,6 +13,7 @@ import lmdb
 import numpy as np
 
 from ..errors import UsageError
+from ..fileio import disk_full
 from . import codec as blosc_codec
 from .spec import FieldSpec
 
@@ -20,6 +22,7 @@ SHARD_KEY = b"\xff" * 8  # the shard's own description; sorts after every sample
 KEY = struct.Struct(">Q")
 _COMMIT_BYTES = 64 << 20
 _TAIL_GUARD_MIN = 192 << 10  # > the 64 KiB an in-page offset can reach, plus a 64 KiB key size
+_FULL_MARGIN = 1 << 20  # a failed write with less than this (+ the batch) free on the disk: the disk is full
 
 
 def parse_compression(value: str | None) -> blosc_codec.Codec | None:
@@ -95,10 +98,14 @@ class ShardWriter:
         self.start = start
         payload = sum(f.row_nbytes * (ragged_rows[f.name] if f.ragged else count) for f in fields)
         self.grows = 0  # times the map was enlarged (the estimate below was too small)
-        self._env = lmdb.open(
-            str(self.path), subdir=False, map_size=initial_map_size(payload, count, len(fields)), metasync=False,
-            sync=False, readahead=False, max_dbs=0, lock=True,
-        )
+        try:  # lock=False: the temporary file is this writer's alone, and a lock file is mapped memory,
+            # which on a full tmpfs kills the process with SIGBUS instead of failing a write
+            self._env = lmdb.open(
+                str(self.path), subdir=False, map_size=initial_map_size(payload, count, len(fields)), metasync=False,
+                sync=False, readahead=False, max_dbs=0, lock=False,
+            )
+        except lmdb.Error as e:
+            raise self._disk_error(e, 0) from e
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._largest = 0
@@ -128,8 +135,16 @@ class ShardWriter:
                 size = self._env.info()["map_size"]
                 self._env.set_mapsize(max(size * 2, size + 4 * self._pending_bytes))
                 self.grows += 1
+            except lmdb.Error as e:
+                raise self._disk_error(e, self._pending_bytes) from e
         self._pending.clear()
         self._pending_bytes = 0
+
+    def _disk_error(self, e: lmdb.Error, pending: int) -> Exception:
+        """liblmdb turns a short write into EIO: name a full disk for what it is."""
+        if disk_full(self.path.parent, pending + _FULL_MARGIN):
+            return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({e})")
+        return e
 
     def close(self) -> None:
         if self._env is None:
@@ -139,7 +154,10 @@ class ShardWriter:
                 raise ValueError(f"shard got {self._n} samples, planned {self.count}")
             self._pending.append((SHARD_KEY, shard_record(self.fields, self.start, self.count)))
             self._commit()
-            self._env.sync(True)
+            try:
+                self._env.sync(True)
+            except lmdb.Error as e:
+                raise self._disk_error(e, 0) from e
             psize = self._env.stat()["psize"]
         finally:
             self._release()
@@ -148,7 +166,6 @@ class ShardWriter:
     def _release(self) -> None:
         self._env.close()
         self._env = None  # type: ignore[assignment]  # closed: the writer is finished
-        Path(str(self.path) + "-lock").unlink(missing_ok=True)
 
     def __enter__(self) -> "ShardWriter":
         return self

@@ -10,7 +10,8 @@ points that name a shard, only for shard number ``SHARD`` if given):
   worker the test killed) goes on the second time.
 * ``enospc``, ``eio``, ``eacces``: raise that ``OSError`` here, as the disk would.
 
-Points: ``before_first_shard`` (journal written, no shard started), ``mid_shard`` (half of a
+Points: ``mid_journal`` (the journal's first line written to its temporary file, not yet renamed),
+``before_first_shard`` (journal written, no shard started), ``mid_shard`` (half of a
 shard's samples written to its temporary file), ``between_shards`` (a shard renamed into
 place and journaled), ``before_manifest`` (every shard done, no manifest yet), ``upload`` (a
 finished shard about to be uploaded to a URL destination; its local copy is there). The hook
@@ -27,7 +28,7 @@ from fastdata.errors import UsageError
 
 ENV = "FASTDATA_FAULT"
 READY_ENV = "FASTDATA_FAULT_READY"
-POINTS = ("before_first_shard", "mid_shard", "between_shards", "before_manifest", "upload")
+POINTS = ("mid_journal", "before_first_shard", "mid_shard", "between_shards", "before_manifest", "upload")
 _ERRNOS = {"enospc": errno.ENOSPC, "eio": errno.EIO, "eacces": errno.EACCES}
 
 

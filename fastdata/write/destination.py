@@ -88,7 +88,8 @@ def _check_entries(dst: Path, overwrite: bool, resume: bool) -> list[str]:
     if resume:
         if MANIFEST_NAME in entries:
             raise UsageError(f"{dst}: already holds a finished dataset; nothing to resume (%(overwrite=True) converts again)")
-        if entries and JOURNAL_NAME not in entries and not foreign:
+        left = [e for e in entries if not TEMPORARY.match(e)]  # a kill while the journal was written leaves only these
+        if left and JOURNAL_NAME not in entries and not foreign:
             raise UsageError(f"{dst}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
                              "convert again with %(overwrite=True)")
     elif entries and not overwrite:
@@ -212,8 +213,8 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
             raise UsageError(f"{dst}: refused: it holds {foreign[0]!r}, which fastdata did not write; "
                              "choose an empty or new folder")
         record, jname = part_record_name(index, count), part_journal_name(index, count)
-        check_part_entries(str(dst), entries, part, jname, overwrite, resume, "folder")
-        target.resume = resume
+        target.resume = resume and jname in entries  # no journal (never started, or killed writing it): start afresh
+        check_part_entries(str(dst), entries, part, jname, overwrite, target.resume, "folder")
         if overwrite:
             (dst / record).unlink(missing_ok=True)
             journal.remove(dst, jname)  # its shards go when the writer removes shards no journal vouches for

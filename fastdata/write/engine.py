@@ -17,13 +17,24 @@ from typing import Protocol
 import numpy as np
 
 from fastdata._version import __version__
-from fastdata.errors import FastdataError
+from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.fileio import file_checksum, write_atomic
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, shard_file_name, write_manifest
 from fastdata.format import codec as blosc_codec
 from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.keys import write_keys
-from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo, version_for
+from fastdata.format.spec import (
+    CHECKSUM_DEFAULT,
+    KEYS_FILE,
+    KEYS_INDEX,
+    KEYS_KIND_FILE,
+    MAX_CLASSES,
+    MAX_FIELDS,
+    MAX_SAMPLES,
+    MAX_SHARDS,
+    KeysInfo,
+    version_for,
+)
 from fastdata.world import usable_cpus
 
 from . import _fault, journal
@@ -33,7 +44,7 @@ from .options import ConvertReport, Progress, Source, WriteOptions
 from .shard_task import ShardTask, write_error
 
 log = logging.getLogger(__name__)
-__all__ = ["ShardEngine", "part_range", "plan_shards", "write_dataset"]
+__all__ = ["ShardEngine", "check_source", "part_range", "plan_shards", "write_dataset"]
 
 
 def plan_shards(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
@@ -48,6 +59,38 @@ def plan_shards(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
         plans.append((start, stop))
         start = stop
     return plans
+
+
+def check_source(source: Source, opts: WriteOptions, where: str) -> None:
+    """Refuse, before anything is written, a dataset the reader would refuse (the limits of
+    fastdata/format/spec.py) or that could not be written whole (a sample key that is not UTF-8 text)."""
+    n = len(source.fields)
+    if n > MAX_FIELDS:
+        raise DataError(f"{where}: would make {n} fields, over the limit of {MAX_FIELDS} a dataset may have")
+    if len(source) > MAX_SAMPLES:
+        raise DataError(f"{where}: {len(source)} samples, over the limit of {MAX_SAMPLES} a dataset may have")
+    if source.classes is not None and len(source.classes) > MAX_CLASSES:
+        raise DataError(f"{where}: {len(source.classes)} classes, over the limit of {MAX_CLASSES}")
+    shards = len(plan_shards(source.sample_nbytes(), opts.shard_size))
+    if shards > MAX_SHARDS:
+        raise UsageError(f"%(shard_size) {opts.shard_size} makes {shards} shards, over the limit of {MAX_SHARDS}; "
+                         "pass a larger one")
+    keys = source.sample_keys()
+    if keys is not None:
+        try:
+            "\n".join(keys).encode("utf-8")
+        except UnicodeEncodeError:
+            bad = next(i for i, k in enumerate(keys) if not k.isascii() and _not_utf8(k))
+            raise DataError(f"{where}: the key of sample {bad}, {keys[bad]!a}, is not valid UTF-8 text; rename "
+                            "that file") from None
+
+
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 class ShardEngine(Protocol):

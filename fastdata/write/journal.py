@@ -28,6 +28,8 @@ from fastdata.format import ShardInfo
 from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.spec import parse_checksum
 
+from . import _fault
+
 __all__ = ["JOURNAL_VERSION", "MAX_JOURNAL_BYTES", "append", "check_same", "fingerprint", "header", "load", "remove",
            "start"]
 
@@ -95,6 +97,7 @@ def start(dst: Path, head: dict[str, Any], name: str = JOURNAL_NAME) -> None:
     tmp = dst / f"{name}.tmp"
     try:
         tmp.write_text(json.dumps(head, sort_keys=True) + "\n", encoding="utf-8")
+        _fault.point("mid_journal")
         finish_file(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

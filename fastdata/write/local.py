@@ -57,28 +57,31 @@ def _write_parallel(tasks: list[ShardTask], workers: int, progress: Progress | N
             if progress is not None:
                 progress.update(n, b)
 
+    todo = iter(tasks)
+    error: BaseException | None = None
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
                              initargs=(q, os.getpid())) as ex:
-        pending: dict[Future[tuple[ShardInfo, bool]], ShardTask] = {ex.submit(write_shard, t): t for t in tasks}
-        error: BaseException | None = None
-        try:
-            while pending:
-                done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
-                drain()
-                for fut in sorted(done, key=lambda f: pending[f].index):
-                    task = pending.pop(fut)
-                    if fut.cancelled():
-                        continue
-                    if fut.exception() is not None:
-                        # Stop starting shards, but journal those still running that finish: less to redo.
-                        error = error or fut.exception()
-                        for other in pending:
-                            other.cancel()
-                        continue
+        # At most one task per worker is submitted, and none is ever cancelled: a cancelled future
+        # makes the pool's thread fail (InvalidStateError) when a worker then dies, and the futures
+        # of the running tasks are never resolved (a hang). After an error, no new task starts.
+        pending: dict[Future[tuple[ShardInfo, bool]], ShardTask] = {}
+        while True:
+            while error is None and len(pending) < workers and (task := next(todo, None)) is not None:
+                pending[ex.submit(write_shard, task)] = task
+            if not pending:
+                break
+            done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            drain()
+            for fut in sorted(done, key=lambda f: pending[f].index):
+                task = pending.pop(fut)
+                if fut.exception() is not None:
+                    # Journal the running shards that still finish: less to redo.
+                    error = error or fut.exception()
+                    continue
+                try:
                     finished(task, *fut.result())
-        finally:
-            for fut in pending:
-                fut.cancel()
+                except BaseException as e:  # the journal could not be written (disk full?)
+                    error = error or e
     drain()  # workers flush their queue feeders when they exit at shutdown
     q.close()
     if isinstance(error, BrokenProcessPool):

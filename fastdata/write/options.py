@@ -9,7 +9,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from fastdata._units import fmt_bytes
+from fastdata._units import MAX_SIZE, fmt_bytes
 from fastdata.errors import UsageError
 from fastdata.format import FieldSpec, backend
 from fastdata.format import codec as blosc_codec
@@ -82,6 +82,8 @@ class WriteOptions:
             blosc_codec.require()  # the packages are missing: say so before anything is written
         if self.shard_size <= 0:
             raise UsageError("%(shard_size) must be positive")
+        if self.shard_size > MAX_SIZE:
+            raise UsageError(f"%(shard_size) {self.shard_size} is over the limit of 1 EiB ({MAX_SIZE} bytes)")
         if self.workers is not None and self.workers < 1:
             raise UsageError("%(workers) must be at least 1")
         if self.engine not in ENGINES:
