@@ -165,3 +165,58 @@ def test_the_default_time_bound_comes_from_the_environment(monkeypatch, value, o
             fastdata.RemoteOptions()
     monkeypatch.delenv("FASTDATA_REMOTE_TIMEOUT")
     assert fastdata.RemoteOptions().timeout == 300.0
+
+
+@pytest.fixture
+def s3_to_kill(monkeypatch):
+    """A moto server of the test's own, to kill mid-read or mid-write (the test credentials set)."""
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    server = S3Server(free_port())
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_a_server_gone_mid_read_fails_once_at_the_bound_naming_the_endpoint(s3_to_kill, tmp_path, monkeypatch):
+    """Two threads of one process want the same shard (a reader and a prefetch): the second waits on the
+    first's download lock, and when the first gives up it gets the first's cause, within the same time
+    bound, instead of a lock blamed on its own pid or a second round of retries."""
+    import threading
+
+    from fastdata.remote import store as store_module
+    from fastdata.remote.store import RemoteStore
+
+    rounds = []  # the downloads' rounds of retries
+
+    def counted(fn, what, deadline, **kw):
+        rounds.append(what)
+        return retry.with_retries(fn, what, deadline, **kw)
+
+    monkeypatch.setattr(store_module, "with_retries", counted)
+    server = s3_to_kill
+    server.fs().mkdir("gone")
+    url = "s3://gone/ds"
+    fastdata.convert(None, url, fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1),
+                                                       remote=opts(server, tmp_path / "wcache")),
+                     arrays={"x": _array(tmp_path)})
+    store = RemoteStore(url, opts(server, tmp_path / "cache", timeout=2.0))
+    server.kill()
+    errors: dict[str, BaseException] = {}
+
+    def fetch(who: str) -> None:
+        try:
+            store.fetch(0)
+        except BaseException as e:  # noqa: BLE001 - collected for the asserts
+            errors[who] = e
+
+    first = threading.Thread(target=fetch, args=("first",))
+    first.start()
+    time.sleep(0.5)
+    fetch("second")
+    first.join()
+    for who in ("first", "second"):
+        assert isinstance(errors[who], RemoteError), (who, errors[who])
+        assert "shard-00000.h5: download: cannot reach the endpoint" in str(errors[who]), str(errors[who])
+        assert "locked by" not in str(errors[who])
+    assert [w for w in rounds if w.endswith("download")] == ["s3://gone/ds/shard-00000.h5: download"]  # one round of retries, not a second one after it

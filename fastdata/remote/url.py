@@ -6,6 +6,7 @@ error naming the missing package, never taken for a local path.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any, Mapping
@@ -53,8 +54,9 @@ def join(url: str, name: str) -> str:
     return url.rstrip("/") + "/" + name
 
 
-def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> Any:
-    """The fsspec filesystem for ``url``; a UsageError names the package a scheme needs."""
+def filesystem(url: str, storage_options: Mapping[str, Any] | None, timeout: float | None = None) -> Any:
+    """The fsspec filesystem for ``url``; a UsageError names the package a scheme needs. With ``timeout``
+    (the calls' time bound), S3's connect and read timeouts are at most that: one attempt cannot outlast it."""
     proto = scheme(url)
     try:
         import fsspec
@@ -68,7 +70,9 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> Any:
     if proto in ("s3", "s3a"):
         for k, v in _S3_DEFAULTS.items():
             if k == "config_kwargs":
-                opts[k] = {**v, **opts.get(k, {})}
+                bounded = {t: min(v[t], max(1, math.ceil(timeout))) for t in ("connect_timeout", "read_timeout")} \
+                    if timeout is not None else {}
+                opts[k] = {**v, **bounded, **opts.get(k, {})}
             else:
                 opts.setdefault(k, v)
     try:
