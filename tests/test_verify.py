@@ -182,9 +182,12 @@ def test_a_count_the_shard_does_not_hold_is_a_quick_problem_and_its_samples_are_
 
 def test_a_fifo_in_place_of_a_shard_is_not_a_regular_file(ds):
     shard = _shard(ds, 1)
+    opened = fastdata.open(ds)  # before the FIFO: its first read of the shard opens the FIFO
     shard.unlink()
     os.mkfifo(shard)
     with pytest.raises(CorruptShardError, match=f"{shard.name}' is not a regular file \\(a FIFO\\)"):
         fastdata.open(ds)
+    with pytest.raises(CorruptShardError, match=f"{shard.name}: is not a regular file \\(a FIFO\\)"):
+        opened.get_batch([9])  # the first sample of shard 1
     report = verify(ds, deep=True)  # neither hangs on the FIFO nor calls it missing
     assert [str(p) for p in report.problems[:1]] == [f"{shard.name}: is not a regular file (a FIFO)"]
