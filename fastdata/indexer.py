@@ -2,8 +2,9 @@
 
 The index is a folder holding only ``manifest.json`` (backend ``inplace``, fastdata/format/inplace.py):
 ``fastdata.open`` and ``fastdata.loader`` read it as they read converted data. Each source file is
-stamped (size, modification time, metadata checksum, optionally a full checksum) so that a file
-changed later is refused by name, never read as different data. See docs/in-place.md.
+stamped (size, modification time, metadata checksum, a checksum of sampled blocks, optionally a full
+checksum) so that a file changed later is refused by name at open; a small same-size edit between the
+sampled blocks is found only by the full checksum (``verify --deep``). See docs/in-place.md.
 """
 
 from __future__ import annotations

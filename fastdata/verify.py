@@ -11,6 +11,7 @@ Problems are collected and returned, never raised, so one run names every bad sh
 from __future__ import annotations
 
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 
 from .dataset import Dataset
 from .errors import FastdataError
-from .fileio import file_checksum
+from .fileio import file_checksum, not_regular
 from .format import (
     IMAGE_ENCODINGS,
     LABEL_FIELD,
@@ -28,6 +29,7 @@ from .format import (
     FieldSpec,
     Manifest,
     ShardInfo,
+    backend,
     read_manifest,
     shard_path,
 )
@@ -49,11 +51,13 @@ class Progress(Protocol):
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong: with a shard file name, a sample index (global), or neither."""
+    """One thing wrong: with a shard file name, a sample index (global), or neither. ``unreadable``: the
+    shard fails its reader's checks at open, so ``deep`` does not read its samples (each read would fail alike)."""
 
     message: str
     shard: str | None = None
     sample: int | None = None
+    unreadable: bool = False
 
     def __str__(self) -> str:
         return self.message
@@ -104,14 +108,13 @@ def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress 
         report.problems += [Problem(p) for p in check_index(root, manifest, content=deep)]
     else:
         report.problems += check_shards(root, manifest, progress, threads)
+    skip = {p.shard for p in report.problems if p.unreadable and p.shard is not None}
     keys = manifest.keys
     if keys is not None and keys.file is not None:  # the sample keys' side file: size and checksum too
-        problem = _check_shard(root, ShardInfo(file=keys.file, start=0, count=manifest.num_samples,
-                                               bytes=keys.bytes, checksum=str(keys.checksum)))
-        if problem is not None:
-            report.problems.append(Problem(problem, shard=keys.file))
+        report.problems += _check_shard(root, ShardInfo(file=keys.file, start=0, count=manifest.num_samples,
+                                                        bytes=keys.bytes, checksum=str(keys.checksum)))
     if deep:
-        report.samples_read, problems = check_samples(root, manifest, progress)
+        report.samples_read, problems = check_samples(root, manifest, progress, skip=skip)
         report.problems += problems
     return report
 
@@ -158,45 +161,60 @@ def _verify_remote(url: str, deep: bool, progress: Progress | None, remote: Remo
 
 def check_shards(root: Path, manifest: Manifest, progress: Progress | None = None,
                  threads: int | None = None) -> list[Problem]:
-    """Each shard's existence, size and checksum against the manifest, hashed on a few threads."""
+    """Each shard's existence, size, checksum and open checks against the manifest, on a few threads."""
     if progress is not None:
         progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="checksums")
     workers = max(1, min(threads or usable_cpus(), 8, len(manifest.shards) or 1))
     problems: list[Problem] = []
     with ThreadPoolExecutor(workers, thread_name_prefix="fastdata-verify") as pool:
-        for info, problem in zip(manifest.shards, pool.map(lambda s: _check_shard(root, s), manifest.shards)):
-            if problem is not None:
-                problems.append(Problem(problem, shard=info.file))
+        for info, found in zip(manifest.shards, pool.map(lambda s: _check_shard(root, s, manifest), manifest.shards)):
+            problems += found
             if progress is not None:
                 progress.update(info.count, info.bytes)
     return problems
 
 
-def _check_shard(root: Path, info: ShardInfo) -> str | None:
+def _check_shard(root: Path, info: ShardInfo, manifest: Manifest | None = None) -> list[Problem]:
+    """What is wrong with one shard file (or, without ``manifest``, the keys file): existence, size,
+    checksum, then the reader's own checks at open, which compare what the shard records (its samples,
+    first sample, schema) with the manifest: cheap next to the checksum, and they catch a count edited
+    in the manifest, which no checksum covers."""
     where = info.file
     try:
         path = shard_path(root, info)
-        size = path.stat().st_size
-        if size != info.bytes:
-            return f"{where}: file is {size} bytes, the manifest says {info.bytes} (truncated or replaced)"
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return [Problem(f"{where}: {not_regular(st.st_mode)}", where)]
+        if st.st_size != info.bytes:
+            return [Problem(f"{where}: file is {st.st_size} bytes, the manifest says {info.bytes} (truncated or replaced)", where)]
         digest = file_checksum(path, info.checksum_algorithm)
     except FileNotFoundError:
-        return f"{where}: file is missing"
+        return [Problem(f"{where}: file is missing", where)]
     except FastdataError as e:
-        return str(e)
+        return [Problem(str(e), where)]
     except OSError as e:
-        return f"{where}: cannot read: {e.strerror or e}"
+        return [Problem(f"{where}: cannot read: {e.strerror or e}", where)]
+    out = []
     if digest != info.checksum:
-        return f"{where}: checksum is {digest}, the manifest says {info.checksum} (corrupted since it was written)"
-    return None
+        out.append(Problem(f"{where}: checksum is {digest}, the manifest says {info.checksum} (corrupted since it was written)", where))
+    if manifest is not None:
+        reader = backend(manifest.backend).ShardReader(path, info, manifest.fields)
+        try:
+            reader.handle()
+        except FastdataError as e:
+            out.append(Problem(str(e), where, unreadable=True))
+        finally:
+            reader.close()
+    return out
 
 
 def check_samples(root: Path, manifest: Manifest, progress: Progress | None = None,
-                  ds: Dataset | None = None) -> tuple[int, list[Problem]]:
+                  ds: Dataset | None = None, skip: set[str] | frozenset[str] = frozenset()) -> tuple[int, list[Problem]]:
     """Read every sample through ``fastdata.open`` and check it against the schema.
 
     Returns the number of samples read and the problems. A dataset that cannot even be opened
-    (a shard missing or of the wrong size) gives one problem saying so.
+    (a shard missing or of the wrong size) gives one problem saying so. Shards in ``skip`` (found
+    unreadable already) are not read: their counts may be anything, and each read would fail alike.
     """
     try:
         ds = ds or Dataset(root)
@@ -209,6 +227,8 @@ def check_samples(root: Path, manifest: Manifest, progress: Progress | None = No
     read = 0
     with ds:
         for info in manifest.shards:
+            if info.file in skip:
+                continue
             found: list[Problem] = []
             for a in range(info.start, info.start + info.count, batch):
                 idx = np.arange(a, min(a + batch, info.start + info.count))

@@ -222,7 +222,8 @@ def test_same_size_rewrite_caught_by_metadata_or_checksum(tmp_path):
     b[3] += 1
     np.save(tmp_path / "x.npy", b)
     os.utime(tmp_path / "x.npy", ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same time: only the content
-    assert verify(tmp_path / "i").ok
+    quick = verify(tmp_path / "i")  # a file this small is sampled whole (sample_checksum)
+    assert not quick.ok and "blocks sampled across its content differ" in str(quick.problems[0])
     deep = verify(tmp_path / "i", deep=True)
     assert not deep.ok and "content checksum" in str(deep.problems[0])
 
@@ -326,3 +327,51 @@ def test_chunks_shuffle_on_splits_and_strict_ddp_shares(h5index):
         ld.close()
     flat = [i for s in shares for i in s]
     assert len({len(s) for s in shares}) == 1 and len(flat) == len(set(flat)) == 80  # 90 // 4 = 22, 5 whole batches
+
+
+def _keep_time(path, edit):
+    """``edit()`` changes the file (or store) at ``path``; its modification times are then put back."""
+    paths = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    times = {p: os.stat(p).st_mtime_ns for p in paths}
+    edit()
+    for p, t in times.items():
+        os.utime(p, ns=(t, t))
+
+
+def test_a_same_layout_replacement_is_refused_at_open(tmp_path):
+    """Same size, same layout (so the same metadata), same time: only the sampled content tells."""
+    src = tmp_path / "c.h5"
+    with h5py.File(src, "w") as f:
+        f["x"] = _arrays(seed=0)["x"]  # contiguous
+    fastdata.index(src, tmp_path / "i", {"x": "/x"})
+
+    def replace():
+        with h5py.File(src, "r+") as f:
+            f["x"][...] = _arrays(seed=1)["x"]
+
+    _keep_time(src, replace)
+    with pytest.raises(CorruptShardError, match=r"c\.h5: changed since it was indexed \(the blocks sampled"):
+        fastdata.open(tmp_path / "i")
+    assert not verify(tmp_path / "i").ok
+
+
+def test_swapped_zarr_chunk_files_are_refused_at_open(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    a = _arrays()
+    z = zarr.create_array(str(tmp_path / "s.zarr"), shape=a["x"].shape, chunks=(10, 2, 5, 3), dtype="f4",
+                          compressors=None)
+    z[:] = a["x"]
+    fastdata.index(tmp_path / "s.zarr", tmp_path / "i")
+    chunks = sorted(p for p in (tmp_path / "s.zarr").rglob("*") if p.is_file() and p.name != "zarr.json")
+    one, two = chunks[0], chunks[1]
+    assert one.stat().st_size == two.stat().st_size
+
+    def swap():
+        tmp = one.with_name("swap")
+        one.rename(tmp)
+        two.rename(one)
+        tmp.rename(two)
+
+    _keep_time(tmp_path / "s.zarr", swap)
+    with pytest.raises(CorruptShardError, match=r"s\.zarr: changed since it was indexed \(the blocks sampled"):
+        fastdata.open(tmp_path / "i")

@@ -68,6 +68,22 @@ CHECKS: dict[str, list[str]] = {
         "test_verify.py::test_deep_checks_labels_against_the_classes",
         "test_verify.py::test_deep_decodes_images",
     ],
+    "each shard's count fits in its bytes (an LMDB sample takes 24 + 8 per field bytes or more, an HDF5 sample its raw bytes over 2^16)": [
+        "test_verify.py::test_a_count_the_shard_bytes_cannot_hold_is_refused_before_any_allocation",
+    ],
+    "each shard is a regular file (a FIFO or device is refused, not read)": [
+        "test_verify.py::test_a_fifo_in_place_of_a_shard_is_not_a_regular_file",
+    ],
+    "each shard opens: its recorded samples, first sample and schema are the manifest's": [
+        "test_verify.py::test_a_count_the_shard_does_not_hold_is_a_quick_problem_and_its_samples_are_not_read",
+    ],
+    "in-place index: each source file's size, time, metadata, and 64 blocks sampled across its content ("
+    "up to 4 blocks of each Zarr file)": [
+        "test_inplace.py::test_modified_source_is_refused",  # size
+        "test_inplace.py::test_touched_source_is_refused",  # time
+        "test_inplace.py::test_a_same_layout_replacement_is_refused_at_open",  # sampled blocks
+        "test_inplace.py::test_swapped_zarr_chunk_files_are_refused_at_open",  # sampled blocks of a Zarr store
+    ],
 }
 
 

@@ -5,6 +5,7 @@ stale locks, DDP. Nothing inside fastdata is patched."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -426,7 +427,7 @@ def test_endpoint_gone_mid_download_then_back_succeeds_after_retry(s3, tmp_path)
         proxy.kill()
 
 
-def test_corrupted_object_is_caught_by_the_checksum(s3, tmp_path):
+def test_corrupted_object_is_caught_by_the_checksum(s3, tmp_path, caplog):
     b = bucket(s3)
     url = f"s3://{b}/bad"
     convert_arrays(tmp_path, url, 100, shard_size=10_000, remote=opts(s3, tmp_path / "up"))
@@ -438,8 +439,12 @@ def test_corrupted_object_is_caught_by_the_checksum(s3, tmp_path):
     ds = fastdata.open(url, remote=opts(s3, tmp_path / "cache"))
     ds.get_batch([0])  # shard 0 is fine
     start = ds.manifest.shards[1].start
-    with pytest.raises(CorruptShardError, match=r"s3://.*/bad/shard-00001.h5.*checksum"):
-        ds.get_batch([start])
+    with caplog.at_level(logging.WARNING, logger="fastdata.remote"):
+        with pytest.raises(CorruptShardError, match=r"s3://.*/bad/shard-00001.h5.*checksum"):
+            ds.get_batch([start])
+    warned = [r.getMessage() for r in caplog.records if "does not match the manifest" in r.getMessage()]
+    expected = ds.manifest.shards[1].checksum
+    assert warned and all(f"(checksum xxh3_128:" in w and f", expected {expected})" in w for w in warned), warned
     name = cache_name(ds.manifest.shards[1])
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(name)]  # never cached, never read
 

@@ -165,3 +165,107 @@ def test_the_default_time_bound_comes_from_the_environment(monkeypatch, value, o
             fastdata.RemoteOptions()
     monkeypatch.delenv("FASTDATA_REMOTE_TIMEOUT")
     assert fastdata.RemoteOptions().timeout == 300.0
+
+
+@pytest.fixture
+def s3_to_kill(monkeypatch):
+    """A moto server of the test's own, to kill mid-read or mid-write (the test credentials set)."""
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    server = S3Server(free_port())
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_a_server_gone_mid_read_fails_once_at_the_bound_naming_the_endpoint(s3_to_kill, tmp_path, monkeypatch):
+    """Two threads of one process want the same shard (a reader and a prefetch): the second waits on the
+    first's download lock, and when the first gives up it gets the first's cause, within the same time
+    bound, instead of a lock blamed on its own pid or a second round of retries."""
+    import threading
+
+    from fastdata.remote import store as store_module
+    from fastdata.remote.store import RemoteStore
+
+    rounds = []  # the downloads' rounds of retries
+
+    def counted(fn, what, deadline, **kw):
+        rounds.append(what)
+        return retry.with_retries(fn, what, deadline, **kw)
+
+    monkeypatch.setattr(store_module, "with_retries", counted)
+    server = s3_to_kill
+    server.fs().mkdir("gone")
+    url = "s3://gone/ds"
+    fastdata.convert(None, url, fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1),
+                                                       remote=opts(server, tmp_path / "wcache")),
+                     arrays={"x": _array(tmp_path)})
+    store = RemoteStore(url, opts(server, tmp_path / "cache", timeout=2.0))
+    server.kill()
+    errors: dict[str, BaseException] = {}
+
+    def fetch(who: str) -> None:
+        try:
+            store.fetch(0)
+        except BaseException as e:  # noqa: BLE001 - collected for the asserts
+            errors[who] = e
+
+    first = threading.Thread(target=fetch, args=("first",))
+    first.start()
+    time.sleep(0.5)
+    fetch("second")
+    first.join()
+    for who in ("first", "second"):
+        assert isinstance(errors[who], RemoteError), (who, errors[who])
+        assert "shard-00000.h5: download: cannot reach the endpoint" in str(errors[who]), str(errors[who])
+        assert "locked by" not in str(errors[who])
+    assert [w for w in rounds if w.endswith("download")] == ["s3://gone/ds/shard-00000.h5: download"]  # one round of retries, not a second one after it
+
+
+def test_a_server_gone_mid_write_stops_the_uploads_at_the_bound_and_removes_what_was_staged(s3_to_kill, tmp_path,
+                                                                                          monkeypatch):
+    """Uploads not started when one gives up are not tried (each would wait out the bound again), and the
+    staged shards go: --resume starts from the remote journal, never from them."""
+    import threading
+
+    from fastdata.write import remote_target
+
+    server = s3_to_kill
+    server.fs().mkdir("gone")
+    rounds = []  # the uploads' rounds of retries
+
+    def counted(fn, what, deadline, **kw):
+        rounds.append(what)
+        return retry.with_retries(fn, what, deadline, **kw)
+
+    monkeypatch.setattr(remote_target, "with_retries", counted)
+    np.save(tmp_path / "X.npy", np.random.default_rng(0).random((2000, 2500), dtype=np.float32))  # 20 MB
+    uploads = tmp_path / "cache" / "uploads"
+
+    def kill_once_staged() -> None:
+        while not any(uploads.rglob("shard-00002.h5")):
+            time.sleep(0.02)
+        server.kill()
+
+    killer = threading.Thread(target=kill_once_staged, daemon=True)
+    killer.start()
+    config = fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1, shard_size=1_000_000),
+                                    remote=opts(server, tmp_path / "cache", timeout=2.0))
+    with pytest.raises(RemoteError, match="cannot reach the endpoint"):
+        fastdata.convert(None, "s3://gone/ds", config, arrays={"x": tmp_path / "X.npy"})
+    killer.join()
+    shards = [w for w in rounds if w.endswith(".h5: upload")]
+    assert len(shards) <= 3 + remote_target._UPLOAD_THREADS, shards  # not all 20: queued ones were dropped
+    assert not list(uploads.rglob("*.h5")), list(uploads.rglob("*"))
+
+
+def test_an_abandoned_task_of_a_failed_upload_is_no_traceback(caplog):
+    """s3fs's multipart upload leaves tasks whose errors nobody retrieves once the call gave up: asyncio
+    would print each as a traceback above fastdata's one-line error."""
+    from fastdata.remote.url import filesystem
+
+    fs = filesystem("s3://any/ds", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}, 2.0)
+    fs.loop.call_soon_threadsafe(fs.loop.call_exception_handler, {
+        "message": "Task exception was never retrieved", "exception": ConnectionResetError("gone")})
+    time.sleep(0.2)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

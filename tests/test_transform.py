@@ -261,3 +261,52 @@ def test_arrays_a_transform_makes_land_in_the_slot_after_the_first_batches(ds):
         assert b["extra"].untyped_storage().data_ptr() == b["label"].untyped_storage().data_ptr()  # in the slot
     _equal(first, expected(ds, doubled))
     _equal(again, expected(ds, doubled, epochs=2)[len(first):])
+
+
+_RELEASE = __import__("threading").Event()  # lets a hung reader thread go once the test has seen the timeout
+
+
+def hang_on_seven(batch, rng):
+    if 7 in batch["label"].tolist():
+        _RELEASE.wait(60)
+
+
+def interrupt_on_seven(batch, rng):
+    if 7 in batch["label"].tolist():
+        raise KeyboardInterrupt
+
+
+def object_field(batch, rng):
+    batch["objects"] = np.array([{"a": 1}] * len(batch["label"]), dtype=object)
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_a_transform_that_hangs_past_the_timeout_names_the_batch(ds, mode):
+    _RELEASE.clear()
+    ld = fastdata.loader(ds, 4, shuffle=False, device="cpu", num_workers=2,
+                         config=LoaderConfig(mode=mode, timeout=1.0), transform=hang_on_seven)
+    hung = {"threads": r"batch 1 was not read within timeout=1.0 s: its read or transform hangs",
+            "processes": r"worker process 1 \(pid \d+\) did not finish batch 1 within timeout=1.0 s.*it was killed"}
+    with pytest.raises(LoaderWorkerError, match=hung[mode]):
+        list(ld)
+    _RELEASE.set()
+    assert next(iter(ld))["label"].tolist() == [0, 1, 2, 3]  # the next pass reads again
+    ld.close()
+    for bad in (dict(num_workers=0), dict(num_workers=2, backend="dali")):  # a timeout nothing would honour
+        with pytest.raises(UsageError, match="timeout"):
+            fastdata.loader(ds, 4, device="cpu", config=LoaderConfig(timeout=1.0), **bad)
+
+
+def test_a_keyboard_interrupt_in_a_worker_transform_is_reported_as_such(ds):
+    with fastdata.loader(ds, 4, shuffle=False, device="cpu", num_workers=2, config=LoaderConfig(mode="processes"),
+                         transform=interrupt_on_seven) as ld:
+        with pytest.raises(LoaderWorkerError, match=r"batch 1, in the transform: interrupted \(KeyboardInterrupt\)"):
+            list(ld)
+
+
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_a_transform_result_torch_cannot_take_is_a_loader_worker_error(ds, mode):
+    with fastdata.loader(ds, 4, shuffle=False, device="cpu", num_workers=2, config=LoaderConfig(mode=mode),
+                         transform=object_field) as ld:
+        with pytest.raises(LoaderWorkerError, match=r"batch 0, in the transform: transform object_field returned field .objects. as an array of dtype object"):
+            list(ld)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 
 import lmdb
 import numpy as np
@@ -149,3 +150,44 @@ def test_verify_refuses_a_dataset_without_a_usable_manifest(tmp_path, ds, run_cl
     edit_manifest(ds, lambda m: m["shards"][0].update(file="../../etc/passwd"))
     code, _, err = run_cli("verify", ds)
     assert code == 1 and "bad shard file name" in err
+
+
+def _claim(ds, count):
+    """Edit the manifest so that the last shard claims ``count`` samples (num_samples to match)."""
+    def edit(m):
+        last = m["shards"][-1]
+        m["num_samples"] += count - last["count"]
+        last["count"] = count
+    edit_manifest(ds, edit)
+
+
+def test_a_count_the_shard_bytes_cannot_hold_is_refused_before_any_allocation(ds, run_cli):
+    _claim(ds, (1 << 40) - 1 - 27)  # 2^40 - 1 samples in all: inside the format's limits
+    with pytest.raises(FormatError, match="shard-00003.*claims 1099511627748 samples, more than its"):
+        fastdata.open(ds)
+    with pytest.raises(FormatError, match="claims"):  # not MemoryError from an 8 TiB index array
+        fastdata.loader(ds, batch_size=4, device="cpu")
+    code, _, err = run_cli("verify", ds, "--deep", "--quiet")
+    assert code == 1 and "claims 1099511627748 samples" in err
+
+
+def test_a_count_the_shard_does_not_hold_is_a_quick_problem_and_its_samples_are_not_read(ds):
+    _claim(ds, 30)  # the last shard holds 3; 30 would fit its bytes compressed, so only opening it tells
+    quick = verify(ds)
+    assert quick.bad_shards == [_shard(ds, 3).name] and len(quick.problems) == 1
+    deep = verify(ds, deep=True)
+    assert deep.bad_shards == [_shard(ds, 3).name] and len(deep.problems) == 1
+    assert deep.samples_read == 27  # the bad shard's claimed samples are not read one by one
+
+
+def test_a_fifo_in_place_of_a_shard_is_not_a_regular_file(ds):
+    shard = _shard(ds, 1)
+    opened = fastdata.open(ds)  # before the FIFO: its first read of the shard opens the FIFO
+    shard.unlink()
+    os.mkfifo(shard)
+    with pytest.raises(CorruptShardError, match=f"{shard.name}' is not a regular file \\(a FIFO\\)"):
+        fastdata.open(ds)
+    with pytest.raises(CorruptShardError, match=f"{shard.name}: is not a regular file \\(a FIFO\\)"):
+        opened.get_batch([9])  # the first sample of shard 1
+    report = verify(ds, deep=True)  # neither hangs on the FIFO nor calls it missing
+    assert [str(p) for p in report.problems[:1]] == [f"{shard.name}: is not a regular file (a FIFO)"]

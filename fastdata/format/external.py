@@ -4,7 +4,8 @@ that they have not changed since they were indexed.
 An index's manifest (backend ``inplace``) keeps in ``source`` each file's size, modification time
 and a checksum of its metadata (HDF5: the indexed datasets' shapes, types, filters and where their
 data or chunks lie; ``.npy``: the header; Zarr: the metadata documents and every chunk file's name
-and size), and optionally of its whole content. :func:`check_files` compares them with the files
+and size), a checksum of blocks sampled across its content (same-size edits, replacements, swapped
+chunks), and optionally of its whole content. :func:`check_files` compares them with the files
 as they are now; a difference is a one-line :class:`~fastdata.errors.CorruptShardError` naming the
 file. Normative description: docs/in-place.md.
 """
@@ -26,6 +27,8 @@ KIND = "index"  # manifest source "kind" of an in-place index
 FORMATS = ("hdf5", "npy", "zarr")
 ZARR_META = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
 _HASH_BLOCK = 8 << 20
+SAMPLE_BLOCK = 4096
+SAMPLE_BLOCKS = 64  # per file: 256 KiB read at each open (sample_checksum)
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,12 @@ class Stamp:
     mtime_ns: int
     meta: str  # "xxh3_128:<hex>" of its metadata (see the module docstring)
     checksum: str | None = None  # "xxh3_128:<hex>" of its whole content, with --checksum
+    sample: str | None = None  # "xxh3_128:<hex>" of blocks sampled across its content (sample_checksum)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "meta": self.meta}
+        out: dict[str, Any] = {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "meta": self.meta}
+        if self.sample is not None:
+            out["sample"] = self.sample
         return out if self.checksum is None else {**out, "checksum": self.checksum}
 
 
@@ -80,8 +86,8 @@ class Index:
 def parse_index(source: dict[str, Any], where: str) -> Index:
     """The index description of a manifest's ``source``; FormatError-like CorruptShardError if malformed."""
     try:
-        files = [Stamp(str(f["path"]), int(f["size"]), int(f["mtime_ns"]), str(f["meta"]), f.get("checksum"))
-                 for f in source["files"]]
+        files = [Stamp(str(f["path"]), int(f["size"]), int(f["mtime_ns"]), str(f["meta"]), f.get("checksum"),
+                       f.get("sample")) for f in source["files"]]
         parts = [{k: Column(int(c["file"]), str(c["format"]), str(c.get("array", "")), _opt_int(c.get("offset")),
                             _opt_int(c.get("chunk_rows"))) for k, c in p.items()} for p in source["parts"]]
         units = [int(u) for u in source["unit_rows"]]
@@ -156,9 +162,31 @@ def content_checksum(path: str) -> str:
     return f"xxh3_128:{h.hexdigest()}"
 
 
+def sample_checksum(path: str) -> str:
+    """``xxh3_128`` of blocks spread evenly across a file's bytes (first and last included): at most
+    ``SAMPLE_BLOCKS`` of ``SAMPLE_BLOCK`` bytes, 256 KiB a file; of a directory (a Zarr store), of each
+    file's name and at most 4 blocks (16 KiB), so that chunk files swapped or rewritten are seen. Cheap
+    enough for every open; a small same-size edit between the blocks is left to ``--checksum``."""
+    h = xxhash.xxh3_128()
+    files = [(rel, os.path.join(path, rel), 4) for rel, _ in _tree(path)] if os.path.isdir(path) \
+        else [("", path, SAMPLE_BLOCKS)]
+    for rel, p, blocks in files:
+        h.update(rel.encode() + b"\0")
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            n = min(blocks, -(-size // SAMPLE_BLOCK))
+            for off in sorted({int(o) for o in np.linspace(0, max(0, size - SAMPLE_BLOCK), n)}):
+                h.update(os.pread(fd, SAMPLE_BLOCK, off))
+        finally:
+            os.close(fd)
+    return f"xxh3_128:{h.hexdigest()}"
+
+
 def stamp(path: str, fmt: str, arrays: list[str], full: bool) -> Stamp:
     size, mtime = size_mtime(path)
-    return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), content_checksum(path) if full else None)
+    return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), content_checksum(path) if full else None,
+                 sample_checksum(path))
 
 
 def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, content: bool = False) -> str | None:
@@ -181,6 +209,9 @@ def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, conten
             return f"{s.path}: changed since it was indexed (its metadata differs){hint}"
         if content and s.checksum is not None and content_checksum(s.path) != s.checksum:
             return f"{s.path}: changed since it was indexed (its content checksum differs){hint}"
+        if meta and s.sample is not None and sample_checksum(s.path) != s.sample:
+            return (f"{s.path}: changed since it was indexed (the blocks sampled across its content differ: "
+                    f"edited, replaced or chunks swapped, its size and time kept){hint}")
     except (OSError, DataError) as e:
         return f"{s.path}: cannot read source file ({e}){hint}"
     return None

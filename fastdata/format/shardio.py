@@ -5,12 +5,14 @@ placing ragged samples into their padded batch rows."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
 from ..errors import CorruptShardError
+from ..fileio import not_regular
 from ..handles import PerProcessHandle
 from .spec import ShardInfo
 
@@ -120,13 +122,16 @@ class ShardReaderBase(PerProcessHandle[H]):
 
     def _open_handle(self) -> H:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO put in the shard's place must not block the open (no effect on a regular file)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             raise CorruptShardError(f"{self._where()}: shard file is missing") from None
         except OSError as e:
             raise CorruptShardError(f"{self._where()}: cannot open: {e.strerror}") from None
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CorruptShardError(f"{self._where()}: {not_regular(st.st_mode)}")
             if st.st_size != self.info.bytes:
                 raise CorruptShardError(
                     f"{self._where()}: file is {st.st_size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"

@@ -9,6 +9,7 @@ more class with these members; nothing in ``Dataset`` changes.
 from __future__ import annotations
 
 import os
+import stat
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Sequence
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import numpy as np
 
 from ..errors import CorruptShardError
+from ..fileio import not_regular
 from .backends import backend
 from .interface import ShardReader
 from .keys import KeyTable
@@ -75,9 +77,15 @@ class LocalShards:
         readers = []
         for info in self.manifest.shards:
             path = shard_path(self.folder, info)
-            if not path.is_file():
-                raise CorruptShardError(f"{self.root}: shard {info.file!r} is missing")
-            size = path.stat().st_size
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                raise CorruptShardError(f"{self.root}: shard {info.file!r} is missing") from None
+            except OSError as e:
+                raise CorruptShardError(f"{self.root}: shard {info.file!r} cannot be read: {e.strerror or e}") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise CorruptShardError(f"{self.root}: shard {info.file!r} {not_regular(st.st_mode)}")
+            size = st.st_size
             if size != info.bytes:
                 raise CorruptShardError(
                     f"{self.root}: shard {info.file!r} is {size} bytes, the manifest says {info.bytes} (truncated or replaced)"

@@ -132,6 +132,9 @@ def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int 
         if transform is not None:
             raise UsageError("transform= runs in the torch backend's readers; DALI pipelines have no place for it: "
                              "use backend='torch' (or 'auto'), or express the work as DALI/augment ops")
+        if config is not None and config.timeout is not None:
+            raise UsageError("LoaderConfig(timeout=...) bounds the torch backend's readers; DALI's pipeline has none: "
+                             "use backend='torch', or no timeout")
         from .dali import dali_loader
 
         return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)

@@ -34,6 +34,9 @@ class LoaderConfig:
     ``"auto"``: simplejpeg (PIL without it), DCT-scaled when the window allows, else the whole image;
     ``"region"``: windows near the output size decode only their region with nvImageCodec (when
     installed): no faster on the CPU in benchmarks/results/jpeg_crop.md, so not the default.
+    ``timeout``: seconds to wait for each batch from the readers (like DataLoader's ``timeout``); a batch
+    whose read or transform takes longer raises ``LoaderWorkerError`` naming it (a hung worker process is
+    killed; a hung reader thread cannot be stopped). ``None``: wait as long as it takes. Torch backend only.
     """
 
     mode: Literal["threads", "processes"] = "threads"
@@ -48,6 +51,7 @@ class LoaderConfig:
     ragged: Literal["padded", "packed"] = "padded"
     readahead: int = 256 << 20
     crop_decode: Literal["auto", "region", "off"] = "auto"
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("threads", "processes"):
@@ -62,5 +66,8 @@ class LoaderConfig:
             raise UsageError(f"readahead must be a number of bytes >= 0 (0: off), not {self.readahead!r}")
         if self.crop_decode not in ("auto", "region", "off"):
             raise UsageError(f"crop_decode must be 'auto', 'region' or 'off', not {self.crop_decode!r}")
+        if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
+                                         or not self.timeout > 0):
+            raise UsageError(f"timeout must be a number of seconds > 0 (or None: no limit), not {self.timeout!r}")
         if self.block < 1 or self.window < 1 or self.shard_window < 1:
             raise UsageError("block, window and shard_window must be positive")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
@@ -116,8 +117,11 @@ class ThreadReader:
     ``transform`` runs in the thread that read the batch."""
 
     def __init__(self, dataset: Dataset, threads: int, prefetch: int, pin: bool, ragged: Ragged = "padded",
-                 transform: BatchTransform | None = None, crop: CropStage | None = None) -> None:
+                 transform: BatchTransform | None = None, crop: CropStage | None = None,
+                 timeout: float | None = None) -> None:
         self.dataset = dataset
+        self.timeout = timeout
+        self._stuck = False  # a read outlived the timeout: its thread is still busy, close() must not wait
         self.crop = crop  # decodes the augmented image field window by window (crop.py)
         self.ragged = ragged
         self.transform = transform
@@ -151,8 +155,22 @@ class ThreadReader:
         # a fixed field still in its buffer is handed out as the buffer itself (recycled once let go)
         result: dict[str, Any] = {name: bufs[name] for name, v in batch.items()
                                   if name in bufs and name not in self.pool.ragged and _same_memory(bufs[name], v)}
-        result.update(to_tensors({name: v for name, v in batch.items() if name not in result}))
+        try:
+            result.update(to_tensors({name: v for name, v in batch.items() if name not in result}))
+        except Exception as e:  # a transform's array torch cannot take (object dtype): as processes mode says it
+            raise wrap_error(e, where) from e
         return post(result, k) if post is not None else result
+
+    def _wait(self, fut: Future[HostBatch], k: int) -> HostBatch:
+        """Batch ``k``'s result, waiting at most ``timeout`` seconds for it."""
+        try:
+            return fut.result(timeout=self.timeout)
+        except FutureTimeout:
+            self._stuck = True
+            raise LoaderWorkerError(
+                f"batch {k} was not read within timeout={self.timeout} s: its read or transform hangs, or is that "
+                "slow; its reader thread cannot be stopped and stays busy (LoaderConfig(mode='processes') kills "
+                "a hung worker instead)") from None
 
     def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None,
             epoch: int = 0, rank: int = 0, then: NextPass | None = None) -> Iterator[HostBatch]:
@@ -181,8 +199,9 @@ class ThreadReader:
                 if nxt == len(plan) and then is not None:
                     nxt_pass = nxt_pass or then()
                     self._carry(nxt_pass, self.prefetch - len(pending))
+                k = first + nxt - len(pending)
                 fut, bufs = pending.popleft()
-                yield fut.result()
+                yield self._wait(fut, k)
                 self.pool.give_back(bufs)
                 del fut, bufs
             if self._carried is not None:  # the pass ran out: no read of the next may outlast it (a file the
@@ -240,7 +259,10 @@ class ThreadReader:
             self.pool.give_back(bufs)
 
     def close(self) -> None:
+        if self._stuck:  # a thread is hung in a read or transform: waiting for it would hang here too
+            self._carried = None
         self._drop_carried()
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor.shutdown(wait=not self._stuck, cancel_futures=True)
             self._executor = None
+        self._stuck = False

@@ -102,6 +102,8 @@ def _read_one(slots: WorkerSlots, dataset: Dataset, ragged: Ragged, transform: B
         placed, needs = slots.place(sid, batch, set(flat))
         del batch
         return ("ok", k, placed, needs)
+    except KeyboardInterrupt:  # raised by the user's code (Ctrl-C itself is ignored here): not an exit
+        return ("err", k, stage, None, "interrupted (KeyboardInterrupt)", traceback.format_exc())
     except Exception as e:
         # a transform's error is sent as the user's own exception (when it pickles), a read error as itself
         original = e.__cause__ if isinstance(e, TransformError) and e.__cause__ is not None else e
@@ -118,13 +120,14 @@ class ProcessReader:
     batches (and at least three per worker) ahead, in order."""
 
     def __init__(self, dataset: Dataset, workers: int, prefetch: int, pin: bool, ragged: Ragged = "padded",
-                 transform: BatchTransform | None = None) -> None:
+                 transform: BatchTransform | None = None, timeout: float | None = None) -> None:
         if dataset.options.get("decode_threads") is None:
             dataset = dataset.with_options(decode_threads=1)  # the workers are the parallelism: no oversubscription
         self.dataset = dataset
         self.workers = workers
         self.ragged = ragged
         self.transform = transform
+        self.timeout = timeout
         # three batches per worker: a worker keeps reading while the training process is off the CPU
         # (on a loaded 2-core machine, 2 per worker left the workers idle a quarter of the time)
         self.depth = max(prefetch, 3 * workers)
@@ -193,7 +196,9 @@ class ProcessReader:
         k, slot = self._pending[w][0]
         conn, proc = self._conns[w], self._procs[w]
         while True:
-            ready = wait([conn, proc.sentinel])
+            ready = wait([conn, proc.sentinel], self.timeout)
+            if not ready:
+                raise self._hung(w, k)
             if conn in ready:  # (first: a worker that sent its result and then died delivered it)
                 try:
                     msg = conn.recv()
@@ -213,6 +218,15 @@ class ProcessReader:
                f"exited with code {code}" if code is not None else "closed its socket and stopped answering")
         self._broken = True
         return LoaderWorkerError(f"worker process {w} (pid {proc.pid}) {how} while batch {k} was being read; "
+                                 "the loader's other workers are stopped (the next pass starts new ones)")
+
+    def _hung(self, w: int, k: int) -> LoaderWorkerError:
+        proc = self._procs[w]
+        proc.kill()
+        proc.join(_STOP_WAIT_S)
+        self._broken = True
+        return LoaderWorkerError(f"worker process {w} (pid {proc.pid}) did not finish batch {k} within timeout="
+                                 f"{self.timeout} s: its read or transform hangs, or is that slow; it was killed and "
                                  "the loader's other workers are stopped (the next pass starts new ones)")
 
     def _drain(self) -> None:

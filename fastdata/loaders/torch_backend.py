@@ -46,6 +46,9 @@ class TorchLoader(Loader):
         if config.ragged == "packed":
             self._check_packed(images)
         processes = config.mode == "processes" and self.workers > 0
+        if config.timeout is not None and self.workers == 0:
+            raise UsageError("LoaderConfig(timeout=...) bounds the wait for reader threads or processes, and "
+                             "num_workers=0 reads in the iterating thread: use num_workers >= 1, or no timeout")
         # On the CPU, reader threads decode JPEG/PNG straight to float (each image converted while in
         # cache, fastdata/decode.py); worker processes ship uint8 (4x fewer bytes) and a GPU converts
         # itself. With the decode_threads choice below JPEG batches run faster (benchmarks/bench_choices.py).
@@ -70,10 +73,10 @@ class TorchLoader(Loader):
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
             self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged,
-                                              self._bound)
+                                              self._bound, config.timeout)
         else:
             self._reader = ThreadReader(self._read_ds, self.workers, config.prefetch, pin, config.ragged, self._bound,
-                                        stage)
+                                        stage, config.timeout)
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
                                    keep_uint8=config.image_dtype == "uint8", unit_float=frozenset(floats))
         self._device.precropped = {crop: len(stage.ops)} if crop is not None and stage is not None else {}

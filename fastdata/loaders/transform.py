@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import UsageError
 from ..seeds import Stream, numpy_rng
 
+_TENSOR_KINDS = "biufc"  # numpy kinds torch.from_numpy takes (bool, integers, floats, complex)
 HostArrays = dict[str, Any]  # field -> numpy array (or list of str)
 TransformFn = Callable[[HostArrays, np.random.Generator], "HostArrays | None"]
 
@@ -113,6 +114,9 @@ class BatchTransform:
             if not isinstance(v, (np.ndarray, list)):
                 raise TransformError(f"transform {_name(self.fn)} returned field {n!r} as {type(v).__name__}: "
                                      "fields must be numpy arrays (or lists of str)")
+            if isinstance(v, np.ndarray) and v.dtype.kind not in _TENSOR_KINDS:  # torch takes numbers only
+                raise TransformError(f"transform {_name(self.fn)} returned field {n!r} as an array of dtype "
+                                     f"{v.dtype}: fields must be numeric arrays (or lists of str)")
         return out
 
     def check_pickles(self, why: str) -> None:

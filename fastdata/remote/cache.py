@@ -29,6 +29,7 @@ from .._units import fmt_bytes
 from ..errors import CacheFullError, CorruptShardError, RemoteError, UsageError
 from ..fileio import file_checksum
 from . import locks
+from .retry import BOUND_HINT, retrying
 
 log = logging.getLogger("fastdata.remote")
 _NAME = r"[a-z0-9_]+-[0-9a-f]{32,128}\.[A-Za-z0-9]+"  # cache_name(): <algorithm>-<digest><ext>
@@ -80,6 +81,7 @@ class ShardCache:
             raise UsageError(f"{root}: the shard cache is not writable (set RemoteOptions.cache_dir)")
         self.root = root
         self.limit = limit
+        self._failures: dict[str, tuple[float, str]] = {}  # name -> (when, why) a download here gave up
 
     def path(self, name: str) -> Path:
         return self.root / name
@@ -134,18 +136,41 @@ class ShardCache:
             raise CacheFullError(f"{where}: the shard is {fmt_bytes(size)}, larger than the cache limit "
                                  f"{fmt_bytes(self.limit)} of {self.root}; raise RemoteOptions.cache_limit")
         lock_path = self.path(name + ".lock")
+        asked = time.monotonic()
         try:
             fd = locks.lock(lock_path, deadline, f"{where}: waiting for another process's download")
         except TimeoutError as e:
-            raise RemoteError(str(e)) from None
+            raise RemoteError(self._failed_since(name, asked) or self._still_retrying(e, where)) from None
         try:
             if self.path(name).exists():
                 return True  # another process downloaded it while we waited
+            failed = self._failed_since(name, asked)
+            if failed is not None:  # another thread of ours gave up on it while we waited: its cause is ours
+                raise RemoteError(failed)
             for p in self.root.glob(name + ".*.part"):  # left by a process that died: we hold the lock
                 p.unlink(missing_ok=True)
-            return self._download(name, size, checksum, fill, where, deadline, priority, bound)
+            try:
+                return self._download(name, size, checksum, fill, where, deadline, priority, bound)
+            except RemoteError as e:
+                self._failures[name] = (time.monotonic(), str(e))
+                raise
         finally:
             locks.unlock(fd, lock_path)
+
+    @staticmethod
+    def _still_retrying(timeout: TimeoutError, where: str) -> str:
+        """The lock wait's error: the cause when a download of it by this process (a prefetch thread) is
+        what kept the lock, retrying a failure; the lock's holder otherwise."""
+        why = retrying(where)
+        if why is None:
+            return str(timeout)
+        return (f"{why}; gave up at the time bound while this process's own download of it (another thread) "
+                f"was still retrying ({BOUND_HINT})")
+
+    def _failed_since(self, name: str, t: float) -> str | None:
+        """Why a download of ``name`` by this process (another thread: a prefetch) failed after ``t``."""
+        when, why = self._failures.get(name, (0.0, ""))
+        return why if when >= t else None
 
     def _download(self, name: str, size: int, checksum: str, fill: Callable[[BinaryIO], object], where: str,
                   deadline: float, priority: Priority | None, bound: float | None) -> bool:
@@ -160,10 +185,12 @@ class ShardCache:
                     got = f.tell()
                     f.truncate(got)
                     f.flush()
-                    if got == size and file_checksum(part, checksum.partition(":")[0]) == checksum:
+                    digest = file_checksum(part, checksum.partition(":")[0]) if got == size else None
+                    if digest == checksum:
                         break
-                    log.warning("%s: download %d of %d does not match the manifest (%d bytes, expected %d)",
-                                where, attempt, CHECKSUM_ATTEMPTS, got, size)
+                    differs = f"{got} bytes, expected {size}" if digest is None else f"checksum {digest}, expected {checksum}"
+                    log.warning("%s: download %d of %d does not match the manifest (%s)",
+                                where, attempt, CHECKSUM_ATTEMPTS, differs)
                 else:
                     raise CorruptShardError(
                         f"{where}: the downloaded bytes do not match the manifest's size and checksum "

@@ -95,10 +95,29 @@ def _clock(deadline: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(time.time() + deadline - time.monotonic()))
 
 
+_retrying: dict[str, str] = {}  # what -> why, for the calls of this process that are retrying now
+
+
+def retrying(prefix: str) -> str | None:
+    """What a call of this process whose ``what`` starts with ``prefix`` (a URL) is retrying now, and why;
+    None when none is. For one waiting on that call (a lock it holds), whose error must name the cause."""
+    for what, why in list(_retrying.items()):
+        if what.startswith(prefix):
+            return f"{what}: {why}"
+    return None
+
+
 def with_retries(fn: Callable[[], T], what: str, deadline: float, *, first_delay: float = 0.2,
                  max_delay: float = 5.0) -> T:
     """``fn()``, retried on transient errors with jittered exponential backoff until the monotonic
     ``deadline``; then (or on a permanent error) a RemoteError saying ``what`` failed and why."""
+    try:
+        return _with_retries(fn, what, deadline, first_delay, max_delay)
+    finally:
+        _retrying.pop(what, None)
+
+
+def _with_retries(fn: Callable[[], T], what: str, deadline: float, first_delay: float, max_delay: float) -> T:
     delay = first_delay
     attempt = 0
     start = time.monotonic()
@@ -112,6 +131,7 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float, *, first_delay
                 raise
             if is_permanent(e):
                 raise permanent_error(e, what) from None
+            _retrying[what] = describe(e)
             now = time.monotonic()
             left = deadline - now
             if left <= 0:

@@ -108,7 +108,7 @@ class RemoteStore:
     def fs(self) -> Any:
         self._mine()
         if self._fs is None:
-            self._fs = filesystem(self.url, self.options.storage_options)
+            self._fs = filesystem(self.url, self.options.storage_options, self.options.timeout)
         return self._fs
 
     def deadline(self) -> float:
@@ -139,7 +139,9 @@ class RemoteStore:
             raise FormatError(f"{where}: unreadable manifest: {e}") from None
         return parse_manifest(obj, where=where)
 
-    def _fill(self, info: ShardInfo | KeysInfo) -> Callable[[BinaryIO], None]:
+    def _fill(self, info: ShardInfo | KeysInfo, deadline: float) -> Callable[[BinaryIO], None]:
+        """Writes the object's bytes into a file, retrying until ``deadline``: the fetch's own, which the
+        wait for another download's lock has used up part of (one time bound per fetch, not one per step)."""
         where = self.where(str(info.file))
 
         def attempt(f: BinaryIO) -> None:
@@ -153,7 +155,7 @@ class RemoteStore:
                         break
 
         def fill(f: BinaryIO) -> None:
-            with_retries(lambda: attempt(f), f"{where}: download", self.deadline())
+            with_retries(lambda: attempt(f), f"{where}: download", deadline)
             self.downloads += 1
             self.downloaded_bytes += f.tell()
 
@@ -169,8 +171,9 @@ class RemoteStore:
         self._mine()
         self._release_idle()  # our own idle pins must not keep the eviction this may need from happening
         info = self.manifest.shards[i]
-        return self.cache.fetch(self.names[i], info.bytes, info.checksum, self._fill(info), where=self.where(info.file),
-                                deadline=self.deadline(), priority=self.priority, bound=bound)
+        deadline = self.deadline()
+        return self.cache.fetch(self.names[i], info.bytes, info.checksum, self._fill(info, deadline),
+                                where=self.where(info.file), deadline=deadline, priority=self.priority, bound=bound)
 
     def _acquire(self, i: int) -> Pin:
         info = self.manifest.shards[i]
@@ -202,8 +205,9 @@ class RemoteStore:
         if k is None:
             raise UsageError(f"{self.url}: the dataset has no keys file")
         self._release_idle()
-        self.cache.fetch(cache_name(k), k.bytes, str(k.checksum), self._fill(k), where=self.where(str(k.file)),
-                         deadline=self.deadline(), priority=self.priority)
+        deadline = self.deadline()
+        self.cache.fetch(cache_name(k), k.bytes, str(k.checksum), self._fill(k, deadline), where=self.where(str(k.file)),
+                         deadline=deadline, priority=self.priority)
 
     def pin_keys(self) -> Callable[[], None]:
         """Make the keys file local and keep it from eviction; returns what releases it (the key

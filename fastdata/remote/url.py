@@ -6,11 +6,15 @@ error naming the missing package, never taken for a local path.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import re
 from typing import Any, Mapping
 
 from ..errors import UsageError
+
+log = logging.getLogger("fastdata.remote")
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 # Packages users must install for common schemes (fsspec's own hint is less direct).
@@ -53,8 +57,25 @@ def join(url: str, name: str) -> str:
     return url.rstrip("/") + "/" + name
 
 
-def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> Any:
-    """The fsspec filesystem for ``url``; a UsageError names the package a scheme needs."""
+def _quiet_orphans(loop: Any) -> None:
+    """On the event loop of an async filesystem (s3fs's), a part of a multipart upload that failed after its
+    call gave up ("Task exception was never retrieved") is logged at debug level, not as a traceback above
+    the error that call already reported (retried and named by fastdata/remote/retry.py)."""
+    if loop is None or loop.get_exception_handler() is not None:  # ours already, or the user's own
+        return
+
+    def handler(lp: Any, context: dict[str, Any]) -> None:
+        if context.get("message") == "Task exception was never retrieved":
+            log.debug("a remote call's abandoned task failed: %r", context.get("exception"))
+        else:
+            lp.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None, timeout: float | None = None) -> Any:
+    """The fsspec filesystem for ``url``; a UsageError names the package a scheme needs. With ``timeout``
+    (the calls' time bound), S3's connect and read timeouts are at most that: one attempt cannot outlast it."""
     proto = scheme(url)
     try:
         import fsspec
@@ -68,12 +89,16 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> Any:
     if proto in ("s3", "s3a"):
         for k, v in _S3_DEFAULTS.items():
             if k == "config_kwargs":
-                opts[k] = {**v, **opts.get(k, {})}
+                bounded = {t: min(v[t], max(1, math.ceil(timeout))) for t in ("connect_timeout", "read_timeout")} \
+                    if timeout is not None else {}
+                opts[k] = {**v, **bounded, **opts.get(k, {})}
             else:
                 opts.setdefault(k, v)
     try:
         # url_to_fs also takes what the URL itself says (an ftp/sftp/http host and port, for example)
-        return fsspec.core.url_to_fs(url, **opts)[0]
+        fs = fsspec.core.url_to_fs(url, **opts)[0]
+        _quiet_orphans(getattr(fs, "loop", None))
+        return fs
     except ImportError as e:
         need = _PACKAGES.get(proto) or str(e).splitlines()[0]
         raise UsageError(f"{url}: the {proto!r} scheme needs {need}, which is not installed") from None

@@ -62,7 +62,7 @@ class RemoteTarget:
                  workers_upload: bool = False) -> None:
         self.url = root(url)
         self.options = options or RemoteOptions()
-        self.fs = filesystem(self.url, self.options.storage_options)
+        self.fs = filesystem(self.url, self.options.storage_options, self.options.timeout)
         self.part = part
         self.workers_upload = workers_upload
         self.journal_name = JOURNAL_NAME if part is None else part_journal_name(*part)
@@ -73,6 +73,7 @@ class RemoteTarget:
         self._lock = threading.Lock()
         self._uploaded: list[ShardInfo] = []
         self._head: str | None = None
+        self._failed = False  # an upload gave up: those not started yet are not tried (each would wait the bound)
         self.journal_uploaded = False  # the remote journal exists: a failed run can be resumed
 
     def _call(self, fn: Any, what: str) -> Any:
@@ -201,7 +202,17 @@ class RemoteTarget:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(_UPLOAD_THREADS, thread_name_prefix="fastdata-upload")
         work = self._journal_shard if self.workers_upload else self._upload_shard
-        self._pending.append(self._pool.submit(work, info))
+        self._pending.append(self._pool.submit(self._unless_failed, work, info))
+
+    def _unless_failed(self, work: Any, info: ShardInfo) -> None:
+        """``work(info)``, skipped once an upload failed; a failure stops the uploads not started yet."""
+        if self._failed:
+            return
+        try:
+            work(info)
+        except BaseException:
+            self._failed = True
+            raise
 
     def _upload_shard(self, info: ShardInfo) -> None:
         local = self.staging / info.file
@@ -288,11 +299,17 @@ class RemoteTarget:
             log.warning("%s: could not remove the conversion journal: %s", self.url, e)
 
     def abandon(self) -> None:
-        """The conversion failed: let uploads in flight end (the remote journal lists what is safe)."""
+        """The conversion failed: uploads not started are dropped, those in flight end (the remote journal
+        lists what is safe), and the staging folder goes: ``--resume`` starts from the remote journal, never
+        from staged shards, so they would only fill the cache's disk."""
+        self._failed = True
+        for f in self._pending:
+            f.cancel()
         try:
             self.wait()
         except Exception:  # noqa: BLE001 - the conversion's own error is the one to report
             pass
+        shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def _deadline(options: RemoteOptions) -> float:
