@@ -23,7 +23,8 @@ def add_parser(sub: Any) -> None:
                         "or a .npy file (y=labels.npy); repeat for several (default for .npy and Zarr "
                         "arrays: SRC itself as x)")
     p.add_argument("--checksum", action="store_true",
-                   help="also record each file's full checksum (read once now; fastdata verify --deep checks it)")
+                   help="also record each file's full checksum and one per 1 MiB block (read once now): "
+                        "fastdata verify --deep checks the first, the reader checks each block it reads")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at DST")
     p.add_argument("--quiet", action="store_true", help="no progress")
     p.set_defaults(run=_run)

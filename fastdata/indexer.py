@@ -3,8 +3,9 @@
 The index is a folder holding only ``manifest.json`` (backend ``inplace``, fastdata/format/inplace.py):
 ``fastdata.open`` and ``fastdata.loader`` read it as they read converted data. Each source file is
 stamped (size, modification time, metadata checksum, a checksum of sampled blocks, optionally a full
-checksum) so that a file changed later is refused by name at open; a small same-size edit between the
-sampled blocks is found only by the full checksum (``verify --deep``). See docs/in-place.md.
+checksum and per-block checksums) so that a file changed later is refused by name at open; a small
+same-size edit between the sampled blocks is found only with ``checksum``: by ``verify --deep``, and by
+the reader, which checks each block as it first reads it. See docs/in-place.md.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def index(src: str | os.PathLike[str], dst: str | os.PathLike[str], fields: Mapp
     or group. ``fields`` maps field names to the arrays inside it: HDF5 dataset paths
     (``{"x": "/images", "label": "/labels"}``), Zarr array paths in a group, or ``.npy`` files (beside
     ``src`` or absolute; default: ``src`` itself as field ``x``). All fields must agree on the
-    first axis. ``checksum`` also records every file's full checksum (``fastdata verify --deep``).
+    first axis. ``checksum`` also records every file's full checksum (``fastdata verify --deep``) and
+    one per 1 MiB block, which the reader checks as it reads.
     ``progress``: told of each file read (the CLI's progress line).
     """
     manifest = build(os.fspath(src), fields, checksum=checksum, progress=progress)

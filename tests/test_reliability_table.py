@@ -84,6 +84,11 @@ CHECKS: dict[str, list[str]] = {
         "test_inplace.py::test_a_same_layout_replacement_is_refused_at_open",  # sampled blocks
         "test_inplace.py::test_swapped_zarr_chunk_files_are_refused_at_open",  # sampled blocks of a Zarr store
     ],
+    "in-place index built with `--checksum`: each 1 MiB block of a source file (of each file of a Zarr store) "
+    "against its checksum taken at index time ([in-place.md](in-place.md#when-the-source-changes))": [
+        "test_inplace_blocksums.py::test_an_edit_between_the_sampled_blocks_is_refused_when_read",  # every read path
+        "test_inplace_blocksums.py::test_the_loader_refuses_an_edited_block",  # threads and worker processes
+    ],
 }
 
 
@@ -109,6 +114,9 @@ GUARDS: dict[str, tuple[tuple[str, ...], str, list[str] | None]] = {
         ["test_lmdb_reread.py::test_a_record_header_rewritten_in_place_after_the_first_read_raises"]),
     "checksum of every shard": (("fastdata.verify:_check_shard",), "None", None),
     "labels within the class list; each sample as decoded": (("fastdata.verify:check_samples",), "(0, [])", None),
+    "in-place index built with `--checksum`: each 1 MiB block of a source file (of each file of a Zarr store) "
+    "against its checksum taken at index time ([in-place.md](in-place.md#when-the-source-changes))": (
+        ("fastdata.format.blocksums:BlockCheck._compare", "fastdata.format.blocksums:BlockCheck.whole"), "None", None),
 }
 
 _SWITCH_OFF = """

@@ -5,7 +5,8 @@ An index's manifest (backend ``inplace``) keeps in ``source`` each file's size, 
 and a checksum of its metadata (HDF5: the indexed datasets' shapes, types, filters and where their
 data or chunks lie; ``.npy``: the header; Zarr: the metadata documents and every chunk file's name
 and size), a checksum of blocks sampled across its content (same-size edits, replacements, swapped
-chunks), and optionally of its whole content. :func:`check_files` compares them with the files
+chunks), and optionally (``--checksum``) of its whole content and of each of its blocks, which the
+reader checks as it reads (fastdata/format/blocksums.py). :func:`check_files` compares them with the files
 as they are now; a difference is a one-line :class:`~fastdata.errors.CorruptShardError` naming the
 file. Normative description: docs/in-place.md.
 """
@@ -22,6 +23,7 @@ import numpy as np
 import xxhash
 
 from ..errors import CorruptShardError, DataError
+from . import blocksums
 
 KIND = "index"  # manifest source "kind" of an in-place index
 FORMATS = ("hdf5", "npy", "zarr")
@@ -41,11 +43,14 @@ class Stamp:
     meta: str  # "xxh3_128:<hex>" of its metadata (see the module docstring)
     checksum: str | None = None  # "xxh3_128:<hex>" of its whole content, with --checksum
     sample: str | None = None  # "xxh3_128:<hex>" of blocks sampled across its content (sample_checksum)
+    blocks: dict[str, Any] | None = None  # with --checksum: {"size": bytes, "xxh3_64": {file: digests}} (blocksums)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "meta": self.meta}
         if self.sample is not None:
             out["sample"] = self.sample
+        if self.blocks is not None:
+            out["blocks"] = self.blocks
         return out if self.checksum is None else {**out, "checksum": self.checksum}
 
 
@@ -87,7 +92,7 @@ def parse_index(source: dict[str, Any], where: str) -> Index:
     """The index description of a manifest's ``source``; FormatError-like CorruptShardError if malformed."""
     try:
         files = [Stamp(str(f["path"]), int(f["size"]), int(f["mtime_ns"]), str(f["meta"]), f.get("checksum"),
-                       f.get("sample")) for f in source["files"]]
+                       f.get("sample"), f.get("blocks")) for f in source["files"]]
         parts = [{k: Column(int(c["file"]), str(c["format"]), str(c.get("array", "")), _opt_int(c.get("offset")),
                             _opt_int(c.get("chunk_rows"))) for k, c in p.items()} for p in source["parts"]]
         units = [int(u) for u in source["unit_rows"]]
@@ -148,17 +153,23 @@ def meta_checksum(path: str, fmt: str, arrays: list[str]) -> str:
     return f"xxh3_128:{h.hexdigest()}"
 
 
-def content_checksum(path: str) -> str:
-    """``xxh3_128`` of every byte of a file (of a directory: of each file's name and bytes, in order)."""
+def content_checksum(path: str, blocks: dict[str, str] | None = None) -> str:
+    """``xxh3_128`` of every byte of a file (of a directory: of each file's name and bytes, in order);
+    ``blocks``, if given, receives each file's block digests (fastdata/format/blocksums.py) from the same pass."""
     h = xxhash.xxh3_128()
     files = [(rel, os.path.join(path, rel)) for rel, _ in _tree(path)] if os.path.isdir(path) else [("", path)]
-    buf = bytearray(_HASH_BLOCK)
+    buf = bytearray(_HASH_BLOCK)  # a multiple of blocksums.BLOCK; a buffered read fills it until the end of file
     view = memoryview(buf)
     for rel, p in files:
         h.update(rel.encode() + b"\0")
-        with open(p, "rb", buffering=0) as f:
+        sums: list[int] = []
+        with open(p, "rb") as f:
             while n := f.readinto(buf):
                 h.update(view[:n])
+                if blocks is not None:
+                    sums += blocksums.digests(view[:n])
+        if blocks is not None:
+            blocks[rel] = blocksums.encode(sums)
     return f"xxh3_128:{h.hexdigest()}"
 
 
@@ -184,9 +195,14 @@ def sample_checksum(path: str) -> str:
 
 
 def stamp(path: str, fmt: str, arrays: list[str], full: bool) -> Stamp:
+    """What ``path`` is now; ``full``: with its full checksum and block digests (``--checksum``)."""
     size, mtime = size_mtime(path)
-    return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), content_checksum(path) if full else None,
-                 sample_checksum(path))
+    if not full:
+        return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), None, sample_checksum(path))
+    sums: dict[str, str] = {}
+    full_sum = content_checksum(path, sums)
+    return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), full_sum, sample_checksum(path),
+                 {"size": blocksums.BLOCK, "xxh3_64": sums})
 
 
 def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, content: bool = False) -> str | None:

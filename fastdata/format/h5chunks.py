@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptShardError
+from .blocksums import BlockCheck
 
 DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD = 1, 2, 32001, 32004, 32015
 KNOWN = (DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD)
@@ -62,6 +63,16 @@ def chunk_table(dset: Any) -> ChunkTable | None:
     return ChunkTable(rows, offsets, sizes, masks, filters, dset.dtype.itemsize, nbytes)
 
 
+def chunk_spans(dset: Any) -> np.ndarray | None:
+    """Per stored chunk of a chunked ``dset`` (any chunk shape): its first row, byte offset and size
+    (rows of an int64 array); None for a dataset that is not chunked."""
+    if dset.chunks is None:
+        return None
+    out: list[tuple[int, int, int]] = []
+    dset.id.chunk_iter(lambda info: out.append((info.chunk_offset[0], info.byte_offset, info.size)))
+    return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+
 def _has_numcodecs() -> bool:
     try:
         import numcodecs  # noqa: F401
@@ -70,13 +81,16 @@ def _has_numcodecs() -> bool:
     return True
 
 
-def read_chunk(fd: int, t: ChunkTable, c: int, out: np.ndarray, where: str) -> None:
+def read_chunk(fd: int, t: ChunkTable, c: int, out: np.ndarray, where: str, check: BlockCheck | None = None) -> None:
     """Chunk ``c`` decoded into ``out`` (C-contiguous, at most a chunk: the last one may be short).
-    Each filter writes straight into the next buffer (the last one into ``out``): no extra copies."""
+    Each filter writes straight into the next buffer (the last one into ``out``): no extra copies.
+    ``check``: the file's block digests, checked for the chunk's bytes before they are decoded."""
     off, size, mask = int(t.offsets[c]), int(t.sizes[c]), int(t.masks[c])
     raw = bytearray(size)
     if os.preadv(fd, [raw], off) != size:
         raise CorruptShardError(f"{where}: chunk {c}: short read (file truncated?)")
+    if check is not None:
+        check.span(fd, off, off + size, raw)
     target = out.reshape(-1).view(np.uint8)
     steps = [f for i, f in enumerate(t.filters) if not mask & (1 << i)]
     data: Any = raw

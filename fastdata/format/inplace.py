@@ -23,10 +23,12 @@ import numpy as np
 
 from ..errors import CorruptShardError, UsageError
 from ..handles import PerProcessHandle
+from . import blocksums
 from .backends import INDEX
+from .blocksums import BlockCheck
 from .chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
 from .external import Column, Index, Stamp, check_file, check_files, parse_index
-from .h5chunks import ChunkTable, chunk_table, read_chunk
+from .h5chunks import ChunkTable, chunk_spans, chunk_table, read_chunk
 from .interface import ShardReader
 from .shardio import Layout, runs
 from .source import LocalShards
@@ -145,6 +147,7 @@ def _where(stamp: Stamp, c: Column) -> str:
 class _Map:
     fd: int
     data: np.ndarray
+    check: BlockCheck | None = None  # with --checksum: the file's blocks, checked on this process's first read
 
 
 class _Mapped(PerProcessHandle[_Map]):
@@ -168,7 +171,8 @@ class _Mapped(PerProcessHandle[_Map]):
             shape = (self.count, *self.field.trailing)
             data = np.memmap(self.stamp.path, dtype=self.field.np_dtype, mode="r", offset=self.offset, shape=shape) \
                 if nbytes else np.empty(shape, dtype=self.field.np_dtype)
-            return _Map(fd, data.view(np.ndarray))
+            checks = blocksums.checks(self.stamp.blocks, self.stamp.path, self.where)
+            return _Map(fd, data.view(np.ndarray), None if checks is None else checks.get(""))
         except BaseException:
             os.close(fd)
             raise
@@ -183,6 +187,8 @@ class _Mapped(PerProcessHandle[_Map]):
         if size != self.stamp.size:
             raise CorruptShardError(f"{self.stamp.path}: changed while open ({size} bytes, the index says "
                                     f"{self.stamp.size}); run fastdata index again")
+        if h.check is not None:
+            h.check.rows(h.fd, self.offset, local, self.field.row_nbytes)
         if self.field.row_nbytes <= _GATHER_ROW_BYTES:
             out[dest] = h.data[local]
             return
@@ -199,6 +205,14 @@ class _Source:
     fd: int | None = None  # HDF5 chunks read without h5py (fastdata/format/h5chunks.py)
     table: ChunkTable | None = None
     zchunks: ZarrChunks | None = None  # Zarr chunk files read without zarr (fastdata/format/zarrchunks.py)
+    checks: dict[str, BlockCheck] | None = None  # with --checksum: per file (relative to a Zarr store), its blocks
+    spans: np.ndarray | None = None  # with checks, HDF5 chunks read through h5py: chunk_spans, checked per read
+
+    def check(self, path: str, store: str) -> BlockCheck | None:
+        """The blocks of ``path`` (the HDF5 file itself, or a file of the Zarr store ``store``) to check."""
+        if self.checks is None:
+            return None
+        return self.checks.get(os.path.relpath(path, store) if self.zchunks is not None else "")
 
 
 class _Chunked(PerProcessHandle[_Source]):
@@ -241,9 +255,30 @@ class _Chunked(PerProcessHandle[_Source]):
             self._close_handle(src)
             raise CorruptShardError(f"{self.where}: is now of shape {shape}, the index says "
                                     f"{(self.count, *self.field.trailing)}; run fastdata index again")
+        src.checks = blocksums.checks(self.stamp.blocks, self.stamp.path, self.where)
+        if src.checks is not None and src.fd is None and src.zchunks is None:
+            self._check_through(src)
         if self.count * self.field.row_nbytes <= _WHOLE_COLUMN_BYTES:
             src.whole = self._load(src, 0, self.count)
         return src
+
+    def _check_through(self, src: _Source) -> None:
+        """Data read through h5py or zarr: an HDF5 chunk's blocks are checked when it is read (chunk_spans);
+        otherwise every block of the file (of a Zarr array: of the files in its folder) now, closing on failure."""
+        assert src.checks is not None
+        if src.file is not None:
+            src.spans = chunk_spans(src.array)
+            if src.spans is not None:
+                src.fd = os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC)  # table is None: h5py still reads
+                return
+        array = self.col.array.strip("/")
+        prefix = os.path.relpath(os.path.join(self.stamp.path, array), self.stamp.path) + os.sep \
+            if self.col.format == "zarr" and array else ""
+        try:
+            blocksums.check_files(src.checks, prefix)
+        except BaseException:
+            self._close_handle(src)
+            raise
 
     def _cache(self) -> ChunkCache:
         """A cache of at least ``DEFAULT_BYTES`` and ``MIN_CHUNKS`` decoded chunks (per column and process)."""
@@ -262,11 +297,15 @@ class _Chunked(PerProcessHandle[_Source]):
             for c0 in range(r0, r1, self.rows):  # r0 is the first row of a chunk
                 part = a[c0 - r0 : min(c0 + self.rows, r1) - r0]
                 if src.zchunks is not None:
-                    read_zarr_chunk(src.zchunks, c0 // self.rows, part, self.where)
+                    z = src.zchunks
+                    read_zarr_chunk(z, c0 // self.rows, part, self.where,
+                                    src.check(os.path.join(z.root, z.keys[c0 // self.rows]), self.stamp.path))
                 else:
                     assert src.fd is not None and src.table is not None
-                    read_chunk(src.fd, src.table, c0 // self.rows, part, self.where)
+                    read_chunk(src.fd, src.table, c0 // self.rows, part, self.where, src.check(self.stamp.path, ""))
             return a
+        if src.spans is not None:
+            self._check_spans(src, r0, r1)
         try:
             if src.file is not None:
                 a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
@@ -276,6 +315,14 @@ class _Chunked(PerProcessHandle[_Source]):
             return np.ascontiguousarray(src.array[r0:r1], dtype=self.field.np_dtype)
         except Exception as e:  # h5py/zarr raise many types; name the place instead
             raise CorruptShardError(f"{self.where}: samples {r0}..{r1 - 1}: read failed ({type(e).__name__}: {e})") from None
+
+    def _check_spans(self, src: _Source, r0: int, r1: int) -> None:
+        """The blocks of every HDF5 chunk holding rows ``r0..r1-1`` (read through h5py)."""
+        check = src.check(self.stamp.path, "")
+        assert src.spans is not None and src.fd is not None and check is not None
+        s, rows = src.spans, int(src.array.chunks[0])
+        for off, size in s[(s[:, 0] < r1) & (s[:, 0] + rows > r0)][:, 1:].tolist():
+            check.span(src.fd, off, off + size)
 
     def read(self, local: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
         src = self.handle()
@@ -308,6 +355,11 @@ class _Chunked(PerProcessHandle[_Source]):
             assert src.table is not None and src.fd is not None
             path, fd, base = self.stamp.path, src.fd, int(src.table.offsets[c])
         try:
+            check = src.check(path, self.stamp.path)
+            if check is not None and src.zchunks is not None:
+                check.all(fd)  # a Zarr chunk file is checked whole
+            elif check is not None:
+                check.rows(fd, base, rows, nb)
             for l0, d0, n in runs(rows, dest):
                 view = memoryview(out[d0 : d0 + n].reshape(-1).view(np.uint8))  # type: ignore[arg-type]
                 if os.preadv(fd, [view], base + l0 * nb) != n * nb:

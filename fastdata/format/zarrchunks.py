@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptShardError
+from .blocksums import BlockCheck
 
 
 @dataclass
@@ -81,18 +82,23 @@ def zarr_chunks(array: Any, local_root: str) -> ZarrChunks | None:
     return ZarrChunks(root, keys, codec, nbytes)
 
 
-def read_zarr_chunk(z: ZarrChunks, c: int, out: np.ndarray, where: str) -> None:
-    """Chunk ``c`` into ``out`` (C-contiguous; the last chunk's buffer may be shorter than a chunk)."""
+def read_zarr_chunk(z: ZarrChunks, c: int, out: np.ndarray, where: str, check: BlockCheck | None = None) -> None:
+    """Chunk ``c`` into ``out`` (C-contiguous; the last chunk's buffer may be shorter than a chunk).
+    ``check``: the chunk file's block digests, checked before its bytes are used."""
     path = os.path.join(z.root, z.keys[c])
     target = out.reshape(-1).view(np.uint8)
     try:
         with open(path, "rb", buffering=0) as f:
+            if check is not None and z.codec is None:
+                check.all(f.fileno())
             if z.codec is None:
                 got = f.readinto(memoryview(target))  # type: ignore[arg-type]
                 if got != len(target):
                     raise CorruptShardError(f"{where}: chunk {c} ({path}) is short ({got} bytes, expected {len(target)})")
                 return
             raw = f.read()
+            if check is not None:
+                check.whole(raw)
     except OSError as e:
         raise CorruptShardError(f"{where}: chunk {c}: cannot read {path} ({e.strerror})") from None
     try:
