@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +42,15 @@ class BlockCheck:
     sums: np.ndarray  # uint64, one per block
     block: int = BLOCK
     ok: np.ndarray = field(init=False)
+    left: int = field(init=False)  # blocks not checked yet: once 0, reads cost one comparison
+    lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.ok = np.zeros(len(self.sums), dtype=bool)
+        self.left = len(self.sums)
 
     def done(self) -> bool:
-        return bool(self.ok.all())
+        return self.left == 0
 
     def rows(self, fd: int, base: int, rows: np.ndarray, nbytes: int) -> None:
         """Check the blocks holding rows ``rows`` of ``nbytes`` bytes each from byte ``base`` of the file."""
@@ -105,7 +109,10 @@ class BlockCheck:
         if digest != int(self.sums[b]):
             raise CorruptShardError(f"{self.path}: block {b} (bytes {b * self.block}..{(b + 1) * self.block - 1}) "
                                     f"differs from its checksum taken at index time (edited in place){_HINT}")
-        self.ok[b] = True
+        with self.lock:  # reader threads may check the same block at once: count it once
+            if not self.ok[b]:
+                self.ok[b] = True
+                self.left -= 1
 
 
 _HINT = "; run fastdata index again (or convert the data)"
