@@ -291,11 +291,18 @@ def refuse_bad(bad: dict[str, str], skip_bad: bool) -> list[tuple[str, str]]:
 
 def refuse_non_finite_labels(source: Any, labels_file: Path | None) -> None:
     """Refuse a NaN or infinite label, naming the file and the row: a labels file's (rows named by
-    path), or a label ``.npy`` array's (rows by index) of an array source."""
+    path), a metadata table's own ``label`` column (rows named by path), or a label ``.npy`` array's
+    (rows by index) of an array source."""
     labels = getattr(source, "labels", None)
     rels = getattr(source, "rels", None)
     if isinstance(labels, np.ndarray) and labels_file is not None and rels is not None:
         _check_finite(labels, lambda i: f"{labels_file}: the row for {rels[i]!r}")
+        return
+    table = getattr(source, "table_path", None)
+    column = getattr(getattr(source, "cols", None), "values", {}).get(LABEL_FIELD)
+    if isinstance(table, str) and column:
+        keys = source.sample_keys()
+        _check_finite_rows(column, lambda i: f"{table}: the row for {keys[i]!r}, column {LABEL_FIELD!r}")
         return
     arrays = getattr(source, "paths", None)
     if isinstance(arrays, dict) and isinstance(arrays.get(LABEL_FIELD), str):
@@ -303,6 +310,17 @@ def refuse_non_finite_labels(source: Any, labels_file: Path | None) -> None:
         values = np.load(path, mmap_mode="r", allow_pickle=False)  # checked at scan: a plain numeric .npy
         for a in range(0, len(values), _FINITE_ROWS):
             _check_finite(values[a:a + _FINITE_ROWS], lambda i, a=a: f"{path}: row {a + i}")
+
+
+def _check_finite_rows(rows: list[np.ndarray], where: Any) -> None:
+    """``_check_finite`` for per-row arrays of any shapes (a table column, fixed or ragged)."""
+    if np.asarray(rows[0]).dtype.kind not in "fc":
+        return
+    flat = np.concatenate([np.asarray(r).reshape(-1) for r in rows])
+    bad = np.flatnonzero(~np.isfinite(flat))
+    if len(bad):
+        i = int(np.searchsorted(np.cumsum([np.asarray(r).size for r in rows]), bad[0], side="right"))
+        _check_finite(np.asarray(rows[i])[None], lambda _: where(i))
 
 
 def _check_finite(values: np.ndarray, where: Any) -> None:

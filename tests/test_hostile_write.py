@@ -126,3 +126,24 @@ def test_sizes_accept_petabytes_and_refuse_absurd_values(flat, tmp_path, run_cli
                                         f"over the limit of 1 EiB ({MAX_SIZE} bytes)"), err
     with pytest.raises(fastdata.errors.UsageError, match="over the limit of 1 EiB"):
         fastdata.WriteOptions(shard_size=MAX_SIZE + 1)
+
+
+@pytest.mark.parametrize("text,shown", [("nan", "nan"), ("1e400", "inf"), ("-inf", "-inf")])
+def test_non_finite_labels_in_a_tables_label_column_are_refused_unless_allowed(flat, tmp_path, run_cli, text, shown):
+    table = tmp_path / "meta.csv"
+    table.write_text(f"path,label\n0.npy,0.5\n1.npy,1.5\n2.npy,{text}\n3.npy,3\n")
+    err = _refused(run_cli, tmp_path / "ds", flat, "--meta", table)
+    assert f"{table}: the row for '2.npy', column 'label': label {shown} is not a finite number; pass --allow-nan" in err
+    code, _, err = run_cli("convert", flat, tmp_path / "ds", "--quiet", "--meta", table, "--allow-nan")
+    assert code == 0, err
+    assert np.isnan(fastdata.open(tmp_path / "ds")[2]["label"]) == (shown == "nan")
+
+
+def test_a_non_finite_label_in_a_ragged_label_column_names_its_row(flat, tmp_path):
+    table = tmp_path / "meta.jsonl"
+    labels = [[0.0], [1.0, 2.0], [3.0, float("inf"), 4.0], []]
+    table.write_text("".join(json.dumps({"path": f"{i}.npy", "label": v}) + "\n" for i, v in enumerate(labels)))
+    with pytest.raises(fastdata.errors.DataError, match=r"meta\.jsonl: the row for '2\.npy', column 'label': label "
+                       r"\[3\.0, inf, 4\.0\] is not a finite number; pass allow_nan=True"):
+        fastdata.convert(flat, tmp_path / "ds", meta=table)
+    assert not (tmp_path / "ds").exists()
