@@ -546,6 +546,41 @@ def test_interrupted_conversion_to_s3_resumes_from_the_remote_copy(s3, tmp_path,
         convert(tmp_path / "up", resume=True)
 
 
+@pytest.mark.parametrize("fault", ["pause:before_first_shard", "pause:upload:0"])
+def test_resume_after_a_kill_before_any_shard_was_uploaded_finishes(s3, tmp_path, monkeypatch, fault):
+    """Killed before the remote journal existed (before_first_shard) or with only the journal uploaded
+    (upload:0, the journal goes up before the first shard): the same command with --resume finishes."""
+    from crashkit import cli, kill, start_paused
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)  # botocore reads it: the CLI has no endpoint flag
+    monkeypatch.setenv("FASTDATA_REMOTE_CACHE", str(tmp_path / "cache"))
+    for k, v in CREDS.items():
+        monkeypatch.setenv(k, v)
+    src = arrays_source(tmp_path, 60)
+    url = f"s3://{bucket(s3)}/killed"
+    args = ["convert", "--data", src / "X.npy", "--labels", src / "y.npy", url, "--shard-size", "4KB", "--workers", "1",
+            "--quiet"]
+    kill(start_paused(args, fault, tmp_path / "ready"))
+    fs = s3.fs()
+    names = [p.rsplit("/", 1)[-1] for p in fs.ls(url[5:], refresh=True)] if fs.exists(url[5:]) else []
+    assert names == ([] if fault == "pause:before_first_shard" else [".fastdata-journal"])
+    done = cli(*args, "--resume")
+    assert done.returncode == 0, done.stderr
+    x = fastdata.open(url, remote=opts(s3, tmp_path / "c")).get_batch(np.arange(60))["x"]
+    assert np.array_equal(x[:, 0], np.arange(60, dtype=np.float32))
+
+
+def test_resume_into_an_empty_prefix_starts_afresh_but_not_over_files_without_a_journal(s3, tmp_path):
+    url = f"s3://{bucket(s3)}/fresh"
+    report = convert_arrays(tmp_path, url, 40, shard_size=4_000, remote=opts(s3, tmp_path / "up"), resume=True)
+    assert report.kept == 0 and len(fastdata.open(url, remote=opts(s3, tmp_path / "c"))) == 40
+    other = f"s3://{bucket(s3)}/orphans"
+    s3.fs().pipe_file(other[5:] + "/shard-00000.h5", b"left by something else")
+    with pytest.raises(UsageError, match=r"no interrupted conversion to resume \(no \.fastdata-journal, but it holds "
+                                         r"'shard-00000\.h5'\); convert again with overwrite=True"):
+        convert_arrays(tmp_path, other, 40, shard_size=4_000, remote=opts(s3, tmp_path / "up"), resume=True)
+
+
 # --- DDP ----------------------------------------------------------------------------------
 
 

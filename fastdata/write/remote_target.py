@@ -75,6 +75,7 @@ class RemoteTarget:
         self._head: str | None = None
         self._failed = False  # an upload gave up: those not started yet are not tried (each would wait the bound)
         self.journal_uploaded = False  # the remote journal exists: a failed run can be resumed
+        self.resuming = False  # --resume found a remote journal to continue (check); without one it starts afresh
 
     def _call(self, fn: Any, what: str) -> Any:
         return with_retries(fn, what, _deadline(self.options))
@@ -100,15 +101,17 @@ class RemoteTarget:
         if foreign:
             raise UsageError(f"{self.url}: refused: it holds {foreign[0]!r}, which fastdata did not write; "
                              "choose an empty or new prefix")
+        self.resuming = resume and self.journal_name in names  # none (never started, killed before it was
+        # uploaded: the journal goes up before any shard): a new conversion, as for a local folder
         if self.part is not None:
-            self._check_part(names, overwrite, resume)
+            self._check_part(names, overwrite, self.resuming)
         elif resume:
             if MANIFEST_NAME in names:
                 raise UsageError(f"{self.url}: already holds a finished dataset; nothing to resume "
                                  "(%(overwrite=True) converts again)")
-            if JOURNAL_NAME not in names:
-                raise UsageError(f"{self.url}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
-                                 "convert again without %(resume=True)")
+            if names and not self.resuming:
+                raise UsageError(f"{self.url}: no interrupted conversion to resume (no {JOURNAL_NAME}, but it holds "
+                                 f"{names[0]!r}); convert again with %(overwrite=True)")
         elif names and not overwrite:
             if JOURNAL_NAME in names and MANIFEST_NAME not in names:
                 raise UsageError(f"{self.url}: holds an interrupted conversion; pass %(resume=True) to finish it, "
@@ -131,7 +134,8 @@ class RemoteTarget:
         check_part_entries(self.url, names, self.part, self.journal_name, overwrite, resume, "prefix")
 
     def prepare(self, overwrite: bool, resume: bool) -> tuple[Path, set[str]]:
-        """A fresh staging folder (holding the remote journal on resume) and the shards kept remotely."""
+        """A fresh staging folder (holding the remote journal on resume) and the shards kept remotely.
+        ``resume`` with no remote journal (see ``check``) starts afresh."""
         if self.staging.exists():
             shutil.rmtree(self.staging)
         self.staging.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +144,7 @@ class RemoteTarget:
                 self._remove(name)
         elif overwrite:
             self._remove_ours()
-        if not resume:
+        if not (resume and self.resuming):
             return self.staging, set()
         self.staging.mkdir()
         where = join(self.url, self.journal_name)
@@ -217,6 +221,9 @@ class RemoteTarget:
     def _upload_shard(self, info: ShardInfo) -> None:
         local = self.staging / info.file
         where = join(self.url, info.file)
+        with self._lock:  # the journal goes up first: a shard is never there without a journal (after a kill too)
+            if not self.journal_uploaded:
+                self._upload_journal()
         try:
             _fault.point("upload", shard_number(info.file))
             self._call(lambda: self.fs.put_file(str(local), where), f"{where}: upload")
