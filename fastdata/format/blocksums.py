@@ -96,7 +96,8 @@ class BlockCheck:
 
     def all(self, fd: int) -> None:
         """Check every block not checked yet, reading it from ``fd``."""
-        self.blocks(fd, np.flatnonzero(~self.ok))
+        if not self.done():
+            self.blocks(fd, np.flatnonzero(~self.ok))
 
     def blocks(self, fd: int, ids: np.ndarray) -> None:
         for b in ids.tolist():
