@@ -98,7 +98,7 @@ def test_npy_folder_script_with_projection(tmp_path: Path, capsys: pytest.Captur
     assert r["projection"]["samples"] == 24 and r["projection"]["batch_s"] > 0
     assert r["projected_speedup"] > 0 and 0 <= r["projected_wait_fraction"] <= 1
     # the projection is the script's step replayed while fastdata's loader read the sample beside it
-    assert "step replayed beside" in r["projection_basis"] and r["beside"]["steps"] >= 3
+    assert "step replayed beside" in r["projection_basis"] and r["beside"]["steps"] >= 2
     assert r["projected_step_s"] >= r["beside"]["step_s"] > 0
     assert not list(tmp_path.glob("fastdata-doctor-*"))  # the sample is removed
     io = r["workers"]["io"]
@@ -129,7 +129,7 @@ def test_image_script_projection_redoes_its_transforms(tmp_path: Path, capsys: p
     assert code == 0, text
     r = json.loads(out_json.read_text())
     assert r["projection"]["ok"], r["projection"]
-    assert r["projection"]["ops"] == ["HorizontalFlip", "Normalize"] and r["beside"]["steps"] >= 3
+    assert r["projection"]["ops"] == ["HorizontalFlip", "Normalize"] and r["beside"]["steps"] >= 2
     assert "images as uint8 with HorizontalFlip + Normalize on the batch" in text
     assert r["commands"][0].endswith("--images raw --size 112 112")
     assert "augment=[HorizontalFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)]" in r["commands"][2]

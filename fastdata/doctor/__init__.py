@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ def run(command: Sequence[str], *, steps: int | None = None, seconds: float | No
         env[_probe.ENV_SECONDS] = str(seconds) if seconds and not steps else ""
         env[_probe.ENV_REPLAY] = "1" if replay else "0"
         env[_probe.ENV_PROJECT] = "1" if project else "0"
+        env[_probe.ENV_START] = repr(time.time())  # the budget counts the child's start-up too
         proc = subprocess.run([python, "-m", "fastdata.doctor._boot", *rest], env=env)
         if not (Path(tmp) / "raw.json").exists():
             raise UsageError(f"the script stopped before the doctor could record anything (exit code "

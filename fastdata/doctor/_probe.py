@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 WARMUP = 2  # batches of each pass left out of the statistics: worker start-up, first-batch caching
 REPLAY = 8  # steps run on the cached batches to time the step without input
 CACHED_BATCHES, CACHED_BYTES = 8, 32 << 20  # batches cached for the replay (at least one, whatever its size)
-MIN_REPLAY = 3  # the fewest replayed steps (each kind) when steps are slow: a median of three
+MIN_REPLAY = 2  # the fewest replayed steps (each kind) when steps are slow
 STEPS_EXTRA_S = 5.0  # with --steps, the replay, sample and projection may take this long, or half the steps' time
 MEASURE_SHARE, HARD_SHARE = 0.5, 0.8  # of a --seconds budget: measuring the loop; the latest it may end
 BESIDE = 24  # then steps on the cached batches while fastdata's loader reads a sample beside them (projection)
@@ -39,6 +39,7 @@ MAX_EVENTS = 20000  # per loader, for the timeline
 # how fastdata.doctor.run tells the child (fastdata.doctor._boot) its folder and budget
 ENV_DIR, ENV_STEPS, ENV_SECONDS = "FASTDATA_DOCTOR_DIR", "FASTDATA_DOCTOR_STEPS", "FASTDATA_DOCTOR_SECONDS"
 ENV_REPLAY, ENV_PROJECT = "FASTDATA_DOCTOR_REPLAY", "FASTDATA_DOCTOR_PROJECT"
+ENV_START = "FASTDATA_DOCTOR_START"  # time.time() when fastdata.doctor.run started the child
 
 
 class BudgetReached(SystemExit):
@@ -67,6 +68,8 @@ class Recorder:
         self.steps, self.seconds, self.do_replay, self.do_project = steps, seconds, replay, project
         self.loaders: dict[int, LoaderRecord] = {}
         self.started = time.perf_counter()
+        if os.environ.get(ENV_START):  # the doctor's own start: a --seconds budget counts the child's start-up
+            self.started -= max(time.time() - float(os.environ[ENV_START]), 0.0)
         self.first_batch_at: float | None = None
         self.cached: list[Any] = []  # the replay's batches: the first after WARMUP of one loader
         self.cached_from: int | None = None
@@ -94,13 +97,13 @@ class Recorder:
     def spent(self) -> bool:
         """The loop's measured part is over: ``steps`` batches after the warm-up, or half the ``seconds``
         budget (counted from the start, so that the replay, the sample and the verdict fit in the rest) once
-        WARMUP + 1 batches are in, or HARD_SHARE of it whatever came in. Then the replay's sizes are set."""
+        WARMUP + 1 batches are in, or HARD_SHARE of it once two are (one step). Then the replay's sizes are set."""
         done = False
         if self.steps is not None and self.batches >= self.steps + WARMUP:
             done = True
         elif self.seconds is not None and self.first_batch_at is not None:
             elapsed = time.perf_counter() - self.started
-            done = elapsed >= HARD_SHARE * self.seconds or (
+            done = (elapsed >= HARD_SHARE * self.seconds and self.batches >= 2) or (
                 elapsed >= MEASURE_SHARE * self.seconds and self.batches > WARMUP)
         if done:
             self._size_the_rest()
@@ -120,7 +123,8 @@ class Recorder:
         got = sorted(g for r in self.loaders.values() for _, g, _ in r.events)
         step = (got[-1] - got[0]) / (len(got) - 1) if len(got) > 1 else max(now - got[0], 1e-3) if got else 1e-3
         self.n_replay = int(min(REPLAY, max(MIN_REPLAY, 0.25 * left / step)))
-        self.n_beside = int(min(BESIDE, max(MIN_REPLAY + 1, 0.35 * left / step)))  # a pass's first is dropped
+        beside = 0.35 * left / step  # too few to fit: none (the projection is then fastdata's loader alone)
+        self.n_beside = int(min(BESIDE, max(beside, MIN_REPLAY + 1))) if beside >= MIN_REPLAY else 0  # +1: a pass's first
         self.sample_budget_s = min(SAMPLE_BUDGET_S, max(1.0, 0.15 * left))
         self.measure_s = min(MEASURE_S, max(0.5, 0.1 * left))
 
@@ -167,6 +171,9 @@ class Recorder:
         if self.stopped_at is None:  # the end of the last compute-only step
             self.stopped_at = time.perf_counter()
             if not self.do_project:
+                self._stop()
+            if self.n_beside == 0:
+                self.beside_why = "steps too slow to replay beside fastdata's loader within the budget"
                 self._stop()
             self._start_beside()
         if self._beside is None or len(self.beside) >= self.n_beside:

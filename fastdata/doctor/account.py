@@ -114,9 +114,9 @@ def read_table(path: str) -> tuple[list[dict[str, Any]], bool]:
         else:
             rows = [r for r in obj if isinstance(r, dict)]
     else:
-        import pandas as pd
+        import pyarrow.parquet as pq
 
-        rows = pd.read_parquet(path).to_dict("records")
+        rows = pq.read_table(path).to_pylist()
     return [{str(k): _cell(v) for k, v in r.items()} for r in rows], keyed
 
 

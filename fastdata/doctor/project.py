@@ -54,7 +54,7 @@ class Sampled:
         c = min(shape[0], shape[-1])  # the image's channels (CHW or HWC)
         ops = [HorizontalFlip() if o == "HorizontalFlip" else Normalize((0.5,) * c, (0.25,) * c) for o in self.ops]
         views = (self.account or {}).get("views", 1)
-        return Augment(ops, views=views) if views > 1 else (ops or None)
+        return Augment(tuple(ops), views=views) if views > 1 else (ops or None)
 
     @property
     def path(self) -> Path:
@@ -172,7 +172,9 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
     views = [k for k, v in acc["fields"].items() if v["role"] == "view"]  # the loader makes them (views=)
     src = work / "samples"
     src.mkdir()
-    kept, shapes, images, ops = 0, {}, [], ()
+    kept, images = 0, []
+    shapes: dict[str, list[int]] = {}
+    ops: tuple[str, ...] = ()
     for n, i in enumerate(idx):
         f = drawn[n]["first"] if n < len(drawn) else _fields(ds[i])
         if f is None:

@@ -13,10 +13,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..format.files import IMAGE_SUFFIXES
 from . import transfer
 from ._probe import WARMUP
 from .account import is_table
-from ..format.files import IMAGE_SUFFIXES
 from .fix import NO_GAIN, commands, lines
 
 INPUT_BOUND = 0.10  # a loop waiting more than this fraction of its time for data is input-bound

@@ -1,0 +1,112 @@
+"""The doctor's fix, followed: for each of the five users' scripts (tests/doctor_scripts), the doctor's projected
+speedup, and the measured one of its printed fix, loader against loader on the same data.
+
+``python benchmarks/doctor_fix_speed.py [--seconds S] [--only NAME]``: makes each user's data in a temporary
+folder, runs ``fastdata doctor --seconds 30`` on the unchanged script, runs the printed convert command and
+loader line as printed, then times the script's own DataLoader (as the script builds it) and the printed
+fastdata loader, S seconds each (whole passes, samples per second), and prints one row per script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "doctor_scripts"
+sys.path.insert(0, str(SCRIPTS))
+import make_data  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+
+def _module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"user_{name}", SCRIPTS / name)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _own(script: str, data: Path) -> Any:
+    """The script's own DataLoader, built as its main() builds it (default arguments)."""
+    m = _module(script)
+    if script == "flim3d.py":
+        return DataLoader(m.FlimDataset(str(data)), batch_size=8, shuffle=True, num_workers=0)
+    if script == "pose_episodic.py":
+        ds = m.PoseDataset(str(data))
+        return DataLoader(ds, batch_sampler=m.Episodes(ds.labels, 20), num_workers=1)
+    if script == "headpose.py":
+        return DataLoader(m.HeadPose(str(data)), batch_size=8, shuffle=True, num_workers=0)
+    if script == "seq_lstm.py":
+        return DataLoader(m.Recordings(str(data)), batch_size=16, shuffle=True, num_workers=0, collate_fn=m.pad)
+    return DataLoader(m.TwoViews(str(data)), batch_size=16, shuffle=True, num_workers=0)
+
+
+USERS: dict[str, tuple[Callable[[Path], Path], str, list[str]]] = {
+    "flim": (make_data.flim, "flim3d.py", ["--epochs", "500"]),
+    "pose": (make_data.pose, "pose_episodic.py", ["--episodes", "2000", "--workers", "0"]),
+    "headpose": (make_data.faces, "headpose.py", ["--epochs", "1000"]),
+    "cnn_lstm": (make_data.recordings, "seq_lstm.py", ["--epochs", "100"]),
+    "ssl": (make_data.photos, "ssl_views.py", ["--epochs", "100"]),
+}
+
+
+def _rate(loader: Any, seconds: float) -> float:
+    """Samples per second over whole passes until ``seconds`` are up (the first batch not counted)."""
+    n, t0, first = 0, None, True
+    while t0 is None or time.perf_counter() - t0 < seconds:
+        for b in loader:
+            x = b["image"] if isinstance(b, dict) and "image" in b else b["x"] if isinstance(b, dict) else b[0]
+            if first:
+                t0, first = time.perf_counter(), False
+                continue
+            n += len(x)
+            if time.perf_counter() - t0 >= seconds:
+                break
+    return n / (time.perf_counter() - t0)
+
+
+def one(name: str, seconds: float) -> dict[str, Any]:
+    make, script, args = USERS[name]
+    with tempfile.TemporaryDirectory(prefix="fastdata-doctor-fix-") as tmp:
+        work = Path(tmp)
+        data = make(work / name)
+        out = work / "r.json"
+        subprocess.run([sys.executable, "-m", "fastdata", "doctor", "--seconds", "30", "--json", str(out), "--",
+                        sys.executable, str(SCRIPTS / script), str(data), *args], cwd=work, capture_output=True)
+        r = json.loads(out.read_text())
+        convert, imports, line = r["fix"]
+        done = subprocess.run(convert, shell=True, cwd=work, capture_output=True, text=True)
+        if done.returncode:
+            return {"script": script, "fix": r["fix"], "projected": r.get("projected_speedup"), "error": done.stderr}
+        ns: dict[str, Any] = {}
+        here = os.getcwd()
+        os.chdir(work)
+        try:
+            exec(imports + "\n" + line, ns)
+            own, fast = _rate(_own(script, data), seconds), _rate(ns["loader"], seconds)
+        finally:
+            os.chdir(here)
+        return {"script": script, "fix": r["fix"], "printed": bool(r["commands"]), "projected": r.get("projected_speedup"),
+                "own_samples_per_s": own, "fastdata_samples_per_s": fast, "measured": fast / own}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--only", choices=sorted(USERS))
+    a = p.parse_args()
+    for name in [a.only] if a.only else USERS:
+        print(json.dumps(one(name, a.seconds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
