@@ -71,6 +71,16 @@ def tables_of(dataset: Any, seen: list[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def image_hw(shape: Any) -> tuple[int, int] | None:
+    """(H, W) of a shape that may be an image: CHW or HWC with 1, 3 or 4 channels (one reading only) and
+    sides of at least 8; None otherwise."""
+    if len(shape) != 3:
+        return None
+    chw, hwc = shape[0] in (1, 3, 4), shape[2] in (1, 3, 4)
+    hw = (int(shape[1]), int(shape[2])) if chw else (int(shape[0]), int(shape[1]))
+    return hw if chw != hwc and min(hw) >= 8 else None
+
+
 # -- tables --------------------------------------------------------------------------------------------
 def _cell(v: Any) -> Any:
     if isinstance(v, str):
@@ -301,8 +311,6 @@ def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, li
 def _geometry(out: dict[str, Any], samples: list[dict[str, Any]]) -> None:
     """The script's geometric op on images with coordinates: Resize, a crop (centre or random), and/or a
     mirror; from the coordinates' fits and the image files' own sizes."""
-    from .project import image_hw
-
     kp = [f for f in out["fields"].values() if f.get("kind") == "keypoints"]
     hw = image_hw(samples[0]["first"][out["data"]].shape)
     if not kp or hw is None:

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .account import account, is_table, opened, tables_of
+from .account import account, image_hw, is_table, opened, tables_of
 
 MAX_SAMPLES = 256
 ACCOUNT_SAMPLES = 8  # samples drawn twice, with the files each opened, to account for every element
@@ -89,16 +89,6 @@ def _fields(item: Any) -> dict[str, np.ndarray] | None:
             return None
         out[str(k)] = a
     return out
-
-
-def image_hw(shape: Any) -> tuple[int, int] | None:
-    """(H, W) of a shape that may be an image: CHW or HWC with 1, 3 or 4 channels (one reading only) and
-    sides of at least 8; None otherwise."""
-    if len(shape) != 3:
-        return None
-    chw, hwc = shape[0] in (1, 3, 4), shape[2] in (1, 3, 4)
-    hw = (int(shape[1]), int(shape[2])) if chw else (int(shape[0]), int(shape[1]))
-    return hw if chw != hwc and min(hw) >= 8 else None
 
 
 def _as_image(a: np.ndarray) -> np.ndarray:

@@ -248,7 +248,7 @@ def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[in
     sample (the projection's data) has exactly one field shaped like an image (CHW or HWC, 1, 3 or 4
     channels): decoding and resizing at conversion is what the projection measured."""
     from ..format.files import IMAGE_SUFFIXES
-    from .project import image_hw
+    from .account import image_hw
 
     if proj is None or not source["kinds"] or not all(k in IMAGE_SUFFIXES for k in source["kinds"]):
         return None
