@@ -331,10 +331,11 @@ def test_account_of_samples_from_a_table(tmp_path: Path) -> None:
                                                   "f2": (kp - [3, 2]).astype(np.float32), "f3": np.float32(7.5)},
                         "again": {"f1": flipped.astype(np.float32), "f2": mirrored.astype(np.float32)}})
     (tmp_path / "meta.csv").write_text("\n".join(rows) + "\n")
-    acc = account(samples, [str(tmp_path / "meta.csv")])
+    (tmp_path / "order.csv").write_text("score\n7.5\n")  # rows by position: nothing names the files
+    acc = account(samples, [str(tmp_path / "meta.csv"), str(tmp_path / "order.csv")])
     f = acc["fields"]
     assert f["f0"]["role"] == "data"
     assert f["f1"]["columns"] == ["yaw", "pitch", "roll"] and f["f1"]["signs"] == [-1, 1, -1] and f["f1"]["kind"] == "angles"
     assert f["f2"]["kind"] == "keypoints" and f["f2"]["mirrored"] and f["f2"]["flip_pairs"] == [(0, 1)]
-    assert f["f3"]["role"] == "left out"
+    assert f["f3"]["role"] == "left out" and "order.csv: no column names the sample files" in f["f3"]["why"]
     assert acc["tables"][str(tmp_path / "meta.csv")]["root"] == str(tmp_path)

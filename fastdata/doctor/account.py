@@ -276,7 +276,9 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
             out["tables"][t] = {"error": f"{type(e).__name__}: {e}"}
             continue
         hit = _index(rows, files) if rows else None
-        if hit is not None:
+        if hit is None:
+            out["tables"][t] = {"error": "no column names the sample files (fastdata convert needs a path column)"}
+        else:
             col, root, picked = hit
             out["tables"][t] = {"path_column": col, "root": root, "keyed": keyed, "used": []}
             indexed.append((t, col, picked))
@@ -304,8 +306,10 @@ def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, li
             return {"role": "table", "table": t, "kind": kind, **found}
     if _folder_label(files, [s["first"][k] for s in samples]):
         return {"role": "folder label"}
+    unkeyed = [os.path.basename(t) for t, v in tables.items() if "error" in v]
     return {"role": "left out", "why": "not in the sample's file, a table the script read, nor its class folder "
-                                       "(computed in __getitem__: compute it from the batch)"}
+                                       "(computed in __getitem__: compute it from the batch)"
+            + (f"; {', '.join(unkeyed)}: no column names the sample files (add a 'path' column)" if unkeyed else "")}
 
 
 def _geometry(out: dict[str, Any], samples: list[dict[str, Any]]) -> None:
