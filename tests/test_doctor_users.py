@@ -144,9 +144,22 @@ def test_head_pose_angles_and_landmarks_follow_the_flip(tmp_path: Path, calm: No
         _, angles, lm = ds[j]
         assert np.allclose([s["yaw"], s["pitch"], s["roll"]], angles.numpy(), atol=1e-3)
         assert np.allclose(s["landmarks"], lm.numpy(), atol=1e-3)
-    # the loader's mirror follows the script's rule: each sample's yaw and roll keep or flip their sign together
-    signs = {round(abs(float(v)), 2) for b in batches for v in b["yaw"]}
-    assert signs <= {round(abs(float(stored[i]["yaw"])), 2) for i in range(len(stored))}
+    # the printed loader mirrors as the script does: yaw and roll negated together, landmarks swapped left/right
+    table = np.array([[stored[i]["yaw"], stored[i]["pitch"], stored[i]["roll"]] for i in range(len(stored))])
+    mirrored = 0
+    for b in batches:
+        for k in range(len(b["yaw"])):
+            ang = np.array([float(b["yaw"][k]), float(b["pitch"][k]), float(b["roll"][k])])
+            j = int(np.argmin(np.abs(np.abs(table) - np.abs(ang)).max(1)))
+            assert np.allclose(np.abs(table[j]), np.abs(ang), atol=1e-3)
+            flip = ang[0] * table[j, 0] < 0
+            assert (ang[2] * table[j, 2] < 0) == flip and ang[1] == pytest.approx(table[j, 1], abs=1e-3)
+            out, src = b["landmarks"][k].numpy(), np.asarray(stored[j]["landmarks"])
+            src = src[mod.MIRROR] if flip else src
+            dx = out[:, 0] + src[:, 0] if flip else out[:, 0] - src[:, 0]  # mirrored: x' = c - x
+            assert np.ptp(dx) < 1e-3 and np.ptp(out[:, 1] - src[:, 1]) < 1e-3  # one crop offset for all points
+            mirrored += flip
+    assert 0 < mirrored < sum(len(b["yaw"]) for b in batches)  # both kinds were seen
 
 
 @pytest.mark.slow
