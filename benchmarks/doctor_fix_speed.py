@@ -4,7 +4,9 @@ speedup, and the measured one of its printed fix, loader against loader on the s
 ``python benchmarks/doctor_fix_speed.py [--seconds S] [--only NAME]``: makes each user's data in a temporary
 folder, runs ``fastdata doctor --seconds 30`` on the unchanged script, runs the printed convert command and
 loader line as printed, then times the script's own DataLoader (as the script builds it) and the printed
-fastdata loader, S seconds each (whole passes, samples per second), and prints one row per script.
+fastdata loader, S seconds each (whole passes, samples per second), and the script's own training loop
+(optimizer steps per second, S seconds) with its DataLoader and with the fastdata loader in its place (the
+batches put in the script's form by the report's account); one JSON row per script.
 """
 
 from __future__ import annotations
@@ -74,6 +76,77 @@ def _rate(loader: Any, seconds: float) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def _as_script_batch(b: dict[str, Any], acc: dict[str, Any]) -> tuple[Any, ...]:
+    """A fastdata batch in the order and form of the script's own (the report's account of each element)."""
+    import torch
+
+    out = []
+    for f in acc["fields"].values():
+        if f["role"] == "data":
+            x = b["image"] if "image" in b else b["x"]
+            out.append(x[:, 0] if acc["views"] > 1 else x)
+        elif f["role"] == "view":
+            out.append(b["image"][:, 1])
+        elif f["role"] == "folder label":
+            out.append(b["label"])
+        elif f["role"] == "table":
+            cols = f["columns"]
+            out.append(b[cols[0]] if len(cols) == 1 else torch.stack([b[c] for c in cols], 1))
+    return tuple(out)
+
+
+def _train_rate(script: str, data: Path, args: list[str], seconds: float, swap: Any = None) -> float:
+    """Optimizer steps per second of the script's own training loop (in this process, stopped after
+    ``seconds``); with ``swap``, its DataLoader is replaced by the fastdata loader in the script's batch form."""
+    import runpy
+
+    import torch
+    import torch.utils.data as tud
+
+    stamps: list[float] = []
+    saved = {c: c.step for c in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)}
+
+    class Done(Exception):
+        pass
+
+    def timed(orig: Any) -> Any:
+        def step(self: Any, *a: Any, **k: Any) -> Any:
+            stamps.append(time.perf_counter())
+            if stamps[-1] - stamps[0] > seconds:
+                raise Done
+            return orig(self, *a, **k)
+        return step
+
+    class Swapped:
+        def __init__(self, *a: Any, **k: Any) -> None:
+            self.dataset = a[0] if a else k.get("dataset")
+
+        def __iter__(self) -> Any:
+            return (_as_script_batch(b, swap[1]) for b in swap[0])
+
+        def __len__(self) -> int:
+            return 10 ** 6
+
+    real = tud.DataLoader
+    for c in saved:
+        c.step = timed(saved[c])  # type: ignore[method-assign]
+    if swap is not None:
+        tud.DataLoader = Swapped  # type: ignore[misc]
+    argv = sys.argv
+    sys.argv = [script, str(data), *args]
+    try:
+        runpy.run_path(str(SCRIPTS / script), run_name="__main__")
+    except Done:
+        pass
+    finally:
+        sys.argv = argv
+        tud.DataLoader = real  # type: ignore[misc]
+        for c, f in saved.items():
+            c.step = f  # type: ignore[method-assign]
+    steps = stamps[2:]  # the first steps pay start-up
+    return (len(steps) - 1) / (steps[-1] - steps[0]) if len(steps) > 1 else 0.0
+
+
 def one(name: str, seconds: float) -> dict[str, Any]:
     make, script, args = USERS[name]
     with tempfile.TemporaryDirectory(prefix="fastdata-doctor-fix-") as tmp:
@@ -93,10 +166,14 @@ def one(name: str, seconds: float) -> dict[str, Any]:
         try:
             exec(imports + "\n" + line, ns)
             own, fast = _rate(_own(script, data), seconds), _rate(ns["loader"], seconds)
+            train_own = _train_rate(script, data, args, seconds)
+            train_fast = _train_rate(script, data, args, seconds, (ns["loader"], r["account"]))
         finally:
             os.chdir(here)
         return {"script": script, "fix": r["fix"], "printed": bool(r["commands"]), "projected": r.get("projected_speedup"),
-                "own_samples_per_s": own, "fastdata_samples_per_s": fast, "measured": fast / own}
+                "own_samples_per_s": own, "fastdata_samples_per_s": fast, "measured_loader": fast / own,
+                "own_steps_per_s": train_own, "fastdata_steps_per_s": train_fast,
+                "measured_training": train_fast / train_own if train_own else None}
 
 
 def main() -> None:
