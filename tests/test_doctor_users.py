@@ -352,3 +352,23 @@ def test_account_of_samples_from_a_table(tmp_path: Path) -> None:
     assert f["f2"]["kind"] == "keypoints" and f["f2"]["mirrored"] and f["f2"]["flip_pairs"] == [(0, 1)]
     assert f["f3"]["role"] == "left out" and "order.csv: no column names the sample files" in f["f3"]["why"]
     assert acc["tables"][str(tmp_path / "meta.csv")]["root"] == str(tmp_path)
+
+
+def test_class_names_in_a_table_are_the_label(tmp_path: Path) -> None:
+    """An integer the script makes from a text column (sorted class names) is that column: as 'label' it is
+    kept by --meta as indices; under another name the fix says to rename it."""
+    from fastdata.doctor.account import account
+    from fastdata.doctor.fix import commands
+
+    names, rows, samples = ["dog", "cat", "eel"], ["path,species"], []
+    for i in range(6):
+        np.save(tmp_path / f"{i}.npy", np.zeros(3))
+        rows.append(f"{i}.npy,{names[i % 3]}")
+        samples.append({"file": str(tmp_path / f"{i}.npy"), "again": {},
+                        "first": {"f0": np.zeros((9, 9)), "f1": np.asarray(sorted(names).index(names[i % 3]))}})
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    acc = account(samples, [str(tmp_path / "t.csv")])
+    assert acc["fields"]["f1"]["kind"] == "classes" and acc["fields"]["f1"]["columns"] == ["species"]
+    source = {"folder": str(tmp_path), "kinds": {".npy": 6}, "files_seen": 6, "convertible": True}
+    fix, notes = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": acc}, source, None, None)
+    assert fix[0].endswith(f"--meta {tmp_path / 't.csv'}") and "rename it" in notes[0]

@@ -281,7 +281,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
         else:
             col, root, picked = hit
             out["tables"][t] = {"path_column": col, "root": root, "keyed": keyed, "used": []}
-            indexed.append((t, col, picked))
+            indexed.append((t, col, picked, rows))
     for k in first:
         if k not in out["fields"]:
             out["fields"][k] = _one(k, samples, indexed, files, out["tables"])
@@ -291,9 +291,22 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
     return out
 
 
-def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, list[dict[str, Any]]]],
+def _class_index(values: list[np.ndarray], picked: list[dict[str, Any]], rows: list[dict[str, Any]],
+                 columns: list[str]) -> str | None:
+    """The text column whose sorted distinct values the integer ``values`` index (class names)."""
+    if any(v.size != 1 or v.dtype.kind not in "iu" for v in values):
+        return None
+    for c in columns:
+        names = sorted({r[c] for r in rows if isinstance(r.get(c), str)})
+        if names and all(isinstance(r.get(c), str) and names.index(r[c]) == int(v.ravel()[0])
+                         for v, r in zip(values, picked)):
+            return c
+    return None
+
+
+def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, list[dict[str, Any]], list[Any]]],
          files: list[str], tables: dict[str, Any]) -> dict[str, Any]:
-    for t, col, picked in indexed:
+    for t, col, picked, rows in indexed:
         draws = [[(s["first"][k], row), (s["again"].get(k, s["first"][k]), row)] for s, row in zip(samples, picked)]
         columns = [c for c in picked[0] if c != col]
         a0 = samples[0]["first"][k]
@@ -301,6 +314,9 @@ def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, li
         if found is None:
             found = _values(draws, columns)
             kind = "angles" if found and -1 in found["signs"] else "values"
+        named = _class_index([s["first"][k] for s in samples], picked, rows, columns) if found is None else None
+        if named is not None:  # fastdata convert makes a text column named 'label' class indices (sorted names)
+            found, kind = {"columns": [named], "signs": [1]}, "classes"
         if found is not None:
             tables[t]["used"] += [c for c in found["columns"] if c not in tables[t]["used"]]
             return {"role": "table", "table": t, "kind": kind, **found}

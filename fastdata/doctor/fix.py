@@ -26,6 +26,10 @@ def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
         used = info.get("used") or []
         if not used:
             continue
+        names = [f["columns"][0] for f in acc["fields"].values() if f.get("table") == t and f.get("kind") == "classes"]
+        if any(c != "label" for c in names):  # class names become indices in a column named 'label' only
+            notes.append(f"{t}: column {names[0]!r} holds the class names the script indexes: fastdata convert "
+                         f"makes indices of a text column named 'label' (rename it), else keeps the text")
         name = shlex.quote(t)
         if not meta and t.lower().endswith(META_SUFFIXES) and (info["path_column"] == "path" or info["keyed"]):
             args += ["--meta", name]
@@ -72,6 +76,7 @@ def lines(acc: dict[str, Any] | None, images: bool) -> list[str]:
                  "folder label": "its class folder"}.get(role)
         if role == "table":
             how = {"keypoints": "coordinates, moved with the image (Keypoints)",
+                   "classes": "class names, as indices into their sorted list",
                    "angles": "angles negated on a mirror (Custom)"}.get(f["kind"], "values")
             where = f"{', '.join(f['columns'])} of {os.path.basename(f['table'])} ({how})"
             if len(f["columns"]) > 1:
