@@ -5,8 +5,9 @@ speedup, and the measured one of its printed fix, loader against loader on the s
 folder, runs ``fastdata doctor --seconds 30`` on the unchanged script, runs the printed convert command and
 loader line as printed, then times the script's own DataLoader (as the script builds it) and the printed
 fastdata loader, S seconds each (whole passes, samples per second), and the script's own training loop
-(optimizer steps per second, S seconds) with its DataLoader and with the fastdata loader in its place (the
-batches put in the script's form by the report's account); one JSON row per script.
+(optimizer steps per second, S seconds, each in a fresh process as the user runs it) with its DataLoader and
+with the fastdata loader in its place (the batches put in the script's form by the report's account); one
+JSON row per script.
 """
 
 from __future__ import annotations
@@ -147,6 +148,27 @@ def _train_rate(script: str, data: Path, args: list[str], seconds: float, swap: 
     return (len(steps) - 1) / (steps[-1] - steps[0]) if len(steps) > 1 else 0.0
 
 
+def _train_in_own_process(work: Path, script: str, data: Path, args: list[str], seconds: float,
+                          report: dict[str, Any] | None) -> float:
+    """:func:`_train_rate` in a fresh process (as the script runs for its user), with the report's fix or not."""
+    spec = {"script": script, "data": str(data), "args": args, "seconds": seconds,
+            "fix": report["fix"][1:] if report else None, "account": report["account"] if report else None}
+    p = subprocess.run([sys.executable, __file__, "--train", json.dumps(spec)], cwd=work, capture_output=True, text=True)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("steps_per_s ")]
+    if not lines:
+        raise RuntimeError(p.stderr[-2000:])
+    return float(lines[-1].split()[1])
+
+
+def _train_main(spec: dict[str, Any]) -> None:
+    swap = None
+    if spec["fix"]:
+        ns: dict[str, Any] = {}
+        exec("\n".join(spec["fix"]), ns)
+        swap = (ns["loader"], spec["account"])
+    print("steps_per_s", _train_rate(spec["script"], Path(spec["data"]), spec["args"], spec["seconds"], swap))
+
+
 def one(name: str, seconds: float) -> dict[str, Any]:
     make, script, args = USERS[name]
     with tempfile.TemporaryDirectory(prefix="fastdata-doctor-fix-") as tmp:
@@ -166,8 +188,8 @@ def one(name: str, seconds: float) -> dict[str, Any]:
         try:
             exec(imports + "\n" + line, ns)
             own, fast = _rate(_own(script, data), seconds), _rate(ns["loader"], seconds)
-            train_own = _train_rate(script, data, args, seconds)
-            train_fast = _train_rate(script, data, args, seconds, (ns["loader"], r["account"]))
+            train_own = _train_in_own_process(work, script, data, args, seconds, None)
+            train_fast = _train_in_own_process(work, script, data, args, seconds, r)
         finally:
             os.chdir(here)
         return {"script": script, "fix": r["fix"], "printed": bool(r["commands"]), "projected": r.get("projected_speedup"),
@@ -180,7 +202,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--only", choices=sorted(USERS))
+    p.add_argument("--train", help=argparse.SUPPRESS)  # one training loop in this process (a JSON spec)
     a = p.parse_args()
+    if a.train:
+        _train_main(json.loads(a.train))
+        return
     for name in [a.only] if a.only else USERS:
         print(json.dumps(one(name, a.seconds)), flush=True)
 

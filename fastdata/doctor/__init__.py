@@ -42,8 +42,9 @@ def _interpreter(command: Sequence[str]) -> tuple[str, list[str]]:
 def run(command: Sequence[str], *, steps: int | None = None, seconds: float | None = 60.0,
         json_path: str | os.PathLike[str] | None = None, html_path: str | os.PathLike[str] | None = None,
         replay: bool = True, project: bool = True, quiet: bool = False) -> dict[str, Any]:
-    """Run ``command`` (``python train.py ARGS``) under the doctor until ``steps`` batches or ``seconds``
-    after the first batch; print the report (unless ``quiet``), write the JSON/HTML files, return it."""
+    """Run ``command`` (``python train.py ARGS``) under the doctor for ``steps`` batches, or within about
+    ``seconds`` in all (start to verdict); print the report (unless ``quiet``), write the JSON/HTML files,
+    return it."""
     if steps is not None and steps < 1:
         raise UsageError("--steps must be at least 1")
     if seconds is not None and seconds <= 0:

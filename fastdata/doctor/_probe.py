@@ -90,7 +90,7 @@ class Recorder:
         self.n_replay, self.n_beside = REPLAY, BESIDE  # set from the time left when the loop's budget is spent
         self.sample_budget_s: float | None = None  # seconds drawing the sample through __getitem__
         self.measure_s: float | None = None  # seconds timing fastdata's loader alone
-        self.tables: list[str] = []  # every file this process opened (the tables among them: fastdata.doctor.account)
+        self.tables: list[str] = []  # the tables this process opened (fastdata.doctor.account)
         self._tables_cm: Any = None
 
     # -- budget ---------------------------------------------------------------------------------

@@ -153,8 +153,9 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
     waits, steps, confidence = measured_steps(main["events"])
     if not steps:
         return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None, "loaders": [],
-                "verdict": f"one batch in the budget: a step takes longer than the budget allows "
-                           f"({len(main['events'])} batch); raise --seconds"}
+                "verdict": ("one batch in the budget: a step takes longer than the budget allows; raise --seconds"
+                            if raw["stop_reason"] == "budget spent" else
+                            f"too few batches to measure ({len(main['events'])}) before the script stopped")}
     wait_fraction = sum(waits) / sum(steps)
     step_s = sum(steps) / len(steps)
     compute = _replay_step(main, raw.get("stopped_at")) if raw.get("replay_key") == main["key"] else None
