@@ -26,6 +26,9 @@ class ConvertConfig:
     not samples are an error instead of being skipped. ``overwrite`` replaces a dataset at DST; ``resume``
     finishes an interrupted conversion there. ``part`` = (I, N) converts only part I of N (merge with
     ``fastdata.write.merge_parts``). ``remote``: storage options for a URL destination.
+    ``keypoints``/``boxes``: table columns of pixel coordinates, rescaled when images are resized;
+    ``not_coordinates``: numeric columns that look like coordinates but are not (docs/convert.md).
+    ``labels_columns``: (path column, label column) of a labels CSV/JSON (default: found by name).
     """
 
     write: WriteOptions = field(default_factory=WriteOptions)
@@ -38,6 +41,10 @@ class ConvertConfig:
     resume: bool = False
     part: tuple[int, int] | None = None
     remote: RemoteOptions | None = None
+    keypoints: tuple[str, ...] = ()
+    boxes: tuple[str, ...] = ()
+    not_coordinates: tuple[str, ...] = ()
+    labels_columns: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.write, WriteOptions):
@@ -54,3 +61,21 @@ class ConvertConfig:
         if self.remote is not None and not isinstance(self.remote, RemoteOptions):
             raise UsageError(f"%(remote) must be a RemoteOptions, not {type(self.remote).__name__}")
         object.__setattr__(self, "meta_types", dict(self.meta_types))  # a copy the caller cannot change
+        self._check_columns()
+
+    def _check_columns(self) -> None:
+        """The column-name settings: tuples of names, no column in two of keypoints/boxes/not_coordinates."""
+        seen: dict[str, str] = {}
+        for name in ("keypoints", "boxes", "not_coordinates"):
+            v = getattr(self, name)
+            if isinstance(v, str) or not all(isinstance(c, str) and c for c in v):
+                raise UsageError(f"%({name}) takes a tuple of column names, not {v!r}")
+            object.__setattr__(self, name, tuple(v))
+            for c in v:
+                if seen.setdefault(c, name) != name:
+                    raise UsageError(f"column {c!r} is given both as %({seen[c]}) and as %({name}); give one")
+        lc = self.labels_columns
+        if lc is not None:
+            if isinstance(lc, str) or len(lc) != 2 or not all(isinstance(c, str) and c for c in lc) or lc[0] == lc[1]:
+                raise UsageError(f"%(labels_columns) takes (path column, label column), two names, not {lc!r}")
+            object.__setattr__(self, "labels_columns", tuple(lc))

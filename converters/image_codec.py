@@ -25,8 +25,8 @@ from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
 __all__ = ["DEFAULT_QUALITY", "IMAGE_EXTENSIONS", "ImageOptions", "OPEN_FORMATS", "PNG_COMPRESS_LEVEL", "Prepared",
-           "RESAMPLE", "check_pil_settings", "encode", "is_image_file", "prepare", "read_source", "resize",
-           "to_mode"]
+           "RESAMPLE", "ResizePlan", "check_pil_settings", "encode", "is_image_file", "prepare", "read_source",
+           "resize", "resize_plan", "to_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +81,25 @@ class ImageOptions:
     def channels(self) -> int:
         return CHANNELS[self.mode]
 
+    @property
+    def resizes(self) -> bool:
+        """Whether images may change size (``size`` or ``max_side``): pixel coordinates then move."""
+        return self.size is not None or self.max_side is not None
+
 
 @dataclass(frozen=True)
 class Prepared:
     """One converted image: the payload (HWC pixels, or an encoded file as 1-D uint8), its decoded
-    shape, its codec (0 for pixels), whether it is the source file kept byte for byte, and the
-    CRC-32 of the source file (to notice a file that changes during the conversion)."""
+    shape, its codec (0 for pixels), whether it is the source file kept byte for byte, the CRC-32
+    of the source file (to notice a file that changes during the conversion), and its upright
+    size (H, W) before any resize."""
 
     payload: np.ndarray
     shape: tuple[int, int, int]
     codec: int
     kept: bool
     crc: int
+    original: tuple[int, int]
 
 
 def check_pil_settings() -> None:
@@ -128,19 +135,21 @@ def prepare(path: str, opts: ImageOptions) -> Prepared:
         # MPO (several JPEGs in one file, from some cameras) decodes as its first image, like PIL's frame 0
         if opts.images == "encoded" and im.format in ("JPEG", "MPO") and im.mode == opts.mode and orientation == 1:
             shape = (im.height, im.width, opts.channels)
-            return Prepared(np.frombuffer(data, dtype=np.uint8), shape, CODEC_JPEG, True, crc)
+            return Prepared(np.frombuffer(data, dtype=np.uint8), shape, CODEC_JPEG, True, crc, shape[:2])
         try:
-            out = resize(_transpose(to_mode(im, opts.mode), orientation), opts)
+            upright = _transpose(to_mode(im, opts.mode), orientation)
+            original = (upright.height, upright.width)
+            out = resize(upright, opts)
             shape = (out.height, out.width, opts.channels)
             if opts.images == "raw":
-                return Prepared(np.asarray(out, dtype=np.uint8).reshape(shape), shape, 0, False, crc)
+                return Prepared(np.asarray(out, dtype=np.uint8).reshape(shape), shape, 0, False, crc, original)
             codec = CODEC_JPEG if opts.images == "jpeg" or opts.quality is not None else CODEC_PNG
             payload = np.frombuffer(encode(out, codec, opts.quality), dtype=np.uint8)
         except (OSError, ValueError) as e:  # PIL cannot convert or encode this image
             raise DataError(f"{path}: cannot convert ({type(e).__name__}: {e})") from None
     finally:
         im.close()
-    return Prepared(payload, shape, codec, False, crc)
+    return Prepared(payload, shape, codec, False, crc, original)
 
 
 def _open(path: str, data: bytes) -> Image.Image:
@@ -228,22 +237,40 @@ def to_mode(im: Image.Image, mode: str) -> Image.Image:
     return im if im.mode == mode else im.convert(mode)
 
 
-def resize(im: Image.Image, opts: ImageOptions) -> Image.Image:
+@dataclass(frozen=True)
+class ResizePlan:
+    """How one image of size ``w`` x ``h`` is resized: scaled to ``scaled`` (W, H), then cropped at
+    ``(left, top)`` to ``out`` (W, H). A pixel coordinate x maps to ``x * scaled[0] / w - left``."""
+
+    scaled: tuple[int, int]
+    left: int
+    top: int
+    out: tuple[int, int]
+
+
+def resize_plan(w: int, h: int, opts: ImageOptions) -> ResizePlan:
     """``--size H W``: scale the shorter side to cover H x W, then centre-crop; ``--max-side N``:
-    scale down so the longer side is N. Bilinear with antialiasing (PIL ``resize``)."""
-    w, h = im.size
+    scale down so the longer side is N; else nothing. The one place both the pixels and the
+    coordinates (converters/coords.py) take their geometry from."""
     if opts.size is not None:
         th, tw = opts.size
         s = max(th / h, tw / w)
         rw, rh = max(tw, round(w * s)), max(th, round(h * s))
-        if (rw, rh) != (w, h):
-            im = im.resize((rw, rh), RESAMPLE)
-        if (rw, rh) != (tw, th):
-            left, top = (rw - tw) // 2, (rh - th) // 2
-            im = im.crop((left, top, left + tw, top + th))
-    elif opts.max_side is not None and max(w, h) > opts.max_side:
+        return ResizePlan((rw, rh), (rw - tw) // 2, (rh - th) // 2, (tw, th))
+    if opts.max_side is not None and max(w, h) > opts.max_side:
         s = opts.max_side / max(w, h)
-        im = im.resize((max(1, round(w * s)), max(1, round(h * s))), RESAMPLE)
+        rw, rh = max(1, round(w * s)), max(1, round(h * s))
+        return ResizePlan((rw, rh), 0, 0, (rw, rh))
+    return ResizePlan((w, h), 0, 0, (w, h))
+
+
+def resize(im: Image.Image, opts: ImageOptions) -> Image.Image:
+    """Resize as :func:`resize_plan` says. Bilinear with antialiasing (PIL ``resize``)."""
+    plan = resize_plan(im.width, im.height, opts)
+    if plan.scaled != im.size:
+        im = im.resize(plan.scaled, RESAMPLE)
+    if plan.out != plan.scaled:
+        im = im.crop((plan.left, plan.top, plan.left + plan.out[0], plan.top + plan.out[1]))
     return im
 
 

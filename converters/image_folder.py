@@ -41,9 +41,13 @@ from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label
 if TYPE_CHECKING:
     from .config import ConvertConfig
 
-__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "fixed_shape", "image_fields"]
+__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE_SUFFIX", "fixed_shape", "image_fields"]
 
 IMAGE_FIELD = "image"
+# A conversion that resizes stores each image's upright size before the resize as "<image>_original_size"
+# (int32 H, W): what maps a stored pixel coordinate back to the original file's.
+ORIGINAL_SIZE_SUFFIX = "_original_size"
+ORIGINAL_SIZE_DTYPE = np.dtype("<i4")
 _SCAN_CHUNK = 32  # files per scan task
 
 
@@ -59,7 +63,7 @@ def fixed_shape(opts: ImageOptions, shapes: np.ndarray) -> tuple[int, int, int] 
 def image_fields(opts: ImageOptions, labels: np.ndarray | None,
                  fixed: tuple[int, int, int] | None = None) -> list[FieldSpec]:
     """The schema an image conversion writes (see docs/format.md, "Image fields"); ``fixed``: the
-    shape every raw image has (:func:`fixed_shape`)."""
+    shape every raw image has (:func:`fixed_shape`). A conversion that resizes adds the original sizes."""
     spec = ImageSpec(mode=opts.mode)
     if fixed is not None:
         fields = [make_field(IMAGE_FIELD, "|u1", fixed, image=spec)]
@@ -71,13 +75,15 @@ def image_fields(opts: ImageOptions, labels: np.ndarray | None,
         ]
         if encoding == ENCODING_IMAGE:
             fields.append(make_field(IMAGE_FIELD + CODEC_SUFFIX, CODEC_DTYPE, ()))
+    if opts.resizes:
+        fields.append(make_field(IMAGE_FIELD + ORIGINAL_SIZE_SUFFIX, ORIGINAL_SIZE_DTYPE, (2,)))
     if labels is not None:
         fields.append(label_field(labels))
     return fields
 
 
 def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[Any, ...]]:
-    """Convert each file once: (shape, payload bytes, codec, kept, crc, file size) or (error message,)."""
+    """Convert each file once: (shape, payload bytes, codec, kept, crc, original size, file size) or (error message,)."""
     out: list[tuple[Any, ...]] = []
     for rel in rels:
         path = os.path.join(root, rel)
@@ -86,7 +92,7 @@ def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[An
         except DataError as e:
             out.append((str(e),))
             continue
-        out.append((p.shape, p.payload.nbytes, p.codec, p.kept, p.crc, os.path.getsize(path)))
+        out.append((p.shape, p.payload.nbytes, p.codec, p.kept, p.crc, p.original, os.path.getsize(path)))
     return out
 
 
@@ -94,7 +100,7 @@ def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[An
 class ImageFolderSource(FolderSource):
     """Image files under a folder; one sample per file, in sorted order of relative path."""
 
-    COLUMNS = ("shapes", "nbytes", "codecs", "kept", "crcs", "file_sizes")
+    COLUMNS = ("shapes", "nbytes", "codecs", "kept", "crcs", "originals", "file_sizes")
 
     root: str
     opts: ImageOptions
@@ -104,6 +110,7 @@ class ImageFolderSource(FolderSource):
     codecs: np.ndarray  # (n,) uint8, 0 for pixels
     kept: np.ndarray  # (n,) bool: the source file's bytes, untouched
     crcs: np.ndarray  # (n,) uint32 CRC-32 of the source files
+    originals: np.ndarray  # (n, 2) int32: upright H, W before any resize
     file_sizes: np.ndarray  # (n,)
     labels: np.ndarray | None
     fields: list[FieldSpec]
@@ -124,10 +131,11 @@ class ImageFolderSource(FolderSource):
         workers: int | None = None,
         progress: Progress | None = None,
         rels: list[str] | None = None,
+        labels_columns: tuple[str, str] | None = None,
     ) -> "ImageFolderSource":
         """Find, label and convert-check every file under ``root``; bad files raise (or are skipped)."""
         check_pil_settings()
-        rels, labels = find_and_label(root, labels_file, no_labels, "images", rels)
+        rels, labels = find_and_label(root, labels_file, no_labels, "images", rels, labels_columns)
 
         expected = ", ".join(sorted(IMAGE_EXTENSIONS))
         bad = {rel: f"{root / rel}: not an image file (expected {expected})" for rel in rels if not is_image_file(rel)}
@@ -156,7 +164,8 @@ class ImageFolderSource(FolderSource):
             codecs=np.array([g[1][2] for g in good], dtype=np.uint8),
             kept=np.array([g[1][3] for g in good], dtype=bool),
             crcs=np.array([g[1][4] for g in good], dtype=np.uint32),
-            file_sizes=np.array([g[1][5] for g in good], dtype=np.int64),
+            originals=np.array([g[1][5] for g in good], dtype=ORIGINAL_SIZE_DTYPE).reshape(n, 2),
+            file_sizes=np.array([g[1][6] for g in good], dtype=np.int64),
             labels=labels.of(usable),
             fields=image_fields(opts, labels.of(usable), fixed),
             classes=labels.classes,
@@ -196,6 +205,8 @@ class ImageFolderSource(FolderSource):
             sample = {IMAGE_FIELD: payload.reshape(-1), IMAGE_FIELD + SHAPE_SUFFIX: self.shapes[i].copy()}
             if self.opts.images != "raw":
                 sample[IMAGE_FIELD + CODEC_SUFFIX] = np.asarray(self.codecs[i], dtype=np.uint8)
+        if self.opts.resizes:
+            sample[IMAGE_FIELD + ORIGINAL_SIZE_SUFFIX] = self.originals[i].copy()
         return self.labelled(sample, i)
 
     def describe(self) -> dict[str, Any]:
@@ -247,7 +258,8 @@ class ImageFolderKind:
         rels = drop_non_samples(req.src, req.files, is_image_file, config.strict)
         return ImageFolderSource.scan(req.src, config.images or ImageOptions(), labels_file=req.labels,
                                       no_labels=config.no_labels, skip_bad=config.skip_bad,
-                                      workers=config.write.workers, progress=progress, rels=rels)
+                                      workers=config.write.workers, progress=progress, rels=rels,
+                                      labels_columns=config.labels_columns)
 
 
 register(ImageFolderKind())

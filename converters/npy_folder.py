@@ -87,9 +87,9 @@ class NpyFolderSource(FolderSource):
 
     @classmethod
     def scan(cls, root: Path, labels_file: Path | None = None, no_labels: bool = False, skip_bad: bool = False,
-             rels: list[str] | None = None) -> "NpyFolderSource":
+             rels: list[str] | None = None, labels_columns: tuple[str, str] | None = None) -> "NpyFolderSource":
         """``rels``: the files under ``root`` if already walked (:func:`.scan.walk_files`)."""
-        rels, labels = find_and_label(root, labels_file, no_labels, ".npy or .npz samples", rels)
+        rels, labels = find_and_label(root, labels_file, no_labels, ".npy or .npz samples", rels, labels_columns)
 
         bad: dict[str, str] = {}
         suffix = Counter(Path(r).suffix.lower() for r in rels)
@@ -184,7 +184,7 @@ class NpyFolderKind:
             raise UsageError(f"{req.src}: image options (%(images)) given, but the folder holds no images")
         rels = drop_non_samples(req.src, req.files, lambda r: r.lower().endswith((".npy", ".npz")), config.strict)
         return NpyFolderSource.scan(req.src, labels_file=req.labels, no_labels=config.no_labels,
-                                    skip_bad=config.skip_bad, rels=rels)
+                                    skip_bad=config.skip_bad, rels=rels, labels_columns=config.labels_columns)
 
 
 register(NpyFolderKind())

@@ -116,9 +116,10 @@ def folder_labels(paths: list[str], root: Path) -> Labels:
     return Labels({p: index[p.split("/", 1)[0]] for p in paths}, classes, "folders")
 
 
-def file_labels(path: Path) -> Labels:
+def file_labels(path: Path, columns: tuple[str, str] | None = None) -> Labels:
     """Read ``relative_path,label`` pairs from CSV or JSON. Integer labels stay as they are;
-    string labels become indices into the sorted class names."""
+    string labels become indices into the sorted class names. ``columns``: the (path, label)
+    columns of a CSV with a header, or keys of JSON records (default: found by name)."""
     suffix = path.suffix.lower()
     if suffix not in (".json", ".csv", ".txt", ".tsv"):
         also = (f"; a .npy of labels goes with a single-array source (fastdata convert X.npy DST --labels "
@@ -130,7 +131,7 @@ def file_labels(path: Path) -> Labels:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: cannot read labels file ({e}); a folder source takes %(labels) as a UTF-8 CSV "
                          "of relative_path,label lines (or a JSON object of path: label)") from None
-    pairs = _json_pairs(path, text) if suffix == ".json" else _csv_pairs(path, text)
+    pairs = _json_pairs(path, text, columns) if suffix == ".json" else _csv_pairs(path, text, columns)
     if not pairs:
         raise DataError(f"{path}: labels file is empty")
     raw: dict[str, str] = {}
@@ -170,20 +171,40 @@ def _typed_labels(path: Path, raw: dict[str, str]) -> Labels | None:
     return Labels({k: a.astype(np.float32) for k, a in vals.items()}, None, "file", np.dtype("<f4"), shape)
 
 
-def _csv_pairs(path: Path, text: str) -> list[tuple[str, str]]:
+PATH_HEADERS = ("path", "relative_path", "file", "filename", "file_name", "name")  # a labels file's path column
+
+
+def _csv_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) -> list[tuple[str, str]]:
     delim = "\t" if path.suffix.lower() == ".tsv" else ","
     rows = [r for r in csv.reader(text.splitlines(), delimiter=delim) if r and any(c.strip() for c in r)]
-    if rows and [c.strip().lower() for c in rows[0][:2]] in (["path", "label"], ["relative_path", "label"], ["file", "label"]):
+    header = [c.strip() for c in rows[0]] if rows else []
+    if columns is not None:
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise DataError(f"{path}: no column {missing[0]!r} in the header {header} (%(labels_columns) names the "
+                            "path and label columns)")
+        p, lab = header.index(columns[0]), header.index(columns[1])
+        _even(path, rows)
+        return [(r[p].strip(), r[lab].strip()) for r in rows[1:]]
+    if len(header) == 2 and header[0].lower() in PATH_HEADERS and header[1].lower() == "label":
         rows = rows[1:]
     out = []
     for n, r in enumerate(rows, 1):
         if len(r) != 2:
-            raise DataError(f"{path}: line {n}: expected 'relative_path,label', got {len(r)} columns")
+            raise DataError(f"{path}: line {n}: expected 'relative_path,label', got {len(r)} columns (name the "
+                            "columns of a wider file with %(labels_columns=PATH,LABEL))")
         out.append((r[0].strip(), r[1].strip()))
     return out
 
 
-def _json_pairs(path: Path, text: str) -> list[tuple[str, str]]:
+def _even(path: Path, rows: list[list[str]]) -> None:
+    """Every row has the header's number of cells (else a DataError naming the first that has not)."""
+    for n, r in enumerate(rows[1:], 2):
+        if len(r) != len(rows[0]):
+            raise DataError(f"{path}: row {n}: {len(r)} cells, the header has {len(rows[0])}")
+
+
+def _json_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) -> list[tuple[str, str]]:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
@@ -192,13 +213,16 @@ def _json_pairs(path: Path, text: str) -> list[tuple[str, str]]:
         items = list(obj.items())
     elif isinstance(obj, list):
         items = []
+        keys = columns or ("path", "label")
         for item in obj:
-            if isinstance(item, dict) and "path" in item and "label" in item:
-                items.append((item["path"], item["label"]))
+            if isinstance(item, dict) and columns is None and keys[0] not in item:
+                keys = (next((k for k in PATH_HEADERS if k in item), keys[0]), keys[1])
+            if isinstance(item, dict) and keys[0] in item and keys[1] in item:
+                items.append((item[keys[0]], item[keys[1]]))
             elif isinstance(item, list) and len(item) == 2:
                 items.append((item[0], item[1]))
             else:
-                raise DataError(f"{path}: entries must be [path, label] or {{'path':..., 'label':...}}")
+                raise DataError(f"{path}: entries must be [path, label] or {{{keys[0]!r}:..., {keys[1]!r}:...}}")
     else:
         raise DataError(f"{path}: expected an object or a list")
     out = []
@@ -213,15 +237,16 @@ def _json_pairs(path: Path, text: str) -> list[tuple[str, str]]:
 
 
 def find_and_label(root: Path, labels_file: Path | None, no_labels: bool, expected: str,
-                   rels: list[str] | None = None) -> tuple[list[str], Labels]:
+                   rels: list[str] | None = None,
+                   labels_columns: tuple[str, str] | None = None) -> tuple[list[str], Labels]:
     """Every source file under ``root`` (the labels file excluded) and where labels come from:
-    ``labels_file``, nothing (``no_labels``), or the class folders."""
+    ``labels_file`` (its ``labels_columns``), nothing (``no_labels``), or the class folders."""
     if rels is None:
         rels = walk_files(root, {os.path.realpath(labels_file)} if labels_file else set())
     if not rels:
         raise DataError(f"{root}: no files found (expected {expected})")
     if labels_file is not None:
-        return rels, file_labels(labels_file)
+        return rels, file_labels(labels_file, labels_columns)
     if no_labels:
         return rels, Labels(None, None, "none")
     return rels, folder_labels(rels, root)

@@ -25,8 +25,9 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import _NAME_RE, ENCODING_PIXELS, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
+from .coords import rescale_columns
 from .image_codec import IMAGE_EXTENSIONS, ImageOptions
-from .image_folder import ImageFolderSource, is_image_file
+from .image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, is_image_file
 from .npy_folder import NpyFolderSource
 from .npy_parse import read_npy_data, read_npy_header
 from .registry import Request, SrcForm, register
@@ -311,10 +312,11 @@ class TableSource:
 
 def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], images: ImageOptions | None,
                skip_bad: bool, strict: bool, check_unlisted: bool, workers: int | None, progress: Any,
-               no_labels: bool = False) -> TableSource:
+               no_labels: bool = False, coordinates: tuple[tuple[str, ...], ...] = ((), (), ())) -> TableSource:
     """Read and check a table and every file it names; build the source. Bad rows raise (the
     first, naming table, row and column) unless ``skip_bad``. Class folders give ``label`` as for
-    a folder source unless the table has a ``label`` column or ``no_labels``."""
+    a folder source unless the table has a ``label`` column or ``no_labels``. ``coordinates``: the
+    keypoints, boxes and not-coordinates columns (converters/coords.py)."""
     table = read_table(table_path)
     paths, bad = _paths(table, table_path, root)
     rows = [i for i in range(table.rows) if i not in bad]
@@ -324,7 +326,7 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
         raise DataError(f"{table.where(first, PATH_COLUMN)}: {paths[first]!r} is not an image, other rows name "
                         "images; a table's path column names one kind of file")
     image_kind = bool(is_img) and all(is_img)
-    reserved = {"image", "image_shape", "image_codec"} if image_kind else {"x"}
+    reserved = {"image", "image_shape", "image_codec", "image" + ORIGINAL_SIZE_SUFFIX} if image_kind else {"x"}
     cols, _ = table_columns(table, root, types, bad, reserved)
     rows = [i for i in range(table.rows) if i not in bad]
     finish_columns(table, cols, rows, root, bad)  # scans file columns: may find bad rows
@@ -347,6 +349,8 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
     row_of = {paths[i]: i for i in rows}
     kept = [row_of[r] for r in main.rels]
     final = finish_columns(table, cols, kept, root, {})
+    originals = main.originals if image_kind else np.zeros((len(kept), 2), dtype=np.int32)
+    rescale_columns(str(table_path), final, list(cols), originals, images if image_kind else None, *coordinates)
     return TableSource(main=main, cols=final, table_path=str(table_path),
                        skipped=sorted(skipped_rows) + list(main.skipped))
 
@@ -427,7 +431,8 @@ class TableKind:
         assert req.meta is not None and req.src is not None  # (detect, and the request's checks)
         return scan_table(req.meta, req.src, types=dict(config.meta_types), images=config.images,
                           skip_bad=config.skip_bad, strict=config.strict, check_unlisted=not req.table_src,
-                          workers=config.write.workers, progress=progress, no_labels=config.no_labels)
+                          workers=config.write.workers, progress=progress, no_labels=config.no_labels,
+                          coordinates=(config.keypoints, config.boxes, config.not_coordinates))
 
 
 register(TableKind())

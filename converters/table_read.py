@@ -1,4 +1,4 @@
-"""Reading metadata tables (CSV/TSV, JSON Lines, Parquet) into columns of Python values, one row per
+"""Reading metadata tables (CSV/TSV, JSON Lines, JSON, Parquet) into columns of Python values, one row per
 sample; every problem names the table, the row (and line) and the column."""
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ _MISSING = object()
 
 
 def read_table(path: Path) -> Table:
-    """Read a CSV/TSV (header row), JSON Lines or Parquet table."""
+    """Read a CSV/TSV (header row), JSON Lines, JSON (an array of records, or an object of records
+    keyed by path) or Parquet table."""
     kind = TABLE_SUFFIXES.get(path.suffix.lower())
     if kind is None:
-        raise UsageError(f"{path}: a metadata table must be .csv, .tsv, .jsonl or .parquet")
+        raise UsageError(f"{path}: a metadata table must be .csv, .tsv, .jsonl, .json or .parquet")
     if not path.is_file():
         raise UsageError(f"{path}: table not found")
     if kind == "parquet":
@@ -82,6 +83,9 @@ def read_table(path: Path) -> Table:
             for h, v in zip(header, r):
                 columns[h].append(v)
         return Table(path, kind, columns, len(body), [ln for ln, _ in body])
+    if kind == "json":
+        records = _json_records(path, text)
+        return Table(path, kind, _by_column(records), len(records))
     rows: list[dict[str, Any]] = []
     starts: list[int] = []
     for ln, line in enumerate(text.splitlines(), 1):
@@ -95,11 +99,40 @@ def read_table(path: Path) -> Table:
             raise DataError(f"{path}: line {ln}: each line must be a JSON object")
         rows.append(obj)
         starts.append(ln)
+    return Table(path, kind, _by_column(rows), len(rows), starts)
+
+
+def _by_column(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Records as columns (every key of any record; a missing or null value is _MISSING)."""
     names: dict[str, None] = {}
     for obj in rows:
         names.update(dict.fromkeys(obj))
-    return Table(path, kind, {k: [_MISSING if r.get(k) is None else r[k] for r in rows] for k in names}, len(rows),
-                 starts)
+    return {k: [_MISSING if r.get(k) is None else r[k] for r in rows] for k in names}
+
+
+def _json_records(path: Path, text: str) -> list[dict[str, Any]]:
+    """A JSON table: an array of records, or an object mapping each path to its record (the key is
+    the ``path`` column; a record's own ``path``, if any, must agree)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
+    if isinstance(obj, dict):
+        records = []
+        for key, rec in obj.items():
+            if not isinstance(rec, dict):
+                raise DataError(f"{path}: entry {key!r} is a {type(rec).__name__}; a JSON table is an array of records "
+                                f"or an object of records keyed by {PATH_COLUMN}")
+            if rec.get(PATH_COLUMN, key) != key:
+                raise DataError(f"{path}: entry {key!r} has {PATH_COLUMN} {rec[PATH_COLUMN]!r}; give one or make them agree")
+            records.append({PATH_COLUMN: key, **rec})
+        return records
+    if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
+        bad = next((k for k, r in enumerate(obj) if not isinstance(r, dict)), 0) if isinstance(obj, list) else None
+        where = f"item {bad + 1} is not an object" if bad is not None else f"a {type(obj).__name__}"
+        raise DataError(f"{path}: {where}; a JSON table is an array of records (objects) or an object of records "
+                        f"keyed by {PATH_COLUMN}")
+    return obj
 
 
 def _csv_lines(path: Path, reader: Any) -> list[tuple[int, list[str]]]:

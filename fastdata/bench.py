@@ -206,7 +206,7 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
     fields = [f for f in ds.schema if f.encoding == ENCODING_IMAGE]
     raw = ds.with_options(fields=[f.name for f in fields], decode=False)
     m = min(len(ds), _CEILING_IMAGES)
-    stored = raw.get_batch(np.arange(m))
+    stored = raw.get_batch(np.arange(m), companions=True)
     images = []  # (field spec, bytes, codec, shape) per sample
     for k in range(m):
         for f in fields:

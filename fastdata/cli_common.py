@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from typing import Any, Sequence
 
 from ._units import parse_size
@@ -63,35 +65,69 @@ class NamedPaths(argparse.Action):
         return None
 
 
+def _screen() -> tuple[int, int]:
+    """The columns and rows stderr's terminal reports (0 where it reports none)."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return 0, 0
+    return size.columns, size.lines
+
+
 class Bar:
-    """tqdm progress for conversions: samples with samples/s, and MB/s in the postfix."""
+    """Progress of long work (convert, merge, verify, index): a tqdm bar (samples/s, MB/s) on a
+    terminal, 80 columns wide where the terminal reports none; elsewhere (a log file, a pipe) a plain
+    line every ``PLAIN_EVERY`` seconds, and the last count when a phase that printed any ends."""
+
+    PLAIN_EVERY = 5.0
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.bar = None
         self.nbytes = 0
+        self.done = 0
+        self.total = 0
+        self.desc = ""
+        self.unit = "samples"
+        self.t0 = self.said = 0.0
+        self.lines = 0
 
-    def start(self, total_samples: int, total_bytes: int, desc: str = "converting") -> None:
+    def start(self, total_samples: int, total_bytes: int, desc: str = "converting", unit: str = "samples") -> None:
         self.close()  # one bar per phase, and per conversion
-        self.nbytes = 0
-        if not self.enabled:
+        self.nbytes = self.done = self.lines = 0
+        self.total, self.desc, self.unit = total_samples, desc, unit
+        self.t0 = self.said = time.monotonic()
+        if not self.enabled or not sys.stderr.isatty():
             return
         from tqdm import tqdm
 
         tqdm.monitor_interval = 0  # no monitor thread: workers are forked
-        self.bar = tqdm(total=total_samples, unit=" samples", dynamic_ncols=True, file=sys.stderr,
-                        disable=None, desc=desc)
+        cols, rows = _screen()  # a terminal that reports 0 columns or rows gets blank lines from tqdm's sizing
+        sized = {"dynamic_ncols": True} if cols and rows else {"ncols": cols or 80, "nrows": rows or 24}
+        self.bar = tqdm(total=total_samples, unit=" " + unit, file=sys.stderr, desc=desc, **sized)
 
     def update(self, samples: int, nbytes: int) -> None:
-        if self.bar is None:
-            return
         self.nbytes += nbytes
-        self.bar.update(samples)
-        elapsed = self.bar.format_dict.get("elapsed") or 0
-        if elapsed > 0:
-            self.bar.set_postfix_str(f"{self.nbytes / elapsed / 1e6:.0f} MB/s", refresh=False)
+        self.done += samples
+        if self.bar is not None:
+            self.bar.update(samples)
+            elapsed = self.bar.format_dict.get("elapsed") or 0
+            if elapsed > 0:
+                self.bar.set_postfix_str(f"{self.nbytes / elapsed / 1e6:.0f} MB/s", refresh=False)
+        elif self.enabled and time.monotonic() - self.said >= self.PLAIN_EVERY:
+            self._say()
+
+    def _say(self) -> None:
+        now = time.monotonic()
+        self.said, self.lines, s = now, self.lines + 1, max(now - self.t0, 1e-9)
+        of = f"/{self.total} {self.unit} ({100 * self.done / self.total:.0f}%)" if self.total else f" {self.unit}"
+        print(f"{self.desc}: {self.done}{of}, {self.done / s:.0f} {self.unit}/s, {self.nbytes / s / 1e6:.0f} MB/s, "
+              f"{s:.0f} s", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        elif self.lines:
+            self._say()
+            self.lines = 0

@@ -70,6 +70,9 @@ def _add_convert(sub: Any) -> argparse.ArgumentParser:
                         "(same SRC and options; see docs/reliability.md)")
     c.add_argument("--labels", metavar="FILE",
                    help="labels: a CSV/JSON of relative_path,label for folders, or a .npy array for array sources")
+    c.add_argument("--labels-columns", type=_names, metavar="PATH,LABEL",
+                   help="the path and label columns of a --labels CSV/JSON (default: a header path, file, filename "
+                        "or name, and label)")
     c.add_argument("--no-labels", action="store_true",
                    help="do not take labels from class sub-folders (with --meta too)")
     c.add_argument("--data", metavar="X.npy", help="a large array whose first axis is the sample axis (field 'x')")
@@ -81,11 +84,17 @@ def _add_convert(sub: Any) -> argparse.ArgumentParser:
     c.add_argument("--strict", action="store_true",
                    help="files in SRC that are not samples (README, CSV, Thumbs.db, ...) are an error, not skipped")
     c.add_argument("--meta", metavar="TABLE",
-                   help="metadata table (CSV, JSON Lines or Parquet) with a 'path' column relative to SRC; every "
-                        "other column becomes a field (see docs/convert.md)")
+                   help="metadata table (CSV, JSON Lines, Parquet, or a JSON array of records or object of records "
+                        "keyed by path) with a 'path' column relative to SRC; every other column becomes a field "
+                        "(see docs/convert.md)")
     c.add_argument("--meta-type", action="append", type=_meta_type, default=[], metavar="NAME=DTYPE[:SHAPE]",
                    help="force a table column's type, e.g. keypoints=float32:17,3, boxes=float32:n,4 or "
                         "subject=str (repeatable)")
+    for flag, what in (("--keypoints", "pixel keypoints (..., >=2), x, y first: rescaled with the images"),
+                       ("--boxes", "pixel boxes (..., 4), x0, y0, x1, y1: rescaled with the images"),
+                       ("--not-coordinates", "a numeric column that looks like coordinates but is not: kept as is")):
+        c.add_argument(flag, action="append", type=_names, default=[], metavar="COL",
+                       help=f"table column(s) of {what} (repeatable or comma-separated; docs/convert.md)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     return c
 
@@ -159,6 +168,14 @@ def _meta_type(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of column names."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected column names separated by commas")
+    return names
+
+
 def config_of(args: argparse.Namespace) -> Any:
     """The ConvertConfig the flags of ``fastdata convert`` ask for."""
     from .converters import ConvertConfig, ImageOptions
@@ -173,7 +190,9 @@ def config_of(args: argparse.Namespace) -> Any:
                               max_side=args.max_side, quality=args.quality, mode=args.mode or "RGB")
     return ConvertConfig(write=write, images=images, meta_types=dict(args.meta_type), no_labels=args.no_labels,
                          skip_bad=args.skip_bad, strict=args.strict, overwrite=args.overwrite, resume=args.resume,
-                         part=parse_part(args.part) if args.part is not None else None)
+                         part=parse_part(args.part) if args.part is not None else None,
+                         keypoints=sum(args.keypoints, ()), boxes=sum(args.boxes, ()),
+                         not_coordinates=sum(args.not_coordinates, ()), labels_columns=args.labels_columns)
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .cli_common import NamedPaths
+from .cli_common import Bar, NamedPaths
 
 
 def add_parser(sub: Any) -> None:
@@ -25,12 +25,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--checksum", action="store_true",
                    help="also record each file's full checksum (read once now; fastdata verify --deep checks it)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index at DST")
+    p.add_argument("--quiet", action="store_true", help="no progress")
     p.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from .indexer import index
 
-    report = index(args.src, args.dst, args.fields or {}, checksum=args.checksum, overwrite=args.overwrite)
+    bar = Bar(enabled=not args.quiet)
+    try:
+        report = index(args.src, args.dst, args.fields or {}, checksum=args.checksum, overwrite=args.overwrite,
+                       progress=bar)
+    finally:
+        bar.close()
     print(report.summary())
     return 0

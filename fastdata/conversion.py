@@ -88,6 +88,8 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
         raise UsageError("%(labels) and %(no_labels) contradict each other")
     if label_path is not None and not label_path.is_file():
         raise UsageError(f"{label_path}: labels file not found")
+    if config.labels_columns is not None and (label_path is None or label_path.suffix.lower() == ".npy"):
+        raise UsageError("%(labels_columns) names the columns of a labels CSV or JSON file (%(labels=FILE))")
     named = {k: Path(v) for k, v in (arrays or {}).items()}
     src_path = Path(src) if src is not None else None
     form = src_form(src_path) if src_path is not None else None  # the source table says what SRC is
@@ -96,6 +98,9 @@ def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str,
         return _table_request(src_path, Path(meta) if meta is not None else None, table_src, named, label_path)
     if config.meta_types:
         raise UsageError("%(meta_types) applies to a metadata table (%(meta=TABLE), or a table as %(src))")
+    if config.keypoints or config.boxes or config.not_coordinates:
+        raise UsageError("%(keypoints), %(boxes) and %(not_coordinates) name columns of a metadata table "
+                         "(%(meta=TABLE), or a table as %(src))")
     if src_path is None:
         if not named:
             raise UsageError("nothing to convert: give %(src), or %(arrays)")

@@ -93,6 +93,8 @@ class Dataset(Selection, Assembly):
         if self._with_key:
             self._check_keys()  # asked for keys that cannot be read: say why now, not at the first batch
         self.schema: list[FieldSpec] = self._schema(fields, names)
+        # image fields' shape and codec fields read (to decode) but not asked for: left out of batches
+        self._hidden = frozenset(f.name for f in self.schema if fields is not None and f.name not in fields)
         self._strings = [f for f in self.schema if is_string(f)]
         self._images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
         self._pixels = [f for f in self._images if f.encoding == ENCODING_PIXELS]
@@ -180,7 +182,14 @@ class Dataset(Selection, Assembly):
     @property
     def fields(self) -> list[str]:
         """Names of the fields ``get_batch`` returns (``<name>_lengths`` of ragged fields aside)."""
-        return [f.name for f in self.schema] + ([KEY_FIELD] if self._with_key else [])
+        return [f.name for f in self.schema if f.name not in self._hidden] + ([KEY_FIELD] if self._with_key else [])
+
+    def trim(self, batch: Any) -> Any:
+        """``batch`` (a dict) without the companion fields read but not asked for in ``fields=``
+        (an image field's ``_shape``/``_codec``): what a batch read with ``companions=True`` gives the user."""
+        for name in self._hidden:
+            batch.pop(name, None)
+        return batch
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{'str' if is_string(f) else f.np_dtype}{'' if is_string(f) else list(f.shape)}"
@@ -201,6 +210,8 @@ class Dataset(Selection, Assembly):
         batch = self.get_batch([j])
         out = {}
         for f in self.schema:
+            if f.name in self._hidden:
+                continue
             a = batch[f.name][0]
             out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if f.ragged and f not in self._images and \
                 f not in self._strings else a
@@ -209,7 +220,7 @@ class Dataset(Selection, Assembly):
         return out
 
     def get_batch(self, indices: Iterable[int] | np.ndarray, out: dict[str, np.ndarray] | None = None,
-                  *, ragged: Literal["padded", "packed"] = "padded") -> Batch:
+                  *, ragged: Literal["padded", "packed"] = "padded", companions: bool = False) -> Batch:
         """Read the samples ``indices`` (any order, repeats allowed) into one array per field.
 
         ``out`` may supply preallocated arrays (for example pinned buffers, reused from batch to
@@ -225,6 +236,10 @@ class Dataset(Selection, Assembly):
         to write or to move to the GPU, for pipelines that take variable-size samples (nested
         tensors, DALI's external source, padding on the device). String fields still come back as
         ``str``; encoded images are decoded into a padded batch, so they need ``decode=False``.
+
+        The batch holds the fields of ``fields=`` (all when None) and their ``_lengths``/``_offsets``;
+        ``companions=True`` adds the ``_shape``/``_codec`` fields of image fields that were not asked
+        for (what a decoder or loader stage needs; :meth:`trim` drops them again).
         """
         idx = np.asarray(indices)
         if idx.size == 0:
@@ -242,7 +257,8 @@ class Dataset(Selection, Assembly):
         segments, shards = self._segments(idx)
         with self._source.pinned(shards, self._readers):
             self._open_shards(shards)
-            return self._read(segments, idx, asked, out, packed)
+            batch = self._read(segments, idx, asked, out, packed)
+        return batch if companions else self.trim(batch)
 
     def _open_shards(self, shards: Sequence[int]) -> None:
         """Open the shards ``shards`` side by side (handles.open_all) until every shard has been open
@@ -270,8 +286,9 @@ class Dataset(Selection, Assembly):
 
     def __getitems__(self, indices: list[int]) -> Batch:
         """A whole batch in one :meth:`get_batch` call: what a torch DataLoader with a batch sampler
-        asks for (instead of one ``ds[i]`` per sample); pair it with a collate_fn that takes the dict."""
-        return self.get_batch(indices)
+        asks for (instead of one ``ds[i]`` per sample); pair it with a collate_fn that takes the dict
+        (the loader's ``collate_fn`` needs the image fields' shapes: they come too)."""
+        return self.get_batch(indices, companions=True)
 
     def copy_phase(self, name: str) -> int:
         """Where (mod 64 bytes) samples of fixed field ``name`` start where they are copied from, in

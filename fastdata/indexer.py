@@ -14,7 +14,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Protocol
 
 import xxhash
 
@@ -124,8 +124,17 @@ def _plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, 
     return cols, count, chunk_rows
 
 
-def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool = False) -> Manifest:
-    """The manifest of an in-place index of ``src`` (see :func:`index`), without writing it."""
+class FileProgress(Protocol):
+    """Progress counted in files (the CLI's bar)."""
+
+    def start(self, total_samples: int, total_bytes: int, desc: str = ..., unit: str = ...) -> None: ...
+    def update(self, samples: int, nbytes: int) -> None: ...
+
+
+def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool = False,
+          progress: FileProgress | None = None) -> Manifest:
+    """The manifest of an in-place index of ``src`` (see :func:`index`), without writing it; ``progress``
+    counts the files read (their metadata, then with ``checksum`` their bytes)."""
     paths = _expand(src)
     fmt = source_format(paths[0])
     if fmt != "hdf5" and len(paths) > 1:
@@ -137,6 +146,8 @@ def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool =
     files: dict[str, int] = {}
     specs: dict[str, FieldSpec] = {}
     parts, shards, units, start = [], [], [], 0
+    if progress is not None:
+        progress.start(len(paths), 0, desc="indexing", unit="files")
     for i, path in enumerate(paths):
         cols, count, unit = _plan_part(fmt, path, fields, files, specs)
         digest = xxhash.xxh3_128(json.dumps({k: c.to_json() for k, c in cols.items()}, sort_keys=True).encode())
@@ -146,15 +157,23 @@ def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool =
         parts.append(cols)
         units.append(unit)
         start += count
+        if progress is not None:
+            progress.update(1, 0)
     arrays = [[c.array for p in parts for c in p.values() if c.file == j] for j in range(len(files))]
-    stamps = [stamp(p, fmt, arrays[j], checksum) for p, j in files.items()]
+    if progress is not None and checksum:
+        progress.start(len(files), 0, desc="checksumming", unit="files")
+    stamps = []
+    for p, j in files.items():
+        stamps.append(stamp(p, fmt, arrays[j], checksum))
+        if progress is not None and checksum:
+            progress.update(1, stamps[-1].size)
     source = {**Index(stamps, parts, units).to_json(), "format": fmt, "created_by": f"fastdata {__version__}"}
     return Manifest(backend=NAME, fields=list(specs.values()), num_samples=start, shards=shards, source=source,
                     keys=KeysInfo(kind=KEYS_INDEX))
 
 
 def index(src: str | os.PathLike[str], dst: str | os.PathLike[str], fields: Mapping[str, str] | None = None, *,
-          checksum: bool = False, overwrite: bool = False) -> IndexReport:
+          checksum: bool = False, overwrite: bool = False, progress: FileProgress | None = None) -> IndexReport:
     """Index ``src`` in place at the folder ``dst``: ``fastdata.open(dst)`` then reads the source files.
 
     ``src``: an HDF5 file or a glob of several (quote it in a shell), a ``.npy`` file, or a Zarr array
@@ -162,8 +181,9 @@ def index(src: str | os.PathLike[str], dst: str | os.PathLike[str], fields: Mapp
     (``{"x": "/images", "label": "/labels"}``), Zarr array paths in a group, or ``.npy`` files (beside
     ``src`` or absolute; default: ``src`` itself as field ``x``). All fields must agree on the
     first axis. ``checksum`` also records every file's full checksum (``fastdata verify --deep``).
+    ``progress``: told of each file read (the CLI's progress line).
     """
-    manifest = build(os.fspath(src), fields, checksum=checksum)
+    manifest = build(os.fspath(src), fields, checksum=checksum, progress=progress)
     out = Path(dst)
     if out.exists():
         if not out.is_dir():

@@ -126,8 +126,9 @@ def test_decode_false_and_field_selection(encoded):
     assert set(b) == {"image", "image_lengths", "image_shape", "image_codec"}
     assert b["image"].ndim == 2 and b["image"][0, : b["image_lengths"][0]].tobytes() == files[0].read_bytes()
     assert raw[0]["image"].tobytes() == files[0].read_bytes()
-    only = fastdata.open(root, fields=["image"])  # its shape and codec fields come along
-    assert set(only.get_batch([0])) == {"image", "image_shape", "image_codec"}
+    only = fastdata.open(root, fields=["image"])  # its shape and codec fields are read, not returned (issue 48)
+    assert set(only.get_batch([0])) == {"image"}
+    assert set(only.get_batch([0], companions=True)) == {"image", "image_shape", "image_codec"}
 
 
 def test_dataset_with_decoder_pickles_and_forks(encoded):

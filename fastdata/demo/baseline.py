@@ -45,12 +45,29 @@ class NaiveNpyFolder(torch.utils.data.Dataset):
         return {"x": torch.from_numpy(np.load(self.files[i])), "label": self.labels[i]}
 
 
+def naive_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """torch's default collate; samples of several shapes (ragged or mixed-size arrays) padded with
+    zeros to the batch's largest, with ``x_lengths`` (first-axis lengths): the pad-collate a user
+    writes for such data, and what fastdata's padded batches hold."""
+    xs = [s["x"] for s in samples]
+    if all(x.shape == xs[0].shape for x in xs):
+        return torch.utils.data.default_collate(samples)
+    if any(x.ndim != xs[0].ndim for x in xs):
+        raise ValueError(f"samples of {sorted({x.ndim for x in xs})} dimensions cannot be batched together")
+    out = xs[0].new_zeros((len(xs), *(max(x.shape[d] for x in xs) for d in range(xs[0].ndim))))
+    for k, x in enumerate(xs):
+        out[(k, *(slice(0, n) for n in x.shape))] = x
+    return {"x": out, "x_lengths": torch.tensor([x.shape[0] for x in xs]),
+            "label": torch.tensor([s["label"] for s in samples])}
+
+
 def naive_loader(root: str | os.PathLike[str], batch_size: int = 64, workers: int = 2) -> torch.utils.data.DataLoader:
-    """A torch DataLoader over :class:`NaiveNpyFolder` with the usual hand-picked flags."""
+    """A torch DataLoader over :class:`NaiveNpyFolder` with the usual hand-picked flags (and
+    :func:`naive_collate`, so ragged and mixed-size samples batch as fastdata's do)."""
     return torch.utils.data.DataLoader(
-        NaiveNpyFolder(root), batch_size=batch_size, shuffle=True, num_workers=workers,
+        NaiveNpyFolder(root), batch_size=batch_size, shuffle=True, num_workers=workers, collate_fn=naive_collate,
         pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None)
 
 
-__all__ = ["NaiveNpyFolder", "naive_loader", "write_npy_folder"]
+__all__ = ["NaiveNpyFolder", "naive_collate", "naive_loader", "write_npy_folder"]

@@ -29,7 +29,8 @@ PART_JOURNAL = re.compile(rf"^\.fastdata-journal-{_PART}$")
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif"})
 ARRAY_SUFFIXES = (".npy", ".npz")
-TABLE_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+TABLE_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
+                  ".json": "json"}
 LABEL_FILE_SUFFIXES = (".csv", ".json")
 # What a source folder holds (samples, tables, label files): a folder of these is no dataset yet.
 SOURCE_SUFFIXES = tuple(sorted(set(ARRAY_SUFFIXES) | set(TABLE_SUFFIXES) | set(LABEL_FILE_SUFFIXES) | IMAGE_SUFFIXES))

@@ -246,7 +246,7 @@ class Loader:
                 if self._done - 1 == last and self.epoch == epoch:
                     self.epoch = epoch + 1  # the epoch's last batch is delivered: the next pass is the next epoch
                     self._done = 0  # (set_epoch during the pass overrides)
-                yield batch
+                yield self.dataset.trim(batch)
         finally:
             self._pass_world = None
             if follower is not None:

@@ -306,7 +306,7 @@ class DaliLoader(Loader):
         host = self.dataset.with_options(decode=True, decode_threads=1)
         try:
             for i in range(delivered, min(delivered + self.config.prefetch + 1, len(plan))):
-                host.get_batch(plan[i])
+                host.get_batch(plan[i], companions=True)
         except FastdataError as found:
             return type(found)(f"DALI backend, batch {first + i}: {found}")
         finally:

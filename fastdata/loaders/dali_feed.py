@@ -219,7 +219,7 @@ class Feed:
 
     def _read(self, p: Pass, i: int) -> dict[str, np.ndarray]:
         try:
-            return self.dataset.get_batch(p.plan[i])
+            return self.dataset.get_batch(p.plan[i], companions=True)
         except Exception as e:
             raise wrap_error(e, f"DALI source, batch {p.first + i}") from e
 

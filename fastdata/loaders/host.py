@@ -134,7 +134,8 @@ class ThreadReader:
               epoch: int, rank: int) -> HostBatch:
         where = f"loader thread {threading.current_thread().name!r}, batch {k}"
         try:
-            batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()}, ragged=self.ragged)
+            batch = self.dataset.get_batch(idx, out={name: t.numpy() for name, t in bufs.items()}, ragged=self.ragged,
+                                            companions=True)
             for name in self.pool.ragged:
                 self.pool.saw(name, batch[name].size)  # ragged results are views of their buffer when large enough
             if self.crop is not None:

@@ -94,7 +94,7 @@ def _read_one(slots: WorkerSlots, dataset: Dataset, ragged: Ragged, transform: B
     """Batch ``k`` read into slot ``sid`` and transformed: ("ok", k, placed, needs) or ("err", ...)."""
     stage = "reading"
     try:
-        batch = dataset.get_batch(idx, out=slots.outs(sid, len(idx), fixed, flat), ragged=ragged)
+        batch = dataset.get_batch(idx, out=slots.outs(sid, len(idx), fixed, flat), ragged=ragged, companions=True)
         if transform is not None:
             stage = "transform"
             batch = transform(batch, epoch, rank, k)

@@ -130,7 +130,7 @@ class TorchLoader(Loader):
             batch = self._bound(batch, epoch, self.world.rank, k)
         host = to_tensors(batch)
         moved = {n: t.to(self.device) for n, t in host.items()} if self.device.type == "cuda" else dict(host)
-        return self._device.transform(moved, epoch, k, self._device.mixed(host))
+        return self.dataset.trim(self._device.transform(moved, epoch, k, self._device.mixed(host)))
 
     def __getstate__(self) -> dict[str, Any]:
         if self._bound is not None:  # say what to do, rather than a PicklingError from deep inside

@@ -1,0 +1,117 @@
+"""Pixel coordinates in a metadata table, kept true when a conversion resizes its images.
+
+Columns declared as keypoints (``(..., >=2)``: x, y first, in pixels; further columns such as
+visibility untouched) or boxes (``(..., 4)``: x0, y0, x1, y1 in pixels) are mapped exactly as the
+pixels are (:func:`fastdata.converters.image_codec.resize_plan`: scale, then the centre crop's offset)
+and stored as float32. When the conversion resizes, an undeclared numeric column that looks like
+coordinates is refused rather than left pointing at the wrong pixels: one whose name says so
+(keypoints, landmarks, kp, box, bbox, coord, points, joints, ...), or whose last axis has 2, 3 or 4
+values that all lie inside their image (at least one above 1, so normalised values and flags pass).
+Without a resize nothing moves, so nothing is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from fastdata.errors import DataError, UsageError
+from fastdata.format import make_field
+
+from .image_codec import ImageOptions, resize_plan
+from .table_types import FLOAT_DTYPE
+
+if TYPE_CHECKING:
+    from .table import TableColumns
+
+__all__ = ["COORDINATE_NAME", "check_declared", "rescale", "rescale_columns"]
+
+# names that say "pixel coordinates": key points, landmarks, kp(s), boxes, bbox(es), coords, points, joints, ...
+COORDINATE_NAME = re.compile(r"key_?points?|landmarks?|(^|[_.-])kps?([_.-]|$)|b_?box|boxes|(^|[_.-])box([_.-]|$)"
+                             r"|coord|points?|joints?|corners?|polygons?|(^|[_.-])xy([_.-]|$)", re.IGNORECASE)
+
+
+def rescale(a: np.ndarray, kind: str, original: Sequence[int], opts: ImageOptions) -> np.ndarray:
+    """``a``'s pixel coordinates (``kind`` keypoints or boxes) in the image of upright size
+    ``original`` (H, W) moved to the stored image: ``x * new_w / old_w - left``, ``y * new_h / old_h - top``."""
+    h, w = int(original[0]), int(original[1])
+    plan = resize_plan(w, h, opts)
+    sx, sy = plan.scaled[0] / w, plan.scaled[1] / h
+    out = np.array(a, dtype=np.float64)
+    xs = [0, 2] if kind == "boxes" else [0]
+    for c in xs:
+        out[..., c] = out[..., c] * sx - plan.left
+        out[..., c + 1] = out[..., c + 1] * sy - plan.top
+    return out.astype(FLOAT_DTYPE)
+
+
+def _trailing(cols: "TableColumns", name: str) -> int | None:
+    """The length of a numeric column's last axis (None: a scalar, a 1-D ragged list, a string or a file column)."""
+    f = next((f for f in cols.fields if f.name == name), None)
+    if f is None or name not in cols.values or name in cols.strings or np.dtype(f.dtype).kind not in "iuf" \
+            or not f.shape:
+        return None
+    return f.shape[-1]
+
+
+def check_declared(table: str, cols: "TableColumns", columns: Sequence[str], keypoints: Sequence[str],
+                   boxes: Sequence[str], not_coordinates: Sequence[str]) -> None:
+    """Each declared column exists in the table and has the shape its kind needs."""
+    for flag, names in (("keypoints", keypoints), ("boxes", boxes), ("not_coordinates", not_coordinates)):
+        for name in names:
+            if name not in columns:
+                raise UsageError(f"%({flag}) names {name!r}, which is not a column of {table} "
+                                 f"(columns: {', '.join(columns)})")
+    for flag, names, need in (("keypoints", keypoints, "(..., 2 or more): x, y first"),
+                              ("boxes", boxes, "(..., 4): x0, y0, x1, y1")):
+        for name in names:
+            last = _trailing(cols, name)
+            if last is None or (last < 2 if flag == "keypoints" else last != 4):
+                raise DataError(f"{table}: column {name!r} is given as %({flag}) but is not numeric of shape {need}")
+
+
+def _looks_like(cols: "TableColumns", name: str, originals: np.ndarray) -> str | None:
+    """Why column ``name`` looks like pixel coordinates, or None."""
+    last = _trailing(cols, name)
+    if last is None or last < 2:
+        return None
+    if COORDINATE_NAME.search(name):
+        return "its name says coordinates"
+    if last > 4:
+        return None
+    top = 0.0
+    xs, ys = ([0, 2], [1, 3]) if last == 4 else ([0], [1])  # boxes: both corners; points: x, y
+    for a, (h, w) in zip(cols.values[name], originals):
+        a = np.asarray(a, dtype=np.float64)
+        if a.size == 0:
+            continue
+        x, y = a[..., xs], a[..., ys]
+        if not (np.all((x >= 0) & (x <= w)) and np.all((y >= 0) & (y <= h))):
+            return None
+        top = max(top, float(a[..., :2].max()))
+    return f"its {last} values per row lie inside each image" if top > 1 else None
+
+
+def rescale_columns(table: str, cols: "TableColumns", columns: Sequence[str], originals: np.ndarray,
+                    opts: ImageOptions | None, keypoints: Sequence[str], boxes: Sequence[str],
+                    not_coordinates: Sequence[str]) -> None:
+    """Check the declared coordinate columns; when ``opts`` resizes, rescale them in place (float32) to
+    each row's stored image (``originals``: (n, 2) upright H, W) and refuse undeclared look-alikes."""
+    check_declared(table, cols, columns, keypoints, boxes, not_coordinates)
+    if opts is None or not opts.resizes:
+        return
+    declared = set(keypoints) | set(boxes) | set(not_coordinates)
+    for name in cols.values:
+        if name in declared:
+            continue
+        why = _looks_like(cols, name, originals)
+        if why is not None:
+            say = f"%(keypoints={name}), %(boxes={name})" if _trailing(cols, name) == 4 else f"%(keypoints={name})"
+            raise DataError(f"{table}: column {name!r} looks like pixel coordinates ({why}) and the images are "
+                            f"resized; say what it is: {say} or %(not_coordinates={name})")
+    kinds: dict[str, str] = {**{n: "keypoints" for n in keypoints}, **{n: "boxes" for n in boxes}}
+    for name, kind in kinds.items():
+        cols.values[name] = [rescale(a, kind, o, opts) for a, o in zip(cols.values[name], originals)]
+        cols.fields = [make_field(name, FLOAT_DTYPE, f.shape) if f.name == name else f for f in cols.fields]

@@ -1,0 +1,142 @@
+"""Issue 48: a conversion that resizes images keeps every pixel coordinate of a metadata table true
+(declared keypoint and box columns rescaled, the original size stored), and refuses a column that
+looks like coordinates when nobody said what it is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from imagegen import png_rgb
+
+import fastdata
+from fastdata.converters import ConvertConfig, ImageOptions
+from fastdata.errors import DataError, UsageError
+
+SIZES = [(200, 300), (150, 120), (90, 90)]  # (H, W) of each source image: landscape, portrait, square
+
+
+def _source(root: Path, keypoints: bool = True) -> list[dict]:
+    """Images of several sizes and a JSON Lines table of keypoints (17, 3) with visibility and boxes (n, 4)."""
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, (h, w) in enumerate(SIZES):
+        png_rgb(root / f"im{i}.png", h, w, seed=i)
+        kp = np.stack([rng.uniform(0, w, 17), rng.uniform(0, h, 17), rng.integers(0, 3, 17)], axis=1)
+        x0, y0 = rng.uniform(0, w / 2, 2), rng.uniform(0, h / 2, 2)
+        boxes = np.stack([x0, y0, x0 + w / 3, y0 + h / 3], axis=1)
+        row = {"path": f"im{i}.png", "boxes": boxes.tolist(), "label": i % 2}
+        if keypoints:
+            row["keypoints"] = kp.tolist()
+        rows.append(row)
+    (root / "ann.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def _theirs(a: np.ndarray, h: int, w: int, size: tuple[int, int] | None, max_side: int | None, box: bool) -> np.ndarray:
+    """What a user's own rescaling gives: x * new_w / old_w, y * new_h / old_h (minus the centre crop)."""
+    if size is not None:
+        th, tw = size
+        s = max(th / h, tw / w)
+        nw, nh = max(tw, round(w * s)), max(th, round(h * s))
+        left, top = (nw - tw) // 2, (nh - th) // 2
+    else:
+        s = min(1.0, max_side / max(h, w))
+        nw, nh, left, top = max(1, round(w * s)), max(1, round(h * s)), 0, 0
+    out = np.array(a, dtype=np.float64)
+    for c in ((0, 2) if box else (0,)):
+        out[:, c] = out[:, c] * nw / w - left
+        out[:, c + 1] = out[:, c + 1] * nh / h - top
+    return out
+
+
+@pytest.mark.parametrize("size,max_side", [((128, 128), None), ((64, 96), None), (None, 100)])
+def test_resized_keypoints_and_boxes_match_a_users_own_rescaling(tmp_path, size, max_side):
+    rows = _source(tmp_path / "src")
+    opts = ImageOptions(images="raw", size=size, max_side=max_side)
+    cfg = ConvertConfig(images=opts, keypoints=("keypoints",), boxes=("boxes",))
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", cfg, meta=tmp_path / "src" / "ann.jsonl")
+    ds = fastdata.open(tmp_path / "ds")
+    assert ds.manifest.field("image_original_size").dtype == "<i4"
+    for i, ((h, w), row) in enumerate(zip(SIZES, rows)):
+        s = ds[i]
+        assert s["image_original_size"].tolist() == [h, w]
+        if size is not None:
+            assert s["image"].shape[:2] == size
+        kp = np.asarray(row["keypoints"])
+        got = np.asarray(s["keypoints"])
+        assert np.abs(got[:, :2] - _theirs(kp, h, w, size, max_side, False)[:, :2]).max() < 0.5
+        assert got[:, 2].tolist() == kp[:, 2].tolist()  # visibility untouched
+        boxes = np.asarray(s["boxes"])[: len(row["boxes"])]
+        assert np.abs(boxes - _theirs(np.asarray(row["boxes"]), h, w, size, max_side, True)).max() < 0.5
+
+
+def test_an_undeclared_coordinate_column_is_refused_only_when_resizing(tmp_path, run_cli):
+    _source(tmp_path / "src")
+    src, meta = tmp_path / "src", tmp_path / "src" / "ann.jsonl"
+    code, _, err = run_cli("convert", src, tmp_path / "ds", "--meta", meta, "--images", "raw", "--size", "128",
+                           "128", "--keypoints", "keypoints", "--quiet")
+    assert code != 0 and not (tmp_path / "ds" / "manifest.json").exists()
+    assert len(err.strip().splitlines()) == 1
+    assert "column 'boxes' looks like pixel coordinates" in err
+    assert "--keypoints boxes, --boxes boxes or --not-coordinates boxes" in err
+    # as advised: both ways work
+    code, _, err = run_cli("convert", src, tmp_path / "ds", "--meta", meta, "--images", "raw", "--size", "128",
+                           "128", "--keypoints", "keypoints", "--not-coordinates", "boxes", "--quiet")
+    assert code == 0, err
+    code, _, err = run_cli("convert", src, tmp_path / "ds2", "--meta", meta, "--images", "raw", "--size", "128",
+                           "128", "--keypoints", "keypoints,boxes", "--quiet")
+    assert code == 0, err  # boxes (n, 4) may be declared as points: each corner rescales as a point
+    # without a resize nothing moves: no refusal, values kept as they are
+    code, _, err = run_cli("convert", src, tmp_path / "ds3", "--meta", meta, "--images", "raw", "--quiet")
+    assert code == 0, err
+    assert "image_original_size" not in fastdata.open(tmp_path / "ds3").fields
+
+
+def test_a_coordinate_column_found_by_its_values(tmp_path):
+    """A column named neither keypoints nor boxes, whose values lie inside each image, is refused too."""
+    rows = _source(tmp_path / "src", keypoints=False)
+    for r in rows:
+        r["centre"] = [r["boxes"][0][0], r["boxes"][0][1]]
+        del r["boxes"]
+    (tmp_path / "src" / "ann.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = ConvertConfig(images=ImageOptions(images="raw", max_side=64))
+    with pytest.raises(DataError, match=r"column 'centre' looks like pixel coordinates \(its 2 values per row lie "
+                                        r"inside each image\).*not_coordinates=centre"):
+        fastdata.convert(tmp_path / "src", tmp_path / "ds", cfg, meta=tmp_path / "src" / "ann.jsonl")
+    cfg = ConvertConfig(images=ImageOptions(images="raw", max_side=64), keypoints=("centre",))
+    fastdata.convert(tmp_path / "src", tmp_path / "ds", cfg, meta=tmp_path / "src" / "ann.jsonl")
+
+
+def test_declarations_are_checked(tmp_path):
+    _source(tmp_path / "src")
+    meta = tmp_path / "src" / "ann.jsonl"
+    opts = ImageOptions(images="raw", size=(64, 64))
+    with pytest.raises(UsageError, match="'kp', which is not a column"):
+        fastdata.convert(tmp_path / "src", tmp_path / "ds", ConvertConfig(images=opts, keypoints=("kp",)), meta=meta)
+    with pytest.raises(DataError, match="column 'label' is given as boxes"):
+        fastdata.convert(tmp_path / "src", tmp_path / "ds", ConvertConfig(images=opts, boxes=("label",)), meta=meta)
+    with pytest.raises(DataError, match="column 'label' is given as keypoints"):
+        fastdata.convert(tmp_path / "src", tmp_path / "ds", ConvertConfig(images=opts, keypoints=("label",)), meta=meta)
+    with pytest.raises(UsageError, match="both as keypoints and as not_coordinates"):
+        ConvertConfig(keypoints=("a",), not_coordinates=("a",))
+    with pytest.raises(UsageError, match="keypoints, boxes and not_coordinates name columns of a metadata table"):
+        fastdata.convert(tmp_path / "src", tmp_path / "ds", ConvertConfig(keypoints=("a",)))
+
+
+def test_a_file_column_cannot_be_declared(tmp_path):
+    """A mask named by a file column is an image, not coordinates: declaring it is an error, not a crash."""
+    _source(tmp_path / "src")
+    (tmp_path / "src" / "masks").mkdir()
+    lines = []
+    for i, line in enumerate((tmp_path / "src" / "ann.jsonl").read_text().splitlines()):
+        png_rgb(tmp_path / "src" / "masks" / f"m{i}.png", 8, 8, seed=i)
+        lines.append(json.dumps({**json.loads(line), "mask": f"masks/m{i}.png"}))
+    (tmp_path / "src" / "ann.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = ConvertConfig(images=ImageOptions(images="raw", size=(64, 64)), keypoints=("keypoints", "mask"),
+                        boxes=("boxes",))
+    with pytest.raises(DataError, match="column 'mask' is given as keypoints but is not numeric"):
+        fastdata.convert(tmp_path / "src", tmp_path / "ds", cfg, meta=tmp_path / "src" / "ann.jsonl")
