@@ -119,11 +119,17 @@ def _train_rate(script: str, data: Path, args: list[str], seconds: float, swap: 
         return step
 
     class Swapped:
+        """The fastdata loader where the script makes its DataLoader: pass after pass (the script's own
+        loop, or the time limit, ends it), each batch in the script's form."""
+
+        num_workers, multiprocessing_context = 0, None
+
         def __init__(self, *a: Any, **k: Any) -> None:
             self.dataset = a[0] if a else k.get("dataset")
 
         def __iter__(self) -> Any:
-            return (_as_script_batch(b, swap[1]) for b in swap[0])
+            while True:
+                yield from (_as_script_batch(b, swap[1]) for b in swap[0])
 
         def __len__(self) -> int:
             return 10 ** 6
@@ -161,6 +167,10 @@ def _train_in_own_process(work: Path, script: str, data: Path, args: list[str], 
 
 
 def _train_main(spec: dict[str, Any]) -> None:
+    try:  # imported before DataLoader is swapped: Lightning's own checks keep the real class
+        import lightning  # noqa: F401
+    except ImportError:
+        pass
     swap = None
     if spec["fix"]:
         ns: dict[str, Any] = {}
