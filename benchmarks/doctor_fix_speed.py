@@ -54,7 +54,8 @@ def _own(script: str, data: Path) -> Any:
 
 
 USERS: dict[str, tuple[Callable[[Path], Path], str, list[str]]] = {
-    "flim": (make_data.flim, "flim3d.py", ["--epochs", "500"]),
+    # 256 volumes: with the tests' 32 (4 batches a pass) each pass's start-up would dominate either loader
+    "flim": (lambda p: make_data.flim(p, n=256), "flim3d.py", ["--epochs", "500"]),
     "pose": (make_data.pose, "pose_episodic.py", ["--episodes", "2000", "--workers", "0"]),
     "headpose": (make_data.faces, "headpose.py", ["--epochs", "1000"]),
     "cnn_lstm": (make_data.recordings, "seq_lstm.py", ["--epochs", "100"]),
