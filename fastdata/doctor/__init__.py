@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +42,9 @@ def _interpreter(command: Sequence[str]) -> tuple[str, list[str]]:
 def run(command: Sequence[str], *, steps: int | None = None, seconds: float | None = 60.0,
         json_path: str | os.PathLike[str] | None = None, html_path: str | os.PathLike[str] | None = None,
         replay: bool = True, project: bool = True, quiet: bool = False) -> dict[str, Any]:
-    """Run ``command`` (``python train.py ARGS``) under the doctor until ``steps`` batches or ``seconds``
-    after the first batch; print the report (unless ``quiet``), write the JSON/HTML files, return it."""
+    """Run ``command`` (``python train.py ARGS``) under the doctor for ``steps`` batches, or within about
+    ``seconds`` in all (start to verdict); print the report (unless ``quiet``), write the JSON/HTML files,
+    return it."""
     if steps is not None and steps < 1:
         raise UsageError("--steps must be at least 1")
     if seconds is not None and seconds <= 0:
@@ -59,6 +61,7 @@ def run(command: Sequence[str], *, steps: int | None = None, seconds: float | No
         env[_probe.ENV_SECONDS] = str(seconds) if seconds and not steps else ""
         env[_probe.ENV_REPLAY] = "1" if replay else "0"
         env[_probe.ENV_PROJECT] = "1" if project else "0"
+        env[_probe.ENV_START] = repr(time.time())  # the budget counts the child's start-up too
         proc = subprocess.run([python, "-m", "fastdata.doctor._boot", *rest], env=env)
         if not (Path(tmp) / "raw.json").exists():
             raise UsageError(f"the script stopped before the doctor could record anything (exit code "

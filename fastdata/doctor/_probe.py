@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import _worker
+from .account import is_table, opened
 
 if TYPE_CHECKING:
     from ._h2d import Accountant
@@ -30,11 +31,15 @@ if TYPE_CHECKING:
 WARMUP = 2  # batches of each pass left out of the statistics: worker start-up, first-batch caching
 REPLAY = 8  # steps run on the cached batches to time the step without input
 CACHED_BATCHES, CACHED_BYTES = 8, 32 << 20  # batches cached for the replay (at least one, whatever its size)
+MIN_REPLAY = 2  # the fewest replayed steps (each kind) when steps are slow
+STEPS_EXTRA_S = 5.0  # with --steps, the replay, sample and projection may take this long, or half the steps' time
+MEASURE_SHARE, HARD_SHARE = 0.5, 0.8  # of a --seconds budget: measuring the loop; the latest it may end
 BESIDE = 24  # then steps on the cached batches while fastdata's loader reads a sample beside them (projection)
 MAX_EVENTS = 20000  # per loader, for the timeline
 # how fastdata.doctor.run tells the child (fastdata.doctor._boot) its folder and budget
 ENV_DIR, ENV_STEPS, ENV_SECONDS = "FASTDATA_DOCTOR_DIR", "FASTDATA_DOCTOR_STEPS", "FASTDATA_DOCTOR_SECONDS"
 ENV_REPLAY, ENV_PROJECT = "FASTDATA_DOCTOR_REPLAY", "FASTDATA_DOCTOR_PROJECT"
+ENV_START = "FASTDATA_DOCTOR_START"  # time.time() when fastdata.doctor.run started the child
 
 
 class BudgetReached(SystemExit):
@@ -63,6 +68,8 @@ class Recorder:
         self.steps, self.seconds, self.do_replay, self.do_project = steps, seconds, replay, project
         self.loaders: dict[int, LoaderRecord] = {}
         self.started = time.perf_counter()
+        if os.environ.get(ENV_START):  # the doctor's own start: a --seconds budget counts the child's start-up
+            self.started -= max(time.time() - float(os.environ[ENV_START]), 0.0)
         self.first_batch_at: float | None = None
         self.cached: list[Any] = []  # the replay's batches: the first after WARMUP of one loader
         self.cached_from: int | None = None
@@ -80,14 +87,46 @@ class Recorder:
         self.sampled: Any = None  # fastdata.doctor.project.Sampled, or a string saying why not
         self._beside: Any = None  # the running fastdata.doctor.project.Beside
         self.own = False  # the doctor's own loaders are running (sampling, fastdata beside): not the loop's
+        self.n_replay, self.n_beside = REPLAY, BESIDE  # set from the time left when the loop's budget is spent
+        self.sample_budget_s: float | None = None  # seconds drawing the sample through __getitem__
+        self.measure_s: float | None = None  # seconds timing fastdata's loader alone
+        self.tables: list[str] = []  # the tables this process opened (fastdata.doctor.account)
+        self._tables_cm: Any = None
 
     # -- budget ---------------------------------------------------------------------------------
     def spent(self) -> bool:
+        """The loop's measured part is over: ``steps`` batches after the warm-up, or half the ``seconds``
+        budget (counted from the start, so that the replay, the sample and the verdict fit in the rest) once
+        WARMUP + 1 batches are in, or HARD_SHARE of it once two are (one step). Then the replay's sizes are set."""
+        done = False
         if self.steps is not None and self.batches >= self.steps + WARMUP:
-            return True
-        if self.seconds is not None and self.first_batch_at is not None:
-            return time.perf_counter() - self.first_batch_at >= self.seconds
-        return False
+            done = True
+        elif self.seconds is not None and self.first_batch_at is not None:
+            elapsed = time.perf_counter() - self.started
+            done = (elapsed >= HARD_SHARE * self.seconds and self.batches >= 2) or (
+                elapsed >= MEASURE_SHARE * self.seconds and self.batches > WARMUP)
+        if done:
+            self._size_the_rest()
+        return done
+
+    def _size_the_rest(self) -> None:
+        """Replayed steps, beside steps, sampling and measuring time from what is left: the rest of a
+        ``seconds`` budget, or half the time the ``steps`` took; fewer steps when steps are slow."""
+        if self.replaying or self.stopped_at is not None or self.sample_budget_s is not None:
+            return
+        from .project import MEASURE_S, SAMPLE_BUDGET_S
+        now = time.perf_counter()
+        if self.seconds is not None:
+            left = max(self.started + self.seconds - now, 0.0)
+        else:
+            left = max(0.5 * (now - (self.first_batch_at or self.started)), STEPS_EXTRA_S)
+        got = sorted(g for r in self.loaders.values() for _, g, _ in r.events)
+        step = (got[-1] - got[0]) / (len(got) - 1) if len(got) > 1 else max(now - got[0], 1e-3) if got else 1e-3
+        self.n_replay = int(min(REPLAY, max(MIN_REPLAY, 0.25 * left / step)))
+        beside = 0.35 * left / step  # too few to fit: none (the projection is then fastdata's loader alone)
+        self.n_beside = int(min(BESIDE, max(beside, MIN_REPLAY + 1))) if beside >= MIN_REPLAY else 0  # +1: a pass's first
+        self.sample_budget_s = min(SAMPLE_BUDGET_S, max(1.0, 0.15 * left))
+        self.measure_s = min(MEASURE_S, max(0.5, 0.1 * left))
 
     def record(self, key: int, asked: float, got: float, batch: Any) -> Any:
         rec = self.loaders[key]
@@ -115,7 +154,7 @@ class Recorder:
             _copies.active = False
         if not self.cached or not self.do_replay or key != self.cached_from:
             self._stop()
-        if self.replaying >= REPLAY:  # the compute-only steps are done: the steps beside fastdata's loader
+        if self.replaying >= self.n_replay:  # the compute-only steps are done: the steps beside fastdata's loader
             return self._next_beside()
         t0 = time.perf_counter()
         batch = self._cached_copy(self.replaying)
@@ -133,8 +172,11 @@ class Recorder:
             self.stopped_at = time.perf_counter()
             if not self.do_project:
                 self._stop()
+            if self.n_beside == 0:
+                self.beside_why = "steps too slow to replay beside fastdata's loader within the budget"
+                self._stop()
             self._start_beside()
-        if self._beside is None or len(self.beside) >= BESIDE:
+        if self._beside is None or len(self.beside) >= self.n_beside:
             self._stop()
         try:
             with self._own():
@@ -180,6 +222,20 @@ class Recorder:
             b.close()
         raise BudgetReached(0)
 
+    def _episode(self) -> dict[str, int] | None:
+        """For batches made by a batch_sampler: the classes in the first cached batch (its one 1-D integer
+        field) and the samples of each, for fastdata.samplers.Episodic."""
+        if not self.cached or self.cached_from is None or self.loaders[self.cached_from].settings.get("batch_size"):
+            return None
+        b = self.cached[0]
+        items = list(b.values()) if isinstance(b, dict) else list(b) if isinstance(b, (list, tuple)) else []
+        for v in items:
+            if hasattr(v, "shape") and len(v.shape) == 1 and str(v.dtype).replace("torch.", "").startswith(("int", "uint")):
+                classes = len({int(x) for x in v.tolist()})
+                if classes and len(v) % classes == 0:
+                    return {"classes": classes, "per_class": len(v) // classes}
+        return None
+
     def step_on_cpu(self) -> bool:
         """No batch of the loaders went to a CUDA device (so far): the script's step runs on the CPU."""
         if self.h2d is not None:
@@ -192,6 +248,7 @@ class Recorder:
             "main_pid": os.getpid(), "replay_key": self.cached_from,
             "stopped_at": self.stopped_at, "budget": {"steps": self.steps, "seconds": self.seconds},
             "beside": self.beside, "beside_end": self.beside_end, "beside_why": self.beside_why,
+            "tables": [p for p in self.tables if is_table(p)], "episode": self._episode(),
             "loaders": [vars(r) for r in self.loaders.values()], "h2d": self.h2d,
         }
 
@@ -362,6 +419,8 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
 
     _patch(Loader, "__iter__", _timed_fastdata_iter)
     _copies = _h2d.install(clock)
+    _recorder._tables_cm = opened(tables_only=True)
+    _recorder.tables = _recorder._tables_cm.__enter__()
     return _recorder
 
 
@@ -377,6 +436,10 @@ def uninstall() -> Recorder | None:
         if rec is not None and acc is not None:
             rec.h2d = acc.dump()
     _worker.stop()
+    if rec is not None and rec._tables_cm is not None:
+        rec.tables = [p for p in rec.tables if is_table(p)]
+        rec._tables_cm.__exit__(None, None, None)
+        rec._tables_cm = None
     while _saved:
         cls, name, orig = _saved.pop()
         setattr(cls, name, orig)

@@ -19,7 +19,7 @@ def add_parser(sub: Any) -> None:
     b = d.add_mutually_exclusive_group()
     b.add_argument("--steps", type=int, default=None, metavar="N", help="stop after N batches")
     b.add_argument("--seconds", type=parse_duration, default=None, metavar="S",
-                   help="stop S seconds after the first batch, e.g. 30s or 2m (default: 60s)")
+                   help="the whole run, start to verdict, takes about S seconds (e.g. 30s or 2m; default: 60s): about half of it measures the loop, the rest replays the step and projects fastdata; slow steps give fewer steps, and the report says its confidence")
     d.add_argument("--json", metavar="FILE", help="write the report as JSON")
     d.add_argument("--html", metavar="FILE", help="write an HTML page with a timeline of waits and steps")
     d.add_argument("--no-replay", action="store_true",

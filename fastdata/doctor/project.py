@@ -24,7 +24,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .account import account, image_hw, is_table, opened, tables_of
+
 MAX_SAMPLES = 256
+ACCOUNT_SAMPLES = 8  # samples drawn twice, with the files each opened, to account for every element
 SAMPLE_BUDGET_S = 20.0  # at most this long drawing samples through the user's __getitem__
 MEASURE_S = 3.0
 
@@ -42,14 +45,16 @@ class Sampled:
     shapes: dict[str, list[int]]  # each field's shape in the first sample (what __getitem__ returned)
     images: tuple[str, ...] = ()  # float image fields stored as uint8 (the loader makes them floats again)
     ops: tuple[str, ...] = ()  # the loader's augment ops standing in for the script's image transforms
+    account: dict[str, Any] | None = None  # where each element of a sample comes from (fastdata.doctor.account)
 
-    def augment(self) -> list[Any] | None:
-        from ..augment import HorizontalFlip, Normalize
+    def augment(self) -> Any:
+        from ..augment import Augment, HorizontalFlip, Normalize
 
         shape = self.shapes[self.images[0]] if self.images else [3]
         c = min(shape[0], shape[-1])  # the image's channels (CHW or HWC)
-        return [HorizontalFlip() if o == "HorizontalFlip" else Normalize((0.5,) * c, (0.25,) * c)
-                for o in self.ops] or None
+        ops = [HorizontalFlip() if o == "HorizontalFlip" else Normalize((0.5,) * c, (0.25,) * c) for o in self.ops]
+        views = (self.account or {}).get("views", 1)
+        return Augment(tuple(ops), views=views) if views > 1 else (ops or None)
 
     @property
     def path(self) -> Path:
@@ -84,16 +89,6 @@ def _fields(item: Any) -> dict[str, np.ndarray] | None:
             return None
         out[str(k)] = a
     return out
-
-
-def image_hw(shape: Any) -> tuple[int, int] | None:
-    """(H, W) of a shape that may be an image: CHW or HWC with 1, 3 or 4 channels (one reading only) and
-    sides of at least 8; None otherwise."""
-    if len(shape) != 3:
-        return None
-    chw, hwc = shape[0] in (1, 3, 4), shape[2] in (1, 3, 4)
-    hw = (int(shape[1]), int(shape[2])) if chw else (int(shape[0]), int(shape[1]))
-    return hw if chw != hwc and min(hw) >= 8 else None
 
 
 def _as_image(a: np.ndarray) -> np.ndarray:
@@ -131,46 +126,66 @@ def sample(rec: Any, key: int | None = None) -> Sampled | str:
         return "the dataset is not map-style (no __len__/__getitem__) or has no batch size"
     work = Path(tempfile.mkdtemp(prefix="fastdata-doctor-", dir=os.environ.get("FASTDATA_DOCTOR_TMP")))
     on_cpu = getattr(rec, "step_on_cpu", lambda: True)()
+    tables = tables_of(ds, list(getattr(rec, "tables", [])))
     try:
-        return _sample(ds, int(bs), work, on_cpu)
+        return _sample(ds, int(bs), work, on_cpu, tables, getattr(rec, "sample_budget_s", None) or SAMPLE_BUDGET_S)
     except Exception as e:  # the projection is optional: say why it is missing, never fail the report
         shutil.rmtree(work, ignore_errors=True)
         return f"{type(e).__name__}: {e}"
 
 
-def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True) -> Sampled | str:
+def _drawn(ds: Any, i: int) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    """Sample ``i``'s fields and the first file (not a table) its draw opened."""
+    with opened() as files:
+        f = _fields(ds[i])
+    return f, next((p for p in files if not is_table(p) and os.path.isfile(p)), None)
+
+
+def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
+            budget_s: float = SAMPLE_BUDGET_S) -> Sampled | str:
     from fastdata.conversion import convert
     from fastdata.converters import ConvertConfig
     from fastdata.write import WriteOptions
 
-    idx = np.random.default_rng(0).permutation(len(ds))[:MAX_SAMPLES]
-    src = work / "samples"
-    src.mkdir()
+    idx = [int(i) for i in np.random.default_rng(0).permutation(len(ds))[:MAX_SAMPLES]]
     t0 = time.perf_counter()
-    kept = 0
-    shapes: dict[str, list[int]] = {}
-    images: list[str] = []
-    ops: tuple[str, ...] = ()
-    for i in idx:
-        f = _fields(ds[int(i)])
+    drawn: list[dict[str, Any]] = []
+    for i in idx[:ACCOUNT_SAMPLES]:  # drawn twice, with the files each opened: the account of every element
+        if len(drawn) >= 2 and time.perf_counter() - t0 > budget_s / 2:
+            break
+        f, file = _drawn(ds, i)
         if f is None:
             shutil.rmtree(work, ignore_errors=True)
-            return f"sample {int(i)} holds objects that are not arrays or numbers"
+            return f"sample {i} holds objects that are not arrays or numbers"
+        drawn.append({"file": file, "first": f, "again": _fields(ds[i]) or {}})
+    acc = account(drawn, list(tables))
+    views = [k for k, v in acc["fields"].items() if v["role"] == "view"]  # the loader makes them (views=)
+    src = work / "samples"
+    src.mkdir()
+    kept, images = 0, []
+    shapes: dict[str, list[int]] = {}
+    ops: tuple[str, ...] = ()
+    for n, i in enumerate(idx):
+        f = drawn[n]["first"] if n < len(drawn) else _fields(ds[i])
+        if f is None:
+            shutil.rmtree(work, ignore_errors=True)
+            return f"sample {i} holds objects that are not arrays or numbers"
+        f = {k: v for k, v in f.items() if k not in views}
         if not shapes:
             shapes = {k: list(np.shape(v)) for k, v in f.items()}
             images = [k for k, v in f.items() if on_cpu and v.dtype.kind == "f" and image_hw(v.shape)]
-            ops = _image_ops(ds, int(i), f, images) if images else ()
+            ops = _image_ops(ds, i, f, images) if images else ()
         for k in images:
             if image_hw(f[k].shape):
                 f[k] = _as_image(f[k])
         np.savez(src / f"{kept:06d}.npz", **f)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
         kept += 1
-        if time.perf_counter() - t0 > SAMPLE_BUDGET_S and kept >= 2 * bs:
+        if time.perf_counter() - t0 > budget_s and kept >= 2 * bs:
             break
     rep = convert(src, work / "ds", ConvertConfig(write=WriteOptions(workers=1), no_labels=True))
     shutil.rmtree(src, ignore_errors=True)
     return Sampled(work, kept, rep.fields, min(bs, kept), workers_for_projection(), rep.bytes_in / max(kept, 1),
-                   shapes, tuple(images), ops)
+                   shapes, tuple(images), ops, acc)
 
 
 class Beside:
@@ -210,7 +225,7 @@ def project_loader(rec: Any, out: Path, sampled: Sampled | str | None = None) ->
     if isinstance(s, str):
         return {"ok": False, "why": s}
     try:
-        return _measure(s)
+        return _measure(s, getattr(rec, "measure_s", None) or MEASURE_S)
     except Exception as e:  # the projection is optional: say why it is missing, never fail the report
         return {"ok": False, "why": f"{type(e).__name__}: {e}"}
     finally:
@@ -223,10 +238,10 @@ def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
     return {"ok": False, "why": s} if isinstance(s, str) else _measure(s)
 
 
-def _measure(s: Sampled) -> dict[str, Any]:
+def _measure(s: Sampled, seconds: float = MEASURE_S) -> dict[str, Any]:
     loader = s.loader()
     times: list[float] = []
-    deadline, first = time.perf_counter() + MEASURE_S, True
+    deadline, first = time.perf_counter() + seconds, True
     while time.perf_counter() < deadline:  # whole passes until the time is up
         it = iter(loader)
         while True:
@@ -242,6 +257,6 @@ def _measure(s: Sampled) -> dict[str, Any]:
         return {"ok": False, "why": f"only {s.samples} samples: too few for a batch of {s.batch_size} after the first"}
     return {"ok": True, "samples": s.samples, "fields": s.fields, "batch_size": s.batch_size, "workers": s.workers,
             "batch_s": float(np.mean(times)), "sample_bytes": s.sample_bytes, "shapes": s.shapes,
-            "ops": list(s.ops), "note": "samples are the dataset's __getitem__ outputs (after its transforms)"
+            "ops": list(s.ops), "account": s.account, "note": "samples are the dataset's __getitem__ outputs (after its transforms)"
             + (f"; images as uint8, the loader's {' + '.join(('to float',) + s.ops)} in the script's place"
                if s.images else "")}

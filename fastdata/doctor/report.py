@@ -13,23 +13,37 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..format.files import IMAGE_SUFFIXES
 from . import transfer
 from ._probe import WARMUP
+from .account import is_table
+from .fix import NO_GAIN, commands, lines
 
 INPUT_BOUND = 0.10  # a loop waiting more than this fraction of its time for data is input-bound
 SATURATED = 0.80  # workers busy more than this fraction of their lifetime cannot go faster
 
 
-def _steps(events: list[list[float]]) -> tuple[list[float], list[float]]:
-    """Per measured step: (wait, step) seconds, leaving out the first WARMUP batches of each pass."""
+def _steps(events: list[list[float]], warmup: int = WARMUP) -> tuple[list[float], list[float]]:
+    """Per measured step: (wait, step) seconds, leaving out the first ``warmup`` batches of each pass."""
     waits, steps = [], []
     pos = 0  # the batch's position in its pass
     for i, (asked, got, p) in enumerate(events):
         pos = pos + 1 if i and events[i - 1][2] == p else 0
-        if pos >= max(WARMUP, 1):
+        if pos >= max(warmup, 1):
             waits.append(got - asked)
             steps.append(got - events[i - 1][1])
     return waits, steps
+
+
+def measured_steps(events: list[list[float]]) -> tuple[list[float], list[float], str]:
+    """The steps to measure, and how far to trust them: slow steps leave few in a budget, and then the
+    warm-up is cut to one batch a pass rather than leave no verdict."""
+    waits, steps = _steps(events)
+    if len(steps) < 3:
+        waits, steps = _steps(events, 1)
+    n = len(steps)
+    confidence = "high" if n >= 20 else "medium" if n >= 5 else "low"
+    return waits, steps, confidence
 
 
 def _replay_step(loader: dict[str, Any], stopped_at: float | None) -> float | None:
@@ -80,7 +94,7 @@ def source_of(files: list[str]) -> dict[str, Any] | None:
     whether ``fastdata convert`` takes that folder as it is (per-sample .npy/.npz or image files)."""
     from ..format.files import ARRAY_SUFFIXES, IMAGE_SUFFIXES
 
-    files = [f for f in files if os.path.isfile(f)]
+    files = [f for f in files if os.path.isfile(f) and not is_table(f)]  # tables: fastdata.doctor.account
     if not files:
         return None
     kinds: dict[str, int] = {}
@@ -136,10 +150,12 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
         return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None,
                 "verdict": "no DataLoader was iterated: nothing to measure", "loaders": []}
     main = max(raw["loaders"], key=lambda r: len(r["events"]))
-    waits, steps = _steps(main["events"])
+    waits, steps, confidence = measured_steps(main["events"])
     if not steps:
         return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None, "loaders": [],
-                "verdict": f"too few batches to measure ({len(main['events'])}); raise --steps or --seconds"}
+                "verdict": ("one batch in the budget: a step takes longer than the budget allows; raise --seconds"
+                            if raw["stop_reason"] == "budget spent" else
+                            f"too few batches to measure ({len(main['events'])}) before the script stopped")}
     wait_fraction = sum(waits) / sum(steps)
     step_s = sum(steps) / len(steps)
     compute = _replay_step(main, raw.get("stopped_at")) if raw.get("replay_key") == main["key"] else None
@@ -151,7 +167,7 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
     bottleneck, verdict = _bottleneck(wait_fraction, main, w)
     out: dict[str, Any] = {
         "command": command, "stop_reason": raw["stop_reason"], "verdict": verdict, "bottleneck": bottleneck,
-        "wait_fraction": wait_fraction, "step_s": step_s, "steps_measured": len(steps),
+        "wait_fraction": wait_fraction, "step_s": step_s, "steps_measured": len(steps), "confidence": confidence,
         "compute_only_step_s": compute, "compute_only_method": method,
         "loader": {"kind": main["kind"], "dataset": main["dataset"], "settings": main["settings"],
                    "batches": len(main["events"]), "passes": main["passes"]},
@@ -161,7 +177,18 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
     }
     out.update(transfer.figures(raw.get("h2d"), main, step_s))
     out.update(_projection(proj, step_s, wait_fraction * step_s, compute, w, _beside(raw)))
-    out["commands"] = _commands(main, proj if proj.get("ok") else None, (w or {}).get("source"))
+    ok = proj if proj.get("ok") else None
+    source = (w or {}).get("source")
+    out["account"] = (ok or {}).get("account")
+    out["images"] = bool(source and source["kinds"] and all(k in IMAGE_SUFFIXES for k in source["kinds"]))
+    speedup = out.get("projected_speedup")
+    size = _image_size(source, ok) if source else None
+    out["fix"], out["fix_notes"] = commands(main, ok, source, size, raw.get("episode"))
+    out["commands"] = out["fix"]  # what is printed: the fix, unless there is nothing to gain
+    if speedup is not None and speedup < NO_GAIN:
+        out["commands"] = []
+        out["no_fix"] = (f"no input bottleneck to remove: fastdata is projected at {speedup:.2f}x, below "
+                         f"{NO_GAIN}x; keep your loader")
     return out
 
 
@@ -222,7 +249,7 @@ def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[in
     sample (the projection's data) has exactly one field shaped like an image (CHW or HWC, 1, 3 or 4
     channels): decoding and resizing at conversion is what the projection measured."""
     from ..format.files import IMAGE_SUFFIXES
-    from .project import image_hw
+    from .account import image_hw
 
     if proj is None or not source["kinds"] or not all(k in IMAGE_SUFFIXES for k in source["kinds"]):
         return None
@@ -230,70 +257,53 @@ def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[in
     return sizes[0] if len(sizes) == 1 else None
 
 
-def _commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[str, Any] | None) -> list[str]:
-    bs = main["settings"].get("batch_size")
-    nw = proj["workers"] if proj else "auto"
-    if source and source["convertible"]:  # the folder the workers read, which fastdata convert takes as it is
-        convert = f"fastdata convert {shlex.quote(source['folder'])} DATASET"
-        size = _image_size(source, proj)
-        if size is not None:  # the projection read images as __getitem__ returned them: decoded, that size
-            convert += f" --images raw --size {size[0]} {size[1]}"
-    else:
-        seen = f" (the workers read {', '.join(source['kinds'])} files under {source['folder']})" if source else ""
-        convert = ("fastdata convert SRC DATASET   # SRC: a folder of per-sample .npy/.npz/image files" + seen
-                   + "; for other sources write each __getitem__ output as SRC/NNNNNN.npz first (docs/doctor.md)")
-    if bs is None:  # a batch_sampler made the batches
-        return [convert,
-                f'loader = fastdata.loader("DATASET", None, sampler=fastdata.samplers.Episodic(...), num_workers={nw!r})'
-                "   # or another fastdata.samplers sampler in place of your batch_sampler (docs/loader.md)"]
-    ops = (proj or {}).get("ops") or []
-    augment = ("augment=[" + ", ".join("Normalize(MEAN, STD)" if o == "Normalize" else f"{o}()" for o in ops)
-               + "], ") if ops else ""
-    line = f'loader = fastdata.loader("DATASET", batch_size={bs}, num_workers={nw!r}, {augment}device="auto")'
-    if ops:  # what the projection ran in place of the script's own image transforms
-        line += "   # your random ops and Normalize's mean/std in place of these (fastdata.augment, docs/augment.md)"
-    return [convert, line]
-
-
 def render(r: dict[str, Any]) -> str:
     """The one-screen text: verdict first, then the figures behind it and the fix."""
     cmd = shlex.join(r["command"])
     if r.get("bottleneck") is None:
         return f"doctor report on: {cmd}\n{r['verdict']} ({r['stop_reason']})\n"
-    lines = [f"doctor report on: {cmd}", f"({r['steps_measured']} steps measured; {r['stop_reason']})", ""]
+    out = [f"doctor report on: {cmd}",
+           f"({r['steps_measured']} steps measured, {r.get('confidence', 'high')} confidence; {r['stop_reason']})", ""]
     verdict = r["verdict"]
     if r["projected_speedup"] is not None:
         verdict += (f"; with fastdata: projected wait {r['projected_wait_fraction']:.1%}, "
                     f"{r['projected_speedup']:.1f}x steps/s")
-    lines += [verdict[:1].upper() + verdict[1:] + ".", ""]
+    out += [verdict[:1].upper() + verdict[1:] + ".", ""]
     s = r["loader"]["settings"]
-    lines.append(f"loader   {r['loader']['kind']} over {r['loader']['dataset']}: "
+    out.append(f"loader   {r['loader']['kind']} over {r['loader']['dataset']}: "
                  + ", ".join(f"{k}={v}" for k, v in s.items() if v is not None))
-    lines.append(f"step     {r['step_s'] * 1e3:.1f} ms, of which waiting {r['wait_fraction'] * r['step_s'] * 1e3:.1f} ms;"
+    out.append(f"step     {r['step_s'] * 1e3:.1f} ms, of which waiting {r['wait_fraction'] * r['step_s'] * 1e3:.1f} ms;"
                  f" compute-only {r['compute_only_step_s'] * 1e3:.1f} ms ({r['compute_only_method'].split(':')[0]})")
     w = r.get("workers")
     if w:
         per = w["getitem_s_per_sample"]
-        lines.append(f"workers  {w['processes']} process(es): __getitem__ {w['getitem_fraction']:.1%} of their time"
+        out.append(f"workers  {w['processes']} process(es): __getitem__ {w['getitem_fraction']:.1%} of their time"
                      + (f" ({per * 1e3:.2f} ms/sample)" if per else "")
                      + f", collate {w['collate_fraction']:.1%}, CPU {w['cpu_fraction']:.1%} of one core each")
         if w.get("causes"):
-            lines.append("inside   " + ", ".join(f"{k} {v:.1%}" for k, v in w["causes"].items())
+            out.append("inside   " + ", ".join(f"{k} {v:.1%}" for k, v in w["causes"].items())
                          + " of the workers' time")
         io = w.get("io")
         if io and io["from_storage_fraction"] is not None:
-            lines.append(f"reads    {io['rchar'] / 1e6:.1f} MB read by the workers, "
+            out.append(f"reads    {io['rchar'] / 1e6:.1f} MB read by the workers, "
                          f"{io['from_storage_fraction']:.1%} from storage, the rest from the page cache")
     copies = transfer.line(r)
     if copies:
-        lines.append(copies)
+        out.append(copies)
     p = r["projection"]
     if p.get("ok"):
         ops = f", images as uint8 with {' + '.join(p['ops'])} on the batch" if p.get("ops") else ""
-        lines.append(f"fastdata {p['batch_s'] * 1e3:.1f} ms/batch alone on {p['samples']} sampled samples "
+        out.append(f"fastdata {p['batch_s'] * 1e3:.1f} ms/batch alone on {p['samples']} sampled samples "
                      f"({p['workers']} reader threads{ops}); projected step {r['projected_step_s'] * 1e3:.1f} ms, "
                      f"from the {r['projection_basis']}")
     else:
-        lines.append(f"fastdata not projected: {p.get('why')}")
-    lines += ["", "the fix:"] + [f"  {c}" for c in r["commands"]]
-    return "\n".join(lines) + "\n"
+        out.append(f"fastdata not projected: {p.get('why')}")
+    acc = lines(r.get("account"), bool(r.get("images")))
+    if acc:
+        out += ["", "each sample's elements, and where they go:"] + [f"  {a}" for a in acc]
+    if r.get("no_fix"):
+        out += ["", r["no_fix"][:1].upper() + r["no_fix"][1:] + "."]
+    elif r["commands"]:
+        out += ["", "the fix:"] + [f"  {c}" for c in r["commands"]]
+        out += [f"  # {n}" for n in r.get("fix_notes") or []]
+    return "\n".join(out) + "\n"
