@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (dst / "manifest.json").exists():
             shutil.rmtree(work / "src", ignore_errors=True)
             make_source(src, n)
-            fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=2), images=fastdata.ImageOptions(images="raw", size=(SIDE, SIDE)), meta_types={"keypoints": fastdata.converters.ColumnType("float32", (17, 3))}), meta=src / "meta.csv")
+            fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=2), images=fastdata.ImageOptions(images="raw", size=(SIDE, SIDE)), meta_types={"keypoints": fastdata.converters.ColumnType("float32", (17, 3))}, keypoints=("keypoints",)), meta=src / "meta.csv")
         warm_page_cache(dst)
         reads = bench_reads(dst, n, repeats=20 if args.quick else 400, epochs=2 if args.quick else 30)
         plans = bench_planning(plan_n, PLAN_CLASSES if not args.quick else 100)

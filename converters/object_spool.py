@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pickle
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
@@ -26,7 +25,8 @@ __all__ = ["SpoolSource", "spool_iterable"]
 
 @dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
 class SpoolSource(PerProcessHandle[int]):
-    """Encoded samples in a spool file (pickled dicts of arrays at ``offsets``), read with ``pread``."""
+    """Encoded samples in a spool file (each sample's arrays' raw bytes in ``fields`` order, at ``offsets``;
+    dtypes and shapes from the fields and the ragged rows: nothing to unpickle), read with ``pread``."""
 
     path: str
     offsets: np.ndarray  # count + 1 byte offsets, of this part's samples
@@ -71,7 +71,13 @@ class SpoolSource(PerProcessHandle[int]):
         data = os.pread(self.handle(), b - a, a)
         if len(data) != b - a:
             raise FastdataError(f"{self.path}: the conversion's spool file is shorter than written")
-        out: dict[str, np.ndarray] = pickle.loads(data)
+        out: dict[str, np.ndarray] = {}
+        pos = 0
+        for f in self.fields:
+            shape = (int(self.rows[f.name][i]), *f.trailing) if f.ragged else f.trailing
+            n = int(np.prod(shape, dtype=np.int64)) * f.np_dtype.itemsize
+            out[f.name] = np.frombuffer(data, dtype=f.np_dtype, count=n // f.np_dtype.itemsize, offset=pos).reshape(shape)
+            pos += n
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -114,9 +120,10 @@ def spool_iterable(it: Iterable[Any], path: str, config: ConvertConfig, names: S
                     raise DataError(f"{e} (pass %(skip_bad=True) to skip such samples)") from None
                 skipped.append((f"sample {i}", str(e)))
                 continue
-            data = pickle.dumps(arrays, protocol=pickle.HIGHEST_PROTOCOL)
-            out.write(data)
-            offsets.append(offsets[-1] + len(data))
+            size = 0
+            for f in schema.fields:
+                size += out.write(np.ascontiguousarray(arrays[f.name], dtype=f.np_dtype).data)
+            offsets.append(offsets[-1] + size)
             nbytes.append(sum(a.nbytes for a in arrays.values()))
             keys.append(key if key is not None else str(i))
             for name, r in rows.items():

@@ -194,18 +194,18 @@ def _check_shard(root: Path, info: ShardInfo, manifest: Manifest | None = None) 
         return [Problem(str(e), where)]
     except OSError as e:
         return [Problem(f"{where}: cannot read: {e.strerror or e}", where)]
-    out = []
+    corrupt = None
     if digest != info.checksum:
-        out.append(Problem(f"{where}: checksum is {digest}, the manifest says {info.checksum} (corrupted since it was written)", where))
+        corrupt = f"{where}: checksum is {digest}, the manifest says {info.checksum} (corrupted since it was written)"
     if manifest is not None:
         reader = backend(manifest.backend).ShardReader(path, info, manifest.fields)
         try:
             reader.handle()
-        except FastdataError as e:
-            out.append(Problem(str(e), where, unreadable=True))
+        except FastdataError as e:  # one problem per shard: the checksum's, if it failed too
+            return [Problem(corrupt or str(e), where, unreadable=True)]
         finally:
             reader.close()
-    return out
+    return [Problem(corrupt, where)] if corrupt else []
 
 
 def check_samples(root: Path, manifest: Manifest, progress: Progress | None = None,
