@@ -13,7 +13,7 @@ Without a resize nothing moves, so nothing is refused.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -56,20 +56,22 @@ def _trailing(cols: "TableColumns", name: str) -> int | None:
     return f.shape[-1]
 
 
-def check_declared(table: str, cols: "TableColumns", columns: Sequence[str], keypoints: Sequence[str],
-                   boxes: Sequence[str], not_coordinates: Sequence[str]) -> None:
-    """Each declared column exists in the table and has the shape its kind needs."""
+def check_declared(lasts: Mapping[str, int | None], keypoints: Sequence[str], boxes: Sequence[str],
+                   not_coordinates: Sequence[str], missing: Callable[[str, str], str],
+                   bad: Callable[[str, str, str], str]) -> None:
+    """Each declared name is one of ``lasts`` (name -> length of its values' last axis; None: not a numeric
+    array) and has the shape its kind needs (tables and Python samples alike). ``missing(flag, name)`` and
+    ``bad(flag, name, need)`` say what is wrong in the caller's words."""
     for flag, names in (("keypoints", keypoints), ("boxes", boxes), ("not_coordinates", not_coordinates)):
         for name in names:
-            if name not in columns:
-                raise UsageError(f"%({flag}) names {name!r}, which is not a column of {table} "
-                                 f"(columns: {', '.join(columns)})")
+            if name not in lasts:
+                raise UsageError(missing(flag, name))
     for flag, names, need in (("keypoints", keypoints, "(..., 2 or more): x, y first"),
                               ("boxes", boxes, "(..., 4): x0, y0, x1, y1")):
         for name in names:
-            last = _trailing(cols, name)
+            last = lasts[name]
             if last is None or (last < 2 if flag == "keypoints" else last != 4):
-                raise DataError(f"{table}: column {name!r} is given as %({flag}) but is not numeric of shape {need}")
+                raise DataError(bad(flag, name, need))
 
 
 def _looks_like(cols: "TableColumns", name: str, originals: np.ndarray) -> str | None:
@@ -104,7 +106,11 @@ def rescale_columns(table: str, cols: "TableColumns", columns: Sequence[str], or
                     not_coordinates: Sequence[str]) -> None:
     """Check the declared coordinate columns; when ``opts`` resizes, rescale them in place (float32) to
     each row's stored image (``originals``: (n, 2) upright H, W) and refuse undeclared look-alikes."""
-    check_declared(table, cols, columns, keypoints, boxes, not_coordinates)
+    check_declared({c: _trailing(cols, c) for c in columns}, keypoints, boxes, not_coordinates,
+                   lambda flag, name: f"%({flag}) names {name!r}, which is not a column of {table} "
+                                      f"(columns: {', '.join(columns)})",
+                   lambda flag, name, need: f"{table}: column {name!r} is given as %({flag}) but is not numeric of "
+                                            f"shape {need}")
     if opts is None or not opts.resizes:
         return
     declared = set(keypoints) | set(boxes) | set(not_coordinates)

@@ -32,7 +32,7 @@ from fastdata.format.spec import (
     SHAPE_SUFFIX,
 )
 
-from .coords import looks_like, rescale
+from .coords import check_declared, looks_like, rescale
 from .image_codec import ImageOptions, Prepared, prepare_bytes, prepare_image
 from .image_folder import ORIGINAL_SIZE_DTYPE, ORIGINAL_SIZE_SUFFIX
 from .registry import DEFAULT_FIELD
@@ -254,16 +254,12 @@ def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, im
 
 def _with_coordinates(schema: SampleSchema, samples: list[tuple[int, Any]], coords: Coordinates) -> SampleSchema:
     plans = {p.name: p for p in schema.plans}
-    for flag, declared in (("keypoints", coords.keypoints), ("boxes", coords.boxes),
-                           ("not_coordinates", coords.not_coordinates)):
-        for name in declared:
-            p = plans.get(name)
-            if p is None:
-                raise UsageError(f"%({flag}) names {name!r}, which the samples do not have (fields: {', '.join(plans)})")
-            last = p.shape[-1] if p.kind == "array" and p.dtype.kind in "iuf" and p.shape else None
-            if flag != "not_coordinates" and (last is None or (last < 2 if flag == "keypoints" else last != 4)):
-                need = "(..., 2 or more): x, y first" if flag == "keypoints" else "(..., 4): x0, y0, x1, y1"
-                raise DataError(f"field {name!r} is given as %({flag}) but is not numeric of shape {need}")
+    lasts = {n: p.shape[-1] if p.kind == "array" and p.dtype.kind in "iuf" and p.shape else None
+             for n, p in plans.items()}  # name -> last axis of a numeric field
+    check_declared(lasts, coords.keypoints, coords.boxes, coords.not_coordinates,
+                   lambda flag, name: f"%({flag}) names {name!r}, which the samples do not have "
+                                      f"(fields: {', '.join(plans)})",
+                   lambda flag, name, need: f"field {name!r} is given as %({flag}) but is not numeric of shape {need}")
     resized = [p for p in schema.plans if p.kind == "image" and p.image is not None and p.image.resizes]
     if not resized:
         return schema
@@ -275,30 +271,33 @@ def _with_coordinates(schema: SampleSchema, samples: list[tuple[int, Any]], coor
     if img.name + ORIGINAL_SIZE_SUFFIX in plans:
         raise UsageError(f"field {img.name + ORIGINAL_SIZE_SUFFIX!r} is where a resize stores each image's original "
                          "size: rename the samples' field")
-    _refuse_look_alikes(schema, samples, img, set(moved) | set(coords.not_coordinates))
+    undeclared = {n: last for n, last in lasts.items() if n not in moved and n not in coords.not_coordinates}
+    _refuse_look_alikes(schema, samples, img, undeclared)
     new = tuple(replace(p, dtype=np.dtype(FLOAT_DTYPE), coordinate=moved[p.name]) if p.name in moved else p
                 for p in schema.plans)
     return replace(schema, plans=new, coords=tuple(moved.items()), resized=img)
 
 
-def _refuse_look_alikes(schema: SampleSchema, samples: list[tuple[int, Any]], img: FieldPlan, declared: set[str]) -> None:
-    """An undeclared numeric field that looks like pixel coordinates of the resized image is a DataError."""
+def _refuse_look_alikes(schema: SampleSchema, samples: list[tuple[int, Any]], img: FieldPlan,
+                        lasts: dict[str, int | None]) -> None:
+    """An undeclared numeric field (``lasts``: name -> last axis) that looks like pixel coordinates of the
+    resized image is a DataError."""
     assert img.image is not None
     dicts = [(i, as_dict(s, schema.names, f"sample {i}")) for i, s in samples]
     originals: list[tuple[int, int]] | None = None
-    for p in schema.plans:
-        if p.name in declared or p.kind != "array" or p.dtype.kind not in "iuf" or not p.shape:
+    for name, last in lasts.items():
+        if last is None or last < 2:
             continue
         if originals is None:  # decoded only when a field might be coordinates
             originals = [prepare_image_value(d[img.name], f"sample {i}: {img.name!r}", img.image).original
                          for i, d in dicts]
-        rows = [_array(d[p.name], f"sample {i}: {p.name!r}") for i, d in dicts]
-        why = looks_like(p.name, p.shape[-1], rows, originals)
+        rows = [_array(d[name], f"sample {i}: {name!r}") for i, d in dicts]
+        why = looks_like(name, last, rows, originals)
         if why is not None:
-            boxes = f", %(boxes=('{p.name}',))" if p.shape[-1] == 4 else ""
-            raise DataError(f"field {p.name!r} looks like pixel coordinates ({why}) and images {img.name!r} are "
-                            f"resized; say what it is: %(keypoints=('{p.name}',)){boxes} or "
-                            f"%(not_coordinates=('{p.name}',))")
+            boxes = f", %(boxes=('{name}',))" if last == 4 else ""
+            raise DataError(f"field {name!r} looks like pixel coordinates ({why}) and images {img.name!r} are "
+                            f"resized; say what it is: %(keypoints=('{name}',)){boxes} or "
+                            f"%(not_coordinates=('{name}',))")
 
 
 def _usable(i: int, s: Any, names: Sequence[str] | None, images: ImageOptions | None, ragged: Sequence[str]) -> bool:
