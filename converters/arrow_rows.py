@@ -42,7 +42,7 @@ class ArrowRows:
         k = j - self._start
         out = {}
         for name, (starts, chunks) in self._cols.items():
-            c = bisect.bisect_right(starts, k) - 1
+            c = bisect.bisect_right(starts, k) - 1 if len(starts) > 1 else 0  # most batches: one chunk per column
             out[name] = chunks[c][k - starts[c]]
         return out
 

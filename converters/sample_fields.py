@@ -243,7 +243,7 @@ def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, im
     dtype and trailing shape). With ``skip_bad``, a sample that cannot be stored on its own is left out.
     When images are resized, ``coords`` says which fields move with them; a look-alike left undeclared is refused."""
     if skip_bad:
-        good = [(i, s) for i, s in samples if _usable(i, s, names, images, ragged)]
+        good = [(i, s) for i, s in samples if _usable(i, s, names, images)]
         samples = good or samples[:1]  # none usable: the first one's error is the one to show
     schema = _infer(samples, names, images, ragged)
     if images is not None and not any(p.kind == "image" for p in schema.plans):
@@ -300,7 +300,7 @@ def _refuse_look_alikes(schema: SampleSchema, samples: list[tuple[int, Any]], im
                             f"%(not_coordinates=('{name}',))")
 
 
-def _usable(i: int, s: Any, names: Sequence[str] | None, images: ImageOptions | None, ragged: Sequence[str]) -> bool:
+def _usable(i: int, s: Any, names: Sequence[str] | None, images: ImageOptions | None) -> bool:
     try:
         _infer([(i, s)], names, images, ()).encode(s, i)
         return True
