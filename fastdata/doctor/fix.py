@@ -13,7 +13,6 @@ import shlex
 from typing import Any
 
 NO_GAIN = 1.1  # below this projected speedup there is no input bottleneck worth a conversion
-META_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet", ".json")
 
 
 def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -31,7 +30,7 @@ def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
             notes.append(f"{t}: column {names[0]!r} holds the class names the script indexes: fastdata convert "
                          f"makes indices of a text column named 'label' (rename it), else keeps the text")
         name = shlex.quote(t)
-        if not meta and t.lower().endswith(META_SUFFIXES) and (info["path_column"] == "path" or info["keyed"]):
+        if not meta and (info["path_column"] == "path" or info["keyed"]):
             args += ["--meta", name]
             meta = True
         elif not labels and len(used) == 1:
@@ -92,8 +91,7 @@ def _targets(acc: dict[str, Any]) -> tuple[dict[str, str], bool]:
         if f.get("role") != "table":
             continue
         if f["kind"] == "keypoints":
-            pairs = f.get("flip_pairs") or []
-            pairs = [tuple(p) for p in pairs]
+            pairs = [tuple(p) for p in f.get("flip_pairs") or []]
             out[f["columns"][0]] = f"Keypoints(flip_pairs={pairs})" if pairs else "Keypoints()"
             mirrors |= bool(f.get("mirrored"))
         elif f["kind"] == "angles":

@@ -92,7 +92,7 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
 def source_of(files: list[str]) -> dict[str, Any] | None:
     """The folder the dataset's files share and what they are (from the paths the workers opened), and
     whether ``fastdata convert`` takes that folder as it is (per-sample .npy/.npz or image files)."""
-    from ..format.files import ARRAY_SUFFIXES, IMAGE_SUFFIXES
+    from ..format.files import ARRAY_SUFFIXES
 
     files = [f for f in files if os.path.isfile(f) and not is_table(f)]  # tables: fastdata.doctor.account
     if not files:
@@ -180,7 +180,7 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
     ok = proj if proj.get("ok") else None
     source = (w or {}).get("source")
     out["account"] = (ok or {}).get("account")
-    out["images"] = bool(source and source["kinds"] and all(k in IMAGE_SUFFIXES for k in source["kinds"]))
+    out["images"] = _images_only(source)
     speedup = out.get("projected_speedup")
     size = _image_size(source, ok) if source else None
     out["fix"], out["fix_notes"] = commands(main, ok, source, size, raw.get("episode"))
@@ -244,14 +244,18 @@ def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: flo
             "projection": proj, "beside": beside}
 
 
+def _images_only(source: dict[str, Any] | None) -> bool:
+    """Whether the workers read image files only."""
+    return bool(source and source["kinds"] and all(k in IMAGE_SUFFIXES for k in source["kinds"]))
+
+
 def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[int, int] | None:
     """(H, W) of the one image the script's samples hold, when the workers read image files only and the
     sample (the projection's data) has exactly one field shaped like an image (CHW or HWC, 1, 3 or 4
     channels): decoding and resizing at conversion is what the projection measured."""
-    from ..format.files import IMAGE_SUFFIXES
     from .account import image_hw
 
-    if proj is None or not source["kinds"] or not all(k in IMAGE_SUFFIXES for k in source["kinds"]):
+    if proj is None or not _images_only(source):
         return None
     sizes = [hw for hw in map(image_hw, (proj.get("shapes") or {}).values()) if hw is not None]
     return sizes[0] if len(sizes) == 1 else None
