@@ -144,7 +144,7 @@ class RemoteTarget:
                 self._remove(name)
         elif overwrite:
             self._remove_ours()
-        if not (resume and self.resuming):
+        if not self.resuming:  # check() set it: resume asked for and a remote journal there
             return self.staging, set()
         self.staging.mkdir()
         where = join(self.url, self.journal_name)
