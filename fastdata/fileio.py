@@ -44,8 +44,11 @@ def user_cache_dir() -> Path:
 _HASHES: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
 
-def not_regular(mode: int) -> str:
-    """What to say of a path that should be a regular file but is not (reading a FIFO would block)."""
+def not_regular(mode: int) -> str | None:
+    """What to say of a path that should be a regular file but is not (reading a FIFO would block);
+    None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
     kinds = [(stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
              (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")]
     return f"is not a regular file (a {next((name for test, name in kinds if test(mode)), 'special file')})"

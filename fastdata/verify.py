@@ -11,7 +11,6 @@ Problems are collected and returned, never raised, so one run names every bad sh
 from __future__ import annotations
 
 import os
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,8 +182,8 @@ def _check_shard(root: Path, info: ShardInfo, manifest: Manifest | None = None) 
     try:
         path = shard_path(root, info)
         st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            return [Problem(f"{where}: {not_regular(st.st_mode)}", where)]
+        if why := not_regular(st.st_mode):
+            return [Problem(f"{where}: {why}", where)]
         if st.st_size != info.bytes:
             return [Problem(f"{where}: file is {st.st_size} bytes, the manifest says {info.bytes} (truncated or replaced)", where)]
         digest = file_checksum(path, info.checksum_algorithm)

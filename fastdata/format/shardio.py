@@ -5,7 +5,6 @@ placing ragged samples into their padded batch rows."""
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import TypeVar
 
@@ -130,8 +129,8 @@ class ShardReaderBase(PerProcessHandle[H]):
             raise CorruptShardError(f"{self._where()}: cannot open: {e.strerror}") from None
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise CorruptShardError(f"{self._where()}: {not_regular(st.st_mode)}")
+            if why := not_regular(st.st_mode):
+                raise CorruptShardError(f"{self._where()}: {why}")
             if st.st_size != self.info.bytes:
                 raise CorruptShardError(
                     f"{self._where()}: file is {st.st_size} bytes, the manifest says {self.info.bytes} (truncated or replaced)"

@@ -9,7 +9,6 @@ more class with these members; nothing in ``Dataset`` changes.
 from __future__ import annotations
 
 import os
-import stat
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Sequence
@@ -83,8 +82,8 @@ class LocalShards:
                 raise CorruptShardError(f"{self.root}: shard {info.file!r} is missing") from None
             except OSError as e:
                 raise CorruptShardError(f"{self.root}: shard {info.file!r} cannot be read: {e.strerror or e}") from None
-            if not stat.S_ISREG(st.st_mode):
-                raise CorruptShardError(f"{self.root}: shard {info.file!r} {not_regular(st.st_mode)}")
+            if why := not_regular(st.st_mode):
+                raise CorruptShardError(f"{self.root}: shard {info.file!r} {why}")
             size = st.st_size
             if size != info.bytes:
                 raise CorruptShardError(
