@@ -67,7 +67,10 @@ def _write_parallel(tasks: list[ShardTask], workers: int, progress: Progress | N
         pending: dict[Future[tuple[ShardInfo, bool]], ShardTask] = {}
         while True:
             while error is None and len(pending) < workers and (task := next(todo, None)) is not None:
-                pending[ex.submit(write_shard, task)] = task
+                try:
+                    pending[ex.submit(write_shard, task)] = task
+                except BrokenProcessPool as e:  # a worker died while another task was finishing
+                    error = e
             if not pending:
                 break
             done, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
