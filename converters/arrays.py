@@ -13,17 +13,15 @@ from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
+from fastdata.converters.npy_parse import data_field, read_npy_header
+from fastdata.converters.registry import Request, SrcForm, register
 from fastdata.errors import DataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.handles import PerProcessHandle
 
-from .npy_parse import data_field, read_npy_header
-from .registry import Request, SrcForm, register
-
 if TYPE_CHECKING:
+    from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
-
-    from .config import ConvertConfig
 
 __all__ = ["ArraysKind", "ArraysSource", "RowsSource"]
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from fastdata.converters.image_codec import ImageOptions
+from fastdata.converters.table_types import ColumnType
 from fastdata.errors import UsageError
 from fastdata.remote import RemoteOptions
 from fastdata.write import WriteOptions
-
-from .image_codec import ImageOptions
-from .table_types import ColumnType
 
 __all__ = ["ConvertConfig"]
 

@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from fastdata.converters.image_codec import ImageOptions, resize_plan
+from fastdata.converters.table_types import FLOAT_DTYPE
 from fastdata.errors import DataError, UsageError
 from fastdata.format import make_field
 
-from .image_codec import ImageOptions, resize_plan
-from .table_types import FLOAT_DTYPE
-
 if TYPE_CHECKING:
-    from .table import TableColumns
+    from fastdata.converters.table import TableColumns
 
 __all__ = ["COORDINATE_NAME", "check_declared", "looks_like", "rescale", "rescale_columns"]
 

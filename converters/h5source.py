@@ -17,19 +17,17 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Self
 
 import numpy as np
 
+from fastdata.converters.arrays import RowsSource
+from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, register
 from fastdata.errors import DataError, UsageError
 from fastdata.format import FieldSpec, make_field
 from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, open_zarr, zarr_info
 from fastdata.format.external import ZARR_META, native
 from fastdata.handles import PerProcessHandle
 
-from .arrays import RowsSource
-from .registry import DEFAULT_FIELD, Request, SrcForm, register
-
 if TYPE_CHECKING:
+    from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
-
-    from .config import ConvertConfig
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 

@@ -19,6 +19,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastdata.converters.image_codec import (
+    IMAGE_EXTENSIONS,
+    ImageOptions,
+    check_pil_settings,
+    is_image_file,
+    prepare,
+    read_source,
+)
+from fastdata.converters.registry import Request, SrcForm, register
+from fastdata.converters.scan import (
+    FolderSource,
+    check_labelled,
+    drop_non_samples,
+    find_and_label,
+    label_field,
+    refuse_bad,
+)
 from fastdata.errors import DataError, FastdataError
 from fastdata.format import FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import (
@@ -34,12 +51,8 @@ from fastdata.world import usable_cpus
 from fastdata.write import Progress
 from fastdata.write.local import mp_context
 
-from .image_codec import IMAGE_EXTENSIONS, ImageOptions, check_pil_settings, is_image_file, prepare, read_source
-from .registry import Request, SrcForm, register
-from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label, label_field, refuse_bad
-
 if TYPE_CHECKING:
-    from .config import ConvertConfig
+    from fastdata.converters.config import ConvertConfig
 
 __all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE_SUFFIX", "fixed_shape", "image_fields"]
 

@@ -15,19 +15,31 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fastdata.converters.image_codec import is_image_file
+from fastdata.converters.npy_parse import (
+    NpyHeader,
+    data_field,
+    read_npy_data,
+    read_npy_header,
+    read_npz_data,
+    read_npz_headers,
+)
+from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, register
+from fastdata.converters.scan import (
+    FolderSource,
+    check_labelled,
+    drop_non_samples,
+    find_and_label,
+    label_field,
+    refuse_bad,
+)
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec
 from fastdata.format.external import ZARR_META
 
-from .image_codec import is_image_file
-from .npy_parse import NpyHeader, data_field, read_npy_data, read_npy_header, read_npz_data, read_npz_headers
-from .registry import DEFAULT_FIELD, Request, SrcForm, register
-from .scan import FolderSource, check_labelled, drop_non_samples, find_and_label, label_field, refuse_bad
-
 if TYPE_CHECKING:
+    from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
-
-    from .config import ConvertConfig
 
 __all__ = ["DEFAULT_FIELD", "NpyFolderKind", "NpyFolderSource"]
 

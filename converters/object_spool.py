@@ -12,13 +12,12 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from fastdata.converters.config import ConvertConfig
+from fastdata.converters.objects import PROBE_SAMPLES, check_unique, type_name_of
+from fastdata.converters.sample_fields import coordinates, infer_schema
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.handles import PerProcessHandle
-
-from .config import ConvertConfig
-from .objects import PROBE_SAMPLES, check_unique, type_name_of
-from .sample_fields import coordinates, infer_schema
 
 __all__ = ["SpoolSource", "spool_iterable"]
 

@@ -25,15 +25,14 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from fastdata.converters.arrow_rows import BATCH_ROWS, ArrowRows, is_arrow
+from fastdata.converters.config import ConvertConfig
+from fastdata.converters.sample_fields import SampleSchema, coordinates, infer_schema
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.world import usable_cpus
 from fastdata.write import Progress
 from fastdata.write.local import mp_context
-
-from .arrow_rows import BATCH_ROWS, ArrowRows, is_arrow
-from .config import ConvertConfig
-from .sample_fields import SampleSchema, coordinates, infer_schema
 
 __all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "check_unique", "is_python_source", "live", "object_source",
            "type_name_of"]

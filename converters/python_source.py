@@ -12,14 +12,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from fastdata.converters.arrow_rows import is_arrow
+from fastdata.converters.config import ConvertConfig
+from fastdata.converters.object_spool import spool_iterable
+from fastdata.converters.objects import live, object_source, type_name_of
 from fastdata.errors import UsageError
 from fastdata.world import usable_cpus
 from fastdata.write import Progress, Source
-
-from .arrow_rows import is_arrow
-from .config import ConvertConfig
-from .object_spool import spool_iterable
-from .objects import live, object_source, type_name_of
 
 __all__ = ["python_source", "read_mode"]
 

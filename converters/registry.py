@@ -15,14 +15,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from fastdata.converters.scan import walk_files
 from fastdata.errors import FastdataError, UsageError
 
-from .scan import walk_files
-
 if TYPE_CHECKING:
+    from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress, Source
-
-    from .config import ConvertConfig
 
 __all__ = ["DEFAULT_FIELD", "Request", "SOURCES", "SourceKind", "SrcForm", "detect", "register", "src_form"]
 

@@ -18,6 +18,11 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import numpy as np
 from PIL import Image
 
+from fastdata.converters.coords import check_declared, looks_like, rescale
+from fastdata.converters.image_codec import ImageOptions, Prepared, prepare_bytes, prepare_image
+from fastdata.converters.image_folder import ORIGINAL_SIZE_DTYPE, ORIGINAL_SIZE_SUFFIX
+from fastdata.converters.registry import DEFAULT_FIELD
+from fastdata.converters.table_types import FLOAT_DTYPE
 from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import (
@@ -32,14 +37,8 @@ from fastdata.format.spec import (
     SHAPE_SUFFIX,
 )
 
-from .coords import check_declared, looks_like, rescale
-from .image_codec import ImageOptions, Prepared, prepare_bytes, prepare_image
-from .image_folder import ORIGINAL_SIZE_DTYPE, ORIGINAL_SIZE_SUFFIX
-from .registry import DEFAULT_FIELD
-from .table_types import FLOAT_DTYPE
-
 if TYPE_CHECKING:
-    from .config import ConvertConfig
+    from fastdata.converters.config import ConvertConfig
 
 __all__ = ["Coordinates", "FieldPlan", "SampleSchema", "as_dict", "coordinates", "infer_schema"]
 

@@ -21,24 +21,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from fastdata.converters.coords import rescale_columns
+from fastdata.converters.image_codec import IMAGE_EXTENSIONS, ImageOptions
+from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, is_image_file
+from fastdata.converters.npy_folder import NpyFolderSource
+from fastdata.converters.npy_parse import read_npy_data, read_npy_header
+from fastdata.converters.registry import Request, SrcForm, register
+from fastdata.converters.scan import drop_non_samples, refuse_bad, walk_files
+from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
+from fastdata.converters.table_types import INT_DTYPE, Column, ColumnType, parse_column, safe_rel
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import _NAME_RE, ENCODING_PIXELS, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
-from .coords import rescale_columns
-from .image_codec import IMAGE_EXTENSIONS, ImageOptions
-from .image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, is_image_file
-from .npy_folder import NpyFolderSource
-from .npy_parse import read_npy_data, read_npy_header
-from .registry import Request, SrcForm, register
-from .scan import drop_non_samples, refuse_bad, walk_files
-from .table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
-from .table_types import INT_DTYPE, Column, ColumnType, parse_column, safe_rel
-
 if TYPE_CHECKING:
+    from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
-
-    from .config import ConvertConfig
 
 __all__ = ["FileColumn", "TableColumns", "TableKind", "TableSource", "finish_columns", "scan_file_column",
            "scan_table", "table_columns"]

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from fastdata.converters.image_codec import IMAGE_EXTENSIONS
+from fastdata.converters.table_read import _MISSING, Table
 from fastdata.errors import UsageError
-
-from .image_codec import IMAGE_EXTENSIONS
-from .table_read import _MISSING, Table
 
 __all__ = ["Column", "ColumnType", "FLOAT_DTYPE", "INT_DTYPE", "parse_column", "parse_meta_type", "safe_rel"]
 

@@ -10,23 +10,23 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
-from . import errors
-from ._version import __version__
-from .dataset import Dataset, open
-from .indexer import index
-from .order import Shuffle
-from .remote import RemoteOptions
+from fastdata import errors
+from fastdata._version import __version__
+from fastdata.dataset import Dataset, open
+from fastdata.indexer import index
+from fastdata.order import Shuffle
+from fastdata.remote import RemoteOptions
 
 if TYPE_CHECKING:
     import torch
 
-    from .augment import Augment
-    from .conversion import convert, merge
-    from .converters import ConvertConfig, ImageOptions
-    from .loaders import Loader, LoaderConfig
-    from .loaders.transform import TransformFn
-    from .samplers import SamplerFn
-    from .write import ConvertReport, MergeReport, WriteOptions
+    from fastdata.augment import Augment
+    from fastdata.conversion import convert, merge
+    from fastdata.converters import ConvertConfig, ImageOptions
+    from fastdata.loaders import Loader, LoaderConfig
+    from fastdata.loaders.transform import TransformFn
+    from fastdata.samplers import SamplerFn
+    from fastdata.write import ConvertReport, MergeReport, WriteOptions
 
 
 def loader(
@@ -67,7 +67,7 @@ def loader(
     """
     # A mirror of fastdata.loaders.loader (tests/test_architecture.py checks the signatures agree),
     # so that `import fastdata` does not import torch and help(fastdata.loader) shows the parameters.
-    from .loaders import loader as _loader
+    from fastdata.loaders import loader as _loader
 
     return _loader(source, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, device=device,
                    augment=augment, fields=fields, num_workers=num_workers, backend=backend, config=config,
@@ -84,7 +84,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(f".{_WRITE_SIDE[name]}", __name__), name)
     if name in ("Loader", "LoaderConfig", "PerSample"):
-        from . import loaders
+        from fastdata import loaders
 
         return getattr(loaders, name)
     if name == "augment":

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
-from .decode import BatchDecoder, check_shapes
-from .errors import CorruptShardError, UsageError
-from .format.shardio import Layout, Packed
-from .format.spec import (
+from fastdata.decode import BatchDecoder, check_shapes
+from fastdata.errors import CorruptShardError, UsageError
+from fastdata.format.shardio import Layout, Packed
+from fastdata.format.spec import (
     ENCODING_PIXELS,
     KEY_FIELD,
     LENGTHS_SUFFIX,

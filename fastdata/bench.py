@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
-from .batching import batch_len
-from .dataset import Dataset
-from .format.spec import CODEC_SUFFIX, ENCODING_IMAGE, LENGTHS_SUFFIX, SHAPE_SUFFIX
+from fastdata.batching import batch_len
+from fastdata.dataset import Dataset
+from fastdata.format.spec import CODEC_SUFFIX, ENCODING_IMAGE, LENGTHS_SUFFIX, SHAPE_SUFFIX
 
 Sink = Literal["buffer", "ahead", "null"]  # where pread_pass puts the bytes it reads
 CEILING_LIMIT = 1.1  # a ratio above this of the ceiling means the ceiling's measurement was wrong
@@ -201,7 +201,7 @@ def _gather_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
 
 
 def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float, bps: float) -> BenchResult:
-    from .decode import decode_image
+    from fastdata.decode import decode_image
 
     fields = [f for f in ds.schema if f.encoding == ENCODING_IMAGE]
     raw = ds.with_options(fields=[f.name for f in fields], decode=False)
@@ -233,7 +233,7 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
 
 def naive_pipeline(src: str | os.PathLike[str], batch_size: int, workers: int = 2) -> Callable[[], Iterable[Any]]:
     """The per-file baseline for a source folder of ``.npy`` files (what ``--naive SRC`` measures)."""
-    from .demo.baseline import naive_loader
+    from fastdata.demo.baseline import naive_loader
 
     loader = naive_loader(src, batch_size, workers)
     return lambda: loader

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .fileio import write_atomic
-from .meter import EpochMetrics
+from fastdata.fileio import write_atomic
+from fastdata.meter import EpochMetrics
 
 _CKPT_VERSION = 1
 

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ._version import __version__
-from .cli_common import Bar, positive
-from .errors import FastdataError
-from .remote import is_url
+from fastdata._version import __version__
+from fastdata.cli_common import Bar, positive
+from fastdata.errors import FastdataError
+from fastdata.remote import is_url
 
 
 def _seconds(text: str) -> float:
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    from .cli_convert import add_parsers as add_write_parsers
+    from fastdata.cli_convert import add_parsers as add_write_parsers
 
     add_write_parsers(sub)  # convert, merge-parts, merge
     d = sub.add_parser("demo", help="run the main job end to end on a small synthetic dataset",
@@ -63,16 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(run=_verify)
 
-    from .cli_measure import add_parsers
+    from fastdata.cli_measure import add_parsers
 
     add_parsers(sub)  # bench, tune
-    from .cli_cold import add_cold
+    from fastdata.cli_cold import add_cold
 
     add_cold(sub.choices["bench"])  # bench --cold
-    from .doctor.cli import add_parser as add_doctor
+    from fastdata.doctor.cli import add_parser as add_doctor
 
     add_doctor(sub)
-    from .cli_index import add_parser as add_index
+    from fastdata.cli_index import add_parser as add_index
 
     add_index(sub)  # index (fastdata/indexer.py)
     for name in _URL_COMMANDS:
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _said(e: FastdataError) -> str:
     """The error as the CLI says it: naming the flags, not the library's parameters."""
-    from .cli_convert import flag_message
+    from fastdata.cli_convert import flag_message
 
     return flag_message(e)
 
@@ -120,7 +120,7 @@ def _said(e: FastdataError) -> str:
 def _remote_timeout_env(seconds: float | None) -> Callable[[], None]:
     """Make ``--remote-timeout`` RemoteOptions' default for this command, here and in its worker processes
     (through the environment they inherit); return the function that puts the variable back as it was."""
-    from .remote.options import ENV_TIMEOUT
+    from fastdata.remote.options import ENV_TIMEOUT
 
     before = os.environ.get(ENV_TIMEOUT)
     if seconds is None:
@@ -148,7 +148,7 @@ def _unknown(parser: argparse.ArgumentParser, command: str, extra: list[str]) ->
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from . import demo
+    from fastdata import demo
 
     bar = Bar(enabled=True)
     try:
@@ -159,7 +159,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .verify import verify
+    from fastdata.verify import verify
 
     bar = Bar(enabled=not args.quiet)
     try:
@@ -173,10 +173,10 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .format import read_manifest
+    from fastdata.format import read_manifest
 
     if is_url(args.dst):
-        from .remote.store import RemoteStore
+        from fastdata.remote.store import RemoteStore
 
         m = RemoteStore(args.dst).manifest
     else:
@@ -190,7 +190,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def describe(m, root: Path | str) -> str:  # type: ignore[no-untyped-def]
     """A person-readable summary of a manifest (what ``fastdata info`` prints)."""
-    from ._units import fmt_bytes
+    from fastdata._units import fmt_bytes
 
     total = sum(s.bytes for s in m.shards)
     lines = [
@@ -230,7 +230,7 @@ def describe(m, root: Path | str) -> str:  # type: ignore[no-untyped-def]
 
 def _compression_line(m, total: int) -> str | None:  # type: ignore[no-untyped-def]
     """``compress  lz4:5 on x: 5.76x (1.81 GB of samples in 314 MB of shards)``, or None if not compressed."""
-    from ._units import fmt_bytes
+    from fastdata._units import fmt_bytes
 
     src = m.source or {}
     codec = src.get("compression", "none")

@@ -22,11 +22,11 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._units import fmt_bytes
-from .errors import UsageError
+from fastdata._units import fmt_bytes
+from fastdata.errors import UsageError
 
 if TYPE_CHECKING:
-    from .bench import Sink
+    from fastdata.bench import Sink
 
 _THREADS = 16
 _LARGE = 4 << 20
@@ -48,8 +48,8 @@ def add_cold(bench: argparse.ArgumentParser) -> None:
 def _cold(paths: list[str], measure: Callable[[], dict[str, float]]) -> dict[str, float]:
     """``measure()`` run with the page cache emptied for ``paths`` first; its result plus ``memory_stalls``,
     the machine's allocation stalls for reclaim or compaction meanwhile (fastdata.bench.memory_stalls)."""
-    from .bench import memory_stalls
-    from .readahead import drop_page_cache
+    from fastdata.bench import memory_stalls
+    from fastdata.readahead import drop_page_cache
 
     drop_page_cache(paths)
     stalls = memory_stalls()
@@ -58,8 +58,8 @@ def _cold(paths: list[str], measure: Callable[[], dict[str, float]]) -> dict[str
 
 
 def _loader_pass(path: str, shuffle: Any, args: argparse.Namespace) -> dict[str, float]:
-    from .dataset import Dataset
-    from .loaders import LoaderConfig, loader
+    from fastdata.dataset import Dataset
+    from fastdata.loaders import LoaderConfig, loader
 
     given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}
     ds = Dataset(path)
@@ -84,7 +84,7 @@ def _pread_cold(paths: list[str], size: int, seconds: float, streams: bool = Fal
     sent to /dev/null first, then copied by 2 threads; without, hinted up to 256 MiB ahead of 2
     copying threads; both as the loader reads: fastdata.bench.pread_pass; ``window``: the streams within
     that many consecutive shard files at a time)."""
-    from .bench import pread_pass
+    from fastdata.bench import pread_pass
 
     return _cold(paths, lambda: pread_pass(paths, size, _THREADS, seconds=seconds, streams=streams, sink=sink,
                                            window=window))
@@ -107,10 +107,10 @@ def _ceilings(paths: list[str], bps: int, seconds: float) -> list[tuple[str, Cal
 
 
 def run_cold(args: argparse.Namespace) -> int:
-    from .bench import sample_bytes
-    from .dataset import Dataset
-    from .readahead import supported
-    from .remote import is_url
+    from fastdata.bench import sample_bytes
+    from fastdata.dataset import Dataset
+    from fastdata.readahead import supported
+    from fastdata.remote import is_url
 
     if is_url(args.dst):
         raise UsageError(f"{args.dst}: --cold measures local shard files; run it on the node's cached copy or a local dataset")

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from ._units import parse_size
+from fastdata._units import parse_size
 
 __all__ = ["Bar", "NamedPaths", "positive", "size"]
 

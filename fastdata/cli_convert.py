@@ -9,8 +9,8 @@ import logging
 import sys
 from typing import Any
 
-from .cli_common import Bar, NamedPaths, positive, size
-from .errors import FastdataError, UsageError
+from fastdata.cli_common import Bar, NamedPaths, positive, size
+from fastdata.errors import FastdataError, UsageError
 
 __all__ = ["add_parsers", "flag_message"]
 
@@ -162,7 +162,7 @@ def _add_merge(sub: Any) -> None:
 
 
 def _meta_type(text: str) -> tuple[str, object]:
-    from .converters import parse_meta_type
+    from fastdata.converters import parse_meta_type
 
     try:
         return parse_meta_type(text)
@@ -180,8 +180,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 def config_of(args: argparse.Namespace) -> Any:
     """The ConvertConfig the flags of ``fastdata convert`` ask for."""
-    from .converters import ConvertConfig, ImageOptions
-    from .write import WriteOptions, parse_part
+    from fastdata.converters import ConvertConfig, ImageOptions
+    from fastdata.write import WriteOptions, parse_part
 
     write = WriteOptions(backend=args.format, shard_size=args.shard_size, workers=args.workers,
                          compression=None if args.compression == "none" else args.compression,
@@ -199,7 +199,7 @@ def config_of(args: argparse.Namespace) -> Any:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .conversion import convert
+    from fastdata.conversion import convert
 
     arrays = dict(args.field or {})
     if args.data:
@@ -225,14 +225,14 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _merge_parts(args: argparse.Namespace) -> int:
-    from .write import merge_parts
+    from fastdata.write import merge_parts
 
     print(merge_parts(args.dst).summary())
     return 0
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .conversion import merge
+    from fastdata.conversion import merge
 
     if len(args.paths) < 2:
         raise UsageError("merge needs at least one input and DST: fastdata merge A [B ...] DST")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .cli_common import Bar, NamedPaths
+from fastdata.cli_common import Bar, NamedPaths
 
 
 def add_parser(sub: Any) -> None:
@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .indexer import index
+    from fastdata.indexer import index
 
     bar = Bar(enabled=not args.quiet)
     try:

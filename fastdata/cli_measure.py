@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._units import fmt_bytes
-from .errors import UsageError
+from fastdata._units import fmt_bytes
+from fastdata.errors import UsageError
 
 if TYPE_CHECKING:
-    from .bench import BenchResult
-    from .dataset import Dataset
+    from fastdata.bench import BenchResult
+    from fastdata.dataset import Dataset
 
 
 def parse_duration(text: str) -> float:
@@ -86,7 +86,7 @@ def add_parsers(sub: Any) -> None:
 def _augment(name: str) -> Any:
     if name == "none":
         return None
-    from . import augment as A
+    from fastdata import augment as A
 
     if name == "flip":
         return [A.HorizontalFlip(0.5), A.GaussianNoise(0.01)]
@@ -95,7 +95,7 @@ def _augment(name: str) -> Any:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import CEILING_LIMIT, payload_bytes, sample_bytes
+    from fastdata.bench import CEILING_LIMIT, payload_bytes, sample_bytes
 
     ds = _bench_dataset(args)
     local = ds.remote is None or all(p.is_file() for p in ds.shard_paths())
@@ -120,7 +120,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _bench_dataset(args: argparse.Namespace) -> Dataset:
     """The dataset ``fastdata bench`` measures: ``PATH``, or the samples keyed in ``--subset``'s file."""
-    from .dataset import Dataset
+    from fastdata.dataset import Dataset
 
     ds = Dataset(args.dst)
     if args.subset:
@@ -134,8 +134,8 @@ def _bench_dataset(args: argparse.Namespace) -> Dataset:
 
 def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float) -> tuple[list[BenchResult], dict[str, Any]]:
     """The loader's measurement, then the ceiling and the naive loader where asked; and the loader's settings."""
-    from .bench import measure, measure_ceiling, naive_pipeline
-    from .loaders import LoaderConfig, loader
+    from fastdata.bench import measure, measure_ceiling, naive_pipeline
+    from fastdata.loaders import LoaderConfig, loader
 
     given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}  # others: the defaults
     config = LoaderConfig(**given) if given else None  # None: tuned settings where stored
@@ -185,7 +185,7 @@ def _print_bench(results: list[BenchResult], ratio: dict[str, float | None], cei
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from .tune import tune
+    from fastdata.tune import tune
 
     sizes = [int(x) for x in args.batch_sizes.split(",")] if args.batch_sizes else None
 

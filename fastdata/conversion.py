@@ -13,19 +13,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
-from .converters.objects import is_python_source
-from .converters.python_source import python_source
-from .converters.scan import refuse_non_finite_labels
-from .errors import FastdataError, UsageError
-from .remote import is_url
-from .write import ConvertReport, Progress, Source, write_dataset
-from .write.destination import check_dst, prepare_dst, prepare_part_dst, refuse_broken_url
-from .write.engine import check_source
-from .write.merge import merge
+from fastdata.converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
+from fastdata.converters.objects import is_python_source
+from fastdata.converters.python_source import python_source
+from fastdata.converters.scan import refuse_non_finite_labels
+from fastdata.errors import FastdataError, UsageError
+from fastdata.remote import is_url
+from fastdata.write import ConvertReport, Progress, Source, write_dataset
+from fastdata.write.destination import check_dst, prepare_dst, prepare_part_dst, refuse_broken_url
+from fastdata.write.engine import check_source
+from fastdata.write.merge import merge
 
 if TYPE_CHECKING:
-    from .write.remote_target import RemoteTarget
+    from fastdata.write.remote_target import RemoteTarget
 
 PathLike = str | os.PathLike[str]
 __all__ = ["convert", "merge"]
@@ -68,10 +68,10 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
     if url is None:
         refuse_broken_url(dst)
     if config.write.engine == "ray":
-        from .write.ray_engine import import_ray
+        from fastdata.write.ray_engine import import_ray
 
         import_ray()  # before anything is scanned or written: a missing extra is a one-line error
-    from .write.remote_target import check_not_urls
+    from fastdata.write.remote_target import check_not_urls
 
     check_not_urls([src, labels, meta, *(arrays or {}).values()])
     upload = _remote_target(dst, url, config)
@@ -109,7 +109,7 @@ def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> Rem
         if config.remote is not None:
             raise UsageError(f"{dst}: %(remote) options apply to URL destinations only, and this is a local path")
         return None
-    from .write.remote_target import RemoteTarget
+    from fastdata.write.remote_target import RemoteTarget
 
     upload = RemoteTarget(url, config.remote, part=config.part, workers_upload=config.write.engine == "ray")
     upload.check(config.overwrite, config.resume)

@@ -29,8 +29,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .decode import DecodeError, _decode_pil_scaled, decode_image, jpeg_decoder, simplejpeg
-from .format.spec import CODEC_JPEG, ImageSpec
+from fastdata.decode import DecodeError, _decode_pil_scaled, decode_image, jpeg_decoder, simplejpeg
+from fastdata.format.spec import CODEC_JPEG, ImageSpec
 
 log = logging.getLogger(__name__)
 RegionDecoder = Literal["auto", "nvimgcodec", "none"]

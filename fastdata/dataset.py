@@ -21,36 +21,36 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
 
 import numpy as np
 
-from .assembly import Assembly, Batch
-from .decode import BatchDecoder
-from .errors import UsageError
-from .format import IMAGE_ENCODINGS, LENGTHS_SUFFIX, FieldSpec, Manifest
-from .format.backends import INDEX
-from .format.interface import ShardReader
-from .format.manifest import read_manifest
-from .format.source import LocalShards, ShardSource
-from .format.spec import ENCODING_PIXELS, KEY_FIELD, companions, is_string
-from .handles import open_all
-from .remote import RemoteOptions, is_url
-from .selection import Selection
+from fastdata.assembly import Assembly, Batch
+from fastdata.decode import BatchDecoder
+from fastdata.errors import UsageError
+from fastdata.format import IMAGE_ENCODINGS, LENGTHS_SUFFIX, FieldSpec, Manifest
+from fastdata.format.backends import INDEX
+from fastdata.format.interface import ShardReader
+from fastdata.format.manifest import read_manifest
+from fastdata.format.source import LocalShards, ShardSource
+from fastdata.format.spec import ENCODING_PIXELS, KEY_FIELD, companions, is_string
+from fastdata.handles import open_all
+from fastdata.remote import RemoteOptions, is_url
+from fastdata.selection import Selection
 
 if TYPE_CHECKING:
-    from .readahead import ReadAhead
-    from .remote.prefetch import PlanFollower
-    from .remote.store import RemoteStore
+    from fastdata.readahead import ReadAhead
+    from fastdata.remote.prefetch import PlanFollower
+    from fastdata.remote.store import RemoteStore
 
 
 def open_source(src: str, remote: RemoteOptions | None) -> ShardSource:
     """Where the shards of the dataset at ``src`` (a folder or a URL) live."""
     if is_url(src):
-        from .remote.shards import RemoteShards
+        from fastdata.remote.shards import RemoteShards
 
         return RemoteShards(src, remote)
     if remote is not None:
         raise UsageError(f"{src}: remote= options apply to URLs (s3://...) only, and this is a local path")
     manifest = read_manifest(Path(src))
     if manifest.backend == INDEX:  # fastdata index: rows of existing files
-        from .format.inplace import InPlaceShards
+        from fastdata.format.inplace import InPlaceShards
 
         return InPlaceShards(Path(src), manifest)
     return LocalShards(Path(src), manifest)
@@ -141,7 +141,7 @@ class Dataset(Selection, Assembly):
         ``sendfile``: its stream reads go to ``/dev/null``, for plans whose streams lie within a few shards).
         None when off (``ahead_bytes=0``), for a URL dataset (its shard cache prefetches) or without
         ``posix_fadvise``."""
-        from .readahead import ReadAhead, supported
+        from fastdata.readahead import ReadAhead, supported
 
         if not self._source.in_place or ahead_bytes <= 0 or not supported():
             return None

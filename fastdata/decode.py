@@ -22,8 +22,8 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
-from .errors import CorruptShardError
-from .format.spec import (
+from fastdata.errors import CorruptShardError
+from fastdata.format.spec import (
     CODEC_JPEG,
     CODEC_PNG,
     CODEC_SUFFIX,
@@ -35,8 +35,8 @@ from .format.spec import (
     FieldSpec,
     ImageSpec,
 )
-from .handles import PerProcessHandle
-from .world import usable_cpus
+from fastdata.handles import PerProcessHandle
+from fastdata.world import usable_cpus
 
 try:  # a dependency; PIL stays the fallback where it is missing. 1.7 added strict mode
     import simplejpeg

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 import xxhash
 
-from .errors import CorruptShardError
+from fastdata.errors import CorruptShardError
 
 _HASH_BLOCK = 8 << 20
 

@@ -20,13 +20,13 @@ from typing import Mapping, Protocol
 
 import xxhash
 
-from ._version import __version__
-from .errors import DataError, FastdataError, UsageError
-from .format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, make_field, read_manifest, write_manifest
-from .format.arrayinfo import ArrayInfo, hdf5_info, npy_info, zarr_info
-from .format.external import ZARR_META, Column, Index, check_file, file_arrays, native, stamp
-from .format.inplace import NAME, index_of
-from .format.spec import KEYS_INDEX, KeysInfo
+from fastdata._version import __version__
+from fastdata.errors import DataError, FastdataError, UsageError
+from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, make_field, read_manifest, write_manifest
+from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, npy_info, zarr_info
+from fastdata.format.external import ZARR_META, Column, Index, check_file, file_arrays, native, stamp
+from fastdata.format.inplace import NAME, index_of
+from fastdata.format.spec import KEYS_INDEX, KeysInfo
 
 DEFAULT_FIELD = "x"  # the field of a single .npy file or Zarr array indexed without --field
 _UNIT_BYTES = 4 << 20  # contiguous data: the unit of shuffle="chunks" is about this many bytes

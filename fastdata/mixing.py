@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import UsageError
-from .format.spec import LENGTHS_SUFFIX
-from .targets import VALID_SUFFIX, Boxes, Mask, Target
+from fastdata.errors import UsageError
+from fastdata.format.spec import LENGTHS_SUFFIX
+from fastdata.targets import VALID_SUFFIX, Boxes, Mask, Target
 
 Tensor = torch.Tensor
 

@@ -11,8 +11,8 @@ from typing import Literal, Sequence, Union
 
 import numpy as np
 
-from .seeds import Stream, numpy_rng
-from .world import World
+from fastdata.seeds import Stream, numpy_rng
+from fastdata.world import World
 
 Shuffle = Union[bool, Literal["block", "shards", "chunks"]]
 SHUFFLES: tuple[Shuffle, ...] = (True, False, "block", "shards", "chunks")

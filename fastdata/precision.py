@@ -12,10 +12,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .augment import CROPS
-from .format import IMAGE_ENCODINGS
-from .seqaug import TimeCrop
-from .world import usable_cpus
+from fastdata.augment import CROPS
+from fastdata.format import IMAGE_ENCODINGS
+from fastdata.seqaug import TimeCrop
+from fastdata.world import usable_cpus
 
 Precision = Literal["auto", "fp32", "tf32", "bf16", "fp16"]
 

@@ -21,10 +21,10 @@ from typing import Any, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 
-from .dataset import Dataset
-from .errors import UsageError
-from .seeds import Stream, numpy_rng
-from .world import World
+from fastdata.dataset import Dataset
+from fastdata.errors import UsageError
+from fastdata.seeds import Stream, numpy_rng
+from fastdata.world import World
 
 
 @runtime_checkable

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence, cas
 
 import numpy as np
 
-from .errors import UsageError
-from .format.keys import KeyTable
-from .format.spec import KEY_FIELD, Manifest, is_string
-from .seeds import Stream, numpy_rng
+from fastdata.errors import UsageError
+from fastdata.format.keys import KeyTable
+from fastdata.format.spec import KEY_FIELD, Manifest, is_string
+from fastdata.seeds import Stream, numpy_rng
 
 if TYPE_CHECKING:
-    from .dataset import Batch, Dataset
+    from fastdata.dataset import Batch, Dataset
 
 _COLUMN_CHUNK = 1 << 16
 

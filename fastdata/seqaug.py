@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .errors import UsageError
+from fastdata.errors import UsageError
 
 Tensor = torch.Tensor
 Params = dict[str, Tensor]

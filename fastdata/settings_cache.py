@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .fileio import user_cache_dir, write_atomic
-from .world import usable_cpus
+from fastdata.fileio import user_cache_dir, write_atomic
+from fastdata.world import usable_cpus
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
+    from fastdata.dataset import Dataset
 
 CACHE_FILE = "tuned.json"
 

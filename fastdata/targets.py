@@ -17,7 +17,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
-from .errors import UsageError
+from fastdata.errors import UsageError
 
 Tensor = torch.Tensor
 VALID_SUFFIX = "_valid"  # boxes: the (B, N) bool field that says which boxes are still non-empty

@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .batching import batch_len
-from .checkpoint import _unwrap, checkpoint_state, restore_checkpoint, save_checkpoint
-from .meter import _END, EpochMeter, EpochMetrics, epoch_summary
-from .precision import Precision, PrecisionPlan, fixed_shapes, startup_report
-from .world import World
+from fastdata.batching import batch_len
+from fastdata.checkpoint import _unwrap, checkpoint_state, restore_checkpoint, save_checkpoint
+from fastdata.meter import _END, EpochMeter, EpochMetrics, epoch_summary
+from fastdata.precision import Precision, PrecisionPlan, fixed_shapes, startup_report
+from fastdata.world import World
 
 log = logging.getLogger("fastdata.train")
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .bench import BenchResult, measure, sample_bytes
-from .dataset import Dataset
-from .settings_cache import load_tuned, settings_key, store_tuned
-from .world import usable_cpus
+from fastdata.bench import BenchResult, measure, sample_bytes
+from fastdata.dataset import Dataset
+from fastdata.settings_cache import load_tuned, settings_key, store_tuned
+from fastdata.world import usable_cpus
 
 __all__ = ["load_tuned", "measure_setting", "settings_key", "store_tuned", "tune"]
 
@@ -121,7 +121,7 @@ def measure_setting(ds: Dataset, s: dict[str, Any], *, device: str = "cpu", max_
                     transform: Any = None) -> BenchResult:
     """One trial of the race: a loader with the settings ``s`` (as :func:`candidates` gives them),
     measured by :func:`fastdata.bench.measure` for ``max_seconds``."""
-    from .loaders import LoaderConfig, loader
+    from fastdata.loaders import LoaderConfig, loader
 
     ld = loader(ds, s["batch_size"], device=device, num_workers=s["num_workers"],
                 config=LoaderConfig(mode=s["mode"], prefetch=s["prefetch"]), transform=transform)
@@ -135,7 +135,7 @@ def measure_setting(ds: Dataset, s: dict[str, Any], *, device: str = "cpu", max_
 def _warm_up(ds: Dataset, batch_size: int, device: str, max_seconds: float) -> None:
     """Read the dataset in storage order before racing, so the first candidates do not pay for a cold
     page cache that the later ones would not (bounded: a dataset larger than RAM stays disk-bound)."""
-    from .loaders import loader
+    from fastdata.loaders import loader
 
     ld = loader(ds, batch_size, shuffle=False, device=device, num_workers=2)
     t0 = time.perf_counter()

@@ -18,10 +18,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .dataset import Dataset
-from .errors import FastdataError
-from .fileio import file_checksum, not_regular
-from .format import (
+from fastdata.dataset import Dataset
+from fastdata.errors import FastdataError
+from fastdata.fileio import file_checksum, not_regular
+from fastdata.format import (
     IMAGE_ENCODINGS,
     LABEL_FIELD,
     LENGTHS_SUFFIX,
@@ -32,9 +32,9 @@ from .format import (
     read_manifest,
     shard_path,
 )
-from .format.spec import SHAPE_SUFFIX, is_string
-from .remote import RemoteOptions, is_url
-from .world import usable_cpus
+from fastdata.format.spec import SHAPE_SUFFIX, is_string
+from fastdata.remote import RemoteOptions, is_url
+from fastdata.world import usable_cpus
 
 _BATCH_BYTES = 32 << 20
 _MAX_BATCH = 1024
@@ -102,7 +102,7 @@ def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress 
     manifest = read_manifest(root)
     report = VerifyReport(root, len(manifest.shards), manifest.num_samples, deep)
     if manifest.backend == "inplace":  # an in-place index: its source files, not shards (fastdata/indexer.py)
-        from .indexer import check_index
+        from fastdata.indexer import check_index
 
         report.problems += [Problem(p) for p in check_index(root, manifest, content=deep)]
     else:

@@ -19,13 +19,13 @@ from typing import Any, Callable, Literal, Mapping
 
 import torch
 
-from .augment import Augment, Normalize, image_hw, shapes_after
-from .augment.pipeline import _builtin
-from .errors import UsageError
-from .format.spec import LENGTHS_SUFFIX, OFFSETS_SUFFIX, SHAPE_SUFFIX
-from .mixing import kept_fraction, mix_boxes, mix_images, mix_mask
-from .seqaug import pack_to_padded, padded_to_pack, run_padded
-from .targets import VALID_SUFFIX, Boxes, Mask
+from fastdata.augment import Augment, Normalize, image_hw, shapes_after
+from fastdata.augment.pipeline import _builtin
+from fastdata.errors import UsageError
+from fastdata.format.spec import LENGTHS_SUFFIX, OFFSETS_SUFFIX, SHAPE_SUFFIX
+from fastdata.mixing import kept_fraction, mix_boxes, mix_images, mix_mask
+from fastdata.seqaug import pack_to_padded, padded_to_pack, run_padded
+from fastdata.targets import VALID_SUFFIX, Boxes, Mask
 
 Kind = Literal["image", "sequence", "array"]
 Batch = dict[str, torch.Tensor]

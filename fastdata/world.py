@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import UsageError
+from fastdata.errors import UsageError
 
 
 def usable_cpus() -> int:

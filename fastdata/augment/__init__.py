@@ -19,13 +19,13 @@ Resize, flips), ``affine`` (Pad, RandomAffine), ``color``, ``follow`` (targets) 
 (:class:`Augment`). Every public name is importable from ``fastdata.augment``.
 """
 
-from .affine import Pad, RandomAffine
-from .base import Params, Tensor, batch_generator, image_hw, pair
-from .color import RGB2YIQ, YIQ2RGB, ColorJitter, GaussianNoise, Normalize, child_seed
-from .color import _gray as _gray  # noqa: F401 - tests compare the DALI colour maths with these
-from .color import _rotate_hue as _rotate_hue  # noqa: F401
-from .geometric import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize, VerticalFlip
-from .pipeline import CROPS, IMAGENET_MEAN, IMAGENET_STD, Augment, Op, shapes_after
+from fastdata.augment.affine import Pad, RandomAffine
+from fastdata.augment.base import Params, Tensor, batch_generator, image_hw, pair
+from fastdata.augment.color import RGB2YIQ, YIQ2RGB, ColorJitter, GaussianNoise, Normalize, child_seed
+from fastdata.augment.color import _gray as _gray  # noqa: F401 - tests compare the DALI colour maths with these
+from fastdata.augment.color import _rotate_hue as _rotate_hue  # noqa: F401
+from fastdata.augment.geometric import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize, VerticalFlip
+from fastdata.augment.pipeline import CROPS, IMAGENET_MEAN, IMAGENET_STD, Augment, Op, shapes_after
 
 __all__ = [
     "Augment", "CROPS", "CenterCrop", "ColorJitter", "GaussianNoise", "HorizontalFlip", "IMAGENET_MEAN",

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import UsageError
-from ..targets import Geometry
-from .base import Params, Tensor, _affine, _as4d, _Geometric, _mask, _sample, _uniform, image_hw
+from fastdata.augment.base import Params, Tensor, _affine, _as4d, _Geometric, _mask, _sample, _uniform, image_hw
+from fastdata.errors import UsageError
+from fastdata.targets import Geometry
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Params, Tensor, _mask, _Op, _uniform
+from fastdata.augment.base import Params, Tensor, _mask, _Op, _uniform
 
 # RGB <-> YIQ: hue is a rotation of the IQ plane (the same model DALI's color_twist uses).
 RGB2YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])

@@ -6,10 +6,10 @@ from typing import Mapping
 
 import torch
 
-from ..errors import UsageError
-from ..format.spec import LENGTHS_SUFFIX
-from ..targets import VALID_SUFFIX, Boxes, Keypoints, Mask, Target
-from .base import Params, Tensor, _Geometric
+from fastdata.augment.base import Params, Tensor, _Geometric
+from fastdata.errors import UsageError
+from fastdata.format.spec import LENGTHS_SUFFIX
+from fastdata.targets import VALID_SUFFIX, Boxes, Keypoints, Mask, Target
 
 
 class _Targets:

@@ -8,8 +8,20 @@ from typing import ClassVar
 
 import torch
 
-from ..targets import Geometry
-from .base import Params, Tensor, _affine, _as4d, _crop_size, _FixedSize, _gather, _Geometric, _resample, _uniform, pair
+from fastdata.augment.base import (
+    Params,
+    Tensor,
+    _affine,
+    _as4d,
+    _crop_size,
+    _FixedSize,
+    _gather,
+    _Geometric,
+    _resample,
+    _uniform,
+    pair,
+)
+from fastdata.targets import Geometry
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,24 @@ from typing import Any, Mapping, Sequence, Union
 
 import torch
 
-from ..errors import UsageError
-from ..format.spec import SHAPE_SUFFIX
-from ..mixing import Mix
-from ..seqaug import ops_kind
-from ..targets import Boxes, Custom, Keypoints, Mask, Target
-from .affine import Pad, RandomAffine
-from .base import Tensor, _Geometric, image_hw
-from .color import ColorJitter, GaussianNoise, Normalize
-from .follow import _Targets
-from .geometric import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize, VerticalFlip, _Flip
+from fastdata.augment.affine import Pad, RandomAffine
+from fastdata.augment.base import Tensor, _Geometric, image_hw
+from fastdata.augment.color import ColorJitter, GaussianNoise, Normalize
+from fastdata.augment.follow import _Targets
+from fastdata.augment.geometric import (
+    CenterCrop,
+    HorizontalFlip,
+    RandomCrop,
+    RandomResizedCrop,
+    Resize,
+    VerticalFlip,
+    _Flip,
+)
+from fastdata.errors import UsageError
+from fastdata.format.spec import SHAPE_SUFFIX
+from fastdata.mixing import Mix
+from fastdata.seqaug import ops_kind
+from fastdata.targets import Boxes, Custom, Keypoints, Mask, Target
 
 Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
            ColorJitter, GaussianNoise, Normalize]

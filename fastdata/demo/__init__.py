@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .._units import fmt_bytes
+from fastdata._units import fmt_bytes
 
 if TYPE_CHECKING:
     from fastdata.write import Progress
@@ -30,10 +30,10 @@ def train_side_by_side(src: Path, shards: Path, batch: int, steps: int) -> list[
     """A few training steps of a small FLIM-style 3-D CNN fed by the naive loader and by fastdata.loader."""
     import torch
 
-    from ..loaders import loader
-    from ..train import fit
-    from .baseline import naive_loader
-    from .models import FlimCNN, classification_loss
+    from fastdata.demo.baseline import naive_loader
+    from fastdata.demo.models import FlimCNN, classification_loss
+    from fastdata.loaders import loader
+    from fastdata.train import fit
 
     rows, report = [], ""
     for name, make in (("naive DataLoader (2 workers)", lambda: naive_loader(src, batch, workers=2)),
@@ -67,11 +67,11 @@ def _time_batches(fn: Callable[[np.ndarray], object], batches: list[np.ndarray])
 def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batches: int = 20, train_steps: int = 6,
         progress: Progress | None = None) -> str:
     """Run the demo and return its report (what ``fastdata demo`` prints)."""
-    from ..conversion import convert
-    from ..converters import ConvertConfig
-    from ..dataset import open as open_dataset
-    from ..write import WriteOptions
-    from .baseline import write_npy_folder
+    from fastdata.conversion import convert
+    from fastdata.converters import ConvertConfig
+    from fastdata.dataset import open as open_dataset
+    from fastdata.demo.baseline import write_npy_folder
+    from fastdata.write import WriteOptions
 
     own = workdir is None
     root = Path(tempfile.mkdtemp(prefix="fastdata-demo-")) if workdir is None else Path(workdir)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..errors import UsageError
-from . import _probe
-from .html import page
-from .report import analyse, render
+from fastdata.doctor import _probe
+from fastdata.doctor.html import page
+from fastdata.doctor.report import analyse, render
+from fastdata.errors import UsageError
 
 __all__ = ["Watch", "run", "watch"]
 
@@ -103,7 +103,7 @@ def watch(json_path: str | os.PathLike[str] | None = None, html_path: str | os.P
             _probe.uninstall()
             (Path(tmp) / "raw.json").write_text(json.dumps(rec.dump()))
         if project:
-            from .project import project_loader
+            from fastdata.doctor.project import project_loader
 
             (Path(tmp) / "project.json").write_text(json.dumps(project_loader(rec, Path(tmp))))
         result.report = _emit(analyse(Path(tmp), ["<watch>"]), json_path, html_path, quiet)

@@ -14,7 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ._probe import ENV_DIR, ENV_PROJECT, ENV_REPLAY, ENV_SECONDS, ENV_STEPS
+from fastdata.doctor._probe import ENV_DIR, ENV_PROJECT, ENV_REPLAY, ENV_SECONDS, ENV_STEPS
 
 
 def _number(name: str, kind: type) -> float | int | None:
@@ -23,7 +23,7 @@ def _number(name: str, kind: type) -> float | int | None:
 
 
 def main(argv: list[str]) -> int:
-    from . import _probe
+    from fastdata.doctor import _probe
 
     if not argv or (argv[0] == "-m" and len(argv) < 2):
         print("usage: python -m fastdata.doctor._boot SCRIPT [ARGS...] | -m MODULE [ARGS...]", file=sys.stderr)
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
         raw = rec.dump()
         (out / "raw.json").write_text(json.dumps(raw))
     if project and error is None:
-        from .project import project_loader
+        from fastdata.doctor.project import project_loader
 
         result = project_loader(rec, out, rec.sampled)  # the sample the replay used, if it made one
         (out / "project.json").write_text(json.dumps(result))

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from . import _worker
-from .account import is_table, opened
+from fastdata.doctor import _worker
+from fastdata.doctor.account import is_table, opened
 
 if TYPE_CHECKING:
-    from ._h2d import Accountant
+    from fastdata.doctor._h2d import Accountant
 
 WARMUP = 2  # batches of each pass left out of the statistics: worker start-up, first-batch caching
 REPLAY = 8  # steps run on the cached batches to time the step without input
@@ -114,7 +114,7 @@ class Recorder:
         ``seconds`` budget, or half the time the ``steps`` took; fewer steps when steps are slow."""
         if self.replaying or self.stopped_at is not None or self.sample_budget_s is not None:
             return
-        from .project import MEASURE_S, SAMPLE_BUDGET_S
+        from fastdata.doctor.project import MEASURE_S, SAMPLE_BUDGET_S
         now = time.perf_counter()
         if self.seconds is not None:
             left = max(self.started + self.seconds - now, 0.0)
@@ -191,7 +191,7 @@ class Recorder:
         return batch
 
     def _start_beside(self) -> None:
-        from . import project
+        from fastdata.doctor import project
 
         try:
             with self._own():
@@ -407,7 +407,7 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
         raise RuntimeError("fastdata.doctor is already watching this process")
     import torch.utils.data.dataloader as dl
 
-    from . import _h2d
+    from fastdata.doctor import _h2d
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _recorder = Recorder(out_dir, steps, seconds, replay, project)
@@ -415,7 +415,7 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
     _patch(dl._BaseDataLoaderIter, "__next__", _timed_next)
     _saved.extend(_worker.patch_fetchers())
     _worker.start(out_dir)
-    from ..loaders.base import Loader
+    from fastdata.loaders.base import Loader
 
     _patch(Loader, "__iter__", _timed_fastdata_iter)
     _copies = _h2d.install(clock)
@@ -429,7 +429,7 @@ def uninstall() -> Recorder | None:
     global _recorder, _copies
     rec = _recorder
     if _copies is not None:
-        from . import _h2d
+        from fastdata.doctor import _h2d
 
         acc = _h2d.uninstall()
         _copies = None

@@ -7,7 +7,7 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> None:
-    from ..cli_measure import parse_duration
+    from fastdata.cli_measure import parse_duration
 
     d = sub.add_parser("doctor", help="is a training script input-bound? measured on the script, with the fix",
                        description="Run a training script unchanged for a bounded budget, measure how long its loop "
@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import run
+    from fastdata.doctor import run
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .account import account, image_hw, is_table, opened, tables_of
+from fastdata.doctor.account import account, image_hw, is_table, opened, tables_of
 
 MAX_SAMPLES = 256
 ACCOUNT_SAMPLES = 8  # samples drawn twice, with the files each opened, to account for every element
@@ -48,7 +48,7 @@ class Sampled:
     account: dict[str, Any] | None = None  # where each element of a sample comes from (fastdata.doctor.account)
 
     def augment(self) -> Any:
-        from ..augment import Augment, HorizontalFlip, Normalize
+        from fastdata.augment import Augment, HorizontalFlip, Normalize
 
         shape = self.shapes[self.images[0]] if self.images else [3]
         c = min(shape[0], shape[-1])  # the image's channels (CHW or HWC)

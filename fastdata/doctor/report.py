@@ -13,11 +13,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..format.files import IMAGE_SUFFIXES
-from . import transfer
-from ._probe import WARMUP
-from .account import is_table
-from .fix import NO_GAIN, commands, lines
+from fastdata.doctor import transfer
+from fastdata.doctor._probe import WARMUP
+from fastdata.doctor.account import is_table
+from fastdata.doctor.fix import NO_GAIN, commands, lines
+from fastdata.format.files import IMAGE_SUFFIXES
 
 INPUT_BOUND = 0.10  # a loop waiting more than this fraction of its time for data is input-bound
 SATURATED = 0.80  # workers busy more than this fraction of their lifetime cannot go faster
@@ -92,7 +92,7 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
 def source_of(files: list[str]) -> dict[str, Any] | None:
     """The folder the dataset's files share and what they are (from the paths the workers opened), and
     whether ``fastdata convert`` takes that folder as it is (per-sample .npy/.npz or image files)."""
-    from ..format.files import ARRAY_SUFFIXES
+    from fastdata.format.files import ARRAY_SUFFIXES
 
     files = [f for f in files if os.path.isfile(f) and not is_table(f)]  # tables: fastdata.doctor.account
     if not files:
@@ -253,7 +253,7 @@ def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[in
     """(H, W) of the one image the script's samples hold, when the workers read image files only and the
     sample (the projection's data) has exactly one field shaped like an image (CHW or HWC, 1, 3 or 4
     channels): decoding and resizing at conversion is what the projection measured."""
-    from .account import image_hw
+    from fastdata.doctor.account import image_hw
 
     if proj is None or not _images_only(source):
         return None

@@ -8,11 +8,11 @@ docs/format.md.
 
 from __future__ import annotations
 
-from . import hdf5, lmdb, spec
-from .backends import BACKENDS, backend, shard_file_name
-from .interface import Backend, ShardReader, ShardWriter
-from .manifest import read_manifest, shard_path, write_manifest
-from .spec import (
+from fastdata.format import hdf5, lmdb, spec
+from fastdata.format.backends import BACKENDS, backend, shard_file_name
+from fastdata.format.interface import Backend, ShardReader, ShardWriter
+from fastdata.format.manifest import read_manifest, shard_path, write_manifest
+from fastdata.format.spec import (
     FORMAT_VERSION,
     IMAGE_ENCODINGS,
     LABEL_FIELD,

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import FormatError, IncompleteDatasetError
-from .files import JOURNAL_NAME, OURS, PART_JOURNAL, PART_RECORD, SOURCE_SUFFIXES
-from .spec import MANIFEST_NAME
+from fastdata.errors import FormatError, IncompleteDatasetError
+from fastdata.format.files import JOURNAL_NAME, OURS, PART_JOURNAL, PART_RECORD, SOURCE_SUFFIXES
+from fastdata.format.spec import MANIFEST_NAME
 
 _LOOK = 2000  # names looked at in sub-folders, at most: enough to tell, cheap on a huge folder
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import DataError
+from fastdata.errors import DataError
 
 
 @dataclass(frozen=True)

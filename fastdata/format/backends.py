@@ -5,9 +5,9 @@ mypy checks each entry against :class:`fastdata.format.interface.Backend`.
 
 from __future__ import annotations
 
-from ..errors import FormatError, UsageError
-from . import hdf5, lmdb
-from .interface import Backend
+from fastdata.errors import FormatError, UsageError
+from fastdata.format import hdf5, lmdb
+from fastdata.format.interface import Backend
 
 REGISTRY: dict[str, Backend] = {"hdf5": hdf5, "lmdb": lmdb}  # the shard files a conversion writes
 INDEX = "inplace"  # a fastdata index: rows of existing files (format/inplace.py, read through InPlaceShards)

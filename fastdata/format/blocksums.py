@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import CorruptShardError
+from fastdata.errors import CorruptShardError
 
 BLOCK = 1 << 20  # bytes a block: reads touching a block not checked yet read it whole, once per process
 

@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import CorruptShardError, UsageError
-from .spec import ENCODING_RAW, FieldSpec
+from fastdata.errors import CorruptShardError, UsageError
+from fastdata.format.spec import ENCODING_RAW, FieldSpec
 
 BLOSC = "blosc"  # the manifest's name of the codec (spec.FIELD_CODECS)
 CNAMES = ("lz4", "zstd")

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..errors import CorruptShardError, DataError
-from . import blocksums
+from fastdata.errors import CorruptShardError, DataError
+from fastdata.format import blocksums
 
 KIND = "index"  # manifest source "kind" of an in-place index
 FORMATS = ("hdf5", "npy", "zarr")
@@ -138,11 +138,11 @@ def meta_checksum(path: str, fmt: str, arrays: list[str]) -> str:
     """The checksum of the metadata of ``path`` that the index relies on (see the module docstring)."""
     h = xxhash.xxh3_128()
     if fmt == "hdf5":
-        from .arrayinfo import describe
+        from fastdata.format.arrayinfo import describe
 
         h.update(json.dumps(describe(path, sorted(set(arrays))), sort_keys=True).encode())
     elif fmt == "npy":
-        from .arrayinfo import npy_layout
+        from fastdata.format.arrayinfo import npy_layout
 
         h.update(json.dumps(npy_layout(path)[1:], sort_keys=True).encode())
     else:

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptShardError
-from .blocksums import BlockCheck
+from fastdata.errors import CorruptShardError
+from fastdata.format.blocksums import BlockCheck
 
 DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD = 1, 2, 32001, 32004, 32015
 KNOWN = (DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD)

@@ -21,12 +21,12 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import CorruptShardError
-from ..fileio import pread_into
-from . import codec as blosc_codec
-from .hdf5write import COMPRESSIONS, ShardWriter, parse_compression
-from .shardio import Layout, RaggedOut, ShardReaderBase, runs
-from .spec import FieldSpec, ShardInfo
+from fastdata.errors import CorruptShardError
+from fastdata.fileio import pread_into
+from fastdata.format import codec as blosc_codec
+from fastdata.format.hdf5write import COMPRESSIONS, ShardWriter, parse_compression
+from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase, runs
+from fastdata.format.spec import FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process

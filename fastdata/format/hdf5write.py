@@ -16,9 +16,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import UsageError
-from . import codec as blosc_codec
-from .spec import FORMAT_VERSION, FieldSpec
+from fastdata.errors import UsageError
+from fastdata.format import codec as blosc_codec
+from fastdata.format.spec import FORMAT_VERSION, FieldSpec
 
 COMPRESSIONS = ("none", "lzf", "gzip", "lz4", "zstd")
 _CHUNK_BYTES = 1 << 20

@@ -21,19 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptShardError, UsageError
-from ..handles import PerProcessHandle
-from . import blocksums
-from .backends import INDEX
-from .blocksums import BlockCheck
-from .chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
-from .external import Column, Index, Stamp, check_file, check_files, parse_index
-from .h5chunks import ChunkTable, chunk_spans, chunk_table, read_chunk
-from .interface import ShardReader
-from .shardio import Layout, runs
-from .source import LocalShards
-from .spec import FieldSpec, Manifest, ShardInfo
-from .zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
+from fastdata.errors import CorruptShardError, UsageError
+from fastdata.format import blocksums
+from fastdata.format.backends import INDEX
+from fastdata.format.blocksums import BlockCheck
+from fastdata.format.chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
+from fastdata.format.external import Column, Index, Stamp, check_file, check_files, parse_index
+from fastdata.format.h5chunks import ChunkTable, chunk_spans, chunk_table, read_chunk
+from fastdata.format.interface import ShardReader
+from fastdata.format.shardio import Layout, runs
+from fastdata.format.source import LocalShards
+from fastdata.format.spec import FieldSpec, Manifest, ShardInfo
+from fastdata.format.zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
+from fastdata.handles import PerProcessHandle
 
 NAME = INDEX
 _GATHER_ROW_BYTES = 64 << 10  # as fastdata/format/hdf5.py: small rows gathered in one numpy call
@@ -246,7 +246,7 @@ class _Chunked(PerProcessHandle[_Source]):
             else:
                 src.table = None
         else:
-            from .arrayinfo import open_zarr
+            from fastdata.format.arrayinfo import open_zarr
 
             src = _Source(open_zarr(self.stamp.path, self.col.array), None, self._cache())
             src.zchunks = zarr_chunks(src.array, self.stamp.path)

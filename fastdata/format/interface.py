@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from .shardio import Layout
-    from .spec import FieldSpec, ShardInfo
+    from fastdata.format.shardio import Layout
+    from fastdata.format.spec import FieldSpec, ShardInfo
 
 
 class ShardWriter(Protocol):

@@ -24,8 +24,8 @@ from typing import IO, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import CorruptShardError, DataError
-from ..handles import PerProcessHandle
+from fastdata.errors import CorruptShardError, DataError
+from fastdata.handles import PerProcessHandle
 
 MAGIC = b"FDKEYS1\0"
 _HEAD = struct.Struct("<8sQQ")

@@ -38,12 +38,12 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from ..errors import CorruptShardError
-from . import codec as blosc_codec
-from . import lmdbtree
-from .lmdbindex import RecordIndex, build_index
-from .lmdbmap import Located, acquire_env, release_env
-from .lmdbwrite import (
+from fastdata.errors import CorruptShardError
+from fastdata.format import codec as blosc_codec
+from fastdata.format import lmdbtree
+from fastdata.format.lmdbindex import RecordIndex, build_index
+from fastdata.format.lmdbmap import Located, acquire_env, release_env
+from fastdata.format.lmdbwrite import (
     MAGIC,
     SHARD_KEY,
     ShardWriter,
@@ -54,8 +54,8 @@ from .lmdbwrite import (
     shard_record,
     tail_guard_bytes,
 )
-from .shardio import Layout, RaggedOut, ShardReaderBase
-from .spec import FieldSpec, ShardInfo
+from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase
+from fastdata.format.spec import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"
 _MAX_SHARD_RECORD = 1 << 20

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 import lmdb
 import numpy as np
 
-from ..errors import CorruptShardError
-from .lmdbwrite import KEY, key
+from fastdata.errors import CorruptShardError
+from fastdata.format.lmdbwrite import KEY, key
 
 if TYPE_CHECKING:
-    from .lmdb import ShardReader, _Handle
-    from .lmdbmap import Located
+    from fastdata.format.lmdb import ShardReader, _Handle
+    from fastdata.format.lmdbmap import Located
 
 _SMALL_FIELD_BYTES = 64  # fixed fields up to this size per sample are kept in a shard's record index
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import lmdb
 import numpy as np
 
-from ..errors import UsageError
-from ..fileio import disk_full
-from . import codec as blosc_codec
-from .spec import FieldSpec
+from fastdata.errors import UsageError
+from fastdata.fileio import disk_full
+from fastdata.format import codec as blosc_codec
+from fastdata.format.spec import FieldSpec
 
 MAGIC = b"FDR1"
 SHARD_KEY = b"\xff" * 8  # the shard's own description; sorts after every sample key

@@ -13,11 +13,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import FormatError, VersionError
-from ..fileio import fsync_dir, write_atomic
-from .absent import no_manifest_error, not_a_folder_error
-from .backends import check_backend
-from .spec import (
+from fastdata.errors import FormatError, VersionError
+from fastdata.fileio import fsync_dir, write_atomic
+from fastdata.format.absent import no_manifest_error, not_a_folder_error
+from fastdata.format.backends import check_backend
+from fastdata.format.spec import (
     _FILE_RE,
     _SHA_RE,
     CHECKSUMS,

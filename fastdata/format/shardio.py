@@ -10,10 +10,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..errors import CorruptShardError
-from ..fileio import not_regular
-from ..handles import PerProcessHandle
-from .spec import ShardInfo
+from fastdata.errors import CorruptShardError
+from fastdata.fileio import not_regular
+from fastdata.format.spec import ShardInfo
+from fastdata.handles import PerProcessHandle
 
 H = TypeVar("H")
 

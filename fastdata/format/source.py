@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
-from ..errors import CorruptShardError
-from ..fileio import not_regular
-from .backends import backend
-from .interface import ShardReader
-from .keys import KeyTable
-from .manifest import read_manifest, shard_path
-from .spec import KEYS_KIND_FILE, FieldSpec, Manifest
+from fastdata.errors import CorruptShardError
+from fastdata.fileio import not_regular
+from fastdata.format.backends import backend
+from fastdata.format.interface import ShardReader
+from fastdata.format.keys import KeyTable
+from fastdata.format.manifest import read_manifest, shard_path
+from fastdata.format.spec import KEYS_KIND_FILE, FieldSpec, Manifest
 
 if TYPE_CHECKING:
-    from ..remote.prefetch import PlanFollower
-    from ..remote.store import RemoteStore
+    from fastdata.remote.prefetch import PlanFollower
+    from fastdata.remote.store import RemoteStore
 
 _UNPINNED: AbstractContextManager[None] = nullcontext()  # reusable: nothing to hold while a batch reads
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence, TypeGuard
 
 import numpy as np
 
-from ..errors import FormatError
+from fastdata.errors import FormatError
 
 ENCODING_RAW = "raw"
 ENCODING_PIXELS = "pixels"

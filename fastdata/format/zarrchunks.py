@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptShardError
-from .blocksums import BlockCheck
+from fastdata.errors import CorruptShardError
+from fastdata.format.blocksums import BlockCheck
 
 
 @dataclass

@@ -15,20 +15,20 @@ from typing import Any, Literal, Sequence
 
 import torch
 
-from ..augment import Augment
-from ..dataset import Dataset
-from ..errors import UsageError
-from ..format.spec import ENCODING_IMAGE
-from ..order import Shuffle
-from ..remote import RemoteOptions
-from ..samplers import Episodic, SamplerFn
-from ..settings_cache import load_tuned
-from ..world import usable_cpus
-from .base import Loader
-from .config import LoaderConfig
-from .device import resolve_device
-from .torch_backend import TorchLoader
-from .transform import PerSample, TransformFn
+from fastdata.augment import Augment
+from fastdata.dataset import Dataset
+from fastdata.errors import UsageError
+from fastdata.format.spec import ENCODING_IMAGE
+from fastdata.loaders.base import Loader
+from fastdata.loaders.config import LoaderConfig
+from fastdata.loaders.device import resolve_device
+from fastdata.loaders.torch_backend import TorchLoader
+from fastdata.loaders.transform import PerSample, TransformFn
+from fastdata.order import Shuffle
+from fastdata.remote import RemoteOptions
+from fastdata.samplers import Episodic, SamplerFn
+from fastdata.settings_cache import load_tuned
+from fastdata.world import usable_cpus
 
 log = logging.getLogger("fastdata.loader")
 
@@ -135,7 +135,7 @@ def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int 
         if config is not None and config.timeout is not None:
             raise UsageError("LoaderConfig(timeout=...) bounds the torch backend's readers; DALI's pipeline has none: "
                              "use backend='torch', or no timeout")
-        from .dali import dali_loader
+        from fastdata.loaders.dali import dali_loader
 
         return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)
     workers, config = _resolve_workers(num_workers, ds, batch_size, common["device"], config, transform)
@@ -174,7 +174,7 @@ def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augm
     if ds is not None and not any(f.encoding == ENCODING_IMAGE for f in ds.schema):
         log.debug("backend='auto': torch (no encoded images to decode on the GPU)")
         return "torch"
-    from .dali import dali_problem, dali_unsupported
+    from fastdata.loaders.dali import dali_problem, dali_unsupported
 
     problem = dali_problem(device) or (dali_unsupported(ds, augment, config) if ds is not None else None)
     if problem is not None:

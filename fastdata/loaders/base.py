@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 import torch
 
-from ..augment import Augment
-from ..dataset import Dataset
-from ..errors import FastdataError, LoaderWorkerError, UsageError
-from ..format.inplace import unit_counts
-from ..order import ORDER_RULE, SHUFFLES, Shuffle, all_rank_batches, num_batches
-from ..samplers import SamplerFn, describe, rank_batches, world_batches
-from ..world import World
+from fastdata.augment import Augment
+from fastdata.dataset import Dataset
+from fastdata.errors import FastdataError, LoaderWorkerError, UsageError
+from fastdata.format.inplace import unit_counts
+from fastdata.order import ORDER_RULE, SHUFFLES, Shuffle, all_rank_batches, num_batches
+from fastdata.samplers import SamplerFn, describe, rank_batches, world_batches
+from fastdata.world import World
 
 if TYPE_CHECKING:
-    from ..readahead import ReadAhead
-    from ..remote.prefetch import PlanFollower
-    from .config import LoaderConfig
+    from fastdata.loaders.config import LoaderConfig
+    from fastdata.readahead import ReadAhead
+    from fastdata.remote.prefetch import PlanFollower
 
 _STATE_VERSION = 1
 

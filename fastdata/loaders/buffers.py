@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .._compat import storage_use_count
+from fastdata._compat import storage_use_count
 
 
 def torch_dtype(dt: Any) -> torch.dtype:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import UsageError
+from fastdata.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..augment import (
+from fastdata.augment import (
     Augment,
     CenterCrop,
     HorizontalFlip,
@@ -31,11 +31,11 @@ from ..augment import (
     batch_generator,
     pair,
 )
-from ..cropdecode import RegionDecoders, decode_crop, pixels_crop
-from ..dataset import Dataset
-from ..decode import DecodeError, check_shapes
-from ..errors import CorruptShardError, UsageError
-from ..format.spec import (
+from fastdata.cropdecode import RegionDecoders, decode_crop, pixels_crop
+from fastdata.dataset import Dataset
+from fastdata.decode import DecodeError, check_shapes
+from fastdata.errors import CorruptShardError, UsageError
+from fastdata.format.spec import (
     CODEC_SUFFIX,
     ENCODING_IMAGE,
     ENCODING_PIXELS,
@@ -44,9 +44,9 @@ from ..format.spec import (
     SHAPE_SUFFIX,
     FieldSpec,
 )
-from ..targets import Mask
-from .buffers import Recycler
-from .config import LoaderConfig
+from fastdata.loaders.buffers import Recycler
+from fastdata.loaders.config import LoaderConfig
+from fastdata.targets import Mask
 
 log = logging.getLogger(__name__)
 FIRST_OPS = (RandomResizedCrop, RandomCrop, CenterCrop, Resize)

@@ -22,26 +22,26 @@ from typing import Any, Generator, Iterator
 import numpy as np
 import torch
 
-from ..augment import Augment, shapes_after
-from ..dataset import Dataset
-from ..errors import (
+from fastdata.augment import Augment, shapes_after
+from fastdata.dataset import Dataset
+from fastdata.errors import (
     BackendUnavailableError,
     FastdataError,
     LoaderWorkerError,
     UsageError,
 )
-from ..format import LENGTHS_SUFFIX
-from ..format.spec import SHAPE_SUFFIX
-from ..seeds import Stream, int_seed
-from ..views import augment_batch, join_views
-from ..world import usable_cpus
-from .base import Loader
-from .buffers import torch_dtype
-from .config import LoaderConfig
-from .dali_augment import Chain, Graph, Img, compile_chain
-from .dali_feed import GENERATOR_STATE, Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
-from .dali_region import decode as decode_image
-from .dali_region import with_region
+from fastdata.format import LENGTHS_SUFFIX
+from fastdata.format.spec import SHAPE_SUFFIX
+from fastdata.loaders.base import Loader
+from fastdata.loaders.buffers import torch_dtype
+from fastdata.loaders.config import LoaderConfig
+from fastdata.loaders.dali_augment import Chain, Graph, Img, compile_chain
+from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
+from fastdata.loaders.dali_region import decode as decode_image
+from fastdata.loaders.dali_region import with_region
+from fastdata.seeds import Stream, int_seed
+from fastdata.views import augment_batch, join_views
+from fastdata.world import usable_cpus
 
 log = logging.getLogger("fastdata.loader")
 INSTALL_HINT = 'pip install "fastdata[dali]"  (the nvidia-dali-cuda130 wheel)'

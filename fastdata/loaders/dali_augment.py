@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..augment import (
+from fastdata.augment import (
     RGB2YIQ,
     YIQ2RGB,
     CenterCrop,
@@ -41,7 +41,7 @@ from ..augment import (
     child_seed,
     pair,
 )
-from ..errors import UsageError
+from fastdata.errors import UsageError
 
 _GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # the luma weights of augment._gray
 _HUE_FROM = RGB2YIQ.numpy().astype(np.float64)

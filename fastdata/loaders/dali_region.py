@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .dali_augment import Chain, Graph, Img, Step, _ResizedCrop, _Window
+from fastdata.loaders.dali_augment import Chain, Graph, Img, Step, _ResizedCrop, _Window
 
 
 class _RegionResizedCrop(_ResizedCrop):

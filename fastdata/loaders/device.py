@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from ..augment import Augment, batch_generator
-from ..errors import UsageError
-from ..format.spec import SHAPE_SUFFIX
-from ..views import augment_batch
-from ..world import World
-from .buffers import Recycler
+from fastdata.augment import Augment, batch_generator
+from fastdata.errors import UsageError
+from fastdata.format.spec import SHAPE_SUFFIX
+from fastdata.loaders.buffers import Recycler
+from fastdata.views import augment_batch
+from fastdata.world import World
 
 Batch = dict[str, torch.Tensor]
 _MAX_INFLIGHT = 4  # host batches whose copy to the GPU may still be queued (each holds pinned buffers)

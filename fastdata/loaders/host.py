@@ -18,14 +18,14 @@ from typing import Any, Callable, Iterator, Literal
 import numpy as np
 import torch
 
-from ..dataset import Dataset
-from ..errors import LoaderWorkerError
-from ..format.external import size_mtime
-from ..format.spec import ENCODING_IMAGE, is_string
-from .base import wrap_error
-from .buffers import Recycler, torch_dtype
-from .crop import CropStage
-from .transform import BatchTransform, TransformError
+from fastdata.dataset import Dataset
+from fastdata.errors import LoaderWorkerError
+from fastdata.format.external import size_mtime
+from fastdata.format.spec import ENCODING_IMAGE, is_string
+from fastdata.loaders.base import wrap_error
+from fastdata.loaders.buffers import Recycler, torch_dtype
+from fastdata.loaders.crop import CropStage
+from fastdata.loaders.transform import BatchTransform, TransformError
 
 HostBatch = dict[str, torch.Tensor]
 Ragged = Literal["padded", "packed"]

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._compat import storage_use_count
-from ..handles import parent_only
-from .buffers import ALIGN, torch_dtype
+from fastdata._compat import storage_use_count
+from fastdata.handles import parent_only
+from fastdata.loaders.buffers import ALIGN, torch_dtype
 
 Layout = dict[str, tuple[int, int]]  # region name -> (offset, bytes); SPARE: arrays a transform makes
 SPARE = ""

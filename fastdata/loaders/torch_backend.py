@@ -8,15 +8,15 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..dataset import Dataset
-from ..errors import UsageError
-from ..format.spec import ENCODING_IMAGE, image_fields
-from .base import Loader
-from .crop import CropStage, crop_field
-from .device import DeviceStage
-from .host import ThreadReader, to_tensors
-from .procs import ProcessReader
-from .transform import BatchTransform, TransformFn
+from fastdata.dataset import Dataset
+from fastdata.errors import UsageError
+from fastdata.format.spec import ENCODING_IMAGE, image_fields
+from fastdata.loaders.base import Loader
+from fastdata.loaders.crop import CropStage, crop_field
+from fastdata.loaders.device import DeviceStage
+from fastdata.loaders.host import ThreadReader, to_tensors
+from fastdata.loaders.procs import ProcessReader
+from fastdata.loaders.transform import BatchTransform, TransformFn
 
 
 class TorchLoader(Loader):

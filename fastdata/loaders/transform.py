@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import UsageError
-from ..seeds import Stream, numpy_rng
+from fastdata.errors import UsageError
+from fastdata.seeds import Stream, numpy_rng
 
 _TENSOR_KINDS = "biufc"  # numpy kinds torch.from_numpy takes (bool, integers, floats, complex)
 HostArrays = dict[str, Any]  # field -> numpy array (or list of str)

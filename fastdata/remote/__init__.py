@@ -7,7 +7,7 @@ readers. See docs/remote.md. ``is_url`` is the one test for "this is not a local
 
 from __future__ import annotations
 
-from .options import RemoteOptions
-from .url import is_url
+from fastdata.remote.options import RemoteOptions
+from fastdata.remote.url import is_url
 
 __all__ = ["RemoteOptions", "is_url"]

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
-from .._units import fmt_bytes
-from ..errors import CacheFullError, CorruptShardError, RemoteError, UsageError
-from ..fileio import file_checksum
-from . import locks
-from .retry import BOUND_HINT, retrying
+from fastdata._units import fmt_bytes
+from fastdata.errors import CacheFullError, CorruptShardError, RemoteError, UsageError
+from fastdata.fileio import file_checksum
+from fastdata.remote import locks
+from fastdata.remote.retry import BOUND_HINT, retrying
 
 log = logging.getLogger("fastdata.remote")
 _NAME = r"[a-z0-9_]+-[0-9a-f]{32,128}\.[A-Za-z0-9]+"  # cache_name(): <algorithm>-<digest><ext>

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .._units import parse_size
-from ..errors import UsageError
-from ..fileio import user_cache_dir
+from fastdata._units import parse_size
+from fastdata.errors import UsageError
+from fastdata.fileio import user_cache_dir
 
 DEFAULT_CACHE_LIMIT = "50GB"
 ENV_CACHE_DIR = "FASTDATA_REMOTE_CACHE"

@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import FastdataError
-from .store import RemoteStore
+from fastdata.errors import FastdataError
+from fastdata.remote.store import RemoteStore
 
 log = logging.getLogger("fastdata.remote")
 

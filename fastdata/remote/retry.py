@@ -11,7 +11,7 @@ import re
 import time
 from typing import Callable, TypeVar
 
-from ..errors import FastdataError, NoSuchBucketError, RemoteError, RemoteNotFoundError
+from fastdata.errors import FastdataError, NoSuchBucketError, RemoteError, RemoteNotFoundError
 
 T = TypeVar("T")
 log = logging.getLogger("fastdata.remote")

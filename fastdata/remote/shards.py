@@ -9,13 +9,13 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..format.backends import backend
-from ..format.interface import ShardReader
-from ..format.keys import KeyTable
-from ..format.spec import FieldSpec, Manifest
-from .options import RemoteOptions
-from .prefetch import PlanFollower
-from .store import RemoteStore
+from fastdata.format.backends import backend
+from fastdata.format.interface import ShardReader
+from fastdata.format.keys import KeyTable
+from fastdata.format.spec import FieldSpec, Manifest
+from fastdata.remote.options import RemoteOptions
+from fastdata.remote.prefetch import PlanFollower
+from fastdata.remote.store import RemoteStore
 
 
 class RemoteShards:

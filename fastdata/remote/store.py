@@ -15,15 +15,15 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable
 
-from .._units import fmt_bytes
-from ..errors import FormatError, IncompleteDatasetError, UsageError
-from ..format.files import JOURNAL_NAME  # what an interrupted conversion to a URL leaves
-from ..format.manifest import parse_manifest
-from ..format.spec import KEYS_KIND_FILE, MANIFEST_NAME, MAX_MANIFEST_BYTES, KeysInfo, Manifest, ShardInfo
-from .cache import CacheFullError, Pin, Priority, ShardCache
-from .options import RemoteOptions
-from .retry import RemoteError, RemoteNotFoundError, with_retries
-from .url import filesystem, join, root
+from fastdata._units import fmt_bytes
+from fastdata.errors import FormatError, IncompleteDatasetError, UsageError
+from fastdata.format.files import JOURNAL_NAME  # what an interrupted conversion to a URL leaves
+from fastdata.format.manifest import parse_manifest
+from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, MAX_MANIFEST_BYTES, KeysInfo, Manifest, ShardInfo
+from fastdata.remote.cache import CacheFullError, Pin, Priority, ShardCache
+from fastdata.remote.options import RemoteOptions
+from fastdata.remote.retry import RemoteError, RemoteNotFoundError, with_retries
+from fastdata.remote.url import filesystem, join, root
 
 log = logging.getLogger("fastdata.remote")
 PART_PREFIXES = (".fastdata-part-", ".fastdata-journal-part-")  # what --part I/N leaves before merge-parts

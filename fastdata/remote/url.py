@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any, Mapping
 
-from ..errors import UsageError
+from fastdata.errors import UsageError
 
 log = logging.getLogger("fastdata.remote")
 

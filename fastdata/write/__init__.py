@@ -4,10 +4,10 @@ on Ray, part by part, or to a URL; and merging datasets. The sources live in fas
 
 from __future__ import annotations
 
-from .engine import plan_shards, write_dataset
-from .merge import MergeReport, merge
-from .options import DEFAULT_SHARD_SIZE, ConvertReport, Progress, Source, WriteOptions
-from .parts import MergePartsReport, merge_parts, parse_part
+from fastdata.write.engine import plan_shards, write_dataset
+from fastdata.write.merge import MergeReport, merge
+from fastdata.write.options import DEFAULT_SHARD_SIZE, ConvertReport, Progress, Source, WriteOptions
+from fastdata.write.parts import MergePartsReport, merge_parts, parse_part
 
 __all__ = ["ConvertReport", "DEFAULT_SHARD_SIZE", "MergePartsReport", "MergeReport", "Progress", "Source",
            "WriteOptions", "merge", "merge_parts", "parse_part", "plan_shards", "write_dataset"]

@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from fastdata.errors import DestinationBusyError, UsageError
 from fastdata.format import MANIFEST_NAME, ShardInfo
 from fastdata.format.files import JOURNAL_NAME, LOCK_NAME, OURS, PART_FILE, SKIPPED_NAME, TEMPORARY
-
-from . import journal
-from .lock import DstLock, holder
+from fastdata.write import journal
+from fastdata.write.lock import DstLock, holder
 
 if TYPE_CHECKING:
-    from .url_publish import UrlSpec
+    from fastdata.write.url_publish import UrlSpec
 
 __all__ = ["Destination", "SHARD", "check_dst", "check_part_entries", "part_journal_name", "part_lock_name",
            "part_record_name", "part_stem", "prepare_dst", "prepare_part_dst", "refuse_broken_url", "remove_ours",

@@ -36,12 +36,11 @@ from fastdata.format.spec import (
     version_for,
 )
 from fastdata.world import usable_cpus
-
-from . import _fault, journal
-from .destination import Destination, remove_ours, remove_shards_except, remove_temporary, write_skipped
-from .local import Finished, LocalEngine
-from .options import ConvertReport, Progress, Source, WriteOptions
-from .shard_task import ShardTask, write_error
+from fastdata.write import _fault, journal
+from fastdata.write.destination import Destination, remove_ours, remove_shards_except, remove_temporary, write_skipped
+from fastdata.write.local import Finished, LocalEngine
+from fastdata.write.options import ConvertReport, Progress, Source, WriteOptions
+from fastdata.write.shard_task import ShardTask, write_error
 
 log = logging.getLogger(__name__)
 __all__ = ["ShardEngine", "check_source", "part_range", "plan_shards", "write_dataset"]
@@ -185,7 +184,7 @@ def _finish(source: Source, target: Destination, opts: WriteOptions, head: dict,
         write_skipped(target.path, source.skipped)
         write_manifest(target.path, manifest)
     else:
-        from .parts import write_part_record
+        from fastdata.write.parts import write_part_record
 
         write_part_record(target.path, target.part, head, manifest, source.skipped)
 
@@ -213,7 +212,7 @@ def part_range(num_shards: int, index: int, count: int) -> range:
 
 def _engine(opts: WriteOptions, ntasks: int) -> ShardEngine:
     if opts.engine == "ray":
-        from .ray_engine import RayEngine
+        from fastdata.write.ray_engine import RayEngine
 
         return RayEngine(address=opts.ray_address, workers=opts.workers)
     return LocalEngine(min(opts.workers or usable_cpus(), ntasks))

@@ -27,8 +27,7 @@ from fastdata.fileio import finish_file, fsync_dir
 from fastdata.format import ShardInfo
 from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.spec import parse_checksum
-
-from . import _fault
+from fastdata.write import _fault
 
 __all__ = ["JOURNAL_VERSION", "MAX_JOURNAL_BYTES", "append", "check_same", "fingerprint", "header", "load", "remove",
            "start"]

@@ -13,9 +13,8 @@ from typing import Any, Callable
 
 from fastdata.errors import FastdataError
 from fastdata.format import ShardInfo
-
-from .options import Progress
-from .shard_task import ShardTask, init_worker, write_shard
+from fastdata.write.options import Progress
+from fastdata.write.shard_task import ShardTask, init_worker, write_shard
 
 Finished = Callable[[ShardTask, ShardInfo, bool], None]
 __all__ = ["Finished", "LocalEngine", "mp_context"]

@@ -45,9 +45,8 @@ from fastdata.format import (
 )
 from fastdata.format.keys import DuplicateKeyError, KeyTable, write_keys
 from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo, version_for
-
-from .destination import check_dst, prepare_dst, refuse_broken_url, remove_ours
-from .shard_task import write_error
+from fastdata.write.destination import check_dst, prepare_dst, refuse_broken_url, remove_ours
+from fastdata.write.shard_task import write_error
 
 Method = Literal["auto", "link", "copy"]
 # errno values meaning "this filesystem will not hard-link these files" (auto copies instead)

@@ -31,10 +31,9 @@ from fastdata.format.spec import KEYS_FILE, KEYS_KIND_FILE
 from fastdata.remote import RemoteOptions, is_url
 from fastdata.remote.retry import with_retries
 from fastdata.remote.url import join, root
-
-from .destination import part_lock_name, part_record_name, refuse_broken_url, write_skipped
-from .lock import DstLock, holder
-from .url_publish import UrlSpec
+from fastdata.write.destination import part_lock_name, part_record_name, refuse_broken_url, write_skipped
+from fastdata.write.lock import DstLock, holder
+from fastdata.write.url_publish import UrlSpec
 
 RECORD_VERSION = 1
 _PART_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")

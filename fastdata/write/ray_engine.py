@@ -19,9 +19,8 @@ from typing import Any
 
 from fastdata.errors import FastdataError, UsageError, WriteError
 from fastdata.format import ShardInfo
-
-from . import _fault
-from .shard_task import ShardTask, publisher_for, write_shard
+from fastdata.write import _fault
+from fastdata.write.shard_task import ShardTask, publisher_for, write_shard
 
 __all__ = ["RETRIES", "RayEngine", "import_ray", "ray_write_shard"]
 

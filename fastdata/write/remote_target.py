@@ -35,17 +35,16 @@ from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
 from fastdata.remote.retry import RemoteError, RemoteNotFoundError, describe, with_retries
 from fastdata.remote.url import filesystem, join, root
-
-from . import _fault, journal
-from .destination import (
+from fastdata.write import _fault, journal
+from fastdata.write.destination import (
     check_part_entries,
     part_journal_name,
     part_lock_name,
     part_record_name,
     part_stem,
 )
-from .lock import holder
-from .url_publish import UrlSpec, shard_number
+from fastdata.write.lock import holder
+from fastdata.write.url_publish import UrlSpec, shard_number
 
 __all__ = ["RemoteTarget", "check_not_urls"]
 

@@ -25,11 +25,10 @@ from fastdata.errors import DataError, FastdataError, UsageError, WriteError
 from fastdata.fileio import file_checksum, finish_file, fsync_file
 from fastdata.format import FieldSpec, ShardInfo, backend
 from fastdata.format.spec import CHECKSUM_DEFAULT
-
-from . import _fault
+from fastdata.write import _fault
 
 if TYPE_CHECKING:
-    from .url_publish import UrlSpec
+    from fastdata.write.url_publish import UrlSpec
 
 __all__ = ["LocalPublisher", "Publisher", "ShardTask", "check_sample", "init_worker", "publisher_for", "write_error",
            "write_shard"]
@@ -159,7 +158,7 @@ def publisher_for(dst: str, remote: "UrlSpec | None" = None) -> Publisher:
     :class:`~.urlpublish.UrlSpec` (storage options included) the writing process uploads with. A URL
     without one is a caller's mistake, refused rather than written as a local folder named ``s3:``."""
     if remote is not None:
-        from .url_publish import UrlPublisher
+        from fastdata.write.url_publish import UrlPublisher
 
         if remote.url != dst.rstrip("/"):
             raise UsageError(f"{dst}: the shard task's upload settings name another URL ({remote.url})")

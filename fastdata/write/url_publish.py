@@ -24,8 +24,7 @@ from fastdata.remote.locks import pid_alive
 from fastdata.remote.options import default_cache_dir, default_timeout
 from fastdata.remote.retry import with_retries
 from fastdata.remote.url import filesystem, join, root
-
-from . import _fault
+from fastdata.write import _fault
 
 _WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
 
