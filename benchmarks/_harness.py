@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from fastdata.bench import CEILING_LIMIT  # one limit for the harness, the report and fastdata bench
+from fastdata.measure.bench import CEILING_LIMIT  # one limit for the harness, the report and fastdata bench
 from fastdata.fileio import write_atomic
 from fastdata.world import usable_cpus
 

@@ -44,7 +44,7 @@ from _harness import (  # noqa: E402
 )
 
 from fastdata.augment import Augment, HorizontalFlip, RandomAffine, RandomResizedCrop, batch_generator  # noqa: E402
-from fastdata.targets import Keypoints, Mask  # noqa: E402
+from fastdata.augment.targets import Keypoints, Mask  # noqa: E402
 
 B, H, W, K, SIZE = 64, 256, 256, 17, 224
 # COCO's 17 keypoints: nose, then (left, right) eyes, ears, shoulders, elbows, wrists, hips, knees, ankles

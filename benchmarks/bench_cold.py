@@ -5,13 +5,13 @@ Before every timed pass the page cache is emptied for exactly the files that pas
 pages that no process has mapped, so every dataset is closed before), then ``mincore`` checks
 how much stayed resident (reported). One run compares, on the same files:
 
-- naive: per-file ``np.load`` in a torch DataLoader (fastdata.examples.naive_loader), random order;
+- naive: per-file ``np.load`` in a torch DataLoader (fastdata.demo.examples.naive_loader), random order;
 - fastdata.loader, uncompressed HDF5, each shuffle mode (True, "block", "shards", False), with the
-  plan-following read-ahead (fastdata/readahead.py) and, for True and "block", without it; for
+  plan-following read-ahead (fastdata/reading/readahead.py) and, for True and "block", without it; for
   "block", "shards" and False also with hints alone (no sequential stream reads), the comparison;
   for "block", False and "shards" also with the other way of reading their streams (the loader copies
   the streams of "block" and False into a buffer with pread and sends those of "shards" to /dev/null:
-  fastdata/readahead.py); "block" also with its stream descriptors not marked
+  fastdata/reading/readahead.py); "block" also with its stream descriptors not marked
   sequential (``POSIX_FADV_SEQUENTIAL``: a read-ahead window of 2x the device's), as it read before;
 - the same data converted with ``--compression lz4`` (Blosc, byte shuffle), decoded samples/s;
 - the disk's ceilings on the uncompressed shard files: ``pread`` at the loader's request size (one
@@ -64,14 +64,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.bench import Sink, memory_stalls, pread_pass as bench_pread  # noqa: E402
+from fastdata.measure.bench import Sink, memory_stalls, pread_pass as bench_pread  # noqa: E402
 from fastdata.demo.baseline import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
-from fastdata.order import SHUFFLES, STREAMS, epoch_order  # noqa: E402
+from fastdata.reading.order import SHUFFLES, STREAMS, epoch_order  # noqa: E402
 
 CONVERTED_SHUFFLES = [s for s in SHUFFLES if s != "chunks"]  # "chunks": in-place indexes (bench_inplace.py)
-import fastdata.readahead  # noqa: E402
-from fastdata.readahead import drop_page_cache, resident_bytes  # noqa: E402
+import fastdata.reading.readahead  # noqa: E402
+from fastdata.reading.readahead import drop_page_cache, resident_bytes  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 QUICK_SHAPE = (2, 64, 21, 21)
@@ -83,7 +83,7 @@ NEARBY = f"1 MiB, {STREAMS} streams read ahead within 2 consecutive shard files 
 DISK_ALONE = f"1 MiB, {STREAMS} streams to /dev/null: the disk alone, nothing delivered (a reference)"
 PHOTO_SIDES = (192, 640)  # photos' height and width drawn apart, uniformly: every size, as in a folder of photos
 THREADS = (4, 8, 16, 32, 64, 128)  # the best is the ceiling: the read-ahead keeps more than 32 reads in flight
-HINTED = "random, hinted 256 MiB ahead of 2 copying threads"  # a deeper queue than threads keep (fastdata.bench._hinted)
+HINTED = "random, hinted 256 MiB ahead of 2 copying threads"  # a deeper queue than threads keep (fastdata.measure.bench._hinted)
 
 
 # --- data --------------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def disk_reads(path: Path) -> tuple[int, int]:
 
 def with_requests(path: Path, fn: Callable[[], dict[str, float]]) -> dict[str, float]:
     """``fn()``'s result plus ``request_kib``, the mean size of the disk's read requests during it, and
-    ``stalls``, the memory stalls (fastdata.bench.memory_stalls) during it."""
+    ``stalls``, the memory stalls (fastdata.measure.bench.memory_stalls) during it."""
     n0, b0 = disk_reads(path)
     s0 = memory_stalls()
     r = fn()
@@ -199,19 +199,19 @@ def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int 
     """One epoch of fastdata.loader (threads, defaults) over ``root``; cold unless ``warm``.
     The comparisons: ``streams=False``: the read-ahead hints every range (no sequential stream reads);
     ``sendfile``: stream reads sent to /dev/null (True) or copied into a buffer with pread (False) whatever
-    the shuffle (None: the loader's choice, fastdata.readahead.SENDFILE); ``from_map``: rows always copied
+    the shuffle (None: the loader's choice, fastdata.reading.readahead.SENDFILE); ``from_map``: rows always copied
     from the shard's map, also when the read-ahead found them not cached (no pread into the batch);
-    ``sequential=False``: the stream descriptors not marked sequential (fastdata.readahead.SEQUENTIAL)."""
+    ``sequential=False``: the stream descriptors not marked sequential (fastdata.reading.readahead.SEQUENTIAL)."""
     cfg = LoaderConfig(readahead=LoaderConfig.readahead if readahead else 0,
                        image_dtype="uint8" if uint8 else "float32")
     paths = files_of(root)
     left = 0.0 if warm else cold(paths)
-    real = fastdata.readahead._Streams.continues
+    real = fastdata.reading.readahead._Streams.continues
     real_disk = fastdata.Dataset._from_disk
     if not streams:
-        fastdata.readahead._Streams.continues = lambda self, path, off, size, starts=False: False  # type: ignore[method-assign]
-    fastdata.readahead.SENDFILE = sendfile
-    fastdata.readahead.SEQUENTIAL = sequential
+        fastdata.reading.readahead._Streams.continues = lambda self, path, off, size, starts=False: False  # type: ignore[method-assign]
+    fastdata.reading.readahead.SENDFILE = sendfile
+    fastdata.reading.readahead.SEQUENTIAL = sequential
     if from_map:
         fastdata.Dataset._from_disk = lambda self: False  # type: ignore[method-assign]
     try:
@@ -223,9 +223,9 @@ def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int 
                 n += len(b["label"])
             dt = time.perf_counter() - t0
     finally:
-        fastdata.readahead._Streams.continues = real  # type: ignore[method-assign]
-        fastdata.readahead.SENDFILE = None
-        fastdata.readahead.SEQUENTIAL = True
+        fastdata.reading.readahead._Streams.continues = real  # type: ignore[method-assign]
+        fastdata.reading.readahead.SENDFILE = None
+        fastdata.reading.readahead.SEQUENTIAL = True
         fastdata.Dataset._from_disk = real_disk  # type: ignore[method-assign]
     return {"samples_per_s": n / dt, "seconds": dt, "resident_before": left}
 
@@ -242,7 +242,7 @@ def naive_pass(src: Path, files: list[Path]) -> dict[str, float]:
 
 def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool, streams: bool = False,
                sink: Sink = "buffer", window: int | None = None) -> dict[str, float]:
-    """The disk's ceiling at request size ``size`` (fastdata.bench.pread_pass), cold."""
+    """The disk's ceiling at request size ``size`` (fastdata.measure.bench.pread_pass), cold."""
     left = cold(paths)
     r = bench_pread(paths, size, threads, shuffled=shuffled, streams=streams, sink=sink, window=window)
     return {"mb_per_s": r["bytes"] / r["seconds"] / 1e6, "seconds": r["seconds"], "resident_before": left}
@@ -252,7 +252,7 @@ def stream_ceilings(paths: list[Path]) -> dict[str, Callable[[], dict[str, float
     """The parallel-stream ceilings of both cold benchmarks: 16 threads each reading its own part in
     order with 4, 2 and 1 MiB preads (the loader's stream reads are 1 MiB); those 1 MiB streams read
     ahead to /dev/null and copied by 2 threads (AHEAD), also with the streams kept near each other
-    (NEARBY: fastdata.bench.pread_pass's ``window``); and only sent to /dev/null (DISK_ALONE)."""
+    (NEARBY: fastdata.measure.bench.pread_pass's ``window``); and only sent to /dev/null (DISK_ALONE)."""
     fns: dict[str, Callable[[], dict[str, float]]] = {
         f"pread {mib} MiB, {STREAMS} streams in order": (lambda mib=mib: pread_pass(paths, mib << 20, STREAMS, False, streams=True))
         for mib in (4, 2, 1)}
@@ -321,7 +321,7 @@ def back_to_back(fns: dict[str, Callable[[], dict[str, Any]]], pairs: dict[str, 
     return {k: {"median": float(np.median(v)), "all": [round(x, 3) for x in v]} for k, v in got.items()}
 
 
-READ_AB = {  # how each shuffle's streams are read (fastdata.readahead): the loader's choice / the other way
+READ_AB = {  # how each shuffle's streams are read (fastdata.reading.readahead): the loader's choice / the other way
     "'block': stream reads by pread (the loader's choice) / sent to /dev/null":
         ("loader shuffle='block'", "loader shuffle='block', stream reads sent to /dev/null"),
     "False: stream reads by pread (the loader's choice) / sent to /dev/null":
@@ -443,7 +443,7 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     for sh in ("block", "shards", False):
         cold_fns[f"loader shuffle={sh!r}, hints only (no stream reads)"] = \
             lambda sh=sh: loader_pass(work / "hdf5", sh, streams=False)
-    # each stream-reading shuffle with the other way of reading its streams (the loader's choice: fastdata.readahead)
+    # each stream-reading shuffle with the other way of reading its streams (the loader's choice: fastdata.reading.readahead)
     cold_fns["loader shuffle='block', stream reads sent to /dev/null"] = lambda: loader_pass(work / "hdf5", "block", sendfile=True)
     cold_fns["loader shuffle=False, stream reads sent to /dev/null"] = lambda: loader_pass(work / "hdf5", False, sendfile=True)
     cold_fns["loader shuffle='shards', stream reads copied by pread"] = lambda: loader_pass(work / "hdf5", "shards", sendfile=False)

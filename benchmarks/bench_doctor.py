@@ -37,7 +37,7 @@ sys.path.insert(0, str(SCRIPTS))
 import _harness  # noqa: E402
 import make_data  # noqa: E402
 
-from fastdata.doctor.report import render  # noqa: E402
+from fastdata.measure.doctor.report import render  # noqa: E402
 
 
 def _cases(work: Path, quick: bool) -> list[dict[str, Any]]:
@@ -120,7 +120,7 @@ def hook_cost(batches: int = 3000) -> dict[str, float]:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-    from fastdata.doctor import _probe
+    from fastdata.measure.doctor import _probe
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "x.npy"

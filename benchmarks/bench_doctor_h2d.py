@@ -1,7 +1,7 @@
 """What the doctor's host-to-device patch costs a call that is not a copy to a GPU.
 
 While the doctor watches, ``Tensor.to``, ``Tensor.cuda`` and ``Tensor.copy_`` are wrapped
-(fastdata.doctor._h2d). Here: the time per call of a few CPU-only calls, best of 7 runs of N calls,
+(fastdata.measure.doctor._h2d). Here: the time per call of a few CPU-only calls, best of 7 runs of N calls,
 without and with the wrapper, in this process. On a GPU machine it also times a pinned, non_blocking
 copy of a 4 MB batch with and without it (the timed path: two CUDA events and the bookkeeping).
 Usage: python benchmarks/bench_doctor_h2d.py [--quick]
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from fastdata.doctor import _h2d
+from fastdata.measure.doctor import _h2d
 
 
 def _per_call_us(fn: Callable[[], Any], number: int) -> float:

@@ -16,7 +16,7 @@ Usage::
 2. Planning: one epoch of a 10-million-sample dataset with 1000 classes: ``Weighted("balanced")``,
    ``Weighted(weights)`` with random weights, and ``Episodic(5 way, 5 shot, 15 query)`` (100 000
    episodes), each as the loader plans it (the sampler's draws and this rank's share of 8 ranks:
-   ``fastdata.samplers.world_batches`` and ``rank_batches``, what ``Loader.plan`` runs).
+   ``fastdata.reading.samplers.world_batches`` and ``rank_batches``, what ``Loader.plan`` runs).
    Median of 3 epochs, wall time and this process's CPU time (the machine is shared:
    wall time includes waiting for a core). Binding (reading the classes once, when the loader is
    built) is shown apart. Target: under 1 s.
@@ -42,7 +42,7 @@ from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, warm_pag
 from PIL import Image
 
 import fastdata
-from fastdata.samplers import Episodic, Weighted, rank_batches, world_batches
+from fastdata.reading.samplers import Episodic, Weighted, rank_batches, world_batches
 from fastdata.world import World
 
 BATCH = 64

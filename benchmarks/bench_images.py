@@ -40,7 +40,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset
 import fastdata
 from fastdata.loaders import LoaderConfig
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
-from fastdata.decode import jpeg_decoder
+from fastdata.reading.decode import jpeg_decoder
 
 SIZE = 256
 QUALITY = 90

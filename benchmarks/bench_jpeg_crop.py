@@ -14,7 +14,7 @@ re-encoded with ``--images jpeg --max-side 256`` and ``384`` (quality 90), the o
 Timed (whole epochs, interleaved, median of the repeats), every method with 2 threads:
 
 * the full-decode ceiling: simplejpeg decodes each file whole into a reused per-thread buffer, then the
-  same crop-and-resize and flip as fastdata's (fastdata.cropdecode.resample_into: torch's uint8 resize,
+  same crop-and-resize and flip as fastdata's (fastdata.reading.cropdecode.resample_into: torch's uint8 resize,
   then one conversion to float) writes the reused float batch, the files' bytes already in memory (no
   shard reads);
 * fastdata's loader with ``LoaderConfig(crop_decode=...)``: ``auto`` (simplejpeg, DCT-scaled when the
@@ -55,7 +55,7 @@ from PIL import Image, ImageDraw, ImageFilter
 import fastdata
 from fastdata.augment import HorizontalFlip, RandomResizedCrop
 from fastdata.converters import ConvertConfig, ImageOptions
-from fastdata.cropdecode import RegionDecoders, decode_crop, resample_into
+from fastdata.reading.cropdecode import RegionDecoders, decode_crop, resample_into
 from fastdata.format import ImageSpec
 from fastdata.format.spec import CODEC_JPEG
 from fastdata.loaders import LoaderConfig

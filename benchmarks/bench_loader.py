@@ -100,7 +100,7 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
     loaders = {}
     for be in ("hdf5", "lmdb"):
         loaders[f"fastdata {be}, defaults"] = fastdata.loader(workdir / be, BATCH, device="cpu")
-        # the A/B of the read-ahead on a warm cache (it must cost nothing there: fastdata/readahead.py)
+        # the A/B of the read-ahead on a warm cache (it must cost nothing there: fastdata/reading/readahead.py)
         loaders[f"fastdata {be}, defaults, read-ahead off"] = fastdata.loader(workdir / be, BATCH, device="cpu",
                                                                              config=LoaderConfig(readahead=0))
         for th in (0, 1, 3, 4):  # the default (2 threads on 2 cores) is the row above

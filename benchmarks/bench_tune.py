@@ -1,9 +1,9 @@
 """Does ``fastdata tune`` pick settings at least as fast as the best hand-picked ones?
 
-One run: 2,000 samples of float32 (2, 256, 21, 21) converted to HDF5; ``fastdata.tune`` races
+One run: 2,000 samples of float32 (2, 256, 21, 21) converted to HDF5; ``fastdata.measure.tune`` races
 settings within a budget (60 s; 6 s with ``--quick``); then the winner and a grid of hand-picked settings (threads 0/1/2/4
-x prefetch 2/4/8) are measured as the race measures them (``fastdata.tune.measure_setting``:
-``fastdata.bench.measure``, what ``fastdata bench`` runs),
+x prefetch 2/4/8) are measured as the race measures them (``fastdata.measure.tune.measure_setting``:
+``fastdata.measure.bench.measure``, what ``fastdata bench`` runs),
 for 2 s each (0.3 s with ``--quick``), in interleaved rounds; the figure is the median round.
 Usage: python benchmarks/bench_tune.py [--quick]
 """
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.tune import measure_setting, tune  # noqa: E402
+from fastdata.measure.tune import measure_setting, tune  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 BATCH = 64
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# fastdata tune against a hand-picked grid, float32{list(SHAPE)}, {n} samples, HDF5, batch {BATCH}", "",
         f"Machine: {machine['cpu_model']}, {machine['usable_cores']} cores. Tune budget {budget:.0f} s; then every "
         f"setting measured {seconds} s per round, {rounds} interleaved rounds, median.", "",
-        "## Measured with fastdata.bench in the same run", "",
+        "## Measured with fastdata.measure.bench in the same run", "",
         _harness.markdown_table(["setting", "samples/s", "range", "x best grid"], rows), "",
         f"Tuned pick / best grid setting ({best_grid}): **{ratio:.2f}**. Largest max/min spread of one setting "
         f"across rounds: {spread:.2f} (the machine's noise).", "",

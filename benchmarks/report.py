@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from fastdata.bench import CEILING_LIMIT
+from fastdata.measure.bench import CEILING_LIMIT
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "benchmarks.md"

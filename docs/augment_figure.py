@@ -30,7 +30,7 @@ from fastdata.augment import (
     VerticalFlip,
     batch_generator,
 )
-from fastdata.targets import Boxes, Keypoints, Mask
+from fastdata.augment.targets import Boxes, Keypoints, Mask
 
 H, W = 160, 200
 # a stick figure: nose, (left, right) eyes, shoulders, hands, feet

@@ -37,7 +37,7 @@ class FastdataError(Exception):
 
     A parameter the message names is written ``%(name)`` or ``%(name=value)`` in it: ``str()`` says it
     as the parameter (``resume=True``), and the CLI as the flag that sets it (``--resume``; :meth:`said`,
-    fastdata/cli_convert.py), so the library's errors name parameters and the CLI's name flags."""
+    fastdata/cli/convert.py), so the library's errors name parameters and the CLI's name flags."""
 
     exit_code = 1
 

@@ -232,7 +232,7 @@ def test_image_shape_describes_the_augmented_images(tmp_path):
     from PIL import Image
 
     from fastdata.augment import Pad
-    from fastdata.targets import Keypoints
+    from fastdata.augment.targets import Keypoints
 
     src = tmp_path / "imgs"
     sizes = [(40, 64), (64, 30), (24, 24)]

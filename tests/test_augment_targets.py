@@ -32,7 +32,7 @@ from fastdata.augment import (
     batch_generator,
 )
 from fastdata.errors import UsageError
-from fastdata.targets import Boxes, Custom, Keypoints, Mask
+from fastdata.augment.targets import Boxes, Custom, Keypoints, Mask
 
 CPU = torch.device("cpu")
 

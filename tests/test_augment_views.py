@@ -13,8 +13,8 @@ from fastdata import WriteOptions
 from fastdata.augment import Augment, HorizontalFlip, RandomCrop, RandomResizedCrop, batch_generator
 from fastdata.errors import UsageError
 from fastdata.loaders import LoaderConfig
-from fastdata.mixing import Mix, MixDraw, mix_boxes
-from fastdata.seqaug import (
+from fastdata.augment.mixing import Mix, MixDraw, mix_boxes
+from fastdata.augment.sequence import (
     AdditiveNoise,
     AmplitudeScale,
     ChannelMask,
@@ -26,8 +26,8 @@ from fastdata.seqaug import (
     padded_to_pack,
     run_padded,
 )
-from fastdata.targets import Boxes, Keypoints, Mask
-from fastdata.views import augment_batch
+from fastdata.augment.targets import Boxes, Keypoints, Mask
+from fastdata.augment.apply import augment_batch
 
 CPU = torch.device("cpu")
 N = 21
@@ -322,7 +322,7 @@ def test_views_keep_the_image_layout_and_calling_needs_the_batch(ds):
 
 
 def test_fit_sees_fixed_shapes_when_every_view_crops(ds):
-    from fastdata import precision
+    from fastdata.train import precision
 
     def fixed(path: Path, aug: Augment) -> bool:
         with fastdata.loader(path, 6, device="cpu", augment=aug) as ld:
@@ -333,7 +333,7 @@ def test_fit_sees_fixed_shapes_when_every_view_crops(ds):
 
 
 def test_stacked_channels_last_views_equal_a_plain_stack():
-    from fastdata.views import _stack
+    from fastdata.augment.apply import _stack
 
     views = [torch.rand(4, 3, 5, 6).contiguous(memory_format=torch.channels_last) for _ in range(3)]
     got = _stack(views)

@@ -62,7 +62,7 @@ def test_fastdata_bench_cold_on_a_small_dataset(tmp_path, capsys):
 
 
 def test_pread_pass_reads_every_byte_once_in_each_pattern(tmp_path):
-    from fastdata.bench import pread_pass
+    from fastdata.measure.bench import pread_pass
 
     sizes = [5 << 20, 3 << 20, 123457]
     paths = []
@@ -89,7 +89,7 @@ def test_pread_pass_hinted_random_reads_hint_each_request_once_within_the_bound(
     import os
     import threading
 
-    from fastdata import bench
+    from fastdata.measure import bench
 
     f = tmp_path / "f"
     f.write_bytes(np.random.default_rng(1).bytes((12 << 20) + 5))
@@ -116,7 +116,7 @@ def test_pread_pass_ahead_delivers_the_bytes_into_its_buffers(tmp_path, monkeypa
     """The "ahead" ceiling copies every piece the streams sent to /dev/null, once, at its offset."""
     import os
 
-    from fastdata import bench
+    from fastdata.measure import bench
 
     f = tmp_path / "f"
     f.write_bytes(np.random.default_rng(0).bytes((3 << 20) + 777))
@@ -130,16 +130,16 @@ def test_pread_pass_ahead_delivers_the_bytes_into_its_buffers(tmp_path, monkeypa
 def test_fastdata_bench_cold_says_when_passes_waited_for_memory(tmp_path, capsys, monkeypatch):
     """Passes during which allocations on the machine stalled for reclaim or compaction (the page cache
     full of other files) are counted in a note: their figures include making room, not the disk alone."""
-    import fastdata.bench
+    import fastdata.measure.bench
 
     np.save(tmp_path / "x.npy", np.random.default_rng(0).poisson(9, (32, 4, 32, 32)).astype(np.float32))
     fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(workers=1)), arrays={"x": tmp_path / "x.npy"})
     args = ["bench", str(tmp_path / "ds"), "--cold", "--batches", "1", "--seconds", "1", "--no-ceiling"]
-    monkeypatch.setattr(fastdata.bench, "memory_stalls", lambda: 5)  # no stall during the passes: no note
+    monkeypatch.setattr(fastdata.measure.bench, "memory_stalls", lambda: 5)  # no stall during the passes: no note
     assert cli.main(args) == 0
     assert "waited for memory" not in capsys.readouterr().out
     counts = iter(range(0, 1000, 7))  # every reading of /proc/vmstat finds 7 more stalls
-    monkeypatch.setattr(fastdata.bench, "memory_stalls", lambda: next(counts))
+    monkeypatch.setattr(fastdata.measure.bench, "memory_stalls", lambda: next(counts))
     assert cli.main(args) == 0
     assert "note: during 2 of 2 passes, allocations on this machine waited for memory" in capsys.readouterr().out
 
@@ -149,7 +149,7 @@ def test_pread_pass_window_reads_the_files_a_window_at_a_time(tmp_path, monkeypa
     reads never interleave with those of a file of another window."""
     import os
 
-    import fastdata.bench as fb
+    import fastdata.measure.bench as fb
 
     paths = []
     for i in range(4):

@@ -17,8 +17,8 @@ from fastdata.write import WriteOptions
 from fastdata import cli
 from fastdata.errors import CorruptShardError, FormatError
 from fastdata.loaders import LoaderConfig
-from fastdata.readahead import ReadAhead, drop_page_cache, merge_ranges, resident_bytes
-from fastdata.order import SHUFFLES
+from fastdata.reading.readahead import ReadAhead, drop_page_cache, merge_ranges, resident_bytes
+from fastdata.reading.order import SHUFFLES
 from fastdata.world import World
 
 N = 182  # two shards of 91 (1.5 MB): columns over 1 MiB are read from the file, not cached
@@ -324,7 +324,7 @@ def test_long_ranges_are_hinted_in_pieces_the_kernel_reads_whole(tmp_path, monke
     """Linux reads at most max(read_ahead_kb, max_sectors_kb) of one WILLNEED hint and drops the rest."""
     import os
 
-    from fastdata import readahead
+    from fastdata.reading import readahead
 
     f = tmp_path / "f.bin"
     f.write_bytes(bytes(1 << 20))
@@ -348,7 +348,7 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
     """Warm: after WARM_STREAK batches found cached, a batch whose probe hits is not hinted. Cold: all are."""
     import os
 
-    from fastdata import readahead
+    from fastdata.reading import readahead
 
     if not hasattr(os, "RWF_NOWAIT"):
         pytest.skip("no preadv2 RWF_NOWAIT on this platform: read-ahead always hints")
@@ -419,7 +419,7 @@ def test_read_ahead_counts_a_batch_as_cached_only_when_all_its_ranges_are(tmp_pa
     """Before the warm streak every merged range of a batch is probed (its last byte): batches whose
     first range is cached (as a stream's kernel read-ahead leaves the start of the next batch's range)
     but whose other range is not are hinted, all of them, and the pass stays cold."""
-    from fastdata import readahead
+    from fastdata.reading import readahead
 
     # the first 12 MB cached (and what the kernel reads ahead of them), not from 40 MB on
     f = _partly_cached(tmp_path, 64, 0, 12, 36)
@@ -441,7 +441,7 @@ def test_read_ahead_stays_cold_for_the_rest_of_a_pass_that_found_a_batch_not_cac
     read-ahead's own work (a stream's kernel read-ahead runs MBs past it). Here the first 4 batches are
     not cached and the 20 after them are: all 24 are hinted, none skipped (the streak of hits used to
     turn the pass warm after WARM_STREAK batches and skip the rest)."""
-    from fastdata import readahead
+    from fastdata.reading import readahead
 
     f = _partly_cached(tmp_path, 24, 4, 20, 21)  # batches 4-23 cached, 0-3 not
     plan = [np.array([k]) for k in range(24)]
@@ -460,7 +460,7 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
     (its pages end up in the page cache); a range that starts elsewhere is hinted (WILLNEED)."""
     import os
 
-    from fastdata import readahead
+    from fastdata.reading import readahead
 
     f = tmp_path / "f.bin"
     f.write_bytes(np.random.default_rng(0).bytes(16 << 20))
@@ -528,7 +528,7 @@ def test_stream_reads_fill_the_page_cache_with_pread_or_sendfile(tmp_path, monke
     import errno
     import os
 
-    from fastdata import readahead
+    from fastdata.reading import readahead
 
     f = tmp_path / "f.bin"
     f.write_bytes(np.random.default_rng(1).bytes(8 << 20))
@@ -611,7 +611,7 @@ def test_the_loader_sends_only_streams_within_a_few_shards_to_dev_null(tmp_path,
     a few shards ("shards"); spread streams ("block"), storage order, a uniform shuffle and a sampler's
     plan get pread (measured faster for each on the test machine's disk: docs/loader.md)."""
     import fastdata
-    from fastdata import readahead
+    from fastdata.reading import readahead
 
     np.save(tmp_path / "x.npy", np.zeros((64, 8), np.float32))
     np.save(tmp_path / "y.npy", np.arange(64))

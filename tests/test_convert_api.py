@@ -120,7 +120,7 @@ def test_import_fastdata_imports_neither_torch_nor_the_write_side():
 
 def test_src_form_comes_from_the_source_table_alone(tmp_path, monkeypatch):
     """convert shapes the request from what the registered kinds say SRC is: a new kind of array file needs no
-    change to fastdata/conversion.py; two kinds saying what one SRC is are a bug that says so."""
+    change to converters/convert.py; two kinds saying what one SRC is are a bug that says so."""
     seen = []
 
     class Blob:

@@ -1,4 +1,4 @@
-"""Crop decoding (fastdata/cropdecode.py, fastdata/loaders/crop.py): the reader decodes only the first crop's
+"""Crop decoding (fastdata/reading/cropdecode.py, fastdata/loaders/crop.py): the reader decodes only the first crop's
 window, with the parameters the device stage draws; the result matches decoding first, then cropping."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 import fastdata
-from fastdata import cropdecode, decode
+from fastdata.reading import cropdecode, decode
 from fastdata.augment import (
     CenterCrop,
     ColorJitter,
@@ -25,7 +25,7 @@ from fastdata.augment import (
 from fastdata.converters import ConvertConfig, ImageOptions
 from fastdata.errors import CorruptShardError
 from fastdata.loaders import LoaderConfig
-from fastdata.targets import Boxes, Keypoints
+from fastdata.augment.targets import Boxes, Keypoints
 
 SIZES = [(120, 90), (64, 200), (150, 150), (90, 70), (200, 130), (100, 100)]
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import decode
+from fastdata.reading import decode
 from fastdata.format import ImageSpec
 from fastdata.format.spec import CODEC_JPEG, CODEC_PNG
 

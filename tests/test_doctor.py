@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fastdata.cli import main
-from fastdata.doctor.html import timeline
+from fastdata.measure.doctor.html import timeline
 
 SCRIPTS = Path(__file__).parent / "doctor_scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -152,10 +152,10 @@ def test_watch_in_process(tmp_path: Path) -> None:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    import fastdata.doctor
+    import fastdata.measure.doctor
 
     ds = TensorDataset(torch.arange(64.0).view(32, 2), torch.arange(32))
-    with fastdata.doctor.watch(json_path=tmp_path / "w.json", project=True, quiet=True) as w:
+    with fastdata.measure.doctor.watch(json_path=tmp_path / "w.json", project=True, quiet=True) as w:
         total = sum(float(x.sum()) for x, _ in DataLoader(ds, batch_size=4))
     assert total == float(torch.arange(64.0).sum())  # the loop's result is unchanged
     assert w.report["loader"]["settings"]["num_workers"] == 0
@@ -195,7 +195,7 @@ def test_projection_with_fewer_samples_than_a_batch_ends(tmp_path: Path) -> None
     """One batch a pass: the first is start-up, the later passes are timed (this once looped forever)."""
     import numpy as np
 
-    from fastdata.doctor.project import _sample_and_measure
+    from fastdata.measure.doctor.project import _sample_and_measure
 
     r = _sample_and_measure([(np.zeros(3, np.float32), 1)] * 3, 4, tmp_path)
     assert r["ok"] and r["batch_size"] == 3 and r["batch_s"] > 0
@@ -207,13 +207,13 @@ def test_accelerate_prepared_loader_is_measured() -> None:
     from accelerate import Accelerator
     from torch.utils.data import DataLoader, TensorDataset
 
-    import fastdata.doctor
+    import fastdata.measure.doctor
 
     ds = TensorDataset(torch.arange(64.0).view(32, 2), torch.arange(32))
     acc = Accelerator(cpu=True)
     model, opt, dl = acc.prepare(torch.nn.Linear(2, 1), torch.optim.SGD([torch.zeros(1, requires_grad=True)]),
                                  DataLoader(ds, batch_size=4, num_workers=1))
-    with fastdata.doctor.watch(project=False, quiet=True) as w:
+    with fastdata.measure.doctor.watch(project=False, quiet=True) as w:
         seen = sorted(int(v) for _, y in dl for v in y)
     assert seen == list(range(32))  # every sample, once: the hooks change nothing
     assert w.report["loader"]["batches"] == 8 and w.report["loader"]["settings"]["num_workers"] == 1
@@ -279,7 +279,7 @@ def test_html_page_renders_in_a_headless_browser(tmp_path: Path) -> None:
     """The page as a browser draws it: the timeline's wait, step and replay colours are on the screenshot."""
     from PIL import Image
 
-    from fastdata.doctor.html import page
+    from fastdata.measure.doctor.html import page
 
     ev = [[i * 0.1, i * 0.1 + 0.04, 0] for i in range(20)]
     r = {"timeline": ev, "replay": [[2.0 + 0.05 * k, 0.0] for k in range(5)]}
@@ -295,7 +295,7 @@ def test_html_page_renders_in_a_headless_browser(tmp_path: Path) -> None:
 
 def test_projection_beside_the_step_leaves_out_pass_start_ups() -> None:
     """Steps come from consecutive hand-outs less the doctor's copy; a pass's first batch is left out."""
-    from fastdata.doctor.report import _beside
+    from fastdata.measure.doctor.report import _beside
 
     # (handed out, waited for fastdata, copy, position in the pass)
     rows = [[0.0, 0.0, 0.0, 1], [0.11, 0.01, 0.01, 2], [0.21, 0.0, 0.0, 0], [1.21, 0.9, 0.0, 1],
@@ -311,7 +311,7 @@ def test_projection_beside_the_step_leaves_out_pass_start_ups() -> None:
 
 def test_storage_verdict_needs_a_real_volume_of_reads() -> None:
     """Saturated, CPU-idle workers whose few reads came from storage (a module imported) are not storage-bound."""
-    from fastdata.doctor.report import _bottleneck
+    from fastdata.measure.doctor.report import _bottleneck
 
     loader = {"settings": {"num_workers": 2}}
     w = {"getitem_fraction": 0.95, "collate_fraction": 0.0, "cpu_fraction": 0.05, "samples": 100,
@@ -327,7 +327,7 @@ def test_projection_takes_the_replay_for_busy_workers_and_the_step_less_wait_oth
     """Busy workers stole CPU from the step, or the loop is input-bound: the step replayed beside fastdata
     is the projection. Idle workers under a compute-bound loop: the step's own work (less the wait) stays,
     unless fastdata's readers slow the replay further."""
-    from fastdata.doctor.report import _projection
+    from fastdata.measure.doctor.report import _projection
 
     proj = {"ok": True, "batch_s": 0.002}
     beside = {"step_s": 0.010, "wait_s": 0.001, "wait_fraction": 0.1, "steps": 12}
@@ -346,9 +346,9 @@ def test_projection_takes_the_replay_for_busy_workers_and_the_step_less_wait_oth
 
 
 def _commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[str, Any] | None) -> list[str]:
-    """The printed commands, as fastdata.doctor.report.analyse makes them."""
-    from fastdata.doctor.fix import commands
-    from fastdata.doctor.report import _image_size
+    """The printed commands, as fastdata.measure.doctor.report.analyse makes them."""
+    from fastdata.measure.doctor.fix import commands
+    from fastdata.measure.doctor.report import _image_size
 
     return commands(main, proj, source, _image_size(source, proj) if source else None, None)[0]
 
@@ -396,7 +396,7 @@ def test_image_samples_are_stored_as_uint8_and_the_loader_redoes_the_transforms(
     """On the CPU the script's image transforms become the loader's ops: the sample keeps uint8 images (what
     --images raw stores), the loader turns them into floats and runs the ops standing in for the script's."""
     from fastdata import open as fd_open
-    from fastdata.doctor.project import _sample
+    from fastdata.measure.doctor.project import _sample
 
     s = _sample(_Images(random, normalised), 8, tmp_path)
     assert not isinstance(s, str)
@@ -413,7 +413,7 @@ def test_image_samples_are_stored_as_uint8_and_the_loader_redoes_the_transforms(
 def test_image_samples_stay_float_when_the_step_runs_on_a_gpu(tmp_path: Path) -> None:
     """With the step on a GPU the ops run there (cheap): the sample keeps the floats, no ops are added."""
     from fastdata import open as fd_open
-    from fastdata.doctor.project import _sample
+    from fastdata.measure.doctor.project import _sample
 
     s = _sample(_Images(True, True), 8, tmp_path, on_cpu=False)
     assert not isinstance(s, str) and s.ops == () and s.images == ()
@@ -425,7 +425,7 @@ def test_replay_hands_the_first_batches_in_turn(tmp_path: Path) -> None:
     length), not one batch whose length may be far from the run's."""
     from torch.utils.data import DataLoader
 
-    from fastdata.doctor import _probe
+    from fastdata.measure.doctor import _probe
 
     lengths = [5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27]
     loader = DataLoader([torch.zeros(n) for n in lengths], batch_size=None)

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-import fastdata.doctor
-from fastdata.doctor import _h2d, _probe, transfer
-from fastdata.doctor.report import analyse, render
+import fastdata.measure.doctor
+from fastdata.measure.doctor import _h2d, _probe, transfer
+from fastdata.measure.doctor.report import analyse, render
 
 GB = 1e9
 
@@ -303,7 +303,7 @@ def test_no_measurement_says_why() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the report of a machine without CUDA")
 def test_report_without_cuda_says_not_measured(tmp_path: Path) -> None:
     ds = TensorDataset(torch.zeros(32, 2), torch.arange(32))
-    with fastdata.doctor.watch(project=False, quiet=True) as w:
+    with fastdata.measure.doctor.watch(project=False, quiet=True) as w:
         for x, _ in DataLoader(ds, batch_size=4):
             x.to(torch.float64)
     assert w.report["h2d"] is None and w.report["h2d_reason"] == "no CUDA device"
@@ -314,7 +314,7 @@ def test_report_without_cuda_says_not_measured(tmp_path: Path) -> None:
 def test_real_copies_on_a_gpu() -> None:
     ds = TensorDataset(torch.randn(64, 3, 16, 16), torch.arange(64))
     model = torch.nn.Linear(3 * 16 * 16, 4).cuda()
-    with fastdata.doctor.watch(project=False, quiet=True) as w:
+    with fastdata.measure.doctor.watch(project=False, quiet=True) as w:
         for x, y in DataLoader(ds, batch_size=8, pin_memory=True):
             x, y = x.to("cuda", non_blocking=True), y.cuda(non_blocking=True)
             model(x.flatten(1)).sum().backward()

@@ -16,7 +16,7 @@ from PIL import Image
 
 import fastdata
 from fastdata import train
-from fastdata.samplers import Episodic, Weighted
+from fastdata.reading.samplers import Episodic, Weighted
 
 BACKENDS = ["hdf5", "lmdb"]
 

@@ -12,7 +12,7 @@ from conftest import edit_manifest, make_class_folder
 
 import fastdata
 from fastdata.errors import DataError, UsageError
-from fastdata.samplers import Episodic, Weighted, rank_batches
+from fastdata.reading.samplers import Episodic, Weighted, rank_batches
 from fastdata.world import World
 
 
@@ -166,7 +166,7 @@ def test_keys_file_is_checked(tmp_path):
     fastdata.convert(src, tmp_path / "ds")
     kb = tmp_path / "ds" / "keys.bin"
     kb.write_bytes(kb.read_bytes()[:-3])
-    from fastdata.verify import verify
+    from fastdata.measure.verify import verify
 
     assert not verify(tmp_path / "ds").ok
     with pytest.raises(fastdata.errors.CorruptShardError, match="keys.bin.*truncated or replaced"):
@@ -445,7 +445,7 @@ def test_parquet_without_pyarrow_and_bad_meta_type(tmp_path, monkeypatch):
 
 
 def test_verify_deep_reads_string_fields(tmp_path):
-    from fastdata.verify import verify
+    from fastdata.measure.verify import verify
 
     src = _table_folder(tmp_path / "src", n=4)
     fastdata.convert(src, tmp_path / "ds", meta=src / "meta.csv")
@@ -514,7 +514,7 @@ def test_hostile_keys_files_are_refused(tmp_path):
 
 @pytest.mark.parametrize("n", [1, 2, 7, 500])
 def test_alias_table_gives_every_sample_its_exact_probability(n):
-    from fastdata.samplers import alias_table
+    from fastdata.reading.samplers import alias_table
 
     rng = np.random.default_rng(n)
     for _ in range(10):

@@ -44,7 +44,7 @@ def _everything(path: Path) -> None:
     """Every way fastdata reads a dataset; errors are fine, code execution is not."""
     for step in (
         lambda: fastdata.open(path).get_batch(np.arange(len(fastdata.open(path)))),
-        lambda: fastdata.verify.verify(path, deep=True),
+        lambda: fastdata.measure.verify.verify(path, deep=True),
         lambda: list(fastdata.loader(path, 4, device="cpu", num_workers=0)),
         lambda: fastdata.cli.main(["info", str(path)]),
     ):
@@ -56,7 +56,7 @@ def _everything(path: Path) -> None:
 
 def test_pickle_payloads_in_a_dataset_are_never_unpickled(tmp_path, capsys):
     import fastdata.cli
-    import fastdata.verify
+    import fastdata.measure.verify
 
     marker = tmp_path / "pwned"
     evil = payload(marker)

@@ -18,7 +18,7 @@ from PIL import Image
 
 import fastdata
 from fastdata.errors import FastdataError, UsageError
-from fastdata.samplers import Episodic, Weighted
+from fastdata.reading.samplers import Episodic, Weighted
 
 QUICK = settings(max_examples=25, deadline=None, database=None, derandomize=True,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -16,7 +16,7 @@ import fastdata
 import imagegen as g
 from conftest import edit_manifest
 from fastdata import ImageOptions, WriteOptions
-from fastdata import decode
+from fastdata.reading import decode
 from fastdata.errors import CorruptShardError, FormatError
 from fastdata.format import ImageSpec, read_manifest
 

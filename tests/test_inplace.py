@@ -16,7 +16,7 @@ import fastdata
 from fastdata.errors import CorruptShardError, DataError, UsageError
 from fastdata.format import inplace
 from fastdata.loaders import LoaderConfig
-from fastdata.verify import verify
+from fastdata.measure.verify import verify
 from fastdata.world import World
 
 N = 90

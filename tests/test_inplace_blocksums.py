@@ -16,7 +16,7 @@ from fastdata.errors import CorruptShardError, FastdataError
 from fastdata.format import inplace
 from fastdata.format.external import SAMPLE_BLOCK, SAMPLE_BLOCKS
 from fastdata.loaders import LoaderConfig
-from fastdata.verify import verify
+from fastdata.measure.verify import verify
 
 N, ROW = 640, (1024,)  # 4 KiB a sample of float32: 2.5 MiB a field, more than 2 blocks and the 256 KiB sampled at open
 

@@ -14,7 +14,7 @@ from conftest import bucket, edit_manifest, make_class_folder, opts
 
 import fastdata
 from fastdata.errors import CorruptShardError, UsageError
-from fastdata.verify import verify
+from fastdata.measure.verify import verify
 
 SHARD = 4000  # 15 samples of 432 B + label -> 2 shards
 

@@ -9,7 +9,7 @@ import numpy as np
 import fastdata
 from fastdata.format import lmdb as lmdb_format
 from fastdata.format import lmdbwrite, make_field
-from fastdata.verify import verify
+from fastdata.measure.verify import verify
 
 
 def _pages(path) -> int:

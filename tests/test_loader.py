@@ -13,7 +13,7 @@ import fastdata
 from conftest import free_port, gloo_group
 from fastdata.errors import CorruptShardError, UsageError
 from fastdata.loaders import LoaderConfig
-from fastdata.order import ORDER_RULE
+from fastdata.reading.order import ORDER_RULE
 
 N = 53  # prime: partial batches and uneven rank shares everywhere
 
@@ -81,7 +81,7 @@ def test_storage_order_and_block_shuffle(ds_path):
     ld = fastdata.loader(ds_path, 8, shuffle="block", device="cpu", config=LoaderConfig(block=4, window=2))
     flat = [i for b in ids_of(ld) for i in b]
     assert sorted(flat) == list(range(N)) and flat != list(range(N))
-    assert flat == [i for b in ld.plan(0) for i in b.tolist()]  # the order is fastdata.order's
+    assert flat == [i for b in ld.plan(0) for i in b.tolist()]  # the order is fastdata.reading.order's
 
 
 @pytest.mark.parametrize("mode,workers", MODES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdata.order import STREAMS, epoch_batches, epoch_order, num_batches
+from fastdata.reading.order import STREAMS, epoch_batches, epoch_order, num_batches
 from fastdata.world import World
 
 

@@ -18,12 +18,12 @@ import torch
 
 import fastdata
 import imagegen as g
-from fastdata import bench
+from fastdata.measure import bench
 from fastdata.errors import FormatError, UsageError
 from fastdata.format import read_manifest
 from fastdata.loaders import LoaderConfig
 from fastdata.loaders.device import to_unit_float
-from fastdata.verify import check_shards
+from fastdata.measure.verify import check_shards
 
 BACKENDS = ("hdf5", "lmdb")
 

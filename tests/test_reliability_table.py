@@ -112,8 +112,8 @@ GUARDS: dict[str, tuple[tuple[str, ...], str, list[str] | None]] = {
     "LMDB: the record's header (magic, field count, payload sizes) is the one that first read found": (
         ("fastdata.format.lmdb:ShardReader._check_mapped_headers",), "None",
         ["test_lmdb_reread.py::test_a_record_header_rewritten_in_place_after_the_first_read_raises"]),
-    "checksum of every shard": (("fastdata.verify:_check_shard",), "None", None),
-    "labels within the class list; each sample as decoded": (("fastdata.verify:check_samples",), "(0, [])", None),
+    "checksum of every shard": (("fastdata.measure.verify:_check_shard",), "None", None),
+    "labels within the class list; each sample as decoded": (("fastdata.measure.verify:check_samples",), "(0, [])", None),
     "in-place index built with `--checksum`: each 1 MiB block of a source file (of each file of a Zarr store) "
     "against its checksum taken at index time ([in-place.md](in-place.md#when-the-source-changes))": (
         ("fastdata.format.blocksums:BlockCheck._compare", "fastdata.format.blocksums:BlockCheck.whole"), "None", None),

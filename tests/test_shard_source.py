@@ -13,7 +13,7 @@ import pytest
 from conftest import four_shard_dataset
 
 import fastdata
-import fastdata.dataset as dataset_module
+import fastdata.reading.dataset as dataset_module
 from fastdata.format.interface import ShardReader
 from fastdata.format.source import LocalShards, ShardSource
 

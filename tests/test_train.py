@@ -14,11 +14,12 @@ from conftest import free_port, gloo_group
 from torch import nn
 
 import fastdata
-from fastdata import checkpoint, train
-from fastdata import meter as epoch_meter
-from fastdata import precision as precision_plan
+from fastdata.train import checkpoint
+from fastdata import train
+from fastdata.train import meter as epoch_meter
+from fastdata.train import precision as precision_plan
 from fastdata.augment import RandomCrop
-from fastdata.examples import classification_loss
+from fastdata.demo.examples import classification_loss
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,7 @@ def fail_on_seven(batch, rng):
 
 def expected(ds, fn, seed=0, epochs=1, world=None, shuffle=True):
     """What the loader must yield: the plan read with get_batch, then ``fn`` with the batch's generator."""
-    from fastdata.order import epoch_batches
+    from fastdata.reading.order import epoch_batches
 
     world = world or World(0, 1)
     d = fastdata.open(ds)
@@ -212,8 +212,8 @@ def test_ddp_ranks_given_a_pickled_loader_read_disjoint_halves_with_their_own_dr
 
 def test_tune_races_worker_processes_only_with_a_transform_and_says_why(tmp_path, monkeypatch):
     """The race itself with fixed rates (measuring is timing, not behaviour); one real trial with the transform."""
-    from fastdata import tune
-    from fastdata.bench import BenchResult
+    from fastdata.measure import tune
+    from fastdata.measure.bench import BenchResult
 
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
     path = make_dataset(tmp_path, n=64)

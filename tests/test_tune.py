@@ -1,4 +1,4 @@
-"""fastdata.bench measurement and fastdata.tune's search, cache and use by num_workers='auto'."""
+"""fastdata.measure.bench measurement and fastdata.measure.tune's search, cache and use by num_workers='auto'."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fastdata
-from fastdata import bench, tune
+from fastdata.measure import bench, tune
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 import fastdata
 from conftest import edit_manifest, four_shard_dataset, make_class_folder
 from fastdata.errors import CorruptShardError, FormatError, IncompleteDatasetError
-from fastdata.verify import MAX_SAMPLE_PROBLEMS, verify
+from fastdata.measure.verify import MAX_SAMPLE_PROBLEMS, verify
 
 BACKENDS = ["hdf5", "lmdb"]
 

@@ -7,7 +7,7 @@ per sample (``draw``, on the generator's device: the loaders draw on the CPU, so
 draw the same parameters) before transforming the batch (``image``). Images arrive as floats in [0, 1].
 
 Geometric ops (crops, flips, Resize, Pad, RandomAffine) also say what they did as a
-:class:`fastdata.targets.Geometry`, so ``Augment(ops, targets={...})`` moves keypoints, boxes,
+:class:`fastdata.augment.targets.Geometry`, so ``Augment(ops, targets={...})`` moves keypoints, boxes,
 masks and targets of your own with the image, with the same draw (docs/augment.md).
 
 A batch of images of mixed sizes arrives padded to its largest (H, W), each image at the

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from fastdata.augment.base import Params, Tensor, _affine, _as4d, _Geometric, _mask, _sample, _uniform, image_hw
+from fastdata.augment.targets import Geometry
 from fastdata.errors import UsageError
-from fastdata.targets import Geometry
 
 
 @dataclass(frozen=True, kw_only=True)

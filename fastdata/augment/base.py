@@ -7,9 +7,9 @@ from typing import ClassVar, Sequence
 import torch
 import torch.nn.functional as F
 
+from fastdata.augment.targets import Geometry
 from fastdata.errors import UsageError
 from fastdata.seeds import Stream, int_seed
-from fastdata.targets import Geometry
 
 Tensor = torch.Tensor
 Params = dict[str, Tensor]

@@ -7,9 +7,9 @@ from typing import Mapping
 import torch
 
 from fastdata.augment.base import Params, Tensor, _Geometric
+from fastdata.augment.targets import VALID_SUFFIX, Boxes, Keypoints, Mask, Target
 from fastdata.errors import UsageError
 from fastdata.format.spec import LENGTHS_SUFFIX
-from fastdata.targets import VALID_SUFFIX, Boxes, Keypoints, Mask, Target
 
 
 class _Targets:

@@ -21,7 +21,7 @@ from fastdata.augment.base import (
     _uniform,
     pair,
 )
-from fastdata.targets import Geometry
+from fastdata.augment.targets import Geometry
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from fastdata.augment.geometric import (
     VerticalFlip,
     _Flip,
 )
+from fastdata.augment.mixing import Mix
+from fastdata.augment.sequence import ops_kind
+from fastdata.augment.targets import Boxes, Custom, Keypoints, Mask, Target
 from fastdata.errors import UsageError
 from fastdata.format.spec import SHAPE_SUFFIX
-from fastdata.mixing import Mix
-from fastdata.seqaug import ops_kind
-from fastdata.targets import Boxes, Custom, Keypoints, Mask, Target
 
 Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
            ColorJitter, GaussianNoise, Normalize]
@@ -52,9 +52,9 @@ class Augment:
     Ops of your own (an object with ``apply(x, g)``) must not move pixels when targets are declared.
 
     ``fields`` may give each field's kind, ``{"x": "sequence"}`` ("image", "sequence", "array"; sequence
-    ops: fastdata.seqaug). ``views``: a number of views made with ``ops``, or one list of ops (or an
-    ``Augment`` of ops only) per view; ``mix``: MixUp/CutMix after the ops (fastdata.mixing). How
-    views appear in the batch, and the draw order: fastdata/views.py, docs/augment.md.
+    ops: fastdata.augment.sequence). ``views``: a number of views made with ``ops``, or one list of ops (or an
+    ``Augment`` of ops only) per view; ``mix``: MixUp/CutMix after the ops (fastdata.augment.mixing). How
+    views appear in the batch, and the draw order: fastdata/augment/apply.py, docs/augment.md.
     """
 
     ops: tuple[Op, ...] = ()
@@ -77,7 +77,7 @@ class Augment:
         object.__setattr__(self, "views", _views(self.views, self.ops))
         if self.mix is not None:
             if not isinstance(self.mix, Mix):
-                raise TypeError(f"mix must be a fastdata.mixing.Mix, not {self.mix!r}")
+                raise TypeError(f"mix must be a fastdata.augment.mixing.Mix, not {self.mix!r}")
             if len(self.view_ops) > 1:
                 raise UsageError("Mix with several views is not supported: mix one view, or make views without mix")
             self.mix.check_targets(dict(self.targets))
@@ -100,7 +100,7 @@ class Augment:
 
     @property
     def op_kind(self) -> str:
-        """"sequence" when the ops are sequence ops (fastdata.seqaug), else "image"."""
+        """"sequence" when the ops are sequence ops (fastdata.augment.sequence), else "image"."""
         return ops_kind(tuple(op for ops in self.view_ops for op in ops))
 
     @property
@@ -118,7 +118,7 @@ class Augment:
         (ops of your own see the padded batch)."""
         if len(self.view_ops) > 1 or self.mix is not None:
             raise UsageError("calling an Augment applies its ops to one tensor; views and mix need the batch: "
-                             "fastdata.views.augment_batch(augment, batch, g)")
+                             "fastdata.augment.apply.augment_batch(augment, batch, g)")
         return self.run({"": x}, g, "", sizes, targets=False)[""]
 
     def run(self, batch: dict[str, Tensor], g: torch.Generator, image: str | None, sizes: Tensor | None = None,
@@ -129,7 +129,7 @@ class Augment:
 
         ``image=None``: the targets alone, with the draws the image would have had: ``hw`` gives
         the images' (B, 2) sizes (the DALI backend transforms the image itself). ``into``: where a final
-        ``Normalize`` writes the image when the shapes match (fastdata.views stacks views so). ``done``:
+        ``Normalize`` writes the image when the shapes match (fastdata.augment.apply stacks views so). ``done``:
         the first ops already ran on the image (the reader decoded the crop, fastdata.loaders.crop): they
         are drawn again, from ``hw`` (the sizes before them), for the targets and the later draws.
         ``owned``: the caller owns ``batch[image]`` (the loader's own float buffer): flips and a final

@@ -67,10 +67,10 @@ def _time_batches(fn: Callable[[np.ndarray], object], batches: list[np.ndarray])
 def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batches: int = 20, train_steps: int = 6,
         progress: Progress | None = None) -> str:
     """Run the demo and return its report (what ``fastdata demo`` prints)."""
-    from fastdata.conversion import convert
     from fastdata.converters import ConvertConfig
-    from fastdata.dataset import open as open_dataset
+    from fastdata.converters.convert import convert
     from fastdata.demo.baseline import write_npy_folder
+    from fastdata.reading.dataset import open as open_dataset
     from fastdata.write import WriteOptions
 
     own = workdir is None

@@ -171,7 +171,7 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The byte ranges (starts, lengths) of this file that reading fields ``names`` of samples
-        ``local`` touches (what fastdata.readahead hints to the kernel); columns held in memory or
+        ``local`` touches (what fastdata.reading.readahead hints to the kernel); columns held in memory or
         read through h5py (lzf, gzip) give none."""
         h = self.handle()
         starts, lengths = [], []

@@ -331,7 +331,7 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The byte ranges (starts, lengths) of this file holding records ``local``, where known
-        (what fastdata.readahead hints to the kernel): records whose place this process has learned
+        (what fastdata.reading.readahead hints to the kernel): records whose place this process has learned
         (every record once a schema with ragged or compressed fields has built its index)."""
         loc = self._located()
         if loc is None:  # checked first: records() can be a whole cursor pass

@@ -5,7 +5,7 @@ reads the whole record, one 4 KiB page fault at a time on a cold cache (LMDB map
 with ``MADV_RANDOM`` when opened with ``readahead=False``): far below what the disk gives to
 large reads. The tree's branch and leaf pages are a small fraction of the file: reading them with
 ``pread`` gives every record's offset, so the reader copies records from its own map and the
-read-ahead (fastdata/readahead.py) can hint their exact ranges before the first read.
+read-ahead (fastdata/reading/readahead.py) can hint their exact ranges before the first read.
 
 The page layout is liblmdb 0.9's (``mdb.c``: ``MDB_page``, ``MDB_meta``, ``MDB_node``). Nothing
 here is trusted blindly: the caller compares one record's place with what LMDB itself returns,

@@ -12,7 +12,7 @@ encodings (docs/format.md, "Image fields"):
   per-sample ``(H, W, C)`` in the companion field ``<name>_shape``;
 * ``image``: ragged ``|u1`` bytes, each sample one complete encoded file (JPEG or PNG),
   with ``<name>_shape`` and the per-sample codec in ``<name>_codec``.
-Decoding lives in ``fastdata.decode``.
+Decoding lives in ``fastdata.reading.decode``.
 """
 
 from __future__ import annotations

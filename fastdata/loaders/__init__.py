@@ -1,6 +1,6 @@
 """``fastdata.loader``: batches of tensors on the device, read whole from fastdata shards.
 
-The loader plans each epoch as a list of index batches (fastdata.order), reads each batch
+The loader plans each epoch as a list of index batches (fastdata.reading.order), reads each batch
 with one ``get_batch`` call (host.py), and moves it to the device with prefetching and
 augmentation (device.py). It knows its position, so ``state_dict()`` taken mid-epoch resumes
 exactly. Semantics: docs/loader.md. Order, epochs, resume and stats live in base.py, shared by
@@ -16,18 +16,18 @@ from typing import Any, Literal, Sequence
 import torch
 
 from fastdata.augment import Augment
-from fastdata.dataset import Dataset
 from fastdata.errors import UsageError
 from fastdata.format.spec import ENCODING_IMAGE
 from fastdata.loaders.base import Loader
 from fastdata.loaders.config import LoaderConfig
 from fastdata.loaders.device import resolve_device
+from fastdata.loaders.settings_cache import load_tuned
 from fastdata.loaders.torch_backend import TorchLoader
 from fastdata.loaders.transform import PerSample, TransformFn
-from fastdata.order import Shuffle
+from fastdata.reading.dataset import Dataset
+from fastdata.reading.order import Shuffle
+from fastdata.reading.samplers import Episodic, SamplerFn
 from fastdata.remote import RemoteOptions
-from fastdata.samplers import Episodic, SamplerFn
-from fastdata.settings_cache import load_tuned
 from fastdata.world import usable_cpus
 
 log = logging.getLogger("fastdata.loader")
@@ -86,8 +86,8 @@ def loader(
     CPU threads); ``"auto"`` picks DALI when it is installed, the device is CUDA and the dataset has encoded
     images DALI can decode and augment as asked, torch otherwise.
 
-    ``sampler`` replaces the shuffled order: :class:`fastdata.samplers.Weighted`,
-    :class:`fastdata.samplers.Episodic` (then ``batch_size`` may be None: one episode per batch), or any function
+    ``sampler`` replaces the shuffled order: :class:`fastdata.reading.samplers.Weighted`,
+    :class:`fastdata.reading.samplers.Episodic` (then ``batch_size`` may be None: one episode per batch), or any function
     ``(n, world, seed, epoch) -> batches`` (docs/loader.md, "Samplers"). Its arguments are checked here.
     ``fields`` may include ``"key"``: each batch then holds its samples' keys.
 

@@ -1,7 +1,7 @@
 """What every loader backend shares: the epoch plan, epochs, exact resume and stats.
 
 A backend only turns a list of index batches into batches of tensors (``_batches``); the order
-(fastdata.order), the rank share, ``drop_last``, ``len()``, ``set_epoch``, ``state_dict`` and
+(fastdata.reading.order), the rank share, ``drop_last``, ``len()``, ``set_epoch``, ``state_dict`` and
 ``stats`` live here once, so the torch and DALI backends cannot drift apart. A state saved by one
 backend resumes in the other.
 """
@@ -16,16 +16,16 @@ import numpy as np
 import torch
 
 from fastdata.augment import Augment
-from fastdata.dataset import Dataset
 from fastdata.errors import FastdataError, LoaderWorkerError, UsageError
 from fastdata.format.inplace import unit_counts
-from fastdata.order import ORDER_RULE, SHUFFLES, Shuffle, all_rank_batches, num_batches
-from fastdata.samplers import SamplerFn, describe, rank_batches, world_batches
+from fastdata.reading.dataset import Dataset
+from fastdata.reading.order import ORDER_RULE, SHUFFLES, Shuffle, all_rank_batches, num_batches
+from fastdata.reading.samplers import SamplerFn, describe, rank_batches, world_batches
 from fastdata.world import World
 
 if TYPE_CHECKING:
     from fastdata.loaders.config import LoaderConfig
-    from fastdata.readahead import ReadAhead
+    from fastdata.reading.readahead import ReadAhead
     from fastdata.remote.prefetch import PlanFollower
 
 _STATE_VERSION = 1
@@ -105,7 +105,7 @@ class Loader:
         self._done = 0  # batches consumed in the current pass
         self._collate_at = (0, 0)  # (epoch, batch) that collate_fn finishes next (set by batch_sampler)
         self._stats = _Stats()
-        self.sample_fn = sampler  # replaces the shuffled order (fastdata.samplers); bound by fastdata.loader
+        self.sample_fn = sampler  # replaces the shuffled order (fastdata.reading.samplers); bound by fastdata.loader
         self._sampled: dict[tuple[int, int, int], list[np.ndarray]] = {}  # (epoch, rank, size) -> the world's batches
 
     def _sampled_batches(self, epoch: int, world: World) -> list[np.ndarray]:
@@ -187,7 +187,7 @@ class Loader:
 
     def _near_streams(self) -> bool:
         """Whether the plan's streams lie within a few shards at a time ("shards", "chunks"): their read-ahead
-        goes to /dev/null, spread streams ("block") and storage order are copied (fastdata/readahead.py)."""
+        goes to /dev/null, spread streams ("block") and storage order are copied (fastdata/reading/readahead.py)."""
         return self.sample_fn is None and self.shuffle in ("shards", "chunks")
 
     def _start_pass(self) -> tuple[World, int, int]:
@@ -214,7 +214,7 @@ class Loader:
                 plans = self._plans(epoch, None)
                 plan = plans[world.rank]
                 follower = self.dataset.follow(plans, world.rank, first, self._lead())
-            else:  # hint the kernel to read the plan's next byte ranges (fastdata/readahead.py)
+            else:  # hint the kernel to read the plan's next byte ranges (fastdata/reading/readahead.py)
                 plan = self.plan(epoch)
                 if self.config.mode == "threads":
                     follower = self.dataset.read_ahead(plan, first, self._lead(), self.config.readahead, self._near_streams())

@@ -21,7 +21,7 @@ class LoaderConfig:
     CPU pass; no ``augment`` then). The DALI backend uses ``prefetch`` (its queue depth),
     ``channels_last``, ``images``, ``block`` and ``window``.
     ``readahead``: bytes of shard file ranges hinted to the kernel beyond the batches being read,
-    following the epoch plan (fastdata/readahead.py; docs/loader.md, "Larger than RAM"); 0: off.
+    following the epoch plan (fastdata/reading/readahead.py; docs/loader.md, "Larger than RAM"); 0: off.
     ``shard_window``: with ``shuffle="shards"``, how many shards' samples are mixed at a time.
     ``ragged``: ``"padded"`` pads ragged fields (and mixed-size images) to the batch's largest
     sample; ``"packed"`` gives them back to back with ``<name>_offsets`` (``Dataset.get_batch``),

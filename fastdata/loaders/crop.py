@@ -3,7 +3,7 @@ that gives every image one size (RandomResizedCrop, RandomCrop, CenterCrop, Resi
 
 The reader draws that op's parameters exactly as the device stage would (the batch's generator,
 ``fastdata.augment.batch_generator(seed, epoch, batch, cpu, rank)``: its first draw), turns them into
-one window per image and decodes only the window (fastdata/cropdecode.py) straight into the batch's
+one window per image and decodes only the window (fastdata/reading/cropdecode.py) straight into the batch's
 recycled ``(B, H, W, C)`` float32 buffer. Mixed-size images never pass through a padded batch. The
 device stage then runs the rest of the chain with ``done=1``: it draws the first op again from a
 fresh generator of the same seed (the same values), moves the targets with it and carries on,
@@ -31,9 +31,7 @@ from fastdata.augment import (
     batch_generator,
     pair,
 )
-from fastdata.cropdecode import RegionDecoders, decode_crop, pixels_crop
-from fastdata.dataset import Dataset
-from fastdata.decode import DecodeError, check_shapes
+from fastdata.augment.targets import Mask
 from fastdata.errors import CorruptShardError, UsageError
 from fastdata.format.spec import (
     CODEC_SUFFIX,
@@ -46,7 +44,9 @@ from fastdata.format.spec import (
 )
 from fastdata.loaders.buffers import Recycler
 from fastdata.loaders.config import LoaderConfig
-from fastdata.targets import Mask
+from fastdata.reading.cropdecode import RegionDecoders, decode_crop, pixels_crop
+from fastdata.reading.dataset import Dataset
+from fastdata.reading.decode import DecodeError, check_shapes
 
 log = logging.getLogger(__name__)
 FIRST_OPS = (RandomResizedCrop, RandomCrop, CenterCrop, Resize)

@@ -1,7 +1,7 @@
 """The DALI backend: ``fastdata.loader(..., backend="dali")``.
 
 One DALI pipeline, kept across consecutive epochs: ``fn.external_source`` fed by fastdata's own
-reader (dali_feed.py: whole batches of the plan from ``fastdata.order``, stored bytes for
+reader (dali_feed.py: whole batches of the plan from ``fastdata.reading.order``, stored bytes for
 encoded images), ``fn.decoders.image`` (``device="mixed"``, nvJPEG, on CUDA; ``"cpu"``
 otherwise), the augmentation spec as DALI operators (dali_augment.py) and
 ``fn.crop_mirror_normalize`` for the float output. Batches reach torch through DALI's PyTorch
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fastdata.augment import Augment, shapes_after
-from fastdata.dataset import Dataset
+from fastdata.augment.apply import augment_batch, join_views
 from fastdata.errors import (
     BackendUnavailableError,
     FastdataError,
@@ -39,8 +39,8 @@ from fastdata.loaders.dali_augment import Chain, Graph, Img, compile_chain
 from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
 from fastdata.loaders.dali_region import decode as decode_image
 from fastdata.loaders.dali_region import with_region
+from fastdata.reading.dataset import Dataset
 from fastdata.seeds import Stream, int_seed
-from fastdata.views import augment_batch, join_views
 from fastdata.world import usable_cpus
 
 log = logging.getLogger("fastdata.loader")

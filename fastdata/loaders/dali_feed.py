@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from fastdata.augment import Augment, batch_generator
-from fastdata.dataset import Dataset
+from fastdata.augment.apply import join_views
 from fastdata.errors import UsageError
 from fastdata.format import LENGTHS_SUFFIX
 from fastdata.format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field, is_string
 from fastdata.loaders.base import wrap_error
 from fastdata.loaders.dali_augment import Chain, TorchRng
-from fastdata.views import join_views
+from fastdata.reading.dataset import Dataset
 
 GENERATOR_STATE = "\0generator"  # bypassed entry: the batch generator's state after DALI's draws
 Kind = Literal["encoded", "pixels", "raw_image", "plain"]

@@ -17,10 +17,10 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from fastdata.augment import Augment, batch_generator
+from fastdata.augment.apply import augment_batch
 from fastdata.errors import UsageError
 from fastdata.format.spec import SHAPE_SUFFIX
 from fastdata.loaders.buffers import Recycler
-from fastdata.views import augment_batch
 from fastdata.world import World
 
 Batch = dict[str, torch.Tensor]

@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterator, Literal
 import numpy as np
 import torch
 
-from fastdata.dataset import Dataset
 from fastdata.errors import LoaderWorkerError
 from fastdata.format.external import size_mtime
 from fastdata.format.spec import ENCODING_IMAGE, is_string
@@ -26,6 +25,7 @@ from fastdata.loaders.base import wrap_error
 from fastdata.loaders.buffers import Recycler, torch_dtype
 from fastdata.loaders.crop import CropStage
 from fastdata.loaders.transform import BatchTransform, TransformError
+from fastdata.reading.dataset import Dataset
 
 HostBatch = dict[str, torch.Tensor]
 Ragged = Literal["padded", "packed"]

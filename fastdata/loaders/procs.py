@@ -27,13 +27,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from fastdata.dataset import Dataset
 from fastdata.errors import LoaderWorkerError, UsageError
 from fastdata.handles import parent_only
 from fastdata.loaders.base import wrap_error
 from fastdata.loaders.host import HostBatch, Post, Ragged, reader_fields, to_tensors
 from fastdata.loaders.ring import Ring, Slot, WorkerSlots
 from fastdata.loaders.transform import BatchTransform, TransformError
+from fastdata.reading.dataset import Dataset
 
 _PARENT_POLL_S = 0.5  # how often an idle worker checks that the training process still runs
 _STOP_WAIT_S = 5.0  # how long close() lets a worker finish before it is terminated

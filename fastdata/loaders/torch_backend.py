@@ -8,7 +8,6 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from fastdata.dataset import Dataset
 from fastdata.errors import UsageError
 from fastdata.format.spec import ENCODING_IMAGE, image_fields
 from fastdata.loaders.base import Loader
@@ -17,6 +16,7 @@ from fastdata.loaders.device import DeviceStage
 from fastdata.loaders.host import ThreadReader, to_tensors
 from fastdata.loaders.procs import ProcessReader
 from fastdata.loaders.transform import BatchTransform, TransformFn
+from fastdata.reading.dataset import Dataset
 
 
 class TorchLoader(Loader):
@@ -50,7 +50,7 @@ class TorchLoader(Loader):
             raise UsageError("LoaderConfig(timeout=...) bounds the wait for reader threads or processes, and "
                              "num_workers=0 reads in the iterating thread: use num_workers >= 1, or no timeout")
         # On the CPU, reader threads decode JPEG/PNG straight to float (each image converted while in
-        # cache, fastdata/decode.py); worker processes ship uint8 (4x fewer bytes) and a GPU converts
+        # cache, fastdata/reading/decode.py); worker processes ship uint8 (4x fewer bytes) and a GPU converts
         # itself. With the decode_threads choice below JPEG batches run faster (benchmarks/bench_choices.py).
         # A view of the dataset for the reader threads; not for a URL dataset, whose reads and
         # plan-following prefetch must share one remote store.

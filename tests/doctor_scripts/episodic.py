@@ -75,7 +75,7 @@ def main():
     opt = torch.optim.Adam(encoder.parameters(), lr=1e-3)
     if a.fastdata:
         import fastdata
-        from fastdata.samplers import Episodic
+        from fastdata.reading.samplers import Episodic
 
         loader = fastdata.loader(a.fastdata, None, num_workers=2, device="cpu",
                                  sampler=Episodic(WAY, SHOT, QUERY, episodes_per_epoch=a.episodes))

@@ -1,0 +1,202 @@
+"""MixUp and CutMix for a whole batch on the device, with the label mixing timm and torchvision use.
+
+One draw per batch (timm's ``mode="batch"``, torchvision.transforms.v2): with probability ``prob``
+the batch is mixed; then CutMix with probability ``switch_prob`` (when both are on), else MixUp;
+lambda ~ Beta(alpha, alpha). Sample i is mixed with sample i - 1 (the batch rolled by one, as
+torchvision does). MixUp: ``x = lam * x + (1 - lam) * x_rolled``. CutMix: a box of area
+``(1 - lam)`` of the image, centred uniformly and clipped to the image, is pasted from the rolled
+batch, and lam becomes the pixel fraction that was kept. Labels: integer classes become one-hot
+(with ``label_smoothing``: ``1 - s + s / K`` on, ``s / K`` off), soft (B, K) labels are used as
+given; the result is ``lam * y + (1 - lam) * y_rolled`` (float32, rows sum to one).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fastdata.augment.targets import VALID_SUFFIX, Boxes, Mask, Target
+from fastdata.errors import UsageError
+from fastdata.format.spec import LENGTHS_SUFFIX
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class MixDraw:
+    """What one batch got: whether it was mixed, how, the kept fraction and the pasted box (fractions
+    of the image: x0, y0, x1, y1; CutMix only)."""
+
+    mixed: bool
+    cutmix: bool
+    lam: float
+    box: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+
+    def pixel_box(self, h: int, w: int) -> tuple[int, int, int, int]:
+        """The pasted box in pixels (x0, y0, x1, y1) of an (h, w) image."""
+        x0, y0, x1, y1 = self.box
+        return round(x0 * w), round(y0 * h), round(x1 * w), round(y1 * h)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """MixUp and CutMix, batch-level (see the module docstring): declared once in
+    ``Augment(..., mix=Mix(...))``, applied after the ops to the augmented image fields and ``label``.
+
+    ``mixup_alpha`` / ``cutmix_alpha``: 0 turns that one off. ``num_classes``: needed for integer labels.
+    ``min_visible``: CutMix boxes keep a box of a sample when at least this fraction of its area is
+    still its own, and take the partner's boxes clipped to the pasted region when at least this
+    fraction of each lies inside it.
+    """
+
+    mixup_alpha: float = 0.8
+    cutmix_alpha: float = 1.0
+    prob: float = 1.0
+    switch_prob: float = 0.5
+    label_smoothing: float = 0.0
+    num_classes: int | None = None
+    label: str = "label"
+    min_visible: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.mixup_alpha < 0 or self.cutmix_alpha < 0 or (self.mixup_alpha == 0 and self.cutmix_alpha == 0):
+            raise UsageError("Mix needs mixup_alpha > 0 or cutmix_alpha > 0 (both >= 0)")
+        if not (0 <= self.prob <= 1 and 0 <= self.switch_prob <= 1 and 0 <= self.label_smoothing < 1):
+            raise UsageError("Mix: prob and switch_prob must be in [0, 1], label_smoothing in [0, 1)")
+
+    def draw(self, g: torch.Generator) -> MixDraw:
+        """The batch's parameters: 5 uniform draws from ``g`` (always 5, so later draws stay in step)."""
+        u = torch.rand(5, generator=g, device=g.device).tolist()
+        seed = int(u[2] * 2**53)
+        cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha == 0 or u[1] < self.switch_prob)
+        alpha = self.cutmix_alpha if cutmix else self.mixup_alpha
+        lam = float(np.random.default_rng(seed).beta(alpha, alpha))
+        if u[0] >= self.prob:
+            return MixDraw(False, False, 1.0)
+        if not cutmix:
+            return MixDraw(True, False, lam)
+        r = math.sqrt(1.0 - lam) / 2  # half the box side, as fractions of the image
+        cx, cy = u[3], u[4]
+        box = (max(cx - r, 0.0), max(cy - r, 0.0), min(cx + r, 1.0), min(cy + r, 1.0))
+        return MixDraw(True, True, lam, box)
+
+    def labels(self, y: Tensor, lam: float) -> Tensor:
+        """(B, K) float32 mixed targets from integer (B,) or soft (B, K) labels."""
+        if y.is_floating_point() and y.dim() == 2:
+            soft = y.float()
+        else:
+            if self.num_classes is None:
+                raise UsageError(f"Mix needs num_classes for the integer labels of {self.label!r}")
+            if y.dim() != 1:
+                raise UsageError(f"label field {self.label!r} must be (batch,) integers or (batch, classes) floats, "
+                                 f"got {tuple(y.shape)}")
+            off = self.label_smoothing / self.num_classes
+            soft = torch.full((len(y), self.num_classes), off, device=y.device)
+            soft.scatter_(1, y.long().view(-1, 1), 1.0 - self.label_smoothing + off)
+        if lam == 1.0:
+            return soft
+        return torch.lerp(soft.roll(1, 0), soft, lam)
+
+    def check_targets(self, targets: dict[str, Target]) -> None:
+        """Refuse targets that mixing cannot carry (before anything runs)."""
+        for name, t in targets.items():
+            if isinstance(t, Boxes):
+                continue
+            if isinstance(t, Mask) and self.mixup_alpha == 0:
+                continue  # CutMix pastes the mask's region too
+            what = "a mask (only CutMix can paste it: set mixup_alpha=0)" if isinstance(t, Mask) else \
+                f"{type(t).__name__.lower()}"
+            raise UsageError(f"Mix cannot carry target {name!r}, {what}: drop it from targets or drop mix")
+
+
+def mix_images(x: Tensor, d: MixDraw) -> Tensor:
+    """The image batch (B, C, H, W) mixed as drawn. CutMix writes the pasted region in place (the batch
+    is the loader's own; only the region is copied); MixUp is one ``lerp`` pass into a new batch."""
+    if not d.mixed or x.shape[0] < 2:
+        return x
+    if d.cutmix:
+        x0, y0, x1, y1 = d.pixel_box(x.shape[-2], x.shape[-1])
+        region = x[..., y0:y1, x0:x1]
+        region.copy_(region.roll(1, 0))
+        return x
+    out = torch.empty_like(x)
+    torch.lerp(x[:-1], x[1:], d.lam, out=out[1:])  # lam * x[i] + (1 - lam) * x[i - 1]
+    torch.lerp(x[-1:], x[:1], d.lam, out=out[:1])
+    return out
+
+
+def mix_mask(v: Tensor, d: MixDraw, hw: tuple[int, int]) -> Tensor:
+    """A mask target (B, H, W), (B, H, W, C) or (B, C, H, W) with the pasted region of CutMix."""
+    if not d.mixed or v.shape[0] < 2:
+        return v
+    x0, y0, x1, y1 = d.pixel_box(*hw)
+    out = v.clone()
+    if v.dim() == 4 and tuple(v.shape[1:3]) == hw and tuple(v.shape[2:]) != hw:
+        region = out[:, y0:y1, x0:x1, :]
+    else:
+        region = out[..., y0:y1, x0:x1]
+    region.copy_(region.roll(1, 0))
+    return out
+
+
+def kept_fraction(d: MixDraw, h: int, w: int) -> float:
+    """The fraction of each image that is still its own (the label weight): lam, or for CutMix the
+    pixel area outside the pasted box."""
+    if not d.mixed:
+        return 1.0
+    if not d.cutmix:
+        return d.lam
+    x0, y0, x1, y1 = d.pixel_box(h, w)
+    return 1.0 - (x1 - x0) * (y1 - y0) / (h * w)
+
+
+def mix_boxes(batch: dict[str, Tensor], name: str, t: Boxes, d: MixDraw, hw: tuple[int, int],
+              min_visible: float) -> None:
+    """Boxes after mixing: (B, 2N, 4): rows [0, N) the sample's own boxes (CutMix: dropped when less
+    than ``min_visible`` of the box stays visible), rows [N, 2N) the partner's (MixUp: all; CutMix:
+    clipped to the pasted region, kept when at least ``min_visible`` of the box lies inside). Dropped
+    rows are zeros, flagged False in ``<name>_valid``; ``<name>_lengths`` no longer applies and is removed."""
+    v = batch[name]
+    n = v.shape[1]
+    xyxy = t.to_xyxy(v)
+    valid = batch.get(name + VALID_SUFFIX)
+    if valid is None:
+        lengths = batch.get(name + LENGTHS_SUFFIX)
+        rows = torch.arange(n, device=v.device).view(1, n)
+        valid = rows < lengths.view(-1, 1).to(v.device) if lengths is not None else \
+            torch.ones(v.shape[:2], dtype=torch.bool, device=v.device)
+    other, other_valid = xyxy.roll(1, 0), valid.roll(1, 0)
+    if d.cutmix:
+        h, w = hw
+        x0, y0, x1, y1 = d.pixel_box(h, w)
+        region = torch.tensor([x0, y0, x1, y1], dtype=xyxy.dtype, device=xyxy.device)
+        area = _area(xyxy)
+        covered = _area(_intersect(xyxy, region))
+        own_ok = valid & ((area - covered) >= min_visible * area) & (area > 0)
+        clipped = _intersect(other, region)
+        other_ok = other_valid & (_area(clipped) > 0) & (_area(clipped) >= min_visible * _area(other))
+        own, other = xyxy, clipped
+    else:
+        own_ok, other_ok, own = valid, other_valid, xyxy
+    keep = torch.cat([own_ok, other_ok], 1)
+    both = torch.where(keep.unsqueeze(-1), torch.cat([own, other], 1), torch.zeros((), dtype=xyxy.dtype,
+                                                                                  device=xyxy.device))
+    batch[name] = t.from_xyxy(both).to(v.dtype if v.is_floating_point() else torch.float32)
+    batch[name + VALID_SUFFIX] = keep
+    batch.pop(name + LENGTHS_SUFFIX, None)
+
+
+def _area(b: Tensor) -> Tensor:
+    return (b[..., 2] - b[..., 0]).clamp(min=0) * (b[..., 3] - b[..., 1]).clamp(min=0)
+
+
+def _intersect(b: Tensor, region: Tensor) -> Tensor:
+    lo = torch.maximum(b[..., :2], region[:2])
+    hi = torch.minimum(b[..., 2:], region[2:])
+    return torch.cat([lo, torch.maximum(hi, lo)], -1)
+
+
+__all__ = ["Mix", "MixDraw", "kept_fraction", "mix_boxes", "mix_images", "mix_mask"]

@@ -1,0 +1,251 @@
+"""The ``fastdata`` command: a thin layer over fastdata.convert, fastdata.open and the tools.
+
+Exit codes: 0 success, 1 data or dataset error, 2 usage error. Expected errors print
+one line without a traceback; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from fastdata._version import __version__
+from fastdata.cli.common import Bar, positive
+from fastdata.errors import FastdataError
+from fastdata.remote import is_url
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return v
+
+
+_URL_COMMANDS = ("convert", "merge-parts", "info", "verify", "bench")  # the commands that take a URL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fastdata", description="Fast sharded datasets for PyTorch training.")
+    p.add_argument("--version", action="version", version=f"fastdata {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    from fastdata.cli.convert import add_parsers as add_write_parsers
+
+    add_write_parsers(sub)  # convert, merge-parts, merge
+    d = sub.add_parser("demo", help="run the main job end to end on a small synthetic dataset",
+                       description="Generate synthetic .npy samples, convert them to HDF5 and LMDB, read them "
+                                   "back and compare throughput with naive per-file np.load.")
+    d.add_argument("--samples", type=positive, default=512, metavar="N", help="samples to generate (default: 512)")
+    d.add_argument("--dir", metavar="DIR", help="work folder to keep (default: a temporary folder, removed after)")
+    d.set_defaults(run=_demo)
+
+    i = sub.add_parser("info", help="describe a dataset", description="Print a dataset's manifest for a person.")
+    i.add_argument("dst", metavar="DST", help="dataset folder or URL")
+    i.add_argument("--json", action="store_true", help="print the raw manifest as JSON")
+    i.set_defaults(run=_info)
+
+    v = sub.add_parser("verify", help="check a dataset's shards against its manifest",
+                       description="Check every shard's size and checksum against the manifest; with --deep also "
+                                   "read and decode every sample and check it against the schema. Lists each bad "
+                                   "shard and sample; exit code 1 if there is any.")
+    v.add_argument("dst", metavar="DST", help="dataset folder or URL (shards are downloaded into the cache)")
+    v.add_argument("--deep", action="store_true", help="also read every sample (slower)")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
+    v.set_defaults(run=_verify)
+
+    from fastdata.cli.measure import add_parsers
+
+    add_parsers(sub)  # bench, tune
+    from fastdata.cli.cold import add_cold
+
+    add_cold(sub.choices["bench"])  # bench --cold
+    from fastdata.cli.doctor import add_parser as add_doctor
+
+    add_doctor(sub)
+    from fastdata.cli.index import add_parser as add_index
+
+    add_index(sub)  # index (fastdata/write/inplace.py)
+    for name in _URL_COMMANDS:
+        sub.choices[name].add_argument(
+            "--remote-timeout", type=_seconds, metavar="SECONDS",
+            help="for a URL: how long one remote operation may keep failing (retried, with a warning) before "
+                 "the command gives up (default: $FASTDATA_REMOTE_TIMEOUT or 300; docs/remote.md)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would print the top-level usage: show the subcommand's, and the near options
+        words = list(sys.argv[1:] if argv is None else argv)
+        if words.index(extra[0]) < words.index(args.command):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        _unknown(parser, args.command, extra)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    restore = _remote_timeout_env(getattr(args, "remote_timeout", None))
+    try:
+        return args.run(args)  # each sub-parser names its handler (set_defaults)
+    except FastdataError as e:
+        if args.debug:
+            raise
+        print(f"fastdata: error: {_said(e)}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("fastdata: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (fastdata info DST | head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 1
+    finally:
+        restore()
+
+
+def _said(e: FastdataError) -> str:
+    """The error as the CLI says it: naming the flags, not the library's parameters."""
+    from fastdata.cli.convert import flag_message
+
+    return flag_message(e)
+
+
+def _remote_timeout_env(seconds: float | None) -> Callable[[], None]:
+    """Make ``--remote-timeout`` RemoteOptions' default for this command, here and in its worker processes
+    (through the environment they inherit); return the function that puts the variable back as it was."""
+    from fastdata.remote.options import ENV_TIMEOUT
+
+    before = os.environ.get(ENV_TIMEOUT)
+    if seconds is None:
+        return lambda: None
+    os.environ[ENV_TIMEOUT] = repr(seconds)
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop(ENV_TIMEOUT, None)
+        else:
+            os.environ[ENV_TIMEOUT] = before
+
+    return restore
+
+
+def _unknown(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> None:
+    """Exit with the subcommand's usage and the unknown arguments (with the nearest option, if any)."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    known = [o for a in sub._actions for o in a.option_strings]
+    near = [m for e in extra if e.startswith("-") for m in difflib.get_close_matches(e.split("=")[0], known, 1)]
+    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fastdata import demo
+
+    bar = Bar(enabled=True)
+    try:
+        print(demo.run(Path(args.dir) if args.dir else None, samples=args.samples, progress=bar))
+    finally:
+        bar.close()
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from fastdata.measure.verify import verify
+
+    bar = Bar(enabled=not args.quiet)
+    try:
+        report = verify(args.dst if is_url(args.dst) else Path(args.dst), deep=args.deep, progress=bar)
+    finally:
+        bar.close()
+    for p in report.problems:
+        print(f"BAD {p}")
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def _info(args: argparse.Namespace) -> int:
+    from fastdata.format import read_manifest
+
+    if is_url(args.dst):
+        from fastdata.remote.store import RemoteStore
+
+        m = RemoteStore(args.dst).manifest
+    else:
+        m = read_manifest(Path(args.dst))
+    if args.json:
+        print(json.dumps(m.to_json(), indent=1))
+        return 0
+    print(describe(m, args.dst))
+    return 0
+
+
+def describe(m, root: Path | str) -> str:  # type: ignore[no-untyped-def]
+    """A person-readable summary of a manifest (what ``fastdata info`` prints)."""
+    from fastdata._units import fmt_bytes
+
+    total = sum(s.bytes for s in m.shards)
+    lines = [
+        f"dataset   {root}",
+        f"format    fastdata v{m.version}, {m.backend}",
+        f"samples   {m.num_samples}",
+        f"shards    {len(m.shards)}, {fmt_bytes(total)} in all",
+        "fields",
+    ]
+    for f in m.fields:
+        shape = "(" + ", ".join("n" if d is None else str(d) for d in f.shape) + ")"
+        kind = "ragged" if f.ragged else "fixed"
+        image = f" ({f.image.mode} {f.image.layout})" if f.image is not None else ""
+        dtype = "str" if f.encoding == "utf8" else str(f.np_dtype)
+        packed = ", compressed" if f.compression is not None else ""
+        lines.append(f"  {f.name:<12} {dtype:<9} {shape:<22} {kind}, {f.encoding}{image}{packed}")
+    if m.classes is not None:
+        shown = ", ".join(f"{i}={c}" for i, c in enumerate(m.classes[:20]))
+        more = f", ... ({len(m.classes)} in all)" if len(m.classes) > 20 else ""
+        lines.append(f"classes   {len(m.classes)}: {shown}{more}")
+    if m.keys is not None:
+        where = f"{m.keys.file}, {fmt_bytes(m.keys.bytes)}" if m.keys.file else "the sample index"
+        lines.append(f"keys      {'relative source paths' if m.keys.file else 'row indices'} ({where})")
+    ratio = _compression_line(m, total)
+    if ratio:
+        lines.append(ratio)
+    src = m.source or {}
+    if src:
+        lines.append("source    " + ", ".join(f"{k}={v}" for k, v in src.items() if not isinstance(v, (dict, list))))
+    lines.append("shard files")
+    for s in m.shards[:10]:
+        lines.append(f"  {s.file}  samples {s.start}..{s.start + s.count - 1}  {fmt_bytes(s.bytes)}  {s.checksum[:21]}")
+    if len(m.shards) > 10:
+        lines.append(f"  ... {len(m.shards) - 10} more")
+    return "\n".join(lines)
+
+
+def _compression_line(m, total: int) -> str | None:  # type: ignore[no-untyped-def]
+    """``compress  lz4:5 on x: 5.76x (1.81 GB of samples in 314 MB of shards)``, or None if not compressed."""
+    from fastdata._units import fmt_bytes
+
+    src = m.source or {}
+    codec = src.get("compression", "none")
+    packed = [f.name for f in m.fields if f.compression is not None]
+    if codec in (None, "none") and not packed:
+        return None
+    raw = src.get("sample_bytes")
+    if not isinstance(raw, int) and not any(f.ragged for f in m.fields):
+        raw = m.num_samples * sum(f.row_nbytes for f in m.fields)  # (written before sample_bytes was recorded)
+    on = f" on {', '.join(packed)}" if packed else ""
+    line = f"compress  {codec if codec not in (None, 'none') else 'blosc'}{on}"
+    if isinstance(raw, int) and raw > 0 and total > 0:
+        line += f": {raw / total:.2f}x ({fmt_bytes(raw)} of samples in {fmt_bytes(total)} of shards)"
+    return line
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The write side's commands, ``fastdata convert``, ``merge-parts`` and ``merge``: flags -> ConvertConfig ->
+``fastdata.convert`` (or ``fastdata.merge``). The library's errors name its parameters; this module
+says them as the flags that set them (:func:`flag_message`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from fastdata.cli.common import Bar, NamedPaths, positive, size
+from fastdata.errors import FastdataError, UsageError
+
+__all__ = ["add_parsers", "flag_message"]
+
+# The flag that sets each parameter whose name differs from the flag's (others: --name-with-dashes).
+_FLAGS = {"backend": "--format", "meta_types": "--meta-type", "arrays": "--data/--field", "src": "SRC",
+          "dst": "DST", "key_prefixes": "--key-prefix"}
+_BARE = {"images": "--images, --size, ..."}  # a group of flags, where no value follows
+_SPECIAL: dict[tuple[str, str | None], str] = {("key_prefixes", "'names'"): "--prefix-keys"}  # a flag for one value of a parameter
+
+
+def flag_message(e: FastdataError) -> str:
+    """``e``'s message with the parameters it names said as flags: ``shard_size`` -> ``--shard-size``,
+    ``engine=ray`` -> ``--engine ray``, ``resume=True`` -> ``--resume``, ``images`` -> ``--images, --size, ...``."""
+
+    def say(name: str, value: str | None) -> str:
+        if (name, value) in _SPECIAL:
+            return _SPECIAL[(name, value)]
+        flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+        if value is None:
+            return _BARE.get(name, flag)
+        return flag if value == "True" else f"{flag} {value}"
+
+    return e.said(say)
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``convert``, ``merge-parts`` and ``merge`` to the CLI's sub-parsers."""
+    c = _add_convert(sub)
+    _add_convert_groups(c)
+    c.set_defaults(run=_convert)
+    _add_merge_parts(sub)
+    _add_merge(sub)
+
+
+def _add_convert(sub: Any) -> argparse.ArgumentParser:
+    c = sub.add_parser("convert", help="convert .npy files, arrays or image folders into a sharded dataset",
+                       description="Convert a folder of per-sample .npy/.npz files, a folder of images, or large "
+                                   ".npy arrays, into a sharded HDF5 or LMDB dataset with a manifest.")
+    c.add_argument("src", nargs="?", metavar="SRC",
+                   help="folder of .npy/.npz samples or of images, one large .npy array, or a metadata table "
+                        "(.csv/.tsv/.jsonl/.parquet) whose path column names each sample's file")
+    c.add_argument("dst", metavar="DST", help="dataset folder to create, or a URL (s3://bucket/ds: written locally, "
+                                              "uploaded shard by shard, manifest last; with --engine ray or "
+                                              "--part, by every worker; docs/remote.md)")
+    c.add_argument("--format", choices=["hdf5", "lmdb"], default="hdf5", help="shard format (default: hdf5)")
+    c.add_argument("--shard-size", type=size, default="256MB", metavar="SIZE",
+                   help="target bytes per shard, e.g. 512MB or 1GiB (default: 256MB)")
+    c.add_argument("--workers", type=positive, default=None, metavar="N",
+                   help="processes writing shards in parallel (default: CPU count)")
+    c.add_argument("--compression", default="none", metavar="NAME",
+                   help="none (default); lz4, lz4:LEVEL, zstd or zstd:LEVEL: each sample of a large fixed field as "
+                        "Blosc (shuffle + LZ4/Zstd; both formats; pip install 'fastdata[compress]'); "
+                        "HDF5 only: lzf, gzip or gzip:LEVEL")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing fastdata dataset at DST")
+    c.add_argument("--resume", action="store_true",
+                   help="finish an interrupted conversion into DST: keep its verified shards, write the rest "
+                        "(same SRC and options; see docs/reliability.md)")
+    c.add_argument("--labels", metavar="FILE",
+                   help="labels: a CSV/JSON of relative_path,label for folders, or a .npy array for array sources")
+    c.add_argument("--labels-columns", type=_names, metavar="PATH,LABEL",
+                   help="the path and label columns of a --labels CSV/JSON (default: a header path, file, filename "
+                        "or name, and label)")
+    c.add_argument("--no-labels", action="store_true",
+                   help="do not take labels from class sub-folders (with --meta too)")
+    c.add_argument("--data", metavar="X.npy", help="a large array whose first axis is the sample axis (field 'x')")
+    c.add_argument("--field", action=NamedPaths, example="label=labels.npy (or label=/labels in an HDF5 SRC)",
+                   metavar="NAME=PATH",
+                   help="a large array stored as field NAME (repeatable)")
+    c.add_argument("--skip-bad", action="store_true",
+                   help="skip unreadable or mismatched samples (and bad table rows) and list them in DST/skipped.json")
+    c.add_argument("--allow-nan", action="store_true",
+                   help="keep NaN and infinite labels (by default they are an error naming the file and row)")
+    c.add_argument("--strict", action="store_true",
+                   help="files in SRC that are not samples (README, CSV, Thumbs.db, ...) are an error, not skipped")
+    c.add_argument("--meta", metavar="TABLE",
+                   help="metadata table (CSV, JSON Lines, Parquet, or a JSON array of records or object of records "
+                        "keyed by path) with a 'path' column relative to SRC; every other column becomes a field "
+                        "(see docs/convert.md)")
+    c.add_argument("--meta-type", action="append", type=_meta_type, default=[], metavar="NAME=DTYPE[:SHAPE]",
+                   help="force a table column's type, e.g. keypoints=float32:17,3, boxes=float32:n,4 or "
+                        "subject=str (repeatable)")
+    for flag, what in (("--keypoints", "pixel keypoints (..., >=2), x, y first: rescaled with the images"),
+                       ("--boxes", "pixel boxes (..., 4), x0, y0, x1, y1: rescaled with the images"),
+                       ("--not-coordinates", "a numeric column that looks like coordinates but is not: kept as is")):
+        c.add_argument(flag, action="append", type=_names, default=[], metavar="COL",
+                       help=f"table column(s) of {what} (repeatable or comma-separated; docs/convert.md)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    return c
+
+
+def _add_convert_groups(c: argparse.ArgumentParser) -> None:
+    r = c.add_argument_group("many machines (see docs/scale.md)")
+    r.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: a process pool on this machine; ray: one Ray task per shard, on the cluster at "
+                        "--ray-address or RAY_ADDRESS, else on a local Ray (needs fastdata[ray]) (default: local)")
+    r.add_argument("--ray-address", metavar="ADDR", help="Ray cluster to run on (with --engine ray)")
+    r.add_argument("--part", metavar="I/N",
+                   help="convert only part I (0 to N-1) of N into DST, for clusters without Ray (SLURM arrays, "
+                        "Spark); then run fastdata merge-parts DST")
+    g = c.add_argument_group("image folders (see docs/convert.md)")
+    g.add_argument("--images", choices=["encoded", "raw", "jpeg"], default=None,
+                   help="encoded: keep JPEG files as they are (others as PNG); raw: decode once to uint8 pixels; "
+                        "jpeg: re-encode at --quality (default: encoded)")
+    g.add_argument("--size", type=positive, nargs=2, metavar=("H", "W"),
+                   help="raw/jpeg: resize the shorter side, then centre-crop to H x W")
+    g.add_argument("--max-side", type=positive, metavar="N", help="raw/jpeg: shrink so the longer side is at most N")
+    g.add_argument("--quality", type=positive, metavar="Q",
+                   help="JPEG quality 1-100 for jpeg (default 90), or to store non-JPEG inputs as JPEG with encoded")
+    g.add_argument("--mode", choices=["RGB", "L"], default=None, help="RGB (default) or L (single-channel)")
+
+
+def _add_merge_parts(sub: Any) -> None:
+    mp = sub.add_parser("merge-parts", help="finish a conversion done part by part (--part I/N)",
+                        description="Check that all N parts of a 'fastdata convert ... --part I/N' conversion into "
+                                    "DST are present, complete and from the same conversion, then write the "
+                                    "manifest. The result is byte for byte a one-machine conversion.")
+    mp.add_argument("dst", metavar="DST", help="dataset folder or URL (s3://...) the parts were converted into; "
+                                              "for a URL the manifest is uploaded last")
+    mp.set_defaults(run=_merge_parts)
+
+
+def _add_merge(sub: Any) -> None:
+    m = sub.add_parser("merge", help="one dataset from several with the same schema",
+                       description="Make DST hold the samples of A, then B, ... (same fields and format). Shards "
+                                   "are hard-linked, not copied, where the filesystem allows; the output says which "
+                                   "were linked, copied or rewritten. Class lists must be identical unless "
+                                   "--remap-classes.")
+    m.add_argument("paths", nargs="+", metavar="PATH", help="input datasets A B ..., then DST (a new folder)")
+    m.add_argument("--remap-classes", action="store_true",
+                   help="classes differ: DST's classes are A's followed by the new ones of B, ...; shards whose "
+                        "labels change are rewritten")
+    m.add_argument("--method", choices=["auto", "link", "copy"], default="auto",
+                   help="auto: hard-link shards, copy where the filesystem refuses links (said in the output); "
+                        "link: hard links or an error; copy: always copy (default: auto)")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing fastdata dataset at DST")
+    k = m.add_argument_group("sample keys (see docs/scale.md)",
+                             "DST keeps the inputs' sample keys; a key found in two inputs is an error unless "
+                             "each input's keys get a prefix")
+    kx = k.add_mutually_exclusive_group()
+    kx.add_argument("--prefix-keys", action="store_true",
+                    help="key each sample '<input folder name>/<its key>' (the folder names must differ)")
+    kx.add_argument("--key-prefix", action="append", metavar="PREFIX",
+                    help="key the samples of one input '<PREFIX>/<its key>': once per input, in order "
+                         "('' keeps that input's keys)")
+    kx.add_argument("--drop-keys", action="store_true",
+                    help="DST has no sample keys (needed to merge inputs without keys with inputs that have some)")
+    m.add_argument("--quiet", action="store_true", help="no progress bar")
+    m.set_defaults(run=_merge)
+
+
+def _meta_type(text: str) -> tuple[str, object]:
+    from fastdata.converters import parse_meta_type
+
+    try:
+        return parse_meta_type(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of column names."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected column names separated by commas")
+    return names
+
+
+def config_of(args: argparse.Namespace) -> Any:
+    """The ConvertConfig the flags of ``fastdata convert`` ask for."""
+    from fastdata.converters import ConvertConfig, ImageOptions
+    from fastdata.write import WriteOptions, parse_part
+
+    write = WriteOptions(backend=args.format, shard_size=args.shard_size, workers=args.workers,
+                         compression=None if args.compression == "none" else args.compression,
+                         engine=args.engine, ray_address=args.ray_address)
+    images = None
+    if any(v is not None for v in (args.images, args.size, args.max_side, args.quality, args.mode)):
+        images = ImageOptions(images=args.images or "encoded", size=tuple(args.size) if args.size else None,
+                              max_side=args.max_side, quality=args.quality, mode=args.mode or "RGB")
+    return ConvertConfig(write=write, images=images, meta_types=dict(args.meta_type), no_labels=args.no_labels,
+                         skip_bad=args.skip_bad, strict=args.strict, allow_nan=args.allow_nan,
+                         overwrite=args.overwrite, resume=args.resume,
+                         part=parse_part(args.part) if args.part is not None else None,
+                         keypoints=sum(args.keypoints, ()), boxes=sum(args.boxes, ()),
+                         not_coordinates=sum(args.not_coordinates, ()), labels_columns=args.labels_columns)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from fastdata.converters.convert import convert
+
+    arrays = dict(args.field or {})
+    if args.data:
+        if "x" in arrays:
+            raise UsageError("--data and --field x=... both name field 'x'")
+        arrays = {"x": args.data, **arrays}
+    config = config_of(args)
+    bar = Bar(enabled=not args.quiet)
+    said = logging.StreamHandler(sys.stderr)  # the converter's one-line notes (files skipped as not samples)
+    said.setFormatter(logging.Formatter("fastdata: %(message)s"))
+    notes = logging.getLogger("fastdata.convert")
+    notes.addHandler(said)
+    notes.propagate = False
+    try:
+        report = convert(args.src, args.dst, config, labels=args.labels, arrays=arrays or None, meta=args.meta,
+                         progress=bar)
+    finally:
+        bar.close()
+        notes.removeHandler(said)
+        notes.propagate = True
+    print(report.summary())
+    return 0
+
+
+def _merge_parts(args: argparse.Namespace) -> int:
+    from fastdata.write import merge_parts
+
+    print(merge_parts(args.dst).summary())
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from fastdata.converters.convert import merge
+
+    if len(args.paths) < 2:
+        raise UsageError("merge needs at least one input and DST: fastdata merge A [B ...] DST")
+    *inputs, dst = args.paths
+    bar = Bar(enabled=not args.quiet)
+    try:
+        prefixes = "names" if args.prefix_keys else args.key_prefix
+        report = merge(inputs, dst, remap_classes=args.remap_classes, method=args.method, overwrite=args.overwrite,
+                       progress=bar, key_prefixes=prefixes, drop_keys=args.drop_keys)
+    finally:
+        bar.close()
+    print(report.summary())
+    return 0

@@ -1,0 +1,245 @@
+"""``fastdata bench`` and ``fastdata tune``: the CLI side of fastdata.measure.bench and fastdata.measure.tune."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastdata._units import fmt_bytes
+from fastdata.errors import UsageError
+
+if TYPE_CHECKING:
+    from fastdata.measure.bench import BenchResult
+    from fastdata.reading.dataset import Dataset
+
+
+def parse_duration(text: str) -> float:
+    """A duration flag's value (``30``, ``30s``, ``2m``) in seconds; argparse's error otherwise."""
+    t = text.strip().lower()
+    mult = 60.0 if t.endswith("m") else 1.0
+    t = t.rstrip("sm")
+    try:
+        v = float(t) * mult
+    except ValueError:
+        v = -1.0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a duration like 30s or 2m, not {text!r}")
+    return v
+
+
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, not {text!r}")
+    return v
+
+
+def add_parsers(sub: Any) -> None:
+    b = sub.add_parser("bench", help="measure the input pipeline on a dataset",
+                       description="Run the loader over a dataset for a bounded time and report steady-state "
+                                   "throughput as a fraction of the machine's ceiling for this dataset (a memcpy gather "
+                                   "of the same bytes for raw data, the decode rate for encoded images).")
+    b.add_argument("dst", metavar="PATH", help="dataset folder or URL (s3://bucket/ds; docs/remote.md)")
+    b.add_argument("--backend", choices=["torch"], default="torch", help="loader backend (default: torch)")
+    b.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
+    b.add_argument("--workers", type=_workers, default="auto", metavar="N",
+                   help="reader threads, or 'auto' (tuned settings if stored, default otherwise)")
+    b.add_argument("--mode", choices=["threads", "processes"], default=None,
+                   help="read with threads or worker processes (default: tuned or threads)")
+    b.add_argument("--prefetch", type=int, default=None, metavar="N", help="batches read ahead")
+    b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    b.add_argument("--augment", choices=["none", "flip", "imagenet"], default="none",
+                   help="augmentation on the device: none, flip (+noise), imagenet (crop, flip, jitter, normalise)")
+    b.add_argument("--seconds", type=parse_duration, default=10.0, metavar="T", help="how long to measure (default: 10s)")
+    b.add_argument("--batches", type=int, default=None, metavar="N", help="stop after N batches instead")
+    b.add_argument("--naive", metavar="SRC", help="also measure the naive per-file loader over this .npy folder")
+    b.add_argument("--no-ceiling", action="store_true", help="skip measuring the machine's ceiling")
+    b.add_argument("--subset", metavar="KEYS.txt",
+                   help="measure only the samples whose keys (relative source paths) FILE lists, one per line")
+    b.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    b.set_defaults(run=run_bench)
+
+    t = sub.add_parser("tune", help="choose loader settings by measurement",
+                       description="Race loader settings (reader mode, workers, prefetch, optionally batch size) "
+                                   "within a time budget; store the winner in the user's cache directory.")
+    t.add_argument("dst", metavar="PATH", help="dataset folder")
+    t.add_argument("--budget", type=parse_duration, default=60.0, metavar="T", help="time budget, e.g. 60s or 2m")
+    t.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
+    t.add_argument("--batch-sizes", metavar="N,N,...", help="also search these batch sizes")
+    t.add_argument("--device", default="cpu", help="device the batches go to (default: cpu)")
+    t.add_argument("--transform", metavar="MODULE:FUNCTION",
+                   help="race with this transform in every trial (transform= of fastdata.loader); worker processes "
+                        "are raced only then")
+    t.add_argument("--no-store", action="store_true", help="do not remember the winner")
+    t.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    t.set_defaults(run=run_tune)
+
+
+def _augment(name: str) -> Any:
+    if name == "none":
+        return None
+    from fastdata import augment as A
+
+    if name == "flip":
+        return [A.HorizontalFlip(0.5), A.GaussianNoise(0.01)]
+    return [A.RandomResizedCrop(224), A.HorizontalFlip(0.5), A.ColorJitter(0.4, 0.4, 0.4, 0.1),
+            A.Normalize(A.IMAGENET_MEAN, A.IMAGENET_STD)]
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from fastdata.measure.bench import CEILING_LIMIT, payload_bytes, sample_bytes
+
+    ds = _bench_dataset(args)
+    local = ds.remote is None or all(p.is_file() for p in ds.shard_paths())
+    # MB/s of the data the loader hands over; stored bytes only where reading the payload would download shards
+    bps = payload_bytes(ds) if local else sample_bytes(ds)
+    results, settings = _bench_results(args, ds, bps)
+    ceiling = next((r for r in results if r.name.startswith("ceiling")), None)
+    ratio = {r.name: r.samples_per_s / ceiling.samples_per_s if ceiling and ceiling.samples_per_s else None
+             for r in results}
+    over = [n for n, x in ratio.items() if x is not None and x > CEILING_LIMIT]
+    if over:  # a pipeline cannot beat the machine's best for the same work: the ceiling was measured badly
+        print(f"warning: {', '.join(over)} above {CEILING_LIMIT} of the ceiling: the ceiling's measurement was "
+              "disturbed (another process busy?); run again on a quiet machine", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"dataset": str(ds.root), "results": [{**r.as_dict(), "ceiling_ratio": ratio[r.name]}
+                                                                for r in results]}, indent=1))
+        return 0
+    print(f"dataset {ds.root}: {len(ds)} samples, {fmt_bytes(bps)} per sample, settings {settings}")
+    _print_bench(results, ratio, ceiling)
+    return 0
+
+
+def _bench_dataset(args: argparse.Namespace) -> Dataset:
+    """The dataset ``fastdata bench`` measures: ``PATH``, or the samples keyed in ``--subset``'s file."""
+    from fastdata.reading.dataset import Dataset
+
+    ds = Dataset(args.dst)
+    if args.subset:
+        try:
+            keys = [k for k in Path(args.subset).read_text(encoding="utf-8").splitlines() if k.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"{args.subset}: cannot read the subset's keys: {e}") from None
+        ds = ds.subset(keys)
+    return ds
+
+
+def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float) -> tuple[list[BenchResult], dict[str, Any]]:
+    """The loader's measurement, then the ceiling and the naive loader where asked; and the loader's settings."""
+    from fastdata.loaders import LoaderConfig, loader
+    from fastdata.measure.bench import measure, measure_ceiling, naive_pipeline
+
+    given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}  # others: the defaults
+    config = LoaderConfig(**given) if given else None  # None: tuned settings where stored
+    ld = loader(ds, args.batch_size, device=args.device, num_workers=args.workers, config=config,
+                augment=_augment(args.augment))
+    settings = {"mode": ld.config.mode, "workers": getattr(ld, "workers", None), "prefetch": ld.config.prefetch,
+                "batch_size": args.batch_size, "device": str(ld.device), "augment": args.augment}
+    live = _Live(enabled=not args.json)
+    try:
+        results = [measure("fastdata.loader", lambda: ld, bytes_per_sample=bps, max_batches=args.batches,
+                           max_seconds=args.seconds, settings=settings, on_batch=live.update)]
+    finally:
+        ld.close()
+        live.close()
+    if not args.no_ceiling and ds.remote is not None and not all(p.is_file() for p in ds.shard_paths()):
+        print("ceiling: not measured (the dataset is larger than what its shard cache holds now)", file=sys.stderr)
+    elif not args.no_ceiling:  # the best of 1 .. the loader's own reader count, on the payload's bytes
+        threads = max(1, int(settings["workers"] or 0))
+        results.append(measure_ceiling(ds, args.batch_size, threads=threads, max_seconds=min(3.0, args.seconds),
+                                       bytes_per_sample=bps))
+    if args.naive:
+        live = _Live(enabled=not args.json, label="naive")
+        try:
+            results.append(measure("naive per-file loader", naive_pipeline(args.naive, args.batch_size),
+                                   bytes_per_sample=bps, max_batches=args.batches, max_seconds=args.seconds,
+                                   settings={"workers": 2}, on_batch=live.update))
+        finally:
+            live.close()
+    return results, settings
+
+
+def _print_bench(results: list[BenchResult], ratio: dict[str, float | None], ceiling: BenchResult | None) -> None:
+    main = results[0]
+    print(f"{'pipeline':<44}{'samples/s':>11}{'MB/s':>9}{'ms/batch':>10}{'p95 ms':>9}{'first s':>9}{'x this':>8}"
+          f"{'x ceiling':>10}")
+    for r in results:
+        x = ratio[r.name]
+        xs = f"{x:>10.2f}" if x is not None else f"{'-':>10}"
+        print(f"{r.name:<44}{r.samples_per_s:>11.0f}{r.mb_per_s:>9.0f}{r.batch_ms_median:>10.2f}"
+              f"{r.batch_ms_p95:>9.2f}{r.first_batch_s:>9.2f}{r.samples_per_s / main.samples_per_s:>8.2f}{xs}")
+    if ceiling is not None:
+        what = "decoding the same images" if ceiling.settings.get("kind") == "decode" else \
+            "a memcpy gather of the same bytes from memory"
+        tried = ", ".join(f"{t}: {r:.0f}" for t, r in ceiling.settings.get("rates", {}).items())
+        print(f"x ceiling: the fraction of the machine's limit for this dataset ({what}, the best of "
+              f"1 to the loader's {max(ceiling.settings.get('rates', {1: 0}))} threads: {tried} samples/s)")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from fastdata.measure.tune import tune
+
+    sizes = [int(x) for x in args.batch_sizes.split(",")] if args.batch_sizes else None
+
+    def show(s: dict[str, Any], r: Any, rnd: int) -> None:
+        print(f"  round {rnd}: {r.name:<46} {r.samples_per_s:>10.0f} samples/s", file=sys.stderr, flush=True)
+
+    res = tune(args.dst, batch_size=args.batch_size, budget_s=args.budget, device=args.device, batch_sizes=sizes,
+               store=not args.no_store, on_trial=None if args.json else show,
+               transform=_import_function(args.transform) if args.transform else None)
+    # each setting's rate in its last round (the table is in round order, so later trials overwrite)
+    last = {json.dumps(s, sort_keys=True): (s, r.samples_per_s, rnd) for s, r, rnd in res.table}
+    rows = sorted(last.values(), key=lambda t: (-t[2], -t[1]))
+    if args.json:
+        print(json.dumps({"winner": res.winner, "samples_per_s": res.rate, "stored_at": str(res.stored_at),
+                          "reason": res.reason,
+                          "trials": [{"settings": s, "samples_per_s": r.samples_per_s, "round": k}
+                                     for s, r, k in res.table]}, indent=1))
+        return 0
+    print(f"{'mode':<10}{'workers':>8}{'prefetch':>9}{'batch':>7}{'samples/s':>11}{'last round':>11}")
+    for s, rate, rnd in rows:
+        print(f"{s['mode']:<10}{s['num_workers']:>8}{s['prefetch']:>9}{s['batch_size']:>7}{rate:>11.0f}{rnd:>11}")
+    print(f"winner: {res.winner} at {res.rate:.0f} samples/s"
+          + (f"; stored in {res.stored_at} (fastdata.loader(num_workers='auto') uses it)" if res.stored_at else ""))
+    print(f"why: {res.reason}")
+    return 0
+
+
+def _import_function(spec: str) -> Any:
+    """``module:function`` (or ``module:Class.attr``) imported, as ``--transform`` names it."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise UsageError(f"--transform {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.augment:jitter")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise UsageError(f"--transform {spec!r}: {type(e).__name__}: {e}") from None
+    return obj
+
+
+class _Live:
+    """A one-line live display on stderr (only on a terminal)."""
+
+    def __init__(self, enabled: bool, label: str = "measuring") -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.label = label
+
+    def update(self, samples: int, elapsed: float) -> None:
+        if self.enabled:
+            print(f"\r{self.label}: {samples} samples in {elapsed:.1f} s", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)

@@ -1,0 +1,404 @@
+"""Measuring the input pipeline: loader throughput, the machine's ceiling for the same bytes, the naive baseline.
+
+Used by ``fastdata bench`` and ``fastdata tune``; ``benchmarks/`` builds its suites on the same
+functions. Figures are steady-state: the first batches (worker start, cold caches) are timed
+separately as the first-batch latency and left out of the rate.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Literal, Sequence
+
+import numpy as np
+
+from fastdata.format.spec import CODEC_SUFFIX, ENCODING_IMAGE, LENGTHS_SUFFIX, SHAPE_SUFFIX
+from fastdata.loaders.batching import batch_len
+from fastdata.reading.dataset import Dataset
+
+Sink = Literal["buffer", "ahead", "null"]  # where pread_pass puts the bytes it reads
+CEILING_LIMIT = 1.1  # a ratio above this of the ceiling means the ceiling's measurement was wrong
+
+
+@dataclass
+class BenchResult:
+    """Steady-state throughput of one input pipeline."""
+
+    name: str
+    samples: int
+    batches: int
+    seconds: float
+    samples_per_s: float
+    mb_per_s: float
+    batch_ms_median: float
+    batch_ms_p95: float
+    first_batch_s: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sample_bytes(ds: Dataset) -> float:
+    """Average stored bytes of one sample (all fields), from the manifest (a subset: the whole dataset's)."""
+    total = sum(s.bytes for s in ds.manifest.shards)
+    return total / max(1, ds.manifest.num_samples)
+
+
+def measure(
+    name: str,
+    batches: Callable[[], Iterable[Any]],
+    *,
+    bytes_per_sample: float,
+    max_batches: int | None = None,
+    max_seconds: float = 10.0,
+    warmup: int = 2,
+    settings: dict[str, Any] | None = None,
+    on_batch: Callable[[int, float], None] | None = None,
+) -> BenchResult:
+    """Iterate ``batches()`` (re-called at each epoch end) until ``max_batches`` or ``max_seconds``.
+
+    The first ``warmup`` batches are not counted; ``on_batch(samples_so_far, elapsed)`` may show progress.
+    """
+    durations: list[float] = []
+    counted = 0
+    t_start = time.perf_counter()
+    first = None
+    seen = 0
+    t_steady = None
+    while True:
+        it = iter(batches())
+        last = time.perf_counter()
+        got_any = False
+        for batch in it:
+            got_any = True
+            now = time.perf_counter()
+            if first is None:
+                first = now - t_start
+            seen += 1
+            n = batch_len(batch)
+            if seen > warmup:
+                if t_steady is None:
+                    t_steady = last
+                durations.append(now - last)
+                counted += n
+            last = now
+            if on_batch is not None:
+                on_batch(counted, now - t_start)
+            if (max_batches is not None and len(durations) >= max_batches) or (
+                t_steady is not None and now - t_steady >= max_seconds and len(durations) >= 3
+            ):
+                _close(it)
+                return _result(name, durations, counted, bytes_per_sample, first or 0.0, settings)
+        if not got_any:
+            raise ValueError(f"{name}: the pipeline yielded no batches")
+
+
+def _close(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+def _result(name: str, durations: list[float], samples: int, bps: float, first: float,
+            settings: dict[str, Any] | None, seconds: float | None = None) -> BenchResult:
+    """``durations``: time per batch; ``seconds``: the wall time the samples took, when batches ran
+    in parallel (else the durations' sum)."""
+    d = np.array(durations)
+    secs = float(d.sum()) if seconds is None else seconds
+    return BenchResult(name=name, samples=samples, batches=len(d), seconds=secs,
+                       samples_per_s=samples / secs if secs > 0 else 0.0,
+                       mb_per_s=samples * bps / secs / 1e6 if secs > 0 else 0.0,
+                       batch_ms_median=float(np.median(d) * 1e3), batch_ms_p95=float(np.percentile(d, 95) * 1e3),
+                       first_batch_s=first, settings=dict(settings or {}))
+
+
+_CEILING_RAM_BYTES = 512 << 20  # the gather ceiling's in-memory copy of the data is at most this big
+_CEILING_IMAGES = 256  # encoded images decoded over and over for the decode ceiling
+_PAYLOAD_SAMPLES = 256  # samples read to average the payload of ragged and encoded fields
+
+
+def payload_bytes(ds: Dataset) -> float:
+    """Average bytes of one sample's data as ``get_batch`` hands them over (fixed fields from the
+    schema; ragged and encoded fields from their lengths in the first samples), without the
+    storage's overhead (LMDB record headers, HDF5 metadata) that :func:`sample_bytes` counts."""
+    fixed = sum(f.row_nbytes for f in ds.schema if not f.ragged)
+    ragged = [f for f in ds.schema if f.ragged]
+    if not ragged or len(ds) == 0:
+        return float(fixed)
+    m = min(len(ds), _PAYLOAD_SAMPLES)
+    raw = ds.with_options(fields=[f.name for f in ragged], decode=False)
+    batch = raw.get_batch(np.arange(m), ragged="packed")
+    total = 0
+    for f in ragged:
+        v = batch[f.name]
+        total += v.nbytes if isinstance(v, np.ndarray) else sum(len(str(s).encode("utf-8")) for s in v)
+    return fixed + total / m
+
+
+def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_seconds: float = 3.0,
+                    bytes_per_sample: float | None = None) -> BenchResult:
+    """The machine's ceiling for this dataset, what a loader's rate is a fraction of, at the best
+    thread count from 1 to ``threads`` (the loader's own; each count gets an equal share of
+    ``max_seconds``): for encoded images, decoding the stored images with no loader at all
+    (simplejpeg or PIL, as the loader would); otherwise a memcpy gather of random batches of rows of
+    the dataset's payload size (``bytes_per_sample``, default :func:`payload_bytes`) from memory
+    into reused buffers. ``settings["rates"]`` holds every count's rate."""
+    counts = list(range(1, max(1, threads) + 1))
+    share = max_seconds / len(counts)
+    bps = payload_bytes(ds) if bytes_per_sample is None else bytes_per_sample
+    if any(f.encoding == ENCODING_IMAGE for f in ds.schema):
+        runs = [_decode_ceiling(ds, batch_size, t, share, bps) for t in counts]
+    else:
+        runs = [_gather_ceiling(ds, batch_size, t, share, bps) for t in counts]
+    best = max(runs, key=lambda r: r.samples_per_s)
+    best.name = f"ceiling: {best.settings['kind']}, best of 1-{counts[-1]} threads"
+    best.settings["rates"] = {r.settings["threads"]: round(r.samples_per_s, 1) for r in runs}
+    return best
+
+
+def _run_batches(name: str, job: Callable[[int], int], threads: int, max_seconds: float, bps: float,
+                 settings: dict[str, Any]) -> BenchResult:
+    """Run ``job(k)`` (one batch, returns its samples) ``threads`` at a time until ``max_seconds``."""
+    durations: list[float] = []  # per batch: a round's wall time over the batches it ran at once
+    done = 0
+    wall = 0.0
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(job, range(threads)))  # warm-up: buffers touched, caches filled
+        k, t0 = threads, time.perf_counter()
+        while time.perf_counter() - t0 < max_seconds or len(durations) < 3:
+            t = time.perf_counter()
+            done += sum(pool.map(job, range(k, k + threads)))
+            took = time.perf_counter() - t
+            wall += took
+            durations.append(took / threads)
+            k += threads
+    # the rate is samples over wall time (the per-batch durations of parallel rounds sum to wall / threads)
+    return _result(name, durations, done, bps, 0.0, settings, seconds=wall)
+
+
+def _gather_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float, bps: float) -> BenchResult:
+    row = max(1, int(round(bps)))
+    n = max(batch_size, min(len(ds), _CEILING_RAM_BYTES // row))
+    data = np.random.default_rng(0).integers(0, 256, (n, row), dtype=np.uint8)
+    bufs = [np.empty((batch_size, row), np.uint8) for _ in range(threads)]
+    plans = np.random.default_rng(1).integers(0, n, (64, batch_size))
+
+    def gather(k: int) -> int:
+        out = bufs[k % threads]
+        for j, i in enumerate(plans[k % len(plans)].tolist()):
+            out[j] = data[i]
+        return batch_size
+
+    return _run_batches(f"ceiling: {threads}-thread memcpy gather", gather, threads, max_seconds, bps,
+                        {"threads": threads, "kind": "memcpy gather", "row_bytes": row})
+
+
+def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: float, bps: float) -> BenchResult:
+    from fastdata.reading.decode import decode_image
+
+    fields = [f for f in ds.schema if f.encoding == ENCODING_IMAGE]
+    raw = ds.with_options(fields=[f.name for f in fields], decode=False)
+    m = min(len(ds), _CEILING_IMAGES)
+    stored = raw.get_batch(np.arange(m), companions=True)
+    images = []  # (field spec, bytes, codec, shape) per sample
+    for k in range(m):
+        for f in fields:
+            n = int(stored[f.name + LENGTHS_SUFFIX][k])
+            images.append((f.image, stored[f.name][k, :n].tobytes(), int(stored[f.name + CODEC_SUFFIX][k]),
+                           tuple(int(v) for v in stored[f.name + SHAPE_SUFFIX][k])))
+    per_sample = len(fields)
+    outs: list[dict[tuple[int, ...], np.ndarray]] = [{} for _ in range(threads)]  # reused pixels, by shape
+
+    def decode(k: int) -> int:
+        mine = outs[k % threads]
+        for j in range(batch_size * per_sample):
+            spec, data, codec, shape = images[(k * batch_size * per_sample + j) % len(images)]
+            out = mine.get(shape)
+            if out is None:
+                out = mine[shape] = np.empty(shape, np.uint8)
+            assert spec is not None
+            decode_image(data, codec, spec, out)
+        return batch_size
+
+    return _run_batches(f"ceiling: {threads}-thread image decode", decode, threads, max_seconds, bps,
+                        {"threads": threads, "kind": "decode", "images": m})
+
+
+def naive_pipeline(src: str | os.PathLike[str], batch_size: int, workers: int = 2) -> Callable[[], Iterable[Any]]:
+    """The per-file baseline for a source folder of ``.npy`` files (what ``--naive SRC`` measures)."""
+    from fastdata.demo.baseline import naive_loader
+
+    loader = naive_loader(src, batch_size, workers)
+    return lambda: loader
+
+
+def _streams(reqs: list[tuple[int, int]], threads: int, read: Callable[[tuple[int, int]], int],
+             arrived: queue.SimpleQueue[tuple[int, int, int] | None], size: int, copiers: int) -> int:
+    """``threads`` contiguous runs of ``reqs``, one thread each, front to back (pread_pass); with
+    ``copiers``, that many threads pread each piece ``read`` put on ``arrived`` into a reused buffer."""
+
+    def copy() -> int:
+        buf, got = bytearray(size), 0
+        while (item := arrived.get()) is not None:
+            got += os.preadv(item[0], [memoryview(buf)[: item[2]]], item[1])
+        return got
+
+    per = -(-len(reqs) // max(1, threads))
+    runs = [reqs[a : a + per] for a in range(0, len(reqs), per)] or [[]]
+    with ThreadPoolExecutor(max(1, copiers)) as copying:
+        copied = [copying.submit(copy) for _ in range(copiers)]
+        try:
+            with ThreadPoolExecutor(len(runs)) as pool:
+                total = sum(pool.map(lambda run: sum(read(r) for r in run), runs))
+        finally:  # (the copiers end once told, whatever happened to the streams)
+            for _ in copied:
+                arrived.put(None)
+        return total + sum(c.result() for c in copied)
+
+
+def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, ahead_bytes: int) -> int:
+    """``reqs`` in their order, hinted to the kernel (``WILLNEED``) by one thread at most ``ahead_bytes``
+    ahead of ``copiers`` threads that ``pread`` each, in the same order, into a reused buffer: random
+    reads with as deep a queue as fastdata's read-ahead keeps (threads that each wait for one read
+    keep fewer in flight). The bytes delivered."""
+    ahead = max(1, ahead_bytes // size)
+    state = {"next": 0, "done": 0, "over": False}
+    cond = threading.Condition()
+
+    def hint() -> None:
+        for i, (fd, off) in enumerate(reqs):
+            with cond:
+                while i - state["done"] >= ahead and not state["over"]:
+                    cond.wait()
+                if state["over"]:
+                    return
+            os.posix_fadvise(fd, off, size, os.POSIX_FADV_WILLNEED)
+
+    def copy() -> int:
+        buf, got = bytearray(size), 0
+        while time.perf_counter() <= stop:
+            with cond:
+                i = state["next"]
+                state["next"] += 1
+            if i >= len(reqs):
+                break
+            got += os.preadv(reqs[i][0], [buf], reqs[i][1])
+            with cond:
+                state["done"] += 1
+                cond.notify()
+        return got
+
+    hinting = threading.Thread(target=hint, name="fastdata-bench-hint", daemon=True)
+    hinting.start()
+    try:
+        with ThreadPoolExecutor(max(1, copiers)) as pool:
+            return sum(pool.map(lambda _: copy(), range(max(1, copiers))))
+    finally:
+        with cond:
+            state["over"] = True
+            cond.notify()
+        hinting.join()
+
+
+def _nearby(paths: Sequence[str | os.PathLike[str]], window: int, streams: bool, seconds: float | None,
+            **kw: Any) -> dict[str, float]:
+    """pread_pass's ``window``: its streams on ``window`` consecutive files at a time, the windows in a
+    seeded random order, until all are read or ``seconds`` have passed (a disk may serve streams close
+    together faster than streams spread over every file: the best large reads of the same bytes)."""
+    if not streams or window < 1:
+        raise ValueError(f"window={window!r}: a positive number of files, with streams=True")
+    groups = [list(paths[i : i + window]) for i in range(0, len(paths), window)]
+    random.Random(0).shuffle(groups)
+    t0 = time.perf_counter()
+    total = 0.0
+    for g in groups:
+        left = None if seconds is None else seconds - (time.perf_counter() - t0)
+        if left is not None and left <= 0:
+            break
+        total += pread_pass(g, shuffled=False, seconds=left, streams=True, **kw)["bytes"]
+    return {"bytes": total, "seconds": time.perf_counter() - t0}
+
+
+def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int, *, shuffled: bool = True,
+               seconds: float | None = None, streams: bool = False, sink: Sink = "buffer",
+               copiers: int = 2, ahead_bytes: int = 256 << 20, window: int | None = None) -> dict[str, float]:
+    """Read every byte of ``paths`` in ``size`` preads (in a seeded random order if ``shuffled``),
+    ``threads`` at a time, into one reused buffer per thread, for at most ``seconds``: the disk's
+    ceiling at that request size (``fastdata bench --cold`` and benchmarks/bench_cold.py; empty the
+    page cache first for a cold figure). ``streams``: the requests in storage order, cut into
+    ``threads`` contiguous runs read side by side, each front to back (parallel sequential reads).
+    With ``streams``, ``sink="ahead"``: each stream sends its pieces to ``/dev/null`` (``sendfile``:
+    into the page cache, nothing copied) and ``copiers`` threads then ``pread`` each piece that has
+    arrived into a reused buffer (the bytes delivered, as fastdata's read-ahead and readers do);
+    ``sink="null"``: only sent to ``/dev/null``: the disk alone, nothing delivered (a reference, not
+    a ceiling for reading). Without ``streams``, ``sink="ahead"``: the requests hinted (``WILLNEED``)
+    up to ``ahead_bytes`` ahead of ``copiers`` threads that ``pread`` them (``threads`` unused): random
+    reads with a deep queue, as fastdata's read-ahead reads them.
+    ``window``: the streams on that many consecutive files at a time (close together on the disk, as
+    ``shuffle="shards"`` reads: :func:`_nearby`). Returns ``{"bytes", "seconds"}`` (delivered, or read for "null")."""
+    if sink not in ("buffer", "ahead", "null") or (sink == "null" and not streams):
+        raise ValueError(f"sink={sink!r}: 'buffer' or 'ahead', or with streams=True 'null'")
+    if window is not None:
+        return _nearby(paths, window, streams, seconds, size=size, threads=threads, sink=sink, copiers=copiers,
+                       ahead_bytes=ahead_bytes)
+    fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC) if sink != "buffer" else -1
+    try:
+        reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
+        if shuffled and not streams:
+            random.Random(0).shuffle(reqs)
+        mine = threading.local()  # one buffer per thread, made once: the ceiling times reads, not allocation
+        arrived: queue.SimpleQueue[tuple[int, int, int] | None] = queue.SimpleQueue()
+        t0 = time.perf_counter()
+        stop = t0 + seconds if seconds is not None else float("inf")
+
+        def read(req: tuple[int, int]) -> int:
+            if time.perf_counter() > stop:
+                return 0
+            if sink != "buffer":
+                n = os.sendfile(null, req[0], req[1], size)
+                if sink == "ahead" and n > 0:
+                    arrived.put((req[0], req[1], n))
+                return n if sink == "null" else 0
+            if not hasattr(mine, "buf"):
+                mine.buf = bytearray(size)
+            return os.preadv(req[0], [mine.buf], req[1])
+
+        if sink == "ahead" and not streams:
+            total = _hinted(reqs, size, copiers, stop, ahead_bytes)
+        elif streams:
+            total = _streams(reqs, threads, read, arrived, size, copiers if sink == "ahead" else 0)
+        elif threads == 1:
+            total = sum(read(r) for r in reqs)
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                total = sum(pool.map(read, reqs, chunksize=8))
+        return {"bytes": total, "seconds": time.perf_counter() - t0}
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if null >= 0:
+            os.close(null)
+
+
+def memory_stalls() -> int:
+    """Times an allocation has stalled for direct reclaim or compaction since boot (/proc/vmstat
+    ``allocstall_*`` + ``compact_stall``; 0 where not found). A cold pass during which it grows had to make
+    room in a full page cache for the pages it read: its figure includes that work, not the disk alone."""
+    try:
+        with open("/proc/vmstat") as f:
+            return sum(int(v) for k, v in (line.split() for line in f)
+                       if k.startswith("allocstall_") or k == "compact_stall")
+    except (OSError, ValueError):
+        return 0
+
+
+__all__ = ["BenchResult", "CEILING_LIMIT", "Sink", "measure", "measure_ceiling", "memory_stalls", "naive_pipeline",
+           "payload_bytes", "pread_pass", "sample_bytes"]

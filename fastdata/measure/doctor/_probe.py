@@ -1,0 +1,450 @@
+"""The doctor's hooks: time every batch a torch DataLoader (or fastdata loader) hands the training loop.
+
+Installed by patching classes: ``_BaseDataLoaderIter.__next__`` (the loop's wait and the step
+between batches), ``Tensor.to``/``cuda``/``copy_`` (fastdata.measure.doctor._h2d: the copies of the batches to
+a GPU, timed with CUDA events), the dataset fetchers' ``fetch`` (fastdata.measure.doctor._worker: time in the dataset and
+in collate, in whatever process runs them; forked workers inherit the patch, spawned ones get it
+from a wrapper around the loader's ``worker_init_fn``, given back at the end) and fastdata's
+``Loader.__iter__``. The hooks only read clocks and counters; the batches pass through untouched.
+After the budget the loop is fed copies of the first batches it had (cached as they passed, handed in
+turn: ragged data gives each its own shape) for a few steps (the compute-only step), then, when
+projecting, for a few more while fastdata's loader reads a converted sample of the dataset beside them,
+one batch a step (fastdata.measure.doctor.project.Beside: the step as it would run after the switch), then
+stopped with :class:`BudgetReached`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from fastdata.measure.doctor import _worker
+from fastdata.measure.doctor.account import is_table, opened
+
+if TYPE_CHECKING:
+    from fastdata.measure.doctor._h2d import Accountant
+
+WARMUP = 2  # batches of each pass left out of the statistics: worker start-up, first-batch caching
+REPLAY = 8  # steps run on the cached batches to time the step without input
+CACHED_BATCHES, CACHED_BYTES = 8, 32 << 20  # batches cached for the replay (at least one, whatever its size)
+MIN_REPLAY = 2  # the fewest replayed steps (each kind) when steps are slow
+STEPS_EXTRA_S = 5.0  # with --steps, the replay, sample and projection may take this long, or half the steps' time
+MEASURE_SHARE, HARD_SHARE = 0.5, 0.8  # of a --seconds budget: measuring the loop; the latest it may end
+BESIDE = 24  # then steps on the cached batches while fastdata's loader reads a sample beside them (projection)
+MAX_EVENTS = 20000  # per loader, for the timeline
+# how fastdata.measure.doctor.run tells the child (fastdata.measure.doctor._boot) its folder and budget
+ENV_DIR, ENV_STEPS, ENV_SECONDS = "FASTDATA_DOCTOR_DIR", "FASTDATA_DOCTOR_STEPS", "FASTDATA_DOCTOR_SECONDS"
+ENV_REPLAY, ENV_PROJECT = "FASTDATA_DOCTOR_REPLAY", "FASTDATA_DOCTOR_PROJECT"
+ENV_START = "FASTDATA_DOCTOR_START"  # time.time() when fastdata.measure.doctor.run started the child
+
+
+class BudgetReached(SystemExit):
+    """Raised in the training loop when the doctor's budget is spent: stops the script like sys.exit."""
+
+
+@dataclass
+class LoaderRecord:
+    """What one loader (torch DataLoader or fastdata Loader) did in the training loop."""
+
+    key: int
+    kind: str  # "torch" or "fastdata"
+    settings: dict[str, Any]
+    dataset: str
+    events: list[tuple[float, float, int]] = field(default_factory=list)  # (asked, got, pass number)
+    passes: int = 0
+    replay: list[tuple[float, float]] = field(default_factory=list)  # (handed out, copy seconds)
+
+
+class Recorder:
+    """Collects the main-process side; one per process while the hooks are installed."""
+
+    def __init__(self, out_dir: Path, steps: int | None, seconds: float | None, replay: bool,
+                 project: bool = False) -> None:
+        self.out_dir = out_dir
+        self.steps, self.seconds, self.do_replay, self.do_project = steps, seconds, replay, project
+        self.loaders: dict[int, LoaderRecord] = {}
+        self.started = time.perf_counter()
+        if os.environ.get(ENV_START):  # the doctor's own start: a --seconds budget counts the child's start-up
+            self.started -= max(time.time() - float(os.environ[ENV_START]), 0.0)
+        self.first_batch_at: float | None = None
+        self.cached: list[Any] = []  # the replay's batches: the first after WARMUP of one loader
+        self.cached_from: int | None = None
+        self.replaying = 0
+        self.stop_reason = "script ended"
+        self.stopped_at: float | None = None
+        self.datasets: dict[int, Any] = {}  # key -> the dataset object (for the fastdata projection)
+        self.batch_sizes: dict[int, int | None] = {}
+        self.batches = 0  # every loader's batches: the --steps budget (events stop at MAX_EVENTS)
+        self.h2d: dict[str, Any] | None = None  # the host-to-device copies (fastdata.measure.doctor._h2d), at uninstall
+        # the replay beside fastdata's loader: (handed out, seconds waited for fastdata, copy seconds, position)
+        self.beside: list[tuple[float, float, float, int]] = []
+        self.beside_end: float | None = None
+        self.beside_why: str | None = None  # why there was no replay beside fastdata's loader
+        self.sampled: Any = None  # fastdata.measure.doctor.project.Sampled, or a string saying why not
+        self._beside: Any = None  # the running fastdata.measure.doctor.project.Beside
+        self.own = False  # the doctor's own loaders are running (sampling, fastdata beside): not the loop's
+        self.n_replay, self.n_beside = REPLAY, BESIDE  # set from the time left when the loop's budget is spent
+        self.sample_budget_s: float | None = None  # seconds drawing the sample through __getitem__
+        self.measure_s: float | None = None  # seconds timing fastdata's loader alone
+        self.tables: list[str] = []  # the tables this process opened (fastdata.measure.doctor.account)
+        self._tables_cm: Any = None
+
+    # -- budget ---------------------------------------------------------------------------------
+    def spent(self) -> bool:
+        """The loop's measured part is over: ``steps`` batches after the warm-up, or half the ``seconds``
+        budget (counted from the start, so that the replay, the sample and the verdict fit in the rest) once
+        WARMUP + 1 batches are in, or HARD_SHARE of it once two are (one step). Then the replay's sizes are set."""
+        done = False
+        if self.steps is not None and self.batches >= self.steps + WARMUP:
+            done = True
+        elif self.seconds is not None and self.first_batch_at is not None:
+            elapsed = time.perf_counter() - self.started
+            done = (elapsed >= HARD_SHARE * self.seconds and self.batches >= 2) or (
+                elapsed >= MEASURE_SHARE * self.seconds and self.batches > WARMUP)
+        if done:
+            self._size_the_rest()
+        return done
+
+    def _size_the_rest(self) -> None:
+        """Replayed steps, beside steps, sampling and measuring time from what is left: the rest of a
+        ``seconds`` budget, or half the time the ``steps`` took; fewer steps when steps are slow."""
+        if self.replaying or self.stopped_at is not None or self.sample_budget_s is not None:
+            return
+        from fastdata.measure.doctor.project import MEASURE_S, SAMPLE_BUDGET_S
+        now = time.perf_counter()
+        if self.seconds is not None:
+            left = max(self.started + self.seconds - now, 0.0)
+        else:
+            left = max(0.5 * (now - (self.first_batch_at or self.started)), STEPS_EXTRA_S)
+        got = sorted(g for r in self.loaders.values() for _, g, _ in r.events)
+        step = (got[-1] - got[0]) / (len(got) - 1) if len(got) > 1 else max(now - got[0], 1e-3) if got else 1e-3
+        self.n_replay = int(min(REPLAY, max(MIN_REPLAY, 0.25 * left / step)))
+        beside = 0.35 * left / step  # too few to fit: none (the projection is then fastdata's loader alone)
+        self.n_beside = int(min(BESIDE, max(beside, MIN_REPLAY + 1))) if beside >= MIN_REPLAY else 0  # +1: a pass's first
+        self.sample_budget_s = min(SAMPLE_BUDGET_S, max(1.0, 0.15 * left))
+        self.measure_s = min(MEASURE_S, max(0.5, 0.1 * left))
+
+    def record(self, key: int, asked: float, got: float, batch: Any) -> Any:
+        rec = self.loaders[key]
+        self.batches += 1
+        if len(rec.events) < MAX_EVENTS:
+            rec.events.append((asked, got, rec.passes))
+        if self.first_batch_at is None:
+            self.first_batch_at = got
+        if _copies is not None:  # to know the loop's later copies of this batch to the GPU
+            _copies.track(batch, key, self.batches, len(rec.events) > WARMUP)
+        if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
+            self.batch_sizes[key] = _leading(batch)
+        if len(rec.events) > WARMUP and self.cached_from in (None, key) and len(self.cached) < CACHED_BATCHES:
+            if not self.cached or sum(map(_nbytes, self.cached)) + _nbytes(batch) <= CACHED_BYTES:
+                self.cached.append(_clone(batch))
+                self.cached_from = key
+        return batch
+
+    def next_replay(self, key: int) -> Any:
+        """A fresh copy of a cached batch (the script may change a batch in place), or BudgetReached (also
+        when another loader, a validation loader say, asks: it must never be handed the training batch)."""
+        rec = self.loaders[key]
+        self.stop_reason = "budget spent"
+        if _copies is not None:  # the copies of the cached batches are not the loop's
+            _copies.active = False
+        if not self.cached or not self.do_replay or key != self.cached_from:
+            self._stop()
+        if self.replaying >= self.n_replay:  # the compute-only steps are done: the steps beside fastdata's loader
+            return self._next_beside()
+        t0 = time.perf_counter()
+        batch = self._cached_copy(self.replaying)
+        now = time.perf_counter()
+        rec.replay.append((now, now - t0))
+        self.replaying += 1
+        return batch
+
+    def _cached_copy(self, i: int) -> Any:
+        """A copy of the ``i``-th batch the replay hands out: the cached batches in turn."""
+        return _clone(self.cached[i % len(self.cached)])
+
+    def _next_beside(self) -> Any:
+        if self.stopped_at is None:  # the end of the last compute-only step
+            self.stopped_at = time.perf_counter()
+            if not self.do_project:
+                self._stop()
+            if self.n_beside == 0:
+                self.beside_why = "steps too slow to replay beside fastdata's loader within the budget"
+                self._stop()
+            self._start_beside()
+        if self._beside is None or len(self.beside) >= self.n_beside:
+            self._stop()
+        try:
+            with self._own():
+                waited = self._beside.next()
+        except Exception as e:  # the projection is optional: say why, stop the script as planned
+            self.beside_why = f"fastdata's loader failed beside the step: {type(e).__name__}: {e}"
+            self._stop()
+        t1 = time.perf_counter()
+        batch = self._cached_copy(self.replaying + len(self.beside))
+        now = time.perf_counter()
+        self.beside.append((now, waited, now - t1, self._beside.position))
+        return batch
+
+    def _start_beside(self) -> None:
+        from fastdata.measure.doctor import project
+
+        try:
+            with self._own():
+                self.sampled = project.sample(self, self.cached_from)
+                if isinstance(self.sampled, str):
+                    self.beside_why = self.sampled
+                    return
+                self._beside = project.Beside(self.sampled)
+        except Exception as e:
+            self.beside_why = f"fastdata's loader failed on the sample: {type(e).__name__}: {e}"
+
+    @contextmanager
+    def _own(self) -> Iterator[None]:
+        """The doctor's own loaders run in this block (sampling, fastdata beside): the hooks pass them by."""
+        self.own = True
+        try:
+            yield
+        finally:
+            self.own = False
+
+    def _stop(self) -> None:
+        """End the replay: stop fastdata's loader if it ran, then the script (BudgetReached)."""
+        now = time.perf_counter()
+        if self.stopped_at is None:
+            self.stopped_at = now
+        if self._beside is not None:
+            self.beside_end, b, self._beside = now, self._beside, None
+            b.close()
+        raise BudgetReached(0)
+
+    def _episode(self) -> dict[str, int] | None:
+        """For batches made by a batch_sampler: the classes in the first cached batch (its one 1-D integer
+        field) and the samples of each, for fastdata.reading.samplers.Episodic."""
+        if not self.cached or self.cached_from is None or self.loaders[self.cached_from].settings.get("batch_size"):
+            return None
+        b = self.cached[0]
+        items = list(b.values()) if isinstance(b, dict) else list(b) if isinstance(b, (list, tuple)) else []
+        for v in items:
+            if hasattr(v, "shape") and len(v.shape) == 1 and str(v.dtype).replace("torch.", "").startswith(("int", "uint")):
+                classes = len({int(x) for x in v.tolist()})
+                if classes and len(v) % classes == 0:
+                    return {"classes": classes, "per_class": len(v) // classes}
+        return None
+
+    def step_on_cpu(self) -> bool:
+        """No batch of the loaders went to a CUDA device (so far): the script's step runs on the CPU."""
+        if self.h2d is not None:
+            return not any(b["batches"] for b in self.h2d["loaders"].values())
+        return _copies is None or not any(b.batches for b in _copies.loaders.values())
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "started": self.started, "ended": time.perf_counter(), "stop_reason": self.stop_reason,
+            "main_pid": os.getpid(), "replay_key": self.cached_from,
+            "stopped_at": self.stopped_at, "budget": {"steps": self.steps, "seconds": self.seconds},
+            "beside": self.beside, "beside_end": self.beside_end, "beside_why": self.beside_why,
+            "tables": [p for p in self.tables if is_table(p)], "episode": self._episode(),
+            "loaders": [vars(r) for r in self.loaders.values()], "h2d": self.h2d,
+        }
+
+
+_recorder: Recorder | None = None
+_saved: list[tuple[Any, str, Any]] = []  # (class, attribute, original) to undo the patches
+_hooked: list[tuple[Any, Any]] = []  # (DataLoader, its own worker_init_fn) to give back at uninstall
+_copies: Accountant | None = None  # times the copies of the batches to a GPU (fastdata.measure.doctor._h2d)
+
+
+# -- main side -----------------------------------------------------------------------------------------
+def _torch_settings(loader: Any) -> dict[str, Any]:
+    ctx = loader.multiprocessing_context
+    return {"num_workers": loader.num_workers, "batch_size": loader.batch_size, "pin_memory": loader.pin_memory,
+            "prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers,
+            "multiprocessing_context": getattr(ctx, "_name", None) if ctx is not None else None}
+
+
+def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, loader: Any) -> None:
+        orig(self, loader)
+        rec = _recorder
+        if rec is not None and rec.own:
+            return
+        if rec is not None and loader.num_workers > 0 and not isinstance(loader.worker_init_fn, _worker.WorkerHook):
+            # read by the multiprocessing iterator right after this: spawned workers install the hooks
+            _hooked.append((loader, loader.worker_init_fn))
+            loader.worker_init_fn = _worker.WorkerHook(rec.out_dir, loader.worker_init_fn)
+        if rec is not None:
+            key = id(loader)
+            if key not in rec.loaders:
+                rec.loaders[key] = LoaderRecord(key, "torch", _torch_settings(loader), _describe(loader.dataset))
+                rec.datasets[key] = loader.dataset
+                rec.batch_sizes[key] = loader.batch_size
+            rec.loaders[key].passes += 1
+            self._doctor_key = key
+
+    return __init__
+
+
+def _timed_next(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __next__(self: Any) -> Any:
+        rec = _recorder
+        key = getattr(self, "_doctor_key", None)
+        if rec is None or key is None or rec.own:
+            return orig(self)
+        if rec.replaying or rec.spent():
+            return rec.next_replay(key)
+        t0 = time.perf_counter()
+        batch = _inside_loader(orig, self)
+        return rec.record(key, t0, time.perf_counter(), batch)
+
+    return __next__
+
+
+def _timed_fastdata_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __iter__(self: Any) -> Iterator[Any]:
+        rec = _recorder
+        if rec is None or rec.own:  # (the doctor's own fastdata loader, beside the replayed step)
+            yield from orig(self)
+            return
+        key = id(self)
+        if key not in rec.loaders:
+            settings = {"num_workers": getattr(self.config, "workers", None), "batch_size": self.batch_size,
+                        "device": str(getattr(self, "device", None)),
+                        "mode": getattr(self.config, "mode", None), "prefetch": getattr(self.config, "prefetch", None)}
+            rec.loaders[key] = LoaderRecord(key, "fastdata", settings, _describe(self.dataset))
+            rec.batch_sizes[key] = self.batch_size
+        rec.loaders[key].passes += 1
+        it = orig(self)
+        while True:
+            if rec.replaying or rec.spent():
+                yield rec.next_replay(key)
+                continue
+            t0 = time.perf_counter()
+            try:
+                batch = _inside_loader(next, it)
+            except StopIteration:
+                return
+            yield rec.record(key, t0, time.perf_counter(), batch)
+
+    return __iter__
+
+
+def _inside_loader(fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)`` (a loader's next()), with the copies to a GPU made meanwhile counted as the loader's own."""
+    acc = _copies
+    if acc is None:
+        return fn(arg)
+    acc.depth += 1
+    try:
+        return fn(arg)
+    finally:
+        acc.depth -= 1
+
+
+def _describe(dataset: Any) -> str:
+    n = ""
+    try:
+        n = f", {len(dataset)} samples"
+    except Exception:  # an iterable dataset without a length
+        pass
+    return f"{type(dataset).__module__}.{type(dataset).__qualname__}{n}"
+
+
+def _leading(batch: Any) -> int | None:
+    """The first axis of the first tensor or array in a batch (its number of samples), if any."""
+    if hasattr(batch, "shape") and len(batch.shape) > 0:
+        return int(batch.shape[0])
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
+    for v in items:
+        n = _leading(v)
+        if n is not None:
+            return n
+    return None
+
+
+def _nbytes(batch: Any) -> int:
+    """Bytes of the tensors and arrays of a batch."""
+    if hasattr(batch, "nbytes") and hasattr(batch, "shape"):
+        return int(batch.nbytes)
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
+    return sum(_nbytes(v) for v in items)
+
+
+def _clone(batch: Any) -> Any:
+    """A deep copy of the tensors and arrays of a batch (other objects are shared: they are not data)."""
+    import numpy as np
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().clone()
+    if isinstance(batch, np.ndarray):
+        return batch.copy()
+    if isinstance(batch, dict):
+        return type(batch)((k, _clone(v)) for k, v in batch.items()) if type(batch) is dict else {
+            k: _clone(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_clone(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_clone(v) for v in batch)
+    return batch
+
+
+def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
+    orig = cls.__dict__[name]
+    _saved.append((cls, name, orig))
+    setattr(cls, name, make(orig))
+
+
+def install(out_dir: Path, steps: int | None = None, seconds: float | None = None, replay: bool = True,
+            clock: Any = None, project: bool = False) -> Recorder:
+    """Patch the loader classes in this process (and the workers it forks) to report to a new Recorder."""
+    global _recorder, _copies
+    if _recorder is not None:
+        raise RuntimeError("fastdata.measure.doctor is already watching this process")
+    import torch.utils.data.dataloader as dl
+
+    from fastdata.measure.doctor import _h2d
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _recorder = Recorder(out_dir, steps, seconds, replay, project)
+    _patch(dl._BaseDataLoaderIter, "__init__", _timed_iter_init)
+    _patch(dl._BaseDataLoaderIter, "__next__", _timed_next)
+    _saved.extend(_worker.patch_fetchers())
+    _worker.start(out_dir)
+    from fastdata.loaders.base import Loader
+
+    _patch(Loader, "__iter__", _timed_fastdata_iter)
+    _copies = _h2d.install(clock)
+    _recorder._tables_cm = opened(tables_only=True)
+    _recorder.tables = _recorder._tables_cm.__enter__()
+    return _recorder
+
+
+def uninstall() -> Recorder | None:
+    """Undo the patches; flush this process's dataset timings; return the Recorder."""
+    global _recorder, _copies
+    rec = _recorder
+    if _copies is not None:
+        from fastdata.measure.doctor import _h2d
+
+        acc = _h2d.uninstall()
+        _copies = None
+        if rec is not None and acc is not None:
+            rec.h2d = acc.dump()
+    _worker.stop()
+    if rec is not None and rec._tables_cm is not None:
+        rec.tables = [p for p in rec.tables if is_table(p)]
+        rec._tables_cm.__exit__(None, None, None)
+        rec._tables_cm = None
+    while _saved:
+        cls, name, orig = _saved.pop()
+        setattr(cls, name, orig)
+    while _hooked:
+        loader, init = _hooked.pop()
+        loader.worker_init_fn = init
+    _recorder = None
+    return rec

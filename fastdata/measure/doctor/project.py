@@ -1,0 +1,262 @@
+"""The fix, measured: a sample of the dataset's ``__getitem__`` outputs as a temporary fastdata dataset.
+
+It draws up to ``MAX_SAMPLES`` samples from the map-style dataset the loop iterated most, writes them as
+per-sample ``.npz`` files, converts them with ``fastdata.convert`` and times ``fastdata.loader`` over the
+result with the script's batch size, twice: beside the script's own step (:class:`Beside`, fed to the
+doctor's replay, so the step and fastdata's reader threads share the CPU as they would after the switch)
+and alone (:func:`project_loader`, after the script is stopped). The samples are what ``__getitem__``
+returned, after the script's transforms: the projection assumes those transforms move to conversion time
+or to the device (said in the report). When the step runs on the CPU, the loader's own ops run there too, so
+an image the script turned into floats is kept as uint8 and the loader turns it back (:func:`_as_image`): to
+float, ``Normalize`` when the values were normalised, a flip when two draws of one sample differ, like the
+script after the switch; those ops are in the report's ``fastdata.loader`` line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from fastdata.measure.doctor.account import account, image_hw, is_table, opened, tables_of
+
+MAX_SAMPLES = 256
+ACCOUNT_SAMPLES = 8  # samples drawn twice, with the files each opened, to account for every element
+SAMPLE_BUDGET_S = 20.0  # at most this long drawing samples through the user's __getitem__
+MEASURE_S = 3.0
+
+
+@dataclass
+class Sampled:
+    """A converted sample of the dataset, in a temporary folder removed by :meth:`remove`."""
+
+    work: Path
+    samples: int
+    fields: Any
+    batch_size: int
+    workers: int
+    sample_bytes: float
+    shapes: dict[str, list[int]]  # each field's shape in the first sample (what __getitem__ returned)
+    images: tuple[str, ...] = ()  # float image fields stored as uint8 (the loader makes them floats again)
+    ops: tuple[str, ...] = ()  # the loader's augment ops standing in for the script's image transforms
+    account: dict[str, Any] | None = None  # where each element of a sample comes from (fastdata.measure.doctor.account)
+
+    def augment(self) -> Any:
+        from fastdata.augment import Augment, HorizontalFlip, Normalize
+
+        shape = self.shapes[self.images[0]] if self.images else [3]
+        c = min(shape[0], shape[-1])  # the image's channels (CHW or HWC)
+        ops = [HorizontalFlip() if o == "HorizontalFlip" else Normalize((0.5,) * c, (0.25,) * c) for o in self.ops]
+        views = (self.account or {}).get("views", 1)
+        return Augment(tuple(ops), views=views) if views > 1 else (ops or None)
+
+    @property
+    def path(self) -> Path:
+        return self.work / "ds"
+
+    def loader(self) -> Any:
+        import fastdata
+
+        return fastdata.loader(str(self.path), batch_size=self.batch_size, device="cpu",
+                               num_workers=self.workers, drop_last=True, augment=self.augment())
+
+    def remove(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _fields(item: Any) -> dict[str, np.ndarray] | None:
+    """A sample as named arrays, or None when it holds something that is not an array or a number."""
+    if isinstance(item, dict):
+        named = list(item.items())
+    elif isinstance(item, (tuple, list)):
+        named = [(f"f{i}", v) for i, v in enumerate(item)]
+    else:
+        named = [("f0", item)]
+    out = {}
+    for k, v in named:
+        if hasattr(v, "detach"):
+            v = v.detach().cpu().numpy()
+        elif not isinstance(v, (np.ndarray, int, float, np.number, bool)) and not hasattr(v, "__array_interface__"):
+            return None
+        a = np.asarray(v)
+        if a.dtype == object:
+            return None
+        out[str(k)] = a
+    return out
+
+
+def _as_image(a: np.ndarray) -> np.ndarray:
+    """A float image (CHW or HWC) as uint8 HWC, its range stretched to 0-255: what ``fastdata convert
+    --images raw`` stores, and the loader turns into floats again (the values do not change the time)."""
+    hwc = a if a.shape[2] in (1, 3, 4) else a.transpose(1, 2, 0)
+    lo, hi = float(hwc.min()), float(hwc.max())
+    return np.ascontiguousarray(((hwc - lo) * (255.0 / max(hi - lo, 1e-12))).clip(0, 255).astype(np.uint8))
+
+
+def _image_ops(ds: Any, i: int, first: dict[str, np.ndarray], images: list[str]) -> tuple[str, ...]:
+    """The loader's stand-ins for the script's image transforms: a flip when a second draw of sample ``i``
+    differs (random ops), Normalize when the values left 0-1 (normalised)."""
+    again = _fields(ds[i]) or {}
+    random = any(k in again and again[k].shape == first[k].shape and not np.array_equal(again[k], first[k])
+                 for k in images)
+    normalised = any(float(first[k].min()) < 0 or float(first[k].max()) > 1.0 for k in images)
+    return (("HorizontalFlip",) if random else ()) + (("Normalize",) if normalised else ())
+
+
+def workers_for_projection() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def sample(rec: Any, key: int | None = None) -> Sampled | str:
+    """Convert a sample of the dataset of loader ``key`` (default: the busiest); a string says why not."""
+    if not rec.loaders:
+        return "the script iterated no DataLoader"
+    if key is None:
+        key = max(rec.loaders, key=lambda k: len(rec.loaders[k].events))
+    ds, bs = rec.datasets.get(key), rec.batch_sizes.get(key)
+    if ds is None:
+        return "the loop already reads through fastdata.loader"
+    if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")) or not bs:
+        return "the dataset is not map-style (no __len__/__getitem__) or has no batch size"
+    work = Path(tempfile.mkdtemp(prefix="fastdata-doctor-", dir=os.environ.get("FASTDATA_DOCTOR_TMP")))
+    on_cpu = getattr(rec, "step_on_cpu", lambda: True)()
+    tables = tables_of(ds, list(getattr(rec, "tables", [])))
+    try:
+        return _sample(ds, int(bs), work, on_cpu, tables, getattr(rec, "sample_budget_s", None) or SAMPLE_BUDGET_S)
+    except Exception as e:  # the projection is optional: say why it is missing, never fail the report
+        shutil.rmtree(work, ignore_errors=True)
+        return f"{type(e).__name__}: {e}"
+
+
+def _drawn(ds: Any, i: int) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    """Sample ``i``'s fields and the first file (not a table) its draw opened."""
+    with opened() as files:
+        f = _fields(ds[i])
+    return f, next((p for p in files if not is_table(p) and os.path.isfile(p)), None)
+
+
+def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
+            budget_s: float = SAMPLE_BUDGET_S) -> Sampled | str:
+    from fastdata.converters import ConvertConfig
+    from fastdata.converters.convert import convert
+    from fastdata.write import WriteOptions
+
+    idx = [int(i) for i in np.random.default_rng(0).permutation(len(ds))[:MAX_SAMPLES]]
+    t0 = time.perf_counter()
+    drawn: list[dict[str, Any]] = []
+    for i in idx[:ACCOUNT_SAMPLES]:  # drawn twice, with the files each opened: the account of every element
+        if len(drawn) >= 2 and time.perf_counter() - t0 > budget_s / 2:
+            break
+        f, file = _drawn(ds, i)
+        if f is None:
+            shutil.rmtree(work, ignore_errors=True)
+            return f"sample {i} holds objects that are not arrays or numbers"
+        drawn.append({"file": file, "first": f, "again": _fields(ds[i]) or {}})
+    acc = account(drawn, list(tables))
+    views = [k for k, v in acc["fields"].items() if v["role"] == "view"]  # the loader makes them (views=)
+    src = work / "samples"
+    src.mkdir()
+    kept, images = 0, []
+    shapes: dict[str, list[int]] = {}
+    ops: tuple[str, ...] = ()
+    for n, i in enumerate(idx):
+        f = drawn[n]["first"] if n < len(drawn) else _fields(ds[i])
+        if f is None:
+            shutil.rmtree(work, ignore_errors=True)
+            return f"sample {i} holds objects that are not arrays or numbers"
+        f = {k: v for k, v in f.items() if k not in views}
+        if not shapes:
+            shapes = {k: list(np.shape(v)) for k, v in f.items()}
+            images = [k for k, v in f.items() if on_cpu and v.dtype.kind == "f" and image_hw(v.shape)]
+            ops = _image_ops(ds, i, f, images) if images else ()
+        for k in images:
+            if image_hw(f[k].shape):
+                f[k] = _as_image(f[k])
+        np.savez(src / f"{kept:06d}.npz", **f)  # type: ignore[arg-type]  # numpy stubs mistype **kwds
+        kept += 1
+        if time.perf_counter() - t0 > budget_s and kept >= 2 * bs:
+            break
+    rep = convert(src, work / "ds", ConvertConfig(write=WriteOptions(workers=1), no_labels=True))
+    shutil.rmtree(src, ignore_errors=True)
+    return Sampled(work, kept, rep.fields, min(bs, kept), workers_for_projection(), rep.bytes_in / max(kept, 1),
+                   shapes, tuple(images), ops, acc)
+
+
+class Beside:
+    """fastdata's loader over the sample, one batch per replayed step of the script: the replay then times
+    the step as it would run after the switch, reader threads and all, on the same CPU."""
+
+    def __init__(self, s: Sampled) -> None:
+        self.sampled, self._loader = s, s.loader()
+        self._it: Iterator[Any] | None = None
+        self.position = 0  # the batch's position in its pass (0: a pass's start-up)
+        self.next()  # the first pass's start-up is not timed
+
+    def next(self) -> float:
+        """Take one batch (dropped: the replay hands the script its cached batch); the seconds waited."""
+        t = time.perf_counter()
+        while True:
+            if self._it is None:
+                self._it, self.position = iter(self._loader), -1
+            try:
+                next(self._it)
+                self.position += 1
+                return time.perf_counter() - t
+            except StopIteration:
+                self._it = None
+
+    def close(self) -> None:
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def project_loader(rec: Any, out: Path, sampled: Sampled | str | None = None) -> dict[str, Any]:
+    """Measure fastdata.loader alone on a converted sample of the busiest loader's dataset (``sampled``
+    when the replay already made one); a dict for project.json. The sample is removed after."""
+    s = sample(rec) if sampled is None else sampled
+    if isinstance(s, str):
+        return {"ok": False, "why": s}
+    try:
+        return _measure(s, getattr(rec, "measure_s", None) or MEASURE_S)
+    except Exception as e:  # the projection is optional: say why it is missing, never fail the report
+        return {"ok": False, "why": f"{type(e).__name__}: {e}"}
+    finally:
+        s.remove()
+
+
+def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
+    """Sample ``ds`` into ``work`` and time the loader alone (tests and callers without a Recorder)."""
+    s = _sample(ds, bs, work)
+    return {"ok": False, "why": s} if isinstance(s, str) else _measure(s)
+
+
+def _measure(s: Sampled, seconds: float = MEASURE_S) -> dict[str, Any]:
+    loader = s.loader()
+    times: list[float] = []
+    deadline, first = time.perf_counter() + seconds, True
+    while time.perf_counter() < deadline:  # whole passes until the time is up
+        it = iter(loader)
+        while True:
+            t = time.perf_counter()
+            try:
+                next(it)
+            except StopIteration:
+                break
+            if not first:  # the very first batch pays the start-up
+                times.append(time.perf_counter() - t)
+            first = False
+    if not times:
+        return {"ok": False, "why": f"only {s.samples} samples: too few for a batch of {s.batch_size} after the first"}
+    return {"ok": True, "samples": s.samples, "fields": s.fields, "batch_size": s.batch_size, "workers": s.workers,
+            "batch_s": float(np.mean(times)), "sample_bytes": s.sample_bytes, "shapes": s.shapes,
+            "ops": list(s.ops), "account": s.account, "note": "samples are the dataset's __getitem__ outputs (after its transforms)"
+            + (f"; images as uint8, the loader's {' + '.join(('to float',) + s.ops)} in the script's place"
+               if s.images else "")}

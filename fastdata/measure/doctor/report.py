@@ -1,0 +1,313 @@
+"""From what the hooks recorded to the verdict: wait fraction, step, compute-only step, bottleneck, fix.
+
+``analyse(folder, command)`` reads raw.json, worker-*.json and project.json written by the doctor's
+child (fastdata.measure.doctor._boot) and returns the report as a dict (the JSON file); ``render`` makes the
+one-screen text of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from fastdata.format.files import IMAGE_SUFFIXES
+from fastdata.measure.doctor import transfer
+from fastdata.measure.doctor._probe import WARMUP
+from fastdata.measure.doctor.account import is_table
+from fastdata.measure.doctor.fix import NO_GAIN, commands, lines
+
+INPUT_BOUND = 0.10  # a loop waiting more than this fraction of its time for data is input-bound
+SATURATED = 0.80  # workers busy more than this fraction of their lifetime cannot go faster
+
+
+def _steps(events: list[list[float]], warmup: int = WARMUP) -> tuple[list[float], list[float]]:
+    """Per measured step: (wait, step) seconds, leaving out the first ``warmup`` batches of each pass."""
+    waits, steps = [], []
+    pos = 0  # the batch's position in its pass
+    for i, (asked, got, p) in enumerate(events):
+        pos = pos + 1 if i and events[i - 1][2] == p else 0
+        if pos >= max(warmup, 1):
+            waits.append(got - asked)
+            steps.append(got - events[i - 1][1])
+    return waits, steps
+
+
+def measured_steps(events: list[list[float]]) -> tuple[list[float], list[float], str]:
+    """The steps to measure, and how far to trust them: slow steps leave few in a budget, and then the
+    warm-up is cut to one batch a pass rather than leave no verdict."""
+    waits, steps = _steps(events)
+    if len(steps) < 3:
+        waits, steps = _steps(events, 1)
+    n = len(steps)
+    confidence = "high" if n >= 20 else "medium" if n >= 5 else "low"
+    return waits, steps, confidence
+
+
+def _replay_step(loader: dict[str, Any], stopped_at: float | None) -> float | None:
+    """The median step on the cached batches, less the median copy: medians, as other load on the machine
+    makes single steps slow."""
+    marks = [t for t, _ in loader["replay"]] + ([stopped_at] if stopped_at else [])
+    copies = sorted(c for _, c in loader["replay"])
+    if len(marks) < 3:
+        return None
+    gaps = sorted(b - a for a, b in zip(marks, marks[1:]))
+    return max(gaps[len(gaps) // 2] - copies[len(copies) // 2], 0.0)
+
+
+def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | None:
+    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("worker-*.json"))]
+    rows = [r for r in rows if (r["pid"] == main_pid) == (num_workers == 0)]
+    if not rows:
+        return None
+    alive = sum(r["alive_s"] for r in rows) or 1e-9
+    fetch, collate = sum(r["fetch_s"] for r in rows), sum(r["collate_s"] for r in rows)
+    samples, batches = sum(r["samples"] for r in rows), sum(r["batches"] for r in rows)
+    ios = [r["io"] for r in rows if r.get("io")]
+    causes: dict[str, float] = {}
+    for r in rows:
+        for k, v in (r.get("causes") or {}).items():
+            causes[k] = causes.get(k, 0.0) + v
+    out: dict[str, Any] = {
+        "processes": len(rows), "samples": samples,
+        "getitem_s_per_sample": fetch / samples if samples else None,
+        "collate_s_per_batch": collate / batches if batches else None,
+        "getitem_fraction": fetch / alive, "collate_fraction": collate / alive,
+        "cpu_fraction": sum(r["cpu_s"] for r in rows) / alive,
+        # time inside known readers and decoders, as a fraction of the workers' time (sorted, largest first)
+        "causes": dict(sorted(((k, v / alive) for k, v in causes.items()), key=lambda kv: -kv[1])),
+        "source": source_of([f for r in rows for f in r.get("files") or []]),
+    }
+    if ios and num_workers > 0:  # the main process's counters hold the whole script, not the dataset
+        rchar, read_bytes = sum(i["rchar"] for i in ios), sum(i["read_bytes"] for i in ios)
+        out["io"] = {"rchar": rchar, "read_bytes": read_bytes,
+                     "from_storage_fraction": min(read_bytes / rchar, 1.0) if rchar else None,
+                     "method": "/proc/<worker>/io: read_bytes (fetched from storage) / rchar (asked of read()); "
+                               "mmap reads are not counted"}
+    return out
+
+
+def source_of(files: list[str]) -> dict[str, Any] | None:
+    """The folder the dataset's files share and what they are (from the paths the workers opened), and
+    whether ``fastdata convert`` takes that folder as it is (per-sample .npy/.npz or image files)."""
+    from fastdata.format.files import ARRAY_SUFFIXES
+
+    files = [f for f in files if os.path.isfile(f) and not is_table(f)]  # tables: fastdata.measure.doctor.account
+    if not files:
+        return None
+    kinds: dict[str, int] = {}
+    for f in files:
+        ext = os.path.splitext(f)[1].lower() or "(none)"
+        kinds[ext] = kinds.get(ext, 0) + 1
+    folder = os.path.commonpath([os.path.dirname(f) for f in files])
+    per_sample = len(files) > 1 and all(k in IMAGE_SUFFIXES or k in ARRAY_SUFFIXES for k in kinds)
+    return {"folder": folder, "kinds": kinds, "files_seen": len(files), "convertible": per_sample}
+
+
+def _bottleneck(wait: float, loader: dict[str, Any], w: dict[str, Any] | None) -> tuple[str, str]:
+    if wait < INPUT_BOUND:
+        return "compute", f"compute-bound: the loop waited {wait:.1%} of its time for data"
+    head = f"input-bound: the loop waited {wait:.1%} of its time for data"
+    nw = loader["settings"].get("num_workers") or 0
+    if w is None:
+        return "loader", head + " (no timings from inside the loader: workers not started with fork?)"
+    if nw == 0:
+        return "num_workers=0", (head + f"; samples are loaded in the training process (num_workers=0), "
+                                 f"{w['getitem_fraction']:.1%} of its time in __getitem__")
+    io = w.get("io") or {}
+    busy = w["getitem_fraction"] + w["collate_fraction"]
+    # storage-bound: saturated workers, mostly idle on the CPU, whose reads came from storage; a few pages
+    # (the worker importing a module, say) cannot explain a wait, so it takes a real volume of reads
+    read_enough = io.get("read_bytes", 0) >= max(1 << 20, 4096 * (w.get("samples") or 0))
+    if busy >= SATURATED and read_enough and io.get("from_storage_fraction") and io["from_storage_fraction"] > 0.5 \
+            and w["cpu_fraction"] < 0.5 * busy:
+        return "storage", head + (f"; the workers wait on storage reads ({io['from_storage_fraction']:.1%} of "
+                                  f"the bytes they read were not in the page cache)")
+    what, frac = ("collate", w["collate_fraction"]) if w["collate_fraction"] > w["getitem_fraction"] else (
+        "__getitem__", w["getitem_fraction"])
+    per = (f"{w['getitem_s_per_sample'] * 1e3:.1f} ms/sample" if what == "__getitem__"
+           else f"{w['collate_s_per_batch'] * 1e3:.1f} ms/batch")
+    if busy < 0.5:
+        return "loader", head + f"; the workers are busy only {busy:.1%} of the time (start-up, IPC, or too few in flight)"
+    cause, share = next(iter(w["causes"].items()), ("", 0.0))
+    if what == "__getitem__" and share >= 0.5 * frac:
+        verb = "spends" if nw == 1 else "spend"
+        return ("decode" if cause.startswith("decoding") else "read", head + f"; {'the worker' if nw == 1 else f'the {nw} workers'} {verb} "
+                f"{share:.1%} of {'its' if nw == 1 else 'their'} time {cause} ({per} in __getitem__)")
+    return ("dataset_getitem" if what == "__getitem__" else "collate",
+            head + f"; {'the worker spends' if nw == 1 else f'the {nw} workers spend'} {frac:.1%} of "
+                   f"{'its' if nw == 1 else 'their'} time in {what} ({per})")
+
+
+def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
+    """The report (the JSON file's content) of one doctor run whose files are in ``folder``."""
+    raw = json.loads((folder / "raw.json").read_text())
+    proj_path = folder / "project.json"
+    proj = json.loads(proj_path.read_text()) if proj_path.exists() else {"ok": False, "why": "not measured"}
+    if not raw["loaders"]:
+        return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None,
+                "verdict": "no DataLoader was iterated: nothing to measure", "loaders": []}
+    main = max(raw["loaders"], key=lambda r: len(r["events"]))
+    waits, steps, confidence = measured_steps(main["events"])
+    if not steps:
+        return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None, "loaders": [],
+                "verdict": ("one batch in the budget: a step takes longer than the budget allows; raise --seconds"
+                            if raw["stop_reason"] == "budget spent" else
+                            f"too few batches to measure ({len(main['events'])}) before the script stopped")}
+    wait_fraction = sum(waits) / sum(steps)
+    step_s = sum(steps) / len(steps)
+    compute = _replay_step(main, raw.get("stopped_at")) if raw.get("replay_key") == main["key"] else None
+    method = "replay: the script's step timed on cached batches (the first it had, up to 8)"
+    if compute is None:
+        compute, method = step_s - sum(waits) / len(waits), "estimate: step time minus the wait in next()"
+    nw = main["settings"].get("num_workers") or 0
+    w = _workers(folder, raw["main_pid"], nw) if main["kind"] == "torch" else None
+    bottleneck, verdict = _bottleneck(wait_fraction, main, w)
+    out: dict[str, Any] = {
+        "command": command, "stop_reason": raw["stop_reason"], "verdict": verdict, "bottleneck": bottleneck,
+        "wait_fraction": wait_fraction, "step_s": step_s, "steps_measured": len(steps), "confidence": confidence,
+        "compute_only_step_s": compute, "compute_only_method": method,
+        "loader": {"kind": main["kind"], "dataset": main["dataset"], "settings": main["settings"],
+                   "batches": len(main["events"]), "passes": main["passes"]},
+        "workers": w, "other_loaders": [{"dataset": r["dataset"], "batches": len(r["events"])}
+                                        for r in raw["loaders"] if r is not main],
+        "timeline": main["events"][:2000], "replay": main["replay"],
+    }
+    out.update(transfer.figures(raw.get("h2d"), main, step_s))
+    out.update(_projection(proj, step_s, wait_fraction * step_s, compute, w, _beside(raw)))
+    ok = proj if proj.get("ok") else None
+    source = (w or {}).get("source")
+    out["account"] = (ok or {}).get("account")
+    out["images"] = _images_only(source)
+    speedup = out.get("projected_speedup")
+    size = _image_size(source, ok) if source else None
+    out["fix"], out["fix_notes"] = commands(main, ok, source, size, raw.get("episode"))
+    out["commands"] = out["fix"]  # what is printed: the fix, unless there is nothing to gain
+    if speedup is not None and speedup < NO_GAIN:
+        out["commands"] = []
+        out["no_fix"] = (f"no input bottleneck to remove: fastdata is projected at {speedup:.2f}x, below "
+                         f"{NO_GAIN}x; keep your loader")
+    return out
+
+
+def _beside(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The script's step replayed with fastdata's loader reading beside it, one batch a step: the mean
+    step (less the doctor's copy of a cached batch; a mean, like the step measured in the run) and the
+    fraction of it spent waiting for fastdata. A pass's first batch (start-up, which a sample of a few
+    passes has far more often than the real dataset) is left out."""
+    rows, why = raw.get("beside") or [], raw.get("beside_why")
+    if len(rows) < 2:
+        return {"why": why} if why else None
+    steps = [(b[0] - a[0] - b[2], b[1], b[3]) for a, b in zip(rows, rows[1:])]  # (step, waited, position)
+    kept = [s for s in steps if s[2] > 0] or steps
+    times = [max(s[0], 0.0) for s in kept]
+    total = sum(times) or 1e-12
+    return {"step_s": total / len(times), "wait_fraction": min(sum(s[1] for s in kept) / total, 1.0),
+            "wait_s": sum(s[1] for s in kept) / len(kept), "steps": len(kept)}
+
+
+def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: float,
+                workers: dict[str, Any] | None, beside: dict[str, Any] | None = None) -> dict[str, Any]:
+    if not proj.get("ok"):
+        return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj}
+    busy = workers is not None and workers["getitem_fraction"] + workers["collate_fraction"] >= 0.5
+    if beside and "step_s" in beside:  # measured: the step with fastdata's reader threads on the same CPU
+        # The replay beside fastdata's loader is the step after the switch when the loop is input-bound
+        # or its workers are busy: what the DataLoader cost beyond the wait in next() (busy workers taking
+        # CPU from the step, batches arriving through shared memory) goes with it; "the step less the
+        # wait" kept that cost (benchmarks/bench_doctor.py's Lightning loop over ragged sequences).
+        # Otherwise the step's own work, as measured in the run (the step less the wait), stays; the
+        # replay (on one cache-warm batch: a little faster than fresh batches) says whether fastdata's
+        # readers slow it down.
+        if busy or wait_s >= INPUT_BOUND * step_s:
+            new_step, basis = beside["step_s"], f"step replayed beside fastdata's loader ({beside['steps']} steps)"
+        else:
+            new_step = max(step_s - wait_s + beside["wait_s"], beside["step_s"])
+            basis = (f"longer of the step less its wait and the step replayed beside fastdata's loader "
+                     f"({beside['steps']} steps)")
+        return {"projected_wait_fraction": min(beside["wait_s"] / new_step, 1.0) if new_step > 0 else None,
+                "projected_step_s": new_step, "projected_speedup": step_s / new_step if new_step > 0 else None,
+                "projection_basis": basis, "projection": proj, "beside": beside}
+    # Without that replay (watch(), --no-replay): the loader reads ahead in the background, so a step takes
+    # the longer of the script's own work per step and fastdata's time per batch alone. That work is the
+    # step less the wait, as measured in the run; but where the workers were busy (decoding, transforming)
+    # they also took CPU from the step, which fastdata gives back: then the compute-only replay is the
+    # step's work. A replay slower than the step is noise from other load: the step bounds it. This misses
+    # the CPU that fastdata's own readers take from the step.
+    work, basis = (min(compute, step_s), "compute-only step (busy workers took CPU from the step)") if busy \
+        else (step_s - wait_s, "step less the wait")
+    new_step = max(work, proj["batch_s"])
+    return {"projected_wait_fraction": max(proj["batch_s"] - work, 0.0) / new_step,
+            "projected_step_s": new_step, "projected_speedup": step_s / new_step, "projection_basis": basis,
+            "projection": proj, "beside": beside}
+
+
+def _images_only(source: dict[str, Any] | None) -> bool:
+    """Whether the workers read image files only."""
+    return bool(source and source["kinds"] and all(k in IMAGE_SUFFIXES for k in source["kinds"]))
+
+
+def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(H, W) of the one image the script's samples hold, when the workers read image files only and the
+    sample (the projection's data) has exactly one field shaped like an image (CHW or HWC, 1, 3 or 4
+    channels): decoding and resizing at conversion is what the projection measured."""
+    from fastdata.measure.doctor.account import image_hw
+
+    if proj is None or not _images_only(source):
+        return None
+    sizes = [hw for hw in map(image_hw, (proj.get("shapes") or {}).values()) if hw is not None]
+    return sizes[0] if len(sizes) == 1 else None
+
+
+def render(r: dict[str, Any]) -> str:
+    """The one-screen text: verdict first, then the figures behind it and the fix."""
+    cmd = shlex.join(r["command"])
+    if r.get("bottleneck") is None:
+        return f"doctor report on: {cmd}\n{r['verdict']} ({r['stop_reason']})\n"
+    out = [f"doctor report on: {cmd}",
+           f"({r['steps_measured']} steps measured, {r.get('confidence', 'high')} confidence; {r['stop_reason']})", ""]
+    verdict = r["verdict"]
+    if r["projected_speedup"] is not None:
+        verdict += (f"; with fastdata: projected wait {r['projected_wait_fraction']:.1%}, "
+                    f"{r['projected_speedup']:.1f}x steps/s")
+    out += [verdict[:1].upper() + verdict[1:] + ".", ""]
+    s = r["loader"]["settings"]
+    out.append(f"loader   {r['loader']['kind']} over {r['loader']['dataset']}: "
+                 + ", ".join(f"{k}={v}" for k, v in s.items() if v is not None))
+    out.append(f"step     {r['step_s'] * 1e3:.1f} ms, of which waiting {r['wait_fraction'] * r['step_s'] * 1e3:.1f} ms;"
+                 f" compute-only {r['compute_only_step_s'] * 1e3:.1f} ms ({r['compute_only_method'].split(':')[0]})")
+    w = r.get("workers")
+    if w:
+        per = w["getitem_s_per_sample"]
+        out.append(f"workers  {w['processes']} process(es): __getitem__ {w['getitem_fraction']:.1%} of their time"
+                     + (f" ({per * 1e3:.2f} ms/sample)" if per else "")
+                     + f", collate {w['collate_fraction']:.1%}, CPU {w['cpu_fraction']:.1%} of one core each")
+        if w.get("causes"):
+            out.append("inside   " + ", ".join(f"{k} {v:.1%}" for k, v in w["causes"].items())
+                         + " of the workers' time")
+        io = w.get("io")
+        if io and io["from_storage_fraction"] is not None:
+            out.append(f"reads    {io['rchar'] / 1e6:.1f} MB read by the workers, "
+                         f"{io['from_storage_fraction']:.1%} from storage, the rest from the page cache")
+    copies = transfer.line(r)
+    if copies:
+        out.append(copies)
+    p = r["projection"]
+    if p.get("ok"):
+        ops = f", images as uint8 with {' + '.join(p['ops'])} on the batch" if p.get("ops") else ""
+        out.append(f"fastdata {p['batch_s'] * 1e3:.1f} ms/batch alone on {p['samples']} sampled samples "
+                     f"({p['workers']} reader threads{ops}); projected step {r['projected_step_s'] * 1e3:.1f} ms, "
+                     f"from the {r['projection_basis']}")
+    else:
+        out.append(f"fastdata not projected: {p.get('why')}")
+    acc = lines(r.get("account"), bool(r.get("images")))
+    if acc:
+        out += ["", "each sample's elements, and where they go:"] + [f"  {a}" for a in acc]
+    if r.get("no_fix"):
+        out += ["", r["no_fix"][:1].upper() + r["no_fix"][1:] + "."]
+    elif r["commands"]:
+        out += ["", "the fix:"] + [f"  {c}" for c in r["commands"]]
+        out += [f"  # {n}" for n in r.get("fix_notes") or []]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,321 @@
+"""``fastdata verify``: check a dataset against its manifest, shard by shard and sample by sample.
+
+Every read already checks what is cheap (shard sizes, LMDB record headers, HDF5 layout); only
+verification reads whole shards. The quick check compares each shard's size and checksum
+(XXH3-128; SHA-256 in format-version-1 datasets) with the manifest. ``deep`` then reads every
+sample through ``fastdata.open(...).get_batch``, decoding images, and checks what comes back
+against the schema (shape, dtype, image sizes, label range).
+Problems are collected and returned, never raised, so one run names every bad shard and sample.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from fastdata.errors import FastdataError
+from fastdata.fileio import file_checksum, not_regular
+from fastdata.format import (
+    IMAGE_ENCODINGS,
+    LABEL_FIELD,
+    LENGTHS_SUFFIX,
+    FieldSpec,
+    Manifest,
+    ShardInfo,
+    backend,
+    read_manifest,
+    shard_path,
+)
+from fastdata.format.spec import SHAPE_SUFFIX, is_string
+from fastdata.reading.dataset import Dataset
+from fastdata.remote import RemoteOptions, is_url
+from fastdata.world import usable_cpus
+
+_BATCH_BYTES = 32 << 20
+_MAX_BATCH = 1024
+MAX_SAMPLE_PROBLEMS = 20  # per shard; more are counted, not listed
+
+
+class Progress(Protocol):
+    """What the CLI's progress bar offers (see fastdata/cli/__init__.py)."""
+
+    def start(self, total_samples: int, total_bytes: int, desc: str = ...) -> None: ...
+    def update(self, samples: int, nbytes: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong: with a shard file name, a sample index (global), or neither. ``unreadable``: the
+    shard fails its reader's checks at open, so ``deep`` does not read its samples (each read would fail alike)."""
+
+    message: str
+    shard: str | None = None
+    sample: int | None = None
+    unreadable: bool = False
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found. ``ok`` when there is no problem."""
+
+    root: Path | str
+    shards: int
+    samples: int
+    deep: bool
+    samples_read: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def bad_shards(self) -> list[str]:
+        return sorted({p.shard for p in self.problems if p.shard is not None})
+
+    def summary(self) -> str:
+        what = f"{self.shards} shard(s) checked (size and checksum)"
+        if self.deep:
+            what += f", {self.samples_read} of {self.samples} samples read and decoded"
+        if self.ok:
+            return f"{self.root}: OK: {what}"
+        return f"{self.root}: {len(self.problems)} problem(s) in {len(self.bad_shards)} shard(s): {what}"
+
+
+def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress | None = None,
+           threads: int | None = None, remote: RemoteOptions | None = None) -> VerifyReport:
+    """Check the dataset at ``root``; raises only when its manifest itself is missing or invalid.
+
+    A URL is checked through the shard cache: each shard is downloaded (unless cached) and its
+    cached copy hashed against the manifest."""
+    if isinstance(root, str) and is_url(root):
+        return _verify_remote(root, deep, progress, remote)
+    root = Path(root)
+    manifest = read_manifest(root)
+    report = VerifyReport(root, len(manifest.shards), manifest.num_samples, deep)
+    if manifest.backend == "inplace":  # an in-place index: its source files, not shards (fastdata/write/inplace.py)
+        from fastdata.write.inplace import check_index
+
+        report.problems += [Problem(p) for p in check_index(root, manifest, content=deep)]
+    else:
+        report.problems += check_shards(root, manifest, progress, threads)
+    skip = {p.shard for p in report.problems if p.unreadable and p.shard is not None}
+    keys = manifest.keys
+    if keys is not None and keys.file is not None:  # the sample keys' side file: size and checksum too
+        report.problems += _check_shard(root, ShardInfo(file=keys.file, start=0, count=manifest.num_samples,
+                                                        bytes=keys.bytes, checksum=str(keys.checksum)))
+    if deep:
+        report.samples_read, problems = check_samples(root, manifest, progress, skip=skip)
+        report.problems += problems
+    return report
+
+
+def _verify_remote(url: str, deep: bool, progress: Progress | None, remote: RemoteOptions | None) -> VerifyReport:
+    ds = Dataset(url, remote=remote)
+    store, manifest = ds.remote, ds.manifest
+    assert store is not None
+    report = VerifyReport(url, len(manifest.shards), manifest.num_samples, deep)
+    if progress is not None:
+        progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="download + checksums")
+    for i, info in enumerate(manifest.shards):
+        try:
+            store.fetch(i)
+            path = store.local_path(i)
+            digest = file_checksum(path, info.checksum_algorithm)
+            if digest != info.checksum:
+                report.problems.append(Problem(f"{info.file}: the cached copy {path} has checksum {digest}, the "
+                                               f"manifest says {info.checksum} (changed on the local disk)", info.file))
+        except FileNotFoundError:
+            pass  # evicted right after the download by another process: it was checked on the way in
+        except FastdataError as e:
+            report.problems.append(Problem(str(e), shard=info.file))
+        if progress is not None:
+            progress.update(info.count, info.bytes)
+    if store.keys is not None:  # the sample keys' side file: downloaded (checked on the way in), then hashed
+        k = store.keys
+        try:
+            store.fetch_keys()
+            path = store.keys_path()
+            digest = file_checksum(path, str(k.checksum).partition(":")[0])
+            if digest != k.checksum:
+                report.problems.append(Problem(f"{k.file}: the cached copy {path} has checksum {digest}, the "
+                                               f"manifest says {k.checksum} (changed on the local disk)", k.file))
+        except FileNotFoundError:
+            pass  # evicted right after the download: it was checked on the way in
+        except FastdataError as e:
+            report.problems.append(Problem(str(e), shard=k.file))
+    if deep:
+        report.samples_read, problems = check_samples(Path(), manifest, progress, ds=ds)
+        report.problems += problems
+    return report
+
+
+def check_shards(root: Path, manifest: Manifest, progress: Progress | None = None,
+                 threads: int | None = None) -> list[Problem]:
+    """Each shard's existence, size, checksum and open checks against the manifest, on a few threads."""
+    if progress is not None:
+        progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="checksums")
+    workers = max(1, min(threads or usable_cpus(), 8, len(manifest.shards) or 1))
+    problems: list[Problem] = []
+    with ThreadPoolExecutor(workers, thread_name_prefix="fastdata-verify") as pool:
+        for info, found in zip(manifest.shards, pool.map(lambda s: _check_shard(root, s, manifest), manifest.shards)):
+            problems += found
+            if progress is not None:
+                progress.update(info.count, info.bytes)
+    return problems
+
+
+def _check_shard(root: Path, info: ShardInfo, manifest: Manifest | None = None) -> list[Problem]:
+    """What is wrong with one shard file (or, without ``manifest``, the keys file): existence, size,
+    checksum, then the reader's own checks at open, which compare what the shard records (its samples,
+    first sample, schema) with the manifest: cheap next to the checksum, and they catch a count edited
+    in the manifest, which no checksum covers."""
+    where = info.file
+    try:
+        path = shard_path(root, info)
+        st = path.stat()
+        if why := not_regular(st.st_mode):
+            return [Problem(f"{where}: {why}", where)]
+        if st.st_size != info.bytes:
+            return [Problem(f"{where}: file is {st.st_size} bytes, the manifest says {info.bytes} (truncated or replaced)", where)]
+        digest = file_checksum(path, info.checksum_algorithm)
+    except FileNotFoundError:
+        return [Problem(f"{where}: file is missing", where)]
+    except FastdataError as e:
+        return [Problem(str(e), where)]
+    except OSError as e:
+        return [Problem(f"{where}: cannot read: {e.strerror or e}", where)]
+    corrupt = None
+    if digest != info.checksum:
+        corrupt = f"{where}: checksum is {digest}, the manifest says {info.checksum} (corrupted since it was written)"
+    if manifest is not None:
+        reader = backend(manifest.backend).ShardReader(path, info, manifest.fields)
+        try:
+            reader.handle()
+        except FastdataError as e:  # one problem per shard: the checksum's, if it failed too
+            return [Problem(corrupt or str(e), where, unreadable=True)]
+        finally:
+            reader.close()
+    return [Problem(corrupt, where)] if corrupt else []
+
+
+def check_samples(root: Path, manifest: Manifest, progress: Progress | None = None,
+                  ds: Dataset | None = None, skip: set[str] | frozenset[str] = frozenset()) -> tuple[int, list[Problem]]:
+    """Read every sample through ``fastdata.open`` and check it against the schema.
+
+    Returns the number of samples read and the problems. A dataset that cannot even be opened
+    (a shard missing or of the wrong size) gives one problem saying so. Shards in ``skip`` (found
+    unreadable already) are not read: their counts may be anything, and each read would fail alike.
+    """
+    try:
+        ds = ds or Dataset(root)
+    except FastdataError as e:
+        return 0, [Problem(f"samples not read: the dataset cannot be opened: {e}")]
+    if progress is not None:
+        progress.start(manifest.num_samples, 0, desc="reading samples")
+    batch = _batch_size(manifest.fields)
+    problems: list[Problem] = []
+    read = 0
+    with ds:
+        for info in manifest.shards:
+            if info.file in skip:
+                continue
+            found: list[Problem] = []
+            for a in range(info.start, info.start + info.count, batch):
+                idx = np.arange(a, min(a + batch, info.start + info.count))
+                found += _check_batch(ds, manifest, info, idx)
+                read += len(idx)
+                if progress is not None:
+                    progress.update(len(idx), 0)
+            if len(found) > MAX_SAMPLE_PROBLEMS:
+                more = len(found) - MAX_SAMPLE_PROBLEMS
+                found = found[:MAX_SAMPLE_PROBLEMS] + [Problem(f"shard {info.file}: {more} more bad sample(s)", info.file)]
+            problems += found
+    return read, problems
+
+
+def _batch_size(fields: list[FieldSpec]) -> int:
+    fixed = sum(f.row_nbytes for f in fields if not f.ragged)
+    return int(max(1, min(_MAX_BATCH, _BATCH_BYTES // max(1, fixed), 64 if any(f.ragged for f in fields) else _MAX_BATCH)))
+
+
+def _check_batch(ds: Dataset, m: Manifest, info: ShardInfo, idx: np.ndarray) -> list[Problem]:
+    """Problems in the samples ``idx`` of one shard; a failing batch is re-read sample by sample."""
+    try:
+        return _check_values(ds.get_batch(idx), m, info, idx)
+    except Exception as e:  # noqa: BLE001 - verification reports every failure, typed or not
+        if len(idx) == 1:
+            return [Problem(_describe(e), info.file, int(idx[0]))]
+    out: list[Problem] = []
+    for i in idx:
+        out += _check_batch(ds, m, info, np.array([i]))
+    return out
+
+
+def _describe(e: Exception) -> str:
+    if isinstance(e, FastdataError):
+        return str(e)
+    return f"unexpected {type(e).__name__}: {e}"
+
+
+def _check_values(batch: dict[str, Any], m: Manifest, info: ShardInfo, idx: np.ndarray) -> list[Problem]:
+    """What came back must match the schema; image sizes and labels must be in range."""
+    b = len(idx)
+    out: list[Problem] = []
+
+    def bad(k: int | None, msg: str) -> None:
+        sample = int(idx[k]) if k is not None else None
+        at = f"shard {info.file}, sample {sample}" if k is not None else f"shard {info.file}, samples {idx[0]}..{idx[-1]}"
+        out.append(Problem(f"{at}: {msg}", info.file, sample))
+
+    for f in m.fields:
+        a = batch.get(f.name)
+        if a is None:
+            bad(None, f"field {f.name!r} missing from the batch")
+            continue
+        if f.encoding in IMAGE_ENCODINGS:
+            _check_images(f, a, batch.get(f.name + SHAPE_SUFFIX), bad)
+            continue
+        if is_string(f):  # decoded as UTF-8 by get_batch (which raises on bad bytes)
+            if not isinstance(a, list) or len(a) != b or not all(isinstance(t, str) for t in a):
+                bad(None, f"string field {f.name!r} did not come back as {b} strings")
+            continue
+        if a.dtype != f.np_dtype:
+            bad(None, f"field {f.name!r} came back as {a.dtype}, the schema says {f.np_dtype}")
+        if f.ragged:
+            lengths = batch.get(f.name + LENGTHS_SUFFIX)
+            if a.shape[:1] != (b,) or tuple(a.shape[2:]) != f.trailing or lengths is None or lengths.shape != (b,):
+                bad(None, f"ragged field {f.name!r} came back with shape {a.shape}, the schema says {list(f.shape)}")
+            elif len(lengths) and (lengths.min() < 0 or lengths.max() > a.shape[1]):
+                bad(int(np.argmax((lengths < 0) | (lengths > a.shape[1]))), f"field {f.name!r} has a bad length")
+        elif a.shape != (b, *f.shape):
+            bad(None, f"field {f.name!r} came back with shape {a.shape[1:]}, the schema says {list(f.shape)}")
+    labels = batch.get(LABEL_FIELD)
+    if m.classes is not None and labels is not None and labels.shape == (b,):
+        wrong = np.flatnonzero((labels < 0) | (labels >= len(m.classes)))
+        for k in wrong[:MAX_SAMPLE_PROBLEMS]:
+            bad(int(k), f"label {int(labels[k])} is not a class index (there are {len(m.classes)} classes)")
+    return out
+
+
+def _check_images(f: FieldSpec, a: np.ndarray, shapes: np.ndarray | None, bad) -> None:  # type: ignore[no-untyped-def]
+    """Decoded images: uint8 (B, H, W, C) with C the mode's channels, each recorded size inside it."""
+    assert f.image is not None
+    c = f.image.channels
+    if a.dtype != np.uint8 or a.ndim != 4 or a.shape[3] != c:
+        bad(None, f"image field {f.name!r} decoded to {a.dtype}{a.shape}, expected uint8 (B, H, W, {c})")
+        return
+    if shapes is None or shapes.shape != (a.shape[0], 3):
+        bad(None, f"image field {f.name!r} came back without its {f.name + SHAPE_SUFFIX!r}")
+        return
+    for k, (h, w, ch) in enumerate(shapes.tolist()):
+        if ch != c or not (0 < h <= a.shape[1] and 0 < w <= a.shape[2]):
+            bad(k, f"image field {f.name!r} records shape {(h, w, ch)}, inconsistent with its decoded batch {a.shape[1:]}")

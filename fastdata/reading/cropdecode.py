@@ -1,0 +1,359 @@
+"""Decode only what a crop keeps: one image's window, at the smallest JPEG scale that still has the
+output's resolution, resampled bilinearly into its row of a fixed-size float batch.
+
+A window is given in the full image's pixels (``x0, y0, w, h``, continuous: a RandomResizedCrop's
+box) with an output size ``(oh, ow)``. Output pixel ``j`` samples the source at
+``x0 + (j + 0.5) * w / ow - 0.5`` (pixel centres at integers, clamped to the image: what
+``grid_sample(align_corners=False, padding_mode="border")`` computes in the torch ops), bilinearly.
+The resize is torch's uint8 kernel (AVX2), its sample grid lined up with that one to 0.05 pixel, then
+one conversion to float (:func:`resample_into`); the exact float interpolation is the fallback.
+
+JPEG decoding (:func:`jpeg_plan`): when the window is at least twice the output on both axes,
+libjpeg-turbo decodes the whole image at 1/2, 1/4 or 1/8 scale in the DCT domain (simplejpeg's
+``min_height``/``min_width``, else PIL's ``draft``), the largest reduction whose window is still
+at least the output; the sampling positions are mapped onto the smaller image. Otherwise (the window
+is close to the output size) only the window's rows and columns are decoded, by nvImageCodec's CPU
+region decoding (libjpeg-turbo's cropped scanlines) when ``nvidia-nvimgcodec`` is installed, else the
+whole image at full scale (simplejpeg, PIL). docs/backends.md says which runs, benchmarks/bench_jpeg_crop.py
+measures them. Raw pixels and other codecs are decoded (or viewed) whole and sampled the same way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import threading
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from fastdata.format.spec import CODEC_JPEG, ImageSpec
+from fastdata.reading.decode import DecodeError, _decode_pil_scaled, decode_image, jpeg_decoder, simplejpeg
+
+log = logging.getLogger(__name__)
+RegionDecoder = Literal["auto", "nvimgcodec", "none"]
+SCALES = (8, 4, 2, 1)  # the DCT reductions libjpeg decodes at (1/8 ... 1)
+_INV255 = np.float32(1 / 255)
+
+
+def dct_scale(w: float, h: float, ow: int, oh: int) -> int:
+    """The largest reduction ``s`` (8, 4, 2 or 1) whose window (``w`` x ``h`` source pixels) is still at
+    least the output (``ow`` x ``oh``) at 1/s: nothing is lost that the bilinear resize would keep."""
+    for s in SCALES:
+        if w / s >= ow and h / s >= oh:
+            return s
+    return 1
+
+
+def _nvimgcodec() -> Any:
+    try:
+        return importlib.import_module("nvidia.nvimgcodec")
+    except ImportError:
+        return None
+
+
+class RegionDecoders:
+    """One nvImageCodec CPU decoder per thread (a decoder is not safe to share between threads),
+    made on first use in each thread; ``available`` is False where the package is missing."""
+
+    def __init__(self, choice: RegionDecoder = "auto") -> None:
+        if choice not in ("auto", "nvimgcodec", "none"):
+            raise ValueError(f"unknown region decoder {choice!r} (auto, nvimgcodec or none)")
+        self.module = _nvimgcodec() if choice != "none" else None
+        if choice == "nvimgcodec" and self.module is None:
+            raise ImportError("nvidia-nvimgcodec is not installed (pip install 'fastdata[jpeg]')")
+        self.available = self.module is not None
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"available": self.available}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.module = _nvimgcodec() if state["available"] else None
+        self.available = self.module is not None
+        self._local = threading.local()
+
+    def decode(self, data: Any, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray | None:
+        """RGB uint8 pixels of rows ``[r0, r1)`` and columns ``[c0, c1)``, or None when the decoder
+        refuses the stream (the caller then decodes it whole and reports any error)."""
+        n: Any = self.module
+        if n is None:
+            return None
+        local = self._local
+        if getattr(local, "decoder", None) is None:
+            local.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
+                                      backends=[n.Backend(n.CPU_ONLY)])
+            local.params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.SRGB)
+        try:
+            stream = n.CodeStream(bytes(data)).get_sub_code_stream(
+                region=n.Region(rows[0], cols[0], rows[1], cols[1]))
+            img = local.decoder.decode(stream, params=local.params)
+        except Exception:  # noqa: BLE001 - any refusal falls back to the full decoders, which name the problem
+            return None
+        if img is None:
+            return None
+        a = np.asarray(img.cpu())
+        return a if a.shape == (rows[1] - rows[0], cols[1] - cols[0], 3) else None
+
+
+def _axis(x0: float, extent: float, n_out: int, n_src: int, scale: float, lo: int
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For one axis: each output pixel's two source indices (relative to ``lo``) and weight, on an
+    image of ``n_src`` pixels that is ``scale`` times the full one; positions clamp to the image."""
+    j = np.arange(n_out, dtype=np.float64)
+    u = x0 + (j + 0.5) * (extent / n_out) - 0.5  # full-resolution position
+    v = (u + 0.5) * scale - 0.5 if scale != 1 else u
+    v = np.clip(v, 0, n_src - 1)
+    i0 = np.floor(v).astype(np.int64)
+    t = (v - i0).astype(np.float32)
+    i1 = np.minimum(i0 + 1, n_src - 1)
+    return i0 - lo, i1 - lo, t
+
+
+def _bounds(x0: float, extent: float, n_out: int, n_full: int) -> tuple[int, int]:
+    """The full-resolution pixels ``[a, b)`` the samples of one axis touch (for region decoding), and one
+    more on each side for the uint8 resize's samples, which may sit up to ``_TOLERANCE`` off ours."""
+    first = max(0.0, x0 + 0.5 * extent / n_out - 0.5)
+    last = min(n_full - 1.0, x0 + (n_out - 0.5) * extent / n_out - 0.5)
+    return max(0, int(math.floor(first)) - 1), min(n_full, int(math.floor(last)) + 3)
+
+
+def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_hw: tuple[int, int],
+                  out: np.ndarray, origin: tuple[int, int] | None = None, flip: tuple[bool, bool] = (False, False),
+                  exact: bool = False) -> None:
+    """Bilinear samples of the window ``box`` (x0, y0, w, h in full-image pixels of an image
+    ``full_hw`` high and wide) from ``src`` (uint8 (h, w, C): the whole image at any scale, or with
+    ``origin`` (row, column) the full-scale region starting there) into ``out`` (float32 (oh, ow, C), /255);
+    ``flip``: (left-right, top-bottom) mirror the output.
+
+    An exact window is copied. Otherwise torch's uint8 resize (:func:`_fast_resize`: about twice as fast,
+    rounded to 1/255, samples within ``_TOLERANCE`` pixel of these) runs where its grid lines up with the
+    window's, else (or with ``exact``) the float interpolation at exactly these positions (:func:`_lerp2`)."""
+    x0, y0, w, h = box
+    oh, ow = out.shape[:2]
+    hf, wf = full_hw
+    if origin is not None:
+        (sy, sx), (lo_y, lo_x), (n_y, n_x) = (1.0, 1.0), origin, full_hw
+    else:  # the whole image, maybe decoded at a reduced scale
+        (sy, sx), (lo_y, lo_x), (n_y, n_x) = (src.shape[0] / hf, src.shape[1] / wf), (0, 0), src.shape[:2]
+    rows, cols = _line(y0, h, oh, sy, lo_y), _line(x0, w, ow, sx, lo_x)
+    win = _exact_window(src, rows, cols, (oh, ow), (n_y - lo_y, n_x - lo_x))
+    if win is not None:  # an exact window: a copy, no resampling
+        np.multiply(win[:: -1 if flip[1] else 1, :: -1 if flip[0] else 1], _INV255, out=out, dtype=np.float32)
+        return
+    if not exact and _fast_resize(src, rows, cols, out, flip):
+        return
+    r0, r1, ty = _axis(y0, h, oh, n_y, sy, lo_y)
+    c0, c1, tx = _axis(x0, w, ow, n_x, sx, lo_x)
+    first, last = int(c0[0]), int(c1[-1]) + 1
+    if flip[0]:
+        c0, c1, tx = c0[::-1], c1[::-1], tx[::-1]
+    if flip[1]:
+        r0, r1, ty = r0[::-1], r1[::-1], ty[::-1]
+    _lerp2(src[:, first:last], (r0, r1, ty), (c0 - first, c1 - first, tx), out)
+
+
+def _line(x0: float, extent: float, n_out: int, scale: float, lo: int) -> tuple[float, float]:
+    """One axis's sample positions in ``src`` as ``(c, s)``: output pixel ``j`` samples ``c + j * s``
+    (before clamping; the full-resolution position mapped onto an image ``scale`` times the full one)."""
+    s = extent / n_out * scale
+    return (x0 + 0.5 * extent / n_out) * scale - 0.5 - lo, s
+
+
+def _exact_window(src: np.ndarray, rows: tuple[float, float], cols: tuple[float, float], out_hw: tuple[int, int],
+                  ends: tuple[int, int]) -> np.ndarray | None:
+    """The pixels themselves when every sample falls on a pixel centre inside the image, else None."""
+    starts = []
+    for (c, s), n, end in zip((rows, cols), out_hw, ends):
+        if s != 1 or c != int(c) or c < 0 or c + n > end:
+            return None
+        starts.append(int(c))
+    return src[starts[0] : starts[0] + out_hw[0], starts[1] : starts[1] + out_hw[1]]
+
+
+# torch's uint8 bilinear resize (upsample_bilinear2d, antialias off: two taps, as here) has an AVX2 kernel for
+# channels-last images; elsewhere it takes a generic path, and the exact float interpolation runs instead.
+_FAST_RESIZE = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+_TOLERANCE = 0.05  # source pixels: the largest sample-position error the uint8 resize may make, else the exact path
+_LEAD = 64  # at most this many extra outputs computed before the window's, to line torch's sample grid up with it
+_UPSAMPLE = torch.ops.aten.upsample_bilinear2d.out  # takes the output size and the scale both (F.interpolate: one)
+_scratch = threading.local()  # each thread's reused memory for the resize's input and output (no page faults per image)
+
+
+def _grid(c: float, s: float, n: int) -> tuple[int, int, float] | None:
+    """Line torch's grid up with one axis of ours (sample ``j`` at ``c + j * s``): torch's output ``i`` of an
+    input starting at pixel ``a`` samples ``a + (i + 0.5) * t - 0.5``. Returns ``(a, k, t)`` whose outputs
+    ``k .. k + n - 1`` sample within ``_TOLERANCE`` of ours (exact at the middle one), or None.
+
+    ``k`` shifts the grid by whole steps ``s`` against the whole pixels ``a``, and ``t`` stretches it a
+    little, so the phase that an integer ``a`` alone cannot match is matched to the tolerance."""
+    e = c + 0.5 - s / 2  # the window's first edge: ours is c + j * s = e + (j + 0.5) * s - 0.5
+    m = (n - 1) / 2
+    for k in range(_LEAD + 1):
+        a = math.floor(e - k * s + 0.5)
+        r = e - k * s - a
+        t = s + r / (k + m + 0.5)
+        if (k + 0.5) * t >= 0.5 and m * abs(r) / (k + m + 0.5) <= _TOLERANCE:  # torch's output k is at or past a
+            return a, k, t
+    return None
+
+
+def _fast_resize(src: np.ndarray, rows: tuple[float, float], cols: tuple[float, float], out: np.ndarray,
+                 flip: tuple[bool, bool]) -> bool:
+    """The window resized by torch's uint8 kernel (in the calling thread, GIL released) and converted to
+    float once, into ``out``; False (nothing written) where it cannot match the sampling (see :func:`_grid`)."""
+    (oh, ow), c = out.shape[:2], src.shape[2]
+    if not _FAST_RESIZE or c > 4 or src.dtype != np.uint8:
+        return False
+    gy, gx = _grid(*rows, oh), _grid(*cols, ow)
+    if gy is None or gx is None:
+        return False
+    spans = [(a, math.floor(a + (k + n - 0.5) * t - 0.5) + 2) for (a, k, t), n in ((gy, oh), (gx, ow))]
+    if any(b <= 0 or a >= end for (a, b), end in zip(spans, src.shape[:2])):
+        return False  # a window wholly outside the pixels given (not from a crop's draw): the exact path clamps
+    # an output as large as its input is a copy to torch whatever the scale: one more (dropped) output then
+    size = [k + n + (k + n == b - a) for (a, k, _), n, (a, b) in zip((gy, gx), (oh, ow), spans)]
+    win = _padded(src, spans[0], spans[1])
+    y = _buffer("out", size[0] * size[1] * c)[: size[0] * size[1] * c].reshape(size[0], size[1], c)
+    x, yt = torch.from_numpy(win).permute(2, 0, 1)[None], torch.from_numpy(y).permute(2, 0, 1)[None]
+    _UPSAMPLE(x, size, False, 1 / gy[2], 1 / gx[2], out=yt)  # channels-last in and out: no packing copies
+    _to_float(y[gy[1] : gy[1] + oh, gx[1] : gx[1] + ow], out, flip)
+    return True
+
+
+def _buffer(name: str, n: int) -> np.ndarray:
+    """This thread's uint8 scratch ``name``, at least ``n`` bytes."""
+    buf = getattr(_scratch, name, None)
+    if buf is None or buf.size < n:
+        buf = np.empty(max(n, 1 << 20), np.uint8)
+        setattr(_scratch, name, buf)
+    return buf
+
+
+def _padded(src: np.ndarray, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
+    """``src[r0:r1, c0:c1]`` as a C-contiguous array (the input torch's kernel takes without a copy of its
+    own, a parallel one), indices outside ``src`` repeating its edge pixels (the clamp at the border)."""
+    (r0, r1), (c0, c1) = rows, cols
+    h, w, c = src.shape
+    y0, y1, x0, x1 = max(r0, 0), min(r1, h), max(c0, 0), min(c1, w)
+    part = src[y0:y1, x0:x1]
+    if (y0, y1, x0, x1) == (r0, r1, c0, c1) and part.flags.c_contiguous and part.flags.writeable:
+        return part  # whole rows of a decoded image: no copy
+    buf = _buffer("in", (r1 - r0) * (c1 - c0) * c)[: (r1 - r0) * (c1 - c0) * c].reshape(r1 - r0, c1 - c0, c)
+    buf[y0 - r0 : y1 - r0, x0 - c0 : x1 - c0] = part
+    buf[: y0 - r0] = buf[y0 - r0]
+    buf[y1 - r0 :] = buf[y1 - r0 - 1]
+    buf[:, : x0 - c0] = buf[:, x0 - c0 : x0 - c0 + 1]
+    buf[:, x1 - c0 :] = buf[:, x1 - c0 - 1 : x1 - c0]
+    return buf
+
+
+def _to_float(y: np.ndarray, out: np.ndarray, flip: tuple[bool, bool]) -> None:
+    """uint8 (oh, ow, C) into float32 ``out`` /255, mirrored as ``flip`` says: numpy reverses rows for free,
+    torch mirrors columns in blocks below its parallel grain (numpy's reversed copy of 3-byte pixels is slow)."""
+    dst = out[::-1] if flip[1] else out
+    if not flip[0]:
+        np.multiply(y, _INV255, out=dst, dtype=np.float32)
+        return
+    step = max(1, _GRAIN // max(1, y.shape[1] * y.shape[2]))
+    for a in range(0, y.shape[0], step):
+        np.multiply(torch.from_numpy(y[a : a + step]).flip(1).numpy(), _INV255, out=dst[a : a + step], dtype=np.float32)
+
+
+_GRAIN = 32767  # elements per torch op: below torch's parallel grain (32768), so each op runs in the calling thread
+
+
+def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
+           cols: tuple[np.ndarray, np.ndarray, np.ndarray], out: np.ndarray) -> None:
+    """Separable bilinear interpolation, rows first, in blocks of output rows small enough that torch runs
+    each op in the calling thread: the reader threads are the parallelism (torch's intra-op threads,
+    called from two readers on a busy machine, were an order of magnitude slower in a one-off A/B here,
+    and numpy's takes held the GIL); torch's kernels release the GIL."""
+    c = src.shape[2]
+    flat = torch.from_numpy(np.ascontiguousarray(src)).view(src.shape[0], -1)  # (h, w' * C) uint8
+    r0, r1, ty = (torch.from_numpy(np.ascontiguousarray(a)) for a in rows)
+    c0, c1, tx = cols
+    chan = np.arange(c)
+    i0 = torch.from_numpy((c0[:, None] * c + chan).ravel())
+    i1 = torch.from_numpy((c1[:, None] * c + chan).ravel())
+    wx = torch.from_numpy(np.repeat(tx, c)).view(1, -1)
+    o = torch.from_numpy(out).view(out.shape[0], -1)
+    step = max(1, _GRAIN // max(flat.shape[1], o.shape[1]))
+    for a in range(0, o.shape[0], step):
+        b = min(o.shape[0], a + step)
+        top = flat.index_select(0, r0[a:b]).float()
+        kept = torch.lerp(top, flat.index_select(0, r1[a:b]).float(), ty[a:b].view(-1, 1))
+        torch.lerp(kept.index_select(1, i0), kept.index_select(1, i1), wx, out=o[a:b])
+        o[a:b].mul_(float(_INV255))
+
+
+def _region(box: tuple[float, float, float, float], oh: int, ow: int, hw: tuple[int, int]
+            ) -> tuple[tuple[int, int], tuple[int, int]]:
+    x0, y0, w, h = box
+    return _bounds(y0, h, oh, hw[0]), _bounds(x0, w, ow, hw[1])
+
+
+def jpeg_plan(box: tuple[float, float, float, float], out_hw: tuple[int, int], region: bool) -> str:
+    """How a JPEG window is decoded: ``"scaled"`` (whole image at 1/2..1/8), ``"region"`` (only the
+    window's rows and columns, full scale) or ``"full"``."""
+    s = dct_scale(box[2], box[3], out_hw[1], out_hw[0])
+    if s > 1:
+        return "scaled"
+    return "region" if region else "full"
+
+
+def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box: tuple[float, float, float, float],
+                out: np.ndarray, regions: RegionDecoders | None, scratch: np.ndarray,
+                flip: tuple[bool, bool] = (False, False)) -> str:
+    """Decode the window ``box`` of one encoded image (recorded size ``hw``) into ``out`` (float32
+    (oh, ow, C) in [0, 1]), mirrored as ``flip`` says; ``scratch``: uint8 memory of at least H*W*C for
+    full decodes. Returns the plan used (see :func:`jpeg_plan`). Raises DecodeError on corrupt data."""
+    oh, ow = out.shape[:2]
+    h, w = hw
+    c = spec.channels
+    plan = jpeg_plan(box, (oh, ow), regions is not None and regions.available and spec.mode == "RGB") \
+        if codec == CODEC_JPEG else "full"
+    if plan == "scaled":
+        s = dct_scale(box[2], box[3], ow, oh)
+        small = _decode_scaled(data, spec, (math.ceil(h / s), math.ceil(w / s)))
+        if small is not None:
+            resample_into(small, box, hw, out, flip=flip)
+            return plan
+        plan = "full"
+    if plan == "region":
+        rows, cols = _region(box, oh, ow, hw)
+        part = regions.decode(data, rows, cols) if regions is not None else None
+        if part is not None:
+            resample_into(part, box, hw, out, origin=(rows[0], cols[0]), flip=flip)
+            return plan
+    pixels = scratch[: h * w * c].reshape(h, w, c)
+    decode_image(data, codec, spec, pixels)
+    resample_into(pixels, box, hw, out, flip=flip)
+    return "full"
+
+
+def _decode_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.ndarray | None:
+    """The whole JPEG decoded at the reduction that gives at least ``min_hw``; None when the stream
+    needs the full decoder's judgement (corrupt, or only a recoverable warning)."""
+    if jpeg_decoder() == "simplejpeg":
+        try:
+            a = simplejpeg.decode_jpeg(data, colorspace={"RGB": "RGB", "L": "GRAY"}[spec.mode], strict=True,
+                                       min_height=min_hw[0], min_width=min_hw[1])
+            return a.reshape(a.shape[0], a.shape[1], -1)
+        except ValueError:
+            return None
+    try:
+        a = _decode_pil_scaled(data, spec, min_hw)
+        return a if a.flags.writeable else a.copy()  # torch views only writeable memory
+    except DecodeError:
+        return None
+
+
+def pixels_crop(data: np.ndarray, hw: tuple[int, int], channels: int, box: tuple[float, float, float, float],
+                out: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> None:
+    """The window of one image stored as raw pixels (``data``: its H*W*C bytes) into ``out``, by the exact
+    float interpolation: stored pixels give the padded path's values to float rounding."""
+    h, w = hw
+    resample_into(data[: h * w * channels].reshape(h, w, channels), box, hw, out, flip=flip, exact=True)
