@@ -19,7 +19,7 @@ from fastdata import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path):
+def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path, monkeypatch):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cold.py"), "--quick", "--out", str(tmp_path),
                         "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -38,6 +38,11 @@ def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path):
     assert all(v["resident_before"] < 0.5 for v in ph["rows"].values())
     assert ph["dataset_bytes"]["raw, mixed sizes"] > ph["dataset_bytes"]["JPEG, mixed sizes (decoded)"]
     assert data["ceiling_check"]["checked"] == 4  # the 3 targets against the disk, and the photos' against theirs
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the paired before/after run reads the rows from this JSON
+    import pair_trees
+
+    rows, _ = pair_trees.parse_cold(data)
+    assert len(rows) > len(data["rows"]) + len(data["ceilings"]) and all(min(p) > 0 for _, p in rows.values())
     assert set(data["targets_per_round"]) <= set(data["targets"]) and len(data["targets_per_round"]) == 4
     assert set(data["targets_back_to_back"]) == set(data["targets_per_round"])
     assert all(len(v["all"]) == data["rounds"] and v["median"] > 0 for v in data["targets_back_to_back"].values())

@@ -41,6 +41,10 @@ def test_quick_suite_completes_and_writes_json_markdown_and_plots(tmp_path):
         assert (tmp_path / f"{suite}_quick.md").read_text().strip(), suite
         png = tmp_path / f"{suite}_quick.png"
         assert suite not in plotted or png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", suite
+    pair = _bench_module("pair_trees")  # the paired before/after run reads these suites' rows from their JSON
+    for suite in ("loader", "raw", "jpeg_crop"):
+        rows, _ = pair.BENCHES[suite].parse(json.loads((tmp_path / f"{suite}_quick.json").read_text()))
+        assert rows and all(passes and min(passes) > 0 for _, passes in rows.values()), suite
     for suite in ("get_batch", "loader", "raw"):  # the suites with ceilings record the check, flags and all
         check = json.loads((tmp_path / f"{suite}_quick.json").read_text())["ceiling_check"]
         assert check["quick"] is True and check["checked"] > 0 and check["limit"] == 1.1
