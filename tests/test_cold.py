@@ -337,7 +337,7 @@ def test_long_ranges_are_hinted_in_pieces_the_kernel_reads_whole(tmp_path, monke
         rec(batch)
         return [(f, np.array([1000]), np.array([700 << 10]))]
 
-    ra = ReadAhead(ranges, [np.array([0])], first=0, lead=0)
+    ra = ReadAhead(ranges, [np.array([0])], first=0, lead=0, ahead_bytes=0)
     rec.wait_for(1)
     ra.close()
     assert calls == [(1000, 256 << 10), (1000 + (256 << 10), 256 << 10), (1000 + (512 << 10), 188 << 10)]
@@ -370,7 +370,7 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
         # it, and a later batch's probe may then find its pages cached (rightly skipped, but by timing:
         # it failed once so), which this test of the probes must not depend on
         monkeypatch.setattr(readahead._Streams, "continues", lambda self, *a, **k: False)
-        ra = ReadAhead(ranges, plan, first=0, lead=len(plan), memo=memo)
+        ra = ReadAhead(ranges, plan, first=0, lead=len(plan), ahead_bytes=0, memo=memo)
         ra._thread.join(timeout=10)
         monkeypatch.undo()
         return ra.skipped, len({off >> 20 for off in calls}) + ra.streamed_bytes // (1 << 20)  # hinted or streamed
@@ -431,7 +431,7 @@ def test_read_ahead_counts_a_batch_as_cached_only_when_all_its_ranges_are(tmp_pa
 
     monkeypatch.setattr(readahead._Streams, "continues", lambda self, *a, **k: False)
     memo: dict[str, bool] = {}
-    ra = ReadAhead(ranges, plan, first=0, lead=len(plan), memo=memo)
+    ra = ReadAhead(ranges, plan, first=0, lead=len(plan), ahead_bytes=0, memo=memo)
     ra._thread.join(timeout=10)
     assert ra.skipped == 0 and ra.hinted_bytes == len(plan) * (2 << 20) and memo == {"warm": False}
 
@@ -450,7 +450,7 @@ def test_read_ahead_stays_cold_for_the_rest_of_a_pass_that_found_a_batch_not_cac
     monkeypatch.setattr(readahead._Streams, "continues", lambda self, *a, **k: False)
     memo: dict[str, bool] = {}
     ra = ReadAhead(lambda b: [(f, np.array([int(b[0]) << 20]), np.array([1 << 20]))], plan, first=0,
-                   lead=len(plan), memo=memo)
+                   lead=len(plan), ahead_bytes=0, memo=memo)
     ra._thread.join(timeout=10)
     assert ra.skipped == 0 and sorted(set(hinted)) == list(range(24)) and memo == {"warm": False}
 
@@ -504,7 +504,7 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
 
     monkeypatch.setattr(readahead.os, "open", counted_open)
     monkeypatch.setattr(readahead.os, "close", lambda fd: (closed.append(fd), real_close(fd))[1])
-    ra = ReadAhead(ranges, plan, first=0, lead=len(plan))
+    ra = ReadAhead(ranges, plan, first=0, lead=len(plan), ahead_bytes=0)
     ra._thread.join(timeout=10)
     assert not ra._thread.is_alive()
     assert ra.streamed_bytes == 8 * mb  # batches 0-3 of both streams: the next batch shows where streams start

@@ -104,9 +104,9 @@ class Dataset:
         # image fields' shape and codec fields read (to decode) but not asked for: left out of batches
         self._hidden = frozenset(f.name for f in self.schema if fields is not None and f.name not in fields)
         self._strings = [f for f in self.schema if is_string(f)]
-        self._images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
-        self._pixels = [f for f in self._images if f.encoding == ENCODING_PIXELS]
-        self._encoded = [f for f in self._images if f.encoding != ENCODING_PIXELS]
+        images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
+        self._pixels = [f for f in images if f.encoding == ENCODING_PIXELS]  # placed as read
+        self._encoded = [f for f in images if f.encoding != ENCODING_PIXELS]  # decoded after reading
         if decode not in (True, False, "float"):
             raise UsageError(f"decode={decode!r}: expected True, False or 'float'")
         self._decoder = BatchDecoder(decode_threads, unit_float=decode == "float") if self._encoded else None
@@ -369,8 +369,8 @@ class Dataset:
             if f.name in self._hidden:
                 continue
             a = batch[f.name][0]
-            out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if f.ragged and f not in self._images and \
-                f not in self._strings else a
+            trimmed = f.ragged and f not in self._pixels and f not in self._encoded and f not in self._strings
+            out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if trimmed else a
         if self._with_key:
             out[KEY_FIELD] = batch[KEY_FIELD][0]
         return out

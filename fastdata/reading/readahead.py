@@ -28,7 +28,6 @@ import numpy as np
 
 log = logging.getLogger("fastdata.reading.readahead")
 
-DEFAULT_AHEAD_BYTES = 256 << 20
 _MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is read too: cheaper than a seek)
 WARM_STREAK = 4  # batches found in the page cache in a row before hints are skipped (ReadAhead._resident)
 _MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
@@ -188,7 +187,7 @@ class ReadAhead:
     sample a batch at once), False that one was not (:meth:`_resident`). ``close`` stops the thread."""
 
     def __init__(self, ranges: Callable[[np.ndarray], Ranges], plan: Sequence[np.ndarray], first: int, lead: int,
-                 ahead_bytes: int = DEFAULT_AHEAD_BYTES, memo: dict[str, bool] | None = None) -> None:
+                 ahead_bytes: int, memo: dict[str, bool] | None = None) -> None:
         self._ranges = ranges
         self._plan = plan
         self._k = first  # the batch handed out now
