@@ -15,8 +15,8 @@ how much stayed resident (reported). One run compares, on the same files:
   reading its own contiguous part in order (parallel sequential streams), those streams also with
   2 MiB and 1 MiB preads (the loader's stream reads are 1 MiB), and those 1 MiB streams sent to
   ``/dev/null`` (``sendfile``: into the page cache, no copy) with 2 threads ``pread``-ing each piece
-  once it arrived into a reused buffer (how the loader reads: its read-ahead sends, its readers copy
-  once), and those streams kept within 2 consecutive shard files at a time (nearby on the disk, as
+  once it arrived into a reused buffer (like the loader: the read-ahead fills the page cache, the readers
+  copy once), and those streams kept within 2 consecutive shard files at a time (nearby on the disk, as
   "shards" reads; the windows in random order); the large-read ceiling is the best of these. The same streams only sent to ``/dev/null`` are
   the disk alone (nothing delivered to the process): a reference row, not a ceiling for reading;
 - warm cache: the loader with and without read-ahead, uncompressed and compressed;
