@@ -7,12 +7,7 @@ how much stayed resident (reported). One run compares, on the same files:
 
 - naive: per-file ``np.load`` in a torch DataLoader (fastdata.demo.examples.naive_loader), random order;
 - fastdata.loader, uncompressed HDF5, each shuffle mode (True, "block", "shards", False), with the
-  plan-following read-ahead (fastdata/reading/readahead.py) and, for True and "block", without it; for
-  "block", "shards" and False also with hints alone (no sequential stream reads), the comparison;
-  for "block", False and "shards" also with the other way of reading their streams (the loader copies
-  the streams of "block" and False into a buffer with pread and sends those of "shards" to /dev/null:
-  fastdata/reading/readahead.py); "block" also with its stream descriptors not marked
-  sequential (``POSIX_FADV_SEQUENTIAL``: a read-ahead window of 2x the device's), as it read before;
+  plan-following read-ahead (fastdata/reading/readahead.py) and, for True and "block", without it;
 - the same data converted with ``--compression lz4`` (Blosc, byte shuffle), decoded samples/s;
 - the disk's ceilings on the uncompressed shard files: ``pread`` at the loader's request size (one
   sample), random order, by 4, 8, 16, 32, 64 and 128 threads (the best is the ceiling) and by one thread in
@@ -20,8 +15,8 @@ how much stayed resident (reported). One run compares, on the same files:
   reading its own contiguous part in order (parallel sequential streams), those streams also with
   2 MiB and 1 MiB preads (the loader's stream reads are 1 MiB), and those 1 MiB streams sent to
   ``/dev/null`` (``sendfile``: into the page cache, no copy) with 2 threads ``pread``-ing each piece
-  once it arrived into a reused buffer (how the loader reads: its read-ahead sends, its readers copy
-  once), and those streams kept within 2 consecutive shard files at a time (nearby on the disk, as
+  once it arrived into a reused buffer (like the loader: the read-ahead fills the page cache, the readers
+  copy once), and those streams kept within 2 consecutive shard files at a time (nearby on the disk, as
   "shards" reads; the windows in random order); the large-read ceiling is the best of these. The same streams only sent to ``/dev/null`` are
   the disk alone (nothing delivered to the process): a reference row, not a ceiling for reading;
 - warm cache: the loader with and without read-ahead, uncompressed and compressed;
@@ -70,7 +65,6 @@ from fastdata.loaders import LoaderConfig  # noqa: E402
 from fastdata.reading.order import SHUFFLES, STREAMS, epoch_order  # noqa: E402
 
 CONVERTED_SHUFFLES = [s for s in SHUFFLES if s != "chunks"]  # "chunks": in-place indexes (bench_inplace.py)
-import fastdata.reading.readahead  # noqa: E402
 from fastdata.reading.readahead import drop_page_cache, resident_bytes  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
@@ -194,39 +188,19 @@ def cold(paths: list[Path]) -> float:
 
 
 def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int = 0, warm: bool = False,
-                uint8: bool = False, streams: bool = True, sendfile: bool | None = None,
-                from_map: bool = False, sequential: bool = True) -> dict[str, float]:
-    """One epoch of fastdata.loader (threads, defaults) over ``root``; cold unless ``warm``.
-    The comparisons: ``streams=False``: the read-ahead hints every range (no sequential stream reads);
-    ``sendfile``: stream reads sent to /dev/null (True) or copied into a buffer with pread (False) whatever
-    the shuffle (None: the loader's choice, fastdata.reading.readahead.SENDFILE); ``from_map``: rows always copied
-    from the shard's map, also when the read-ahead found them not cached (no pread into the batch);
-    ``sequential=False``: the stream descriptors not marked sequential (fastdata.reading.readahead.SEQUENTIAL)."""
+                uint8: bool = False) -> dict[str, float]:
+    """One epoch of fastdata.loader (threads, defaults) over ``root``; cold unless ``warm``."""
     cfg = LoaderConfig(readahead=LoaderConfig.readahead if readahead else 0,
                        image_dtype="uint8" if uint8 else "float32")
     paths = files_of(root)
     left = 0.0 if warm else cold(paths)
-    real = fastdata.reading.readahead._Streams.continues
-    real_disk = fastdata.Dataset._from_disk
-    if not streams:
-        fastdata.reading.readahead._Streams.continues = lambda self, path, off, size, starts=False: False  # type: ignore[method-assign]
-    fastdata.reading.readahead.SENDFILE = sendfile
-    fastdata.reading.readahead.SEQUENTIAL = sequential
-    if from_map:
-        fastdata.Dataset._from_disk = lambda self: False  # type: ignore[method-assign]
-    try:
-        with fastdata.loader(root, BATCH, shuffle=shuffle, device="cpu", config=cfg, seed=epoch) as ld:
-            ld.set_epoch(epoch)
-            t0 = time.perf_counter()
-            n = 0
-            for b in ld:
-                n += len(b["label"])
-            dt = time.perf_counter() - t0
-    finally:
-        fastdata.reading.readahead._Streams.continues = real  # type: ignore[method-assign]
-        fastdata.reading.readahead.SENDFILE = None
-        fastdata.reading.readahead.SEQUENTIAL = True
-        fastdata.Dataset._from_disk = real_disk  # type: ignore[method-assign]
+    with fastdata.loader(root, BATCH, shuffle=shuffle, device="cpu", config=cfg, seed=epoch) as ld:
+        ld.set_epoch(epoch)
+        t0 = time.perf_counter()
+        n = 0
+        for b in ld:
+            n += len(b["label"])
+        dt = time.perf_counter() - t0
     return {"samples_per_s": n / dt, "seconds": dt, "resident_before": left}
 
 
@@ -319,26 +293,6 @@ def back_to_back(fns: dict[str, Callable[[], dict[str, Any]]], pairs: dict[str, 
             res = {n: fns[n]() for n in ((b, a) if flip else (a, b))}
             got[k].append(mb_per_s(res[a], nbytes) / mb_per_s(res[b], nbytes))
     return {k: {"median": float(np.median(v)), "all": [round(x, 3) for x in v]} for k, v in got.items()}
-
-
-READ_AB = {  # how each shuffle's streams are read (fastdata.reading.readahead): the loader's choice / the other way
-    "'block': stream reads by pread (the loader's choice) / sent to /dev/null":
-        ("loader shuffle='block'", "loader shuffle='block', stream reads sent to /dev/null"),
-    "False: stream reads by pread (the loader's choice) / sent to /dev/null":
-        ("loader shuffle=False", "loader shuffle=False, stream reads sent to /dev/null"),
-    "'shards': stream reads sent to /dev/null (the loader's choice) / by pread":
-        ("loader shuffle='shards'", "loader shuffle='shards', stream reads copied by pread"),
-}
-
-
-def read_ab(rows: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
-    """Each READ_AB pair from a run's rows: (median of each round's ratio, ratio of the medians)."""
-    out = {}
-    for name, (a, b) in READ_AB.items():
-        if a in rows and b in rows:
-            out[name] = (_harness.median_ratio(rows[a]["all"], rows[b]["all"]),
-                         rows[a]["samples_per_s"] / rows[b]["samples_per_s"])
-    return out
 
 
 def both_units(results: dict[str, dict[str, Any]], nbytes: int) -> dict[str, dict[str, Any]]:
@@ -440,15 +394,6 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
         cold_fns[f"loader shuffle={sh!r}"] = lambda sh=sh: loader_pass(work / "hdf5", sh)
     for sh in (True, "block"):
         cold_fns[f"loader shuffle={sh!r}, no read-ahead"] = lambda sh=sh: loader_pass(work / "hdf5", sh, readahead=False)
-    for sh in ("block", "shards", False):
-        cold_fns[f"loader shuffle={sh!r}, hints only (no stream reads)"] = \
-            lambda sh=sh: loader_pass(work / "hdf5", sh, streams=False)
-    # each stream-reading shuffle with the other way of reading its streams (the loader's choice: fastdata.reading.readahead)
-    cold_fns["loader shuffle='block', stream reads sent to /dev/null"] = lambda: loader_pass(work / "hdf5", "block", sendfile=True)
-    cold_fns["loader shuffle=False, stream reads sent to /dev/null"] = lambda: loader_pass(work / "hdf5", False, sendfile=True)
-    cold_fns["loader shuffle='shards', stream reads copied by pread"] = lambda: loader_pass(work / "hdf5", "shards", sendfile=False)
-    cold_fns["loader shuffle='block', stream descriptors not marked sequential"] = \
-        lambda: loader_pass(work / "hdf5", "block", sequential=False)
     cold_fns["loader lz4 shuffle=True"] = lambda: loader_pass(work / "hdf5_lz4", True)
     cold_fns["loader lz4 shuffle='block'"] = lambda: loader_pass(work / "hdf5_lz4", "block")
     cold_fns["loader LMDB shuffle=True"] = lambda: loader_pass(work / "lmdb", True)
@@ -627,9 +572,6 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         _harness.markdown_table(["target", "measured (ratio of the medians)", "median of each round's ratio",
                                  "back-to-back pairs: median ratio"], target_rows(res)),
-        "",
-        _harness.markdown_table(["stream reads, A/B (cold)", "median of each round's ratio", "ratio of the medians"],
-                                [[k, f"{v[0]:.2f}", f"{v[1]:.2f}"] for k, v in read_ab(res["rows"]).items()]),
         "",
         "RssAnon after each cold epoch (MiB): " + ", ".join(f"{r['RssAnon'] / 1024:.0f}" for r in res["rss"]),
     ]

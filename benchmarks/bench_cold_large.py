@@ -5,10 +5,7 @@ hold when the data cannot fit in memory at all. It converts ``--base`` FLIM-like
 copies that dataset ``--copies`` times into one dataset with ``fastdata merge`` (method "copy": new
 files, no shared pages), sized to ``--ram-factor`` times the RAM (MemTotal). It then times one
 cold pass each (``--rounds``: more, in a new random order each round; the median) of the loader
-(shuffle True, "block", "shards"; for "block" also as it read before: stream read-ahead copied
-into a buffer by ``pread``, rows copied from the map, and with its stream reads sent to /dev/null, as
-"shards" reads them) and the disk's ceilings on the same
-shard files (sample-size preads by 4, 8, 16, 32, 64 and 128 threads in random order, the best of them; 4 MiB preads by one thread in order
+(shuffle True, "block", "shards") and the disk's ceilings on the same shard files (sample-size preads by 4, 8, 16, 32, 64 and 128 threads in random order, the best of them; 4 MiB preads by one thread in order
 and 4, 2 and 1 MiB preads by 16 threads each reading its own part in order, and those 1 MiB streams
 read ahead to /dev/null and copied by 2 threads, also kept within 2 consecutive shard files at a
 time (streams close together), the best of these; the same streams only sent to /dev/null as the
@@ -40,10 +37,6 @@ import bench_cold  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.converters import ConvertConfig  # noqa: E402
 from fastdata.write import WriteOptions  # noqa: E402
-
-
-BEFORE = "loader shuffle='block', stream reads copied by pread, rows copied from the map"
-SENT = "loader shuffle='block', stream reads sent to /dev/null"
 
 
 def mem_total() -> int:
@@ -83,18 +76,15 @@ def run(base: int, ram_factor: float, work: Path, rounds: int = 1) -> dict[str, 
     sample_bytes = int(np.prod(bench_cold.SHAPE)) * 4
     rss: dict[str, dict[str, int]] = {}
 
-    def loader(sh: Any, key: str, **how: bool) -> dict[str, Any]:
+    def loader(sh: Any, key: str) -> dict[str, Any]:
         print(key, flush=True)
-        r = bench_cold.loader_pass(big, sh, **how)
+        r = bench_cold.loader_pass(big, sh)
         r["mb_per_s"] = r["samples_per_s"] * sample_bytes / 1e6
         rss[key] = bench_cold.rss_kib()  # (the last pass's)
         return r
 
     fns: dict[str, Any] = {f"loader shuffle={sh!r}": (lambda sh=sh, k=f"loader shuffle={sh!r}": loader(sh, k))
                            for sh in (True, "block", "shards")}
-    # how the read-ahead and the readers read, each against what it replaced (bench_cold.loader_pass)
-    for key, how in ((BEFORE, {"sendfile": False, "from_map": True}), (SENT, {"sendfile": True})):
-        fns[key] = lambda key=key, how=how: loader("block", key, **how)
     ceil_fns: dict[str, Any] = {f"pread {sample_bytes} B, {t} threads, random":
                                 (lambda t=t: bench_cold.pread_pass(paths, sample_bytes, t, True))
                                 for t in bench_cold.THREADS}  # the best thread count is the ceiling

@@ -14,7 +14,7 @@ times batches of 64 random indices (the same batches for every method):
   a preallocated ``out=`` buffer;
 * where the shard's bytes do not start on a cache line (LMDB records, after their header):
   ``get_batch(out=)`` into a buffer at the same offset within a cache line
-  (``Dataset.copy_phase``), as the loader's buffers are, against the page-aligned one;
+  (``fastdata.loaders.host.copy_phase``), as the loader's buffers are, against the page-aligned one;
 * ceiling: one unbuffered ``readinto`` of the same number of bytes from the raw file at a
   random sample-aligned offset, into a preallocated buffer.
 
@@ -47,6 +47,7 @@ from _harness import (
     write_results,
 )
 import fastdata
+from fastdata.loaders.host import copy_phase
 
 BATCH = 64
 SEED = 0
@@ -168,7 +169,7 @@ def bench_dataset(spec: Spec, n: int, repeats: int, workdir: Path) -> dict[str, 
     for backend, ds in datasets.items():
         methods.append((f"{backend} get_batch", get_batch(ds, None)))
         methods.append((f"{backend} get_batch(out=)", get_batch(ds, page_aligned_empty(batch_shape, spec.dtype))))
-        phase = ds.copy_phase(FIELD)
+        phase = copy_phase(ds, ds.manifest.field(FIELD))
         if phase:
             methods.append((f"{backend} get_batch(out=) at the copy phase ({phase})",
                             get_batch(ds, page_aligned_empty(batch_shape, spec.dtype, phase))))

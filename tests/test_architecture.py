@@ -65,7 +65,11 @@ MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 60
 # modules ("path") and functions ("path::name") allowed over the limits, each with its reason; an entry
 # that is no longer over fails the test, so the list only shrinks
-SIZE_ALLOWED: dict[str, str] = {}
+SIZE_ALLOWED: dict[str, str] = {
+    "fastdata/reading/dataset.py": "the Dataset class whole in one module (issue 49: no class spread over modules); "
+                                   "up to MAX_ALLOWED_MODULE_LINES",
+}
+MAX_ALLOWED_MODULE_LINES = 800  # the most an allowed module may have
 # modules users import from (docs, README): each declares a sorted __all__ of names it has
 PUBLIC_MODULES = (
     "fastdata", "fastdata.augment", "fastdata.augment.mixing", "fastdata.augment.sequence", "fastdata.augment.targets",
@@ -260,6 +264,8 @@ def test_modules_and_functions_stay_small() -> None:
     over = [f"{k}: {n} lines" for k, n in sorted(found.items()) if k not in SIZE_ALLOWED]
     assert not over, (f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function (split it, or "
                       "add it to SIZE_ALLOWED with its reason):\n" + "\n".join(over))
+    too_big = [k for k, n in found.items() if "::" not in k and n > MAX_ALLOWED_MODULE_LINES]
+    assert not too_big, f"over {MAX_ALLOWED_MODULE_LINES} lines even for an allowed module: {too_big}"
     stale = sorted(set(SIZE_ALLOWED) - set(found))
     assert not stale, "no longer over the limits: remove from SIZE_ALLOWED: " + ", ".join(stale)
     assert all(reason.strip() for reason in SIZE_ALLOWED.values())

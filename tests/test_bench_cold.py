@@ -46,8 +46,6 @@ def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path, m
     assert set(data["targets_per_round"]) <= set(data["targets"]) and len(data["targets_per_round"]) == 4
     assert set(data["targets_back_to_back"]) == set(data["targets_per_round"])
     assert all(len(v["all"]) == data["rounds"] and v["median"] > 0 for v in data["targets_back_to_back"].values())
-    md = (tmp_path / "cold_quick.md").read_text()
-    assert all(k in md for k in _bench_cold().READ_AB)  # each stream-read A/B pair was run and is reported
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("bench_cold_")] == []  # its work folder went
 
 
@@ -197,13 +195,6 @@ def test_per_round_ratios_pair_the_passes_of_each_round():
     runs = {"loader": [{"samples_per_s": 10.0}, {"samples_per_s": 40.0}, {"samples_per_s": 9.0}],
             "ceiling": [{"mb_per_s": 10.0}, {"mb_per_s": 80.0}, {"mb_per_s": 10.0}]}
     assert b.per_round(runs, "loader", "ceiling", nbytes=2_000_000) == pytest.approx(1.8)  # 2.0, 1.0, 1.8
-    rows = {k: {"all": [v["samples_per_s"] for v in runs["loader"]], "samples_per_s": 10.0}
-            for k in (*b.READ_AB["'block': stream reads by pread (the loader's choice) / sent to /dev/null"],)}
-    rows["loader shuffle='block', stream reads sent to /dev/null"]["all"] = [5.0, 40.0, 9.0]
-    rows["loader shuffle='block', stream reads sent to /dev/null"]["samples_per_s"] = 9.0
-    ab = b.read_ab(rows)
-    assert list(ab) == ["'block': stream reads by pread (the loader's choice) / sent to /dev/null"]
-    assert ab[next(iter(ab))] == pytest.approx((1.0, 10.0 / 9.0))  # rounds 2, 1, 1: median 1
 
 
 def test_back_to_back_pairs_run_each_pair_adjacent_in_both_orders():

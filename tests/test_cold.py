@@ -337,7 +337,7 @@ def test_long_ranges_are_hinted_in_pieces_the_kernel_reads_whole(tmp_path, monke
         rec(batch)
         return [(f, np.array([1000]), np.array([700 << 10]))]
 
-    ra = ReadAhead(ranges, [np.array([0])], first=0, lead=0)
+    ra = ReadAhead(ranges, [np.array([0])], first=0, lead=0, ahead_bytes=0)
     rec.wait_for(1)
     ra.close()
     assert calls == [(1000, 256 << 10), (1000 + (256 << 10), 256 << 10), (1000 + (512 << 10), 188 << 10)]
@@ -370,7 +370,7 @@ def test_read_ahead_skips_the_hints_of_batches_found_in_the_page_cache(tmp_path,
         # it, and a later batch's probe may then find its pages cached (rightly skipped, but by timing:
         # it failed once so), which this test of the probes must not depend on
         monkeypatch.setattr(readahead._Streams, "continues", lambda self, *a, **k: False)
-        ra = ReadAhead(ranges, plan, first=0, lead=len(plan), memo=memo)
+        ra = ReadAhead(ranges, plan, first=0, lead=len(plan), ahead_bytes=0, memo=memo)
         ra._thread.join(timeout=10)
         monkeypatch.undo()
         return ra.skipped, len({off >> 20 for off in calls}) + ra.streamed_bytes // (1 << 20)  # hinted or streamed
@@ -431,7 +431,7 @@ def test_read_ahead_counts_a_batch_as_cached_only_when_all_its_ranges_are(tmp_pa
 
     monkeypatch.setattr(readahead._Streams, "continues", lambda self, *a, **k: False)
     memo: dict[str, bool] = {}
-    ra = ReadAhead(ranges, plan, first=0, lead=len(plan), memo=memo)
+    ra = ReadAhead(ranges, plan, first=0, lead=len(plan), ahead_bytes=0, memo=memo)
     ra._thread.join(timeout=10)
     assert ra.skipped == 0 and ra.hinted_bytes == len(plan) * (2 << 20) and memo == {"warm": False}
 
@@ -450,7 +450,7 @@ def test_read_ahead_stays_cold_for_the_rest_of_a_pass_that_found_a_batch_not_cac
     monkeypatch.setattr(readahead._Streams, "continues", lambda self, *a, **k: False)
     memo: dict[str, bool] = {}
     ra = ReadAhead(lambda b: [(f, np.array([int(b[0]) << 20]), np.array([1 << 20]))], plan, first=0,
-                   lead=len(plan), memo=memo)
+                   lead=len(plan), ahead_bytes=0, memo=memo)
     ra._thread.join(timeout=10)
     assert ra.skipped == 0 and sorted(set(hinted)) == list(range(24)) and memo == {"warm": False}
 
@@ -504,10 +504,9 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
 
     monkeypatch.setattr(readahead.os, "open", counted_open)
     monkeypatch.setattr(readahead.os, "close", lambda fd: (closed.append(fd), real_close(fd))[1])
-    ra = ReadAhead(ranges, plan, first=0, lead=len(plan))
+    ra = ReadAhead(ranges, plan, first=0, lead=len(plan), ahead_bytes=0)
     ra._thread.join(timeout=10)
     assert not ra._thread.is_alive()
-    assert readahead._STREAM_MIN == 1
     assert ra.streamed_bytes == 8 * mb  # batches 0-3 of both streams: the next batch shows where streams start
     assert sorted({o // mb for o in hinted}) == [14]  # the random range
     ra.close()
@@ -518,110 +517,3 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
     assert len(opened) == 2 and set(opened) <= set(closed)
     assert sorted(sequential) == sorted(opened)
     assert resident_bytes([f]) >= 6 * mb  # the streamed ranges were really read: cached now
-
-
-@pytest.mark.parametrize("sendfile", ["not chosen", "used", "refused"])
-def test_stream_reads_fill_the_page_cache_with_pread_or_sendfile(tmp_path, monkeypatch, sendfile):
-    """Stream reads are pread into a buffer, or when chosen (``sendfile=True``: streams close together)
-    go to /dev/null with sendfile (no copy into the process); where the filesystem refuses it (EINVAL),
-    they are read with pread instead, and the pages end up cached in every case."""
-    import errno
-    import os
-
-    from fastdata.reading import readahead
-
-    f = tmp_path / "f.bin"
-    f.write_bytes(np.random.default_rng(1).bytes(8 << 20))
-    os.sync()
-    mb = 1 << 20
-    drop_page_cache([f])
-    if resident_bytes([f]) > mb:
-        pytest.skip("the page cache could not be emptied for the test file")
-    calls: list[int] = []
-    real = readahead.os.sendfile
-
-    def spy(out, fd, off, n):
-        calls.append(off)
-        if sendfile == "refused":
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real(out, fd, off, n)
-
-    monkeypatch.setattr(readahead.os, "sendfile", spy)
-    preads: list[int] = []  # offsets of reads longer than the probes' one byte
-    real_preadv = readahead.os.preadv
-    monkeypatch.setattr(readahead.os, "preadv", lambda fd, bufs, off, *a: (
-        len(bufs[0]) > 1 and preads.append(off), real_preadv(fd, bufs, off, *a))[1])
-    plan = [np.array([k]) for k in range(6)]
-    ra = ReadAhead(lambda b: [(f, np.array([int(b[0]) * mb]), np.array([mb]))], plan, first=0, lead=len(plan),
-                   sendfile=sendfile != "not chosen")
-    ra._thread.join(timeout=10)
-    ra.close()
-    monkeypatch.undo()
-    assert ra.streamed_bytes == 6 * mb
-    if sendfile == "not chosen":
-        assert not calls and sorted(preads) == [k * mb for k in range(6)]
-    elif sendfile == "used":
-        assert len(calls) == 6 and not preads
-    else:
-        assert len(calls) == 1  # refused once: pread from then on
-        assert sorted(preads) == [k * mb for k in range(6)]
-    assert resident_bytes([f]) >= 6 * mb
-
-
-def test_a_batch_from_disk_is_read_with_pread_and_gives_the_same_bytes(tmp_path, monkeypatch):
-    """When the read-ahead's probe found the batches ahead not cached, HDF5 rows (of more than
-    64 KiB: smaller rows are gathered from the map) are pread into the batch instead of copied from
-    the map: the same batch either way; and an array that is not C-contiguous is still filled from the map."""
-    from fastdata.format import hdf5
-
-    x = np.random.default_rng(2).random((40, 20, 32, 32), dtype=np.float32)  # 80 KiB a sample
-    np.save(tmp_path / "x.npy", x)
-    np.save(tmp_path / "y.npy", np.arange(40))
-    path = tmp_path / "ds"
-    fastdata.convert(None, path, fastdata.ConvertConfig(write=WriteOptions(shard_size=2_000_000, workers=1)),
-                     arrays={"x": tmp_path / "x.npy", "label": tmp_path / "y.npy"})
-    used: list[int] = []
-    real = hdf5.pread_into
-    monkeypatch.setattr(hdf5, "pread_into", lambda fd, out, off, where: (used.append(off), real(fd, out, off, where))[1])
-    idx = np.array([5, 3, 4, 20, 21, 30, 39, 0])
-    with fastdata.open(path) as ds:
-        assert len(ds._readers) > 1
-        ds.get_batch(np.arange(40))  # opens every shard (small columns are read into memory then)
-        used.clear()
-        mapped = ds.get_batch(idx)
-        assert not used
-        ds._read_ahead_memo["warm"] = False  # what ReadAhead._resident records on a miss
-        read = ds.get_batch(idx)
-        assert len(used) == 6  # one pread per run consecutive in both the shard and the batch: 3-4, 20-21, 0, 5, 30, 39
-        assert np.array_equal(read["x"], mapped["x"]) and np.array_equal(read["x"], x[idx])
-        assert np.array_equal(read["label"], idx)
-        ds._read_ahead_memo["warm"] = True
-        used.clear()
-        ds.get_batch(idx)
-        assert not used
-        out = np.asfortranarray(np.zeros((3, 20, 32, 32), dtype=np.float32))
-        ds._readers[0].read_into(np.array([0, 1, 2]), np.array([0, 1, 2]), {"x": out}, from_disk=True)
-        assert np.array_equal(out, x[:3]) and not used
-
-
-@pytest.mark.parametrize("shuffle, sampled, sent", [("shards", False, True), ("block", False, False), (False, False, False),
-                                                    (True, False, False), ("shards", True, False)])
-def test_the_loader_sends_only_streams_within_a_few_shards_to_dev_null(tmp_path, monkeypatch, shuffle, sampled, sent):
-    """The loader asks its read-ahead for sendfile stream reads only where the plan's streams lie within
-    a few shards ("shards"); spread streams ("block"), storage order, a uniform shuffle and a sampler's
-    plan get pread (measured faster for each on the test machine's disk: docs/loader.md)."""
-    import fastdata
-    from fastdata.reading import readahead
-
-    np.save(tmp_path / "x.npy", np.zeros((64, 8), np.float32))
-    np.save(tmp_path / "y.npy", np.arange(64))
-    fastdata.convert(None, tmp_path / "ds", fastdata.ConvertConfig(write=WriteOptions(shard_size=512, workers=1)),
-                     arrays={"x": tmp_path / "x.npy", "label": tmp_path / "y.npy"}, progress=None)
-    asked: list[bool] = []
-    real = readahead.ReadAhead.__init__
-    monkeypatch.setattr(readahead.ReadAhead, "__init__", lambda self, *a, sendfile=False, **k: (
-        asked.append(sendfile), real(self, *a, sendfile=sendfile, **k))[1])
-    sampler = (lambda n, world, seed, epoch: [np.arange(i, i + 16) for i in range(0, n, 16)]) if sampled else None
-    with fastdata.loader(tmp_path / "ds", 16, shuffle=shuffle, sampler=sampler, device="cpu") as ld:
-        assert sum(len(b["label"]) for b in ld) == 64
-    assert asked == [sent]

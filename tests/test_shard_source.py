@@ -58,7 +58,7 @@ def test_a_source_of_another_kind_serves_the_dataset(tmp_path, monkeypatch, back
     assert np.array_equal(ds.get_batch(idx)["x"], ref[idx])
     want = sorted({int(np.searchsorted(starts, i, side="right") - 1) for i in idx})
     assert src.batches == [want] and src.held == 0  # the shards of the batch, held only while it was read
-    assert ds.remote is None and ds.follow([[np.arange(3)]], 0, 0, 1) is None
+    assert ds.remote is None
     ds.close()
     assert src.closed
 
@@ -67,8 +67,7 @@ def test_local_shards_read_in_place(tmp_path):
     path, _ = four_shard_dataset(tmp_path, "hdf5")
     src = LocalShards(path)
     readers = src.open_readers(src.manifest.fields)
-    assert src.in_place and src.remote is None
+    assert src.remote is None
     assert [r.path for r in readers] == [path / s.file for s in src.manifest.shards]
     with src.pinned([0, 1], readers):  # nothing to hold for files that stay where they are
         pass
-    assert src.follow([[np.arange(3)]], 0, 0, 1) is None

@@ -13,8 +13,6 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Sequence
 
-import numpy as np
-
 from fastdata.errors import CorruptShardError
 from fastdata.fileio import not_regular
 from fastdata.format.backends import backend
@@ -24,7 +22,6 @@ from fastdata.format.manifest import read_manifest, shard_path
 from fastdata.format.spec import KEYS_KIND_FILE, FieldSpec, Manifest
 
 if TYPE_CHECKING:
-    from fastdata.remote.prefetch import PlanFollower
     from fastdata.remote.store import RemoteStore
 
 _UNPINNED: AbstractContextManager[None] = nullcontext()  # reusable: nothing to hold while a batch reads
@@ -35,7 +32,6 @@ class ShardSource(Protocol):
 
     root: Path | str  # what names the dataset in messages (a folder, or a URL)
     manifest: Manifest
-    in_place: bool  # readers read the shard files where they stay (read-ahead hints apply to their paths)
     remote: RemoteStore | None  # the remote store and shard cache of a URL dataset, else None
 
     def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
@@ -51,10 +47,6 @@ class ShardSource(Protocol):
         """Keeps ``shards`` readable (local, checked, not evicted) while a batch reads them."""
         ...
 
-    def follow(self, plans: Sequence[Sequence[np.ndarray]], mine: int, first: int, lead: int) -> PlanFollower | None:
-        """Starts fetching shards ahead along an epoch plan, where shards must be fetched; else None."""
-        ...
-
     def close(self) -> None:
         """Releases what this process holds for the source (pins); readers are closed by the caller."""
         ...
@@ -63,7 +55,6 @@ class ShardSource(Protocol):
 class LocalShards:
     """Shards in a local folder, read where they are."""
 
-    in_place = True
     remote: RemoteStore | None = None
 
     def __init__(self, root: Path, manifest: Manifest | None = None) -> None:
@@ -103,9 +94,6 @@ class LocalShards:
 
     def pinned(self, shards: Sequence[int], readers: Sequence[ShardReader]) -> AbstractContextManager[None]:
         return _UNPINNED
-
-    def follow(self, plans: Sequence[Sequence[np.ndarray]], mine: int, first: int, lead: int) -> PlanFollower | None:
-        return None
 
     def close(self) -> None:
         pass

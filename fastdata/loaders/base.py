@@ -20,13 +20,13 @@ from fastdata.errors import FastdataError, LoaderWorkerError, UsageError
 from fastdata.format.inplace import unit_counts
 from fastdata.reading.dataset import Dataset
 from fastdata.reading.order import ORDER_RULE, SHUFFLES, Shuffle, all_rank_batches, num_batches
+from fastdata.reading.readahead import ReadAhead, supported
 from fastdata.reading.samplers import SamplerFn, describe, rank_batches, world_batches
+from fastdata.remote.prefetch import PlanFollower
 from fastdata.world import World
 
 if TYPE_CHECKING:
     from fastdata.loaders.config import LoaderConfig
-    from fastdata.reading.readahead import ReadAhead
-    from fastdata.remote.prefetch import PlanFollower
 
 _STATE_VERSION = 1
 
@@ -107,6 +107,7 @@ class Loader:
         self._stats = _Stats()
         self.sample_fn = sampler  # replaces the shuffled order (fastdata.reading.samplers); bound by fastdata.loader
         self._sampled: dict[tuple[int, int, int], list[np.ndarray]] = {}  # (epoch, rank, size) -> the world's batches
+        self._cache_memo: dict[str, bool] = {}  # the read-ahead's finding, kept across passes (ReadAhead's memo)
 
     def _sampled_batches(self, epoch: int, world: World) -> list[np.ndarray]:
         """``sample_fn``'s batches of ``epoch`` for the whole world, kept for the epoch."""
@@ -185,10 +186,13 @@ class Loader:
         """Batches the backend may read ahead of the one handed out (remote prefetch starts beyond)."""
         return self.config.prefetch + int(getattr(self, "workers", 0) or 0)
 
-    def _near_streams(self) -> bool:
-        """Whether the plan's streams lie within a few shards at a time ("shards", "chunks"): their read-ahead
-        goes to /dev/null, spread streams ("block") and storage order are copied (fastdata/reading/readahead.py)."""
-        return self.sample_fn is None and self.shuffle in ("shards", "chunks")
+    def _read_ahead(self, plan: list[np.ndarray], first: int) -> ReadAhead | None:
+        """Start hinting the kernel to read the byte ranges of ``plan[first:]`` ahead of the readers
+        (fastdata/reading/readahead.py); None when off (``readahead=0``) or without ``posix_fadvise``."""
+        if self.config.readahead <= 0 or not supported():
+            return None
+        return ReadAhead(self.dataset.byte_ranges, plan, first, self._lead(), self.config.readahead,
+                         memo=self._cache_memo)
 
     def _start_pass(self) -> tuple[World, int, int]:
         """Read the world, check it against a restored position; the (world, epoch, first batch) to run."""
@@ -206,18 +210,18 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         # A generator: nothing runs until the first batch is asked for (Lightning calls iter() to check a
         # loader, then set_epoch, then asks for batches; the process group may start in between).
-        follower: "PlanFollower | ReadAhead | None" = None
+        follower: PlanFollower | ReadAhead | None = None
         ahead: list[np.ndarray] | None = None  # a local plan whose read-ahead starts after the first batch
         try:
             world, epoch, first = self._start_pass()
             if self.dataset.remote is not None:  # every rank's plan: the node's cache ranks shards by next use
                 plans = self._plans(epoch, None)
                 plan = plans[world.rank]
-                follower = self.dataset.follow(plans, world.rank, first, self._lead())
-            else:  # hint the kernel to read the plan's next byte ranges (fastdata/reading/readahead.py)
+                follower = PlanFollower(self.dataset.remote, plans, world.rank, first, self._lead())
+            else:
                 plan = self.plan(epoch)
                 if self.config.mode == "threads":
-                    follower = self.dataset.read_ahead(plan, first, self._lead(), self.config.readahead, self._near_streams())
+                    follower = self._read_ahead(plan, first)
                 else:  # worker processes fork when the first batch is asked for: no hinting thread then
                     ahead = plan
             last = len(plan) - 1
@@ -241,7 +245,7 @@ class Loader:
                 s.ended = now
                 self._done += 1
                 if ahead is not None:
-                    follower = self.dataset.read_ahead(ahead, self._done, self._lead(), self.config.readahead, self._near_streams())
+                    follower = self._read_ahead(ahead, self._done)
                     ahead = None
                 if self._done - 1 == last and self.epoch == epoch:
                     self.epoch = epoch + 1  # the epoch's last batch is delivered: the next pass is the next epoch

@@ -7,7 +7,7 @@ reference to the tensor, and no view, numpy array or other tensor on its storage
 training loop keeps therefore stays intact.
 
 A buffer can start at a chosen address phase (mod 64 bytes): the phase of the bytes it is
-filled from (``Dataset.copy_phase``). memcpy can run faster when source and destination are
+filled from (``host.copy_phase``). memcpy can run faster when source and destination are
 equally aligned: for LMDB shards, whose samples sit past a cache line (bench_loader's A/B row
 "buffers not aligned", docs/benchmarks.md).
 """

@@ -20,7 +20,7 @@ import torch
 
 from fastdata.errors import LoaderWorkerError
 from fastdata.format.external import size_mtime
-from fastdata.format.spec import ENCODING_IMAGE, is_string
+from fastdata.format.spec import ENCODING_IMAGE, FieldSpec, is_string
 from fastdata.loaders.base import wrap_error
 from fastdata.loaders.buffers import Recycler, torch_dtype
 from fastdata.loaders.crop import CropStage
@@ -42,11 +42,23 @@ class _Carried:
     reads: list[tuple[Future[HostBatch], dict[str, torch.Tensor], np.ndarray]] = field(default_factory=list)
 
 
+def copy_phase(dataset: Dataset, f: FieldSpec) -> int:
+    """Where (mod 64 bytes) samples of fixed field ``f`` start in the first shard, where they are copied
+    from: a batch buffer at the same phase fills fastest (fastdata.loaders.buffers). 0 when rows are not
+    whole cache lines (each row then starts at another phase)."""
+    if f.row_nbytes % 64 or not dataset.readers:
+        return 0
+    try:
+        return dataset.readers[0].copy_phase(f.name)
+    except Exception:  # only a hint: the read itself reports what is wrong, naming the batch
+        return 0
+
+
 def reader_fields(dataset: Dataset) -> tuple[dict[str, tuple[tuple[int, ...], str, int]], dict[str, str]]:
     """The fields a reader gives ``get_batch`` buffers for: fixed-shape ones as (per-sample shape,
     dtype, address phase), and ragged ones (and images stored ragged) as the dtype of their padded
     batch; byte-swapped fields are read fresh, and string fields become lists of str."""
-    fixed = {f.name: (f.trailing, f.np_dtype.str, dataset.copy_phase(f.name))
+    fixed = {f.name: (f.trailing, f.np_dtype.str, copy_phase(dataset, f))
              for f in dataset.schema if not f.ragged and f.np_dtype.isnative}
     unit_float = dataset.options.get("decode") == "float"  # encoded images decode to float32
     flat = {f.name: np.dtype(np.float32).str if unit_float and f.encoding == ENCODING_IMAGE else f.np_dtype.str

@@ -1,43 +1,52 @@
 """``fastdata.open``: a map-style dataset over a directory of shards.
 
-``get_batch`` sorts the requested indices, groups them by shard, merges runs that are
-consecutive on disk and in the batch, and reads straight into one preallocated array
-per field (fastdata/reading/assembly.py). Ragged fields come back padded to the longest sample in the batch, with a
-``<name>_lengths`` array. Image fields come back decoded, as uint8 ``(B, H, W, C)`` arrays
-(see fastdata/reading/decode.py); ``decode=False`` returns their stored bytes instead. String fields
+``get_batch`` sorts the requested indices, groups them by shard and reads straight into one
+preallocated array per field. Ragged fields come back padded to the longest sample in the batch,
+with a ``<name>_lengths`` array. Image fields come back decoded, as uint8 ``(B, H, W, C)`` arrays
+(fastdata/reading/decode.py); ``decode=False`` returns their stored bytes instead. String fields
 come back as lists of ``str``, and so do sample keys when ``"key"`` is among the fields.
 
 Where the shards live (a local folder, a URL's shard cache) is a
-:class:`fastdata.format.source.ShardSource`; ``subset`` and ``split`` give views
-(fastdata/reading/selection.py): the same class over a subset of the samples, accepted wherever a
-dataset is (loaders, ``fastdata.measure.bench``, the DALI backend).
+:class:`fastdata.format.source.ShardSource`. ``subset`` and ``split`` give views: the same class
+over some of the stored samples, accepted wherever a dataset is.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from fastdata.errors import UsageError
-from fastdata.format import IMAGE_ENCODINGS, LENGTHS_SUFFIX, FieldSpec, Manifest
+from fastdata.errors import CorruptShardError, UsageError
+from fastdata.format import IMAGE_ENCODINGS, FieldSpec, Manifest
 from fastdata.format.backends import INDEX
 from fastdata.format.interface import ShardReader
 from fastdata.format.manifest import read_manifest
+from fastdata.format.shardio import Layout, Packed
 from fastdata.format.source import LocalShards, ShardSource
-from fastdata.format.spec import ENCODING_PIXELS, KEY_FIELD, companions, is_string
+from fastdata.format.spec import (
+    ENCODING_PIXELS,
+    KEY_FIELD,
+    LENGTHS_SUFFIX,
+    OFFSETS_SUFFIX,
+    SHAPE_SUFFIX,
+    companions,
+    is_string,
+)
 from fastdata.handles import open_all
-from fastdata.reading.assembly import Assembly, Batch
-from fastdata.reading.decode import BatchDecoder
-from fastdata.reading.selection import Selection
+from fastdata.reading.decode import BatchDecoder, check_shapes
 from fastdata.remote import RemoteOptions, is_url
+from fastdata.seeds import Stream, numpy_rng
 
 if TYPE_CHECKING:
-    from fastdata.reading.readahead import ReadAhead
-    from fastdata.remote.prefetch import PlanFollower
     from fastdata.remote.store import RemoteStore
+
+Batch = dict[str, Any]  # field name -> numpy array, or list of str for string fields and keys
+_COLUMN_CHUNK = 1 << 16  # samples read at a time by column()
 
 
 def open_source(src: str, remote: RemoteOptions | None) -> ShardSource:
@@ -56,7 +65,7 @@ def open_source(src: str, remote: RemoteOptions | None) -> ShardSource:
     return LocalShards(Path(src), manifest)
 
 
-class Dataset(Selection, Assembly):
+class Dataset:
     """Samples of a fastdata dataset; ``ds[i]`` and ``ds.get_batch(indices)`` give dicts of numpy arrays.
 
     ``decode`` turns encoded and ragged image fields into pixels on read, with
@@ -85,7 +94,6 @@ class Dataset(Selection, Assembly):
         self.manifest: Manifest = self._source.manifest
         names = [f.name for f in self.manifest.fields]
         self._view: np.ndarray | None = None
-        self._read_ahead_memo: dict[str, bool] = {}  # whether the last pass found its batches cached (read_ahead)
         self._all_open_pid: int | None = None  # this process had every shard open (_open_shards)
         self._view_pos: tuple[np.ndarray, np.ndarray] | None = None
         self._with_key = fields is not None and KEY_FIELD in fields and KEY_FIELD not in names
@@ -96,12 +104,12 @@ class Dataset(Selection, Assembly):
         # image fields' shape and codec fields read (to decode) but not asked for: left out of batches
         self._hidden = frozenset(f.name for f in self.schema if fields is not None and f.name not in fields)
         self._strings = [f for f in self.schema if is_string(f)]
-        self._images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
-        self._pixels = [f for f in self._images if f.encoding == ENCODING_PIXELS]
-        encoded = [f for f in self._images if f.encoding != ENCODING_PIXELS]
+        images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
+        self._pixels = [f for f in images if f.encoding == ENCODING_PIXELS]  # placed as read
+        self._encoded = [f for f in images if f.encoding != ENCODING_PIXELS]  # decoded after reading
         if decode not in (True, False, "float"):
             raise UsageError(f"decode={decode!r}: expected True, False or 'float'")
-        self._decoder = BatchDecoder(decode_threads, unit_float=decode == "float") if encoded else None
+        self._decoder = BatchDecoder(decode_threads, unit_float=decode == "float") if self._encoded else None
         self._readers: list[ShardReader] = self._source.open_readers(self.manifest.fields)
         self._starts = np.array([s.start for s in self.manifest.shards], dtype=np.int64)
 
@@ -129,44 +137,26 @@ class Dataset(Selection, Assembly):
         """The remote store and shard cache when the dataset was opened from a URL, else None."""
         return self._source.remote
 
-    def follow(self, plans: Sequence[Sequence[np.ndarray]], mine: int, first: int, lead: int) -> "PlanFollower | None":
-        """For a URL dataset: start prefetching shards along an epoch plan (every rank's batches; this
-        rank is ``mine``, starting at batch ``first``, readers up to ``lead`` batches ahead)."""
-        return self._source.follow(plans, mine, first, lead)
-
-    def read_ahead(self, plan: Sequence[np.ndarray], first: int, lead: int, ahead_bytes: int,
-                   sendfile: bool = False) -> "ReadAhead | None":
-        """For shards read in place (a local dataset): start hinting the byte ranges of ``plan[first:]`` to the kernel, up to
-        ``ahead_bytes`` beyond the ``lead`` batches the readers may be reading (fastdata/reading/readahead.py;
-        ``sendfile``: its stream reads go to ``/dev/null``, for plans whose streams lie within a few shards).
-        None when off (``ahead_bytes=0``), for a URL dataset (its shard cache prefetches) or without
-        ``posix_fadvise``."""
-        from fastdata.reading.readahead import ReadAhead, supported
-
-        if not self._source.in_place or ahead_bytes <= 0 or not supported():
-            return None
-        return ReadAhead(self.byte_ranges, plan, first, lead, ahead_bytes, memo=self._read_ahead_memo,
-                         sendfile=sendfile)
-
     def byte_ranges(self, indices: Iterable[int] | np.ndarray) -> list[tuple[Path, np.ndarray, np.ndarray]]:
         """Where reading samples ``indices`` reads in the shard files: ``(file, starts, lengths)`` per
-        shard, in bytes; columns held in memory, and records whose place is not known yet, give none."""
-        idx = np.sort(self._stored(np.asarray(indices, dtype=np.int64)))
-        if not self._source.in_place or len(idx) == 0:
+        shard, in bytes (what a read-ahead hints); none for a URL dataset, for columns held in memory
+        and for records whose place is not known yet."""
+        if self.remote is not None:
             return []
-        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
-        cuts = np.concatenate(([0], np.flatnonzero(np.diff(shard_of)) + 1, [len(idx)]))
+        segments, shards = self._segments(self._stored(np.asarray(indices, dtype=np.int64)))
+        self._open_shards(shards)
         names = [f.name for f in self.schema]
         out = []
-        firsts = cuts[:-1].tolist()
-        shards = shard_of[firsts].tolist()
-        self._open_shards(shards)
-        for s, a, e in zip(shards, firsts, cuts[1:].tolist()):
-            reader = self._readers[s]
-            starts, lengths = reader.ranges(idx[a:e] - self._starts[s], names)
+        for reader, local, _ in segments:
+            starts, lengths = reader.ranges(local, names)
             if len(starts):
                 out.append((reader.path, starts, lengths))
         return out
+
+    @property
+    def readers(self) -> list[ShardReader]:
+        """One reader per shard of the manifest (the loader aligns its batch buffers to the first)."""
+        return self._readers
 
     def shard_paths(self) -> list[Path]:
         """Local files of the shards (for a URL dataset: where the cache keeps them, once downloaded)."""
@@ -198,6 +188,172 @@ class Dataset(Selection, Assembly):
         return (f"<fastdata.Dataset {str(self.root)!r} {len(self)} samples{view}, {len(self._readers)} "
                 f"{self.manifest.backend} shards; {fields}>")
 
+    # --- keys, subsets, splits ------------------------------------------------------------------
+
+    def _stored(self, indices: np.ndarray) -> np.ndarray:
+        return indices if self._view is None else self._view[indices]
+
+    def _check_keys(self) -> None:
+        if self.manifest.keys is None:
+            if (self.manifest.source or {}).get("kind") == "merge":
+                raise UsageError(f"{self.root}: has no sample keys (merged with --drop-keys, or from datasets "
+                                 "without keys); merge datasets that have keys (convert old ones again) to get keys")
+            raise UsageError(f"{self.root}: has no sample keys (format version {self.manifest.version}: written "
+                             "before keys existed); convert it again to get keys")
+
+    def key(self, i: int) -> str:
+        """The key of sample ``i``: its path relative to the conversion's source (or its index, for
+        array sources). Keys are unique within a dataset."""
+        n = len(self)
+        if not isinstance(i, (int, np.integer)) or not -n <= i < n:
+            raise IndexError(f"index {i!r} out of range for a dataset of {n} samples")
+        return self.keys([int(i) % n])[0]
+
+    def keys(self, indices: Iterable[int] | np.ndarray) -> list[str]:
+        """The keys of samples ``indices`` (see :meth:`key`)."""
+        self._check_keys()
+        stored = self._stored(np.asarray(indices, dtype=np.int64))
+        if self._keys is None:
+            return [str(j) for j in stored.tolist()]
+        return self._keys.keys(stored.tolist())
+
+    def index_of(self, key: str) -> int:
+        """The index (in this dataset or subset) of the sample keyed ``key``; KeyError if there is none."""
+        self._check_keys()
+        if self._keys is None:
+            j = int(key) if isinstance(key, str) and key.isdigit() and str(int(key)) == key else -1
+            j = j if j < self.manifest.num_samples else -1
+        else:
+            j = self._keys.find(key)
+        if j >= 0 and self._view is not None:
+            if self._view_pos is None:
+                order = np.argsort(self._view, kind="stable")
+                self._view_pos = (self._view[order], order)
+            sv, order = self._view_pos
+            p = int(np.searchsorted(sv, j))
+            j = int(order[p]) if p < len(sv) and sv[p] == j else -1
+        if j < 0:
+            raise KeyError(f"{self.root}: no sample keyed {key!r}" + (" in this subset" if self._view is not None else ""))
+        return j
+
+    def subset(self, selection: Sequence[int] | Sequence[str] | np.ndarray) -> Dataset:
+        """A view of some samples: ``selection`` is indices (into this dataset), keys, or a boolean
+        mask of ``len(self)``. The view's sample ``i`` is the ``i``-th selected; no sample twice."""
+        sel = np.asarray(selection) if not isinstance(selection, np.ndarray) else selection
+        n = len(self)
+        if sel.ndim != 1:
+            raise UsageError(f"subset takes a 1-D selection (indices, keys or a mask), not shape {sel.shape}")
+        if sel.dtype == bool:
+            if len(sel) != n:
+                raise UsageError(f"a subset mask needs {n} entries (one per sample), not {len(sel)}")
+            idx = np.flatnonzero(sel).astype(np.int64)
+        elif sel.dtype.kind in "US":
+            idx = np.array([self._index_or_error(str(k)) for k in sel.tolist()], dtype=np.int64)
+        elif sel.dtype.kind in "iu" or len(sel) == 0:
+            idx = sel.astype(np.int64)
+            if len(idx) and (idx.min() < 0 or idx.max() >= n):
+                bad = idx[(idx < 0) | (idx >= n)][0]
+                raise UsageError(f"subset index {bad} out of range for a dataset of {n} samples")
+        else:
+            raise UsageError(f"subset takes indices, keys or a boolean mask, not an array of {sel.dtype}")
+        if len(np.unique(idx)) != len(idx):
+            raise UsageError("subset selection names a sample twice (a subset holds each sample at most once; "
+                             "use sampler=Weighted(...) to draw samples more often)")
+        view = copy.copy(self)
+        view._view = self._stored(idx)
+        view._view_pos = None
+        return view
+
+    def _index_or_error(self, key: str) -> int:
+        try:
+            return self.index_of(key)
+        except KeyError as e:
+            raise UsageError(str(e.args[0])) from None
+
+    @property
+    def stored_indices(self) -> np.ndarray:
+        """For each sample of this dataset, its index in the stored dataset (``arange`` unless a subset)."""
+        return np.arange(self.manifest.num_samples, dtype=np.int64) if self._view is None else self._view.copy()
+
+    def identity(self) -> str:
+        """A short fingerprint of which samples this is (the stored dataset, or a subset of it)."""
+        if self._view is None:
+            return f"all:{self.manifest.num_samples}"
+        return "subset:" + hashlib.sha256(np.ascontiguousarray(self._view, dtype="<i8").tobytes()).hexdigest()[:16]
+
+    def column(self, name: str) -> np.ndarray:
+        """Every sample's value of field ``name`` (a numpy array; strings as a numpy ``str`` array)."""
+        if name == KEY_FIELD and name not in [f.name for f in self.manifest.fields]:
+            return np.array(self.keys(np.arange(len(self))), dtype=str)
+        ds = self.with_options(fields=[name], decode=False)
+        f = ds.manifest.field(name)
+        parts: list[Any] = []
+        for a in range(0, len(self), _COLUMN_CHUNK):
+            b = ds.get_batch(np.arange(a, min(a + _COLUMN_CHUNK, len(self))))
+            parts.append(np.array(b[name], dtype=str) if is_string(f) else b[name])
+        ds.close()
+        if not parts:
+            return np.array([], dtype=str if is_string(f) else f.np_dtype)
+        if f.ragged and not is_string(f):
+            raise UsageError(f"field {name!r} is ragged; column() takes fixed-shape and string fields")
+        return np.concatenate(parts)
+
+    def split(self, fractions: Mapping[str, float], *, seed: int = 0, stratify: str | None = None) -> dict[str, Dataset]:
+        """Disjoint subsets, e.g. ``{"train": 0.9, "val": 0.1}``: a pure function of the dataset, the
+        fractions and ``seed``. ``stratify="label"`` keeps each value's share in every part. Each part
+        lists its samples in stored order (loaders shuffle). Fractions summing to less than 1 leave
+        the rest out."""
+        if not isinstance(fractions, Mapping) or not fractions:
+            raise UsageError(f"split takes a dict of part name: fraction, e.g. {{'train': 0.9, 'val': 0.1}}, "
+                             f"not {fractions!r}")
+        names = list(fractions)
+        for part in names:
+            v = fractions[part]
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise UsageError(f"split fraction of part {part!r} must be a number between 0 and 1, not {v!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise UsageError(f"split seed must be an integer >= 0, not {seed!r}")
+        fr = np.array([float(fractions[k]) for k in names], dtype=np.float64)
+        if not np.isfinite(fr).all() or (fr <= 0).any() or fr.sum() > 1 + 1e-9:
+            raise UsageError(f"split fractions must be positive and sum to at most 1, not {dict(fractions)}")
+        n = len(self)
+        rng = numpy_rng(seed, 0, Stream.SPLIT)
+        if stratify is None:
+            groups = [np.arange(n, dtype=np.int64)]
+        else:
+            col = self.column(stratify)
+            if col.ndim != 1:
+                raise UsageError(f"stratify={stratify!r}: the field must hold one value per sample, not shape {col.shape[1:]}")
+            _, inverse = np.unique(col, return_inverse=True)
+            order = np.argsort(inverse, kind="stable")
+            cuts = np.flatnonzero(np.diff(inverse[order])) + 1
+            groups = np.split(order, cuts) if n else []
+        # each value's group is cut by the fractions, carrying each part's rounding error over to the next
+        # group: totals come out right to within one sample, and so does every value's share in each part
+        fr_all = np.append(fr, max(0.0, 1.0 - fr.sum()))  # the last "part": what fractions below 1 leave out
+        carry = np.zeros(len(fr_all))
+        parts: list[list[np.ndarray]] = [[] for _ in fr_all]
+        for g in groups:
+            g = rng.permutation(g)
+            exact = fr_all * len(g) + carry
+            counts = np.maximum(np.floor(exact), 0).astype(np.int64)
+            extra = len(g) - int(counts.sum())
+            if extra > 0:
+                counts[np.argsort(-(exact - counts), kind="stable")[:extra]] += 1
+            while counts.sum() > len(g):  # a negative carry can overshoot: take back from the largest
+                counts[int(np.argmax(counts - exact))] -= 1
+            carry = exact - counts
+            at = 0
+            for k, c in enumerate(counts.tolist()):
+                parts[k].append(g[at : at + c])
+                at += c
+        out = {}
+        for k, name in enumerate(names):
+            idx = np.sort(np.concatenate(parts[k])) if parts[k] else np.zeros(0, dtype=np.int64)
+            out[name] = self.subset(idx.astype(np.int64))
+        return out
+
+
     # --- reading -------------------------------------------------------------------------------
 
     def __getitem__(self, i: int) -> dict[str, Any]:
@@ -213,8 +369,8 @@ class Dataset(Selection, Assembly):
             if f.name in self._hidden:
                 continue
             a = batch[f.name][0]
-            out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if f.ragged and f not in self._images and \
-                f not in self._strings else a
+            trimmed = f.ragged and f not in self._pixels and f not in self._encoded and f not in self._strings
+            out[f.name] = a[: batch[f.name + LENGTHS_SUFFIX][0]] if trimmed else a
         if self._with_key:
             out[KEY_FIELD] = batch[KEY_FIELD][0]
         return out
@@ -261,9 +417,8 @@ class Dataset(Selection, Assembly):
         return batch if companions else self.trim(batch)
 
     def _open_shards(self, shards: Sequence[int]) -> None:
-        """Open the shards ``shards`` side by side (handles.open_all) until every shard has been open
-        in this process; after that a batch skips the check (a shard closed since reopens on use). The
-        flag keeps the check off warm batches, where it showed on batches of small samples."""
+        """Open the shards ``shards`` side by side (handles.open_all) until every shard has been open in this
+        process; after that batches skip the check (a shard closed since reopens on use)."""
         if self._all_open_pid == os.getpid():
             return
         open_all([self._readers[s] for s in shards])
@@ -290,17 +445,114 @@ class Dataset(Selection, Assembly):
         (the loader's ``collate_fn`` needs the image fields' shapes: they come too)."""
         return self.get_batch(indices, companions=True)
 
-    def copy_phase(self, name: str) -> int:
-        """Where (mod 64 bytes) samples of fixed field ``name`` start where they are copied from, in
-        the first shard: an ``out=`` buffer at the same phase fills fastest (fastdata.loaders.buffers).
-        0 when rows are not whole cache lines (then each row starts at another phase)."""
-        f = next((f for f in self.schema if f.name == name), None)
-        if f is None or f.ragged or f.row_nbytes % 64 or not self._readers:
-            return 0
-        try:
-            return self._readers[0].copy_phase(name)
-        except Exception:  # only a hint: the read itself reports what is wrong, naming the batch
-            return 0
+    def check_ragged(self, ragged: str) -> bool:
+        """True for ``ragged="packed"`` (see :meth:`fastdata.Dataset.get_batch`); refuses what cannot be packed."""
+        if ragged == "padded":
+            return False
+        if ragged != "packed":
+            raise UsageError(f"ragged={ragged!r}: expected 'padded' or 'packed'")
+        if self._decoder is not None:
+            raise UsageError(f"{self.root}: field {self._encoded[0].name!r} holds encoded images, which are decoded into a padded batch; "
+                             "open the dataset with decode=False to get their bytes packed, or use ragged='padded'")
+        names = {f.name for f in self.schema}
+        for f in self.schema:
+            if f.ragged and f.name + OFFSETS_SUFFIX in names:
+                raise UsageError(f"{self.root}: field {f.name + OFFSETS_SUFFIX!r} clashes with the packed offsets of "
+                                 f"ragged field {f.name!r}; use ragged='padded'")
+        return True
+
+    def _read(self, segments: list[Any], idx: np.ndarray, asked: np.ndarray,
+              out: dict[str, np.ndarray] | None, packed: bool = False) -> Batch:
+        """Read ``segments`` (reader, rows in its shard, places in the batch) of the batch ``idx``; decode images."""
+        b = len(idx)
+        result: Batch = {}
+        for f in self.schema:
+            if f.ragged:
+                lengths = np.zeros(b, dtype=np.int64)
+                for reader, local, dest in segments:
+                    lengths[dest] = reader.lengths(f.name, local)
+                result[f.name + LENGTHS_SUFFIX] = lengths
+            else:
+                result[f.name] = self._out_array(f, b, out)
+        where = lambda k: f"{self.root}: sample {int(idx[k])}"  # noqa: E731
+        first = {f.name: result[f.name] for f in self.schema if not f.ragged}
+        layouts: dict[str, Layout] = {}
+        if self._pixels:  # the image shapes are needed first: read the fixed fields before the rest
+            for reader, local, dest in segments:
+                reader.read_into(local, dest, first)
+            for f in self._pixels:
+                s = result[f.name + SHAPE_SUFFIX]
+                lengths = result.pop(f.name + LENGTHS_SUFFIX)
+                padded = check_shapes(f, s, lengths, where)
+                if packed:
+                    result[f.name], layouts[f.name] = self._packed_array(f, lengths, out, result)
+                else:
+                    result[f.name] = self._ragged_array(f, padded, out)
+                    layouts[f.name] = s
+            first = {}
+        decoded = {f.name for f in self._encoded}
+        for f in self.schema:
+            if f.ragged and f.name not in result:
+                lengths = result[f.name + LENGTHS_SUFFIX]
+                if packed and not is_string(f):
+                    result[f.name], layouts[f.name] = self._packed_array(f, lengths, out, result)
+                    continue
+                # encoded images: ``out`` takes the decoded pixels, not the stored bytes
+                result[f.name] = self._ragged_array(f, (b, int(lengths.max()) if b else 0, *f.trailing),
+                                                    None if f.name in decoded else out)
+        outs = {**first, **{f.name: result[f.name] for f in self.schema if f.ragged}}
+        if outs:
+            for reader, local, dest in segments:
+                reader.read_into(local, dest, outs, layouts)
+        if self._decoder is not None:
+            for f in self._encoded:
+                self._decoder.finish(f, result, where, None if out is None else out.get(f.name))
+        for f in self._strings:
+            result[f.name] = self._texts(f, result[f.name], result.pop(f.name + LENGTHS_SUFFIX), idx)
+        if self._with_key:
+            result[KEY_FIELD] = self.keys(asked)
+        return result
+
+    def _texts(self, f: FieldSpec, data: np.ndarray, lengths: np.ndarray, idx: np.ndarray) -> list[str]:
+        out = []
+        for k, n in enumerate(lengths.tolist()):
+            try:
+                out.append(data[k, :n].tobytes().decode("utf-8"))
+            except UnicodeDecodeError:
+                raise CorruptShardError(f"{self.root}: sample {int(idx[k])}: field {f.name!r} is not UTF-8 text") from None
+        return out
+
+    @classmethod
+    def _packed_array(cls, f: FieldSpec, lengths: np.ndarray, out: dict[str, np.ndarray] | None,
+                      result: Batch) -> tuple[np.ndarray, Packed]:
+        """The packed batch array of a ragged field (samples back to back) and its layout; its row
+        offsets go to ``result["<name>_offsets"]``."""
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        result[f.name + OFFSETS_SUFFIX] = offsets
+        array = cls._ragged_array(f, (int(offsets[-1]), *f.trailing), out)
+        return array, Packed(offsets[:-1] * f.row_nbytes)
+
+    @staticmethod
+    def _ragged_array(f: FieldSpec, shape: tuple[int, ...], out: dict[str, np.ndarray] | None) -> np.ndarray:
+        """The padded batch array of a ragged field: in ``out[name]``'s memory when it is large enough
+        (no zeroing needed: the readers write every byte of it)."""
+        a = None if out is None else out.get(f.name)
+        n = int(np.prod(shape))
+        if a is not None and a.dtype == f.np_dtype and a.flags.c_contiguous and a.size >= n:
+            return a.reshape(-1)[:n].reshape(shape)
+        return np.empty(shape, dtype=f.np_dtype)
+
+    @staticmethod
+    def _out_array(f: FieldSpec, b: int, out: dict[str, np.ndarray] | None) -> np.ndarray:
+        shape = (b, *f.trailing)
+        if out is None or f.name not in out:
+            return np.empty(shape, dtype=f.np_dtype)
+        a = out[f.name]
+        if a.shape != shape or a.dtype != f.np_dtype or not a.flags.c_contiguous:
+            raise ValueError(f"out[{f.name!r}] must be a C-contiguous {f.np_dtype} array of shape {shape}")
+        return a
+
 
     def close(self) -> None:
         """Release this process's file handles and decode threads (they reopen on next use).
@@ -332,3 +584,5 @@ def open(  # noqa: A001
     """Open the fastdata dataset at ``path`` (a directory with ``manifest.json``, or a URL such as
     ``s3://bucket/ds`` read through the shard cache set up by ``remote``); see :class:`Dataset`."""
     return Dataset(path, fields=fields, decode=decode, decode_threads=decode_threads, remote=remote)
+
+

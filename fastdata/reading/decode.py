@@ -162,22 +162,18 @@ def check_shapes(field: FieldSpec, shapes: np.ndarray, lengths: np.ndarray,
 
 
 class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
-    """Turns the stored bytes of an image field into one uint8 ``(B, H, W, C)`` array (with
-    ``unit_float``: float32 in [0, 1], each image converted by the thread that decoded it, while it
-    is still in that core's cache: a separate pass over the batch afterwards costs about twice as much).
+    """Turns the stored bytes of an image field into one uint8 ``(B, H, W, C)`` array (``unit_float``:
+    float32 in [0, 1], each image converted by its decoding thread while it is in that core's cache).
 
-    Decoding runs on ``threads`` threads (default: the usable CPUs): the calling thread and a
-    pool made lazily in each process, never pickled or used across a fork (a pool inherited
-    through fork has no threads in the child: it is dropped, never shut down).
+    Decoding runs on ``threads`` threads (default: the usable CPUs): the calling thread and a pool
+    made lazily in each process (never pickled or used across a fork).
     """
 
-    def __init__(self, threads: int | None = None, jpeg: JpegDecoder = "auto", unit_float: bool = False) -> None:
+    def __init__(self, threads: int | None = None, unit_float: bool = False) -> None:
         if threads is not None and threads < 1:
             raise ValueError("decode threads must be at least 1")
         self.threads = threads or usable_cpus()
-        self.jpeg = jpeg
         self.unit_float = unit_float
-        jpeg_decoder(jpeg)  # fail now, not mid-epoch, if the choice is not installed
 
     def _open_handle(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max(1, self.threads - 1), thread_name_prefix="fastdata-decode")
@@ -224,12 +220,12 @@ class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
                 try:
                     if self.unit_float:  # decode into this thread's scratch, convert while it is in cache
                         pixels = scratch[: h * w * spec.channels].reshape(h, w, spec.channels)
-                        decode_image(data[k, :n], codec, spec, pixels, self.jpeg)
+                        decode_image(data[k, :n], codec, spec, pixels)
                         dst = out[k, :h, :w]
                         dst[...] = pixels  # a plain cast, then the multiply in place: faster
-                        np.multiply(dst, scale, out=dst)  # than one mixed-type multiply (bench_choices)
+                        np.multiply(dst, scale, out=dst)  # than one mixed-type multiply
                     else:
-                        decode_image(data[k, :n], codec, spec, out[k, :h, :w], self.jpeg)
+                        decode_image(data[k, :n], codec, spec, out[k, :h, :w])
                 except DecodeError as e:
                     raise CorruptShardError(f"{where(k)}: field {name!r}: {e}") from None
 

@@ -2,32 +2,20 @@
 
 A loader knows every batch of its pass before the pass starts. :class:`ReadAhead` follows the
 loader's position (``at(k)``: batch ``k`` is handed out now) in one small thread and, for each batch
-up to a bounded distance ahead, tells the kernel the exact byte ranges of the shard files that
-batch will read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel
-reads for one hint). A range that continues the previous range of a file, or that the plan's next
-batch continues (a sequential stream: ``shuffle="block"``, ``"shards"`` or ``False``), is read ahead
-in order instead (:class:`_Streams`: copied into a reused buffer, or for streams that lie close together sent
-to ``/dev/null``), which the kernel serves in larger requests. The
-kernel queues those reads at once, many in flight, while the reader threads copy the batches before them; when a reader reaches a
-sample, its pages are in the page cache or on their way. On a warm cache the hints are skipped:
-one-byte non-blocking reads probe each batch (the end of each of its ranges), and once several
-batches in a row were found cached, one probe a batch decides and a batch whose probe hits is not
-hinted (one system call instead of one per range). A pass that found a batch not cached stays cold
-to its end: what a later probe finds cached may be the read-ahead's own work.
+up to a bounded distance ahead, tells the kernel the byte ranges of the shard files that batch will
+read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel reads for one
+hint). A range that continues an earlier range of its file (a sequential stream) is read in order
+instead (:class:`_Streams`), which the kernel serves in larger requests. On a warm cache the hints
+are skipped once probes find the batches cached (:meth:`ReadAhead._resident`).
 
-The distance is bounded, so memory is too: hints go at most ``ahead_bytes`` of file ranges beyond
-the batches the readers may already be reading (the loader's ``prefetch`` and workers), and at
-least one batch. Hinted pages are ordinary page cache: the kernel drops them under memory pressure
-like any other clean page, and nothing is held in the process (its RSS does not grow with it).
-It works in whichever process reads (threads or worker processes share the page cache), for both
-shard formats (HDF5 columns and per-sample chunks; LMDB records once their place is known), any
-shuffle, sampler, DDP share or resumed position: it only hints, it never changes what is read.
+The distance is bounded (``ahead_bytes`` beyond the batches the readers may be reading), and hinted
+pages are ordinary page cache, so memory stays bounded. It only fills the page cache: it never
+changes what is read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import threading
@@ -40,24 +28,18 @@ import numpy as np
 
 log = logging.getLogger("fastdata.reading.readahead")
 
-DEFAULT_AHEAD_BYTES = 256 << 20
 _MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is read too: cheaper than a seek)
 WARM_STREAK = 4  # batches found in the page cache in a row before hints are skipped (ReadAhead._resident)
 _MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
 _chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
 STREAM_THREADS = 16  # threads reading sequential streams ahead (_Streams)
 _STREAM_PIECE = 1 << 20  # bytes per read of a stream (_Streams._read)
-SEQUENTIAL = True  # stream descriptors marked POSIX_FADV_SEQUENTIAL (_Streams._open)
-SENDFILE: bool | None = None  # stream reads to /dev/null: None: as ReadAhead's sendfile says; True/False: always (A/Bs)
 _STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
-_STREAM_MIN = 1  # ranges a stream has had before its next ones are read, not hinted (its first is hinted)
 
 
 def hint_chunk(path: Path | str) -> int:
-    """The most one ``WILLNEED`` hint reads on the device holding ``path``: Linux reads at most
-    ``max(read_ahead_kb, max_sectors_kb)`` of the device per call and drops the rest of a longer
-    range (mm/readahead.c, ``force_page_cache_ra``), so longer ranges are hinted in pieces of this size.
-    128 KiB (the default read-ahead) where the device's queue is not found (network filesystems)."""
+    """The most one ``WILLNEED`` hint reads on the device holding ``path`` (Linux drops the rest of a longer
+    range: ``max(read_ahead_kb, max_sectors_kb)``; 128 KiB where the device's queue is not found)."""
     dev = os.stat(path).st_dev
     if dev not in _chunks:
         base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
@@ -88,60 +70,43 @@ def merge_ranges(starts: np.ndarray, lengths: np.ndarray, gap: int = _MERGE_GAP)
     return s[first], reach[last] - s[first]
 
 
-def _merged(ranges: Ranges) -> list[tuple[Path, np.ndarray, np.ndarray]]:
+def _merged(ranges: Ranges) -> Ranges:
     """Each file's ranges merged (:func:`merge_ranges`): what is probed, streamed and hinted."""
     return [(path, *merge_ranges(starts, lengths)) for path, starts, lengths in ranges]
 
 
 class _Stream:
-    """One sequential stream of a file: the ranges queued for it, read in order by one task at a time on
-    one file descriptor (the kernel keeps its read-ahead window per open file, and grows it only for
-    reads that follow each other on it)."""
+    """One sequential stream of a file: its queued ranges, read in order on its own descriptor (the
+    kernel grows its read-ahead window per open file, for reads that follow each other)."""
 
-    __slots__ = ("fd", "ranges", "queue", "busy", "dropped")
+    __slots__ = ("fd", "queue", "busy", "dropped")
 
     def __init__(self) -> None:
         self.fd: int | None = None
-        self.ranges = 0  # ranges the stream has had
         self.queue: deque[tuple[int, int]] = deque()
         self.busy = False  # a task is reading its queue
         self.dropped = False  # forgotten (too many streams, or closed): its task closes the fd
 
 
 class _Streams:
-    """Reads ahead the ranges that continue an earlier range of the same file (a sequential stream:
-    ``shuffle="block"``/``"shards"``, or in order) with reads in order, each stream on its own
-    file descriptor, by one task at a time (its next ranges queue behind the one being read). A hint
-    (``WILLNEED``) fills the page cache with single pages, which the block layer sends to the disk as
-    requests of at most ``max_segments`` pages (about 1 MB); reads in order on one descriptor let the
-    kernel's own read-ahead grow the stream's window with large folios, in requests of several MB
-    (benchmarks/bench_cold.py compares both). Each read is a ``pread`` into a reused buffer, or with
-    ``sendfile`` sent to ``/dev/null`` (no copy, :meth:`_read`): on the test machine the faster for
-    streams within a few shards (``"shards"``), slower for spread ones (``"block"``) and storage order
-    (docs/loader.md); the loader chooses by its plan. The readers copy the bytes into the batch."""
+    """Reads ahead sequential streams with ``pread``s in order, one task per stream at a time: the
+    kernel's own read-ahead then sends the disk large requests, where a hint fills the cache page by page."""
 
-    def __init__(self, sendfile: bool = False) -> None:
+    def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="fastdata-stream")
         self._ends: OrderedDict[tuple[Path, int], _Stream] = OrderedDict()  # (file, end of its last range)
         self._lock = threading.Lock()
         self._local = threading.local()
         self._closed = False
-        self._null: int | None = None  # /dev/null, the stream reads' sink (_read); open until close()
-        if (sendfile if SENDFILE is None else SENDFILE) and hasattr(os, "sendfile"):
-            with contextlib.suppress(OSError):
-                self._null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        self._sendfile = self._null is not None  # False once a filesystem refused sendfile: pread from then on
 
     def continues(self, path: Path, off: int, size: int, starts: bool = False) -> bool:
-        """Whether ``[off, off + size)`` is read here, in order: it starts where the last range of a
-        stream of ``path`` ended, and that stream already had :data:`_STREAM_MIN` ranges, or ``starts``:
-        the plan's next batch continues it (a stream's first range). Its end is remembered either way.
-        (A uniform shuffle meets a neighbour by chance for a few ranges: those are read too, at the cost
-        of one copy each.)"""
+        """Whether ``[off, off + size)`` is read here, in order: it continues a stream of ``path`` (starts
+        where that stream's last range ended), or ``starts``: the plan's next batch continues it (a
+        stream's first range). Its end is remembered either way."""
         with self._lock:
-            st = self._ends.pop((path, off), None) or _Stream()
-            read = (st.ranges >= _STREAM_MIN or starts) and not self._closed
-            st.ranges += 1
+            found = self._ends.pop((path, off), None)
+            st = found or _Stream()
+            read = (found is not None or starts) and not self._closed
             self._ends[(path, off + size)] = st
             while len(self._ends) > _STREAM_ENDS:
                 self._forget(self._ends.popitem(last=False)[1])
@@ -182,27 +147,15 @@ class _Streams:
     @staticmethod
     def _open(path: Path) -> int:
         """A stream's own descriptor, marked sequential where the platform allows
-        (``POSIX_FADV_SEQUENTIAL``: Linux doubles the kernel's read-ahead window for it, so more of the
-        stream is in flight at once: cold ``"block"`` read at 1.11x of the same without it in one
-        run of benchmarks/bench_cold.py, whose streams are spread over the whole dataset)."""
+        (``POSIX_FADV_SEQUENTIAL``: Linux doubles the kernel's read-ahead window for it)."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        if SEQUENTIAL and hasattr(os, "posix_fadvise"):
+        if hasattr(os, "posix_fadvise"):
             with contextlib.suppress(OSError):  # only a hint
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         return fd
 
     def _read(self, fd: int, at: int, n: int) -> int:
-        """Read ``n`` bytes at ``at`` into the page cache, in order on ``fd``: sent to ``/dev/null``
-        (``sendfile``: the kernel's read path and read-ahead, without copying the bytes to the process),
-        else (not chosen, not available, or the filesystem refuses it) a ``pread`` into a reused buffer."""
-        if self._sendfile and self._null is not None:
-            try:
-                return os.sendfile(self._null, fd, at, n)
-            except OSError as e:
-                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                    raise
-                log.info("sendfile refused (%s): stream read-ahead copies with pread", e)
-                self._sendfile = False
+        """Read ``n`` bytes at ``at`` on ``fd`` into this thread's reused buffer (the page cache keeps them)."""
         buf = getattr(self._local, "buf", None)
         if buf is None:
             buf = self._local.buf = memoryview(bytearray(_STREAM_PIECE))
@@ -222,9 +175,6 @@ class _Streams:
                     os.close(st.fd)
                     st.fd = None
             self._ends.clear()
-            if self._null is not None:
-                os.close(self._null)
-                self._null = None
 
 
 class ReadAhead:
@@ -232,16 +182,12 @@ class ReadAhead:
 
     ``ranges(batch)`` gives the file ranges one batch reads. ``lead``: batches the loader's readers
     may be reading ahead of the one handed out (hinted first, they are needed soonest);
-    ``ahead_bytes``: how far beyond those the hints may run. ``memo``: a dict kept by the dataset across
-    passes: ``memo["warm"]`` says the last batches probed were found cached; a pass that starts so
-    probes one sample a batch at once (a pass of a few dozen batches otherwise spends its first ones
-    hinting cached pages); a miss turns it cold, for the rest of the pass (:meth:`_resident`).
-    ``sendfile``: stream reads go to ``/dev/null`` (:class:`_Streams`: streams within a few shards).
-    ``close`` stops the thread."""
+    ``ahead_bytes``: how far beyond those the hints may run. ``memo``: a dict kept across passes:
+    ``memo["warm"]`` says the last batches probed were found cached (a pass that starts so probes one
+    sample a batch at once), False that one was not (:meth:`_resident`). ``close`` stops the thread."""
 
     def __init__(self, ranges: Callable[[np.ndarray], Ranges], plan: Sequence[np.ndarray], first: int, lead: int,
-                 ahead_bytes: int = DEFAULT_AHEAD_BYTES, memo: dict[str, bool] | None = None,
-                 sendfile: bool = False) -> None:
+                 ahead_bytes: int, memo: dict[str, bool] | None = None) -> None:
         self._ranges = ranges
         self._plan = plan
         self._k = first  # the batch handed out now
@@ -260,9 +206,9 @@ class ReadAhead:
         self._missed = False  # a probe of this pass found a batch not cached: no more probes (_resident)
         self._probe = bytearray(1)
         self._can_probe = hasattr(os, "RWF_NOWAIT")
-        self._streams = _Streams(sendfile)
+        self._streams = _Streams()
         self.streamed_bytes = 0  # of hinted_bytes, what was read ahead as sequential streams
-        self._kept: tuple[int, list[tuple[Path, np.ndarray, np.ndarray]]] | None = None  # (_merged_of)
+        self._kept: tuple[int, Ranges] | None = None  # (_merged_of)
         self._thread = threading.Thread(target=self._run, name="fastdata-readahead", daemon=True)
         self._thread.start()
 
@@ -310,17 +256,11 @@ class ReadAhead:
             self._chunk[path] = hint_chunk(path)
         return fd
 
-    def _resident(self, merged: list[tuple[Path, np.ndarray, np.ndarray]], warm: bool) -> bool:
-        """Whether hints for this batch can be skipped: one-byte reads that may not block (``RWF_NOWAIT``)
-        found its pages cached, and so did the probes of the WARM_STREAK batches before it. Until then
-        (``warm`` false) the last byte of every merged range is probed (a batch only partly cached is
-        not counted). Once warm, one probe in the middle of the batch's first range: on a warm cache the
-        hints then cost one system call a batch; a probe that misses hints the batch at once (a cold or
-        partly cached dataset). After a miss nothing is probed until the pass ends and every batch is
-        hinted: a stream's read-ahead (the kernel's, 8 MB past the stream's last read on a disk like
-        this one) caches whole ranges of the batches after it, so a streak of hits in a cold pass is the
-        read-ahead's own work; taken for warm, it stops hinting and breaks the streams (5 of 32 batches
-        of a cold ``"block"`` pass were skipped so, and that pass ran at 0.4 of the speed of the others)."""
+    def _resident(self, merged: Ranges, warm: bool) -> bool:
+        """Whether hints for this batch can be skipped: non-blocking one-byte reads (``RWF_NOWAIT``) found
+        it cached, and the WARM_STREAK batches before it (until then the end of every range is probed;
+        once warm, one byte of the batch). After a miss the pass stays cold: what is cached later may be
+        the streams' own read-ahead, and taking it for warm would break them."""
         if not self._can_probe or self._missed or not merged or len(merged[0][1]) == 0:
             return False
         if warm:
@@ -347,8 +287,7 @@ class ReadAhead:
     def _hint(self, j: int) -> int:
         """Hint (or stream) the byte ranges of batch ``j``; the bytes they cover (0: found cached)."""
         total = 0
-        # warm so far: one sample's probe decides before the batch's ranges are worked out (their cost
-        # showed on a warm cache); it missed, or not warm yet: the batch's ranges, probed and hinted
+        # warm: one sample's probe decides before the whole batch's ranges are worked out
         warm = self._hits > WARM_STREAK
         batch = self._plan[j]
         merged = _merged(self._ranges(batch[:1])) if warm else self._merged_of(j)
@@ -371,11 +310,9 @@ class ReadAhead:
         self.hinted_bytes += total
         return total
 
-    def _merged_of(self, j: int, keep: bool = False) -> list[tuple[Path, np.ndarray, np.ndarray]]:
-        """Batch ``j``'s merged ranges (none past the plan's end). ``keep``: remembered for the next call,
-        which hints that batch: each batch's ranges are worked out once, though the batch before it asks
-        for them too (where the ranges of the next batch start: a range of this batch ending at one of
-        them begins a stream, read in order from its first range)."""
+    def _merged_of(self, j: int, keep: bool = False) -> Ranges:
+        """Batch ``j``'s merged ranges (none past the plan's end); ``keep``: kept for the next call, so each
+        batch's ranges are worked out once though the batch before it asks too (where its streams start)."""
         if j >= len(self._plan):
             return []
         if self._kept is not None and self._kept[0] == j:
@@ -387,10 +324,7 @@ class ReadAhead:
 
     def _close_fds(self) -> None:
         for fd in self._fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            os.close(fd)
         self._fds.clear()
 
     def close(self) -> None:

@@ -7,21 +7,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import numpy as np
-
 from fastdata.format.backends import backend
 from fastdata.format.interface import ShardReader
 from fastdata.format.keys import KeyTable
 from fastdata.format.spec import FieldSpec, Manifest
 from fastdata.remote.options import RemoteOptions
-from fastdata.remote.prefetch import PlanFollower
 from fastdata.remote.store import RemoteStore
 
 
 class RemoteShards:
     """The shards of the dataset at ``url``, through a :class:`RemoteStore`."""
-
-    in_place = False  # the cache decides where (and whether) a shard's file is: no read-ahead hints
 
     def __init__(self, url: str, options: RemoteOptions | None) -> None:
         self.remote: RemoteStore | None = RemoteStore(url, options)
@@ -51,9 +46,6 @@ class RemoteShards:
         finally:
             for s in held:
                 self.store.unpin(s)
-
-    def follow(self, plans: Sequence[Sequence[np.ndarray]], mine: int, first: int, lead: int) -> PlanFollower | None:
-        return PlanFollower(self.store, plans, mine, first, lead)
 
     def close(self) -> None:
         self.store.release_all()
