@@ -54,3 +54,20 @@ def test_docs_link_to_files_that_exist(doc):
     for target in re.findall(r"\]\(([^)#]+)\)", path.read_text()):
         if "://" not in target:
             assert (path.parent / target).exists(), f"{doc} links to missing {target}"
+
+
+def test_where_to_add_things_names_files_and_names_that_exist():
+    """docs/architecture.md's "Where to add things": every `path.py` (from the repository or fastdata/)
+    exists, and every `path.py::Name` is defined there."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Where to add things", 1)[1].split("\n## ", 1)[0]
+    refs = re.findall(r"`([\w/]+\.py)(?:::(\w+))?", section)
+    assert len(refs) >= 5, "the section names the files to touch"
+    missing = []
+    for rel, name in refs:
+        path = next((p for p in (ROOT / rel, ROOT / "fastdata" / rel) if p.is_file()), None)
+        if path is None:
+            missing.append(rel)
+        elif name and not re.search(rf"^\s*(class|def) {name}\b|^{name}\b\s*[:=]", path.read_text(), re.M):
+            missing.append(f"{rel}::{name}")
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
