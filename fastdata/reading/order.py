@@ -7,45 +7,85 @@ of an epoch). See docs/loader.md for the exact rules.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Sequence, Union
 
 import numpy as np
 
+from fastdata.errors import UsageError
 from fastdata.seeds import Stream, numpy_rng
 from fastdata.world import World
 
-Shuffle = Union[bool, Literal["block", "shards", "chunks"]]
-SHUFFLES: tuple[Shuffle, ...] = (True, False, "block", "shards", "chunks")
 STREAMS = 16  # a window of blocks or shards is read as about this many sequential streams (_streams)
 ORDER_RULE = 2  # bumped when an order changes for the same arguments (a loader state records it)
 
 
-def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int = 256, window: int = 16,
-                shard_counts: Sequence[int] | None = None, shard_window: int = 2) -> np.ndarray:
+@dataclass(frozen=True)
+class Block:
+    """``shuffle=Block(size, window=...)``: blocks of ``size`` consecutive samples in random order, ``window``
+    blocks mixed at a time: nearly sequential reads for data larger than RAM (docs/loader.md)."""
+
+    size: int = 256
+    window: int = 16
+    name = "block"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, size=self.size, window=self.window)
+
+
+@dataclass(frozen=True)
+class Shards:
+    """``shuffle=Shards(window=...)``: the shards in random order, ``window`` of them mixed at a time, so only a
+    few are needed at once (remote datasets larger than the cache); an in-place index's shards are its chunks."""
+
+    window: int = 2
+    name = "shards"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, window=self.window)
+
+
+Shuffle = Union[bool, Block, Shards, Literal["block", "shards"]]
+
+
+def _check_positive(mode: Block | Shards, **sizes: int) -> None:
+    for key, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UsageError(f"{type(mode).__name__}({key}={v!r}): {key} must be a positive integer")
+
+
+def shuffle_mode(shuffle: Shuffle) -> bool | Block | Shards:
+    """``shuffle`` checked, with the shorthands ``"block"`` and ``"shards"`` as ``Block()`` and ``Shards()``."""
+    if shuffle is True or shuffle is False or isinstance(shuffle, (Block, Shards)):
+        return shuffle
+    if shuffle == "block" or shuffle == "shards":
+        return Block() if shuffle == "block" else Shards()
+    if shuffle == "chunks":
+        raise UsageError("shuffle='chunks' is now shuffle=fastdata.Shards() (or 'shards'): an in-place index's "
+                         "shards are its chunks")
+    raise UsageError(f"shuffle must be True, False, fastdata.Block(...), fastdata.Shards(...), 'block' or 'shards', "
+                     f"not {shuffle!r}")
+
+
+def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int,
+                shard_counts: Sequence[int] | None = None) -> np.ndarray:
     """A permutation of ``range(n)`` for one epoch.
 
-    ``True``: uniform permutation. ``False``: storage order. ``"block"``: blocks of ``block``
-    consecutive samples in random order, grouped in windows of ``window`` blocks; each window is
-    read as about :data:`STREAMS` sequential streams at once (:func:`_streams`), so the disk sees
-    long in-order runs for data larger than RAM. ``"shards"``: the shards (``shard_counts`` samples
-    each, in storage order) in random order, in windows of ``shard_window`` consecutive shards of
-    that order read the same way, so only a few shards are needed at a time
-    (datasets larger than the local cache, docs/remote.md). ``"chunks"``: the same with the chunks
-    of an in-place index as ``shard_counts`` (docs/in-place.md).
+    ``True``: uniform permutation. ``False``: storage order. :class:`Block` and :class:`Shards` (their units:
+    ``shard_counts`` samples each, in storage order): the units in random order, ``window`` at a time, each
+    window read as about :data:`STREAMS` sequential streams at once (:func:`_streams`), so the disk sees long
+    in-order runs (docs/loader.md, docs/remote.md, docs/in-place.md).
     """
-    if shuffle is False:
+    mode = shuffle_mode(shuffle)
+    if mode is False:
         return np.arange(n, dtype=np.int64)
     rng = numpy_rng(seed, epoch, Stream.ORDER)
-    if shuffle is True:
-        return rng.permutation(n).astype(np.int64)
-    if shuffle in ("shards", "chunks"):
-        return _shard_order(n, rng, shard_counts, shard_window)
-    if shuffle != "block":
-        raise ValueError(f"shuffle must be True, False, 'block', 'shards' or 'chunks', not {shuffle!r}")
-    if block < 1 or window < 1:
-        raise ValueError("block and window must be positive")
-    starts = np.arange(0, n, block)
-    return _windows(starts, np.minimum(starts + block, n) - starts, window, rng)
+    if isinstance(mode, Shards):
+        return _shard_order(n, rng, shard_counts, mode.window)
+    if isinstance(mode, Block):
+        starts = np.arange(0, n, mode.size)
+        return _windows(starts, np.minimum(starts + mode.size, n) - starts, mode.window, rng)
+    return rng.permutation(n).astype(np.int64)
 
 
 def _windows(starts: np.ndarray, sizes: np.ndarray, window: int, rng: np.random.Generator) -> np.ndarray:
@@ -88,12 +128,10 @@ def _split(sizes: np.ndarray, starts: np.ndarray, streams: int) -> list[np.ndarr
 
 def _shard_order(n: int, rng: np.random.Generator, counts: Sequence[int] | None, window: int) -> np.ndarray:
     if counts is None:
-        raise ValueError("shuffle='shards' needs the samples per shard (shard_counts)")
+        raise ValueError("Shards needs the samples per shard (shard_counts)")
     sizes = np.asarray(counts, dtype=np.int64)
     if sizes.sum() != n or (sizes < 0).any():
         raise ValueError(f"shard_counts add up to {int(sizes.sum())}, not to the {n} samples")
-    if window < 1:
-        raise ValueError("shard_window must be positive")
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1])) if len(sizes) else sizes
     return _windows(starts, sizes, window, rng)
 
@@ -136,22 +174,19 @@ def num_batches(n: int, world: World, batch_size: int, drop_last: bool) -> int:
 
 def epoch_batches(
     n: int, *, world: World, batch_size: int, shuffle: Shuffle, drop_last: bool, seed: int, epoch: int,
-    block: int = 256, window: int = 16, shard_counts: Sequence[int] | None = None, shard_window: int = 2,
+    shard_counts: Sequence[int] | None = None,
 ) -> list[np.ndarray]:
     """All batches of one epoch for one rank, in order."""
     return all_rank_batches(n, world=world, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
-                            epoch=epoch, block=block, window=window, shard_counts=shard_counts,
-                            shard_window=shard_window, ranks=[world.rank])[0]
+                            epoch=epoch, shard_counts=shard_counts, ranks=[world.rank])[0]
 
 
 def all_rank_batches(
     n: int, *, world: World, batch_size: int, shuffle: Shuffle, drop_last: bool, seed: int, epoch: int,
-    block: int = 256, window: int = 16, shard_counts: Sequence[int] | None = None, shard_window: int = 2,
-    ranks: Sequence[int] | None = None,
+    shard_counts: Sequence[int] | None = None, ranks: Sequence[int] | None = None,
 ) -> list[list[np.ndarray]]:
     """The batches of one epoch for each rank in ``ranks`` (default: every rank of ``world``),
     from one epoch order (a remote dataset's cache ranks shards by every local rank's next use)."""
-    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch, block=block, window=window,
-                        shard_counts=shard_counts, shard_window=shard_window)
+    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch, shard_counts=shard_counts)
     ranks = range(world.size) if ranks is None else ranks
     return [batch_plan(rank_share(order, World(r, world.size), drop_last), batch_size, drop_last) for r in ranks]
