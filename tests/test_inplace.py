@@ -133,7 +133,7 @@ def test_resume_exact_with_shards_shuffle_over_chunks(h5index, mode):
             break
     fresh = fastdata.loader(root, 8, shuffle=fastdata.Shards(), seed=2, device="cpu", num_workers=2, config=cfg,
                             fields=["y", "xgz"])
-    fresh.load_state_dict(state)
+    fresh.load_state_dict({**state, "shuffle": "chunks"})  # a state of older fastdata, whose name for it was "chunks"
     assert seen + ids(fresh) == expected
     for x in (full, ld, fresh):
         x.close()

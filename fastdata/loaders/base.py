@@ -279,6 +279,8 @@ class Loader:
         process group exists); a state taken after an epoch's last batch resumes at the next epoch."""
         if state.get("version") != _STATE_VERSION:
             raise UsageError(f"unknown loader state version {state.get('version')!r}")
+        if state.get("shuffle") == "chunks":  # older fastdata's name for Shards on an in-place index: the same order
+            state = {**state, "shuffle": "shards"}
         mine = {"seed": self.seed, "batch_size": self.batch_size, "num_samples": len(self.dataset),
                 "shuffle": self._shuffle_name(), "drop_last": self.drop_last, "sampler": describe(self.sample_fn),
                 "samples": self.dataset.identity()}
