@@ -261,7 +261,7 @@ class Loader:
 
     def _shuffle_name(self) -> bool | str:
         """The shuffle as a state records it: ``True``, ``False``, ``"block"`` or ``"shards"``."""
-        return self.shuffle if isinstance(self.shuffle, bool) else self.shuffle.name
+        return self.shuffle if isinstance(self.shuffle, bool) else type(self.shuffle).__name__.lower()
 
     def _order_rule(self) -> dict[str, int] | None:
         """What fixes a windowed shuffle's order besides the seed (the rule's version and the mode's sizes):
