@@ -62,9 +62,9 @@ import fastdata  # noqa: E402
 from fastdata.measure.bench import Sink, memory_stalls, pread_pass as bench_pread  # noqa: E402
 from fastdata.demo.baseline import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
-from fastdata.reading.order import SHUFFLES, STREAMS, epoch_order  # noqa: E402
+from fastdata.reading.order import STREAMS, epoch_order  # noqa: E402
 
-CONVERTED_SHUFFLES = [s for s in SHUFFLES if s != "chunks"]  # "chunks": in-place indexes (bench_inplace.py)
+CONVERTED_SHUFFLES: list[Any] = [True, False, "block", "shards"]  # the strings: Block() and Shards()
 from fastdata.reading.readahead import drop_page_cache, resident_bytes  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)

@@ -12,11 +12,11 @@ figure is a full epoch, median of interleaved runs, in one process:
 
 * contiguous HDF5 in place vs converted (shuffle=True), and vs h5py fancy-index reads of sorted
   random batches in a torch DataLoader with 2 worker processes;
-* chunked LZ4 HDF5 in place with shuffle="chunks" (and shuffle=True, what it costs) vs one
+* chunked LZ4 HDF5 in place with shuffle="shards" (its chunks; and shuffle=True, what it costs) vs one
   sequential h5py pass over the dataset (whole chunks, one thread, a reused buffer); read
   amplification = bytes the process read (``/proc/self/io`` rchar) in an epoch over the bytes the
   sequential pass read, and decoded chunk bytes over delivered bytes;
-* Zarr in place (shuffle="chunks") vs the same data converted (raw vs uncompressed; Zstd vs zstd).
+* Zarr in place (shuffle="shards") vs the same data converted (raw vs uncompressed; Zstd vs zstd).
 
 Results go to ``<out>/inplace[_quick].{json,md}``.
 """
@@ -183,10 +183,10 @@ def run(work: Path, n: int, rounds: int, quick: bool) -> dict[str, Any]:
     fns: dict[str, Callable[[int], Any]] = {}
     lds: dict[str, Any] = {}
     for label, root, shuffle in [("contiguous HDF5, in place", "i_contig", True), ("converted", "conv", True),
-                                 ("LZ4 HDF5, in place, chunks", "i_lz4", "chunks"),
+                                 ("LZ4 HDF5, in place, chunks", "i_lz4", "shards"),
                                  ("LZ4 HDF5, in place, shuffle=True", "i_lz4", True),
-                                 ("Zarr raw, in place, chunks", "i_zraw", "chunks"),
-                                 ("Zarr Zstd, in place, chunks", "i_zzstd", "chunks"),
+                                 ("Zarr raw, in place, chunks", "i_zraw", "shards"),
+                                 ("Zarr Zstd, in place, chunks", "i_zzstd", "shards"),
                                  ("converted, zstd", "conv_zstd", True)]:
         fns[label], lds[label] = loader_epoch(work / root, shuffle)
     fns["h5py fancy index, DataLoader 2 workers"] = h5py_dataloader(work / "contig.h5", n)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from fastdata import errors
 from fastdata._version import __version__
 from fastdata.reading.dataset import Dataset, open
+from fastdata.reading.order import Block, Shards
 from fastdata.remote import RemoteOptions
 
 if TYPE_CHECKING:  # what mypy and editors see; at run time __getattr__ imports them when first used
@@ -39,6 +40,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
 
 
-__all__ = ["ConvertConfig", "ConvertReport", "Dataset", "ImageOptions", "Loader", "LoaderConfig", "MergeReport",
-           "PerSample", "RemoteOptions", "WriteOptions", "__version__", "convert", "errors", "index", "loader", "merge",
-           "open"]
+__all__ = ["Block", "ConvertConfig", "ConvertReport", "Dataset", "ImageOptions", "Loader", "LoaderConfig",
+           "MergeReport", "PerSample", "RemoteOptions", "Shards", "WriteOptions", "__version__", "convert", "errors",
+           "index", "loader", "merge", "open"]

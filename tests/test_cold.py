@@ -18,7 +18,6 @@ from fastdata import cli
 from fastdata.errors import CorruptShardError, FormatError
 from fastdata.loaders import LoaderConfig
 from fastdata.reading.readahead import ReadAhead, drop_page_cache, merge_ranges, resident_bytes
-from fastdata.reading.order import SHUFFLES
 from fastdata.world import World
 
 N = 182  # two shards of 91 (1.5 MB): columns over 1 MiB are read from the file, not cached
@@ -160,7 +159,7 @@ def test_a_bad_compression_is_a_one_line_usage_error(tmp_path, capsys, value, fm
 # --- read-ahead ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", [("hdf5", None), ("hdf5", "lz4"), ("lmdb", None), ("lmdb", "lz4")])
-@pytest.mark.parametrize("shuffle", [s for s in SHUFFLES if s != "chunks"])  # chunks: in-place indexes only
+@pytest.mark.parametrize("shuffle", [True, False, "block", "shards"])
 def test_read_ahead_never_changes_what_is_read(data, key, shuffle):
     path = data[2][key]
     for rank in (0, 1):  # DDP shares: each rank's batches equal with and without read-ahead

@@ -213,9 +213,8 @@ def test_every_sample_once_per_epoch(jpegs, drop_last):
 
 
 def test_same_permutation_as_torch_backend(raw):
-    for seed, shuffle in ((0, True), (7, True), (3, "block")):
-        cfg = LoaderConfig(block=4, window=2)
-        t, d = both(raw, 5, seed=seed, shuffle=shuffle, config=cfg)
+    for seed, shuffle in ((0, True), (7, True), (3, fastdata.Block(4, window=2))):
+        t, d = both(raw, 5, seed=seed, shuffle=shuffle)
         t_epochs = [labels(t) for _ in range(3)]  # a complete pass moves to the next epoch
         d_epochs = [labels(d) for _ in range(3)]
         assert t_epochs == d_epochs and t_epochs[0] != t_epochs[1]

@@ -90,7 +90,7 @@ def test_glob_of_hdf5_files_and_ddp_shares(tmp_path):
     assert len(ds) == 100 and len(ds.manifest.shards) == 3
     assert np.array_equal(ds.get_batch(np.arange(100))["x"], a["x"])
     assert np.array_equal(ds.get_batch([31, 29, 99])["y"], [31, 29, 99])  # rows across file boundaries
-    for shuffle in (True, "chunks"):
+    for shuffle in (True, fastdata.Shards()):
         shares = []
         for rank in range(3):
             ld = fastdata.loader(root, 8, shuffle=shuffle, device="cpu", num_workers=1, seed=3)
@@ -112,36 +112,37 @@ def _rows(ld, ds) -> list[int]:
 
 
 @pytest.mark.parametrize("mode", ["threads", "processes"])
-def test_resume_exact_with_chunks_shuffle(h5index, mode):
+def test_resume_exact_with_shards_shuffle_over_chunks(h5index, mode):
     root, _ = h5index
     cfg = LoaderConfig(mode=mode)
 
     def ids(ld):
         return [b["y"].tolist() for b in ld]
 
-    full = fastdata.loader(root, 8, shuffle="chunks", seed=2, device="cpu", num_workers=2, config=cfg,
+    full = fastdata.loader(root, 8, shuffle=fastdata.Shards(), seed=2, device="cpu", num_workers=2, config=cfg,
                            fields=["y", "xgz"])
     expected = ids(full)
     assert sorted(i for b in expected for i in b) == list(range(N))
-    ld = fastdata.loader(root, 8, shuffle="chunks", seed=2, device="cpu", num_workers=2, config=cfg, fields=["y", "xgz"])
+    ld = fastdata.loader(root, 8, shuffle=fastdata.Shards(), seed=2, device="cpu", num_workers=2, config=cfg,
+                         fields=["y", "xgz"])
     seen = []
     for b in ld:
         seen.append(b["y"].tolist())
         if len(seen) == 4:
             state = ld.state_dict()
             break
-    fresh = fastdata.loader(root, 8, shuffle="chunks", seed=2, device="cpu", num_workers=2, config=cfg,
+    fresh = fastdata.loader(root, 8, shuffle=fastdata.Shards(), seed=2, device="cpu", num_workers=2, config=cfg,
                             fields=["y", "xgz"])
-    fresh.load_state_dict(state)
+    fresh.load_state_dict({**state, "shuffle": "chunks"})  # a state of older fastdata, whose name for it was "chunks"
     assert seen + ids(fresh) == expected
     for x in (full, ld, fresh):
         x.close()
 
 
-def test_chunks_shuffle_reads_each_chunk_once(h5index):
+def test_shards_shuffle_reads_each_chunk_once(h5index):
     root, a = h5index
     ds = fastdata.open(root, fields=["xgz"])
-    ld = fastdata.loader(ds, 5, shuffle="chunks", seed=1, device="cpu", num_workers=0)
+    ld = fastdata.loader(ds, 5, shuffle=fastdata.Shards(), seed=1, device="cpu", num_workers=0)
     got = np.concatenate([b["xgz"].numpy() for b in ld])
     assert sorted(got[:, 0, 0, 0].tolist()) == sorted(a["x"][:, 0, 0, 0].tolist())
     col = ds._readers[0].columns["xgz"]
@@ -258,13 +259,19 @@ def test_bad_paths_and_fields_give_one_line_errors(tmp_path):
         fastdata.index(tmp_path / "e.h5", tmp_path / "o", {"x": "/x"})
 
 
-def test_chunks_shuffle_is_for_indexes(tmp_path):
-    from fastdata import convert
+def test_shards_shuffle_takes_a_converted_datasets_shards_and_chunks_is_gone(tmp_path):
+    from fastdata import ConvertConfig, WriteOptions, convert
 
-    np.save(tmp_path / "x.npy", _arrays()["x"])
-    convert(None, tmp_path / "conv", arrays={"x": tmp_path / "x.npy"})
-    with pytest.raises(UsageError, match="in-place indexes"):
+    x = _arrays()["x"]
+    np.save(tmp_path / "x.npy", x)
+    convert(None, tmp_path / "conv", ConvertConfig(write=WriteOptions(shard_size=x[0].nbytes * 16)),
+            arrays={"x": tmp_path / "x.npy"})
+    with pytest.raises(UsageError, match=r"fastdata\.Shards\("):
         fastdata.loader(tmp_path / "conv", 4, shuffle="chunks", device="cpu")
+    part = fastdata.open(tmp_path / "conv").split({"a": 0.5, "b": 0.5}, seed=1)["a"]  # a subset in stored order
+    ld = fastdata.loader(part, 4, shuffle=fastdata.Shards(), device="cpu", num_workers=0)
+    got = np.concatenate([b["x"].numpy() for b in ld])
+    assert sorted(got[:, 0, 0, 0].tolist()) == sorted(part.get_batch(np.arange(len(part)))["x"][:, 0, 0, 0].tolist())
 
 
 def test_cli_index_and_verify(tmp_path):
@@ -289,7 +296,7 @@ def test_dali_backend_reads_an_index_like_the_torch_backend(tmp_path):
         f.create_dataset("img", data=img, chunks=(5, 12, 16, 3), compression="gzip")
         f["label"] = np.arange(37)
     fastdata.index(tmp_path / "im.h5", tmp_path / "i", {"image": "/img", "label": "/label"})
-    kw = dict(shuffle="chunks", seed=3, device="cpu")
+    kw = dict(shuffle=fastdata.Shards(), seed=3, device="cpu")
     t = [(b["image"].clone(), b["label"].clone()) for b in fastdata.loader(tmp_path / "i", 8, backend="torch", **kw)]
     d = [(b["image"].clone(), b["label"].clone()) for b in fastdata.loader(tmp_path / "i", 8, backend="dali", **kw)]
     assert len(t) == len(d) == 5
@@ -307,21 +314,21 @@ def test_an_index_is_neither_converted_into_nor_merged(h5index, tmp_path):
         merge([root, root], tmp_path / "merged")
 
 
-def test_chunks_shuffle_on_splits_and_strict_ddp_shares(h5index):
+def test_shards_shuffle_on_splits_and_strict_ddp_shares(h5index):
     root, a = h5index
     parts = fastdata.open(root, fields=["y"]).split({"train": 0.7, "val": 0.3}, seed=4)
     seen = {}
     for name, part in parts.items():
-        ld = fastdata.loader(part, 8, shuffle="chunks", device="cpu", num_workers=2, seed=1)
+        ld = fastdata.loader(part, 8, shuffle=fastdata.Shards(), device="cpu", num_workers=2, seed=1)
         seen[name] = [i for b in ld for i in b["y"].tolist()]
         ld.close()
         assert sorted(seen[name]) == sorted(part.column("y").tolist())
     assert not set(seen["train"]) & set(seen["val"]) and len(seen["train"]) + len(seen["val"]) == N
     with pytest.raises(UsageError, match="stored order"):
-        fastdata.loader(fastdata.open(root).subset([5, 1]), 2, shuffle="chunks", device="cpu")
+        fastdata.loader(fastdata.open(root).subset([5, 1]), 2, shuffle=fastdata.Shards(), device="cpu")
     shares = []
     for rank in range(4):  # drop_last: equal shares, strictly disjoint
-        ld = fastdata.loader(root, 4, shuffle="chunks", drop_last=True, device="cpu", num_workers=1, fields=["y"])
+        ld = fastdata.loader(root, 4, shuffle="shards", drop_last=True, device="cpu", num_workers=1, fields=["y"])
         ld._fixed_world = World(rank=rank, size=4)
         shares.append([i for b in ld for i in b["y"].tolist()])
         ld.close()

@@ -79,7 +79,7 @@ def test_order_is_a_function_of_seed_and_epoch(ds_path):
 def test_storage_order_and_block_shuffle(ds_path):
     flat = [i for b in ids_of(fastdata.loader(ds_path, 8, shuffle=False, device="cpu")) for i in b]
     assert flat == list(range(N))
-    ld = fastdata.loader(ds_path, 8, shuffle="block", device="cpu", config=LoaderConfig(block=4, window=2))
+    ld = fastdata.loader(ds_path, 8, shuffle=fastdata.Block(4, window=2), device="cpu")
     flat = [i for b in ids_of(ld) for i in b]
     assert sorted(flat) == list(range(N)) and flat != list(range(N))
     assert flat == [i for b in ld.plan(0) for i in b.tolist()]  # the order is fastdata.reading.order's
@@ -108,6 +108,13 @@ def test_resume_mid_epoch_gives_exactly_the_rest(ds_path, mode, workers):
         ld_.close()
 
 
+def test_the_shuffle_sizes_gone_from_loaderconfig_name_the_mode_to_pass():
+    with pytest.raises(UsageError, match=r"shuffle=fastdata\.Block\(512\)"):
+        LoaderConfig(block=512)
+    with pytest.raises(UsageError, match=r"shuffle=fastdata\.Shards\(window=3\)"):
+        LoaderConfig(shard_window=3)
+
+
 def test_resume_state_must_match(ds_path):
     ld = fastdata.loader(ds_path, 8, device="cpu")
     state = ld.state_dict()
@@ -117,26 +124,30 @@ def test_resume_state_must_match(ds_path):
 
 
 def test_resume_of_a_windowed_shuffle_needs_the_same_order_rule(ds_path):
-    """A mid-epoch state of shuffle='block' records the order rule and window settings: another
-    window, or a state from before the rule existed, is refused instead of resuming another order."""
-    cfg = LoaderConfig(block=4, window=2)
-    ld = fastdata.loader(ds_path, 8, shuffle="block", seed=1, device="cpu", config=cfg)
+    """A mid-epoch state of a Block shuffle records the order rule and the block's sizes: another
+    window, another mode, or a state from before the rule existed, is refused instead of resuming another order."""
+    block = fastdata.Block(4, window=2)
+    ld = fastdata.loader(ds_path, 8, shuffle=block, seed=1, device="cpu")
     it = iter(ld)
     next(it)
     state = ld.state_dict()
     ld.close()
     assert state["order"] == {"rule": ORDER_RULE, "block": 4, "window": 2}
-    same = fastdata.loader(ds_path, 8, shuffle="block", seed=1, device="cpu", config=cfg)
+    assert state["shuffle"] == "block"  # a state holds plain values (torch.load's weights_only)
+    same = fastdata.loader(ds_path, 8, shuffle=fastdata.Block(4, window=2), seed=1, device="cpu")
     same.load_state_dict(state)  # accepted
-    other = fastdata.loader(ds_path, 8, shuffle="block", seed=1, device="cpu", config=LoaderConfig(block=4, window=3))
+    other = fastdata.loader(ds_path, 8, shuffle=fastdata.Block(4, window=3), seed=1, device="cpu")
     with pytest.raises(UsageError, match="window"):
         other.load_state_dict(state)
+    shards = fastdata.loader(ds_path, 8, shuffle=fastdata.Shards(), seed=1, device="cpu")
+    with pytest.raises(UsageError, match="shuffle='block'"):
+        shards.load_state_dict(state)
     older = {k: v for k, v in state.items() if k != "order"}
     with pytest.raises(UsageError, match=r"set_epoch\(1\)"):
         same.load_state_dict(older)
     older["batches_done"] = 0  # at an epoch boundary the order rule does not matter
     same.load_state_dict(older)
-    for x in (same, other):
+    for x in (same, other, shards):
         x.close()
 
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdata.reading.order import STREAMS, epoch_batches, epoch_order, num_batches
+from fastdata.errors import UsageError
+from fastdata.reading.order import STREAMS, Block, Shards, all_rank_batches, epoch_order, num_batches, shuffle_mode
 from fastdata.world import World
 
 
-@pytest.mark.parametrize("shuffle", [True, False, "block"])
+@pytest.mark.parametrize("shuffle", [True, False, Block(8, window=3)])
 def test_invariants_over_sizes_worlds_and_drop_last(shuffle):
     for n in (0, 1, 7, 100, 1001):
         for size in (1, 2, 3, 4):
             for drop_last in (False, True):
                 for bs in (1, 4, 64):
-                    plans = [epoch_batches(n, world=World(r, size), batch_size=bs, shuffle=shuffle,
-                                           drop_last=drop_last, seed=3, epoch=2, block=8, window=3)
-                             for r in range(size)]
+                    plans = all_rank_batches(n, world=World(0, size), batch_size=bs, shuffle=shuffle,
+                                             drop_last=drop_last, seed=3, epoch=2)
                     expect = num_batches(n, World(0, size), bs, drop_last)
                     assert [len(p) for p in plans] == [expect] * size  # equal on every rank: no DDP hang
                     flat = np.concatenate([b for p in plans for b in p]) if expect else np.zeros(0, int)
@@ -39,7 +39,7 @@ def test_order_depends_only_on_seed_and_epoch():
 
 def test_block_shuffle_keeps_reads_local():
     block, window = 16, 4
-    order = epoch_order(1024, shuffle="block", seed=0, epoch=0, block=block, window=window)
+    order = epoch_order(1024, shuffle=Block(block, window=window), seed=0, epoch=0)
     assert sorted(order.tolist()) == list(range(1024))
     span = block * window
     for a in range(0, 1024, span):
@@ -61,7 +61,7 @@ def _stream_starts(window: np.ndarray) -> int:
 def test_block_shuffle_reads_each_window_as_streams(n, block, window):
     """A window (``window`` whole blocks) is read as at most STREAMS sequential streams side by side,
     and its first round mixes places far apart (not consecutive samples)."""
-    order = epoch_order(n, shuffle="block", seed=5, epoch=1, block=block, window=window)
+    order = epoch_order(n, shuffle=Block(block, window=window), seed=5, epoch=1)
     assert sorted(order.tolist()) == list(range(n))
     blk = order // block
     pos = 0
@@ -78,14 +78,14 @@ def test_block_shuffle_reads_each_window_as_streams(n, block, window):
         if len(w) >= 8 * STREAMS:
             assert np.all(np.diff(np.sort(w[:8])) > 1)  # the first samples come from different streams
         pos = end
-    assert not np.array_equal(order, epoch_order(n, shuffle="block", seed=6, epoch=1, block=block, window=window)) or n < 40
+    assert not np.array_equal(order, epoch_order(n, shuffle=Block(block, window=window), seed=6, epoch=1)) or n < 40
 
 
 def test_shard_shuffle_reads_streams_within_a_window_of_shards():
     counts = [300, 200, 260, 100, 140]
     n = sum(counts)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    order = epoch_order(n, shuffle="shards", seed=2, epoch=0, shard_counts=counts, shard_window=2)
+    order = epoch_order(n, shuffle=Shards(window=2), seed=2, epoch=0, shard_counts=counts)
     assert sorted(order.tolist()) == list(range(n))
     shard_of = np.searchsorted(starts, order, side="right") - 1
     pos = 0
@@ -100,3 +100,21 @@ def test_shard_shuffle_reads_streams_within_a_window_of_shards():
         assert _stream_starts(w) <= STREAMS
         assert len(set(shard_of[pos : pos + 8].tolist())) == len(seen)  # a batch mixes both shards
         pos = end
+
+
+def test_shuffle_modes_carry_their_sizes_and_the_strings_are_their_defaults():
+    """"block" and "shards" are Block() and Shards(); "chunks" (now Shards on an in-place index) and bad
+    sizes are refused with a message naming what to pass."""
+    assert shuffle_mode("block") == Block(256, window=16) and shuffle_mode("shards") == Shards(window=2)
+    assert np.array_equal(epoch_order(5000, shuffle="block", seed=1, epoch=0),
+                          epoch_order(5000, shuffle=Block(), seed=1, epoch=0))
+    assert not np.array_equal(epoch_order(5000, shuffle=Block(64), seed=1, epoch=0),
+                              epoch_order(5000, shuffle=Block(), seed=1, epoch=0))
+    with pytest.raises(UsageError, match=r"fastdata\.Shards\(.*chunks"):
+        shuffle_mode("chunks")
+    for bad in (1, "uniform", None):
+        with pytest.raises(UsageError, match="shuffle must be"):
+            shuffle_mode(bad)  # type: ignore[arg-type]
+    for make in (lambda: Block(0), lambda: Block(8, window=-1), lambda: Shards(window=0), lambda: Block(2.5)):
+        with pytest.raises(UsageError, match="positive integer"):
+            make()

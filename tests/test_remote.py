@@ -245,10 +245,10 @@ def test_shard_shuffle_is_a_pure_function_and_local_to_a_few_shards():
     from fastdata.reading.order import epoch_order
 
     counts = [10, 7, 10, 3, 10, 10]
-    a = epoch_order(50, shuffle="shards", seed=3, epoch=1, shard_counts=counts, shard_window=2)
-    assert np.array_equal(a, epoch_order(50, shuffle="shards", seed=3, epoch=1, shard_counts=counts, shard_window=2))
+    a = epoch_order(50, shuffle="shards", seed=3, epoch=1, shard_counts=counts)
+    assert np.array_equal(a, epoch_order(50, shuffle="shards", seed=3, epoch=1, shard_counts=counts))
     assert sorted(a.tolist()) == list(range(50))
-    assert not np.array_equal(a, epoch_order(50, shuffle="shards", seed=3, epoch=2, shard_counts=counts, shard_window=2))
+    assert not np.array_equal(a, epoch_order(50, shuffle="shards", seed=3, epoch=2, shard_counts=counts))
     starts = np.cumsum([0] + counts[:-1])
     shard = np.searchsorted(starts, a, side="right") - 1
     pos = 0

@@ -52,13 +52,14 @@ def fail_on_seven(batch, rng):
 
 def expected(ds, fn, seed=0, epochs=1, world=None, shuffle=True):
     """What the loader must yield: the plan read with get_batch, then ``fn`` with the batch's generator."""
-    from fastdata.reading.order import epoch_batches
+    from fastdata.reading.order import all_rank_batches
 
     world = world or World(0, 1)
     d = fastdata.open(ds)
     out = []
     for e in range(epochs):
-        plan = epoch_batches(len(d), world=world, batch_size=4, shuffle=shuffle, drop_last=False, seed=seed, epoch=e)
+        plan = all_rank_batches(len(d), world=world, batch_size=4, shuffle=shuffle, drop_last=False, seed=seed, epoch=e,
+                                ranks=[world.rank])[0]
         for k, idx in enumerate(plan):
             b = fn(d.get_batch(idx), numpy_rng(seed, e, Stream.TRANSFORM, world.rank, k))
             out.append({n: torch.from_numpy(np.ascontiguousarray(v)) for n, v in b.items()})

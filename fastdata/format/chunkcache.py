@@ -2,7 +2,7 @@
 
 Reading a chunked array row by row would decode a whole chunk for each row. Readers of an
 in-place index (fastdata/format/inplace.py) keep the chunks they decoded here, so consecutive
-batches drawn from the same few chunks (``shuffle="chunks"``) decode each chunk once. A chunk
+batches drawn from the same few chunks (``shuffle=Shards()``) decode each chunk once. A chunk
 that one thread is decoding is waited for by the others, never decoded twice at the same time.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 
 DEFAULT_BYTES = 64 << 20
 _RETIRED = 4  # dropped chunk buffers kept for reuse
-MIN_CHUNKS = 6  # kept at least: shuffle="chunks" mixes 2 chunks at a time, and readers run a batch or two ahead
+MIN_CHUNKS = 6  # kept at least: shuffle=Shards() mixes 2 chunks at a time, and readers run a batch or two ahead
 
 
 class ChunkCache:

@@ -81,7 +81,7 @@ class Index:
 
     files: list[Stamp]
     parts: list[dict[str, Column]]
-    unit_rows: list[int]  # per part: the samples of one unit of shuffle="chunks"
+    unit_rows: list[int]  # per part: the samples of one unit of shuffle=Shards()
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": KIND, "files": [s.to_json() for s in self.files],

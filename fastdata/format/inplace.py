@@ -6,7 +6,7 @@ glob; one for a ``.npy`` set or a Zarr group) and whose ``source`` says where ea
 from a read-only memory map at its byte offset, as fastdata's own HDF5 shards are: no h5py call
 per batch. Chunked or compressed data (HDF5, Zarr) is read a whole chunk at a time into a per-process
 cache of decoded chunks (fastdata/format/chunkcache.py), so batches drawn from a few chunks
-(``shuffle="chunks"``) decode each chunk once. Source files are checked against their stamps when
+(``shuffle=Shards()``) decode each chunk once. Source files are checked against their stamps when
 the dataset is opened and when a process first reads them. See docs/in-place.md.
 """
 
@@ -75,20 +75,17 @@ def open_readers(root: Path | str, manifest: Manifest) -> list["PartReader"]:
     return readers
 
 
-def unit_counts(manifest: Manifest, stored: np.ndarray | None = None) -> list[int]:
-    """Samples per unit of ``shuffle="chunks"``: each part cut into its chunks (of its largest field).
-    ``stored``: the stored indices of a subset (sorted, as ``split`` gives them): its samples per unit."""
-    if manifest.backend != NAME:
-        raise UsageError("shuffle='chunks' is for in-place indexes (fastdata index); a converted dataset "
-                         "is read shard by shard with shuffle='shards'")
-    index = parse_index(manifest.source, "manifest")
-    out: list[int] = []
-    for info, unit in zip(manifest.shards, index.unit_rows):
-        out += [unit] * (info.count // unit) + ([info.count % unit] if info.count % unit else [])
-    if stored is None or len(stored) == manifest.num_samples:
-        return out
+def unit_counts(manifest: Manifest, stored: np.ndarray) -> list[int]:
+    """Samples per unit of ``shuffle=Shards()``: the shards, an in-place index's parts cut into their chunks (of
+    the largest field). ``stored``: the dataset's stored indices (a subset's, sorted as ``split`` gives them)."""
+    out = [s.count for s in manifest.shards]
+    if manifest.backend == NAME:
+        index = parse_index(manifest.source, "manifest")
+        out = []
+        for info, unit in zip(manifest.shards, index.unit_rows):
+            out += [unit] * (info.count // unit) + ([info.count % unit] if info.count % unit else [])
     if len(stored) and bool((np.diff(stored) <= 0).any()):
-        raise UsageError("shuffle='chunks' on a subset needs its samples in stored order (as split() gives them); "
+        raise UsageError("shuffle=Shards() on a subset needs its samples in stored order (as split() gives them); "
                          "subset(np.sort(indices)) keeps the same samples")
     bounds = np.concatenate(([0], np.cumsum(out)))
     return np.diff(np.searchsorted(stored, bounds)).tolist()

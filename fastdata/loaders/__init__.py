@@ -25,7 +25,7 @@ from fastdata.loaders.settings_cache import load_tuned
 from fastdata.loaders.torch_backend import TorchLoader
 from fastdata.loaders.transform import PerSample, TransformFn
 from fastdata.reading.dataset import Dataset
-from fastdata.reading.order import Shuffle
+from fastdata.reading.order import Block, Shards, Shuffle
 from fastdata.reading.samplers import Episodic, SamplerFn
 from fastdata.remote import RemoteOptions
 from fastdata.world import usable_cpus
@@ -71,8 +71,8 @@ def loader(
 
     ``source`` is a dataset folder, a URL (``s3://bucket/ds``, read through the node's shard cache; ``remote``
     sets it up, docs/remote.md) or an open :class:`Dataset`. Each epoch is a permutation drawn from
-    ``(seed, epoch)`` (``shuffle="block"``: nearly sequential reads; ``"shards"``: shard by shard, for datasets
-    larger than the cache; ``False``: storage order), split into disjoint equal shares across torch.distributed ranks.
+    ``(seed, epoch)`` (``fastdata.Block()``: nearly sequential reads; ``fastdata.Shards()``: shard by shard, for
+    datasets larger than the cache; ``False``: storage order), split into disjoint equal shares across ranks.
     ``augment`` is an :class:`fastdata.augment.Augment` or a list of its ops, applied on the device.
     ``num_workers`` is reader threads (or processes with ``LoaderConfig(mode="processes")``); 0 reads in the
     iterating thread.
@@ -184,4 +184,4 @@ def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augm
     return "dali"
 
 
-__all__ = ["Loader", "LoaderConfig", "PerSample", "TorchLoader", "loader"]
+__all__ = ["Block", "Loader", "LoaderConfig", "PerSample", "Shards", "TorchLoader", "loader"]

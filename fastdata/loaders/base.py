@@ -19,7 +19,7 @@ from fastdata.augment import Augment
 from fastdata.errors import FastdataError, LoaderWorkerError, UsageError
 from fastdata.format.inplace import unit_counts
 from fastdata.reading.dataset import Dataset
-from fastdata.reading.order import ORDER_RULE, SHUFFLES, Shuffle, all_rank_batches, num_batches
+from fastdata.reading.order import ORDER_RULE, Block, Shards, Shuffle, all_rank_batches, num_batches, shuffle_mode
 from fastdata.reading.readahead import ReadAhead, supported
 from fastdata.reading.samplers import SamplerFn, describe, rank_batches, world_batches
 from fastdata.remote.prefetch import PlanFollower
@@ -84,13 +84,11 @@ class Loader:
                  owns_dataset: bool = False, sampler: SamplerFn | None = None) -> None:
         if batch_size < 1:
             raise UsageError("batch_size must be positive")
-        if not any(shuffle is s or (isinstance(s, str) and shuffle == s) for s in SHUFFLES):
-            raise UsageError(f"shuffle must be True, False, 'block', 'shards' or 'chunks', not {shuffle!r}")
-        if shuffle == "chunks":
+        self.shuffle = shuffle_mode(shuffle)
+        if isinstance(self.shuffle, Shards):
             unit_counts(dataset.manifest, dataset.stored_indices)  # refuses what it cannot plan, now
         self.dataset = dataset
         self.batch_size = batch_size
-        self.shuffle = shuffle
         self.drop_last = drop_last
         self.seed = seed
         self.device = device
@@ -174,13 +172,10 @@ class Loader:
             batches = self._sampled_batches(ep, world)
             wanted = range(world.size) if ranks is None else ranks
             return [rank_batches(batches, World(r, world.size), self.drop_last) for r in wanted]
-        counts = [s.count for s in self.dataset.manifest.shards] if self.shuffle == "shards" else None
-        if self.shuffle == "chunks":  # an in-place index's chunks (fastdata/format/inplace.py)
-            counts = unit_counts(self.dataset.manifest, self.dataset.stored_indices)
+        ds = self.dataset
+        counts = unit_counts(ds.manifest, ds.stored_indices) if isinstance(self.shuffle, Shards) else None
         return all_rank_batches(len(self.dataset), world=world, batch_size=self.batch_size, shuffle=self.shuffle,
-                                drop_last=self.drop_last, seed=self.seed, epoch=ep,
-                                block=self.config.block, window=self.config.window, shard_counts=counts,
-                                shard_window=self.config.shard_window, ranks=ranks)
+                                drop_last=self.drop_last, seed=self.seed, epoch=ep, shard_counts=counts, ranks=ranks)
 
     def _lead(self) -> int:
         """Batches the backend may read ahead of the one handed out (remote prefetch starts beyond)."""
@@ -264,17 +259,21 @@ class Loader:
         """Where the loader stands: resuming from it yields exactly the rest of the epoch (after an
         epoch's last batch: the next epoch from its start)."""
         return {"version": _STATE_VERSION, "epoch": self.epoch, "batches_done": self._done, "seed": self.seed,
-                "batch_size": self.batch_size, "num_samples": len(self.dataset), "shuffle": self.shuffle,
+                "batch_size": self.batch_size, "num_samples": len(self.dataset), "shuffle": self._shuffle_name(),
                 "drop_last": self.drop_last, "world_size": self.world.size, "rank": self.world.rank,
                 "sampler": describe(self.sample_fn), "samples": self.dataset.identity(), "order": self._order_rule()}
 
+    def _shuffle_name(self) -> bool | str:
+        """The shuffle as a state records it: ``True``, ``False``, ``"block"`` or ``"shards"``."""
+        return self.shuffle if isinstance(self.shuffle, bool) else type(self.shuffle).__name__.lower()
+
     def _order_rule(self) -> dict[str, int] | None:
-        """What fixes a windowed shuffle's order besides the seed (the rule's version and the window
-        settings): a mid-epoch state resumes only with the same, or the rest of the epoch would differ."""
-        if self.shuffle in (True, False) or self.sample_fn is not None:
+        """What fixes a windowed shuffle's order besides the seed (the rule's version and the mode's sizes):
+        a mid-epoch state resumes only with the same, or the rest of the epoch would differ."""
+        s = self.shuffle
+        if isinstance(s, bool) or self.sample_fn is not None:
             return None
-        cfg = self.config
-        sizes = {"block": cfg.block, "window": cfg.window} if self.shuffle == "block" else {"shard_window": cfg.shard_window}
+        sizes = {"block": s.size, "window": s.window} if isinstance(s, Block) else {"shard_window": s.window}
         return {"rule": ORDER_RULE, **sizes}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -284,8 +283,10 @@ class Loader:
         process group exists); a state taken after an epoch's last batch resumes at the next epoch."""
         if state.get("version") != _STATE_VERSION:
             raise UsageError(f"unknown loader state version {state.get('version')!r}")
+        if state.get("shuffle") == "chunks":  # older fastdata's name for Shards on an in-place index: the same order
+            state = {**state, "shuffle": "shards"}
         mine = {"seed": self.seed, "batch_size": self.batch_size, "num_samples": len(self.dataset),
-                "shuffle": self.shuffle, "drop_last": self.drop_last, "sampler": describe(self.sample_fn),
+                "shuffle": self._shuffle_name(), "drop_last": self.drop_last, "sampler": describe(self.sample_fn),
                 "samples": self.dataset.identity()}
         for key in mine:
             if key in state and state[key] != mine[key]:  # states saved before samplers lack the last two
@@ -305,7 +306,7 @@ class Loader:
         if done and state.get("order") != self._order_rule():
             raise UsageError(
                 f"loader state was saved mid-epoch with shuffle={self.shuffle!r} order {state.get('order')!r} "
-                f"(older fastdata, or other block/window settings), this loader orders by {self._order_rule()!r}: "
+                f"(older fastdata, or another Block/Shards size), this loader orders by {self._order_rule()!r}: "
                 f"the rest of epoch {epoch} would differ. Use the same settings, or skip this state and "
                 f"start epoch {epoch + 1} afresh with set_epoch({epoch + 1})")
         self.epoch = epoch

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from fastdata.errors import UsageError
+
+# sizes that moved into the shuffle modes: a config that names one is refused, naming the mode to pass instead
+_MOVED = {"block": "Block({})", "window": "Block(window={})", "shard_window": "Shards(window={})"}
 
 
 @dataclass(frozen=True)
@@ -19,10 +22,9 @@ class LoaderConfig:
     gives images as float NCHW in [0, 1]; ``"uint8"`` keeps them as stored, uint8 ``(B, H, W, C)``:
     the choice when your model converts on the GPU (a quarter of the bytes to copy and move, no
     CPU pass; no ``augment`` then). The DALI backend uses ``prefetch`` (its queue depth),
-    ``channels_last``, ``images``, ``block`` and ``window``.
+    ``channels_last`` and ``images``.
     ``readahead``: bytes of shard file ranges hinted to the kernel beyond the batches being read,
     following the epoch plan (fastdata/reading/readahead.py; docs/loader.md, "Larger than RAM"); 0: off.
-    ``shard_window``: with ``shuffle="shards"``, how many shards' samples are mixed at a time.
     ``ragged``: ``"padded"`` pads ragged fields (and mixed-size images) to the batch's largest
     sample; ``"packed"`` gives them back to back with ``<name>_offsets`` (``Dataset.get_batch``),
     e.g. for ``torch.nested.nested_tensor_from_jagged(x, x_offsets)``; torch backend only, and
@@ -44,14 +46,19 @@ class LoaderConfig:
     pin_memory: bool | None = None
     channels_last: bool = True
     images: tuple[str, ...] | None = None
-    block: int = 256
-    window: int = 16
     image_dtype: Literal["float32", "uint8"] = "float32"
-    shard_window: int = 2
     ragged: Literal["padded", "packed"] = "padded"
     readahead: int = 256 << 20
     crop_decode: Literal["auto", "region", "off"] = "auto"
     timeout: float | None = None
+
+    def __new__(cls, *args: Any, **kw: Any) -> "LoaderConfig":
+        moved = sorted(_MOVED.keys() & kw.keys())
+        if moved:
+            key = moved[0]
+            raise UsageError(f"LoaderConfig({key}=...) is gone: the shuffle mode carries its sizes, "
+                             f"fastdata.loader(..., shuffle=fastdata.{_MOVED[key].format(kw[key])})")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         if self.mode not in ("threads", "processes"):
@@ -69,5 +76,3 @@ class LoaderConfig:
         if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
                                          or not self.timeout > 0):
             raise UsageError(f"timeout must be a number of seconds > 0 (or None: no limit), not {self.timeout!r}")
-        if self.block < 1 or self.window < 1 or self.shard_window < 1:
-            raise UsageError("block, window and shard_window must be positive")

@@ -1,51 +1,82 @@
 """Sample order as pure functions of (dataset size, world, seed, epoch): easy to test and to resume.
 
-Every rank computes the same epoch order and takes its own contiguous share, so shares are
-disjoint and every rank gets the same number of batches (no rank waits on another at the end
-of an epoch). See docs/loader.md for the exact rules.
+Every rank computes the same epoch order and takes its own contiguous share of it, so shares are disjoint
+and equal in batches (no rank waits on another at an epoch's end). The rules: docs/loader.md.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Sequence, Union
 
 import numpy as np
 
+from fastdata.errors import UsageError
 from fastdata.seeds import Stream, numpy_rng
 from fastdata.world import World
 
-Shuffle = Union[bool, Literal["block", "shards", "chunks"]]
-SHUFFLES: tuple[Shuffle, ...] = (True, False, "block", "shards", "chunks")
 STREAMS = 16  # a window of blocks or shards is read as about this many sequential streams (_streams)
 ORDER_RULE = 2  # bumped when an order changes for the same arguments (a loader state records it)
 
 
-def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int, block: int = 256, window: int = 16,
-                shard_counts: Sequence[int] | None = None, shard_window: int = 2) -> np.ndarray:
-    """A permutation of ``range(n)`` for one epoch.
+@dataclass(frozen=True)
+class _Windowed:
+    def __post_init__(self) -> None:
+        for key, v in vars(self).items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UsageError(f"{type(self).__name__}({key}={v!r}): {key} must be a positive integer")
 
-    ``True``: uniform permutation. ``False``: storage order. ``"block"``: blocks of ``block``
-    consecutive samples in random order, grouped in windows of ``window`` blocks; each window is
-    read as about :data:`STREAMS` sequential streams at once (:func:`_streams`), so the disk sees
-    long in-order runs for data larger than RAM. ``"shards"``: the shards (``shard_counts`` samples
-    each, in storage order) in random order, in windows of ``shard_window`` consecutive shards of
-    that order read the same way, so only a few shards are needed at a time
-    (datasets larger than the local cache, docs/remote.md). ``"chunks"``: the same with the chunks
-    of an in-place index as ``shard_counts`` (docs/in-place.md).
-    """
-    if shuffle is False:
+
+@dataclass(frozen=True)
+class Block(_Windowed):
+    """``shuffle=Block(size, window=...)``: blocks of ``size`` consecutive samples in random order, ``window``
+    blocks mixed at a time: nearly sequential reads for data larger than RAM (docs/loader.md)."""
+
+    size: int = 256
+    window: int = 16
+
+
+@dataclass(frozen=True)
+class Shards(_Windowed):
+    """``shuffle=Shards(window=...)``: the shards in random order, ``window`` of them mixed at a time, so only a
+    few are needed at once (remote datasets larger than the cache); an in-place index's shards are its chunks."""
+
+    window: int = 2
+
+
+Shuffle = Union[bool, Block, Shards, Literal["block", "shards"]]
+
+
+def shuffle_mode(shuffle: Shuffle) -> bool | Block | Shards:
+    """``shuffle`` checked, with the shorthands ``"block"`` and ``"shards"`` as ``Block()`` and ``Shards()``."""
+    if shuffle is True or shuffle is False or isinstance(shuffle, (Block, Shards)):
+        return shuffle
+    if shuffle == "block" or shuffle == "shards":
+        return Block() if shuffle == "block" else Shards()
+    raise UsageError(f"shuffle must be True, False, fastdata.Block(...) or fastdata.Shards(...) (an in-place index's "
+                     f"shards are its chunks; 'block' and 'shards' are the defaults), not {shuffle!r}")
+
+
+def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int,
+                shard_counts: Sequence[int] | None = None) -> np.ndarray:
+    """A permutation of ``range(n)``: uniform (``True``), storage order (``False``), or a :class:`Block` or
+    :class:`Shards` order over units (``shard_counts`` samples each, in storage order) (:func:`_windows`)."""
+    mode = shuffle_mode(shuffle)
+    if mode is False:
         return np.arange(n, dtype=np.int64)
     rng = numpy_rng(seed, epoch, Stream.ORDER)
-    if shuffle is True:
+    if isinstance(mode, bool):
         return rng.permutation(n).astype(np.int64)
-    if shuffle in ("shards", "chunks"):
-        return _shard_order(n, rng, shard_counts, shard_window)
-    if shuffle != "block":
-        raise ValueError(f"shuffle must be True, False, 'block', 'shards' or 'chunks', not {shuffle!r}")
-    if block < 1 or window < 1:
-        raise ValueError("block and window must be positive")
-    starts = np.arange(0, n, block)
-    return _windows(starts, np.minimum(starts + block, n) - starts, window, rng)
+    if isinstance(mode, Block):
+        starts = np.arange(0, n, mode.size)
+        return _windows(starts, np.minimum(starts + mode.size, n) - starts, mode.window, rng)
+    if shard_counts is None:
+        raise ValueError("Shards needs the samples per shard (shard_counts)")
+    sizes = np.asarray(shard_counts, dtype=np.int64)
+    if sizes.sum() != n or (sizes < 0).any():
+        raise ValueError(f"shard_counts add up to {int(sizes.sum())}, not to the {n} samples")
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])) if len(sizes) else sizes
+    return _windows(starts, sizes, mode.window, rng)
 
 
 def _windows(starts: np.ndarray, sizes: np.ndarray, window: int, rng: np.random.Generator) -> np.ndarray:
@@ -58,15 +89,11 @@ def _windows(starts: np.ndarray, sizes: np.ndarray, window: int, rng: np.random.
 
 
 def _streams(segments: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """A window's ``segments`` (contiguous runs in storage order) consumed side by side: round ``r``
-    takes the ``r``-th sample of every segment that has one, in a random order. Each segment is read
-    front to back and every batch holds about ``batch / len(segments)`` consecutive samples of each:
-    the disk serves that many sequential runs (long requests once read-ahead merges a few batches)
-    instead of random samples, while a batch still mixes every place of the window."""
+    """A window's ``segments`` (contiguous runs in storage order) consumed side by side, round ``r`` taking the
+    ``r``-th sample of each in a random order: the disk serves sequential runs while a batch mixes the window."""
     if len(segments) <= 1:
         return segments[0] if segments else np.zeros(0, dtype=np.int64)
-    lengths = np.array([len(g) for g in segments])
-    per = int(lengths.max())
+    per = max(len(g) for g in segments)
     grid = np.full((len(segments), per), -1, dtype=np.int64)
     for i, g in enumerate(segments):
         grid[i, : len(g)] = g
@@ -86,33 +113,15 @@ def _split(sizes: np.ndarray, starts: np.ndarray, streams: int) -> list[np.ndarr
     return out
 
 
-def _shard_order(n: int, rng: np.random.Generator, counts: Sequence[int] | None, window: int) -> np.ndarray:
-    if counts is None:
-        raise ValueError("shuffle='shards' needs the samples per shard (shard_counts)")
-    sizes = np.asarray(counts, dtype=np.int64)
-    if sizes.sum() != n or (sizes < 0).any():
-        raise ValueError(f"shard_counts add up to {int(sizes.sum())}, not to the {n} samples")
-    if window < 1:
-        raise ValueError("shard_window must be positive")
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])) if len(sizes) else sizes
-    return _windows(starts, sizes, window, rng)
-
-
 def _share_size(n: int, world: World, drop_last: bool) -> int:
     """Samples per rank: ``n`` split evenly, the remainder dropped or filled up by wrapping around."""
     return n // world.size if drop_last else -(-n // world.size)
 
 
 def rank_share(order: np.ndarray, world: World, drop_last: bool) -> np.ndarray:
-    """This rank's contiguous share of the epoch order, equal in length on every rank.
-
-    ``drop_last=False`` pads the order by wrapping around to a multiple of the world size (at
-    most ``size - 1`` samples are read twice in the epoch); ``drop_last=True`` drops the last
-    ``n % size`` samples instead.
-    """
+    """This rank's contiguous share of the epoch order, equal in length on every rank: ``drop_last=False`` wraps
+    around to a multiple of the world size (at most ``size - 1`` samples read twice), ``True`` drops the rest."""
     n, size = len(order), world.size
-    if size == 1:
-        return order
     per = _share_size(n, world, drop_last)
     total = per * size
     if total > n:
@@ -122,8 +131,6 @@ def rank_share(order: np.ndarray, world: World, drop_last: bool) -> np.ndarray:
 
 def batch_plan(indices: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
     """Cut a rank's indices into batches; ``drop_last`` drops a final partial batch."""
-    if batch_size < 1:
-        raise ValueError("batch_size must be positive")
     stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
     return [indices[a : min(a + batch_size, stop)] for a in range(0, stop, batch_size)]
 
@@ -134,24 +141,12 @@ def num_batches(n: int, world: World, batch_size: int, drop_last: bool) -> int:
     return per // batch_size if drop_last else -(-per // batch_size)
 
 
-def epoch_batches(
-    n: int, *, world: World, batch_size: int, shuffle: Shuffle, drop_last: bool, seed: int, epoch: int,
-    block: int = 256, window: int = 16, shard_counts: Sequence[int] | None = None, shard_window: int = 2,
-) -> list[np.ndarray]:
-    """All batches of one epoch for one rank, in order."""
-    return all_rank_batches(n, world=world, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
-                            epoch=epoch, block=block, window=window, shard_counts=shard_counts,
-                            shard_window=shard_window, ranks=[world.rank])[0]
-
-
 def all_rank_batches(
     n: int, *, world: World, batch_size: int, shuffle: Shuffle, drop_last: bool, seed: int, epoch: int,
-    block: int = 256, window: int = 16, shard_counts: Sequence[int] | None = None, shard_window: int = 2,
-    ranks: Sequence[int] | None = None,
+    shard_counts: Sequence[int] | None = None, ranks: Sequence[int] | None = None,
 ) -> list[list[np.ndarray]]:
     """The batches of one epoch for each rank in ``ranks`` (default: every rank of ``world``),
     from one epoch order (a remote dataset's cache ranks shards by every local rank's next use)."""
-    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch, block=block, window=window,
-                        shard_counts=shard_counts, shard_window=shard_window)
+    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch, shard_counts=shard_counts)
     ranks = range(world.size) if ranks is None else ranks
     return [batch_plan(rank_share(order, World(r, world.size), drop_last), batch_size, drop_last) for r in ranks]

@@ -29,7 +29,7 @@ from fastdata.format.inplace import NAME, index_of
 from fastdata.format.spec import KEYS_INDEX, KeysInfo
 
 DEFAULT_FIELD = "x"  # the field of a single .npy file or Zarr array indexed without --field
-_UNIT_BYTES = 4 << 20  # contiguous data: the unit of shuffle="chunks" is about this many bytes
+_UNIT_BYTES = 4 << 20  # contiguous data: the unit of shuffle=Shards() is about this many bytes
 
 
 @dataclass
@@ -95,7 +95,7 @@ def _npy_path(base: str, rel: str) -> str:
 def _plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, int],
                specs: dict[str, FieldSpec]) -> tuple[dict[str, Column], int, int]:
     """Each field's column in one source file (several files for .npy), checked against the others:
-    the columns, the samples, and the samples of one shuffle="chunks" unit."""
+    the columns, the samples, and the samples of one shuffle=Shards() unit."""
     cols: dict[str, Column] = {}
     count: int | None = None
     first = ""
