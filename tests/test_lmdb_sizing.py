@@ -39,7 +39,7 @@ def test_map_grows_from_a_tiny_estimate_and_the_file_is_right_sized(tmp_path, mo
     assert normal.grows == 0 and tiny.grows >= 3
     for path in (tmp_path / "normal.lmdb", tmp_path / "tiny.lmdb"):
         used = _pages(path)
-        assert path.stat().st_size == used + lmdb_format.tail_guard_bytes(4096, 8 + 8 + 37 * 64)
+        assert path.stat().st_size == used + lmdbwrite.tail_guard_bytes(4096, 8 + 8 + 37 * 64)
         assert used < 2 * 4 * 16 * rows.sum()  # payload 4 bytes x 16 x rows, with B-tree overhead
     assert (tmp_path / "normal.lmdb").stat().st_size == (tmp_path / "tiny.lmdb").stat().st_size  # growing costs nothing
 

@@ -1,5 +1,5 @@
-"""LMDB records, the layout both sides share (fastdata/format/lmdb.py describes it), and writing
-LMDB shards: records appended in key order, committed in batches, the map grown on demand."""
+"""Writing LMDB shards: records (their layout: fastdata/format/lmdb.py) appended in key order,
+committed in batches, the map grown on demand."""
 
 from __future__ import annotations
 
