@@ -24,7 +24,6 @@ manifest when it opens the shard, so a shard of another dataset, or one renamed,
 from __future__ import annotations
 
 import json
-import math
 import os
 import struct
 import threading
@@ -105,11 +104,10 @@ class _Decoder:
 
 @dataclass
 class RecordIndex:
-    """Every record's layout in one shard of a schema with ragged or compressed fields, read once per
-    process: a batch then needs no per-sample header parsing, only a comparison per record."""
+    """Every record's layout in one shard (schemas with ragged or compressed fields: read once per
+    process), so a batch needs no per-sample header parsing, only a comparison per record."""
 
     sizes: np.ndarray  # (count, fields) int64: payload bytes of each field
-    offsets: np.ndarray  # (count, fields) int64: where each payload starts in its record
     total: np.ndarray  # (count,) int64: record length; -1 for a record that failed its checks
     bad: dict[int, str]  # local index -> what is wrong with that record
     small: dict[int, np.ndarray] = field(default_factory=dict)  # field index -> its values (small fixed fields)
@@ -256,8 +254,9 @@ class ShardReader(ShardReaderBase[_Handle]):
         return (start + self._field_offsets[self._index[name]]) % 64
 
     def records(self) -> RecordIndex:
-        """The layout of every record of this shard, built on first use in each process by reading
-        each record's header once; a bad record is remembered and raises when it is read."""
+        """The layout of every record of this shard: the schema's for fixed-size records, else built on
+        first use in each process by reading each record's header once (a bad record is remembered
+        and raises when it is read)."""
         h = self.handle()
         if h.index is not None:
             return h.index
@@ -267,8 +266,12 @@ class ShardReader(ShardReaderBase[_Handle]):
         return h.index
 
     def _build_index(self, h: _Handle) -> RecordIndex:
-        """Every record's layout, from one cursor pass over the shard."""
-        n, hs = self.info.count, self._header_size
+        """Every record's layout, from one cursor pass over the shard (from the schema if fixed)."""
+        n = self.info.count
+        if self._record_size is not None:
+            row = np.array([f.row_nbytes for f in self.all_fields], dtype=np.int64)
+            total = np.full(n, self._record_size, dtype=np.int64)
+            return RecordIndex(sizes=np.broadcast_to(row, (n, len(row))), total=total, bad={})
         sizes = np.zeros((n, len(self.all_fields)), dtype=np.int64)
         total = np.full(n, -1, dtype=np.int64)
         bad: dict[int, str] = {}
@@ -301,8 +304,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             bad.setdefault(local, f"{self._where(local)}: record is missing")
         values = {i: col.view(self.all_fields[i].np_dtype).reshape((n, *self.all_fields[i].trailing))
                   for i, col in small.items()}
-        return RecordIndex(sizes=sizes, offsets=hs + np.cumsum(sizes, axis=1) - sizes, total=total, bad=bad,
-                           small=values)
+        return RecordIndex(sizes=sizes, total=total, bad=bad, small=values)
 
     def _check_good(self, ix: RecordIndex, local: np.ndarray) -> None:
         if ix.bad:
@@ -324,18 +326,18 @@ class ShardReader(ShardReaderBase[_Handle]):
         if self._record_size is not None and self._record_size <= _GATHER_RECORD_BYTES:
             self._read_small(local, dest, outs)
             return
-        wanted = [(self._index[name], self.all_fields[self._index[name]], out) for name, out in outs.items()]
-        if self._record_size is not None:
-            self._read_fixed(local, dest, wanted)
-            return
         ix = self.records()
         self._check_good(ix, local)
+        lens = ix.sizes[local]
+        starts = self._header_size + np.cumsum(lens, axis=1) - lens
         plan: list[tuple[Any, ...]] = []
-        for i, f, out in wanted:
+        for name, out in outs.items():
+            i = self._index[name]
+            f = self.all_fields[i]
             if i in ix.small:
                 out[dest] = ix.small[i][local]  # no record needed
                 continue
-            offs, sizes = ix.offsets[local, i].tolist(), ix.sizes[local, i].tolist()
+            offs, sizes = starts[:, i].tolist(), lens[:, i].tolist()
             if f.ragged:
                 plan.append((offs, sizes, None, RaggedOut(out, (layouts or {}).get(f.name)), None, None))
             elif f.compression is not None:
@@ -345,7 +347,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         if not plan:
             return
         totals = ix.total[local].tolist()
-        heads = self._headers_of(ix.sizes[local])
+        heads = self._headers_of(lens)
         with self._env(local).begin(buffers=True) as txn:
             for k, (l, d) in enumerate(zip(local.tolist(), dest.tolist())):
                 buf = self._get(txn, l)
@@ -363,18 +365,6 @@ class ShardReader(ShardReaderBase[_Handle]):
         """The byte ranges of this file holding records ``local``: none, as LMDB alone knows where its
         records lie (so read-ahead hints nothing for LMDB shards)."""
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-
-    def _read_fixed(self, local: np.ndarray, dest: np.ndarray, wanted: list[tuple[int, FieldSpec, np.ndarray]]) -> None:
-        """Fixed-layout records: one header comparison per record, then straight copies."""
-        hs, size, head = self._header_size, self._record_size, self._expected_header
-        plan = [(self._field_offsets[i], f.np_dtype, math.prod(f.trailing), f.trailing, out) for i, f, out in wanted]
-        with self._env(local).begin(buffers=True) as txn:
-            for l, d in zip(local.tolist(), dest.tolist()):
-                buf = self._get(txn, l)
-                if len(buf) != size or buf[:hs] != head:
-                    self._layout(buf, l)  # raises, naming what is wrong
-                for off, dtype, count, shape, out in plan:
-                    out[d] = np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape)
 
     def _headers_of(self, sizes: np.ndarray) -> np.ndarray:
         """The header bytes (k, header size) that records with these payload sizes (k, fields) carry."""
