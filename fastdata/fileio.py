@@ -133,9 +133,8 @@ def disk_full(path: str | os.PathLike[str], need: int) -> bool:
 
 def try_lock(path: Path, no_locks: Callable[[], None] | None = None) -> int | None:
     """A descriptor of ``path`` (created if needed) holding an exclusive ``flock``, or None while another
-    process holds it. The kernel drops the lock when its holder dies, however it dies, so no lock is
-    ever left stale. ``no_locks`` is called where the file system has no locks (the file is then used
-    unlocked); without it, that OSError raises (as do open's)."""
+    process holds it; the kernel drops it when its holder dies, so it is never left stale. ``no_locks``:
+    called where the file system has no locks (the file is then used unlocked); else that OSError raises."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:

@@ -24,9 +24,8 @@ from hypothesis import strategies as st
 
 from fastdata.converters.npy_parse import parse_header, read_npy_header, read_npz_headers
 from fastdata.errors import CorruptShardError, DataError, FormatError
-from fastdata.format import ShardInfo, make_field, read_manifest
+from fastdata.format import ShardInfo, lmdbwrite, make_field, read_manifest
 from fastdata.format import lmdb as lmdb_format
-from fastdata.format import lmdbwrite
 from fastdata.format.manifest import parse_manifest
 
 CI_EXAMPLES = int(os.environ.get("FASTDATA_FUZZ_EXAMPLES", "200"))

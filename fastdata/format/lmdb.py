@@ -1,25 +1,5 @@
-"""LMDB shards: one environment file per shard, one record per sample, read through py-lmdb.
-
-Key: the sample's global index as an 8-byte big-endian unsigned integer, so keys sort
-in sample order and are written with ``append=True``.
-
-Record (all integers little-endian; see docs/format.md)::
-
-    offset 0        magic   b"FDR1"
-    offset 4        u32     number of fields n (equals the manifest's field count)
-    offset 8        n x u64 payload size in bytes of each field, in manifest order
-    offset 8 + 8n   payloads, concatenated: each field's array in C order, in its dtype
-
-A ragged field's first-axis length is its payload size divided by the row size. A compressed
-field's payload (``"compression": "blosc"`` in the manifest) is one Blosc buffer holding the sample
-(fastdata/format/codec.py); its size in the header is the stored size.
-Every record header is checked before any byte is copied: against the schema, or for schemas with
-ragged or compressed fields against the record index that the shard's first read built.
-
-One more record, under the key ``SHARD_KEY`` (all bits set, after every sample), describes
-the shard as JSON: its first sample, its count and the schema. A reader compares it with the
-manifest when it opens the shard, so a shard of another dataset, or one renamed, is refused.
-"""
+"""Reading LMDB shards through py-lmdb: one environment file per shard, one record per sample under
+its global index, the shard's own description under SHARD_KEY (layout and checks: docs/format.md)."""
 
 from __future__ import annotations
 
@@ -86,8 +66,7 @@ def _reset_envs_in_child() -> None:
     _envs.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_envs_in_child)
+os.register_at_fork(after_in_child=_reset_envs_in_child)
 
 
 class _Decoder:
