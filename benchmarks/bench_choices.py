@@ -1,4 +1,4 @@
-"""A/B runs behind six reading choices (issue 16), each pair interleaved in one process.
+"""A/B runs behind five reading choices (issue 16), each pair interleaved in one process.
 
 Usage::
 
@@ -16,11 +16,7 @@ Usage::
 4. The float conversion of one decoded 256x256 image while it is in cache (``decode="float"``), 2
    threads each filling its own batch buffer: a plain cast into the batch row, then the multiply in
    place, against one mixed-type ``np.multiply(pixels, 1/255, out=row)``.
-5. LMDB shards of 196 KB records (the images of 3., converted ``--images raw``), ``get_batch`` of
-   random batches on 2 threads: records copied from the reader's own map once their place in the
-   file is known (``fastdata.format.lmdb._Located``) against every record fetched through py-lmdb,
-   which touches each page of a value before returning it.
-6. Mixed-size images (sides 160-352) copied into their batch padded to the largest height and width,
+5. Mixed-size images (sides 160-352) copied into their batch padded to the largest height and width,
    one thread (what ``get_batch`` does for a mixed-size ``pixels`` field): each image's whole block
    zeroed first, then its rows copied (``fastdata.format.shardio.RaggedOut``), against the rows
    copied first, then the right and bottom margins zeroed.
@@ -125,26 +121,6 @@ def image_float_choice(pool: ThreadPoolExecutor, batches: int) -> dict[str, Call
             "image to float in cache: one mixed-type np.multiply (before)": lambda _i: list(pool.map(mixed_multiply, range(THREADS)))}
 
 
-def lmdb_choice(pool: ThreadPoolExecutor, root: Path) -> dict[str, Callable[[int], Any]]:
-    now, before = fastdata.open(root), fastdata.open(root)
-    for r in before._readers:
-        r._located = lambda: None  # type: ignore[attr-defined,method-assign]  # every record through py-lmdb
-    n = len(now)
-    plan = [p[a : a + BATCH] for p in [np.random.default_rng(4).permutation(n)] for a in range(0, n, BATCH)]
-    shape = now.manifest.fields[0].shape
-    bufs = [{"image": np.empty((BATCH, *shape), np.uint8), "label": np.empty(BATCH, np.int64)} for _ in range(4)]
-
-    def run(ds: fastdata.Dataset) -> Callable[[int], Any]:
-        def read(k: int) -> None:
-            b = len(plan[k])
-            ds.get_batch(plan[k], out={name: a[:b] for name, a in bufs[k % 4].items()})
-
-        return lambda _i: list(pool.map(read, range(len(plan))))
-
-    return {"lmdb 196 KB records: copied from the reader's map (now)": run(now),
-            "lmdb 196 KB records: fetched through py-lmdb (before)": run(before)}
-
-
 def padded_choice(n: int, batches: int) -> dict[str, Callable[[int], Any]]:
     rng = np.random.default_rng(6)
     images = [rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8) for h, w in rng.integers(160, 353, (n, 2))]
@@ -179,9 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         jpeg, closers = jpeg_choice(work / "jpeg_ds")
         fns.update(jpeg)
         fns.update(image_float_choice(pool, 1 if args.quick else 4))
-        fastdata.convert(work / "jpegs", work / "raw_lmdb", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=THREADS), images=fastdata.ImageOptions(images="raw")))
-        _harness.warm_page_cache(work / "raw_lmdb")
-        fns.update(lmdb_choice(pool, work / "raw_lmdb"))
         fns.update(padded_choice(100 if args.quick else 800, 2 if args.quick else 24))
         times = _harness.time_interleaved(fns, repeats=2 * rounds, warmup=1, rounds=rounds)
         names = list(fns)

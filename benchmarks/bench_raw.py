@@ -170,7 +170,7 @@ def numpy_padded_epoch(images: list[np.ndarray], plan: list[np.ndarray], buf: np
     """The padded layout's own cost, no reader: numpy copies each in-RAM image into the batch padded
     to its largest height and width, padding zeroed, as ``get_batch`` must. ``zero_first``: each
     image's whole block zeroed, then its rows copied (the readers' order); else the rows first, then
-    the right and bottom margins (the order before; both compared in bench_choices 6)."""
+    the right and bottom margins (the order before; both compared in bench_choices 5)."""
     for idx in plan:
         hs = [images[i].shape[0] for i in idx]
         ws = [images[i].shape[1] for i in idx]

@@ -1,4 +1,5 @@
-"""File utilities every layer shares: positional reads, atomic writes, durable renames, hashing.
+"""File utilities every layer shares: positional reads, atomic writes, durable renames, hashing,
+lock files.
 
 Nothing here knows the fastdata format; the format, the converters, training checkpoints and
 the tools all write through these so a crash never leaves a half-written file under a final name.
@@ -6,10 +7,15 @@ the tools all write through these so a crash never leaves a half-written file un
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
+import json
 import os
 import secrets
+import socket
 import stat
+import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -123,3 +129,76 @@ def disk_full(path: str | os.PathLike[str], need: int) -> bool:
     except OSError:
         return False
     return st.f_bavail * st.f_frsize < need
+
+
+def try_lock(path: Path, no_locks: Callable[[], None] | None = None) -> int | None:
+    """A descriptor of ``path`` (created if needed) holding an exclusive ``flock``, or None while another
+    process holds it; the kernel drops it when its holder dies, so it is never left stale. ``no_locks``:
+    called where the file system has no locks (the file is then used unlocked); else that OSError raises."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except OSError as e:
+            if no_locks is None or e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                os.close(fd)
+                raise
+            no_locks()
+        try:  # a holder that just finished removes the file: lock the one now at the path
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def record_holder(fd: int) -> Any:
+    """Name this process (pid, host, time) in the lock file held through ``fd``, for the messages of
+    those who wait; returns what the file said before (parsed JSON, None if nothing)."""
+    try:
+        before = json.loads(os.pread(fd, 4096, 0) or b"null")
+    except ValueError:
+        before = None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}).encode(), 0)
+    return before
+
+
+def lock_holder(path: Path) -> str | None:
+    """Who holds the lock on ``path`` (``"fastdata pid N on HOST"``, as its file names them), or None
+    when nobody does (or the file system has no locks)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: released when fd closes
+        return None
+    except BlockingIOError:
+        try:
+            info = json.loads(os.pread(fd, 4096, 0))
+            return f"fastdata pid {int(info['pid'])} on {info['host']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "a fastdata process"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def unlock(fd: int, path: Path | None = None) -> None:
+    """Release a lock of :func:`try_lock` (also where a forked child still has the descriptor); with
+    ``path``, remove its file first, still holding it, so that a waiter never locks a removed file."""
+    try:
+        if path is not None:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass  # the lock itself still goes
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

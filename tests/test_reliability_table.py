@@ -32,7 +32,7 @@ CHECKS: dict[str, list[str]] = {
     ],
     "the shard's size has not changed since it was opened": [
         "test_reliability_read.py::test_shard_truncated_while_open_raises_instead_of_sigbus",  # read, cut, read
-        "test_lmdb_located.py::test_a_shard_truncated_after_its_records_were_located_is_an_error",
+        "test_lmdb_read.py::test_a_shard_truncated_after_its_first_read_is_an_error",
     ],
     "HDF5: every field's dataset, dtype, shape; ragged offsets; data inside the file; the shard's first "
     "sample (`fastdata_start`)": [
@@ -49,11 +49,10 @@ CHECKS: dict[str, list[str]] = {
     "LMDB: record present; magic, field count, payload sizes and record length match the schema": [
         "test_reliability_read.py::test_flipped_record_header_names_the_sample_in_every_read_path",  # first read
         "test_dataset.py::test_lmdb_flipped_header_byte",
-        "test_lmdb_reread.py::test_small_records_are_checked_on_every_read_not_only_the_first",
+        "test_lmdb_read.py::test_small_records_are_checked_on_every_read_not_only_the_first",
     ],
     "LMDB: the record's header (magic, field count, payload sizes) is the one that first read found": [
-        "test_lmdb_reread.py::test_a_record_header_rewritten_in_place_after_the_first_read_raises",
-        "test_lmdb_reread.py::test_ragged_records_read_through_lmdb_compare_their_header_on_every_read",
+        "test_lmdb_read.py::test_a_record_header_rewritten_in_place_after_the_first_read_raises",
     ],
     "images decode, to exactly their recorded size; a PNG in its recorded mode (a JPEG is converted to it, "
     "[backends.md](backends.md#jpeg-decoders-on-the-cpu-simplejpeg-and-pil))": [
@@ -107,11 +106,6 @@ GUARDS: dict[str, tuple[tuple[str, ...], str, list[str] | None]] = {
         ("fastdata.format.shardio:ShardReaderBase._check_unchanged",), "None", None),
     "LMDB: its last page lies inside the file; the shard's own record of its first sample, count and schema": (
         ("fastdata.format.lmdb:ShardReader._check_meta", "fastdata.format.lmdb:ShardReader._check_shard_record"), "None", None),
-    # only the reads copied from the map: reads through LMDB compare the header inline in ShardReader's
-    # read loop (test_ragged_records_read_through_lmdb_compare_their_header_on_every_read), no function to switch off
-    "LMDB: the record's header (magic, field count, payload sizes) is the one that first read found": (
-        ("fastdata.format.lmdb:ShardReader._check_mapped_headers",), "None",
-        ["test_lmdb_reread.py::test_a_record_header_rewritten_in_place_after_the_first_read_raises"]),
     "checksum of every shard": (("fastdata.measure.verify:_check_shard",), "None", None),
     "labels within the class list; each sample as decoded": (("fastdata.measure.verify:check_samples",), "(0, [])", None),
     "in-place index built with `--checksum`: each 1 MiB block of a source file (of each file of a Zarr store) "

@@ -1,35 +1,11 @@
-"""LMDB shards: one environment file per shard, one record per sample.
-
-Key: the sample's global index as an 8-byte big-endian unsigned integer, so keys sort
-in sample order and are written with ``append=True``.
-
-Record (all integers little-endian; see docs/format.md)::
-
-    offset 0        magic   b"FDR1"
-    offset 4        u32     number of fields n (equals the manifest's field count)
-    offset 8        n x u64 payload size in bytes of each field, in manifest order
-    offset 8 + 8n   payloads, concatenated: each field's array in C order, in its dtype
-
-A ragged field's first-axis length is its payload size divided by the row size. A compressed
-field's payload (``"compression": "blosc"`` in the manifest) is one Blosc buffer holding the sample
-(fastdata/format/codec.py); its size in the header is the stored size.
-Every record header is checked against the schema before any byte is copied. Large records
-(over 64 KiB) are copied from the reader's own map of the file once their place is known
-(:class:`~.lmdbmap.Located`: from LMDB's B-tree pages when the shard is opened, fastdata/format/lmdbtree.py); each such read first compares the record's header in the map with the one
-its first read through LMDB found.
-
-One more record, under the key ``SHARD_KEY`` (all bits set, after every sample), describes
-the shard as JSON: its first sample, its count and the schema. A reader compares it with the
-manifest when it opens the shard, so a shard of another dataset, or one renamed, is refused.
-"""
+"""Reading LMDB shards through py-lmdb: one environment file per shard, one record per sample under
+its global index, the shard's own description under SHARD_KEY (layout and checks: docs/format.md)."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import struct
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,27 +16,57 @@ import numpy as np
 
 from fastdata.errors import CorruptShardError
 from fastdata.format import codec as blosc_codec
-from fastdata.format import lmdbtree
-from fastdata.format.lmdbindex import RecordIndex, build_index
-from fastdata.format.lmdbmap import Located, acquire_env, release_env
-from fastdata.format.lmdbwrite import (
-    MAGIC,
-    SHARD_KEY,
-    ShardWriter,
-    encode_record,
-    initial_map_size,
-    key,
-    parse_compression,
-    shard_record,
-    tail_guard_bytes,
-)
+from fastdata.format.lmdbwrite import KEY, MAGIC, SHARD_KEY, ShardWriter, key, parse_compression, shard_record
 from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase
 from fastdata.format.spec import FieldSpec, ShardInfo
 
 EXTENSION = ".lmdb"
 _MAX_SHARD_RECORD = 1 << 20
 _GATHER_RECORD_BYTES = 64 << 10  # smaller fixed-layout records are fetched with one getmulti
-_Located = Located  # the name tests and benchmarks patch
+_SMALL_FIELD_BYTES = 64  # fixed fields up to this size per sample are kept in a shard's record index
+
+# py-lmdb refuses to open a file that this process already has open, so every reader of one
+# shard file shares one environment: reference-counted, keyed by the file's identity (a file
+# replaced at the same path is a new file). A forked child closes the parent's copies.
+_envs_lock = threading.RLock()  # reentrant: a finalizer (GC) may release an environment mid-acquire
+_envs: dict[tuple[int, int], list[Any]] = {}  # (st_dev, st_ino) -> [environment, users]
+
+
+def _acquire_env(path: Path, st: os.stat_result) -> lmdb.Environment:
+    ident = (st.st_dev, st.st_ino)
+    with _envs_lock:
+        entry = _envs.get(ident)
+        if entry is None:
+            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False,
+                            meminit=False, max_readers=1024, max_dbs=0)
+            entry = _envs[ident] = [env, 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release_env(env: lmdb.Environment) -> None:
+    with _envs_lock:
+        for ident, entry in list(_envs.items()):
+            if entry[0] is env:
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del _envs[ident]
+                    env.close()
+                return
+
+
+def _reset_envs_in_child() -> None:
+    global _envs_lock
+    _envs_lock = threading.RLock()  # another thread may have held it at fork time
+    for env, _ in _envs.values():
+        try:
+            env.close()
+        except lmdb.Error:
+            pass
+    _envs.clear()
+
+
+os.register_at_fork(after_in_child=_reset_envs_in_child)
 
 
 class _Decoder:
@@ -76,12 +82,22 @@ class _Decoder:
 
 
 @dataclass
+class RecordIndex:
+    """Every record's layout in one shard (schemas with ragged or compressed fields: read once per
+    process), so a batch needs no per-sample header parsing, only a comparison per record."""
+
+    sizes: np.ndarray  # (count, fields) int64: payload bytes of each field
+    total: np.ndarray  # (count,) int64: record length; -1 for a record that failed its checks
+    bad: dict[int, str]  # local index -> what is wrong with that record
+    small: dict[int, np.ndarray] = field(default_factory=dict)  # field index -> its values (small fixed fields)
+
+
+@dataclass
 class _Handle:
     env: lmdb.Environment
     fd: int  # the same file, for a cheap size check before each read
     index: RecordIndex | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    located: Located | None = None  # where records lie in the file (Linux)
 
 
 class ShardReader(ShardReaderBase[_Handle]):
@@ -102,45 +118,16 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _open_checked(self, fd: int, st: os.stat_result) -> _Handle:
         try:
-            env = acquire_env(self.path, st)
+            env = _acquire_env(self.path, st)
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
         try:
             self._check_meta(env, st.st_size)
             self._check_shard_record(env)
-            located = None  # (small records are read through LMDB: their places serve read-ahead only)
-            if sys.platform.startswith("linux"):
-                try:
-                    located = Located(fd, self.info.count)
-                except (OSError, ValueError):  # no second map (address space, limits): read through LMDB
-                    located = None
-                if located is not None:
-                    self._locate_all(env, fd, located)
         except BaseException:
-            release_env(env)
+            _release_env(env)
             raise
-        return _Handle(env, fd, located=located)
-
-    def _locate_all(self, env: lmdb.Environment, fd: int, loc: Located) -> None:
-        """Every record's place from the B-tree pages (fastdata/format/lmdbtree.py), kept only if the
-        first record's place agrees with what LMDB itself returns: a cold first epoch then reads
-        records from the map (and read-ahead hints them) instead of page by page through LMDB."""
-        n = self.info.count
-        if n == 0:
-            return
-        try:
-            offs, sizes = lmdbtree.record_offsets(fd, env.stat()["psize"], self.info.stored_start, n)
-            with env.begin(buffers=True) as txn:
-                buf = txn.get(key(self.info.stored_start))
-                check = None if buf is None else loc.offset_of(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
-                first_size = 0 if buf is None else len(buf)
-        except (lmdbtree.LayoutUnknown, lmdb.Error, OSError, struct.error):
-            return
-        if check is None or check != offs[0] or first_size != sizes[0] or (offs < 0).any() or \
-                (offs + sizes > len(loc.mem)).any():
-            return
-        loc.offsets[:] = offs
-        loc.sizes = sizes
+        return _Handle(env, fd)
 
     def _check_meta(self, env: lmdb.Environment, size: int) -> None:
         """liblmdb refuses page numbers past its last page but trusts that page to lie in the file:
@@ -180,9 +167,8 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     @staticmethod
     def _close_handle(handle: _Handle) -> None:
-        handle.located = None  # its map goes with the last array still copying from it
         os.close(handle.fd)
-        release_env(handle.env)
+        _release_env(handle.env)
 
     def _after_fork_in_child(self) -> None:
         # The environment registry closes the parent's environments in the child itself.
@@ -197,11 +183,9 @@ class ShardReader(ShardReaderBase[_Handle]):
         self._check_unchanged(h.fd, local)
         return h.env
 
-    def _layout(self, buf: memoryview | bytes, local: int, total: int | None = None) -> list[tuple[int, int]]:
-        """(offset, nbytes) of each field in one record, after checking the header (``buf`` may hold
-        the header only when ``total`` gives the record's length)."""
+    def _layout(self, buf: memoryview | bytes, local: int) -> list[tuple[int, int]]:
+        """(offset, nbytes) of each field in one record, after checking its header."""
         where = self._where(local)
-        total = len(buf) if total is None else total
         if len(buf) < self._header_size or buf[:4] != MAGIC:
             raise CorruptShardError(f"{where}: bad record header")
         if self._record_size is not None:
@@ -226,8 +210,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         for s in sizes:
             out.append((pos, s))
             pos += s
-        if pos != total:
-            raise CorruptShardError(f"{where}: record is {total} bytes, its header says {pos}")
+        if pos != len(buf):
+            raise CorruptShardError(f"{where}: record is {len(buf)} bytes, its header says {pos}")
         return out
 
     def _get(self, txn: lmdb.Transaction, local: int) -> memoryview | bytes:
@@ -249,15 +233,57 @@ class ShardReader(ShardReaderBase[_Handle]):
         return (start + self._field_offsets[self._index[name]]) % 64
 
     def records(self) -> RecordIndex:
-        """The layout of every record of this shard, built on first use in each process by reading
-        each record's header once; a bad record is remembered and raises when it is read."""
+        """The layout of every record of this shard: the schema's for fixed-size records, else built on
+        first use in each process by reading each record's header once (a bad record is remembered
+        and raises when it is read)."""
         h = self.handle()
         if h.index is not None:
             return h.index
         with h.lock:
             if h.index is None:
-                h.index = build_index(self, h)
+                h.index = self._build_index(h)
         return h.index
+
+    def _build_index(self, h: _Handle) -> RecordIndex:
+        """Every record's layout, from one cursor pass over the shard (from the schema if fixed)."""
+        n = self.info.count
+        if self._record_size is not None:
+            row = np.array([f.row_nbytes for f in self.all_fields], dtype=np.int64)
+            total = np.full(n, self._record_size, dtype=np.int64)
+            return RecordIndex(sizes=np.broadcast_to(row, (n, len(row))), total=total, bad={})
+        sizes = np.zeros((n, len(self.all_fields)), dtype=np.int64)
+        total = np.full(n, -1, dtype=np.int64)
+        bad: dict[int, str] = {}
+        # small fixed fields (labels, image shapes) are kept whole: a batch reads them without records
+        small = {i: np.zeros((n, f.row_nbytes), dtype=np.uint8) for i, f in enumerate(self.all_fields)
+                 if not f.ragged and f.compression is None and 0 < f.row_nbytes <= _SMALL_FIELD_BYTES}
+        self._check_unchanged(h.fd, np.zeros(1, dtype=np.int64))
+        try:
+            with h.env.begin(buffers=True) as txn, txn.cursor() as cur:
+                ok = cur.set_range(key(self.info.stored_start))
+                while ok:
+                    k = bytes(cur.key())
+                    local = KEY.unpack(k)[0] - self.info.stored_start if len(k) == 8 else -1
+                    if not 0 <= local < n:
+                        break
+                    buf = cur.value()
+                    try:
+                        layout = self._layout(buf, local)
+                    except CorruptShardError as e:
+                        bad[local] = str(e)
+                    else:
+                        sizes[local] = [s for _, s in layout]
+                        total[local] = len(buf)
+                        for i, col in small.items():
+                            col[local] = np.frombuffer(buf, np.uint8, col.shape[1], layout[i][0])
+                    ok = cur.next()
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+        for local in np.flatnonzero(total < 0).tolist():
+            bad.setdefault(local, f"{self._where(local)}: record is missing")
+        values = {i: col.view(self.all_fields[i].np_dtype).reshape((n, *self.all_fields[i].trailing))
+                  for i, col in small.items()}
+        return RecordIndex(sizes=sizes, total=total, bad=bad, small=values)
 
     def _check_good(self, ix: RecordIndex, local: np.ndarray) -> None:
         if ix.bad:
@@ -279,19 +305,18 @@ class ShardReader(ShardReaderBase[_Handle]):
         if self._record_size is not None and self._record_size <= _GATHER_RECORD_BYTES:
             self._read_small(local, dest, outs)
             return
-        wanted = [(self._index[name], self.all_fields[self._index[name]], out) for name, out in outs.items()]
-        if self._record_size is not None:
-            self._read_fixed(local, dest, wanted)
-            return
         ix = self.records()
         self._check_good(ix, local)
-        totals = ix.total[local].tolist()
+        lens = ix.sizes[local]
+        starts = self._header_size + np.cumsum(lens, axis=1) - lens
         plan: list[tuple[Any, ...]] = []
-        for i, f, out in wanted:
+        for name, out in outs.items():
+            i = self._index[name]
+            f = self.all_fields[i]
             if i in ix.small:
                 out[dest] = ix.small[i][local]  # no record needed
                 continue
-            offs, sizes = ix.offsets[local, i].tolist(), ix.sizes[local, i].tolist()
+            offs, sizes = starts[:, i].tolist(), lens[:, i].tolist()
             if f.ragged:
                 plan.append((offs, sizes, None, RaggedOut(out, (layouts or {}).get(f.name)), None, None))
             elif f.compression is not None:
@@ -300,22 +325,8 @@ class ShardReader(ShardReaderBase[_Handle]):
                 plan.append((offs, sizes, out, None, f.np_dtype, f.trailing))
         if not plan:
             return
-        loc = self._located()
-        if loc is not None:  # every record was located when the index was built (checked there)
-            self._check_unchanged(self.handle().fd, local)
-            starts = loc.offsets[local]
-            if (starts >= 0).all():
-                self._check_mapped_headers(loc.mem, starts, local, self._headers_of(ix.sizes[local]))
-                mv = loc.mv
-                for k, (o, d) in enumerate(zip(starts.tolist(), dest.tolist())):
-                    for offs, sizes, out, placer, dtype, shape in plan:
-                        off, size = o + offs[k], sizes[k]
-                        if placer is not None:
-                            placer.put(d, mv, off, size)
-                        else:
-                            out[d] = np.frombuffer(mv, dtype=dtype, count=size // dtype.itemsize, offset=off).reshape(shape)
-                return
-        heads = self._headers_of(ix.sizes[local])
+        totals = ix.total[local].tolist()
+        heads = self._headers_of(lens)
         with self._env(local).begin(buffers=True) as txn:
             for k, (l, d) in enumerate(zip(local.tolist(), dest.tolist())):
                 buf = self._get(txn, l)
@@ -330,47 +341,9 @@ class ShardReader(ShardReaderBase[_Handle]):
                         out[d] = np.frombuffer(buf, dtype=dtype, count=size // dtype.itemsize, offset=off).reshape(shape)
 
     def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The byte ranges (starts, lengths) of this file holding records ``local``, where known
-        (what fastdata.reading.readahead hints to the kernel): records whose place this process has learned
-        (every record once a schema with ragged or compressed fields has built its index)."""
-        loc = self._located()
-        if loc is None:  # checked first: records() can be a whole cursor pass
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        if self._record_size is None:
-            total = self.records().total[local]
-        else:
-            total = np.full(len(local), self._record_size, dtype=np.int64)
-        starts = loc.offsets[local]
-        known = (starts >= 0) & (total > 0)
-        return starts[known], total[known]
-
-    def _read_fixed(self, local: np.ndarray, dest: np.ndarray, wanted: list[tuple[int, FieldSpec, np.ndarray]]) -> None:
-        """Fixed-layout records: one header comparison per record, then straight copies."""
-        hs, size, head = self._header_size, self._record_size, self._expected_header
-        loc = self._located()
-        if loc is not None:
-            self._check_unchanged(self.handle().fd, local)
-            offs = loc.offsets[local]
-            if (offs < 0).any():
-                self._locate(loc, local[offs < 0])
-                offs = loc.offsets[local]
-            if (offs >= 0).all():
-                mem = loc.mem
-                self._check_mapped_headers(mem, offs, local, np.frombuffer(head, dtype=np.uint8)[None, :])
-                rows = [(self._field_offsets[i], f.row_nbytes, out.reshape(-1).view(np.uint8).reshape(len(out), f.row_nbytes))
-                        for i, f, out in wanted if f.row_nbytes]  # out: C-contiguous (Dataset checks)
-                for o, d in zip(offs.tolist(), dest.tolist()):
-                    for off, rb, r in rows:
-                        r[d] = mem[o + off : o + off + rb]
-                return
-        plan = [(self._field_offsets[i], f.np_dtype, math.prod(f.trailing), f.trailing, out) for i, f, out in wanted]
-        with self._env(local).begin(buffers=True) as txn:
-            for l, d in zip(local.tolist(), dest.tolist()):
-                buf = self._get(txn, l)
-                if len(buf) != size or buf[:hs] != head:
-                    self._layout(buf, l)  # raises, naming what is wrong
-                for off, dtype, count, shape, out in plan:
-                    out[d] = np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape)
+        """The byte ranges of this file holding records ``local``: none, as LMDB alone knows where its
+        records lie (so read-ahead hints nothing for LMDB shards)."""
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
     def _headers_of(self, sizes: np.ndarray) -> np.ndarray:
         """The header bytes (k, header size) that records with these payload sizes (k, fields) carry."""
@@ -378,42 +351,6 @@ class ShardReader(ShardReaderBase[_Handle]):
         out[:, :8] = np.frombuffer(MAGIC + struct.pack("<I", len(self.all_fields)), dtype=np.uint8)
         out[:, 8:] = np.ascontiguousarray(sizes, dtype="<u8").view(np.uint8).reshape(len(sizes), -1)
         return out
-
-    def _check_mapped_headers(self, mem: np.ndarray, offs: np.ndarray, local: np.ndarray,
-                              expected: np.ndarray) -> None:
-        """Compare each record's header in the map with what its first read found (through LMDB, or
-        from the map when the places came from the B-tree; for fixed records: the schema's header):
-        a record rewritten in place since then raises instead of being copied."""
-        found = mem[offs[:, None] + np.arange(self._header_size)]
-        bad = np.flatnonzero((found != expected).any(axis=1))
-        if len(bad):
-            loc = self._located()
-            l = int(local[bad[0]])
-            if loc is not None and loc.sizes is not None:  # placed from the tree, perhaps never read: say what is wrong
-                try:
-                    with self._env(local).begin(buffers=True) as txn:
-                        self._layout(self._get(txn, l), l)
-                except CorruptShardError as e:
-                    detail = str(e)[len(self._where(l)) + 2 :]
-                    raise CorruptShardError(f"{self._where(l)}: record header changed since this process opened "
-                                            f"the shard, or damaged: {detail}") from None
-            raise CorruptShardError(f"{self._where(int(local[bad[0]]))}: record header changed since this "
-                                    "process first read it (the shard was rewritten in place?)")
-
-    def _located(self) -> Located | None:
-        """This process's :class:`Located` (Linux, records not gathered by getmulti), else None."""
-        loc = self.handle().located
-        return None if loc is None or loc.lost else loc
-
-    def _locate(self, loc: Located, local: np.ndarray) -> None:
-        """Read records ``local`` through LMDB once: check each header and note where it lies."""
-        size, hs, head = self._record_size, self._header_size, self._expected_header
-        with self._env(local).begin(buffers=True) as txn:
-            for l in local.tolist():
-                buf = self._get(txn, l)
-                if len(buf) != size or buf[:hs] != head:
-                    self._layout(buf, l)  # raises, naming what is wrong
-                loc.note(l, buf)
 
     def _read_small(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
         """Fixed-layout small records: one ``getmulti`` and vectorised header checks."""
@@ -446,5 +383,4 @@ class ShardReader(ShardReaderBase[_Handle]):
             out[dest] = col
 
 
-__all__ = ["EXTENSION", "MAGIC", "SHARD_KEY", "ShardReader", "ShardWriter", "encode_record", "initial_map_size", "key",
-           "parse_compression", "shard_record", "tail_guard_bytes"]
+__all__ = ["EXTENSION", "ShardReader", "ShardWriter", "parse_compression"]

@@ -1,5 +1,5 @@
-"""LMDB records, the layout both sides share (fastdata/format/lmdb.py describes it), and writing
-LMDB shards: records appended in key order, committed in batches, the map grown on demand."""
+"""Writing LMDB shards: records (layout: docs/format.md) appended in key order,
+committed in batches, the map grown on demand."""
 
 from __future__ import annotations
 
@@ -97,7 +97,6 @@ class ShardWriter:
         self.count = count
         self.start = start
         payload = sum(f.row_nbytes * (ragged_rows[f.name] if f.ragged else count) for f in fields)
-        self.grows = 0  # times the map was enlarged (the estimate below was too small)
         try:  # lock=False: the temporary file is this writer's alone, and a lock file is mapped memory,
             # which on a full tmpfs kills the process with SIGBUS instead of failing a write
             self._env = lmdb.open(
@@ -134,7 +133,6 @@ class ShardWriter:
             except lmdb.MapFullError:
                 size = self._env.info()["map_size"]
                 self._env.set_mapsize(max(size * 2, size + 4 * self._pending_bytes))
-                self.grows += 1
             except lmdb.Error as e:
                 raise self._disk_error(e, self._pending_bytes) from e
         self._pending.clear()
