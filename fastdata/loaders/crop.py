@@ -44,7 +44,7 @@ from fastdata.format.spec import (
 )
 from fastdata.loaders.buffers import Recycler
 from fastdata.loaders.config import LoaderConfig
-from fastdata.reading.cropdecode import RegionDecoders, decode_crop, pixels_crop
+from fastdata.reading.cropdecode import decode_crop, pixels_crop
 from fastdata.reading.dataset import Dataset
 from fastdata.reading.decode import DecodeError, check_shapes
 
@@ -92,7 +92,7 @@ class CropStage:
     """Turns a batch read with ``decode=False`` into the output of the chain's first ops for ``field`` (the
     crop or Resize, and the flips right after it: ``ops``), one image at a time, in the calling reader thread."""
 
-    def __init__(self, field: FieldSpec, chain: tuple[Any, ...], seed: int, pin: bool, regions: str) -> None:
+    def __init__(self, field: FieldSpec, chain: tuple[Any, ...], seed: int, pin: bool) -> None:
         if field.image is None or field.encoding not in (ENCODING_IMAGE, ENCODING_PIXELS):
             raise ValueError(f"field {field.name!r} holds no images")
         self.field = field
@@ -103,11 +103,10 @@ class CropStage:
         self.ops = tuple(chain[:n])
         self.seed = seed
         self.size = pair(self.op.size)
-        self.regions = RegionDecoders("auto" if regions == "region" else "none")
         self._floats = Recycler(pin)
         self._local = threading.local()  # each thread's scratch memory for whole-image decodes
         self._lock = threading.Lock()
-        self.plans: Counter[str] = Counter()  # how the windows were decoded (scaled, region, full, pixels)
+        self.plans: Counter[str] = Counter()  # how the windows were decoded (scaled, full, pixels)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -173,7 +172,7 @@ class CropStage:
                     continue
                 assert codecs is not None, "an encoded image field is read with its codec field"
                 used[decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box,
-                                 arr[j], self.regions, self._scratch(h * w * spec.channels), flip)] += 1
+                                 arr[j], self._scratch(h * w * spec.channels), flip)] += 1
             except DecodeError as e:
                 raise CorruptShardError(f"{where(j)}: field {name!r}: {e}") from None
         with self._lock:
