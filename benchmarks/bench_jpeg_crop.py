@@ -297,7 +297,6 @@ def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[
     files, hw = full
     boxes = np.concatenate(draws(len(files) // BATCH, hw, 0))
     spec = ImageSpec(mode="RGB")
-    scratch = np.empty(800 * 800 * 3, np.uint8)
     ref, got = np.empty((OUT, OUT, 3), np.float32), np.empty((OUT, OUT, 3), np.float32)
     rows: dict[str, list[float]] = {"crop decode (auto)": [], RESIZE_ROW: []}
     rows.update({f"--max-side {k}": [] for k in smaller})
@@ -307,7 +306,7 @@ def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[
         box, flip = tuple(drawn[:4]), (bool(drawn[4]), False)
         whole = simplejpeg.decode_jpeg(files[i], colorspace="RGB")
         resample_into(whole, box, (h, w), ref, flip=flip, exact=True)
-        plans.append(decode_crop(files[i], CODEC_JPEG, spec, (h, w), box, got, scratch, flip))
+        plans.append(decode_crop(files[i], CODEC_JPEG, spec, (h, w), box, got, flip))
         rows["crop decode (auto)"].append(_psnr(got, ref))
         resample_into(whole, box, (h, w), got, flip=flip)
         rows[RESIZE_ROW].append(_psnr(got, ref))

@@ -437,25 +437,24 @@ def test_color_jitter_ranges(raw):
 def test_jitter_parameters_mean_what_the_torch_op_means():
     # The host-drawn matrices must transform pixels exactly as the torch op does with the same factors
     # (brightness, saturation around luma, hue rotation of the YIQ plane in turns, same direction).
-    from fastdata.augment import _gray, _rotate_hue
+    from fastdata.augment.color import _gray, _rotate_hue
     from fastdata.loaders.dali_augment import _Jitter
 
-    b = 6
-    brightness, contrast, saturation, hue = _Jitter(ColorJitter(0.4, 0.3, 0.5, 0.2)).draw(
-        np.random.default_rng(1), np.zeros((b, 2), np.int64))
-    rng = np.random.default_rng(1)  # replay the draws, in the op's order
-    fb, fc, fs = rng.uniform(0.6, 1.4, b), rng.uniform(0.7, 1.3, b), rng.uniform(0.5, 1.5, b)
-    angle = torch.from_numpy(rng.uniform(-0.2, 0.2, b) * 2 * np.pi).float()
+    b, op = 6, ColorJitter(0.4, 0.3, 0.5, 0.2)
+    brightness, contrast, saturation, hue = _Jitter(op).draw(torch.Generator().manual_seed(1), np.zeros((b, 2)))
+    p = op.draw(torch.Generator().manual_seed(1), torch.zeros(b, 2))  # the torch op's factors, replayed
+    fb, fc, fs, angle = p["brightness"], p["contrast"], p["saturation"], p["hue"]
+    assert fb.min() >= 0.6 and fb.max() <= 1.4 and angle.abs().max() <= 0.2 * 2 * np.pi
     x = torch.rand(b, 3, 5, 5)
 
     def apply(m: np.ndarray) -> torch.Tensor:
         return torch.einsum("bij,bjhw->bihw", torch.from_numpy(m), x)
 
     view = (b, 1, 1, 1)
-    assert torch.allclose(apply(brightness), x * torch.from_numpy(fb).float().view(view), atol=1e-6)
-    assert np.allclose(contrast, fc)
+    assert torch.allclose(apply(brightness), x * fb.view(view), atol=1e-6)
+    assert np.allclose(contrast, fc.numpy())
     g = _gray(x)
-    assert torch.allclose(apply(saturation), (x - g) * torch.from_numpy(fs).float().view(view) + g, atol=1e-6)
+    assert torch.allclose(apply(saturation), (x - g) * fs.view(view) + g, atol=1e-6)
     assert torch.allclose(apply(hue), _rotate_hue(x, angle), atol=1e-5)
 
 

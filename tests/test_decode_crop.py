@@ -84,15 +84,14 @@ def test_full_scale_windows_are_exact_and_the_scaled_ones_are_close(tmp_path):
     data = buf.getvalue()
     full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     spec = fastdata.format.ImageSpec(mode="RGB")
-    scratch = np.empty(a.size, np.uint8)
     exact, ref = np.empty((50, 60, 3), np.float32), np.empty((50, 60, 3), np.float32)
     box = (10.3, 20.7, 61.0, 49.5)
-    plan = cropdecode.decode_crop(data, fastdata.format.spec.CODEC_JPEG, spec, (240, 320), box, exact, scratch)
+    plan = cropdecode.decode_crop(data, fastdata.format.spec.CODEC_JPEG, spec, (240, 320), box, exact)
     cropdecode.resample_into(full, box, (240, 320), ref)
     assert plan == "full" and np.abs(exact - ref).max() < 1e-5
     small = np.empty((50, 60, 3), np.float32)
     big = (0.0, 0.0, 320.0, 240.0)
-    assert cropdecode.decode_crop(data, fastdata.format.spec.CODEC_JPEG, spec, (240, 320), big, small, scratch) == "scaled"
+    assert cropdecode.decode_crop(data, fastdata.format.spec.CODEC_JPEG, spec, (240, 320), big, small) == "scaled"
     cropdecode.resample_into(full, big, (240, 320), ref)
     assert 10 * np.log10(1 / float(((small - ref) ** 2).mean())) > 25
     assert cropdecode.dct_scale(320, 240, 60, 50) == 4 and cropdecode.dct_scale(61, 49.5, 60, 50) == 1

@@ -13,12 +13,12 @@ from fastdata.augment.base import (
     Tensor,
     _affine,
     _as4d,
-    _crop_size,
     _FixedSize,
     _gather,
     _Geometric,
     _resample,
     _uniform,
+    check_fits,
     pair,
 )
 from fastdata.augment.targets import Geometry
@@ -77,7 +77,11 @@ class _Window(_FixedSize):
     size: int | tuple[int, int]
 
     def check(self, x: Tensor, sizes: Tensor | None) -> None:
-        _crop_size(self.size, x, sizes, type(self).__name__)
+        size = pair(self.size)
+        if size[0] > x.shape[-2] or size[1] > x.shape[-1]:
+            raise ValueError(f"{type(self).__name__}{size} is larger than the input {tuple(x.shape[-2:])}")
+        if sizes is not None:  # in a mixed-size batch, inside every image (one device sync)
+            check_fits(type(self).__name__, size, sizes)
 
     def warp(self, x: Tensor, p: Params, sizes: Tensor | None, nearest: bool, fill: float) -> Tensor:
         oh, ow = pair(self.size)

@@ -31,8 +31,9 @@ from fastdata.augment import (
     batch_generator,
     pair,
 )
+from fastdata.augment.base import check_fits
 from fastdata.augment.targets import Mask
-from fastdata.errors import CorruptShardError, UsageError
+from fastdata.errors import CorruptShardError
 from fastdata.format.spec import (
     CODEC_SUFFIX,
     ENCODING_IMAGE,
@@ -104,32 +105,16 @@ class CropStage:
         self.seed = seed
         self.size = pair(self.op.size)
         self._floats = Recycler(pin)
-        self._local = threading.local()  # each thread's scratch memory for whole-image decodes
         self._lock = threading.Lock()
         self.plans: Counter[str] = Counter()  # how the windows were decoded (scaled, full, pixels)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for k in ("_local", "_lock", "_floats"):
-            state.pop(k)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._floats = Recycler(False)
-        self._local = threading.local()
-        self._lock = threading.Lock()
 
     def boxes(self, shapes: np.ndarray, epoch: int, rank: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(B, 4) float64 windows (x0, y0, w, h, in each image's pixels) from the first op's draw for batch ``k``,
         and (B, 2) bool mirrors (left-right, top-bottom) from the flips' draws after it."""
         hw = torch.from_numpy(np.ascontiguousarray(shapes[:, :2], dtype=np.float32))
         oh, ow = self.size
-        if isinstance(self.op, (RandomCrop, CenterCrop)) and len(hw):
-            small = hw.min(dim=0).values.tolist()
-            if oh > small[0] or ow > small[1]:  # the device stage's check (fastdata.augment.base._crop_size)
-                raise UsageError(f"{type(self.op).__name__}{(oh, ow)} is larger than an image of the batch "
-                                 f"({int(small[0])}x{int(small[1])}); crop to at most the smallest image size")
+        if isinstance(self.op, (RandomCrop, CenterCrop)):
+            check_fits(type(self.op).__name__, self.size, hw)
         g = batch_generator(self.seed, epoch, k, torch.device("cpu"), rank)
         p = self.op.draw(g, hw)
         flips = np.zeros((len(hw), 2), dtype=bool)
@@ -172,16 +157,10 @@ class CropStage:
                     continue
                 assert codecs is not None, "an encoded image field is read with its codec field"
                 used[decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box,
-                                 arr[j], self._scratch(h * w * spec.channels), flip)] += 1
+                                 arr[j], flip)] += 1
             except DecodeError as e:
                 raise CorruptShardError(f"{where(j)}: field {name!r}: {e}") from None
         with self._lock:
             self.plans.update(used)
         batch[name] = out
         return batch
-
-    def _scratch(self, n: int) -> np.ndarray:
-        buf = getattr(self._local, "buf", None)
-        if buf is None or buf.size < n:
-            buf = self._local.buf = np.empty(n, np.uint8)
-        return buf

@@ -37,8 +37,6 @@ from fastdata.loaders.buffers import torch_dtype
 from fastdata.loaders.config import LoaderConfig
 from fastdata.loaders.dali_augment import Chain, Graph, Img, compile_chain
 from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
-from fastdata.loaders.dali_region import decode as decode_image
-from fastdata.loaders.dali_region import with_region
 from fastdata.reading.dataset import Dataset
 from fastdata.seeds import Stream, int_seed
 from fastdata.world import usable_cpus
@@ -325,7 +323,7 @@ class DaliLoader(Loader):
 def _attach_augment(routes: list[Route], augment: Augment | None, region: bool = False) -> HostTargets | None:
     """Compile the spec for each augmented field (the image fields unless ``augment.fields`` says);
     with targets, the one augmented image field and the targets' host-side transform. ``region``: an
-    encoded field of one view whose chain starts with a crop decodes only its window (dali_region.py)."""
+    encoded field of one view whose chain starts with a crop decodes only its window (``image_slice``)."""
     if augment is None or not augment.enabled or augment.op_kind != "image":
         return None  # nothing to do, or sequence ops: the torch code runs them on DALI's output
     images = [r for r in routes if r.image]
@@ -343,9 +341,8 @@ def _attach_augment(routes: list[Route], augment: Augment | None, region: bool =
         raise UsageError("the DALI backend augments image fields only, and this dataset has none; "
                          "use backend='torch' to augment other fields")
     for r in images:
-        r.chain, *r.more = (compile_chain(ops, r.channels) for ops in augment.view_ops)
-        if region and r.kind == "encoded" and not r.more:
-            r.chain = with_region(r.chain)
+        one = region and r.kind == "encoded" and len(augment.view_ops) == 1
+        r.chain, *r.more = (compile_chain(ops, r.channels, region=one) for ops in augment.view_ops)
         if r.more and any(c.out_size is None for c in r.chains):
             raise UsageError("on the DALI backend every view must end in one size (a crop or Resize): add one to "
                              "each view, or use backend='torch'")
@@ -387,7 +384,12 @@ def _graph(g: Graph, r: Route, data: list[Any], params: list[list[Any]], pad_hw:
         return [g.dev(data[0])]
     if r.kind == "encoded":
         files = g.fn.slice(data[0], start=[0], shape=data[1], axes=[0])  # each sample's stored bytes
-        node = decode_image(g, files, r.channels, r.chain if len(r.chains) == 1 else None, params[0] if params else [])
+        kw: dict[str, Any] = dict(device="mixed" if g.gpu else "cpu",
+                                  output_type=g.types.RGB if r.channels == 3 else g.types.GRAY)
+        if r.chain is not None and r.chain.region:  # only the drawn window (its first two params)
+            node = g.fn.decoders.image_slice(files, start=params[0][0], end=params[0][1], axis_names="HW", **kw)
+        else:
+            node = g.fn.decoders.image(files, **kw)
     else:
         node = g.dev(data[0])
     if not r.chains:

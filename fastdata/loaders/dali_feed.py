@@ -24,7 +24,7 @@ from fastdata.errors import UsageError
 from fastdata.format import LENGTHS_SUFFIX
 from fastdata.format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field, is_string
 from fastdata.loaders.base import wrap_error
-from fastdata.loaders.dali_augment import Chain, TorchRng
+from fastdata.loaders.dali_augment import Chain
 from fastdata.reading.dataset import Dataset
 
 GENERATOR_STATE = "\0generator"  # bypassed entry: the batch generator's state after DALI's draws
@@ -143,12 +143,6 @@ def plan_routes(dataset: Dataset, images: tuple[str, ...] | None, targets: Colle
     return routes
 
 
-def batch_draws(seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:
-    """The augmentation generator of one batch: a pure function of its position in the run, the
-    torch backend's (so both backends draw the same parameters)."""
-    return batch_generator(seed, epoch, batch, torch.device("cpu"), rank)
-
-
 @dataclass
 class HostTargets:
     """Declared targets, transformed on the host by the torch backend's code (augment.py) with the
@@ -223,6 +217,10 @@ class Feed:
         except Exception as e:
             raise wrap_error(e, f"DALI source, batch {p.first + i}") from e
 
+    def _generator(self, p: Pass, i: int) -> torch.Generator:
+        """Batch ``i`` of pass ``p``'s augmentation generator: the torch backend's (the same draws)."""
+        return batch_generator(self.seed, p.epoch, p.first + i, torch.device("cpu"), self.rank)
+
     def __call__(self, info: Any) -> tuple[Any, ...]:
         p, i = self.passes.get(info.epoch_idx), info.iteration
         if p is None or i >= len(p.plan) or self.error is not None:
@@ -231,17 +229,14 @@ class Feed:
             batch = self._read(p, i)
             out = [a for r in self.routes if not r.bypass for a in r.host(batch)]
             bypassed = {r.name: r.host(batch)[0] for r in self.routes if r.bypass}
-            if self._augmented:
-                rng = TorchRng(batch_draws(self.seed, p.epoch, self.rank, p.first + i))
-                for r in self._augmented:  # each view in turn, as the torch backend draws them
-                    for c in r.chains:
-                        out.extend(c.draw(rng, r.sizes(batch)))
+            g = self._generator(p, i)
+            for r in self._augmented:  # each view in turn, as the torch backend draws them
+                for c in r.chains:
+                    out.extend(c.draw(g, r.sizes(batch)))
             if self.rest:  # where the torch code after DALI goes on drawing (sequence ops, Mix)
-                g = rng.g if self._augmented else batch_draws(self.seed, p.epoch, self.rank, p.first + i)
                 bypassed[GENERATOR_STATE] = g.get_state().numpy()
-            if self.targets is not None:
-                g = batch_draws(self.seed, p.epoch, self.rank, p.first + i)  # the same draws, replayed
-                bypassed.update(self.targets({**batch, **bypassed}, g))
+            if self.targets is not None:  # the same draws, replayed
+                bypassed.update(self.targets({**batch, **bypassed}, self._generator(p, i)))
             for r in self._padded:
                 hw = r.chain.out_hw(r.sizes(batch)).max(axis=0) if r.chain is not None else r.sizes(batch).max(axis=0)
                 out.extend(np.full(len(p.plan[i]), v, dtype=np.float32) for v in hw)

@@ -217,10 +217,10 @@ def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
 
 
 def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box: tuple[float, float, float, float],
-                out: np.ndarray, scratch: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> str:
+                out: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> str:
     """Decode the window ``box`` of one encoded image (recorded size ``hw``) into ``out`` (float32
-    (oh, ow, C) in [0, 1]), mirrored as ``flip`` says; ``scratch``: uint8 memory of at least H*W*C for
-    full decodes. Returns how: ``"scaled"`` (a JPEG at 1/2..1/8) or ``"full"``. Raises DecodeError on corrupt data."""
+    (oh, ow, C) in [0, 1]), mirrored as ``flip`` says. Returns how: ``"scaled"`` (a JPEG at 1/2..1/8)
+    or ``"full"`` (into this thread's scratch memory). Raises DecodeError on corrupt data."""
     oh, ow = out.shape[:2]
     h, w = hw
     s = dct_scale(box[2], box[3], ow, oh) if codec == CODEC_JPEG else 1
@@ -229,7 +229,8 @@ def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box
         if small is not None:
             resample_into(small, box, hw, out, flip=flip)
             return "scaled"
-    pixels = scratch[: h * w * spec.channels].reshape(h, w, spec.channels)
+    n = h * w * spec.channels
+    pixels = _buffer("full", n)[:n].reshape(h, w, spec.channels)
     decode_image(data, codec, spec, pixels)
     resample_into(pixels, box, hw, out, flip=flip)
     return "full"
