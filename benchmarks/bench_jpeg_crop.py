@@ -399,9 +399,8 @@ def time_set(roots: dict[str, Path], repeats: int) -> dict[str, Any]:
     files, hw = stored(roots["encoded"])
     n = len(files) // BATCH * BATCH
     methods: dict[str, Callable[[int], int]] = {"full-decode ceiling (simplejpeg, 2 threads)": ceiling(files[:n], hw)}
-    loaders = {}
     for crop in ("auto", "off"):
-        methods[f"fastdata crop_decode={crop}"], loaders[crop] = loader_epoch(roots["encoded"], crop)
+        methods[f"fastdata crop_decode={crop}"], _ = loader_epoch(roots["encoded"], crop)
     methods["fastdata DALI backend (image_slice)"], _ = loader_epoch(roots["encoded"], "auto", "dali")
     dali = dali_random_crop(files[:n])
     if callable(dali):
@@ -414,7 +413,7 @@ def time_set(roots: dict[str, Path], repeats: int) -> dict[str, Any]:
     ceil = rate["full-decode ceiling (simplejpeg, 2 threads)"]
     return {"images": n, "timings_s": timings, "images_per_s": {k: round(v, 1) for k, v in rate.items()},
             "x_full_decode_ceiling": {k: round(v / ceil, 3) for k, v in rate.items()},
-            "plans": {k: dict(v._reader.crop.plans) for k, v in loaders.items() if v._reader.crop is not None}, "dali_random_crop": None if callable(dali) else dali}
+            "dali_random_crop": None if callable(dali) else dali}
 
 
 def render(info: dict[str, Any], res: dict[str, Any]) -> str:
@@ -424,7 +423,6 @@ def render(info: dict[str, Any], res: dict[str, Any]) -> str:
         out += [f"## {name} ({s['images']} images)", ""]
         rows = [(k, f"{v:,.0f}", f"{s['x_full_decode_ceiling'][k]:.2f}") for k, v in s["images_per_s"].items()]
         out += [markdown_table(["method", "images/s", "x full-decode ceiling"], rows), ""]
-        out += [f"How the windows were decoded, over all epochs: {s['plans']}", ""]
     out += [f"Python loop speed beside a decoding thread, as a fraction of beside a sleeping one (GIL released "
             f"when well above 0): {res['gil']}", ""]
     q = res["quality"]

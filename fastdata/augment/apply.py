@@ -35,10 +35,6 @@ def _ragged(batch: Batch, name: str) -> bool:
     return name + LENGTHS_SUFFIX in batch or name + OFFSETS_SUFFIX in batch
 
 
-def _per_sample(v: torch.Tensor) -> tuple[int, ...]:
-    return tuple(v.shape[1:])
-
-
 def field_kinds(aug: Augment, batch: Batch, images: tuple[str, ...], mixed: frozenset[str]) -> dict[str, Kind]:
     """The fields to augment, in order, with their kinds (see the module docstring)."""
     op_kind = aug.op_kind
@@ -73,7 +69,7 @@ def _float_images(aug: Augment, batch: Batch) -> tuple[str, ...]:
     chosen = tuple(k for k in cands if batch[k].dim() >= 4)
     flat = [k for k in cands if batch[k].dim() == 3]
     if not chosen and flat:
-        raise UsageError(f"field {flat[0]!r} has float samples of shape {_per_sample(batch[flat[0]])}: an image "
+        raise UsageError(f"field {flat[0]!r} has float samples of shape {tuple(batch[flat[0]].shape[1:])}: an image "
                          "(H, W) or a sequence (T, C)? Declare it: Augment(ops, fields={"
                          f"{flat[0]!r}: 'image'}}) or 'sequence' (with sequence ops)")
     return chosen
@@ -88,7 +84,7 @@ def _kind_of(name: str, batch: Batch, images: tuple[str, ...], mixed: frozenset[
         return "image"  # named by the user with image ops: a float (C, H, W) or (H, W) image
     ops = [op for view in aug.view_ops for op in view]
     if any(op.needs_time for op in ops):
-        raise UsageError(f"field {name!r} has a fixed shape {_per_sample(batch[name])} per sample: is axis 1 time? "
+        raise UsageError(f"field {name!r} has a fixed shape {tuple(batch[name].shape[1:])} per sample: is axis 1 time? "
                          f"Declare its kind: Augment(ops, fields={{{name!r}: 'sequence'}}) or 'array'")
     return "array"
 
@@ -122,12 +118,12 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
             outs = [aug.run(batch, g, name, sizes, hw=before, ops=ops, into=stacked[:, v] if stacked is not None else None,
                             done=done, owned=mine)
                     for v, ops in enumerate(aug.view_ops)]
-            written = [name] + [k for k in (name + SHAPE_SUFFIX,) if k in batch] + _target_keys(aug, outs[0])
+            written = [name, name + SHAPE_SUFFIX] + [k for t in aug.targets for k in (t, t + VALID_SUFFIX)]
             if stacked is not None and all(o[name].data_ptr() == stacked[:, v].data_ptr() for v, o in enumerate(outs)):
                 pre = {name: stacked}
         else:
             outs = [_sequence(batch, name, kind, ops, g) for ops in aug.view_ops]
-            written = [name] + [k for k in (name + LENGTHS_SUFFIX, name + OFFSETS_SUFFIX) if k in outs[0]]
+            written = [name, name + LENGTHS_SUFFIX, name + OFFSETS_SUFFIX]
         join_views(batch, outs, written, pre=pre)
         if finish is not None and kind == "image":  # after stacking: stacked views are one new tensor already
             for key in [name] + [f"{name}_view{v}" for v in range(len(outs))]:
@@ -136,15 +132,6 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
     if aug.mix is not None:
         mix_batch(aug, batch, g, image_fields)
     return batch
-
-
-def _target_keys(aug: Augment, out: Batch) -> list[str]:
-    keys = []
-    for t in aug.targets:
-        keys.append(t)
-        if t + VALID_SUFFIX in out:
-            keys.append(t + VALID_SUFFIX)
-    return keys
 
 
 def _sequence(batch: Batch, name: str, kind: Kind, ops: tuple[Any, ...], g: torch.Generator) -> Batch:

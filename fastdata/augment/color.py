@@ -72,14 +72,16 @@ def _gray(x: Tensor) -> Tensor:
 
 
 def _rotate_hue(x: Tensor, angle: Tensor) -> Tensor:
+    return torch.einsum("bij,bjhw->bihw", hue_matrix(angle.to(x.device, x.dtype)), x)
+
+
+def hue_matrix(angle: Tensor) -> Tensor:
+    """(B, 3, 3) RGB matrices rotating the YIQ plane by ``angle`` (radians), in ``angle``'s dtype."""
     c, s = torch.cos(angle), torch.sin(angle)
-    b = x.shape[0]
-    rot = torch.zeros(b, 3, 3, device=x.device, dtype=x.dtype)
+    rot = torch.zeros(len(angle), 3, 3, device=angle.device, dtype=angle.dtype)
     rot[:, 0, 0] = 1
-    rot[:, 1, 1], rot[:, 1, 2] = c, -s
-    rot[:, 2, 1], rot[:, 2, 2] = s, c
-    m = YIQ2RGB.to(x.device, x.dtype) @ rot @ RGB2YIQ.to(x.device, x.dtype)  # (B, 3, 3)
-    return torch.einsum("bij,bjhw->bihw", m, x)
+    rot[:, 1, 1], rot[:, 1, 2], rot[:, 2, 1], rot[:, 2, 2] = c, -s, s, c
+    return YIQ2RGB.to(angle) @ rot @ RGB2YIQ.to(angle)
 
 
 def child_seed(g: torch.Generator) -> Tensor:

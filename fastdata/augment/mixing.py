@@ -160,14 +160,8 @@ def mix_boxes(batch: dict[str, Tensor], name: str, t: Boxes, d: MixDraw, hw: tup
     clipped to the pasted region, kept when at least ``min_visible`` of the box lies inside). Dropped
     rows are zeros, flagged False in ``<name>_valid``; ``<name>_lengths`` no longer applies and is removed."""
     v = batch[name]
-    n = v.shape[1]
     xyxy = t.to_xyxy(v)
-    valid = batch.get(name + VALID_SUFFIX)
-    if valid is None:
-        lengths = batch.get(name + LENGTHS_SUFFIX)
-        rows = torch.arange(n, device=v.device).view(1, n)
-        valid = rows < lengths.view(-1, 1).to(v.device) if lengths is not None else \
-            torch.ones(v.shape[:2], dtype=torch.bool, device=v.device)
+    valid = batch[name + VALID_SUFFIX] if name + VALID_SUFFIX in batch else t.rows(batch, name)
     other, other_valid = xyxy.roll(1, 0), valid.roll(1, 0)
     if d.cutmix:
         h, w = hw

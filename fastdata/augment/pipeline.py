@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union, get_args
 
 import torch
 
@@ -29,8 +29,7 @@ from fastdata.format.spec import SHAPE_SUFFIX
 Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
            ColorJitter, GaussianNoise, Normalize]
 
-_BUILTIN = (RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
-            ColorJitter, GaussianNoise, Normalize)
+_BUILTIN = get_args(Op)
 CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)  # crops: ops whose output has one size (so does Resize)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -127,14 +126,11 @@ class Augment:
         """Augment ``batch[image]`` (float (B, C, H, W)) and the declared targets in ``batch`` with
         one draw per op; returns the batch with them replaced (and ``<boxes>_valid`` added).
 
-        ``image=None``: the targets alone, with the draws the image would have had: ``hw`` gives
-        the images' (B, 2) sizes (the DALI backend transforms the image itself). ``into``: where a final
-        ``Normalize`` writes the image when the shapes match (fastdata.augment.apply stacks views so). ``done``:
-        the first ops already ran on the image (the reader decoded the crop, fastdata.loaders.crop): they
-        are drawn again, from ``hw`` (the sizes before them), for the targets and the later draws.
-        ``owned``: the caller owns ``batch[image]`` (the loader's own float buffer): flips and a final
-        Normalize then write into it on the CPU, not into fresh memory (whose first touch costs as much
-        as the op).
+        ``image=None``: the targets alone (DALI transforms the image), ``hw`` the images' (B, 2) sizes.
+        ``into``: where a final ``Normalize`` writes the image when the shapes match (stacked views).
+        ``done``: the first ops already ran in the reader (fastdata.loaders.crop); they are drawn again
+        from ``hw``, the sizes before them. ``owned``: ``batch[image]`` is the caller's own buffer, which
+        flips and a final Normalize may write into on the CPU.
         """
         x = batch[image] if image is not None else None
         if x is not None and not done:

@@ -18,6 +18,7 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from fastdata.errors import UsageError
+from fastdata.format.spec import LENGTHS_SUFFIX
 
 Tensor = torch.Tensor
 VALID_SUFFIX = "_valid"  # boxes: the (B, N) bool field that says which boxes are still non-empty
@@ -125,6 +126,14 @@ class Boxes:
     def check(self, name: str, x: Tensor) -> None:
         if x.dim() != 3 or x.shape[2] != 4:
             raise UsageError(f"boxes field {name!r} must be (batch, N, 4), got {tuple(x.shape)}")
+
+    @staticmethod
+    def rows(batch: dict[str, Tensor], name: str) -> Tensor:
+        """(B, N) bool: the rows of each sample that are boxes (``<name>_lengths`` when given, else all)."""
+        v, lengths = batch[name], batch.get(name + LENGTHS_SUFFIX)
+        if lengths is None:
+            return torch.ones(v.shape[:2], dtype=torch.bool, device=v.device)
+        return torch.arange(v.shape[1], device=v.device).view(1, -1) < lengths.view(-1, 1).to(v.device)
 
     def to_xyxy(self, b: Tensor) -> Tensor:
         b = b.double()

@@ -13,8 +13,6 @@ so later draws, resume and distributed shares are unchanged (docs/augment.md).
 from __future__ import annotations
 
 import logging
-import threading
-from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -105,8 +103,6 @@ class CropStage:
         self.seed = seed
         self.size = pair(self.op.size)
         self._floats = Recycler(pin)
-        self._lock = threading.Lock()
-        self.plans: Counter[str] = Counter()  # how the windows were decoded (scaled, full, pixels)
 
     def boxes(self, shapes: np.ndarray, epoch: int, rank: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(B, 4) float64 windows (x0, y0, w, h, in each image's pixels) from the first op's draw for batch ``k``,
@@ -146,21 +142,16 @@ class CropStage:
         self._floats.lend(out)  # reused once the consumer has let go of the batch
         arr = out.numpy()
         codecs = batch.get(name + CODEC_SUFFIX)
-        used: Counter[str] = Counter()
         for j, (h, w, _) in enumerate(shapes.tolist()):
             box: tuple[float, float, float, float] = tuple(boxes[j].tolist())
             flip = (bool(flips[j, 0]), bool(flips[j, 1]))
             try:
                 if f.encoding == ENCODING_PIXELS:
                     pixels_crop(data[j], (h, w), spec.channels, box, arr[j], flip)
-                    used["pixels"] += 1
-                    continue
-                assert codecs is not None, "an encoded image field is read with its codec field"
-                used[decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box,
-                                 arr[j], flip)] += 1
+                else:
+                    assert codecs is not None, "an encoded image field is read with its codec field"
+                    decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box, arr[j], flip)
             except DecodeError as e:
                 raise CorruptShardError(f"{where(j)}: field {name!r}: {e}") from None
-        with self._lock:
-            self.plans.update(used)
         batch[name] = out
         return batch

@@ -1,15 +1,10 @@
 """The DALI backend: ``fastdata.loader(..., backend="dali")``.
 
-One DALI pipeline, kept across consecutive epochs: ``fn.external_source`` fed by fastdata's own
-reader (dali_feed.py: whole batches of the plan from ``fastdata.reading.order``, stored bytes for
-encoded images), ``fn.decoders.image`` (``device="mixed"``, nvJPEG, on CUDA; ``"cpu"``
-otherwise), the augmentation spec as DALI operators (dali_augment.py) and
-``fn.crop_mirror_normalize`` for the float output. Batches reach torch through DALI's PyTorch
-plugin (DLPack, no copy). Order, epochs, resume and stats are the shared ``Loader``'s (base.py),
-so the DALI backend yields the same samples in the same order as the torch backend. Semantics
-and measurements: docs/backends.md.
-
-NVIDIA DALI is imported only here, and only when this backend is used.
+One DALI pipeline, kept across consecutive epochs: ``fn.external_source`` fed by fastdata's own reader
+(dali_feed.py), ``fn.decoders.image`` (nvJPEG on CUDA, ``"cpu"`` otherwise), the augmentation spec as
+DALI operators (dali_augment.py) and ``fn.crop_mirror_normalize``; batches reach torch through DALI's
+PyTorch plugin (DLPack, no copy). Order, epochs, resume and stats are the shared ``Loader``'s (base.py),
+so both backends yield the same samples in the same order (docs/backends.md). DALI is imported only here.
 """
 
 from __future__ import annotations
@@ -133,10 +128,8 @@ class DaliLoader(Loader):
         self._dali = import_dali()
         check_device(self._dali, device)
         self.threads = max(1, threads)
-        plain = self.config.image_dtype == "float32" and self.config.ragged == "padded"
-        problem = None if plain else dali_unsupported(dataset, None, self.config)
-        if problem is not None:
-            raise UsageError(f"{problem}: use backend='torch'")
+        if self.config.image_dtype != "float32" or self.config.ragged != "padded":
+            raise UsageError(f"{dali_unsupported(dataset, None, self.config)}: use backend='torch'")
         targets = tuple(self.augment.targets) if self.augment is not None else ()
         self.routes: list[Route] = plan_routes(dataset, self.config.images, targets)
         self._targets = _attach_augment(self.routes, self.augment, region=self.config.crop_decode != "off")
@@ -148,9 +141,7 @@ class DaliLoader(Loader):
                       "torch backend's code on DALI's output, with the same draws (docs/augment.md)",
                       "MixUp/CutMix" if self.augment is not None and self.augment.op_kind == "image"
                       else "the sequence/array ops")
-        # In CPU mode labels and other plain fields need nothing from DALI (passing them through cost
-        # JPEG throughput in a one-off A/B); a dataset of plain fields only still uses DALI.
-        # Targets are transformed on the host (HostTargets), then moved to the device.
+        # In CPU mode plain fields beside images go around DALI; targets are transformed on the host (HostTargets).
         images = any(r.kind != "plain" for r in self.routes)
         host = self._targets.inputs if self._targets is not None else ()
         for r in self.routes:
@@ -332,14 +323,11 @@ def _attach_augment(routes: list[Route], augment: Augment | None, region: bool =
         missing = [f for f in augment.fields if f not in by_name]
         if missing:
             raise UsageError(f"augment fields {missing} are not in the batch (fields: {sorted(by_name)})")
-        bad = [f for f in augment.fields if not by_name[f].image]
-        if bad:
-            raise UsageError(f"the DALI backend augments image fields only, and {bad[0]!r} is not one; "
-                             "use backend='torch' to augment other fields")
         images = [by_name[f] for f in augment.fields]
-    if not images:
-        raise UsageError("the DALI backend augments image fields only, and this dataset has none; "
-                         "use backend='torch' to augment other fields")
+    bad = [r.name for r in images if not r.image]
+    if bad or not images:
+        what = f"{bad[0]!r} is not one" if bad else "this dataset has none"
+        raise UsageError(f"the DALI backend augments image fields only, and {what}; use backend='torch' for others")
     for r in images:
         one = region and r.kind == "encoded" and len(augment.view_ops) == 1
         r.chain, *r.more = (compile_chain(ops, r.channels, region=one) for ops in augment.view_ops)

@@ -18,7 +18,6 @@ import torch
 
 from fastdata.augment import (
     RGB2YIQ,
-    YIQ2RGB,
     CenterCrop,
     ColorJitter,
     GaussianNoise,
@@ -33,11 +32,10 @@ from fastdata.augment import (
     pair,
 )
 from fastdata.augment.base import check_fits
+from fastdata.augment.color import hue_matrix
 from fastdata.errors import UsageError
 
-_GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # the luma weights of fastdata.augment.color._gray
-_HUE_FROM = RGB2YIQ.numpy().astype(np.float64)
-_HUE_TO = YIQ2RGB.numpy().astype(np.float64)
+_GRAY = RGB2YIQ[0].numpy()  # the luma weights
 
 
 @dataclass
@@ -72,6 +70,9 @@ class Step:
 
     params: tuple[np.dtype, ...] = ()  # dtype of each parameter output
     out_size: tuple[int, int] | None = None  # a fixed output (H, W), when the op makes one
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
 
     def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
         """Per-sample parameters for images of sizes ``hw`` (B, 2); one array (B, ...) per output."""
@@ -154,9 +155,6 @@ class _Flip(Step):
 
     params = (np.dtype(np.int32),)
 
-    def __init__(self, op: HorizontalFlip | VerticalFlip) -> None:
-        self.op = op
-
     def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
         return [self.op.draw(g, _hw(hw))["flip"].numpy().astype(np.int32)]
 
@@ -219,9 +217,6 @@ class _Affine(Step):
 
     params = (np.dtype(np.float32),)
 
-    def __init__(self, op: RandomAffine) -> None:
-        self.op = op
-
     def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
         p = self.op.draw(g, _hw(hw))
         m = self.op.geometry(p, _hw(hw).double()).matrix
@@ -252,10 +247,7 @@ class _Jitter(Step):
         for kind in self.parts:
             f = p[kind]
             if kind == "hue":  # f: the angle
-                rot = np.zeros((len(f), 3, 3))
-                rot[:, 0, 0] = 1
-                rot[:, 1, 1], rot[:, 1, 2], rot[:, 2, 1], rot[:, 2, 2] = np.cos(f), -np.sin(f), np.sin(f), np.cos(f)
-                out.append((_HUE_TO @ rot @ _HUE_FROM).astype(np.float32))
+                out.append(hue_matrix(torch.from_numpy(f)).float().numpy())
             elif kind == "brightness":
                 out.append((f[:, None, None] * eye).astype(np.float32))
             elif kind == "contrast":
@@ -279,9 +271,6 @@ class _Jitter(Step):
 
 class _Noise(Step):
     """GaussianNoise: add N(0, std) per pixel, in [0, 1] units, no clamping (as the torch op)."""
-
-    def __init__(self, op: GaussianNoise) -> None:
-        self.op = op
 
     def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
         self.op.draw(g, _hw(hw))  # its noise generator's seed, unused: later ops stay in step
@@ -387,5 +376,5 @@ def compile_chain(ops: Sequence[Any], channels: int, region: bool = False) -> Ch
         elif step in (_ResizedCrop, _Window) and region and not steps:
             steps.append(step(op, region=True))
         else:
-            steps.append(step(op))  # type: ignore[call-arg]
+            steps.append(step(op))
     return Chain(steps, *(final if final else (None, None)))

@@ -1,12 +1,10 @@
 """The DALI backend's host side: how each dataset field travels, and the external-source callback.
 
-Fields are read with ``get_batch`` from a dataset opened with ``decode=False`` and handed to
-``fn.external_source`` a whole batch at a time: encoded images as their stored bytes (the padded
-batch array and the lengths, which DALI slices per sample: one copy into DALI instead of one per
-sample, faster than a list of per-sample arrays in a one-off A/B), ``pixels`` images as
-per-sample HWC views of the read bytes, raw arrays as they are. No second copy of the data exists
-in another format. The callback also draws the batch's augmentation parameters
-(dali_augment.py) and the padding size of mixed-size image batches. Nothing here imports DALI.
+Fields are read with ``get_batch`` (``decode=False``) and handed to ``fn.external_source`` a whole batch
+at a time: encoded images as the batch's stored bytes and lengths (DALI slices each sample out: one copy
+into DALI), ``pixels`` images as per-sample HWC views of the read bytes, raw arrays as they are. The
+callback also draws the batch's augmentation parameters (dali_augment.py) and the padding size of
+mixed-size image batches. Nothing here imports DALI.
 """
 
 from __future__ import annotations
@@ -177,20 +175,13 @@ class Pass:
 
 class Feed:
     """The external-source callback (batch mode, with ``batch_info``): batch ``info.iteration`` of the
-    pass registered for DALI's epoch ``info.epoch_idx``.
-
-    One pipeline serves consecutive passes: the loader registers the next pass before it resets
-    DALI's iterator, so the next epoch is read and decoded while the current one ends. Returns each
-    DALI route's data, then each augmented route's parameters, then the padded (H, W) of each
-    route that pads; bypassing fields wait in
-    ``bypassed``, in batch order, for the loader to join them to DALI's output (DALI returns
-    batches in the order it asked for them). The external source takes the arrays without a copy
-    (``no_copy``): the feed keeps each batch's arrays alive for ``keep`` batches, more than DALI
-    can still be working on (the pipeline's prefetch depth). DALI calls it from the thread that
-    iterates, ``prefetch`` batches ahead; reading there measured as fast as a read-ahead thread
-    and faster than DALI's parallel (process) external source on 2 cores (docs/backends.md). A read
-    error does not escape into DALI (which would raise it before the batches in front of it were
-    delivered): the pass ends there and the loader raises the error after the last good batch.
+    pass registered for DALI's epoch ``info.epoch_idx``, as each DALI route's data, then each augmented
+    route's parameters, then the padded (H, W) of each route that pads. One pipeline serves consecutive
+    passes: the loader registers the next pass before it resets DALI's iterator, so the next epoch is read
+    while the current one ends. Bypassing fields wait in ``bypassed``, in batch order, for the loader to
+    join them to DALI's output. Arrays are fed without a copy (``no_copy``), so the last ``keep`` batches
+    stay referenced. A read error ends the pass there (``error``): the loader raises it after the last
+    good batch, instead of DALI raising it before the batches in front of it.
     """
 
     def __init__(self, dataset: Dataset, routes: list[Route], seed: int, rank: int, keep: int,
