@@ -86,7 +86,10 @@ class _Window(_FixedSize):
     def warp(self, x: Tensor, p: Params, sizes: Tensor | None, nearest: bool, fill: float) -> Tensor:
         oh, ow = pair(self.size)
         start = p["start"].to(x.device)
-        return _gather_window(x, start[:, 0], start[:, 1], oh, ow)
+        x4, lead = _as4d(x)
+        rows = start[:, :1] + torch.arange(oh, device=x.device)
+        cols = start[:, 1:] + torch.arange(ow, device=x.device)
+        return _gather(x4, rows, cols).reshape(x.shape[0], *lead[1:], oh, ow)
 
     def geometry(self, p: Params, hw: Tensor) -> Geometry:
         oh, ow = pair(self.size)
@@ -123,13 +126,6 @@ class CenterCrop(_Window):
             top, left = (x.shape[-2] - oh) // 2, (x.shape[-1] - ow) // 2
             return x[..., top : top + oh, left : left + ow]
         return super().warp(x, p, sizes, nearest, fill)
-
-
-def _gather_window(x: Tensor, y0: Tensor, x0: Tensor, oh: int, ow: int) -> Tensor:
-    rows = y0[:, None] + torch.arange(oh, device=x.device)
-    cols = x0[:, None] + torch.arange(ow, device=x.device)
-    x4, lead = _as4d(x)
-    return _gather(x4, rows, cols).reshape(x.shape[0], *lead[1:], oh, ow)
 
 
 @dataclass(frozen=True)

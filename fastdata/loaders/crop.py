@@ -1,13 +1,9 @@
 """Decode, crop and resize one image at a time in the reader threads, when ``augment`` starts with an op
-that gives every image one size (RandomResizedCrop, RandomCrop, CenterCrop, Resize).
-
-The reader draws that op's parameters exactly as the device stage would (the batch's generator,
-``fastdata.augment.batch_generator(seed, epoch, batch, cpu, rank)``: its first draw), turns them into
-one window per image and decodes only the window (fastdata/reading/cropdecode.py) straight into the batch's
-recycled ``(B, H, W, C)`` float32 buffer. Mixed-size images never pass through a padded batch. The
-device stage then runs the rest of the chain with ``done=1``: it draws the first op again from a
-fresh generator of the same seed (the same values), moves the targets with it and carries on,
-so later draws, resume and distributed shares are unchanged (docs/augment.md).
+that gives every image one size (RandomResizedCrop, RandomCrop, CenterCrop, Resize): the reader draws that
+op's parameters as the device stage would (the batch's generator, its first draws) and decodes only the
+window (fastdata/reading/cropdecode.py) into the batch's recycled float32 buffer. The device stage then
+runs the rest of the chain with ``done``: it draws those ops again (the same values) for the targets, so
+later draws, resume and distributed shares are unchanged (docs/augment.md).
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ from fastdata.augment.targets import Mask
 from fastdata.errors import CorruptShardError
 from fastdata.format.spec import (
     CODEC_SUFFIX,
-    ENCODING_IMAGE,
     ENCODING_PIXELS,
     IMAGE_ENCODINGS,
     LENGTHS_SUFFIX,
@@ -43,7 +38,7 @@ from fastdata.format.spec import (
 )
 from fastdata.loaders.buffers import Recycler
 from fastdata.loaders.config import LoaderConfig
-from fastdata.reading.cropdecode import decode_crop, pixels_crop
+from fastdata.reading.cropdecode import decode_crop, resample_into
 from fastdata.reading.dataset import Dataset
 from fastdata.reading.decode import DecodeError, check_shapes
 
@@ -92,8 +87,6 @@ class CropStage:
     crop or Resize, and the flips right after it: ``ops``), one image at a time, in the calling reader thread."""
 
     def __init__(self, field: FieldSpec, chain: tuple[Any, ...], seed: int, pin: bool) -> None:
-        if field.image is None or field.encoding not in (ENCODING_IMAGE, ENCODING_PIXELS):
-            raise ValueError(f"field {field.name!r} holds no images")
         self.field = field
         self.op = chain[0]
         n = 1
@@ -147,7 +140,8 @@ class CropStage:
             flip = (bool(flips[j, 0]), bool(flips[j, 1]))
             try:
                 if f.encoding == ENCODING_PIXELS:
-                    pixels_crop(data[j], (h, w), spec.channels, box, arr[j], flip)
+                    pixels = data[j][: h * w * spec.channels].reshape(h, w, spec.channels)
+                    resample_into(pixels, box, (h, w), arr[j], flip, exact=True)
                 else:
                     assert codecs is not None, "an encoded image field is read with its codec field"
                     decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box, arr[j], flip)

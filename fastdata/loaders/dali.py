@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 from types import SimpleNamespace
-from typing import Any, Generator, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from fastdata.loaders.base import Loader
 from fastdata.loaders.buffers import torch_dtype
 from fastdata.loaders.config import LoaderConfig
 from fastdata.loaders.dali_augment import Chain, Graph, Img, compile_chain
-from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
+from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, Pass, Route, plan_routes
 from fastdata.reading.dataset import Dataset
 from fastdata.seeds import Stream, int_seed
 from fastdata.world import usable_cpus
@@ -203,19 +203,9 @@ class DaliLoader(Loader):
         run.fresh = False
         complete = False
         try:
-            while True:
-                delivered = yield from self._deliver(run, plan, first)
-                if run.it is None:  # closed during the pass
-                    return
-                if not isinstance(run.feed.error, MixedSizes):
-                    break
-                # A batch mixes image sizes: from that batch on, pad (one rebuild, the same order).
-                self._drop(run)
-                for r in self.routes:
-                    r.padding = r.may_mix
-                plan, first = plan[delivered:], first + delivered
-                run = self._run = self._start(plan, epoch, first)
-                run.fresh = False
+            yield from self._deliver(run, plan, first)
+            if run.it is None:  # closed during the pass
+                return
             if run.feed.error is not None:
                 raise run.feed.error
             complete = True
@@ -229,9 +219,8 @@ class DaliLoader(Loader):
         run.it.reset()
         run.at, run.fresh = (epoch + 1, 0), True
 
-    def _deliver(self, run: SimpleNamespace, plan: list[np.ndarray], first: int) -> Generator[
-            dict[str, torch.Tensor], None, int]:
-        """Yield the pipeline's batches until its pass ends; return how many."""
+    def _deliver(self, run: SimpleNamespace, plan: list[np.ndarray], first: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield the pipeline's batches until its pass ends."""
         delivered = 0
         while run.it is not None:
             try:
@@ -244,7 +233,6 @@ class DaliLoader(Loader):
                 raise self._diagnose(plan, first, delivered, e) from None
             delivered += 1
             yield self._to_torch(out, run.feed.bypassed.popleft())
-        return delivered
 
     def _drop(self, run: SimpleNamespace) -> None:
         run.pipe = run.it = None  # DALI's threads and buffers go with the last reference

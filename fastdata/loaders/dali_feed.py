@@ -50,7 +50,6 @@ class Route:
     chain: Chain | None = None
     more: list[Chain] = field(default_factory=list)  # the chains of views 1, 2, ... (Augment(views=...))
     bypass: bool = False  # a plain field that goes around DALI, straight to torch (CPU mode)
-    padding: bool = False  # pad mixed sizes (off until a batch mixes them: padding costs CPU)
 
     @property
     def chains(self) -> list[Chain]:
@@ -70,14 +69,10 @@ class Route:
         return [(self.carrier, "HWC" if self.kind in ("pixels", "raw_image") else "")]
 
     @property
-    def may_mix(self) -> bool:
-        """A float image field whose batches can mix image sizes (no crop gives them one size)."""
-        return self.image and self.variable_size and (self.chain is None or self.chain.out_size is None)
-
-    @property
     def pads(self) -> bool:
-        """Padded to the batch's largest image, in crop_mirror_normalize."""
-        return self.may_mix and self.padding
+        """A float image field whose batches can mix image sizes (no crop gives them one size): padded to
+        the batch's largest image, in crop_mirror_normalize."""
+        return self.image and self.variable_size and (self.chain is None or self.chain.out_size is None)
 
     def host(self, batch: dict[str, np.ndarray]) -> list[Any]:
         """This field of a ``get_batch`` result, as the external source takes it (see ``outputs``)."""
@@ -160,10 +155,6 @@ class HostTargets:
         return {n: v.numpy() for n, v in out.items()}
 
 
-class MixedSizes(Exception):
-    """A batch mixes image sizes in a pipeline built without padding: the loader rebuilds it with padding."""
-
-
 @dataclass
 class Pass:
     """One pass over the data: this rank's index batches from batch ``first`` of ``epoch`` on."""
@@ -192,7 +183,6 @@ class Feed:
         self._alive: deque[tuple[Any, ...]] = deque(maxlen=keep)  # fed without a copy: DALI reads them later
         self._augmented = [r for r in routes if any(c.steps for c in r.chains)]
         self._padded = [r for r in routes if r.pads]
-        self._unpadded = [r for r in routes if r.may_mix and not r.pads]
         self.passes: dict[int, Pass] = {}
         self.bypassed: deque[dict[str, np.ndarray]] = deque()
         self.error: BaseException | None = None
@@ -231,10 +221,6 @@ class Feed:
             for r in self._padded:
                 hw = r.chain.out_hw(r.sizes(batch)).max(axis=0) if r.chain is not None else r.sizes(batch).max(axis=0)
                 out.extend(np.full(len(p.plan[i]), v, dtype=np.float32) for v in hw)
-            for r in self._unpadded:
-                hw = r.sizes(batch)
-                if (hw != hw[0]).any():
-                    raise MixedSizes(r.name)
         except Exception as e:  # delivered after the batches before it (see the class docstring)
             self.error = e
             raise StopIteration from None

@@ -251,11 +251,3 @@ def _decode_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.nd
         return a if a.flags.writeable else a.copy()  # torch views only writeable memory
     except DecodeError:
         return None
-
-
-def pixels_crop(data: np.ndarray, hw: tuple[int, int], channels: int, box: tuple[float, float, float, float],
-                out: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> None:
-    """The window of one image stored as raw pixels (``data``: its H*W*C bytes) into ``out``, by the exact
-    float interpolation: stored pixels give the padded path's values to float rounding."""
-    h, w = hw
-    resample_into(data[: h * w * channels].reshape(h, w, channels), box, hw, out, flip=flip, exact=True)
