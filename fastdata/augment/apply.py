@@ -1,16 +1,11 @@
 """One batch through an :class:`fastdata.augment.Augment`: which fields, of which kind, how many views, then mixing.
 
-Field kinds: ``image`` (image ops: fastdata.augment), ``sequence`` ((B, T, ...), time on axis 1,
-padded with ``<name>_lengths`` or packed with ``<name>_offsets``) and ``array`` ((B, ...): elementwise
-ops only), both with the ops of fastdata.augment.sequence. A kind is declared (``Augment(ops, fields={"x": "sequence"})``)
-or comes from the dataset's schema (image fields; ragged fields are sequences), never from the number
-of axes alone: a fixed-shape float field given sequence ops that need a time axis must be declared.
-
-Views: each view runs its ops with its own draws, one view after the other from the batch's
-generator. Views of one shape are stacked on axis 1 of every field the augmentation writes (the image,
-``<image>_shape``, the targets, ``<boxes>_valid``; a sequence and its lengths); views of different
-shapes become fields ``<field>_view<k>``. The draw order, on both backends: each augmented field in
-turn, each of its views, each op; then ``Mix`` (one draw per batch).
+Field kinds: ``image`` (image ops), ``sequence`` ((B, T, ...), padded with ``<name>_lengths`` or packed with
+``<name>_offsets``) and ``array`` ((B, ...): elementwise ops only), both with fastdata.augment.sequence's ops.
+A kind is declared (``fields={"x": "sequence"}``) or comes from the schema (image fields; ragged fields are
+sequences), never from the number of axes alone. Views of one shape are stacked on axis 1 of every field the
+augmentation writes; views of different shapes become ``<field>_view<k>``. The draw order, on both backends:
+each augmented field, each of its views, each op; then ``Mix`` (one draw per batch).
 """
 
 from __future__ import annotations

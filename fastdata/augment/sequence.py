@@ -65,10 +65,7 @@ class SeqOp:
 
     def apply(self, x: Tensor, g: torch.Generator, lengths: Tensor | None = None) -> Tensor:
         """Draw and transform a padded batch (``lengths``: None means every sample fills T)."""
-        n = torch.full((x.shape[0],), x.shape[1] if x.dim() > 1 else 1, dtype=torch.long) if lengths is None \
-            else lengths.cpu().long()
-        out, _ = self.seq(x, n.to(x.device), self.draw(g, n.to(g.device), tuple(x.shape)))
-        return out
+        return run_padded((self,), x, lengths, g, type(self).__name__, "sequence" if self.needs_time else "array")[0]
 
 
 @dataclass(frozen=True)
@@ -167,10 +164,6 @@ class ChannelMask(SeqOp):
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         bands = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[2])  # (B, C)
         inside = valid_mask(lengths, x.shape[1]).unsqueeze(2).to(x.dtype)
-        if not self.fill:  # keep = 1 - inside * band, made in one pass
-            keep = torch.addcmul(torch.ones((), dtype=x.dtype, device=x.device), inside,
-                                 bands.unsqueeze(1).to(x.dtype), value=-1)
-            return (x.mul_(_bcast(keep, x)) if inplace else x * _bcast(keep, x)), lengths
         return _fill(x, _bcast(inside * bands.unsqueeze(1).to(x.dtype), x), self.fill, inplace), lengths
 
 

@@ -1,13 +1,10 @@
 """Targets that move with the image: keypoints, boxes, masks and targets of your own.
 
-Declared by field name in ``Augment(ops, targets={...})``. Every geometric op describes what it did
-to each sample as a :class:`Geometry` (a 3x3 matrix on continuous pixel coordinates, the output
-size, which samples it mirrored, the rotation it applied); the target kinds here apply that to
-their field, batched. Masks are resampled by the ops themselves (nearest neighbour), see augment.py.
-
-Coordinates: x to the right, y down, in pixels of the image at that point of the chain. Keypoints
-use pixel indices (``(x, y) = (3, 5)`` is the centre of column 3, row 5); boxes use pixel edges
-(``[0, 0, W, H]`` covers the whole image), as COCO and torchvision do.
+Every geometric op describes what it did to each sample as a :class:`Geometry` (a 3x3 matrix on continuous
+pixel coordinates, the output size, the mirrors, the rotation); the target kinds here apply it to their field,
+batched (masks are resampled by the ops themselves, nearest neighbour). Coordinates: x right, y down, in
+pixels of the image at that point of the chain; keypoints use pixel indices (``(3, 5)`` is the centre of
+column 3, row 5), boxes pixel edges (``[0, 0, W, H]`` is the whole image), as COCO and torchvision do.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ so both backends yield the same samples in the same order (docs/backends.md). DA
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 from types import SimpleNamespace
@@ -114,9 +115,7 @@ def _pipeline_seed(seed: int, epoch: int, rank: int, first: int) -> int:
 
 class DaliLoader(Loader):
     """The DALI backend; the same contract as the torch backend (see :func:`fastdata.loader`).
-
-    ``threads``: DALI's CPU threads (decoding and augmentation in CPU mode).
-    """
+    ``threads``: DALI's CPU threads (decoding and augmentation in CPU mode)."""
 
     backend = "dali"
     _unpicklable = ("_dali", "_run")
@@ -339,13 +338,9 @@ def _attach_augment(routes: list[Route], augment: Augment | None, region: bool =
     return HostTargets(augment, images[0], inputs)
 
 
-_LOGGED: set[Any] = set()  # what was already logged (once per process)
-
-
+@functools.cache  # once per process
 def _log_once(key: Any, msg: str, *args: Any) -> None:
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        log.info(msg, *args)
+    log.info(msg, *args)
 
 
 def _view_name(name: str, view: int) -> str:

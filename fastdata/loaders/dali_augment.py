@@ -229,12 +229,8 @@ class _Affine(Step):
 
 
 class _Jitter(Step):
-    """ColorJitter: brightness, contrast, saturation factors ~ U(1-v, 1+v) and a hue rotation of the
-    YIQ plane ~ U(-hue, hue) turns, in that order, clamped to [0, 1] after each (as the torch op).
-
-    Brightness, saturation and hue are per-sample 3x3 colour matrices (``fn.coord_transform``);
-    contrast mixes with the image's mean luma, computed on the device.
-    """
+    """ColorJitter, clamped after each part as the torch op: brightness, saturation and hue as per-sample
+    3x3 colour matrices (``fn.coord_transform``), contrast against the image's mean luma on the device."""
 
     def __init__(self, op: ColorJitter) -> None:
         self.op = op

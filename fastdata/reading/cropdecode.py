@@ -1,17 +1,10 @@
 """Decode only what a crop keeps: one image's window, at the smallest JPEG scale that still has the
 output's resolution, resampled bilinearly into its row of a fixed-size float batch.
 
-A window is given in the full image's pixels (``x0, y0, w, h``, continuous: a RandomResizedCrop's
-box) with an output size ``(oh, ow)``. Output pixel ``j`` samples the source at
-``x0 + (j + 0.5) * w / ow - 0.5`` (pixel centres at integers, clamped to the image: what
-``grid_sample(align_corners=False, padding_mode="border")`` computes in the torch ops), bilinearly.
-The resize is torch's uint8 kernel (AVX2), its sample grid lined up with that one to 0.05 pixel, then
-one conversion to float (:func:`resample_into`); the exact float interpolation is the fallback.
-
-JPEG decoding: when the window is at least twice the output on both axes, libjpeg-turbo decodes the
-whole image at 1/2, 1/4 or 1/8 scale in the DCT domain (simplejpeg's ``min_height``/``min_width``, else
-PIL's ``draft``), the largest reduction whose window is still at least the output; otherwise the whole
-image at full scale. Raw pixels and other codecs are decoded (or viewed) whole and sampled the same way.
+A window ``(x0, y0, w, h)`` (full-image pixels) to an output ``(oh, ow)``: output pixel ``j`` samples
+``x0 + (j + 0.5) * w / ow - 0.5``, clamped to the image (the torch ops' ``grid_sample``), bilinearly.
+A JPEG whose window is at least twice the output on both axes is decoded whole at 1/2, 1/4 or 1/8 scale
+in the DCT domain (simplejpeg's ``min_height``/``min_width``, else PIL's ``draft``); other images whole.
 """
 
 from __future__ import annotations
@@ -58,18 +51,14 @@ def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_
     ``full_hw`` high and wide) from ``src`` (uint8 (h, w, C): the whole image at any scale) into ``out``
     (float32 (oh, ow, C), /255); ``flip``: (left-right, top-bottom) mirror the output.
 
-    An exact window is copied. Otherwise torch's uint8 resize (:func:`_fast_resize`: about twice as fast,
-    rounded to 1/255, samples within ``_TOLERANCE`` pixel of these) runs where its grid lines up with the
-    window's, else (or with ``exact``) the float interpolation at exactly these positions (:func:`_lerp2`)."""
+    torch's uint8 resize (:func:`_fast_resize`: rounded to 1/255, samples within ``_TOLERANCE`` pixel of
+    these) runs where its grid lines up with the window's, else (or with ``exact``) the float interpolation
+    at exactly these positions (:func:`_lerp2`)."""
     x0, y0, w, h = box
     oh, ow = out.shape[:2]
     n_y, n_x = src.shape[:2]
     sy, sx = n_y / full_hw[0], n_x / full_hw[1]  # the whole image, maybe decoded at a reduced scale
     rows, cols = _line(y0, h, oh, sy), _line(x0, w, ow, sx)
-    win = _exact_window(src, rows, cols, (oh, ow))
-    if win is not None:  # an exact window: a copy, no resampling
-        np.multiply(win[:: -1 if flip[1] else 1, :: -1 if flip[0] else 1], _INV255, out=out, dtype=np.float32)
-        return
     if not exact and _fast_resize(src, rows, cols, out, flip):
         return
     r0, r1, ty = _axis(y0, h, oh, n_y, sy)
@@ -87,17 +76,6 @@ def _line(x0: float, extent: float, n_out: int, scale: float) -> tuple[float, fl
     (before clamping; the full-resolution position mapped onto an image ``scale`` times the full one)."""
     s = extent / n_out * scale
     return (x0 + 0.5 * extent / n_out) * scale - 0.5, s
-
-
-def _exact_window(src: np.ndarray, rows: tuple[float, float], cols: tuple[float, float], out_hw: tuple[int, int]
-                  ) -> np.ndarray | None:
-    """The pixels themselves when every sample falls on a pixel centre inside the image, else None."""
-    starts = []
-    for (c, s), n, end in zip((rows, cols), out_hw, src.shape[:2]):
-        if s != 1 or c != int(c) or c < 0 or c + n > end:
-            return None
-        starts.append(int(c))
-    return src[starts[0] : starts[0] + out_hw[0], starts[1] : starts[1] + out_hw[1]]
 
 
 # torch's uint8 bilinear resize (upsample_bilinear2d, antialias off: two taps, as here) has an AVX2 kernel for
