@@ -108,11 +108,6 @@ def dali_unsupported(ds: Dataset, augment: Augment | None, config: LoaderConfig 
     return None
 
 
-def _pipeline_seed(seed: int, epoch: int, rank: int, first: int) -> int:
-    """DALI's own random draws (only GaussianNoise) are seeded by the pass: (seed, epoch, rank, first batch)."""
-    return int_seed(seed, epoch, Stream.DALI, rank, first, bits=31)
-
-
 class DaliLoader(Loader):
     """The DALI backend; the same contract as the torch backend (see :func:`fastdata.loader`).
     ``threads``: DALI's CPU threads (decoding and augmentation in CPU mode)."""
@@ -186,7 +181,7 @@ class DaliLoader(Loader):
         feed = Feed(self.dataset, self.routes, self.seed, self.world.rank, keep=2 * self.config.prefetch + 2,
                     targets=self._targets, rest=self._rest)
         feed.add(0, Pass(plan, first, epoch))
-        pipe = self._build(feed, _pipeline_seed(self.seed, epoch, self.world.rank, first))
+        pipe = self._build(feed, int_seed(self.seed, epoch, Stream.DALI, self.world.rank, first, bits=31))
         it = self._dali.Iterator([pipe], [_view_name(r.name, v) for r in self._dali_routes
                                           for v in range(max(1, len(r.chains)))], auto_reset=False,
                                  prepare_first_batch=False)

@@ -31,7 +31,7 @@ from fastdata.augment import (
     VerticalFlip,
     pair,
 )
-from fastdata.augment.base import check_fits
+from fastdata.augment.base import _Geometric, check_fits
 from fastdata.augment.color import hue_matrix
 from fastdata.errors import UsageError
 
@@ -79,10 +79,9 @@ class Step:
         return []
 
     def next_hw(self, hw: np.ndarray) -> np.ndarray:
-        """The images' (B, 2) sizes after this step."""
-        if self.out_size is not None:
-            return np.broadcast_to(np.array(self.out_size, dtype=np.int64), hw.shape)
-        return hw
+        """The images' (B, 2) sizes after this step: the torch op's ``out_sizes``, for a geometric op."""
+        op = getattr(self, "op", None)
+        return op.out_sizes(torch.from_numpy(hw)).numpy() if isinstance(op, _Geometric) else hw
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         raise NotImplementedError
@@ -170,6 +169,7 @@ class _Resize(Step):
     """Resize: the whole image to ``size``, bilinear, pixel centres, no antialiasing (as the torch op)."""
 
     def __init__(self, op: Resize) -> None:
+        self.op = op
         self.size = self.out_size = pair(op.size)
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
@@ -193,16 +193,9 @@ class _Pad(Step):
 
     params = (np.dtype(np.int32), np.dtype(np.int32))
 
-    def __init__(self, op: Pad) -> None:
-        self.op = op
-        self.grow = np.array([op.top + op.bottom, op.left + op.right], dtype=np.int64)
-
     def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
         start = np.broadcast_to(np.array([-self.op.top, -self.op.left], dtype=np.int32), hw.shape)
-        return [np.ascontiguousarray(start), (hw + self.grow).astype(np.int32)]
-
-    def next_hw(self, hw: np.ndarray) -> np.ndarray:
-        return hw + self.grow
+        return [np.ascontiguousarray(start), self.next_hw(hw).astype(np.int32)]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         img, fill = _fill_units(g, img, self.op.fill)
