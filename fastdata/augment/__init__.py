@@ -1,11 +1,6 @@
-"""Batched augmentation on the device: per-sample random parameters from a seeded generator.
-
-Ops are small frozen dataclasses (a declarative spec the DALI backend maps to its own operators). Each
-takes a float batch ``(B, C, H, W)`` in [0, 1] and a ``torch.Generator``, draws one set of parameters per
-sample (``draw``, on the CPU in the loaders, so both backends draw the same), then transforms the batch.
-Geometric ops also describe what they did (:class:`fastdata.augment.targets.Geometry`), so declared
-targets move with the image. A mixed-size batch arrives padded, each image at the top-left, with its
-``sizes``; the ops treat each image at its own size. Every public name is importable from here.
+"""Batched augmentation on the device (docs/augment.md): ops are frozen dataclasses, a spec the DALI backend
+maps to its own operators; each draws per-sample parameters from the batch's generator (on the CPU in the
+loaders, so both backends draw the same), then transforms a float ``(B, C, H, W)`` batch in [0, 1].
 """
 
 from fastdata.augment.affine import Pad, RandomAffine

@@ -1,11 +1,6 @@
-"""One batch through an :class:`fastdata.augment.Augment`: which fields, of which kind, how many views, then mixing.
-
-Field kinds: ``image`` (image ops), ``sequence`` ((B, T, ...), padded with ``<name>_lengths`` or packed with
-``<name>_offsets``) and ``array`` ((B, ...): elementwise ops only), both with fastdata.augment.sequence's ops.
-A kind is declared (``fields={"x": "sequence"}``) or comes from the schema (image fields; ragged fields are
-sequences), never from the number of axes alone. Views of one shape are stacked on axis 1 of every field the
-augmentation writes; views of different shapes become ``<field>_view<k>``. The draw order, on both backends:
-each augmented field, each of its views, each op; then ``Mix`` (one draw per batch).
+"""One batch through an :class:`fastdata.augment.Augment`: which fields, of which kind (image, sequence,
+array: declared, or from the schema), how many views (stacked on axis 1 when of one shape, else
+``<field>_view<k>``), then mixing. Draw order, on both backends: each field, each view, each op; then ``Mix``.
 """
 
 from __future__ import annotations

@@ -137,8 +137,7 @@ class Normalize(_Op):
 
     def _into_rows(self, x: Tensor, out: Tensor) -> Tensor:
         """Channels-last on the CPU: each image row (W x C values, channels interleaved) times a row of
-        1/std plus a row of -mean/std, in one pass (a per-channel broadcast over the innermost C=3
-        axis does not vectorise, and was many times slower)."""
+        1/std plus a row of -mean/std, in one pass (a broadcast over the innermost C=3 axis does not vectorise)."""
         b, c, h, w = x.shape
         std = torch.tensor(self.std, dtype=torch.float64)
         scale = (1 / std).repeat(w).to(x.dtype)

@@ -1,14 +1,5 @@
-"""MixUp and CutMix for a whole batch on the device, with the label mixing timm and torchvision use.
-
-One draw per batch (timm's ``mode="batch"``, torchvision.transforms.v2): with probability ``prob``
-the batch is mixed; then CutMix with probability ``switch_prob`` (when both are on), else MixUp;
-lambda ~ Beta(alpha, alpha). Sample i is mixed with sample i - 1 (the batch rolled by one, as
-torchvision does). MixUp: ``x = lam * x + (1 - lam) * x_rolled``. CutMix: a box of area
-``(1 - lam)`` of the image, centred uniformly and clipped to the image, is pasted from the rolled
-batch, and lam becomes the pixel fraction that was kept. Labels: integer classes become one-hot
-(with ``label_smoothing``: ``1 - s + s / K`` on, ``s / K`` off), soft (B, K) labels are used as
-given; the result is ``lam * y + (1 - lam) * y_rolled`` (float32, rows sum to one).
-"""
+"""MixUp and CutMix for a whole batch on the device, with the label mixing timm and torchvision use: one
+draw per batch, sample i mixed with sample i - 1 (docs/augment.md, "MixUp and CutMix")."""
 
 from __future__ import annotations
 

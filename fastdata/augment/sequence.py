@@ -1,13 +1,6 @@
-"""Batched augmentation of sequences and arrays on the device, padding never touched.
-
-A sequence field is ``(B, T, ...)`` (time on axis 1, channels after it) with ``<name>_lengths`` (B,)
-when its samples differ in length (padded) or ``<name>_offsets`` (B + 1,) when they are packed
-(``(sum T, ...)``); an array field is ``(B, ...)`` with no time axis. Every op draws its per-sample
-parameters from the batch's generator (on the CPU, as the image ops do: fastdata.augment), then
-transforms the whole batch with a few tensor ops. Positions at or past a sample's length are never
-read as data nor written: ops that keep lengths leave them exactly as they were; ops that change
-lengths (``TimeCrop``, ``TimeStretch``) return the new lengths and zeros past them.
-"""
+"""Batched augmentation of sequences ``(B, T, ...)`` (``<name>_lengths`` when padded, ``<name>_offsets`` when
+packed) and arrays ``(B, ...)`` on the device. Per-sample parameters come from the batch's generator; positions
+at or past a sample's length are never read nor written (ops that change lengths return the new ones)."""
 
 from __future__ import annotations
 

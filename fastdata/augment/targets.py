@@ -1,10 +1,6 @@
-"""Targets that move with the image: keypoints, boxes, masks and targets of your own.
-
-Every geometric op describes what it did to each sample as a :class:`Geometry` (a 3x3 matrix on continuous
-pixel coordinates, the output size, the mirrors, the rotation); the target kinds here apply it to their field,
-batched (masks are resampled by the ops themselves, nearest neighbour). Coordinates: x right, y down, in
-pixels of the image at that point of the chain; keypoints use pixel indices (``(3, 5)`` is the centre of
-column 3, row 5), boxes pixel edges (``[0, 0, W, H]`` is the whole image), as COCO and torchvision do.
+"""Targets that move with the image: keypoints, boxes, masks and your own (docs/augment.md, "Target kinds").
+Each geometric op describes what it did as a :class:`Geometry`; the kinds here apply it to their field, batched.
+Coordinates: x right, y down, in pixels; keypoints use pixel indices, boxes pixel edges (as COCO, torchvision).
 """
 
 from __future__ import annotations

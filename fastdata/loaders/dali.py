@@ -1,10 +1,7 @@
-"""The DALI backend: ``fastdata.loader(..., backend="dali")``.
-
-One DALI pipeline, kept across consecutive epochs: ``fn.external_source`` fed by fastdata's own reader
-(dali_feed.py), ``fn.decoders.image`` (nvJPEG on CUDA, ``"cpu"`` otherwise), the augmentation spec as
-DALI operators (dali_augment.py) and ``fn.crop_mirror_normalize``; batches reach torch through DALI's
-PyTorch plugin (DLPack, no copy). Order, epochs, resume and stats are the shared ``Loader``'s (base.py),
-so both backends yield the same samples in the same order (docs/backends.md). DALI is imported only here.
+"""The DALI backend: ``fastdata.loader(..., backend="dali")``: one pipeline kept across epochs, fed by
+fastdata's own reader (dali_feed.py), decoding and augmenting with DALI's operators (dali_augment.py),
+handing batches to torch through DLPack. Order, epochs, resume and stats are the shared ``Loader``'s, so
+both backends yield the same samples in the same order (docs/backends.md). DALI is imported only here.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The augmentation spec (``fastdata.augment``) as DALI operators, with the same meaning and ranges.
-
-Each op becomes a :class:`Step`: ``draw`` makes its per-sample parameters on the host with the torch op's
-own ``draw`` (the batch's generator, ``fastdata.augment.batch_generator`` on the CPU, in the chain's order),
-so both backends draw the same parameters; ``apply`` adds the DALI operators that take them as argument
-inputs. Only ``GaussianNoise`` draws inside DALI (``fn.noise.gaussian``, seeded by the pipeline seed).
-Images stay uint8 through geometric ops; the first colour op turns them into floats in [0, 1] (the units
-of the spec). A final ``Normalize`` is fused into ``fn.crop_mirror_normalize``.
+"""The augmentation spec as DALI operators, with the same meaning: each op becomes a :class:`Step` whose
+``draw`` makes the per-sample parameters on the host with the torch op's own ``draw`` (so both backends
+draw the same) and whose ``apply`` adds the DALI operators that take them. Images stay uint8 through
+geometric ops; the first colour op makes floats in [0, 1]; a final ``Normalize`` is fused into the output.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The DALI backend's host side: how each dataset field travels, and the external-source callback.
-
-Fields are read with ``get_batch`` (``decode=False``) and handed to ``fn.external_source`` a whole batch
-at a time: encoded images as the batch's stored bytes and lengths (DALI slices each sample out: one copy
-into DALI), ``pixels`` images as per-sample HWC views of the read bytes, raw arrays as they are. The
-callback also draws the batch's augmentation parameters (dali_augment.py) and the padding size of
-mixed-size image batches. Nothing here imports DALI.
+"""The DALI backend's host side: how each dataset field travels into ``fn.external_source`` (a whole batch
+at a time, encoded images as their stored bytes), and the callback that reads batches and draws their
+augmentation parameters. Nothing here imports DALI.
 """
 
 from __future__ import annotations
