@@ -84,13 +84,12 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
                   skip: frozenset[str] = frozenset(), precropped: Mapping[str, int] | None = None,
                   owned: frozenset[str] = frozenset()) -> Batch:
     """Augment ``batch`` in place (and return it): every field of :func:`field_kinds`, then ``aug.mix``.
-    ``finish(name, image)`` is called on each augmented image (e.g. channels_last); ``skip``: fields
-    already augmented elsewhere (by DALI, whose draws came first from ``g``); ``precropped``: image fields whose
-    first ops (a crop or Resize, and flips after it) the reader applied while decoding, and how many
-    (fastdata.loaders.crop); ``owned``: image fields in the caller's own buffers, which the ops of a single
-    view may write into (fastdata.augment.Augment.run)."""
+    ``finish(name, image)`` runs on each augmented image; ``skip``: fields DALI augmented (its draws came first);
+    ``precropped``: how many first ops the reader ran per image field (fastdata.loaders.crop); ``owned``: image
+    fields in the caller's own buffers, which the ops of a single view may write into."""
     kinds = field_kinds(aug, batch, images, mixed)
-    mixed_needs_size(aug, mixed)
+    if aug.mix is not None and mixed and not any(getattr(op, "fixed_size", False) for op in aug.view_ops[0]):
+        raise UsageError(f"Mix needs images of one size, and {sorted(mixed)[0]!r} mixes sizes: add a crop or Resize")
     image_fields = [n for n, k in kinds.items() if k == "image"]
     if aug.targets and len(image_fields) != 1:
         raise UsageError(f"augmentation with targets {sorted(aug.targets)} moves them with one image field, "
@@ -216,9 +215,3 @@ def mix_batch(aug: Augment, batch: Batch, g: torch.Generator, image_fields: list
             mix_boxes(batch, t_name, t, d, hw, mix.min_visible)
         elif isinstance(t, Mask) and d.cutmix:
             batch[t_name] = mix_mask(batch[t_name], d, hw)
-
-
-def mixed_needs_size(aug: Augment, mixed: frozenset[str]) -> None:
-    """Mix pastes and blends whole canvases: images of mixed sizes must get one size first."""
-    if aug.mix is not None and mixed and not any(getattr(op, "fixed_size", False) for op in aug.view_ops[0]):
-        raise UsageError(f"Mix needs images of one size, and {sorted(mixed)[0]!r} mixes sizes: add a crop or Resize")

@@ -91,10 +91,8 @@ def child_seed(g: torch.Generator) -> Tensor:
 
 @dataclass(frozen=True)
 class GaussianNoise(_Op):
-    """Add noise with standard deviation ``std`` (in the batch's units: [0, 1] for images).
-
-    The noise comes from a generator on the batch's device seeded by one draw from the batch's
-    generator (the DALI backend draws its noise inside DALI)."""
+    """Add noise with standard deviation ``std`` (in the batch's units: [0, 1] for images), from a generator on
+    the batch's device seeded by one draw from the batch's generator (the DALI backend draws it inside DALI)."""
 
     std: float
 

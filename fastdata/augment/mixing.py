@@ -34,7 +34,7 @@ class MixDraw:
 
 @dataclass(frozen=True)
 class Mix:
-    """MixUp and CutMix, batch-level (see the module docstring): declared once in
+    """MixUp and CutMix, batch-level (docs/augment.md): declared once in
     ``Augment(..., mix=Mix(...))``, applied after the ops to the augmented image fields and ``label``.
 
     ``mixup_alpha`` / ``cutmix_alpha``: 0 turns that one off. ``num_classes``: needed for integer labels.

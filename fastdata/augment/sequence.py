@@ -124,13 +124,8 @@ class TimeMask(SeqOp):
     fill: float = 0.0
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
-        b = len(lengths)
-        cap = lengths.float().view(-1, 1) * self.max_width if self.max_width < 1 else \
-            torch.full((b, 1), float(self.max_width), device=lengths.device)
-        width = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (cap + 1))
-        width = torch.minimum(width, lengths.float().view(-1, 1))
-        start = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (lengths.view(-1, 1) - width + 1))
-        return {"start": start.long(), "width": width.long()}
+        n = lengths.float().view(-1, 1)
+        return _draw_spans(g, self.count, n * self.max_width if self.max_width < 1 else float(self.max_width), n)
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         masked = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[1]) & valid_mask(lengths, x.shape[1])
@@ -149,15 +144,20 @@ class ChannelMask(SeqOp):
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         if len(shape) < 3:
             raise UsageError(f"ChannelMask needs a channel axis: (B, T, C), got a batch of shape {shape}")
-        b, c = len(lengths), shape[2]
-        width = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (min(self.max_width, c) + 1))
-        start = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (c - width + 1))
-        return {"start": start.long(), "width": width.long()}
+        n = torch.full((len(lengths), 1), float(shape[2]), device=lengths.device)
+        return _draw_spans(g, self.count, float(min(self.max_width, shape[2])), n)
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         bands = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[2])  # (B, C)
         inside = valid_mask(lengths, x.shape[1]).unsqueeze(2).to(x.dtype)
         return _fill(x, _bcast(inside * bands.unsqueeze(1).to(x.dtype), x), self.fill, inplace), lengths
+
+
+def _draw_spans(g: torch.Generator, count: int, cap: Tensor | float, n: Tensor) -> Params:
+    """``count`` spans per sample: width ~ U{0 .. cap} (at most ``n``, (B, 1)), start uniform inside ``[0, n)``."""
+    width = torch.minimum(torch.floor(torch.rand(len(n), count, generator=g, device=g.device) * (cap + 1)), n)
+    start = torch.floor(torch.rand(len(n), count, generator=g, device=g.device) * (n - width + 1))
+    return {"start": start.long(), "width": width.long()}
 
 
 def _spans(start: Tensor, width: Tensor, n: int) -> Tensor:

@@ -161,15 +161,10 @@ class Pass:
 
 
 class Feed:
-    """The external-source callback (batch mode, with ``batch_info``): batch ``info.iteration`` of the
-    pass registered for DALI's epoch ``info.epoch_idx``, as each DALI route's data, then each augmented
-    route's parameters, then the padded (H, W) of each route that pads. One pipeline serves consecutive
-    passes: the loader registers the next pass before it resets DALI's iterator, so the next epoch is read
-    while the current one ends. Bypassing fields wait in ``bypassed``, in batch order, for the loader to
-    join them to DALI's output. Arrays are fed without a copy (``no_copy``), so the last ``keep`` batches
-    stay referenced. A read error ends the pass there (``error``): the loader raises it after the last
-    good batch, instead of DALI raising it before the batches in front of it.
-    """
+    """The external-source callback: batch ``info.iteration`` of the pass registered for DALI's epoch
+    ``info.epoch_idx`` (each route's data, then the parameters, then padded sizes); bypassing fields wait in
+    ``bypassed``. Fed without a copy, the last ``keep`` batches stay referenced. A read error ends the pass
+    (``error``): the loader raises it after the last good batch, not DALI before the batches in front of it."""
 
     def __init__(self, dataset: Dataset, routes: list[Route], seed: int, rank: int, keep: int,
                  targets: HostTargets | None = None, rest: bool = False) -> None:

@@ -47,13 +47,10 @@ def _axis(x0: float, extent: float, n_out: int, n_src: int, scale: float) -> tup
 
 def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_hw: tuple[int, int],
                   out: np.ndarray, flip: tuple[bool, bool] = (False, False), exact: bool = False) -> None:
-    """Bilinear samples of the window ``box`` (x0, y0, w, h in full-image pixels of an image
-    ``full_hw`` high and wide) from ``src`` (uint8 (h, w, C): the whole image at any scale) into ``out``
-    (float32 (oh, ow, C), /255); ``flip``: (left-right, top-bottom) mirror the output.
-
-    torch's uint8 resize (:func:`_fast_resize`: rounded to 1/255, samples within ``_TOLERANCE`` pixel of
-    these) runs where its grid lines up with the window's, else (or with ``exact``) the float interpolation
-    at exactly these positions (:func:`_lerp2`)."""
+    """Bilinear samples of the window ``box`` (x0, y0, w, h in pixels of the full image, ``full_hw``) from
+    ``src`` (uint8 (h, w, C), the whole image at any scale) into ``out`` (float32 (oh, ow, C), /255), mirrored
+    as ``flip`` (left-right, top-bottom) says: by torch's uint8 resize where its grid lines up (:func:`_grid`),
+    else or with ``exact`` by the float interpolation at exactly these positions (:func:`_lerp2`)."""
     x0, y0, w, h = box
     oh, ow = out.shape[:2]
     n_y, n_x = src.shape[:2]
@@ -173,9 +170,7 @@ _GRAIN = 32767  # elements per torch op: below torch's parallel grain (32768), s
 def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
            cols: tuple[np.ndarray, np.ndarray, np.ndarray], out: np.ndarray) -> None:
     """Separable bilinear interpolation, rows first, in blocks of output rows small enough that torch runs
-    each op in the calling thread: the reader threads are the parallelism (torch's intra-op threads,
-    called from two readers on a busy machine, were an order of magnitude slower in a one-off A/B here,
-    and numpy's takes held the GIL); torch's kernels release the GIL."""
+    each op in the calling thread (the reader threads are the parallelism); torch's kernels release the GIL."""
     c = src.shape[2]
     flat = torch.from_numpy(np.ascontiguousarray(src)).view(src.shape[0], -1)  # (h, w' * C) uint8
     r0, r1, ty = (torch.from_numpy(np.ascontiguousarray(a)) for a in rows)
