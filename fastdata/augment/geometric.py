@@ -201,23 +201,19 @@ def _flip_inside(x: Tensor, flip: Tensor, extent: Tensor, axis: int) -> Tensor:
 
 @dataclass(frozen=True)
 class Resize(_FixedSize):
-    """Resize every image (each from its own size) to exactly ``size`` (H, W), bilinear, no antialiasing."""
+    """Resize every image (each from its own size) to exactly ``size`` (H, W), bilinear, no antialiasing:
+    a RandomResizedCrop of the whole image."""
 
     size: int | tuple[int, int]
 
     def warp(self, x: Tensor, p: Params, sizes: Tensor | None, nearest: bool, fill: float) -> Tensor:
-        x4, lead = _as4d(x)
-        b, _, hc, wc = x4.shape
-        oh, ow = pair(self.size)
-        one = torch.ones(b, device=x.device)
-        fw, fh, limit = one, one, None
-        if sizes is not None:
-            h, w = sizes[:, 0].float(), sizes[:, 1].float()
-            fw, fh = w / wc, h / hc
-            limit = ((2 * w - 1.002) / wc - 1, (2 * h - 1.002) / hc - 1)
-        return _resample(x4, fw, fh, fw / 2, fh / 2, oh, ow, limit, nearest).reshape(b, *lead[1:], oh, ow)
+        return RandomResizedCrop.warp(self, x, _whole(len(x), x.device), sizes, nearest, fill)  # type: ignore[arg-type]
 
     def geometry(self, p: Params, hw: Tensor) -> Geometry:
-        oh, ow = pair(self.size)
-        m = _affine([[ow / hw[:, 1], 0, 0], [0, oh / hw[:, 0], 0]], len(hw))
-        return Geometry(m, torch.tensor([[float(oh), float(ow)]], dtype=torch.float64).expand(len(hw), 2))
+        return RandomResizedCrop.geometry(self, _whole(len(hw), hw.device), hw)  # type: ignore[arg-type]
+
+
+def _whole(b: int, device: torch.device) -> Params:
+    """RandomResizedCrop's parameters for the whole image."""
+    one = torch.ones(b, device=device)
+    return {"fw": one, "fh": one, "cx": one / 2, "cy": one / 2}

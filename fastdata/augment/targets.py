@@ -72,12 +72,6 @@ class Keypoints:
         if bad:
             raise UsageError(f"keypoints field {name!r} has {k} points; flip pair {bad[0]} is out of range")
 
-    def permutation(self, k: int) -> list[int]:
-        perm = list(range(k))
-        for a, b in self.flip_pairs:
-            perm[a], perm[b] = b, a
-        return perm
-
     def transform(self, kp: Tensor, geo: Geometry) -> Tensor:
         """Map the points (float), mark those that leave the frame invisible, swap pairs where mirrored."""
         m = geo.matrix.to(kp.device)
@@ -91,7 +85,10 @@ class Keypoints:
                                                    torch.zeros((), dtype=kp.dtype, device=kp.device))
         mirrored = geo.mirrored
         if self.flip_pairs and mirrored is not None:
-            swapped = kp[:, self.permutation(kp.shape[1])]
+            perm = list(range(kp.shape[1]))
+            for a, b in self.flip_pairs:
+                perm[a], perm[b] = b, a
+            swapped = kp[:, perm]
             kp = torch.where(mirrored.to(kp.device).view(-1, 1, 1), swapped, kp)
         return kp
 

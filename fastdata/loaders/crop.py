@@ -45,7 +45,6 @@ from fastdata.reading.decode import DecodeError, check_shapes
 log = logging.getLogger(__name__)
 FIRST_OPS = (RandomResizedCrop, RandomCrop, CenterCrop, Resize)
 FLIPS = (HorizontalFlip, VerticalFlip)  # right after the first op: the reader mirrors while it samples
-Where = Callable[[int], str]
 
 
 def crop_field(dataset: Dataset, augment: Augment | None, images: tuple[str, ...], config: LoaderConfig,
@@ -119,7 +118,7 @@ class CropStage:
         start = p["start"].double().numpy()
         return np.stack([start[:, 1], start[:, 0], np.full_like(w, ow), np.full_like(h, oh)], 1), flips
 
-    def __call__(self, batch: dict[str, Any], epoch: int, rank: int, k: int, where: Where) -> dict[str, Any]:
+    def __call__(self, batch: dict[str, Any], epoch: int, rank: int, k: int, where: Callable[[int], str]) -> dict[str, Any]:
         """Replace ``batch[name]`` (stored bytes, padded per row) by the float32 (B, oh, ow, C) first-op
         output in [0, 1]; ``<name>_shape`` keeps the stored sizes (the device stage draws from them)."""
         f, spec = self.field, self.field.image
