@@ -144,10 +144,6 @@ class _Flip(_Geometric):
         extent = sizes[:, self._axis + 2] if sizes is not None else torch.full((len(x),), x.shape[self._axis])
         return _flip_inside(x, p["flip"].to(x.device), extent.to(x.device), axis=self._axis)
 
-    def flip_in_place(self, x: Tensor, p: Params, sizes: Tensor | None) -> Tensor:
-        """The flagged images of a CPU batch mirrored in their own memory (the caller owns ``x``)."""
-        return _flip_samples(x, p["flip"], self._axis, sizes, x)
-
     def geometry(self, p: Params, hw: Tensor) -> Geometry:
         flip = p["flip"].cpu()
         s = torch.where(flip, -1.0, 1.0).double()

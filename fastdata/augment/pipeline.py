@@ -19,6 +19,7 @@ from fastdata.augment.geometric import (
     Resize,
     VerticalFlip,
     _Flip,
+    _flip_samples,
 )
 from fastdata.augment.mixing import Mix
 from fastdata.augment.sequence import ops_kind
@@ -156,7 +157,7 @@ class Augment:
                     into = img  # written in place (elementwise: an output may be its input)
                 last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == img.shape
                 if owned and isinstance(op, _Flip) and img.device.type == "cpu":
-                    x = op.flip_in_place(img, p, sizes)
+                    x = _flip_samples(img, p["flip"], op._axis, sizes, img)  # in the caller's own memory
                 else:
                     x = op.into(img, into) if last else op.image(img, p, sizes)
             if isinstance(op, _Geometric):
