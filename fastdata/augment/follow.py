@@ -16,7 +16,6 @@ class _Targets:
 
     def __init__(self, targets: Mapping[str, Target], batch: dict[str, Tensor], x: Tensor | None) -> None:
         self.targets = targets
-        self.active = bool(targets)
         self.values: dict[str, Tensor] = {}
         self.valid: dict[str, Tensor] = {}
         self.layout: dict[str, tuple[str, torch.Size]] = {}

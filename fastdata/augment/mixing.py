@@ -87,8 +87,6 @@ class Mix:
             off = self.label_smoothing / self.num_classes
             soft = torch.full((len(y), self.num_classes), off, device=y.device)
             soft.scatter_(1, y.long().view(-1, 1), 1.0 - self.label_smoothing + off)
-        if lam == 1.0:
-            return soft
         return torch.lerp(soft.roll(1, 0), soft, lam)
 
     def check_targets(self, targets: dict[str, Target]) -> None:

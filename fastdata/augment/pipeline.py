@@ -146,7 +146,7 @@ class Augment:
         work = _Targets(self.targets if targets else {}, out, x)
         for k, op in enumerate(chain):
             if not _builtin(op):
-                x, sizes, hw = _own_op(op, x, g, work.active, sizes, hw)
+                x, sizes, hw = _own_op(op, x, g, bool(work.targets), sizes, hw)
                 continue
             img = x if k >= done else None  # the image this op transforms (None: done already, or none)
             if img is not None:
@@ -161,7 +161,7 @@ class Augment:
                 else:
                     x = op.into(img, into) if last else op.image(img, p, sizes)
             if isinstance(op, _Geometric):
-                if work.active:
+                if work.targets:
                     work.apply(op, p, hw, sizes)
                 sizes = None if op.fixed_size or sizes is None else op.out_sizes(sizes)
                 hw = op.out_sizes(hw)

@@ -49,9 +49,8 @@ FLIPS = (HorizontalFlip, VerticalFlip)  # right after the first op: the reader m
 
 def crop_field(dataset: Dataset, augment: Augment | None, images: tuple[str, ...], config: LoaderConfig,
                threads: bool) -> str | None:
-    """The image field the readers can decode window by window, or None (then why is logged): one
-    augmented image field, stored encoded or as mixed-size pixels, first op a crop or Resize, one view,
-    no mask target (it would need the whole image's canvas), float output, reader threads."""
+    """The image field the readers can decode window by window (one augmented image field whose chain starts
+    with a crop or Resize: see :func:`_why_not`), or None, and then why is logged."""
     why = _why_not(dataset, augment, images, config, threads)
     if why is not None:
         log.debug("crop decoding off: %s", why)

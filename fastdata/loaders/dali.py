@@ -35,7 +35,6 @@ from fastdata.seeds import Stream, int_seed
 from fastdata.world import usable_cpus
 
 log = logging.getLogger("fastdata.loader")
-INSTALL_HINT = 'pip install "fastdata[dali]"  (the nvidia-dali-cuda130 wheel)'
 
 
 def import_dali() -> SimpleNamespace:
@@ -49,7 +48,7 @@ def import_dali() -> SimpleNamespace:
     except ImportError as e:
         raise BackendUnavailableError(
             f"backend='dali' needs NVIDIA DALI, which cannot be imported here ({e}). Install it with: "
-            f"{INSTALL_HINT}, or use backend='torch'"
+            "pip install \"fastdata[dali]\"  (the nvidia-dali-cuda130 wheel), or use backend='torch'"
         ) from None
     return SimpleNamespace(dali=dali, fn=fn, math=dmath, types=types, Iterator=DALIGenericIterator)
 
@@ -291,9 +290,8 @@ class DaliLoader(Loader):
 
 
 def _attach_augment(routes: list[Route], augment: Augment | None, region: bool = False) -> HostTargets | None:
-    """Compile the spec for each augmented field (the image fields unless ``augment.fields`` says);
-    with targets, the one augmented image field and the targets' host-side transform. ``region``: an
-    encoded field of one view whose chain starts with a crop decodes only its window (``image_slice``)."""
+    """Compile the spec for each augmented image field; with targets, their host-side transform. ``region``:
+    an encoded field of one view whose chain starts with a crop decodes only its window (``image_slice``)."""
     if augment is None or not augment.enabled or augment.op_kind != "image":
         return None  # nothing to do, or sequence ops: the torch code runs them on DALI's output
     images = [r for r in routes if r.image]

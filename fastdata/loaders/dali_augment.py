@@ -299,11 +299,8 @@ class Chain:
 
     @property
     def out_size(self) -> tuple[int, int] | None:
-        """The fixed (H, W) the chain produces, if one of its ops sets it."""
-        size = None
-        for s in self.steps:
-            size = s.out_size or size
-        return size
+        """The fixed (H, W) the chain produces, if one of its ops sets it (the last that does)."""
+        return next((s.out_size for s in reversed(self.steps) if s.out_size), None)
 
     @property
     def region(self) -> bool:
