@@ -18,8 +18,7 @@ Timed (whole epochs, interleaved, median of the repeats), every method with 2 th
   then one conversion to float) writes the reused float batch, the files' bytes already in memory (no
   shard reads);
 * fastdata's loader with ``LoaderConfig(crop_decode=...)``: ``auto`` (simplejpeg, DCT-scaled when the
-  window allows), ``region`` (and nvImageCodec region decoding for windows near the output size), ``off``
-  (whole images into a padded batch, crop after: the path before crop decoding);
+  window allows), ``off`` (whole images into a padded batch, crop after: the path before crop decoding);
 * fastdata's DALI backend (CPU, ``fn.decoders.image_slice`` of the drawn window);
 * DALI's own CPU ``fn.decoders.image_random_crop`` + ``fn.resize`` + ``crop_mirror_normalize`` (coin-flip
   mirror), bytes from memory;
@@ -55,7 +54,7 @@ from PIL import Image, ImageDraw, ImageFilter
 import fastdata
 from fastdata.augment import HorizontalFlip, RandomResizedCrop
 from fastdata.converters import ConvertConfig, ImageOptions
-from fastdata.reading.cropdecode import RegionDecoders, decode_crop, resample_into
+from fastdata.reading.cropdecode import decode_crop, resample_into
 from fastdata.format import ImageSpec
 from fastdata.format.spec import CODEC_JPEG
 from fastdata.loaders import LoaderConfig
@@ -247,7 +246,6 @@ def ffcv_status() -> str:
 def gil_check(files: list[bytes], hw: np.ndarray) -> dict[str, float]:
     """A Python loop's speed while another thread decodes, as a fraction of its speed beside a sleeping
     thread: near that reference when the decoder releases the GIL (on 2 cores the loop shares a core)."""
-    regions = RegionDecoders("auto")
     boxes = np.concatenate(draws(len(files) // BATCH, hw, 0))
     kinds: dict[str, Callable[[int], Any]] = {"sleep": lambda j: time.sleep(0.001),
                                               "simplejpeg": lambda j: simplejpeg.decode_jpeg(files[j], colorspace="RGB")}
@@ -259,11 +257,6 @@ def gil_check(files: list[bytes], hw: np.ndarray) -> dict[str, float]:
         resample_into(decoded[i], tuple(boxes[i, :4]), tuple(decoded[i].shape[:2]), out, flip=(j % 2 == 0, False))
 
     kinds["crop-and-resize (uint8, flip)"] = resize
-    if regions.available:
-        def region(j: int) -> Any:
-            h, w = (int(v) for v in hw[j])
-            return regions.decode(files[j], (0, h // 2), (0, w // 2))
-        kinds["nvimgcodec region"] = region
     loops = {}
     for kind, fn in kinds.items():
         stop = threading.Event()
@@ -304,7 +297,6 @@ def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[
     files, hw = full
     boxes = np.concatenate(draws(len(files) // BATCH, hw, 0))
     spec = ImageSpec(mode="RGB")
-    scratch = np.empty(800 * 800 * 3, np.uint8)
     ref, got = np.empty((OUT, OUT, 3), np.float32), np.empty((OUT, OUT, 3), np.float32)
     rows: dict[str, list[float]] = {"crop decode (auto)": [], RESIZE_ROW: []}
     rows.update({f"--max-side {k}": [] for k in smaller})
@@ -314,7 +306,7 @@ def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[
         box, flip = tuple(drawn[:4]), (bool(drawn[4]), False)
         whole = simplejpeg.decode_jpeg(files[i], colorspace="RGB")
         resample_into(whole, box, (h, w), ref, flip=flip, exact=True)
-        plans.append(decode_crop(files[i], CODEC_JPEG, spec, (h, w), box, got, None, scratch, flip))
+        plans.append(decode_crop(files[i], CODEC_JPEG, spec, (h, w), box, got, flip))
         rows["crop decode (auto)"].append(_psnr(got, ref))
         resample_into(whole, box, (h, w), got, flip=flip)
         rows[RESIZE_ROW].append(_psnr(got, ref))
@@ -407,9 +399,8 @@ def time_set(roots: dict[str, Path], repeats: int) -> dict[str, Any]:
     files, hw = stored(roots["encoded"])
     n = len(files) // BATCH * BATCH
     methods: dict[str, Callable[[int], int]] = {"full-decode ceiling (simplejpeg, 2 threads)": ceiling(files[:n], hw)}
-    loaders = {}
-    for crop in ("auto", "region", "off"):
-        methods[f"fastdata crop_decode={crop}"], loaders[crop] = loader_epoch(roots["encoded"], crop)
+    for crop in ("auto", "off"):
+        methods[f"fastdata crop_decode={crop}"], _ = loader_epoch(roots["encoded"], crop)
     methods["fastdata DALI backend (image_slice)"], _ = loader_epoch(roots["encoded"], "auto", "dali")
     dali = dali_random_crop(files[:n])
     if callable(dali):
@@ -422,7 +413,7 @@ def time_set(roots: dict[str, Path], repeats: int) -> dict[str, Any]:
     ceil = rate["full-decode ceiling (simplejpeg, 2 threads)"]
     return {"images": n, "timings_s": timings, "images_per_s": {k: round(v, 1) for k, v in rate.items()},
             "x_full_decode_ceiling": {k: round(v / ceil, 3) for k, v in rate.items()},
-            "plans": {k: dict(v._reader.crop.plans) for k, v in loaders.items() if v._reader.crop is not None}, "dali_random_crop": None if callable(dali) else dali}
+            "dali_random_crop": None if callable(dali) else dali}
 
 
 def render(info: dict[str, Any], res: dict[str, Any]) -> str:
@@ -432,7 +423,6 @@ def render(info: dict[str, Any], res: dict[str, Any]) -> str:
         out += [f"## {name} ({s['images']} images)", ""]
         rows = [(k, f"{v:,.0f}", f"{s['x_full_decode_ceiling'][k]:.2f}") for k, v in s["images_per_s"].items()]
         out += [markdown_table(["method", "images/s", "x full-decode ceiling"], rows), ""]
-        out += [f"How the windows were decoded, over all epochs: {s['plans']}", ""]
     out += [f"Python loop speed beside a decoding thread, as a fraction of beside a sleeping one (GIL released "
             f"when well above 0): {res['gil']}", ""]
     q = res["quality"]

@@ -52,8 +52,7 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 # xxhash is carried anyway, at the tested version: it is 0.5 MB and that list gives no version.
 GROUPS: dict[str, list[str]] = {
     "base": ["lmdb", "simplejpeg", "xxhash"],
-    # fastdata[dali] and fastdata[jpeg], and what they need that the device lacks (six, packaging
-    # and numpy are there)
+    # fastdata[dali] and what it needs that the device lacks (six, packaging and numpy are there)
     "dali": ["nvidia-dali-cuda130", "nvidia-nvimgcodec-cu13", "nvidia-nvjpeg", "nvidia-nvjpeg2k-cu13",
              "nvidia-nvtiff-cu13", "nvidia-libnvcomp-cu13", "astunparse", "gast", "optree", "nvtx", "makefun",
              "libcst"],

@@ -285,12 +285,12 @@ def test_loader_flips_and_normalises_its_own_buffers_in_place_as_out_of_place(tm
     fastdata.convert(tmp_path / "imgs", tmp_path / "mixed",
                      fastdata.ConvertConfig(images=fastdata.ImageOptions(images="raw")))  # padded uint8 batches
     ops = [HorizontalFlip(), VerticalFlip(), Normalize((0.4, 0.5, 0.6), (0.2, 0.25, 0.3))]
-    from fastdata.augment.geometric import _Flip
+    from fastdata.augment import pipeline
 
     calls = []
-    real = _Flip.flip_in_place
-    monkeypatch.setattr(_Flip, "flip_in_place",
-                        lambda self, x, p, sizes: calls.append(sizes is not None) or real(self, x, p, sizes))
+    real = pipeline._flip_samples
+    monkeypatch.setattr(pipeline, "_flip_samples",
+                        lambda x, f, axis, sizes, out: calls.append(sizes is not None) or real(x, f, axis, sizes, out))
     for name in ("one", "mixed"):
         plain = list(fastdata.loader(tmp_path / name, 6, shuffle=False, device="cpu"))
         done = list(fastdata.loader(tmp_path / name, 6, shuffle=False, device="cpu", augment=ops))

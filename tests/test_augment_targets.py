@@ -418,7 +418,7 @@ def test_dali_backend_moves_targets_with_the_torch_backends_parameters(posed, ch
 def test_dali_backend_logs_the_host_side_targets_once_and_resumes(posed, caplog, monkeypatch):
     from fastdata.loaders import dali as fdali
 
-    monkeypatch.setattr(fdali, "_LOGGED", set())
+    fdali._log_once.cache_clear()
     aug = _pose_aug([RandomResizedCrop(32), HorizontalFlip(), RandomAffine(10)])
     with caplog.at_level(logging.INFO, logger="fastdata.loader"):
         full = list(fastdata.loader(posed, 8, device="cpu", augment=aug, seed=3, backend="dali"))

@@ -305,7 +305,7 @@ def test_dali_says_once_that_sequence_ops_and_mix_run_with_the_torch_code(ds, ca
 
     from fastdata.loaders import dali as fdali
 
-    monkeypatch.setattr(fdali, "_LOGGED", set())
+    fdali._log_once.cache_clear()
     with caplog.at_level(logging.INFO, logger="fastdata.loader"):
         for _ in range(2):
             first(ds / "ds", Augment((RandomCrop(8),), mix=Mix(num_classes=5)), "dali")

@@ -1,4 +1,4 @@
-"""Region decoding on the DALI backend (fastdata/loaders/dali_region.py): the drawn crop window is decoded
+"""Region decoding on the DALI backend (fastdata/loaders/dali_augment.py): the drawn crop window is decoded
 alone (``fn.decoders.image_slice``), with the torch backend's draws, and gives the same images."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from fastdata.augment import CenterCrop, HorizontalFlip, RandomCrop, RandomResiz
 from fastdata.converters import ConvertConfig, ImageOptions  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 from fastdata.loaders.dali_augment import compile_chain  # noqa: E402
-from fastdata.loaders.dali_region import decodes_region, with_region  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def test_region_decoding_gives_the_torch_backends_images(mixed, op):
 
 
 def test_only_crops_of_one_view_decode_regions():
-    assert decodes_region(with_region(compile_chain([RandomResizedCrop(8), HorizontalFlip()], 3)))
-    assert decodes_region(with_region(compile_chain([CenterCrop(8)], 3)))
-    assert not decodes_region(with_region(compile_chain([HorizontalFlip(), RandomResizedCrop(8)], 3)))
-    assert not decodes_region(compile_chain([RandomResizedCrop(8)], 3))
+    assert compile_chain([RandomResizedCrop(8), HorizontalFlip()], 3, region=True).region
+    assert compile_chain([CenterCrop(8)], 3, region=True).region
+    assert not compile_chain([HorizontalFlip(), RandomResizedCrop(8)], 3, region=True).region
+    assert not compile_chain([RandomResizedCrop(8)], 3).region

@@ -65,16 +65,14 @@ def test_crop_decoding_matches_decoding_first(tmp_path, op):
     """Same draws as the padded path: exact windows are equal to float rounding, resampled ones close."""
     root = _dataset(tmp_path)
     aug = [op, HorizontalFlip(), VerticalFlip(), ColorJitter(brightness=0.2)]
-    ref = _batches(root, aug, "off")
-    for crop in ("auto", "region"):
-        fast = _batches(root, aug, crop)
-        assert len(ref) == len(fast) == 2
-        for r, f in zip(ref, fast):
-            assert r["image"].shape == f["image"].shape and r["image_shape"].tolist() == f["image_shape"].tolist()
-            if isinstance(op, (RandomCrop, CenterCrop)):  # no resampling: the same pixels
-                assert torch.allclose(r["image"], f["image"], atol=1e-5)
-            else:
-                assert _psnr(r["image"], f["image"]) > 30
+    ref, fast = _batches(root, aug, "off"), _batches(root, aug, "auto")
+    assert len(ref) == len(fast) == 2
+    for r, f in zip(ref, fast):
+        assert r["image"].shape == f["image"].shape and r["image_shape"].tolist() == f["image_shape"].tolist()
+        if isinstance(op, (RandomCrop, CenterCrop)):  # no resampling: the same pixels
+            assert torch.allclose(r["image"], f["image"], atol=1e-5)
+        else:
+            assert _psnr(r["image"], f["image"]) > 30
 
 
 def test_full_scale_windows_are_exact_and_the_scaled_ones_are_close(tmp_path):
@@ -86,17 +84,14 @@ def test_full_scale_windows_are_exact_and_the_scaled_ones_are_close(tmp_path):
     data = buf.getvalue()
     full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     spec = fastdata.format.ImageSpec(mode="RGB")
-    scratch = np.empty(a.size, np.uint8)
     exact, ref = np.empty((50, 60, 3), np.float32), np.empty((50, 60, 3), np.float32)
     box = (10.3, 20.7, 61.0, 49.5)
-    for regions in (cropdecode.RegionDecoders("none"), cropdecode.RegionDecoders("auto")):
-        plan = cropdecode.decode_crop(data, fastdata.format.spec.CODEC_JPEG, spec, (240, 320), box, exact, regions, scratch)
-        cropdecode.resample_into(full, box, (240, 320), ref)
-        assert plan in ("region", "full") and np.abs(exact - ref).max() < 1e-5
+    plan = cropdecode.decode_crop(data, fastdata.format.spec.CODEC_JPEG, spec, (240, 320), box, exact)
+    cropdecode.resample_into(full, box, (240, 320), ref)
+    assert plan == "full" and np.abs(exact - ref).max() < 1e-5
     small = np.empty((50, 60, 3), np.float32)
     big = (0.0, 0.0, 320.0, 240.0)
-    assert cropdecode.decode_crop(data, fastdata.format.spec.CODEC_JPEG, spec, (240, 320), big, small,
-                                  None, scratch) == "scaled"
+    assert cropdecode.decode_crop(data, fastdata.format.spec.CODEC_JPEG, spec, (240, 320), big, small) == "scaled"
     cropdecode.resample_into(full, big, (240, 320), ref)
     assert 10 * np.log10(1 / float(((small - ref) ** 2).mean())) > 25
     assert cropdecode.dct_scale(320, 240, 60, 50) == 4 and cropdecode.dct_scale(61, 49.5, 60, 50) == 1
@@ -169,12 +164,11 @@ def test_bad_jpeg_names_the_sample(tmp_path):
     ds = fastdata.open(root, decode=False)
     raw = ds.get_batch(np.arange(len(ds)))
     field = next(f for f in ds.schema if f.name == "image")
-    for regions in ("auto", "region"):
-        stage = CropStage(field, (RandomResizedCrop(48, scale=(1.0, 1.0), ratio=(1.0, 1.0)),), 0, False, regions)
-        bad = {**raw, "image": raw["image"].copy(), "image_lengths": raw["image_lengths"].copy()}
-        bad["image_lengths"][1] = 320
-        with pytest.raises(CorruptShardError, match="sample 7: field 'image'"):
-            stage(bad, 0, 0, 0, lambda j: f"{root}: sample {j + 6}")
+    stage = CropStage(field, (RandomResizedCrop(48, scale=(1.0, 1.0), ratio=(1.0, 1.0)),), 0, False)
+    bad = {**raw, "image": raw["image"].copy(), "image_lengths": raw["image_lengths"].copy()}
+    bad["image_lengths"][1] = 320
+    with pytest.raises(CorruptShardError, match="sample 7: field 'image'"):
+        stage(bad, 0, 0, 0, lambda j: f"{root}: sample {j + 6}")
 
 
 def test_crop_decoding_is_off_where_it_cannot_apply(tmp_path):
@@ -191,11 +185,13 @@ def test_crop_decoding_is_off_where_it_cannot_apply(tmp_path):
     assert crop_field(ds, fastdata.augment.Augment((RandomResizedCrop(8),), views=2), ("image",), cfg, True) is None
     with pytest.raises(fastdata.errors.UsageError, match="crop_decode"):
         LoaderConfig(crop_decode="yes")  # type: ignore[arg-type]
+    with pytest.raises(fastdata.errors.UsageError, match="crop_decode='region' was removed.*use crop_decode='auto'"):
+        LoaderConfig(crop_decode="region")  # type: ignore[arg-type]
 
 
-def _resampled(src, box, hw, out_hw, flip=(False, False), exact=False, origin=None):
+def _resampled(src, box, hw, out_hw, flip=(False, False), exact=False):
     out = np.empty((*out_hw, src.shape[2]), np.float32)
-    cropdecode.resample_into(src, box, hw, out, origin=origin, flip=flip, exact=exact)
+    cropdecode.resample_into(src, box, hw, out, flip=flip, exact=exact)
     return out
 
 
@@ -203,7 +199,7 @@ def _resampled(src, box, hw, out_hw, flip=(False, False), exact=False, origin=No
 def test_uint8_resize_samples_where_the_exact_path_does(mode):
     """torch's uint8 resize (shifted by whole steps, stretched a little to line its grid up with the window's)
     gives the exact float interpolation's images to 8-bit rounding: downscaled, upscaled, at the image's
-    edges, mirrored, on a DCT-scaled image and on a decoded region."""
+    edges, mirrored and on a DCT-scaled image."""
     rng = np.random.default_rng(0)
     a = photo(300, 400, 1)
     a = a if mode == "RGB" else a[..., :1].copy()
@@ -222,10 +218,6 @@ def test_uint8_resize_samples_where_the_exact_path_does(mode):
     box = (50.5, 30.25, 300.0, 250.0)
     exact, fast = (_resampled(half, box, (300, 400), (64, 64), exact=e) for e in (True, False))
     assert _psnr(torch.from_numpy(fast), torch.from_numpy(exact)) > 45
-    rows, cols = cropdecode._region(box, 64, 64, (300, 400))  # a region decode gives the whole image's result
-    part = a[rows[0] : rows[1], cols[0] : cols[1]].copy()
-    whole = _resampled(a, box, (300, 400), (64, 64))
-    assert np.array_equal(_resampled(part, box, (300, 400), (64, 64), origin=(rows[0], cols[0])), whole)
 
 
 def test_resize_grid_lines_up_or_leaves_it_to_the_exact_path():
@@ -244,7 +236,7 @@ def test_resize_grid_lines_up_or_leaves_it_to_the_exact_path():
     assert cropdecode._grid(10.5, 1.0, 224) is None
     a = photo(100, 120, 2)
     shifted = (10.5, 10.5, 30.0, 30.0)  # s = 1, phase 0.5 on both axes: cannot line up
-    assert cropdecode._grid(*cropdecode._line(10.5, 30.0, 30, 1.0, 0), 30) is None
+    assert cropdecode._grid(*cropdecode._line(10.5, 30.0, 30, 1.0), 30) is None
     assert np.array_equal(_resampled(a, shifted, (100, 120), (30, 30)),
                           _resampled(a, shifted, (100, 120), (30, 30), exact=True))
     box = (10.0, 10.0, 30.0, 30.0)  # an exact window: the pixels themselves

@@ -173,6 +173,6 @@ def test_the_kit_runs_every_gpu_test_and_carries_what_fastdata_imports(kit):
     names = {re.match(r"[A-Za-z0-9_.-]+", d.strip().strip('"')).group(0).lower()
              for d in re.findall(r'"([^"]+)"', deps)}
     assert names <= kit.DEVICE_HAS | set(kit.GROUPS["base"])
-    assert {"nvidia-dali-cuda130", "nvidia-nvimgcodec-cu13"} <= set(kit.GROUPS["dali"])  # fastdata[dali], [jpeg]
+    assert {"nvidia-dali-cuda130", "nvidia-nvimgcodec-cu13"} <= set(kit.GROUPS["dali"])  # fastdata[dali] and what DALI needs
     pinned = kit.pins(ROOT)
     assert [n for g in kit.GROUPS.values() for n in g if n not in pinned] == []

@@ -1,16 +1,6 @@
-"""One batch through an :class:`fastdata.augment.Augment`: which fields, of which kind, how many views, then mixing.
-
-Field kinds: ``image`` (image ops: fastdata.augment), ``sequence`` ((B, T, ...), time on axis 1,
-padded with ``<name>_lengths`` or packed with ``<name>_offsets``) and ``array`` ((B, ...): elementwise
-ops only), both with the ops of fastdata.augment.sequence. A kind is declared (``Augment(ops, fields={"x": "sequence"})``)
-or comes from the dataset's schema (image fields; ragged fields are sequences), never from the number
-of axes alone: a fixed-shape float field given sequence ops that need a time axis must be declared.
-
-Views: each view runs its ops with its own draws, one view after the other from the batch's
-generator. Views of one shape are stacked on axis 1 of every field the augmentation writes (the image,
-``<image>_shape``, the targets, ``<boxes>_valid``; a sequence and its lengths); views of different
-shapes become fields ``<field>_view<k>``. The draw order, on both backends: each augmented field in
-turn, each of its views, each op; then ``Mix`` (one draw per batch).
+"""One batch through an :class:`fastdata.augment.Augment`: which fields, of which kind (image, sequence,
+array: declared, or from the schema), how many views (stacked on axis 1 when of one shape, else
+``<field>_view<k>``), then mixing. Draw order, on both backends: each field, each view, each op; then ``Mix``.
 """
 
 from __future__ import annotations
@@ -33,10 +23,6 @@ Batch = dict[str, torch.Tensor]
 
 def _ragged(batch: Batch, name: str) -> bool:
     return name + LENGTHS_SUFFIX in batch or name + OFFSETS_SUFFIX in batch
-
-
-def _per_sample(v: torch.Tensor) -> tuple[int, ...]:
-    return tuple(v.shape[1:])
 
 
 def field_kinds(aug: Augment, batch: Batch, images: tuple[str, ...], mixed: frozenset[str]) -> dict[str, Kind]:
@@ -73,7 +59,7 @@ def _float_images(aug: Augment, batch: Batch) -> tuple[str, ...]:
     chosen = tuple(k for k in cands if batch[k].dim() >= 4)
     flat = [k for k in cands if batch[k].dim() == 3]
     if not chosen and flat:
-        raise UsageError(f"field {flat[0]!r} has float samples of shape {_per_sample(batch[flat[0]])}: an image "
+        raise UsageError(f"field {flat[0]!r} has float samples of shape {tuple(batch[flat[0]].shape[1:])}: an image "
                          "(H, W) or a sequence (T, C)? Declare it: Augment(ops, fields={"
                          f"{flat[0]!r}: 'image'}}) or 'sequence' (with sequence ops)")
     return chosen
@@ -88,7 +74,7 @@ def _kind_of(name: str, batch: Batch, images: tuple[str, ...], mixed: frozenset[
         return "image"  # named by the user with image ops: a float (C, H, W) or (H, W) image
     ops = [op for view in aug.view_ops for op in view]
     if any(op.needs_time for op in ops):
-        raise UsageError(f"field {name!r} has a fixed shape {_per_sample(batch[name])} per sample: is axis 1 time? "
+        raise UsageError(f"field {name!r} has a fixed shape {tuple(batch[name].shape[1:])} per sample: is axis 1 time? "
                          f"Declare its kind: Augment(ops, fields={{{name!r}: 'sequence'}}) or 'array'")
     return "array"
 
@@ -98,13 +84,12 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
                   skip: frozenset[str] = frozenset(), precropped: Mapping[str, int] | None = None,
                   owned: frozenset[str] = frozenset()) -> Batch:
     """Augment ``batch`` in place (and return it): every field of :func:`field_kinds`, then ``aug.mix``.
-    ``finish(name, image)`` is called on each augmented image (e.g. channels_last); ``skip``: fields
-    already augmented elsewhere (by DALI, whose draws came first from ``g``); ``precropped``: image fields whose
-    first ops (a crop or Resize, and flips after it) the reader applied while decoding, and how many
-    (fastdata.loaders.crop); ``owned``: image fields in the caller's own buffers, which the ops of a single
-    view may write into (fastdata.augment.Augment.run)."""
+    ``finish(name, image)`` runs on each augmented image; ``skip``: fields DALI augmented (its draws came first);
+    ``precropped``: how many first ops the reader ran per image field (fastdata.loaders.crop); ``owned``: image
+    fields in the caller's own buffers, which the ops of a single view may write into."""
     kinds = field_kinds(aug, batch, images, mixed)
-    mixed_needs_size(aug, mixed)
+    if aug.mix is not None and mixed and not any(getattr(op, "fixed_size", False) for op in aug.view_ops[0]):
+        raise UsageError(f"Mix needs images of one size, and {sorted(mixed)[0]!r} mixes sizes: add a crop or Resize")
     image_fields = [n for n, k in kinds.items() if k == "image"]
     if aug.targets and len(image_fields) != 1:
         raise UsageError(f"augmentation with targets {sorted(aug.targets)} moves them with one image field, "
@@ -122,12 +107,12 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
             outs = [aug.run(batch, g, name, sizes, hw=before, ops=ops, into=stacked[:, v] if stacked is not None else None,
                             done=done, owned=mine)
                     for v, ops in enumerate(aug.view_ops)]
-            written = [name] + [k for k in (name + SHAPE_SUFFIX,) if k in batch] + _target_keys(aug, outs[0])
+            written = [name, name + SHAPE_SUFFIX] + [k for t in aug.targets for k in (t, t + VALID_SUFFIX)]
             if stacked is not None and all(o[name].data_ptr() == stacked[:, v].data_ptr() for v, o in enumerate(outs)):
                 pre = {name: stacked}
         else:
             outs = [_sequence(batch, name, kind, ops, g) for ops in aug.view_ops]
-            written = [name] + [k for k in (name + LENGTHS_SUFFIX, name + OFFSETS_SUFFIX) if k in outs[0]]
+            written = [name, name + LENGTHS_SUFFIX, name + OFFSETS_SUFFIX]
         join_views(batch, outs, written, pre=pre)
         if finish is not None and kind == "image":  # after stacking: stacked views are one new tensor already
             for key in [name] + [f"{name}_view{v}" for v in range(len(outs))]:
@@ -136,15 +121,6 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
     if aug.mix is not None:
         mix_batch(aug, batch, g, image_fields)
     return batch
-
-
-def _target_keys(aug: Augment, out: Batch) -> list[str]:
-    keys = []
-    for t in aug.targets:
-        keys.append(t)
-        if t + VALID_SUFFIX in out:
-            keys.append(t + VALID_SUFFIX)
-    return keys
 
 
 def _sequence(batch: Batch, name: str, kind: Kind, ops: tuple[Any, ...], g: torch.Generator) -> Batch:
@@ -239,9 +215,3 @@ def mix_batch(aug: Augment, batch: Batch, g: torch.Generator, image_fields: list
             mix_boxes(batch, t_name, t, d, hw, mix.min_visible)
         elif isinstance(t, Mask) and d.cutmix:
             batch[t_name] = mix_mask(batch[t_name], d, hw)
-
-
-def mixed_needs_size(aug: Augment, mixed: frozenset[str]) -> None:
-    """Mix pastes and blends whole canvases: images of mixed sizes must get one size first."""
-    if aug.mix is not None and mixed and not any(getattr(op, "fixed_size", False) for op in aug.view_ops[0]):
-        raise UsageError(f"Mix needs images of one size, and {sorted(mixed)[0]!r} mixes sizes: add a crop or Resize")

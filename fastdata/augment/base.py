@@ -38,19 +38,12 @@ def _mask(sizes: Tensor, h: int, w: int, dtype: torch.dtype) -> Tensor:
     return (rows & cols).unsqueeze(1).to(dtype)
 
 
-def _crop_size(size: int | Sequence[int], x: Tensor, sizes: Tensor | None, op: str) -> tuple[int, int]:
-    """A fixed-size crop's (H, W); it must fit inside the batch and, in a mixed-size batch, inside
-    every image (one device sync)."""
-    oh, ow = pair(size)
-    h, w = x.shape[-2:]
-    if oh > h or ow > w:
-        raise ValueError(f"{op}{(oh, ow)} is larger than the input {(h, w)}")
-    if sizes is not None:
-        small = sizes.min(dim=0).values.tolist()
-        if oh > small[0] or ow > small[1]:
-            raise UsageError(f"{op}{(oh, ow)} is larger than an image of the batch ({small[0]}x{small[1]}); "
-                             "crop to at most the smallest image size")
-    return oh, ow
+def check_fits(op: str, size: tuple[int, int], hw: Tensor) -> None:
+    """A fixed-size crop ``size`` must fit inside every image of the batch (``hw``: (B, 2) sizes)."""
+    small = [int(v) for v in hw.min(dim=0).values.tolist()] if len(hw) else size
+    if size[0] > small[0] or size[1] > small[1]:
+        raise UsageError(f"{op}{size} is larger than an image of the batch ({small[0]}x{small[1]}); "
+                         "crop to at most the smallest image size")
 
 
 def image_hw(x: Tensor, sizes: Tensor | None, device: torch.device) -> Tensor:

@@ -72,14 +72,16 @@ def _gray(x: Tensor) -> Tensor:
 
 
 def _rotate_hue(x: Tensor, angle: Tensor) -> Tensor:
+    return torch.einsum("bij,bjhw->bihw", hue_matrix(angle.to(x.device, x.dtype)), x)
+
+
+def hue_matrix(angle: Tensor) -> Tensor:
+    """(B, 3, 3) RGB matrices rotating the YIQ plane by ``angle`` (radians), in ``angle``'s dtype."""
     c, s = torch.cos(angle), torch.sin(angle)
-    b = x.shape[0]
-    rot = torch.zeros(b, 3, 3, device=x.device, dtype=x.dtype)
+    rot = torch.zeros(len(angle), 3, 3, device=angle.device, dtype=angle.dtype)
     rot[:, 0, 0] = 1
-    rot[:, 1, 1], rot[:, 1, 2] = c, -s
-    rot[:, 2, 1], rot[:, 2, 2] = s, c
-    m = YIQ2RGB.to(x.device, x.dtype) @ rot @ RGB2YIQ.to(x.device, x.dtype)  # (B, 3, 3)
-    return torch.einsum("bij,bjhw->bihw", m, x)
+    rot[:, 1, 1], rot[:, 1, 2], rot[:, 2, 1], rot[:, 2, 2] = c, -s, s, c
+    return YIQ2RGB.to(angle) @ rot @ RGB2YIQ.to(angle)
 
 
 def child_seed(g: torch.Generator) -> Tensor:
@@ -89,10 +91,8 @@ def child_seed(g: torch.Generator) -> Tensor:
 
 @dataclass(frozen=True)
 class GaussianNoise(_Op):
-    """Add noise with standard deviation ``std`` (in the batch's units: [0, 1] for images).
-
-    The noise comes from a generator on the batch's device seeded by one draw from the batch's
-    generator (the DALI backend draws its noise inside DALI)."""
+    """Add noise with standard deviation ``std`` (in the batch's units: [0, 1] for images), from a generator on
+    the batch's device seeded by one draw from the batch's generator (the DALI backend draws it inside DALI)."""
 
     std: float
 
@@ -135,8 +135,7 @@ class Normalize(_Op):
 
     def _into_rows(self, x: Tensor, out: Tensor) -> Tensor:
         """Channels-last on the CPU: each image row (W x C values, channels interleaved) times a row of
-        1/std plus a row of -mean/std, in one pass (a per-channel broadcast over the innermost C=3
-        axis does not vectorise, and was many times slower)."""
+        1/std plus a row of -mean/std, in one pass (a broadcast over the innermost C=3 axis does not vectorise)."""
         b, c, h, w = x.shape
         std = torch.tensor(self.std, dtype=torch.float64)
         scale = (1 / std).repeat(w).to(x.dtype)

@@ -9,7 +9,6 @@ import torch
 from fastdata.augment.base import Params, Tensor, _Geometric
 from fastdata.augment.targets import VALID_SUFFIX, Boxes, Keypoints, Mask, Target
 from fastdata.errors import UsageError
-from fastdata.format.spec import LENGTHS_SUFFIX
 
 
 class _Targets:
@@ -17,7 +16,6 @@ class _Targets:
 
     def __init__(self, targets: Mapping[str, Target], batch: dict[str, Tensor], x: Tensor | None) -> None:
         self.targets = targets
-        self.active = bool(targets)
         self.values: dict[str, Tensor] = {}
         self.valid: dict[str, Tensor] = {}
         self.layout: dict[str, tuple[str, torch.Size]] = {}
@@ -31,11 +29,7 @@ class _Targets:
             elif isinstance(t, Boxes):
                 t.check(name, v)
                 self.values[name] = t.to_xyxy(v)
-                n = v.shape[1]
-                lengths = batch.get(name + LENGTHS_SUFFIX)
-                rows = torch.arange(n, device=v.device).view(1, n)
-                self.valid[name] = rows < lengths.view(-1, 1) if lengths is not None else \
-                    torch.ones(v.shape[:2], dtype=torch.bool, device=v.device)
+                self.valid[name] = t.rows(batch, name)
             elif isinstance(t, Mask):
                 self.values[name] = self._mask_in(name, v, x)
             else:

@@ -13,12 +13,12 @@ from fastdata.augment.base import (
     Tensor,
     _affine,
     _as4d,
-    _crop_size,
     _FixedSize,
     _gather,
     _Geometric,
     _resample,
     _uniform,
+    check_fits,
     pair,
 )
 from fastdata.augment.targets import Geometry
@@ -77,12 +77,19 @@ class _Window(_FixedSize):
     size: int | tuple[int, int]
 
     def check(self, x: Tensor, sizes: Tensor | None) -> None:
-        _crop_size(self.size, x, sizes, type(self).__name__)
+        size = pair(self.size)
+        if size[0] > x.shape[-2] or size[1] > x.shape[-1]:
+            raise ValueError(f"{type(self).__name__}{size} is larger than the input {tuple(x.shape[-2:])}")
+        if sizes is not None:  # in a mixed-size batch, inside every image (one device sync)
+            check_fits(type(self).__name__, size, sizes)
 
     def warp(self, x: Tensor, p: Params, sizes: Tensor | None, nearest: bool, fill: float) -> Tensor:
         oh, ow = pair(self.size)
         start = p["start"].to(x.device)
-        return _gather_window(x, start[:, 0], start[:, 1], oh, ow)
+        x4, lead = _as4d(x)
+        rows = start[:, :1] + torch.arange(oh, device=x.device)
+        cols = start[:, 1:] + torch.arange(ow, device=x.device)
+        return _gather(x4, rows, cols).reshape(x.shape[0], *lead[1:], oh, ow)
 
     def geometry(self, p: Params, hw: Tensor) -> Geometry:
         oh, ow = pair(self.size)
@@ -121,13 +128,6 @@ class CenterCrop(_Window):
         return super().warp(x, p, sizes, nearest, fill)
 
 
-def _gather_window(x: Tensor, y0: Tensor, x0: Tensor, oh: int, ow: int) -> Tensor:
-    rows = y0[:, None] + torch.arange(oh, device=x.device)
-    cols = x0[:, None] + torch.arange(ow, device=x.device)
-    x4, lead = _as4d(x)
-    return _gather(x4, rows, cols).reshape(x.shape[0], *lead[1:], oh, ow)
-
-
 @dataclass(frozen=True)
 class _Flip(_Geometric):
     """Mirror along ``_axis`` with probability ``p``, per sample."""
@@ -141,16 +141,8 @@ class _Flip(_Geometric):
     def warp(self, x: Tensor, p: Params, sizes: Tensor | None, nearest: bool, fill: float) -> Tensor:
         if x.device.type == "cpu":
             return _flip_samples(x, p["flip"], self._axis, sizes, torch.empty_like(x))
-        flip = p["flip"].to(x.device)
-        if sizes is not None:
-            return _flip_inside(x, flip, sizes[:, self._axis + 2], axis=self._axis)
-        out = x.clone()
-        idx = flip.nonzero().flatten()
-        return out.index_copy_(0, idx, x.index_select(0, idx).flip(self._axis))  # the flagged ones, one gather
-
-    def flip_in_place(self, x: Tensor, p: Params, sizes: Tensor | None) -> Tensor:
-        """The flagged images of a CPU batch mirrored in their own memory (the caller owns ``x``)."""
-        return _flip_samples(x, p["flip"], self._axis, sizes, x)
+        extent = sizes[:, self._axis + 2] if sizes is not None else torch.full((len(x),), x.shape[self._axis])
+        return _flip_inside(x, p["flip"].to(x.device), extent.to(x.device), axis=self._axis)
 
     def geometry(self, p: Params, hw: Tensor) -> Geometry:
         flip = p["flip"].cpu()
@@ -178,8 +170,7 @@ class VerticalFlip(_Flip):
 
 def _flip_samples(x: Tensor, flip: Tensor, axis: int, sizes: Tensor | None, out: Tensor) -> Tensor:
     """On the CPU, sample by sample: ``out[i]`` is ``x[i]``, mirrored along ``axis`` where flagged, within
-    its image (``sizes``: the padding after it stays); ``out`` may be ``x`` (in place). A ``torch.where``
-    over a flipped and an unflipped batch was several times slower, most of all on channels_last batches."""
+    its image (``sizes``: the padding after it stays); ``out`` may be ``x`` (in place)."""
     for i, f in enumerate(flip.tolist()):
         src, dst = x[i], out[i]
         if out is not x and (not f or sizes is not None):
@@ -206,23 +197,19 @@ def _flip_inside(x: Tensor, flip: Tensor, extent: Tensor, axis: int) -> Tensor:
 
 @dataclass(frozen=True)
 class Resize(_FixedSize):
-    """Resize every image (each from its own size) to exactly ``size`` (H, W), bilinear, no antialiasing."""
+    """Resize every image (each from its own size) to exactly ``size`` (H, W), bilinear, no antialiasing:
+    a RandomResizedCrop of the whole image."""
 
     size: int | tuple[int, int]
 
     def warp(self, x: Tensor, p: Params, sizes: Tensor | None, nearest: bool, fill: float) -> Tensor:
-        x4, lead = _as4d(x)
-        b, _, hc, wc = x4.shape
-        oh, ow = pair(self.size)
-        one = torch.ones(b, device=x.device)
-        fw, fh, limit = one, one, None
-        if sizes is not None:
-            h, w = sizes[:, 0].float(), sizes[:, 1].float()
-            fw, fh = w / wc, h / hc
-            limit = ((2 * w - 1.002) / wc - 1, (2 * h - 1.002) / hc - 1)
-        return _resample(x4, fw, fh, fw / 2, fh / 2, oh, ow, limit, nearest).reshape(b, *lead[1:], oh, ow)
+        return RandomResizedCrop.warp(self, x, _whole(len(x), x.device), sizes, nearest, fill)  # type: ignore[arg-type]
 
     def geometry(self, p: Params, hw: Tensor) -> Geometry:
-        oh, ow = pair(self.size)
-        m = _affine([[ow / hw[:, 1], 0, 0], [0, oh / hw[:, 0], 0]], len(hw))
-        return Geometry(m, torch.tensor([[float(oh), float(ow)]], dtype=torch.float64).expand(len(hw), 2))
+        return RandomResizedCrop.geometry(self, _whole(len(hw), hw.device), hw)  # type: ignore[arg-type]
+
+
+def _whole(b: int, device: torch.device) -> Params:
+    """RandomResizedCrop's parameters for the whole image."""
+    one = torch.ones(b, device=device)
+    return {"fw": one, "fh": one, "cx": one / 2, "cy": one / 2}

@@ -1,14 +1,5 @@
-"""MixUp and CutMix for a whole batch on the device, with the label mixing timm and torchvision use.
-
-One draw per batch (timm's ``mode="batch"``, torchvision.transforms.v2): with probability ``prob``
-the batch is mixed; then CutMix with probability ``switch_prob`` (when both are on), else MixUp;
-lambda ~ Beta(alpha, alpha). Sample i is mixed with sample i - 1 (the batch rolled by one, as
-torchvision does). MixUp: ``x = lam * x + (1 - lam) * x_rolled``. CutMix: a box of area
-``(1 - lam)`` of the image, centred uniformly and clipped to the image, is pasted from the rolled
-batch, and lam becomes the pixel fraction that was kept. Labels: integer classes become one-hot
-(with ``label_smoothing``: ``1 - s + s / K`` on, ``s / K`` off), soft (B, K) labels are used as
-given; the result is ``lam * y + (1 - lam) * y_rolled`` (float32, rows sum to one).
-"""
+"""MixUp and CutMix for a whole batch on the device, with the label mixing timm and torchvision use: one
+draw per batch, sample i mixed with sample i - 1 (docs/augment.md, "MixUp and CutMix")."""
 
 from __future__ import annotations
 
@@ -43,7 +34,7 @@ class MixDraw:
 
 @dataclass(frozen=True)
 class Mix:
-    """MixUp and CutMix, batch-level (see the module docstring): declared once in
+    """MixUp and CutMix, batch-level (docs/augment.md): declared once in
     ``Augment(..., mix=Mix(...))``, applied after the ops to the augmented image fields and ``label``.
 
     ``mixup_alpha`` / ``cutmix_alpha``: 0 turns that one off. ``num_classes``: needed for integer labels.
@@ -96,8 +87,6 @@ class Mix:
             off = self.label_smoothing / self.num_classes
             soft = torch.full((len(y), self.num_classes), off, device=y.device)
             soft.scatter_(1, y.long().view(-1, 1), 1.0 - self.label_smoothing + off)
-        if lam == 1.0:
-            return soft
         return torch.lerp(soft.roll(1, 0), soft, lam)
 
     def check_targets(self, targets: dict[str, Target]) -> None:
@@ -160,14 +149,8 @@ def mix_boxes(batch: dict[str, Tensor], name: str, t: Boxes, d: MixDraw, hw: tup
     clipped to the pasted region, kept when at least ``min_visible`` of the box lies inside). Dropped
     rows are zeros, flagged False in ``<name>_valid``; ``<name>_lengths`` no longer applies and is removed."""
     v = batch[name]
-    n = v.shape[1]
     xyxy = t.to_xyxy(v)
-    valid = batch.get(name + VALID_SUFFIX)
-    if valid is None:
-        lengths = batch.get(name + LENGTHS_SUFFIX)
-        rows = torch.arange(n, device=v.device).view(1, n)
-        valid = rows < lengths.view(-1, 1).to(v.device) if lengths is not None else \
-            torch.ones(v.shape[:2], dtype=torch.bool, device=v.device)
+    valid = batch[name + VALID_SUFFIX] if name + VALID_SUFFIX in batch else t.rows(batch, name)
     other, other_valid = xyxy.roll(1, 0), valid.roll(1, 0)
     if d.cutmix:
         h, w = hw

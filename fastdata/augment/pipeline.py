@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union, get_args
 
 import torch
 
@@ -19,6 +19,7 @@ from fastdata.augment.geometric import (
     Resize,
     VerticalFlip,
     _Flip,
+    _flip_samples,
 )
 from fastdata.augment.mixing import Mix
 from fastdata.augment.sequence import ops_kind
@@ -29,8 +30,7 @@ from fastdata.format.spec import SHAPE_SUFFIX
 Op = Union[RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
            ColorJitter, GaussianNoise, Normalize]
 
-_BUILTIN = (RandomResizedCrop, RandomCrop, CenterCrop, HorizontalFlip, VerticalFlip, Resize, Pad, RandomAffine,
-            ColorJitter, GaussianNoise, Normalize)
+_BUILTIN = get_args(Op)
 CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)  # crops: ops whose output has one size (so does Resize)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -127,14 +127,11 @@ class Augment:
         """Augment ``batch[image]`` (float (B, C, H, W)) and the declared targets in ``batch`` with
         one draw per op; returns the batch with them replaced (and ``<boxes>_valid`` added).
 
-        ``image=None``: the targets alone, with the draws the image would have had: ``hw`` gives
-        the images' (B, 2) sizes (the DALI backend transforms the image itself). ``into``: where a final
-        ``Normalize`` writes the image when the shapes match (fastdata.augment.apply stacks views so). ``done``:
-        the first ops already ran on the image (the reader decoded the crop, fastdata.loaders.crop): they
-        are drawn again, from ``hw`` (the sizes before them), for the targets and the later draws.
-        ``owned``: the caller owns ``batch[image]`` (the loader's own float buffer): flips and a final
-        Normalize then write into it on the CPU, not into fresh memory (whose first touch costs as much
-        as the op).
+        ``image=None``: the targets alone (DALI transforms the image), ``hw`` the images' (B, 2) sizes.
+        ``into``: where a final ``Normalize`` writes the image when the shapes match (stacked views).
+        ``done``: the first ops already ran in the reader (fastdata.loaders.crop); they are drawn again
+        from ``hw``, the sizes before them. ``owned``: ``batch[image]`` is the caller's own buffer, which
+        flips and a final Normalize may write into on the CPU.
         """
         x = batch[image] if image is not None else None
         if x is not None and not done:
@@ -149,7 +146,7 @@ class Augment:
         work = _Targets(self.targets if targets else {}, out, x)
         for k, op in enumerate(chain):
             if not _builtin(op):
-                x, sizes, hw = _own_op(op, x, g, work.active, sizes, hw)
+                x, sizes, hw = _own_op(op, x, g, bool(work.targets), sizes, hw)
                 continue
             img = x if k >= done else None  # the image this op transforms (None: done already, or none)
             if img is not None:
@@ -160,11 +157,11 @@ class Augment:
                     into = img  # written in place (elementwise: an output may be its input)
                 last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == img.shape
                 if owned and isinstance(op, _Flip) and img.device.type == "cpu":
-                    x = op.flip_in_place(img, p, sizes)
+                    x = _flip_samples(img, p["flip"], op._axis, sizes, img)  # in the caller's own memory
                 else:
                     x = op.into(img, into) if last else op.image(img, p, sizes)
             if isinstance(op, _Geometric):
-                if work.active:
+                if work.targets:
                     work.apply(op, p, hw, sizes)
                 sizes = None if op.fixed_size or sizes is None else op.out_sizes(sizes)
                 hw = op.out_sizes(hw)

@@ -1,13 +1,6 @@
-"""Batched augmentation of sequences and arrays on the device, padding never touched.
-
-A sequence field is ``(B, T, ...)`` (time on axis 1, channels after it) with ``<name>_lengths`` (B,)
-when its samples differ in length (padded) or ``<name>_offsets`` (B + 1,) when they are packed
-(``(sum T, ...)``); an array field is ``(B, ...)`` with no time axis. Every op draws its per-sample
-parameters from the batch's generator (on the CPU, as the image ops do: fastdata.augment), then
-transforms the whole batch with a few tensor ops. Positions at or past a sample's length are never
-read as data nor written: ops that keep lengths leave them exactly as they were; ops that change
-lengths (``TimeCrop``, ``TimeStretch``) return the new lengths and zeros past them.
-"""
+"""Batched augmentation of sequences ``(B, T, ...)`` (``<name>_lengths`` when padded, ``<name>_offsets`` when
+packed) and arrays ``(B, ...)`` on the device. Per-sample parameters come from the batch's generator; positions
+at or past a sample's length are never read nor written (ops that change lengths return the new ones)."""
 
 from __future__ import annotations
 
@@ -17,14 +10,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from fastdata.augment.base import Params, Tensor, _uniform
 from fastdata.errors import UsageError
-
-Tensor = torch.Tensor
-Params = dict[str, Tensor]
-
-
-def _uniform(g: torch.Generator, shape: tuple[int, ...], lo: float, hi: float) -> Tensor:
-    return torch.rand(shape, generator=g, device=g.device) * (hi - lo) + lo
 
 
 def valid_mask(lengths: Tensor, t: int) -> Tensor:
@@ -38,17 +25,15 @@ def _bcast(m: Tensor, x: Tensor) -> Tensor:
 
 
 def _fill(x: Tensor, masked: Tensor, fill: float, inplace: bool) -> Tensor:
-    """``x`` with ``fill`` where the float 0/1 ``masked`` (broadcast over ``x``) is 1, as multiply-adds:
-    bool kernels (masked_fill, where) were slower on the CPU in a one-off A/B (not kept). Positions not masked are kept
-    exactly (times 1); a masked non-finite value (inf, NaN) becomes NaN, not ``fill``."""
+    """``x`` with ``fill`` where the float 0/1 ``masked`` (broadcast over ``x``) is 1, as multiply-adds (no bool
+    kernels). Positions not masked are kept exactly; a masked non-finite value (inf, NaN) becomes NaN, not ``fill``."""
     keep = 1.0 - masked
     out = x.mul_(keep) if inplace else x * keep
     return out.add_(masked * fill) if fill else out
 
 
 def _take_time(x: Tensor, src: Tensor) -> Tensor:
-    """(B, T', ...) with ``out[b, t] = x[b, src[b, t]]``: whole rows picked by one index_select (a gather
-    with an index expanded over the channels was slower in a one-off A/B)."""
+    """(B, T', ...) with ``out[b, t] = x[b, src[b, t]]``: whole rows picked by one index_select."""
     b, t = x.shape[:2]
     rows = (src + torch.arange(b, device=x.device).view(-1, 1) * t).reshape(-1)
     return x.reshape(b * t, -1).index_select(0, rows).view(*src.shape, *x.shape[2:])
@@ -73,10 +58,7 @@ class SeqOp:
 
     def apply(self, x: Tensor, g: torch.Generator, lengths: Tensor | None = None) -> Tensor:
         """Draw and transform a padded batch (``lengths``: None means every sample fills T)."""
-        n = torch.full((x.shape[0],), x.shape[1] if x.dim() > 1 else 1, dtype=torch.long) if lengths is None \
-            else lengths.cpu().long()
-        out, _ = self.seq(x, n.to(x.device), self.draw(g, n.to(g.device), tuple(x.shape)))
-        return out
+        return run_padded((self,), x, lengths, g, type(self).__name__, "sequence" if self.needs_time else "array")[0]
 
 
 @dataclass(frozen=True)
@@ -115,7 +97,7 @@ class TimeShift(SeqOp):
     fill: float = 0.0
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
-        u = _uniform(g, (len(lengths),), -1.0, 1.0)
+        u = _uniform(g, len(lengths), -1.0, 1.0)
         span = lengths.float() * self.max_shift if self.max_shift < 1 else torch.full_like(u, self.max_shift)
         return {"shift": torch.round(u * span).long()}
 
@@ -142,13 +124,8 @@ class TimeMask(SeqOp):
     fill: float = 0.0
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
-        b = len(lengths)
-        cap = lengths.float().view(-1, 1) * self.max_width if self.max_width < 1 else \
-            torch.full((b, 1), float(self.max_width), device=lengths.device)
-        width = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (cap + 1))
-        width = torch.minimum(width, lengths.float().view(-1, 1))
-        start = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (lengths.view(-1, 1) - width + 1))
-        return {"start": start.long(), "width": width.long()}
+        n = lengths.float().view(-1, 1)
+        return _draw_spans(g, self.count, n * self.max_width if self.max_width < 1 else float(self.max_width), n)
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         masked = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[1]) & valid_mask(lengths, x.shape[1])
@@ -167,19 +144,20 @@ class ChannelMask(SeqOp):
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         if len(shape) < 3:
             raise UsageError(f"ChannelMask needs a channel axis: (B, T, C), got a batch of shape {shape}")
-        b, c = len(lengths), shape[2]
-        width = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (min(self.max_width, c) + 1))
-        start = torch.floor(torch.rand(b, self.count, generator=g, device=g.device) * (c - width + 1))
-        return {"start": start.long(), "width": width.long()}
+        n = torch.full((len(lengths), 1), float(shape[2]), device=lengths.device)
+        return _draw_spans(g, self.count, float(min(self.max_width, shape[2])), n)
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         bands = _spans(p["start"].to(x.device), p["width"].to(x.device), x.shape[2])  # (B, C)
         inside = valid_mask(lengths, x.shape[1]).unsqueeze(2).to(x.dtype)
-        if not self.fill:  # keep = 1 - inside * band, made in one pass
-            keep = torch.addcmul(torch.ones((), dtype=x.dtype, device=x.device), inside,
-                                 bands.unsqueeze(1).to(x.dtype), value=-1)
-            return (x.mul_(_bcast(keep, x)) if inplace else x * _bcast(keep, x)), lengths
         return _fill(x, _bcast(inside * bands.unsqueeze(1).to(x.dtype), x), self.fill, inplace), lengths
+
+
+def _draw_spans(g: torch.Generator, count: int, cap: Tensor | float, n: Tensor) -> Params:
+    """``count`` spans per sample: width ~ U{0 .. cap} (at most ``n``, (B, 1)), start uniform inside ``[0, n)``."""
+    width = torch.minimum(torch.floor(torch.rand(len(n), count, generator=g, device=g.device) * (cap + 1)), n)
+    start = torch.floor(torch.rand(len(n), count, generator=g, device=g.device) * (n - width + 1))
+    return {"start": start.long(), "width": width.long()}
 
 
 def _spans(start: Tensor, width: Tensor, n: int) -> Tensor:
@@ -200,8 +178,8 @@ class AmplitudeScale(SeqOp):
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         if self.log:
-            return {"gain": torch.exp(_uniform(g, (len(lengths),), math.log(self.low), math.log(self.high)))}
-        return {"gain": _uniform(g, (len(lengths),), self.low, self.high)}
+            return {"gain": torch.exp(_uniform(g, len(lengths), math.log(self.low), math.log(self.high)))}
+        return {"gain": _uniform(g, len(lengths), self.low, self.high)}
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         gain = p["gain"].to(x.device, x.dtype)
@@ -269,7 +247,7 @@ class TimeStretch(SeqOp):
             raise UsageError(f"TimeStretch needs 0 < low <= high, got {self.low}, {self.high}")
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
-        return {"factor": torch.exp(_uniform(g, (len(lengths),), math.log(self.low), math.log(self.high)))}
+        return {"factor": torch.exp(_uniform(g, len(lengths), math.log(self.low), math.log(self.high)))}
 
     @staticmethod
     def _new(lengths: Tensor, factor: Tensor, t_max: int) -> Tensor:
@@ -325,7 +303,7 @@ def run_padded(ops: tuple[SeqOp, ...], x: Tensor, lengths: Tensor | None, g: tor
         n, shape = op.after(n, params[-1], shape)
     step = _chunk(x)
     outs, lens = [], []
-    for s in range(0, b, step):  # on the CPU, cache-sized chunks of samples (faster than whole-batch passes in a one-off A/B)
+    for s in range(0, b, step):  # on the CPU, cache-sized chunks of samples
         xc, nc = x[s : s + step], n_cpu[s : s + step].to(x.device)
         for k, (op, p) in enumerate(zip(ops, params)):
             part = {name: v if name == "seed" else v[s : s + step] for name, v in p.items()}
@@ -338,7 +316,7 @@ def run_padded(ops: tuple[SeqOp, ...], x: Tensor, lengths: Tensor | None, g: tor
     return out, ((lens[0] if len(lens) == 1 else torch.cat(lens)) if lengths is not None or changed else None)
 
 
-CHUNK_BYTES = 2 << 20  # measured (64, 1000, 16) float32, 6 ops, 1 thread: chunks of 32 samples 8 ms, whole batch 15 ms
+CHUNK_BYTES = 2 << 20  # bytes of samples per chunk on the CPU: a chunk's passes stay in cache
 
 
 def _chunk(x: Tensor) -> int:

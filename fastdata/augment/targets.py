@@ -1,13 +1,6 @@
-"""Targets that move with the image: keypoints, boxes, masks and targets of your own.
-
-Declared by field name in ``Augment(ops, targets={...})``. Every geometric op describes what it did
-to each sample as a :class:`Geometry` (a 3x3 matrix on continuous pixel coordinates, the output
-size, which samples it mirrored, the rotation it applied); the target kinds here apply that to
-their field, batched. Masks are resampled by the ops themselves (nearest neighbour), see augment.py.
-
-Coordinates: x to the right, y down, in pixels of the image at that point of the chain. Keypoints
-use pixel indices (``(x, y) = (3, 5)`` is the centre of column 3, row 5); boxes use pixel edges
-(``[0, 0, W, H]`` covers the whole image), as COCO and torchvision do.
+"""Targets that move with the image: keypoints, boxes, masks and your own (docs/augment.md, "Target kinds").
+Each geometric op describes what it did as a :class:`Geometry`; the kinds here apply it to their field, batched.
+Coordinates: x right, y down, in pixels; keypoints use pixel indices, boxes pixel edges (as COCO, torchvision).
 """
 
 from __future__ import annotations
@@ -18,6 +11,7 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from fastdata.errors import UsageError
+from fastdata.format.spec import LENGTHS_SUFFIX
 
 Tensor = torch.Tensor
 VALID_SUFFIX = "_valid"  # boxes: the (B, N) bool field that says which boxes are still non-empty
@@ -78,12 +72,6 @@ class Keypoints:
         if bad:
             raise UsageError(f"keypoints field {name!r} has {k} points; flip pair {bad[0]} is out of range")
 
-    def permutation(self, k: int) -> list[int]:
-        perm = list(range(k))
-        for a, b in self.flip_pairs:
-            perm[a], perm[b] = b, a
-        return perm
-
     def transform(self, kp: Tensor, geo: Geometry) -> Tensor:
         """Map the points (float), mark those that leave the frame invisible, swap pairs where mirrored."""
         m = geo.matrix.to(kp.device)
@@ -97,7 +85,10 @@ class Keypoints:
                                                    torch.zeros((), dtype=kp.dtype, device=kp.device))
         mirrored = geo.mirrored
         if self.flip_pairs and mirrored is not None:
-            swapped = kp[:, self.permutation(kp.shape[1])]
+            perm = list(range(kp.shape[1]))
+            for a, b in self.flip_pairs:
+                perm[a], perm[b] = b, a
+            swapped = kp[:, perm]
             kp = torch.where(mirrored.to(kp.device).view(-1, 1, 1), swapped, kp)
         return kp
 
@@ -125,6 +116,14 @@ class Boxes:
     def check(self, name: str, x: Tensor) -> None:
         if x.dim() != 3 or x.shape[2] != 4:
             raise UsageError(f"boxes field {name!r} must be (batch, N, 4), got {tuple(x.shape)}")
+
+    @staticmethod
+    def rows(batch: dict[str, Tensor], name: str) -> Tensor:
+        """(B, N) bool: the rows of each sample that are boxes (``<name>_lengths`` when given, else all)."""
+        v, lengths = batch[name], batch.get(name + LENGTHS_SUFFIX)
+        if lengths is None:
+            return torch.ones(v.shape[:2], dtype=torch.bool, device=v.device)
+        return torch.arange(v.shape[1], device=v.device).view(1, -1) < lengths.view(-1, 1).to(v.device)
 
     def to_xyxy(self, b: Tensor) -> Tensor:
         b = b.double()

@@ -33,9 +33,7 @@ class LoaderConfig:
     each image's window only (a JPEG at the smallest DCT scale that keeps the output's resolution)
     straight into the fixed-size batch (fastdata/loaders/crop.py, docs/backends.md); ``"off"``:
     decode whole images into a padded batch and crop after (bit-exact with decoding first).
-    ``"auto"``: simplejpeg (PIL without it), DCT-scaled when the window allows, else the whole image;
-    ``"region"``: windows near the output size decode only their region with nvImageCodec (when
-    installed): no faster on the CPU in benchmarks/results/jpeg_crop.md, so not the default.
+    ``"auto"``: simplejpeg (PIL without it), DCT-scaled when the window allows, else the whole image.
     ``timeout``: seconds to wait for each batch from the readers (like DataLoader's ``timeout``); a batch
     whose read or transform takes longer raises ``LoaderWorkerError`` naming it (a hung worker process is
     killed; a hung reader thread cannot be stopped). ``None``: wait as long as it takes. Torch backend only.
@@ -49,7 +47,7 @@ class LoaderConfig:
     image_dtype: Literal["float32", "uint8"] = "float32"
     ragged: Literal["padded", "packed"] = "padded"
     readahead: int = 256 << 20
-    crop_decode: Literal["auto", "region", "off"] = "auto"
+    crop_decode: Literal["auto", "off"] = "auto"
     timeout: float | None = None
 
     def __new__(cls, *args: Any, **kw: Any) -> "LoaderConfig":
@@ -71,8 +69,11 @@ class LoaderConfig:
             raise UsageError(f"ragged must be 'padded' or 'packed', not {self.ragged!r}")
         if isinstance(self.readahead, bool) or not isinstance(self.readahead, int) or self.readahead < 0:
             raise UsageError(f"readahead must be a number of bytes >= 0 (0: off), not {self.readahead!r}")
-        if self.crop_decode not in ("auto", "region", "off"):
-            raise UsageError(f"crop_decode must be 'auto', 'region' or 'off', not {self.crop_decode!r}")
+        if str(self.crop_decode) == "region":  # the Literal no longer has it: users of old code may pass it
+            raise UsageError("crop_decode='region' was removed (no faster than 'auto': benchmarks/results/jpeg_crop.md); "
+                             "use crop_decode='auto'")
+        if self.crop_decode not in ("auto", "off"):
+            raise UsageError(f"crop_decode must be 'auto' or 'off', not {self.crop_decode!r}")
         if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
                                          or not self.timeout > 0):
             raise UsageError(f"timeout must be a number of seconds > 0 (or None: no limit), not {self.timeout!r}")

@@ -1,20 +1,14 @@
 """Decode, crop and resize one image at a time in the reader threads, when ``augment`` starts with an op
-that gives every image one size (RandomResizedCrop, RandomCrop, CenterCrop, Resize).
-
-The reader draws that op's parameters exactly as the device stage would (the batch's generator,
-``fastdata.augment.batch_generator(seed, epoch, batch, cpu, rank)``: its first draw), turns them into
-one window per image and decodes only the window (fastdata/reading/cropdecode.py) straight into the batch's
-recycled ``(B, H, W, C)`` float32 buffer. Mixed-size images never pass through a padded batch. The
-device stage then runs the rest of the chain with ``done=1``: it draws the first op again from a
-fresh generator of the same seed (the same values), moves the targets with it and carries on,
-so later draws, resume and distributed shares are unchanged (docs/augment.md).
+that gives every image one size (RandomResizedCrop, RandomCrop, CenterCrop, Resize): the reader draws that
+op's parameters as the device stage would (the batch's generator, its first draws) and decodes only the
+window (fastdata/reading/cropdecode.py) into the batch's recycled float32 buffer. The device stage then
+runs the rest of the chain with ``done``: it draws those ops again (the same values) for the targets, so
+later draws, resume and distributed shares are unchanged (docs/augment.md).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -31,11 +25,11 @@ from fastdata.augment import (
     batch_generator,
     pair,
 )
+from fastdata.augment.base import check_fits
 from fastdata.augment.targets import Mask
-from fastdata.errors import CorruptShardError, UsageError
+from fastdata.errors import CorruptShardError
 from fastdata.format.spec import (
     CODEC_SUFFIX,
-    ENCODING_IMAGE,
     ENCODING_PIXELS,
     IMAGE_ENCODINGS,
     LENGTHS_SUFFIX,
@@ -44,21 +38,19 @@ from fastdata.format.spec import (
 )
 from fastdata.loaders.buffers import Recycler
 from fastdata.loaders.config import LoaderConfig
-from fastdata.reading.cropdecode import RegionDecoders, decode_crop, pixels_crop
+from fastdata.reading.cropdecode import decode_crop, resample_into
 from fastdata.reading.dataset import Dataset
 from fastdata.reading.decode import DecodeError, check_shapes
 
 log = logging.getLogger(__name__)
 FIRST_OPS = (RandomResizedCrop, RandomCrop, CenterCrop, Resize)
 FLIPS = (HorizontalFlip, VerticalFlip)  # right after the first op: the reader mirrors while it samples
-Where = Callable[[int], str]
 
 
 def crop_field(dataset: Dataset, augment: Augment | None, images: tuple[str, ...], config: LoaderConfig,
                threads: bool) -> str | None:
-    """The image field the readers can decode window by window, or None (then why is logged): one
-    augmented image field, stored encoded or as mixed-size pixels, first op a crop or Resize, one view,
-    no mask target (it would need the whole image's canvas), float output, reader threads."""
+    """The image field the readers can decode window by window (one augmented image field whose chain starts
+    with a crop or Resize: see :func:`_why_not`), or None, and then why is logged."""
     why = _why_not(dataset, augment, images, config, threads)
     if why is not None:
         log.debug("crop decoding off: %s", why)
@@ -92,9 +84,7 @@ class CropStage:
     """Turns a batch read with ``decode=False`` into the output of the chain's first ops for ``field`` (the
     crop or Resize, and the flips right after it: ``ops``), one image at a time, in the calling reader thread."""
 
-    def __init__(self, field: FieldSpec, chain: tuple[Any, ...], seed: int, pin: bool, regions: str) -> None:
-        if field.image is None or field.encoding not in (ENCODING_IMAGE, ENCODING_PIXELS):
-            raise ValueError(f"field {field.name!r} holds no images")
+    def __init__(self, field: FieldSpec, chain: tuple[Any, ...], seed: int, pin: bool) -> None:
         self.field = field
         self.op = chain[0]
         n = 1
@@ -103,34 +93,15 @@ class CropStage:
         self.ops = tuple(chain[:n])
         self.seed = seed
         self.size = pair(self.op.size)
-        self.regions = RegionDecoders("auto" if regions == "region" else "none")
         self._floats = Recycler(pin)
-        self._local = threading.local()  # each thread's scratch memory for whole-image decodes
-        self._lock = threading.Lock()
-        self.plans: Counter[str] = Counter()  # how the windows were decoded (scaled, region, full, pixels)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for k in ("_local", "_lock", "_floats"):
-            state.pop(k)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._floats = Recycler(False)
-        self._local = threading.local()
-        self._lock = threading.Lock()
 
     def boxes(self, shapes: np.ndarray, epoch: int, rank: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(B, 4) float64 windows (x0, y0, w, h, in each image's pixels) from the first op's draw for batch ``k``,
         and (B, 2) bool mirrors (left-right, top-bottom) from the flips' draws after it."""
         hw = torch.from_numpy(np.ascontiguousarray(shapes[:, :2], dtype=np.float32))
         oh, ow = self.size
-        if isinstance(self.op, (RandomCrop, CenterCrop)) and len(hw):
-            small = hw.min(dim=0).values.tolist()
-            if oh > small[0] or ow > small[1]:  # the device stage's check (fastdata.augment.base._crop_size)
-                raise UsageError(f"{type(self.op).__name__}{(oh, ow)} is larger than an image of the batch "
-                                 f"({int(small[0])}x{int(small[1])}); crop to at most the smallest image size")
+        if isinstance(self.op, (RandomCrop, CenterCrop)):
+            check_fits(type(self.op).__name__, self.size, hw)
         g = batch_generator(self.seed, epoch, k, torch.device("cpu"), rank)
         p = self.op.draw(g, hw)
         flips = np.zeros((len(hw), 2), dtype=bool)
@@ -146,7 +117,7 @@ class CropStage:
         start = p["start"].double().numpy()
         return np.stack([start[:, 1], start[:, 0], np.full_like(w, ow), np.full_like(h, oh)], 1), flips
 
-    def __call__(self, batch: dict[str, Any], epoch: int, rank: int, k: int, where: Where) -> dict[str, Any]:
+    def __call__(self, batch: dict[str, Any], epoch: int, rank: int, k: int, where: Callable[[int], str]) -> dict[str, Any]:
         """Replace ``batch[name]`` (stored bytes, padded per row) by the float32 (B, oh, ow, C) first-op
         output in [0, 1]; ``<name>_shape`` keeps the stored sizes (the device stage draws from them)."""
         f, spec = self.field, self.field.image
@@ -162,27 +133,17 @@ class CropStage:
         self._floats.lend(out)  # reused once the consumer has let go of the batch
         arr = out.numpy()
         codecs = batch.get(name + CODEC_SUFFIX)
-        used: Counter[str] = Counter()
         for j, (h, w, _) in enumerate(shapes.tolist()):
             box: tuple[float, float, float, float] = tuple(boxes[j].tolist())
             flip = (bool(flips[j, 0]), bool(flips[j, 1]))
             try:
                 if f.encoding == ENCODING_PIXELS:
-                    pixels_crop(data[j], (h, w), spec.channels, box, arr[j], flip)
-                    used["pixels"] += 1
-                    continue
-                assert codecs is not None, "an encoded image field is read with its codec field"
-                used[decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box,
-                                 arr[j], self.regions, self._scratch(h * w * spec.channels), flip)] += 1
+                    pixels = data[j][: h * w * spec.channels].reshape(h, w, spec.channels)
+                    resample_into(pixels, box, (h, w), arr[j], flip, exact=True)
+                else:
+                    assert codecs is not None, "an encoded image field is read with its codec field"
+                    decode_crop(data[j, : int(lengths[j])], int(codecs[j]), spec, (h, w), box, arr[j], flip)
             except DecodeError as e:
                 raise CorruptShardError(f"{where(j)}: field {name!r}: {e}") from None
-        with self._lock:
-            self.plans.update(used)
         batch[name] = out
         return batch
-
-    def _scratch(self, n: int) -> np.ndarray:
-        buf = getattr(self._local, "buf", None)
-        if buf is None or buf.size < n:
-            buf = self._local.buf = np.empty(n, np.uint8)
-        return buf

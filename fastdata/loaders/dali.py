@@ -1,23 +1,16 @@
-"""The DALI backend: ``fastdata.loader(..., backend="dali")``.
-
-One DALI pipeline, kept across consecutive epochs: ``fn.external_source`` fed by fastdata's own
-reader (dali_feed.py: whole batches of the plan from ``fastdata.reading.order``, stored bytes for
-encoded images), ``fn.decoders.image`` (``device="mixed"``, nvJPEG, on CUDA; ``"cpu"``
-otherwise), the augmentation spec as DALI operators (dali_augment.py) and
-``fn.crop_mirror_normalize`` for the float output. Batches reach torch through DALI's PyTorch
-plugin (DLPack, no copy). Order, epochs, resume and stats are the shared ``Loader``'s (base.py),
-so the DALI backend yields the same samples in the same order as the torch backend. Semantics
-and measurements: docs/backends.md.
-
-NVIDIA DALI is imported only here, and only when this backend is used.
+"""The DALI backend: ``fastdata.loader(..., backend="dali")``: one pipeline kept across epochs, fed by
+fastdata's own reader (dali_feed.py), decoding and augmenting with DALI's operators (dali_augment.py),
+handing batches to torch through DLPack. Order, epochs, resume and stats are the shared ``Loader``'s, so
+both backends yield the same samples in the same order (docs/backends.md). DALI is imported only here.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 from types import SimpleNamespace
-from typing import Any, Generator, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -36,15 +29,12 @@ from fastdata.loaders.base import Loader
 from fastdata.loaders.buffers import torch_dtype
 from fastdata.loaders.config import LoaderConfig
 from fastdata.loaders.dali_augment import Chain, Graph, Img, compile_chain
-from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, MixedSizes, Pass, Route, plan_routes
-from fastdata.loaders.dali_region import decode as decode_image
-from fastdata.loaders.dali_region import with_region
+from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, Pass, Route, plan_routes
 from fastdata.reading.dataset import Dataset
 from fastdata.seeds import Stream, int_seed
 from fastdata.world import usable_cpus
 
 log = logging.getLogger("fastdata.loader")
-INSTALL_HINT = 'pip install "fastdata[dali]"  (the nvidia-dali-cuda130 wheel)'
 
 
 def import_dali() -> SimpleNamespace:
@@ -58,7 +48,7 @@ def import_dali() -> SimpleNamespace:
     except ImportError as e:
         raise BackendUnavailableError(
             f"backend='dali' needs NVIDIA DALI, which cannot be imported here ({e}). Install it with: "
-            f"{INSTALL_HINT}, or use backend='torch'"
+            "pip install \"fastdata[dali]\"  (the nvidia-dali-cuda130 wheel), or use backend='torch'"
         ) from None
     return SimpleNamespace(dali=dali, fn=fn, math=dmath, types=types, Iterator=DALIGenericIterator)
 
@@ -114,16 +104,9 @@ def dali_unsupported(ds: Dataset, augment: Augment | None, config: LoaderConfig 
     return None
 
 
-def _pipeline_seed(seed: int, epoch: int, rank: int, first: int) -> int:
-    """DALI's own random draws (only GaussianNoise) are seeded by the pass: (seed, epoch, rank, first batch)."""
-    return int_seed(seed, epoch, Stream.DALI, rank, first, bits=31)
-
-
 class DaliLoader(Loader):
     """The DALI backend; the same contract as the torch backend (see :func:`fastdata.loader`).
-
-    ``threads``: DALI's CPU threads (decoding and augmentation in CPU mode).
-    """
+    ``threads``: DALI's CPU threads (decoding and augmentation in CPU mode)."""
 
     backend = "dali"
     _unpicklable = ("_dali", "_run")
@@ -135,10 +118,8 @@ class DaliLoader(Loader):
         self._dali = import_dali()
         check_device(self._dali, device)
         self.threads = max(1, threads)
-        plain = self.config.image_dtype == "float32" and self.config.ragged == "padded"
-        problem = None if plain else dali_unsupported(dataset, None, self.config)
-        if problem is not None:
-            raise UsageError(f"{problem}: use backend='torch'")
+        if self.config.image_dtype != "float32" or self.config.ragged != "padded":
+            raise UsageError(f"{dali_unsupported(dataset, None, self.config)}: use backend='torch'")
         targets = tuple(self.augment.targets) if self.augment is not None else ()
         self.routes: list[Route] = plan_routes(dataset, self.config.images, targets)
         self._targets = _attach_augment(self.routes, self.augment, region=self.config.crop_decode != "off")
@@ -150,9 +131,7 @@ class DaliLoader(Loader):
                       "torch backend's code on DALI's output, with the same draws (docs/augment.md)",
                       "MixUp/CutMix" if self.augment is not None and self.augment.op_kind == "image"
                       else "the sequence/array ops")
-        # In CPU mode labels and other plain fields need nothing from DALI (passing them through cost
-        # JPEG throughput in a one-off A/B); a dataset of plain fields only still uses DALI.
-        # Targets are transformed on the host (HostTargets), then moved to the device.
+        # In CPU mode plain fields beside images go around DALI; targets are transformed on the host (HostTargets).
         images = any(r.kind != "plain" for r in self.routes)
         host = self._targets.inputs if self._targets is not None else ()
         for r in self.routes:
@@ -198,7 +177,7 @@ class DaliLoader(Loader):
         feed = Feed(self.dataset, self.routes, self.seed, self.world.rank, keep=2 * self.config.prefetch + 2,
                     targets=self._targets, rest=self._rest)
         feed.add(0, Pass(plan, first, epoch))
-        pipe = self._build(feed, _pipeline_seed(self.seed, epoch, self.world.rank, first))
+        pipe = self._build(feed, int_seed(self.seed, epoch, Stream.DALI, self.world.rank, first, bits=31))
         it = self._dali.Iterator([pipe], [_view_name(r.name, v) for r in self._dali_routes
                                           for v in range(max(1, len(r.chains)))], auto_reset=False,
                                  prepare_first_batch=False)
@@ -214,19 +193,9 @@ class DaliLoader(Loader):
         run.fresh = False
         complete = False
         try:
-            while True:
-                delivered = yield from self._deliver(run, plan, first)
-                if run.it is None:  # closed during the pass
-                    return
-                if not isinstance(run.feed.error, MixedSizes):
-                    break
-                # A batch mixes image sizes: from that batch on, pad (one rebuild, the same order).
-                self._drop(run)
-                for r in self.routes:
-                    r.padding = r.may_mix
-                plan, first = plan[delivered:], first + delivered
-                run = self._run = self._start(plan, epoch, first)
-                run.fresh = False
+            yield from self._deliver(run, plan, first)
+            if run.it is None:  # closed during the pass
+                return
             if run.feed.error is not None:
                 raise run.feed.error
             complete = True
@@ -240,9 +209,8 @@ class DaliLoader(Loader):
         run.it.reset()
         run.at, run.fresh = (epoch + 1, 0), True
 
-    def _deliver(self, run: SimpleNamespace, plan: list[np.ndarray], first: int) -> Generator[
-            dict[str, torch.Tensor], None, int]:
-        """Yield the pipeline's batches until its pass ends; return how many."""
+    def _deliver(self, run: SimpleNamespace, plan: list[np.ndarray], first: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield the pipeline's batches until its pass ends."""
         delivered = 0
         while run.it is not None:
             try:
@@ -255,7 +223,6 @@ class DaliLoader(Loader):
                 raise self._diagnose(plan, first, delivered, e) from None
             delivered += 1
             yield self._to_torch(out, run.feed.bypassed.popleft())
-        return delivered
 
     def _drop(self, run: SimpleNamespace) -> None:
         run.pipe = run.it = None  # DALI's threads and buffers go with the last reference
@@ -323,9 +290,8 @@ class DaliLoader(Loader):
 
 
 def _attach_augment(routes: list[Route], augment: Augment | None, region: bool = False) -> HostTargets | None:
-    """Compile the spec for each augmented field (the image fields unless ``augment.fields`` says);
-    with targets, the one augmented image field and the targets' host-side transform. ``region``: an
-    encoded field of one view whose chain starts with a crop decodes only its window (dali_region.py)."""
+    """Compile the spec for each augmented image field; with targets, their host-side transform. ``region``:
+    an encoded field of one view whose chain starts with a crop decodes only its window (``image_slice``)."""
     if augment is None or not augment.enabled or augment.op_kind != "image":
         return None  # nothing to do, or sequence ops: the torch code runs them on DALI's output
     images = [r for r in routes if r.image]
@@ -334,18 +300,14 @@ def _attach_augment(routes: list[Route], augment: Augment | None, region: bool =
         missing = [f for f in augment.fields if f not in by_name]
         if missing:
             raise UsageError(f"augment fields {missing} are not in the batch (fields: {sorted(by_name)})")
-        bad = [f for f in augment.fields if not by_name[f].image]
-        if bad:
-            raise UsageError(f"the DALI backend augments image fields only, and {bad[0]!r} is not one; "
-                             "use backend='torch' to augment other fields")
         images = [by_name[f] for f in augment.fields]
-    if not images:
-        raise UsageError("the DALI backend augments image fields only, and this dataset has none; "
-                         "use backend='torch' to augment other fields")
+    bad = [r.name for r in images if not r.image]
+    if bad or not images:
+        what = f"{bad[0]!r} is not one" if bad else "this dataset has none"
+        raise UsageError(f"the DALI backend augments image fields only, and {what}; use backend='torch' for others")
     for r in images:
-        r.chain, *r.more = (compile_chain(ops, r.channels) for ops in augment.view_ops)
-        if region and r.kind == "encoded" and not r.more:
-            r.chain = with_region(r.chain)
+        one = region and r.kind == "encoded" and len(augment.view_ops) == 1
+        r.chain, *r.more = (compile_chain(ops, r.channels, region=one) for ops in augment.view_ops)
         if r.more and any(c.out_size is None for c in r.chains):
             raise UsageError("on the DALI backend every view must end in one size (a crop or Resize): add one to "
                              "each view, or use backend='torch'")
@@ -366,13 +328,9 @@ def _attach_augment(routes: list[Route], augment: Augment | None, region: bool =
     return HostTargets(augment, images[0], inputs)
 
 
-_LOGGED: set[Any] = set()  # what was already logged (once per process)
-
-
+@functools.cache  # once per process
 def _log_once(key: Any, msg: str, *args: Any) -> None:
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        log.info(msg, *args)
+    log.info(msg, *args)
 
 
 def _view_name(name: str, view: int) -> str:
@@ -387,7 +345,12 @@ def _graph(g: Graph, r: Route, data: list[Any], params: list[list[Any]], pad_hw:
         return [g.dev(data[0])]
     if r.kind == "encoded":
         files = g.fn.slice(data[0], start=[0], shape=data[1], axes=[0])  # each sample's stored bytes
-        node = decode_image(g, files, r.channels, r.chain if len(r.chains) == 1 else None, params[0] if params else [])
+        kw: dict[str, Any] = dict(device="mixed" if g.gpu else "cpu",
+                                  output_type=g.types.RGB if r.channels == 3 else g.types.GRAY)
+        if r.chain is not None and r.chain.region:  # only the drawn window (its first two params)
+            node = g.fn.decoders.image_slice(files, start=params[0][0], end=params[0][1], axis_names="HW", **kw)
+        else:
+            node = g.fn.decoders.image(files, **kw)
     else:
         node = g.dev(data[0])
     if not r.chains:

@@ -1,23 +1,11 @@
-"""The augmentation spec (``fastdata.augment``) as DALI operators, with the same meaning and ranges.
-
-Each op becomes a :class:`Step`: ``draw`` makes its per-sample parameters on the host, with
-numpy, from the batch's generator and the images' sizes (known from the dataset before
-decoding), using the same distributions as the torch op; ``apply`` adds the DALI operators
-that use them (the parameters arrive as external-source outputs: argument inputs). A batch's
-augmentation is therefore a pure function of ``(seed, epoch, rank, batch index)``: prefetch depth,
-thread count and resuming do not change it. The draws come from the torch backend's generator
-(:class:`TorchRng`, ``fastdata.augment.batch_generator`` on the CPU) in the torch ops' order and
-float32 arithmetic, so both backends draw the same parameters. Only ``GaussianNoise`` draws inside DALI
-(``fn.noise.gaussian``, seeded by the pipeline seed).
-
-Images stay uint8 through geometric ops; the first colour op turns them into floats in
-[0, 1] (the units of the spec). A final ``Normalize`` is fused into
-``fn.crop_mirror_normalize``, which also sets the output layout.
+"""The augmentation spec as DALI operators, with the same meaning: each op becomes a :class:`Step` whose
+``draw`` makes the per-sample parameters on the host with the torch op's own ``draw`` (so both backends
+draw the same) and whose ``apply`` adds the DALI operators that take them. Images stay uint8 through
+geometric ops; the first colour op makes floats in [0, 1]; a final ``Normalize`` is fused into the output.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -26,7 +14,6 @@ import torch
 
 from fastdata.augment import (
     RGB2YIQ,
-    YIQ2RGB,
     CenterCrop,
     ColorJitter,
     GaussianNoise,
@@ -38,14 +25,13 @@ from fastdata.augment import (
     RandomResizedCrop,
     Resize,
     VerticalFlip,
-    child_seed,
     pair,
 )
+from fastdata.augment.base import _Geometric, check_fits
+from fastdata.augment.color import hue_matrix
 from fastdata.errors import UsageError
 
-_GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # the luma weights of augment._gray
-_HUE_FROM = RGB2YIQ.numpy().astype(np.float64)
-_HUE_TO = YIQ2RGB.numpy().astype(np.float64)
+_GRAY = RGB2YIQ[0].numpy()  # the luma weights
 
 
 @dataclass
@@ -75,99 +61,86 @@ class Graph:
         return Img(node, True, 1.0)
 
 
-class TorchRng:
-    """numpy-style draws (``uniform``, ``random``) from a torch generator, in float32 as the torch ops
-    draw them: the same generator gives the DALI steps the torch backend's parameters."""
-
-    def __init__(self, g: torch.Generator) -> None:
-        self.g = g
-
-    def uniform(self, lo: float, hi: float, size: int) -> np.ndarray:
-        return (torch.rand(size, generator=self.g) * (hi - lo) + lo).numpy().astype(np.float64)
-
-    def random(self, size: int | tuple[int, ...]) -> np.ndarray:
-        return torch.rand(size, generator=self.g).numpy()
-
-    def child_seed(self) -> int:
-        return int(child_seed(self.g))
-
-
 class Step:
     """One op of the spec: host-side parameters (``draw``) and DALI operators (``apply``)."""
 
     params: tuple[np.dtype, ...] = ()  # dtype of each parameter output
     out_size: tuple[int, int] | None = None  # a fixed output (H, W), when the op makes one
 
-    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
-        """Per-sample parameters for images of sizes ``hw`` (B, 2); one array (B, ...) per output.
-        ``rng``: a :class:`TorchRng` (numpy's Generator has the same ``uniform`` and ``random``)."""
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
+        """Per-sample parameters for images of sizes ``hw`` (B, 2); one array (B, ...) per output."""
         return []
 
     def next_hw(self, hw: np.ndarray) -> np.ndarray:
-        """The images' (B, 2) sizes after this step."""
-        if self.out_size is not None:
-            return np.broadcast_to(np.array(self.out_size, dtype=np.int64), hw.shape)
-        return hw
+        """The images' (B, 2) sizes after this step: the torch op's ``out_sizes``, for a geometric op."""
+        op = getattr(self, "op", None)
+        return op.out_sizes(torch.from_numpy(hw)).numpy() if isinstance(op, _Geometric) else hw
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         raise NotImplementedError
 
 
+def _hw(hw: np.ndarray) -> torch.Tensor:
+    """(B, 2) sizes as the torch ops take them (float32)."""
+    return torch.from_numpy(np.ascontiguousarray(hw, dtype=np.float32))
+
+
+_I32, _F32 = np.dtype(np.int32), np.dtype(np.float32)
+
+
 class _ResizedCrop(Step):
-    """RandomResizedCrop: area ~ U(scale), log aspect ~ U(log ratio), clamped to the image, bilinear."""
+    """RandomResizedCrop: the torch op's window, bilinear, no antialiasing. ``region``: the decoder decodes
+    only the window grown by one pixel on each side (clamped to the image), so the bilinear taps at its edges
+    read the pixels they read on the whole image; the params are that region (absolute (y, x) start and end,
+    for ``fn.decoders.image_slice``), then the window inside it."""
 
-    params = (np.dtype(np.float32), np.dtype(np.float32))
-
-    def __init__(self, op: RandomResizedCrop) -> None:
-        self.op = op
+    def __init__(self, op: RandomResizedCrop, region: bool = False) -> None:
+        self.op, self.region = op, region
         self.size = self.out_size = pair(op.size)
+        self.params = (_I32, _I32, _F32, _F32) if region else (_F32, _F32)
 
-    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
-        b = len(hw)
-        h, w = hw[:, 0].astype(np.float64), hw[:, 1].astype(np.float64)
-        area = rng.uniform(*self.op.scale, b)
-        r = np.exp(rng.uniform(math.log(self.op.ratio[0]), math.log(self.op.ratio[1]), b))
-        fw = np.minimum(np.sqrt(area * r * h / w), 1.0)  # crop size as fractions of the image
-        fh = np.minimum(np.sqrt(area / r * w / h), 1.0)
-        cx = rng.random(b) * (1 - fw) + fw / 2
-        cy = rng.random(b) * (1 - fh) + fh / 2
-        start = np.stack([cy - fh / 2, cx - fw / 2], 1).astype(np.float32)
+    def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
+        p = self.op.draw(g, _hw(hw))
+        fw, fh, cx, cy = (p[k].numpy() for k in ("fw", "fh", "cx", "cy"))
+        start = np.stack([cy - fh / 2, cx - fw / 2], 1).astype(np.float32)  # relative (y, x)
         end = np.stack([cy + fh / 2, cx + fw / 2], 1).astype(np.float32)
-        return [start, end]
+        if not self.region:
+            return [start, end]
+        size = hw.astype(np.float64)
+        lo, hi = start.astype(np.float64) * size, end.astype(np.float64) * size
+        r0 = np.maximum(np.floor(lo) - 1, 0)
+        r1 = np.minimum(np.ceil(hi) + 1, size)
+        return [r0.astype(np.int32), r1.astype(np.int32), (lo - r0).astype(np.float32), (hi - r0).astype(np.float32)]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         # Pixel-centre mapping, linear, no antialiasing: what the torch op's grid_sample computes.
-        node = g.fn.resize(img.node, size=list(self.size), roi_start=params[0], roi_end=params[1],
-                           roi_relative=True, interp_type=g.types.INTERP_LINEAR, antialias=False,
+        roi = params[2:] if self.region else params
+        node = g.fn.resize(img.node, size=list(self.size), roi_start=roi[0], roi_end=roi[1],
+                           roi_relative=not self.region, interp_type=g.types.INTERP_LINEAR, antialias=False,
                            dtype=g.types.FLOAT)
         return Img(node, True, img.scale)
 
 
 class _Window(Step):
-    """RandomCrop (window uniform over valid positions) and CenterCrop: a slice, no resampling."""
+    """RandomCrop and CenterCrop: the torch op's window, a slice, no resampling. ``region``: the decoder
+    decodes exactly the window (params: its start and end), nothing is left to do."""
 
-    params = (np.dtype(np.int32),)
-
-    def __init__(self, op: RandomCrop | CenterCrop) -> None:
-        self.op = op
+    def __init__(self, op: RandomCrop | CenterCrop, region: bool = False) -> None:
+        self.op, self.region = op, region
         self.size = self.out_size = pair(op.size)
+        self.params = (_I32, _I32) if region else (_I32,)
 
-    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
-        oh, ow = self.size
-        small = (hw[:, 0] < oh) | (hw[:, 1] < ow)
-        if small.any():
-            k = int(np.flatnonzero(small)[0])
-            raise UsageError(f"{type(self.op).__name__}{(oh, ow)} is larger than an image of the batch "
-                             f"({int(hw[k, 0])}x{int(hw[k, 1])}); crop to at most the smallest image size")
-        if isinstance(self.op, CenterCrop):
-            top, left = (hw[:, 0] - oh) // 2, (hw[:, 1] - ow) // 2
-            return [np.stack([top, left], 1).astype(np.int32)]
-        room = (hw - np.array([oh, ow])) + 1  # positions per axis; u * room in float32, as the torch op
-        u = rng.random((len(hw), 2)).astype(np.float32)
-        start = np.minimum(np.floor(u * room.astype(np.float32)).astype(np.int64), room - 1)
-        return [start.astype(np.int32)]
+    def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
+        check_fits(type(self.op).__name__, self.size, _hw(hw))
+        start = self.op.draw(g, _hw(hw))["start"].numpy().astype(np.int32)
+        return [start, start + np.array(self.size, dtype=np.int32)] if self.region else [start]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
+        if self.region:
+            return img
         node = g.fn.slice(img.node, start=params[0], shape=list(self.size), axis_names="HW")
         return Img(node, img.is_float, img.scale)
 
@@ -177,11 +150,8 @@ class _Flip(Step):
 
     params = (np.dtype(np.int32),)
 
-    def __init__(self, op: HorizontalFlip | VerticalFlip) -> None:
-        self.op = op
-
-    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
-        return [(rng.random(len(hw)) < self.op.p).astype(np.int32)]
+    def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
+        return [self.op.draw(g, _hw(hw))["flip"].numpy().astype(np.int32)]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         if isinstance(self.op, HorizontalFlip):
@@ -195,6 +165,7 @@ class _Resize(Step):
     """Resize: the whole image to ``size``, bilinear, pixel centres, no antialiasing (as the torch op)."""
 
     def __init__(self, op: Resize) -> None:
+        self.op = op
         self.size = self.out_size = pair(op.size)
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
@@ -218,16 +189,9 @@ class _Pad(Step):
 
     params = (np.dtype(np.int32), np.dtype(np.int32))
 
-    def __init__(self, op: Pad) -> None:
-        self.op = op
-        self.grow = np.array([op.top + op.bottom, op.left + op.right], dtype=np.int64)
-
-    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
+    def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
         start = np.broadcast_to(np.array([-self.op.top, -self.op.left], dtype=np.int32), hw.shape)
-        return [np.ascontiguousarray(start), (hw + self.grow).astype(np.int32)]
-
-    def next_hw(self, hw: np.ndarray) -> np.ndarray:
-        return hw + self.grow
+        return [np.ascontiguousarray(start), self.next_hw(hw).astype(np.int32)]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         img, fill = _fill_units(g, img, self.op.fill)
@@ -242,12 +206,9 @@ class _Affine(Step):
 
     params = (np.dtype(np.float32),)
 
-    def __init__(self, op: RandomAffine) -> None:
-        self.op = op
-
-    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
-        p = self.op.draw(rng.g, torch.from_numpy(np.ascontiguousarray(hw)).float())
-        m = self.op.geometry(p, torch.from_numpy(np.ascontiguousarray(hw)).double()).matrix
+    def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
+        p = self.op.draw(g, _hw(hw))
+        m = self.op.geometry(p, _hw(hw).double()).matrix
         return [torch.linalg.inv(m)[:, :2, :].float().numpy()]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
@@ -257,31 +218,22 @@ class _Affine(Step):
 
 
 class _Jitter(Step):
-    """ColorJitter: brightness, contrast, saturation factors ~ U(1-v, 1+v) and a hue rotation of the
-    YIQ plane ~ U(-hue, hue) turns, in that order, clamped to [0, 1] after each (as the torch op).
-
-    Brightness, saturation and hue are per-sample 3x3 colour matrices (``fn.coord_transform``);
-    contrast mixes with the image's mean luma, computed on the device.
-    """
+    """ColorJitter, clamped after each part as the torch op: brightness, saturation and hue as per-sample
+    3x3 colour matrices (``fn.coord_transform``), contrast against the image's mean luma on the device."""
 
     def __init__(self, op: ColorJitter) -> None:
-        self.parts = [(k, v) for k, v in (("brightness", op.brightness), ("contrast", op.contrast),
-                                          ("saturation", op.saturation), ("hue", op.hue)) if v]
-        self.params = tuple(np.dtype(np.float32) for _ in self.parts)
+        self.op = op
+        self.parts = [k for k in ("brightness", "contrast", "saturation", "hue") if getattr(op, k)]
+        self.params = tuple(_F32 for _ in self.parts)
 
-    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
-        b, out = len(hw), []
-        eye = np.eye(3)
-        for kind, v in self.parts:
-            if kind == "hue":
-                a = rng.uniform(-v, v, b) * 2 * math.pi
-                rot = np.zeros((b, 3, 3))
-                rot[:, 0, 0] = 1
-                rot[:, 1, 1], rot[:, 1, 2], rot[:, 2, 1], rot[:, 2, 2] = np.cos(a), -np.sin(a), np.sin(a), np.cos(a)
-                out.append((_HUE_TO @ rot @ _HUE_FROM).astype(np.float32))
-                continue
-            f = rng.uniform(max(0.0, 1 - v), 1 + v, b)
-            if kind == "brightness":
+    def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
+        p = {k: v.double().numpy() for k, v in self.op.draw(g, _hw(hw)).items()}
+        out, eye = [], np.eye(3)
+        for kind in self.parts:
+            f = p[kind]
+            if kind == "hue":  # f: the angle
+                out.append(hue_matrix(torch.from_numpy(f)).float().numpy())
+            elif kind == "brightness":
                 out.append((f[:, None, None] * eye).astype(np.float32))
             elif kind == "contrast":
                 out.append(f.astype(np.float32))
@@ -292,7 +244,7 @@ class _Jitter(Step):
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         x = g.unit_float(img).node
-        for (kind, _), p in zip(self.parts, params):
+        for kind, p in zip(self.parts, params):
             if kind == "contrast":
                 mean = g.fn.reductions.mean(g.fn.coord_transform(x, M=_GRAY.tolist()))  # per-sample scalar
                 x = (x - mean) * g.dev(p) + mean
@@ -305,16 +257,13 @@ class _Jitter(Step):
 class _Noise(Step):
     """GaussianNoise: add N(0, std) per pixel, in [0, 1] units, no clamping (as the torch op)."""
 
-    def __init__(self, op: GaussianNoise) -> None:
-        self.std = float(op.std)
-
-    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
-        rng.child_seed()  # the torch op's draw (its noise generator's seed): later ops stay in step
+    def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
+        self.op.draw(g, _hw(hw))  # its noise generator's seed, unused: later ops stay in step
         return []
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         x = g.unit_float(img).node
-        return Img(g.fn.noise.gaussian(x, stddev=self.std), True, 1.0)
+        return Img(g.fn.noise.gaussian(x, stddev=float(self.op.std)), True, 1.0)
 
 
 class _Normalize(Step):
@@ -350,18 +299,20 @@ class Chain:
 
     @property
     def out_size(self) -> tuple[int, int] | None:
-        """The fixed (H, W) the chain produces, if one of its ops sets it."""
-        size = None
-        for s in self.steps:
-            size = s.out_size or size
-        return size
+        """The fixed (H, W) the chain produces, if one of its ops sets it (the last that does)."""
+        return next((s.out_size for s in reversed(self.steps) if s.out_size), None)
 
-    def draw(self, rng: Any, hw: np.ndarray) -> list[np.ndarray]:
+    @property
+    def region(self) -> bool:
+        """The first step takes its window from the decoder (its first two parameters)."""
+        return bool(self.steps) and getattr(self.steps[0], "region", False)
+
+    def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
         """Every step's parameters for one batch, in order (sizes follow the crops)."""
         out: list[np.ndarray] = []
         hw = hw.astype(np.int64)
         for s in self.steps:
-            out.extend(np.ascontiguousarray(a) for a in s.draw(rng, hw))  # DALI takes dense arrays only
+            out.extend(np.ascontiguousarray(a) for a in s.draw(g, hw))  # DALI takes dense arrays only
             hw = s.next_hw(hw)
         return out
 
@@ -384,35 +335,28 @@ class Chain:
         return img
 
 
-def compile_chain(ops: Sequence[Any], channels: int) -> Chain:
-    """Map the spec's ops for an image field of ``channels`` channels; an op DALI cannot express raises."""
+_STEPS: tuple[tuple[type, type[Step]], ...] = (
+    (RandomResizedCrop, _ResizedCrop), (RandomCrop, _Window), (CenterCrop, _Window), (HorizontalFlip, _Flip),
+    (VerticalFlip, _Flip), (Resize, _Resize), (Pad, _Pad), (RandomAffine, _Affine), (ColorJitter, _Jitter),
+    (GaussianNoise, _Noise))
+
+
+def compile_chain(ops: Sequence[Any], channels: int, region: bool = False) -> Chain:
+    """Map the spec's ops for an image field of ``channels`` channels; an op DALI cannot express raises.
+    ``region``: a first crop takes its window from the decoder (``fn.decoders.image_slice``)."""
     steps: list[Step] = []
     ops = list(ops)
-    final = None
-    if ops and isinstance(ops[-1], Normalize):
-        final = _check_norm(ops.pop(), channels)
+    final = _check_norm(ops.pop(), channels) if ops and isinstance(ops[-1], Normalize) else None
     for op in ops:
-        if isinstance(op, RandomResizedCrop):
-            steps.append(_ResizedCrop(op))
-        elif isinstance(op, (RandomCrop, CenterCrop)):
-            steps.append(_Window(op))
-        elif isinstance(op, (HorizontalFlip, VerticalFlip)):
-            steps.append(_Flip(op))
-        elif isinstance(op, Resize):
-            steps.append(_Resize(op))
-        elif isinstance(op, Pad):
-            steps.append(_Pad(op))
-        elif isinstance(op, RandomAffine):
-            steps.append(_Affine(op))
-        elif isinstance(op, ColorJitter):
-            if channels != 3:
-                raise UsageError(f"ColorJitter needs RGB images, this field has {channels} channel(s)")
-            steps.append(_Jitter(op))
-        elif isinstance(op, GaussianNoise):
-            steps.append(_Noise(op))
-        elif isinstance(op, Normalize):
+        if isinstance(op, ColorJitter) and channels != 3:
+            raise UsageError(f"ColorJitter needs RGB images, this field has {channels} channel(s)")
+        step = next((cls for kind, cls in _STEPS if isinstance(op, kind)), None)
+        if isinstance(op, Normalize):
             steps.append(_Normalize(op, channels))
+        elif step is None:
+            raise UsageError(f"the DALI backend cannot map the augmentation op {op!r}; use backend='torch' for it")
+        elif step in (_ResizedCrop, _Window) and region and not steps:
+            steps.append(step(op, region=True))
         else:
-            raise UsageError(f"the DALI backend cannot map the augmentation op {op!r}; "
-                             "use backend='torch' for it")
+            steps.append(step(op))
     return Chain(steps, *(final if final else (None, None)))

@@ -1,12 +1,6 @@
-"""The DALI backend's host side: how each dataset field travels, and the external-source callback.
-
-Fields are read with ``get_batch`` from a dataset opened with ``decode=False`` and handed to
-``fn.external_source`` a whole batch at a time: encoded images as their stored bytes (the padded
-batch array and the lengths, which DALI slices per sample: one copy into DALI instead of one per
-sample, faster than a list of per-sample arrays in a one-off A/B), ``pixels`` images as
-per-sample HWC views of the read bytes, raw arrays as they are. No second copy of the data exists
-in another format. The callback also draws the batch's augmentation parameters
-(dali_augment.py) and the padding size of mixed-size image batches. Nothing here imports DALI.
+"""The DALI backend's host side: how each dataset field travels into ``fn.external_source`` (a whole batch
+at a time, encoded images as their stored bytes), and the callback that reads batches and draws their
+augmentation parameters. Nothing here imports DALI.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from fastdata.errors import UsageError
 from fastdata.format import LENGTHS_SUFFIX
 from fastdata.format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field, is_string
 from fastdata.loaders.base import wrap_error
-from fastdata.loaders.dali_augment import Chain, TorchRng
+from fastdata.loaders.dali_augment import Chain
 from fastdata.reading.dataset import Dataset
 
 GENERATOR_STATE = "\0generator"  # bypassed entry: the batch generator's state after DALI's draws
@@ -52,7 +46,6 @@ class Route:
     chain: Chain | None = None
     more: list[Chain] = field(default_factory=list)  # the chains of views 1, 2, ... (Augment(views=...))
     bypass: bool = False  # a plain field that goes around DALI, straight to torch (CPU mode)
-    padding: bool = False  # pad mixed sizes (off until a batch mixes them: padding costs CPU)
 
     @property
     def chains(self) -> list[Chain]:
@@ -72,14 +65,10 @@ class Route:
         return [(self.carrier, "HWC" if self.kind in ("pixels", "raw_image") else "")]
 
     @property
-    def may_mix(self) -> bool:
-        """A float image field whose batches can mix image sizes (no crop gives them one size)."""
-        return self.image and self.variable_size and (self.chain is None or self.chain.out_size is None)
-
-    @property
     def pads(self) -> bool:
-        """Padded to the batch's largest image, in crop_mirror_normalize."""
-        return self.may_mix and self.padding
+        """A float image field whose batches can mix image sizes (no crop gives them one size): padded to
+        the batch's largest image, in crop_mirror_normalize."""
+        return self.image and self.variable_size and (self.chain is None or self.chain.out_size is None)
 
     def host(self, batch: dict[str, np.ndarray]) -> list[Any]:
         """This field of a ``get_batch`` result, as the external source takes it (see ``outputs``)."""
@@ -143,12 +132,6 @@ def plan_routes(dataset: Dataset, images: tuple[str, ...] | None, targets: Colle
     return routes
 
 
-def batch_draws(seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:
-    """The augmentation generator of one batch: a pure function of its position in the run, the
-    torch backend's (so both backends draw the same parameters)."""
-    return batch_generator(seed, epoch, batch, torch.device("cpu"), rank)
-
-
 @dataclass
 class HostTargets:
     """Declared targets, transformed on the host by the torch backend's code (augment.py) with the
@@ -168,10 +151,6 @@ class HostTargets:
         return {n: v.numpy() for n, v in out.items()}
 
 
-class MixedSizes(Exception):
-    """A batch mixes image sizes in a pipeline built without padding: the loader rebuilds it with padding."""
-
-
 @dataclass
 class Pass:
     """One pass over the data: this rank's index batches from batch ``first`` of ``epoch`` on."""
@@ -182,22 +161,10 @@ class Pass:
 
 
 class Feed:
-    """The external-source callback (batch mode, with ``batch_info``): batch ``info.iteration`` of the
-    pass registered for DALI's epoch ``info.epoch_idx``.
-
-    One pipeline serves consecutive passes: the loader registers the next pass before it resets
-    DALI's iterator, so the next epoch is read and decoded while the current one ends. Returns each
-    DALI route's data, then each augmented route's parameters, then the padded (H, W) of each
-    route that pads; bypassing fields wait in
-    ``bypassed``, in batch order, for the loader to join them to DALI's output (DALI returns
-    batches in the order it asked for them). The external source takes the arrays without a copy
-    (``no_copy``): the feed keeps each batch's arrays alive for ``keep`` batches, more than DALI
-    can still be working on (the pipeline's prefetch depth). DALI calls it from the thread that
-    iterates, ``prefetch`` batches ahead; reading there measured as fast as a read-ahead thread
-    and faster than DALI's parallel (process) external source on 2 cores (docs/backends.md). A read
-    error does not escape into DALI (which would raise it before the batches in front of it were
-    delivered): the pass ends there and the loader raises the error after the last good batch.
-    """
+    """The external-source callback: batch ``info.iteration`` of the pass registered for DALI's epoch
+    ``info.epoch_idx`` (each route's data, then the parameters, then padded sizes); bypassing fields wait in
+    ``bypassed``. Fed without a copy, the last ``keep`` batches stay referenced. A read error ends the pass
+    (``error``): the loader raises it after the last good batch, not DALI before the batches in front of it."""
 
     def __init__(self, dataset: Dataset, routes: list[Route], seed: int, rank: int, keep: int,
                  targets: HostTargets | None = None, rest: bool = False) -> None:
@@ -207,7 +174,6 @@ class Feed:
         self._alive: deque[tuple[Any, ...]] = deque(maxlen=keep)  # fed without a copy: DALI reads them later
         self._augmented = [r for r in routes if any(c.steps for c in r.chains)]
         self._padded = [r for r in routes if r.pads]
-        self._unpadded = [r for r in routes if r.may_mix and not r.pads]
         self.passes: dict[int, Pass] = {}
         self.bypassed: deque[dict[str, np.ndarray]] = deque()
         self.error: BaseException | None = None
@@ -223,6 +189,10 @@ class Feed:
         except Exception as e:
             raise wrap_error(e, f"DALI source, batch {p.first + i}") from e
 
+    def _generator(self, p: Pass, i: int) -> torch.Generator:
+        """Batch ``i`` of pass ``p``'s augmentation generator: the torch backend's (the same draws)."""
+        return batch_generator(self.seed, p.epoch, p.first + i, torch.device("cpu"), self.rank)
+
     def __call__(self, info: Any) -> tuple[Any, ...]:
         p, i = self.passes.get(info.epoch_idx), info.iteration
         if p is None or i >= len(p.plan) or self.error is not None:
@@ -231,24 +201,17 @@ class Feed:
             batch = self._read(p, i)
             out = [a for r in self.routes if not r.bypass for a in r.host(batch)]
             bypassed = {r.name: r.host(batch)[0] for r in self.routes if r.bypass}
-            if self._augmented:
-                rng = TorchRng(batch_draws(self.seed, p.epoch, self.rank, p.first + i))
-                for r in self._augmented:  # each view in turn, as the torch backend draws them
-                    for c in r.chains:
-                        out.extend(c.draw(rng, r.sizes(batch)))
+            g = self._generator(p, i)
+            for r in self._augmented:  # each view in turn, as the torch backend draws them
+                for c in r.chains:
+                    out.extend(c.draw(g, r.sizes(batch)))
             if self.rest:  # where the torch code after DALI goes on drawing (sequence ops, Mix)
-                g = rng.g if self._augmented else batch_draws(self.seed, p.epoch, self.rank, p.first + i)
                 bypassed[GENERATOR_STATE] = g.get_state().numpy()
-            if self.targets is not None:
-                g = batch_draws(self.seed, p.epoch, self.rank, p.first + i)  # the same draws, replayed
-                bypassed.update(self.targets({**batch, **bypassed}, g))
+            if self.targets is not None:  # the same draws, replayed
+                bypassed.update(self.targets({**batch, **bypassed}, self._generator(p, i)))
             for r in self._padded:
                 hw = r.chain.out_hw(r.sizes(batch)).max(axis=0) if r.chain is not None else r.sizes(batch).max(axis=0)
                 out.extend(np.full(len(p.plan[i]), v, dtype=np.float32) for v in hw)
-            for r in self._unpadded:
-                hw = r.sizes(batch)
-                if (hw != hw[0]).any():
-                    raise MixedSizes(r.name)
         except Exception as e:  # delivered after the batches before it (see the class docstring)
             self.error = e
             raise StopIteration from None

@@ -69,7 +69,7 @@ class TorchLoader(Loader):
             changes["decode"] = False
             floats = (crop,)
             field = next(f for f in self.dataset.schema if f.name == crop)
-            stage = CropStage(field, self.augment.ops, self.seed, pin, config.crop_decode)
+            stage = CropStage(field, self.augment.ops, self.seed, pin)
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
             self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged,

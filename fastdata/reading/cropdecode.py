@@ -1,30 +1,17 @@
 """Decode only what a crop keeps: one image's window, at the smallest JPEG scale that still has the
 output's resolution, resampled bilinearly into its row of a fixed-size float batch.
 
-A window is given in the full image's pixels (``x0, y0, w, h``, continuous: a RandomResizedCrop's
-box) with an output size ``(oh, ow)``. Output pixel ``j`` samples the source at
-``x0 + (j + 0.5) * w / ow - 0.5`` (pixel centres at integers, clamped to the image: what
-``grid_sample(align_corners=False, padding_mode="border")`` computes in the torch ops), bilinearly.
-The resize is torch's uint8 kernel (AVX2), its sample grid lined up with that one to 0.05 pixel, then
-one conversion to float (:func:`resample_into`); the exact float interpolation is the fallback.
-
-JPEG decoding (:func:`jpeg_plan`): when the window is at least twice the output on both axes,
-libjpeg-turbo decodes the whole image at 1/2, 1/4 or 1/8 scale in the DCT domain (simplejpeg's
-``min_height``/``min_width``, else PIL's ``draft``), the largest reduction whose window is still
-at least the output; the sampling positions are mapped onto the smaller image. Otherwise (the window
-is close to the output size) only the window's rows and columns are decoded, by nvImageCodec's CPU
-region decoding (libjpeg-turbo's cropped scanlines) when ``nvidia-nvimgcodec`` is installed, else the
-whole image at full scale (simplejpeg, PIL). docs/backends.md says which runs, benchmarks/bench_jpeg_crop.py
-measures them. Raw pixels and other codecs are decoded (or viewed) whole and sampled the same way.
+A window ``(x0, y0, w, h)`` (full-image pixels) to an output ``(oh, ow)``: output pixel ``j`` samples
+``x0 + (j + 0.5) * w / ow - 0.5``, clamped to the image (the torch ops' ``grid_sample``), bilinearly.
+A JPEG whose window is at least twice the output on both axes is decoded whole at 1/2, 1/4 or 1/8 scale
+in the DCT domain (simplejpeg's ``min_height``/``min_width``, else PIL's ``draft``); other images whole.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
 import math
 import threading
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,8 +19,6 @@ import torch
 from fastdata.format.spec import CODEC_JPEG, ImageSpec
 from fastdata.reading.decode import DecodeError, _decode_pil_scaled, decode_image, jpeg_decoder, simplejpeg
 
-log = logging.getLogger(__name__)
-RegionDecoder = Literal["auto", "nvimgcodec", "none"]
 SCALES = (8, 4, 2, 1)  # the DCT reductions libjpeg decodes at (1/8 ... 1)
 _INV255 = np.float32(1 / 255)
 
@@ -47,60 +32,8 @@ def dct_scale(w: float, h: float, ow: int, oh: int) -> int:
     return 1
 
 
-def _nvimgcodec() -> Any:
-    try:
-        return importlib.import_module("nvidia.nvimgcodec")
-    except ImportError:
-        return None
-
-
-class RegionDecoders:
-    """One nvImageCodec CPU decoder per thread (a decoder is not safe to share between threads),
-    made on first use in each thread; ``available`` is False where the package is missing."""
-
-    def __init__(self, choice: RegionDecoder = "auto") -> None:
-        if choice not in ("auto", "nvimgcodec", "none"):
-            raise ValueError(f"unknown region decoder {choice!r} (auto, nvimgcodec or none)")
-        self.module = _nvimgcodec() if choice != "none" else None
-        if choice == "nvimgcodec" and self.module is None:
-            raise ImportError("nvidia-nvimgcodec is not installed (pip install 'fastdata[jpeg]')")
-        self.available = self.module is not None
-        self._local = threading.local()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"available": self.available}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.module = _nvimgcodec() if state["available"] else None
-        self.available = self.module is not None
-        self._local = threading.local()
-
-    def decode(self, data: Any, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray | None:
-        """RGB uint8 pixels of rows ``[r0, r1)`` and columns ``[c0, c1)``, or None when the decoder
-        refuses the stream (the caller then decodes it whole and reports any error)."""
-        n: Any = self.module
-        if n is None:
-            return None
-        local = self._local
-        if getattr(local, "decoder", None) is None:
-            local.decoder = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
-                                      backends=[n.Backend(n.CPU_ONLY)])
-            local.params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.SRGB)
-        try:
-            stream = n.CodeStream(bytes(data)).get_sub_code_stream(
-                region=n.Region(rows[0], cols[0], rows[1], cols[1]))
-            img = local.decoder.decode(stream, params=local.params)
-        except Exception:  # noqa: BLE001 - any refusal falls back to the full decoders, which name the problem
-            return None
-        if img is None:
-            return None
-        a = np.asarray(img.cpu())
-        return a if a.shape == (rows[1] - rows[0], cols[1] - cols[0], 3) else None
-
-
-def _axis(x0: float, extent: float, n_out: int, n_src: int, scale: float, lo: int
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For one axis: each output pixel's two source indices (relative to ``lo``) and weight, on an
+def _axis(x0: float, extent: float, n_out: int, n_src: int, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For one axis: each output pixel's two source indices and weight, on an
     image of ``n_src`` pixels that is ``scale`` times the full one; positions clamp to the image."""
     j = np.arange(n_out, dtype=np.float64)
     u = x0 + (j + 0.5) * (extent / n_out) - 0.5  # full-resolution position
@@ -109,44 +42,24 @@ def _axis(x0: float, extent: float, n_out: int, n_src: int, scale: float, lo: in
     i0 = np.floor(v).astype(np.int64)
     t = (v - i0).astype(np.float32)
     i1 = np.minimum(i0 + 1, n_src - 1)
-    return i0 - lo, i1 - lo, t
-
-
-def _bounds(x0: float, extent: float, n_out: int, n_full: int) -> tuple[int, int]:
-    """The full-resolution pixels ``[a, b)`` the samples of one axis touch (for region decoding), and one
-    more on each side for the uint8 resize's samples, which may sit up to ``_TOLERANCE`` off ours."""
-    first = max(0.0, x0 + 0.5 * extent / n_out - 0.5)
-    last = min(n_full - 1.0, x0 + (n_out - 0.5) * extent / n_out - 0.5)
-    return max(0, int(math.floor(first)) - 1), min(n_full, int(math.floor(last)) + 3)
+    return i0, i1, t
 
 
 def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_hw: tuple[int, int],
-                  out: np.ndarray, origin: tuple[int, int] | None = None, flip: tuple[bool, bool] = (False, False),
-                  exact: bool = False) -> None:
-    """Bilinear samples of the window ``box`` (x0, y0, w, h in full-image pixels of an image
-    ``full_hw`` high and wide) from ``src`` (uint8 (h, w, C): the whole image at any scale, or with
-    ``origin`` (row, column) the full-scale region starting there) into ``out`` (float32 (oh, ow, C), /255);
-    ``flip``: (left-right, top-bottom) mirror the output.
-
-    An exact window is copied. Otherwise torch's uint8 resize (:func:`_fast_resize`: about twice as fast,
-    rounded to 1/255, samples within ``_TOLERANCE`` pixel of these) runs where its grid lines up with the
-    window's, else (or with ``exact``) the float interpolation at exactly these positions (:func:`_lerp2`)."""
+                  out: np.ndarray, flip: tuple[bool, bool] = (False, False), exact: bool = False) -> None:
+    """Bilinear samples of the window ``box`` (x0, y0, w, h in pixels of the full image, ``full_hw``) from
+    ``src`` (uint8 (h, w, C), the whole image at any scale) into ``out`` (float32 (oh, ow, C), /255), mirrored
+    as ``flip`` (left-right, top-bottom) says: by torch's uint8 resize where its grid lines up (:func:`_grid`),
+    else or with ``exact`` by the float interpolation at exactly these positions (:func:`_lerp2`)."""
     x0, y0, w, h = box
     oh, ow = out.shape[:2]
-    hf, wf = full_hw
-    if origin is not None:
-        (sy, sx), (lo_y, lo_x), (n_y, n_x) = (1.0, 1.0), origin, full_hw
-    else:  # the whole image, maybe decoded at a reduced scale
-        (sy, sx), (lo_y, lo_x), (n_y, n_x) = (src.shape[0] / hf, src.shape[1] / wf), (0, 0), src.shape[:2]
-    rows, cols = _line(y0, h, oh, sy, lo_y), _line(x0, w, ow, sx, lo_x)
-    win = _exact_window(src, rows, cols, (oh, ow), (n_y - lo_y, n_x - lo_x))
-    if win is not None:  # an exact window: a copy, no resampling
-        np.multiply(win[:: -1 if flip[1] else 1, :: -1 if flip[0] else 1], _INV255, out=out, dtype=np.float32)
-        return
+    n_y, n_x = src.shape[:2]
+    sy, sx = n_y / full_hw[0], n_x / full_hw[1]  # the whole image, maybe decoded at a reduced scale
+    rows, cols = _line(y0, h, oh, sy), _line(x0, w, ow, sx)
     if not exact and _fast_resize(src, rows, cols, out, flip):
         return
-    r0, r1, ty = _axis(y0, h, oh, n_y, sy, lo_y)
-    c0, c1, tx = _axis(x0, w, ow, n_x, sx, lo_x)
+    r0, r1, ty = _axis(y0, h, oh, n_y, sy)
+    c0, c1, tx = _axis(x0, w, ow, n_x, sx)
     first, last = int(c0[0]), int(c1[-1]) + 1
     if flip[0]:
         c0, c1, tx = c0[::-1], c1[::-1], tx[::-1]
@@ -155,22 +68,11 @@ def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_
     _lerp2(src[:, first:last], (r0, r1, ty), (c0 - first, c1 - first, tx), out)
 
 
-def _line(x0: float, extent: float, n_out: int, scale: float, lo: int) -> tuple[float, float]:
+def _line(x0: float, extent: float, n_out: int, scale: float) -> tuple[float, float]:
     """One axis's sample positions in ``src`` as ``(c, s)``: output pixel ``j`` samples ``c + j * s``
     (before clamping; the full-resolution position mapped onto an image ``scale`` times the full one)."""
     s = extent / n_out * scale
-    return (x0 + 0.5 * extent / n_out) * scale - 0.5 - lo, s
-
-
-def _exact_window(src: np.ndarray, rows: tuple[float, float], cols: tuple[float, float], out_hw: tuple[int, int],
-                  ends: tuple[int, int]) -> np.ndarray | None:
-    """The pixels themselves when every sample falls on a pixel centre inside the image, else None."""
-    starts = []
-    for (c, s), n, end in zip((rows, cols), out_hw, ends):
-        if s != 1 or c != int(c) or c < 0 or c + n > end:
-            return None
-        starts.append(int(c))
-    return src[starts[0] : starts[0] + out_hw[0], starts[1] : starts[1] + out_hw[1]]
+    return (x0 + 0.5 * extent / n_out) * scale - 0.5, s
 
 
 # torch's uint8 bilinear resize (upsample_bilinear2d, antialias off: two taps, as here) has an AVX2 kernel for
@@ -268,9 +170,7 @@ _GRAIN = 32767  # elements per torch op: below torch's parallel grain (32768), s
 def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
            cols: tuple[np.ndarray, np.ndarray, np.ndarray], out: np.ndarray) -> None:
     """Separable bilinear interpolation, rows first, in blocks of output rows small enough that torch runs
-    each op in the calling thread: the reader threads are the parallelism (torch's intra-op threads,
-    called from two readers on a busy machine, were an order of magnitude slower in a one-off A/B here,
-    and numpy's takes held the GIL); torch's kernels release the GIL."""
+    each op in the calling thread (the reader threads are the parallelism); torch's kernels release the GIL."""
     c = src.shape[2]
     flat = torch.from_numpy(np.ascontiguousarray(src)).view(src.shape[0], -1)  # (h, w' * C) uint8
     r0, r1, ty = (torch.from_numpy(np.ascontiguousarray(a)) for a in rows)
@@ -289,46 +189,21 @@ def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
         o[a:b].mul_(float(_INV255))
 
 
-def _region(box: tuple[float, float, float, float], oh: int, ow: int, hw: tuple[int, int]
-            ) -> tuple[tuple[int, int], tuple[int, int]]:
-    x0, y0, w, h = box
-    return _bounds(y0, h, oh, hw[0]), _bounds(x0, w, ow, hw[1])
-
-
-def jpeg_plan(box: tuple[float, float, float, float], out_hw: tuple[int, int], region: bool) -> str:
-    """How a JPEG window is decoded: ``"scaled"`` (whole image at 1/2..1/8), ``"region"`` (only the
-    window's rows and columns, full scale) or ``"full"``."""
-    s = dct_scale(box[2], box[3], out_hw[1], out_hw[0])
-    if s > 1:
-        return "scaled"
-    return "region" if region else "full"
-
-
 def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box: tuple[float, float, float, float],
-                out: np.ndarray, regions: RegionDecoders | None, scratch: np.ndarray,
-                flip: tuple[bool, bool] = (False, False)) -> str:
+                out: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> str:
     """Decode the window ``box`` of one encoded image (recorded size ``hw``) into ``out`` (float32
-    (oh, ow, C) in [0, 1]), mirrored as ``flip`` says; ``scratch``: uint8 memory of at least H*W*C for
-    full decodes. Returns the plan used (see :func:`jpeg_plan`). Raises DecodeError on corrupt data."""
+    (oh, ow, C) in [0, 1]), mirrored as ``flip`` says. Returns how: ``"scaled"`` (a JPEG at 1/2..1/8)
+    or ``"full"`` (into this thread's scratch memory). Raises DecodeError on corrupt data."""
     oh, ow = out.shape[:2]
     h, w = hw
-    c = spec.channels
-    plan = jpeg_plan(box, (oh, ow), regions is not None and regions.available and spec.mode == "RGB") \
-        if codec == CODEC_JPEG else "full"
-    if plan == "scaled":
-        s = dct_scale(box[2], box[3], ow, oh)
+    s = dct_scale(box[2], box[3], ow, oh) if codec == CODEC_JPEG else 1
+    if s > 1:
         small = _decode_scaled(data, spec, (math.ceil(h / s), math.ceil(w / s)))
         if small is not None:
             resample_into(small, box, hw, out, flip=flip)
-            return plan
-        plan = "full"
-    if plan == "region":
-        rows, cols = _region(box, oh, ow, hw)
-        part = regions.decode(data, rows, cols) if regions is not None else None
-        if part is not None:
-            resample_into(part, box, hw, out, origin=(rows[0], cols[0]), flip=flip)
-            return plan
-    pixels = scratch[: h * w * c].reshape(h, w, c)
+            return "scaled"
+    n = h * w * spec.channels
+    pixels = _buffer("full", n)[:n].reshape(h, w, spec.channels)
     decode_image(data, codec, spec, pixels)
     resample_into(pixels, box, hw, out, flip=flip)
     return "full"
@@ -349,11 +224,3 @@ def _decode_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.nd
         return a if a.flags.writeable else a.copy()  # torch views only writeable memory
     except DecodeError:
         return None
-
-
-def pixels_crop(data: np.ndarray, hw: tuple[int, int], channels: int, box: tuple[float, float, float, float],
-                out: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> None:
-    """The window of one image stored as raw pixels (``data``: its H*W*C bytes) into ``out``, by the exact
-    float interpolation: stored pixels give the padded path's values to float rounding."""
-    h, w = hw
-    resample_into(data[: h * w * channels].reshape(h, w, channels), box, hw, out, flip=flip, exact=True)
