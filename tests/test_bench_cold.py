@@ -19,6 +19,7 @@ from fastdata import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a subprocess run of the benchmark in quick mode; .ci/run runs the slow set after the README's command
 def test_quick_cold_benchmark_completes_and_writes_json_and_markdown(tmp_path, monkeypatch):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cold.py"), "--quick", "--out", str(tmp_path),
                         "--dir", str(tmp_path)], capture_output=True, text=True, timeout=600)

@@ -29,6 +29,7 @@ def _bench_module(name: str):  # type: ignore[no-untyped-def]
 OWN_TESTS = {"images", "cold"}
 
 
+@pytest.mark.slow  # a subprocess run of the benchmark in quick mode; .ci/run runs the slow set after the README's command
 def test_quick_suite_completes_and_writes_json_markdown_and_plots(tmp_path):
     suites = [s for s in _bench_module("run_all").SUITES if s not in OWN_TESTS]
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick", "--jobs", "2", "--out", str(tmp_path),

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a subprocess run of the benchmark in quick mode; .ci/run runs the slow set after the README's command
 def test_quick_image_benchmark_runs(tmp_path):
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_images.py"), "--quick", "--out", str(tmp_path / "out"),

@@ -160,7 +160,7 @@ def _ddp_worker(rank: int, world: int, port: int, path: str, drop_last: bool, ou
         np.save(f"{out}-{rank}.npy", np.array([i for b in batches for i in b] + [-1, len(batches), len(ld)]))
 
 
-@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("drop_last", [pytest.param(False, marks=pytest.mark.slow), True])  # two gloo processes each
 def test_ddp_ranks_get_disjoint_equal_shares(ds_path, tmp_path, drop_last):
     world = 3
     torch.multiprocessing.spawn(_ddp_worker, args=(world, free_port(), str(ds_path), drop_last, str(tmp_path / "r")),

@@ -178,7 +178,7 @@ def _case(ds, tmp_path: Path, action: str) -> None:
     assert not [m for m in maps if m.startswith("/dev/shm/") and os.path.exists(m)]
 
 
-@pytest.mark.parametrize("action", ["raise", "sigint", "sigkill", "kill-worker"])
+@pytest.mark.parametrize("action", ["raise", *(pytest.param(a, marks=pytest.mark.slow) for a in ("sigint", "sigkill", "kill-worker"))])
 def test_nothing_of_the_loader_outlives_its_processes(ds, tmp_path, action):
     """A training process ends (by an exception, by Ctrl-C, by SIGKILL) or loses a worker (SIGKILL):
     every process of the loader is gone, and it mapped nothing under /dev/shm (the ring's memory has no
