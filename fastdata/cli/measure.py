@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -129,7 +130,7 @@ def run_bench(args: argparse.Namespace) -> int:
     local = ds.remote is None or all(p.is_file() for p in ds.shard_paths())
     # MB/s of the data the loader hands over; stored bytes only where reading the payload would download shards
     bps = payload_bytes(ds) if local else sample_bytes(ds)
-    results, settings = _bench_results(args, ds, bps)
+    results, settings = _bench_results(args, ds, bps, local)
     ceiling = next((r for r in results if r.name.startswith("ceiling")), None)
     ratio = {r.name: r.samples_per_s / ceiling.samples_per_s if ceiling and ceiling.samples_per_s else None
              for r in results}
@@ -160,35 +161,42 @@ def _bench_dataset(args: argparse.Namespace) -> Dataset:
     return ds
 
 
-def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float) -> tuple[list[BenchResult], dict[str, Any]]:
+def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float,
+                   local: bool) -> tuple[list[BenchResult], dict[str, Any]]:
     """The loader's measurement, then the ceiling and the naive loader where asked; and the loader's settings."""
-    from fastdata.measure.bench import measure, measure_ceiling, naive_pipeline
+    from fastdata.demo.baseline import naive_loader
+    from fastdata.measure.bench import measure_ceiling
 
     ld = bench_loader(args, ds, augment=_augment(args.augment))
     settings = {"mode": ld.config.mode, "workers": getattr(ld, "workers", None), "prefetch": ld.config.prefetch,
                 "batch_size": args.batch_size, "device": str(ld.device), "augment": args.augment}
-    live = _Live(enabled=not args.json)
     try:
-        results = [measure("fastdata.loader", lambda: ld, bytes_per_sample=bps, max_batches=args.batches,
-                           max_seconds=args.seconds, settings=settings, on_batch=live.update)]
+        results = [_measure_live(args, "fastdata.loader", ld, bps, settings, "measuring")]
     finally:
         ld.close()
-        live.close()
-    if not args.no_ceiling and ds.remote is not None and not all(p.is_file() for p in ds.shard_paths()):
+    if not args.no_ceiling and not local:
         print("ceiling: not measured (the dataset is larger than what its shard cache holds now)", file=sys.stderr)
     elif not args.no_ceiling:  # the best of 1 .. the loader's own reader count, on the payload's bytes
         threads = max(1, int(settings["workers"] or 0))
         results.append(measure_ceiling(ds, args.batch_size, threads=threads, max_seconds=min(3.0, args.seconds),
                                        bytes_per_sample=bps))
     if args.naive:
-        live = _Live(enabled=not args.json, label="naive")
-        try:
-            results.append(measure("naive per-file loader", naive_pipeline(args.naive, args.batch_size),
-                                   bytes_per_sample=bps, max_batches=args.batches, max_seconds=args.seconds,
-                                   settings={"workers": 2}, on_batch=live.update))
-        finally:
-            live.close()
+        naive = naive_loader(args.naive, args.batch_size, workers=2)
+        results.append(_measure_live(args, "naive per-file loader", naive, bps, {"workers": 2}, "naive"))
     return results, settings
+
+
+def _measure_live(args: argparse.Namespace, name: str, ld: Any, bps: float, settings: dict[str, Any],
+                  label: str) -> BenchResult:
+    """fastdata.measure.bench.measure on ``ld`` for the flags' time or batches, showing progress on a terminal."""
+    from fastdata.measure.bench import measure
+
+    live = _Live(enabled=not args.json, label=label)
+    try:
+        return measure(name, lambda: ld, bytes_per_sample=bps, max_batches=args.batches, max_seconds=args.seconds,
+                       settings=settings, on_batch=live.update)
+    finally:
+        live.close()
 
 
 def _print_bench(results: list[BenchResult], ratio: dict[str, float | None], ceiling: BenchResult | None) -> None:
@@ -256,7 +264,7 @@ def _import_function(spec: str) -> Any:
 class _Live:
     """A one-line live display on stderr (only on a terminal)."""
 
-    def __init__(self, enabled: bool, label: str = "measuring") -> None:
+    def __init__(self, enabled: bool, label: str) -> None:
         self.enabled = enabled and sys.stderr.isatty()
         self.label = label
 
@@ -287,12 +295,13 @@ def _ceilings(paths: list[str], bps: int, seconds: float) -> list[tuple[str, Cal
     from fastdata.measure.bench import pread_pass
 
     size = max(bps, 4096)
-    passes = [(f"pread {fmt_bytes(bps)} x {_THREADS} threads", size, {}),
-              (f"pread {fmt_bytes(bps)} at random, hinted 256 MiB ahead, copied by 2 threads", size, {"sink": "ahead"}),
-              (f"pread 4 MiB x {_THREADS} threads", 4 << 20, {}),
-              (f"pread 4 MiB x {_THREADS} streams in order", 4 << 20, {"streams": True}),
-              (f"pread 1 MiB x {_THREADS} streams in order", 1 << 20, {"streams": True})]
-    return [(f"{name}, cold", lambda size=size, kw=kw: pread_pass(paths, size, _THREADS, seconds=seconds, **kw))
+    passes: list[tuple[str, int, dict[str, Any]]] = [
+        (f"pread {fmt_bytes(bps)} x {_THREADS} threads", size, {}),
+        (f"pread {fmt_bytes(bps)} at random, hinted 256 MiB ahead, copied by 2 threads", size, {"sink": "ahead"}),
+        (f"pread 4 MiB x {_THREADS} threads", 4 << 20, {}),
+        (f"pread 4 MiB x {_THREADS} streams in order", 4 << 20, {"streams": True}),
+        (f"pread 1 MiB x {_THREADS} streams in order", 1 << 20, {"streams": True})]
+    return [(f"{name}, cold", partial(pread_pass, paths, size, _THREADS, seconds=seconds, **kw))
             for name, size, kw in passes]
 
 

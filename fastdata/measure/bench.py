@@ -1,8 +1,7 @@
-"""Measuring the input pipeline: loader throughput, the machine's ceiling for the same bytes, the naive baseline.
+"""Measuring the input pipeline: loader throughput, the machine's ceiling for the same bytes, the disk's.
 
-Used by ``fastdata bench`` and ``fastdata tune``; ``benchmarks/`` builds its suites on the same
-functions. Figures are steady-state: the first batches (worker start, cold caches) are timed
-separately as the first-batch latency and left out of the rate.
+Used by ``fastdata bench``, ``tune`` and ``doctor`` and by ``benchmarks/``. Figures are steady-state: the first
+batches are timed apart as the first-batch latency.
 """
 
 from __future__ import annotations
@@ -232,14 +231,6 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
                         {"threads": threads, "kind": "decode", "images": m})
 
 
-def naive_pipeline(src: str | os.PathLike[str], batch_size: int, workers: int = 2) -> Callable[[], Iterable[Any]]:
-    """The per-file baseline for a source folder of ``.npy`` files (what ``--naive SRC`` measures)."""
-    from fastdata.demo.baseline import naive_loader
-
-    loader = naive_loader(src, batch_size, workers)
-    return lambda: loader
-
-
 def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, ahead_bytes: int) -> int:
     """``reqs`` hinted (``WILLNEED``) in order by one thread at most ``ahead_bytes`` ahead of ``copiers``
     threads that ``pread`` them: random reads with a queue as deep as fastdata's read-ahead keeps."""
@@ -336,5 +327,5 @@ def memory_stalls() -> int:
         return 0
 
 
-__all__ = ["BenchResult", "CEILING_LIMIT", "Sink", "measure", "measure_ceiling", "memory_stalls", "naive_pipeline",
+__all__ = ["BenchResult", "CEILING_LIMIT", "Sink", "measure", "measure_ceiling", "memory_stalls",
            "payload_bytes", "pread_pass", "sample_bytes"]

@@ -1,9 +1,5 @@
-"""The printed fix: a ``fastdata convert`` command and a ``fastdata.loader(...)`` line that keep what the script used.
-
-From the projection's account of every element ``__getitem__`` returns (fastdata.measure.doctor.account): the tables
-the script read become ``--meta`` / ``--labels`` arguments, two augmented views of one sample ``views=2``,
-and where samples carry coordinates or angles the geometric ops come with ``targets={...}`` (or are left
-out, with why). Each element is said in :func:`lines`: a field of the dataset, or left out and why.
+"""The printed fix: a ``fastdata convert`` command and a ``fastdata.loader(...)`` line that keep every element
+the script's samples hold (fastdata.measure.doctor.account), or say why one is left out.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
             notes.append(f"{t}: column {names[0]!r} holds the class names the script indexes: fastdata convert "
                          f"makes indices of a text column named 'label' (rename it), else keeps the text")
         name = shlex.quote(t)
-        if not meta and (info["path_column"] == "path" or info["keyed"]):
+        if not meta and info["path_column"] == "path":
             args += ["--meta", name]
             meta = True
         elif not labels and len(used) == 1:
