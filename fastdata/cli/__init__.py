@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fastdata._version import __version__
 from fastdata.cli.common import duration, positive, with_bar
+from fastdata.cli.convert import flag_message
 from fastdata.errors import FastdataError
 from fastdata.remote import is_url
 
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FastdataError as e:
         if args.debug:
             raise
-        print(f"fastdata: error: {_said(e)}", file=sys.stderr)
+        print(f"fastdata: error: {flag_message(e)}", file=sys.stderr)  # naming the flags, not the parameters
         return e.exit_code
     except KeyboardInterrupt:
         print("fastdata: interrupted", file=sys.stderr)
@@ -88,13 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         restore()
-
-
-def _said(e: FastdataError) -> str:
-    """The error as the CLI says it: naming the flags, not the library's parameters."""
-    from fastdata.cli.convert import flag_message
-
-    return flag_message(e)
 
 
 def _remote_timeout_env(seconds: float | None) -> Callable[[], None]:

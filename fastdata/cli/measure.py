@@ -30,7 +30,6 @@ def add_parsers(sub: Any) -> None:
                                    "throughput as a fraction of the machine's ceiling for this dataset (a memcpy gather "
                                    "of the same bytes for raw data, the decode rate for encoded images).")
     b.add_argument("dst", metavar="PATH", help="dataset folder or URL (s3://bucket/ds; docs/remote.md)")
-    b.add_argument("--backend", choices=["torch"], default="torch", help="loader backend (default: torch)")
     b.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
     b.add_argument("--workers", type=workers, default="auto", metavar="N",
                    help="reader threads, or 'auto' (tuned settings if stored, default otherwise)")
@@ -209,11 +208,12 @@ def _print_bench(results: list[BenchResult], ratio: dict[str, float | None], cei
         print(f"{r.name:<44}{r.samples_per_s:>11.0f}{r.mb_per_s:>9.0f}{r.batch_ms_median:>10.2f}"
               f"{r.batch_ms_p95:>9.2f}{r.first_batch_s:>9.2f}{r.samples_per_s / main.samples_per_s:>8.2f}{xs}")
     if ceiling is not None:
-        what = "decoding the same images" if ceiling.settings.get("kind") == "decode" else \
+        what = "decoding the same images" if ceiling.settings["kind"] == "decode" else \
             "a memcpy gather of the same bytes from memory"
-        tried = ", ".join(f"{t}: {r:.0f}" for t, r in ceiling.settings.get("rates", {}).items())
+        rates = ceiling.settings["rates"]
+        tried = ", ".join(f"{t}: {r:.0f}" for t, r in rates.items())
         print(f"x ceiling: the fraction of the machine's limit for this dataset ({what}, the best of "
-              f"1 to the loader's {max(ceiling.settings.get('rates', {1: 0}))} threads: {tried} samples/s)")
+              f"1 to the loader's {max(rates)} threads: {tried} samples/s)")
 
 
 def run_tune(args: argparse.Namespace) -> int:

@@ -144,12 +144,8 @@ def payload_bytes(ds: Dataset) -> float:
 
 def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_seconds: float = 3.0,
                     bytes_per_sample: float | None = None) -> BenchResult:
-    """The machine's ceiling for this dataset, what a loader's rate is a fraction of, at the best
-    thread count from 1 to ``threads`` (the loader's own; each count gets an equal share of
-    ``max_seconds``): for encoded images, decoding the stored images with no loader at all
-    (simplejpeg or PIL, as the loader would); otherwise a memcpy gather of random batches of rows of
-    the dataset's payload size (``bytes_per_sample``, default :func:`payload_bytes`) from memory
-    into reused buffers. ``settings["rates"]`` holds every count's rate."""
+    """The machine's ceiling for this dataset at the best of 1 to ``threads`` threads (``settings["rates"]``):
+    decoding the stored images without a loader, or else a memcpy gather of random rows of the payload's size."""
     counts = list(range(1, max(1, threads) + 1))
     share = max_seconds / len(counts)
     bps = payload_bytes(ds) if bytes_per_sample is None else bytes_per_sample

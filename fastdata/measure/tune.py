@@ -58,10 +58,8 @@ def tune(
     on_trial: Callable[[dict[str, Any], BenchResult, int], None] | None = None,
     transform: Any = None,
 ) -> TuneResult:
-    """Race loader settings on the dataset at ``path`` within ``budget_s`` seconds; store the winner.
-
-    With ``transform`` (as for :func:`fastdata.loader`), every trial runs it and worker processes
-    are raced too; the winner is stored for loaders given that transform (by its qualified name)."""
+    """Race loader settings on the dataset at ``path`` within ``budget_s`` seconds; store the winner. With
+    ``transform``, every trial runs it, worker processes are raced too, and the winner is stored for it."""
     ds = Dataset(path)
     alive = candidates(usable_cpus(), batch_sizes or [batch_size], processes=transform is not None)
     deadline = time.perf_counter() + budget_s

@@ -87,10 +87,8 @@ class VerifyReport:
 
 def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress | None = None,
            threads: int | None = None, remote: RemoteOptions | None = None) -> VerifyReport:
-    """Check the dataset at ``root``; raises only when its manifest itself is missing or invalid.
-
-    A URL is checked through the shard cache: each shard is downloaded (unless cached) and its
-    cached copy hashed against the manifest."""
+    """Check the dataset at ``root`` (a URL: each shard's copy in the shard cache); raises only when its
+    manifest itself is missing or invalid."""
     if isinstance(root, str) and is_url(root):
         return _verify_remote(root, deep, progress, remote)
     root = Path(root)
@@ -168,10 +166,8 @@ def check_shards(root: Path, manifest: Manifest, progress: Progress | None = Non
 
 
 def _check_shard(root: Path, info: ShardInfo, manifest: Manifest | None = None) -> list[Problem]:
-    """What is wrong with one shard file (or, without ``manifest``, the keys file): existence, size,
-    checksum, then the reader's own checks at open, which compare what the shard records (its samples,
-    first sample, schema) with the manifest: cheap next to the checksum, and they catch a count edited
-    in the manifest, which no checksum covers."""
+    """What is wrong with one shard file (or, without ``manifest``, the keys file): existence, size, checksum,
+    then the reader's checks at open against the manifest (a count edited in it, which no checksum covers)."""
     where = info.file
     try:
         path = shard_path(root, info)
@@ -203,12 +199,8 @@ def _check_shard(root: Path, info: ShardInfo, manifest: Manifest | None = None) 
 
 def check_samples(root: Path, manifest: Manifest, progress: Progress | None = None,
                   ds: Dataset | None = None, skip: set[str] | frozenset[str] = frozenset()) -> tuple[int, list[Problem]]:
-    """Read every sample through ``fastdata.open`` and check it against the schema.
-
-    Returns the number of samples read and the problems. A dataset that cannot even be opened
-    (a shard missing or of the wrong size) gives one problem saying so. Shards in ``skip`` (found
-    unreadable already) are not read: their counts may be anything, and each read would fail alike.
-    """
+    """Read every sample (but those of the shards in ``skip``, found unreadable) and check it against the
+    schema; the samples read and the problems (one, if the dataset cannot be opened)."""
     try:
         ds = ds or Dataset(root)
     except FastdataError as e:

@@ -21,7 +21,6 @@ import torch
 MAX_TRACKED = 16  # the last batches whose tensors' storages are remembered (the loop copies the current one)
 MAX_TENSORS = 256  # tensors remembered per batch
 MAX_PENDING = 4096  # copies whose events are not resolved yet; further copies are counted, not timed
-_PATCHED = ("to", "cuda", "copy_")
 
 
 class Clock(Protocol):
@@ -282,12 +281,10 @@ _WRAPS = {"to": _wrap_to, "cuda": _wrap_cuda, "copy_": _wrap_copy}
 def install(clock: Clock | None = None) -> Accountant:
     """Wrap the copy methods of ``torch.Tensor`` to report to a new Accountant (the CUDA clock by default)."""
     global _acc
-    if _acc is not None:
-        raise RuntimeError("fastdata.measure.doctor is already timing host-to-device copies in this process")
     _acc = Accountant(clock or CudaClock())
-    for name in _PATCHED:
+    for name, wrap in _WRAPS.items():
         _saved.append((name, torch.Tensor.__dict__.get(name)))
-        setattr(torch.Tensor, name, _WRAPS[name](getattr(torch.Tensor, name)))
+        setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name)))
     return _acc
 
 

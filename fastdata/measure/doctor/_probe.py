@@ -145,15 +145,11 @@ class Recorder:
         if self.replaying >= self.n_replay:  # the compute-only steps are done: the steps beside fastdata's loader
             return self._next_beside()
         t0 = time.perf_counter()
-        batch = self._cached_copy(self.replaying)
+        batch = _clone(self.cached[self.replaying % len(self.cached)])  # the cached batches in turn
         now = time.perf_counter()
         rec.replay.append((now, now - t0))
         self.replaying += 1
         return batch
-
-    def _cached_copy(self, i: int) -> Any:
-        """A copy of the ``i``-th batch the replay hands out: the cached batches in turn."""
-        return _clone(self.cached[i % len(self.cached)])
 
     def _next_beside(self) -> Any:
         if self.stopped_at is None:  # the end of the last compute-only step
@@ -173,7 +169,7 @@ class Recorder:
             self.beside_why = f"fastdata's loader failed beside the step: {type(e).__name__}: {e}"
             self._stop()
         t1 = time.perf_counter()
-        batch = self._cached_copy(self.replaying + len(self.beside))
+        batch = _clone(self.cached[(self.replaying + len(self.beside)) % len(self.cached)])
         now = time.perf_counter()
         self.beside.append((now, waited, now - t1, self._beside.position))
         return batch
@@ -215,10 +211,8 @@ class Recorder:
         field) and the samples of each, for fastdata.reading.samplers.Episodic."""
         if not self.cached or self.cached_from is None or self.loaders[self.cached_from].settings.get("batch_size"):
             return None
-        b = self.cached[0]
-        items = list(b.values()) if isinstance(b, dict) else list(b) if isinstance(b, (list, tuple)) else []
-        for v in items:
-            if hasattr(v, "shape") and len(v.shape) == 1 and str(v.dtype).replace("torch.", "").startswith(("int", "uint")):
+        for v in _leaves(self.cached[0]):
+            if len(v.shape) == 1 and str(v.dtype).replace("torch.", "").startswith(("int", "uint")):
                 classes = len({int(x) for x in v.tolist()})
                 if classes and len(v) % classes == 0:
                     return {"classes": classes, "per_class": len(v) // classes}
@@ -259,20 +253,19 @@ def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, loader: Any) -> None:
         orig(self, loader)
         rec = _recorder
-        if rec is not None and rec.own:
+        if rec is None or rec.own:
             return
-        if rec is not None and loader.num_workers > 0 and not isinstance(loader.worker_init_fn, _worker.WorkerHook):
+        if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, _worker.WorkerHook):
             # read by the multiprocessing iterator right after this: spawned workers install the hooks
             _hooked.append((loader, loader.worker_init_fn))
             loader.worker_init_fn = _worker.WorkerHook(rec.out_dir, loader.worker_init_fn)
-        if rec is not None:
-            key = id(loader)
-            if key not in rec.loaders:
-                rec.loaders[key] = LoaderRecord(key, "torch", _torch_settings(loader), _describe(loader.dataset))
-                rec.datasets[key] = loader.dataset
-                rec.batch_sizes[key] = loader.batch_size
-            rec.loaders[key].passes += 1
-            self._doctor_key = key
+        key = id(loader)
+        if key not in rec.loaders:
+            rec.loaders[key] = LoaderRecord(key, "torch", _torch_settings(loader), _describe(loader.dataset))
+            rec.datasets[key] = loader.dataset
+            rec.batch_sizes[key] = loader.batch_size
+        rec.loaders[key].passes += 1
+        self._doctor_key = key
 
     return __init__
 
@@ -342,24 +335,22 @@ def _describe(dataset: Any) -> str:
     return f"{type(dataset).__module__}.{type(dataset).__qualname__}{n}"
 
 
+def _leaves(batch: Any) -> Iterator[Any]:
+    """The tensors and arrays of a batch (and of its dicts, lists and tuples)."""
+    if hasattr(batch, "shape") and hasattr(batch, "nbytes"):
+        yield batch
+    elif isinstance(batch, (dict, list, tuple)):
+        for v in batch.values() if isinstance(batch, dict) else batch:
+            yield from _leaves(v)
+
+
 def _leading(batch: Any) -> int | None:
     """The first axis of the first tensor or array in a batch (its number of samples), if any."""
-    if hasattr(batch, "shape") and len(batch.shape) > 0:
-        return int(batch.shape[0])
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
-    for v in items:
-        n = _leading(v)
-        if n is not None:
-            return n
-    return None
+    return next((int(a.shape[0]) for a in _leaves(batch) if len(a.shape) > 0), None)
 
 
 def _nbytes(batch: Any) -> int:
-    """Bytes of the tensors and arrays of a batch."""
-    if hasattr(batch, "nbytes") and hasattr(batch, "shape"):
-        return int(batch.nbytes)
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
-    return sum(_nbytes(v) for v in items)
+    return sum(int(a.nbytes) for a in _leaves(batch))
 
 
 def _clone(batch: Any) -> Any:

@@ -129,13 +129,13 @@ def _bottleneck(wait: float, loader: dict[str, Any], w: dict[str, Any] | None) -
     if busy < 0.5:
         return "loader", head + f"; the workers are busy only {busy:.1%} of the time (start-up, IPC, or too few in flight)"
     cause, share = next(iter(w["causes"].items()), ("", 0.0))
+    who = "the worker spends" if nw == 1 else f"the {nw} workers spend"
+    its = "its" if nw == 1 else "their"
     if what == "__getitem__" and share >= 0.5 * frac:
-        verb = "spends" if nw == 1 else "spend"
-        return ("decode" if cause.startswith("decoding") else "read", head + f"; {'the worker' if nw == 1 else f'the {nw} workers'} {verb} "
-                f"{share:.1%} of {'its' if nw == 1 else 'their'} time {cause} ({per} in __getitem__)")
+        return ("decode" if cause.startswith("decoding") else "read",
+                head + f"; {who} {share:.1%} of {its} time {cause} ({per} in __getitem__)")
     return ("dataset_getitem" if what == "__getitem__" else "collate",
-            head + f"; {'the worker spends' if nw == 1 else f'the {nw} workers spend'} {frac:.1%} of "
-                   f"{'its' if nw == 1 else 'their'} time in {what} ({per})")
+            head + f"; {who} {frac:.1%} of {its} time in {what} ({per})")
 
 
 def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
