@@ -333,8 +333,8 @@ def run_cold(args: argparse.Namespace) -> int:
         c, st = _cold(paths, fn)
         mbs = c["bytes"] / c["seconds"] / 1e6 if c["seconds"] else 0.0
         rows.append((name, mbs * 1e6 / bps if bps else 0.0, mbs, st))
-    ds.close()
-    return _print_cold(args, len(ds), bps, rows)
+    ds.close()  # (its manifest stays)
+    return _print_cold(args, ds.manifest.num_samples, bps, rows)
 
 
 def _print_cold(args: argparse.Namespace, count: int, bps: int, rows: list[tuple[str, float, float, int]]) -> int:
