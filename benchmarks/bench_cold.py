@@ -215,27 +215,18 @@ def naive_pass(src: Path, files: list[Path]) -> dict[str, float]:
 
 
 def pread_pass(paths: list[Path], size: int, threads: int, shuffled: bool, streams: bool = False,
-               sink: Sink = "buffer", window: int | None = None) -> dict[str, float]:
+               sink: Sink = "buffer") -> dict[str, float]:
     """The disk's ceiling at request size ``size`` (fastdata.measure.bench.pread_pass), cold."""
     left = cold(paths)
-    r = bench_pread(paths, size, threads, shuffled=shuffled, streams=streams, sink=sink, window=window)
+    r = bench_pread(paths, size, threads, shuffled=shuffled, streams=streams, sink=sink)
     return {"mb_per_s": r["bytes"] / r["seconds"] / 1e6, "seconds": r["seconds"], "resident_before": left}
 
 
 def stream_ceilings(paths: list[Path]) -> dict[str, Callable[[], dict[str, float]]]:
     """The parallel-stream ceilings of both cold benchmarks: 16 threads each reading its own part in
-    order with 4, 2 and 1 MiB preads (the loader's stream reads are 1 MiB); those 1 MiB streams read
-    ahead to /dev/null and copied by 2 threads (AHEAD), also with the streams kept near each other
-    (NEARBY: fastdata.measure.bench.pread_pass's ``window``); and only sent to /dev/null (DISK_ALONE)."""
-    fns: dict[str, Callable[[], dict[str, float]]] = {
-        f"pread {mib} MiB, {STREAMS} streams in order": (lambda mib=mib: pread_pass(paths, mib << 20, STREAMS, False, streams=True))
-        for mib in (4, 2, 1)}
-    fns[AHEAD] = lambda: pread_pass(paths, 1 << 20, STREAMS, False, streams=True, sink="ahead")
-    # streams close together on the disk, as shuffle="shards" reads: this disk serves them faster than
-    # streams spread over every file (docs/loader.md, Larger than RAM)
-    fns[NEARBY] = lambda: pread_pass(paths, 1 << 20, STREAMS, False, streams=True, sink="ahead", window=2)
-    fns[DISK_ALONE] = lambda: pread_pass(paths, 1 << 20, STREAMS, False, streams=True, sink="null")
-    return fns
+    order with 4, 2 and 1 MiB preads (the loader's stream reads are 1 MiB)."""
+    return {f"pread {mib} MiB, {STREAMS} streams in order": (lambda mib=mib: pread_pass(paths, mib << 20, STREAMS, False, streams=True))
+            for mib in (4, 2, 1)}
 
 
 def random_ceiling(name: str) -> bool:
@@ -432,8 +423,6 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
         "warm read-ahead on / off, uncompressed (>= ~1)": warm["hdf5 shuffle=True, read-ahead on"]["samples_per_s"]
         / warm["hdf5 shuffle=True, read-ahead off"]["samples_per_s"],
         "RssAnon growth epoch 2 -> last, MiB": (rss[-1]["RssAnon"] - rss[min(1, len(rss) - 1)]["RssAnon"]) / 1024,
-        "shuffle='block' / the disk alone, nothing delivered (a reference)":
-            rows["loader shuffle='block'"]["mb_per_s"] / ceil[DISK_ALONE]["mb_per_s"],
     }
     pair = {**{t: (row, best[which]) for t, (row, which) in DISK_TARGETS.items()},
             "lz4 cold / uncompressed cold, shuffle=True (>= 1.5)": ("loader lz4 shuffle=True", "loader shuffle=True")}

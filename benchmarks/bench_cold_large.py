@@ -101,8 +101,6 @@ def run(base: int, ram_factor: float, work: Path, rounds: int = 1) -> dict[str, 
     res.update(rows=rows, ceilings=ceil, rss=rss, loadavg_after=bench_cold.loadavg(), machine=_harness.machine_info())
     res["targets"] = {
         **{t: rows[row]["mb_per_s"] / ceil[best[which]]["mb_per_s"] for t, (row, which) in bench_cold.DISK_TARGETS.items()},
-        "shuffle='block' / the disk alone, nothing delivered (a reference)":
-            rows["loader shuffle='block'"]["mb_per_s"] / ceil[bench_cold.DISK_ALONE]["mb_per_s"],
     }
     return res
 

@@ -58,7 +58,6 @@ def test_fastdata_bench_cold_on_a_small_dataset(tmp_path, capsys):
     names = [r["name"] for r in out["results"]]
     assert out["cold"] and any("shuffle=True" in n for n in names) and any(n.startswith("pread") for n in names)
     assert any("streams in order" in n for n in names) and any("hinted 256 MiB ahead" in n for n in names)
-    assert any("streams within 2 shard files at a time" in n for n in names)
     assert all(r["samples_per_s"] > 0 for r in out["results"])
     assert all(isinstance(r["memory_stalls"], int) and r["memory_stalls"] >= 0 for r in out["results"])
     assert cli.main(["bench", str(tmp_path / "ds"), "--cold", "--batches", "1", "--seconds", "1", "--no-ceiling"]) == 0
@@ -74,17 +73,11 @@ def test_pread_pass_reads_every_byte_once_in_each_pattern(tmp_path):
         paths.append(tmp_path / f"f{i}")
         paths[-1].write_bytes(bytes(n))
     for kw in ({"shuffled": True}, {"shuffled": False}, {"shuffled": False, "streams": True},
-               {"streams": True, "sink": "ahead"}, {"streams": True, "sink": "ahead", "copiers": 1},
-               {"streams": True, "sink": "null"}, {"sink": "ahead"}, {"sink": "ahead", "copiers": 1},
-               {"sink": "ahead", "ahead_bytes": 1}, {"streams": True, "sink": "ahead", "window": 2},
-               {"streams": True, "window": 1}, {"streams": True, "sink": "null", "window": 5}):
+               {"sink": "ahead"}, {"sink": "ahead", "copiers": 1}, {"sink": "ahead", "ahead_bytes": 1}):
         for threads in (1, 3, 16):
             assert pread_pass(paths, 1 << 20, threads, **kw)["bytes"] == sum(sizes), (kw, threads)
     with pytest.raises(ValueError, match="sink"):
-        pread_pass(paths, 1 << 20, 2, sink="null")  # the disk alone is a streams reference only
-    for bad in ({"window": 2}, {"streams": True, "window": 0}):  # windows of files are for streams
-        with pytest.raises(ValueError, match="window"):
-            pread_pass(paths, 1 << 20, 2, **bad)
+        pread_pass(paths, 1 << 20, 2, streams=True, sink="ahead")  # hints are for random reads
 
 
 def test_pread_pass_hinted_random_reads_hint_each_request_once_within_the_bound(tmp_path, monkeypatch):
@@ -116,21 +109,6 @@ def test_pread_pass_hinted_random_reads_hint_each_request_once_within_the_bound(
         assert lead <= 3 + 2
 
 
-def test_pread_pass_ahead_delivers_the_bytes_into_its_buffers(tmp_path, monkeypatch):
-    """The "ahead" ceiling copies every piece the streams sent to /dev/null, once, at its offset."""
-    import os
-
-    from fastdata.measure import bench
-
-    f = tmp_path / "f"
-    f.write_bytes(np.random.default_rng(0).bytes((3 << 20) + 777))
-    seen: list[tuple[int, int]] = []
-    real = os.preadv
-    monkeypatch.setattr(bench.os, "preadv", lambda fd, bufs, off, *a: (seen.append((off, len(bufs[0]))), real(fd, bufs, off, *a))[1])
-    assert bench.pread_pass([f], 1 << 20, 2, streams=True, sink="ahead")["bytes"] == (3 << 20) + 777
-    assert sorted(seen) == [(0, 1 << 20), (1 << 20, 1 << 20), (2 << 20, 1 << 20), (3 << 20, 777)]
-
-
 def test_fastdata_bench_cold_says_when_passes_waited_for_memory(tmp_path, capsys, monkeypatch):
     """Passes during which allocations on the machine stalled for reclaim or compaction (the page cache
     full of other files) are counted in a note: their figures include making room, not the disk alone."""
@@ -146,26 +124,6 @@ def test_fastdata_bench_cold_says_when_passes_waited_for_memory(tmp_path, capsys
     monkeypatch.setattr(fastdata.measure.bench, "memory_stalls", lambda: next(counts))
     assert cli.main(args) == 0
     assert "note: during 2 of 2 passes, allocations on this machine waited for memory" in capsys.readouterr().out
-
-
-def test_pread_pass_window_reads_the_files_a_window_at_a_time(tmp_path, monkeypatch):
-    """With ``window``, the streams read ``window`` consecutive files, then the next window: a file's
-    reads never interleave with those of a file of another window."""
-    import os
-
-    import fastdata.measure.bench as fb
-
-    paths = []
-    for i in range(4):
-        paths.append(tmp_path / f"f{i}")
-        paths[-1].write_bytes(bytes(3 << 20))
-    seen: list[str] = []
-    real = os.sendfile
-    monkeypatch.setattr(fb.os, "sendfile", lambda out, fd, off, n: (
-        seen.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))), real(out, fd, off, n))[1])
-    assert fb.pread_pass(paths, 1 << 20, 4, shuffled=False, streams=True, sink="ahead", window=2)["bytes"] == 4 * (3 << 20)
-    windows = [frozenset({"f0", "f1"}) if name in ("f0", "f1") else frozenset({"f2", "f3"}) for name in seen]
-    assert len(seen) == 12 and sum(a != b for a, b in zip(windows, windows[1:])) == 1  # one window, then the other
 
 
 def test_the_large_read_ceiling_is_the_best_read_of_1_mib_or_more(monkeypatch):

@@ -195,9 +195,11 @@ def test_projection_with_fewer_samples_than_a_batch_ends(tmp_path: Path) -> None
     """One batch a pass: the first is start-up, the later passes are timed (this once looped forever)."""
     import numpy as np
 
-    from fastdata.measure.doctor.project import _sample_and_measure
+    from fastdata.measure.doctor.project import _measure, _sample
 
-    r = _sample_and_measure([(np.zeros(3, np.float32), 1)] * 3, 4, tmp_path)
+    s = _sample([(np.zeros(3, np.float32), 1)] * 3, 4, tmp_path)
+    assert not isinstance(s, str)
+    r = _measure(s)
     assert r["ok"] and r["batch_size"] == 3 and r["batch_s"] > 0
 
 

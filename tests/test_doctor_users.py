@@ -259,7 +259,7 @@ HEAD_POSE = {
                "f2": {"role": "table", "table": "/d/meta.csv", "kind": "keypoints", "columns": ["landmarks"],
                       "mirrored": True, "flip_pairs": [[0, 1]]},
                "f3": {"role": "left out", "why": "computed in __getitem__"}},
-    "tables": {"/d/meta.csv": {"path_column": "path", "root": "/d", "keyed": False,
+    "tables": {"/d/meta.csv": {"path_column": "path", "root": "/d",
                                "used": ["yaw", "pitch", "roll", "landmarks"]}},
     "geometry": {"op": "RandomCrop", "size": [64, 64], "mirrored": True},
 }
@@ -304,7 +304,7 @@ def test_views_labels_and_episodes_in_the_fix() -> None:
     labels = {"data": "f0", "views": 1,
               "fields": {"f0": {"role": "data", "shape": [40, 16]},
                          "f1": {"role": "table", "table": "/d/y.csv", "kind": "values", "columns": ["y"], "signs": [1]}},
-              "tables": {"/d/y.csv": {"path_column": "file", "root": "/d", "keyed": False, "used": ["y"]}}}
+              "tables": {"/d/y.csv": {"path_column": "file", "root": "/d", "used": ["y"]}}}
     r = _report(labels, 2.0, {"f0": [40, 16]}, [], {".npy": 8}, batch_size=None)
     assert r["fix"][0] == "fastdata convert /d DATASET --labels /d/y.csv --labels-columns file,y"
     assert "sampler=Episodic(5, 2)" in r["fix"][2]

@@ -15,20 +15,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fastdata._version import __version__
-from fastdata.cli.common import Bar, positive
+from fastdata.cli.common import duration, positive, with_bar
+from fastdata.cli.convert import flag_message
 from fastdata.errors import FastdataError
 from fastdata.remote import is_url
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = 0.0
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    return v
-
 
 _URL_COMMANDS = ("convert", "merge-parts", "info", "verify", "bench")  # the commands that take a URL
 
@@ -41,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from fastdata.cli.convert import add_parsers as add_write_parsers
 
-    add_write_parsers(sub)  # convert, merge-parts, merge
+    add_write_parsers(sub)  # convert, merge-parts, merge, index
     d = sub.add_parser("demo", help="run the main job end to end on a small synthetic dataset",
                        description="Generate synthetic .npy samples, convert them to HDF5 and LMDB, read them "
                                    "back and compare throughput with naive per-file np.load.")
@@ -65,19 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from fastdata.cli.measure import add_parsers
 
-    add_parsers(sub)  # bench, tune
-    from fastdata.cli.cold import add_cold
-
-    add_cold(sub.choices["bench"])  # bench --cold
-    from fastdata.cli.doctor import add_parser as add_doctor
-
-    add_doctor(sub)
-    from fastdata.cli.index import add_parser as add_index
-
-    add_index(sub)  # index (fastdata/write/inplace.py)
+    add_parsers(sub)  # bench (and bench --cold), tune, doctor
     for name in _URL_COMMANDS:
         sub.choices[name].add_argument(
-            "--remote-timeout", type=_seconds, metavar="SECONDS",
+            "--remote-timeout", type=duration, metavar="SECONDS",
             help="for a URL: how long one remote operation may keep failing (retried, with a warning) before "
                  "the command gives up (default: $FASTDATA_REMOTE_TIMEOUT or 300; docs/remote.md)")
     return p
@@ -98,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FastdataError as e:
         if args.debug:
             raise
-        print(f"fastdata: error: {_said(e)}", file=sys.stderr)
+        print(f"fastdata: error: {flag_message(e)}", file=sys.stderr)  # naming the flags, not the parameters
         return e.exit_code
     except KeyboardInterrupt:
         print("fastdata: interrupted", file=sys.stderr)
@@ -108,13 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         restore()
-
-
-def _said(e: FastdataError) -> str:
-    """The error as the CLI says it: naming the flags, not the library's parameters."""
-    from fastdata.cli.convert import flag_message
-
-    return flag_message(e)
 
 
 def _remote_timeout_env(seconds: float | None) -> Callable[[], None]:
@@ -150,22 +124,16 @@ def _unknown(parser: argparse.ArgumentParser, command: str, extra: list[str]) ->
 def _demo(args: argparse.Namespace) -> int:
     from fastdata import demo
 
-    bar = Bar(enabled=True)
-    try:
-        print(demo.run(Path(args.dir) if args.dir else None, samples=args.samples, progress=bar))
-    finally:
-        bar.close()
+    print(with_bar(False, lambda bar: demo.run(Path(args.dir) if args.dir else None, samples=args.samples,
+                                                 progress=bar)))
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
     from fastdata.measure.verify import verify
 
-    bar = Bar(enabled=not args.quiet)
-    try:
-        report = verify(args.dst if is_url(args.dst) else Path(args.dst), deep=args.deep, progress=bar)
-    finally:
-        bar.close()
+    report = with_bar(args.quiet, lambda bar: verify(args.dst if is_url(args.dst) else Path(args.dst),
+                                                     deep=args.deep, progress=bar))
     for p in report.problems:
         print(f"BAD {p}")
     print(report.summary())

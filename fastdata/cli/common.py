@@ -1,4 +1,4 @@
-"""What the CLI's command modules share: argument types, NAME=PATH arguments and the conversion progress bar."""
+"""What the CLI's command modules share: argument types, NAME=PATH arguments and the progress bar."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from fastdata._units import parse_size
 
-__all__ = ["Bar", "NamedPaths", "positive", "size"]
+__all__ = ["Bar", "NamedPaths", "duration", "positive", "size", "with_bar", "workers"]
+
+T = TypeVar("T")
 
 
 def size(text: str) -> int:
@@ -28,6 +30,39 @@ def positive(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
     return v
+
+
+def duration(text: str) -> float:
+    """A duration flag's value (``30``, ``30s``, ``2m``) in seconds."""
+    t = text.strip().lower()
+    try:
+        v = float(t.rstrip("sm")) * (60.0 if t.endswith("m") else 1.0)
+    except ValueError:
+        v = -1.0
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a duration like 30s or 2m, not {text!r}")
+    return v
+
+
+def workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, not {text!r}")
+    return v
+
+
+def with_bar(quiet: bool, work: Callable[[Bar], T]) -> T:
+    """``work(bar)`` with a progress bar (silent if ``quiet``), closed after."""
+    bar = Bar(enabled=not quiet)
+    try:
+        return work(bar)
+    finally:
+        bar.close()
 
 
 class NamedPaths(argparse.Action):

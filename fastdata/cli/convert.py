@@ -1,6 +1,6 @@
-"""The write side's commands, ``fastdata convert``, ``merge-parts`` and ``merge``: flags -> ConvertConfig ->
-``fastdata.convert`` (or ``fastdata.merge``). The library's errors name its parameters; this module
-says them as the flags that set them (:func:`flag_message`)."""
+"""The write side's commands, ``fastdata convert``, ``merge-parts``, ``merge`` and ``index``: flags ->
+ConvertConfig -> ``fastdata.convert`` (or ``merge``, ``index``). The library's errors name its parameters;
+this module says them as the flags that set them (:func:`flag_message`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import sys
 from typing import Any
 
-from fastdata.cli.common import Bar, NamedPaths, positive, size
+from fastdata.cli.common import NamedPaths, positive, size, with_bar
 from fastdata.errors import FastdataError, UsageError
 
 __all__ = ["add_parsers", "flag_message"]
@@ -37,12 +37,13 @@ def flag_message(e: FastdataError) -> str:
 
 
 def add_parsers(sub: Any) -> None:
-    """Add ``convert``, ``merge-parts`` and ``merge`` to the CLI's sub-parsers."""
+    """Add ``convert``, ``merge-parts``, ``merge`` and ``index`` to the CLI's sub-parsers."""
     c = _add_convert(sub)
     _add_convert_groups(c)
     c.set_defaults(run=_convert)
     _add_merge_parts(sub)
     _add_merge(sub)
+    _add_index(sub)
 
 
 def _add_convert(sub: Any) -> argparse.ArgumentParser:
@@ -161,6 +162,27 @@ def _add_merge(sub: Any) -> None:
     m.set_defaults(run=_merge)
 
 
+def _add_index(sub: Any) -> None:
+    p = sub.add_parser("index", help="index existing HDF5, .npy or Zarr data in place (no copy)",
+                       description="Write a dataset folder whose manifest points into existing files: an HDF5 "
+                                   "file or a quoted glob of several, a .npy file, or a Zarr array or group. "
+                                   "fastdata.open and fastdata.loader then read the files where they are. "
+                                   "See docs/in-place.md.")
+    p.add_argument("src", metavar="SRC", help="HDF5 file or glob ('data/*.h5'), .npy file, or Zarr store")
+    p.add_argument("dst", metavar="DST", help="the index folder to write (new or empty)")
+    p.add_argument("--field", dest="fields", action=NamedPaths, example="x=/images",
+                   bare=True, metavar="NAME=PATH",
+                   help="a field and where it is in SRC: an HDF5 dataset (x=/images), a Zarr array in a group, "
+                        "or a .npy file (y=labels.npy); repeat for several (default for .npy and Zarr "
+                        "arrays: SRC itself as x)")
+    p.add_argument("--checksum", action="store_true",
+                   help="also record each file's full checksum and one per 1 MiB block (read once now): "
+                        "fastdata verify --deep checks the first, the reader checks each block it reads")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing index at DST")
+    p.add_argument("--quiet", action="store_true", help="no progress")
+    p.set_defaults(run=_index)
+
+
 def _meta_type(text: str) -> tuple[str, object]:
     from fastdata.converters import parse_meta_type
 
@@ -207,17 +229,15 @@ def _convert(args: argparse.Namespace) -> int:
             raise UsageError("--data and --field x=... both name field 'x'")
         arrays = {"x": args.data, **arrays}
     config = config_of(args)
-    bar = Bar(enabled=not args.quiet)
     said = logging.StreamHandler(sys.stderr)  # the converter's one-line notes (files skipped as not samples)
     said.setFormatter(logging.Formatter("fastdata: %(message)s"))
     notes = logging.getLogger("fastdata.convert")
     notes.addHandler(said)
     notes.propagate = False
     try:
-        report = convert(args.src, args.dst, config, labels=args.labels, arrays=arrays or None, meta=args.meta,
-                         progress=bar)
+        report = with_bar(args.quiet, lambda bar: convert(args.src, args.dst, config, labels=args.labels,
+                                                          arrays=arrays or None, meta=args.meta, progress=bar))
     finally:
-        bar.close()
         notes.removeHandler(said)
         notes.propagate = True
     print(report.summary())
@@ -237,12 +257,18 @@ def _merge(args: argparse.Namespace) -> int:
     if len(args.paths) < 2:
         raise UsageError("merge needs at least one input and DST: fastdata merge A [B ...] DST")
     *inputs, dst = args.paths
-    bar = Bar(enabled=not args.quiet)
-    try:
-        prefixes = "names" if args.prefix_keys else args.key_prefix
-        report = merge(inputs, dst, remap_classes=args.remap_classes, method=args.method, overwrite=args.overwrite,
-                       progress=bar, key_prefixes=prefixes, drop_keys=args.drop_keys)
-    finally:
-        bar.close()
+    prefixes = "names" if args.prefix_keys else args.key_prefix
+    report = with_bar(args.quiet, lambda bar: merge(inputs, dst, remap_classes=args.remap_classes, method=args.method,
+                                                    overwrite=args.overwrite, progress=bar, key_prefixes=prefixes,
+                                                    drop_keys=args.drop_keys))
+    print(report.summary())
+    return 0
+
+
+def _index(args: argparse.Namespace) -> int:
+    from fastdata.write.inplace import index
+
+    report = with_bar(args.quiet, lambda bar: index(args.src, args.dst, args.fields or {}, checksum=args.checksum,
+                                                    overwrite=args.overwrite, progress=bar))
     print(report.summary())
     return 0

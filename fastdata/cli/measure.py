@@ -1,45 +1,27 @@
-"""``fastdata bench`` and ``fastdata tune``: the CLI side of fastdata.measure.bench and fastdata.measure.tune."""
+"""``fastdata bench``, ``tune`` and ``doctor``: the CLI side of fastdata.measure.
+
+``bench --cold`` is bench with the page cache emptied for the dataset's shard files before each pass
+(``POSIX_FADV_DONTNEED``: no root needed; pages another process maps stay), against the disk's own
+``pread`` rate on the same files. Each pass counts the machine's allocation stalls meanwhile
+(fastdata.measure.bench.memory_stalls): a pass that made room in a full page cache is slower and named.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from fastdata._units import fmt_bytes
+from fastdata.cli.common import duration, workers
 from fastdata.errors import UsageError
 
 if TYPE_CHECKING:
     from fastdata.measure.bench import BenchResult
     from fastdata.reading.dataset import Dataset
-
-
-def parse_duration(text: str) -> float:
-    """A duration flag's value (``30``, ``30s``, ``2m``) in seconds; argparse's error otherwise."""
-    t = text.strip().lower()
-    mult = 60.0 if t.endswith("m") else 1.0
-    t = t.rstrip("sm")
-    try:
-        v = float(t) * mult
-    except ValueError:
-        v = -1.0
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a duration like 30s or 2m, not {text!r}")
-    return v
-
-
-def _workers(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, not {text!r}")
-    return v
 
 
 def add_parsers(sub: Any) -> None:
@@ -48,9 +30,8 @@ def add_parsers(sub: Any) -> None:
                                    "throughput as a fraction of the machine's ceiling for this dataset (a memcpy gather "
                                    "of the same bytes for raw data, the decode rate for encoded images).")
     b.add_argument("dst", metavar="PATH", help="dataset folder or URL (s3://bucket/ds; docs/remote.md)")
-    b.add_argument("--backend", choices=["torch"], default="torch", help="loader backend (default: torch)")
     b.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
-    b.add_argument("--workers", type=_workers, default="auto", metavar="N",
+    b.add_argument("--workers", type=workers, default="auto", metavar="N",
                    help="reader threads, or 'auto' (tuned settings if stored, default otherwise)")
     b.add_argument("--mode", choices=["threads", "processes"], default=None,
                    help="read with threads or worker processes (default: tuned or threads)")
@@ -58,20 +39,23 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     b.add_argument("--augment", choices=["none", "flip", "imagenet"], default="none",
                    help="augmentation on the device: none, flip (+noise), imagenet (crop, flip, jitter, normalise)")
-    b.add_argument("--seconds", type=parse_duration, default=10.0, metavar="T", help="how long to measure (default: 10s)")
+    b.add_argument("--seconds", type=duration, default=10.0, metavar="T", help="how long to measure (default: 10s)")
     b.add_argument("--batches", type=int, default=None, metavar="N", help="stop after N batches instead")
     b.add_argument("--naive", metavar="SRC", help="also measure the naive per-file loader over this .npy folder")
     b.add_argument("--no-ceiling", action="store_true", help="skip measuring the machine's ceiling")
     b.add_argument("--subset", metavar="KEYS.txt",
                    help="measure only the samples whose keys (relative source paths) FILE lists, one per line")
     b.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    b.add_argument("--cold", action="store_true",
+                   help="empty the page cache for the dataset's files before each pass and compare with the "
+                        "disk's own speed (docs/loader.md, 'Larger than RAM')")
     b.set_defaults(run=run_bench)
 
     t = sub.add_parser("tune", help="choose loader settings by measurement",
                        description="Race loader settings (reader mode, workers, prefetch, optionally batch size) "
                                    "within a time budget; store the winner in the user's cache directory.")
     t.add_argument("dst", metavar="PATH", help="dataset folder")
-    t.add_argument("--budget", type=parse_duration, default=60.0, metavar="T", help="time budget, e.g. 60s or 2m")
+    t.add_argument("--budget", type=duration, default=60.0, metavar="T", help="time budget, e.g. 60s or 2m")
     t.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
     t.add_argument("--batch-sizes", metavar="N,N,...", help="also search these batch sizes")
     t.add_argument("--device", default="cpu", help="device the batches go to (default: cpu)")
@@ -81,6 +65,39 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--no-store", action="store_true", help="do not remember the winner")
     t.add_argument("--json", action="store_true", help="print machine-readable JSON")
     t.set_defaults(run=run_tune)
+    _add_doctor(sub)
+
+
+def _add_doctor(sub: Any) -> None:
+    d = sub.add_parser("doctor", help="is a training script input-bound? measured on the script, with the fix",
+                       description="Run a training script unchanged for a bounded budget, measure how long its loop "
+                                   "waits for each DataLoader batch and why (time in the dataset's __getitem__ and "
+                                   "collate, worker CPU, bytes read, the copies of batches to a CUDA GPU), time the step on a "
+                                   "copies of its first batches, time "
+                                   "fastdata.loader on a sample of the dataset, and print the verdict, the projected "
+                                   "gain and the commands (docs/doctor.md).")
+    b = d.add_mutually_exclusive_group()
+    b.add_argument("--steps", type=int, default=None, metavar="N", help="stop after N batches")
+    b.add_argument("--seconds", type=duration, default=None, metavar="S",
+                   help="the whole run, start to verdict, takes about S seconds (e.g. 30s or 2m; default: 60s): about half of it measures the loop, the rest replays the step and projects fastdata; slow steps give fewer steps, and the report says its confidence")
+    d.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    d.add_argument("--html", metavar="FILE", help="write an HTML page with a timeline of waits and steps")
+    d.add_argument("--no-replay", action="store_true",
+                   help="do not time the step on cached batches (the compute-only step is then estimated)")
+    d.add_argument("--no-project", action="store_true", help="do not measure fastdata.loader on a sample")
+    d.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- python SCRIPT ARGS",
+                   help="the training command, after --")
+    d.set_defaults(run=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from fastdata.measure.doctor import run
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    seconds = args.seconds if args.seconds is not None or args.steps is not None else 60.0
+    report = run(cmd, steps=args.steps, seconds=seconds, json_path=args.json, html_path=args.html,
+                 replay=not args.no_replay, project=not args.no_project)
+    return 0 if report.get("bottleneck") is not None else 1
 
 
 def _augment(name: str) -> Any:
@@ -94,14 +111,25 @@ def _augment(name: str) -> Any:
             A.Normalize(A.IMAGENET_MEAN, A.IMAGENET_STD)]
 
 
+def bench_loader(args: argparse.Namespace, ds: Dataset, **kw: Any) -> Any:
+    """The loader the flags of ``fastdata bench`` ask for (tuned settings where none are given)."""
+    from fastdata.loaders import LoaderConfig, loader
+
+    given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}  # others: the defaults
+    return loader(ds, args.batch_size, device=args.device, num_workers=args.workers,
+                  config=LoaderConfig(**given) if given else None, **kw)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from fastdata.measure.bench import CEILING_LIMIT, payload_bytes, sample_bytes
 
+    if args.cold:
+        return run_cold(args)
     ds = _bench_dataset(args)
     local = ds.remote is None or all(p.is_file() for p in ds.shard_paths())
     # MB/s of the data the loader hands over; stored bytes only where reading the payload would download shards
     bps = payload_bytes(ds) if local else sample_bytes(ds)
-    results, settings = _bench_results(args, ds, bps)
+    results, settings = _bench_results(args, ds, bps, local)
     ceiling = next((r for r in results if r.name.startswith("ceiling")), None)
     ratio = {r.name: r.samples_per_s / ceiling.samples_per_s if ceiling and ceiling.samples_per_s else None
              for r in results}
@@ -132,39 +160,42 @@ def _bench_dataset(args: argparse.Namespace) -> Dataset:
     return ds
 
 
-def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float) -> tuple[list[BenchResult], dict[str, Any]]:
+def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float,
+                   local: bool) -> tuple[list[BenchResult], dict[str, Any]]:
     """The loader's measurement, then the ceiling and the naive loader where asked; and the loader's settings."""
-    from fastdata.loaders import LoaderConfig, loader
-    from fastdata.measure.bench import measure, measure_ceiling, naive_pipeline
+    from fastdata.demo.baseline import naive_loader
+    from fastdata.measure.bench import measure_ceiling
 
-    given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}  # others: the defaults
-    config = LoaderConfig(**given) if given else None  # None: tuned settings where stored
-    ld = loader(ds, args.batch_size, device=args.device, num_workers=args.workers, config=config,
-                augment=_augment(args.augment))
+    ld = bench_loader(args, ds, augment=_augment(args.augment))
     settings = {"mode": ld.config.mode, "workers": getattr(ld, "workers", None), "prefetch": ld.config.prefetch,
                 "batch_size": args.batch_size, "device": str(ld.device), "augment": args.augment}
-    live = _Live(enabled=not args.json)
     try:
-        results = [measure("fastdata.loader", lambda: ld, bytes_per_sample=bps, max_batches=args.batches,
-                           max_seconds=args.seconds, settings=settings, on_batch=live.update)]
+        results = [_measure_live(args, "fastdata.loader", ld, bps, settings, "measuring")]
     finally:
         ld.close()
-        live.close()
-    if not args.no_ceiling and ds.remote is not None and not all(p.is_file() for p in ds.shard_paths()):
+    if not args.no_ceiling and not local:
         print("ceiling: not measured (the dataset is larger than what its shard cache holds now)", file=sys.stderr)
     elif not args.no_ceiling:  # the best of 1 .. the loader's own reader count, on the payload's bytes
         threads = max(1, int(settings["workers"] or 0))
         results.append(measure_ceiling(ds, args.batch_size, threads=threads, max_seconds=min(3.0, args.seconds),
                                        bytes_per_sample=bps))
     if args.naive:
-        live = _Live(enabled=not args.json, label="naive")
-        try:
-            results.append(measure("naive per-file loader", naive_pipeline(args.naive, args.batch_size),
-                                   bytes_per_sample=bps, max_batches=args.batches, max_seconds=args.seconds,
-                                   settings={"workers": 2}, on_batch=live.update))
-        finally:
-            live.close()
+        naive = naive_loader(args.naive, args.batch_size, workers=2)
+        results.append(_measure_live(args, "naive per-file loader", naive, bps, {"workers": 2}, "naive"))
     return results, settings
+
+
+def _measure_live(args: argparse.Namespace, name: str, ld: Any, bps: float, settings: dict[str, Any],
+                  label: str) -> BenchResult:
+    """fastdata.measure.bench.measure on ``ld`` for the flags' time or batches, showing progress on a terminal."""
+    from fastdata.measure.bench import measure
+
+    live = _Live(enabled=not args.json, label=label)
+    try:
+        return measure(name, lambda: ld, bytes_per_sample=bps, max_batches=args.batches, max_seconds=args.seconds,
+                       settings=settings, on_batch=live.update)
+    finally:
+        live.close()
 
 
 def _print_bench(results: list[BenchResult], ratio: dict[str, float | None], ceiling: BenchResult | None) -> None:
@@ -177,11 +208,12 @@ def _print_bench(results: list[BenchResult], ratio: dict[str, float | None], cei
         print(f"{r.name:<44}{r.samples_per_s:>11.0f}{r.mb_per_s:>9.0f}{r.batch_ms_median:>10.2f}"
               f"{r.batch_ms_p95:>9.2f}{r.first_batch_s:>9.2f}{r.samples_per_s / main.samples_per_s:>8.2f}{xs}")
     if ceiling is not None:
-        what = "decoding the same images" if ceiling.settings.get("kind") == "decode" else \
+        what = "decoding the same images" if ceiling.settings["kind"] == "decode" else \
             "a memcpy gather of the same bytes from memory"
-        tried = ", ".join(f"{t}: {r:.0f}" for t, r in ceiling.settings.get("rates", {}).items())
+        rates = ceiling.settings["rates"]
+        tried = ", ".join(f"{t}: {r:.0f}" for t, r in rates.items())
         print(f"x ceiling: the fraction of the machine's limit for this dataset ({what}, the best of "
-              f"1 to the loader's {max(ceiling.settings.get('rates', {1: 0}))} threads: {tried} samples/s)")
+              f"1 to the loader's {max(rates)} threads: {tried} samples/s)")
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -232,7 +264,7 @@ def _import_function(spec: str) -> Any:
 class _Live:
     """A one-line live display on stderr (only on a terminal)."""
 
-    def __init__(self, enabled: bool, label: str = "measuring") -> None:
+    def __init__(self, enabled: bool, label: str) -> None:
         self.enabled = enabled and sys.stderr.isatty()
         self.label = label
 
@@ -243,3 +275,87 @@ class _Live:
     def close(self) -> None:
         if self.enabled:
             print(file=sys.stderr)
+
+
+_THREADS = 16
+
+
+def _cold(paths: list[str], measure: Callable[[], Any]) -> tuple[Any, int]:
+    """``measure()`` run with the page cache emptied for ``paths`` first, and the memory stalls meanwhile."""
+    from fastdata.measure.bench import memory_stalls
+    from fastdata.reading.readahead import drop_page_cache
+
+    drop_page_cache(paths)
+    stalls = memory_stalls()
+    return measure(), memory_stalls() - stalls
+
+
+def _ceilings(paths: list[str], bps: int, seconds: float) -> list[tuple[str, Callable[[], dict[str, float]]]]:
+    """The disk's ceilings on the dataset's files (fastdata.measure.bench.pread_pass), each a name and its pass."""
+    from fastdata.measure.bench import pread_pass
+
+    size = max(bps, 4096)
+    passes: list[tuple[str, int, dict[str, Any]]] = [
+        (f"pread {fmt_bytes(bps)} x {_THREADS} threads", size, {}),
+        (f"pread {fmt_bytes(bps)} at random, hinted 256 MiB ahead, copied by 2 threads", size, {"sink": "ahead"}),
+        (f"pread 4 MiB x {_THREADS} threads", 4 << 20, {}),
+        (f"pread 4 MiB x {_THREADS} streams in order", 4 << 20, {"streams": True}),
+        (f"pread 1 MiB x {_THREADS} streams in order", 1 << 20, {"streams": True})]
+    return [(f"{name}, cold", partial(pread_pass, paths, size, _THREADS, seconds=seconds, **kw))
+            for name, size, kw in passes]
+
+
+def run_cold(args: argparse.Namespace) -> int:
+    from fastdata.measure.bench import measure, sample_bytes
+    from fastdata.reading.dataset import Dataset
+    from fastdata.reading.readahead import supported
+    from fastdata.remote import is_url
+
+    if is_url(args.dst):
+        raise UsageError(f"{args.dst}: --cold measures local shard files; run it on the node's cached copy or a local dataset")
+    if not supported():
+        raise UsageError("--cold needs posix_fadvise to empty the page cache (Linux)")
+    for flag in ("naive", "subset"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} and --cold cannot be combined: measure them separately")
+    ds = Dataset(args.dst)
+    if ds.manifest.backend == "inplace":  # its files are the source's (docs/in-place.md), not shards
+        raise UsageError(f"{args.dst}: an in-place index: --cold measures fastdata shard files; convert it to compare")
+    paths = [str(p) for p in ds.shard_paths()]
+    bps = int(sample_bytes(ds))
+    rows: list[tuple[str, float, float, int]] = []  # name, samples/s, MB/s, memory stalls
+    for shuffle in (True, "block"):
+        with bench_loader(args, ds, shuffle=shuffle) as ld:  # one pass: a second would find the pages cached
+            r, st = _cold(paths, lambda: measure("", lambda: ld, bytes_per_sample=bps, max_batches=args.batches,
+                                                 max_seconds=args.seconds, warmup=0, one_pass=True))
+        rows.append((f"fastdata.loader shuffle={shuffle!r}, cold", r.samples_per_s, r.mb_per_s, st))
+    for name, fn in ([] if args.no_ceiling else _ceilings(paths, bps, args.seconds)):
+        c, st = _cold(paths, fn)
+        mbs = c["bytes"] / c["seconds"] / 1e6 if c["seconds"] else 0.0
+        rows.append((name, mbs * 1e6 / bps if bps else 0.0, mbs, st))
+    ds.close()  # (its manifest stays)
+    return _print_cold(args, ds.manifest.num_samples, bps, rows)
+
+
+def _print_cold(args: argparse.Namespace, count: int, bps: int, rows: list[tuple[str, float, float, int]]) -> int:
+    best = max((r[2] for r in rows if r[0].startswith("pread")), default=None)
+    if args.json:
+        print(json.dumps({"dataset": str(args.dst), "cold": True, "results": [
+            {"name": n, "samples_per_s": s, "mb_per_s": m, "ceiling_ratio": m / best if best else None,
+             "memory_stalls": st} for n, s, m, st in rows]}, indent=1))
+        return 0
+    print(f"dataset {args.dst}: {count} samples, {fmt_bytes(bps)} per sample, page cache emptied before each pass")
+    print(f"{'pipeline':<48}{'samples/s':>11}{'MB/s':>9}{'x disk':>8}")
+    for n, s, m, _ in rows:
+        x = f"{m / best:>8.2f}" if best else f"{'-':>8}"
+        print(f"{n:<48}{s:>11.0f}{m:>9.0f}{x}")
+    if best:
+        print("x disk: samples/s as a fraction of what the best parallel pread rate of the same files delivers "
+              "(MB/s: bytes as stored; compressed samples decode to more)")
+    stalled = sum(1 for *_, st in rows if st)
+    if stalled:
+        print(f"note: during {stalled} of {len(rows)} passes, allocations on this machine waited for memory to be "
+              "reclaimed or compacted (/proc/vmstat): with the page cache full of other files these figures include "
+              "making room and vary more; as root, `sync; echo 3 > /proc/sys/vm/drop_caches` before measuring "
+              "gives the disk alone")
+    return 0

@@ -13,13 +13,14 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from fastdata._units import fmt_bytes
 
 if TYPE_CHECKING:
+    from fastdata.measure.bench import BenchResult
     from fastdata.write import Progress
 
 SHAPE = (2, 64, 21, 21)  # the FLIM-style arrays of our users, with a shorter time axis
@@ -56,12 +57,11 @@ def train_side_by_side(src: Path, shards: Path, batch: int, steps: int) -> list[
     return lines
 
 
-def _time_batches(fn: Callable[[np.ndarray], object], batches: list[np.ndarray]) -> float:
-    fn(batches[0])  # warm-up
-    t0 = time.perf_counter()
-    for idx in batches:
-        fn(idx)
-    return time.perf_counter() - t0
+def _rate(name: str, fn: Callable[[np.ndarray], Any], plan: list[np.ndarray], nbytes: float) -> BenchResult:
+    """``fn`` over the batches of ``plan`` (the first a warm-up), by fastdata.measure.bench.measure."""
+    from fastdata.measure.bench import measure
+
+    return measure(name, lambda: map(fn, plan), bytes_per_sample=nbytes, warmup=1, one_pass=True)
 
 
 def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batches: int = 20, train_steps: int = 6,
@@ -82,9 +82,9 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
         files = write_npy_folder(src, samples, SHAPE, classes=CLASSES, learnable=True)
         lines.append(f"generated {samples} samples of float32{list(SHAPE)} in {src} ({time.perf_counter() - t0:.1f} s)")
         rng = np.random.default_rng(1)
-        plan = [rng.integers(0, samples, batch) for _ in range(batches)]
-        naive_s = _time_batches(lambda idx: np.stack([np.load(files[i]) for i in idx]), plan)
-        rows = [("naive np.load per file", naive_s)]
+        plan = [rng.integers(0, samples, batch) for _ in range(batches + 1)]
+        nbytes = int(np.prod(SHAPE)) * 4
+        rows = [_rate("naive np.load per file", lambda idx: np.stack([np.load(files[i]) for i in idx]), plan, nbytes)]
         for backend in ("hdf5", "lmdb"):
             dst = root / backend
             if dst.exists():
@@ -99,13 +99,13 @@ def run(workdir: Path | None = None, samples: int = 512, batch: int = 64, batche
                 raise RuntimeError(f"{dst}: read-back differs from the source")
             lines.append(f"read back {backend}: all {samples} samples bit-identical, labels match {ds.classes}")
             out: dict[str, np.ndarray] = {"x": np.empty((batch, *SHAPE), np.float32), "label": np.empty(batch, np.int64)}
-            rows.append((f"{backend} get_batch", _time_batches(partial(ds.get_batch, out=out), plan)))
-        nbytes = batch * batches * int(np.prod(SHAPE)) * 4
+            rows.append(_rate(f"{backend} get_batch", partial(ds.get_batch, out=out), plan, nbytes))
         lines.append("")
         lines.append(f"random batches of {batch}, {batches} batches, page cache warm:")
         lines.append(f"  {'reader':<26}{'samples/s':>12}{'MB/s':>10}{'vs naive':>10}")
-        for name, secs in rows:
-            lines.append(f"  {name:<26}{batch * batches / secs:>12.0f}{nbytes / secs / 1e6:>10.0f}{naive_s / secs:>9.1f}x")
+        for r in rows:
+            lines.append(f"  {r.name:<26}{r.samples_per_s:>12.0f}{r.mb_per_s:>10.0f}"
+                         f"{r.samples_per_s / rows[0].samples_per_s:>9.1f}x")
         if train_steps:
             lines += train_side_by_side(src, root / "hdf5", min(batch, samples), train_steps)
         lines.append(f"(dataset size {fmt_bytes(samples * int(np.prod(SHAPE)) * 4)}; work folder {root}"

@@ -1,14 +1,12 @@
-"""Measuring the input pipeline: loader throughput, the machine's ceiling for the same bytes, the naive baseline.
+"""Measuring the input pipeline: loader throughput, the machine's ceiling for the same bytes, the disk's.
 
-Used by ``fastdata bench`` and ``fastdata tune``; ``benchmarks/`` builds its suites on the same
-functions. Figures are steady-state: the first batches (worker start, cold caches) are timed
-separately as the first-batch latency and left out of the rate.
+Used by ``fastdata bench``, ``tune`` and ``doctor`` and by ``benchmarks/``. Figures are steady-state: the first
+batches are timed apart as the first-batch latency.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import random
 import threading
 import time
@@ -22,7 +20,7 @@ from fastdata.format.spec import CODEC_SUFFIX, ENCODING_IMAGE, LENGTHS_SUFFIX, S
 from fastdata.loaders.batching import batch_len
 from fastdata.reading.dataset import Dataset
 
-Sink = Literal["buffer", "ahead", "null"]  # where pread_pass puts the bytes it reads
+Sink = Literal["buffer", "ahead"]  # pread_pass: plain preads, or hinted ahead of them
 CEILING_LIMIT = 1.1  # a ratio above this of the ceiling means the ceiling's measurement was wrong
 
 
@@ -61,11 +59,11 @@ def measure(
     warmup: int = 2,
     settings: dict[str, Any] | None = None,
     on_batch: Callable[[int, float], None] | None = None,
+    one_pass: bool = False,
 ) -> BenchResult:
-    """Iterate ``batches()`` (re-called at each epoch end) until ``max_batches`` or ``max_seconds``.
-
-    The first ``warmup`` batches are not counted; ``on_batch(samples_so_far, elapsed)`` may show progress.
-    """
+    """Iterate ``batches()`` (re-called at each epoch end unless ``one_pass``) until ``max_batches`` or
+    ``max_seconds``. The first ``warmup`` batches are not counted; ``on_batch(samples_so_far, elapsed)``
+    may show progress."""
     durations: list[float] = []
     counted = 0
     t_start = time.perf_counter()
@@ -98,6 +96,8 @@ def measure(
                 return _result(name, durations, counted, bytes_per_sample, first or 0.0, settings)
         if not got_any:
             raise ValueError(f"{name}: the pipeline yielded no batches")
+        if one_pass:
+            return _result(name, durations, counted, bytes_per_sample, first or 0.0, settings)
 
 
 def _close(it: Any) -> None:
@@ -144,12 +144,8 @@ def payload_bytes(ds: Dataset) -> float:
 
 def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_seconds: float = 3.0,
                     bytes_per_sample: float | None = None) -> BenchResult:
-    """The machine's ceiling for this dataset, what a loader's rate is a fraction of, at the best
-    thread count from 1 to ``threads`` (the loader's own; each count gets an equal share of
-    ``max_seconds``): for encoded images, decoding the stored images with no loader at all
-    (simplejpeg or PIL, as the loader would); otherwise a memcpy gather of random batches of rows of
-    the dataset's payload size (``bytes_per_sample``, default :func:`payload_bytes`) from memory
-    into reused buffers. ``settings["rates"]`` holds every count's rate."""
+    """The machine's ceiling for this dataset at the best of 1 to ``threads`` threads (``settings["rates"]``):
+    decoding the stored images without a loader, or else a memcpy gather of random rows of the payload's size."""
     counts = list(range(1, max(1, threads) + 1))
     share = max_seconds / len(counts)
     bps = payload_bytes(ds) if bytes_per_sample is None else bytes_per_sample
@@ -231,43 +227,9 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
                         {"threads": threads, "kind": "decode", "images": m})
 
 
-def naive_pipeline(src: str | os.PathLike[str], batch_size: int, workers: int = 2) -> Callable[[], Iterable[Any]]:
-    """The per-file baseline for a source folder of ``.npy`` files (what ``--naive SRC`` measures)."""
-    from fastdata.demo.baseline import naive_loader
-
-    loader = naive_loader(src, batch_size, workers)
-    return lambda: loader
-
-
-def _streams(reqs: list[tuple[int, int]], threads: int, read: Callable[[tuple[int, int]], int],
-             arrived: queue.SimpleQueue[tuple[int, int, int] | None], size: int, copiers: int) -> int:
-    """``threads`` contiguous runs of ``reqs``, one thread each, front to back (pread_pass); with
-    ``copiers``, that many threads pread each piece ``read`` put on ``arrived`` into a reused buffer."""
-
-    def copy() -> int:
-        buf, got = bytearray(size), 0
-        while (item := arrived.get()) is not None:
-            got += os.preadv(item[0], [memoryview(buf)[: item[2]]], item[1])
-        return got
-
-    per = -(-len(reqs) // max(1, threads))
-    runs = [reqs[a : a + per] for a in range(0, len(reqs), per)] or [[]]
-    with ThreadPoolExecutor(max(1, copiers)) as copying:
-        copied = [copying.submit(copy) for _ in range(copiers)]
-        try:
-            with ThreadPoolExecutor(len(runs)) as pool:
-                total = sum(pool.map(lambda run: sum(read(r) for r in run), runs))
-        finally:  # (the copiers end once told, whatever happened to the streams)
-            for _ in copied:
-                arrived.put(None)
-        return total + sum(c.result() for c in copied)
-
-
 def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, ahead_bytes: int) -> int:
-    """``reqs`` in their order, hinted to the kernel (``WILLNEED``) by one thread at most ``ahead_bytes``
-    ahead of ``copiers`` threads that ``pread`` each, in the same order, into a reused buffer: random
-    reads with as deep a queue as fastdata's read-ahead keeps (threads that each wait for one read
-    keep fewer in flight). The bytes delivered."""
+    """``reqs`` hinted (``WILLNEED``) in order by one thread at most ``ahead_bytes`` ahead of ``copiers``
+    threads that ``pread`` them: random reads with a queue as deep as fastdata's read-ahead keeps."""
     ahead = max(1, ahead_bytes // size)
     state = {"next": 0, "done": 0, "over": False}
     cond = threading.Condition()
@@ -307,76 +269,39 @@ def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, a
         hinting.join()
 
 
-def _nearby(paths: Sequence[str | os.PathLike[str]], window: int, streams: bool, seconds: float | None,
-            **kw: Any) -> dict[str, float]:
-    """pread_pass's ``window``: its streams on ``window`` consecutive files at a time, the windows in a
-    seeded random order, until all are read or ``seconds`` have passed (a disk may serve streams close
-    together faster than streams spread over every file: the best large reads of the same bytes)."""
-    if not streams or window < 1:
-        raise ValueError(f"window={window!r}: a positive number of files, with streams=True")
-    groups = [list(paths[i : i + window]) for i in range(0, len(paths), window)]
-    random.Random(0).shuffle(groups)
-    t0 = time.perf_counter()
-    total = 0.0
-    for g in groups:
-        left = None if seconds is None else seconds - (time.perf_counter() - t0)
-        if left is not None and left <= 0:
-            break
-        total += pread_pass(g, shuffled=False, seconds=left, streams=True, **kw)["bytes"]
-    return {"bytes": total, "seconds": time.perf_counter() - t0}
-
-
 def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int, *, shuffled: bool = True,
                seconds: float | None = None, streams: bool = False, sink: Sink = "buffer",
-               copiers: int = 2, ahead_bytes: int = 256 << 20, window: int | None = None) -> dict[str, float]:
-    """Read every byte of ``paths`` in ``size`` preads (in a seeded random order if ``shuffled``),
-    ``threads`` at a time, into one reused buffer per thread, for at most ``seconds``: the disk's
-    ceiling at that request size (``fastdata bench --cold`` and benchmarks/bench_cold.py; empty the
-    page cache first for a cold figure). ``streams``: the requests in storage order, cut into
-    ``threads`` contiguous runs read side by side, each front to back (parallel sequential reads).
-    With ``streams``, ``sink="ahead"``: each stream sends its pieces to ``/dev/null`` (``sendfile``:
-    into the page cache, nothing copied) and ``copiers`` threads then ``pread`` each piece that has
-    arrived into a reused buffer (the bytes delivered, as fastdata's read-ahead and readers do);
-    ``sink="null"``: only sent to ``/dev/null``: the disk alone, nothing delivered (a reference, not
-    a ceiling for reading). Without ``streams``, ``sink="ahead"``: the requests hinted (``WILLNEED``)
-    up to ``ahead_bytes`` ahead of ``copiers`` threads that ``pread`` them (``threads`` unused): random
-    reads with a deep queue, as fastdata's read-ahead reads them.
-    ``window``: the streams on that many consecutive files at a time (close together on the disk, as
-    ``shuffle="shards"`` reads: :func:`_nearby`). Returns ``{"bytes", "seconds"}`` (delivered, or read for "null")."""
-    if sink not in ("buffer", "ahead", "null") or (sink == "null" and not streams):
-        raise ValueError(f"sink={sink!r}: 'buffer' or 'ahead', or with streams=True 'null'")
-    if window is not None:
-        return _nearby(paths, window, streams, seconds, size=size, threads=threads, sink=sink, copiers=copiers,
-                       ahead_bytes=ahead_bytes)
+               copiers: int = 2, ahead_bytes: int = 256 << 20) -> dict[str, float]:
+    """The disk's ceiling at request size ``size`` (empty the page cache first for a cold figure): every byte
+    of ``paths`` in ``size`` preads (seeded random order if ``shuffled``), ``threads`` at a time, into one
+    reused buffer per thread, for at most ``seconds``. ``streams``: in storage order, cut into ``threads``
+    contiguous runs read side by side. ``sink="ahead"`` (random reads only): hinted up to ``ahead_bytes``
+    ahead of ``copiers`` reading threads, as fastdata's read-ahead reads. Returns ``{"bytes", "seconds"}``."""
+    if sink not in ("buffer", "ahead") or (sink == "ahead" and streams):
+        raise ValueError(f"sink={sink!r}: 'buffer', or 'ahead' without streams")
     fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
-    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC) if sink != "buffer" else -1
     try:
         reqs = [(fd, off) for fd in fds for off in range(0, os.fstat(fd).st_size, size)]
         if shuffled and not streams:
             random.Random(0).shuffle(reqs)
         mine = threading.local()  # one buffer per thread, made once: the ceiling times reads, not allocation
-        arrived: queue.SimpleQueue[tuple[int, int, int] | None] = queue.SimpleQueue()
         t0 = time.perf_counter()
         stop = t0 + seconds if seconds is not None else float("inf")
 
         def read(req: tuple[int, int]) -> int:
             if time.perf_counter() > stop:
                 return 0
-            if sink != "buffer":
-                n = os.sendfile(null, req[0], req[1], size)
-                if sink == "ahead" and n > 0:
-                    arrived.put((req[0], req[1], n))
-                return n if sink == "null" else 0
             if not hasattr(mine, "buf"):
                 mine.buf = bytearray(size)
             return os.preadv(req[0], [mine.buf], req[1])
 
-        if sink == "ahead" and not streams:
+        if sink == "ahead":
             total = _hinted(reqs, size, copiers, stop, ahead_bytes)
         elif streams:
-            total = _streams(reqs, threads, read, arrived, size, copiers if sink == "ahead" else 0)
-        elif threads == 1:
-            total = sum(read(r) for r in reqs)
+            per = -(-len(reqs) // max(1, threads))
+            runs = [reqs[a : a + per] for a in range(0, len(reqs), per)] or [[]]
+            with ThreadPoolExecutor(len(runs)) as pool:
+                total = sum(pool.map(lambda run: sum(read(r) for r in run), runs))
         else:
             with ThreadPoolExecutor(threads) as pool:
                 total = sum(pool.map(read, reqs, chunksize=8))
@@ -384,8 +309,6 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
     finally:
         for fd in fds:
             os.close(fd)
-        if null >= 0:
-            os.close(null)
 
 
 def memory_stalls() -> int:
@@ -400,5 +323,5 @@ def memory_stalls() -> int:
         return 0
 
 
-__all__ = ["BenchResult", "CEILING_LIMIT", "Sink", "measure", "measure_ceiling", "memory_stalls", "naive_pipeline",
+__all__ = ["BenchResult", "CEILING_LIMIT", "Sink", "measure", "measure_ceiling", "memory_stalls",
            "payload_bytes", "pread_pass", "sample_bytes"]

@@ -1,14 +1,9 @@
 """``fastdata tune``: choose loader settings by measurement, and remember them for this machine.
 
-Candidates (reader threads, and worker processes when a ``transform`` is given, prefetch depth,
-optionally batch size) are raced by
-successive halving: every candidate gets a short trial, the slower half is dropped, and the
-survivors are measured again for twice as long, until the budget is spent or one is left. The
-winner is stored in the user's cache directory (never in the dataset), keyed by the dataset's
-content, the batch size, the device and the machine; ``fastdata.loader(num_workers="auto")``
-uses it. Without a transform, worker processes are not raced: they hand over the same bytes as
-threads through the shared ring, with more memory, so they cannot win by more than noise; a transform
-that holds the GIL is what they are for, and then every candidate runs it.
+Candidates are raced by successive halving (the slower half dropped, survivors measured twice as long) within
+the budget; the winner is stored in the user's cache directory keyed by the dataset's content, batch size,
+device and machine, for ``fastdata.loader(num_workers="auto")``. Worker processes are raced only with a
+``transform``: without one they hand over the same bytes as threads and cannot win by more than noise.
 """
 
 from __future__ import annotations
@@ -63,10 +58,8 @@ def tune(
     on_trial: Callable[[dict[str, Any], BenchResult, int], None] | None = None,
     transform: Any = None,
 ) -> TuneResult:
-    """Race loader settings on the dataset at ``path`` within ``budget_s`` seconds; store the winner.
-
-    With ``transform`` (as for :func:`fastdata.loader`), every trial runs it and worker processes
-    are raced too; the winner is stored for loaders given that transform (by its qualified name)."""
+    """Race loader settings on the dataset at ``path`` within ``budget_s`` seconds; store the winner. With
+    ``transform``, every trial runs it, worker processes are raced too, and the winner is stored for it."""
     ds = Dataset(path)
     alive = candidates(usable_cpus(), batch_sizes or [batch_size], processes=transform is not None)
     deadline = time.perf_counter() + budget_s
@@ -137,14 +130,8 @@ def _warm_up(ds: Dataset, batch_size: int, device: str, max_seconds: float) -> N
     page cache that the later ones would not (bounded: a dataset larger than RAM stays disk-bound)."""
     from fastdata.loaders import loader
 
-    ld = loader(ds, batch_size, shuffle=False, device=device, num_workers=2)
-    t0 = time.perf_counter()
-    try:
-        for _ in ld:
-            if time.perf_counter() - t0 > max_seconds:
-                break
-    finally:
-        ld.close()
+    with loader(ds, batch_size, shuffle=False, device=device, num_workers=2) as ld:
+        measure("warm-up", lambda: ld, bytes_per_sample=0.0, max_seconds=max_seconds, warmup=0, one_pass=True)
 
 
 def _describe(s: dict[str, Any]) -> str:

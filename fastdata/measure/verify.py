@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable
 
 import numpy as np
 
@@ -35,17 +36,11 @@ from fastdata.format.spec import SHAPE_SUFFIX, is_string
 from fastdata.reading.dataset import Dataset
 from fastdata.remote import RemoteOptions, is_url
 from fastdata.world import usable_cpus
+from fastdata.write.options import Progress
 
 _BATCH_BYTES = 32 << 20
 _MAX_BATCH = 1024
 MAX_SAMPLE_PROBLEMS = 20  # per shard; more are counted, not listed
-
-
-class Progress(Protocol):
-    """What the CLI's progress bar offers (see fastdata/cli/__init__.py)."""
-
-    def start(self, total_samples: int, total_bytes: int, desc: str = ...) -> None: ...
-    def update(self, samples: int, nbytes: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -92,10 +87,8 @@ class VerifyReport:
 
 def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress | None = None,
            threads: int | None = None, remote: RemoteOptions | None = None) -> VerifyReport:
-    """Check the dataset at ``root``; raises only when its manifest itself is missing or invalid.
-
-    A URL is checked through the shard cache: each shard is downloaded (unless cached) and its
-    cached copy hashed against the manifest."""
+    """Check the dataset at ``root`` (a URL: each shard's copy in the shard cache); raises only when its
+    manifest itself is missing or invalid."""
     if isinstance(root, str) and is_url(root):
         return _verify_remote(root, deep, progress, remote)
     root = Path(root)
@@ -126,36 +119,35 @@ def _verify_remote(url: str, deep: bool, progress: Progress | None, remote: Remo
     if progress is not None:
         progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="download + checksums")
     for i, info in enumerate(manifest.shards):
-        try:
-            store.fetch(i)
-            path = store.local_path(i)
-            digest = file_checksum(path, info.checksum_algorithm)
-            if digest != info.checksum:
-                report.problems.append(Problem(f"{info.file}: the cached copy {path} has checksum {digest}, the "
-                                               f"manifest says {info.checksum} (changed on the local disk)", info.file))
-        except FileNotFoundError:
-            pass  # evicted right after the download by another process: it was checked on the way in
-        except FastdataError as e:
-            report.problems.append(Problem(str(e), shard=info.file))
+        report.problems += _check_cached(partial(store.fetch, i), partial(store.local_path, i), info.file,
+                                         info.checksum, info.checksum_algorithm)
         if progress is not None:
             progress.update(info.count, info.bytes)
-    if store.keys is not None:  # the sample keys' side file: downloaded (checked on the way in), then hashed
+    if store.keys is not None:  # the sample keys' side file
         k = store.keys
-        try:
-            store.fetch_keys()
-            path = store.keys_path()
-            digest = file_checksum(path, str(k.checksum).partition(":")[0])
-            if digest != k.checksum:
-                report.problems.append(Problem(f"{k.file}: the cached copy {path} has checksum {digest}, the "
-                                               f"manifest says {k.checksum} (changed on the local disk)", k.file))
-        except FileNotFoundError:
-            pass  # evicted right after the download: it was checked on the way in
-        except FastdataError as e:
-            report.problems.append(Problem(str(e), shard=k.file))
+        report.problems += _check_cached(store.fetch_keys, store.keys_path, str(k.file), str(k.checksum),
+                                         str(k.checksum).partition(":")[0])
     if deep:
         report.samples_read, problems = check_samples(Path(), manifest, progress, ds=ds)
         report.problems += problems
     return report
+
+
+def _check_cached(fetch: Callable[[], Any], path: Callable[[], Path], file: str, checksum: str,
+                  algorithm: str) -> list[Problem]:
+    """A remote file downloaded into the cache (checked on the way in), then its cached copy hashed."""
+    try:
+        fetch()
+        where = path()
+        digest = file_checksum(where, algorithm)
+    except FileNotFoundError:  # evicted right after the download by another process: checked on the way in
+        return []
+    except FastdataError as e:
+        return [Problem(str(e), shard=file)]
+    if digest == checksum:
+        return []
+    return [Problem(f"{file}: the cached copy {where} has checksum {digest}, the manifest says {checksum} "
+                    "(changed on the local disk)", file)]
 
 
 def check_shards(root: Path, manifest: Manifest, progress: Progress | None = None,
@@ -174,10 +166,8 @@ def check_shards(root: Path, manifest: Manifest, progress: Progress | None = Non
 
 
 def _check_shard(root: Path, info: ShardInfo, manifest: Manifest | None = None) -> list[Problem]:
-    """What is wrong with one shard file (or, without ``manifest``, the keys file): existence, size,
-    checksum, then the reader's own checks at open, which compare what the shard records (its samples,
-    first sample, schema) with the manifest: cheap next to the checksum, and they catch a count edited
-    in the manifest, which no checksum covers."""
+    """What is wrong with one shard file (or, without ``manifest``, the keys file): existence, size, checksum,
+    then the reader's checks at open against the manifest (a count edited in it, which no checksum covers)."""
     where = info.file
     try:
         path = shard_path(root, info)
@@ -209,12 +199,8 @@ def _check_shard(root: Path, info: ShardInfo, manifest: Manifest | None = None) 
 
 def check_samples(root: Path, manifest: Manifest, progress: Progress | None = None,
                   ds: Dataset | None = None, skip: set[str] | frozenset[str] = frozenset()) -> tuple[int, list[Problem]]:
-    """Read every sample through ``fastdata.open`` and check it against the schema.
-
-    Returns the number of samples read and the problems. A dataset that cannot even be opened
-    (a shard missing or of the wrong size) gives one problem saying so. Shards in ``skip`` (found
-    unreadable already) are not read: their counts may be anything, and each read would fail alike.
-    """
+    """Read every sample (but those of the shards in ``skip``, found unreadable) and check it against the
+    schema; the samples read and the problems (one, if the dataset cannot be opened)."""
     try:
         ds = ds or Dataset(root)
     except FastdataError as e:

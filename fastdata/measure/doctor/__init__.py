@@ -1,9 +1,7 @@
 """``fastdata doctor``: is a training script input-bound, why, and what would fastdata change? Measured.
 
-``run(["python", "train.py", ...])`` (the CLI) runs the script unchanged in a child process with the
-hooks of fastdata.measure.doctor._probe for a bounded budget, then stops it; ``watch()`` measures the loops of
-the current process (a script or a notebook) until the ``with`` block ends. Both give the report of
-fastdata.measure.doctor.report (docs/doctor.md).
+``run(["python", "train.py", ...])`` runs the script unchanged in a child process under the hooks for a
+bounded budget; ``watch()`` measures the loops of this process. Both give the report (docs/doctor.md).
 """
 
 from __future__ import annotations
@@ -31,12 +29,12 @@ __all__ = ["Watch", "run", "watch"]
 def _interpreter(command: Sequence[str]) -> tuple[str, list[str]]:
     if not command:
         raise UsageError("fastdata doctor: give the command to run after --, e.g. -- python train.py ARGS")
-    if re.search(r"python[\d.]*(\.exe)?$", os.path.basename(command[0])):
+    if re.search(r"python[\d.]*(\.exe)?$", os.path.basename(command[0])) and list(command[1:]) not in ([], ["-m"]):
         return command[0], list(command[1:])
     if command[0].endswith(".py"):
         return sys.executable, list(command)
     raise UsageError(f"fastdata doctor runs Python training scripts: give 'python SCRIPT ARGS' or "
-                     f"'python -m MODULE ARGS', not {command[0]!r}")
+                     f"'python -m MODULE ARGS', not {' '.join(command)!r}")
 
 
 def run(command: Sequence[str], *, steps: int | None = None, seconds: float | None = 60.0,
@@ -54,14 +52,10 @@ def run(command: Sequence[str], *, steps: int | None = None, seconds: float | No
         raise UsageError(f"{rest[0]}: no such script")
     with tempfile.TemporaryDirectory(prefix="fastdata-doctor-") as tmp:
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])  # the folder holding fastdata/
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        env[_probe.ENV_DIR] = tmp
-        env[_probe.ENV_STEPS] = str(steps) if steps else ""
-        env[_probe.ENV_SECONDS] = str(seconds) if seconds and not steps else ""
-        env[_probe.ENV_REPLAY] = "1" if replay else "0"
-        env[_probe.ENV_PROJECT] = "1" if project else "0"
-        env[_probe.ENV_START] = repr(time.time())  # the budget counts the child's start-up too
+        env[_probe.ENV] = json.dumps({"dir": tmp, "steps": steps, "seconds": None if steps else seconds,
+                                      "replay": replay, "project": project, "start": time.time()})
         proc = subprocess.run([python, "-m", "fastdata.measure.doctor._boot", *rest], env=env)
         if not (Path(tmp) / "raw.json").exists():
             raise UsageError(f"the script stopped before the doctor could record anything (exit code "

@@ -1,8 +1,5 @@
-"""``python -m fastdata.measure.doctor._boot SCRIPT ARGS...`` (or ``-m MODULE ARGS...``): the doctor's child process.
-
-Installs the hooks (fastdata.measure.doctor._probe), runs the user's script unchanged as ``__main__`` until it
-ends or the budget is spent, then writes what it measured into $FASTDATA_DOCTOR_DIR and, unless told
-not to, measures the fastdata loader on a sample of the dataset (fastdata.measure.doctor.project).
+"""``python -m fastdata.measure.doctor._boot SCRIPT ARGS...`` (or ``-m MODULE``): the doctor's child process,
+which runs the script under the hooks until the budget is spent, then writes what it measured.
 """
 
 from __future__ import annotations
@@ -14,25 +11,14 @@ import sys
 import traceback
 from pathlib import Path
 
-from fastdata.measure.doctor._probe import ENV_DIR, ENV_PROJECT, ENV_REPLAY, ENV_SECONDS, ENV_STEPS
-
-
-def _number(name: str, kind: type) -> float | int | None:
-    text = os.environ.get(name)
-    return kind(text) if text else None
+from fastdata.measure.doctor import _probe
 
 
 def main(argv: list[str]) -> int:
-    from fastdata.measure.doctor import _probe
-
-    if not argv or (argv[0] == "-m" and len(argv) < 2):
-        print("usage: python -m fastdata.measure.doctor._boot SCRIPT [ARGS...] | -m MODULE [ARGS...]", file=sys.stderr)
-        return 2
-    out = Path(os.environ[ENV_DIR])
-    steps, seconds = _number(ENV_STEPS, int), _number(ENV_SECONDS, float)
-    project = os.environ.get(ENV_PROJECT, "1") == "1"
-    rec = _probe.install(out, steps=int(steps) if steps else None, seconds=seconds,
-                         replay=os.environ.get(ENV_REPLAY, "1") == "1", project=project)
+    cfg = json.loads(os.environ[_probe.ENV])
+    out = Path(cfg["dir"])
+    rec = _probe.install(out, steps=cfg["steps"], seconds=cfg["seconds"], replay=cfg["replay"],
+                         project=cfg["project"], start=cfg["start"])
     code, error = 0, None
     try:
         if argv[0] == "-m":
@@ -55,7 +41,7 @@ def main(argv: list[str]) -> int:
         _probe.uninstall()
         raw = rec.dump()
         (out / "raw.json").write_text(json.dumps(raw))
-    if project and error is None:
+    if cfg["project"] and error is None:
         from fastdata.measure.doctor.project import project_loader
 
         result = project_loader(rec, out, rec.sampled)  # the sample the replay used, if it made one

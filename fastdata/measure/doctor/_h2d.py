@@ -1,14 +1,8 @@
 """The doctor's host-to-device figure: CUDA events around each copy of a loader's batch to a GPU.
 
-While the doctor watches, ``Tensor.to``, ``Tensor.cuda`` and ``Tensor.copy_`` are wrapped (what a plain
-loop, Lightning's ``batch_to_device`` and Accelerate's ``send_to_device`` end in). A copy of a CPU tensor
-to a CUDA device whose storage belongs to a batch the loop received is timed with two timing events on
-the device's current stream, its bytes counted, and whether the source was pinned and the copy
-``non_blocking`` noted. Elapsed times are read lazily (``query()`` on later copies, ``synchronize()``
-only when the doctor stops), so the script's own timing is not changed. Any other call goes straight
-to the original after a few attribute checks. Copies made inside a loader's ``next()`` (fastdata's
-loader with ``device="cuda"``, a collate_fn that moves batches) and copies of other tensors are only
-counted, apart. ``summarise`` turns the counts into the report's ``h2d`` keys and line.
+``Tensor.to``/``cuda``/``copy_`` are wrapped while the doctor watches; a copy of a CPU tensor of a batch the loop
+received is timed on the device's current stream (read lazily: the script's timing is not changed); copies
+inside a loader's ``next()`` and of other tensors are only counted, apart.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ import torch
 MAX_TRACKED = 16  # the last batches whose tensors' storages are remembered (the loop copies the current one)
 MAX_TENSORS = 256  # tensors remembered per batch
 MAX_PENDING = 4096  # copies whose events are not resolved yet; further copies are counted, not timed
-_PATCHED = ("to", "cuda", "copy_")
 
 
 class Clock(Protocol):
@@ -288,12 +281,10 @@ _WRAPS = {"to": _wrap_to, "cuda": _wrap_cuda, "copy_": _wrap_copy}
 def install(clock: Clock | None = None) -> Accountant:
     """Wrap the copy methods of ``torch.Tensor`` to report to a new Accountant (the CUDA clock by default)."""
     global _acc
-    if _acc is not None:
-        raise RuntimeError("fastdata.measure.doctor is already timing host-to-device copies in this process")
     _acc = Accountant(clock or CudaClock())
-    for name in _PATCHED:
+    for name, wrap in _WRAPS.items():
         _saved.append((name, torch.Tensor.__dict__.get(name)))
-        setattr(torch.Tensor, name, _WRAPS[name](getattr(torch.Tensor, name)))
+        setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name)))
     return _acc
 
 

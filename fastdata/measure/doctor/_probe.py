@@ -1,16 +1,9 @@
 """The doctor's hooks: time every batch a torch DataLoader (or fastdata loader) hands the training loop.
 
-Installed by patching classes: ``_BaseDataLoaderIter.__next__`` (the loop's wait and the step
-between batches), ``Tensor.to``/``cuda``/``copy_`` (fastdata.measure.doctor._h2d: the copies of the batches to
-a GPU, timed with CUDA events), the dataset fetchers' ``fetch`` (fastdata.measure.doctor._worker: time in the dataset and
-in collate, in whatever process runs them; forked workers inherit the patch, spawned ones get it
-from a wrapper around the loader's ``worker_init_fn``, given back at the end) and fastdata's
-``Loader.__iter__``. The hooks only read clocks and counters; the batches pass through untouched.
-After the budget the loop is fed copies of the first batches it had (cached as they passed, handed in
-turn: ragged data gives each its own shape) for a few steps (the compute-only step), then, when
-projecting, for a few more while fastdata's loader reads a converted sample of the dataset beside them,
-one batch a step (fastdata.measure.doctor.project.Beside: the step as it would run after the switch), then
-stopped with :class:`BudgetReached`.
+Patched while installed: the loader iterators' ``__next__`` (the wait and the step), ``Tensor.to``/``cuda``/``copy_``
+(_h2d) and the dataset fetchers (_worker). The batches pass through untouched. After the budget the loop is fed
+copies of its first batches (the compute-only step), then, when projecting, the same beside fastdata's loader
+reading a converted sample (project.Beside), then stopped with :class:`BudgetReached`.
 """
 
 from __future__ import annotations
@@ -36,11 +29,7 @@ STEPS_EXTRA_S = 5.0  # with --steps, the replay, sample and projection may take 
 MEASURE_SHARE, HARD_SHARE = 0.5, 0.8  # of a --seconds budget: measuring the loop; the latest it may end
 BESIDE = 24  # then steps on the cached batches while fastdata's loader reads a sample beside them (projection)
 MAX_EVENTS = 20000  # per loader, for the timeline
-# how fastdata.measure.doctor.run tells the child (fastdata.measure.doctor._boot) its folder and budget
-ENV_DIR, ENV_STEPS, ENV_SECONDS = "FASTDATA_DOCTOR_DIR", "FASTDATA_DOCTOR_STEPS", "FASTDATA_DOCTOR_SECONDS"
-ENV_REPLAY, ENV_PROJECT = "FASTDATA_DOCTOR_REPLAY", "FASTDATA_DOCTOR_PROJECT"
-ENV_START = "FASTDATA_DOCTOR_START"  # time.time() when fastdata.measure.doctor.run started the child
-
+ENV = "FASTDATA_DOCTOR"  # how fastdata.measure.doctor.run tells the child (_boot) its folder and budget, as JSON
 
 class BudgetReached(SystemExit):
     """Raised in the training loop when the doctor's budget is spent: stops the script like sys.exit."""
@@ -63,13 +52,12 @@ class Recorder:
     """Collects the main-process side; one per process while the hooks are installed."""
 
     def __init__(self, out_dir: Path, steps: int | None, seconds: float | None, replay: bool,
-                 project: bool = False) -> None:
+                 project: bool = False, start: float | None = None) -> None:
         self.out_dir = out_dir
         self.steps, self.seconds, self.do_replay, self.do_project = steps, seconds, replay, project
         self.loaders: dict[int, LoaderRecord] = {}
-        self.started = time.perf_counter()
-        if os.environ.get(ENV_START):  # the doctor's own start: a --seconds budget counts the child's start-up
-            self.started -= max(time.time() - float(os.environ[ENV_START]), 0.0)
+        # a --seconds budget counts from the doctor's own start (time.time()), the child's start-up too
+        self.started = time.perf_counter() - (max(time.time() - start, 0.0) if start else 0.0)
         self.first_batch_at: float | None = None
         self.cached: list[Any] = []  # the replay's batches: the first after WARMUP of one loader
         self.cached_from: int | None = None
@@ -157,15 +145,11 @@ class Recorder:
         if self.replaying >= self.n_replay:  # the compute-only steps are done: the steps beside fastdata's loader
             return self._next_beside()
         t0 = time.perf_counter()
-        batch = self._cached_copy(self.replaying)
+        batch = _clone(self.cached[self.replaying % len(self.cached)])  # the cached batches in turn
         now = time.perf_counter()
         rec.replay.append((now, now - t0))
         self.replaying += 1
         return batch
-
-    def _cached_copy(self, i: int) -> Any:
-        """A copy of the ``i``-th batch the replay hands out: the cached batches in turn."""
-        return _clone(self.cached[i % len(self.cached)])
 
     def _next_beside(self) -> Any:
         if self.stopped_at is None:  # the end of the last compute-only step
@@ -185,7 +169,7 @@ class Recorder:
             self.beside_why = f"fastdata's loader failed beside the step: {type(e).__name__}: {e}"
             self._stop()
         t1 = time.perf_counter()
-        batch = self._cached_copy(self.replaying + len(self.beside))
+        batch = _clone(self.cached[(self.replaying + len(self.beside)) % len(self.cached)])
         now = time.perf_counter()
         self.beside.append((now, waited, now - t1, self._beside.position))
         return batch
@@ -227,10 +211,8 @@ class Recorder:
         field) and the samples of each, for fastdata.reading.samplers.Episodic."""
         if not self.cached or self.cached_from is None or self.loaders[self.cached_from].settings.get("batch_size"):
             return None
-        b = self.cached[0]
-        items = list(b.values()) if isinstance(b, dict) else list(b) if isinstance(b, (list, tuple)) else []
-        for v in items:
-            if hasattr(v, "shape") and len(v.shape) == 1 and str(v.dtype).replace("torch.", "").startswith(("int", "uint")):
+        for v in _leaves(self.cached[0]):
+            if len(v.shape) == 1 and str(v.dtype).replace("torch.", "").startswith(("int", "uint")):
                 classes = len({int(x) for x in v.tolist()})
                 if classes and len(v) % classes == 0:
                     return {"classes": classes, "per_class": len(v) // classes}
@@ -271,20 +253,19 @@ def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, loader: Any) -> None:
         orig(self, loader)
         rec = _recorder
-        if rec is not None and rec.own:
+        if rec is None or rec.own:
             return
-        if rec is not None and loader.num_workers > 0 and not isinstance(loader.worker_init_fn, _worker.WorkerHook):
+        if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, _worker.WorkerHook):
             # read by the multiprocessing iterator right after this: spawned workers install the hooks
             _hooked.append((loader, loader.worker_init_fn))
             loader.worker_init_fn = _worker.WorkerHook(rec.out_dir, loader.worker_init_fn)
-        if rec is not None:
-            key = id(loader)
-            if key not in rec.loaders:
-                rec.loaders[key] = LoaderRecord(key, "torch", _torch_settings(loader), _describe(loader.dataset))
-                rec.datasets[key] = loader.dataset
-                rec.batch_sizes[key] = loader.batch_size
-            rec.loaders[key].passes += 1
-            self._doctor_key = key
+        key = id(loader)
+        if key not in rec.loaders:
+            rec.loaders[key] = LoaderRecord(key, "torch", _torch_settings(loader), _describe(loader.dataset))
+            rec.datasets[key] = loader.dataset
+            rec.batch_sizes[key] = loader.batch_size
+        rec.loaders[key].passes += 1
+        self._doctor_key = key
 
     return __init__
 
@@ -354,24 +335,22 @@ def _describe(dataset: Any) -> str:
     return f"{type(dataset).__module__}.{type(dataset).__qualname__}{n}"
 
 
+def _leaves(batch: Any) -> Iterator[Any]:
+    """The tensors and arrays of a batch (and of its dicts, lists and tuples)."""
+    if hasattr(batch, "shape") and hasattr(batch, "nbytes"):
+        yield batch
+    elif isinstance(batch, (dict, list, tuple)):
+        for v in batch.values() if isinstance(batch, dict) else batch:
+            yield from _leaves(v)
+
+
 def _leading(batch: Any) -> int | None:
     """The first axis of the first tensor or array in a batch (its number of samples), if any."""
-    if hasattr(batch, "shape") and len(batch.shape) > 0:
-        return int(batch.shape[0])
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
-    for v in items:
-        n = _leading(v)
-        if n is not None:
-            return n
-    return None
+    return next((int(a.shape[0]) for a in _leaves(batch) if len(a.shape) > 0), None)
 
 
 def _nbytes(batch: Any) -> int:
-    """Bytes of the tensors and arrays of a batch."""
-    if hasattr(batch, "nbytes") and hasattr(batch, "shape"):
-        return int(batch.nbytes)
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
-    return sum(_nbytes(v) for v in items)
+    return sum(int(a.nbytes) for a in _leaves(batch))
 
 
 def _clone(batch: Any) -> Any:
@@ -400,7 +379,7 @@ def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
 
 
 def install(out_dir: Path, steps: int | None = None, seconds: float | None = None, replay: bool = True,
-            clock: Any = None, project: bool = False) -> Recorder:
+            clock: Any = None, project: bool = False, start: float | None = None) -> Recorder:
     """Patch the loader classes in this process (and the workers it forks) to report to a new Recorder."""
     global _recorder, _copies
     if _recorder is not None:
@@ -410,7 +389,7 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
     from fastdata.measure.doctor import _h2d
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    _recorder = Recorder(out_dir, steps, seconds, replay, project)
+    _recorder = Recorder(out_dir, steps, seconds, replay, project, start)
     _patch(dl._BaseDataLoaderIter, "__init__", _timed_iter_init)
     _patch(dl._BaseDataLoaderIter, "__next__", _timed_next)
     _saved.extend(_worker.patch_fetchers())

@@ -1,15 +1,11 @@
 """The doctor's side in the processes that run the dataset: where ``__getitem__`` and collate spend time.
 
-Per process it records the time in the dataset and in collate, how much of the dataset's time went to
-known decoders and readers (PIL's decode by image format, ``np.load``, ``torch.load``, OpenCV, h5py),
-and a sample of the files it opened (so the report can name the source folder). It writes them to
-``worker-PID.json`` in the doctor's folder. Forked workers inherit the patches; spawned ones install
-them from :class:`WorkerHook`, which the doctor puts around the loader's ``worker_init_fn``.
+Per process: time in the dataset and in collate, in known readers and decoders, and the files opened, written
+to ``worker-PID.json``. Forked workers inherit the patches; spawned ones install them from :class:`WorkerHook`.
 """
 
 from __future__ import annotations
 
-import builtins
 import json
 import multiprocessing
 import multiprocessing.util
@@ -20,13 +16,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from fastdata.measure.doctor.account import opened
+
 MAX_FILES = 64  # distinct file paths kept per process: enough to find the folder they share
 FLUSH_S = 0.25
 
 _out_dir: Path | None = None
 _local = threading.local()  # .collate (seconds in the current batch's collate), .depth (inside a timed reader)
 _stats_by_pid: dict[int, WorkerStats] = {}
-_patched: dict[str, tuple[Any, str, Any]] = {}  # what -> (owner, attribute, original); a fork inherits them
+_patched: dict[str, tuple[Any, str, Any]] = {}  # reader -> (owner, attribute, original); a fork inherits them
 
 
 class WorkerStats:
@@ -117,10 +115,12 @@ def timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
         _local.stats = stats
         t0 = time.perf_counter()
         try:
-            out = orig(self, index)
+            with opened() as files:
+                out = orig(self, index)
         finally:
             _local.stats = None
         total = time.perf_counter() - t0
+        stats.files += [f for f in dict.fromkeys(files) if f not in stats.files][: MAX_FILES - len(stats.files)]
         n = len(index) if hasattr(index, "__len__") and self.auto_collation else 1
         stats.add(total - _local.collate, _local.collate, n)
         return out
@@ -172,18 +172,6 @@ def _timed(what: Callable[[Any, tuple[Any, ...]], str], orig: Callable[..., Any]
     return call
 
 
-def _opened(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def open_(file: Any, *args: Any, **kwargs: Any) -> Any:
-        stats = getattr(_local, "stats", None)
-        if stats is not None and len(stats.files) < MAX_FILES and isinstance(file, (str, os.PathLike)):
-            path = os.path.abspath(os.fspath(file))
-            if path not in stats.files:
-                stats.files.append(str(path))
-        return orig(file, *args, **kwargs)
-
-    return open_
-
-
 # (module, owner path, attribute, label) of the readers and decoders the doctor times, once their module is imported
 _READERS: list[tuple[str, str, str, Callable[[Any, tuple[Any, ...]], str]]] = [
     ("PIL.ImageFile", "ImageFile", "load", lambda im, _: f"decoding {getattr(im, 'format', None) or 'images'} (PIL)"),
@@ -195,13 +183,9 @@ _READERS: list[tuple[str, str, str, Callable[[Any, tuple[Any, ...]], str]]] = [
 
 
 def _patch_causes() -> None:
-    """Patch open() and each reader whose module is imported by now (called per batch: a few dict lookups
-    once everything is patched)."""
-    if len(_patched) == len(_READERS) + 1:
+    """Patch each reader whose module is imported by now (called per batch: a few dict lookups once all are)."""
+    if len(_patched) == len(_READERS):
         return
-    if "open" not in _patched:
-        _patched["open"] = (builtins, "open", builtins.open)
-        builtins.open = _opened(builtins.open)
     for module, owner_path, attr, label in _READERS:
         key = f"{module}.{owner_path}.{attr}"
         mod = sys.modules.get(module)

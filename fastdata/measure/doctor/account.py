@@ -1,27 +1,25 @@
-"""Every element a script's ``__getitem__`` returns, accounted for: where it comes from, so the printed fix keeps it.
+"""Every element a script's ``__getitem__`` returns, accounted for, so the printed fix keeps it.
 
-The doctor draws a few samples through the dataset (fastdata.measure.doctor.project) while recording the files each
-draw opens (an audit hook on ``open``); tables (CSV/TSV/JSON/JSONL/Parquet) the script opened at any time are
-recorded too. :func:`account` then matches each returned element against the sample's own file (the data),
-the rows of those tables that name that file (by value: exact, up to sign for angles a flip negates, or
-through a scale, shift and mirror for coordinates), and the file's class folder. What matches none is said
-to be left out, with why.
+:func:`account` matches each element of a few drawn samples against the sample's own file, the rows of the
+tables the script opened that name that file (by value, up to sign or a scale, shift and mirror for
+coordinates), and the file's class folder; what matches none is left out, with why.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
-PATH_COLUMNS = ("path", "file", "filename", "name")  # what fastdata convert takes as a path column
+from fastdata.format.files import TABLE_SUFFIXES
+
+_TABLES = tuple(TABLE_SUFFIXES)  # what fastdata convert reads as a table
 
 _sinks: list[tuple[list[str], bool]] = []  # (paths, tables only)
 _SKIP = (".py", ".pyc", ".so", ".pth")  # imports, not data
@@ -35,7 +33,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     path = os.path.abspath(os.fspath(args[0]))
     if path.endswith(_SKIP) or path.startswith(("/proc/", "/sys/", "/dev/")):
         return
-    table = path.lower().endswith(TABLE_SUFFIXES)
+    table = path.lower().endswith(_TABLES)
     for sink, tables_only in list(_sinks):
         if (table or not tables_only) and path not in sink and len(sink) < 256:
             sink.append(path)
@@ -59,7 +57,7 @@ def opened(tables_only: bool = False) -> Iterator[list[str]]:
 
 
 def is_table(path: str) -> bool:
-    return path.lower().endswith(TABLE_SUFFIXES) and os.path.isfile(path)
+    return path.lower().endswith(_TABLES) and os.path.isfile(path)
 
 
 def tables_of(dataset: Any, seen: list[str]) -> list[str]:
@@ -83,51 +81,30 @@ def image_hw(shape: Any) -> tuple[int, int] | None:
 
 # -- tables --------------------------------------------------------------------------------------------
 def _cell(v: Any) -> Any:
+    """A table cell as a number, an array of numbers, text, a bool, or None (missing, or anything else)."""
     if isinstance(v, str):
         s = v.strip()
-        if s[:1] == "[":
-            try:
-                v = json.loads(s)
-            except ValueError:
-                return s
-        else:
-            try:
-                return float(s)
-            except ValueError:
-                return s
-    if isinstance(v, (list, tuple, np.ndarray)):
+        try:
+            v = json.loads(s) if s[:1] == "[" else float(s)
+        except ValueError:
+            return s
+    if isinstance(v, (list, tuple)):
         try:
             return np.asarray(v, dtype=np.float64)
         except (TypeError, ValueError):
             return None
-    if isinstance(v, bool) or v is None:
+    if isinstance(v, bool):
         return v
-    return float(v) if isinstance(v, (int, float, np.number)) else v
+    return float(v) if isinstance(v, (int, float, np.number)) else None
 
 
-def read_table(path: str) -> tuple[list[dict[str, Any]], bool]:
-    """The rows of a table as dicts of parsed cells, and whether it is a JSON object keyed by path (its
-    keys then are column 'path')."""
-    low, keyed = path.lower(), False
-    if low.endswith((".csv", ".tsv")):
-        with open(path, newline="") as f:
-            rows: list[dict[str, Any]] = list(csv.DictReader(f, delimiter="\t" if low.endswith(".tsv") else ","))
-    elif low.endswith(".jsonl"):
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    elif low.endswith(".json"):
-        with open(path) as f:
-            obj = json.load(f)
-        if isinstance(obj, dict):
-            keyed = True
-            rows = [{"path": k, **(v if isinstance(v, dict) else {"value": v})} for k, v in obj.items()]
-        else:
-            rows = [r for r in obj if isinstance(r, dict)]
-    else:
-        import pyarrow.parquet as pq
+def read_table(path: str) -> list[dict[str, Any]]:
+    """The rows of a table, read as ``fastdata convert --meta`` reads it, as dicts of parsed cells (a JSON
+    object keyed by path has those keys as column 'path')."""
+    from fastdata.converters.table_read import read_table as read
 
-        rows = pq.read_table(path).to_pylist()
-    return [{str(k): _cell(v) for k, v in r.items()} for r in rows], keyed
+    t = read(Path(path))
+    return [{k: _cell(c[i]) for k, c in t.columns.items()} for i in range(t.rows)]
 
 
 def _index(rows: list[dict[str, Any]], files: list[str]) -> tuple[str, str, list[dict[str, Any]]] | None:
@@ -271,7 +248,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
     indexed = []
     for t in tables:
         try:
-            rows, keyed = read_table(t)
+            rows = read_table(t)
         except Exception as e:  # a table the doctor cannot read: said, never fatal
             out["tables"][t] = {"error": f"{type(e).__name__}: {e}"}
             continue
@@ -280,7 +257,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
             out["tables"][t] = {"error": "no column names the sample files (fastdata convert needs a path column)"}
         else:
             col, root, picked = hit
-            out["tables"][t] = {"path_column": col, "root": root, "keyed": keyed, "used": []}
+            out["tables"][t] = {"path_column": col, "root": root, "used": []}
             indexed.append((t, col, picked, rows))
     for k in first:
         if k not in out["fields"]:

@@ -1,9 +1,5 @@
-"""The printed fix: a ``fastdata convert`` command and a ``fastdata.loader(...)`` line that keep what the script used.
-
-From the projection's account of every element ``__getitem__`` returns (fastdata.measure.doctor.account): the tables
-the script read become ``--meta`` / ``--labels`` arguments, two augmented views of one sample ``views=2``,
-and where samples carry coordinates or angles the geometric ops come with ``targets={...}`` (or are left
-out, with why). Each element is said in :func:`lines`: a field of the dataset, or left out and why.
+"""The printed fix: a ``fastdata convert`` command and a ``fastdata.loader(...)`` line that keep every element
+the script's samples hold (fastdata.measure.doctor.account), or say why one is left out.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
             notes.append(f"{t}: column {names[0]!r} holds the class names the script indexes: fastdata convert "
                          f"makes indices of a text column named 'label' (rename it), else keeps the text")
         name = shlex.quote(t)
-        if not meta and (info["path_column"] == "path" or info["keyed"]):
+        if not meta and info["path_column"] == "path":
             args += ["--meta", name]
             meta = True
         elif not labels and len(used) == 1:
@@ -45,42 +41,27 @@ def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
     return args, notes
 
 
-def _field_name(acc: dict[str, Any], images: bool) -> dict[str, str]:
-    """Each element's field in the converted dataset."""
-    names = {}
-    for k, f in acc["fields"].items():
-        role = f["role"]
-        if role == "data":
-            names[k] = "image" if images else "x"
-        elif role == "view":
-            names[k] = f"{'image' if images else 'x'}[:, 1] (views=2)"
-        elif role == "folder label":
-            names[k] = "label"
-        elif role == "table":
-            names[k] = " + ".join(f["columns"])
-    return names
-
-
 def lines(acc: dict[str, Any] | None, images: bool) -> list[str]:
     """One line per element of a sample: what it is in the proposed dataset, or why it is left out."""
     if not acc:
         return []
-    names, out = _field_name(acc, images), []
+    x, out = "image" if images else "x", []
     for k, f in acc["fields"].items():
         role = f["role"]
         if role == "left out":
             out.append(f"{k}: left out: {f['why']}")
             continue
-        where = {"data": "the sample's file", "view": f"a second augmented view of {f.get('of')}",
-                 "folder label": "its class folder"}.get(role)
+        where, name = {"data": ("the sample's file", x),
+                       "view": (f"a second augmented view of {f.get('of')}", f"{x}[:, 1] (views=2)"),
+                       "folder label": ("its class folder", "label")}.get(role, ("", ""))
         if role == "table":
             how = {"keypoints": "coordinates, moved with the image (Keypoints)",
                    "classes": "class names, as indices into their sorted list",
                    "angles": "angles negated on a mirror (Custom)"}.get(f["kind"], "values")
             where = f"{', '.join(f['columns'])} of {os.path.basename(f['table'])} ({how})"
-            if len(f["columns"]) > 1:
-                names[k] = "torch.stack([" + ", ".join(f"batch[{c!r}]" for c in f["columns"]) + "], 1)"
-        out.append(f"{k}: {where} -> {names[k]}")
+            name = " + ".join(f["columns"]) if len(f["columns"]) == 1 else \
+                "torch.stack([" + ", ".join(f"batch[{c!r}]" for c in f["columns"]) + "], 1)"
+        out.append(f"{k}: {where} -> {name}")
     return out
 
 

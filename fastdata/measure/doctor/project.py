@@ -1,15 +1,7 @@
-"""The fix, measured: a sample of the dataset's ``__getitem__`` outputs as a temporary fastdata dataset.
-
-It draws up to ``MAX_SAMPLES`` samples from the map-style dataset the loop iterated most, writes them as
-per-sample ``.npz`` files, converts them with ``fastdata.convert`` and times ``fastdata.loader`` over the
-result with the script's batch size, twice: beside the script's own step (:class:`Beside`, fed to the
-doctor's replay, so the step and fastdata's reader threads share the CPU as they would after the switch)
-and alone (:func:`project_loader`, after the script is stopped). The samples are what ``__getitem__``
-returned, after the script's transforms: the projection assumes those transforms move to conversion time
-or to the device (said in the report). When the step runs on the CPU, the loader's own ops run there too, so
-an image the script turned into floats is kept as uint8 and the loader turns it back (:func:`_as_image`): to
-float, ``Normalize`` when the values were normalised, a flip when two draws of one sample differ, like the
-script after the switch; those ops are in the report's ``fastdata.loader`` line.
+"""The fix, measured: a sample of the dataset's ``__getitem__`` outputs converted to a temporary fastdata
+dataset, and ``fastdata.loader`` timed on it beside the script's replayed step (:class:`Beside`) and alone
+(:func:`project_loader`). On the CPU, float images are stored as uint8 and the loader redoes the script's
+transforms (:func:`_as_image`, :func:`_image_ops`), as the script would after the switch.
 """
 
 from __future__ import annotations
@@ -109,10 +101,6 @@ def _image_ops(ds: Any, i: int, first: dict[str, np.ndarray], images: list[str])
     return (("HorizontalFlip",) if random else ()) + (("Normalize",) if normalised else ())
 
 
-def workers_for_projection() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
-
-
 def sample(rec: Any, key: int | None = None) -> Sampled | str:
     """Convert a sample of the dataset of loader ``key`` (default: the busiest); a string says why not."""
     if not rec.loaders:
@@ -125,10 +113,9 @@ def sample(rec: Any, key: int | None = None) -> Sampled | str:
     if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")) or not bs:
         return "the dataset is not map-style (no __len__/__getitem__) or has no batch size"
     work = Path(tempfile.mkdtemp(prefix="fastdata-doctor-", dir=os.environ.get("FASTDATA_DOCTOR_TMP")))
-    on_cpu = getattr(rec, "step_on_cpu", lambda: True)()
-    tables = tables_of(ds, list(getattr(rec, "tables", [])))
     try:
-        return _sample(ds, int(bs), work, on_cpu, tables, getattr(rec, "sample_budget_s", None) or SAMPLE_BUDGET_S)
+        return _sample(ds, int(bs), work, rec.step_on_cpu(), tables_of(ds, list(rec.tables)),
+                       rec.sample_budget_s or SAMPLE_BUDGET_S)
     except Exception as e:  # the projection is optional: say why it is missing, never fail the report
         shutil.rmtree(work, ignore_errors=True)
         return f"{type(e).__name__}: {e}"
@@ -184,8 +171,9 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
             break
     rep = convert(src, work / "ds", ConvertConfig(write=WriteOptions(workers=1), no_labels=True))
     shutil.rmtree(src, ignore_errors=True)
-    return Sampled(work, kept, rep.fields, min(bs, kept), workers_for_projection(), rep.bytes_in / max(kept, 1),
-                   shapes, tuple(images), ops, acc)
+    workers = max(1, min(4, os.cpu_count() or 1))
+    return Sampled(work, kept, rep.fields, min(bs, kept), workers, rep.bytes_in / max(kept, 1), shapes,
+                   tuple(images), ops, acc)
 
 
 class Beside:
@@ -225,38 +213,21 @@ def project_loader(rec: Any, out: Path, sampled: Sampled | str | None = None) ->
     if isinstance(s, str):
         return {"ok": False, "why": s}
     try:
-        return _measure(s, getattr(rec, "measure_s", None) or MEASURE_S)
+        return _measure(s, rec.measure_s or MEASURE_S)
     except Exception as e:  # the projection is optional: say why it is missing, never fail the report
         return {"ok": False, "why": f"{type(e).__name__}: {e}"}
     finally:
         s.remove()
 
 
-def _sample_and_measure(ds: Any, bs: int, work: Path) -> dict[str, Any]:
-    """Sample ``ds`` into ``work`` and time the loader alone (tests and callers without a Recorder)."""
-    s = _sample(ds, bs, work)
-    return {"ok": False, "why": s} if isinstance(s, str) else _measure(s)
-
-
 def _measure(s: Sampled, seconds: float = MEASURE_S) -> dict[str, Any]:
+    """fastdata.loader alone on the sample, by fastdata.measure.bench.measure (the first batch left out)."""
+    from fastdata.measure.bench import measure
+
     loader = s.loader()
-    times: list[float] = []
-    deadline, first = time.perf_counter() + seconds, True
-    while time.perf_counter() < deadline:  # whole passes until the time is up
-        it = iter(loader)
-        while True:
-            t = time.perf_counter()
-            try:
-                next(it)
-            except StopIteration:
-                break
-            if not first:  # the very first batch pays the start-up
-                times.append(time.perf_counter() - t)
-            first = False
-    if not times:
-        return {"ok": False, "why": f"only {s.samples} samples: too few for a batch of {s.batch_size} after the first"}
+    r = measure("fastdata.loader", lambda: loader, bytes_per_sample=s.sample_bytes, max_seconds=seconds, warmup=1)
     return {"ok": True, "samples": s.samples, "fields": s.fields, "batch_size": s.batch_size, "workers": s.workers,
-            "batch_s": float(np.mean(times)), "sample_bytes": s.sample_bytes, "shapes": s.shapes,
+            "batch_s": r.seconds / r.batches, "sample_bytes": s.sample_bytes, "shapes": s.shapes,
             "ops": list(s.ops), "account": s.account, "note": "samples are the dataset's __getitem__ outputs (after its transforms)"
             + (f"; images as uint8, the loader's {' + '.join(('to float',) + s.ops)} in the script's place"
                if s.images else "")}

@@ -1,8 +1,5 @@
-"""From what the hooks recorded to the verdict: wait fraction, step, compute-only step, bottleneck, fix.
-
-``analyse(folder, command)`` reads raw.json, worker-*.json and project.json written by the doctor's
-child (fastdata.measure.doctor._boot) and returns the report as a dict (the JSON file); ``render`` makes the
-one-screen text of it.
+"""From what the hooks recorded to the verdict: ``analyse`` reads the doctor's folder (raw.json,
+worker-*.json, project.json) into the report dict; ``render`` makes its one-screen text.
 """
 
 from __future__ import annotations
@@ -132,13 +129,13 @@ def _bottleneck(wait: float, loader: dict[str, Any], w: dict[str, Any] | None) -
     if busy < 0.5:
         return "loader", head + f"; the workers are busy only {busy:.1%} of the time (start-up, IPC, or too few in flight)"
     cause, share = next(iter(w["causes"].items()), ("", 0.0))
+    who = "the worker spends" if nw == 1 else f"the {nw} workers spend"
+    its = "its" if nw == 1 else "their"
     if what == "__getitem__" and share >= 0.5 * frac:
-        verb = "spends" if nw == 1 else "spend"
-        return ("decode" if cause.startswith("decoding") else "read", head + f"; {'the worker' if nw == 1 else f'the {nw} workers'} {verb} "
-                f"{share:.1%} of {'its' if nw == 1 else 'their'} time {cause} ({per} in __getitem__)")
+        return ("decode" if cause.startswith("decoding") else "read",
+                head + f"; {who} {share:.1%} of {its} time {cause} ({per} in __getitem__)")
     return ("dataset_getitem" if what == "__getitem__" else "collate",
-            head + f"; {'the worker spends' if nw == 1 else f'the {nw} workers spend'} {frac:.1%} of "
-                   f"{'its' if nw == 1 else 'their'} time in {what} ({per})")
+            head + f"; {who} {frac:.1%} of {its} time in {what} ({per})")
 
 
 def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
@@ -193,10 +190,8 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
 
 
 def _beside(raw: dict[str, Any]) -> dict[str, Any] | None:
-    """The script's step replayed with fastdata's loader reading beside it, one batch a step: the mean
-    step (less the doctor's copy of a cached batch; a mean, like the step measured in the run) and the
-    fraction of it spent waiting for fastdata. A pass's first batch (start-up, which a sample of a few
-    passes has far more often than the real dataset) is left out."""
+    """The step replayed beside fastdata's loader: its mean (less the doctor's copy of the cached batch) and
+    the fraction spent waiting for fastdata, leaving out each pass's first batch (start-up)."""
     rows, why = raw.get("beside") or [], raw.get("beside_why")
     if len(rows) < 2:
         return {"why": why} if why else None
@@ -214,13 +209,9 @@ def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: flo
         return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj}
     busy = workers is not None and workers["getitem_fraction"] + workers["collate_fraction"] >= 0.5
     if beside and "step_s" in beside:  # measured: the step with fastdata's reader threads on the same CPU
-        # The replay beside fastdata's loader is the step after the switch when the loop is input-bound
-        # or its workers are busy: what the DataLoader cost beyond the wait in next() (busy workers taking
-        # CPU from the step, batches arriving through shared memory) goes with it; "the step less the
-        # wait" kept that cost (benchmarks/bench_doctor.py's Lightning loop over ragged sequences).
-        # Otherwise the step's own work, as measured in the run (the step less the wait), stays; the
-        # replay (on one cache-warm batch: a little faster than fresh batches) says whether fastdata's
-        # readers slow it down.
+        # input-bound or busy workers: the replay beside fastdata is the step after the switch (what the
+        # DataLoader cost beyond the wait goes with it); otherwise the step's own work stays, and the replay
+        # says whether fastdata's readers slow it down
         if busy or wait_s >= INPUT_BOUND * step_s:
             new_step, basis = beside["step_s"], f"step replayed beside fastdata's loader ({beside['steps']} steps)"
         else:
@@ -230,12 +221,8 @@ def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: flo
         return {"projected_wait_fraction": min(beside["wait_s"] / new_step, 1.0) if new_step > 0 else None,
                 "projected_step_s": new_step, "projected_speedup": step_s / new_step if new_step > 0 else None,
                 "projection_basis": basis, "projection": proj, "beside": beside}
-    # Without that replay (watch(), --no-replay): the loader reads ahead in the background, so a step takes
-    # the longer of the script's own work per step and fastdata's time per batch alone. That work is the
-    # step less the wait, as measured in the run; but where the workers were busy (decoding, transforming)
-    # they also took CPU from the step, which fastdata gives back: then the compute-only replay is the
-    # step's work. A replay slower than the step is noise from other load: the step bounds it. This misses
-    # the CPU that fastdata's own readers take from the step.
+    # without that replay (watch(), --no-replay): the longer of the step's own work (the step less the wait;
+    # the compute-only step where busy workers took CPU from it, bounded by the step) and fastdata's batch alone
     work, basis = (min(compute, step_s), "compute-only step (busy workers took CPU from the step)") if busy \
         else (step_s - wait_s, "step less the wait")
     new_step = max(work, proj["batch_s"])
@@ -250,9 +237,8 @@ def _images_only(source: dict[str, Any] | None) -> bool:
 
 
 def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[int, int] | None:
-    """(H, W) of the one image the script's samples hold, when the workers read image files only and the
-    sample (the projection's data) has exactly one field shaped like an image (CHW or HWC, 1, 3 or 4
-    channels): decoding and resizing at conversion is what the projection measured."""
+    """(H, W) of the one image field of the samples when the workers read image files only: the size to
+    decode and resize to at conversion, as the projection measured."""
     from fastdata.measure.doctor.account import image_hw
 
     if proj is None or not _images_only(source):
@@ -291,9 +277,7 @@ def render(r: dict[str, Any]) -> str:
         if io and io["from_storage_fraction"] is not None:
             out.append(f"reads    {io['rchar'] / 1e6:.1f} MB read by the workers, "
                          f"{io['from_storage_fraction']:.1%} from storage, the rest from the page cache")
-    copies = transfer.line(r)
-    if copies:
-        out.append(copies)
+    out.append(transfer.line(r))
     p = r["projection"]
     if p.get("ok"):
         ops = f", images as uint8 with {' + '.join(p['ops'])} on the batch" if p.get("ops") else ""

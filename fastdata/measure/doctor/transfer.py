@@ -1,8 +1,4 @@
-"""The report's host-to-device keys and line, from the copy counts of fastdata.measure.doctor._h2d (no torch here).
-
-``figures`` gives ``h2d`` (copies, bytes, seconds, GB/s, share of the step, pinned and non_blocking
-fractions, advice) or ``None`` with ``h2d_reason``; ``line`` is its one line in the text report.
-"""
+"""The report's host-to-device keys and line, from the copy counts of fastdata.measure.doctor._h2d."""
 
 from __future__ import annotations
 
@@ -71,11 +67,9 @@ def advice(pinned: float, non_blocking: float, main: dict[str, Any]) -> str | No
     return None
 
 
-def line(r: dict[str, Any]) -> str | None:
-    """The text report's line, or None when the report has no h2d keys (an older raw file)."""
-    if "h2d" not in r:
-        return None
-    h = r["h2d"]
+def line(r: dict[str, Any]) -> str:
+    """The text report's line."""
+    h = r.get("h2d")
     if h is None:
         why = r.get("h2d_reason") or "not recorded"
         return f"host->device not measured ({'no CUDA' if why == NO_CUDA else why})"
