@@ -23,12 +23,12 @@ import numpy as np
 import xxhash
 
 from fastdata.errors import CorruptShardError, DataError
+from fastdata.fileio import read_blocks
 from fastdata.format import blocksums
 
 KIND = "index"  # manifest source "kind" of an in-place index
 FORMATS = ("hdf5", "npy", "zarr")
 ZARR_META = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
-_HASH_BLOCK = 8 << 20
 SAMPLE_BLOCK = 4096
 SAMPLE_BLOCKS = 64  # per file: 256 KiB read at each open (sample_checksum)
 
@@ -153,24 +153,16 @@ def meta_checksum(path: str, fmt: str, arrays: list[str]) -> str:
     return f"xxh3_128:{h.hexdigest()}"
 
 
-def content_checksum(path: str, blocks: dict[str, str] | None = None) -> str:
-    """``xxh3_128`` of every byte of a file (of a directory: of each file's name and bytes, in order);
-    ``blocks``, if given, receives each file's block digests (fastdata/format/blocksums.py) from the same pass."""
-    h = xxhash.xxh3_128()
-    files = [(rel, os.path.join(path, rel)) for rel, _ in _tree(path)] if os.path.isdir(path) else [("", path)]
-    buf = bytearray(_HASH_BLOCK)  # a multiple of blocksums.BLOCK; a buffered read fills it until the end of file
-    view = memoryview(buf)
-    for rel, p in files:
-        h.update(rel.encode() + b"\0")
-        sums: list[int] = []
-        with open(p, "rb") as f:
-            while n := f.readinto(buf):
-                h.update(view[:n])
-                if blocks is not None:
-                    sums += blocksums.digests(view[:n])
-        if blocks is not None:
-            blocks[rel] = blocksums.encode(sums)
-    return f"xxh3_128:{h.hexdigest()}"
+def _files(path: str) -> list[tuple[str, str, int]]:
+    """The files of a file or a directory (a Zarr store): (name inside it, path, blocks sampled of it)."""
+    if os.path.isdir(path):
+        return [(rel, os.path.join(path, rel), 4) for rel, _ in _tree(path)]
+    return [("", path, SAMPLE_BLOCKS)]
+
+
+def _sampled(size: int, blocks: int) -> list[int]:
+    """Where the ``blocks`` blocks sampled of ``size`` bytes start: spread evenly, first and last included."""
+    return sorted({int(o) for o in np.linspace(0, max(0, size - SAMPLE_BLOCK), min(blocks, -(-size // SAMPLE_BLOCK)))})
 
 
 def sample_checksum(path: str) -> str:
@@ -179,30 +171,51 @@ def sample_checksum(path: str) -> str:
     file's name and at most 4 blocks (16 KiB), so that chunk files swapped or rewritten are seen. Cheap
     enough for every open; a small same-size edit between the blocks is left to ``--checksum``."""
     h = xxhash.xxh3_128()
-    files = [(rel, os.path.join(path, rel), 4) for rel, _ in _tree(path)] if os.path.isdir(path) \
-        else [("", path, SAMPLE_BLOCKS)]
-    for rel, p, blocks in files:
+    for rel, p, blocks in _files(path):
         h.update(rel.encode() + b"\0")
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            size = os.fstat(fd).st_size
-            n = min(blocks, -(-size // SAMPLE_BLOCK))
-            for off in sorted({int(o) for o in np.linspace(0, max(0, size - SAMPLE_BLOCK), n)}):
+            for off in _sampled(os.fstat(fd).st_size, blocks):
                 h.update(os.pread(fd, SAMPLE_BLOCK, off))
         finally:
             os.close(fd)
     return f"xxh3_128:{h.hexdigest()}"
 
 
+def content_checksums(path: str) -> tuple[str, str, dict[str, str]]:
+    """One pass over every byte of a file (of a directory: of each file, in order): ``xxh3_128`` of each
+    file's name and bytes, :func:`sample_checksum` taken from the same bytes, and each file's block
+    digests (fastdata/format/blocksums.py)."""
+    full, sample = xxhash.xxh3_128(), xxhash.xxh3_128()
+    blocks: dict[str, str] = {}
+    for rel, p, n in _files(path):
+        full.update(rel.encode() + b"\0")
+        sample.update(rel.encode() + b"\0")
+        starts = _sampled(os.path.getsize(p), n)
+        pieces = {o: bytearray() for o in starts}
+        sums: list[int] = []
+        pos = 0
+        for data in read_blocks(p):  # HASH_BLOCK is a multiple of blocksums.BLOCK: blocks are whole
+            full.update(data)
+            sums += blocksums.digests(data)
+            for o in starts:
+                if o < pos + len(data) and o + SAMPLE_BLOCK > pos:  # (a sampled block may span two reads)
+                    pieces[o] += data[max(0, o - pos) : o + SAMPLE_BLOCK - pos]
+            pos += len(data)
+        for o in starts:
+            sample.update(pieces[o])
+        blocks[rel] = blocksums.encode(sums)
+    return f"xxh3_128:{full.hexdigest()}", f"xxh3_128:{sample.hexdigest()}", blocks
+
+
 def stamp(path: str, fmt: str, arrays: list[str], full: bool) -> Stamp:
-    """What ``path`` is now; ``full``: with its full checksum and block digests (``--checksum``)."""
+    """What ``path`` is now; ``full``: with its full checksum and block digests (``--checksum``), read once."""
     size, mtime = size_mtime(path)
     if not full:
         return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), None, sample_checksum(path))
-    sums: dict[str, str] = {}
-    full_sum = content_checksum(path, sums)
-    return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), full_sum, sample_checksum(path),
-                 {"size": blocksums.BLOCK, "xxh3_64": sums})
+    whole, sample, blocks = content_checksums(path)
+    return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), whole, sample,
+                 {"size": blocksums.BLOCK, "xxh3_64": blocks})
 
 
 def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, content: bool = False) -> str | None:
@@ -223,7 +236,7 @@ def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, conten
     try:
         if meta and meta_checksum(s.path, fmt, arrays) != s.meta:
             return f"{s.path}: changed since it was indexed (its metadata differs){hint}"
-        if content and s.checksum is not None and content_checksum(s.path) != s.checksum:
+        if content and s.checksum is not None and content_checksums(s.path)[0] != s.checksum:
             return f"{s.path}: changed since it was indexed (its content checksum differs){hint}"
         if meta and s.sample is not None and sample_checksum(s.path) != s.sample:
             return (f"{s.path}: changed since it was indexed (the blocks sampled across its content differ: "

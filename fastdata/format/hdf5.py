@@ -1,14 +1,7 @@
-"""HDF5 shards: one dataset per fixed field (sample axis first); ragged fields as data + offsets.
-The backend module: reading here, writing in hdf5write.py.
-
-Uncompressed fields are stored contiguous, so a reader finds each field's byte offset
-once and then copies any run of samples straight into the batch buffer from a read-only
-memory map: no h5py call (and no h5py global lock) on the hot path. Writers put each sample's bytes in
-place with one ``pwrite``. Fields compressed per sample (``--compression lz4|zstd``, fastdata/format/codec.py)
-hold one chunk per sample, written with ``write_direct_chunk`` and read with one ``pread`` and a
-Blosc decode straight into the batch (no h5py on the hot path either). With ``lzf``/``gzip`` every
-field is chunked along the sample axis (about 1 MiB a chunk) and read and written through h5py.
-"""
+"""HDF5 shards: one dataset per fixed field (sample axis first); ragged fields as data + offsets (writing
+in hdf5write.py). Contiguous fields are copied from a read-only memory map and per-sample compressed ones
+read with one ``pread`` each: no h5py call (nor its global lock) on the hot path; ``lzf``/``gzip`` fields
+are read through h5py."""
 
 from __future__ import annotations
 
@@ -30,9 +23,6 @@ from fastdata.format.spec import FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
-# Fixed columns are copied from a memory map, whatever the sample size: against one pread per
-# sample, faster for 4 MB rows and about even for 903 KB rows on 2 threads
-# (benchmarks/bench_choices.py; its results in docs/benchmarks.md, issue 16).
 _GATHER_ROW_BYTES = 64 << 10  # mapped rows up to this size are gathered with one fancy-index call
 
 
@@ -208,15 +198,10 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
                   layouts: dict[str, Layout] | None = None, *, from_disk: bool = False) -> None:
-        """Sample ``local[k]`` of this shard goes to row ``dest[k]`` of each array in ``outs``.
-
-        ``local`` is sorted; runs consecutive in both ``local`` and ``dest`` are read at once.
-        Ragged fields are placed as :class:`RaggedOut` does (``layouts``: per ragged field, the
-        batch's image shapes of a ``pixels`` field, or a :class:`Packed` layout). ``from_disk``: the
-        batch is (mostly) not in the page cache: large rows are ``pread`` into the batch instead of
-        copied from the map (which would map every page into the process, and the kernel would have to
-        unmap them again to reclaim them; benchmarks/bench_cold_large.py measures both).
-        """
+        """Sample ``local[k]`` (sorted) of this shard goes to row ``dest[k]`` of each array in ``outs``; ragged
+        fields as :class:`RaggedOut` places them (``layouts``). ``from_disk``: large rows are ``pread`` into
+        the batch, not copied from the map (which would map every page into the process for the kernel to
+        unmap again)."""
         h = self.handle()
         self._check_unchanged(h.fd, local)
         for name, out in outs.items():

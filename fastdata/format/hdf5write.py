@@ -1,10 +1,4 @@
-"""Writing HDF5 shards (the layout: fastdata/format/hdf5.py, docs/format.md).
-
-Uncompressed fields are allocated at creation (contiguous, never filled), and each sample's
-bytes go straight to their place in the file with one ``pwrite``. Fields compressed per sample
-(``lz4``/``zstd``) get one chunk per sample; with ``lzf``/``gzip`` every field is chunked along
-the sample axis (about 1 MiB a chunk) and written through h5py in blocks.
-"""
+"""Writing HDF5 shards (the layout: fastdata/format/hdf5.py, docs/format.md)."""
 
 from __future__ import annotations
 
@@ -51,12 +45,10 @@ def _chunk_rows(row_bytes: int, n: int) -> int:
 
 
 class ShardWriter:
-    """Writes one HDF5 shard of ``count`` samples. Use as a context manager; see docs/format.md.
-
-    Uncompressed fields are allocated at creation (contiguous, never filled), and each sample's
-    bytes go straight to their place in the file with one ``pwrite``: no staging copy and no h5py
-    call per sample. Compressed fields are staged and written through h5py in blocks.
-    """
+    """Writes one HDF5 shard of ``count`` samples (a context manager). Uncompressed fields are allocated at
+    creation and each sample's bytes go to their place with one ``pwrite`` (no staging, no h5py call);
+    fields compressed per sample (``lz4``/``zstd``) get one chunk each; ``lzf``/``gzip`` fields are chunked
+    along the sample axis (about 1 MiB a chunk), staged and written through h5py in blocks."""
 
     def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
                  compression: str | None = None, start: int = 0) -> None:

@@ -12,12 +12,11 @@ the dataset is opened and when a process first reads them. See docs/in-place.md.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from fastdata.format.zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
 from fastdata.handles import PerProcessHandle
 
 NAME = INDEX
+H = TypeVar("H")
 _GATHER_ROW_BYTES = 64 << 10  # as fastdata/format/hdf5.py: small rows gathered in one numpy call
 _WHOLE_COLUMN_BYTES = 16 << 20  # a chunked column this small is read whole, once per process
 
@@ -139,8 +139,19 @@ class PartReader:
             col.close()
 
 
-def _where(stamp: Stamp, c: Column) -> str:
-    return f"{stamp.path}: {c.array}" if c.array else stamp.path
+class _Col(PerProcessHandle[H]):
+    """One field of one part: where it lies (``c``) in ``stamp``'s file, checked unchanged when a process opens it."""
+
+    def __init__(self, stamp: Stamp, c: Column, f: FieldSpec, count: int) -> None:
+        self.stamp, self.col, self.field, self.count = stamp, c, f, count
+        self.offset = c.offset or 0  # contiguous data: its byte offset
+        self.rows = c.chunk_rows or 0  # chunked data: the samples of a chunk
+        self.where = f"{stamp.path}: {c.array}" if c.array else stamp.path
+
+    def _check(self) -> None:
+        problem = check_file(self.stamp, self.col.format, [self.col.array])
+        if problem is not None:
+            raise CorruptShardError(problem)
 
 
 @dataclass
@@ -150,19 +161,11 @@ class _Map:
     check: BlockCheck | None = None  # with --checksum: the file's blocks, checked on this process's first read
 
 
-class _Mapped(PerProcessHandle[_Map]):
+class _Mapped(_Col[_Map]):
     """A contiguous array at byte ``offset`` of its file, read through a read-only memory map."""
 
-    def __init__(self, stamp: Stamp, c: Column, f: FieldSpec, count: int) -> None:
-        self.stamp, self.col, self.field, self.count = stamp, c, f, count
-        assert c.offset is not None
-        self.offset = c.offset
-        self.where = _where(stamp, c)
-
     def _open_handle(self) -> _Map:
-        problem = check_file(self.stamp, self.col.format, [self.col.array])
-        if problem is not None:
-            raise CorruptShardError(problem)
+        self._check()
         fd = os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             nbytes = self.count * self.field.row_nbytes
@@ -215,19 +218,11 @@ class _Source:
         return self.checks.get(os.path.relpath(path, store) if self.zchunks is not None else "")
 
 
-class _Chunked(PerProcessHandle[_Source]):
+class _Chunked(_Col[_Source]):
     """A chunked (possibly compressed) HDF5 dataset or Zarr array, read a whole chunk at a time."""
 
-    def __init__(self, stamp: Stamp, c: Column, f: FieldSpec, count: int) -> None:
-        self.stamp, self.col, self.field, self.count = stamp, c, f, count
-        assert c.chunk_rows is not None
-        self.rows = c.chunk_rows
-        self.where = _where(stamp, c)
-
     def _open_handle(self) -> _Source:
-        problem = check_file(self.stamp, self.col.format, [self.col.array])
-        if problem is not None:
-            raise CorruptShardError(problem)
+        self._check()
         if self.col.format == "hdf5":
             import h5py
 
@@ -373,7 +368,3 @@ class _Chunked(PerProcessHandle[_Source]):
         src = self._handle
         return 0 if src is None else src.cache.decoded_bytes + (0 if src.whole is None else src.whole.nbytes)
 
-
-def total_rows_bytes(fields: list[FieldSpec], n: int) -> int:
-    """Bytes the samples of an index hold (what a full pass delivers)."""
-    return n * sum(math.prod(f.trailing) * f.np_dtype.itemsize for f in fields)

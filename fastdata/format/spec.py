@@ -1,19 +1,6 @@
-"""The fastdata format's spec: version, names, limits, field and shard types, image rules.
-
-Everything a writer or reader must agree on, in one module that imports nothing from fastdata
-but its errors. I/O of the manifest is in manifest.py, the shard backends in hdf5.py and lmdb.py.
-Normative description: docs/format.md.
-
-Image fields store uint8 pixels in HWC layout (channels ``RGB`` or ``L``) in one of three
-encodings (docs/format.md, "Image fields"):
-
-* ``raw`` with a fixed shape ``[H, W, C]``: plain pixels, read with a memory copy;
-* ``pixels``: ragged ``|u1`` bytes, each sample's ``H*W*C`` pixels in C order, with the
-  per-sample ``(H, W, C)`` in the companion field ``<name>_shape``;
-* ``image``: ragged ``|u1`` bytes, each sample one complete encoded file (JPEG or PNG),
-  with ``<name>_shape`` and the per-sample codec in ``<name>_codec``.
-Decoding lives in ``fastdata.reading.decode``.
-"""
+"""The fastdata format's spec: version, names, limits, field and shard types, image rules: what every
+writer and reader agrees on (docs/format.md; image fields: its "Image fields"), importing only fastdata's
+errors."""
 
 from __future__ import annotations
 
@@ -176,12 +163,8 @@ _DTYPE_KINDS = "biufc"
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One field of every sample: a numeric array of fixed shape, or ragged on its first axis.
-
-    ``shape`` is the per-sample shape; a leading ``None`` marks a ragged field whose first
-    axis varies from sample to sample (the trailing axes do not). ``image`` is set on image
-    fields only (see the image rules above).
-    """
+    """One field of every sample: a numeric array of per-sample ``shape``; a leading ``None`` marks a field
+    ragged on its first axis. ``image`` is set on image fields only."""
 
     name: str
     dtype: str
@@ -219,12 +202,8 @@ class FieldSpec:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard file: which samples it holds, its size and its checksum, ``"<algorithm>:<hex>"``
-    (an algorithm of ``CHECKSUMS``; format version 1 manifests hold SHA-256 only).
-
-    ``origin``: the sample index the file numbers its samples from, when that is not ``start``
-    (a shard ``fastdata merge`` hard-linked from another dataset keeps its bytes, hence its numbering).
-    """
+    """One shard file: which samples it holds, its size and its ``"<algorithm>:<hex>"`` checksum. ``origin``:
+    the index the file numbers its samples from when not ``start`` (a shard ``fastdata merge`` linked)."""
 
     file: str
     start: int

@@ -1,19 +1,6 @@
-"""The AMP training core: one tested loop that applies the GPU tuning flags and measures input wait.
-
-``fit(model, loader, optimizer, loss_fn, epochs=...)`` runs ``loss_fn(model, batch)`` over the
-loader with autocast (bf16 where the GPU has it, else fp16 with a GradScaler), TF32 and cuDNN
-autotuning, channels_last for conv nets, optional torch.compile with a fallback to eager,
-gradient accumulation and clipping, atomic checkpoints with exact resume, and per-epoch
-metrics: samples/s and the share of each step spent waiting for data. Loss values are read back
-from the device only at log boundaries, so the loop adds no host-device syncs per step.
-
-``fit`` is a short loop over pieces that each do one job and are tested on their own:
-``PrecisionPlan`` (precision, flags, memory format: fastdata/train/precision.py), ``ModelRunner``
-(torch.compile and its fallback), ``TrainStep`` (forward/backward, accumulation, DDP ``no_sync``,
-the optimizer step), ``EpochMeter`` (input wait, compute time, on-device loss and skip counters:
-fastdata/train/meter.py), ``checkpoint_state``/``save_checkpoint``/``restore_checkpoint`` (with RNG
-states: fastdata/train/checkpoint.py) and ``run_epoch``.
-"""
+"""The AMP training core: ``fit`` runs ``loss_fn(model, batch)`` over a loader with the GPU's precision and
+flags, optional torch.compile, accumulation, clipping, atomic checkpoints with exact resume, and per-epoch
+metrics (samples/s, the share of time waiting for input), reading losses back only at log lines."""
 
 from __future__ import annotations
 
