@@ -1,8 +1,5 @@
-"""File utilities every layer shares: positional reads, atomic writes, durable renames, hashing.
-
-Nothing here knows the fastdata format; the format, the converters, training checkpoints and
-the tools all write through these so a crash never leaves a half-written file under a final name.
-"""
+"""File utilities every layer shares (positional reads, atomic writes, durable renames, hashing), so that a
+crash never leaves a half-written file under a final name."""
 
 from __future__ import annotations
 

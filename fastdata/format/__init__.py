@@ -1,10 +1,5 @@
-"""The fastdata on-disk format: manifest + shards. Writers and readers both import it from here.
-
-Each storage backend is one module with the same small interface (``EXTENSION``,
-``ShardWriter``, ``ShardReader``, ``parse_compression``; declared in interface.py), registered
-once in backends.py and picked by the manifest's ``backend`` value. Normative description:
-docs/format.md.
-"""
+"""The fastdata on-disk format (docs/format.md): manifest + shards, one module per storage backend
+(interface.py), registered in backends.py."""
 
 from __future__ import annotations
 

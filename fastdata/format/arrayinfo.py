@@ -1,9 +1,5 @@
-"""What an array inside an existing file looks like: HDF5 datasets, ``.npy`` files, Zarr arrays.
-
-Used by ``fastdata index`` to plan how each field is read, and by the index's change checks
-(fastdata/format/external.py) to describe the metadata it relies on. Errors are one line naming
-the file and, inside it, the array.
-"""
+"""What an array inside an existing file (HDF5 dataset, ``.npy`` file, Zarr array) looks like, for
+``fastdata index`` and its change checks; errors are one line naming the file and the array."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Files an in-place index points into (``fastdata index``): what their arrays look like, and proof
-that they have not changed since they were indexed.
-
-An index's manifest (backend ``inplace``) keeps in ``source`` each file's size, modification time
-and a checksum of its metadata (HDF5: the indexed datasets' shapes, types, filters and where their
-data or chunks lie; ``.npy``: the header; Zarr: the metadata documents and every chunk file's name
-and size), a checksum of blocks sampled across its content (same-size edits, replacements, swapped
-chunks), and optionally (``--checksum``) of its whole content and of each of its blocks, which the
-reader checks as it reads (fastdata/format/blocksums.py). :func:`check_files` compares them with the files
-as they are now; a difference is a one-line :class:`~fastdata.errors.CorruptShardError` naming the
-file. Normative description: docs/in-place.md.
-"""
+"""The files an in-place index points into: where each field lies (``source`` of its manifest), and the
+stamps that prove a file unchanged since it was indexed (size, time, metadata, sampled blocks; with
+``--checksum`` every byte and block). A difference is a one-line CorruptShardError naming the file
+(docs/in-place.md)."""
 
 from __future__ import annotations
 
@@ -56,9 +48,8 @@ class Stamp:
 
 @dataclass(frozen=True)
 class Column:
-    """Where one field of one part lies: file ``file`` (an index into the stamps), ``format``, the
-    array's path inside it (HDF5 dataset, Zarr array; "" for .npy), contiguous data at byte
-    ``offset``, or chunks of ``chunk_rows`` samples."""
+    """Where one field of one part lies: stamp ``file``, the array inside it ("" for .npy), and contiguous
+    data at byte ``offset`` or chunks of ``chunk_rows`` samples."""
 
     file: int
     format: str
@@ -166,10 +157,8 @@ def _sampled(size: int, blocks: int) -> list[int]:
 
 
 def sample_checksum(path: str) -> str:
-    """``xxh3_128`` of blocks spread evenly across a file's bytes (first and last included): at most
-    ``SAMPLE_BLOCKS`` of ``SAMPLE_BLOCK`` bytes, 256 KiB a file; of a directory (a Zarr store), of each
-    file's name and at most 4 blocks (16 KiB), so that chunk files swapped or rewritten are seen. Cheap
-    enough for every open; a small same-size edit between the blocks is left to ``--checksum``."""
+    """``xxh3_128`` of each file's name and the blocks sampled of it (:func:`_sampled`): cheap enough for every
+    open, it sees files replaced and chunks swapped; a small edit between the blocks is left to ``--checksum``."""
     h = xxhash.xxh3_128()
     for rel, p, blocks in _files(path):
         h.update(rel.encode() + b"\0")

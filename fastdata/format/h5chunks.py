@@ -1,12 +1,6 @@
-"""Chunks of an HDF5 dataset read without h5py: one ``pread`` per chunk and the filters undone here.
-
-For a dataset chunked along the sample axis only (each chunk holds whole samples), the chunk
-table (``chunk_iter``: where each chunk lies, how big, which filters it skipped) is read once per
-process; afterwards a chunk is one positional read and a decode with the GIL released (zlib,
-numcodecs' LZ4, Zstd, Blosc and byte unshuffle), so reader threads decode in parallel, which
-h5py's global lock would forbid. Pipelines with any other filter (or chunks that split a sample)
-are read through h5py instead (fastdata/format/inplace.py).
-"""
+"""Chunks of an HDF5 dataset chunked along the sample axis read without h5py: one ``pread`` per chunk and
+the filters (deflate, shuffle, LZ4, Zstd, Blosc) undone here with the GIL released, so reader threads
+decode in parallel where h5py's global lock would serialise them; other filters go through h5py."""
 
 from __future__ import annotations
 
@@ -28,9 +22,8 @@ KNOWN = (DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD)
 
 @dataclass
 class ChunkTable:
-    """Where chunk ``c`` (samples ``c * rows`` onwards) lies in the file, and how to decode it."""
+    """Where each chunk lies in the file, and how to decode it."""
 
-    rows: int
     offsets: np.ndarray  # -1: never written (reads fall back to h5py, which gives the fill value)
     sizes: np.ndarray
     masks: np.ndarray  # HDF5 filter mask: bit i set = filter i was skipped for this chunk
@@ -60,7 +53,7 @@ def chunk_table(dset: Any) -> ChunkTable | None:
     if n:
         dset.id.chunk_iter(note)
     nbytes = rows * int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize
-    return ChunkTable(rows, offsets, sizes, masks, filters, dset.dtype.itemsize, nbytes)
+    return ChunkTable(offsets, sizes, masks, filters, dset.dtype.itemsize, nbytes)
 
 
 def chunk_spans(dset: Any) -> np.ndarray | None:

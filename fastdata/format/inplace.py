@@ -1,14 +1,6 @@
-"""The ``inplace`` backend: a dataset whose samples stay in existing HDF5, ``.npy`` or Zarr files.
-
-``fastdata index`` writes a manifest whose shards are parts of the source (one per HDF5 file of a
-glob; one for a ``.npy`` set or a Zarr group) and whose ``source`` says where each field lies
-(fastdata/format/external.py). Contiguous data (uncompressed HDF5 datasets, ``.npy``) is copied
-from a read-only memory map at its byte offset, as fastdata's own HDF5 shards are: no h5py call
-per batch. Chunked or compressed data (HDF5, Zarr) is read a whole chunk at a time into a per-process
-cache of decoded chunks (fastdata/format/chunkcache.py), so batches drawn from a few chunks
-(``shuffle="chunks"``) decode each chunk once. Source files are checked against their stamps when
-the dataset is opened and when a process first reads them. See docs/in-place.md.
-"""
+"""The ``inplace`` backend: samples read where they are in existing HDF5, ``.npy`` or Zarr files (``fastdata
+index``; docs/in-place.md). Contiguous data is copied from a read-only memory map; chunked data is read a
+whole chunk at a time into a per-process cache of decoded chunks (fastdata/format/chunkcache.py)."""
 
 from __future__ import annotations
 
@@ -52,27 +44,20 @@ def index_of(manifest: Manifest, where: str) -> Index:
 
 
 class InPlaceShards(LocalShards):
-    """The ShardSource of an index: one reader per part of the source files (no shard files; the manifest's
-    ``source`` says where each field lies). Read-ahead hints go to the source files' byte ranges."""
+    """The ShardSource of an index: one reader per part of the source files (no shard files)."""
 
     def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
-        return list(open_readers(self.folder, self.manifest))
-
-
-def open_readers(root: Path | str, manifest: Manifest) -> list["PartReader"]:
-    """One reader per part of the index at ``root``, after checking every source file is as indexed."""
-    if not isinstance(root, Path):
-        raise UsageError(f"{root}: an in-place index is opened from a local folder, not a URL")
-    index = index_of(manifest, str(root))
-    check_files(index, meta=True)
-    fields = {f.name: f for f in manifest.fields}
-    readers = []
-    for info, part in zip(manifest.shards, index.parts):
-        if set(part) != set(fields):
-            raise CorruptShardError(f"{root}: part {info.file} does not describe every field")
-        cols = {name: _column(index.files[c.file], c, fields[name], info.count) for name, c in part.items()}
-        readers.append(PartReader(Path(index.files[next(iter(part.values())).file].path), info, cols))
-    return readers
+        """One reader per part, after checking every source file is as indexed."""
+        index = index_of(self.manifest, str(self.folder))
+        check_files(index, meta=True)
+        specs = {f.name: f for f in self.manifest.fields}
+        readers: list[ShardReader] = []
+        for info, part in zip(self.manifest.shards, index.parts):
+            if set(part) != set(specs):
+                raise CorruptShardError(f"{self.folder}: part {info.file} does not describe every field")
+            cols = {name: _column(index.files[c.file], c, specs[name], info.count) for name, c in part.items()}
+            readers.append(PartReader(Path(index.files[next(iter(part.values())).file].path), info, cols))
+        return readers
 
 
 def unit_counts(manifest: Manifest, stored: np.ndarray | None = None) -> list[int]:
@@ -288,7 +273,7 @@ class _Chunked(_Col[_Source]):
 
     def _load(self, src: _Source, r0: int, r1: int) -> np.ndarray:
         if (src.fd is not None and src.table is not None) or src.zchunks is not None:
-            a = src.cache.buffer((r1 - r0, *self.field.trailing), self.field.np_dtype)
+            a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
             for c0 in range(r0, r1, self.rows):  # r0 is the first row of a chunk
                 part = a[c0 - r0 : min(c0 + self.rows, r1) - r0]
                 if src.zchunks is not None:

@@ -118,13 +118,9 @@ FORMAT_VERSION = 3  # what a conversion writes. 3: sample keys ("keys", keys.bin
 # 2: shard checksums name their algorithm ("checksum": "xxh3_128:<hex>") and a shard may carry an
 # ``origin``; 1: "sha256" only, no origin
 ORIGIN_VERSION = 2  # a manifest with a shard ``origin`` (``fastdata merge``) needs a reader of at least this
-COMPRESSED_VERSION = 4  # a manifest with a compressed field ("compression" in a field entry) is written as
-# version 4, so that readers of version 3 refuse it ("written by a newer fastdata") instead of reading
-# compressed bytes as samples; a dataset without compressed fields is still written as FORMAT_VERSION
+COMPRESSED_VERSION = 4  # with a compressed field: readers of version 3 refuse it instead of misreading it
 READ_VERSION = 4  # the newest manifest version this fastdata reads
-# Per-field compression codecs a reader must know (docs/format.md, "Compressed fields"): "blosc" stores
-# each sample of a fixed field as one Blosc (1.x format) buffer, byte-shuffled, LZ4 or Zstd inside.
-FIELD_CODECS = ("blosc",)
+FIELD_CODECS = ("blosc",)  # per-field compression codecs (docs/format.md, "Compressed fields")
 # Shard checksum algorithms: name -> hex digits. Writers use CHECKSUM_DEFAULT; readers verify any of these.
 CHECKSUMS = {"xxh3_128": 32, "sha256": 64}
 CHECKSUM_DEFAULT = "xxh3_128"
@@ -146,16 +142,13 @@ MAX_FIELDS = 256
 MAX_DIMS = 32
 MAX_SHARDS = 10_000_000
 MAX_CLASSES = 10_000_000
-# The fewest bytes a sample can take in a shard file, so that a shard's count is checked against its
-# size before anything is allocated from it. LMDB: the record's key, LMDB's node header and the
-# record header (magic, field count, one size per field). HDF5: the samples' raw bytes (8 per ragged
-# field's offset) over the most any HDF5 codec can compress (zstd: about 4 bytes per 128 KiB block).
+# The fewest bytes a sample can take in a shard file (a shard's count is checked against its size). LMDB:
+# key, node and record headers; HDF5: raw bytes (8 per ragged offset) over the most a codec compresses.
 _LMDB_RECORD_MIN = 8 + 8 + 4 + 4
 HDF5_MAX_RATIO = 1 << 16
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 # Plain numeric dtypes only: no objects, strings, structured or datetime types.
 _DTYPE_KINDS = "biufc"

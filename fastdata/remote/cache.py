@@ -1,13 +1,6 @@
-"""The node's shard cache: one directory shared by every process and rank, bounded in bytes.
-
-Files are named by content (``<algorithm>-<digest><ext>``, from the manifest's shard checksum:
-xxh3_128 or sha256), so a cached shard can never be stale. A shard is downloaded by one process at
-a time (``<name>.lock``) into ``<name>.<pid>.part``, preallocated to its size (so concurrent
-downloads see each other's space), checked against the manifest's checksum and renamed: a partial or corrupt download is never read. Readers hold a shared ``flock`` on the
-files they read (a :class:`Pin`); eviction takes an exclusive one without waiting, so a shard
-being read is never evicted. Which shard goes first is the caller's ``priority`` (the epoch
-plan's next use: later or never goes first), then the oldest.
-"""
+"""The node's shard cache: one directory shared by every process and rank, bounded in bytes. Files are named
+by content (never stale), downloaded by one process at a time into a preallocated ``.part`` and renamed
+once checked; readers hold a shared ``flock`` (:class:`Pin`) that eviction, needed-last first, respects."""
 
 from __future__ import annotations
 
@@ -127,13 +120,9 @@ class ShardCache:
 
     def fetch(self, name: str, size: int, checksum: str, fill: Callable[[BinaryIO], object], *, where: str,
               deadline: float, priority: Priority | None = None, bound: float | None = None) -> bool:
-        """Make sure ``name`` is cached: ``fill(f)`` writes its bytes from the start of ``f`` (retrying
-        transient errors is its business); they must have ``size`` and ``checksum`` ("<algorithm>:<hex>").
-
-        With ``bound`` (prefetching) only files needed later than ``bound`` are evicted, and False
-        comes back when there is no room that way; without it (a reader waits) any unpinned file may
-        go, and a CacheFullError comes once ``deadline`` passes without room.
-        """
+        """Make sure ``name`` is cached: ``fill(f)`` writes its bytes (of ``size`` and ``checksum``) from the start
+        of ``f``. With ``bound`` (prefetching) only files needed later than ``bound`` are evicted, else False;
+        without it any unpinned file may go, and a CacheFullError comes once ``deadline`` passes without room."""
         if self.path(name).exists():
             return True
         if size > self.limit:

@@ -1,13 +1,8 @@
-"""A dataset at a URL: its manifest, read remotely, and its shards, downloaded whole into the cache.
-
-``pin(i)`` makes shard ``i`` local and keeps it from eviction until ``unpin(i)``; the dataset
-pins the shards of each batch while reading them. State that belongs to one process (the
-filesystem client, pins, threads) is dropped when the store is pickled or crosses a fork.
-"""
+"""A dataset at a URL: its manifest, read remotely, and its shards, downloaded whole into the cache and
+pinned there while a batch reads them."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -17,10 +12,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable
 
 from fastdata._units import fmt_bytes
-from fastdata.errors import FormatError, IncompleteDatasetError, UsageError
-from fastdata.format.files import JOURNAL_NAME  # what an interrupted conversion to a URL leaves
-from fastdata.format.manifest import parse_manifest
-from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, MAX_MANIFEST_BYTES, KeysInfo, Manifest, ShardInfo
+from fastdata.errors import FormatError, UsageError
+from fastdata.format.absent import no_manifest_error
+from fastdata.format.manifest import manifest_of
+from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, KeysInfo, Manifest, ShardInfo
 from fastdata.handles import PerProcessHandle
 from fastdata.remote.cache import CacheFullError, Pin, Priority, ShardCache
 from fastdata.remote.options import RemoteOptions
@@ -28,7 +23,6 @@ from fastdata.remote.retry import RemoteError, RemoteNotFoundError, with_retries
 from fastdata.remote.url import filesystem, join, root
 
 log = logging.getLogger("fastdata.remote")
-PART_PREFIXES = (".fastdata-part-", ".fastdata-journal-part-")  # what --part I/N leaves before merge-parts
 _CHUNK = 8 << 20
 _SWEEP_EVERY_S = 1.0
 IDLE_PINS = 2  # shards a process keeps pinned after their last reader let go (most are read again at once)
@@ -50,9 +44,7 @@ class _Local:
 
 
 def cache_name(info: ShardInfo | KeysInfo) -> str:
-    """The cache file of a shard (or of the sample keys' file), named by its content:
-    ``<algorithm>-<digest><ext>`` from the manifest's checksum (xxh3_128, or sha256 for version-1
-    manifests)."""
+    """The cache file of a shard (or the keys file), named by its content: ``<algorithm>-<digest><ext>``."""
     algorithm, _, digest = str(info.checksum).partition(":")
     return f"{algorithm}-{digest}{PurePosixPath(str(info.file)).suffix}"
 
@@ -108,24 +100,15 @@ class RemoteStore(PerProcessHandle[_Local]):
         try:
             data = with_retries(lambda: fs.cat_file(where), where, self.deadline())
         except RemoteNotFoundError:
-            if _exists(fs, self.where(JOURNAL_NAME), self.deadline()):
-                raise IncompleteDatasetError(
-                    f"{self.url}: incomplete dataset: no {MANIFEST_NAME} (the conversion did not finish: run the "
-                    "same fastdata convert command with --resume to finish it, or with --overwrite to start over)"
-                ) from None
-            if _holds_parts(fs, self.url, self.deadline()):
-                raise IncompleteDatasetError(
-                    f"{self.url}: incomplete dataset: no {MANIFEST_NAME}, only parts of a conversion split with "
-                    f"--part I/N: once every part is done, run fastdata merge-parts {self.url}"
-                ) from None
-            raise FormatError(f"{self.url}: no fastdata dataset there (no {MANIFEST_NAME})") from None
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise FormatError(f"{where}: manifest is {len(data)} bytes, over the {MAX_MANIFEST_BYTES} limit")
-        try:
-            obj = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise FormatError(f"{where}: unreadable manifest: {e}") from None
-        return parse_manifest(obj, where=where)
+            try:  # what is there instead says what to do (absent.py, as for a folder)
+                names = {str(n).rstrip("/").rsplit("/", 1)[-1] for n in
+                         with_retries(lambda: fs.ls(self.url, detail=False, refresh=True), self.url, self.deadline())}
+            except RemoteError:
+                names = set()
+            if not names:
+                raise FormatError(f"{self.url}: no fastdata dataset there (no {MANIFEST_NAME})") from None
+            raise no_manifest_error(self.url, names) from None
+        return manifest_of(data, where)
 
     def _fill(self, info: ShardInfo | KeysInfo, deadline: float) -> Callable[[BinaryIO], None]:
         """Writes the object's bytes into a file, retrying until ``deadline``: the fetch's own, which the
@@ -277,18 +260,3 @@ def _count_in(h: _Local, i: int) -> bool:
     entry[1] += 1
     return True
 
-
-def _holds_parts(fs: Any, url: str, deadline: float) -> bool:
-    """Whether ``url`` holds part records or part journals (``convert --part I/N`` without merge-parts yet)."""
-    try:
-        names = with_retries(lambda: fs.ls(url, detail=False, refresh=True), url, deadline)
-    except RemoteError:
-        return False
-    return any(str(n).rstrip("/").rsplit("/", 1)[-1].startswith(PART_PREFIXES) for n in names)
-
-
-def _exists(fs: Any, url: str, deadline: float) -> bool:
-    try:
-        return bool(with_retries(lambda: fs.exists(url), url, deadline))
-    except RemoteError:
-        return False

@@ -1,8 +1,5 @@
-"""URLs versus local paths, and the fsspec filesystem behind a URL.
-
-Any string with a scheme (``xx://``) is a URL: it is read through fsspec or refused with an
-error naming the missing package, never taken for a local path.
-"""
+"""URLs versus local paths (a string with a scheme is a URL, never a local path), and the fsspec
+filesystem behind a URL."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _PACKAGES = {"s3": "s3fs (pip install 'fastdata[s3]')", "s3a": "s3fs (pip install 'fastdata[s3]')",
              "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs",
              "http": "aiohttp", "https": "aiohttp"}
-# Defaults that bound every S3 call in time (LitData's hangs came from unbounded remote calls).
+# Defaults that bound every S3 call in time.
 _S3_DEFAULTS: dict[str, Any] = {"config_kwargs": {"connect_timeout": 10, "read_timeout": 30,
                                                   "retries": {"max_attempts": 2, "mode": "standard"}}}
 
@@ -58,9 +55,8 @@ def join(url: str, name: str) -> str:
 
 
 def _quiet_orphans(loop: Any) -> None:
-    """On the event loop of an async filesystem (s3fs's), a part of a multipart upload that failed after its
-    call gave up ("Task exception was never retrieved") is logged at debug level, not as a traceback above
-    the error that call already reported (retried and named by fastdata/remote/retry.py)."""
+    """On an async filesystem's event loop, a task that failed after its call gave up ("Task exception was never
+    retrieved") is logged at debug level, not as a traceback above the error the call reported."""
     if loop is None or loop.get_exception_handler() is not None:  # ours already, or the user's own
         return
 

@@ -75,21 +75,15 @@ class ModelRunner:
 
 
 def scale_on_device(scaler: torch.amp.GradScaler, device: torch.device | str) -> torch.Tensor:
-    """The scaler's current scale as a 0-dim float32 tensor on ``device``, without a host sync.
-
-    Read through the public ``GradScaler.scale`` (documented to multiply by the scale factor) applied
-    to a one: a device multiply, where ``get_scale()`` would copy the value to the host. ``scaler``
-    must be enabled (a disabled scaler returns its input unchanged)."""
+    """The (enabled) scaler's current scale as a 0-dim float32 tensor on ``device``: ``scale()`` of a one, a
+    device multiply, where ``get_scale()`` would sync with the host."""
     return scaler.scale(torch.ones((), dtype=torch.float32, device=device))
 
 
 def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, params: Sequence[torch.Tensor],
                     clip: float | None) -> torch.Tensor:
-    """Unscale, clip, step, update; returns 1 (as a device tensor, no sync) if the scaler skipped the step.
-
-    A skipped step is seen as the scale backing off in ``update()``, which happens exactly when inf/nan
-    gradients made ``step()`` skip: this holds for optimizers that step themselves with the scaler's
-    found-inf flag (fused ones) as well as for the others."""
+    """Unscale, clip, step, update; returns 1 (a device tensor, no sync) if the scaler skipped the step, seen
+    as the scale backing off in ``update()`` (which holds for fused optimizers too)."""
     device = params[0].device if params else torch.device("cpu")
     if clip is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
