@@ -33,10 +33,8 @@ class World:
     @classmethod
     def detect(cls) -> "World":
         """The torch.distributed rank and world size when a process group is up, else a world of one."""
-        try:
-            import torch.distributed as dist
-        except ImportError:  # pragma: no cover - torch always ships it
-            return cls()
+        import torch.distributed as dist
+
         if dist.is_available() and dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size())
         return cls()

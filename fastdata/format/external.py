@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,7 @@ class Stamp:
     blocks: dict[str, Any] | None = None  # with --checksum: {"size": bytes, "xxh3_64": {file: digests}} (blocksums)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "meta": self.meta}
-        if self.sample is not None:
-            out["sample"] = self.sample
-        if self.blocks is not None:
-            out["blocks"] = self.blocks
-        return out if self.checksum is None else {**out, "checksum": self.checksum}
+        return _set(self)
 
 
 @dataclass(frozen=True)
@@ -58,12 +53,7 @@ class Column:
     chunk_rows: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"file": self.file, "format": self.format, "array": self.array}
-        if self.offset is not None:
-            out["offset"] = self.offset
-        if self.chunk_rows is not None:
-            out["chunk_rows"] = self.chunk_rows
-        return out
+        return _set(self)
 
 
 @dataclass(frozen=True)
@@ -96,6 +86,11 @@ def parse_index(source: dict[str, Any], where: str) -> Index:
     if len(units) != len(parts) or any(u < 1 for u in units):
         raise CorruptShardError(f"{where}: bad unit_rows in the in-place index")
     return Index(files, parts, units)
+
+
+def _set(entry: Any) -> dict[str, Any]:
+    """A dataclass's fields that are set (not None), as the manifest keeps them."""
+    return {k: v for k, v in asdict(entry).items() if v is not None}
 
 
 def _opt_int(v: Any) -> int | None:
@@ -244,12 +239,11 @@ def file_arrays(index: Index) -> list[tuple[str, list[str]]]:
     return out
 
 
-def check_files(index: Index, meta: bool = True) -> None:
-    """Raise a one-line CorruptShardError naming the first source file that changed."""
-    for s, (fmt, arrays) in zip(index.files, file_arrays(index)):
-        problem = check_file(s, fmt, arrays, meta)
-        if problem is not None:
-            raise CorruptShardError(problem)
+def file_problems(index: Index, content: bool = False) -> list[str]:
+    """What changed in the index's source files (:func:`check_file` with ``meta``), one line each."""
+    found = [check_file(s, fmt, arrays, meta=True, content=content)
+             for s, (fmt, arrays) in zip(index.files, file_arrays(index))]
+    return [p for p in found if p is not None]
 
 
 def native(dtype: np.dtype, where: str) -> np.dtype:

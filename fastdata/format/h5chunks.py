@@ -9,6 +9,7 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass
+from importlib.util import find_spec
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ def chunk_table(dset: Any) -> ChunkTable | None:
         return None
     plist = dset.id.get_create_plist()
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
-    if any(f not in KNOWN for f in filters) or (set(filters) - {DEFLATE} and not _has_numcodecs()):
+    if any(f not in KNOWN for f in filters) or (set(filters) - {DEFLATE} and find_spec("numcodecs") is None):
         return None
     rows = int(dset.chunks[0])
     n = -(-int(dset.shape[0]) // rows) if dset.shape[0] else 0
@@ -64,14 +65,6 @@ def chunk_spans(dset: Any) -> np.ndarray | None:
     out: list[tuple[int, int, int]] = []
     dset.id.chunk_iter(lambda info: out.append((info.chunk_offset[0], info.byte_offset, info.size)))
     return np.array(out, dtype=np.int64).reshape(-1, 3)
-
-
-def _has_numcodecs() -> bool:
-    try:
-        import numcodecs  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def read_chunk(fd: int, t: ChunkTable, c: int, out: np.ndarray, where: str, check: BlockCheck | None = None) -> None:

@@ -17,7 +17,7 @@ from fastdata.format import blocksums
 from fastdata.format.backends import INDEX
 from fastdata.format.blocksums import BlockCheck
 from fastdata.format.chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
-from fastdata.format.external import Column, Index, Stamp, check_file, check_files, parse_index
+from fastdata.format.external import Column, Index, Stamp, check_file, file_problems, parse_index
 from fastdata.format.h5chunks import ChunkTable, chunk_spans, chunk_table, read_chunk
 from fastdata.format.interface import ShardReader
 from fastdata.format.shardio import Layout, runs
@@ -49,7 +49,9 @@ class InPlaceShards(LocalShards):
     def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
         """One reader per part, after checking every source file is as indexed."""
         index = index_of(self.manifest, str(self.folder))
-        check_files(index, meta=True)
+        problems = file_problems(index)
+        if problems:
+            raise CorruptShardError(problems[0])
         specs = {f.name: f for f in self.manifest.fields}
         readers: list[ShardReader] = []
         for info, part in zip(self.manifest.shards, index.parts):
@@ -209,14 +211,10 @@ class _Chunked(_Col[_Source]):
     def _open_handle(self) -> _Source:
         self._check()
         if self.col.format == "hdf5":
-            import h5py
+            from fastdata.format.arrayinfo import h5_file
 
-            try:
-                import hdf5plugin  # noqa: F401  (filters such as LZ4 and Zstd)
-            except ImportError:
-                pass
             try:  # no HDF5 chunk cache: whole chunks are read, and kept decoded in our own cache
-                fh = h5py.File(self.stamp.path, "r", rdcc_nbytes=0)
+                fh = h5_file(self.stamp.path, rdcc_nbytes=0)
                 src = _Source(fh[self.col.array], fh, self._cache())
                 src.table = chunk_table(src.array)
             except (OSError, KeyError, ValueError) as e:

@@ -24,13 +24,13 @@ from fastdata.format.spec import (
     MAX_SHARDS,
     READ_VERSION,
     FieldSpec,
+    ImageSpec,
     KeysInfo,
     Manifest,
     ShardInfo,
     _check_field,
     _is_int,
     parse_checksum,
-    parse_image_spec,
     validate,
 )
 
@@ -128,13 +128,15 @@ def _parse_field(obj: Any) -> FieldSpec:
     shape = obj.get("shape")
     if not isinstance(shape, list) or len(shape) > MAX_DIMS:
         raise FormatError(f"field {obj.get('name')!r}: bad shape {shape!r}")
-    image = obj.get("image")
+    image = obj.get("image")  # unknown extra keys in it are ignored (forward compatible)
+    if image is not None and not isinstance(image, dict):
+        raise FormatError(f"field {obj.get('name')!r}: 'image' must be an object")
     spec = FieldSpec(
         name=obj.get("name"),  # type: ignore[arg-type]
         dtype=obj.get("dtype"),  # type: ignore[arg-type]
         shape=tuple(shape),
         encoding=obj.get("encoding", "raw"),
-        image=None if image is None else parse_image_spec(image, obj.get("name")),
+        image=None if image is None else ImageSpec(mode=image.get("mode"), layout=image.get("layout")),
         compression=obj.get("compression"),
     )
     _check_field(spec)

@@ -46,22 +46,6 @@ class ImageSpec:
         return {"mode": self.mode, "layout": self.layout}
 
 
-def parse_image_spec(obj: Any, field_name: Any) -> ImageSpec:
-    """The ``image`` object of a field entry; unknown extra keys are ignored (forward compatible)."""
-    if not isinstance(obj, dict):
-        raise FormatError(f"field {field_name!r}: 'image' must be an object")
-    spec = ImageSpec(mode=obj.get("mode"), layout=obj.get("layout"))  # type: ignore[arg-type]
-    check_image_spec(spec, field_name)
-    return spec
-
-
-def check_image_spec(spec: ImageSpec, field_name: Any) -> None:
-    if not isinstance(spec.mode, str) or spec.mode not in CHANNELS:
-        raise FormatError(f"field {field_name!r}: unknown image mode {spec.mode!r} (expected RGB or L)")
-    if spec.layout != LAYOUT:
-        raise FormatError(f"field {field_name!r}: unknown image layout {spec.layout!r} (expected {LAYOUT})")
-
-
 def companions(f: FieldSpec) -> list[str]:
     """Names of the fields an image field needs to be read (its shape and codec fields)."""
     if f.encoding == ENCODING_IMAGE:
@@ -396,8 +380,10 @@ def _check_field(f: FieldSpec) -> None:
         raise FormatError(f"field {f.name!r}: unknown encoding {f.encoding!r}")
     if f.encoding == ENCODING_UTF8 and (f.dtype != "|u1" or list(f.shape) != [None] or f.image is not None):
         raise FormatError(f"field {f.name!r}: a utf8 string field needs dtype |u1 and shape [null], no image")
-    if f.image is not None:
-        check_image_spec(f.image, f.name)
+    if f.image is not None and (not isinstance(f.image.mode, str) or f.image.mode not in CHANNELS):
+        raise FormatError(f"field {f.name!r}: unknown image mode {f.image.mode!r} (expected RGB or L)")
+    if f.image is not None and f.image.layout != LAYOUT:
+        raise FormatError(f"field {f.name!r}: unknown image layout {f.image.layout!r} (expected {LAYOUT})")
     if f.compression is not None:
         if f.compression not in FIELD_CODECS:
             raise FormatError(f"field {f.name!r}: unknown compression {f.compression!r} (this fastdata reads "

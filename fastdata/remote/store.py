@@ -33,7 +33,6 @@ class _Local:
     """What one process holds of a store: its filesystem client, pins, and what it downloaded."""
 
     fs: Any
-    priority: Priority | None = None  # set by a PlanFollower while a loader iterates
     lock: threading.Lock = field(default_factory=threading.Lock)
     pins: dict[int, list[Any]] = field(default_factory=dict)  # shard -> [Pin, count]; count 0: idle, kept
     idle: list[int] = field(default_factory=list)  # shards pinned with count 0, oldest first (at most IDLE_PINS)
@@ -51,11 +50,12 @@ def cache_name(info: ShardInfo | KeysInfo) -> str:
 
 class RemoteStore(PerProcessHandle[_Local]):
     """Shards of the dataset at ``url`` through the node's shard cache (see fastdata/remote/cache.py);
-    what a process holds (client, pins, threads' priority) is its own (fastdata/handles.py)."""
+    what a process holds (client, pins) is its own (fastdata/handles.py)."""
 
     def __init__(self, url: str, options: RemoteOptions | None = None) -> None:
         self.url = root(url)
         self.options = options or RemoteOptions()
+        self.priority: Priority | None = None  # set by a PlanFollower while a loader iterates
         self.fs()  # an unknown scheme or a missing package fails here, before anything is created
         self.cache = ShardCache(self.options.cache_path(), self.options.limit_bytes())
         self.manifest: Manifest = self._read_manifest()
@@ -75,13 +75,12 @@ class RemoteStore(PerProcessHandle[_Local]):
         for entry in handle.pins.values():
             entry[0].release()  # after a fork: closes the child's copy only; the parent's lock stays
 
-    @property
-    def priority(self) -> Priority | None:
-        return self.handle().priority
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "priority": None}
 
-    @priority.setter
-    def priority(self, value: Priority | None) -> None:
-        self.handle().priority = value
+    def _after_fork_in_child(self) -> None:
+        super()._after_fork_in_child()
+        self.priority = None  # the parent's PlanFollower: its threads are not in this process
 
     # --- remote access -------------------------------------------------------------------
 

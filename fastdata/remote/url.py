@@ -18,9 +18,8 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _PACKAGES = {"s3": "s3fs (pip install 'fastdata[s3]')", "s3a": "s3fs (pip install 'fastdata[s3]')",
              "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs",
              "http": "aiohttp", "https": "aiohttp"}
-# Defaults that bound every S3 call in time.
-_S3_DEFAULTS: dict[str, Any] = {"config_kwargs": {"connect_timeout": 10, "read_timeout": 30,
-                                                  "retries": {"max_attempts": 2, "mode": "standard"}}}
+# botocore's config for S3: every call bounded in time
+_S3_CONFIG: dict[str, Any] = {"connect_timeout": 10, "read_timeout": 30, "retries": {"max_attempts": 2, "mode": "standard"}}
 
 
 def is_url(path: str | os.PathLike[str]) -> bool:
@@ -83,13 +82,9 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None, timeout: flo
                          "local paths are written without a scheme)")
     opts = dict(storage_options or {})
     if proto in ("s3", "s3a"):
-        for k, v in _S3_DEFAULTS.items():
-            if k == "config_kwargs":
-                bounded = {t: min(v[t], max(1, math.ceil(timeout))) for t in ("connect_timeout", "read_timeout")} \
-                    if timeout is not None else {}
-                opts[k] = {**v, **bounded, **opts.get(k, {})}
-            else:
-                opts.setdefault(k, v)
+        bounded = {t: min(_S3_CONFIG[t], max(1, math.ceil(timeout))) for t in ("connect_timeout", "read_timeout")} \
+            if timeout is not None else {}
+        opts["config_kwargs"] = {**_S3_CONFIG, **bounded, **opts.get("config_kwargs", {})}
     try:
         # url_to_fs also takes what the URL itself says (an ftp/sftp/http host and port, for example)
         fs = fsspec.core.url_to_fs(url, **opts)[0]

@@ -104,8 +104,6 @@ class TrainStep:
     def __init__(self, runner: ModelRunner, loss_fn: LossFn, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler, plan: PrecisionPlan, grad_accum: int = 1,
                  clip_grad_norm: float | None = None) -> None:
-        if grad_accum < 1:
-            raise ValueError("grad_accum must be at least 1")
         self.runner, self.loss_fn, self.optimizer, self.scaler, self.plan = runner, loss_fn, optimizer, scaler, plan
         self.grad_accum, self.clip = grad_accum, clip_grad_norm
         self.params = [p for p in runner.model.parameters() if p.requires_grad]
@@ -125,9 +123,6 @@ class TrainStep:
         """Step on the accumulated gradients (also a partial group); returns 1 on the device if the scaler skipped it."""
         self.pending = 0
         return _optimizer_step(self.optimizer, self.scaler, self.params, self.clip)
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
 
 
 # --- logging -------------------------------------------------------------------------------------------------------
@@ -164,7 +159,7 @@ def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Sa
     if hasattr(loader, "set_epoch") and getattr(loader, "epoch", epoch) != epoch:
         loader.set_epoch(epoch)
     first_step, stopped = step, False
-    trainer.zero_grad()
+    trainer.optimizer.zero_grad(set_to_none=True)
     meter = EpochMeter(trainer.plan.device)
     it = iter(loader)
     while (batch := meter.fetch(it, trainer.plan.device)) is not _END:
