@@ -136,7 +136,7 @@ def _parse_field(obj: Any) -> FieldSpec:
         dtype=obj.get("dtype"),  # type: ignore[arg-type]
         shape=tuple(shape),
         encoding=obj.get("encoding", "raw"),
-        image=None if image is None else ImageSpec(mode=image.get("mode"), layout=image.get("layout")),
+        image=None if image is None else ImageSpec(image.get("mode"), image.get("layout")),  # type: ignore[arg-type]
         compression=obj.get("compression"),
     )
     _check_field(spec)
