@@ -12,8 +12,7 @@ from typing import Any, Generic, Protocol, Sequence, TypeVar
 H = TypeVar("H")
 
 
-# what a forked child must close its copy of: open handles (registered while open) and the parent's
-# own objects (parent_only); each has an ``_after_fork_in_child()``
+# what a forked child closes its copy of (each has an ``_after_fork_in_child()``): open handles, parent_only objects
 _open_handles: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _opening = threading.Lock()  # guards making a handle's own opening lock (brief)
 

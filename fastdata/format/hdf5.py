@@ -121,8 +121,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                 raise CorruptShardError(f"{self._where()}: field {f.name!r} data lies outside the file")
             col.offset = off
             if nbytes and f.ragged:
-                # every sample is one slice of this map: one copy each, no syscall, no per-sample
-                # layout work (the offsets were checked above, the file size is re-checked per read)
+                # every sample one slice of this map: one copy each (offsets checked above, the size per read)
                 col.mapped = np.memmap(self.path, dtype=np.uint8, mode="r", offset=off, shape=(nbytes,))
                 col.bytes_view = memoryview(col.mapped)  # type: ignore[arg-type]
                 assert col.offsets is not None
@@ -133,8 +132,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                     if nbytes:
                         pread_into(fd, col.cached, off, self._where())
                 else:
-                    # In bounds: the file size was checked above, and read_into re-checks it before
-                    # every read, so a file truncated later raises instead of a SIGBUS.
+                    # in bounds: the size was checked above and read_into re-checks it (an error, never SIGBUS)
                     col.mapped = np.memmap(self.path, dtype=f.np_dtype, mode="r", offset=off, shape=expect)
         else:
             col.dset = dset

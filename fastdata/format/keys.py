@@ -67,7 +67,7 @@ class KeyTable(PerProcessHandle[_Handle]):
         self._base = 0
 
     def _ready(self) -> _Handle:
-        if self.fetch is not None and (self._handle is None or self._handle_pid != os.getpid()):
+        if self.fetch is not None and not self.is_open():
             self.fetch()
         return self.handle()
 
