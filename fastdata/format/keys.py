@@ -4,6 +4,7 @@ so that the manifest stays small; readers map it once per process: numpy arrays,
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import struct
@@ -136,18 +137,13 @@ class KeyTable(PerProcessHandle[_Handle]):
         """The index of the sample keyed ``key``, or -1 (binary search over the sorted order)."""
         offsets, order, mm, _ = self._ready()
         want = key.encode("utf-8")
-        lo, hi = 0, self.count
-        while lo < hi:
-            mid = (lo + hi) // 2
-            j = int(order[mid])
-            got = mm[self._base + int(offsets[j]) : self._base + int(offsets[j + 1])]
-            if got < want:
-                lo = mid + 1
-            elif got > want:
-                hi = mid
-            else:
-                return j
-        return -1
+
+        def text(k: int) -> bytes:  # the k-th key in sorted order
+            j = int(order[k])
+            return mm[self._base + int(offsets[j]) : self._base + int(offsets[j + 1])]
+
+        k = bisect.bisect_left(range(self.count), want, key=text)
+        return int(order[k]) if k < self.count and text(k) == want else -1
 
     def all(self) -> list[str]:
         """Every key, in sample order."""

@@ -65,20 +65,14 @@ class RaggedOut:
 
     def put(self, d: int, src: memoryview, off: int, n: int) -> None:
         """Bytes ``src[off:off + n]`` (a 1-D byte memoryview) into batch row ``d``, padding zeroed."""
-        if self.packed is not None:
-            a = self.packed[d]
+        if self.packed is not None or self.shapes is None or self.uniform:
+            a = self.packed[d] if self.packed is not None else d * self.stride
             if n <= _SMALL_COPY:
                 self.mv[a : a + n] = src[off : off + n]
             else:
                 self.flat[a : a + n] = np.frombuffer(src, np.uint8, n, off)
-            return
-        a = d * self.stride
-        if self.shapes is None or self.uniform:
-            if n <= _SMALL_COPY:
-                self.mv[a : a + n] = src[off : off + n]
-            else:
-                self.flat[a : a + n] = np.frombuffer(src, np.uint8, n, off)
-            self.zero(a + n, a + self.stride)
+            if self.packed is None:
+                self.zero(a + n, a + self.stride)
             return
         h, w, c = self.shapes[d]
         o = self.rows[d]  # (H, W*C): rows of pixels as plain byte rows, far faster to copy than (h, w, c)
