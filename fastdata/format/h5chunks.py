@@ -42,6 +42,13 @@ def chunk_table(dset: Any) -> ChunkTable | None:
     if any(f not in KNOWN for f in filters) or (set(filters) - {DEFLATE} and find_spec("numcodecs") is None):
         return None
     rows = int(dset.chunks[0])
+    nbytes = rows * int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize
+    return ChunkTable(*chunk_arrays(dset, rows), filters, dset.dtype.itemsize, nbytes)
+
+
+def chunk_arrays(dset: Any, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per chunk of ``rows`` samples of ``dset`` (chunked along the sample axis only): its byte offset (-1:
+    never written), stored size and HDF5 filter mask."""
     n = -(-int(dset.shape[0]) // rows) if dset.shape[0] else 0
     offsets = np.full(n, -1, dtype=np.int64)
     sizes = np.zeros(n, dtype=np.int64)
@@ -53,8 +60,7 @@ def chunk_table(dset: Any) -> ChunkTable | None:
 
     if n:
         dset.id.chunk_iter(note)
-    nbytes = rows * int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize
-    return ChunkTable(offsets, sizes, masks, filters, dset.dtype.itemsize, nbytes)
+    return offsets, sizes, masks
 
 
 def chunk_spans(dset: Any) -> np.ndarray | None:

@@ -17,6 +17,7 @@ import numpy as np
 from fastdata.errors import CorruptShardError
 from fastdata.fileio import pread_into
 from fastdata.format import codec as blosc_codec
+from fastdata.format.h5chunks import chunk_arrays
 from fastdata.format.hdf5write import COMPRESSIONS, ShardWriter, parse_compression
 from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase, runs
 from fastdata.format.spec import FieldSpec, ShardInfo
@@ -143,16 +144,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         if dset.chunks != (1, *f.trailing):
             raise CorruptShardError(f"{self._where()}: compressed field {f.name!r} has chunks {dset.chunks}, "
                                     f"expected one sample each")
-        n = self.info.count
-        off = np.full(n, -1, dtype=np.int64)
-        size = np.zeros(n, dtype=np.int64)
-        raw = np.zeros(n, dtype=bool)
-
-        def note(si: Any) -> None:
-            i = si.chunk_offset[0]
-            off[i], size[i], raw[i] = si.byte_offset, si.size, si.filter_mask != 0
-
-        dset.id.chunk_iter(note)
+        off, size, masks = chunk_arrays(dset, 1)
+        raw = masks != 0  # HDF5 kept the chunk unfiltered
         if (off + size > file_size).any() or (raw & (size != f.row_nbytes)).any():
             raise CorruptShardError(f"{self._where()}: field {f.name!r} has chunks outside the file or of a bad size")
         col.chunk_off, col.chunk_len, col.chunk_raw = off, size, raw
