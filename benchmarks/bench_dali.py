@@ -50,12 +50,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, summarize, warm_page_cache, write_results
+from bench_images import BATCH, SIZE, EpochSampler, FolderImages, generate
 from torch.utils.data import DataLoader
 
 import fastdata
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, summarize, warm_page_cache, write_results
-from bench_images import BATCH, SIZE, EpochSampler, FolderImages, generate
-from fastdata._compat import shutdown_workers
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, HorizontalFlip, Normalize, RandomResizedCrop
 from fastdata.loaders import LoaderConfig
 from fastdata.world import usable_cpus
@@ -96,7 +95,10 @@ def naive(paths: list[Path], device: str) -> Method:
                 yield x.shape[0]
 
         def teardown() -> None:
-            shutdown_workers(loader)  # persistent workers: stop them now, not when the loader is collected
+            it = getattr(loader, "_iterator", None)  # persistent workers: stop them now (torch's private call)
+            if it is not None:
+                it._shutdown_workers()
+            loader._iterator = None
 
         return epoch, teardown
 

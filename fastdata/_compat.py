@@ -1,15 +1,10 @@
-"""The private torch internals fastdata relies on, each isolated in one function with a loud test
-(tests/test_compat.py) so a torch upgrade that changes one fails CI instead of misbehaving.
-
-No public API covers either need: torch exposes no count of the tensors, views and numpy arrays
-sharing a storage, and no way to stop a DataLoader's persistent workers short of dropping every
-reference to its iterator.
-"""
+"""The private torch internal fastdata relies on, isolated here with a loud test (tests/test_compat.py) so
+that a torch upgrade that changes it fails CI: torch has no public count of the tensors, views and numpy
+arrays sharing a storage."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 
@@ -31,13 +26,3 @@ def storage_use_count(t: torch.Tensor) -> int | None:
     # minus the temporary storage object that untyped_storage() makes for this call
     return int(_use_count(t.untyped_storage()._cdata)) - 1
 
-
-def shutdown_workers(loader: Any) -> None:
-    """Stop the worker processes of a torch DataLoader's current iterator now (persistent workers
-    otherwise live as long as any reference to the iterator does)."""
-    it = getattr(loader, "_iterator", None)
-    if it is not None:
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        loader._iterator = None

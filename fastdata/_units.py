@@ -28,8 +28,8 @@ def parse_size(text: str) -> int:
 
 
 def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1000 or unit == "PB":
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1000
-    raise AssertionError("unreachable")
+    return f"{n:.2f} PB"

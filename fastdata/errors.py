@@ -1,8 +1,5 @@
-"""Typed errors. Every error a user can cause or meet names the file and the problem.
-
-The CLI maps :class:`UsageError` to exit code 2 and every other :class:`FastdataError`
-to exit code 1, and prints the message without a traceback (``--debug`` shows it).
-"""
+"""Typed errors, each naming the file and the problem; the CLI prints them without a traceback, exit code 2
+for :class:`UsageError`, 1 for the others."""
 
 from __future__ import annotations
 
@@ -33,11 +30,8 @@ _PARAM = re.compile(r"%\((\w+)(?:=([^()]*))?\)")
 
 
 class FastdataError(Exception):
-    """Base of every error fastdata raises on purpose.
-
-    A parameter the message names is written ``%(name)`` or ``%(name=value)`` in it: ``str()`` says it
-    as the parameter (``resume=True``), and the CLI as the flag that sets it (``--resume``; :meth:`said`,
-    fastdata/cli/convert.py), so the library's errors name parameters and the CLI's name flags."""
+    """Base of every error fastdata raises on purpose. A parameter named ``%(name)`` or ``%(name=value)`` in the
+    message reads as the parameter in ``str()`` and as its flag in the CLI (:meth:`said`)."""
 
     exit_code = 1
 
@@ -57,9 +51,7 @@ class FastdataError(Exception):
 
 
 class UsageError(FastdataError, ValueError):
-    """The command was asked for something it cannot do (bad path, DST exists, ...).
-
-    A ``ValueError`` too, so ordinary ``except ValueError`` code catches bad arguments."""
+    """The command was asked for something it cannot do (bad path, DST exists, ...); a ValueError too."""
 
     exit_code = 2
 

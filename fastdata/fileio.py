@@ -1,9 +1,5 @@
-"""File utilities every layer shares: positional reads, atomic writes, durable renames, hashing,
-lock files.
-
-Nothing here knows the fastdata format; the format, the converters, training checkpoints and
-the tools all write through these so a crash never leaves a half-written file under a final name.
-"""
+"""File utilities every layer shares (positional reads, atomic writes, durable renames, hashing, lock files), so
+that a crash never leaves a half-written file under a final name."""
 
 from __future__ import annotations
 
@@ -17,14 +13,14 @@ import socket
 import stat
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 import numpy as np
 import xxhash
 
 from fastdata.errors import CorruptShardError
 
-_HASH_BLOCK = 8 << 20
+HASH_BLOCK = 8 << 20
 
 
 def pread_into(fd: int, out: np.ndarray, offset: int, where: str) -> None:
@@ -67,12 +63,18 @@ def file_checksum(path: str | os.PathLike[str], algorithm: str) -> str:
         h = _HASHES[algorithm]()
     except KeyError:
         raise ValueError(f"unknown checksum algorithm {algorithm!r} (known: {', '.join(_HASHES)})") from None
-    buf = bytearray(_HASH_BLOCK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
+    for data in read_blocks(path):
+        h.update(data)
     return f"{algorithm}:{h.hexdigest()}"
+
+
+def read_blocks(path: str | os.PathLike[str]) -> Iterator[memoryview]:
+    """A file's bytes in order, ``HASH_BLOCK`` at a time (the last may be short), in one reused buffer."""
+    buf = bytearray(HASH_BLOCK)
+    view = memoryview(buf)
+    with open(path, "rb") as f:  # buffered: each read fills the buffer until the end of the file
+        while n := f.readinto(buf):
+            yield view[:n]
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:

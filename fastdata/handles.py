@@ -1,13 +1,6 @@
-"""Per-process handles: file handles opened lazily once per process, closed in a forked child.
-
-h5py files and LMDB environments break when they cross a fork, and cannot be pickled
-for spawn workers. Readers therefore inherit :class:`PerProcessHandle`: the handle is
-opened on first use in each process and dropped when the object is pickled. Right after
-a fork, the child closes the handles it inherited (py-lmdb refuses to open a file the
-process already has open, and LMDB must not be used across a fork); the parent keeps its own.
-A handle is also released when its owner is garbage-collected (a weakref finalizer), so
-datasets and loaders dropped without ``close()`` leave no open files or threads behind.
-"""
+"""Per-process handles (:class:`PerProcessHandle`): opened on first use in each process, dropped when
+pickled, closed in a forked child (h5py files and LMDB environments break across a fork) and released
+when their owner is garbage-collected, so nothing dropped without ``close()`` stays open."""
 
 from __future__ import annotations
 
@@ -19,8 +12,7 @@ from typing import Any, Generic, Protocol, Sequence, TypeVar
 H = TypeVar("H")
 
 
-# what a forked child must close its copy of: open handles (registered while open) and the parent's
-# own objects (parent_only); each has an ``_after_fork_in_child()``
+# what a forked child closes its copy of (each has an ``_after_fork_in_child()``): open handles, parent_only objects
 _open_handles: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _opening = threading.Lock()  # guards making a handle's own opening lock (brief)
 

@@ -1,11 +1,6 @@
-"""One seed derivation for every random draw fastdata makes.
-
-Every stream of random numbers is a pure function of ``(seed, epoch, stream, rank, batch)``:
-the words ``[seed low 32 bits, seed high 32 bits, epoch, stream, rank, batch]`` go into a numpy
-``SeedSequence``. So an epoch's order, a batch's augmentation parameters and DALI's own draws can
-be recomputed from their position alone: a resumed run repeats them, ranks differ, and the torch
-and DALI backends derive the same seeds for the same batch.
-"""
+"""One seed derivation for every random draw fastdata makes: a numpy ``SeedSequence`` of ``(seed, epoch,
+stream, rank, batch)``, so every draw is recomputed from its position alone (a resumed run repeats it,
+ranks differ, the torch and DALI backends agree)."""
 
 from __future__ import annotations
 

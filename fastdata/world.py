@@ -6,6 +6,7 @@ The only module that asks torch.distributed; everything else takes a :class:`Wor
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from fastdata.errors import UsageError
 
@@ -18,27 +19,22 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+@dataclass(frozen=True)
 class World:
-    """Which share of the data this process reads: distributed rank and world size.
+    """Which share of the data this process reads: distributed rank and world size."""
 
-    The only place that asks torch.distributed; everything else takes a World value.
-    """
+    rank: int = 0
+    size: int = 1
 
-    __slots__ = ("rank", "size")
-
-    def __init__(self, rank: int = 0, size: int = 1) -> None:
-        if size < 1 or not 0 <= rank < size:
-            raise ValueError(f"bad world: rank {rank} of {size}")
-        self.rank = rank
-        self.size = size
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"bad world: rank {self.rank} of {self.size}")
 
     @classmethod
     def detect(cls) -> "World":
         """The torch.distributed rank and world size when a process group is up, else a world of one."""
-        try:
-            import torch.distributed as dist
-        except ImportError:  # pragma: no cover - torch always ships it
-            return cls()
+        import torch.distributed as dist
+
         if dist.is_available() and dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size())
         return cls()
@@ -73,15 +69,6 @@ class World:
         if local is not None and local.isdigit() and int(local) < device_count:
             return int(local)
         return None
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, World) and (self.rank, self.size) == (other.rank, other.size)
-
-    def __hash__(self) -> int:
-        return hash((self.rank, self.size))
-
-    def __repr__(self) -> str:
-        return f"World(rank={self.rank}, size={self.size})"
 
 
 __all__ = ["World", "usable_cpus"]

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import multiprocessing
-
 import numpy as np
 import torch
-import torch.utils.data.dataloader as dl
 
 from fastdata import _compat
 
@@ -39,23 +36,3 @@ def test_recycler_never_reuses_a_buffer_in_use() -> None:
     del b, kept
     c = pool.take((4, 4), torch.float32)  # now nothing uses the first buffer: it may come back
     assert c.shape == (4, 4)
-
-
-class _Range(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __len__(self) -> int:
-        return 4
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
-def test_shutdown_workers_stops_persistent_workers() -> None:
-    assert hasattr(dl._MultiProcessingDataLoaderIter, "_shutdown_workers"), "torch renamed _shutdown_workers"
-    before = len(multiprocessing.active_children())
-    loader = torch.utils.data.DataLoader(_Range(), batch_size=2, num_workers=2, persistent_workers=True)
-    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
-    assert len(multiprocessing.active_children()) >= before + 2
-    _compat.shutdown_workers(loader)
-    assert len(multiprocessing.active_children()) == before
-    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]  # a later pass starts new workers
-    _compat.shutdown_workers(loader)

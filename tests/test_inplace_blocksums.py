@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import fastdata
+from fastdata import fileio
 from fastdata.errors import CorruptShardError, FastdataError
-from fastdata.format import inplace
+from fastdata.format import external, inplace
 from fastdata.format.external import SAMPLE_BLOCK, SAMPLE_BLOCKS
 from fastdata.loaders import LoaderConfig
 from fastdata.measure.verify import verify
@@ -131,3 +132,14 @@ def test_an_index_without_block_checksums_still_opens(tmp_path):
     man.write_text(json.dumps(doc))
     assert np.array_equal(fastdata.open(tmp_path / "i").get_batch(np.arange(N))["x"], _x())
     assert verify(tmp_path / "i", deep=True).ok
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr-raw"])
+def test_checksum_reads_each_file_once_and_samples_what_an_open_samples(tmp_path, monkeypatch, kind):
+    src, fields = _source(kind, tmp_path)
+    monkeypatch.setattr(fileio, "HASH_BLOCK", 1 << 20)  # 1 MiB reads: some sampled blocks span two of them
+    sampled = external.sample_checksum(str(src))
+    monkeypatch.setattr(external, "sample_checksum", None)  # --checksum takes the samples in its one pass
+    fastdata.index(src, tmp_path / "i", fields, checksum=True)
+    doc = json.loads((tmp_path / "i" / "manifest.json").read_text())
+    assert doc["source"]["files"][0]["sample"] == sampled

@@ -1,16 +1,10 @@
-"""The fastdata on-disk format: manifest + shards. Writers and readers both import it from here.
-
-Each storage backend is one module with the same small interface (``EXTENSION``,
-``ShardWriter``, ``ShardReader``, ``parse_compression``; declared in interface.py), registered
-once in backends.py and picked by the manifest's ``backend`` value. Normative description:
-docs/format.md.
-"""
+"""The fastdata on-disk format (docs/format.md): manifest + shards, one module per storage backend
+(interface.py: ``Backend``, ``ShardReader``, ``ShardWriter``), registered in backends.py."""
 
 from __future__ import annotations
 
 from fastdata.format import hdf5, lmdb, spec
-from fastdata.format.backends import BACKENDS, backend, shard_file_name
-from fastdata.format.interface import Backend, ShardReader, ShardWriter
+from fastdata.format.backends import backend, shard_file_name
 from fastdata.format.manifest import read_manifest, shard_path, write_manifest
 from fastdata.format.spec import (
     FORMAT_VERSION,
@@ -19,7 +13,6 @@ from fastdata.format.spec import (
     LENGTHS_SUFFIX,
     MANIFEST_NAME,
     ORIGIN_VERSION,
-    READ_VERSION,
     FieldSpec,
     ImageSpec,
     Manifest,
@@ -28,8 +21,6 @@ from fastdata.format.spec import (
 )
 
 __all__ = [
-    "BACKENDS",
-    "Backend",
     "FORMAT_VERSION",
     "FieldSpec",
     "IMAGE_ENCODINGS",
@@ -39,10 +30,7 @@ __all__ = [
     "MANIFEST_NAME",
     "Manifest",
     "ORIGIN_VERSION",
-    "READ_VERSION",
     "ShardInfo",
-    "ShardReader",
-    "ShardWriter",
     "backend",
     "hdf5",
     "lmdb",

@@ -1,7 +1,5 @@
-"""What a folder without ``manifest.json`` is, told from the names in it, so the error names the fix
-that works: ``--resume`` only where a conversion journal is there to resume from, ``merge-parts``
-for a folder of finished parts, ``fastdata convert`` for a folder of source files.
-"""
+"""What a folder without ``manifest.json`` is, told from the names in it, so that the error names the fix
+that works (``--resume``, ``merge-parts`` or ``fastdata convert``)."""
 
 from __future__ import annotations
 
@@ -25,9 +23,10 @@ def not_a_folder_error(root: Path) -> FormatError:
     return FormatError(f"{root}: not a directory (a fastdata dataset is a directory)")
 
 
-def no_manifest_error(root: Path) -> FormatError:
-    """The error for the folder ``root``, which has no manifest: what the folder is, and what to do."""
-    names = set(os.listdir(root))
+def no_manifest_error(root: Path | str, names: set[str] | None = None) -> FormatError:
+    """The error for the folder ``root`` (or a URL whose ``names`` are listed), which has no manifest: what
+    the folder is, and what to do."""
+    names = set(os.listdir(root)) if names is None else names
     if JOURNAL_NAME in names:
         return IncompleteDatasetError(
             f"{root}: incomplete dataset: no {MANIFEST_NAME} (the conversion did not finish: run the same "
@@ -53,10 +52,12 @@ def no_manifest_error(root: Path) -> FormatError:
                        "fastdata convert wrote")
 
 
-def _holds_source_files(root: Path, names: set[str]) -> bool:
-    """Whether ``root`` or one of its sub-folders (class folders) holds .npy, image or table files."""
+def _holds_source_files(root: Path | str, names: set[str]) -> bool:
+    """Whether ``root`` or one of its sub-folders (class folders; not of a URL) holds .npy, image or table files."""
     if any(n.lower().endswith(SOURCE_SUFFIXES) for n in names):
         return True
+    if not isinstance(root, Path):  # a URL: its sub-folders are not looked into
+        return False
     looked = 0
     for n in sorted(names):
         try:

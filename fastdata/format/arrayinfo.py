@@ -1,14 +1,11 @@
-"""What an array inside an existing file looks like: HDF5 datasets, ``.npy`` files, Zarr arrays.
-
-Used by ``fastdata index`` to plan how each field is read, and by the index's change checks
-(fastdata/format/external.py) to describe the metadata it relies on. Errors are one line naming
-the file and, inside it, the array.
-"""
+"""What an array inside an existing file (HDF5 dataset, ``.npy`` file, Zarr array) looks like, for
+``fastdata index`` and its change checks; errors are one line naming the file and the array."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from importlib.util import find_spec
 from typing import Any
 
 import numpy as np
@@ -29,16 +26,19 @@ class ArrayInfo:
 
 
 def _h5(path: str) -> Any:
-    import h5py
-
     try:
-        import hdf5plugin  # noqa: F401  (registers LZ4, Zstd, Blosc, ... filters for reading)
-    except ImportError:
-        pass
-    try:
-        return h5py.File(path, "r")
+        return h5_file(path)
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: not a readable HDF5 file ({e})") from None
+
+
+def h5_file(path: str, **kw: Any) -> Any:
+    """``h5py.File(path, "r", **kw)``, with hdf5plugin's filters (LZ4, Zstd, Blosc, ...) where installed."""
+    import h5py
+
+    if find_spec("hdf5plugin") is not None:
+        import hdf5plugin  # noqa: F401  (registers its filters)
+    return h5py.File(path, "r", **kw)
 
 
 def _dataset(f: Any, path: str, name: str) -> Any:

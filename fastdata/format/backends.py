@@ -1,7 +1,5 @@
-"""The one registry of shard backends: manifest ``backend`` value -> the module that reads and
-writes that kind of shard. Adding a backend is a module in fastdata/format/ plus its line here;
-mypy checks each entry against :class:`fastdata.format.interface.Backend`.
-"""
+"""The one registry of shard backends: manifest ``backend`` value -> the module that reads and writes it
+(mypy checks each against :class:`fastdata.format.interface.Backend`)."""
 
 from __future__ import annotations
 

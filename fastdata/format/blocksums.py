@@ -1,11 +1,5 @@
-"""Per-block checksums of an index's source files (``fastdata index --checksum``), checked as they are read.
-
-At index time each source file (each file of a Zarr store) is hashed in blocks of ``BLOCK`` bytes, one
-``xxh3_64`` a block, in the same pass as its full checksum. A reader checks a block the first time its
-process reads bytes in it: the set of blocks checked lives in the reader's per-process handle
-(fastdata/handles.py), so every worker process checks for itself. A block that differs is a one-line
-CorruptShardError naming the file and the block. Normative description: docs/in-place.md.
-"""
+"""Per-block checksums of an index's source files (``fastdata index --checksum``): one ``xxh3_64`` per
+``BLOCK`` bytes, each checked the first time a process reads bytes in it (docs/in-place.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Per-field compression (``fastdata convert --compression lz4``): one Blosc buffer per stored sample.
-
-Blosc byte-shuffles each sample (the bytes of every float side by side) and compresses it with
-LZ4 or Zstd in blocks; LZ4 decodes at several GB/s a core, faster than a disk delivers the raw
-bytes, so compressed counts and images read faster cold than uncompressed ones
-(docs/benchmarks.md, "Cold reads"). The buffers are Blosc 1.x format: the HDF5 Blosc filter
-(id 32001, ``import hdf5plugin``) reads the same bytes, so plain h5py opens a compressed shard.
-Decoding (numcodecs, GIL released) happens in the reader threads, straight into the batch.
-
-Only fixed-shape raw fields of at least ``MIN_FIELD_BYTES`` a sample are compressed: labels and
-other small fields stay plain (they are read whole, once per shard). Normative description:
-docs/format.md, "Compressed fields".
-"""
+"""Per-field compression (``--compression lz4|zstd``): each sample of a fixed raw field of at least
+``MIN_FIELD_BYTES`` is one byte-shuffled Blosc 1.x buffer, which the HDF5 Blosc filter (hdf5plugin) reads
+too; decoded in the reader threads (GIL released) straight into the batch. See docs/format.md."""
 
 from __future__ import annotations
 
@@ -29,7 +19,6 @@ CNAMES = ("lz4", "zstd")
 DEFAULT_LEVEL = {"lz4": 5, "zstd": 3}
 MIN_FIELD_BYTES = 4096
 HEADER_BYTES = 16  # Blosc 1.x header: version, flags, typesize, then nbytes, blocksize, cbytes (u32 LE)
-HDF5_FILTER_ID = 32001  # the HDF5 Blosc filter (hdf5plugin.Blosc)
 EXTRA = "fastdata[compress]"
 
 

@@ -1,21 +1,13 @@
-"""Files an in-place index points into (``fastdata index``): what their arrays look like, and proof
-that they have not changed since they were indexed.
-
-An index's manifest (backend ``inplace``) keeps in ``source`` each file's size, modification time
-and a checksum of its metadata (HDF5: the indexed datasets' shapes, types, filters and where their
-data or chunks lie; ``.npy``: the header; Zarr: the metadata documents and every chunk file's name
-and size), a checksum of blocks sampled across its content (same-size edits, replacements, swapped
-chunks), and optionally (``--checksum``) of its whole content and of each of its blocks, which the
-reader checks as it reads (fastdata/format/blocksums.py). :func:`check_files` compares them with the files
-as they are now; a difference is a one-line :class:`~fastdata.errors.CorruptShardError` naming the
-file. Normative description: docs/in-place.md.
-"""
+"""The files an in-place index points into: where each field lies (``source`` of its manifest), and the
+stamps that prove a file unchanged since it was indexed (size, time, metadata, sampled blocks; with
+``--checksum`` every byte and block). A difference is a one-line CorruptShardError naming the file
+(docs/in-place.md)."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +15,12 @@ import numpy as np
 import xxhash
 
 from fastdata.errors import CorruptShardError, DataError
+from fastdata.fileio import read_blocks
 from fastdata.format import blocksums
 
 KIND = "index"  # manifest source "kind" of an in-place index
 FORMATS = ("hdf5", "npy", "zarr")
 ZARR_META = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
-_HASH_BLOCK = 8 << 20
 SAMPLE_BLOCK = 4096
 SAMPLE_BLOCKS = 64  # per file: 256 KiB read at each open (sample_checksum)
 
@@ -46,19 +38,13 @@ class Stamp:
     blocks: dict[str, Any] | None = None  # with --checksum: {"size": bytes, "xxh3_64": {file: digests}} (blocksums)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "meta": self.meta}
-        if self.sample is not None:
-            out["sample"] = self.sample
-        if self.blocks is not None:
-            out["blocks"] = self.blocks
-        return out if self.checksum is None else {**out, "checksum": self.checksum}
+        return _set(self)
 
 
 @dataclass(frozen=True)
 class Column:
-    """Where one field of one part lies: file ``file`` (an index into the stamps), ``format``, the
-    array's path inside it (HDF5 dataset, Zarr array; "" for .npy), contiguous data at byte
-    ``offset``, or chunks of ``chunk_rows`` samples."""
+    """Where one field of one part lies: stamp ``file``, the array inside it ("" for .npy), and contiguous
+    data at byte ``offset`` or chunks of ``chunk_rows`` samples."""
 
     file: int
     format: str
@@ -67,12 +53,7 @@ class Column:
     chunk_rows: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"file": self.file, "format": self.format, "array": self.array}
-        if self.offset is not None:
-            out["offset"] = self.offset
-        if self.chunk_rows is not None:
-            out["chunk_rows"] = self.chunk_rows
-        return out
+        return _set(self)
 
 
 @dataclass(frozen=True)
@@ -105,6 +86,11 @@ def parse_index(source: dict[str, Any], where: str) -> Index:
     if len(units) != len(parts) or any(u < 1 for u in units):
         raise CorruptShardError(f"{where}: bad unit_rows in the in-place index")
     return Index(files, parts, units)
+
+
+def _set(entry: Any) -> dict[str, Any]:
+    """A dataclass's fields that are set (not None), as the manifest keeps them."""
+    return {k: v for k, v in asdict(entry).items() if v is not None}
 
 
 def _opt_int(v: Any) -> int | None:
@@ -153,56 +139,67 @@ def meta_checksum(path: str, fmt: str, arrays: list[str]) -> str:
     return f"xxh3_128:{h.hexdigest()}"
 
 
-def content_checksum(path: str, blocks: dict[str, str] | None = None) -> str:
-    """``xxh3_128`` of every byte of a file (of a directory: of each file's name and bytes, in order);
-    ``blocks``, if given, receives each file's block digests (fastdata/format/blocksums.py) from the same pass."""
-    h = xxhash.xxh3_128()
-    files = [(rel, os.path.join(path, rel)) for rel, _ in _tree(path)] if os.path.isdir(path) else [("", path)]
-    buf = bytearray(_HASH_BLOCK)  # a multiple of blocksums.BLOCK; a buffered read fills it until the end of file
-    view = memoryview(buf)
-    for rel, p in files:
-        h.update(rel.encode() + b"\0")
-        sums: list[int] = []
-        with open(p, "rb") as f:
-            while n := f.readinto(buf):
-                h.update(view[:n])
-                if blocks is not None:
-                    sums += blocksums.digests(view[:n])
-        if blocks is not None:
-            blocks[rel] = blocksums.encode(sums)
-    return f"xxh3_128:{h.hexdigest()}"
+def _files(path: str) -> list[tuple[str, str, int]]:
+    """The files of a file or a directory (a Zarr store): (name inside it, path, blocks sampled of it)."""
+    if os.path.isdir(path):
+        return [(rel, os.path.join(path, rel), 4) for rel, _ in _tree(path)]
+    return [("", path, SAMPLE_BLOCKS)]
+
+
+def _sampled(size: int, blocks: int) -> list[int]:
+    """Where the ``blocks`` blocks sampled of ``size`` bytes start: spread evenly, first and last included."""
+    return sorted({int(o) for o in np.linspace(0, max(0, size - SAMPLE_BLOCK), min(blocks, -(-size // SAMPLE_BLOCK)))})
 
 
 def sample_checksum(path: str) -> str:
-    """``xxh3_128`` of blocks spread evenly across a file's bytes (first and last included): at most
-    ``SAMPLE_BLOCKS`` of ``SAMPLE_BLOCK`` bytes, 256 KiB a file; of a directory (a Zarr store), of each
-    file's name and at most 4 blocks (16 KiB), so that chunk files swapped or rewritten are seen. Cheap
-    enough for every open; a small same-size edit between the blocks is left to ``--checksum``."""
+    """``xxh3_128`` of each file's name and the blocks sampled of it (:func:`_sampled`): cheap enough for every
+    open, it sees files replaced and chunks swapped; a small edit between the blocks is left to ``--checksum``."""
     h = xxhash.xxh3_128()
-    files = [(rel, os.path.join(path, rel), 4) for rel, _ in _tree(path)] if os.path.isdir(path) \
-        else [("", path, SAMPLE_BLOCKS)]
-    for rel, p, blocks in files:
+    for rel, p, blocks in _files(path):
         h.update(rel.encode() + b"\0")
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            size = os.fstat(fd).st_size
-            n = min(blocks, -(-size // SAMPLE_BLOCK))
-            for off in sorted({int(o) for o in np.linspace(0, max(0, size - SAMPLE_BLOCK), n)}):
+            for off in _sampled(os.fstat(fd).st_size, blocks):
                 h.update(os.pread(fd, SAMPLE_BLOCK, off))
         finally:
             os.close(fd)
     return f"xxh3_128:{h.hexdigest()}"
 
 
+def content_checksums(path: str) -> tuple[str, str, dict[str, str]]:
+    """One pass over every byte of a file (of a directory: of each file, in order): ``xxh3_128`` of each
+    file's name and bytes, :func:`sample_checksum` taken from the same bytes, and each file's block
+    digests (fastdata/format/blocksums.py)."""
+    full, sample = xxhash.xxh3_128(), xxhash.xxh3_128()
+    blocks: dict[str, str] = {}
+    for rel, p, n in _files(path):
+        full.update(rel.encode() + b"\0")
+        sample.update(rel.encode() + b"\0")
+        starts = _sampled(os.path.getsize(p), n)
+        pieces = {o: bytearray() for o in starts}
+        sums: list[int] = []
+        pos = 0
+        for data in read_blocks(p):  # HASH_BLOCK is a multiple of blocksums.BLOCK: blocks are whole
+            full.update(data)
+            sums += blocksums.digests(data)
+            for o in starts:
+                if o < pos + len(data) and o + SAMPLE_BLOCK > pos:  # (a sampled block may span two reads)
+                    pieces[o] += data[max(0, o - pos) : o + SAMPLE_BLOCK - pos]
+            pos += len(data)
+        for o in starts:
+            sample.update(pieces[o])
+        blocks[rel] = blocksums.encode(sums)
+    return f"xxh3_128:{full.hexdigest()}", f"xxh3_128:{sample.hexdigest()}", blocks
+
+
 def stamp(path: str, fmt: str, arrays: list[str], full: bool) -> Stamp:
-    """What ``path`` is now; ``full``: with its full checksum and block digests (``--checksum``)."""
+    """What ``path`` is now; ``full``: with its full checksum and block digests (``--checksum``), read once."""
     size, mtime = size_mtime(path)
     if not full:
         return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), None, sample_checksum(path))
-    sums: dict[str, str] = {}
-    full_sum = content_checksum(path, sums)
-    return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), full_sum, sample_checksum(path),
-                 {"size": blocksums.BLOCK, "xxh3_64": sums})
+    whole, sample, blocks = content_checksums(path)
+    return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), whole, sample,
+                 {"size": blocksums.BLOCK, "xxh3_64": blocks})
 
 
 def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, content: bool = False) -> str | None:
@@ -223,7 +220,7 @@ def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, conten
     try:
         if meta and meta_checksum(s.path, fmt, arrays) != s.meta:
             return f"{s.path}: changed since it was indexed (its metadata differs){hint}"
-        if content and s.checksum is not None and content_checksum(s.path) != s.checksum:
+        if content and s.checksum is not None and content_checksums(s.path)[0] != s.checksum:
             return f"{s.path}: changed since it was indexed (its content checksum differs){hint}"
         if meta and s.sample is not None and sample_checksum(s.path) != s.sample:
             return (f"{s.path}: changed since it was indexed (the blocks sampled across its content differ: "
@@ -242,12 +239,11 @@ def file_arrays(index: Index) -> list[tuple[str, list[str]]]:
     return out
 
 
-def check_files(index: Index, meta: bool = True) -> None:
-    """Raise a one-line CorruptShardError naming the first source file that changed."""
-    for s, (fmt, arrays) in zip(index.files, file_arrays(index)):
-        problem = check_file(s, fmt, arrays, meta)
-        if problem is not None:
-            raise CorruptShardError(problem)
+def file_problems(index: Index, content: bool = False) -> list[str]:
+    """What changed in the index's source files (:func:`check_file` with ``meta``), one line each."""
+    found = [check_file(s, fmt, arrays, meta=True, content=content)
+             for s, (fmt, arrays) in zip(index.files, file_arrays(index))]
+    return [p for p in found if p is not None]
 
 
 def native(dtype: np.dtype, where: str) -> np.dtype:

@@ -1,12 +1,6 @@
-"""Chunks of an HDF5 dataset read without h5py: one ``pread`` per chunk and the filters undone here.
-
-For a dataset chunked along the sample axis only (each chunk holds whole samples), the chunk
-table (``chunk_iter``: where each chunk lies, how big, which filters it skipped) is read once per
-process; afterwards a chunk is one positional read and a decode with the GIL released (zlib,
-numcodecs' LZ4, Zstd, Blosc and byte unshuffle), so reader threads decode in parallel, which
-h5py's global lock would forbid. Pipelines with any other filter (or chunks that split a sample)
-are read through h5py instead (fastdata/format/inplace.py).
-"""
+"""Chunks of an HDF5 dataset chunked along the sample axis read without h5py: one ``pread`` per chunk and
+the filters (deflate, shuffle, LZ4, Zstd, Blosc) undone here with the GIL released, so reader threads
+decode in parallel where h5py's global lock would serialise them; other filters go through h5py."""
 
 from __future__ import annotations
 
@@ -15,6 +9,7 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass
+from importlib.util import find_spec
 from typing import Any
 
 import numpy as np
@@ -28,9 +23,8 @@ KNOWN = (DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD)
 
 @dataclass
 class ChunkTable:
-    """Where chunk ``c`` (samples ``c * rows`` onwards) lies in the file, and how to decode it."""
+    """Where each chunk lies in the file, and how to decode it."""
 
-    rows: int
     offsets: np.ndarray  # -1: never written (reads fall back to h5py, which gives the fill value)
     sizes: np.ndarray
     masks: np.ndarray  # HDF5 filter mask: bit i set = filter i was skipped for this chunk
@@ -45,9 +39,16 @@ def chunk_table(dset: Any) -> ChunkTable | None:
         return None
     plist = dset.id.get_create_plist()
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
-    if any(f not in KNOWN for f in filters) or (set(filters) - {DEFLATE} and not _has_numcodecs()):
+    if any(f not in KNOWN for f in filters) or (set(filters) - {DEFLATE} and find_spec("numcodecs") is None):
         return None
     rows = int(dset.chunks[0])
+    nbytes = rows * int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize
+    return ChunkTable(*chunk_arrays(dset, rows), filters, dset.dtype.itemsize, nbytes)
+
+
+def chunk_arrays(dset: Any, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per chunk of ``rows`` samples of ``dset`` (chunked along the sample axis only): its byte offset (-1:
+    never written), stored size and HDF5 filter mask."""
     n = -(-int(dset.shape[0]) // rows) if dset.shape[0] else 0
     offsets = np.full(n, -1, dtype=np.int64)
     sizes = np.zeros(n, dtype=np.int64)
@@ -59,8 +60,7 @@ def chunk_table(dset: Any) -> ChunkTable | None:
 
     if n:
         dset.id.chunk_iter(note)
-    nbytes = rows * int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize
-    return ChunkTable(rows, offsets, sizes, masks, filters, dset.dtype.itemsize, nbytes)
+    return offsets, sizes, masks
 
 
 def chunk_spans(dset: Any) -> np.ndarray | None:
@@ -71,14 +71,6 @@ def chunk_spans(dset: Any) -> np.ndarray | None:
     out: list[tuple[int, int, int]] = []
     dset.id.chunk_iter(lambda info: out.append((info.chunk_offset[0], info.byte_offset, info.size)))
     return np.array(out, dtype=np.int64).reshape(-1, 3)
-
-
-def _has_numcodecs() -> bool:
-    try:
-        import numcodecs  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def read_chunk(fd: int, t: ChunkTable, c: int, out: np.ndarray, where: str, check: BlockCheck | None = None) -> None:

@@ -1,14 +1,7 @@
-"""HDF5 shards: one dataset per fixed field (sample axis first); ragged fields as data + offsets.
-The backend module: reading here, writing in hdf5write.py.
-
-Uncompressed fields are stored contiguous, so a reader finds each field's byte offset
-once and then copies any run of samples straight into the batch buffer from a read-only
-memory map: no h5py call (and no h5py global lock) on the hot path. Writers put each sample's bytes in
-place with one ``pwrite``. Fields compressed per sample (``--compression lz4|zstd``, fastdata/format/codec.py)
-hold one chunk per sample, written with ``write_direct_chunk`` and read with one ``pread`` and a
-Blosc decode straight into the batch (no h5py on the hot path either). With ``lzf``/``gzip`` every
-field is chunked along the sample axis (about 1 MiB a chunk) and read and written through h5py.
-"""
+"""HDF5 shards: one dataset per fixed field (sample axis first); ragged fields as data + offsets (writing
+in hdf5write.py). Contiguous fields are copied from a read-only memory map and per-sample compressed ones
+read with one ``pread`` each: no h5py call (nor its global lock) on the hot path; ``lzf``/``gzip`` fields
+are read through h5py."""
 
 from __future__ import annotations
 
@@ -24,15 +17,13 @@ import numpy as np
 from fastdata.errors import CorruptShardError
 from fastdata.fileio import pread_into
 from fastdata.format import codec as blosc_codec
+from fastdata.format.h5chunks import chunk_arrays
 from fastdata.format.hdf5write import COMPRESSIONS, ShardWriter, parse_compression
 from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase, runs
 from fastdata.format.spec import FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
-# Fixed columns are copied from a memory map, whatever the sample size: against one pread per
-# sample, faster for 4 MB rows and about even for 903 KB rows on 2 threads
-# (benchmarks/bench_choices.py; its results in docs/benchmarks.md, issue 16).
 _GATHER_ROW_BYTES = 64 << 10  # mapped rows up to this size are gathered with one fancy-index call
 
 
@@ -131,8 +122,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                 raise CorruptShardError(f"{self._where()}: field {f.name!r} data lies outside the file")
             col.offset = off
             if nbytes and f.ragged:
-                # every sample is one slice of this map: one copy each, no syscall, no per-sample
-                # layout work (the offsets were checked above, the file size is re-checked per read)
+                # every sample one slice of this map: one copy each (offsets checked above, the size per read)
                 col.mapped = np.memmap(self.path, dtype=np.uint8, mode="r", offset=off, shape=(nbytes,))
                 col.bytes_view = memoryview(col.mapped)  # type: ignore[arg-type]
                 assert col.offsets is not None
@@ -143,8 +133,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                     if nbytes:
                         pread_into(fd, col.cached, off, self._where())
                 else:
-                    # In bounds: the file size was checked above, and read_into re-checks it before
-                    # every read, so a file truncated later raises instead of a SIGBUS.
+                    # in bounds: the size was checked above and read_into re-checks it (an error, never SIGBUS)
                     col.mapped = np.memmap(self.path, dtype=f.np_dtype, mode="r", offset=off, shape=expect)
         else:
             col.dset = dset
@@ -155,16 +144,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         if dset.chunks != (1, *f.trailing):
             raise CorruptShardError(f"{self._where()}: compressed field {f.name!r} has chunks {dset.chunks}, "
                                     f"expected one sample each")
-        n = self.info.count
-        off = np.full(n, -1, dtype=np.int64)
-        size = np.zeros(n, dtype=np.int64)
-        raw = np.zeros(n, dtype=bool)
-
-        def note(si: Any) -> None:
-            i = si.chunk_offset[0]
-            off[i], size[i], raw[i] = si.byte_offset, si.size, si.filter_mask != 0
-
-        dset.id.chunk_iter(note)
+        off, size, masks = chunk_arrays(dset, 1)
+        raw = masks != 0  # HDF5 kept the chunk unfiltered
         if (off + size > file_size).any() or (raw & (size != f.row_nbytes)).any():
             raise CorruptShardError(f"{self._where()}: field {f.name!r} has chunks outside the file or of a bad size")
         col.chunk_off, col.chunk_len, col.chunk_raw = off, size, raw
@@ -208,15 +189,10 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
                   layouts: dict[str, Layout] | None = None, *, from_disk: bool = False) -> None:
-        """Sample ``local[k]`` of this shard goes to row ``dest[k]`` of each array in ``outs``.
-
-        ``local`` is sorted; runs consecutive in both ``local`` and ``dest`` are read at once.
-        Ragged fields are placed as :class:`RaggedOut` does (``layouts``: per ragged field, the
-        batch's image shapes of a ``pixels`` field, or a :class:`Packed` layout). ``from_disk``: the
-        batch is (mostly) not in the page cache: large rows are ``pread`` into the batch instead of
-        copied from the map (which would map every page into the process, and the kernel would have to
-        unmap them again to reclaim them; benchmarks/bench_cold_large.py measures both).
-        """
+        """Sample ``local[k]`` (sorted) of this shard goes to row ``dest[k]`` of each array in ``outs``; ragged
+        fields as :class:`RaggedOut` places them (``layouts``). ``from_disk``: large rows are ``pread`` into
+        the batch, not copied from the map (which would map every page into the process for the kernel to
+        unmap again)."""
         h = self.handle()
         self._check_unchanged(h.fd, local)
         for name, out in outs.items():

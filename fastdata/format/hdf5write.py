@@ -1,10 +1,4 @@
-"""Writing HDF5 shards (the layout: fastdata/format/hdf5.py, docs/format.md).
-
-Uncompressed fields are allocated at creation (contiguous, never filled), and each sample's
-bytes go straight to their place in the file with one ``pwrite``. Fields compressed per sample
-(``lz4``/``zstd``) get one chunk per sample; with ``lzf``/``gzip`` every field is chunked along
-the sample axis (about 1 MiB a chunk) and written through h5py in blocks.
-"""
+"""Writing HDF5 shards (the layout: fastdata/format/hdf5.py, docs/format.md)."""
 
 from __future__ import annotations
 
@@ -46,17 +40,11 @@ def parse_compression(value: str | None) -> tuple[str | None, Any]:
     raise UsageError(f"unknown compression {value!r} (use none, lz4, lz4:1-9, zstd, zstd:1-9, lzf, gzip or gzip:0-9)")
 
 
-def _chunk_rows(row_bytes: int, n: int) -> int:
-    return max(1, min(n, _CHUNK_BYTES // max(1, row_bytes)))
-
-
 class ShardWriter:
-    """Writes one HDF5 shard of ``count`` samples. Use as a context manager; see docs/format.md.
-
-    Uncompressed fields are allocated at creation (contiguous, never filled), and each sample's
-    bytes go straight to their place in the file with one ``pwrite``: no staging copy and no h5py
-    call per sample. Compressed fields are staged and written through h5py in blocks.
-    """
+    """Writes one HDF5 shard of ``count`` samples (a context manager). Uncompressed fields are allocated at
+    creation and each sample's bytes go to their place with one ``pwrite`` (no staging, no h5py call);
+    fields compressed per sample (``lz4``/``zstd``) get one chunk each; ``lzf``/``gzip`` fields are chunked
+    along the sample axis (about 1 MiB a chunk), staged and written through h5py in blocks."""
 
     def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
                  compression: str | None = None, start: int = 0) -> None:
@@ -116,7 +104,7 @@ class ShardWriter:
             dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
             dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
             return parent.create_dataset(name, shape=shape, dtype=f.np_dtype, track_times=False, dcpl=dcpl)
-        chunks = (_chunk_rows(f.row_nbytes, shape[0]), *shape[1:])
+        chunks = (max(1, min(shape[0], _CHUNK_BYTES // max(1, f.row_nbytes))), *shape[1:])
         return parent.create_dataset(
             name, shape=shape, dtype=f.np_dtype, chunks=chunks, compression=filt,
             compression_opts=level, shuffle=filt == "gzip", track_times=False,

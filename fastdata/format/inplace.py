@@ -1,23 +1,14 @@
-"""The ``inplace`` backend: a dataset whose samples stay in existing HDF5, ``.npy`` or Zarr files.
-
-``fastdata index`` writes a manifest whose shards are parts of the source (one per HDF5 file of a
-glob; one for a ``.npy`` set or a Zarr group) and whose ``source`` says where each field lies
-(fastdata/format/external.py). Contiguous data (uncompressed HDF5 datasets, ``.npy``) is copied
-from a read-only memory map at its byte offset, as fastdata's own HDF5 shards are: no h5py call
-per batch. Chunked or compressed data (HDF5, Zarr) is read a whole chunk at a time into a per-process
-cache of decoded chunks (fastdata/format/chunkcache.py), so batches drawn from a few chunks
-(``shuffle=Shards()``) decode each chunk once. Source files are checked against their stamps when
-the dataset is opened and when a process first reads them. See docs/in-place.md.
-"""
+"""The ``inplace`` backend: samples read where they are in existing HDF5, ``.npy`` or Zarr files (``fastdata
+index``; docs/in-place.md). Contiguous data is copied from a read-only memory map; chunked data is read a
+whole chunk at a time into a per-process cache of decoded chunks (fastdata/format/chunkcache.py)."""
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,7 +17,7 @@ from fastdata.format import blocksums
 from fastdata.format.backends import INDEX
 from fastdata.format.blocksums import BlockCheck
 from fastdata.format.chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
-from fastdata.format.external import Column, Index, Stamp, check_file, check_files, parse_index
+from fastdata.format.external import Column, Index, Stamp, check_file, file_problems, parse_index
 from fastdata.format.h5chunks import ChunkTable, chunk_spans, chunk_table, read_chunk
 from fastdata.format.interface import ShardReader
 from fastdata.format.shardio import Layout, runs
@@ -36,6 +27,7 @@ from fastdata.format.zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
 from fastdata.handles import PerProcessHandle
 
 NAME = INDEX
+H = TypeVar("H")
 _GATHER_ROW_BYTES = 64 << 10  # as fastdata/format/hdf5.py: small rows gathered in one numpy call
 _WHOLE_COLUMN_BYTES = 16 << 20  # a chunked column this small is read whole, once per process
 
@@ -52,27 +44,22 @@ def index_of(manifest: Manifest, where: str) -> Index:
 
 
 class InPlaceShards(LocalShards):
-    """The ShardSource of an index: one reader per part of the source files (no shard files; the manifest's
-    ``source`` says where each field lies). Read-ahead hints go to the source files' byte ranges."""
+    """The ShardSource of an index: one reader per part of the source files (no shard files)."""
 
     def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
-        return list(open_readers(self.folder, self.manifest))
-
-
-def open_readers(root: Path | str, manifest: Manifest) -> list["PartReader"]:
-    """One reader per part of the index at ``root``, after checking every source file is as indexed."""
-    if not isinstance(root, Path):
-        raise UsageError(f"{root}: an in-place index is opened from a local folder, not a URL")
-    index = index_of(manifest, str(root))
-    check_files(index, meta=True)
-    fields = {f.name: f for f in manifest.fields}
-    readers = []
-    for info, part in zip(manifest.shards, index.parts):
-        if set(part) != set(fields):
-            raise CorruptShardError(f"{root}: part {info.file} does not describe every field")
-        cols = {name: _column(index.files[c.file], c, fields[name], info.count) for name, c in part.items()}
-        readers.append(PartReader(Path(index.files[next(iter(part.values())).file].path), info, cols))
-    return readers
+        """One reader per part, after checking every source file is as indexed."""
+        index = index_of(self.manifest, str(self.folder))
+        problems = file_problems(index)
+        if problems:
+            raise CorruptShardError(problems[0])
+        specs = {f.name: f for f in self.manifest.fields}
+        readers: list[ShardReader] = []
+        for info, part in zip(self.manifest.shards, index.parts):
+            if set(part) != set(specs):
+                raise CorruptShardError(f"{self.folder}: part {info.file} does not describe every field")
+            cols = {name: _column(index.files[c.file], c, specs[name], info.count) for name, c in part.items()}
+            readers.append(PartReader(Path(index.files[next(iter(part.values())).file].path), info, cols))
+        return readers
 
 
 def unit_counts(manifest: Manifest, stored: np.ndarray) -> list[int]:
@@ -136,8 +123,19 @@ class PartReader:
             col.close()
 
 
-def _where(stamp: Stamp, c: Column) -> str:
-    return f"{stamp.path}: {c.array}" if c.array else stamp.path
+class _Col(PerProcessHandle[H]):
+    """One field of one part: where it lies (``c``) in ``stamp``'s file, checked unchanged when a process opens it."""
+
+    def __init__(self, stamp: Stamp, c: Column, f: FieldSpec, count: int) -> None:
+        self.stamp, self.col, self.field, self.count = stamp, c, f, count
+        self.offset = c.offset or 0  # contiguous data: its byte offset
+        self.rows = c.chunk_rows or 0  # chunked data: the samples of a chunk
+        self.where = f"{stamp.path}: {c.array}" if c.array else stamp.path
+
+    def _check(self) -> None:
+        problem = check_file(self.stamp, self.col.format, [self.col.array])
+        if problem is not None:
+            raise CorruptShardError(problem)
 
 
 @dataclass
@@ -147,19 +145,11 @@ class _Map:
     check: BlockCheck | None = None  # with --checksum: the file's blocks, checked on this process's first read
 
 
-class _Mapped(PerProcessHandle[_Map]):
+class _Mapped(_Col[_Map]):
     """A contiguous array at byte ``offset`` of its file, read through a read-only memory map."""
 
-    def __init__(self, stamp: Stamp, c: Column, f: FieldSpec, count: int) -> None:
-        self.stamp, self.col, self.field, self.count = stamp, c, f, count
-        assert c.offset is not None
-        self.offset = c.offset
-        self.where = _where(stamp, c)
-
     def _open_handle(self) -> _Map:
-        problem = check_file(self.stamp, self.col.format, [self.col.array])
-        if problem is not None:
-            raise CorruptShardError(problem)
+        self._check()
         fd = os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             nbytes = self.count * self.field.row_nbytes
@@ -212,28 +202,16 @@ class _Source:
         return self.checks.get(os.path.relpath(path, store) if self.zchunks is not None else "")
 
 
-class _Chunked(PerProcessHandle[_Source]):
+class _Chunked(_Col[_Source]):
     """A chunked (possibly compressed) HDF5 dataset or Zarr array, read a whole chunk at a time."""
 
-    def __init__(self, stamp: Stamp, c: Column, f: FieldSpec, count: int) -> None:
-        self.stamp, self.col, self.field, self.count = stamp, c, f, count
-        assert c.chunk_rows is not None
-        self.rows = c.chunk_rows
-        self.where = _where(stamp, c)
-
     def _open_handle(self) -> _Source:
-        problem = check_file(self.stamp, self.col.format, [self.col.array])
-        if problem is not None:
-            raise CorruptShardError(problem)
+        self._check()
         if self.col.format == "hdf5":
-            import h5py
+            from fastdata.format.arrayinfo import h5_file
 
-            try:
-                import hdf5plugin  # noqa: F401  (filters such as LZ4 and Zstd)
-            except ImportError:
-                pass
             try:  # no HDF5 chunk cache: whole chunks are read, and kept decoded in our own cache
-                fh = h5py.File(self.stamp.path, "r", rdcc_nbytes=0)
+                fh = h5_file(self.stamp.path, rdcc_nbytes=0)
                 src = _Source(fh[self.col.array], fh, self._cache())
                 src.table = chunk_table(src.array)
             except (OSError, KeyError, ValueError) as e:
@@ -290,7 +268,7 @@ class _Chunked(PerProcessHandle[_Source]):
 
     def _load(self, src: _Source, r0: int, r1: int) -> np.ndarray:
         if (src.fd is not None and src.table is not None) or src.zchunks is not None:
-            a = src.cache.buffer((r1 - r0, *self.field.trailing), self.field.np_dtype)
+            a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
             for c0 in range(r0, r1, self.rows):  # r0 is the first row of a chunk
                 part = a[c0 - r0 : min(c0 + self.rows, r1) - r0]
                 if src.zchunks is not None:
@@ -370,7 +348,3 @@ class _Chunked(PerProcessHandle[_Source]):
         src = self._handle
         return 0 if src is None else src.cache.decoded_bytes + (0 if src.whole is None else src.whole.nbytes)
 
-
-def total_rows_bytes(fields: list[FieldSpec], n: int) -> int:
-    """Bytes the samples of an index hold (what a full pass delivers)."""
-    return n * sum(math.prod(f.trailing) * f.np_dtype.itemsize for f in fields)

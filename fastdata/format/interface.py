@@ -1,9 +1,5 @@
-"""The interface every shard backend implements, declared once: a backend module gives
-``EXTENSION``, ``parse_compression``, a ``ShardWriter`` and a ``ShardReader`` of these shapes.
-
-``fastdata/format/__init__.py`` registers the backends as :class:`Backend` values, so mypy checks
-that each module (hdf5, lmdb) satisfies the protocols; docs/architecture.md says how to add one.
-"""
+"""The interface every shard backend module implements (``EXTENSION``, ``parse_compression``, a
+``ShardWriter`` and a ``ShardReader``), checked by mypy through the registry in backends.py."""
 
 from __future__ import annotations
 

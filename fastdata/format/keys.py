@@ -1,21 +1,10 @@
-"""Sample keys: every sample's key (its relative source path) in one side file, ``keys.bin``.
-
-The manifest lists the file with its size and checksum (``"keys"``), so a dataset of tens of
-millions of samples keeps a small manifest. Layout (integers little-endian u64; docs/format.md)::
-
-    offset 0              magic  b"FDKEYS1\\0"
-    offset 8              n      number of keys (the manifest's num_samples)
-    offset 16             nbytes bytes of UTF-8 text
-    offset 24             offsets, n + 1: key i is text[offsets[i]:offsets[i + 1]]
-    offset 24 + 8(n + 1)  order, n: sample indices sorted by key bytes (binary search for index_of)
-    then                  text, nbytes: the keys' UTF-8 bytes, concatenated
-
-Readers memory-map the file once per process: per-sample metadata stays in numpy arrays, never
-in lists of Python strings (a DataLoader worker would copy those page by page).
-"""
+"""Sample keys (relative source paths) in one side file, ``keys.bin`` (layout: docs/format.md, "Sample keys"),
+so that the manifest stays small; readers map it once per process: numpy arrays, never lists of strings
+(a DataLoader worker would copy those page by page)."""
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 import struct
@@ -68,13 +57,9 @@ _Handle = tuple[np.ndarray, np.ndarray, mmap.mmap, Release | None]
 
 
 class KeyTable(PerProcessHandle[_Handle]):
-    """Reads the keys file of a dataset: ``key(i)``, ``keys(indices)``, ``find(key)``.
-
-    A dataset on object storage passes ``fetch`` (download ``path`` into the cache and check it; run
-    before the file is first opened in a process, outside the per-process opening lock, so a slow
-    download never holds up other handles) and ``prepare`` (keep ``path`` local while it is open:
-    returns what releases it when the table closes).
-    """
+    """Reads the keys file of a dataset: ``key(i)``, ``keys(indices)``, ``find(key)``. A URL dataset passes
+    ``fetch`` (download it, outside the opening lock: a slow download holds up no other handle) and
+    ``prepare`` (keep it local while open; returns what releases it)."""
 
     def __init__(self, path: Path, count: int, nbytes: int, prepare: Callable[[], Release] | None = None,
                  fetch: Callable[[], None] | None = None) -> None:
@@ -83,7 +68,7 @@ class KeyTable(PerProcessHandle[_Handle]):
         self._base = 0
 
     def _ready(self) -> _Handle:
-        if self.fetch is not None and (self._handle is None or self._handle_pid != os.getpid()):
+        if self.fetch is not None and not self.is_open():
             self.fetch()
         return self.handle()
 
@@ -152,18 +137,13 @@ class KeyTable(PerProcessHandle[_Handle]):
         """The index of the sample keyed ``key``, or -1 (binary search over the sorted order)."""
         offsets, order, mm, _ = self._ready()
         want = key.encode("utf-8")
-        lo, hi = 0, self.count
-        while lo < hi:
-            mid = (lo + hi) // 2
-            j = int(order[mid])
-            got = mm[self._base + int(offsets[j]) : self._base + int(offsets[j + 1])]
-            if got < want:
-                lo = mid + 1
-            elif got > want:
-                hi = mid
-            else:
-                return j
-        return -1
+
+        def text(k: int) -> bytes:  # the k-th key in sorted order
+            j = int(order[k])
+            return mm[self._base + int(offsets[j]) : self._base + int(offsets[j + 1])]
+
+        k = bisect.bisect_left(range(self.count), want, key=text)
+        return int(order[k]) if k < self.count and text(k) == want else -1
 
     def all(self) -> list[str]:
         """Every key, in sample order."""

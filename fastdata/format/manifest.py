@@ -1,10 +1,5 @@
-"""The manifest: what a dataset holds and where. Written last, atomically; parsed defensively.
-
-A dataset is a directory with shard files and ``manifest.json``. A directory without a
-manifest is an unfinished conversion and is never opened. The manifest is JSON (never
-pickle), and every value in it is checked against hard limits before anything is
-allocated or any file outside the dataset directory could be touched.
-"""
+"""The manifest (``manifest.json``): written last and atomically; parsed as JSON, every value checked
+against hard limits before anything is allocated or a file outside the dataset could be touched."""
 
 from __future__ import annotations
 
@@ -19,7 +14,6 @@ from fastdata.format.absent import no_manifest_error, not_a_folder_error
 from fastdata.format.backends import check_backend
 from fastdata.format.spec import (
     _FILE_RE,
-    _SHA_RE,
     CHECKSUMS,
     FORMAT_NAME,
     MANIFEST_NAME,
@@ -30,13 +24,13 @@ from fastdata.format.spec import (
     MAX_SHARDS,
     READ_VERSION,
     FieldSpec,
+    ImageSpec,
     KeysInfo,
     Manifest,
     ShardInfo,
     _check_field,
     _is_int,
     parse_checksum,
-    parse_image_spec,
     validate,
 )
 
@@ -67,13 +61,22 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
         raise no_manifest_error(root)  # what the folder is instead, and the fix that works
     try:
         size = path.stat().st_size
-        if size > MAX_MANIFEST_BYTES:
-            raise FormatError(f"{path}: manifest is {size} bytes, over the {MAX_MANIFEST_BYTES} limit")
-        with open(path, "rb") as f:
-            obj = json.loads(f.read().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        data = path.read_bytes() if size <= MAX_MANIFEST_BYTES else bytes(0)
+    except OSError as e:
         raise FormatError(f"{path}: unreadable manifest: {e}") from None
-    return parse_manifest(obj, where=str(path))
+    return manifest_of(data, str(path), size)
+
+
+def manifest_of(data: bytes, where: str, size: int | None = None) -> Manifest:
+    """The validated manifest in ``data``, the bytes of a ``manifest.json`` of ``size`` bytes (default: all of them)."""
+    size = len(data) if size is None else size
+    if size > MAX_MANIFEST_BYTES:
+        raise FormatError(f"{where}: manifest is {size} bytes, over the {MAX_MANIFEST_BYTES} limit")
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise FormatError(f"{where}: unreadable manifest: {e}") from None
+    return parse_manifest(obj, where=where)
 
 
 def parse_manifest(obj: Any, where: str = "manifest") -> Manifest:
@@ -125,13 +128,15 @@ def _parse_field(obj: Any) -> FieldSpec:
     shape = obj.get("shape")
     if not isinstance(shape, list) or len(shape) > MAX_DIMS:
         raise FormatError(f"field {obj.get('name')!r}: bad shape {shape!r}")
-    image = obj.get("image")
+    image = obj.get("image")  # unknown extra keys in it are ignored (forward compatible)
+    if image is not None and not isinstance(image, dict):
+        raise FormatError(f"field {obj.get('name')!r}: 'image' must be an object")
     spec = FieldSpec(
         name=obj.get("name"),  # type: ignore[arg-type]
         dtype=obj.get("dtype"),  # type: ignore[arg-type]
         shape=tuple(shape),
         encoding=obj.get("encoding", "raw"),
-        image=None if image is None else parse_image_spec(image, obj.get("name")),
+        image=None if image is None else ImageSpec(image.get("mode"), image.get("layout")),  # type: ignore[arg-type]
         compression=obj.get("compression"),
     )
     _check_field(spec)
@@ -154,18 +159,11 @@ def _parse_shard(obj: Any, version: int) -> ShardInfo:
         v = obj.get(key)
         if not _is_int(v) or not 0 <= v <= (1 << 50):
             raise FormatError(f"shard {name!r}: bad {key} {v!r}")
-    if version < 2:  # version 1: "sha256": "<hex>"
-        sha = obj.get("sha256")
-        if not isinstance(sha, str) or not _SHA_RE.match(sha):
-            raise FormatError(f"shard {name!r}: bad sha256 {sha!r}")
-        checksum = f"sha256:{sha}"
-    else:
-        value = parse_checksum(obj.get("checksum"))
-        if value is None:
-            known = ", ".join(CHECKSUMS)
-            raise FormatError(f"shard {name!r}: bad checksum {obj.get('checksum')!r} (expected '<algorithm>:<hex>', "
-                              f"algorithm one of {known})")
-        checksum = value
+    raw = f"sha256:{obj.get('sha256')}" if version < 2 else obj.get("checksum")  # version 1: "sha256": "<hex>"
+    checksum = parse_checksum(raw)
+    if checksum is None:
+        raise FormatError(f"shard {name!r}: bad checksum {raw!r} (expected '<algorithm>:<hex>', algorithm one of "
+                          f"{', '.join(CHECKSUMS)})")
     origin = obj.get("origin")
     if origin is not None and (not _is_int(origin) or not 0 <= origin <= (1 << 50)):
         raise FormatError(f"shard {name!r}: bad origin {origin!r}")

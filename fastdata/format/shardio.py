@@ -44,15 +44,9 @@ Layout = np.ndarray | Packed | None  # image shapes (padded pixels), packed star
 
 
 class RaggedOut:
-    """The batch array of one ragged field, filled sample by sample with one copy each.
-
-    ``out`` is ``(B, rows, *trailing)``: sample bytes go to the start of row ``d`` and the rest
-    of the row is zeroed (``out`` need not be zeroed beforehand). With image shapes as ``layout``
-    (a ``pixels`` image field: ``(B, 3)`` true ``(H, W, C)`` per batch row), ``out`` is
-    ``(B, H, W, C)`` and each image goes to ``out[d, :h, :w]``, zero-padded to the right and below.
-    With a :class:`Packed` layout, ``out`` is flat and sample ``d`` is copied to its start: nothing
-    is padded, so nothing is zeroed. Shapes and byte counts must already be checked against each other.
-    """
+    """The batch array of one ragged field, filled with one copy a sample: ``out`` is ``(B, rows, *trailing)``,
+    each row zero-padded; with image shapes as ``layout`` (``(B, 3)``), ``(B, H, W, C)``, each image at
+    ``out[d, :h, :w]`` padded right and below; with a :class:`Packed` layout, flat, nothing padded."""
 
     def __init__(self, out: np.ndarray, layout: Layout = None) -> None:
         self.out = out
@@ -71,25 +65,18 @@ class RaggedOut:
 
     def put(self, d: int, src: memoryview, off: int, n: int) -> None:
         """Bytes ``src[off:off + n]`` (a 1-D byte memoryview) into batch row ``d``, padding zeroed."""
-        if self.packed is not None:
-            a = self.packed[d]
+        if self.packed is not None or self.shapes is None or self.uniform:
+            a = self.packed[d] if self.packed is not None else d * self.stride
             if n <= _SMALL_COPY:
                 self.mv[a : a + n] = src[off : off + n]
             else:
                 self.flat[a : a + n] = np.frombuffer(src, np.uint8, n, off)
-            return
-        a = d * self.stride
-        if self.shapes is None or self.uniform:
-            if n <= _SMALL_COPY:
-                self.mv[a : a + n] = src[off : off + n]
-            else:
-                self.flat[a : a + n] = np.frombuffer(src, np.uint8, n, off)
-            self.zero(a + n, a + self.stride)
+            if self.packed is None:
+                self.zero(a + n, a + self.stride)
             return
         h, w, c = self.shapes[d]
         o = self.rows[d]  # (H, W*C): rows of pixels as plain byte rows, far faster to copy than (h, w, c)
-        # the whole block zeroed first (one memset), so the rows land on lines already in cache:
-        # faster than zeroing the margins after the copy (benchmarks/bench_choices.py, choice 6)
+        # the whole block zeroed first (one memset), so the rows land on lines already in cache
         o.fill(0)
         o[:h, : w * c] = np.frombuffer(src, np.uint8, n, off).reshape(h, w * c)
 

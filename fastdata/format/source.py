@@ -1,10 +1,6 @@
-"""Where a dataset's shards live, and how they are opened and kept readable: :class:`ShardSource`.
-
-``Dataset`` reads every kind of shard through this one interface: shards in a local folder
-(:class:`LocalShards`, here), shards of a URL dataset downloaded into the node's cache
-(``fastdata.remote.shards.RemoteShards``). A new kind (rows inside existing files, say) is one
-more class with these members; nothing in ``Dataset`` changes.
-"""
+"""Where a dataset's shards live, and how they are opened and kept readable: :class:`ShardSource`, the one
+interface ``Dataset`` reads through (local folders here, URLs in fastdata.remote.shards, indexes in
+fastdata.format.inplace)."""
 
 from __future__ import annotations
 

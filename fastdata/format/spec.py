@@ -1,19 +1,6 @@
-"""The fastdata format's spec: version, names, limits, field and shard types, image rules.
-
-Everything a writer or reader must agree on, in one module that imports nothing from fastdata
-but its errors. I/O of the manifest is in manifest.py, the shard backends in hdf5.py and lmdb.py.
-Normative description: docs/format.md.
-
-Image fields store uint8 pixels in HWC layout (channels ``RGB`` or ``L``) in one of three
-encodings (docs/format.md, "Image fields"):
-
-* ``raw`` with a fixed shape ``[H, W, C]``: plain pixels, read with a memory copy;
-* ``pixels``: ragged ``|u1`` bytes, each sample's ``H*W*C`` pixels in C order, with the
-  per-sample ``(H, W, C)`` in the companion field ``<name>_shape``;
-* ``image``: ragged ``|u1`` bytes, each sample one complete encoded file (JPEG or PNG),
-  with ``<name>_shape`` and the per-sample codec in ``<name>_codec``.
-Decoding lives in ``fastdata.reading.decode``.
-"""
+"""The fastdata format's spec: version, names, limits, field and shard types, image rules: what every
+writer and reader agrees on (docs/format.md; image fields: its "Image fields"), importing only fastdata's
+errors."""
 
 from __future__ import annotations
 
@@ -57,22 +44,6 @@ class ImageSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "layout": self.layout}
-
-
-def parse_image_spec(obj: Any, field_name: Any) -> ImageSpec:
-    """The ``image`` object of a field entry; unknown extra keys are ignored (forward compatible)."""
-    if not isinstance(obj, dict):
-        raise FormatError(f"field {field_name!r}: 'image' must be an object")
-    spec = ImageSpec(mode=obj.get("mode"), layout=obj.get("layout"))  # type: ignore[arg-type]
-    check_image_spec(spec, field_name)
-    return spec
-
-
-def check_image_spec(spec: ImageSpec, field_name: Any) -> None:
-    if not isinstance(spec.mode, str) or spec.mode not in CHANNELS:
-        raise FormatError(f"field {field_name!r}: unknown image mode {spec.mode!r} (expected RGB or L)")
-    if spec.layout != LAYOUT:
-        raise FormatError(f"field {field_name!r}: unknown image layout {spec.layout!r} (expected {LAYOUT})")
 
 
 def companions(f: FieldSpec) -> list[str]:
@@ -131,13 +102,9 @@ FORMAT_VERSION = 3  # what a conversion writes. 3: sample keys ("keys", keys.bin
 # 2: shard checksums name their algorithm ("checksum": "xxh3_128:<hex>") and a shard may carry an
 # ``origin``; 1: "sha256" only, no origin
 ORIGIN_VERSION = 2  # a manifest with a shard ``origin`` (``fastdata merge``) needs a reader of at least this
-COMPRESSED_VERSION = 4  # a manifest with a compressed field ("compression" in a field entry) is written as
-# version 4, so that readers of version 3 refuse it ("written by a newer fastdata") instead of reading
-# compressed bytes as samples; a dataset without compressed fields is still written as FORMAT_VERSION
+COMPRESSED_VERSION = 4  # with a compressed field: readers of version 3 refuse it instead of misreading it
 READ_VERSION = 4  # the newest manifest version this fastdata reads
-# Per-field compression codecs a reader must know (docs/format.md, "Compressed fields"): "blosc" stores
-# each sample of a fixed field as one Blosc (1.x format) buffer, byte-shuffled, LZ4 or Zstd inside.
-FIELD_CODECS = ("blosc",)
+FIELD_CODECS = ("blosc",)  # per-field compression codecs (docs/format.md, "Compressed fields")
 # Shard checksum algorithms: name -> hex digits. Writers use CHECKSUM_DEFAULT; readers verify any of these.
 CHECKSUMS = {"xxh3_128": 32, "sha256": 64}
 CHECKSUM_DEFAULT = "xxh3_128"
@@ -159,16 +126,13 @@ MAX_FIELDS = 256
 MAX_DIMS = 32
 MAX_SHARDS = 10_000_000
 MAX_CLASSES = 10_000_000
-# The fewest bytes a sample can take in a shard file, so that a shard's count is checked against its
-# size before anything is allocated from it. LMDB: the record's key, LMDB's node header and the
-# record header (magic, field count, one size per field). HDF5: the samples' raw bytes (8 per ragged
-# field's offset) over the most any HDF5 codec can compress (zstd: about 4 bytes per 128 KiB block).
+# The fewest bytes a sample can take in a shard file (a shard's count is checked against its size). LMDB:
+# key, node and record headers; HDF5: raw bytes (8 per ragged offset) over the most a codec compresses.
 _LMDB_RECORD_MIN = 8 + 8 + 4 + 4
 HDF5_MAX_RATIO = 1 << 16
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 # Plain numeric dtypes only: no objects, strings, structured or datetime types.
 _DTYPE_KINDS = "biufc"
@@ -176,12 +140,8 @@ _DTYPE_KINDS = "biufc"
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One field of every sample: a numeric array of fixed shape, or ragged on its first axis.
-
-    ``shape`` is the per-sample shape; a leading ``None`` marks a ragged field whose first
-    axis varies from sample to sample (the trailing axes do not). ``image`` is set on image
-    fields only (see the image rules above).
-    """
+    """One field of every sample: a numeric array of per-sample ``shape``; a leading ``None`` marks a field
+    ragged on its first axis. ``image`` is set on image fields only."""
 
     name: str
     dtype: str
@@ -219,12 +179,8 @@ class FieldSpec:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard file: which samples it holds, its size and its checksum, ``"<algorithm>:<hex>"``
-    (an algorithm of ``CHECKSUMS``; format version 1 manifests hold SHA-256 only).
-
-    ``origin``: the sample index the file numbers its samples from, when that is not ``start``
-    (a shard ``fastdata merge`` hard-linked from another dataset keeps its bytes, hence its numbering).
-    """
+    """One shard file: which samples it holds, its size and its ``"<algorithm>:<hex>"`` checksum. ``origin``:
+    the index the file numbers its samples from when not ``start`` (a shard ``fastdata merge`` linked)."""
 
     file: str
     start: int
@@ -424,8 +380,10 @@ def _check_field(f: FieldSpec) -> None:
         raise FormatError(f"field {f.name!r}: unknown encoding {f.encoding!r}")
     if f.encoding == ENCODING_UTF8 and (f.dtype != "|u1" or list(f.shape) != [None] or f.image is not None):
         raise FormatError(f"field {f.name!r}: a utf8 string field needs dtype |u1 and shape [null], no image")
-    if f.image is not None:
-        check_image_spec(f.image, f.name)
+    if f.image is not None and (not isinstance(f.image.mode, str) or f.image.mode not in CHANNELS):
+        raise FormatError(f"field {f.name!r}: unknown image mode {f.image.mode!r} (expected RGB or L)")
+    if f.image is not None and f.image.layout != LAYOUT:
+        raise FormatError(f"field {f.name!r}: unknown image layout {f.image.layout!r} (expected {LAYOUT})")
     if f.compression is not None:
         if f.compression not in FIELD_CODECS:
             raise FormatError(f"field {f.name!r}: unknown compression {f.compression!r} (this fastdata reads "

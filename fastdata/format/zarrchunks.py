@@ -1,11 +1,6 @@
-"""Chunks of a local Zarr array read straight from their files, without zarr's codec pipeline.
-
-For an array of a local store chunked along the sample axis only, in C order with native byte
-order, and either uncompressed or compressed by one codec numcodecs decodes (Zstd, Blosc, GZip,
-Zlib, LZ4), a chunk is one file read into the batch's chunk buffer and, if compressed, one decode
-with the GIL released. Anything else (sharding, transposes, filters, checksums, chunks never
-written) goes through zarr itself (fastdata/format/inplace.py).
-"""
+"""Chunks of a local Zarr array chunked along the sample axis (C order, native byte order, raw or one
+numcodecs codec) read straight from their files and decoded with the GIL released, without zarr's codec
+pipeline; anything else (sharding, filters, chunks never written) goes through zarr."""
 
 from __future__ import annotations
 

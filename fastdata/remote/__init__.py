@@ -1,9 +1,5 @@
-"""Datasets on object storage (S3, GCS, Azure, HTTP, ... through fsspec).
-
-A remote dataset is a URL whose ``manifest.json`` is read remotely; its shards are downloaded
-whole into a local cache shared by every process on the node and read with the ordinary shard
-readers. See docs/remote.md. ``is_url`` is the one test for "this is not a local path".
-"""
+"""Datasets on object storage through fsspec: the manifest read remotely, shards downloaded whole into a
+node-wide cache and read with the ordinary readers (docs/remote.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The node's shard cache: one directory shared by every process and rank, bounded in bytes.
-
-Files are named by content (``<algorithm>-<digest><ext>``, from the manifest's shard checksum:
-xxh3_128 or sha256), so a cached shard can never be stale. A shard is downloaded by one process at
-a time (``<name>.lock``) into ``<name>.<pid>.part``, preallocated to its size (so concurrent
-downloads see each other's space), checked against the manifest's checksum and renamed: a partial or corrupt download is never read. Readers hold a shared ``flock`` on the
-files they read (a :class:`Pin`); eviction takes an exclusive one without waiting, so a shard
-being read is never evicted. Which shard goes first is the caller's ``priority`` (the epoch
-plan's next use: later or never goes first), then the oldest.
-"""
+"""The node's shard cache: one directory shared by every process and rank, bounded in bytes. Files are named
+by content (never stale), downloaded by one process at a time into a preallocated ``.part`` and renamed
+once checked; readers hold a shared ``flock`` (:class:`Pin`) that eviction, needed-last first, respects."""
 
 from __future__ import annotations
 
@@ -29,7 +22,7 @@ from fastdata._units import fmt_bytes
 from fastdata.errors import CacheFullError, CorruptShardError, RemoteError, UsageError
 from fastdata.fileio import file_checksum
 from fastdata.remote import locks
-from fastdata.remote.retry import BOUND_HINT, retrying
+from fastdata.remote.retry import gave_up, trouble
 
 log = logging.getLogger("fastdata.remote")
 _NAME = r"[a-z0-9_]+-[0-9a-f]{32,128}\.[A-Za-z0-9]+"  # cache_name(): <algorithm>-<digest><ext>
@@ -49,6 +42,27 @@ def _drop_pin(fd: int, pid: int) -> None:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _open_locked(path: Path, how: int) -> tuple[int, os.stat_result] | None:
+    """``path`` opened and ``flock``ed (``how``) while it still names the file opened: (fd, its stat); None
+    when it is not there, was replaced meanwhile (evicted, perhaps downloaded again) or is locked (LOCK_NB)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, how)
+        st = os.fstat(fd)
+        if os.stat(path).st_ino == st.st_ino:
+            return fd, st
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
 
 
 @dataclass
@@ -81,7 +95,6 @@ class ShardCache:
             raise UsageError(f"{root}: the shard cache is not writable (set RemoteOptions.cache_dir)")
         self.root = root
         self.limit = limit
-        self._failures: dict[str, tuple[float, str]] = {}  # name -> (when, why) a download here gave up
 
     def path(self, name: str) -> Path:
         return self.root / name
@@ -90,46 +103,26 @@ class ShardCache:
 
     def pin(self, name: str, size: int) -> Pin | None:
         """A pin on the cached file ``name`` when it is there whole; None when it is not cached."""
-        path = self.path(name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        got = _open_locked(self.path(name), fcntl.LOCK_SH)  # an evictor holds its exclusive lock only to unlink
+        if got is None:
             return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # an evictor holds its exclusive lock only to unlink
-            st = os.fstat(fd)
-            try:
-                same = os.stat(path).st_ino == st.st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:  # evicted (and perhaps downloaded again) meanwhile
-                os.close(fd)
-                return None
-            if st.st_size != size:  # only a person editing the cache gets here: drop the file
-                log.warning("%s: cached file is %d bytes, expected %d; downloading it again", path, st.st_size, size)
-                os.close(fd)
-                self._drop(name)
-                return None
-            os.utime(fd)  # oldest-used goes first among equals
-            return Pin(fd, st.st_ino, os.getpid())
-        except BaseException:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-            raise
+        fd, st = got
+        if st.st_size != size:  # only a person editing the cache gets here: drop the file
+            log.warning("%s: cached file is %d bytes, expected %d; downloading it again", self.path(name),
+                        st.st_size, size)
+            os.close(fd)
+            self._drop(name)
+            return None
+        os.utime(fd)  # oldest-used goes first among equals
+        return Pin(fd, st.st_ino, os.getpid())
 
     # --- downloading ---------------------------------------------------------------------
 
     def fetch(self, name: str, size: int, checksum: str, fill: Callable[[BinaryIO], object], *, where: str,
               deadline: float, priority: Priority | None = None, bound: float | None = None) -> bool:
-        """Make sure ``name`` is cached: ``fill(f)`` writes its bytes from the start of ``f`` (retrying
-        transient errors is its business); they must have ``size`` and ``checksum`` ("<algorithm>:<hex>").
-
-        With ``bound`` (prefetching) only files needed later than ``bound`` are evicted, and False
-        comes back when there is no room that way; without it (a reader waits) any unpinned file may
-        go, and a CacheFullError comes once ``deadline`` passes without room.
-        """
+        """Make sure ``name`` is cached: ``fill(f)`` writes its bytes (of ``size`` and ``checksum``) from the start
+        of ``f``. With ``bound`` (prefetching) only files needed later than ``bound`` are evicted, else False;
+        without it any unpinned file may go, and a CacheFullError comes once ``deadline`` passes without room."""
         if self.path(name).exists():
             return True
         if size > self.limit:
@@ -140,11 +133,11 @@ class ShardCache:
         try:
             fd = locks.lock(lock_path, deadline, f"{where}: waiting for another process's download")
         except TimeoutError as e:
-            raise RemoteError(self._failed_since(name, asked) or self._still_retrying(e, where)) from None
+            raise RemoteError(trouble(where, asked) or str(e)) from None
         try:
             if self.path(name).exists():
                 return True  # another process downloaded it while we waited
-            failed = self._failed_since(name, asked)
+            failed = trouble(where, asked)
             if failed is not None:  # another thread of ours gave up on it while we waited: its cause is ours
                 raise RemoteError(failed)
             for p in self.root.glob(name + ".*.part"):  # left by a process that died: we hold the lock
@@ -152,25 +145,10 @@ class ShardCache:
             try:
                 return self._download(name, size, checksum, fill, where, deadline, priority, bound)
             except RemoteError as e:
-                self._failures[name] = (time.monotonic(), str(e))
+                gave_up(where, str(e))
                 raise
         finally:
             locks.unlock(fd, lock_path)
-
-    @staticmethod
-    def _still_retrying(timeout: TimeoutError, where: str) -> str:
-        """The lock wait's error: the cause when a download of it by this process (a prefetch thread) is
-        what kept the lock, retrying a failure; the lock's holder otherwise."""
-        why = retrying(where)
-        if why is None:
-            return str(timeout)
-        return (f"{why}; gave up at the time bound while this process's own download of it (another thread) "
-                f"was still retrying ({BOUND_HINT})")
-
-    def _failed_since(self, name: str, t: float) -> str | None:
-        """Why a download of ``name`` by this process (another thread: a prefetch) failed after ``t``."""
-        when, why = self._failures.get(name, (0.0, ""))
-        return why if when >= t else None
 
     def _download(self, name: str, size: int, checksum: str, fill: Callable[[BinaryIO], object], where: str,
                   deadline: float, priority: Priority | None, bound: float | None) -> bool:
@@ -278,25 +256,14 @@ class ShardCache:
 
     def _drop(self, name: str) -> bool:
         """Remove a cached file unless someone reads it (holds a shared lock)."""
-        path = self.path(name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        got = _open_locked(self.path(name), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if got is None:
             return False
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            try:
-                if os.stat(path).st_ino != os.fstat(fd).st_ino:
-                    return False
-            except FileNotFoundError:
-                return False
-            path.unlink()
+            self.path(name).unlink()
             return True
         finally:
-            os.close(fd)
+            os.close(got[0])
 
     def held_bytes(self) -> int:
         """Bytes the cache holds now (cached shards and downloads in progress), counted under the

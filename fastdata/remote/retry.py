@@ -95,15 +95,26 @@ def _clock(deadline: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(time.time() + deadline - time.monotonic()))
 
 
-_retrying: dict[str, str] = {}  # what -> why, for the calls of this process that are retrying now
+# this process's remote calls in trouble: what -> (when, why, still retrying); one waiting on such a call (a
+# lock it holds) names that cause in its own error
+_troubles: dict[str, tuple[float, str, bool]] = {}
 
 
-def retrying(prefix: str) -> str | None:
-    """What a call of this process whose ``what`` starts with ``prefix`` (a URL) is retrying now, and why;
-    None when none is. For one waiting on that call (a lock it holds), whose error must name the cause."""
-    for what, why in list(_retrying.items()):
-        if what.startswith(prefix):
-            return f"{what}: {why}"
+def gave_up(what: str, why: str) -> None:
+    """Record that this process's call ``what`` failed for good, saying ``why``."""
+    _troubles[what] = (time.monotonic(), why, False)
+
+
+def trouble(prefix: str, since: float) -> str | None:
+    """Why a call of this process whose ``what`` starts with ``prefix`` (a URL) failed after ``since``, else
+    what one is retrying now; None when neither."""
+    found = {retrying: why for what, (when, why, retrying) in list(_troubles.items())
+             if what.startswith(prefix) and (retrying or when >= since)}
+    if False in found:
+        return found[False]
+    if True in found:
+        return (f"{found[True]}; gave up at the time bound while this process's own download of it (another "
+                f"thread) was still retrying ({BOUND_HINT})")
     return None
 
 
@@ -114,7 +125,7 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float, *, first_delay
     try:
         return _with_retries(fn, what, deadline, first_delay, max_delay)
     finally:
-        _retrying.pop(what, None)
+        _troubles.pop(what, None)
 
 
 def _with_retries(fn: Callable[[], T], what: str, deadline: float, first_delay: float, max_delay: float) -> T:
@@ -131,8 +142,8 @@ def _with_retries(fn: Callable[[], T], what: str, deadline: float, first_delay: 
                 raise
             if is_permanent(e):
                 raise permanent_error(e, what) from None
-            _retrying[what] = describe(e)
             now = time.monotonic()
+            _troubles[what] = (now, f"{what}: {describe(e)}", True)
             left = deadline - now
             if left <= 0:
                 raise RemoteError(f"{what}: {describe(e)}, gave up after {attempt} attempt(s) in {now - start:.0f} s "

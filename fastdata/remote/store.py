@@ -1,66 +1,61 @@
-"""A dataset at a URL: its manifest, read remotely, and its shards, downloaded whole into the cache.
-
-``pin(i)`` makes shard ``i`` local and keeps it from eviction until ``unpin(i)``; the dataset
-pins the shards of each batch while reading them. State that belongs to one process (the
-filesystem client, pins, threads) is dropped when the store is pickled or crosses a fork.
-"""
+"""A dataset at a URL: its manifest, read remotely, and its shards, downloaded whole into the cache and
+pinned there while a batch reads them."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable
 
 from fastdata._units import fmt_bytes
-from fastdata.errors import FormatError, IncompleteDatasetError, UsageError
-from fastdata.format.files import JOURNAL_NAME  # what an interrupted conversion to a URL leaves
-from fastdata.format.manifest import parse_manifest
-from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, MAX_MANIFEST_BYTES, KeysInfo, Manifest, ShardInfo
+from fastdata.errors import FormatError, UsageError
+from fastdata.format.absent import no_manifest_error
+from fastdata.format.manifest import manifest_of
+from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, KeysInfo, Manifest, ShardInfo
+from fastdata.handles import PerProcessHandle
 from fastdata.remote.cache import CacheFullError, Pin, Priority, ShardCache
 from fastdata.remote.options import RemoteOptions
 from fastdata.remote.retry import RemoteError, RemoteNotFoundError, with_retries
 from fastdata.remote.url import filesystem, join, root
 
 log = logging.getLogger("fastdata.remote")
-PART_PREFIXES = (".fastdata-part-", ".fastdata-journal-part-")  # what --part I/N leaves before merge-parts
 _CHUNK = 8 << 20
 _SWEEP_EVERY_S = 1.0
 IDLE_PINS = 2  # shards a process keeps pinned after their last reader let go (most are read again at once)
 
 
-_forks = 0  # forks this process is removed from its first ancestor: cheaper to compare than getpid()
+@dataclass
+class _Local:
+    """What one process holds of a store: its filesystem client, pins, and what it downloaded."""
 
-
-def _forked() -> None:
-    global _forks
-    _forks += 1
-
-
-_FORK_HOOK = hasattr(os, "register_at_fork")
-if _FORK_HOOK:
-    os.register_at_fork(after_in_child=_forked)
+    fs: Any
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pins: dict[int, list[Any]] = field(default_factory=dict)  # shard -> [Pin, count]; count 0: idle, kept
+    idle: list[int] = field(default_factory=list)  # shards pinned with count 0, oldest first (at most IDLE_PINS)
+    inos: dict[int, tuple[int, Callable[[], None]]] = field(default_factory=dict)  # shard -> (its reader's inode, close)
+    swept: float = 0.0
+    downloads: int = 0
+    downloaded_bytes: int = 0
 
 
 def cache_name(info: ShardInfo | KeysInfo) -> str:
-    """The cache file of a shard (or of the sample keys' file), named by its content:
-    ``<algorithm>-<digest><ext>`` from the manifest's checksum (xxh3_128, or sha256 for version-1
-    manifests)."""
+    """The cache file of a shard (or the keys file), named by its content: ``<algorithm>-<digest><ext>``."""
     algorithm, _, digest = str(info.checksum).partition(":")
     return f"{algorithm}-{digest}{PurePosixPath(str(info.file)).suffix}"
 
 
-class RemoteStore:
-    """Shards of the dataset at ``url`` through the node's shard cache (see fastdata/remote/cache.py)."""
+class RemoteStore(PerProcessHandle[_Local]):
+    """Shards of the dataset at ``url`` through the node's shard cache (see fastdata/remote/cache.py);
+    what a process holds (client, pins) is its own (fastdata/handles.py)."""
 
     def __init__(self, url: str, options: RemoteOptions | None = None) -> None:
         self.url = root(url)
         self.options = options or RemoteOptions()
         self.priority: Priority | None = None  # set by a PlanFollower while a loader iterates
-        self._reset()
         self.fs()  # an unknown scheme or a missing package fails here, before anything is created
         self.cache = ShardCache(self.options.cache_path(), self.options.limit_bytes())
         self.manifest: Manifest = self._read_manifest()
@@ -72,33 +67,20 @@ class RemoteStore:
                 raise CacheFullError(f"{self.where(s.file)}: the shard is {fmt_bytes(s.bytes)}, larger than the "
                                      f"cache limit {fmt_bytes(self.cache.limit)}; raise RemoteOptions.cache_limit")
 
-    def _reset(self) -> None:
-        self._pid = os.getpid()
-        self._gen = _forks
-        self._fs: Any = None
-        self._lock = threading.Lock()
-        self._pins: dict[int, list[Any]] = {}  # shard -> [Pin, count]; count 0: idle, kept for the next batch
-        self._idle: list[int] = []  # shards pinned with count 0, oldest first (at most IDLE_PINS)
-        self._inos: dict[int, tuple[int, Callable[[], None]]] = {}  # shard -> (inode its reader opened, close)
-        self._swept = 0.0
-        self.downloads = 0
-        self.downloaded_bytes = 0
+    def _open_handle(self) -> _Local:
+        return _Local(filesystem(self.url, self.options.storage_options, self.options.timeout))
+
+    @staticmethod
+    def _close_handle(handle: _Local) -> None:
+        for entry in handle.pins.values():
+            entry[0].release()  # after a fork: closes the child's copy only; the parent's lock stays
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("url", "options", "cache", "manifest", "names", "keys")
-        return {k: self.__dict__[k] for k in keep}
+        return {**super().__getstate__(), "priority": None}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.priority = None
-        self._reset()
-
-    def _mine(self) -> None:
-        if self._gen != _forks or (not _FORK_HOOK and self._pid != os.getpid()):  # forked: the parent's state
-            for entry in self._pins.values():
-                entry[0].release()  # closes our copy only; the parent's lock stays
-            self.priority = None
-            self._reset()
+    def _after_fork_in_child(self) -> None:
+        super()._after_fork_in_child()
+        self.priority = None  # the parent's PlanFollower: its threads are not in this process
 
     # --- remote access -------------------------------------------------------------------
 
@@ -106,10 +88,7 @@ class RemoteStore:
         return join(self.url, file) if file else self.url
 
     def fs(self) -> Any:
-        self._mine()
-        if self._fs is None:
-            self._fs = filesystem(self.url, self.options.storage_options, self.options.timeout)
-        return self._fs
+        return self.handle().fs
 
     def deadline(self) -> float:
         return time.monotonic() + self.options.timeout
@@ -120,24 +99,15 @@ class RemoteStore:
         try:
             data = with_retries(lambda: fs.cat_file(where), where, self.deadline())
         except RemoteNotFoundError:
-            if _exists(fs, self.where(JOURNAL_NAME), self.deadline()):
-                raise IncompleteDatasetError(
-                    f"{self.url}: incomplete dataset: no {MANIFEST_NAME} (the conversion did not finish: run the "
-                    "same fastdata convert command with --resume to finish it, or with --overwrite to start over)"
-                ) from None
-            if _holds_parts(fs, self.url, self.deadline()):
-                raise IncompleteDatasetError(
-                    f"{self.url}: incomplete dataset: no {MANIFEST_NAME}, only parts of a conversion split with "
-                    f"--part I/N: once every part is done, run fastdata merge-parts {self.url}"
-                ) from None
-            raise FormatError(f"{self.url}: no fastdata dataset there (no {MANIFEST_NAME})") from None
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise FormatError(f"{where}: manifest is {len(data)} bytes, over the {MAX_MANIFEST_BYTES} limit")
-        try:
-            obj = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise FormatError(f"{where}: unreadable manifest: {e}") from None
-        return parse_manifest(obj, where=where)
+            try:  # what is there instead says what to do (absent.py, as for a folder)
+                names = {str(n).rstrip("/").rsplit("/", 1)[-1] for n in
+                         with_retries(lambda: fs.ls(self.url, detail=False, refresh=True), self.url, self.deadline())}
+            except RemoteError:
+                names = set()
+            if not names:
+                raise FormatError(f"{self.url}: no fastdata dataset there (no {MANIFEST_NAME})") from None
+            raise no_manifest_error(self.url, names) from None
+        return manifest_of(data, where)
 
     def _fill(self, info: ShardInfo | KeysInfo, deadline: float) -> Callable[[BinaryIO], None]:
         """Writes the object's bytes into a file, retrying until ``deadline``: the fetch's own, which the
@@ -156,8 +126,9 @@ class RemoteStore:
 
         def fill(f: BinaryIO) -> None:
             with_retries(lambda: attempt(f), f"{where}: download", deadline)
-            self.downloads += 1
-            self.downloaded_bytes += f.tell()
+            h = self.handle()
+            h.downloads += 1
+            h.downloaded_bytes += f.tell()
 
         return fill
 
@@ -168,108 +139,90 @@ class RemoteStore:
 
     def fetch(self, i: int, bound: float | None = None) -> bool:
         """Download shard ``i`` into the cache unless it is there; see :meth:`ShardCache.fetch`."""
-        self._mine()
+        return self._fetch(self.manifest.shards[i], bound)
+
+    def _fetch(self, info: ShardInfo | KeysInfo, bound: float | None = None) -> bool:
         self._release_idle()  # our own idle pins must not keep the eviction this may need from happening
-        info = self.manifest.shards[i]
         deadline = self.deadline()
-        return self.cache.fetch(self.names[i], info.bytes, info.checksum, self._fill(info, deadline),
-                                where=self.where(info.file), deadline=deadline, priority=self.priority, bound=bound)
+        return self.cache.fetch(cache_name(info), info.bytes, str(info.checksum), self._fill(info, deadline),
+                                where=self.where(str(info.file)), deadline=deadline, priority=self.priority,
+                                bound=bound)
 
-    def _acquire(self, i: int) -> Pin:
-        info = self.manifest.shards[i]
-        return self._pin_file(self.names[i], info.bytes, self.where(info.file), lambda: self.fetch(i))
-
-    def _pin_file(self, name: str, size: int, where: str, fetch: Callable[[], object]) -> Pin:
+    def _pin_file(self, info: ShardInfo | KeysInfo) -> Pin:
         deadline = self.deadline()
-        while True:
-            pin = self.cache.pin(name, size)
-            if pin is not None:
-                return pin
+        while (pin := self.cache.pin(cache_name(info), info.bytes)) is None:
             if time.monotonic() > deadline:  # downloaded, then evicted by others, again and again
-                raise RemoteError(f"{where}: the file keeps being evicted from the cache before it can be read; "
-                                  "raise RemoteOptions.cache_limit")
-            fetch()
+                raise RemoteError(f"{self.where(str(info.file))}: the file keeps being evicted from the cache before "
+                                  "it can be read; raise RemoteOptions.cache_limit")
+            self._fetch(info)
+        return pin
 
     # --- the sample keys' file -----------------------------------------------------------
 
-    def keys_path(self) -> Path:
-        """Where the cache keeps the keys file (``keys.bin``), once downloaded."""
+    def _keys(self) -> KeysInfo:
         if self.keys is None:
             raise UsageError(f"{self.url}: the dataset has no keys file")
-        return self.cache.path(cache_name(self.keys))
+        return self.keys
+
+    def keys_path(self) -> Path:
+        """Where the cache keeps the keys file (``keys.bin``), once downloaded."""
+        return self.cache.path(cache_name(self._keys()))
 
     def fetch_keys(self) -> None:
         """Download the keys file into the cache unless it is there (checked like a shard)."""
-        self._mine()
-        k = self.keys
-        if k is None:
-            raise UsageError(f"{self.url}: the dataset has no keys file")
-        self._release_idle()
-        deadline = self.deadline()
-        self.cache.fetch(cache_name(k), k.bytes, str(k.checksum), self._fill(k, deadline), where=self.where(str(k.file)),
-                         deadline=deadline, priority=self.priority)
+        self._fetch(self._keys())
 
     def pin_keys(self) -> Callable[[], None]:
         """Make the keys file local and keep it from eviction; returns what releases it (the key
         table calls this once per process, when keys are first used, and releases it on close)."""
-        self._mine()
-        k = self.keys
-        if k is None:
-            raise UsageError(f"{self.url}: the dataset has no keys file")
-        return self._pin_file(cache_name(k), k.bytes, self.where(str(k.file)), self.fetch_keys).release
+        return self._pin_file(self._keys()).release
 
     def pin(self, i: int, close_reader: Callable[[], None]) -> None:
         """Make shard ``i`` local and keep it until :meth:`unpin`; ``close_reader`` closes the reader's
         handle (called when the cached file was replaced since the reader opened it)."""
-        self._mine()
-        with self._lock:
-            entry = self._pins.get(i)
-            if entry is not None:
-                if entry[1] == 0:
-                    self._idle.remove(i)
-                entry[1] += 1
+        h = self.handle()
+        with h.lock:
+            if _count_in(h, i):
                 return
-        pin = self._acquire(i)
-        with self._lock:
-            entry = self._pins.get(i)
-            if entry is not None:  # another thread pinned it meanwhile
-                if entry[1] == 0:
-                    self._idle.remove(i)
-                entry[1] += 1
+        pin = self._pin_file(self.manifest.shards[i])
+        with h.lock:
+            if _count_in(h, i):  # another thread pinned it meanwhile
                 pin.release()
                 return
-            self._pins[i] = [pin, 1]
-            old = self._inos.get(i)
+            h.pins[i] = [pin, 1]
+            old = h.inos.get(i)
             if old is not None and old[0] != pin.ino:
                 old[1]()
-            self._inos[i] = (pin.ino, close_reader)
-            self._sweep()
+            h.inos[i] = (pin.ino, close_reader)
+            self._sweep(h)
 
     def unpin(self, i: int) -> None:
-        with self._lock:
-            entry = self._pins.get(i)
+        h = self.handle()
+        with h.lock:
+            entry = h.pins.get(i)
             if entry is None:
                 return
             entry[1] -= 1
             if entry[1] == 0:  # idle: the next batch most likely reads this shard again
-                self._idle.append(i)
-                while len(self._idle) > IDLE_PINS:
-                    self._pins.pop(self._idle.pop(0))[0].release()
+                h.idle.append(i)
+                while len(h.idle) > IDLE_PINS:
+                    h.pins.pop(h.idle.pop(0))[0].release()
 
     def _release_idle(self) -> None:
-        with self._lock:
-            for j in self._idle:
-                self._pins.pop(j)[0].release()
-            self._idle.clear()
+        h = self.handle()
+        with h.lock:
+            for j in h.idle:
+                h.pins.pop(j)[0].release()
+            h.idle.clear()
 
-    def _sweep(self) -> None:
+    def _sweep(self, h: _Local) -> None:
         """Close readers of unpinned shards whose file was evicted, so the disk space comes back."""
         now = time.monotonic()
-        if now - self._swept < _SWEEP_EVERY_S:
+        if now - h.swept < _SWEEP_EVERY_S:
             return
-        self._swept = now
-        for j, (ino, close) in list(self._inos.items()):
-            if j in self._pins:  # pinned (idle ones too): the file is still ours
+        h.swept = now
+        for j, (ino, close) in list(h.inos.items()):
+            if j in h.pins:  # pinned (idle ones too): the file is still ours
                 continue
             try:
                 gone = os.stat(self.local_path(j)).st_ino != ino
@@ -277,35 +230,32 @@ class RemoteStore:
                 gone = True
             if gone:
                 close()
-                del self._inos[j]
+                del h.inos[j]
 
     def release_all(self) -> None:
         """Drop every pin of this process (the dataset is being closed)."""
-        with self._lock:
-            for entry in self._pins.values():
-                entry[0].release()
-            self._pins.clear()
-            self._idle.clear()
-            self._inos.clear()
+        h = self.handle()
+        with h.lock:
+            self._close_handle(h)
+            h.pins.clear()
+            h.idle.clear()
+            h.inos.clear()
 
     def stats(self) -> dict[str, Any]:
         """Downloads made by this process, and what the node's cache holds."""
-        return {"downloads": self.downloads, "downloaded_bytes": self.downloaded_bytes,
+        h = self.handle()
+        return {"downloads": h.downloads, "downloaded_bytes": h.downloaded_bytes,
                 "cache_dir": str(self.cache.root), "cache_bytes": self.cache.held_bytes(),
                 "cache_limit": self.cache.limit}
 
 
-def _holds_parts(fs: Any, url: str, deadline: float) -> bool:
-    """Whether ``url`` holds part records or part journals (``convert --part I/N`` without merge-parts yet)."""
-    try:
-        names = with_retries(lambda: fs.ls(url, detail=False, refresh=True), url, deadline)
-    except RemoteError:
+def _count_in(h: _Local, i: int) -> bool:
+    """Count one more reader of shard ``i`` if this process pins it already (idle or not); False if not."""
+    entry = h.pins.get(i)
+    if entry is None:
         return False
-    return any(str(n).rstrip("/").rsplit("/", 1)[-1].startswith(PART_PREFIXES) for n in names)
+    if entry[1] == 0:
+        h.idle.remove(i)
+    entry[1] += 1
+    return True
 
-
-def _exists(fs: Any, url: str, deadline: float) -> bool:
-    try:
-        return bool(with_retries(lambda: fs.exists(url), url, deadline))
-    except RemoteError:
-        return False

@@ -1,8 +1,5 @@
-"""URLs versus local paths, and the fsspec filesystem behind a URL.
-
-Any string with a scheme (``xx://``) is a URL: it is read through fsspec or refused with an
-error naming the missing package, never taken for a local path.
-"""
+"""URLs versus local paths (a string with a scheme is a URL, never a local path), and the fsspec
+filesystem behind a URL."""
 
 from __future__ import annotations
 
@@ -21,9 +18,8 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _PACKAGES = {"s3": "s3fs (pip install 'fastdata[s3]')", "s3a": "s3fs (pip install 'fastdata[s3]')",
              "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs",
              "http": "aiohttp", "https": "aiohttp"}
-# Defaults that bound every S3 call in time (LitData's hangs came from unbounded remote calls).
-_S3_DEFAULTS: dict[str, Any] = {"config_kwargs": {"connect_timeout": 10, "read_timeout": 30,
-                                                  "retries": {"max_attempts": 2, "mode": "standard"}}}
+# botocore's config for S3: every call bounded in time
+_S3_CONFIG: dict[str, Any] = {"connect_timeout": 10, "read_timeout": 30, "retries": {"max_attempts": 2, "mode": "standard"}}
 
 
 def is_url(path: str | os.PathLike[str]) -> bool:
@@ -58,9 +54,8 @@ def join(url: str, name: str) -> str:
 
 
 def _quiet_orphans(loop: Any) -> None:
-    """On the event loop of an async filesystem (s3fs's), a part of a multipart upload that failed after its
-    call gave up ("Task exception was never retrieved") is logged at debug level, not as a traceback above
-    the error that call already reported (retried and named by fastdata/remote/retry.py)."""
+    """On an async filesystem's event loop, a task that failed after its call gave up ("Task exception was never
+    retrieved") is logged at debug level, not as a traceback above the error the call reported."""
     if loop is None or loop.get_exception_handler() is not None:  # ours already, or the user's own
         return
 
@@ -87,13 +82,9 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None, timeout: flo
                          "local paths are written without a scheme)")
     opts = dict(storage_options or {})
     if proto in ("s3", "s3a"):
-        for k, v in _S3_DEFAULTS.items():
-            if k == "config_kwargs":
-                bounded = {t: min(v[t], max(1, math.ceil(timeout))) for t in ("connect_timeout", "read_timeout")} \
-                    if timeout is not None else {}
-                opts[k] = {**v, **bounded, **opts.get(k, {})}
-            else:
-                opts.setdefault(k, v)
+        bounded = {t: min(_S3_CONFIG[t], max(1, math.ceil(timeout))) for t in ("connect_timeout", "read_timeout")} \
+            if timeout is not None else {}
+        opts["config_kwargs"] = {**_S3_CONFIG, **bounded, **opts.get("config_kwargs", {})}
     try:
         # url_to_fs also takes what the URL itself says (an ftp/sftp/http host and port, for example)
         fs = fsspec.core.url_to_fs(url, **opts)[0]

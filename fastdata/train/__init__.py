@@ -1,19 +1,6 @@
-"""The AMP training core: one tested loop that applies the GPU tuning flags and measures input wait.
-
-``fit(model, loader, optimizer, loss_fn, epochs=...)`` runs ``loss_fn(model, batch)`` over the
-loader with autocast (bf16 where the GPU has it, else fp16 with a GradScaler), TF32 and cuDNN
-autotuning, channels_last for conv nets, optional torch.compile with a fallback to eager,
-gradient accumulation and clipping, atomic checkpoints with exact resume, and per-epoch
-metrics: samples/s and the share of each step spent waiting for data. Loss values are read back
-from the device only at log boundaries, so the loop adds no host-device syncs per step.
-
-``fit`` is a short loop over pieces that each do one job and are tested on their own:
-``PrecisionPlan`` (precision, flags, memory format: fastdata/train/precision.py), ``ModelRunner``
-(torch.compile and its fallback), ``TrainStep`` (forward/backward, accumulation, DDP ``no_sync``,
-the optimizer step), ``EpochMeter`` (input wait, compute time, on-device loss and skip counters:
-fastdata/train/meter.py), ``checkpoint_state``/``save_checkpoint``/``restore_checkpoint`` (with RNG
-states: fastdata/train/checkpoint.py) and ``run_epoch``.
-"""
+"""The AMP training core: ``fit`` runs ``loss_fn(model, batch)`` over a loader with the GPU's precision and
+flags, optional torch.compile, accumulation, clipping, atomic checkpoints with exact resume, and per-epoch
+metrics (samples/s, the share of time waiting for input), reading losses back only at log lines."""
 
 from __future__ import annotations
 
@@ -88,21 +75,15 @@ class ModelRunner:
 
 
 def scale_on_device(scaler: torch.amp.GradScaler, device: torch.device | str) -> torch.Tensor:
-    """The scaler's current scale as a 0-dim float32 tensor on ``device``, without a host sync.
-
-    Read through the public ``GradScaler.scale`` (documented to multiply by the scale factor) applied
-    to a one: a device multiply, where ``get_scale()`` would copy the value to the host. ``scaler``
-    must be enabled (a disabled scaler returns its input unchanged)."""
+    """The (enabled) scaler's current scale as a 0-dim float32 tensor on ``device``: ``scale()`` of a one, a
+    device multiply, where ``get_scale()`` would sync with the host."""
     return scaler.scale(torch.ones((), dtype=torch.float32, device=device))
 
 
 def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, params: Sequence[torch.Tensor],
                     clip: float | None) -> torch.Tensor:
-    """Unscale, clip, step, update; returns 1 (as a device tensor, no sync) if the scaler skipped the step.
-
-    A skipped step is seen as the scale backing off in ``update()``, which happens exactly when inf/nan
-    gradients made ``step()`` skip: this holds for optimizers that step themselves with the scaler's
-    found-inf flag (fused ones) as well as for the others."""
+    """Unscale, clip, step, update; returns 1 (a device tensor, no sync) if the scaler skipped the step, seen
+    as the scale backing off in ``update()`` (which holds for fused optimizers too)."""
     device = params[0].device if params else torch.device("cpu")
     if clip is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -123,8 +104,6 @@ class TrainStep:
     def __init__(self, runner: ModelRunner, loss_fn: LossFn, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler, plan: PrecisionPlan, grad_accum: int = 1,
                  clip_grad_norm: float | None = None) -> None:
-        if grad_accum < 1:
-            raise ValueError("grad_accum must be at least 1")
         self.runner, self.loss_fn, self.optimizer, self.scaler, self.plan = runner, loss_fn, optimizer, scaler, plan
         self.grad_accum, self.clip = grad_accum, clip_grad_norm
         self.params = [p for p in runner.model.parameters() if p.requires_grad]
@@ -144,9 +123,6 @@ class TrainStep:
         """Step on the accumulated gradients (also a partial group); returns 1 on the device if the scaler skipped it."""
         self.pending = 0
         return _optimizer_step(self.optimizer, self.scaler, self.params, self.clip)
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
 
 
 # --- logging -------------------------------------------------------------------------------------------------------
@@ -183,7 +159,7 @@ def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Sa
     if hasattr(loader, "set_epoch") and getattr(loader, "epoch", epoch) != epoch:
         loader.set_epoch(epoch)
     first_step, stopped = step, False
-    trainer.zero_grad()
+    trainer.optimizer.zero_grad(set_to_none=True)
     meter = EpochMeter(trainer.plan.device)
     it = iter(loader)
     while (batch := meter.fetch(it, trainer.plan.device)) is not _END:

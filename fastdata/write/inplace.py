@@ -24,7 +24,7 @@ from fastdata._version import __version__
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, make_field, read_manifest, write_manifest
 from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, npy_info, zarr_info
-from fastdata.format.external import ZARR_META, Column, Index, check_file, file_arrays, native, stamp
+from fastdata.format.external import ZARR_META, Column, Index, file_problems, native, stamp
 from fastdata.format.inplace import NAME, index_of
 from fastdata.format.spec import KEYS_INDEX, KeysInfo
 
@@ -214,10 +214,4 @@ def _is_index(root: Path) -> bool:
 
 def check_index(root: Path, manifest: Manifest, content: bool) -> list[str]:
     """Every problem with the source files of the index at ``root`` (one line each)."""
-    idx = index_of(manifest, str(root))
-    out = []
-    for s, (fmt, arrays) in zip(idx.files, file_arrays(idx)):
-        problem = check_file(s, fmt, arrays, meta=True, content=content)
-        if problem is not None:
-            out.append(problem)
-    return out
+    return file_problems(index_of(manifest, str(root)), content)
