@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from fastdata.converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
 from fastdata.converters.objects import is_python_source
 from fastdata.converters.python_source import python_source
-from fastdata.converters.scan import refuse_non_finite_labels
 from fastdata.errors import FastdataError, UsageError
 from fastdata.remote import is_url
 from fastdata.write import ConvertReport, Progress, Source, write_dataset
@@ -55,52 +55,51 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
     config = config if config is not None else ConvertConfig()
     if not isinstance(config, ConvertConfig):
         raise UsageError(f"%(config) must be a ConvertConfig, not {type(config).__name__}")
-    if is_python_source(src):
-        if labels is not None or arrays or meta is not None:
-            raise UsageError("%(labels), %(arrays) and %(meta) apply to file sources; with Python samples, put "
-                             "those values in each sample")
-        report = _convert_python(src, dst, config, progress, fields, ragged)
-        report.seconds = time.perf_counter() - t0
-        return report
-    if fields is not None or ragged:
-        raise UsageError("%(fields) and %(ragged) apply to Python sources (a Dataset, an iterable), not to paths")
+    python = _is_python(src, config, labels, arrays, meta, fields, ragged)
     url = dst if isinstance(dst, str) and is_url(dst) else None
     if url is None:
         refuse_broken_url(dst)
-    if config.write.engine == "ray":
-        from fastdata.write.ray_engine import import_ray
+    if not python:
+        if config.write.engine == "ray":
+            from fastdata.write.ray_engine import import_ray
 
-        import_ray()  # before anything is scanned or written: a missing extra is a one-line error
-    from fastdata.write.remote_target import check_not_urls
+            import_ray()  # before anything is scanned or written: a missing extra is a one-line error
+        from fastdata.write.remote_target import check_not_urls
 
-    check_not_urls([src, labels, meta, *(arrays or {}).values()])
+        check_not_urls([src, labels, meta, *(arrays or {}).values()])
     upload = _remote_target(dst, url, config)
-    req = _request(src, labels, arrays, meta, config)
+    req = None if python else _request(src, labels, arrays, meta, config)
+    inputs = req.inputs if req is not None else []
     target = upload.staging if upload is not None else Path(dst)
     if upload is None:
-        _check_dst(target, req.inputs, config)
-    source = detect(req).scan(req, config, progress)
-    if not config.allow_nan:
-        refuse_non_finite_labels(source, req.labels)
-    check_source(source, config.write, str(req.meta or req.src or next(iter(req.arrays.values()))))
-    report = _write(source, target, upload, req.inputs, config, progress)
+        _check_dst(target, inputs, config)
+    if req is None:
+        scanned: Any = python_source(src, config, progress, fields, ragged, target)
+    else:
+        scanned = nullcontext(detect(req).scan(req, config, progress))
+    with scanned as source:  # the reader's limits are checked before anything is written
+        check_source(source, config.write, type(src).__name__ if req is None else
+                     str(req.meta or req.src or next(iter(req.arrays.values()))))
+        report = _write(source, target, upload, inputs, config, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report
 
 
-def _convert_python(obj: Any, dst: PathLike, config: ConvertConfig, progress: Progress | None,
-                    names: Sequence[str] | None, ragged: Sequence[str]) -> ConvertReport:
-    """Convert Python samples (fastdata/converters/python_source.py) with the same write engine as files."""
-    url = dst if isinstance(dst, str) and is_url(dst) else None
-    if url is None:
-        refuse_broken_url(dst)
-    upload = _remote_target(dst, url, config)
-    target = upload.staging if upload is not None else Path(dst)
-    if upload is None:
-        _check_dst(target, [], config)
-    with python_source(obj, config, progress, names, ragged, target) as source:
-        check_source(source, config.write, type(obj).__name__)  # the reader's limits, before anything is written
-        return _write(source, target, upload, [], config, progress)
+def _is_python(src: Any, config: ConvertConfig, labels: PathLike | None, arrays: Mapping[str, PathLike] | None,
+               meta: PathLike | None, fields: Sequence[str] | None, ragged: Sequence[str]) -> bool:
+    """Whether ``src`` is Python samples (fastdata/converters/python_source.py) rather than paths; the
+    arguments that apply only to the other kind are refused."""
+    if not is_python_source(src):
+        if fields is not None or ragged:
+            raise UsageError("%(fields) and %(ragged) apply to Python sources (a Dataset, an iterable), not to paths")
+        return False
+    if labels is not None or arrays or meta is not None:
+        raise UsageError("%(labels), %(arrays) and %(meta) apply to file sources; with Python samples, put "
+                         "those values in each sample")
+    if config.write.engine == "ray":
+        raise UsageError("Python objects are converted with %(engine=local): Ray workers on other machines cannot "
+                         "reach the object (convert to files first, or use the local engine)")
+    return True
 
 
 def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> RemoteTarget | None:

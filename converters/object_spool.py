@@ -14,7 +14,7 @@ import numpy as np
 
 from fastdata.converters.config import ConvertConfig
 from fastdata.converters.objects import PROBE_SAMPLES, check_unique, type_name_of
-from fastdata.converters.sample_fields import coordinates, infer_schema
+from fastdata.converters.sample_fields import infer_schema
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.handles import PerProcessHandle
@@ -107,7 +107,7 @@ def spool_iterable(it: Iterable[Any], path: str, config: ConvertConfig, names: S
     head = list(itertools.islice(samples, PROBE_SAMPLES))
     if not head:
         raise UsageError(f"{type_name}: has no samples")
-    schema = infer_schema(head, names, config.images, ragged, config.skip_bad, coordinates(config))
+    schema = infer_schema(head, names, ragged, config)
     offsets, nbytes, keys, skipped = [0], [], [], []
     rows: dict[str, list[int]] = {f.name: [] for f in schema.fields if f.ragged}
     with open(path, "wb") as out:

@@ -27,7 +27,7 @@ import numpy as np
 
 from fastdata.converters.arrow_rows import BATCH_ROWS, ArrowRows, is_arrow
 from fastdata.converters.config import ConvertConfig
-from fastdata.converters.sample_fields import SampleSchema, coordinates, infer_schema
+from fastdata.converters.sample_fields import SampleSchema, infer_schema
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.world import usable_cpus
@@ -186,7 +186,7 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
         raise UsageError(f"{type_name_of(obj)}: has no samples")
     src = ObjectSource(ref, SampleSchema((), None, False), n, 0, type_name_of(obj), arrow)
     first = _probe(src, min(n, PROBE_SAMPLES), config.skip_bad)
-    schema = infer_schema(first, names, config.images, ragged, config.skip_bad, coordinates(config))
+    schema = infer_schema(first, names, ragged, config)
     encoded = []
     for j, s in first:
         try:

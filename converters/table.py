@@ -23,16 +23,16 @@ from PIL import Image, UnidentifiedImageError
 
 from fastdata.converters.coords import rescale_columns
 from fastdata.converters.image_codec import IMAGE_EXTENSIONS, ImageOptions
-from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, is_image_file
+from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
 from fastdata.converters.npy_folder import NpyFolderSource
 from fastdata.converters.npy_parse import read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SrcForm, register
-from fastdata.converters.scan import drop_non_samples, refuse_bad, walk_files
+from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
 from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
 from fastdata.converters.table_types import INT_DTYPE, Column, ColumnType, parse_column, safe_rel
 from fastdata.errors import DataError, UsageError
-from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
-from fastdata.format.spec import _NAME_RE, ENCODING_PIXELS, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
+from fastdata.format import LABEL_FIELD, FieldSpec, make_field
+from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
@@ -59,9 +59,7 @@ class FileColumn:
 
     def fields(self) -> list[FieldSpec]:
         if self.image:
-            assert self.mode is not None
-            return [make_field(self.name, "|u1", (None,), encoding=ENCODING_PIXELS, image=ImageSpec(self.mode)),
-                    make_field(self.name + SHAPE_SUFFIX, SHAPE_DTYPE, (3,))]
+            return image_specs(self.name, ImageOptions("raw", mode="RGB" if self.mode == "RGB" else "L"))
         if self.fixed is not None:
             return [make_field(self.name, self.dtype, self.fixed)]
         return [make_field(self.name, self.dtype, (None, *self.shapes[0][1:].tolist()))]
@@ -308,13 +306,13 @@ class TableSource:
                 "skipped": len(self.skipped)}
 
 
-def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], images: ImageOptions | None,
-               skip_bad: bool, strict: bool, check_unlisted: bool, workers: int | None, progress: Any,
-               no_labels: bool = False, coordinates: tuple[tuple[str, ...], ...] = ((), (), ())) -> TableSource:
-    """Read and check a table and every file it names; build the source. Bad rows raise (the
-    first, naming table, row and column) unless ``skip_bad``. Class folders give ``label`` as for
-    a folder source unless the table has a ``label`` column or ``no_labels``. ``coordinates``: the
-    keypoints, boxes and not-coordinates columns (converters/coords.py)."""
+def scan_table(table_path: Path, root: Path, config: "ConvertConfig", check_unlisted: bool,
+               progress: Any) -> TableSource:
+    """Read and check a table and every file it names; build the source. Bad rows raise (the first, naming
+    table, row and column) unless ``config.skip_bad``. Class folders give ``label`` as for a folder source
+    unless the table has a ``label`` column or ``config.no_labels``; a NaN or infinite label is refused
+    unless ``config.allow_nan``; coordinate columns are checked and rescaled (converters/coords.py)."""
+    images, skip_bad = config.images, config.skip_bad
     table = read_table(table_path)
     paths, bad = _paths(table, table_path, root)
     rows = [i for i in range(table.rows) if i not in bad]
@@ -325,30 +323,35 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
                         "images; a table's path column names one kind of file")
     image_kind = bool(is_img) and all(is_img)
     reserved = {"image", "image_shape", "image_codec", "image" + ORIGINAL_SIZE_SUFFIX} if image_kind else {"x"}
-    cols, _ = table_columns(table, root, types, bad, reserved)
+    cols, _ = table_columns(table, root, dict(config.meta_types), bad, reserved)
     rows = [i for i in range(table.rows) if i not in bad]
     finish_columns(table, cols, rows, root, bad)  # scans file columns: may find bad rows
     rows = [i for i in range(table.rows) if i not in bad]
 
     skipped_rows = refuse_bad({_row_key(table, i, paths): msg for i, msg in bad.items()}, skip_bad)
     if check_unlisted:
-        skipped_rows += _unlisted(table, table_path, root, paths, cols, image_kind, strict, skip_bad)
+        skipped_rows += _unlisted(table, table_path, root, paths, cols, image_kind, config.strict, skip_bad)
     if not rows:
         raise DataError(f"{table_path}: no usable rows (all {table.rows} are bad)")
     rels = [paths[i] for i in rows]
-    folders = not no_labels and LABEL_FIELD not in table.columns and _class_folders(table, root, rels)
+    folders = not config.no_labels and LABEL_FIELD not in table.columns and _class_folders(table, root, rels)
+    labels = folder_labels(rels, root) if folders else Labels(None, None, "none")
     if image_kind:
-        main: Any = ImageFolderSource.scan(root, images or ImageOptions(), no_labels=not folders, skip_bad=skip_bad,
-                                           workers=workers, progress=progress, rels=rels)
+        main: Any = ImageFolderSource.scan(root, images or ImageOptions(), rels, labels, skip_bad, config.write.workers,
+                                           progress)
     else:
         if images is not None:
             raise UsageError(f"{table_path}: image options (%(images)) given, but the path column names no images")
-        main = NpyFolderSource.scan(root, no_labels=not folders, skip_bad=skip_bad, rels=rels)
+        main = NpyFolderSource.scan(root, rels, labels, skip_bad)
     row_of = {paths[i]: i for i in rows}
     kept = [row_of[r] for r in main.rels]
     final = finish_columns(table, cols, kept, root, {})
+    if not config.allow_nan and final.values.get(LABEL_FIELD):
+        check_finite_rows(final.values[LABEL_FIELD], lambda i: f"{table_path}: the row for {main.rels[i]!r}, column "
+                                                              f"{LABEL_FIELD!r}")
     originals = main.originals if image_kind else np.zeros((len(kept), 2), dtype=np.int32)
-    rescale_columns(str(table_path), final, list(cols), originals, images if image_kind else None, *coordinates)
+    rescale_columns(str(table_path), final, list(cols), originals, images if image_kind else None, config.keypoints,
+                    config.boxes, config.not_coordinates)
     return TableSource(main=main, cols=final, table_path=str(table_path),
                        skipped=sorted(skipped_rows) + list(main.skipped))
 
@@ -427,10 +430,7 @@ class TableKind:
 
     def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> TableSource:
         assert req.meta is not None and req.src is not None  # (detect, and the request's checks)
-        return scan_table(req.meta, req.src, types=dict(config.meta_types), images=config.images,
-                          skip_bad=config.skip_bad, strict=config.strict, check_unlisted=not req.table_src,
-                          workers=config.write.workers, progress=progress, no_labels=config.no_labels,
-                          coordinates=(config.keypoints, config.boxes, config.not_coordinates))
+        return scan_table(req.meta, req.src, config, not req.table_src, progress)
 
 
 register(TableKind())

@@ -63,8 +63,6 @@ def refuse_broken_url(path: str | os.PathLike[str], what: str = "DST") -> None:
 def check_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool = False) -> None:
     """Refuse a DST inside a source, one being written by another conversion, one that exists
     without --overwrite or --resume, one holding other files, and a --resume with nothing to resume."""
-    if overwrite and resume:
-        raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
     dst_real = os.path.realpath(dst)
     for src in sources:
         s = os.path.realpath(src)
@@ -190,8 +188,6 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
     """Create DST if needed and lock this part's files in it (other parts may be writing DST at the
     same time, each under its own lock). Refuses a finished dataset, files fastdata did not write,
     parts of a conversion split another way, and this part already done (unless ``overwrite``)."""
-    if overwrite and resume:
-        raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
     check_dst(dst, sources, overwrite=True)  # only the source checks: DST may hold other parts
     try:
         dst.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Callable, Protocol
 
 import numpy as np
 
@@ -43,7 +43,7 @@ from fastdata.write.options import ConvertReport, Progress, Source, WriteOptions
 from fastdata.write.shard_task import ShardTask, write_error
 
 log = logging.getLogger(__name__)
-__all__ = ["ShardEngine", "check_source", "part_range", "plan_shards", "write_dataset"]
+__all__ = ["ShardEngine", "check_source", "part_range", "plan_shards", "write_dataset", "write_keys_file"]
 
 
 def plan_shards(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
@@ -167,13 +167,15 @@ def _open_journal(target: Destination, head: dict) -> dict[str, ShardInfo]:
 
 def _manifest(source: Source, opts: WriteOptions, fields: list[FieldSpec], shards: list[ShardInfo],
               nbytes: np.ndarray, dst: Path) -> Manifest:
+    keys = source.sample_keys()
     return Manifest(
         backend=opts.backend, fields=fields, num_samples=len(source), shards=shards,
         classes=source.classes, version=version_for(fields),
         source={**source.describe(), "fastdata_version": __version__,
                 "shard_size": opts.shard_size, "compression": opts.compression or "none",
                 "sample_bytes": int(nbytes.sum())},  # before compression: `fastdata info` shows the ratio
-        keys=_write_keys(dst, source.sample_keys()),
+        keys=(KeysInfo(kind=KEYS_INDEX) if keys is None
+              else write_keys_file(dst, lambda f: write_keys(f, keys, str(dst)))),
     )
 
 
@@ -218,14 +220,12 @@ def _engine(opts: WriteOptions, ntasks: int) -> ShardEngine:
     return LocalEngine(min(opts.workers or usable_cpus(), ntasks))
 
 
-
-def _write_keys(dst: Path, keys: list[str] | None) -> KeysInfo:
-    """The keys side file (docs/format.md, "Sample keys"), written atomically before the manifest."""
-    if keys is None:
-        return KeysInfo(kind=KEYS_INDEX)
+def write_keys_file(dst: Path, write: Callable[[BinaryIO], object]) -> KeysInfo:
+    """The keys side file (docs/format.md, "Sample keys") as ``write(file)`` writes it, atomically, before the
+    manifest (which lists its size and checksum)."""
     path = dst / KEYS_FILE
     try:
-        write_atomic(path, lambda f: write_keys(f, keys, str(dst)))
+        write_atomic(path, write)
         return KeysInfo(kind=KEYS_KIND_FILE, file=KEYS_FILE, bytes=path.stat().st_size,
                         checksum=file_checksum(path, CHECKSUM_DEFAULT))
     except OSError as e:

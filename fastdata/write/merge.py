@@ -31,7 +31,7 @@ import numpy as np
 from fastdata._units import fmt_bytes
 from fastdata._version import __version__
 from fastdata.errors import CorruptShardError, UsageError
-from fastdata.fileio import file_checksum, finish_file, fsync_dir, write_atomic
+from fastdata.fileio import file_checksum, finish_file, fsync_dir
 from fastdata.format import (
     FORMAT_VERSION,
     LABEL_FIELD,
@@ -44,8 +44,9 @@ from fastdata.format import (
     write_manifest,
 )
 from fastdata.format.keys import DuplicateKeyError, KeyTable, write_keys
-from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo, version_for
+from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_INDEX, version_for
 from fastdata.write.destination import check_dst, prepare_dst, refuse_broken_url, remove_ours
+from fastdata.write.engine import write_keys_file
 from fastdata.write.shard_task import write_error
 
 Method = Literal["auto", "link", "copy"]
@@ -119,7 +120,7 @@ def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, 
                 backend=first.backend, fields=first.fields, num_samples=report.samples, shards=shards,
                 classes=classes, version=max(FORMAT_VERSION, version_for(first.fields)),  # >= ORIGIN_VERSION: origins
                 source={"kind": "merge", "fastdata_version": __version__, "inputs": inputs_json},
-                keys=None if keys_bytes is None else _write_keys_file(target.path, keys_bytes),
+                keys=None if keys_bytes is None else write_keys_file(target.path, lambda f: f.write(keys_bytes)),
             )
             write_manifest(target.path, manifest)
         except BaseException:
@@ -243,16 +244,6 @@ def _merged_keys(roots: list[Path], ms: list[Manifest], prefixes: list[str] | No
                          "%(key_prefixes='names') (each input's keys under its folder name), %(key_prefixes) once per input, "
                          "or %(drop_keys=True)") from None
     return ("prefixed" if prefixes is not None and any(prefixes) else "kept"), buf.getvalue()
-
-
-def _write_keys_file(dst: Path, data: bytes) -> KeysInfo:
-    """DST's keys.bin, written atomically before the manifest, which lists its size and checksum."""
-    path = dst / KEYS_FILE
-    try:
-        write_atomic(path, lambda f: f.write(data))
-    except OSError as e:
-        raise write_error(path, e) from None
-    return KeysInfo(kind=KEYS_KIND_FILE, file=KEYS_FILE, bytes=len(data), checksum=file_checksum(path, CHECKSUM_DEFAULT))
 
 
 def _same_fields(a: Path, ma: Manifest, b: Path, mb: Manifest) -> None:

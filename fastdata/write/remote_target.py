@@ -93,8 +93,6 @@ class RemoteTarget:
 
     def check(self, overwrite: bool, resume: bool) -> None:
         """Refuse what a local destination would refuse (see fastdata/write/destination.py), before any work."""
-        if overwrite and resume:
-            raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
         names = self._names()
         foreign = [n for n in names if not OURS.match(n)]
         if foreign:
