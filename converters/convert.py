@@ -110,7 +110,7 @@ def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> Rem
         return None
     from fastdata.write.remote_target import RemoteTarget
 
-    upload = RemoteTarget(url, config.remote, part=config.part, workers_upload=config.write.engine == "ray")
+    upload = RemoteTarget(url, config.remote, part=config.part)
     upload.check(config.overwrite, config.resume)
     return upload
 
@@ -211,15 +211,14 @@ def _write_remote(upload: RemoteTarget, source: Source, inputs: list[Path], conf
         with prepared as target:
             target.on_shard = upload.shard_done
             target.trusted = trusted
-            if upload.workers_upload:  # Ray: each worker uploads the shards it writes
-                target.remote = upload.spec
-                target.on_start = upload.started
+            target.remote = upload.spec  # each shard task uploads the shard it writes
+            target.on_start = upload.started
             report = write_dataset(source, target, config.write, progress)
         upload.finish()
     except FastdataError as e:
         upload.abandon()
         done = len(upload.uploaded)
-        if upload.resumable and not isinstance(e, UsageError):
+        if upload.journal_uploaded and not isinstance(e, UsageError):
             what = (f"{done} finished shard(s) are uploaded to {upload.url}" if done
                     else f"its journal is at {upload.url}")
             raise type(e)(f"{(e.template or str(e)).split('; ')[0]}; {what}: fix the problem, then run the same command with "

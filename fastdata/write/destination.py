@@ -111,7 +111,7 @@ class Destination:
     part: tuple[int, int] | None = None  # (I, N) for ``--part I/N``: this run writes part I of N
     on_shard: Callable[[ShardInfo], None] | None = field(default=None, repr=False)  # a new shard is finished
     trusted: set[str] = field(default_factory=set)  # journaled shards kept without a local file (URL resume)
-    remote: "UrlSpec | None" = field(default=None, repr=False)  # shard tasks upload here themselves (Ray into a URL)
+    remote: "UrlSpec | None" = field(default=None, repr=False)  # shard tasks upload here (a URL destination)
     on_start: Callable[[], None] | None = field(default=None, repr=False)  # the journal is written, no shard yet
 
     @property

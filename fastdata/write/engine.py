@@ -124,7 +124,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
             journal.append(dst, info, target.journal_name)
             journaled.add(info.file)
             if target.on_shard is not None:
-                target.on_shard(info)  # converting to a URL: upload it now
+                target.on_shard(info)  # converting to a URL: list it in the remote journal
         kept += was_kept
         shards.append(info)
         _fault.point("between_shards", task.index)
@@ -133,7 +133,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
         remove_temporary(dst, owned)
         remove_shards_except(dst, journaled, owned)
         if target.on_start is not None:
-            target.on_start()  # workers upload to a URL: the remote journal must exist before any shard does
+            target.on_start()  # converting to a URL: the remote journal must exist before any shard does
         tasks = _tasks(source, fields, opts, target, names, plans, done, own, nbytes)
         if progress is not None:
             progress.start(sum(t.count for t in tasks), sum(t.in_bytes for t in tasks))

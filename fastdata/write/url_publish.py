@@ -1,10 +1,9 @@
-"""Shards published to object storage by the process that wrote them (``--engine ray`` into a URL).
+"""Shards published to object storage by the process that wrote them (converting to a URL).
 
-A shard task bound for a URL carries a :class:`UrlSpec` (the URL, the fsspec storage options and the
-time bound: picklable, so it travels to Ray workers with the task, never through global state). The
-worker writes the shard into a private staging folder under its node's cache directory, uploads it
-to ``URL/<name>`` (retried within the time bound) and deletes the local copy. Uploading the same
-bytes twice only replaces an object with itself, so a retried or duplicated task is harmless.
+A shard task bound for a URL carries a picklable :class:`UrlSpec` (URL, storage options, time bound), so
+it travels to worker processes and Ray workers with the task. The worker writes the shard into a private
+staging folder, uploads it to ``URL/<name>`` (retried within the bound) and deletes the local copy; the
+same bytes uploaded twice replace an object with itself, so a retried or duplicated task is harmless.
 """
 
 from __future__ import annotations
@@ -123,7 +122,7 @@ def staging_dir(spec: UrlSpec) -> Path:
     host = socket.gethostname()
     mine = root / f"{host}-{os.getpid()}"
     if not mine.is_dir():
-        mine.mkdir(parents=True, exist_ok=True)
+        mine.mkdir(parents=True, exist_ok=True)  # (an empty one is removed after each upload)
         _sweep_dead(root, host)
     return mine
 
@@ -137,9 +136,19 @@ def _sweep_dead(root: Path, host: str) -> None:
 
 
 def _remove_local(tmp: Path) -> None:
-    """Remove a local shard file (and an LMDB lock file beside it)."""
+    """Remove a local shard file (and an LMDB lock file beside it), and its staging folder once empty."""
     tmp.unlink(missing_ok=True)
     Path(f"{tmp}-lock").unlink(missing_ok=True)
+    remove_empty(tmp.parent, tmp.parent.parent)
 
 
-__all__ = ["UrlPublisher", "UrlSpec", "shard_number", "staging_dir"]
+def remove_empty(*folders: Path) -> None:
+    """Remove each of ``folders`` that is empty, in order (a staging folder, then those above it)."""
+    for d in folders:
+        try:
+            d.rmdir()
+        except OSError:  # not empty (another process stages there), or gone already
+            pass
+
+
+__all__ = ["UrlPublisher", "UrlSpec", "remove_empty", "shard_number", "staging_dir"]
