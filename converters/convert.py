@@ -1,9 +1,7 @@
 """``fastdata.convert`` and ``fastdata.merge``: the write side's entry points, from Python or the CLI.
 
-``convert`` checks what it is given, asks the source table (fastdata.converters) which kind of input
-it is, lets that kind scan and check every input file, and hands the result to the write engine
-(fastdata.write): into a local folder, one part of it, or a URL. Nothing is written before every
-input is checked, and the source is never modified.
+``convert`` lets the source table (fastdata.converters) find and check every input, then hands the
+result to the write engine (fastdata.write); nothing is written before every input is checked.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Pixel coordinates in a metadata table, kept true when a conversion resizes its images.
+"""Pixel coordinates in a metadata table or Python samples, kept true when a conversion resizes images.
 
-Columns declared as keypoints (``(..., >=2)``: x, y first, in pixels; further columns such as
-visibility untouched) or boxes (``(..., 4)``: x0, y0, x1, y1 in pixels) are mapped exactly as the
-pixels are (:func:`fastdata.converters.image_codec.resize_plan`: scale, then the centre crop's offset)
-and stored as float32. When the conversion resizes, an undeclared numeric column that looks like
-coordinates is refused rather than left pointing at the wrong pixels: one whose name says so
-(keypoints, landmarks, kp, box, bbox, coord, points, joints, ...), or whose last axis has 2, 3 or 4
-values that all lie inside their image (at least one above 1, so normalised values and flags pass).
-Without a resize nothing moves, so nothing is refused.
+Declared keypoints (x, y first) and boxes (x0, y0, x1, y1) are mapped as the pixels are
+(:func:`fastdata.converters.image_codec.resize_plan`) and stored as float32. When the conversion resizes,
+an undeclared numeric field that looks like coordinates (by its name, or values inside each image) is
+refused rather than left pointing at the wrong pixels (docs/convert.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Arrays inside HDF5 files (one, or a glob of several) or a Zarr store, as conversion sources.
-
-``fastdata convert data.h5 DST --field x=/images --field label=/labels``: each field is a dataset
-(HDF5) or an array (Zarr) whose first axis is the sample axis; every field agrees on it, and the
-files of a glob follow one another. Layouts are checked before anything is written
-(fastdata/format/arrayinfo.py, shared with ``fastdata index``); handles open lazily, once per
-worker process, and are dropped when a part is pickled.
+"""Arrays inside HDF5 files (one, or a glob of several) or a Zarr store, as conversion sources: each field an
+array whose first axis is the sample axis, the files of a glob one after another. Handles open lazily, once
+per worker process.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Image folders -> samples: ImageFolder layout (``root/<class>/<file>``) or a flat folder + labels file.
 
-The scan converts every image once, in parallel processes, to validate it (a truncated file
-is caught here, before a byte is written) and to learn its stored shape and size, which the
-shard plan needs. Writing converts each image again in the shard workers; the result is the
-same bytes (conversion is deterministic), and a source file that changed in between is an error.
+The scan converts every image once, in parallel, to validate it and learn its stored shape and size (the
+shard plan needs them); the shard workers convert it again (deterministic: the same bytes), and a source
+file that changed in between is an error.
 """
 
 from __future__ import annotations

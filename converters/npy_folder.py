@@ -1,9 +1,5 @@
-"""``.npy`` sources: a folder of per-sample ``.npy``/``.npz`` files, or large arrays.
-
-A source scans and validates everything first (headers only, cheap), so bad input is
-reported before a byte is written. ``part(start, stop)`` gives a small picklable slice
-that a worker process reads samples from.
-"""
+"""A folder of per-sample ``.npy``/``.npz`` files as a source: every header checked at scan (cheap),
+before a byte is written."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""Python objects as sources: a map-style Dataset (anything with ``__len__``/``__getitem__``), a Hugging Face
-``datasets.Dataset`` (read through its Arrow table) or an iterable of samples (fastdata/converters/object_spool.py).
+"""Python objects as sources: a map-style Dataset (``__len__``/``__getitem__``) or a Hugging Face dataset
+(read through its Arrow table), read in the write engine's worker processes; iterables: object_spool.py.
 
-A map-style object is read in the write engine's worker processes, each writing its own shards: forked
-workers use the object they inherit, spawned ones unpickle it once from a file written once. The schema
-comes from the first samples (converters/sample_fields.py); every sample is checked against it where it is
-written. Samples with a ``key``, or ``skip_bad``, need one check pass over every sample first (the keys and
-the skipped samples must be known before the shards are planned).
+The schema comes from the first samples (sample_fields.py). Samples with a ``key``, or ``skip_bad``, need
+one check pass over every sample first: the keys and the skipped samples must be known before the plan.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """Python samples -> what a dataset stores: the schema inferred from the first samples, every sample encoded
-and checked against it.
-
-A sample is a dict of arrays (numpy, torch), numbers, strings, bytes and PIL images, or a tuple (or one
-value) whose items ``names`` names. Arrays keep their dtype (Python ints are int64, floats float64); a
-field whose first axis varies is ragged, as in file conversion; strings are UTF-8 fields; PIL images are
-stored raw (or re-encoded as :class:`ImageOptions` asks); image bytes are kept encoded; other bytes are a
-ragged uint8 field. A ``key`` entry names the sample instead of its index.
+and checked against it (docs/convert.md, "From your own Dataset").
 """
 
 from __future__ import annotations

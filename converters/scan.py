@@ -1,9 +1,5 @@
-"""Finding source files and their labels: sorted walk, class folders, CSV/JSON label files.
-
-Shared by every folder converter, with what the folder sources have in common
-(:class:`FolderSource`, :func:`check_labelled`, :func:`refuse_bad`). Hidden files and folders
-(``.name``) are ignored; symlinks are followed, each real directory at most once, so link loops end.
-"""
+"""Finding source files and their labels (class folders, CSV/JSON label files), and what the folder sources
+share. Hidden files are ignored; symlinks are followed, each real directory at most once."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Metadata tables (CSV, JSON Lines, Parquet) as sources of fields.
-
-One row per sample. The ``path`` column names the sample's image or ``.npy`` file relative to
-the source folder; every other column becomes a field: integers (int64), floats (float32),
-booleans, strings (utf8 fields; a ``label`` column of strings becomes class indices), fixed-length
-numeric lists (a JSON array in a CSV cell, a list in JSONL/Parquet: keypoints ``(17, 3)``),
-variable-length lists (ragged: boxes ``(n, 4)``), and columns of relative paths to other files
-(a mask PNG, a ``.npy``), which are read and stored. Types are inferred from the whole column
-and can be forced (``--meta-type NAME=DTYPE[:SHAPE]``). Every problem with a row names the
-table, the row and the column; ``--skip-bad`` skips such rows and lists them in skipped.json.
+"""Metadata tables (CSV, JSON Lines, Parquet) as sources: one row per sample, its ``path`` column naming the
+sample's image or ``.npy`` file, every other column a field (docs/convert.md, "Metadata tables"); every
+problem names the table, the row and the column.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from fastdata.converters.npy_parse import read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SrcForm, register
 from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
 from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
-from fastdata.converters.table_types import INT_DTYPE, Column, ColumnType, parse_column, safe_rel
+from fastdata.converters.table_types import INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
@@ -102,7 +95,7 @@ def _image_pixels(path: str) -> np.ndarray:
         raise DataError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
 
 
-def scan_file_column(table: Table, col: Column, root: Path, rows: list[int], bad: dict[int, str]) -> FileColumn:
+def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int], bad: dict[int, str]) -> FileColumn:
     """Look at every file of a file column (image header or .npy header) to learn its shape."""
     rels = [col.values[i] for i in rows]
     image = all(str(r).lower().endswith(tuple(IMAGE_EXTENSIONS)) for r in rels)
@@ -192,13 +185,13 @@ class TableColumns:
 
 
 def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: dict[int, str],
-                  reserved: set[str]) -> tuple[dict[str, Column], list[int]]:
+                  reserved: set[str]) -> tuple[dict[str, TypedColumn], list[int]]:
     """Parse every column but ``path``; returns the columns and the rows not bad so far."""
     unknown = sorted(set(types) - set(table.columns))
     if unknown:
         raise UsageError(f"%(meta_types) names {unknown[0]!r}, which is not a column of {table.path} "
                          f"(columns: {', '.join(table.columns)})")
-    cols: dict[str, Column] = {}
+    cols: dict[str, TypedColumn] = {}
     for name, raw in table.columns.items():
         if name == PATH_COLUMN:
             continue
@@ -212,7 +205,7 @@ def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: d
     return cols, [i for i in range(table.rows) if i not in bad]
 
 
-def finish_columns(table: Table, cols: dict[str, Column], rows: list[int], root: Path,
+def finish_columns(table: Table, cols: dict[str, TypedColumn], rows: list[int], root: Path,
                    bad: dict[int, str]) -> TableColumns:
     """Fields and per-row values of the columns, for ``rows`` (file columns scanned here, which may
     find more bad rows: call again with the rows left if it did)."""
@@ -381,7 +374,7 @@ def _paths(table: Table, table_path: Path, root: Path) -> tuple[list[Any], dict[
     return paths, bad
 
 
-def _unlisted(table: Table, table_path: Path, root: Path, paths: list[Any], cols: dict[str, Column],
+def _unlisted(table: Table, table_path: Path, root: Path, paths: list[Any], cols: dict[str, TypedColumn],
               image_kind: bool, strict: bool, skip_bad: bool) -> list[tuple[str, str]]:
     """Sample files under ``root`` that the table does not list: an error, or skipped with ``skip_bad``."""
     listed = set(paths[i] for i in range(table.rows) if paths[i]) | {

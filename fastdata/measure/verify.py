@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -35,17 +35,11 @@ from fastdata.format.spec import SHAPE_SUFFIX, is_string
 from fastdata.reading.dataset import Dataset
 from fastdata.remote import RemoteOptions, is_url
 from fastdata.world import usable_cpus
+from fastdata.write.options import Progress
 
 _BATCH_BYTES = 32 << 20
 _MAX_BATCH = 1024
 MAX_SAMPLE_PROBLEMS = 20  # per shard; more are counted, not listed
-
-
-class Progress(Protocol):
-    """What the CLI's progress bar offers (see fastdata/cli/__init__.py)."""
-
-    def start(self, total_samples: int, total_bytes: int, desc: str = ...) -> None: ...
-    def update(self, samples: int, nbytes: int) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,6 @@
 """The destination folder: checking it, locking it, emptying it, and tidying it after a failure.
 
-fastdata only ever deletes names it writes itself (``OURS``), so ``--overwrite`` can never
-remove a user's file. A failed conversion keeps its finished shards and its journal for
-``--resume`` and removes everything else it wrote; a conversion that finished no shard
-leaves the folder as it found it.
+fastdata only ever deletes names it writes itself (``OURS``), so ``--overwrite`` never removes a user's file.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Sources -> shards: plan shards by bytes, write them in parallel processes, write the manifest last.
 
-The conversion is crash-safe and resumable (docs/reliability.md). A journal in DST records
-the plan before any shard is written and each shard once it is finished (written under a
-temporary name, fsynced, hashed, renamed); the manifest is written only after every shard is
-in place, and then the journal is deleted. After a failure the finished shards and the journal
-stay for ``--resume``; everything else this conversion wrote is removed.
+Crash-safe and resumable (docs/reliability.md): the journal records the plan before any shard and each
+shard once finished; after a failure the finished shards and the journal stay for ``--resume``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Protocol
+from typing import Mapping
 
 import xxhash
 
@@ -27,6 +27,7 @@ from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, npy_info, zarr_info
 from fastdata.format.external import ZARR_META, Column, Index, check_file, file_arrays, native, stamp
 from fastdata.format.inplace import NAME, index_of
 from fastdata.format.spec import KEYS_INDEX, KeysInfo
+from fastdata.write.options import Progress
 
 DEFAULT_FIELD = "x"  # the field of a single .npy file or Zarr array indexed without --field
 _UNIT_BYTES = 4 << 20  # contiguous data: the unit of shuffle="chunks" is about this many bytes
@@ -126,15 +127,8 @@ def _plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, 
     return cols, count, chunk_rows
 
 
-class FileProgress(Protocol):
-    """Progress counted in files (the CLI's bar)."""
-
-    def start(self, total_samples: int, total_bytes: int, desc: str = ..., unit: str = ...) -> None: ...
-    def update(self, samples: int, nbytes: int) -> None: ...
-
-
 def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool = False,
-          progress: FileProgress | None = None) -> Manifest:
+          progress: Progress | None = None) -> Manifest:
     """The manifest of an in-place index of ``src`` (see :func:`index`), without writing it; ``progress``
     counts the files read (their metadata, then with ``checksum`` their bytes)."""
     paths = _expand(src)
@@ -175,7 +169,7 @@ def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool =
 
 
 def index(src: str | os.PathLike[str], dst: str | os.PathLike[str], fields: Mapping[str, str] | None = None, *,
-          checksum: bool = False, overwrite: bool = False, progress: FileProgress | None = None) -> IndexReport:
+          checksum: bool = False, overwrite: bool = False, progress: Progress | None = None) -> IndexReport:
     """Index ``src`` in place at the folder ``dst``: ``fastdata.open(dst)`` then reads the source files.
 
     ``src``: an HDF5 file or a glob of several (quote it in a shell), a ``.npy`` file, or a Zarr array

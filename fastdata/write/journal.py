@@ -1,14 +1,8 @@
 """The conversion journal: what a conversion into DST planned and has finished, for ``--resume``.
 
-``DST/.fastdata-journal`` is JSON lines. The first line, written atomically (temporary file,
-fsync, rename) before any shard, describes the conversion: write options, the source's
-description and fingerprint, and the shard plan. Every later line records one finished shard
-(``file``, ``start``, ``count``, ``bytes``, ``checksum``), appended and fsynced after the shard was
-renamed into place. A torn last line (a crash mid-append) does not parse and is ignored: that
-shard is simply written again. The journal is deleted after the manifest is written.
-
-``--resume`` refuses when the options, the source or the plan differ from the journal's, so a
-resumed dataset is always the one an uninterrupted run would have written.
+JSON lines (docs/reliability.md): the first, written atomically before any shard, describes the conversion
+(options, source, fingerprint, shard plan); each later one a finished shard, appended and fsynced. A torn
+last line is ignored (that shard is written again). ``--resume`` refuses a journal of another conversion.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""``fastdata merge A B ... DST``: one dataset holding the samples of A, then B, ... (same schema and format).
+"""``fastdata merge A B ... DST``: one dataset holding the samples of A, then B, ... (docs/scale.md).
 
-Shards are immutable once written, so DST can share them with the inputs: each is hard-linked
-under DST's own shard name (no bytes copied, no extra space), and its manifest entry records the
-sample index the file numbers its samples from (``origin``, format version 2) when that differs
-from its place in DST. Where the filesystem refuses hard links (DST on another filesystem, no
-link support), ``method="auto"`` copies that shard instead and the report says so and why;
-``method="link"`` makes that an error. Shards whose labels must change (``remap_classes``) are
-rewritten. Nothing in the inputs is modified.
-
-Sample keys (format version 3) stay unique: DST's ``keys.bin`` holds the inputs' keys in merged
-order (an input keyed by index contributes ``"0"``, ``"1"``, ...). A key found in two inputs is an
-error unless ``key_prefixes`` puts each input's keys under a prefix of its own (``"<prefix>/<key>"``;
-``"names"``: each input's folder name). Inputs without keys beside inputs with keys are refused
-unless ``drop_keys`` (then DST has no keys): keys are never dropped silently.
+Shards are hard-linked under DST's names (copied where the filesystem refuses links, or with
+``method="copy"``), with an ``origin`` where their sample numbering moves; shards whose labels change
+(``remap_classes``) are rewritten. Sample keys stay unique: a key in two inputs is an error unless
+``key_prefixes`` separates them; inputs with and without keys need ``drop_keys``.
 """
 
 from __future__ import annotations

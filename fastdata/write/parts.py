@@ -1,13 +1,8 @@
 """Part-by-part conversion for clusters without Ray: ``convert --part I/N``, then ``merge-parts``.
 
-Every part scans the whole source (cheap: headers only) and so computes the same shard plan;
-part I writes only its consecutive run of shards (:func:`.writer.part_range`) into the shared DST,
-each under its global name, and then a *part record* ``DST/.fastdata-part-IIIII-of-NNNNN.json``
-instead of a manifest. ``merge-parts`` checks that parts 0..N-1 are all there, agree on the
-conversion (options, source fingerprint, shard plan) and cover every shard exactly once with the
-files in place, then writes the manifest: byte for byte the one a one-machine conversion writes.
-DST may be a URL: each part uploads its shards and then its record (fastdata/write/remote_target.py), and
-``merge-parts URL`` makes the same checks on the objects there, then uploads the manifest last.
+Every part computes the same shard plan and writes only its run of shards (:func:`.engine.part_range`),
+then a part record instead of a manifest; ``merge-parts`` checks that the records agree and cover every
+shard, then writes the manifest a one-machine conversion writes (docs/scale.md). DST may be a URL.
 """
 
 from __future__ import annotations

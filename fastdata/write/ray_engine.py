@@ -1,12 +1,8 @@
 """``--engine ray``: one Ray task per shard; the driver journals each finished shard and writes the manifest.
 
-A shard task is a pure function of its :class:`~.shardwork.ShardTask` (same bytes every time,
-temporary name then publish), so Ray may retry it after a worker dies, or run it twice, without
-harm. A task that keeps failing ends the conversion naming the shard and the reason; shards that
-finished stay journaled for ``--resume``. Workers must see DST under the same path (a shared
-filesystem), or DST is a URL that every worker uploads its shards to (fastdata/write/url_publish.py);
-the driver checks every shard it is told about (file or object, with its size), so a DST on one
-node's local disk is an error, never a dataset with missing shards. Ray is optional: ``pip install 'fastdata[ray]'``.
+A shard task is a pure function of its :class:`ShardTask`, so Ray may retry or duplicate it harmlessly.
+Workers write into a folder every node shares, or upload to a URL; the driver checks every shard it is
+told about, so a DST on one node's local disk is an error, never a dataset with missing shards.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Writing one shard, in a worker process or inline: temp name, fsync, hash, rename.
-
-A shard that ``--resume`` found in the journal is kept when its size and checksum still match,
-and written again otherwise. Worker processes die with the main process (Linux:
-``PR_SET_PDEATHSIG``), so killing a conversion never leaves a worker writing into DST.
-"""
+"""Writing one shard, in a worker process or inline: temp name, fsync, hash, publish (rename or upload).
+Workers die with the main process (Linux: ``PR_SET_PDEATHSIG``), so a killed conversion leaves none writing."""
 
 from __future__ import annotations
 
