@@ -93,7 +93,7 @@ def _npy_path(base: str, rel: str) -> str:
     return os.path.join(base if os.path.isdir(base) else os.path.dirname(base), rel)
 
 
-def _plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, int],
+def plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, int],
                specs: dict[str, FieldSpec]) -> tuple[dict[str, Column], int, int]:
     """Each field's column in one source file (several files for .npy), checked against the others:
     the columns, the samples, and the samples of one shuffle="chunks" unit."""
@@ -145,7 +145,7 @@ def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool =
     if progress is not None:
         progress.start(len(paths), 0, desc="indexing", unit="files")
     for i, path in enumerate(paths):
-        cols, count, unit = _plan_part(fmt, path, fields, files, specs)
+        cols, count, unit = plan_part(fmt, path, fields, files, specs)
         digest = xxhash.xxh3_128(json.dumps({k: c.to_json() for k, c in cols.items()}, sort_keys=True).encode())
         size = sum(os.path.getsize(p) if os.path.isfile(p) else 0 for p, j in files.items()
                    if j in {c.file for c in cols.values()})

@@ -27,6 +27,7 @@ from fastdata.remote.retry import RemoteError, RemoteNotFoundError, with_retries
 from fastdata.remote.url import filesystem, join, root
 from fastdata.write import journal
 from fastdata.write.destination import (
+    check_entries,
     check_part_entries,
     part_journal_name,
     part_lock_name,
@@ -76,26 +77,12 @@ class RemoteTarget:
     def check(self, overwrite: bool, resume: bool) -> None:
         """Refuse what a local destination would refuse (see fastdata/write/destination.py), before any work."""
         names = self._names()
-        foreign = [n for n in names if not OURS.match(n)]
-        if foreign:
-            raise UsageError(f"{self.url}: refused: it holds {foreign[0]!r}, which fastdata did not write; "
-                             "choose an empty or new prefix")
         self.resuming = resume and self.journal_name in names  # none (never started, killed before it was
         # uploaded: the journal goes up before any shard): a new conversion, as for a local folder
         if self.part is not None:  # as a shared folder is checked for a part (other parts may be uploading)
             check_part_entries(self.url, names, self.part, self.journal_name, overwrite, self.resuming, "prefix")
-        elif resume:
-            if MANIFEST_NAME in names:
-                raise UsageError(f"{self.url}: already holds a finished dataset; nothing to resume "
-                                 "(%(overwrite=True) converts again)")
-            if names and not self.resuming:
-                raise UsageError(f"{self.url}: no interrupted conversion to resume (no {JOURNAL_NAME}, but it holds "
-                                 f"{names[0]!r}); convert again with %(overwrite=True)")
-        elif names and not overwrite:
-            if JOURNAL_NAME in names and MANIFEST_NAME not in names:
-                raise UsageError(f"{self.url}: holds an interrupted conversion; pass %(resume=True) to finish it, "
-                                 "or %(overwrite=True) to start over")
-            raise UsageError(f"{self.url}: already exists; pass %(overwrite=True) to replace it")
+        else:
+            check_entries(self.url, names, overwrite, resume, "prefix")
         self._check_not_busy()
 
     def _check_not_busy(self) -> None:
