@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from PIL import Image, ImageFile, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from fastdata.errors import DataError, UsageError
 from fastdata.format.files import IMAGE_SUFFIXES
@@ -139,7 +139,7 @@ def prepare_bytes(data: bytes, where: str, opts: ImageOptions) -> Prepared:
         if opts.images == "encoded" and im.format in ("JPEG", "MPO") and im.mode == opts.mode and orientation == 1:
             shape = (im.height, im.width, opts.channels)
             return Prepared(np.frombuffer(data, dtype=np.uint8), shape, CODEC_JPEG, True, crc, shape[:2])
-        out = prepare_image(_transpose(im, orientation), where, opts)
+        out = prepare_image(ImageOps.exif_transpose(im) if orientation != 1 else im, where, opts)
     finally:
         im.close()
     return Prepared(out.payload, out.shape, out.codec, False, crc, out.original)
@@ -207,25 +207,7 @@ def _orientation(path: str, im: Image.Image) -> int:
         return 1
     for w in caught:
         log.warning("%s: %s", path, str(w.message).strip())
-    return value if isinstance(value, int) and value in _TRANSPOSE else 1
-
-
-_TRANSPOSE = {
-    1: None,
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-
-
-def _transpose(im: Image.Image, orientation: int) -> Image.Image:
-    """Apply an EXIF orientation (1-8), as ``PIL.ImageOps.exif_transpose`` does."""
-    method = _TRANSPOSE[orientation]
-    return im if method is None else im.transpose(method)
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
 def to_mode(im: Image.Image, mode: str) -> Image.Image:

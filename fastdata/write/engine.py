@@ -7,6 +7,7 @@ shard once finished; after a failure the finished shards and the journal stay fo
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import BinaryIO, Callable, Protocol
@@ -40,6 +41,7 @@ from fastdata.write.options import ConvertReport, Progress, Source, WriteOptions
 from fastdata.write.shard_task import ShardTask, write_error
 
 log = logging.getLogger(__name__)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # what a str holds that UTF-8 cannot encode
 __all__ = ["ShardEngine", "check_source", "part_range", "plan_shards", "write_dataset", "write_keys_file"]
 
 
@@ -76,17 +78,9 @@ def check_source(source: Source, opts: WriteOptions, where: str) -> None:
         try:
             "\n".join(keys).encode("utf-8")
         except UnicodeEncodeError:
-            bad = next(i for i, k in enumerate(keys) if not k.isascii() and _not_utf8(k))
+            bad = next(i for i, k in enumerate(keys) if _SURROGATE.search(k))
             raise DataError(f"{where}: the key of sample {bad}, {keys[bad]!a}, is not valid UTF-8 text; rename "
                             "that file") from None
-
-
-def _not_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 class ShardEngine(Protocol):

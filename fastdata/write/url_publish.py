@@ -74,7 +74,8 @@ class UrlSpec:
 
 @dataclass
 class UrlPublisher:
-    """The :class:`~.shardwork.Publisher` for a URL destination: write locally, upload, delete."""
+    """Where a finished shard goes when DST is a URL: written locally, uploaded, deleted (as
+    fastdata/write/shard_task.py's LocalPublisher renames)."""
 
     spec: UrlSpec
     _fs: Any = field(default=None, repr=False)
