@@ -69,8 +69,8 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
     req = None if python else _request(src, labels, arrays, meta, config)
     inputs = req.inputs if req is not None else []
     target = upload.staging if upload is not None else Path(dst)
-    if upload is None:
-        _check_dst(target, inputs, config)
+    if upload is None:  # before scanning; a part checks only the sources (DST is shared with other parts)
+        check_dst(target, inputs, config.overwrite or config.part is not None, config.resume and config.part is None)
     if req is None:
         scanned: Any = python_source(src, config, progress, fields, ragged, target)
     else:
@@ -180,32 +180,18 @@ def _table_request(src: Path | None, meta: Path | None, table_src: bool, named: 
     return Request(root, {}, None, meta, table_src)
 
 
-def _check_dst(dst: Path, inputs: list[Path], config: ConvertConfig) -> None:
-    """Before scanning: a whole conversion checks DST fully; a part only the sources (DST is shared)."""
-    if config.part is None:
-        check_dst(dst, inputs, config.overwrite, config.resume)
-    else:
-        check_dst(dst, inputs, overwrite=True)
-
-
 def _write(source: Source, dst: Path, upload: RemoteTarget | None, inputs: list[Path], config: ConvertConfig,
            progress: Progress | None) -> ConvertReport:
-    """Write the scanned ``source``: into the folder ``dst`` (the whole dataset or one part), or to a URL."""
-    if upload is not None:
-        return _write_remote(upload, source, inputs, config, progress)
-    part, overwrite, resume = config.part, config.overwrite, config.resume
-    prepared = (prepare_dst(dst, inputs, overwrite, resume) if part is None
-                else prepare_part_dst(dst, inputs, part, overwrite, resume))
-    with prepared as target:
-        return write_dataset(source, target, config.write, progress)
-
-
-def _write_remote(upload: RemoteTarget, source: Source, inputs: list[Path], config: ConvertConfig,
-                  progress: Progress | None) -> ConvertReport:
-    staging, trusted = upload.prepare(config.overwrite, config.resume)
+    """Write the scanned ``source`` into the folder ``dst`` (the whole dataset or one part), or to a URL
+    through its staging folder (the shard tasks upload their shards; ``upload`` the rest)."""
+    trusted = upload.prepare(config.overwrite, config.resume) if upload is not None else set()
+    overwrite = config.overwrite and upload is None  # a URL's staging folder starts empty
+    prepared = (prepare_dst(dst, inputs, overwrite, config.resume) if config.part is None
+                else prepare_part_dst(dst, inputs, config.part, overwrite, config.resume))
+    if upload is None:
+        with prepared as target:
+            return write_dataset(source, target, config.write, progress)
     try:
-        prepared = (prepare_dst(staging, inputs, False, config.resume) if upload.part is None
-                    else prepare_part_dst(staging, inputs, upload.part, False, config.resume))
         with prepared as target:
             target.on_shard = upload.shard_done
             target.trusted = trusted

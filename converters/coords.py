@@ -45,7 +45,7 @@ def rescale(a: np.ndarray, kind: str, original: Sequence[int], opts: ImageOption
 def _trailing(cols: "TableColumns", name: str) -> int | None:
     """The length of a numeric column's last axis (None: a scalar, a 1-D ragged list, a string or a file column)."""
     f = next((f for f in cols.fields if f.name == name), None)
-    if f is None or name not in cols.values or name in cols.strings or np.dtype(f.dtype).kind not in "iuf" \
+    if f is None or name not in cols.values or np.dtype(f.dtype).kind not in "iuf" \
             or not f.shape:
         return None
     return f.shape[-1]

@@ -148,8 +148,7 @@ class TableColumns:
     """The parsed columns of a table for the rows kept: fields, per-row arrays, classes."""
 
     fields: list[FieldSpec]
-    values: dict[str, list[Any]]  # num/ragged: arrays; str: text
-    strings: list[str]
+    values: dict[str, list[Any]]  # per row: an array (text as its UTF-8 bytes)
     files: list[FileColumn]
     classes: list[str] | None = None
     n: int = 0  # rows (a table may have no column but path)
@@ -159,25 +158,20 @@ class TableColumns:
                        files=[f.part(idx.start, idx.stop) for f in self.files], n=len(range(self.n)[idx]))
 
     def read(self, root: str, i: int) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
-        for k, v in self.values.items():
-            x = v[i]
-            out[k] = np.frombuffer(x.encode("utf-8"), dtype=np.uint8) if k in self.strings else x
+        out = {k: v[i] for k, v in self.values.items()}
         for f in self.files:
             out.update(f.read(root, i))
         return out
 
     def nbytes(self) -> np.ndarray:
         total = np.zeros(self.n, dtype=np.int64)
-        for k, v in self.values.items():
-            total += np.array([len(x.encode("utf-8")) if k in self.strings else x.nbytes for x in v], dtype=np.int64)
+        for v in self.values.values():
+            total += np.array([x.nbytes for x in v], dtype=np.int64)
         for f in self.files:
             total += f.nbytes()
         return total
 
     def ragged_rows(self, name: str) -> np.ndarray:
-        if name in self.strings:
-            return np.array([len(x.encode("utf-8")) for x in self.values[name]], dtype=np.int64)
         for f in self.files:
             if f.name == name:
                 return f.rows()
@@ -185,8 +179,8 @@ class TableColumns:
 
 
 def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: dict[int, str],
-                  reserved: set[str]) -> tuple[dict[str, TypedColumn], list[int]]:
-    """Parse every column but ``path``; returns the columns and the rows not bad so far."""
+                  reserved: set[str]) -> dict[str, TypedColumn]:
+    """Parse every column but ``path`` (a cell that does not fit puts its row in ``bad``)."""
     unknown = sorted(set(types) - set(table.columns))
     if unknown:
         raise UsageError(f"%(meta_types) names {unknown[0]!r}, which is not a column of {table.path} "
@@ -202,7 +196,7 @@ def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: d
             raise DataError(f"{table.path}: column name {name!r} cannot be a field name (letters, digits, _ . -, "
                             "not starting with a digit, not ending in _lengths or _shape); rename the column")
         cols[name] = parse_column(table, name, raw, types.get(name), root, bad)
-    return cols, [i for i in range(table.rows) if i not in bad]
+    return cols
 
 
 def finish_columns(table: Table, cols: dict[str, TypedColumn], rows: list[int], root: Path,
@@ -211,7 +205,6 @@ def finish_columns(table: Table, cols: dict[str, TypedColumn], rows: list[int], 
     find more bad rows: call again with the rows left if it did)."""
     fields: list[FieldSpec] = []
     values: dict[str, list[Any]] = {}
-    strings: list[str] = []
     files: list[FileColumn] = []
     classes = None
     for name, c in cols.items():
@@ -227,14 +220,13 @@ def finish_columns(table: Table, cols: dict[str, TypedColumn], rows: list[int], 
             values[name] = [np.asarray(index[c.values[i]], dtype=INT_DTYPE) for i in rows]
             fields.append(make_field(name, INT_DTYPE, ()))
         elif c.kind == "str":
-            values[name] = [c.values[i] for i in rows]
-            strings.append(name)
+            values[name] = [np.frombuffer(c.values[i].encode("utf-8"), dtype=np.uint8) for i in rows]
             fields.append(make_field(name, "|u1", (None,), encoding=ENCODING_UTF8))
         else:
             assert c.dtype is not None
             values[name] = [c.values[i] for i in rows]
             fields.append(make_field(name, c.dtype, c.shape))
-    return TableColumns(fields, values, strings, files, classes, len(rows))
+    return TableColumns(fields, values, files, classes, len(rows))
 
 
 @dataclass
@@ -316,7 +308,7 @@ def scan_table(table_path: Path, root: Path, config: "ConvertConfig", check_unli
                         "images; a table's path column names one kind of file")
     image_kind = bool(is_img) and all(is_img)
     reserved = {"image", "image_shape", "image_codec", "image" + ORIGINAL_SIZE_SUFFIX} if image_kind else {"x"}
-    cols, _ = table_columns(table, root, dict(config.meta_types), bad, reserved)
+    cols = table_columns(table, root, dict(config.meta_types), bad, reserved)
     rows = [i for i in range(table.rows) if i not in bad]
     finish_columns(table, cols, rows, root, bad)  # scans file columns: may find bad rows
     rows = [i for i in range(table.rows) if i not in bad]

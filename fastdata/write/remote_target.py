@@ -15,7 +15,6 @@ import os
 import shutil
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from fastdata.errors import DestinationBusyError, UsageError
@@ -94,8 +93,8 @@ class RemoteTarget:
             raise DestinationBusyError(f"{self.url}: another conversion on this machine is writing {what} ({who}); "
                                        "wait for it to end")
 
-    def prepare(self, overwrite: bool, resume: bool) -> tuple[Path, set[str]]:
-        """A fresh staging folder (holding the remote journal on resume) and the shards kept remotely.
+    def prepare(self, overwrite: bool, resume: bool) -> set[str]:
+        """A fresh staging folder (holding the remote journal on resume); the shards kept remotely.
         ``resume`` with no remote journal (see ``check``) starts afresh."""
         if self.staging.exists():
             shutil.rmtree(self.staging)
@@ -106,7 +105,7 @@ class RemoteTarget:
         elif overwrite:
             self._remove_ours()
         if not self.resuming:  # check() set it: resume asked for and a remote journal there
-            return self.staging, set()
+            return set()
         self.staging.mkdir()
         where = join(self.url, self.journal_name)
         raw = self._call(lambda: self.fs.cat_file(where), where).split(b"\n")
@@ -125,7 +124,7 @@ class RemoteTarget:
         self._head = raw[0].decode("utf-8")
         self.uploaded = kept
         (self.staging / self.journal_name).write_bytes(self._journal_bytes(kept))
-        return self.staging, {k.file for k in kept}
+        return {k.file for k in kept}
 
     def _remove(self, name: str) -> None:
         try:
