@@ -69,11 +69,6 @@ def check_declared(lasts: Mapping[str, int | None], keypoints: Sequence[str], bo
                 raise DataError(bad(flag, name, need))
 
 
-def _looks_like(cols: "TableColumns", name: str, originals: np.ndarray) -> str | None:
-    """Why column ``name`` looks like pixel coordinates, or None."""
-    return looks_like(name, _trailing(cols, name), cols.values[name], originals)
-
-
 def looks_like(name: str, last: int | None, rows: Iterable[Any], originals: Iterable[Sequence[int]]) -> str | None:
     """Why a numeric field ``name`` whose values' last axis has ``last`` entries looks like pixel
     coordinates of images of upright sizes ``originals`` (H, W), or None (file and Python sources alike)."""
@@ -112,7 +107,7 @@ def rescale_columns(table: str, cols: "TableColumns", columns: Sequence[str], or
     for name in cols.values:
         if name in declared:
             continue
-        why = _looks_like(cols, name, originals)
+        why = looks_like(name, _trailing(cols, name), cols.values[name], originals)
         if why is not None:
             say = f"%(keypoints={name}), %(boxes={name})" if _trailing(cols, name) == 4 else f"%(keypoints={name})"
             raise DataError(f"{table}: column {name!r} looks like pixel coordinates ({why}) and the images are "

@@ -202,7 +202,9 @@ def _csv_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) ->
             raise DataError(f"{path}: no column {missing[0]!r} in the header {header} (%(labels_columns) names the "
                             "path and label columns)")
         p, lab = header.index(columns[0]), header.index(columns[1])
-        _even(path, rows)
+        for n, r in enumerate(rows[1:], 2):
+            if len(r) != len(header):
+                raise DataError(f"{path}: row {n}: {len(r)} cells, the header has {len(header)}")
         return [(r[p].strip(), r[lab].strip()) for r in rows[1:]]
     if len(header) == 2 and header[0].lower() in PATH_HEADERS and header[1].lower() == "label":
         rows = rows[1:]
@@ -213,13 +215,6 @@ def _csv_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) ->
                             "columns of a wider file with %(labels_columns=PATH,LABEL))")
         out.append((r[0].strip(), r[1].strip()))
     return out
-
-
-def _even(path: Path, rows: list[list[str]]) -> None:
-    """Every row has the header's number of cells (else a DataError naming the first that has not)."""
-    for n, r in enumerate(rows[1:], 2):
-        if len(r) != len(rows[0]):
-            raise DataError(f"{path}: row {n}: {len(r)} cells, the header has {len(rows[0])}")
 
 
 def _json_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) -> list[tuple[str, str]]:

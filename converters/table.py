@@ -313,7 +313,8 @@ def scan_table(table_path: Path, root: Path, config: "ConvertConfig", check_unli
     finish_columns(table, cols, rows, root, bad)  # scans file columns: may find bad rows
     rows = [i for i in range(table.rows) if i not in bad]
 
-    skipped_rows = refuse_bad({_row_key(table, i, paths): msg for i, msg in bad.items()}, skip_bad)
+    # skipped.json names a bad row by its path when it has one, else by its place in the table
+    skipped_rows = refuse_bad({paths[i] or f"{table.path.name}:row {i + 1}": msg for i, msg in bad.items()}, skip_bad)
     if check_unlisted:
         skipped_rows += _unlisted(table, table_path, root, paths, cols, image_kind, config.strict, skip_bad)
     if not rows:
@@ -372,7 +373,8 @@ def _unlisted(table: Table, table_path: Path, root: Path, paths: list[Any], cols
     listed = set(paths[i] for i in range(table.rows) if paths[i]) | {
         c.values[i] for c in cols.values() if c.kind == "file" for i in range(table.rows) if c.values[i]}
     others = [r for r in walk_files(root, {os.path.realpath(table_path)}) if r not in listed]
-    unlisted = drop_non_samples(root, others, lambda r: _is_sample(r, image_kind), strict)
+    suffixes = tuple(IMAGE_EXTENSIONS) if image_kind else (".npy", ".npz")
+    unlisted = drop_non_samples(root, others, lambda r: r.lower().endswith(suffixes), strict)
     msg = {r: f"{root / r}: a sample file that {table_path} does not list (add a row for it, or move it)"
            for r in unlisted}
     return refuse_bad(msg, skip_bad) if msg else []
@@ -390,16 +392,6 @@ def _class_folders(table: Table, root: Path, rels: list[str]) -> bool:
                         "sub-folders, whose names would be the classes (field 'label'); pass %(no_labels=True) for no "
                         "labels from folders, or add a 'label' column to the table")
     return True
-
-
-def _row_key(table: Table, i: int, paths: list[Any]) -> str:
-    """How skipped.json names a bad row: its path when it has one, else the table row."""
-    return paths[i] if paths[i] else f"{table.path.name}:row {i + 1}"
-
-
-def _is_sample(rel: str, image_kind: bool) -> bool:
-    low = rel.lower()
-    return low.endswith(tuple(IMAGE_EXTENSIONS)) if image_kind else low.endswith((".npy", ".npz"))
 
 
 class TableKind:

@@ -232,12 +232,9 @@ def remove_temporary(dst: Path, owned: set[str] | None = None) -> None:
     """Remove half-written files of an earlier or failed run (never a finished shard); with ``owned``
     (a ``--part``'s shard names), only the temporary files of those shards."""
     for e in os.listdir(dst):
-        if TEMPORARY.match(e) and (owned is None or _shard_of_temporary(e) in owned):
+        shard = e.lstrip(".").replace(".partial", "").replace("-lock", "")  # the shard a temporary name is of
+        if TEMPORARY.match(e) and (owned is None or shard in owned):
             _remove(dst / e)
-
-
-def _shard_of_temporary(name: str) -> str:
-    return name.lstrip(".").replace(".partial", "").replace("-lock", "")
 
 
 def remove_shards_except(dst: Path, keep: set[str], owned: set[str] | None = None) -> None:

@@ -339,7 +339,9 @@ def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: P
     rows = {f.name: int(reader.lengths(f.name, np.arange(s.count)).sum()) for f in ragged}
     tmp, final = dst / f".{name}.partial", dst / name
     try:
-        with impl.ShardWriter(tmp, m.fields, s.count, rows, _compression(m), start=start) as w:
+        compression = (m.source or {}).get("compression")
+        with impl.ShardWriter(tmp, m.fields, s.count, rows, None if compression in (None, "none") else str(compression),
+                              start=start) as w:
             for a in range(0, s.count, _READ_ROWS):
                 local = np.arange(a, min(a + _READ_ROWS, s.count))
                 batch, lengths = _read(reader, m, local)
@@ -376,11 +378,6 @@ def _read(reader: Any, m: Manifest, local: np.ndarray) -> tuple[dict[str, np.nda
             outs[f.name] = np.empty((n, *f.trailing), dtype=f.np_dtype)
     reader.read_into(local, np.arange(n), outs)
     return outs, lengths
-
-
-def _compression(m: Manifest) -> str | None:
-    c = (m.source or {}).get("compression")
-    return None if c in (None, "none") else str(c)
 
 
 __all__ = ["MergeReport", "merge"]

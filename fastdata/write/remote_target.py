@@ -103,7 +103,9 @@ class RemoteTarget:
             for name in (part_record_name(*self.part), self.journal_name):
                 self._remove(name)
         elif overwrite:
-            self._remove_ours()
+            for n in sorted(self._names(), key=lambda n: n != MANIFEST_NAME):  # the manifest first: an interrupted
+                if OURS.match(n):  # delete never leaves a dataset that looks complete
+                    self._remove(n)
         if not self.resuming:  # check() set it: resume asked for and a remote journal there
             return set()
         self.staging.mkdir()
@@ -131,12 +133,6 @@ class RemoteTarget:
             self._call(lambda: self.fs.rm_file(join(self.url, name)), join(self.url, name))
         except RemoteNotFoundError:
             pass
-
-    def _remove_ours(self) -> None:
-        """--overwrite: the manifest first, so an interrupted delete never leaves a dataset that looks complete."""
-        for n in sorted(self._names(), key=lambda n: n != MANIFEST_NAME):
-            if OURS.match(n):
-                self._remove(n)
 
     def _journal_bytes(self, shards: list[ShardInfo]) -> bytes:
         lines = [self._head or ""] + [json.dumps(asdict(i), sort_keys=True) for i in shards]
