@@ -28,7 +28,6 @@ __all__ = ["JOURNAL_VERSION", "MAX_JOURNAL_BYTES", "append", "check_same", "fing
 
 JOURNAL_VERSION = 1
 MAX_JOURNAL_BYTES = 1 << 30
-_IDENTITY = ("backend", "shard_size", "compression")  # the options that decide the bytes (WriteOptions.identity)
 
 
 def header(source: Any, options: dict[str, Any], plan: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
@@ -147,8 +146,8 @@ def _parse_entry(raw: bytes) -> ShardInfo | None:
 def check_same(dst: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Refuse to resume when this conversion is not the one the journal describes."""
     why = None
-    for key in _IDENTITY:
-        a, b = old.get("options", {}).get(key), new["options"].get(key)
+    for key, b in new["options"].items():  # the options that decide the bytes (WriteOptions.identity)
+        a = old.get("options", {}).get(key)
         if a != b:
             why = f"it used %({key}={a}), this run %({key}={b})"
             break
