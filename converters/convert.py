@@ -62,9 +62,10 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
             from fastdata.write.ray_engine import import_ray
 
             import_ray()  # before anything is scanned or written: a missing extra is a one-line error
-        from fastdata.write.remote_target import check_not_urls
-
-        check_not_urls([src, labels, meta, *(arrays or {}).values()])
+        for p in (src, labels, meta, *(arrays or {}).values()):
+            if p is not None and is_url(str(p)):
+                raise UsageError(f"{p}: sources must be local files or folders (download it first); only the "
+                                 "destination may be a URL")
     upload = _remote_target(dst, url, config)
     req = None if python else _request(src, labels, arrays, meta, config)
     inputs = req.inputs if req is not None else []

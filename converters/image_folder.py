@@ -55,7 +55,7 @@ from fastdata.write.local import mp_context
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
 
-__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE_SUFFIX", "fixed_shape", "image_arrays",
+__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE_SUFFIX", "image_arrays",
            "image_specs"]
 
 IMAGE_FIELD = "image"
@@ -64,15 +64,6 @@ IMAGE_FIELD = "image"
 ORIGINAL_SIZE_SUFFIX = "_original_size"
 ORIGINAL_SIZE_DTYPE = np.dtype("<i4")
 _SCAN_CHUNK = 32  # files per scan task
-
-
-def fixed_shape(opts: ImageOptions, shapes: np.ndarray) -> tuple[int, int, int] | None:
-    """The one stored shape of raw images when they all share it (always so with ``--size``): they are
-    then stored as a fixed-shape field, read with plain copies. None: mixed sizes, or not raw pixels."""
-    if opts.images != "raw" or len(shapes) == 0 or not bool((shapes == shapes[0]).all()):
-        return None
-    h, w, c = (int(v) for v in shapes[0])
-    return (h, w, c)
 
 
 def image_specs(name: str, opts: ImageOptions, fixed: tuple[int | None, ...] | None = None) -> list[FieldSpec]:
@@ -143,7 +134,7 @@ class ImageFolderSource(FolderSource):
     skipped: list[tuple[str, str]] = field(default_factory=list)
     label_kind: str = "none"
     kind: str = "image-folder"
-    fixed: tuple[int, int, int] | None = None  # every image has this shape: a fixed-shape field
+    fixed: tuple[int, ...] | None = None  # every image has this shape: a fixed-shape field
 
     @classmethod
     def scan(cls, root: Path, opts: ImageOptions, rels: list[str], labels: Labels, skip_bad: bool = False,
@@ -167,7 +158,8 @@ class ImageFolderSource(FolderSource):
         n = len(good)
         usable = [g[0] for g in good]
         shapes = np.array([g[1][0] for g in good], dtype=np.int64).reshape(n, 3)
-        fixed = fixed_shape(opts, shapes)
+        # raw images of one shape (always so with --size) are a fixed-shape field, read with plain copies
+        fixed = tuple(shapes[0].tolist()) if opts.images == "raw" and bool((shapes == shapes[0]).all()) else None
         label_values = labels.of(usable)
         label = [label_field(label_values)] if label_values is not None else []
         return cls(

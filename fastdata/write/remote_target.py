@@ -11,13 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from dataclasses import asdict
 from typing import Any
 
-from fastdata.errors import DestinationBusyError, UsageError
+from fastdata.errors import DestinationBusyError
 from fastdata.format import MANIFEST_NAME, ShardInfo
 from fastdata.format.files import JOURNAL_NAME, OURS, SKIPPED_NAME
 from fastdata.format.spec import KEYS_FILE
@@ -36,7 +35,7 @@ from fastdata.write.destination import (
 from fastdata.write.lock import holder
 from fastdata.write.url_publish import UrlSpec, remove_empty
 
-__all__ = ["RemoteTarget", "check_not_urls"]
+__all__ = ["RemoteTarget"]
 
 log = logging.getLogger(__name__)
 
@@ -178,13 +177,3 @@ class RemoteTarget:
         """The conversion failed: the staging folder goes (``--resume`` starts from the remote journal)."""
         shutil.rmtree(self.staging, ignore_errors=True)
         remove_empty(self.staging.parent)  # (a shard task's staging folder is removed after its upload)
-
-
-def check_not_urls(paths: list[str | os.PathLike[str] | None]) -> None:
-    """Sources are local: a URL there is refused, never read as a folder named ``s3:``."""
-    from fastdata.remote import is_url
-
-    for p in paths:
-        if p is not None and is_url(str(p) if not isinstance(p, str) else p):
-            raise UsageError(f"{p}: sources must be local files or folders (download it first); "
-                             "only the destination may be a URL")
