@@ -33,7 +33,7 @@ from fastdata.write.destination import (
     part_stem,
 )
 from fastdata.write.lock import holder
-from fastdata.write.url_publish import UrlSpec, remove_empty
+from fastdata.write.url_publish import WORKERS_DIR, UrlSpec, remove_empty
 
 __all__ = ["RemoteTarget"]
 
@@ -171,9 +171,9 @@ class RemoteTarget:
         except RemoteError as e:
             log.warning("%s: could not remove the conversion journal: %s", self.url, e)
         shutil.rmtree(self.staging, ignore_errors=True)
-        remove_empty(self.staging.parent)  # (a shard task's staging folder is removed after its upload)
+        remove_empty(self.staging.parent / WORKERS_DIR, self.staging.parent)  # what the shard tasks staged in
 
     def abandon(self) -> None:
         """The conversion failed: the staging folder goes (``--resume`` starts from the remote journal)."""
         shutil.rmtree(self.staging, ignore_errors=True)
-        remove_empty(self.staging.parent)  # (a shard task's staging folder is removed after its upload)
+        remove_empty(self.staging.parent / WORKERS_DIR, self.staging.parent)  # what the shard tasks staged in

@@ -8,6 +8,7 @@ same bytes uploaded twice replace an object with itself, so a retried or duplica
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -25,7 +26,7 @@ from fastdata.remote.retry import with_retries
 from fastdata.remote.url import filesystem, join, root
 from fastdata.write import _fault
 
-_WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
+WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
 
 
 @dataclass(frozen=True)
@@ -119,11 +120,13 @@ def shard_number(name: str) -> int | None:
 def staging_dir(spec: UrlSpec) -> Path:
     """This process's staging folder, ``<cache>/uploads/workers/<host>-<pid>``; folders left by dead
     processes of this host (a killed worker's half-written shard) are removed on the way."""
-    root = (Path(spec.cache_dir) if spec.cache_dir is not None else default_cache_dir()) / "uploads" / _WORKERS_DIR
+    root = (Path(spec.cache_dir) if spec.cache_dir is not None else default_cache_dir()) / "uploads" / WORKERS_DIR
     host = socket.gethostname()
     mine = root / f"{host}-{os.getpid()}"
-    if not mine.is_dir():
-        mine.mkdir(parents=True, exist_ok=True)  # (an empty one is removed after each upload)
+    if not mine.is_dir():  # (removed after each upload, when empty)
+        while not mine.is_dir():  # a conversion ending meanwhile may remove the empty folders above it
+            with contextlib.suppress(FileNotFoundError):
+                mine.mkdir(parents=True, exist_ok=True)
         _sweep_dead(root, host)
     return mine
 
@@ -140,7 +143,7 @@ def _remove_local(tmp: Path) -> None:
     """Remove a local shard file (and an LMDB lock file beside it), and its staging folder once empty."""
     tmp.unlink(missing_ok=True)
     Path(f"{tmp}-lock").unlink(missing_ok=True)
-    remove_empty(tmp.parent, tmp.parent.parent)
+    remove_empty(tmp.parent)
 
 
 def remove_empty(*folders: Path) -> None:
@@ -152,4 +155,4 @@ def remove_empty(*folders: Path) -> None:
             pass
 
 
-__all__ = ["UrlPublisher", "UrlSpec", "remove_empty", "shard_number", "staging_dir"]
+__all__ = ["UrlPublisher", "UrlSpec", "WORKERS_DIR", "remove_empty", "shard_number", "staging_dir"]
