@@ -22,7 +22,6 @@ from fastdata.converters.image_codec import (
     IMAGE_EXTENSIONS,
     ImageOptions,
     Prepared,
-    check_pil_settings,
     is_image_file,
     prepare,
     read_source,
@@ -140,7 +139,6 @@ class ImageFolderSource(FolderSource):
     def scan(cls, root: Path, opts: ImageOptions, rels: list[str], labels: Labels, skip_bad: bool = False,
              workers: int | None = None, progress: Progress | None = None) -> "ImageFolderSource":
         """Convert-check every file ``rels`` under ``root``; bad files raise (or are skipped)."""
-        check_pil_settings()
         expected = ", ".join(sorted(IMAGE_EXTENSIONS))
         bad = {rel: f"{root / rel}: not an image file (expected {expected})" for rel in rels if not is_image_file(rel)}
         check_labelled(root, rels, labels, bad)

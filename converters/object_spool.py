@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from fastdata.converters.config import ConvertConfig
-from fastdata.converters.objects import PROBE_SAMPLES, check_unique, type_name_of
+from fastdata.converters.objects import PROBE_SAMPLES, kept_keys, type_name_of
 from fastdata.converters.sample_fields import infer_schema
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
@@ -127,9 +127,6 @@ def spool_iterable(it: Iterable[Any], path: str, config: ConvertConfig, names: S
             keys.append(key if key is not None else str(i))
             for name, r in rows.items():
                 r.append(int(arrays[name].shape[0]))
-    if not nbytes:
-        raise DataError(f"{type_name}: every sample is bad, e.g. {skipped[0][1]}")
-    use_keys = keys if schema.keyed or skipped else None
-    check_unique(use_keys)
+    use_keys = kept_keys(type_name, keys, schema.keyed, skipped)
     return SpoolSource(path, np.asarray(offsets, dtype=np.int64), schema.fields, np.asarray(nbytes, dtype=np.int64),
                        {k: np.asarray(v, dtype=np.int64) for k, v in rows.items()}, type_name, use_keys, skipped)

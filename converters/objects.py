@@ -31,7 +31,7 @@ from fastdata.world import usable_cpus
 from fastdata.write import Progress
 from fastdata.write.local import mp_context
 
-__all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "check_unique", "is_python_source", "live", "object_source",
+__all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "is_python_source", "kept_keys", "live", "object_source",
            "type_name_of"]
 
 PROBE_SAMPLES = 16  # the schema comes from this many first samples
@@ -279,20 +279,18 @@ def _check_all(src: ObjectSource, config: ConvertConfig, progress: Progress | No
     if bad and not config.skip_bad:
         raise DataError(f"{bad[0][1]} (pass %(skip_bad=True) to skip such samples)")
     good = [(j, key) for j, key, why in results if why is None]
-    if not good:
-        raise DataError(f"{src.type_name}: every sample is bad, e.g. {bad[0][1]}")
-    keys = [key if key is not None else str(j) for j, key in good] if src.schema.keyed or bad else None
-    check_unique(keys)
+    keys = kept_keys(src.type_name, [key if key is not None else str(j) for j, key in good], src.schema.keyed, bad)
     index = np.array([j for j, _ in good], dtype=np.int64) if bad else None
     return replace(src, index=index, count=len(good), keys=keys, skipped=bad)
 
 
-def check_unique(keys: list[str] | None) -> None:
-    """Two samples with the same key: an error before anything is written."""
-    if keys is None or len(set(keys)) == len(keys):
-        return
+def kept_keys(type_name: str, keys: list[str], keyed: bool, skipped: list[tuple[str, str]]) -> list[str] | None:
+    """The keys of the samples kept (None: keyed by index, as when no key was given and none was skipped);
+    no sample kept, or two with one key, is an error before anything is written."""
+    if not keys:
+        raise DataError(f"{type_name}: every sample is bad, e.g. {skipped[0][1]}")
     seen: dict[str, int] = {}
     for i, k in enumerate(keys):
-        if k in seen:
+        if seen.setdefault(k, i) != i:
             raise DataError(f"samples {seen[k]} and {i} have the same key {k!r}")
-        seen[k] = i
+    return keys if keyed or skipped else None
