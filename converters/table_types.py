@@ -127,19 +127,19 @@ def parse_column(table: Table, name: str, raw: list[Any], forced: ColumnType | N
     def fail(i: int, msg: str) -> None:
         bad.setdefault(i, f"{table.where(i, name)}: {msg}")
 
+    def texts() -> list[Any]:  # each cell as text (None where the row is bad): a str column's values
+        return [None if i in bad else "" if v is _MISSING else v if isinstance(v, str) else json.dumps(v)
+                if isinstance(v, list) else str(v) for i, v in enumerate(raw)]
+
     if forced is not None and forced.dtype == "str":
-        col = TypedColumn(name, "str", values=[None] * len(cells))
-        for i in live:
-            v = raw[i]
-            col.values[i] = "" if v is _MISSING else v if isinstance(v, str) else json.dumps(v) if isinstance(v, list) else str(v)
-        return col
+        return TypedColumn(name, "str", values=texts())
     kinds = Counter(_kind(cells[i]) for i in live)
     if forced is None:
         numeric = kinds["int"] + kinds["float"] + kinds["bool"]
         if kinds["list"] and kinds["list"] * 2 > len(live):
             return _list_column(table, name, cells, live, None, None, fail)
         if kinds["str"] + kinds["missing"] and numeric * 2 <= len(live):
-            return _string_column(table, name, raw, cells, live, root, fail)
+            return _string_column(name, texts(), live, root, fail)
         dtype: np.dtype
         if kinds["bool"] == len(live):
             dtype = np.dtype(bool)
@@ -241,15 +241,10 @@ def _list_column(table: Table, name: str, cells: list[Any], live: list[int], dty
     return out
 
 
-def _string_column(table: Table, name: str, raw: list[Any], cells: list[Any], live: list[int], root: Path,
-                   fail: Any) -> TypedColumn:
-    texts: list[Any] = [None] * len(cells)
-    for i in live:
-        v = raw[i]
-        texts[i] = "" if v is _MISSING else v if isinstance(v, str) else json.dumps(v) if isinstance(v, list) else str(v)
-    shown = [texts[i] for i in live]
-    if shown and all(t.lower().endswith(_FILE_SUFFIXES) for t in shown):
-        col = TypedColumn(name, "file", values=[None] * len(cells))
+def _string_column(name: str, texts: list[Any], live: list[int], root: Path, fail: Any) -> TypedColumn:
+    """A column of text, or of files when every cell names one (a relative path under ``root``)."""
+    if live and all(texts[i].lower().endswith(_FILE_SUFFIXES) for i in live):
+        col = TypedColumn(name, "file", values=[None] * len(texts))
         for i in live:
             try:
                 col.values[i] = safe_rel(texts[i], root)
