@@ -60,12 +60,13 @@ class RemoteTarget:
     def _call(self, fn: Any, what: str) -> Any:
         return with_retries(fn, what, time.monotonic() + self.options.timeout)
 
-    def _names(self) -> list[str]:
+    def _sizes(self) -> dict[str, int]:
+        """Every name under the URL with its size, from one listing."""
         try:
-            entries = self._call(lambda: self.fs.ls(self.url, detail=False, refresh=True), self.url)
+            entries = self._call(lambda: self.fs.ls(self.url, detail=True, refresh=True), self.url)
         except RemoteNotFoundError:
-            return []
-        return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
+            return {}
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries}
 
     @property
     def spec(self) -> UrlSpec:
@@ -74,7 +75,7 @@ class RemoteTarget:
 
     def check(self, overwrite: bool, resume: bool) -> None:
         """Refuse what a local destination would refuse (see fastdata/write/destination.py), before any work."""
-        names = self._names()
+        names = list(self._sizes())
         self.resuming = resume and self.journal_name in names  # none (never started, killed before it was
         # uploaded: the journal goes up before any shard): a new conversion, as for a local folder
         if self.part is not None:  # as a shared folder is checked for a part (other parts may be uploading)
@@ -102,7 +103,7 @@ class RemoteTarget:
             for name in (part_record_name(*self.part), self.journal_name):
                 self._remove(name)
         elif overwrite:
-            for n in sorted(self._names(), key=lambda n: n != MANIFEST_NAME):  # the manifest first: an interrupted
+            for n in sorted(self._sizes(), key=lambda n: n != MANIFEST_NAME):  # the manifest first: an interrupted
                 if OURS.match(n):  # delete never leaves a dataset that looks complete
                     self._remove(n)
         if not self.resuming:  # check() set it: resume asked for and a remote journal there
@@ -110,18 +111,8 @@ class RemoteTarget:
         self.staging.mkdir()
         where = join(self.url, self.journal_name)
         raw = self._call(lambda: self.fs.cat_file(where), where).split(b"\n")
-        kept: list[ShardInfo] = []
-        for line in raw[1:]:
-            info = journal._parse_entry(line) if line.strip() else None
-            if info is None:
-                continue
-            where_shard = join(self.url, info.file)
-            try:
-                size = self._call(lambda w=where_shard: self.fs.info(w)["size"], where_shard)
-            except RemoteError:
-                continue
-            if size == info.bytes:
-                kept.append(info)
+        sizes = self._sizes()  # a shard the journal lists is kept when it is there with its size
+        kept = [i for i in map(journal._parse_entry, raw[1:]) if i is not None and sizes.get(i.file) == i.bytes]
         self._head = raw[0].decode("utf-8")
         self.uploaded = kept
         (self.staging / self.journal_name).write_bytes(self._journal_bytes(kept))
