@@ -1,12 +1,6 @@
-"""``fastdata.index``: a dataset that points into existing HDF5, ``.npy`` or Zarr files, no copy.
-
-The index is a folder holding only ``manifest.json`` (backend ``inplace``, fastdata/format/inplace.py):
-``fastdata.open`` and ``fastdata.loader`` read it as they read converted data. Each source file is
-stamped (size, modification time, metadata checksum, a checksum of sampled blocks, optionally a full
-checksum and per-block checksums) so that a file changed later is refused by name at open; a small
-same-size edit between the sampled blocks is found only with ``checksum``: by ``verify --deep``, and by
-the reader, which checks each block as it first reads it. See docs/in-place.md.
-"""
+"""``fastdata.index``: a dataset that points into existing HDF5, ``.npy`` or Zarr files, no copy: a folder
+holding only ``manifest.json`` (backend ``inplace``), each source file stamped so that one changed later is
+refused by name (docs/in-place.md)."""
 
 from __future__ import annotations
 
