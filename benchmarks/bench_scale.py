@@ -121,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         src_bytes = warm_page_cache(src)
         print(f"source: {n} samples, {src_bytes / 1e9:.2f} GB in {src} (generated in {gen_s:.0f} s)", flush=True)
 
-        from fastdata.converters.npy_folder import NpyFolderSource
+        from fastdata.converters import ConvertConfig, Request, detect
 
         t0 = time.perf_counter()
-        NpyFolderSource.scan(src)  # what every --part process repeats, and the Ray driver does once
+        # what every --part process repeats, and the Ray driver does once
+        detect(Request(src)).scan(Request(src), ConvertConfig(), None)
         scan_s = time.perf_counter() - t0
         print(f"scan: {scan_s:.2f} s for {n} files ({n / scan_s:.0f} files/s, page cache warm)", flush=True)
 

@@ -1,12 +1,6 @@
-"""Sources: what ``fastdata.convert`` reads, one module per kind of input, each registered in one table.
-
-Installed as ``fastdata.converters`` (the repository keeps the folder at its top level). A source kind
-(:class:`.registry.SourceKind`) has a ``name``, a ``src_form(src)`` that says what SRC itself is when
-the kind takes it as a whole (a table, a file of named arrays), a ``detect(request)`` that says whether
-it takes the input, and a ``scan(request, config, progress)`` that checks the whole input before
-anything is written and returns the :class:`fastdata.write.Source` the write engine reads. Importing a
-kind's module registers it; adding a source is one module plus its import below. Python objects (a
-Dataset, an iterable, a Hugging Face dataset) are not paths: python_source.py makes their Source.
+"""Sources: what ``fastdata.convert`` reads, one module per kind of input, each registered in one table
+(:mod:`.registry`; adding a source is one module plus its import below). Installed as ``fastdata.converters``.
+Python objects (a Dataset, an iterable, a Hugging Face dataset) are not paths: python_source.py makes their Source.
 """
 
 from __future__ import annotations

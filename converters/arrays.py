@@ -15,8 +15,9 @@ import numpy as np
 
 from fastdata.converters.npy_parse import data_field, read_npy_header
 from fastdata.converters.registry import Request, SrcForm, register
+from fastdata.converters.scan import check_finite
 from fastdata.errors import DataError, UsageError
-from fastdata.format import FieldSpec
+from fastdata.format import LABEL_FIELD, FieldSpec
 from fastdata.handles import PerProcessHandle
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from fastdata.write import Progress
 
 __all__ = ["ArraysKind", "ArraysSource", "RowsSource"]
+
+_FINITE_ROWS = 1 << 20  # label rows checked at a time (the labels .npy is memory-mapped)
 
 
 class RowsSource:
@@ -122,10 +125,16 @@ class ArraysKind:
         if req.labels is not None:
             if req.labels.suffix.lower() != ".npy":
                 raise UsageError(f"{req.labels}: with array sources, %(labels) must be a .npy array")
-            if "label" in named:
+            if LABEL_FIELD in named:
                 raise UsageError("%(labels) and %(arrays) both name the labels (a field 'label')")
-            named["label"] = req.labels
-        return ArraysSource.scan(named)
+            named[LABEL_FIELD] = req.labels
+        source = ArraysSource.scan(named)
+        if not config.allow_nan and LABEL_FIELD in named:
+            path = source.paths[LABEL_FIELD]
+            values = np.load(path, mmap_mode="r", allow_pickle=False)  # checked by scan: a plain numeric .npy
+            for a in range(0, len(values), _FINITE_ROWS):
+                check_finite(values[a:a + _FINITE_ROWS], lambda i, a=a: f"{path}: row {a + i}")
+        return source
 
 
 register(ArraysKind())

@@ -59,6 +59,9 @@ class ConvertConfig:
         if part is not None and not (isinstance(part, tuple) and len(part) == 2
                                      and all(isinstance(v, int) for v in part) and 0 <= part[0] < part[1]):
             raise UsageError(f"%(part) {part!r}: expected (I, N) with 0 <= I < N")
+        if self.overwrite and self.resume:
+            raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, "
+                             "%(overwrite=True) starts over")
         if self.remote is not None and not isinstance(self.remote, RemoteOptions):
             raise UsageError(f"%(remote) must be a RemoteOptions, not {type(self.remote).__name__}")
         object.__setattr__(self, "meta_types", dict(self.meta_types))  # a copy the caller cannot change

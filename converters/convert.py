@@ -1,22 +1,20 @@
 """``fastdata.convert`` and ``fastdata.merge``: the write side's entry points, from Python or the CLI.
 
-``convert`` checks what it is given, asks the source table (fastdata.converters) which kind of input
-it is, lets that kind scan and check every input file, and hands the result to the write engine
-(fastdata.write): into a local folder, one part of it, or a URL. Nothing is written before every
-input is checked, and the source is never modified.
+``convert`` lets the source table (fastdata.converters) find and check every input, then hands the
+result to the write engine (fastdata.write); nothing is written before every input is checked.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from fastdata.converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
 from fastdata.converters.objects import is_python_source
 from fastdata.converters.python_source import python_source
-from fastdata.converters.scan import refuse_non_finite_labels
 from fastdata.errors import FastdataError, UsageError
 from fastdata.remote import is_url
 from fastdata.write import ConvertReport, Progress, Source, write_dataset
@@ -55,52 +53,52 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
     config = config if config is not None else ConvertConfig()
     if not isinstance(config, ConvertConfig):
         raise UsageError(f"%(config) must be a ConvertConfig, not {type(config).__name__}")
-    if is_python_source(src):
-        if labels is not None or arrays or meta is not None:
-            raise UsageError("%(labels), %(arrays) and %(meta) apply to file sources; with Python samples, put "
-                             "those values in each sample")
-        report = _convert_python(src, dst, config, progress, fields, ragged)
-        report.seconds = time.perf_counter() - t0
-        return report
-    if fields is not None or ragged:
-        raise UsageError("%(fields) and %(ragged) apply to Python sources (a Dataset, an iterable), not to paths")
+    python = _is_python(src, config, labels, arrays, meta, fields, ragged)
     url = dst if isinstance(dst, str) and is_url(dst) else None
     if url is None:
         refuse_broken_url(dst)
-    if config.write.engine == "ray":
-        from fastdata.write.ray_engine import import_ray
+    if not python:
+        if config.write.engine == "ray":
+            from fastdata.write.ray_engine import import_ray
 
-        import_ray()  # before anything is scanned or written: a missing extra is a one-line error
-    from fastdata.write.remote_target import check_not_urls
-
-    check_not_urls([src, labels, meta, *(arrays or {}).values()])
+            import_ray()  # before anything is scanned or written: a missing extra is a one-line error
+        for p in (src, labels, meta, *(arrays or {}).values()):
+            if p is not None and is_url(str(p)):
+                raise UsageError(f"{p}: sources must be local files or folders (download it first); only the "
+                                 "destination may be a URL")
     upload = _remote_target(dst, url, config)
-    req = _request(src, labels, arrays, meta, config)
+    req = None if python else _request(src, labels, arrays, meta, config)
+    inputs = req.inputs if req is not None else []
     target = upload.staging if upload is not None else Path(dst)
-    if upload is None:
-        _check_dst(target, req.inputs, config)
-    source = detect(req).scan(req, config, progress)
-    if not config.allow_nan:
-        refuse_non_finite_labels(source, req.labels)
-    check_source(source, config.write, str(req.meta or req.src or next(iter(req.arrays.values()))))
-    report = _write(source, target, upload, req.inputs, config, progress)
+    if upload is None:  # before scanning; a part checks only the sources (DST is shared with other parts)
+        check_dst(target, inputs, config.overwrite or config.part is not None, config.resume and config.part is None)
+    if req is None:
+        scanned: Any = python_source(src, config, progress, fields, ragged, target)
+    else:
+        scanned = nullcontext(detect(req).scan(req, config, progress))
+    with scanned as source:  # the reader's limits are checked before anything is written
+        check_source(source, config.write, type(src).__name__ if req is None else
+                     str(req.meta or req.src or next(iter(req.arrays.values()))))
+        report = _write(source, target, upload, inputs, config, progress)
     report.seconds = time.perf_counter() - t0  # the whole conversion: checking the sources too
     return report
 
 
-def _convert_python(obj: Any, dst: PathLike, config: ConvertConfig, progress: Progress | None,
-                    names: Sequence[str] | None, ragged: Sequence[str]) -> ConvertReport:
-    """Convert Python samples (fastdata/converters/python_source.py) with the same write engine as files."""
-    url = dst if isinstance(dst, str) and is_url(dst) else None
-    if url is None:
-        refuse_broken_url(dst)
-    upload = _remote_target(dst, url, config)
-    target = upload.staging if upload is not None else Path(dst)
-    if upload is None:
-        _check_dst(target, [], config)
-    with python_source(obj, config, progress, names, ragged, target) as source:
-        check_source(source, config.write, type(obj).__name__)  # the reader's limits, before anything is written
-        return _write(source, target, upload, [], config, progress)
+def _is_python(src: Any, config: ConvertConfig, labels: PathLike | None, arrays: Mapping[str, PathLike] | None,
+               meta: PathLike | None, fields: Sequence[str] | None, ragged: Sequence[str]) -> bool:
+    """Whether ``src`` is Python samples (fastdata/converters/python_source.py) rather than paths; the
+    arguments that apply only to the other kind are refused."""
+    if not is_python_source(src):
+        if fields is not None or ragged:
+            raise UsageError("%(fields) and %(ragged) apply to Python sources (a Dataset, an iterable), not to paths")
+        return False
+    if labels is not None or arrays or meta is not None:
+        raise UsageError("%(labels), %(arrays) and %(meta) apply to file sources; with Python samples, put "
+                         "those values in each sample")
+    if config.write.engine == "ray":
+        raise UsageError("Python objects are converted with %(engine=local): Ray workers on other machines cannot "
+                         "reach the object (convert to files first, or use the local engine)")
+    return True
 
 
 def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> RemoteTarget | None:
@@ -111,7 +109,7 @@ def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> Rem
         return None
     from fastdata.write.remote_target import RemoteTarget
 
-    upload = RemoteTarget(url, config.remote, part=config.part, workers_upload=config.write.engine == "ray")
+    upload = RemoteTarget(url, config.remote, part=config.part)
     upload.check(config.overwrite, config.resume)
     return upload
 
@@ -183,44 +181,29 @@ def _table_request(src: Path | None, meta: Path | None, table_src: bool, named: 
     return Request(root, {}, None, meta, table_src)
 
 
-def _check_dst(dst: Path, inputs: list[Path], config: ConvertConfig) -> None:
-    """Before scanning: a whole conversion checks DST fully; a part only the sources (DST is shared)."""
-    if config.part is None:
-        check_dst(dst, inputs, config.overwrite, config.resume)
-    else:
-        check_dst(dst, inputs, overwrite=True)
-
-
 def _write(source: Source, dst: Path, upload: RemoteTarget | None, inputs: list[Path], config: ConvertConfig,
            progress: Progress | None) -> ConvertReport:
-    """Write the scanned ``source``: into the folder ``dst`` (the whole dataset or one part), or to a URL."""
-    if upload is not None:
-        return _write_remote(upload, source, inputs, config, progress)
-    part, overwrite, resume = config.part, config.overwrite, config.resume
-    prepared = (prepare_dst(dst, inputs, overwrite, resume) if part is None
-                else prepare_part_dst(dst, inputs, part, overwrite, resume))
-    with prepared as target:
-        return write_dataset(source, target, config.write, progress)
-
-
-def _write_remote(upload: RemoteTarget, source: Source, inputs: list[Path], config: ConvertConfig,
-                  progress: Progress | None) -> ConvertReport:
-    staging, trusted = upload.prepare(config.overwrite, config.resume)
+    """Write the scanned ``source`` into the folder ``dst`` (the whole dataset or one part), or to a URL
+    through its staging folder (the shard tasks upload their shards; ``upload`` the rest)."""
+    trusted = upload.prepare(config.overwrite, config.resume) if upload is not None else set()
+    overwrite = config.overwrite and upload is None  # a URL's staging folder starts empty
+    prepared = (prepare_dst(dst, inputs, overwrite, config.resume) if config.part is None
+                else prepare_part_dst(dst, inputs, config.part, overwrite, config.resume))
+    if upload is None:
+        with prepared as target:
+            return write_dataset(source, target, config.write, progress)
     try:
-        prepared = (prepare_dst(staging, inputs, False, config.resume) if upload.part is None
-                    else prepare_part_dst(staging, inputs, upload.part, False, config.resume))
         with prepared as target:
             target.on_shard = upload.shard_done
             target.trusted = trusted
-            if upload.workers_upload:  # Ray: each worker uploads the shards it writes
-                target.remote = upload.spec
-                target.on_start = upload.started
+            target.remote = upload.spec  # each shard task uploads the shard it writes
+            target.on_start = upload.started
             report = write_dataset(source, target, config.write, progress)
         upload.finish()
     except FastdataError as e:
         upload.abandon()
         done = len(upload.uploaded)
-        if upload.resumable and not isinstance(e, UsageError):
+        if upload.journal_uploaded and not isinstance(e, UsageError):
             what = (f"{done} finished shard(s) are uploaded to {upload.url}" if done
                     else f"its journal is at {upload.url}")
             raise type(e)(f"{(e.template or str(e)).split('; ')[0]}; {what}: fix the problem, then run the same command with "

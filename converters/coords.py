@@ -1,13 +1,9 @@
-"""Pixel coordinates in a metadata table, kept true when a conversion resizes its images.
+"""Pixel coordinates in a metadata table or Python samples, kept true when a conversion resizes images.
 
-Columns declared as keypoints (``(..., >=2)``: x, y first, in pixels; further columns such as
-visibility untouched) or boxes (``(..., 4)``: x0, y0, x1, y1 in pixels) are mapped exactly as the
-pixels are (:func:`fastdata.converters.image_codec.resize_plan`: scale, then the centre crop's offset)
-and stored as float32. When the conversion resizes, an undeclared numeric column that looks like
-coordinates is refused rather than left pointing at the wrong pixels: one whose name says so
-(keypoints, landmarks, kp, box, bbox, coord, points, joints, ...), or whose last axis has 2, 3 or 4
-values that all lie inside their image (at least one above 1, so normalised values and flags pass).
-Without a resize nothing moves, so nothing is refused.
+Declared keypoints (x, y first) and boxes (x0, y0, x1, y1) are mapped as the pixels are
+(:func:`fastdata.converters.image_codec.resize_plan`) and stored as float32. When the conversion resizes,
+an undeclared numeric field that looks like coordinates (by its name, or values inside each image) is
+refused rather than left pointing at the wrong pixels (docs/convert.md).
 """
 
 from __future__ import annotations
@@ -49,7 +45,7 @@ def rescale(a: np.ndarray, kind: str, original: Sequence[int], opts: ImageOption
 def _trailing(cols: "TableColumns", name: str) -> int | None:
     """The length of a numeric column's last axis (None: a scalar, a 1-D ragged list, a string or a file column)."""
     f = next((f for f in cols.fields if f.name == name), None)
-    if f is None or name not in cols.values or name in cols.strings or np.dtype(f.dtype).kind not in "iuf" \
+    if f is None or name not in cols.values or np.dtype(f.dtype).kind not in "iuf" \
             or not f.shape:
         return None
     return f.shape[-1]
@@ -71,11 +67,6 @@ def check_declared(lasts: Mapping[str, int | None], keypoints: Sequence[str], bo
             last = lasts[name]
             if last is None or (last < 2 if flag == "keypoints" else last != 4):
                 raise DataError(bad(flag, name, need))
-
-
-def _looks_like(cols: "TableColumns", name: str, originals: np.ndarray) -> str | None:
-    """Why column ``name`` looks like pixel coordinates, or None."""
-    return looks_like(name, _trailing(cols, name), cols.values[name], originals)
 
 
 def looks_like(name: str, last: int | None, rows: Iterable[Any], originals: Iterable[Sequence[int]]) -> str | None:
@@ -116,7 +107,7 @@ def rescale_columns(table: str, cols: "TableColumns", columns: Sequence[str], or
     for name in cols.values:
         if name in declared:
             continue
-        why = _looks_like(cols, name, originals)
+        why = looks_like(name, _trailing(cols, name), cols.values[name], originals)
         if why is not None:
             say = f"%(keypoints={name}), %(boxes={name})" if _trailing(cols, name) == 4 else f"%(keypoints={name})"
             raise DataError(f"{table}: column {name!r} looks like pixel coordinates ({why}) and the images are "

@@ -1,10 +1,6 @@
-"""Arrays inside HDF5 files (one, or a glob of several) or a Zarr store, as conversion sources.
-
-``fastdata convert data.h5 DST --field x=/images --field label=/labels``: each field is a dataset
-(HDF5) or an array (Zarr) whose first axis is the sample axis; every field agrees on it, and the
-files of a glob follow one another. Layouts are checked before anything is written
-(fastdata/format/arrayinfo.py, shared with ``fastdata index``); handles open lazily, once per
-worker process, and are dropped when a part is pickled.
+"""Arrays inside HDF5 files (one, or a glob of several) or a Zarr store, as conversion sources: each field an
+array whose first axis is the sample axis, the files of a glob one after another. Handles open lazily, once
+per worker process.
 """
 
 from __future__ import annotations
@@ -20,10 +16,11 @@ import numpy as np
 from fastdata.converters.arrays import RowsSource
 from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, register
 from fastdata.errors import DataError, UsageError
-from fastdata.format import FieldSpec, make_field
-from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, open_zarr, zarr_info
-from fastdata.format.external import ZARR_META, native
+from fastdata.format import FieldSpec
+from fastdata.format.arrayinfo import open_zarr
+from fastdata.format.external import ZARR_META
 from fastdata.handles import PerProcessHandle
+from fastdata.write.inplace import plan_part
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
@@ -64,15 +61,12 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
     classes: list[str] | None = None
     skipped: list[tuple[str, str]] = field(default_factory=list)
     kind: str = ""
+    fmt: ClassVar[str]  # the format write/inplace.py reads the layout of: hdf5 or zarr
     default_arrays: ClassVar[Mapping[str, str]] = {}  # the fields when none are named (none: they must be)
 
     @staticmethod
     def _paths(src: str) -> list[str]:  # pragma: no cover - abstract
         """The files SRC names, each checked to exist (a one-line UsageError if not)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def _info(path: str, array: str) -> ArrayInfo:  # pragma: no cover - abstract
         raise NotImplementedError
 
     @classmethod
@@ -82,25 +76,12 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
 
     @classmethod
     def scan(cls, paths: list[str], arrays: Mapping[str, str]) -> Self:
-        """Check every field of every file (shapes, types, sample counts) before anything is read."""
+        """Check every field of every file (shapes, types, sample counts) before anything is read, as an in-place
+        index of them would."""
         if not arrays:
             raise UsageError(f"{paths[0]}: name the arrays to convert, e.g. --field x=/images --field label=/labels")
         specs: dict[str, FieldSpec] = {}
-        counts = []
-        for path in paths:
-            n, first = None, ""
-            for name, array in arrays.items():
-                where = f"{path}: {array}" if array else path
-                info = cls._info(path, array)
-                spec = make_field(name, native(info.dtype, where), info.shape[1:])
-                if specs.setdefault(name, spec) != spec:
-                    raise DataError(f"{where}: field {name!r} is {spec.np_dtype}{list(spec.shape)}, in the first "
-                                    f"file {specs[name].np_dtype}{list(specs[name].shape)}")
-                if n is None:
-                    n, first = info.shape[0], where
-                elif info.shape[0] != n:
-                    raise DataError(f"{where}: has {info.shape[0]} samples but {first} has {n}")
-            counts.append(int(n or 0))
+        counts = [plan_part(cls.fmt, path, arrays, {}, specs)[1] for path in paths]
         return cls(paths=paths, arrays=dict(arrays), counts=counts, fields=list(specs.values()), count=sum(counts))
 
     def __len__(self) -> int:
@@ -130,6 +111,7 @@ class H5Source(_ArrayFilesSource):
     """Datasets of one or more HDF5 files (any chunking and filter h5py and hdf5plugin read)."""
 
     kind: str = "hdf5"
+    fmt: ClassVar[str] = "hdf5"
 
     @staticmethod
     def _paths(src: str) -> list[str]:
@@ -137,10 +119,6 @@ class H5Source(_ArrayFilesSource):
         if not paths or not all(Path(p).is_file() for p in paths):
             raise UsageError(f"{src}: no such file" + (" (the pattern matches none)" if not paths else ""))
         return paths
-
-    @staticmethod
-    def _info(path: str, array: str) -> ArrayInfo:
-        return hdf5_info(path, array)
 
     def _open_handle(self) -> list[dict[str, Any]]:
         import h5py
@@ -166,6 +144,7 @@ class ZarrSource(_ArrayFilesSource):
     """Arrays of a Zarr (v2 or v3) store: the store itself (field ``x``) or arrays of a group."""
 
     kind: str = "zarr"
+    fmt: ClassVar[str] = "zarr"
     default_arrays: ClassVar[Mapping[str, str]] = {DEFAULT_FIELD: ""}  # the store itself is an array
 
     @staticmethod
@@ -173,10 +152,6 @@ class ZarrSource(_ArrayFilesSource):
         if not detect_zarr(src):
             raise UsageError(f"{src}: not a Zarr store (no .zarray, .zgroup or zarr.json)")
         return [src]
-
-    @staticmethod
-    def _info(path: str, array: str) -> ArrayInfo:
-        return zarr_info(path, array)
 
     def _open_handle(self) -> list[dict[str, Any]]:
         return [{name: _RowCache(open_zarr(p, a)) for name, a in self.arrays.items()} for p in self.paths]

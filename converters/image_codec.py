@@ -1,10 +1,8 @@
 """One source image -> what an image dataset stores: checks, orientation, colour, resize, encoding.
 
-Every image is opened with PIL and fully decoded (a truncated file raises; fastdata never
-sets ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES``), turned upright by its EXIF orientation,
-converted to 8-bit ``RGB`` or ``L`` (alpha composited on black, 16-bit reduced to the high
-byte), resized if asked, and returned as raw pixels or as encoded bytes. The same file
-and options always give the same bytes.
+Every image is fully decoded (a truncated file raises), turned upright by its EXIF orientation, converted to
+8-bit ``RGB`` or ``L``, resized if asked, and returned as raw pixels or encoded bytes: the same file and
+options always give the same bytes (docs/convert.md).
 """
 
 from __future__ import annotations
@@ -18,14 +16,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from PIL import Image, ImageFile, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from fastdata.errors import DataError, UsageError
 from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
 __all__ = ["DEFAULT_QUALITY", "IMAGE_EXTENSIONS", "ImageOptions", "OPEN_FORMATS", "PNG_COMPRESS_LEVEL", "Prepared",
-           "RESAMPLE", "ResizePlan", "check_pil_settings", "encode", "is_image_file", "prepare", "prepare_bytes",
+           "RESAMPLE", "ResizePlan", "check_pil_settings", "encode_image", "is_image_file", "prepare", "prepare_bytes",
            "prepare_image", "read_source", "resize", "resize_plan", "to_mode"]
 
 log = logging.getLogger(__name__)
@@ -141,7 +139,7 @@ def prepare_bytes(data: bytes, where: str, opts: ImageOptions) -> Prepared:
         if opts.images == "encoded" and im.format in ("JPEG", "MPO") and im.mode == opts.mode and orientation == 1:
             shape = (im.height, im.width, opts.channels)
             return Prepared(np.frombuffer(data, dtype=np.uint8), shape, CODEC_JPEG, True, crc, shape[:2])
-        out = prepare_image(_transpose(im, orientation), where, opts)
+        out = prepare_image(ImageOps.exif_transpose(im) if orientation != 1 else im, where, opts)
     finally:
         im.close()
     return Prepared(out.payload, out.shape, out.codec, False, crc, out.original)
@@ -157,7 +155,7 @@ def prepare_image(im: Image.Image, where: str, opts: ImageOptions) -> Prepared:
         if opts.images == "raw":
             return Prepared(np.asarray(out, dtype=np.uint8).reshape(shape), shape, 0, False, 0, original)
         codec = CODEC_JPEG if opts.images == "jpeg" or opts.quality is not None else CODEC_PNG
-        payload = np.frombuffer(encode(out, codec, opts.quality), dtype=np.uint8)
+        payload = np.frombuffer(encode_image(out, codec, opts.quality), dtype=np.uint8)
     except (OSError, ValueError) as e:  # PIL cannot convert or encode this image
         raise DataError(f"{where}: cannot convert ({type(e).__name__}: {e})") from None
     return Prepared(payload, shape, codec, False, 0, original)
@@ -209,25 +207,7 @@ def _orientation(path: str, im: Image.Image) -> int:
         return 1
     for w in caught:
         log.warning("%s: %s", path, str(w.message).strip())
-    return value if isinstance(value, int) and value in _TRANSPOSE else 1
-
-
-_TRANSPOSE = {
-    1: None,
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-
-
-def _transpose(im: Image.Image, orientation: int) -> Image.Image:
-    """Apply an EXIF orientation (1-8), as ``PIL.ImageOps.exif_transpose`` does."""
-    method = _TRANSPOSE[orientation]
-    return im if method is None else im.transpose(method)
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
 def to_mode(im: Image.Image, mode: str) -> Image.Image:
@@ -285,7 +265,7 @@ def resize(im: Image.Image, opts: ImageOptions) -> Image.Image:
     return im
 
 
-def encode(im: Image.Image, codec: int, quality: int | None) -> bytes:
+def encode_image(im: Image.Image, codec: int, quality: int | None) -> bytes:
     """PNG (lossless) or JPEG at ``quality`` (default 90), without metadata: deterministic bytes."""
     buf = io.BytesIO()
     if codec == CODEC_JPEG:

@@ -1,9 +1,8 @@
 """Image folders -> samples: ImageFolder layout (``root/<class>/<file>``) or a flat folder + labels file.
 
-The scan converts every image once, in parallel processes, to validate it (a truncated file
-is caught here, before a byte is written) and to learn its stored shape and size, which the
-shard plan needs. Writing converts each image again in the shard workers; the result is the
-same bytes (conversion is deterministic), and a source file that changed in between is an error.
+The scan converts every image once, in parallel, to validate it and learn its stored shape and size (the
+shard plan needs them); the shard workers convert it again (deterministic: the same bytes), and a source
+file that changed in between is an error.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import numpy as np
 from fastdata.converters.image_codec import (
     IMAGE_EXTENSIONS,
     ImageOptions,
-    check_pil_settings,
+    Prepared,
     is_image_file,
     prepare,
     read_source,
@@ -30,9 +29,10 @@ from fastdata.converters.image_codec import (
 from fastdata.converters.registry import Request, SrcForm, register
 from fastdata.converters.scan import (
     FolderSource,
+    Labels,
     check_labelled,
     drop_non_samples,
-    find_and_label,
+    find_labels,
     label_field,
     refuse_bad,
 )
@@ -54,7 +54,8 @@ from fastdata.write.local import mp_context
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
 
-__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE_SUFFIX", "fixed_shape", "image_fields"]
+__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE_SUFFIX", "image_arrays",
+           "image_specs"]
 
 IMAGE_FIELD = "image"
 # A conversion that resizes stores each image's upright size before the resize as "<image>_original_size"
@@ -64,35 +65,36 @@ ORIGINAL_SIZE_DTYPE = np.dtype("<i4")
 _SCAN_CHUNK = 32  # files per scan task
 
 
-def fixed_shape(opts: ImageOptions, shapes: np.ndarray) -> tuple[int, int, int] | None:
-    """The one stored shape of raw images when they all share it (always so with ``--size``): they are
-    then stored as a fixed-shape field, read with plain copies. None: mixed sizes, or not raw pixels."""
-    if opts.images != "raw" or len(shapes) == 0 or not bool((shapes == shapes[0]).all()):
-        return None
-    h, w, c = (int(v) for v in shapes[0])
-    return (h, w, c)
-
-
-def image_fields(opts: ImageOptions, labels: np.ndarray | None,
-                 fixed: tuple[int, int, int] | None = None) -> list[FieldSpec]:
-    """The schema an image conversion writes (see docs/format.md, "Image fields"); ``fixed``: the
-    shape every raw image has (:func:`fixed_shape`). A conversion that resizes adds the original sizes."""
+def image_specs(name: str, opts: ImageOptions, fixed: tuple[int | None, ...] | None = None) -> list[FieldSpec]:
+    """The fields image field ``name`` is stored as (docs/format.md, "Image fields"): one fixed-shape field
+    when every image is raw pixels of shape ``fixed``, else payload and shape (and codec, when encoded);
+    a conversion that resizes adds each image's original size."""
     spec = ImageSpec(mode=opts.mode)
     if fixed is not None:
-        fields = [make_field(IMAGE_FIELD, "|u1", fixed, image=spec)]
+        fields = [make_field(name, "|u1", fixed, image=spec)]
     else:
         encoding = ENCODING_PIXELS if opts.images == "raw" else ENCODING_IMAGE
-        fields = [
-            make_field(IMAGE_FIELD, "|u1", (None,), encoding=encoding, image=spec),
-            make_field(IMAGE_FIELD + SHAPE_SUFFIX, SHAPE_DTYPE, (3,)),
-        ]
+        fields = [make_field(name, "|u1", (None,), encoding=encoding, image=spec),
+                  make_field(name + SHAPE_SUFFIX, SHAPE_DTYPE, (3,))]
         if encoding == ENCODING_IMAGE:
-            fields.append(make_field(IMAGE_FIELD + CODEC_SUFFIX, CODEC_DTYPE, ()))
+            fields.append(make_field(name + CODEC_SUFFIX, CODEC_DTYPE, ()))
     if opts.resizes:
-        fields.append(make_field(IMAGE_FIELD + ORIGINAL_SIZE_SUFFIX, ORIGINAL_SIZE_DTYPE, (2,)))
-    if labels is not None:
-        fields.append(label_field(labels))
+        fields.append(make_field(name + ORIGINAL_SIZE_SUFFIX, ORIGINAL_SIZE_DTYPE, (2,)))
     return fields
+
+
+def image_arrays(name: str, p: Prepared, opts: ImageOptions, fixed: bool) -> dict[str, np.ndarray]:
+    """What one converted image is stored as: the fields :func:`image_specs` names."""
+    out: dict[str, np.ndarray]
+    if fixed:
+        out = {name: p.payload.reshape(p.shape)}
+    else:
+        out = {name: p.payload.reshape(-1), name + SHAPE_SUFFIX: np.asarray(p.shape, dtype=SHAPE_DTYPE)}
+        if opts.images != "raw":
+            out[name + CODEC_SUFFIX] = np.asarray(p.codec, dtype=np.uint8)
+    if opts.resizes:
+        out[name + ORIGINAL_SIZE_SUFFIX] = np.asarray(p.original, dtype=ORIGINAL_SIZE_DTYPE)
+    return out
 
 
 def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[Any, ...]]:
@@ -131,28 +133,15 @@ class ImageFolderSource(FolderSource):
     skipped: list[tuple[str, str]] = field(default_factory=list)
     label_kind: str = "none"
     kind: str = "image-folder"
-    fixed: tuple[int, int, int] | None = None  # every image has this shape: a fixed-shape field
+    fixed: tuple[int, ...] | None = None  # every image has this shape: a fixed-shape field
 
     @classmethod
-    def scan(
-        cls,
-        root: Path,
-        opts: ImageOptions,
-        labels_file: Path | None = None,
-        no_labels: bool = False,
-        skip_bad: bool = False,
-        workers: int | None = None,
-        progress: Progress | None = None,
-        rels: list[str] | None = None,
-        labels_columns: tuple[str, str] | None = None,
-    ) -> "ImageFolderSource":
-        """Find, label and convert-check every file under ``root``; bad files raise (or are skipped)."""
-        check_pil_settings()
-        rels, labels = find_and_label(root, labels_file, no_labels, "images", rels, labels_columns)
-
+    def scan(cls, root: Path, opts: ImageOptions, rels: list[str], labels: Labels, skip_bad: bool = False,
+             workers: int | None = None, progress: Progress | None = None) -> "ImageFolderSource":
+        """Convert-check every file ``rels`` under ``root``; bad files raise (or are skipped)."""
         expected = ", ".join(sorted(IMAGE_EXTENSIONS))
         bad = {rel: f"{root / rel}: not an image file (expected {expected})" for rel in rels if not is_image_file(rel)}
-        check_labelled(root, rels, labels, labels_file, bad)
+        check_labelled(root, rels, labels, bad)
         todo = [r for r in rels if r not in bad]
         results = _scan_all(str(root), todo, opts, workers, progress)
         good = []
@@ -167,7 +156,10 @@ class ImageFolderSource(FolderSource):
         n = len(good)
         usable = [g[0] for g in good]
         shapes = np.array([g[1][0] for g in good], dtype=np.int64).reshape(n, 3)
-        fixed = fixed_shape(opts, shapes)
+        # raw images of one shape (always so with --size) are a fixed-shape field, read with plain copies
+        fixed = tuple(shapes[0].tolist()) if opts.images == "raw" and bool((shapes == shapes[0]).all()) else None
+        label_values = labels.of(usable)
+        label = [label_field(label_values)] if label_values is not None else []
         return cls(
             root=str(root),
             opts=opts,
@@ -179,8 +171,8 @@ class ImageFolderSource(FolderSource):
             crcs=np.array([g[1][4] for g in good], dtype=np.uint32),
             originals=np.array([g[1][5] for g in good], dtype=ORIGINAL_SIZE_DTYPE).reshape(n, 2),
             file_sizes=np.array([g[1][6] for g in good], dtype=np.int64),
-            labels=labels.of(usable),
-            fields=image_fields(opts, labels.of(usable), fixed),
+            labels=label_values,
+            fields=image_specs(IMAGE_FIELD, opts, fixed) + label,
             classes=labels.classes,
             skipped=skipped,
             label_kind=labels.kind,
@@ -203,24 +195,15 @@ class ImageFolderSource(FolderSource):
         path = os.path.join(self.root, self.rels[i])
         if self.kept[i]:
             data = read_source(path)
-            payload, crc = np.frombuffer(data, dtype=np.uint8), zlib.crc32(data)
+            p = Prepared(np.frombuffer(data, dtype=np.uint8), tuple(self.shapes[i].tolist()), int(self.codecs[i]), True,
+                         zlib.crc32(data), tuple(self.originals[i].tolist()))
         else:
             p = prepare(path, self.opts)
-            payload, crc = p.payload, p.crc
-        if crc != self.crcs[i]:
+        if p.crc != self.crcs[i]:
             raise DataError(f"{path}: changed during the conversion; convert again")
-        if payload.nbytes != self.nbytes[i]:  # same file, other bytes: conversion is not deterministic here
-            raise FastdataError(f"{path}: converted to {payload.nbytes} bytes, {self.nbytes[i]} at scan time")
-        sample: dict[str, np.ndarray]
-        if self.fixed is not None:
-            sample = {IMAGE_FIELD: payload.reshape(self.fixed)}
-        else:
-            sample = {IMAGE_FIELD: payload.reshape(-1), IMAGE_FIELD + SHAPE_SUFFIX: self.shapes[i].copy()}
-            if self.opts.images != "raw":
-                sample[IMAGE_FIELD + CODEC_SUFFIX] = np.asarray(self.codecs[i], dtype=np.uint8)
-        if self.opts.resizes:
-            sample[IMAGE_FIELD + ORIGINAL_SIZE_SUFFIX] = self.originals[i].copy()
-        return self.labelled(sample, i)
+        if p.payload.nbytes != self.nbytes[i]:  # same file, other bytes: conversion is not deterministic here
+            raise FastdataError(f"{path}: converted to {p.payload.nbytes} bytes, {self.nbytes[i]} at scan time")
+        return self.labelled(image_arrays(IMAGE_FIELD, p, self.opts, self.fixed is not None), i)
 
     def describe(self) -> dict[str, Any]:
         codecs = Counter(CODECS.get(int(c), "pixels") for c in self.codecs)
@@ -269,10 +252,9 @@ class ImageFolderKind:
     def scan(self, req: Request, config: "ConvertConfig", progress: Progress | None) -> ImageFolderSource:
         assert req.src is not None
         rels = drop_non_samples(req.src, req.files, is_image_file, config.strict)
-        return ImageFolderSource.scan(req.src, config.images or ImageOptions(), labels_file=req.labels,
-                                      no_labels=config.no_labels, skip_bad=config.skip_bad,
-                                      workers=config.write.workers, progress=progress, rels=rels,
-                                      labels_columns=config.labels_columns)
+        labels = find_labels(req.src, rels, "images", req.labels, config)
+        return ImageFolderSource.scan(req.src, config.images or ImageOptions(), rels, labels, config.skip_bad,
+                                      config.write.workers, progress)
 
 
 register(ImageFolderKind())

@@ -1,9 +1,5 @@
-"""``.npy`` sources: a folder of per-sample ``.npy``/``.npz`` files, or large arrays.
-
-A source scans and validates everything first (headers only, cheap), so bad input is
-reported before a byte is written. ``part(start, stop)`` gives a small picklable slice
-that a worker process reads samples from.
-"""
+"""A folder of per-sample ``.npy``/``.npz`` files as a source: every header checked at scan (cheap),
+before a byte is written."""
 
 from __future__ import annotations
 
@@ -27,9 +23,10 @@ from fastdata.converters.npy_parse import (
 from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, register
 from fastdata.converters.scan import (
     FolderSource,
+    Labels,
     check_labelled,
     drop_non_samples,
-    find_and_label,
+    find_labels,
     label_field,
     refuse_bad,
 )
@@ -98,16 +95,13 @@ class NpyFolderSource(FolderSource):
     kind: str = "npy-folder"
 
     @classmethod
-    def scan(cls, root: Path, labels_file: Path | None = None, no_labels: bool = False, skip_bad: bool = False,
-             rels: list[str] | None = None, labels_columns: tuple[str, str] | None = None) -> "NpyFolderSource":
-        """``rels``: the files under ``root`` if already walked (:func:`.scan.walk_files`)."""
-        rels, labels = find_and_label(root, labels_file, no_labels, ".npy or .npz samples", rels, labels_columns)
-
+    def scan(cls, root: Path, rels: list[str], labels: Labels, skip_bad: bool = False) -> "NpyFolderSource":
+        """Check the header of every file ``rels`` under ``root``; bad files raise (or are skipped)."""
         bad: dict[str, str] = {}
         suffix = Counter(Path(r).suffix.lower() for r in rels)
         main = ".npz" if suffix[".npz"] > suffix[".npy"] else ".npy"
         good = _headers(root, rels, main, bad)
-        check_labelled(root, rels, labels, labels_file, bad)
+        check_labelled(root, rels, labels, bad)
         good = [g for g in good if g[0] not in bad]
         if good:
             # The signature most files share is the reference (ties: the first file's; a Counter
@@ -132,9 +126,8 @@ class NpyFolderSource(FolderSource):
             firsts = {g[1][name].shape[0] for g in good} if h.shape else {None}
             shape = (None, *h.shape[1:]) if len(firsts) > 1 else h.shape
             fields.append(data_field(name, h.dtype, shape, str(root / good[0][0])))
-        if labels.by_path is not None:
-            if any(f.name == LABEL_FIELD for f in fields):
-                raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass %(no_labels=True)")
+        if labels.by_path is not None and any(f.name == LABEL_FIELD for f in fields):
+            raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass %(no_labels=True)")
         usable = [g[0] for g in good]
         label_values = labels.of(usable)
         if label_values is not None:
@@ -144,7 +137,7 @@ class NpyFolderSource(FolderSource):
             rels=usable,
             sizes=[g[2] for g in good],
             headers=[g[1] for g in good],
-            labels=labels.of(usable),
+            labels=label_values,
             fields=fields,
             classes=labels.classes,
             npz=main == ".npz",
@@ -195,8 +188,8 @@ class NpyFolderKind:
         if config.images is not None:
             raise UsageError(f"{req.src}: image options (%(images)) given, but the folder holds no images")
         rels = drop_non_samples(req.src, req.files, lambda r: r.lower().endswith((".npy", ".npz")), config.strict)
-        return NpyFolderSource.scan(req.src, labels_file=req.labels, no_labels=config.no_labels,
-                                    skip_bad=config.skip_bad, rels=rels, labels_columns=config.labels_columns)
+        labels = find_labels(req.src, rels, ".npy or .npz samples", req.labels, config)
+        return NpyFolderSource.scan(req.src, rels, labels, config.skip_bad)
 
 
 register(NpyFolderKind())

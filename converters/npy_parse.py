@@ -1,9 +1,5 @@
-"""Safe ``.npy`` / ``.npz`` header handling: dtype, shape and data offset, never pickle.
-
-Headers are parsed with numpy's own literal parser (no code runs), object arrays are
-refused, and the file size is checked against the header so a truncated file is caught
-at scan time, before anything is written.
-"""
+"""Safe ``.npy`` / ``.npz`` header handling: dtype, shape and data offset, never pickle; a file size that
+disagrees with its header (truncated) is caught at scan time."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from fastdata.converters.config import ConvertConfig
-from fastdata.converters.objects import PROBE_SAMPLES, check_unique, type_name_of
-from fastdata.converters.sample_fields import coordinates, infer_schema
+from fastdata.converters.objects import PROBE_SAMPLES, kept_keys, type_name_of
+from fastdata.converters.sample_fields import infer_schema
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.handles import PerProcessHandle
@@ -107,7 +107,7 @@ def spool_iterable(it: Iterable[Any], path: str, config: ConvertConfig, names: S
     head = list(itertools.islice(samples, PROBE_SAMPLES))
     if not head:
         raise UsageError(f"{type_name}: has no samples")
-    schema = infer_schema(head, names, config.images, ragged, config.skip_bad, coordinates(config))
+    schema = infer_schema(head, names, ragged, config)
     offsets, nbytes, keys, skipped = [0], [], [], []
     rows: dict[str, list[int]] = {f.name: [] for f in schema.fields if f.ragged}
     with open(path, "wb") as out:
@@ -127,9 +127,6 @@ def spool_iterable(it: Iterable[Any], path: str, config: ConvertConfig, names: S
             keys.append(key if key is not None else str(i))
             for name, r in rows.items():
                 r.append(int(arrays[name].shape[0]))
-    if not nbytes:
-        raise DataError(f"{type_name}: every sample is bad, e.g. {skipped[0][1]}")
-    use_keys = keys if schema.keyed or skipped else None
-    check_unique(use_keys)
+    use_keys = kept_keys(type_name, keys, schema.keyed, skipped)
     return SpoolSource(path, np.asarray(offsets, dtype=np.int64), schema.fields, np.asarray(nbytes, dtype=np.int64),
                        {k: np.asarray(v, dtype=np.int64) for k, v in rows.items()}, type_name, use_keys, skipped)

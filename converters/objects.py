@@ -1,11 +1,8 @@
-"""Python objects as sources: a map-style Dataset (anything with ``__len__``/``__getitem__``), a Hugging Face
-``datasets.Dataset`` (read through its Arrow table) or an iterable of samples (fastdata/converters/object_spool.py).
+"""Python objects as sources: a map-style Dataset (``__len__``/``__getitem__``) or a Hugging Face dataset
+(read through its Arrow table), read in the write engine's worker processes; iterables: object_spool.py.
 
-A map-style object is read in the write engine's worker processes, each writing its own shards: forked
-workers use the object they inherit, spawned ones unpickle it once from a file written once. The schema
-comes from the first samples (converters/sample_fields.py); every sample is checked against it where it is
-written. Samples with a ``key``, or ``skip_bad``, need one check pass over every sample first (the keys and
-the skipped samples must be known before the shards are planned).
+The schema comes from the first samples (sample_fields.py). Samples with a ``key``, or ``skip_bad``, need
+one check pass over every sample first: the keys and the skipped samples must be known before the plan.
 """
 
 from __future__ import annotations
@@ -27,14 +24,14 @@ import numpy as np
 
 from fastdata.converters.arrow_rows import BATCH_ROWS, ArrowRows, is_arrow
 from fastdata.converters.config import ConvertConfig
-from fastdata.converters.sample_fields import SampleSchema, coordinates, infer_schema
+from fastdata.converters.sample_fields import SampleSchema, infer_schema
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.world import usable_cpus
 from fastdata.write import Progress
 from fastdata.write.local import mp_context
 
-__all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "check_unique", "is_python_source", "live", "object_source",
+__all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "is_python_source", "kept_keys", "live", "object_source",
            "type_name_of"]
 
 PROBE_SAMPLES = 16  # the schema comes from this many first samples
@@ -186,7 +183,7 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
         raise UsageError(f"{type_name_of(obj)}: has no samples")
     src = ObjectSource(ref, SampleSchema((), None, False), n, 0, type_name_of(obj), arrow)
     first = _probe(src, min(n, PROBE_SAMPLES), config.skip_bad)
-    schema = infer_schema(first, names, config.images, ragged, config.skip_bad, coordinates(config))
+    schema = infer_schema(first, names, ragged, config)
     encoded = []
     for j, s in first:
         try:
@@ -282,20 +279,18 @@ def _check_all(src: ObjectSource, config: ConvertConfig, progress: Progress | No
     if bad and not config.skip_bad:
         raise DataError(f"{bad[0][1]} (pass %(skip_bad=True) to skip such samples)")
     good = [(j, key) for j, key, why in results if why is None]
-    if not good:
-        raise DataError(f"{src.type_name}: every sample is bad, e.g. {bad[0][1]}")
-    keys = [key if key is not None else str(j) for j, key in good] if src.schema.keyed or bad else None
-    check_unique(keys)
+    keys = kept_keys(src.type_name, [key if key is not None else str(j) for j, key in good], src.schema.keyed, bad)
     index = np.array([j for j, _ in good], dtype=np.int64) if bad else None
     return replace(src, index=index, count=len(good), keys=keys, skipped=bad)
 
 
-def check_unique(keys: list[str] | None) -> None:
-    """Two samples with the same key: an error before anything is written."""
-    if keys is None or len(set(keys)) == len(keys):
-        return
+def kept_keys(type_name: str, keys: list[str], keyed: bool, skipped: list[tuple[str, str]]) -> list[str] | None:
+    """The keys of the samples kept (None: keyed by index, as when no key was given and none was skipped);
+    no sample kept, or two with one key, is an error before anything is written."""
+    if not keys:
+        raise DataError(f"{type_name}: every sample is bad, e.g. {skipped[0][1]}")
     seen: dict[str, int] = {}
     for i, k in enumerate(keys):
-        if k in seen:
+        if seen.setdefault(k, i) != i:
             raise DataError(f"samples {seen[k]} and {i} have the same key {k!r}")
-        seen[k] = i
+    return keys if keyed or skipped else None

@@ -44,9 +44,6 @@ def python_source(obj: Any, config: ConvertConfig, progress: Progress | None, na
                   ragged: Sequence[str], dst: Path) -> Iterator[Source]:
     """The Source of ``obj``, valid while the context lasts (the object stays reachable from the workers; an
     iterable's spool, beside ``dst``, exists)."""
-    if config.write.engine == "ray":
-        raise UsageError("Python objects are converted with %(engine=local): Ray workers on other machines cannot "
-                         "reach the object (convert to files first, or use the local engine)")
     for opt, name in ((config.meta_types, "meta_types"), (config.no_labels, "no_labels"), (config.strict, "strict")):
         if opt:
             raise UsageError(f"%({name}) applies to file sources, not to Python objects")

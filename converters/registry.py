@@ -1,10 +1,7 @@
 """The one table of source kinds: ``convert`` asks every kind whether it takes the input (``detect``).
 
-A source kind is a small object with a ``name``, ``src_form(src)``, ``detect(request)`` and
-``scan(request, config, progress)``; its module calls :func:`register` once, and
-converters/__init__.py imports the module. Adding a source is one file plus that import. Kinds
-decide on disjoint inputs: exactly one may claim a request, at most one may say what a SRC is (a
-second claim is a bug in the new kind, and says so).
+Kinds decide on disjoint inputs: exactly one may claim a request, and at most one may say what a SRC is
+(a second claim is a bug in the new kind, and says so).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """Python samples -> what a dataset stores: the schema inferred from the first samples, every sample encoded
-and checked against it.
-
-A sample is a dict of arrays (numpy, torch), numbers, strings, bytes and PIL images, or a tuple (or one
-value) whose items ``names`` names. Arrays keep their dtype (Python ints are int64, floats float64); a
-field whose first axis varies is ragged, as in file conversion; strings are UTF-8 fields; PIL images are
-stored raw (or re-encoded as :class:`ImageOptions` asks); image bytes are kept encoded; other bytes are a
-ragged uint8 field. A ``key`` entry names the sample instead of its index.
+and checked against it (docs/convert.md, "From your own Dataset").
 """
 
 from __future__ import annotations
@@ -20,27 +14,22 @@ from PIL import Image
 
 from fastdata.converters.coords import check_declared, looks_like, rescale
 from fastdata.converters.image_codec import ImageOptions, Prepared, prepare_bytes, prepare_image
-from fastdata.converters.image_folder import ORIGINAL_SIZE_DTYPE, ORIGINAL_SIZE_SUFFIX
+from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, image_arrays, image_specs
 from fastdata.converters.registry import DEFAULT_FIELD
 from fastdata.converters.table_types import FLOAT_DTYPE
 from fastdata.errors import DataError, FormatError, UsageError
-from fastdata.format import FieldSpec, ImageSpec, make_field
+from fastdata.format import FieldSpec, make_field
 from fastdata.format.spec import (
     _NAME_RE,
-    CODEC_DTYPE,
-    CODEC_SUFFIX,
-    ENCODING_IMAGE,
-    ENCODING_PIXELS,
     ENCODING_UTF8,
     KEY_FIELD,
-    SHAPE_DTYPE,
     SHAPE_SUFFIX,
 )
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
 
-__all__ = ["Coordinates", "FieldPlan", "SampleSchema", "as_dict", "coordinates", "infer_schema"]
+__all__ = ["FieldPlan", "SampleSchema", "as_dict", "infer_schema"]
 
 Kind = Literal["array", "string", "image", "bytes"]
 _GREY = ("1", "L", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")
@@ -118,23 +107,15 @@ class FieldPlan:
 
     def specs(self) -> list[FieldSpec]:
         """The dataset fields this entry becomes (an image that is not fixed raw pixels has companions)."""
-        n = self.name
         try:
             if self.kind == "string":
-                return [make_field(n, "|u1", (None,), encoding=ENCODING_UTF8)]
+                return [make_field(self.name, "|u1", (None,), encoding=ENCODING_UTF8)]
             if self.kind != "image":
-                return [make_field(n, self.dtype, self.shape)]
+                return [make_field(self.name, self.dtype, self.shape)]
             assert self.image is not None
-            spec = ImageSpec(self.image.mode)
-            size = [make_field(n + ORIGINAL_SIZE_SUFFIX, ORIGINAL_SIZE_DTYPE, (2,))] if self.image.resizes else []
-            if self.shape[0] is not None:
-                return [make_field(n, "|u1", self.shape, image=spec), *size]
-            raw = self.image.images == "raw"
-            out = [make_field(n, "|u1", (None,), encoding=ENCODING_PIXELS if raw else ENCODING_IMAGE, image=spec),
-                   make_field(n + SHAPE_SUFFIX, SHAPE_DTYPE, (3,)), *size]
-            return out if raw else [*out, make_field(n + CODEC_SUFFIX, CODEC_DTYPE, ())]
+            return image_specs(self.name, self.image, self.shape if self.shape[0] is not None else None)
         except FormatError as e:
-            raise DataError(f"field {n!r}: {e}") from None
+            raise DataError(f"field {self.name!r}: {e}") from None
 
     def encode(self, v: Any, where: str) -> dict[str, np.ndarray]:
         """The stored arrays of value ``v``; a value that disagrees with the plan raises DataError naming ``where``."""
@@ -165,16 +146,9 @@ class FieldPlan:
     def _image(self, v: Any, where: str) -> dict[str, np.ndarray]:
         assert self.image is not None
         p = prepare_image_value(v, f"{where}: {self.name!r}", self.image)
-        size = ({self.name + ORIGINAL_SIZE_SUFFIX: np.asarray(p.original, dtype=ORIGINAL_SIZE_DTYPE)}
-                if self.image.resizes else {})
         if self.shape[0] is not None:
             self.check_shape(p.shape, where)
-            return {self.name: p.payload.reshape(p.shape), **size}
-        out = {self.name: p.payload.reshape(-1), self.name + SHAPE_SUFFIX: np.asarray(p.shape, dtype=SHAPE_DTYPE),
-               **size}
-        if self.image.images != "raw":
-            out[self.name + CODEC_SUFFIX] = np.asarray(p.codec, dtype=np.uint8)
-        return out
+        return image_arrays(self.name, p, self.image, self.shape[0] is not None)
 
 
 def prepare_image_value(v: Any, where: str, opts: ImageOptions) -> Prepared:
@@ -221,37 +195,23 @@ class SampleSchema:
         return out, None if key is None else str(key)
 
 
-@dataclass(frozen=True)
-class Coordinates:
-    """The fields of pixel coordinates (``keypoints``: x, y first; ``boxes``: x0, y0, x1, y1) that move with a
-    resized image, and numeric fields that look like coordinates but are not (``not_coordinates``)."""
-
-    keypoints: tuple[str, ...] = ()
-    boxes: tuple[str, ...] = ()
-    not_coordinates: tuple[str, ...] = ()
-
-
-def coordinates(config: "ConvertConfig") -> Coordinates:
-    """The coordinate settings of a conversion."""
-    return Coordinates(config.keypoints, config.boxes, config.not_coordinates)
-
-
-def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, images: ImageOptions | None,
-                 ragged: Sequence[str], skip_bad: bool = False, coords: Coordinates = Coordinates()) -> SampleSchema:
+def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, ragged: Sequence[str],
+                 config: "ConvertConfig") -> SampleSchema:
     """The schema of the first ``samples`` ((index, sample) pairs; all of them agree on each entry's kind,
-    dtype and trailing shape). With ``skip_bad``, a sample that cannot be stored on its own is left out.
-    When images are resized, ``coords`` says which fields move with them; a look-alike left undeclared is refused."""
-    if skip_bad:
+    dtype and trailing shape). With ``config.skip_bad``, a sample that cannot be stored on its own is left out.
+    When images are resized, ``config.keypoints`` and ``boxes`` move with them; an undeclared look-alike is refused."""
+    images = config.images
+    if config.skip_bad:
         good = [(i, s) for i, s in samples if _usable(i, s, names, images)]
         samples = good or samples[:1]  # none usable: the first one's error is the one to show
     schema = _infer(samples, names, images, ragged)
     if images is not None and not any(p.kind == "image" for p in schema.plans):
         raise UsageError("image options (%(images)) apply to images, and the samples have none (PIL images or "
                          "image bytes)")
-    return _with_coordinates(schema, samples, coords)
+    return _with_coordinates(schema, samples, config)
 
 
-def _with_coordinates(schema: SampleSchema, samples: list[tuple[int, Any]], coords: Coordinates) -> SampleSchema:
+def _with_coordinates(schema: SampleSchema, samples: list[tuple[int, Any]], coords: "ConvertConfig") -> SampleSchema:
     plans = {p.name: p for p in schema.plans}
     lasts = {n: p.shape[-1] if p.kind == "array" and p.dtype.kind in "iuf" and p.shape else None
              for n, p in plans.items()}  # name -> last axis of a numeric field

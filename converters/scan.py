@@ -1,9 +1,5 @@
-"""Finding source files and their labels: sorted walk, class folders, CSV/JSON label files.
-
-Shared by every folder converter, with what the folder sources have in common
-(:class:`FolderSource`, :func:`check_labelled`, :func:`refuse_bad`). Hidden files and folders
-(``.name``) are ignored; symlinks are followed, each real directory at most once, so link loops end.
-"""
+"""Finding source files and their labels (class folders, CSV/JSON label files), and what the folder sources
+share. Hidden files are ignored; symlinks are followed, each real directory at most once."""
 
 from __future__ import annotations
 
@@ -13,19 +9,21 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD
 
-__all__ = ["FolderSource", "LABEL_DTYPE", "Labels", "check_labelled", "drop_non_samples", "file_labels",
-           "find_and_label", "folder_labels", "label_field", "refuse_bad", "refuse_non_finite_labels", "walk_files"]
+if TYPE_CHECKING:
+    from fastdata.converters.config import ConvertConfig
+
+__all__ = ["FolderSource", "LABEL_DTYPE", "Labels", "check_finite", "check_finite_rows", "check_labelled",
+           "drop_non_samples", "file_labels", "find_labels", "folder_labels", "label_field", "refuse_bad", "walk_files"]
 
 LABEL_DTYPE = np.dtype("<i8")
 _INT64 = np.iinfo(LABEL_DTYPE)
-_FINITE_ROWS = 1 << 20  # label rows checked at a time (a label .npy is memory-mapped)
 log = logging.getLogger("fastdata.convert")
 
 
@@ -98,6 +96,7 @@ class Labels:
     kind: str  # "folders" | "file" | "none"
     dtype: np.dtype = LABEL_DTYPE
     shape: tuple[int, ...] = ()
+    file: Path | None = None  # the labels file they came from
 
     def of(self, rels: list[str]) -> np.ndarray | None:
         """The label of each of ``rels``, or None when the dataset has no labels."""
@@ -128,10 +127,11 @@ def folder_labels(paths: list[str], root: Path) -> Labels:
     return Labels({p: index[p.split("/", 1)[0]] for p in paths}, classes, "folders")
 
 
-def file_labels(path: Path, columns: tuple[str, str] | None = None) -> Labels:
+def file_labels(path: Path, columns: tuple[str, str] | None = None, allow_nan: bool = False) -> Labels:
     """Read ``relative_path,label`` pairs from CSV or JSON. Integer labels stay as they are;
     string labels become indices into the sorted class names. ``columns``: the (path, label)
-    columns of a CSV with a header, or keys of JSON records (default: found by name)."""
+    columns of a CSV with a header, or keys of JSON records (default: found by name). A NaN or
+    infinite label is refused unless ``allow_nan``."""
     suffix = path.suffix.lower()
     if suffix not in (".json", ".csv", ".txt", ".tsv"):
         also = (f"; a .npy of labels goes with a single-array source (fastdata convert X.npy DST --labels "
@@ -155,19 +155,19 @@ def file_labels(path: Path, columns: tuple[str, str] | None = None) -> Labels:
     try:
         ints = {k: int(v) for k, v in raw.items()}
     except ValueError:
-        typed = _typed_labels(path, raw)
+        typed = _typed_labels(path, raw, allow_nan)
         if typed is not None:
             return typed
         classes = sorted(set(raw.values()))
         index = {c: i for i, c in enumerate(classes)}
-        return Labels({k: index[v] for k, v in raw.items()}, classes, "file")
+        return Labels({k: index[v] for k, v in raw.items()}, classes, "file", file=path)
     big = next((k for k, v in ints.items() if not _INT64.min <= v <= _INT64.max), None)
     if big is not None:
         raise DataError(f"{path}: label {raw[big]!r} of {big!r} does not fit a 64-bit integer")
-    return Labels(ints, None, "file")
+    return Labels(ints, None, "file", file=path)
 
 
-def _typed_labels(path: Path, raw: dict[str, str]) -> Labels | None:
+def _typed_labels(path: Path, raw: dict[str, str], allow_nan: bool) -> Labels | None:
     """Float labels (float32) or fixed-length numeric vectors (JSON arrays); None if the labels are
     names. A labels file mixing numbers and names, or vectors of several lengths, is an error."""
     vals: dict[str, Any] = {}
@@ -182,8 +182,11 @@ def _typed_labels(path: Path, raw: dict[str, str]) -> Labels | None:
     shapes = {a.shape for a in vals.values()}
     if len(shapes) != 1:
         raise DataError(f"{path}: labels have several shapes {sorted(map(list, shapes))}; vector labels need one length")
+    if not allow_nan:
+        keys = sorted(vals)
+        check_finite(np.stack([vals[k] for k in keys]), lambda i: f"{path}: the row for {keys[i]!r}")
     shape = shapes.pop()
-    return Labels({k: a.astype(np.float32) for k, a in vals.items()}, None, "file", np.dtype("<f4"), shape)
+    return Labels({k: a.astype(np.float32) for k, a in vals.items()}, None, "file", np.dtype("<f4"), shape, path)
 
 
 PATH_HEADERS = ("path", "relative_path", "file", "filename", "file_name", "name")  # a labels file's path column
@@ -199,7 +202,9 @@ def _csv_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) ->
             raise DataError(f"{path}: no column {missing[0]!r} in the header {header} (%(labels_columns) names the "
                             "path and label columns)")
         p, lab = header.index(columns[0]), header.index(columns[1])
-        _even(path, rows)
+        for n, r in enumerate(rows[1:], 2):
+            if len(r) != len(header):
+                raise DataError(f"{path}: row {n}: {len(r)} cells, the header has {len(header)}")
         return [(r[p].strip(), r[lab].strip()) for r in rows[1:]]
     if len(header) == 2 and header[0].lower() in PATH_HEADERS and header[1].lower() == "label":
         rows = rows[1:]
@@ -210,13 +215,6 @@ def _csv_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) ->
                             "columns of a wider file with %(labels_columns=PATH,LABEL))")
         out.append((r[0].strip(), r[1].strip()))
     return out
-
-
-def _even(path: Path, rows: list[list[str]]) -> None:
-    """Every row has the header's number of cells (else a DataError naming the first that has not)."""
-    for n, r in enumerate(rows[1:], 2):
-        if len(r) != len(rows[0]):
-            raise DataError(f"{path}: row {n}: {len(r)} cells, the header has {len(rows[0])}")
 
 
 def _json_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) -> list[tuple[str, str]]:
@@ -251,33 +249,30 @@ def _json_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) -
     return out
 
 
-def find_and_label(root: Path, labels_file: Path | None, no_labels: bool, expected: str,
-                   rels: list[str] | None = None,
-                   labels_columns: tuple[str, str] | None = None) -> tuple[list[str], Labels]:
-    """Every source file under ``root`` (the labels file excluded) and where labels come from:
-    ``labels_file`` (its ``labels_columns``), nothing (``no_labels``), or the class folders."""
-    if rels is None:
-        rels = walk_files(root, {os.path.realpath(labels_file)} if labels_file else set())
+def find_labels(root: Path, rels: list[str], expected: str, labels_file: Path | None,
+                config: "ConvertConfig") -> Labels:
+    """Where the labels of the files ``rels`` under ``root`` come from: ``labels_file`` (its
+    ``config.labels_columns``), nothing (``config.no_labels``), or the class folders."""
     if not rels:
         raise DataError(f"{root}: no files found (expected {expected})")
     if labels_file is not None:
-        return rels, file_labels(labels_file, labels_columns)
-    if no_labels:
-        return rels, Labels(None, None, "none")
-    return rels, folder_labels(rels, root)
+        return file_labels(labels_file, config.labels_columns, config.allow_nan)
+    if config.no_labels:
+        return Labels(None, None, "none")
+    return folder_labels(rels, root)
 
 
-def check_labelled(root: Path, rels: list[str], labels: Labels, labels_file: Path | None, bad: dict[str, str]) -> None:
+def check_labelled(root: Path, rels: list[str], labels: Labels, bad: dict[str, str]) -> None:
     """Mark as bad every file not bad already that the labels file has no label for; refuse a
     labels file that lists a file not under ``root``."""
     if labels.by_path is None:
         return
     for rel in rels:
         if rel not in bad and rel not in labels.by_path:
-            bad[rel] = f"{root / rel}: no label for it in {labels_file}"
+            bad[rel] = f"{root / rel}: no label for it in {labels.file}"
     missing = sorted(set(labels.by_path) - set(rels))
     if missing:
-        raise DataError(f"{labels_file}: lists {missing[0]!r}, which is not a file under {root}")
+        raise DataError(f"{labels.file}: lists {missing[0]!r}, which is not a file under {root}")
 
 
 def refuse_bad(bad: dict[str, str], skip_bad: bool) -> list[tuple[str, str]]:
@@ -289,41 +284,19 @@ def refuse_bad(bad: dict[str, str], skip_bad: bool) -> list[tuple[str, str]]:
     return sorted(bad.items())
 
 
-def refuse_non_finite_labels(source: Any, labels_file: Path | None) -> None:
-    """Refuse a NaN or infinite label, naming the file and the row: a labels file's (rows named by
-    path), a metadata table's own ``label`` column (rows named by path), or a label ``.npy`` array's
-    (rows by index) of an array source."""
-    labels = getattr(source, "labels", None)
-    rels = getattr(source, "rels", None)
-    if isinstance(labels, np.ndarray) and labels_file is not None and rels is not None:
-        _check_finite(labels, lambda i: f"{labels_file}: the row for {rels[i]!r}")
-        return
-    table = getattr(source, "table_path", None)
-    column = getattr(getattr(source, "cols", None), "values", {}).get(LABEL_FIELD)
-    if isinstance(table, str) and column:
-        keys = source.sample_keys()
-        _check_finite_rows(column, lambda i: f"{table}: the row for {keys[i]!r}, column {LABEL_FIELD!r}")
-        return
-    arrays = getattr(source, "paths", None)
-    if isinstance(arrays, dict) and isinstance(arrays.get(LABEL_FIELD), str):
-        path = arrays[LABEL_FIELD]
-        values = np.load(path, mmap_mode="r", allow_pickle=False)  # checked at scan: a plain numeric .npy
-        for a in range(0, len(values), _FINITE_ROWS):
-            _check_finite(values[a:a + _FINITE_ROWS], lambda i, a=a: f"{path}: row {a + i}")
-
-
-def _check_finite_rows(rows: list[np.ndarray], where: Any) -> None:
-    """``_check_finite`` for per-row arrays of any shapes (a table column, fixed or ragged)."""
+def check_finite_rows(rows: list[np.ndarray], where: Any) -> None:
+    """``check_finite`` for per-row arrays of any shapes (a table column, fixed or ragged)."""
     if np.asarray(rows[0]).dtype.kind not in "fc":
         return
     flat = np.concatenate([np.asarray(r).reshape(-1) for r in rows])
     bad = np.flatnonzero(~np.isfinite(flat))
     if len(bad):
         i = int(np.searchsorted(np.cumsum([np.asarray(r).size for r in rows]), bad[0], side="right"))
-        _check_finite(np.asarray(rows[i])[None], lambda _: where(i))
+        check_finite(np.asarray(rows[i])[None], lambda _: where(i))
 
 
-def _check_finite(values: np.ndarray, where: Any) -> None:
+def check_finite(values: np.ndarray, where: Any) -> None:
+    """Refuse a NaN or infinite label of ``values`` (one row each), naming it by ``where(row)``."""
     if values.dtype.kind not in "fc" or not len(values):
         return
     ok = np.isfinite(values.reshape(len(values), -1)).all(axis=1)

@@ -1,13 +1,6 @@
-"""Metadata tables (CSV, JSON Lines, Parquet) as sources of fields.
-
-One row per sample. The ``path`` column names the sample's image or ``.npy`` file relative to
-the source folder; every other column becomes a field: integers (int64), floats (float32),
-booleans, strings (utf8 fields; a ``label`` column of strings becomes class indices), fixed-length
-numeric lists (a JSON array in a CSV cell, a list in JSONL/Parquet: keypoints ``(17, 3)``),
-variable-length lists (ragged: boxes ``(n, 4)``), and columns of relative paths to other files
-(a mask PNG, a ``.npy``), which are read and stored. Types are inferred from the whole column
-and can be forced (``--meta-type NAME=DTYPE[:SHAPE]``). Every problem with a row names the
-table, the row and the column; ``--skip-bad`` skips such rows and lists them in skipped.json.
+"""Metadata tables (CSV, JSON Lines, Parquet) as sources: one row per sample, its ``path`` column naming the
+sample's image or ``.npy`` file, every other column a field (docs/convert.md, "Metadata tables"); every
+problem names the table, the row and the column.
 """
 
 from __future__ import annotations
@@ -23,16 +16,16 @@ from PIL import Image, UnidentifiedImageError
 
 from fastdata.converters.coords import rescale_columns
 from fastdata.converters.image_codec import IMAGE_EXTENSIONS, ImageOptions
-from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, is_image_file
+from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
 from fastdata.converters.npy_folder import NpyFolderSource
 from fastdata.converters.npy_parse import read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SrcForm, register
-from fastdata.converters.scan import drop_non_samples, refuse_bad, walk_files
+from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
 from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
-from fastdata.converters.table_types import INT_DTYPE, Column, ColumnType, parse_column, safe_rel
+from fastdata.converters.table_types import INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
 from fastdata.errors import DataError, UsageError
-from fastdata.format import LABEL_FIELD, FieldSpec, ImageSpec, make_field
-from fastdata.format.spec import _NAME_RE, ENCODING_PIXELS, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
+from fastdata.format import LABEL_FIELD, FieldSpec, make_field
+from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
@@ -59,9 +52,7 @@ class FileColumn:
 
     def fields(self) -> list[FieldSpec]:
         if self.image:
-            assert self.mode is not None
-            return [make_field(self.name, "|u1", (None,), encoding=ENCODING_PIXELS, image=ImageSpec(self.mode)),
-                    make_field(self.name + SHAPE_SUFFIX, SHAPE_DTYPE, (3,))]
+            return image_specs(self.name, ImageOptions("raw", mode="RGB" if self.mode == "RGB" else "L"))
         if self.fixed is not None:
             return [make_field(self.name, self.dtype, self.fixed)]
         return [make_field(self.name, self.dtype, (None, *self.shapes[0][1:].tolist()))]
@@ -104,7 +95,7 @@ def _image_pixels(path: str) -> np.ndarray:
         raise DataError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
 
 
-def scan_file_column(table: Table, col: Column, root: Path, rows: list[int], bad: dict[int, str]) -> FileColumn:
+def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int], bad: dict[int, str]) -> FileColumn:
     """Look at every file of a file column (image header or .npy header) to learn its shape."""
     rels = [col.values[i] for i in rows]
     image = all(str(r).lower().endswith(tuple(IMAGE_EXTENSIONS)) for r in rels)
@@ -157,8 +148,7 @@ class TableColumns:
     """The parsed columns of a table for the rows kept: fields, per-row arrays, classes."""
 
     fields: list[FieldSpec]
-    values: dict[str, list[Any]]  # num/ragged: arrays; str: text
-    strings: list[str]
+    values: dict[str, list[Any]]  # per row: an array (text as its UTF-8 bytes)
     files: list[FileColumn]
     classes: list[str] | None = None
     n: int = 0  # rows (a table may have no column but path)
@@ -168,25 +158,20 @@ class TableColumns:
                        files=[f.part(idx.start, idx.stop) for f in self.files], n=len(range(self.n)[idx]))
 
     def read(self, root: str, i: int) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
-        for k, v in self.values.items():
-            x = v[i]
-            out[k] = np.frombuffer(x.encode("utf-8"), dtype=np.uint8) if k in self.strings else x
+        out = {k: v[i] for k, v in self.values.items()}
         for f in self.files:
             out.update(f.read(root, i))
         return out
 
     def nbytes(self) -> np.ndarray:
         total = np.zeros(self.n, dtype=np.int64)
-        for k, v in self.values.items():
-            total += np.array([len(x.encode("utf-8")) if k in self.strings else x.nbytes for x in v], dtype=np.int64)
+        for v in self.values.values():
+            total += np.array([x.nbytes for x in v], dtype=np.int64)
         for f in self.files:
             total += f.nbytes()
         return total
 
     def ragged_rows(self, name: str) -> np.ndarray:
-        if name in self.strings:
-            return np.array([len(x.encode("utf-8")) for x in self.values[name]], dtype=np.int64)
         for f in self.files:
             if f.name == name:
                 return f.rows()
@@ -194,13 +179,13 @@ class TableColumns:
 
 
 def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: dict[int, str],
-                  reserved: set[str]) -> tuple[dict[str, Column], list[int]]:
-    """Parse every column but ``path``; returns the columns and the rows not bad so far."""
+                  reserved: set[str]) -> dict[str, TypedColumn]:
+    """Parse every column but ``path`` (a cell that does not fit puts its row in ``bad``)."""
     unknown = sorted(set(types) - set(table.columns))
     if unknown:
         raise UsageError(f"%(meta_types) names {unknown[0]!r}, which is not a column of {table.path} "
                          f"(columns: {', '.join(table.columns)})")
-    cols: dict[str, Column] = {}
+    cols: dict[str, TypedColumn] = {}
     for name, raw in table.columns.items():
         if name == PATH_COLUMN:
             continue
@@ -211,16 +196,15 @@ def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: d
             raise DataError(f"{table.path}: column name {name!r} cannot be a field name (letters, digits, _ . -, "
                             "not starting with a digit, not ending in _lengths or _shape); rename the column")
         cols[name] = parse_column(table, name, raw, types.get(name), root, bad)
-    return cols, [i for i in range(table.rows) if i not in bad]
+    return cols
 
 
-def finish_columns(table: Table, cols: dict[str, Column], rows: list[int], root: Path,
+def finish_columns(table: Table, cols: dict[str, TypedColumn], rows: list[int], root: Path,
                    bad: dict[int, str]) -> TableColumns:
     """Fields and per-row values of the columns, for ``rows`` (file columns scanned here, which may
     find more bad rows: call again with the rows left if it did)."""
     fields: list[FieldSpec] = []
     values: dict[str, list[Any]] = {}
-    strings: list[str] = []
     files: list[FileColumn] = []
     classes = None
     for name, c in cols.items():
@@ -236,14 +220,13 @@ def finish_columns(table: Table, cols: dict[str, Column], rows: list[int], root:
             values[name] = [np.asarray(index[c.values[i]], dtype=INT_DTYPE) for i in rows]
             fields.append(make_field(name, INT_DTYPE, ()))
         elif c.kind == "str":
-            values[name] = [c.values[i] for i in rows]
-            strings.append(name)
+            values[name] = [np.frombuffer(c.values[i].encode("utf-8"), dtype=np.uint8) for i in rows]
             fields.append(make_field(name, "|u1", (None,), encoding=ENCODING_UTF8))
         else:
             assert c.dtype is not None
             values[name] = [c.values[i] for i in rows]
             fields.append(make_field(name, c.dtype, c.shape))
-    return TableColumns(fields, values, strings, files, classes, len(rows))
+    return TableColumns(fields, values, files, classes, len(rows))
 
 
 @dataclass
@@ -308,13 +291,13 @@ class TableSource:
                 "skipped": len(self.skipped)}
 
 
-def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], images: ImageOptions | None,
-               skip_bad: bool, strict: bool, check_unlisted: bool, workers: int | None, progress: Any,
-               no_labels: bool = False, coordinates: tuple[tuple[str, ...], ...] = ((), (), ())) -> TableSource:
-    """Read and check a table and every file it names; build the source. Bad rows raise (the
-    first, naming table, row and column) unless ``skip_bad``. Class folders give ``label`` as for
-    a folder source unless the table has a ``label`` column or ``no_labels``. ``coordinates``: the
-    keypoints, boxes and not-coordinates columns (converters/coords.py)."""
+def scan_table(table_path: Path, root: Path, config: "ConvertConfig", check_unlisted: bool,
+               progress: Any) -> TableSource:
+    """Read and check a table and every file it names; build the source. Bad rows raise (the first, naming
+    table, row and column) unless ``config.skip_bad``. Class folders give ``label`` as for a folder source
+    unless the table has a ``label`` column or ``config.no_labels``; a NaN or infinite label is refused
+    unless ``config.allow_nan``; coordinate columns are checked and rescaled (converters/coords.py)."""
+    images, skip_bad = config.images, config.skip_bad
     table = read_table(table_path)
     paths, bad = _paths(table, table_path, root)
     rows = [i for i in range(table.rows) if i not in bad]
@@ -325,30 +308,36 @@ def scan_table(table_path: Path, root: Path, *, types: dict[str, ColumnType], im
                         "images; a table's path column names one kind of file")
     image_kind = bool(is_img) and all(is_img)
     reserved = {"image", "image_shape", "image_codec", "image" + ORIGINAL_SIZE_SUFFIX} if image_kind else {"x"}
-    cols, _ = table_columns(table, root, types, bad, reserved)
+    cols = table_columns(table, root, dict(config.meta_types), bad, reserved)
     rows = [i for i in range(table.rows) if i not in bad]
     finish_columns(table, cols, rows, root, bad)  # scans file columns: may find bad rows
     rows = [i for i in range(table.rows) if i not in bad]
 
-    skipped_rows = refuse_bad({_row_key(table, i, paths): msg for i, msg in bad.items()}, skip_bad)
+    # skipped.json names a bad row by its path when it has one, else by its place in the table
+    skipped_rows = refuse_bad({paths[i] or f"{table.path.name}:row {i + 1}": msg for i, msg in bad.items()}, skip_bad)
     if check_unlisted:
-        skipped_rows += _unlisted(table, table_path, root, paths, cols, image_kind, strict, skip_bad)
+        skipped_rows += _unlisted(table, table_path, root, paths, cols, image_kind, config.strict, skip_bad)
     if not rows:
         raise DataError(f"{table_path}: no usable rows (all {table.rows} are bad)")
     rels = [paths[i] for i in rows]
-    folders = not no_labels and LABEL_FIELD not in table.columns and _class_folders(table, root, rels)
+    folders = not config.no_labels and LABEL_FIELD not in table.columns and _class_folders(table, root, rels)
+    labels = folder_labels(rels, root) if folders else Labels(None, None, "none")
     if image_kind:
-        main: Any = ImageFolderSource.scan(root, images or ImageOptions(), no_labels=not folders, skip_bad=skip_bad,
-                                           workers=workers, progress=progress, rels=rels)
+        main: Any = ImageFolderSource.scan(root, images or ImageOptions(), rels, labels, skip_bad, config.write.workers,
+                                           progress)
     else:
         if images is not None:
             raise UsageError(f"{table_path}: image options (%(images)) given, but the path column names no images")
-        main = NpyFolderSource.scan(root, no_labels=not folders, skip_bad=skip_bad, rels=rels)
+        main = NpyFolderSource.scan(root, rels, labels, skip_bad)
     row_of = {paths[i]: i for i in rows}
     kept = [row_of[r] for r in main.rels]
     final = finish_columns(table, cols, kept, root, {})
+    if not config.allow_nan and final.values.get(LABEL_FIELD):
+        check_finite_rows(final.values[LABEL_FIELD], lambda i: f"{table_path}: the row for {main.rels[i]!r}, column "
+                                                              f"{LABEL_FIELD!r}")
     originals = main.originals if image_kind else np.zeros((len(kept), 2), dtype=np.int32)
-    rescale_columns(str(table_path), final, list(cols), originals, images if image_kind else None, *coordinates)
+    rescale_columns(str(table_path), final, list(cols), originals, images if image_kind else None, config.keypoints,
+                    config.boxes, config.not_coordinates)
     return TableSource(main=main, cols=final, table_path=str(table_path),
                        skipped=sorted(skipped_rows) + list(main.skipped))
 
@@ -378,13 +367,14 @@ def _paths(table: Table, table_path: Path, root: Path) -> tuple[list[Any], dict[
     return paths, bad
 
 
-def _unlisted(table: Table, table_path: Path, root: Path, paths: list[Any], cols: dict[str, Column],
+def _unlisted(table: Table, table_path: Path, root: Path, paths: list[Any], cols: dict[str, TypedColumn],
               image_kind: bool, strict: bool, skip_bad: bool) -> list[tuple[str, str]]:
     """Sample files under ``root`` that the table does not list: an error, or skipped with ``skip_bad``."""
     listed = set(paths[i] for i in range(table.rows) if paths[i]) | {
         c.values[i] for c in cols.values() if c.kind == "file" for i in range(table.rows) if c.values[i]}
     others = [r for r in walk_files(root, {os.path.realpath(table_path)}) if r not in listed]
-    unlisted = drop_non_samples(root, others, lambda r: _is_sample(r, image_kind), strict)
+    suffixes = tuple(IMAGE_EXTENSIONS) if image_kind else (".npy", ".npz")
+    unlisted = drop_non_samples(root, others, lambda r: r.lower().endswith(suffixes), strict)
     msg = {r: f"{root / r}: a sample file that {table_path} does not list (add a row for it, or move it)"
            for r in unlisted}
     return refuse_bad(msg, skip_bad) if msg else []
@@ -404,16 +394,6 @@ def _class_folders(table: Table, root: Path, rels: list[str]) -> bool:
     return True
 
 
-def _row_key(table: Table, i: int, paths: list[Any]) -> str:
-    """How skipped.json names a bad row: its path when it has one, else the table row."""
-    return paths[i] if paths[i] else f"{table.path.name}:row {i + 1}"
-
-
-def _is_sample(rel: str, image_kind: bool) -> bool:
-    low = rel.lower()
-    return low.endswith(tuple(IMAGE_EXTENSIONS)) if image_kind else low.endswith((".npy", ".npz"))
-
-
 class TableKind:
     """A metadata table (``meta``, or SRC itself a table): its ``path`` column names the samples."""
 
@@ -427,10 +407,7 @@ class TableKind:
 
     def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> TableSource:
         assert req.meta is not None and req.src is not None  # (detect, and the request's checks)
-        return scan_table(req.meta, req.src, types=dict(config.meta_types), images=config.images,
-                          skip_bad=config.skip_bad, strict=config.strict, check_unlisted=not req.table_src,
-                          workers=config.write.workers, progress=progress, no_labels=config.no_labels,
-                          coordinates=(config.keypoints, config.boxes, config.not_coordinates))
+        return scan_table(req.meta, req.src, config, not req.table_src, progress)
 
 
 register(TableKind())

@@ -19,7 +19,7 @@ from fastdata.converters.image_codec import IMAGE_EXTENSIONS
 from fastdata.converters.table_read import _MISSING, Table
 from fastdata.errors import UsageError
 
-__all__ = ["Column", "ColumnType", "FLOAT_DTYPE", "INT_DTYPE", "parse_column", "parse_meta_type", "safe_rel"]
+__all__ = ["ColumnType", "FLOAT_DTYPE", "INT_DTYPE", "TypedColumn", "parse_column", "parse_meta_type", "safe_rel"]
 
 _FILE_SUFFIXES = tuple(IMAGE_EXTENSIONS) + (".npy",)
 _DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
@@ -107,7 +107,7 @@ def _kind(v: Any) -> str:
 
 
 @dataclass
-class Column:
+class TypedColumn:
     """One parsed column: ``kind`` num (fixed arrays), ragged, str, or file (relative paths)."""
 
     name: str
@@ -118,7 +118,7 @@ class Column:
 
 
 def parse_column(table: Table, name: str, raw: list[Any], forced: ColumnType | None, root: Path,
-                 bad: dict[int, str]) -> Column:
+                 bad: dict[int, str]) -> TypedColumn:
     """Type the column (forced or inferred from all its cells) and convert every cell; a cell that
     does not fit puts its row in ``bad`` with a message naming the table, row and column."""
     cells = [_cell(v) if table.kind == "csv" else v for v in raw]
@@ -127,19 +127,19 @@ def parse_column(table: Table, name: str, raw: list[Any], forced: ColumnType | N
     def fail(i: int, msg: str) -> None:
         bad.setdefault(i, f"{table.where(i, name)}: {msg}")
 
+    def texts() -> list[Any]:  # each cell as text (None where the row is bad): a str column's values
+        return [None if i in bad else "" if v is _MISSING else v if isinstance(v, str) else json.dumps(v)
+                if isinstance(v, list) else str(v) for i, v in enumerate(raw)]
+
     if forced is not None and forced.dtype == "str":
-        col = Column(name, "str", values=[None] * len(cells))
-        for i in live:
-            v = raw[i]
-            col.values[i] = "" if v is _MISSING else v if isinstance(v, str) else json.dumps(v) if isinstance(v, list) else str(v)
-        return col
+        return TypedColumn(name, "str", values=texts())
     kinds = Counter(_kind(cells[i]) for i in live)
     if forced is None:
         numeric = kinds["int"] + kinds["float"] + kinds["bool"]
         if kinds["list"] and kinds["list"] * 2 > len(live):
             return _list_column(table, name, cells, live, None, None, fail)
         if kinds["str"] + kinds["missing"] and numeric * 2 <= len(live):
-            return _string_column(table, name, raw, cells, live, root, fail)
+            return _string_column(name, texts(), live, root, fail)
         dtype: np.dtype
         if kinds["bool"] == len(live):
             dtype = np.dtype(bool)
@@ -174,8 +174,8 @@ def _scalar(v: Any, dtype: np.dtype) -> Any:
     return fv
 
 
-def _scalar_column(name: str, cells: list[Any], live: list[int], dtype: np.dtype, fail: Any) -> Column:
-    col = Column(name, "num", dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype, shape=(),
+def _scalar_column(name: str, cells: list[Any], live: list[int], dtype: np.dtype, fail: Any) -> TypedColumn:
+    col = TypedColumn(name, "num", dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype, shape=(),
                  values=[None] * len(cells))
     for i in live:
         try:
@@ -186,7 +186,7 @@ def _scalar_column(name: str, cells: list[Any], live: list[int], dtype: np.dtype
 
 
 def _list_column(table: Table, name: str, cells: list[Any], live: list[int], dtype: np.dtype | None,
-                 shape: tuple[int | None, ...] | None, fail: Any) -> Column:
+                 shape: tuple[int | None, ...] | None, fail: Any) -> TypedColumn:
     arrays: dict[int, np.ndarray] = {}
     any_float = False
     for i in live:
@@ -212,7 +212,7 @@ def _list_column(table: Table, name: str, cells: list[Any], live: list[int], dty
         tr = trailing.most_common(1)[0][0] if trailing else ()
         shapes = {a.shape for a in arrays.values()}
         shape = next(iter(shapes)) if len(shapes) == 1 else (None, *tr)
-    out = Column(name, "num" if shape[:1] != (None,) else "ragged", dtype=dtype, shape=shape, values=[None] * len(cells))
+    out = TypedColumn(name, "num" if shape[:1] != (None,) else "ragged", dtype=dtype, shape=shape, values=[None] * len(cells))
     for i, a in arrays.items():
         try:
             if shape[:1] == (None,):
@@ -241,22 +241,17 @@ def _list_column(table: Table, name: str, cells: list[Any], live: list[int], dty
     return out
 
 
-def _string_column(table: Table, name: str, raw: list[Any], cells: list[Any], live: list[int], root: Path,
-                   fail: Any) -> Column:
-    texts: list[Any] = [None] * len(cells)
-    for i in live:
-        v = raw[i]
-        texts[i] = "" if v is _MISSING else v if isinstance(v, str) else json.dumps(v) if isinstance(v, list) else str(v)
-    shown = [texts[i] for i in live]
-    if shown and all(t.lower().endswith(_FILE_SUFFIXES) for t in shown):
-        col = Column(name, "file", values=[None] * len(cells))
+def _string_column(name: str, texts: list[Any], live: list[int], root: Path, fail: Any) -> TypedColumn:
+    """A column of text, or of files when every cell names one (a relative path under ``root``)."""
+    if live and all(texts[i].lower().endswith(_FILE_SUFFIXES) for i in live):
+        col = TypedColumn(name, "file", values=[None] * len(texts))
         for i in live:
             try:
                 col.values[i] = safe_rel(texts[i], root)
             except ValueError as e:
                 fail(i, str(e))
         return col
-    return Column(name, "str", values=texts)
+    return TypedColumn(name, "str", values=texts)
 
 
 def safe_rel(text: str, root: Path) -> str:

@@ -12,7 +12,7 @@ from PIL import Image, ImageFile
 import fastdata
 import imagegen as g
 from fastdata import ImageOptions, WriteOptions
-from fastdata.converters.image_folder import ImageFolderSource
+from fastdata.converters import ConvertConfig, Request, detect
 from fastdata.errors import DataError, UsageError
 
 BAD = {
@@ -110,7 +110,8 @@ def test_labels_file_must_cover_every_image(tmp_path):
 def test_a_file_that_changes_during_the_conversion_is_an_error(tmp_path):
     src = good_folder(tmp_path / "src")
     for k, mode in enumerate(("encoded", "raw")):
-        source = ImageFolderSource.scan(src, ImageOptions(images=mode), workers=1)
+        config = ConvertConfig(WriteOptions(workers=1), ImageOptions(images=mode))
+        source = detect(Request(src)).scan(Request(src), config, None)
         assert source.read(0)["image"].dtype == np.uint8
         g.jpeg(src / "good 0.jpg", h=16, w=16, seed=99 + k)
         with pytest.raises(DataError, match="good 0.jpg: changed during the conversion"):

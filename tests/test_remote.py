@@ -546,9 +546,9 @@ def test_interrupted_conversion_to_s3_resumes_from_the_remote_copy(s3, tmp_path,
         convert(tmp_path / "up", resume=True)
 
 
-@pytest.mark.parametrize("fault", ["pause:before_first_shard", "pause:upload:0"])
+@pytest.mark.parametrize("fault", ["pause:mid_journal", "pause:upload:0"])
 def test_resume_after_a_kill_before_any_shard_was_uploaded_finishes(s3, tmp_path, monkeypatch, fault):
-    """Killed before the remote journal existed (before_first_shard) or with only the journal uploaded
+    """Killed before the remote journal existed (mid_journal) or with only the journal uploaded
     (upload:0, the journal goes up before the first shard): the same command with --resume finishes."""
     from crashkit import cli, kill, start_paused
 
@@ -563,7 +563,7 @@ def test_resume_after_a_kill_before_any_shard_was_uploaded_finishes(s3, tmp_path
     kill(start_paused(args, fault, tmp_path / "ready"))
     fs = s3.fs()
     names = [p.rsplit("/", 1)[-1] for p in fs.ls(url[5:], refresh=True)] if fs.exists(url[5:]) else []
-    if fault == "pause:before_first_shard":
+    if fault == "pause:mid_journal":
         assert names == []
     else:  # the journal is up, shard 0 is not (later shards' uploads run beside it and may be up too)
         assert ".fastdata-journal" in names and "shard-00000.h5" not in names and "manifest.json" not in names

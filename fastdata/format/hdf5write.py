@@ -46,6 +46,12 @@ class ShardWriter:
     fields compressed per sample (``lz4``/``zstd``) get one chunk each; ``lzf``/``gzip`` fields are chunked
     along the sample axis (about 1 MiB a chunk), staged and written through h5py in blocks."""
 
+    @staticmethod
+    def min_sample_bytes(fields: list[FieldSpec]) -> float:
+        """The fewest bytes a sample takes: its raw bytes (8 per ragged field's offset) over the most any HDF5
+        codec compresses (zstd: about 4 bytes per 128 KiB block)."""
+        return sum(8 if f.ragged else f.row_nbytes for f in fields) / (1 << 16)
+
     def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
                  compression: str | None = None, start: int = 0) -> None:
         self.fields = fields

@@ -31,6 +31,7 @@ class ShardWriterFactory(Protocol):
 
     def __call__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
                  compression: str | None = None, start: int = 0) -> ShardWriter: ...
+    def min_sample_bytes(self, fields: list[FieldSpec]) -> float: ...  # the fewest bytes a sample takes in a shard
 
 
 class ShardReader(Protocol):

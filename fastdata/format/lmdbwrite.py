@@ -87,6 +87,12 @@ def _add_tail_guard(path: Path, psize: int, largest_record: int) -> None:
 class ShardWriter:
     """Writes one LMDB shard; the map grows on demand, so ``MapFullError`` never reaches the user."""
 
+    @staticmethod
+    def min_sample_bytes(fields: list[FieldSpec]) -> float:
+        """The fewest bytes a sample takes: its key, LMDB's node header, the record's magic and field count,
+        and one size per field."""
+        return 8 + 8 + 4 + 4 + 8 * len(fields)
+
     def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
                  compression: str | None = None, start: int = 0) -> None:
         self._codec = parse_compression(compression)

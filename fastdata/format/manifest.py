@@ -11,7 +11,7 @@ from typing import Any
 from fastdata.errors import FormatError, VersionError
 from fastdata.fileio import fsync_dir, write_atomic
 from fastdata.format.absent import no_manifest_error, not_a_folder_error
-from fastdata.format.backends import check_backend
+from fastdata.format.backends import check_backend, check_counts
 from fastdata.format.spec import (
     _FILE_RE,
     CHECKSUMS,
@@ -39,6 +39,7 @@ def _validate(m: Manifest, where: str) -> None:
     """The format's rules (spec.validate), with the backend checked against the registry first."""
     check_backend(m.backend, where)
     validate(m, where=where)
+    check_counts(m, where)
 
 
 def write_manifest(root: str | os.PathLike[str], manifest: Manifest) -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeGuard
+from typing import Any, Sequence, TypeGuard
 
 import numpy as np
 
@@ -126,10 +126,6 @@ MAX_FIELDS = 256
 MAX_DIMS = 32
 MAX_SHARDS = 10_000_000
 MAX_CLASSES = 10_000_000
-# The fewest bytes a sample can take in a shard file (a shard's count is checked against its size). LMDB:
-# key, node and record headers; HDF5: raw bytes (8 per ragged offset) over the most a codec compresses.
-_LMDB_RECORD_MIN = 8 + 8 + 4 + 4
-HDF5_MAX_RATIO = 1 << 16
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -332,7 +328,6 @@ def validate(m: Manifest, where: str = "manifest") -> None:
             raise bad(f"shard {s.file!r} has an origin, which needs format version {ORIGIN_VERSION} (the manifest says {m.version})")
     if expected != m.num_samples:
         raise bad(f"shards hold {expected} samples but num_samples is {m.num_samples}")
-    _check_counts(m, bad)
     if m.classes is not None and len(set(m.classes)) != len(m.classes):
         raise bad("class names are not unique")
     if m.keys is not None:
@@ -344,27 +339,6 @@ def validate(m: Manifest, where: str = "manifest") -> None:
             raise bad(f"unknown keys kind {k.kind!r} (expected {KEYS_INDEX!r} or {KEYS_KIND_FILE!r})")
         if KEY_FIELD in names:
             raise bad(f"a field is named {KEY_FIELD!r}, the name sample keys are returned under")
-
-
-def min_sample_bytes(m: Manifest) -> float:
-    """The fewest bytes one sample can take in a shard of ``m`` (0: no bound known, as for in-place indexes)."""
-    if m.backend == "lmdb":
-        return _LMDB_RECORD_MIN + 8 * len(m.fields)
-    if m.backend == "hdf5":
-        return sum(8 if f.ragged else f.row_nbytes for f in m.fields) / HDF5_MAX_RATIO
-    return 0
-
-
-def _check_counts(m: Manifest, bad: Callable[[str], FormatError]) -> None:
-    """Each shard's count must fit in its bytes: a hostile count (2^40 samples in a few KiB) is refused
-    here, before a loader allocates an index array from it."""
-    floor = min_sample_bytes(m)
-    if floor <= 0:
-        return
-    for s in m.shards:
-        if s.count * floor > s.bytes:
-            raise bad(f"shard {s.file!r} claims {s.count} samples, more than its {s.bytes} bytes can hold "
-                      f"(a {m.backend} sample takes at least {floor:.3g} bytes)")
 
 
 def _check_field(f: FieldSpec) -> None:

@@ -1,22 +1,5 @@
-"""Fault injection for the crash-safety tests; inert unless ``FASTDATA_FAULT`` is set.
-
-``FASTDATA_FAULT=ACTION:POINT[:SHARD]`` acts when the conversion reaches ``POINT`` (for the
-points that name a shard, only for shard number ``SHARD`` if given):
-
-* ``pause``: write this process's id to the file named by ``FASTDATA_FAULT_READY`` (atomically,
-  so a test polling for it never reads half a number) and sleep until killed. Tests use it
-  to SIGKILL a real ``fastdata convert`` at a known moment.
-* ``pause1``: as ``pause``, but only while that file does not exist yet: a retried task (a Ray
-  worker the test killed) goes on the second time.
-* ``enospc``, ``eio``, ``eacces``: raise that ``OSError`` here, as the disk would.
-
-Points: ``mid_journal`` (the journal's first line written to its temporary file, not yet renamed),
-``before_first_shard`` (journal written, no shard started), ``mid_shard`` (half of a
-shard's samples written to its temporary file), ``between_shards`` (a shard renamed into
-place and journaled), ``before_manifest`` (every shard done, no manifest yet), ``upload`` (a
-finished shard about to be uploaded to a URL destination; its local copy is there). The hook
-lives here only; see docs/reliability.md, "Fault injection".
-"""
+"""Fault injection for the crash-safety tests: ``FASTDATA_FAULT=ACTION:POINT[:SHARD]`` pauses or fails a
+conversion at a named point (docs/reliability.md, "Fault injection"); inert when unset."""
 
 from __future__ import annotations
 

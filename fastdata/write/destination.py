@@ -1,9 +1,6 @@
 """The destination folder: checking it, locking it, emptying it, and tidying it after a failure.
 
-fastdata only ever deletes names it writes itself (``OURS``), so ``--overwrite`` can never
-remove a user's file. A failed conversion keeps its finished shards and its journal for
-``--resume`` and removes everything else it wrote; a conversion that finished no shard
-leaves the folder as it found it.
+fastdata only ever deletes names it writes itself (``OURS``), so ``--overwrite`` never removes a user's file.
 """
 
 from __future__ import annotations
@@ -25,9 +22,9 @@ from fastdata.write.lock import DstLock, holder
 if TYPE_CHECKING:
     from fastdata.write.url_publish import UrlSpec
 
-__all__ = ["Destination", "SHARD", "check_dst", "check_part_entries", "part_journal_name", "part_lock_name",
-           "part_record_name", "part_stem", "prepare_dst", "prepare_part_dst", "refuse_broken_url", "remove_ours",
-           "remove_shards_except", "remove_temporary", "write_skipped"]
+__all__ = ["Destination", "SHARD", "check_dst", "check_entries", "check_part_entries", "part_journal_name",
+           "part_lock_name", "part_record_name", "part_stem", "prepare_dst", "prepare_part_dst", "refuse_broken_url",
+           "remove_ours", "remove_shards_except", "remove_temporary", "write_skipped"]
 
 def part_stem(index: int, count: int) -> str:
     return f"part-{index:05d}-of-{count:05d}"
@@ -63,8 +60,6 @@ def refuse_broken_url(path: str | os.PathLike[str], what: str = "DST") -> None:
 def check_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool = False) -> None:
     """Refuse a DST inside a source, one being written by another conversion, one that exists
     without --overwrite or --resume, one holding other files, and a --resume with nothing to resume."""
-    if overwrite and resume:
-        raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
     dst_real = os.path.realpath(dst)
     for src in sources:
         s = os.path.realpath(src)
@@ -83,23 +78,32 @@ def check_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool 
 def _check_entries(dst: Path, overwrite: bool, resume: bool) -> list[str]:
     """What DST holds (the lock file aside), once it is known to be fit for this conversion."""
     entries = sorted(e for e in os.listdir(dst) if e != LOCK_NAME)
-    foreign = [e for e in entries if not OURS.match(e)]
-    if resume:
-        if MANIFEST_NAME in entries:
-            raise UsageError(f"{dst}: already holds a finished dataset; nothing to resume (%(overwrite=True) converts again)")
-        left = [e for e in entries if not TEMPORARY.match(e)]  # a kill while the journal was written leaves only these
-        if left and JOURNAL_NAME not in entries and not foreign:
-            raise UsageError(f"{dst}: no interrupted conversion to resume (no {JOURNAL_NAME}); "
-                             "convert again with %(overwrite=True)")
-    elif entries and not overwrite:
-        if JOURNAL_NAME in entries and MANIFEST_NAME not in entries:
-            raise UsageError(f"{dst}: holds an interrupted conversion; pass %(resume=True) to finish it, or %(overwrite=True) to start over")
-        raise UsageError(f"{dst}: already exists; pass %(overwrite=True) to replace it")
-    if foreign:
-        raise UsageError(
-            f"{dst}: refused: it holds {foreign[0]!r}, which fastdata did not write; choose an empty or new folder"
-        )
+    check_entries(str(dst), entries, overwrite, resume)
     return entries
+
+
+def check_entries(where: str, names: Sequence[str], overwrite: bool, resume: bool, place: str = "folder") -> None:
+    """What a whole conversion refuses in a destination (a folder or a URL prefix, ``place``) holding ``names``:
+    a finished dataset or nothing to resume (``resume``), a dataset (unless ``overwrite``), files not ours."""
+    if resume:
+        if MANIFEST_NAME in names:
+            raise UsageError(f"{where}: already holds a finished dataset; nothing to resume (%(overwrite=True) converts again)")
+        left = [n for n in names if not TEMPORARY.match(n)]  # a kill while the journal was written leaves only these
+        if left and JOURNAL_NAME not in names and all(OURS.match(n) for n in names):
+            raise UsageError(f"{where}: no interrupted conversion to resume (no {JOURNAL_NAME}, but it holds "
+                             f"{left[0]!r}); convert again with %(overwrite=True)")
+    elif names and not overwrite:
+        if JOURNAL_NAME in names and MANIFEST_NAME not in names:
+            raise UsageError(f"{where}: holds an interrupted conversion; pass %(resume=True) to finish it, or %(overwrite=True) to start over")
+        raise UsageError(f"{where}: already exists; pass %(overwrite=True) to replace it")
+    _refuse_foreign(where, names, place)
+
+
+def _refuse_foreign(where: str, names: Sequence[str], place: str) -> None:
+    foreign = [n for n in names if not OURS.match(n)]
+    if foreign:
+        raise UsageError(f"{where}: refused: it holds {foreign[0]!r}, which fastdata did not write; choose an empty or "
+                         f"new {place}")
 
 
 @dataclass
@@ -113,7 +117,7 @@ class Destination:
     part: tuple[int, int] | None = None  # (I, N) for ``--part I/N``: this run writes part I of N
     on_shard: Callable[[ShardInfo], None] | None = field(default=None, repr=False)  # a new shard is finished
     trusted: set[str] = field(default_factory=set)  # journaled shards kept without a local file (URL resume)
-    remote: "UrlSpec | None" = field(default=None, repr=False)  # shard tasks upload here themselves (Ray into a URL)
+    remote: "UrlSpec | None" = field(default=None, repr=False)  # shard tasks upload here (a URL destination)
     on_start: Callable[[], None] | None = field(default=None, repr=False)  # the journal is written, no shard yet
 
     @property
@@ -167,8 +171,9 @@ def check_part_entries(where: str, names: Sequence[str], part: tuple[int, int], 
                        overwrite: bool, resume: bool, place: str) -> None:
     """What part ``part`` refuses in a destination (a folder or a URL prefix, ``place``) holding
     ``names``: a finished dataset, parts of a conversion split another way, this part already
-    converted (unless ``overwrite``), or interrupted (unless ``resume`` or ``overwrite``)."""
+    converted (unless ``overwrite``), or interrupted (unless ``resume`` or ``overwrite``), files not ours."""
     index, count = part
+    _refuse_foreign(where, names, place)
     if MANIFEST_NAME in names:
         raise UsageError(f"{where}: already holds a finished dataset; convert the parts into a new {place}")
     for name in names:
@@ -190,8 +195,6 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
     """Create DST if needed and lock this part's files in it (other parts may be writing DST at the
     same time, each under its own lock). Refuses a finished dataset, files fastdata did not write,
     parts of a conversion split another way, and this part already done (unless ``overwrite``)."""
-    if overwrite and resume:
-        raise UsageError("%(overwrite=True) and %(resume=True) contradict each other: %(resume=True) continues, %(overwrite=True) starts over")
     check_dst(dst, sources, overwrite=True)  # only the source checks: DST may hold other parts
     try:
         dst.mkdir(parents=True, exist_ok=True)
@@ -207,10 +210,6 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
     target = Destination(dst, created=False, resume=False, lock=lock, part=part)
     try:
         entries = sorted(e for e in os.listdir(dst) if not e.endswith(".lock"))
-        foreign = [e for e in entries if not OURS.match(e)]
-        if foreign:
-            raise UsageError(f"{dst}: refused: it holds {foreign[0]!r}, which fastdata did not write; "
-                             "choose an empty or new folder")
         record, jname = part_record_name(index, count), part_journal_name(index, count)
         target.resume = resume and jname in entries  # no journal (never started, or killed writing it): start afresh
         check_part_entries(str(dst), entries, part, jname, overwrite, target.resume, "folder")
@@ -233,12 +232,9 @@ def remove_temporary(dst: Path, owned: set[str] | None = None) -> None:
     """Remove half-written files of an earlier or failed run (never a finished shard); with ``owned``
     (a ``--part``'s shard names), only the temporary files of those shards."""
     for e in os.listdir(dst):
-        if TEMPORARY.match(e) and (owned is None or _shard_of_temporary(e) in owned):
+        shard = e.lstrip(".").replace(".partial", "").replace("-lock", "")  # the shard a temporary name is of
+        if TEMPORARY.match(e) and (owned is None or shard in owned):
             _remove(dst / e)
-
-
-def _shard_of_temporary(name: str) -> str:
-    return name.lstrip(".").replace(".partial", "").replace("-lock", "")
 
 
 def remove_shards_except(dst: Path, keep: set[str], owned: set[str] | None = None) -> None:

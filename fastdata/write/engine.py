@@ -1,18 +1,16 @@
 """Sources -> shards: plan shards by bytes, write them in parallel processes, write the manifest last.
 
-The conversion is crash-safe and resumable (docs/reliability.md). A journal in DST records
-the plan before any shard is written and each shard once it is finished (written under a
-temporary name, fsynced, hashed, renamed); the manifest is written only after every shard is
-in place, and then the journal is deleted. After a failure the finished shards and the journal
-stay for ``--resume``; everything else this conversion wrote is removed.
+Crash-safe and resumable (docs/reliability.md): the journal records the plan before any shard and each
+shard once finished; after a failure the finished shards and the journal stay for ``--resume``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Callable, Protocol
 
 import numpy as np
 
@@ -43,7 +41,8 @@ from fastdata.write.options import ConvertReport, Progress, Source, WriteOptions
 from fastdata.write.shard_task import ShardTask, write_error
 
 log = logging.getLogger(__name__)
-__all__ = ["ShardEngine", "check_source", "part_range", "plan_shards", "write_dataset"]
+_SURROGATE = re.compile("[\ud800-\udfff]")  # what a str holds that UTF-8 cannot encode
+__all__ = ["ShardEngine", "check_source", "part_range", "plan_shards", "write_dataset", "write_keys_file"]
 
 
 def plan_shards(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
@@ -79,17 +78,9 @@ def check_source(source: Source, opts: WriteOptions, where: str) -> None:
         try:
             "\n".join(keys).encode("utf-8")
         except UnicodeEncodeError:
-            bad = next(i for i, k in enumerate(keys) if not k.isascii() and _not_utf8(k))
+            bad = next(i for i, k in enumerate(keys) if _SURROGATE.search(k))
             raise DataError(f"{where}: the key of sample {bad}, {keys[bad]!a}, is not valid UTF-8 text; rename "
                             "that file") from None
-
-
-def _not_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 class ShardEngine(Protocol):
@@ -124,7 +115,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
             journal.append(dst, info, target.journal_name)
             journaled.add(info.file)
             if target.on_shard is not None:
-                target.on_shard(info)  # converting to a URL: upload it now
+                target.on_shard(info)  # converting to a URL: list it in the remote journal
         kept += was_kept
         shards.append(info)
         _fault.point("between_shards", task.index)
@@ -133,7 +124,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
         remove_temporary(dst, owned)
         remove_shards_except(dst, journaled, owned)
         if target.on_start is not None:
-            target.on_start()  # workers upload to a URL: the remote journal must exist before any shard does
+            target.on_start()  # converting to a URL: the remote journal must exist before any shard does
         tasks = _tasks(source, fields, opts, target, names, plans, done, own, nbytes)
         if progress is not None:
             progress.start(sum(t.count for t in tasks), sum(t.in_bytes for t in tasks))
@@ -167,13 +158,15 @@ def _open_journal(target: Destination, head: dict) -> dict[str, ShardInfo]:
 
 def _manifest(source: Source, opts: WriteOptions, fields: list[FieldSpec], shards: list[ShardInfo],
               nbytes: np.ndarray, dst: Path) -> Manifest:
+    keys = source.sample_keys()
     return Manifest(
         backend=opts.backend, fields=fields, num_samples=len(source), shards=shards,
         classes=source.classes, version=version_for(fields),
         source={**source.describe(), "fastdata_version": __version__,
                 "shard_size": opts.shard_size, "compression": opts.compression or "none",
                 "sample_bytes": int(nbytes.sum())},  # before compression: `fastdata info` shows the ratio
-        keys=_write_keys(dst, source.sample_keys()),
+        keys=(KeysInfo(kind=KEYS_INDEX) if keys is None
+              else write_keys_file(dst, lambda f: write_keys(f, keys, str(dst)))),
     )
 
 
@@ -218,14 +211,12 @@ def _engine(opts: WriteOptions, ntasks: int) -> ShardEngine:
     return LocalEngine(min(opts.workers or usable_cpus(), ntasks))
 
 
-
-def _write_keys(dst: Path, keys: list[str] | None) -> KeysInfo:
-    """The keys side file (docs/format.md, "Sample keys"), written atomically before the manifest."""
-    if keys is None:
-        return KeysInfo(kind=KEYS_INDEX)
+def write_keys_file(dst: Path, write: Callable[[BinaryIO], object]) -> KeysInfo:
+    """The keys side file (docs/format.md, "Sample keys") as ``write(file)`` writes it, atomically, before the
+    manifest (which lists its size and checksum)."""
     path = dst / KEYS_FILE
     try:
-        write_atomic(path, lambda f: write_keys(f, keys, str(dst)))
+        write_atomic(path, write)
         return KeysInfo(kind=KEYS_KIND_FILE, file=KEYS_FILE, bytes=path.stat().st_size,
                         checksum=file_checksum(path, CHECKSUM_DEFAULT))
     except OSError as e:

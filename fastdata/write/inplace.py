@@ -1,12 +1,6 @@
-"""``fastdata.index``: a dataset that points into existing HDF5, ``.npy`` or Zarr files, no copy.
-
-The index is a folder holding only ``manifest.json`` (backend ``inplace``, fastdata/format/inplace.py):
-``fastdata.open`` and ``fastdata.loader`` read it as they read converted data. Each source file is
-stamped (size, modification time, metadata checksum, a checksum of sampled blocks, optionally a full
-checksum and per-block checksums) so that a file changed later is refused by name at open; a small
-same-size edit between the sampled blocks is found only with ``checksum``: by ``verify --deep``, and by
-the reader, which checks each block as it first reads it. See docs/in-place.md.
-"""
+"""``fastdata.index``: a dataset that points into existing HDF5, ``.npy`` or Zarr files, no copy: a folder
+holding only ``manifest.json`` (backend ``inplace``), each source file stamped so that one changed later is
+refused by name (docs/in-place.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Protocol
+from typing import Mapping
 
 import xxhash
 
@@ -27,6 +21,7 @@ from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, npy_info, zarr_info
 from fastdata.format.external import ZARR_META, Column, Index, file_problems, native, stamp
 from fastdata.format.inplace import NAME, index_of
 from fastdata.format.spec import KEYS_INDEX, KeysInfo
+from fastdata.write.options import Progress
 
 DEFAULT_FIELD = "x"  # the field of a single .npy file or Zarr array indexed without --field
 _UNIT_BYTES = 4 << 20  # contiguous data: the unit of shuffle=Shards() is about this many bytes
@@ -92,7 +87,7 @@ def _npy_path(base: str, rel: str) -> str:
     return os.path.join(base if os.path.isdir(base) else os.path.dirname(base), rel)
 
 
-def _plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, int],
+def plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, int],
                specs: dict[str, FieldSpec]) -> tuple[dict[str, Column], int, int]:
     """Each field's column in one source file (several files for .npy), checked against the others:
     the columns, the samples, and the samples of one shuffle=Shards() unit."""
@@ -126,15 +121,8 @@ def _plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, 
     return cols, count, chunk_rows
 
 
-class FileProgress(Protocol):
-    """Progress counted in files (the CLI's bar)."""
-
-    def start(self, total_samples: int, total_bytes: int, desc: str = ..., unit: str = ...) -> None: ...
-    def update(self, samples: int, nbytes: int) -> None: ...
-
-
 def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool = False,
-          progress: FileProgress | None = None) -> Manifest:
+          progress: Progress | None = None) -> Manifest:
     """The manifest of an in-place index of ``src`` (see :func:`index`), without writing it; ``progress``
     counts the files read (their metadata, then with ``checksum`` their bytes)."""
     paths = _expand(src)
@@ -151,7 +139,7 @@ def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool =
     if progress is not None:
         progress.start(len(paths), 0, desc="indexing", unit="files")
     for i, path in enumerate(paths):
-        cols, count, unit = _plan_part(fmt, path, fields, files, specs)
+        cols, count, unit = plan_part(fmt, path, fields, files, specs)
         digest = xxhash.xxh3_128(json.dumps({k: c.to_json() for k, c in cols.items()}, sort_keys=True).encode())
         size = sum(os.path.getsize(p) if os.path.isfile(p) else 0 for p, j in files.items()
                    if j in {c.file for c in cols.values()})
@@ -175,7 +163,7 @@ def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool =
 
 
 def index(src: str | os.PathLike[str], dst: str | os.PathLike[str], fields: Mapping[str, str] | None = None, *,
-          checksum: bool = False, overwrite: bool = False, progress: FileProgress | None = None) -> IndexReport:
+          checksum: bool = False, overwrite: bool = False, progress: Progress | None = None) -> IndexReport:
     """Index ``src`` in place at the folder ``dst``: ``fastdata.open(dst)`` then reads the source files.
 
     ``src``: an HDF5 file or a glob of several (quote it in a shell), a ``.npy`` file, or a Zarr array

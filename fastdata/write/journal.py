@@ -1,14 +1,8 @@
 """The conversion journal: what a conversion into DST planned and has finished, for ``--resume``.
 
-``DST/.fastdata-journal`` is JSON lines. The first line, written atomically (temporary file,
-fsync, rename) before any shard, describes the conversion: write options, the source's
-description and fingerprint, and the shard plan. Every later line records one finished shard
-(``file``, ``start``, ``count``, ``bytes``, ``checksum``), appended and fsynced after the shard was
-renamed into place. A torn last line (a crash mid-append) does not parse and is ignored: that
-shard is simply written again. The journal is deleted after the manifest is written.
-
-``--resume`` refuses when the options, the source or the plan differ from the journal's, so a
-resumed dataset is always the one an uninterrupted run would have written.
+JSON lines (docs/reliability.md): the first, written atomically before any shard, describes the conversion
+(options, source, fingerprint, shard plan); each later one a finished shard, appended and fsynced. A torn
+last line is ignored (that shard is written again). ``--resume`` refuses a journal of another conversion.
 """
 
 from __future__ import annotations
@@ -34,7 +28,6 @@ __all__ = ["JOURNAL_VERSION", "MAX_JOURNAL_BYTES", "append", "check_same", "fing
 
 JOURNAL_VERSION = 1
 MAX_JOURNAL_BYTES = 1 << 30
-_IDENTITY = ("backend", "shard_size", "compression")  # the options that decide the bytes (WriteOptions.identity)
 
 
 def header(source: Any, options: dict[str, Any], plan: Sequence[tuple[str, int, int]]) -> dict[str, Any]:
@@ -153,8 +146,8 @@ def _parse_entry(raw: bytes) -> ShardInfo | None:
 def check_same(dst: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Refuse to resume when this conversion is not the one the journal describes."""
     why = None
-    for key in _IDENTITY:
-        a, b = old.get("options", {}).get(key), new["options"].get(key)
+    for key, b in new["options"].items():  # the options that decide the bytes (WriteOptions.identity)
+        a = old.get("options", {}).get(key)
         if a != b:
             why = f"it used %({key}={a}), this run %({key}={b})"
             break

@@ -1,18 +1,9 @@
-"""``fastdata merge A B ... DST``: one dataset holding the samples of A, then B, ... (same schema and format).
+"""``fastdata merge A B ... DST``: one dataset holding the samples of A, then B, ... (docs/scale.md).
 
-Shards are immutable once written, so DST can share them with the inputs: each is hard-linked
-under DST's own shard name (no bytes copied, no extra space), and its manifest entry records the
-sample index the file numbers its samples from (``origin``, format version 2) when that differs
-from its place in DST. Where the filesystem refuses hard links (DST on another filesystem, no
-link support), ``method="auto"`` copies that shard instead and the report says so and why;
-``method="link"`` makes that an error. Shards whose labels must change (``remap_classes``) are
-rewritten. Nothing in the inputs is modified.
-
-Sample keys (format version 3) stay unique: DST's ``keys.bin`` holds the inputs' keys in merged
-order (an input keyed by index contributes ``"0"``, ``"1"``, ...). A key found in two inputs is an
-error unless ``key_prefixes`` puts each input's keys under a prefix of its own (``"<prefix>/<key>"``;
-``"names"``: each input's folder name). Inputs without keys beside inputs with keys are refused
-unless ``drop_keys`` (then DST has no keys): keys are never dropped silently.
+Shards are hard-linked under DST's names (copied where the filesystem refuses links, or with
+``method="copy"``), with an ``origin`` where their sample numbering moves; shards whose labels change
+(``remap_classes``) are rewritten. Sample keys stay unique: a key in two inputs is an error unless
+``key_prefixes`` separates them; inputs with and without keys need ``drop_keys``.
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ import numpy as np
 from fastdata._units import fmt_bytes
 from fastdata._version import __version__
 from fastdata.errors import CorruptShardError, UsageError
-from fastdata.fileio import file_checksum, finish_file, fsync_dir, write_atomic
+from fastdata.fileio import file_checksum, finish_file, fsync_dir
 from fastdata.format import (
     FORMAT_VERSION,
     LABEL_FIELD,
@@ -44,8 +35,9 @@ from fastdata.format import (
     write_manifest,
 )
 from fastdata.format.keys import DuplicateKeyError, KeyTable, write_keys
-from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_FILE, KEYS_INDEX, KEYS_KIND_FILE, KeysInfo, version_for
+from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_INDEX, version_for
 from fastdata.write.destination import check_dst, prepare_dst, refuse_broken_url, remove_ours
+from fastdata.write.engine import write_keys_file
 from fastdata.write.shard_task import write_error
 
 Method = Literal["auto", "link", "copy"]
@@ -119,7 +111,7 @@ def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, 
                 backend=first.backend, fields=first.fields, num_samples=report.samples, shards=shards,
                 classes=classes, version=max(FORMAT_VERSION, version_for(first.fields)),  # >= ORIGIN_VERSION: origins
                 source={"kind": "merge", "fastdata_version": __version__, "inputs": inputs_json},
-                keys=None if keys_bytes is None else _write_keys_file(target.path, keys_bytes),
+                keys=None if keys_bytes is None else write_keys_file(target.path, lambda f: f.write(keys_bytes)),
             )
             write_manifest(target.path, manifest)
         except BaseException:
@@ -245,16 +237,6 @@ def _merged_keys(roots: list[Path], ms: list[Manifest], prefixes: list[str] | No
     return ("prefixed" if prefixes is not None and any(prefixes) else "kept"), buf.getvalue()
 
 
-def _write_keys_file(dst: Path, data: bytes) -> KeysInfo:
-    """DST's keys.bin, written atomically before the manifest, which lists its size and checksum."""
-    path = dst / KEYS_FILE
-    try:
-        write_atomic(path, lambda f: f.write(data))
-    except OSError as e:
-        raise write_error(path, e) from None
-    return KeysInfo(kind=KEYS_KIND_FILE, file=KEYS_FILE, bytes=len(data), checksum=file_checksum(path, CHECKSUM_DEFAULT))
-
-
 def _same_fields(a: Path, ma: Manifest, b: Path, mb: Manifest) -> None:
     fa, fb = {f.name: f for f in ma.fields}, {f.name: f for f in mb.fields}
     for name in fa:
@@ -357,7 +339,9 @@ def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: P
     rows = {f.name: int(reader.lengths(f.name, np.arange(s.count)).sum()) for f in ragged}
     tmp, final = dst / f".{name}.partial", dst / name
     try:
-        with impl.ShardWriter(tmp, m.fields, s.count, rows, _compression(m), start=start) as w:
+        compression = (m.source or {}).get("compression")
+        with impl.ShardWriter(tmp, m.fields, s.count, rows, None if compression in (None, "none") else str(compression),
+                              start=start) as w:
             for a in range(0, s.count, _READ_ROWS):
                 local = np.arange(a, min(a + _READ_ROWS, s.count))
                 batch, lengths = _read(reader, m, local)
@@ -394,11 +378,6 @@ def _read(reader: Any, m: Manifest, local: np.ndarray) -> tuple[dict[str, np.nda
             outs[f.name] = np.empty((n, *f.trailing), dtype=f.np_dtype)
     reader.read_into(local, np.arange(n), outs)
     return outs, lengths
-
-
-def _compression(m: Manifest) -> str | None:
-    c = (m.source or {}).get("compression")
-    return None if c in (None, "none") else str(c)
 
 
 __all__ = ["MergeReport", "merge"]

@@ -49,9 +49,10 @@ class Source(Protocol):
 
 
 class Progress(Protocol):
-    """Progress of one phase; a conversion may have several (image folders: checking, then writing)."""
+    """Progress of one phase (the CLI's bar); a conversion may have several (image folders: checking, then
+    writing). ``unit``: what the samples are (an index counts files)."""
 
-    def start(self, total_samples: int, total_bytes: int, desc: str = "converting") -> None: ...
+    def start(self, total_samples: int, total_bytes: int, desc: str = ..., unit: str = ...) -> None: ...
     def update(self, samples: int, nbytes: int) -> None: ...
 
 

@@ -1,13 +1,8 @@
 """Part-by-part conversion for clusters without Ray: ``convert --part I/N``, then ``merge-parts``.
 
-Every part scans the whole source (cheap: headers only) and so computes the same shard plan;
-part I writes only its consecutive run of shards (:func:`.writer.part_range`) into the shared DST,
-each under its global name, and then a *part record* ``DST/.fastdata-part-IIIII-of-NNNNN.json``
-instead of a manifest. ``merge-parts`` checks that parts 0..N-1 are all there, agree on the
-conversion (options, source fingerprint, shard plan) and cover every shard exactly once with the
-files in place, then writes the manifest: byte for byte the one a one-machine conversion writes.
-DST may be a URL: each part uploads its shards and then its record (fastdata/write/remote_target.py), and
-``merge-parts URL`` makes the same checks on the objects there, then uploads the manifest last.
+Every part computes the same shard plan and writes only its run of shards (:func:`.engine.part_range`),
+then a part record instead of a manifest; ``merge-parts`` checks that the records agree and cover every
+shard, then writes the manifest a one-machine conversion writes (docs/scale.md). DST may be a URL.
 """
 
 from __future__ import annotations
@@ -103,25 +98,15 @@ def merge_parts(dst: str | os.PathLike[str], remote: RemoteOptions | None = None
 
 
 def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
-    if (dst / MANIFEST_NAME).exists():
-        raise UsageError(f"{dst}: already holds a finished dataset (manifest.json); nothing to merge")
-    entries = sorted(os.listdir(dst))
-    for e in entries:
+    sizes = {e.name: e.stat().st_size for e in os.scandir(dst) if e.is_file()}
+    for e in sizes:
         m = PART_FILE.match(e)
         if m and e.endswith(".lock"):
             who = holder(dst, e)
             if who is not None:
                 raise DestinationBusyError(f"{dst}: part {int(m.group(1))}/{int(m.group(2))} is still being "
                                            f"converted ({who}); run merge-parts after every part has ended")
-    records = [_read_record(dst / e) for e in entries if _RECORD.match(e)]
-
-    def size(name: str) -> int | None:
-        try:
-            return (dst / name).stat().st_size
-        except FileNotFoundError:
-            return None
-
-    manifest, skipped, n = _combine(str(dst), lambda name: str(dst / name), records, size)
+    manifest, skipped, n = _combine(str(dst), lambda name: str(dst / name), sizes, lambda name: _read(dst / name))
     _check_keys_file(dst, manifest, n)
     write_skipped(dst, skipped)
     write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
@@ -146,16 +131,8 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
         listing = []
     sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in listing
              if e.get("type") != "directory"}
-    if MANIFEST_NAME in sizes:
-        raise UsageError(f"{url}: already holds a finished dataset (manifest.json); nothing to merge")
-    records = []
-    for name in sorted(sizes):
-        if _RECORD.match(name):
-            where = join(url, name)
-            if sizes[name] > MAX_RECORD_BYTES:
-                raise DataError(f"{where}: part record too large to be one of ours")
-            records.append(_parse_record(call(lambda w=where: fs.cat_file(w), where), name, where))
-    manifest, skipped, n = _combine(url, lambda name: join(url, name), records, sizes.get)
+    manifest, skipped, n = _combine(url, lambda name: join(url, name), sizes,
+                                    lambda name: call(lambda: fs.cat_file(join(url, name)), join(url, name)))
     keys = manifest.keys
     if keys is not None and keys.file is not None and sizes.get(keys.file) != keys.bytes:
         got = sizes.get(keys.file)
@@ -179,11 +156,19 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
     return MergePartsReport(url, n, len(manifest.shards), manifest.num_samples, time.perf_counter() - t0)
 
 
-def _combine(dst: str, path_of: Callable[[str], str], records: list[dict[str, Any]],
-             size_of: Callable[[str], int | None]) -> tuple[Manifest, list[tuple[str, str]], int]:
-    """The checks merge-parts makes, wherever the parts are: every part 0..N-1 once, all of one
-    conversion, covering the shard plan exactly, each shard in place with its recorded size.
-    Returns the manifest to write, the skipped files and N."""
+def _combine(dst: str, path_of: Callable[[str], str], sizes: dict[str, int],
+             read: Callable[[str], bytes]) -> tuple[Manifest, list[tuple[str, str]], int]:
+    """The checks merge-parts makes, wherever the parts are (``sizes``: every file there; ``read``: one's
+    bytes): no manifest yet, every part 0..N-1 once, all of one conversion, covering the shard plan exactly,
+    each shard in place with its recorded size. Returns the manifest to write, the skipped files and N."""
+    if MANIFEST_NAME in sizes:
+        raise UsageError(f"{dst}: already holds a finished dataset (manifest.json); nothing to merge")
+    records = []
+    for name in sorted(sizes):
+        if _RECORD.match(name):
+            if sizes[name] > MAX_RECORD_BYTES:
+                raise DataError(f"{path_of(name)}: part record too large to be one of ours")
+            records.append(_parse_record(read(name), name, path_of(name)))
     if not records:
         raise UsageError(f"{dst}: no part records (.fastdata-part-*.json): convert the parts first "
                          "(fastdata convert SRC DST %(part=I/N))")
@@ -223,21 +208,18 @@ def _combine(dst: str, path_of: Callable[[str], str], records: list[dict[str, An
         raise UsageError(f"{dst}: the parts do not cover the shard plan (first missing: "
                          f"{absent[0] if absent else '?'}); convert again into a new folder")
     for s in shards:
-        _check_shard_file(path_of(s.file), size_of(s.file), s, claimed[s.file], n)
+        _check_shard_file(path_of(s.file), sizes.get(s.file), s, claimed[s.file], n)
     obj = dict(first["manifest"])
     obj["shards"] = [s.to_json() for s in sorted(shards, key=lambda s: s.start)]
     manifest = parse_manifest(obj, where=dst)  # validates: contiguous, every sample covered
     return manifest, [(str(p), str(r)) for p, r in first["skipped"]], n
 
 
-def _read_record(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> bytes:
     try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
-            raise DataError(f"{path}: part record too large to be one of ours")
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         raise DataError(f"{path}: unreadable part record ({e}); convert that part again with %(overwrite=True)") from None
-    return _parse_record(raw, path.name, str(path))
 
 
 def _parse_record(raw: bytes, name: str, where: str) -> dict[str, Any]:

@@ -1,12 +1,8 @@
 """``--engine ray``: one Ray task per shard; the driver journals each finished shard and writes the manifest.
 
-A shard task is a pure function of its :class:`~.shardwork.ShardTask` (same bytes every time,
-temporary name then publish), so Ray may retry it after a worker dies, or run it twice, without
-harm. A task that keeps failing ends the conversion naming the shard and the reason; shards that
-finished stay journaled for ``--resume``. Workers must see DST under the same path (a shared
-filesystem), or DST is a URL that every worker uploads its shards to (fastdata/write/url_publish.py);
-the driver checks every shard it is told about (file or object, with its size), so a DST on one
-node's local disk is an error, never a dataset with missing shards. Ray is optional: ``pip install 'fastdata[ray]'``.
+A shard task is a pure function of its :class:`ShardTask`, so Ray may retry or duplicate it harmlessly.
+Workers write into a folder every node shares, or upload to a URL; the driver checks every shard it is
+told about, so a DST on one node's local disk is an error, never a dataset with missing shards.
 """
 
 from __future__ import annotations
@@ -105,7 +101,10 @@ class RayEngine:
                     pending[remote.remote(t)] = t
                 if not pending:
                     break
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=_WAIT_S)
+                # after a failure, running shards may end (they are kept for --resume), but not forever
+                draining = error is not None
+                ready, _ = ray.wait(list(pending), num_returns=len(pending) if draining else 1,
+                                    timeout=_DRAIN_S if draining else _WAIT_S)
                 for ref in ready:
                     t = pending.pop(ref)
                     try:
@@ -114,7 +113,7 @@ class RayEngine:
                     except BaseException as e:  # noqa: BLE001 - every failure is reported with its shard
                         if isinstance(e, KeyboardInterrupt):
                             raise
-                        if error is None:
+                        if error is None:  # later ones were cancelled, or failed too: the first is reported
                             error = _shard_error(ray, t, e)
                             todo.clear()
                             _cancel(ray, pending, force=False)
@@ -122,17 +121,7 @@ class RayEngine:
                     if progress is not None:
                         progress.update(t.count, t.in_bytes)
                     finished(t, info, kept)
-                if error is not None and pending:
-                    # Let running shards end (they are kept for --resume), but not forever.
-                    done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_DRAIN_S)
-                    for ref in done:
-                        t = pending.pop(ref)
-                        try:
-                            info, kept, host = ray.get(ref)
-                            _check_visible(t, info, host)
-                        except BaseException:  # noqa: BLE001 - cancelled or failed too; the first error is reported
-                            continue
-                        finished(t, info, kept)
+                if draining:
                     _cancel(ray, pending, force=True)
                     pending.clear()
         except BaseException:

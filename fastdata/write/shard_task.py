@@ -1,9 +1,5 @@
-"""Writing one shard, in a worker process or inline: temp name, fsync, hash, rename.
-
-A shard that ``--resume`` found in the journal is kept when its size and checksum still match,
-and written again otherwise. Worker processes die with the main process (Linux:
-``PR_SET_PDEATHSIG``), so killing a conversion never leaves a worker writing into DST.
-"""
+"""Writing one shard, in a worker process or inline: temp name, fsync, hash, publish (rename or upload).
+Workers die with the main process (Linux: ``PR_SET_PDEATHSIG``), so a killed conversion leaves none writing."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -28,9 +24,9 @@ from fastdata.format.spec import CHECKSUM_DEFAULT
 from fastdata.write import _fault
 
 if TYPE_CHECKING:
-    from fastdata.write.url_publish import UrlSpec
+    from fastdata.write.url_publish import UrlPublisher, UrlSpec
 
-__all__ = ["LocalPublisher", "Publisher", "ShardTask", "check_sample", "init_worker", "publisher_for", "write_error",
+__all__ = ["LocalPublisher", "ShardTask", "check_sample", "init_worker", "publisher_for", "write_error",
            "write_shard"]
 
 _PROGRESS_EVERY_S = 0.2
@@ -103,26 +99,11 @@ def write_error(path: Path | str, e: BaseException) -> WriteError:
     return WriteError(f"{path}: cannot write: {reason}")
 
 
-class Publisher(Protocol):
-    """Where a finished shard goes. A shard is always written to a local file first
-    (:meth:`local_path`), then :meth:`publish` makes it part of DST. A local or shared-filesystem
-    DST publishes by fsync + rename (:class:`LocalPublisher`); an object-storage DST uploads the
-    file and deletes the local copy (:class:`~.urlpublish.UrlPublisher`). Publishing the same name
-    twice with the same bytes is harmless, so a retried or duplicated shard task is too.
-    :meth:`discard` drops the local file of a task that failed before publishing; :meth:`size` is
-    the published shard's size as this process sees it (None: not there)."""
-
-    def local_path(self, name: str) -> Path: ...
-    def publish(self, tmp: Path, name: str) -> None: ...
-    def intact(self, name: str, expect: ShardInfo) -> bool: ...
-    def size(self, name: str) -> int | None: ...
-    def where(self, name: str) -> str: ...
-    def discard(self, tmp: Path) -> None: ...
-
-
 @dataclass(frozen=True)
 class LocalPublisher:
-    """DST is a folder (local disk or a filesystem every worker shares): write beside the final name, rename."""
+    """Where a finished shard goes when DST is a folder (local disk or a filesystem every worker shares): written
+    beside its final name, renamed (fastdata/write/url_publish.py's UrlPublisher uploads instead). Publishing the
+    same bytes twice is harmless, so a retried or duplicated shard task is too."""
 
     dst: Path
 
@@ -149,11 +130,11 @@ class LocalPublisher:
         return str(self.dst / name)
 
     def discard(self, tmp: Path) -> None:
-        """Nothing here: the temporary name sits in DST, where the conversion's own tidying (or the
-        next attempt at the shard) deals with it; a duplicate task may be writing it right now."""
+        """Nothing: the conversion's own tidying deals with a temporary name in DST (a duplicate task may be
+        writing it right now)."""
 
 
-def publisher_for(dst: str, remote: "UrlSpec | None" = None) -> Publisher:
+def publisher_for(dst: str, remote: "UrlSpec | None" = None) -> "LocalPublisher | UrlPublisher":
     """The publisher for a shard task's destination: a folder, or a URL whose task carries the
     :class:`~.urlpublish.UrlSpec` (storage options included) the writing process uploads with. A URL
     without one is a caller's mistake, refused rather than written as a local folder named ``s3:``."""

@@ -1,14 +1,14 @@
-"""Shards published to object storage by the process that wrote them (``--engine ray`` into a URL).
+"""Shards published to object storage by the process that wrote them (converting to a URL).
 
-A shard task bound for a URL carries a :class:`UrlSpec` (the URL, the fsspec storage options and the
-time bound: picklable, so it travels to Ray workers with the task, never through global state). The
-worker writes the shard into a private staging folder under its node's cache directory, uploads it
-to ``URL/<name>`` (retried within the time bound) and deletes the local copy. Uploading the same
-bytes twice only replaces an object with itself, so a retried or duplicated task is harmless.
+A shard task bound for a URL carries a picklable :class:`UrlSpec` (URL, storage options, time bound), so
+it travels to worker processes and Ray workers with the task. The worker writes the shard into a private
+staging folder, uploads it to ``URL/<name>`` (retried within the bound) and deletes the local copy; the
+same bytes uploaded twice replace an object with itself, so a retried or duplicated task is harmless.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -26,7 +26,7 @@ from fastdata.remote.retry import with_retries
 from fastdata.remote.url import filesystem, join, root
 from fastdata.write import _fault
 
-_WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
+WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ class UrlSpec:
 
 @dataclass
 class UrlPublisher:
-    """The :class:`~.shardwork.Publisher` for a URL destination: write locally, upload, delete."""
+    """Where a finished shard goes when DST is a URL: written locally, uploaded, deleted (as
+    fastdata/write/shard_task.py's LocalPublisher renames)."""
 
     spec: UrlSpec
     _fs: Any = field(default=None, repr=False)
@@ -119,11 +120,13 @@ def shard_number(name: str) -> int | None:
 def staging_dir(spec: UrlSpec) -> Path:
     """This process's staging folder, ``<cache>/uploads/workers/<host>-<pid>``; folders left by dead
     processes of this host (a killed worker's half-written shard) are removed on the way."""
-    root = (Path(spec.cache_dir) if spec.cache_dir is not None else default_cache_dir()) / "uploads" / _WORKERS_DIR
+    root = (Path(spec.cache_dir) if spec.cache_dir is not None else default_cache_dir()) / "uploads" / WORKERS_DIR
     host = socket.gethostname()
     mine = root / f"{host}-{os.getpid()}"
-    if not mine.is_dir():
-        mine.mkdir(parents=True, exist_ok=True)
+    if not mine.is_dir():  # (removed after each upload, when empty)
+        while not mine.is_dir():  # a conversion ending meanwhile may remove the empty folders above it
+            with contextlib.suppress(FileNotFoundError):
+                mine.mkdir(parents=True, exist_ok=True)
         _sweep_dead(root, host)
     return mine
 
@@ -137,9 +140,19 @@ def _sweep_dead(root: Path, host: str) -> None:
 
 
 def _remove_local(tmp: Path) -> None:
-    """Remove a local shard file (and an LMDB lock file beside it)."""
+    """Remove a local shard file (and an LMDB lock file beside it), and its staging folder once empty."""
     tmp.unlink(missing_ok=True)
     Path(f"{tmp}-lock").unlink(missing_ok=True)
+    remove_empty(tmp.parent)
 
 
-__all__ = ["UrlPublisher", "UrlSpec", "shard_number", "staging_dir"]
+def remove_empty(*folders: Path) -> None:
+    """Remove each of ``folders`` that is empty, in order (a staging folder, then those above it)."""
+    for d in folders:
+        try:
+            d.rmdir()
+        except OSError:  # not empty (another process stages there), or gone already
+            pass
+
+
+__all__ = ["UrlPublisher", "UrlSpec", "WORKERS_DIR", "remove_empty", "shard_number", "staging_dir"]
