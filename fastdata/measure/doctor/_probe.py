@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -79,7 +79,6 @@ class Recorder:
         self.sample_budget_s: float | None = None  # seconds drawing the sample through __getitem__
         self.measure_s: float | None = None  # seconds timing fastdata's loader alone
         self.tables: list[str] = []  # the tables this process opened (fastdata.measure.doctor.account)
-        self._tables_cm: Any = None
 
     # -- budget ---------------------------------------------------------------------------------
     def spent(self) -> bool:
@@ -100,7 +99,7 @@ class Recorder:
     def _size_the_rest(self) -> None:
         """Replayed steps, beside steps, sampling and measuring time from what is left: the rest of a
         ``seconds`` budget, or half the time the ``steps`` took; fewer steps when steps are slow."""
-        if self.replaying or self.stopped_at is not None or self.sample_budget_s is not None:
+        if self.sample_budget_s is not None:  # sized already
             return
         from fastdata.measure.doctor.project import MEASURE_S, SAMPLE_BUDGET_S
         now = time.perf_counter()
@@ -230,14 +229,13 @@ class Recorder:
             "main_pid": os.getpid(), "replay_key": self.cached_from,
             "stopped_at": self.stopped_at, "budget": {"steps": self.steps, "seconds": self.seconds},
             "beside": self.beside, "beside_end": self.beside_end, "beside_why": self.beside_why,
-            "tables": [p for p in self.tables if is_table(p)], "episode": self._episode(),
+            "tables": self.tables, "episode": self._episode(),
             "loaders": [vars(r) for r in self.loaders.values()], "h2d": self.h2d,
         }
 
 
 _recorder: Recorder | None = None
-_saved: list[tuple[Any, str, Any]] = []  # (class, attribute, original) to undo the patches
-_hooked: list[tuple[Any, Any]] = []  # (DataLoader, its own worker_init_fn) to give back at uninstall
+_undo = ExitStack()  # what install patched and opened (and the DataLoaders' worker_init_fn), given back last first
 _copies: Accountant | None = None  # times the copies of the batches to a GPU (fastdata.measure.doctor._h2d)
 
 
@@ -257,7 +255,7 @@ def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
             return
         if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, _worker.WorkerHook):
             # read by the multiprocessing iterator right after this: spawned workers install the hooks
-            _hooked.append((loader, loader.worker_init_fn))
+            _undo.callback(setattr, loader, "worker_init_fn", loader.worker_init_fn)
             loader.worker_init_fn = _worker.WorkerHook(rec.out_dir, loader.worker_init_fn)
         key = id(loader)
         if key not in rec.loaders:
@@ -374,7 +372,7 @@ def _clone(batch: Any) -> Any:
 
 def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
     orig = cls.__dict__[name]
-    _saved.append((cls, name, orig))
+    _undo.callback(setattr, cls, name, orig)
     setattr(cls, name, make(orig))
 
 
@@ -392,38 +390,28 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
     _recorder = Recorder(out_dir, steps, seconds, replay, project, start)
     _patch(dl._BaseDataLoaderIter, "__init__", _timed_iter_init)
     _patch(dl._BaseDataLoaderIter, "__next__", _timed_next)
-    _saved.extend(_worker.patch_fetchers())
-    _worker.start(out_dir)
+    for cls, name, orig in _worker.install(out_dir):
+        _undo.callback(setattr, cls, name, orig)
     from fastdata.loaders.base import Loader
 
     _patch(Loader, "__iter__", _timed_fastdata_iter)
     _copies = _h2d.install(clock)
-    _recorder._tables_cm = opened(tables_only=True)
-    _recorder.tables = _recorder._tables_cm.__enter__()
+    _recorder.tables = _undo.enter_context(opened(tables_only=True))
     return _recorder
 
 
 def uninstall() -> Recorder | None:
     """Undo the patches; flush this process's dataset timings; return the Recorder."""
     global _recorder, _copies
-    rec = _recorder
+    rec, _recorder = _recorder, None
     if _copies is not None:
         from fastdata.measure.doctor import _h2d
 
-        acc = _h2d.uninstall()
-        _copies = None
+        acc, _copies = _h2d.uninstall(), None
         if rec is not None and acc is not None:
             rec.h2d = acc.dump()
     _worker.stop()
-    if rec is not None and rec._tables_cm is not None:
+    _undo.close()
+    if rec is not None:
         rec.tables = [p for p in rec.tables if is_table(p)]
-        rec._tables_cm.__exit__(None, None, None)
-        rec._tables_cm = None
-    while _saved:
-        cls, name, orig = _saved.pop()
-        setattr(cls, name, orig)
-    while _hooked:
-        loader, init = _hooked.pop()
-        loader.worker_init_fn = init
-    _recorder = None
     return rec

@@ -62,12 +62,6 @@ class WorkerStats:
             pass
 
 
-def start(out_dir: Path) -> None:
-    """Record this process's dataset timings into ``out_dir`` (the main process, or a spawned worker)."""
-    global _out_dir
-    _out_dir = out_dir
-
-
 def stop() -> None:
     """Flush this process's figures, undo the reader patches, stop recording."""
     global _out_dir
@@ -128,10 +122,13 @@ def timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
     return fetch
 
 
-def patch_fetchers() -> list[tuple[Any, str, Any]]:
-    """Patch torch's map and iterable fetchers in this process; the (class, name, original) list to undo it."""
+def install(out_dir: Path) -> list[tuple[Any, str, Any]]:
+    """Record this process's dataset timings into ``out_dir``: patch torch's map and iterable fetchers; the
+    (class, name, original) list to undo it."""
     import torch.utils.data._utils.fetch as fetch
 
+    global _out_dir
+    _out_dir = out_dir
     saved = []
     for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
         saved.append((cls, "fetch", cls.__dict__["fetch"]))
@@ -148,8 +145,7 @@ class WorkerHook:
 
     def __call__(self, worker_id: int) -> None:
         if _out_dir is None:  # spawned: a fresh interpreter (a forked worker already records)
-            start(self.out_dir)
-            patch_fetchers()
+            install(self.out_dir)
         if self.inner is not None:
             self.inner(worker_id)
 
