@@ -230,31 +230,24 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
 def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, ahead_bytes: int) -> int:
     """``reqs`` hinted (``WILLNEED``) in order by one thread at most ``ahead_bytes`` ahead of ``copiers``
     threads that ``pread`` them: random reads with a queue as deep as fastdata's read-ahead keeps."""
-    ahead = max(1, ahead_bytes // size)
-    state = {"next": 0, "done": 0, "over": False}
-    cond = threading.Condition()
+    room = threading.Semaphore(max(1, ahead_bytes // size))  # requests that may be hinted and not yet read
+    order = iter(reqs)  # each copier takes the next request (next() on a list iterator is atomic)
+    over = threading.Event()
 
     def hint() -> None:
-        for i, (fd, off) in enumerate(reqs):
-            with cond:
-                while i - state["done"] >= ahead and not state["over"]:
-                    cond.wait()
-                if state["over"]:
-                    return
+        for fd, off in reqs:
+            room.acquire()
+            if over.is_set():
+                return
             os.posix_fadvise(fd, off, size, os.POSIX_FADV_WILLNEED)
 
     def copy() -> int:
         buf, got = bytearray(size), 0
-        while time.perf_counter() <= stop:
-            with cond:
-                i = state["next"]
-                state["next"] += 1
-            if i >= len(reqs):
+        for fd, off in order:
+            if time.perf_counter() > stop:
                 break
-            got += os.preadv(reqs[i][0], [buf], reqs[i][1])
-            with cond:
-                state["done"] += 1
-                cond.notify()
+            got += os.preadv(fd, [buf], off)
+            room.release()
         return got
 
     hinting = threading.Thread(target=hint, name="fastdata-bench-hint", daemon=True)
@@ -263,9 +256,8 @@ def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, a
         with ThreadPoolExecutor(max(1, copiers)) as pool:
             return sum(pool.map(lambda _: copy(), range(max(1, copiers))))
     finally:
-        with cond:
-            state["over"] = True
-            cond.notify()
+        over.set()
+        room.release()
         hinting.join()
 
 

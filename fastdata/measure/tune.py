@@ -96,12 +96,10 @@ def _reason(winner: dict[str, Any], table: list[tuple[dict[str, Any], BenchResul
         return ("threads: no transform was given, so worker processes were not raced (they hand over the same "
                 "bytes through shared memory and cannot win by more than noise; pass a transform to race them)")
     other = "threads" if winner["mode"] == "processes" else "processes"
-    best: dict[str, tuple[int, float]] = {}
-    for s, r, rnd in table:  # each mode's best rate in the latest round any of its candidates reached
-        got = best.get(s["mode"])
-        if got is None or (rnd, r.samples_per_s) > got:
-            best[s["mode"]] = (rnd, r.samples_per_s)
-    mine, theirs = best[winner["mode"]], best.get(other)
+    # each mode's best rate in the latest round any of its candidates reached
+    mine, theirs = (max(((rnd, r.samples_per_s) for s, r, rnd in table if s["mode"] == m), default=None)
+                    for m in (winner["mode"], other))
+    assert mine is not None
     if theirs is None:
         return f"{winner['mode']}: the only mode raced"
     why = ("the transform holds the GIL, so threads wait for each other" if winner["mode"] == "processes" else

@@ -29,7 +29,7 @@ STEPS_EXTRA_S = 5.0  # with --steps, the replay, sample and projection may take 
 MEASURE_SHARE, HARD_SHARE = 0.5, 0.8  # of a --seconds budget: measuring the loop; the latest it may end
 BESIDE = 24  # then steps on the cached batches while fastdata's loader reads a sample beside them (projection)
 MAX_EVENTS = 20000  # per loader, for the timeline
-ENV = "FASTDATA_DOCTOR"  # how fastdata.measure.doctor.run tells the child (_boot) its folder and budget, as JSON
+ENV = "FASTDATA_DOCTOR"  # how fastdata.measure.doctor.run tells its child process its folder and budget, as JSON
 
 class BudgetReached(SystemExit):
     """Raised in the training loop when the doctor's budget is spent: stops the script like sys.exit."""
