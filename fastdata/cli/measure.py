@@ -69,14 +69,13 @@ def add_parsers(sub: Any) -> None:
 def _add_doctor(sub: Any) -> None:
     d = sub.add_parser("doctor", help="is a training script input-bound? measured on the script, with the fix",
                        description="Run a training script unchanged for a bounded budget, measure how long its loop "
-                                   "waits for each DataLoader batch and why (time in the dataset's __getitem__ and "
-                                   "collate, worker CPU, bytes read, the copies of batches to a CUDA GPU), time the step on a "
-                                   "copies of its first batches, time "
-                                   "fastdata.loader on a sample of the dataset, and print the verdict, the projected "
-                                   "gain and the commands (docs/doctor.md).")
+                                   "waits for each DataLoader batch and why (time in __getitem__ and collate, worker "
+                                   "CPU, bytes read, the copies of batches to a CUDA GPU), time the step on copies of "
+                                   "its first batches and fastdata.loader on a sample of the dataset, and print the "
+                                   "verdict, the projected gain and the fix (docs/doctor.md).")
     b = d.add_mutually_exclusive_group()
     b.add_argument("--steps", type=int, default=None, metavar="N", help="stop after N batches")
-    b.add_argument("--seconds", type=duration, default=None, metavar="S",
+    b.add_argument("--seconds", type=duration, default=60.0, metavar="S",
                    help="the whole run, start to verdict, takes about S seconds (e.g. 30s or 2m; default: 60s): about half of it measures the loop, the rest replays the step and projects fastdata; slow steps give fewer steps, and the report says its confidence")
     d.add_argument("--json", metavar="FILE", help="write the report as JSON")
     d.add_argument("--html", metavar="FILE", help="write an HTML page with a timeline of waits and steps")
@@ -92,8 +91,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     from fastdata.measure.doctor import run
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    seconds = args.seconds if args.seconds is not None or args.steps is not None else 60.0
-    report = run(cmd, steps=args.steps, seconds=seconds, json_path=args.json, html_path=args.html,
+    report = run(cmd, steps=args.steps, seconds=args.seconds, json_path=args.json, html_path=args.html,
                  replay=not args.no_replay, project=not args.no_project)
     return 0 if report.get("bottleneck") is not None else 1
 

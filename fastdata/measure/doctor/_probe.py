@@ -58,7 +58,6 @@ class Recorder:
         self.loaders: dict[int, LoaderRecord] = {}
         # a --seconds budget counts from the doctor's own start (time.time()), the child's start-up too
         self.started = time.perf_counter() - (max(time.time() - start, 0.0) if start else 0.0)
-        self.first_batch_at: float | None = None
         self.cached: list[Any] = []  # the replay's batches: the first after WARMUP of one loader
         self.cached_from: int | None = None
         self.replaying = 0
@@ -70,7 +69,6 @@ class Recorder:
         self.h2d: dict[str, Any] | None = None  # the host-to-device copies (fastdata.measure.doctor._h2d), at uninstall
         # the replay beside fastdata's loader: (handed out, seconds waited for fastdata, copy seconds, position)
         self.beside: list[tuple[float, float, float, int]] = []
-        self.beside_end: float | None = None
         self.beside_why: str | None = None  # why there was no replay beside fastdata's loader
         self.sampled: Any = None  # fastdata.measure.doctor.project.Sampled, or a string saying why not
         self._beside: Any = None  # the running fastdata.measure.doctor.project.Beside
@@ -88,7 +86,7 @@ class Recorder:
         done = False
         if self.steps is not None and self.batches >= self.steps + WARMUP:
             done = True
-        elif self.seconds is not None and self.first_batch_at is not None:
+        elif self.seconds is not None:
             elapsed = time.perf_counter() - self.started
             done = (elapsed >= HARD_SHARE * self.seconds and self.batches >= 2) or (
                 elapsed >= MEASURE_SHARE * self.seconds and self.batches > WARMUP)
@@ -103,11 +101,11 @@ class Recorder:
             return
         from fastdata.measure.doctor.project import MEASURE_S, SAMPLE_BUDGET_S
         now = time.perf_counter()
+        got = sorted(g for r in self.loaders.values() for _, g, _ in r.events)
         if self.seconds is not None:
             left = max(self.started + self.seconds - now, 0.0)
         else:
-            left = max(0.5 * (now - (self.first_batch_at or self.started)), STEPS_EXTRA_S)
-        got = sorted(g for r in self.loaders.values() for _, g, _ in r.events)
+            left = max(0.5 * (now - (got[0] if got else self.started)), STEPS_EXTRA_S)
         step = (got[-1] - got[0]) / (len(got) - 1) if len(got) > 1 else max(now - got[0], 1e-3) if got else 1e-3
         self.n_replay = int(min(REPLAY, max(MIN_REPLAY, 0.25 * left / step)))
         beside = 0.35 * left / step  # too few to fit: none (the projection is then fastdata's loader alone)
@@ -120,8 +118,6 @@ class Recorder:
         self.batches += 1
         if len(rec.events) < MAX_EVENTS:
             rec.events.append((asked, got, rec.passes))
-        if self.first_batch_at is None:
-            self.first_batch_at = got
         if _copies is not None:  # to know the loop's later copies of this batch to the GPU
             _copies.track(batch, key, self.batches, len(rec.events) > WARMUP)
         if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
@@ -197,11 +193,10 @@ class Recorder:
 
     def _stop(self) -> None:
         """End the replay: stop fastdata's loader if it ran, then the script (BudgetReached)."""
-        now = time.perf_counter()
         if self.stopped_at is None:
-            self.stopped_at = now
+            self.stopped_at = time.perf_counter()
         if self._beside is not None:
-            self.beside_end, b, self._beside = now, self._beside, None
+            b, self._beside = self._beside, None
             b.close()
         raise BudgetReached(0)
 
@@ -225,10 +220,8 @@ class Recorder:
 
     def dump(self) -> dict[str, Any]:
         return {
-            "started": self.started, "ended": time.perf_counter(), "stop_reason": self.stop_reason,
-            "main_pid": os.getpid(), "replay_key": self.cached_from,
-            "stopped_at": self.stopped_at, "budget": {"steps": self.steps, "seconds": self.seconds},
-            "beside": self.beside, "beside_end": self.beside_end, "beside_why": self.beside_why,
+            "stop_reason": self.stop_reason, "main_pid": os.getpid(), "replay_key": self.cached_from,
+            "stopped_at": self.stopped_at, "beside": self.beside, "beside_why": self.beside_why,
             "tables": self.tables, "episode": self._episode(),
             "loaders": [vars(r) for r in self.loaders.values()], "h2d": self.h2d,
         }
@@ -291,9 +284,8 @@ def _timed_fastdata_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
             return
         key = id(self)
         if key not in rec.loaders:
-            settings = {"num_workers": getattr(self.config, "workers", None), "batch_size": self.batch_size,
-                        "device": str(getattr(self, "device", None)),
-                        "mode": getattr(self.config, "mode", None), "prefetch": getattr(self.config, "prefetch", None)}
+            settings = {"num_workers": getattr(self, "workers", None), "batch_size": self.batch_size,  # (DALI: none)
+                        "device": str(self.device), "mode": self.config.mode, "prefetch": self.config.prefetch}
             rec.loaders[key] = LoaderRecord(key, "fastdata", settings, _describe(self.dataset))
             rec.batch_sizes[key] = self.batch_size
         rec.loaders[key].passes += 1

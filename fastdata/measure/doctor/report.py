@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,10 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
     alive = sum(r["alive_s"] for r in rows) or 1e-9
     fetch, collate = sum(r["fetch_s"] for r in rows), sum(r["collate_s"] for r in rows)
     samples, batches = sum(r["samples"] for r in rows), sum(r["batches"] for r in rows)
-    ios = [r["io"] for r in rows if r.get("io")]
-    causes: dict[str, float] = {}
+    ios = [r["io"] for r in rows if r["io"]]
+    causes: Counter[str] = Counter()
     for r in rows:
-        for k, v in (r.get("causes") or {}).items():
-            causes[k] = causes.get(k, 0.0) + v
+        causes.update(r["causes"])
     out: dict[str, Any] = {
         "processes": len(rows), "samples": samples,
         "getitem_s_per_sample": fetch / samples if samples else None,
@@ -74,8 +74,8 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
         "getitem_fraction": fetch / alive, "collate_fraction": collate / alive,
         "cpu_fraction": sum(r["cpu_s"] for r in rows) / alive,
         # time inside known readers and decoders, as a fraction of the workers' time (sorted, largest first)
-        "causes": dict(sorted(((k, v / alive) for k, v in causes.items()), key=lambda kv: -kv[1])),
-        "source": source_of([f for r in rows for f in r.get("files") or []]),
+        "causes": {k: v / alive for k, v in causes.most_common()},
+        "source": source_of([f for r in rows for f in r["files"]]),
     }
     if ios and num_workers > 0:  # the main process's counters hold the whole script, not the dataset
         rchar, read_bytes = sum(i["rchar"] for i in ios), sum(i["read_bytes"] for i in ios)
@@ -94,10 +94,7 @@ def source_of(files: list[str]) -> dict[str, Any] | None:
     files = [f for f in files if os.path.isfile(f) and not is_table(f)]  # tables: fastdata.measure.doctor.account
     if not files:
         return None
-    kinds: dict[str, int] = {}
-    for f in files:
-        ext = os.path.splitext(f)[1].lower() or "(none)"
-        kinds[ext] = kinds.get(ext, 0) + 1
+    kinds = dict(Counter(os.path.splitext(f)[1].lower() or "(none)" for f in files))
     folder = os.path.commonpath([os.path.dirname(f) for f in files])
     per_sample = len(files) > 1 and all(k in IMAGE_SUFFIXES or k in ARRAY_SUFFIXES for k in kinds)
     return {"folder": folder, "kinds": kinds, "files_seen": len(files), "convertible": per_sample}
@@ -143,16 +140,15 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
     raw = json.loads((folder / "raw.json").read_text())
     proj_path = folder / "project.json"
     proj = json.loads(proj_path.read_text()) if proj_path.exists() else {"ok": False, "why": "not measured"}
+    none = {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None, "loaders": []}
     if not raw["loaders"]:
-        return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None,
-                "verdict": "no DataLoader was iterated: nothing to measure", "loaders": []}
+        return {**none, "verdict": "no DataLoader was iterated: nothing to measure"}
     main = max(raw["loaders"], key=lambda r: len(r["events"]))
     waits, steps, confidence = measured_steps(main["events"])
     if not steps:
-        return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None, "loaders": [],
-                "verdict": ("one batch in the budget: a step takes longer than the budget allows; raise --seconds"
-                            if raw["stop_reason"] == "budget spent" else
-                            f"too few batches to measure ({len(main['events'])}) before the script stopped")}
+        return {**none, "verdict": "one batch in the budget: a step takes longer than the budget allows; raise "
+                                   "--seconds" if raw["stop_reason"] == "budget spent" else
+                                   f"too few batches to measure ({len(main['events'])}) before the script stopped"}
     wait_fraction = sum(waits) / sum(steps)
     step_s = sum(steps) / len(steps)
     compute = _replay_step(main, raw.get("stopped_at")) if raw.get("replay_key") == main["key"] else None
