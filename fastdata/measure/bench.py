@@ -65,45 +65,37 @@ def measure(
     ``max_seconds``. The first ``warmup`` batches are not counted; ``on_batch(samples_so_far, elapsed)``
     may show progress."""
     durations: list[float] = []
-    counted = 0
+    counted = seen = 0
     t_start = time.perf_counter()
-    first = None
-    seen = 0
-    t_steady = None
+    first = 0.0  # seconds to the first batch
+    t_steady: float | None = None  # when the first counted batch was asked for
     while True:
+        seen_before = seen
         it = iter(batches())
         last = time.perf_counter()
-        got_any = False
         for batch in it:
-            got_any = True
             now = time.perf_counter()
-            if first is None:
-                first = now - t_start
             seen += 1
-            n = batch_len(batch)
+            if seen == 1:
+                first = now - t_start
             if seen > warmup:
                 if t_steady is None:
                     t_steady = last
                 durations.append(now - last)
-                counted += n
+                counted += batch_len(batch)
             last = now
             if on_batch is not None:
                 on_batch(counted, now - t_start)
             if (max_batches is not None and len(durations) >= max_batches) or (
                 t_steady is not None and now - t_steady >= max_seconds and len(durations) >= 3
             ):
-                _close(it)
-                return _result(name, durations, counted, bytes_per_sample, first or 0.0, settings)
-        if not got_any:
+                if hasattr(it, "close"):  # a generator, or a loader's iterator: its threads stop now
+                    it.close()
+                return _result(name, durations, counted, bytes_per_sample, first, settings)
+        if seen == seen_before:
             raise ValueError(f"{name}: the pipeline yielded no batches")
         if one_pass:
-            return _result(name, durations, counted, bytes_per_sample, first or 0.0, settings)
-
-
-def _close(it: Any) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
+            return _result(name, durations, counted, bytes_per_sample, first, settings)
 
 
 def _result(name: str, durations: list[float], samples: int, bps: float, first: float,

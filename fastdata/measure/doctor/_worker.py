@@ -37,7 +37,7 @@ class WorkerStats:
         self.causes: dict[str, float] = {}
         self.files: list[str] = []
         self.born = time.time()
-        self.cpu0 = _cpu_seconds()
+        self.cpu0 = time.process_time()
         self.last_flush = 0.0
 
     def add(self, fetch_s: float, collate_s: float, samples: int) -> None:
@@ -52,7 +52,7 @@ class WorkerStats:
 
     def flush(self) -> None:
         data = {"pid": os.getpid(), "fetch_s": self.fetch_s, "collate_s": self.collate_s, "batches": self.batches,
-                "samples": self.samples, "alive_s": time.time() - self.born, "cpu_s": _cpu_seconds() - self.cpu0,
+                "samples": self.samples, "alive_s": time.time() - self.born, "cpu_s": time.process_time() - self.cpu0,
                 "io": _proc_io(), "causes": self.causes, "files": self.files}
         tmp = self.path.with_suffix(".tmp")
         try:
@@ -201,19 +201,10 @@ def _unpatch_causes() -> None:
         setattr(owner, attr, orig)
 
 
-def _cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def _proc_io() -> dict[str, int] | None:
     """/proc/self/io (Linux): rchar counts bytes asked of read(), read_bytes those fetched from storage."""
     try:
-        text = Path("/proc/self/io").read_text()
+        with open("/proc/self/io") as f:
+            return {k: int(v) for k, _, v in (line.partition(":") for line in f)}
     except OSError:
         return None
-    out = {}
-    for line in text.splitlines():
-        k, _, v = line.partition(":")
-        out[k.strip()] = int(v)
-    return out

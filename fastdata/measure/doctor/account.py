@@ -127,11 +127,6 @@ def _index(rows: list[dict[str, Any]], files: list[str]) -> tuple[str, str, list
 
 
 # -- matching values -------------------------------------------------------------------------------------
-def _close(a: np.ndarray, b: Any) -> bool:
-    b = np.asarray(b, dtype=np.float64) if not isinstance(b, str) and b is not None else None
-    return b is not None and b.size == a.size and bool(np.allclose(a.ravel(), b.ravel(), rtol=1e-4, atol=1e-4))
-
-
 def _signs(draws: list[tuple[np.ndarray, Any]]) -> list[int] | None:
     """Per element: -1 where some draw negated it (a flip rule), 1 otherwise; None when the values differ."""
     flips: np.ndarray | None = None
