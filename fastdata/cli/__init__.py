@@ -146,10 +146,7 @@ def _info(args: argparse.Namespace) -> int:
         m = RemoteStore(args.dst).manifest
     else:
         m = read_manifest(Path(args.dst))
-    if args.json:
-        print(json.dumps(m.to_json(), indent=1))
-        return 0
-    print(describe(m, args.dst))
+    print(json.dumps(m.to_json(), indent=1) if args.json else describe(m, args.dst))
     return 0
 
 

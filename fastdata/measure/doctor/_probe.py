@@ -121,7 +121,7 @@ class Recorder:
         if _copies is not None:  # to know the loop's later copies of this batch to the GPU
             _copies.track(batch, key, self.batches, len(rec.events) > WARMUP)
         if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
-            self.batch_sizes[key] = _leading(batch)
+            self.batch_sizes[key] = next((int(a.shape[0]) for a in _leaves(batch) if len(a.shape) > 0), None)
         if len(rec.events) > WARMUP and self.cached_from in (None, key) and len(self.cached) < CACHED_BATCHES:
             if not self.cached or sum(map(_nbytes, self.cached)) + _nbytes(batch) <= CACHED_BYTES:
                 self.cached.append(_clone(batch))
@@ -332,11 +332,6 @@ def _leaves(batch: Any) -> Iterator[Any]:
     elif isinstance(batch, (dict, list, tuple)):
         for v in batch.values() if isinstance(batch, dict) else batch:
             yield from _leaves(v)
-
-
-def _leading(batch: Any) -> int | None:
-    """The first axis of the first tensor or array in a batch (its number of samples), if any."""
-    return next((int(a.shape[0]) for a in _leaves(batch) if len(a.shape) > 0), None)
 
 
 def _nbytes(batch: Any) -> int:

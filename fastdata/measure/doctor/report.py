@@ -12,9 +12,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fastdata.format.files import IMAGE_SUFFIXES
+from fastdata.format.files import ARRAY_SUFFIXES, IMAGE_SUFFIXES
 from fastdata.measure.doctor._probe import WARMUP
-from fastdata.measure.doctor.account import is_table
+from fastdata.measure.doctor.account import image_hw, is_table
 from fastdata.measure.doctor.fix import NO_GAIN, commands, lines
 
 INPUT_BOUND = 0.10  # a loop waiting more than this fraction of its time for data is input-bound
@@ -89,8 +89,6 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
 def source_of(files: list[str]) -> dict[str, Any] | None:
     """The folder the dataset's files share and what they are (from the paths the workers opened), and
     whether ``fastdata convert`` takes that folder as it is (per-sample .npy/.npz or image files)."""
-    from fastdata.format.files import ARRAY_SUFFIXES
-
     files = [f for f in files if os.path.isfile(f) and not is_table(f)]  # tables: fastdata.measure.doctor.account
     if not files:
         return None
@@ -235,8 +233,6 @@ def _images_only(source: dict[str, Any] | None) -> bool:
 def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[int, int] | None:
     """(H, W) of the one image field of the samples when the workers read image files only: the size to
     decode and resize to at conversion, as the projection measured."""
-    from fastdata.measure.doctor.account import image_hw
-
     if proj is None or not _images_only(source):
         return None
     sizes = [hw for hw in map(image_hw, (proj.get("shapes") or {}).values()) if hw is not None]
