@@ -8,7 +8,6 @@ device and machine, for ``fastdata.loader(num_workers="auto")``. Worker processe
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from fastdata.world import usable_cpus
 
 __all__ = ["load_tuned", "measure_setting", "settings_key", "store_tuned", "tune"]
 
-log = logging.getLogger("fastdata.measure.tune")
 
 def candidates(cores: int, batch_sizes: list[int], processes: bool = True) -> list[dict[str, Any]]:
     """The settings worth racing on a machine with ``cores`` cores (worker processes if ``processes``)."""
