@@ -1,9 +1,6 @@
-"""``fastdata bench``, ``tune`` and ``doctor``: the CLI side of fastdata.measure.
-
-``bench --cold`` is bench with the page cache emptied for the dataset's shard files before each pass
-(``POSIX_FADV_DONTNEED``: no root needed; pages another process maps stay), against the disk's own
-``pread`` rate on the same files. Each pass counts the machine's allocation stalls meanwhile
-(fastdata.measure.bench.memory_stalls): a pass that made room in a full page cache is slower and named.
+"""``fastdata bench``, ``tune`` and ``doctor``: the CLI side of fastdata.measure. ``bench --cold`` empties the page
+cache for the shard files before each pass (``POSIX_FADV_DONTNEED``: no root needed), compares with the disk's own
+``pread`` rate on them, and names the passes during which allocations stalled (bench.memory_stalls).
 """
 
 from __future__ import annotations

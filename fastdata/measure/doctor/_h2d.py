@@ -115,7 +115,9 @@ class Accountant:
 
     def copy(self, src: torch.Tensor, device: torch.device, non_blocking: bool, do: Callable[[], Any]) -> Any:
         """Run ``do`` (the copy of CPU ``src`` to CUDA ``device``), counting it and timing a batch's."""
-        if not self.active or _compiling() or not self._cuda_usable():
+        if self.usable is None:
+            self.usable = self.clock.available()
+        if not self.active or _compiling() or not self.usable:
             # without CUDA the copy raises the script's own error; torch.compile traces the plain copy
             return do()
         if self.depth:
@@ -142,11 +144,6 @@ class Accountant:
         with self.lock:
             self.pending.append((start, end, bucket, src.numel() * src.element_size()))
         return out
-
-    def _cuda_usable(self) -> bool:
-        if self.usable is None:
-            self.usable = self.clock.available()
-        return self.usable
 
     def _poll(self) -> None:
         """Resolve the copies whose end event has passed, oldest first; never waits."""

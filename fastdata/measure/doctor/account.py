@@ -219,15 +219,11 @@ def _folder_label(files: list[str], values: list[np.ndarray]) -> bool:
     return len(classes) >= 2
 
 
-def _data_field(first: dict[str, np.ndarray]) -> str:
-    return max(first, key=lambda k: (first[k].size, -list(first).index(k)))
-
-
 def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
     """Where each element of the samples comes from. ``samples``: per drawn sample ``file`` (the first
     non-table file its draw opened, or None), ``first`` and ``again`` (two draws' fields as arrays)."""
     first = samples[0]["first"]
-    data = _data_field(first)
+    data = max(first, key=lambda k: first[k].size)  # the largest field (the first of equals)
     out: dict[str, Any] = {"data": data, "views": 1, "fields": {}, "tables": {}}
     files = [s["file"] for s in samples]
     out["fields"][data] = {"role": "data", "shape": list(first[data].shape)}
@@ -247,7 +243,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
         except Exception as e:  # a table the doctor cannot read: said, never fatal
             out["tables"][t] = {"error": f"{type(e).__name__}: {e}"}
             continue
-        hit = _index(rows, files) if rows else None
+        hit = _index(rows, files)
         if hit is None:
             out["tables"][t] = {"error": "no column names the sample files (fastdata convert needs a path column)"}
         else:
