@@ -248,8 +248,9 @@ def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, a
         with ThreadPoolExecutor(max(1, copiers)) as pool:
             return sum(pool.map(lambda _: copy(), range(max(1, copiers))))
     finally:
-        over.set()
-        room.release()
+        if time.perf_counter() > stop:  # out of time: the hints stop too; else the rest are hinted, as in a pass
+            over.set()
+        room.release(len(reqs) + 1)  # a hint waiting for room goes on (or sees over)
         hinting.join()
 
 
