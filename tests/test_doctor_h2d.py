@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import fastdata.measure.doctor
-from fastdata.measure.doctor import _h2d, _probe, transfer
+from fastdata.measure.doctor import _h2d, _probe, report
 from fastdata.measure.doctor.report import analyse, render
 
 GB = 1e9
@@ -267,35 +267,35 @@ def test_figures_and_advice() -> None:
               "timed": 4, "timed_bytes": 4_000_000, "seconds": 0.002}
     raw = {"cuda": True, "loaders": {"5": bucket}, "inside_loader": {"copies": 0, "bytes": 0},
            "other": {"copies": 1, "bytes": 8}}
-    f = transfer.figures(raw, main, step_s=0.01)
+    f = report.h2d_figures(raw, main, step_s=0.01)
     h = f["h2d"]
     assert f["h2d_reason"] is None and f["h2d_other"] == {"copies": 1, "bytes": 8}
     assert h["gb_per_s"] == pytest.approx(2.0) and h["per_batch_s"] == pytest.approx(0.001)
     assert h["step_fraction"] == pytest.approx(0.1) and h["pinned_fraction"] == 0
     assert h["advice"] == "pageable: pass pin_memory=True to the DataLoader and non_blocking=True to .to()"
-    text = transfer.line(f)
+    text = report.h2d_line(f)
     assert text is not None and text.startswith("host->device: 2.00 GB/s, 1.00 ms a batch (10.0% of the step)")
     assert text.endswith("pass pin_memory=True to the DataLoader and non_blocking=True to .to()")
     pinned = dict(bucket, pinned=4, non_blocking=4)
-    assert transfer.figures(dict(raw, loaders={"5": pinned}), main, 0.01)["h2d"]["advice"] is None
+    assert report.h2d_figures(dict(raw, loaders={"5": pinned}), main, 0.01)["h2d"]["advice"] is None
     blocking = dict(bucket, pinned=4, non_blocking=1)
-    assert transfer.figures(dict(raw, loaders={"5": blocking}), main, 0.01)["h2d"]["advice"].startswith("blocking")
+    assert report.h2d_figures(dict(raw, loaders={"5": blocking}), main, 0.01)["h2d"]["advice"].startswith("blocking")
     half_timed = dict(bucket, timed=2, timed_bytes=2_000_000, seconds=0.001)  # untimed copies count at the mean
-    assert transfer.figures(dict(raw, loaders={"5": half_timed}), main, 0.01)["h2d"]["per_batch_s"] == \
+    assert report.h2d_figures(dict(raw, loaders={"5": half_timed}), main, 0.01)["h2d"]["per_batch_s"] == \
         pytest.approx(0.001)
 
 
 def test_no_measurement_says_why() -> None:
     main = {"key": 5, "kind": "fastdata", "settings": {"device": "cuda"}}
     none = {"copies": 0, "bytes": 0}
-    f = transfer.figures({"cuda": False, "loaders": {}, "inside_loader": none, "other": none}, main, 0.01)
-    assert f == {"h2d": None, "h2d_reason": transfer.NO_CUDA}
-    assert transfer.line(f) == "host->device not measured (no CUDA)"
+    f = report.h2d_figures({"cuda": False, "loaders": {}, "inside_loader": none, "other": none}, main, 0.01)
+    assert f == {"h2d": None, "h2d_reason": report.NO_CUDA}
+    assert report.h2d_line(f) == "host->device not measured (no CUDA)"
     inside = {"cuda": True, "loaders": {}, "inside_loader": {"copies": 6, "bytes": 3_000_000}, "other": none}
-    f = transfer.figures(inside, main, 0.01)
+    f = report.h2d_figures(inside, main, 0.01)
     assert f["h2d"] is None and "fastdata.loader(device='cuda') copies its batches" in f["h2d_reason"]
     assert f["h2d_inside_loader"] == {"copies": 6, "bytes": 3_000_000}
-    f = transfer.figures(dict(inside, inside_loader=none), dict(main, kind="torch"), 0.01)
+    f = report.h2d_figures(dict(inside, inside_loader=none), dict(main, kind="torch"), 0.01)
     assert f["h2d_reason"] == "the loop copied none of the loader's batches to a CUDA device"
 
 

@@ -50,12 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
                                    "shard and sample; exit code 1 if there is any.")
     v.add_argument("dst", metavar="DST", help="dataset folder or URL (shards are downloaded into the cache)")
     v.add_argument("--deep", action="store_true", help="also read every sample (slower)")
-    v.add_argument("--quiet", action="store_true", help="no progress bar")
     v.set_defaults(run=_verify)
 
     from fastdata.cli.measure import add_parsers
 
     add_parsers(sub)  # bench (and bench --cold), tune, doctor
+    for name in ("convert", "merge", "index"):
+        sub.choices[name].add_argument("--overwrite", action="store_true",
+                                       help="replace an existing fastdata dataset (or index) at DST")
+    for name in ("convert", "merge", "index", "verify"):
+        sub.choices[name].add_argument("--quiet", action="store_true", help="no progress bar")
     for name in _URL_COMMANDS:
         sub.choices[name].add_argument(
             "--remote-timeout", type=duration, metavar="SECONDS",
@@ -91,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         restore()
 
 
-def _remote_timeout_env(seconds: float | None) -> Callable[[], None]:
+def _remote_timeout_env(seconds: float | None) -> Callable[[], object]:
     """Make ``--remote-timeout`` RemoteOptions' default for this command, here and in its worker processes
     (through the environment they inherit); return the function that puts the variable back as it was."""
     from fastdata.remote.options import ENV_TIMEOUT
@@ -100,14 +104,7 @@ def _remote_timeout_env(seconds: float | None) -> Callable[[], None]:
     if seconds is None:
         return lambda: None
     os.environ[ENV_TIMEOUT] = repr(seconds)
-
-    def restore() -> None:
-        if before is None:
-            os.environ.pop(ENV_TIMEOUT, None)
-        else:
-            os.environ[ENV_TIMEOUT] = before
-
-    return restore
+    return lambda: os.environ.update({ENV_TIMEOUT: before}) if before is not None else os.environ.pop(ENV_TIMEOUT)
 
 
 def _unknown(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> None:
@@ -149,10 +146,7 @@ def _info(args: argparse.Namespace) -> int:
         m = RemoteStore(args.dst).manifest
     else:
         m = read_manifest(Path(args.dst))
-    if args.json:
-        print(json.dumps(m.to_json(), indent=1))
-        return 0
-    print(describe(m, args.dst))
+    print(json.dumps(m.to_json(), indent=1) if args.json else describe(m, args.dst))
     return 0
 
 

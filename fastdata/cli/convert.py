@@ -65,7 +65,6 @@ def _add_convert(sub: Any) -> argparse.ArgumentParser:
                    help="none (default); lz4, lz4:LEVEL, zstd or zstd:LEVEL: each sample of a large fixed field as "
                         "Blosc (shuffle + LZ4/Zstd; both formats; pip install 'fastdata[compress]'); "
                         "HDF5 only: lzf, gzip or gzip:LEVEL")
-    c.add_argument("--overwrite", action="store_true", help="replace an existing fastdata dataset at DST")
     c.add_argument("--resume", action="store_true",
                    help="finish an interrupted conversion into DST: keep its verified shards, write the rest "
                         "(same SRC and options; see docs/reliability.md)")
@@ -98,7 +97,6 @@ def _add_convert(sub: Any) -> argparse.ArgumentParser:
                        ("--not-coordinates", "a numeric column that looks like coordinates but is not: kept as is")):
         c.add_argument(flag, action="append", type=_names, default=[], metavar="COL",
                        help=f"table column(s) of {what} (repeatable or comma-separated; docs/convert.md)")
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
     return c
 
 
@@ -146,7 +144,6 @@ def _add_merge(sub: Any) -> None:
     m.add_argument("--method", choices=["auto", "link", "copy"], default="auto",
                    help="auto: hard-link shards, copy where the filesystem refuses links (said in the output); "
                         "link: hard links or an error; copy: always copy (default: auto)")
-    m.add_argument("--overwrite", action="store_true", help="replace an existing fastdata dataset at DST")
     k = m.add_argument_group("sample keys (see docs/scale.md)",
                              "DST keeps the inputs' sample keys; a key found in two inputs is an error unless "
                              "each input's keys get a prefix")
@@ -158,7 +155,6 @@ def _add_merge(sub: Any) -> None:
                          "('' keeps that input's keys)")
     kx.add_argument("--drop-keys", action="store_true",
                     help="DST has no sample keys (needed to merge inputs without keys with inputs that have some)")
-    m.add_argument("--quiet", action="store_true", help="no progress bar")
     m.set_defaults(run=_merge)
 
 
@@ -178,8 +174,6 @@ def _add_index(sub: Any) -> None:
     p.add_argument("--checksum", action="store_true",
                    help="also record each file's full checksum and one per 1 MiB block (read once now): "
                         "fastdata verify --deep checks the first, the reader checks each block it reads")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing index at DST")
-    p.add_argument("--quiet", action="store_true", help="no progress")
     p.set_defaults(run=_index)
 
 

@@ -1,9 +1,6 @@
-"""``fastdata bench``, ``tune`` and ``doctor``: the CLI side of fastdata.measure.
-
-``bench --cold`` is bench with the page cache emptied for the dataset's shard files before each pass
-(``POSIX_FADV_DONTNEED``: no root needed; pages another process maps stay), against the disk's own
-``pread`` rate on the same files. Each pass counts the machine's allocation stalls meanwhile
-(fastdata.measure.bench.memory_stalls): a pass that made room in a full page cache is slower and named.
+"""``fastdata bench``, ``tune`` and ``doctor``: the CLI side of fastdata.measure. ``bench --cold`` empties the page
+cache for the shard files before each pass (``POSIX_FADV_DONTNEED``: no root needed), compares with the disk's own
+``pread`` rate on them, and names the passes during which allocations stalled (bench.memory_stalls).
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from fastdata._units import fmt_bytes
-from fastdata.cli.common import duration, workers
+from fastdata.cli.common import Bar, duration, with_bar, workers
 from fastdata.errors import UsageError
 
 if TYPE_CHECKING:
@@ -30,13 +27,11 @@ def add_parsers(sub: Any) -> None:
                                    "throughput as a fraction of the machine's ceiling for this dataset (a memcpy gather "
                                    "of the same bytes for raw data, the decode rate for encoded images).")
     b.add_argument("dst", metavar="PATH", help="dataset folder or URL (s3://bucket/ds; docs/remote.md)")
-    b.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
     b.add_argument("--workers", type=workers, default="auto", metavar="N",
                    help="reader threads, or 'auto' (tuned settings if stored, default otherwise)")
     b.add_argument("--mode", choices=["threads", "processes"], default=None,
                    help="read with threads or worker processes (default: tuned or threads)")
     b.add_argument("--prefetch", type=int, default=None, metavar="N", help="batches read ahead")
-    b.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     b.add_argument("--augment", choices=["none", "flip", "imagenet"], default="none",
                    help="augmentation on the device: none, flip (+noise), imagenet (crop, flip, jitter, normalise)")
     b.add_argument("--seconds", type=duration, default=10.0, metavar="T", help="how long to measure (default: 10s)")
@@ -45,7 +40,6 @@ def add_parsers(sub: Any) -> None:
     b.add_argument("--no-ceiling", action="store_true", help="skip measuring the machine's ceiling")
     b.add_argument("--subset", metavar="KEYS.txt",
                    help="measure only the samples whose keys (relative source paths) FILE lists, one per line")
-    b.add_argument("--json", action="store_true", help="print machine-readable JSON")
     b.add_argument("--cold", action="store_true",
                    help="empty the page cache for the dataset's files before each pass and compare with the "
                         "disk's own speed (docs/loader.md, 'Larger than RAM')")
@@ -56,29 +50,29 @@ def add_parsers(sub: Any) -> None:
                                    "within a time budget; store the winner in the user's cache directory.")
     t.add_argument("dst", metavar="PATH", help="dataset folder")
     t.add_argument("--budget", type=duration, default=60.0, metavar="T", help="time budget, e.g. 60s or 2m")
-    t.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
     t.add_argument("--batch-sizes", metavar="N,N,...", help="also search these batch sizes")
-    t.add_argument("--device", default="cpu", help="device the batches go to (default: cpu)")
     t.add_argument("--transform", metavar="MODULE:FUNCTION",
                    help="race with this transform in every trial (transform= of fastdata.loader); worker processes "
                         "are raced only then")
     t.add_argument("--no-store", action="store_true", help="do not remember the winner")
-    t.add_argument("--json", action="store_true", help="print machine-readable JSON")
     t.set_defaults(run=run_tune)
+    for p in (b, t):
+        p.add_argument("--batch-size", type=int, default=64, metavar="N", help="batch size (default: 64)")
+        p.add_argument("--device", default="cpu", help="the batches' device: cpu, cuda, cuda:N or auto (default: cpu)")
+        p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     _add_doctor(sub)
 
 
 def _add_doctor(sub: Any) -> None:
     d = sub.add_parser("doctor", help="is a training script input-bound? measured on the script, with the fix",
                        description="Run a training script unchanged for a bounded budget, measure how long its loop "
-                                   "waits for each DataLoader batch and why (time in the dataset's __getitem__ and "
-                                   "collate, worker CPU, bytes read, the copies of batches to a CUDA GPU), time the step on a "
-                                   "copies of its first batches, time "
-                                   "fastdata.loader on a sample of the dataset, and print the verdict, the projected "
-                                   "gain and the commands (docs/doctor.md).")
+                                   "waits for each DataLoader batch and why (time in __getitem__ and collate, worker "
+                                   "CPU, bytes read, the copies of batches to a CUDA GPU), time the step on copies of "
+                                   "its first batches and fastdata.loader on a sample of the dataset, and print the "
+                                   "verdict, the projected gain and the fix (docs/doctor.md).")
     b = d.add_mutually_exclusive_group()
     b.add_argument("--steps", type=int, default=None, metavar="N", help="stop after N batches")
-    b.add_argument("--seconds", type=duration, default=None, metavar="S",
+    b.add_argument("--seconds", type=duration, default=60.0, metavar="S",
                    help="the whole run, start to verdict, takes about S seconds (e.g. 30s or 2m; default: 60s): about half of it measures the loop, the rest replays the step and projects fastdata; slow steps give fewer steps, and the report says its confidence")
     d.add_argument("--json", metavar="FILE", help="write the report as JSON")
     d.add_argument("--html", metavar="FILE", help="write an HTML page with a timeline of waits and steps")
@@ -94,8 +88,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     from fastdata.measure.doctor import run
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    seconds = args.seconds if args.seconds is not None or args.steps is not None else 60.0
-    report = run(cmd, steps=args.steps, seconds=seconds, json_path=args.json, html_path=args.html,
+    report = run(cmd, steps=args.steps, seconds=args.seconds, json_path=args.json, html_path=args.html,
                  replay=not args.no_replay, project=not args.no_project)
     return 0 if report.get("bottleneck") is not None else 1
 
@@ -187,15 +180,15 @@ def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float,
 
 def _measure_live(args: argparse.Namespace, name: str, ld: Any, bps: float, settings: dict[str, Any],
                   label: str) -> BenchResult:
-    """fastdata.measure.bench.measure on ``ld`` for the flags' time or batches, showing progress on a terminal."""
+    """fastdata.measure.bench.measure on ``ld`` for the flags' time or batches, with a progress bar."""
     from fastdata.measure.bench import measure
 
-    live = _Live(enabled=not args.json, label=label)
-    try:
+    def run(bar: Bar) -> BenchResult:
+        bar.start(0, 0, desc=label)
         return measure(name, lambda: ld, bytes_per_sample=bps, max_batches=args.batches, max_seconds=args.seconds,
-                       settings=settings, on_batch=live.update)
-    finally:
-        live.close()
+                       settings=settings, on_batch=lambda n, _: bar.update(n - bar.done, int((n - bar.done) * bps)))
+
+    return with_bar(args.json, run)
 
 
 def _print_bench(results: list[BenchResult], ratio: dict[str, float | None], ceiling: BenchResult | None) -> None:
@@ -259,22 +252,6 @@ def _import_function(spec: str) -> Any:
     except (ImportError, AttributeError) as e:
         raise UsageError(f"--transform {spec!r}: {type(e).__name__}: {e}") from None
     return obj
-
-
-class _Live:
-    """A one-line live display on stderr (only on a terminal)."""
-
-    def __init__(self, enabled: bool, label: str) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.label = label
-
-    def update(self, samples: int, elapsed: float) -> None:
-        if self.enabled:
-            print(f"\r{self.label}: {samples} samples in {elapsed:.1f} s", end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled:
-            print(file=sys.stderr)
 
 
 _THREADS = 16

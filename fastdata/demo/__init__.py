@@ -1,9 +1,5 @@
-"""``fastdata demo``: the main job end to end on a small synthetic dataset.
-
-Generates per-sample ``.npy`` files like our users have, converts them to HDF5 and to
-LMDB, checks every sample reads back bit-identical, times random batches of 64 read
-naively (one ``np.load`` per file) against ``get_batch``, and finishes with a few training
-steps fed by the naive DataLoader and by ``fastdata.loader``, side by side.
+"""``fastdata demo``: per-sample ``.npy`` files converted to HDF5 and LMDB, read back bit-identical, random batches
+timed naively (one ``np.load`` per file) against ``get_batch``, then a few training steps fed by each loader.
 """
 
 from __future__ import annotations

@@ -4,6 +4,6 @@ TinyNet``): they live in fastdata.demo (models.py, baseline.py); this is their d
 from __future__ import annotations
 
 from fastdata.demo.baseline import naive_loader, write_npy_folder
-from fastdata.demo.models import FlimCNN, SmallConvNet, TinyNet, classification_loss
+from fastdata.demo.models import FlimCNN, TinyNet, classification_loss
 
-__all__ = ["FlimCNN", "SmallConvNet", "TinyNet", "classification_loss", "naive_loader", "write_npy_folder"]
+__all__ = ["FlimCNN", "TinyNet", "classification_loss", "naive_loader", "write_npy_folder"]

@@ -2,8 +2,7 @@
 
 ``FlimCNN`` is a scaled-down version of the 3-D CNN our FLIM user trains on (2, 256, 21, 21)
 arrays: gentle stride-2 temporal downsampling, then global pooling; it needs (B, 2, T >= 16, H, W)
-batches. ``SmallConvNet`` is a plain 2-D conv net for image batches. ``TinyNet`` takes samples of any
-shape (the quickstart's model).
+batches. ``TinyNet`` takes samples of any shape (the quickstart's model).
 """
 
 from __future__ import annotations
@@ -49,24 +48,6 @@ class TinyNet(nn.Module):
         return self.head(pooled.flatten(1))
 
 
-class SmallConvNet(nn.Module):
-    """2-D conv net for (B, C, H, W) batches."""
-
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 32) -> None:
-        super().__init__()
-        layers: list[nn.Module] = []
-        cin = in_channels
-        for cout in (width, 2 * width, 4 * width):
-            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                       nn.MaxPool2d(2)]
-            cin = cout
-        self.features = nn.Sequential(*layers)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
-
-
 def classification_loss(input_field: str = "x", label_field: str = "label"):  # type: ignore[no-untyped-def]
     """``loss_fn(model, batch)`` for ``fastdata.train.fit``: cross-entropy of ``model(batch[input])``."""
 
@@ -76,4 +57,4 @@ def classification_loss(input_field: str = "x", label_field: str = "label"):  # 
     return loss_fn
 
 
-__all__ = ["FlimCNN", "SmallConvNet", "TinyNet", "classification_loss"]
+__all__ = ["FlimCNN", "TinyNet", "classification_loss"]

@@ -65,45 +65,37 @@ def measure(
     ``max_seconds``. The first ``warmup`` batches are not counted; ``on_batch(samples_so_far, elapsed)``
     may show progress."""
     durations: list[float] = []
-    counted = 0
+    counted = seen = 0
     t_start = time.perf_counter()
-    first = None
-    seen = 0
-    t_steady = None
+    first = 0.0  # seconds to the first batch
+    t_steady: float | None = None  # when the first counted batch was asked for
     while True:
+        seen_before = seen
         it = iter(batches())
         last = time.perf_counter()
-        got_any = False
         for batch in it:
-            got_any = True
             now = time.perf_counter()
-            if first is None:
-                first = now - t_start
             seen += 1
-            n = batch_len(batch)
+            if seen == 1:
+                first = now - t_start
             if seen > warmup:
                 if t_steady is None:
                     t_steady = last
                 durations.append(now - last)
-                counted += n
+                counted += batch_len(batch)
             last = now
             if on_batch is not None:
                 on_batch(counted, now - t_start)
             if (max_batches is not None and len(durations) >= max_batches) or (
                 t_steady is not None and now - t_steady >= max_seconds and len(durations) >= 3
             ):
-                _close(it)
-                return _result(name, durations, counted, bytes_per_sample, first or 0.0, settings)
-        if not got_any:
+                if hasattr(it, "close"):  # a generator, or a loader's iterator: its threads stop now
+                    it.close()
+                return _result(name, durations, counted, bytes_per_sample, first, settings)
+        if seen == seen_before:
             raise ValueError(f"{name}: the pipeline yielded no batches")
         if one_pass:
-            return _result(name, durations, counted, bytes_per_sample, first or 0.0, settings)
-
-
-def _close(it: Any) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
+            return _result(name, durations, counted, bytes_per_sample, first, settings)
 
 
 def _result(name: str, durations: list[float], samples: int, bps: float, first: float,
@@ -230,31 +222,24 @@ def _decode_ceiling(ds: Dataset, batch_size: int, threads: int, max_seconds: flo
 def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, ahead_bytes: int) -> int:
     """``reqs`` hinted (``WILLNEED``) in order by one thread at most ``ahead_bytes`` ahead of ``copiers``
     threads that ``pread`` them: random reads with a queue as deep as fastdata's read-ahead keeps."""
-    ahead = max(1, ahead_bytes // size)
-    state = {"next": 0, "done": 0, "over": False}
-    cond = threading.Condition()
+    room = threading.Semaphore(max(1, ahead_bytes // size))  # requests that may be hinted and not yet read
+    order = iter(reqs)  # each copier takes the next request (next() on a list iterator is atomic)
+    over = threading.Event()
 
     def hint() -> None:
-        for i, (fd, off) in enumerate(reqs):
-            with cond:
-                while i - state["done"] >= ahead and not state["over"]:
-                    cond.wait()
-                if state["over"]:
-                    return
+        for fd, off in reqs:
+            room.acquire()
+            if over.is_set():
+                return
             os.posix_fadvise(fd, off, size, os.POSIX_FADV_WILLNEED)
 
     def copy() -> int:
         buf, got = bytearray(size), 0
-        while time.perf_counter() <= stop:
-            with cond:
-                i = state["next"]
-                state["next"] += 1
-            if i >= len(reqs):
+        for fd, off in order:
+            if time.perf_counter() > stop:
                 break
-            got += os.preadv(reqs[i][0], [buf], reqs[i][1])
-            with cond:
-                state["done"] += 1
-                cond.notify()
+            got += os.preadv(fd, [buf], off)
+            room.release()
         return got
 
     hinting = threading.Thread(target=hint, name="fastdata-bench-hint", daemon=True)
@@ -263,9 +248,9 @@ def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, a
         with ThreadPoolExecutor(max(1, copiers)) as pool:
             return sum(pool.map(lambda _: copy(), range(max(1, copiers))))
     finally:
-        with cond:
-            state["over"] = True
-            cond.notify()
+        if time.perf_counter() > stop:  # out of time: the hints stop too; else the rest are hinted, as in a pass
+            over.set()
+        room.release(len(reqs) + 1)  # a hint waiting for room goes on (or sees over)
         hinting.join()
 
 

@@ -8,7 +8,6 @@ device and machine, for ``fastdata.loader(num_workers="auto")``. Worker processe
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from fastdata.world import usable_cpus
 
 __all__ = ["load_tuned", "measure_setting", "settings_key", "store_tuned", "tune"]
 
-log = logging.getLogger("fastdata.measure.tune")
 
 def candidates(cores: int, batch_sizes: list[int], processes: bool = True) -> list[dict[str, Any]]:
     """The settings worth racing on a machine with ``cores`` cores (worker processes if ``processes``)."""
@@ -96,12 +94,10 @@ def _reason(winner: dict[str, Any], table: list[tuple[dict[str, Any], BenchResul
         return ("threads: no transform was given, so worker processes were not raced (they hand over the same "
                 "bytes through shared memory and cannot win by more than noise; pass a transform to race them)")
     other = "threads" if winner["mode"] == "processes" else "processes"
-    best: dict[str, tuple[int, float]] = {}
-    for s, r, rnd in table:  # each mode's best rate in the latest round any of its candidates reached
-        got = best.get(s["mode"])
-        if got is None or (rnd, r.samples_per_s) > got:
-            best[s["mode"]] = (rnd, r.samples_per_s)
-    mine, theirs = best[winner["mode"]], best.get(other)
+    # each mode's best rate in the latest round any of its candidates reached
+    mine, theirs = (max(((rnd, r.samples_per_s) for s, r, rnd in table if s["mode"] == m), default=None)
+                    for m in (winner["mode"], other))
+    assert mine is not None
     if theirs is None:
         return f"{winner['mode']}: the only mode raced"
     why = ("the transform holds the GIL, so threads wait for each other" if winner["mode"] == "processes" else

@@ -1,10 +1,5 @@
-"""``fastdata verify``: check a dataset against its manifest, shard by shard and sample by sample.
-
-Every read already checks what is cheap (shard sizes, LMDB record headers, HDF5 layout); only
-verification reads whole shards. The quick check compares each shard's size and checksum
-(XXH3-128; SHA-256 in format-version-1 datasets) with the manifest. ``deep`` then reads every
-sample through ``fastdata.open(...).get_batch``, decoding images, and checks what comes back
-against the schema (shape, dtype, image sizes, label range).
+"""``fastdata verify``: each shard's size and checksum against the manifest (what reads do not check: they
+read only parts), and with ``deep`` every sample read and decoded through ``get_batch`` against the schema.
 Problems are collected and returned, never raised, so one run names every bad shard and sample.
 """
 
@@ -239,17 +234,12 @@ def _check_batch(ds: Dataset, m: Manifest, info: ShardInfo, idx: np.ndarray) -> 
         return _check_values(ds.get_batch(idx), m, info, idx)
     except Exception as e:  # noqa: BLE001 - verification reports every failure, typed or not
         if len(idx) == 1:
-            return [Problem(_describe(e), info.file, int(idx[0]))]
+            said = str(e) if isinstance(e, FastdataError) else f"unexpected {type(e).__name__}: {e}"
+            return [Problem(said, info.file, int(idx[0]))]
     out: list[Problem] = []
     for i in idx:
         out += _check_batch(ds, m, info, np.array([i]))
     return out
-
-
-def _describe(e: Exception) -> str:
-    if isinstance(e, FastdataError):
-        return str(e)
-    return f"unexpected {type(e).__name__}: {e}"
 
 
 def _check_values(batch: dict[str, Any], m: Manifest, info: ShardInfo, idx: np.ndarray) -> list[Problem]:

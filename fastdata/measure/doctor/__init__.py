@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,8 @@ from fastdata.measure.doctor.html import page
 from fastdata.measure.doctor.report import analyse, render
 
 __all__ = ["Watch", "run", "watch"]
+
+_CHILD = "import sys; from fastdata.measure.doctor import _child; sys.exit(_child(sys.argv[1:]))"
 
 
 def _interpreter(command: Sequence[str]) -> tuple[str, list[str]]:
@@ -48,7 +52,7 @@ def run(command: Sequence[str], *, steps: int | None = None, seconds: float | No
     if seconds is not None and seconds <= 0:
         raise UsageError("--seconds must be positive")
     python, rest = _interpreter(command)
-    if rest and rest[0] not in ("-m",) and not Path(rest[0]).is_file():
+    if rest and rest[0] != "-m" and not Path(rest[0]).is_file():
         raise UsageError(f"{rest[0]}: no such script")
     with tempfile.TemporaryDirectory(prefix="fastdata-doctor-") as tmp:
         env = dict(os.environ)
@@ -56,7 +60,7 @@ def run(command: Sequence[str], *, steps: int | None = None, seconds: float | No
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env[_probe.ENV] = json.dumps({"dir": tmp, "steps": steps, "seconds": None if steps else seconds,
                                       "replay": replay, "project": project, "start": time.time()})
-        proc = subprocess.run([python, "-m", "fastdata.measure.doctor._boot", *rest], env=env)
+        proc = subprocess.run([python, "-c", _CHILD, *rest], env=env)
         if not (Path(tmp) / "raw.json").exists():
             raise UsageError(f"the script stopped before the doctor could record anything (exit code "
                              f"{proc.returncode}); run it alone to see why")
@@ -95,9 +99,48 @@ def watch(json_path: str | os.PathLike[str] | None = None, html_path: str | os.P
             yield result
         finally:
             _probe.uninstall()
-            (Path(tmp) / "raw.json").write_text(json.dumps(rec.dump()))
-        if project:
-            from fastdata.measure.doctor.project import project_loader
-
-            (Path(tmp) / "project.json").write_text(json.dumps(project_loader(rec, Path(tmp))))
+        _write(rec, Path(tmp), project)
         result.report = _emit(analyse(Path(tmp), ["<watch>"]), json_path, html_path, quiet)
+
+
+def _child(argv: list[str]) -> int:
+    """The doctor's child process (:data:`_CHILD`): runs ``SCRIPT ARGS`` (or ``-m MODULE ARGS``) under the hooks
+    until the budget is spent, then writes what it measured."""
+    cfg = json.loads(os.environ[_probe.ENV])
+    out = Path(cfg["dir"])
+    rec = _probe.install(out, steps=cfg["steps"], seconds=cfg["seconds"], replay=cfg["replay"],
+                         project=cfg["project"], start=cfg["start"])
+    code, error = 0, None
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+            runpy.run_path(argv[0], run_name="__main__")
+    except _probe.BudgetReached:
+        pass
+    except SystemExit as e:  # the script's own exit
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        rec.stop_reason = f"script exited ({code})"
+    except BaseException as e:  # the script failed: say so in the report, and exit as it would have
+        error = "".join(traceback.format_exception_only(type(e), e)).strip()
+        traceback.print_exc()
+        rec.stop_reason, code = f"script failed: {error}", 1
+    finally:
+        _probe.uninstall()
+    _write(rec, out, cfg["project"] and error is None)
+    return code
+
+
+def _write(rec: _probe.Recorder, out: Path, project: bool) -> None:
+    """What ``rec`` measured (raw.json) and, with ``project``, fastdata.loader timed on a sample of the dataset
+    (project.json: the sample the replay used, if it made one)."""
+    (out / "raw.json").write_text(json.dumps(rec.dump()))
+    if project:
+        from fastdata.measure.doctor.project import project_loader
+
+        (out / "project.json").write_text(json.dumps(project_loader(rec, out, rec.sampled)))
+    elif rec.sampled is not None and not isinstance(rec.sampled, str):
+        rec.sampled.remove()

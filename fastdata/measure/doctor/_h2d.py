@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 
@@ -23,18 +23,9 @@ MAX_TENSORS = 256  # tensors remembered per batch
 MAX_PENDING = 4096  # copies whose events are not resolved yet; further copies are counted, not timed
 
 
-class Clock(Protocol):
-    """Marks a point on a device's current stream and reads the time between two marks."""
-
-    def available(self) -> bool: ...
-    def mark(self, device: torch.device) -> Any: ...
-    def ready(self, mark: Any) -> bool: ...
-    def wait(self, mark: Any) -> None: ...
-    def seconds(self, start: Any, end: Any) -> float: ...
-
-
 class CudaClock:
-    """The real clock: ``torch.cuda.Event(enable_timing=True)`` recorded on the current stream."""
+    """Marks points on a device's current stream (``torch.cuda.Event(enable_timing=True)``) and reads the time
+    between two; tests inject a fake with the same methods."""
 
     def available(self) -> bool:
         return bool(torch.cuda.is_available())
@@ -84,7 +75,7 @@ _Tracked = tuple["weakref.ref[Any]", _Owner]
 class Accountant:
     """Counts and times the copies; ``clock`` and ``is_pinned`` are injected (tests fake them without CUDA)."""
 
-    def __init__(self, clock: Clock, is_pinned: Callable[[torch.Tensor], bool] | None = None) -> None:
+    def __init__(self, clock: Any, is_pinned: Callable[[torch.Tensor], bool] | None = None) -> None:
         self.clock = clock
         self.is_pinned = is_pinned or (lambda t: bool(t.is_pinned()))
         self.loaders: dict[int, Bucket] = {}
@@ -124,7 +115,9 @@ class Accountant:
 
     def copy(self, src: torch.Tensor, device: torch.device, non_blocking: bool, do: Callable[[], Any]) -> Any:
         """Run ``do`` (the copy of CPU ``src`` to CUDA ``device``), counting it and timing a batch's."""
-        if not self.active or _compiling() or not self._cuda_usable():
+        if self.usable is None:
+            self.usable = self.clock.available()
+        if not self.active or _compiling() or not self.usable:
             # without CUDA the copy raises the script's own error; torch.compile traces the plain copy
             return do()
         if self.depth:
@@ -151,11 +144,6 @@ class Accountant:
         with self.lock:
             self.pending.append((start, end, bucket, src.numel() * src.element_size()))
         return out
-
-    def _cuda_usable(self) -> bool:
-        if self.usable is None:
-            self.usable = self.clock.available()
-        return self.usable
 
     def _poll(self) -> None:
         """Resolve the copies whose end event has passed, oldest first; never waits."""
@@ -278,7 +266,7 @@ _saved: list[tuple[str, Any]] = []  # (attribute, what torch.Tensor's own __dict
 _WRAPS = {"to": _wrap_to, "cuda": _wrap_cuda, "copy_": _wrap_copy}
 
 
-def install(clock: Clock | None = None) -> Accountant:
+def install(clock: Any = None) -> Accountant:
     """Wrap the copy methods of ``torch.Tensor`` to report to a new Accountant (the CUDA clock by default)."""
     global _acc
     _acc = Accountant(clock or CudaClock())

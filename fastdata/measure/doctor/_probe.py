@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -29,7 +29,7 @@ STEPS_EXTRA_S = 5.0  # with --steps, the replay, sample and projection may take 
 MEASURE_SHARE, HARD_SHARE = 0.5, 0.8  # of a --seconds budget: measuring the loop; the latest it may end
 BESIDE = 24  # then steps on the cached batches while fastdata's loader reads a sample beside them (projection)
 MAX_EVENTS = 20000  # per loader, for the timeline
-ENV = "FASTDATA_DOCTOR"  # how fastdata.measure.doctor.run tells the child (_boot) its folder and budget, as JSON
+ENV = "FASTDATA_DOCTOR"  # how fastdata.measure.doctor.run tells its child process its folder and budget, as JSON
 
 class BudgetReached(SystemExit):
     """Raised in the training loop when the doctor's budget is spent: stops the script like sys.exit."""
@@ -58,7 +58,6 @@ class Recorder:
         self.loaders: dict[int, LoaderRecord] = {}
         # a --seconds budget counts from the doctor's own start (time.time()), the child's start-up too
         self.started = time.perf_counter() - (max(time.time() - start, 0.0) if start else 0.0)
-        self.first_batch_at: float | None = None
         self.cached: list[Any] = []  # the replay's batches: the first after WARMUP of one loader
         self.cached_from: int | None = None
         self.replaying = 0
@@ -70,7 +69,6 @@ class Recorder:
         self.h2d: dict[str, Any] | None = None  # the host-to-device copies (fastdata.measure.doctor._h2d), at uninstall
         # the replay beside fastdata's loader: (handed out, seconds waited for fastdata, copy seconds, position)
         self.beside: list[tuple[float, float, float, int]] = []
-        self.beside_end: float | None = None
         self.beside_why: str | None = None  # why there was no replay beside fastdata's loader
         self.sampled: Any = None  # fastdata.measure.doctor.project.Sampled, or a string saying why not
         self._beside: Any = None  # the running fastdata.measure.doctor.project.Beside
@@ -79,7 +77,6 @@ class Recorder:
         self.sample_budget_s: float | None = None  # seconds drawing the sample through __getitem__
         self.measure_s: float | None = None  # seconds timing fastdata's loader alone
         self.tables: list[str] = []  # the tables this process opened (fastdata.measure.doctor.account)
-        self._tables_cm: Any = None
 
     # -- budget ---------------------------------------------------------------------------------
     def spent(self) -> bool:
@@ -89,7 +86,7 @@ class Recorder:
         done = False
         if self.steps is not None and self.batches >= self.steps + WARMUP:
             done = True
-        elif self.seconds is not None and self.first_batch_at is not None:
+        elif self.seconds is not None:
             elapsed = time.perf_counter() - self.started
             done = (elapsed >= HARD_SHARE * self.seconds and self.batches >= 2) or (
                 elapsed >= MEASURE_SHARE * self.seconds and self.batches > WARMUP)
@@ -100,15 +97,15 @@ class Recorder:
     def _size_the_rest(self) -> None:
         """Replayed steps, beside steps, sampling and measuring time from what is left: the rest of a
         ``seconds`` budget, or half the time the ``steps`` took; fewer steps when steps are slow."""
-        if self.replaying or self.stopped_at is not None or self.sample_budget_s is not None:
+        if self.sample_budget_s is not None:  # sized already
             return
         from fastdata.measure.doctor.project import MEASURE_S, SAMPLE_BUDGET_S
         now = time.perf_counter()
+        got = sorted(g for r in self.loaders.values() for _, g, _ in r.events)
         if self.seconds is not None:
             left = max(self.started + self.seconds - now, 0.0)
         else:
-            left = max(0.5 * (now - (self.first_batch_at or self.started)), STEPS_EXTRA_S)
-        got = sorted(g for r in self.loaders.values() for _, g, _ in r.events)
+            left = max(0.5 * (now - (got[0] if got else self.started)), STEPS_EXTRA_S)
         step = (got[-1] - got[0]) / (len(got) - 1) if len(got) > 1 else max(now - got[0], 1e-3) if got else 1e-3
         self.n_replay = int(min(REPLAY, max(MIN_REPLAY, 0.25 * left / step)))
         beside = 0.35 * left / step  # too few to fit: none (the projection is then fastdata's loader alone)
@@ -121,12 +118,10 @@ class Recorder:
         self.batches += 1
         if len(rec.events) < MAX_EVENTS:
             rec.events.append((asked, got, rec.passes))
-        if self.first_batch_at is None:
-            self.first_batch_at = got
         if _copies is not None:  # to know the loop's later copies of this batch to the GPU
             _copies.track(batch, key, self.batches, len(rec.events) > WARMUP)
         if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
-            self.batch_sizes[key] = _leading(batch)
+            self.batch_sizes[key] = next((int(a.shape[0]) for a in _leaves(batch) if len(a.shape) > 0), None)
         if len(rec.events) > WARMUP and self.cached_from in (None, key) and len(self.cached) < CACHED_BATCHES:
             if not self.cached or sum(map(_nbytes, self.cached)) + _nbytes(batch) <= CACHED_BYTES:
                 self.cached.append(_clone(batch))
@@ -198,11 +193,10 @@ class Recorder:
 
     def _stop(self) -> None:
         """End the replay: stop fastdata's loader if it ran, then the script (BudgetReached)."""
-        now = time.perf_counter()
         if self.stopped_at is None:
-            self.stopped_at = now
+            self.stopped_at = time.perf_counter()
         if self._beside is not None:
-            self.beside_end, b, self._beside = now, self._beside, None
+            b, self._beside = self._beside, None
             b.close()
         raise BudgetReached(0)
 
@@ -226,18 +220,15 @@ class Recorder:
 
     def dump(self) -> dict[str, Any]:
         return {
-            "started": self.started, "ended": time.perf_counter(), "stop_reason": self.stop_reason,
-            "main_pid": os.getpid(), "replay_key": self.cached_from,
-            "stopped_at": self.stopped_at, "budget": {"steps": self.steps, "seconds": self.seconds},
-            "beside": self.beside, "beside_end": self.beside_end, "beside_why": self.beside_why,
-            "tables": [p for p in self.tables if is_table(p)], "episode": self._episode(),
+            "stop_reason": self.stop_reason, "main_pid": os.getpid(), "replay_key": self.cached_from,
+            "stopped_at": self.stopped_at, "beside": self.beside, "beside_why": self.beside_why,
+            "tables": self.tables, "episode": self._episode(),
             "loaders": [vars(r) for r in self.loaders.values()], "h2d": self.h2d,
         }
 
 
 _recorder: Recorder | None = None
-_saved: list[tuple[Any, str, Any]] = []  # (class, attribute, original) to undo the patches
-_hooked: list[tuple[Any, Any]] = []  # (DataLoader, its own worker_init_fn) to give back at uninstall
+_undo = ExitStack()  # what install patched and opened (and the DataLoaders' worker_init_fn), given back last first
 _copies: Accountant | None = None  # times the copies of the batches to a GPU (fastdata.measure.doctor._h2d)
 
 
@@ -257,7 +248,7 @@ def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
             return
         if loader.num_workers > 0 and not isinstance(loader.worker_init_fn, _worker.WorkerHook):
             # read by the multiprocessing iterator right after this: spawned workers install the hooks
-            _hooked.append((loader, loader.worker_init_fn))
+            _undo.callback(setattr, loader, "worker_init_fn", loader.worker_init_fn)
             loader.worker_init_fn = _worker.WorkerHook(rec.out_dir, loader.worker_init_fn)
         key = id(loader)
         if key not in rec.loaders:
@@ -293,9 +284,8 @@ def _timed_fastdata_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
             return
         key = id(self)
         if key not in rec.loaders:
-            settings = {"num_workers": getattr(self.config, "workers", None), "batch_size": self.batch_size,
-                        "device": str(getattr(self, "device", None)),
-                        "mode": getattr(self.config, "mode", None), "prefetch": getattr(self.config, "prefetch", None)}
+            settings = {"num_workers": getattr(self, "workers", None), "batch_size": self.batch_size,  # (DALI: none)
+                        "device": str(self.device), "mode": self.config.mode, "prefetch": self.config.prefetch}
             rec.loaders[key] = LoaderRecord(key, "fastdata", settings, _describe(self.dataset))
             rec.batch_sizes[key] = self.batch_size
         rec.loaders[key].passes += 1
@@ -344,11 +334,6 @@ def _leaves(batch: Any) -> Iterator[Any]:
             yield from _leaves(v)
 
 
-def _leading(batch: Any) -> int | None:
-    """The first axis of the first tensor or array in a batch (its number of samples), if any."""
-    return next((int(a.shape[0]) for a in _leaves(batch) if len(a.shape) > 0), None)
-
-
 def _nbytes(batch: Any) -> int:
     return sum(int(a.nbytes) for a in _leaves(batch))
 
@@ -374,7 +359,7 @@ def _clone(batch: Any) -> Any:
 
 def _patch(cls: Any, name: str, make: Callable[[Any], Any]) -> None:
     orig = cls.__dict__[name]
-    _saved.append((cls, name, orig))
+    _undo.callback(setattr, cls, name, orig)
     setattr(cls, name, make(orig))
 
 
@@ -392,38 +377,28 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
     _recorder = Recorder(out_dir, steps, seconds, replay, project, start)
     _patch(dl._BaseDataLoaderIter, "__init__", _timed_iter_init)
     _patch(dl._BaseDataLoaderIter, "__next__", _timed_next)
-    _saved.extend(_worker.patch_fetchers())
-    _worker.start(out_dir)
+    for cls, name, orig in _worker.install(out_dir):
+        _undo.callback(setattr, cls, name, orig)
     from fastdata.loaders.base import Loader
 
     _patch(Loader, "__iter__", _timed_fastdata_iter)
     _copies = _h2d.install(clock)
-    _recorder._tables_cm = opened(tables_only=True)
-    _recorder.tables = _recorder._tables_cm.__enter__()
+    _recorder.tables = _undo.enter_context(opened(tables_only=True))
     return _recorder
 
 
 def uninstall() -> Recorder | None:
     """Undo the patches; flush this process's dataset timings; return the Recorder."""
     global _recorder, _copies
-    rec = _recorder
+    rec, _recorder = _recorder, None
     if _copies is not None:
         from fastdata.measure.doctor import _h2d
 
-        acc = _h2d.uninstall()
-        _copies = None
+        acc, _copies = _h2d.uninstall(), None
         if rec is not None and acc is not None:
             rec.h2d = acc.dump()
     _worker.stop()
-    if rec is not None and rec._tables_cm is not None:
+    _undo.close()
+    if rec is not None:
         rec.tables = [p for p in rec.tables if is_table(p)]
-        rec._tables_cm.__exit__(None, None, None)
-        rec._tables_cm = None
-    while _saved:
-        cls, name, orig = _saved.pop()
-        setattr(cls, name, orig)
-    while _hooked:
-        loader, init = _hooked.pop()
-        loader.worker_init_fn = init
-    _recorder = None
     return rec

@@ -37,7 +37,7 @@ class WorkerStats:
         self.causes: dict[str, float] = {}
         self.files: list[str] = []
         self.born = time.time()
-        self.cpu0 = _cpu_seconds()
+        self.cpu0 = time.process_time()
         self.last_flush = 0.0
 
     def add(self, fetch_s: float, collate_s: float, samples: int) -> None:
@@ -52,7 +52,7 @@ class WorkerStats:
 
     def flush(self) -> None:
         data = {"pid": os.getpid(), "fetch_s": self.fetch_s, "collate_s": self.collate_s, "batches": self.batches,
-                "samples": self.samples, "alive_s": time.time() - self.born, "cpu_s": _cpu_seconds() - self.cpu0,
+                "samples": self.samples, "alive_s": time.time() - self.born, "cpu_s": time.process_time() - self.cpu0,
                 "io": _proc_io(), "causes": self.causes, "files": self.files}
         tmp = self.path.with_suffix(".tmp")
         try:
@@ -60,12 +60,6 @@ class WorkerStats:
             os.replace(tmp, self.path)
         except OSError:  # the doctor's folder is gone (the run ended): nothing left to report to
             pass
-
-
-def start(out_dir: Path) -> None:
-    """Record this process's dataset timings into ``out_dir`` (the main process, or a spawned worker)."""
-    global _out_dir
-    _out_dir = out_dir
 
 
 def stop() -> None:
@@ -128,10 +122,13 @@ def timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
     return fetch
 
 
-def patch_fetchers() -> list[tuple[Any, str, Any]]:
-    """Patch torch's map and iterable fetchers in this process; the (class, name, original) list to undo it."""
+def install(out_dir: Path) -> list[tuple[Any, str, Any]]:
+    """Record this process's dataset timings into ``out_dir``: patch torch's map and iterable fetchers; the
+    (class, name, original) list to undo it."""
     import torch.utils.data._utils.fetch as fetch
 
+    global _out_dir
+    _out_dir = out_dir
     saved = []
     for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
         saved.append((cls, "fetch", cls.__dict__["fetch"]))
@@ -148,8 +145,7 @@ class WorkerHook:
 
     def __call__(self, worker_id: int) -> None:
         if _out_dir is None:  # spawned: a fresh interpreter (a forked worker already records)
-            start(self.out_dir)
-            patch_fetchers()
+            install(self.out_dir)
         if self.inner is not None:
             self.inner(worker_id)
 
@@ -205,19 +201,10 @@ def _unpatch_causes() -> None:
         setattr(owner, attr, orig)
 
 
-def _cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def _proc_io() -> dict[str, int] | None:
     """/proc/self/io (Linux): rchar counts bytes asked of read(), read_bytes those fetched from storage."""
     try:
-        text = Path("/proc/self/io").read_text()
+        with open("/proc/self/io") as f:
+            return {k: int(v) for k, _, v in (line.partition(":") for line in f)}
     except OSError:
         return None
-    out = {}
-    for line in text.splitlines():
-        k, _, v = line.partition(":")
-        out[k.strip()] = int(v)
-    return out

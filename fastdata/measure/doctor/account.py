@@ -127,11 +127,6 @@ def _index(rows: list[dict[str, Any]], files: list[str]) -> tuple[str, str, list
 
 
 # -- matching values -------------------------------------------------------------------------------------
-def _close(a: np.ndarray, b: Any) -> bool:
-    b = np.asarray(b, dtype=np.float64) if not isinstance(b, str) and b is not None else None
-    return b is not None and b.size == a.size and bool(np.allclose(a.ravel(), b.ravel(), rtol=1e-4, atol=1e-4))
-
-
 def _signs(draws: list[tuple[np.ndarray, Any]]) -> list[int] | None:
     """Per element: -1 where some draw negated it (a flip rule), 1 otherwise; None when the values differ."""
     flips: np.ndarray | None = None
@@ -224,15 +219,11 @@ def _folder_label(files: list[str], values: list[np.ndarray]) -> bool:
     return len(classes) >= 2
 
 
-def _data_field(first: dict[str, np.ndarray]) -> str:
-    return max(first, key=lambda k: (first[k].size, -list(first).index(k)))
-
-
 def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
     """Where each element of the samples comes from. ``samples``: per drawn sample ``file`` (the first
     non-table file its draw opened, or None), ``first`` and ``again`` (two draws' fields as arrays)."""
     first = samples[0]["first"]
-    data = _data_field(first)
+    data = max(first, key=lambda k: first[k].size)  # the largest field (the first of equals)
     out: dict[str, Any] = {"data": data, "views": 1, "fields": {}, "tables": {}}
     files = [s["file"] for s in samples]
     out["fields"][data] = {"role": "data", "shape": list(first[data].shape)}
@@ -252,7 +243,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
         except Exception as e:  # a table the doctor cannot read: said, never fatal
             out["tables"][t] = {"error": f"{type(e).__name__}: {e}"}
             continue
-        hit = _index(rows, files) if rows else None
+        hit = _index(rows, files)
         if hit is None:
             out["tables"][t] = {"error": "no column names the sample files (fastdata convert needs a path column)"}
         else:

@@ -21,8 +21,7 @@ def page(r: dict[str, Any], text: str) -> str:
 
 def timeline(r: dict[str, Any]) -> str:
     """An SVG of (asked, got) events: red bars for waits, blue for the work between them."""
-    ev = r.get("timeline") or []
-    ev = ev[:MAX_STEPS]
+    ev = (r.get("timeline") or [])[:MAX_STEPS]
     if len(ev) < 2:
         return "<p>(no steps recorded)</p>"
     t0 = ev[0][1]

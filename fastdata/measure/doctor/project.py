@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from fastdata.errors import DataError
 from fastdata.measure.doctor.account import account, image_hw, is_table, opened, tables_of
 
 MAX_SAMPLES = 256
@@ -118,7 +119,7 @@ def sample(rec: Any, key: int | None = None) -> Sampled | str:
                        rec.sample_budget_s or SAMPLE_BUDGET_S)
     except Exception as e:  # the projection is optional: say why it is missing, never fail the report
         shutil.rmtree(work, ignore_errors=True)
-        return f"{type(e).__name__}: {e}"
+        return str(e) if isinstance(e, DataError) else f"{type(e).__name__}: {e}"
 
 
 def _drawn(ds: Any, i: int) -> tuple[dict[str, np.ndarray] | None, str | None]:
@@ -129,7 +130,7 @@ def _drawn(ds: Any, i: int) -> tuple[dict[str, np.ndarray] | None, str | None]:
 
 
 def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
-            budget_s: float = SAMPLE_BUDGET_S) -> Sampled | str:
+            budget_s: float = SAMPLE_BUDGET_S) -> Sampled:
     from fastdata.converters import ConvertConfig
     from fastdata.converters.convert import convert
     from fastdata.write import WriteOptions
@@ -142,8 +143,7 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
             break
         f, file = _drawn(ds, i)
         if f is None:
-            shutil.rmtree(work, ignore_errors=True)
-            return f"sample {i} holds objects that are not arrays or numbers"
+            raise DataError(f"sample {i} holds objects that are not arrays or numbers")
         drawn.append({"file": file, "first": f, "again": _fields(ds[i]) or {}})
     acc = account(drawn, list(tables))
     views = [k for k, v in acc["fields"].items() if v["role"] == "view"]  # the loader makes them (views=)
@@ -155,8 +155,7 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
     for n, i in enumerate(idx):
         f = drawn[n]["first"] if n < len(drawn) else _fields(ds[i])
         if f is None:
-            shutil.rmtree(work, ignore_errors=True)
-            return f"sample {i} holds objects that are not arrays or numbers"
+            raise DataError(f"sample {i} holds objects that are not arrays or numbers")
         f = {k: v for k, v in f.items() if k not in views}
         if not shapes:
             shapes = {k: list(np.shape(v)) for k, v in f.items()}

@@ -1,5 +1,6 @@
 """From what the hooks recorded to the verdict: ``analyse`` reads the doctor's folder (raw.json,
-worker-*.json, project.json) into the report dict; ``render`` makes its one-screen text.
+worker-*.json, project.json) into the report dict, with the host-to-device figures from the copy counts of
+fastdata.measure.doctor._h2d; ``render`` makes its one-screen text.
 """
 
 from __future__ import annotations
@@ -7,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fastdata.format.files import IMAGE_SUFFIXES
-from fastdata.measure.doctor import transfer
+from fastdata.format.files import ARRAY_SUFFIXES, IMAGE_SUFFIXES
 from fastdata.measure.doctor._probe import WARMUP
-from fastdata.measure.doctor.account import is_table
+from fastdata.measure.doctor.account import image_hw, is_table
 from fastdata.measure.doctor.fix import NO_GAIN, commands, lines
 
 INPUT_BOUND = 0.10  # a loop waiting more than this fraction of its time for data is input-bound
@@ -62,11 +63,10 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
     alive = sum(r["alive_s"] for r in rows) or 1e-9
     fetch, collate = sum(r["fetch_s"] for r in rows), sum(r["collate_s"] for r in rows)
     samples, batches = sum(r["samples"] for r in rows), sum(r["batches"] for r in rows)
-    ios = [r["io"] for r in rows if r.get("io")]
-    causes: dict[str, float] = {}
+    ios = [r["io"] for r in rows if r["io"]]
+    causes: Counter[str] = Counter()
     for r in rows:
-        for k, v in (r.get("causes") or {}).items():
-            causes[k] = causes.get(k, 0.0) + v
+        causes.update(r["causes"])
     out: dict[str, Any] = {
         "processes": len(rows), "samples": samples,
         "getitem_s_per_sample": fetch / samples if samples else None,
@@ -74,8 +74,8 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
         "getitem_fraction": fetch / alive, "collate_fraction": collate / alive,
         "cpu_fraction": sum(r["cpu_s"] for r in rows) / alive,
         # time inside known readers and decoders, as a fraction of the workers' time (sorted, largest first)
-        "causes": dict(sorted(((k, v / alive) for k, v in causes.items()), key=lambda kv: -kv[1])),
-        "source": source_of([f for r in rows for f in r.get("files") or []]),
+        "causes": {k: v / alive for k, v in causes.most_common()},
+        "source": source_of([f for r in rows for f in r["files"]]),
     }
     if ios and num_workers > 0:  # the main process's counters hold the whole script, not the dataset
         rchar, read_bytes = sum(i["rchar"] for i in ios), sum(i["read_bytes"] for i in ios)
@@ -89,15 +89,10 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
 def source_of(files: list[str]) -> dict[str, Any] | None:
     """The folder the dataset's files share and what they are (from the paths the workers opened), and
     whether ``fastdata convert`` takes that folder as it is (per-sample .npy/.npz or image files)."""
-    from fastdata.format.files import ARRAY_SUFFIXES
-
     files = [f for f in files if os.path.isfile(f) and not is_table(f)]  # tables: fastdata.measure.doctor.account
     if not files:
         return None
-    kinds: dict[str, int] = {}
-    for f in files:
-        ext = os.path.splitext(f)[1].lower() or "(none)"
-        kinds[ext] = kinds.get(ext, 0) + 1
+    kinds = dict(Counter(os.path.splitext(f)[1].lower() or "(none)" for f in files))
     folder = os.path.commonpath([os.path.dirname(f) for f in files])
     per_sample = len(files) > 1 and all(k in IMAGE_SUFFIXES or k in ARRAY_SUFFIXES for k in kinds)
     return {"folder": folder, "kinds": kinds, "files_seen": len(files), "convertible": per_sample}
@@ -143,16 +138,15 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
     raw = json.loads((folder / "raw.json").read_text())
     proj_path = folder / "project.json"
     proj = json.loads(proj_path.read_text()) if proj_path.exists() else {"ok": False, "why": "not measured"}
+    none = {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None, "loaders": []}
     if not raw["loaders"]:
-        return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None,
-                "verdict": "no DataLoader was iterated: nothing to measure", "loaders": []}
+        return {**none, "verdict": "no DataLoader was iterated: nothing to measure"}
     main = max(raw["loaders"], key=lambda r: len(r["events"]))
     waits, steps, confidence = measured_steps(main["events"])
     if not steps:
-        return {"command": command, "stop_reason": raw["stop_reason"], "bottleneck": None, "loaders": [],
-                "verdict": ("one batch in the budget: a step takes longer than the budget allows; raise --seconds"
-                            if raw["stop_reason"] == "budget spent" else
-                            f"too few batches to measure ({len(main['events'])}) before the script stopped")}
+        return {**none, "verdict": "one batch in the budget: a step takes longer than the budget allows; raise "
+                                   "--seconds" if raw["stop_reason"] == "budget spent" else
+                                   f"too few batches to measure ({len(main['events'])}) before the script stopped"}
     wait_fraction = sum(waits) / sum(steps)
     step_s = sum(steps) / len(steps)
     compute = _replay_step(main, raw.get("stopped_at")) if raw.get("replay_key") == main["key"] else None
@@ -172,7 +166,7 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
                                         for r in raw["loaders"] if r is not main],
         "timeline": main["events"][:2000], "replay": main["replay"],
     }
-    out.update(transfer.figures(raw.get("h2d"), main, step_s))
+    out.update(h2d_figures(raw.get("h2d"), main, step_s))
     out.update(_projection(proj, step_s, wait_fraction * step_s, compute, w, _beside(raw)))
     ok = proj if proj.get("ok") else None
     source = (w or {}).get("source")
@@ -239,8 +233,6 @@ def _images_only(source: dict[str, Any] | None) -> bool:
 def _image_size(source: dict[str, Any], proj: dict[str, Any] | None) -> tuple[int, int] | None:
     """(H, W) of the one image field of the samples when the workers read image files only: the size to
     decode and resize to at conversion, as the projection measured."""
-    from fastdata.measure.doctor.account import image_hw
-
     if proj is None or not _images_only(source):
         return None
     sizes = [hw for hw in map(image_hw, (proj.get("shapes") or {}).values()) if hw is not None]
@@ -277,7 +269,7 @@ def render(r: dict[str, Any]) -> str:
         if io and io["from_storage_fraction"] is not None:
             out.append(f"reads    {io['rchar'] / 1e6:.1f} MB read by the workers, "
                          f"{io['from_storage_fraction']:.1%} from storage, the rest from the page cache")
-    out.append(transfer.line(r))
+    out.append(h2d_line(r))
     p = r["projection"]
     if p.get("ok"):
         ops = f", images as uint8 with {' + '.join(p['ops'])} on the batch" if p.get("ops") else ""
@@ -295,3 +287,78 @@ def render(r: dict[str, Any]) -> str:
         out += ["", "the fix:"] + [f"  {c}" for c in r["commands"]]
         out += [f"  # {n}" for n in r.get("fix_notes") or []]
     return "\n".join(out) + "\n"
+
+
+# -- host-to-device copies ------------------------------------------------------------------------------
+NO_CUDA = "no CUDA device"  # the reason when the machine has none
+H2D_METHOD = ("CUDA events (enable_timing) on the device's current stream around each Tensor.to/.cuda/.copy_ of "
+              "a CPU tensor of the loop's batches to the GPU, read after the fact (no synchronize per step); the first "
+              "batches are left out (CUDA start-up)")
+
+
+def _count(b: dict[str, Any] | None) -> dict[str, Any] | None:
+    return {"copies": b["copies"], "bytes": b["bytes"]} if b and b["copies"] else None
+
+
+def h2d_figures(raw: dict[str, Any] | None, main: dict[str, Any], step_s: float) -> dict[str, Any]:
+    """``h2d`` and ``h2d_reason`` (and the copies made inside the loader or of other tensors, counted apart)
+    for the loader ``main`` of the report, whose mean step is ``step_s``."""
+    if raw is None:
+        return {"h2d": None, "h2d_reason": "not recorded"}
+    if not raw["cuda"]:
+        return {"h2d": None, "h2d_reason": NO_CUDA}
+    out: dict[str, Any] = {"h2d_inside_loader": _count(raw["inside_loader"]), "h2d_other": _count(raw["other"])}
+    b = raw["loaders"].get(str(main["key"]))
+    if not b or not b["copies"] or not b["timed"] or b["seconds"] <= 0:
+        why = f"{b['copies']} copies seen, none could be timed" if b and b["copies"] else \
+            _h2d_why(main, out["h2d_inside_loader"])
+        return {**out, "h2d": None, "h2d_reason": why}
+    per_batch = b["seconds"] * b["copies"] / b["timed"] / max(b["batches"], 1)  # untimed copies: at the mean
+    h = {"copies": b["copies"], "bytes": b["bytes"], "seconds": b["seconds"], "timed_copies": b["timed"],
+         "gb_per_s": b["timed_bytes"] / b["seconds"] / 1e9, "batches": b["batches"], "per_batch_s": per_batch,
+         "step_fraction": per_batch / step_s if step_s > 0 else None,
+         "pinned_fraction": b["pinned"] / b["copies"], "non_blocking_fraction": b["non_blocking"] / b["copies"],
+         "method": H2D_METHOD}
+    h["advice"] = _h2d_advice(h["pinned_fraction"], h["non_blocking_fraction"], main)
+    out.update(h2d=h, h2d_reason=None)
+    return out
+
+
+def _h2d_why(main: dict[str, Any], inside: dict[str, Any] | None) -> str:
+    if inside is None:
+        return "the loop copied none of the loader's batches to a CUDA device"
+    seen = f"{inside['copies']} copies, {inside['bytes'] / 1e6:.1f} MB"
+    if main["kind"] == "fastdata":
+        return (f"fastdata.loader(device='cuda') copies its batches to the GPU itself ({seen}), from pinned memory "
+                "on a side stream ahead of use: not timed apart; any copy the loop waited for is in its wait")
+    return (f"the batches reach the GPU inside the loader's next() ({seen}, a collate_fn that moves them): "
+            "their time is part of the wait")
+
+
+def _h2d_advice(pinned: float, non_blocking: float, main: dict[str, Any]) -> str | None:
+    """What to change when copies come from pageable memory or block; None when they are pinned and async."""
+    if pinned < 1.0:
+        if main["kind"] == "fastdata":
+            fix = "pass device='cuda' to fastdata.loader (it copies from pinned memory, ahead of use)"
+        elif main["settings"].get("pin_memory"):
+            fix = "copy the tensors as the DataLoader hands them (pin_memory=True pins those)"
+        else:
+            fix = "pass pin_memory=True to the DataLoader"
+        nb = " and non_blocking=True to .to()" if non_blocking < 1.0 and main["kind"] != "fastdata" else ""
+        return f"pageable: {fix}{nb}"
+    if non_blocking < 1.0:
+        return "blocking: pass non_blocking=True to .to()/.cuda() (the source is pinned already)"
+    return None
+
+
+def h2d_line(r: dict[str, Any]) -> str:
+    """The text report's host-to-device line."""
+    h = r.get("h2d")
+    if h is None:
+        why = r.get("h2d_reason") or "not recorded"
+        return f"host->device not measured ({'no CUDA' if why == NO_CUDA else why})"
+    share = f" ({h['step_fraction']:.1%} of the step)" if h["step_fraction"] is not None else ""
+    text = (f"host->device: {h['gb_per_s']:.2f} GB/s, {h['per_batch_s'] * 1e3:.2f} ms a batch{share}; "
+            f"{h['bytes'] / 1e6:.1f} MB in {h['copies']} copies, {h['pinned_fraction']:.0%} pinned, "
+            f"{h['non_blocking_fraction']:.0%} non_blocking")
+    return text + (f"; {h['advice']}" if h["advice"] else "")
