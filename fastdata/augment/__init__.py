@@ -4,8 +4,8 @@ loaders, so both backends draw the same), then transforms a float ``(B, C, H, W)
 """
 
 from fastdata.augment.affine import Pad, RandomAffine
-from fastdata.augment.base import Params, Tensor, batch_generator, image_hw, pair
-from fastdata.augment.color import RGB2YIQ, YIQ2RGB, ColorJitter, GaussianNoise, Normalize, child_seed
+from fastdata.augment.base import Params, Tensor, batch_generator, child_seed, image_hw, pair
+from fastdata.augment.color import RGB2YIQ, YIQ2RGB, ColorJitter, GaussianNoise, Normalize
 from fastdata.augment.geometric import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize, VerticalFlip
 from fastdata.augment.pipeline import CROPS, IMAGENET_MEAN, IMAGENET_STD, Augment, Op, shapes_after
 

@@ -19,6 +19,11 @@ def _uniform(g: torch.Generator, b: int, lo: float, hi: float) -> Tensor:
     return torch.rand(b, generator=g, device=g.device) * (hi - lo) + lo
 
 
+def child_seed(g: torch.Generator) -> Tensor:
+    """One draw from ``g`` that seeds a generator elsewhere (noise ops', on the batch's device)."""
+    return torch.randint(0, 2**62, (1,), generator=g, device=g.device)
+
+
 def pair(v: int | Sequence[int]) -> tuple[int, int]:
     if isinstance(v, int):
         return (v, v)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastdata.augment.base import Params, Tensor, _mask, _Op, _uniform
+from fastdata.augment.base import Params, Tensor, _mask, _Op, _uniform, child_seed
 
 # RGB <-> YIQ: hue is a rotation of the IQ plane (the same model DALI's color_twist uses).
 RGB2YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
@@ -82,11 +82,6 @@ def hue_matrix(angle: Tensor) -> Tensor:
     rot[:, 0, 0] = 1
     rot[:, 1, 1], rot[:, 1, 2], rot[:, 2, 1], rot[:, 2, 2] = c, -s, s, c
     return YIQ2RGB.to(angle) @ rot @ RGB2YIQ.to(angle)
-
-
-def child_seed(g: torch.Generator) -> Tensor:
-    """One draw from ``g`` that seeds a generator elsewhere (GaussianNoise's, on the batch's device)."""
-    return torch.randint(0, 2**62, (1,), generator=g, device=g.device)
 
 
 @dataclass(frozen=True)

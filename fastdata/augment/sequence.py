@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from fastdata.augment.base import Params, Tensor, _uniform
+from fastdata.augment.base import Params, Tensor, _uniform, child_seed
 from fastdata.errors import UsageError
 
 
@@ -201,7 +201,7 @@ class AdditiveNoise(SeqOp):
     needs_time: ClassVar[bool] = False
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
-        return {"seed": torch.randint(0, 2**62, (1,), generator=g, device=g.device)}
+        return {"seed": child_seed(g)}
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
         noise = _block_noise(x, int(p["seed"]), int(p.get("first", torch.zeros(()))))

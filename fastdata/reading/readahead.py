@@ -1,16 +1,10 @@
 """Read ahead by the epoch plan: keep the disk busy with the bytes the next batches will read.
 
-A loader knows every batch of its pass before the pass starts. :class:`ReadAhead` follows the
-loader's position (``at(k)``: batch ``k`` is handed out now) in one small thread and, for each batch
-up to a bounded distance ahead, tells the kernel the byte ranges of the shard files that batch will
-read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel reads for one
-hint). A range that continues an earlier range of its file (a sequential stream) is read in order
-instead (:class:`_Streams`), which the kernel serves in larger requests. On a warm cache the hints
-are skipped once probes find the batches cached (:meth:`ReadAhead._resident`).
-
-The distance is bounded (``ahead_bytes`` beyond the batches the readers may be reading), and hinted
-pages are ordinary page cache, so memory stays bounded. It only fills the page cache: it never
-changes what is read.
+:class:`ReadAhead` follows the loader's position (``at(k)``) in one thread and, for each batch up to
+``ahead_bytes`` ahead, hints the byte ranges it will read (``POSIX_FADV_WILLNEED``); a range that
+continues a sequential stream is read in order instead (:class:`_Streams`), which the kernel serves in
+larger requests. Hints are skipped on a warm cache (:meth:`ReadAhead._resident`). It only fills the
+page cache: it never changes what is read.
 """
 
 from __future__ import annotations
@@ -247,7 +241,8 @@ class ReadAhead:
             log.info("read-ahead stopped: %s: %s", type(e).__name__, e)
         finally:
             self._streams.close()
-            self._close_fds()
+            for fd in self._fds.values():
+                os.close(fd)
 
     def _fd(self, path: Path) -> int:
         fd = self._fds.get(path)
@@ -321,11 +316,6 @@ class ReadAhead:
             merged = _merged(self._ranges(self._plan[j]))
         self._kept = (j, merged) if keep else None
         return merged
-
-    def _close_fds(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
 
     def close(self) -> None:
         """Stop hinting (a hint in flight finishes first; it is one system call)."""
