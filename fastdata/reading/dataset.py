@@ -1,14 +1,8 @@
-"""``fastdata.open``: a map-style dataset over a directory of shards.
+"""``fastdata.open``: a map-style dataset over a directory of shards (or a URL's shard cache).
 
-``get_batch`` sorts the requested indices, groups them by shard and reads straight into one
-preallocated array per field. Ragged fields come back padded to the longest sample in the batch,
-with a ``<name>_lengths`` array. Image fields come back decoded, as uint8 ``(B, H, W, C)`` arrays
-(fastdata/reading/decode.py); ``decode=False`` returns their stored bytes instead. String fields
-come back as lists of ``str``, and so do sample keys when ``"key"`` is among the fields.
-
-Where the shards live (a local folder, a URL's shard cache) is a
-:class:`fastdata.format.source.ShardSource`. ``subset`` and ``split`` give subsets: the same class
-over some of the stored samples, accepted wherever a dataset is.
+``get_batch`` groups the requested indices by shard and reads straight into one array per field; ragged
+fields come back padded (with ``<name>_lengths``), images decoded, strings and keys as lists of ``str``.
+``subset`` and ``split`` give subsets: the same class over some of the stored samples.
 """
 
 from __future__ import annotations
@@ -68,12 +62,9 @@ def open_source(src: str, remote: RemoteOptions | None) -> ShardSource:
 class Dataset:
     """Samples of a fastdata dataset; ``ds[i]`` and ``ds.get_batch(indices)`` give dicts of numpy arrays.
 
-    ``decode`` turns encoded and ragged image fields into pixels on read, with
-    ``decode_threads`` threads per process (default: the usable CPUs); ``decode="float"`` gives
-    encoded images as float32 in [0, 1] instead of uint8, each converted right after it is decoded
-    (the torch loader's choice on the CPU; stored pixels stay uint8). ``root`` may be a URL
-    (``s3://bucket/ds``): shards are then read through the node's shard cache, set up by
-    ``remote`` (:class:`fastdata.RemoteOptions`; docs/remote.md).
+    ``decode`` turns image fields into pixels on read, on ``decode_threads`` threads per process (default:
+    the usable CPUs); ``decode="float"`` gives encoded images as float32 in [0, 1]. ``root`` may be a URL
+    (``s3://bucket/ds``), read through the shard cache set up by ``remote`` (docs/remote.md).
     """
 
 

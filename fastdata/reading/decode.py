@@ -1,16 +1,9 @@
 """Image decoding for the read path: stored image fields -> one uint8 HWC batch array.
 
-JPEG is decoded with simplejpeg (libjpeg-turbo with the GIL released, so a batch decodes on
-every core with a small thread pool). PNG is decoded with PIL. Both raise on truncated or corrupt data: simplejpeg in strict mode, and PIL as
-long as ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is left at its default (fastdata never sets
-it). A JPEG that simplejpeg refuses only for a recoverable problem (such as extraneous bytes
-before a marker) is handed to PIL, which accepted it at conversion time. Both decoders read any
-8-bit JPEG (greyscale, YCbCr/RGB, CMYK) in the field's mode, converting it (docs/format.md); a PNG
-must be in the field's mode.
-
-A batch whose images all have the same size comes back as one ``(B, H, W, C)`` array
-written in place; mixed sizes are padded with zeros to the largest height and width,
-top-left aligned (the true sizes are in ``<name>_shape``).
+JPEG by simplejpeg (the GIL released: a batch decodes on every core), PNG by PIL; both raise on truncated
+or corrupt data (PIL's ``LOAD_TRUNCATED_IMAGES`` is never set). A JPEG that simplejpeg's strict mode refuses
+only for a recoverable problem goes to PIL, which accepted it at conversion. Any 8-bit JPEG is read in the
+field's mode (docs/format.md); a PNG must be in it. Mixed sizes are padded with zeros, top-left.
 """
 
 from __future__ import annotations

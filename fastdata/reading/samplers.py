@@ -1,15 +1,8 @@
-"""Samplers: which samples an epoch visits, in which batches, as pure functions of
-(number of samples, world, seed, epoch).
+"""Samplers: which samples an epoch visits, in which batches, as pure functions of (n, world, seed, epoch).
 
-The protocol (:class:`SamplerFn`) is any callable ``sampler(n, world, seed, epoch)`` returning the
-epoch's batches of indices *for the whole world*, in order; the loader gives each rank an equal
-number of them (:func:`rank_batches`), so no rank waits on another at the end of an epoch, and
-resumes mid-epoch by skipping the batches already done. A sampler may also have
-``bind(dataset, batch_size)``, called once when the loader is built: there it reads what it needs
-(labels) and raises :class:`~fastdata.errors.UsageError` for arguments that cannot work.
-
-Built-ins: :class:`Weighted` (weights or ``"balanced"``, with or without replacement) and
-:class:`Episodic` (N classes x K shots + Q queries per batch).
+A sampler (:class:`SamplerFn`) gives the epoch's batches for the whole world; the loader gives each rank an
+equal share of them (:func:`rank_batches`). An optional ``bind(dataset, batch_size)`` reads what it needs
+(labels) and refuses arguments that cannot work. Built-ins: :class:`Weighted` and :class:`Episodic`.
 """
 
 from __future__ import annotations
