@@ -24,29 +24,11 @@ log = logging.getLogger("fastdata.reading.readahead")
 
 _MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is read too: cheaper than a seek)
 WARM_STREAK = 4  # batches found in the page cache in a row before hints are skipped (ReadAhead._resident)
-_MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
-_chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
+HINT_PIECE = 128 << 10  # Linux's default read-ahead: what one WILLNEED hint surely reads in full
 STREAM_THREADS = 16  # threads reading sequential streams ahead (_Streams)
 _STREAM_PIECE = 1 << 20  # bytes per read of a stream (_Streams._read)
 _STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
 
-
-def hint_chunk(path: Path | str) -> int:
-    """The most one ``WILLNEED`` hint reads on the device holding ``path`` (Linux drops the rest of a longer
-    range: ``max(read_ahead_kb, max_sectors_kb)``; 128 KiB where the device's queue is not found)."""
-    dev = os.stat(path).st_dev
-    if dev not in _chunks:
-        base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
-        found = _MIN_CHUNK
-        for queue in (f"{base}/queue", f"{base}/../queue"):  # a disk, or a partition of one
-            try:
-                kb = [int(Path(queue, name).read_text()) for name in ("read_ahead_kb", "max_sectors_kb")]
-            except (OSError, ValueError):
-                continue
-            found = max(_MIN_CHUNK, max(kb) << 10)
-            break
-        _chunks[dev] = found
-    return _chunks[dev]
 
 Ranges = list[tuple[Path, np.ndarray, np.ndarray]]  # per shard file: (path, starts, lengths) in bytes
 
@@ -190,7 +172,6 @@ class ReadAhead:
         self._ahead = max(0, ahead_bytes)
         self._sizes: dict[int, int] = {}  # batch -> bytes hinted (for the byte bound)
         self._fds: dict[Path, int] = {}
-        self._chunk: dict[Path, int] = {}  # file -> bytes one hint may cover (hint_chunk)
         self._cond = threading.Condition()
         self._stop = False
         self.hinted_bytes = 0  # what was hinted in all (a figure for tests and benchmarks)
@@ -248,7 +229,6 @@ class ReadAhead:
         fd = self._fds.get(path)
         if fd is None:
             fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self._chunk[path] = hint_chunk(path)
         return fd
 
     def _resident(self, merged: Ranges, warm: bool) -> bool:
@@ -294,13 +274,12 @@ class ReadAhead:
         following = {(path, o) for path, s, _ in self._merged_of(j + 1, keep=True) for o in s.tolist()}
         for path, s, n in merged:
             fd = self._fd(path)
-            chunk = self._chunk[path]
             for off, size in zip(s.tolist(), n.tolist()):
                 if self._streams.continues(path, off, size, starts=(path, off + size) in following):
                     self.streamed_bytes += size
                     continue
-                for at in range(off, off + size, chunk):  # (a longer hint would be cut short by the kernel)
-                    os.posix_fadvise(fd, at, min(chunk, off + size - at), os.POSIX_FADV_WILLNEED)
+                for at in range(off, off + size, HINT_PIECE):  # (a longer hint may be cut short by the kernel)
+                    os.posix_fadvise(fd, at, min(HINT_PIECE, off + size - at), os.POSIX_FADV_WILLNEED)
             total += int(n.sum())
         self.hinted_bytes += total
         return total
