@@ -324,28 +324,3 @@ def drop_page_cache(paths: Sequence[Path | str]) -> int:
         finally:
             os.close(fd)
     return total
-
-
-def resident_bytes(paths: Sequence[Path | str]) -> int:
-    """Bytes of ``paths`` in the page cache now (``mincore`` over a fresh map of each file; Linux):
-    how a cold measurement checks that the cache really was emptied."""
-    import ctypes
-    import mmap
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    page = mmap.PAGESIZE
-    total = 0
-    for p in paths:
-        size = os.path.getsize(p)
-        if size == 0:
-            continue
-        with open(p, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
-            view = np.frombuffer(m, dtype=np.uint8)
-            vec = np.zeros(-(-size // page), dtype=np.uint8)
-            rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size),
-                              ctypes.c_void_p(vec.ctypes.data))
-            del view  # the map cannot close while numpy holds it
-            if rc != 0:
-                raise OSError(ctypes.get_errno(), f"mincore failed on {p}")
-            total += min(int((vec & 1).sum()) * page, size)
-    return total
