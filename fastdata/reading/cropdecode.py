@@ -18,7 +18,7 @@ import simplejpeg
 import torch
 
 from fastdata.format.spec import CODEC_JPEG, ImageSpec
-from fastdata.reading.decode import decode_image
+from fastdata.reading.decode import SJ_COLORSPACE, decode_image
 
 SCALES = (8, 4, 2, 1)  # the DCT reductions libjpeg decodes at (1/8 ... 1)
 _INV255 = np.float32(1 / 255)
@@ -214,7 +214,7 @@ def _decode_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.nd
     """The whole JPEG decoded at the reduction that gives at least ``min_hw``; None when the stream
     needs the full decoder's judgement (corrupt, or only a recoverable warning)."""
     try:
-        a = simplejpeg.decode_jpeg(data, colorspace={"RGB": "RGB", "L": "GRAY"}[spec.mode], strict=True,
+        a = simplejpeg.decode_jpeg(data, colorspace=SJ_COLORSPACE[spec.mode], strict=True,
                                    min_height=min_hw[0], min_width=min_hw[1])
     except ValueError:
         return None

@@ -31,7 +31,7 @@ from fastdata.format.spec import (
 from fastdata.handles import PerProcessHandle
 from fastdata.world import usable_cpus
 
-_SJ_COLORSPACE = {"RGB": "RGB", "L": "GRAY"}
+SJ_COLORSPACE = {"RGB": "RGB", "L": "GRAY"}  # a field's mode -> simplejpeg's colorspace
 _PIL_FORMATS = {CODEC_JPEG: ["JPEG"], CODEC_PNG: ["PNG"]}
 _JPEG_MODES = ("L", "RGB", "CMYK")  # what PIL decodes a baseline or progressive 8-bit JPEG to
 
@@ -46,7 +46,7 @@ def decode_image(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> Non
     Raises DecodeError when the bytes are corrupt or decode to another size or mode.
     """
     if codec == CODEC_JPEG:
-        colorspace = _SJ_COLORSPACE[spec.mode]
+        colorspace = SJ_COLORSPACE[spec.mode]
         try:
             if out.flags.c_contiguous:
                 got = simplejpeg.decode_jpeg(data, colorspace=colorspace, buffer=out, strict=True).shape

@@ -15,7 +15,7 @@ import numpy as np
 
 from fastdata.errors import UsageError
 from fastdata.reading.dataset import Dataset
-from fastdata.reading.order import batch_plan
+from fastdata.reading.order import batch_plan, rank_share
 from fastdata.seeds import Stream, numpy_rng
 from fastdata.world import World
 
@@ -35,13 +35,9 @@ def rng(seed: int, epoch: int, which: int) -> np.random.Generator:
 
 
 def rank_batches(batches: Sequence[np.ndarray], world: World, drop_last: bool) -> list[np.ndarray]:
-    """This rank's contiguous share of the epoch's batches, the same count on every rank:
-    ``drop_last=False`` wraps around to fill the last share, ``True`` drops what does not fit."""
-    b, size = len(batches), world.size
-    per = b // size if drop_last else -(-b // size)
-    if per * size > b and b:
-        batches = list(batches) + [batches[k % b] for k in range(per * size - b)]
-    return list(batches[world.rank * per : (world.rank + 1) * per])
+    """This rank's contiguous share of the epoch's batches, as :func:`fastdata.reading.order.rank_share` shares
+    samples: the same count on every rank, wrapping around (``drop_last=False``) or dropping what does not fit."""
+    return [batches[k] for k in rank_share(np.arange(len(batches)), world, drop_last).tolist()]
 
 
 def class_codes(dataset: Dataset, by: str) -> np.ndarray:
