@@ -9,7 +9,6 @@ page cache: it never changes what is read.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -113,22 +112,12 @@ class _Streams:
                 off, size = st.queue.popleft()
             try:
                 if st.fd is None:
-                    st.fd = self._open(path)
+                    st.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 for at in range(off, off + size, _STREAM_PIECE):
                     if self._closed or self._read(st.fd, at, min(_STREAM_PIECE, off + size - at)) <= 0:
                         break
             except OSError as e:  # only read-ahead: the readers meet (and report) any real problem
                 log.info("stream read-ahead of %s failed: %s", path, e)
-
-    @staticmethod
-    def _open(path: Path) -> int:
-        """A stream's own descriptor, marked sequential where the platform allows
-        (``POSIX_FADV_SEQUENTIAL``: Linux doubles the kernel's read-ahead window for it)."""
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        if hasattr(os, "posix_fadvise"):
-            with contextlib.suppress(OSError):  # only a hint
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        return fd
 
     def _read(self, fd: int, at: int, n: int) -> int:
         """Read ``n`` bytes at ``at`` on ``fd`` into this thread's reused buffer (the page cache keeps them)."""
@@ -183,7 +172,6 @@ class ReadAhead:
         self._can_probe = hasattr(os, "RWF_NOWAIT")
         self._streams = _Streams()
         self.streamed_bytes = 0  # of hinted_bytes, what was read ahead as sequential streams
-        self._kept: tuple[int, Ranges] | None = None  # (_merged_of)
         self._thread = threading.Thread(target=self._run, name="fastdata-readahead", daemon=True)
         self._thread.start()
 
@@ -271,7 +259,7 @@ class ReadAhead:
             return 0
         if warm:
             merged = self._merged_of(j)
-        following = {(path, o) for path, s, _ in self._merged_of(j + 1, keep=True) for o in s.tolist()}
+        following = {(path, o) for path, s, _ in self._merged_of(j + 1) for o in s.tolist()}
         for path, s, n in merged:
             fd = self._fd(path)
             for off, size in zip(s.tolist(), n.tolist()):
@@ -284,17 +272,9 @@ class ReadAhead:
         self.hinted_bytes += total
         return total
 
-    def _merged_of(self, j: int, keep: bool = False) -> Ranges:
-        """Batch ``j``'s merged ranges (none past the plan's end); ``keep``: kept for the next call, so each
-        batch's ranges are worked out once though the batch before it asks too (where its streams start)."""
-        if j >= len(self._plan):
-            return []
-        if self._kept is not None and self._kept[0] == j:
-            merged = self._kept[1]
-        else:
-            merged = _merged(self._ranges(self._plan[j]))
-        self._kept = (j, merged) if keep else None
-        return merged
+    def _merged_of(self, j: int) -> Ranges:
+        """Batch ``j``'s merged ranges (none past the plan's end)."""
+        return _merged(self._ranges(self._plan[j])) if j < len(self._plan) else []
 
     def close(self) -> None:
         """Stop hinting (a hint in flight finishes first; it is one system call)."""
