@@ -25,7 +25,7 @@ _MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is r
 WARM_STREAK = 4  # batches found in the page cache in a row before hints are skipped (ReadAhead._resident)
 HINT_PIECE = 128 << 10  # Linux's default read-ahead: what one WILLNEED hint surely reads in full
 STREAM_THREADS = 16  # threads reading sequential streams ahead (_Streams)
-_STREAM_PIECE = 1 << 20  # bytes per read of a stream (_Streams._read)
+_STREAM_PIECE = 1 << 20  # bytes per read of a stream (the page cache keeps them)
 _STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
 
 
@@ -71,7 +71,6 @@ class _Streams:
         self._pool = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="fastdata-stream")
         self._ends: OrderedDict[tuple[Path, int], _Stream] = OrderedDict()  # (file, end of its last range)
         self._lock = threading.Lock()
-        self._local = threading.local()
         self._closed = False
 
     def continues(self, path: Path, off: int, size: int, starts: bool = False) -> bool:
@@ -114,17 +113,10 @@ class _Streams:
                 if st.fd is None:
                     st.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 for at in range(off, off + size, _STREAM_PIECE):
-                    if self._closed or self._read(st.fd, at, min(_STREAM_PIECE, off + size - at)) <= 0:
+                    if self._closed or not os.pread(st.fd, min(_STREAM_PIECE, off + size - at), at):  # (EOF)
                         break
             except OSError as e:  # only read-ahead: the readers meet (and report) any real problem
                 log.info("stream read-ahead of %s failed: %s", path, e)
-
-    def _read(self, fd: int, at: int, n: int) -> int:
-        """Read ``n`` bytes at ``at`` on ``fd`` into this thread's reused buffer (the page cache keeps them)."""
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = memoryview(bytearray(_STREAM_PIECE))
-        return os.preadv(fd, [buf[:n]], at)
 
     def stop(self) -> None:
         """Stop reading: a read in flight ends after its current piece."""
