@@ -85,7 +85,6 @@ class Dataset:
         self.manifest: Manifest = self._source.manifest
         names = [f.name for f in self.manifest.fields]
         self._subset: np.ndarray | None = None
-        self._all_open_pid: int | None = None  # this process had every shard open (_open_shards)
         self._subset_pos: tuple[np.ndarray, np.ndarray] | None = None
         self._with_key = fields is not None and KEY_FIELD in fields and KEY_FIELD not in names
         self._keys = self._source.key_table()
@@ -135,7 +134,7 @@ class Dataset:
         if self.remote is not None:
             return []
         segments, shards = self._segments(self._stored(np.asarray(indices, dtype=np.int64)))
-        self._open_shards(shards)
+        open_all([self._readers[s] for s in shards])
         names = [f.name for f in self.schema]
         out = []
         for reader, local, _ in segments:
@@ -400,18 +399,9 @@ class Dataset:
         packed = self.check_ragged(ragged)
         segments, shards = self._segments(idx)
         with self._source.pinned(shards, self._readers):
-            self._open_shards(shards)
+            open_all([self._readers[s] for s in shards])  # side by side: a batch waits for one open, not many
             batch = self._read(segments, idx, asked, out, packed)
         return batch if companions else self.trim(batch)
-
-    def _open_shards(self, shards: Sequence[int]) -> None:
-        """Open the shards ``shards`` side by side (handles.open_all) until every shard has been open in this
-        process; after that batches skip the check (a shard closed since reopens on use)."""
-        if self._all_open_pid == os.getpid():
-            return
-        open_all([self._readers[s] for s in shards])
-        if all(r.is_open() for r in self._readers):
-            self._all_open_pid = os.getpid()
 
     def _segments(self, idx: np.ndarray) -> tuple[list[Any], list[int]]:
         """The stored samples ``idx`` as segments (reader, rows in its shard, places in the batch),
@@ -547,7 +537,6 @@ class Dataset:
         Dropping the dataset releases them too."""
         for r in self._readers:
             r.close()
-        self._all_open_pid = None
         if self._decoder is not None:
             self._decoder.close()
         self._source.close()
