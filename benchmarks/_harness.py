@@ -271,3 +271,30 @@ def save_device_run(name: str, quick: bool, device: Any, results: dict[str, Any]
     suffix = ("_quick" if quick else "") + ("_cuda" if getattr(device, "type", str(device)) == "cuda" else "")
     write_results(f"{name}{suffix}", results, markdown, out_dir)
     print(markdown)
+
+
+def resident_bytes(paths: Sequence[Path | str]) -> int:
+    """Bytes of ``paths`` in the page cache now (``mincore`` over a fresh map of each file; Linux):
+    how a cold measurement checks that the cache really was emptied."""
+    import ctypes
+    import mmap
+
+    import numpy as np
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    total = 0
+    for p in paths:
+        size = os.path.getsize(p)
+        if size == 0:
+            continue
+        with open(p, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
+            view = np.frombuffer(m, dtype=np.uint8)
+            vec = np.zeros(-(-size // page), dtype=np.uint8)
+            rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size),
+                              ctypes.c_void_p(vec.ctypes.data))
+            del view  # the map cannot close while numpy holds it
+            if rc != 0:
+                raise OSError(ctypes.get_errno(), f"mincore failed on {p}")
+            total += min(int((vec & 1).sum()) * page, size)
+    return total

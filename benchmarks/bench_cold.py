@@ -65,7 +65,7 @@ from fastdata.loaders import LoaderConfig  # noqa: E402
 from fastdata.reading.order import STREAMS, epoch_order  # noqa: E402
 
 CONVERTED_SHUFFLES: list[Any] = [True, False, "block", "shards"]  # the strings: Block() and Shards()
-from fastdata.reading.readahead import drop_page_cache, resident_bytes  # noqa: E402
+from fastdata.reading.readahead import drop_page_cache  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 QUICK_SHAPE = (2, 64, 21, 21)
@@ -184,7 +184,7 @@ def drop_whole_page_cache() -> bool:
 def cold(paths: list[Path]) -> float:
     """Empty the page cache for ``paths``; the fraction still resident after."""
     total = drop_page_cache(paths)
-    return resident_bytes(paths) / total if total else 0.0
+    return _harness.resident_bytes(paths) / total if total else 0.0
 
 
 def loader_pass(root: Path, shuffle: Any, *, readahead: bool = True, epoch: int = 0, warm: bool = False,

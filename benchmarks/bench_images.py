@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+import simplejpeg
 import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 import fastdata
 from fastdata.loaders import LoaderConfig
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
-from fastdata.reading.decode import jpeg_decoder
 
 SIZE = 256
 QUALITY = 90
@@ -215,12 +215,9 @@ def decode_rates(paths: list[Path], count: int) -> dict[str, float]:
             return np.asarray(im.convert("RGB"))
 
     fns: dict[str, Callable[[bytes], Any]] = {"PIL": pil, "PIL draft() 1/2 scale": pil_draft}
-    if jpeg_decoder("auto") == "simplejpeg":
-        import simplejpeg
-
-        fns["simplejpeg"] = lambda d: simplejpeg.decode_jpeg(d, colorspace="RGB")
-        half = {"min_height": SIZE // 2, "min_width": SIZE // 2}  # libjpeg-turbo DCT scaling, like draft()
-        fns["simplejpeg 1/2 scale"] = lambda d: simplejpeg.decode_jpeg(d, colorspace="RGB", **half)
+    fns["simplejpeg"] = lambda d: simplejpeg.decode_jpeg(d, colorspace="RGB")
+    half = {"min_height": SIZE // 2, "min_width": SIZE // 2}  # libjpeg-turbo DCT scaling, like draft()
+    fns["simplejpeg 1/2 scale"] = lambda d: simplejpeg.decode_jpeg(d, colorspace="RGB", **half)
     calls = {name: (lambda i, fn=fn: [fn(d) for d in blobs]) for name, fn in fns.items()}
     timings = time_interleaved(calls, repeats=3, warmup=1, rounds=3)
     return {name: len(blobs) / t["median"] for name, t in timings.items()}
@@ -337,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="parent folder for generated data (default: temp dir)")
     args = parser.parse_args(argv)
     settings = {"mode": "quick" if args.quick else "full", **(QUICK if args.quick else FULL), "backend": args.backend,
-                "batch_size": BATCH, "workers": WORKERS, "seed": SEED, "jpeg_decoder": jpeg_decoder("auto")}
+                "batch_size": BATCH, "workers": WORKERS, "seed": SEED, "jpeg_decoder": "simplejpeg"}
     info = machine_info()
     parent = args.workdir if args.workdir is not None else Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)

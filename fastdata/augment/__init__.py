@@ -4,14 +4,13 @@ loaders, so both backends draw the same), then transforms a float ``(B, C, H, W)
 """
 
 from fastdata.augment.affine import Pad, RandomAffine
-from fastdata.augment.base import Params, Tensor, batch_generator, image_hw, pair
-from fastdata.augment.color import RGB2YIQ, YIQ2RGB, ColorJitter, GaussianNoise, Normalize, child_seed
+from fastdata.augment.base import batch_generator, pair
+from fastdata.augment.color import RGB2YIQ, ColorJitter, GaussianNoise, Normalize
 from fastdata.augment.geometric import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize, VerticalFlip
 from fastdata.augment.pipeline import CROPS, IMAGENET_MEAN, IMAGENET_STD, Augment, Op, shapes_after
 
 __all__ = [
     "Augment", "CROPS", "CenterCrop", "ColorJitter", "GaussianNoise", "HorizontalFlip", "IMAGENET_MEAN",
-    "IMAGENET_STD", "Normalize", "Op", "Pad", "Params", "RGB2YIQ", "RandomAffine", "RandomCrop", "RandomResizedCrop",
-    "Resize", "Tensor", "VerticalFlip", "YIQ2RGB", "batch_generator", "child_seed", "image_hw", "pair",
-    "shapes_after",
+    "IMAGENET_STD", "Normalize", "Op", "Pad", "RGB2YIQ", "RandomAffine", "RandomCrop", "RandomResizedCrop",
+    "Resize", "VerticalFlip", "batch_generator", "pair", "shapes_after",
 ]

@@ -9,9 +9,8 @@ from typing import Any, Callable, Literal, Mapping
 
 import torch
 
-from fastdata.augment import Augment, Normalize, image_hw, shapes_after
+from fastdata.augment import Augment
 from fastdata.augment.mixing import kept_fraction, mix_boxes, mix_images, mix_mask
-from fastdata.augment.pipeline import _builtin
 from fastdata.augment.sequence import pack_to_padded, padded_to_pack, run_padded
 from fastdata.augment.targets import VALID_SUFFIX, Boxes, Mask
 from fastdata.errors import UsageError
@@ -97,23 +96,17 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
     for name, kind in kinds.items():
         if name in skip:
             continue
-        pre: Batch = {}
         if kind == "image":
             sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
             done = (precropped or {}).get(name, 0)  # its first ops ran in the reader (fastdata.loaders.crop)
             before = batch[name + SHAPE_SUFFIX][:, :2] if done else None
-            stacked = _preallocate(aug.view_ops, batch[name], sizes)
             mine = name in owned and len(aug.view_ops) == 1  # several views all start from the image
-            outs = [aug.run(batch, g, name, sizes, hw=before, ops=ops, into=stacked[:, v] if stacked is not None else None,
-                            done=done, owned=mine)
-                    for v, ops in enumerate(aug.view_ops)]
+            outs = [aug.run(batch, g, name, sizes, hw=before, ops=ops, done=done, owned=mine) for ops in aug.view_ops]
             written = [name, name + SHAPE_SUFFIX] + [k for t in aug.targets for k in (t, t + VALID_SUFFIX)]
-            if stacked is not None and all(o[name].data_ptr() == stacked[:, v].data_ptr() for v, o in enumerate(outs)):
-                pre = {name: stacked}
         else:
             outs = [_sequence(batch, name, kind, ops, g) for ops in aug.view_ops]
             written = [name, name + LENGTHS_SUFFIX, name + OFFSETS_SUFFIX]
-        join_views(batch, outs, written, pre=pre)
+        join_views(batch, outs, written)
         if finish is not None and kind == "image":  # after stacking: stacked views are one new tensor already
             for key in [name] + [f"{name}_view{v}" for v in range(len(outs))]:
                 if key in batch and batch[key].dim() == 4:
@@ -142,12 +135,10 @@ def _sequence(batch: Batch, name: str, kind: Kind, ops: tuple[Any, ...], g: torc
     return out
 
 
-def join_views(batch: Batch, outs: list[Batch], written: list[str], stack: bool | None = None,
-               pre: Batch | None = None) -> None:
+def join_views(batch: Batch, outs: list[Batch], written: list[str], stack: bool | None = None) -> None:
     """Put each view's ``written`` fields into ``batch``: one view as is; views whose first written field
     (the image, the sequence) has one shape stacked on axis 1 (``stack`` overrides the test); otherwise
-    ``<field>_view<k>`` (the unaugmented fields are then removed). Packed sequences are never stacked.
-    ``pre``: fields whose views were written into one stacked tensor already."""
+    ``<field>_view<k>`` (the unaugmented fields are then removed). Packed sequences are never stacked."""
     keys = [k for k in dict.fromkeys(written) if k in outs[0]]
     if len(outs) == 1:
         batch.update({k: outs[0][k] for k in keys})
@@ -156,27 +147,12 @@ def join_views(batch: Batch, outs: list[Batch], written: list[str], stack: bool 
         stack = all(o[keys[0]].shape == outs[0][keys[0]].shape for o in outs) and \
             not any(k.endswith(OFFSETS_SUFFIX) for k in keys)
     if stack:
-        batch.update({k: pre[k] if pre and k in pre else _stack([o[k] for o in outs]) for k in keys})
+        batch.update({k: _stack([o[k] for o in outs]) for k in keys})
         return
     for k in keys:
         batch.pop(k, None)
         for v, o in enumerate(outs):
             batch[f"{k}_view{v}"] = o[k]
-
-
-def _preallocate(views: tuple[tuple[Any, ...], ...], x: torch.Tensor, sizes: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, V, C, H, W) for views that all end in a Normalize at one known size: each view's Normalize
-    writes its slice, so stacking copies nothing."""
-    if len(views) < 2 or x.dim() != 4 or not all(ops and type(ops[-1]) is Normalize for ops in views) \
-            or not all(_builtin(op) for ops in views for op in ops):
-        return None
-    hw = image_hw(x, sizes, torch.device("cpu"))
-    shapes = torch.cat([hw, torch.full((len(hw), 1), float(x.shape[1]))], 1)
-    finals = {tuple(shapes_after(ops, shapes)[:, :2].unique(dim=0).flatten().tolist()) for ops in views}
-    if len(finals) != 1 or len(next(iter(finals))) != 2:
-        return None
-    h, w = (int(v) for v in next(iter(finals)))
-    return torch.empty((x.shape[0], len(views), x.shape[1], h, w), dtype=x.dtype, device=x.device)
 
 
 def _stack(ts: list[torch.Tensor]) -> torch.Tensor:

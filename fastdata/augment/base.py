@@ -19,6 +19,18 @@ def _uniform(g: torch.Generator, b: int, lo: float, hi: float) -> Tensor:
     return torch.rand(b, generator=g, device=g.device) * (hi - lo) + lo
 
 
+def child_seed(g: torch.Generator) -> Tensor:
+    """One draw from ``g`` that seeds a generator elsewhere (noise ops', on the batch's device)."""
+    return torch.randint(0, 2**62, (1,), generator=g, device=g.device)
+
+
+def seeded_noise(x: Tensor, seed: Tensor) -> Tensor:
+    """N(0, 1) noise like ``x`` from a generator on ``x``'s device seeded ``seed`` (a :func:`child_seed`)."""
+    gn = torch.Generator(device=x.device)
+    gn.manual_seed(int(seed))
+    return torch.randn(x.shape, generator=gn, device=x.device, dtype=x.dtype)
+
+
 def pair(v: int | Sequence[int]) -> tuple[int, int]:
     if isinstance(v, int):
         return (v, v)

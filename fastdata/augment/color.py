@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fastdata.augment.base import Params, Tensor, _mask, _Op, _uniform
+from fastdata.augment.base import Params, Tensor, _mask, _Op, _uniform, child_seed, seeded_noise
 
 # RGB <-> YIQ: hue is a rotation of the IQ plane (the same model DALI's color_twist uses).
 RGB2YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
@@ -84,11 +84,6 @@ def hue_matrix(angle: Tensor) -> Tensor:
     return YIQ2RGB.to(angle) @ rot @ RGB2YIQ.to(angle)
 
 
-def child_seed(g: torch.Generator) -> Tensor:
-    """One draw from ``g`` that seeds a generator elsewhere (GaussianNoise's, on the batch's device)."""
-    return torch.randint(0, 2**62, (1,), generator=g, device=g.device)
-
-
 @dataclass(frozen=True)
 class GaussianNoise(_Op):
     """Add noise with standard deviation ``std`` (in the batch's units: [0, 1] for images), from a generator on
@@ -100,9 +95,7 @@ class GaussianNoise(_Op):
         return {"seed": child_seed(g)}
 
     def image(self, x: Tensor, p: Params, sizes: Tensor | None) -> Tensor:
-        g = torch.Generator(device=x.device)
-        g.manual_seed(int(p["seed"]))
-        noise = torch.randn(x.shape, generator=g, device=x.device, dtype=x.dtype)
+        noise = seeded_noise(x, p["seed"])
         if sizes is not None and x.dim() == 4:
             noise = noise * _mask(sizes, x.shape[2], x.shape[3], x.dtype)
         return x + self.std * noise
@@ -126,7 +119,7 @@ class Normalize(_Op):
         return self.into(x, torch.empty_like(x))
 
     def into(self, x: Tensor, out: Tensor) -> Tensor:
-        """The same, written into ``out`` (a view's slice of a stacked batch: no copy to stack it)."""
+        """The same, written into ``out`` (which may be ``x``: the loader's own buffer)."""
         if _channels_last_cpu(x) and _channels_last_cpu(out) and x.shape[1] == len(self.mean):
             return self._into_rows(x, out)
         shape = (1, -1) + (1,) * (x.dim() - 2)

@@ -123,12 +123,11 @@ class Augment:
 
     def run(self, batch: dict[str, Tensor], g: torch.Generator, image: str | None, sizes: Tensor | None = None,
             hw: Tensor | None = None, targets: bool = True, ops: Sequence[Any] | None = None,
-            into: Tensor | None = None, done: int = 0, owned: bool = False) -> dict[str, Tensor]:
+            done: int = 0, owned: bool = False) -> dict[str, Tensor]:
         """Augment ``batch[image]`` (float (B, C, H, W)) and the declared targets in ``batch`` with
         one draw per op; returns the batch with them replaced (and ``<boxes>_valid`` added).
 
         ``image=None``: the targets alone (DALI transforms the image), ``hw`` the images' (B, 2) sizes.
-        ``into``: where a final ``Normalize`` writes the image when the shapes match (stacked views).
         ``done``: the first ops already ran in the reader (fastdata.loaders.crop); they are drawn again
         from ``hw``, the sizes before them. ``owned``: ``batch[image]`` is the caller's own buffer, which
         flips and a final Normalize may write into on the CPU.
@@ -153,13 +152,12 @@ class Augment:
                 op.check(img, sizes)
             p = op.draw(g, hw)
             if img is not None:
-                if owned and into is None and k == len(chain) - 1 and type(op) is Normalize:
-                    into = img  # written in place (elementwise: an output may be its input)
-                last = k == len(chain) - 1 and type(op) is Normalize and into is not None and into.shape == img.shape
                 if owned and isinstance(op, _Flip) and img.device.type == "cpu":
                     x = _flip_samples(img, p["flip"], op._axis, sizes, img)  # in the caller's own memory
+                elif owned and k == len(chain) - 1 and type(op) is Normalize:
+                    x = op.into(img, img)  # in place (elementwise: an output may be its input)
                 else:
-                    x = op.into(img, into) if last else op.image(img, p, sizes)
+                    x = op.image(img, p, sizes)
             if isinstance(op, _Geometric):
                 if work.targets:
                     work.apply(op, p, hw, sizes)

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from fastdata.augment.base import Params, Tensor, _uniform
+from fastdata.augment.base import Params, Tensor, _uniform, child_seed, seeded_noise
 from fastdata.errors import UsageError
 
 
@@ -193,18 +193,17 @@ class AmplitudeScale(SeqOp):
 @dataclass(frozen=True)
 class AdditiveNoise(SeqOp):
     """Add N(0, std^2) noise at every position inside each sample (``std`` in the data's units;
-    ``relative=True``: times each sample's own standard deviation). The noise comes from a generator
-    on the batch's device seeded by one draw from the batch's generator."""
+    ``relative=True``: times each sample's own standard deviation), drawn as GaussianNoise's."""
 
     std: float
     relative: bool = False
     needs_time: ClassVar[bool] = False
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
-        return {"seed": torch.randint(0, 2**62, (1,), generator=g, device=g.device)}
+        return {"seed": child_seed(g)}
 
     def seq(self, x: Tensor, lengths: Tensor, p: Params, inplace: bool = False) -> tuple[Tensor, Tensor]:
-        noise = _block_noise(x, int(p["seed"]), int(p.get("first", torch.zeros(()))))
+        noise = seeded_noise(x, p["seed"])
         if x.dim() == 1:
             return (x.add_(noise, alpha=self.std) if inplace else x + self.std * noise), lengths
         inside = valid_mask(lengths, x.shape[1])
@@ -217,20 +216,6 @@ class AdditiveNoise(SeqOp):
             var = (z.square().sum(dims) / n - mean.square()).clamp(min=0)
             scale = scale * var.sqrt().view(-1, 1)
         return (x.addcmul_(noise, _bcast(scale, x)) if inplace else torch.addcmul(x, noise, _bcast(scale, x))), lengths
-
-
-NOISE_BLOCK = 16  # samples per noise generator: the noise of a sample does not depend on how the batch is split
-
-
-def _block_noise(x: Tensor, seed: int, first: int) -> Tensor:
-    """N(0, 1) like ``x`` (samples ``first``, ``first + 1``, ... of the batch), each block of NOISE_BLOCK
-    samples from its own generator on ``x``'s device, seeded ``seed + block``."""
-    noise = torch.empty_like(x)
-    gn = torch.Generator(device=x.device)
-    for j in range(0, x.shape[0], NOISE_BLOCK):
-        gn.manual_seed(seed + (first + j) // NOISE_BLOCK)
-        noise[j : j + NOISE_BLOCK].normal_(generator=gn)
-    return noise
 
 
 @dataclass(frozen=True)
@@ -301,30 +286,11 @@ def run_padded(ops: tuple[SeqOp, ...], x: Tensor, lengths: Tensor | None, g: tor
     for op in ops:  # every draw first, in op order (later ops see the lengths earlier ones leave)
         params.append(op.draw(g, n.to(g.device), shape))
         n, shape = op.after(n, params[-1], shape)
-    step = _chunk(x)
-    outs, lens = [], []
-    for s in range(0, b, step):  # on the CPU, cache-sized chunks of samples
-        xc, nc = x[s : s + step], n_cpu[s : s + step].to(x.device)
-        for k, (op, p) in enumerate(zip(ops, params)):
-            part = {name: v if name == "seed" else v[s : s + step] for name, v in p.items()}
-            part["first"] = torch.tensor(s)
-            xc, nc = op.seq(xc, nc, part, inplace=k > 0)  # the batch itself is never written: the first op copies
-        outs.append(xc)
-        lens.append(nc)
-    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    n = n_cpu.to(x.device)
+    for k, (op, p) in enumerate(zip(ops, params)):
+        x, n = op.seq(x, n, p, inplace=k > 0)  # the batch itself is never written: the first op copies
     changed = any(type(op) in (TimeCrop, TimeStretch) for op in ops)
-    return out, ((lens[0] if len(lens) == 1 else torch.cat(lens)) if lengths is not None or changed else None)
-
-
-CHUNK_BYTES = 2 << 20  # bytes of samples per chunk on the CPU: a chunk's passes stay in cache
-
-
-def _chunk(x: Tensor) -> int:
-    """Samples per chunk: the whole batch on a GPU; on the CPU about CHUNK_BYTES, a multiple of NOISE_BLOCK."""
-    if x.device.type != "cpu" or x.shape[0] <= NOISE_BLOCK:
-        return max(1, x.shape[0])
-    per = max(1, x[0].numel() * x.element_size())
-    return max(NOISE_BLOCK, CHUNK_BYTES // per // NOISE_BLOCK * NOISE_BLOCK)
+    return x, (n if lengths is not None or changed else None)
 
 
 def pack_to_padded(flat: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:

@@ -4,7 +4,7 @@ output's resolution, resampled bilinearly into its row of a fixed-size float bat
 A window ``(x0, y0, w, h)`` (full-image pixels) to an output ``(oh, ow)``: output pixel ``j`` samples
 ``x0 + (j + 0.5) * w / ow - 0.5``, clamped to the image (the torch ops' ``grid_sample``), bilinearly.
 A JPEG whose window is at least twice the output on both axes is decoded whole at 1/2, 1/4 or 1/8 scale
-in the DCT domain (simplejpeg's ``min_height``/``min_width``, else PIL's ``draft``); other images whole.
+in the DCT domain (simplejpeg's ``min_height``/``min_width``); other images whole.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import threading
 from typing import Any
 
 import numpy as np
+import simplejpeg
 import torch
 
 from fastdata.format.spec import CODEC_JPEG, ImageSpec
-from fastdata.reading.decode import DecodeError, _decode_pil_scaled, decode_image, jpeg_decoder, simplejpeg
+from fastdata.reading.decode import SJ_COLORSPACE, decode_image
 
 SCALES = (8, 4, 2, 1)  # the DCT reductions libjpeg decodes at (1/8 ... 1)
 _INV255 = np.float32(1 / 255)
@@ -212,15 +213,9 @@ def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box
 def _decode_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.ndarray | None:
     """The whole JPEG decoded at the reduction that gives at least ``min_hw``; None when the stream
     needs the full decoder's judgement (corrupt, or only a recoverable warning)."""
-    if jpeg_decoder() == "simplejpeg":
-        try:
-            a = simplejpeg.decode_jpeg(data, colorspace={"RGB": "RGB", "L": "GRAY"}[spec.mode], strict=True,
-                                       min_height=min_hw[0], min_width=min_hw[1])
-            return a.reshape(a.shape[0], a.shape[1], -1)
-        except ValueError:
-            return None
     try:
-        a = _decode_pil_scaled(data, spec, min_hw)
-        return a if a.flags.writeable else a.copy()  # torch views only writeable memory
-    except DecodeError:
+        a = simplejpeg.decode_jpeg(data, colorspace=SJ_COLORSPACE[spec.mode], strict=True,
+                                   min_height=min_hw[0], min_width=min_hw[1])
+    except ValueError:
         return None
+    return a.reshape(a.shape[0], a.shape[1], -1)

@@ -1,14 +1,8 @@
-"""``fastdata.open``: a map-style dataset over a directory of shards.
+"""``fastdata.open``: a map-style dataset over a directory of shards (or a URL's shard cache).
 
-``get_batch`` sorts the requested indices, groups them by shard and reads straight into one
-preallocated array per field. Ragged fields come back padded to the longest sample in the batch,
-with a ``<name>_lengths`` array. Image fields come back decoded, as uint8 ``(B, H, W, C)`` arrays
-(fastdata/reading/decode.py); ``decode=False`` returns their stored bytes instead. String fields
-come back as lists of ``str``, and so do sample keys when ``"key"`` is among the fields.
-
-Where the shards live (a local folder, a URL's shard cache) is a
-:class:`fastdata.format.source.ShardSource`. ``subset`` and ``split`` give views: the same class
-over some of the stored samples, accepted wherever a dataset is.
+``get_batch`` groups the requested indices by shard and reads straight into one array per field; ragged
+fields come back padded (with ``<name>_lengths``), images decoded, strings and keys as lists of ``str``.
+``subset`` and ``split`` give subsets: the same class over some of the stored samples.
 """
 
 from __future__ import annotations
@@ -68,12 +62,9 @@ def open_source(src: str, remote: RemoteOptions | None) -> ShardSource:
 class Dataset:
     """Samples of a fastdata dataset; ``ds[i]`` and ``ds.get_batch(indices)`` give dicts of numpy arrays.
 
-    ``decode`` turns encoded and ragged image fields into pixels on read, with
-    ``decode_threads`` threads per process (default: the usable CPUs); ``decode="float"`` gives
-    encoded images as float32 in [0, 1] instead of uint8, each converted right after it is decoded
-    (the torch loader's choice on the CPU; stored pixels stay uint8). ``root`` may be a URL
-    (``s3://bucket/ds``): shards are then read through the node's shard cache, set up by
-    ``remote`` (:class:`fastdata.RemoteOptions`; docs/remote.md).
+    ``decode`` turns image fields into pixels on read, on ``decode_threads`` threads per process (default:
+    the usable CPUs); ``decode="float"`` gives encoded images as float32 in [0, 1]. ``root`` may be a URL
+    (``s3://bucket/ds``), read through the shard cache set up by ``remote`` (docs/remote.md).
     """
 
 
@@ -93,9 +84,8 @@ class Dataset:
         self.root: Path | str = self._source.root
         self.manifest: Manifest = self._source.manifest
         names = [f.name for f in self.manifest.fields]
-        self._view: np.ndarray | None = None
-        self._all_open_pid: int | None = None  # this process had every shard open (_open_shards)
-        self._view_pos: tuple[np.ndarray, np.ndarray] | None = None
+        self._subset: np.ndarray | None = None
+        self._subset_pos: tuple[np.ndarray, np.ndarray] | None = None
         self._with_key = fields is not None and KEY_FIELD in fields and KEY_FIELD not in names
         self._keys = self._source.key_table()
         if self._with_key:
@@ -129,7 +119,7 @@ class Dataset:
         if unknown:
             raise TypeError(f"unknown dataset options: {sorted(unknown)}")
         ds = Dataset(self.root, **{**self.options, **changes})
-        ds._view, ds._view_pos = self._view, self._view_pos  # a subset stays the same subset
+        ds._subset, ds._subset_pos = self._subset, self._subset_pos  # a subset stays the same subset
         return ds
 
     @property
@@ -144,7 +134,7 @@ class Dataset:
         if self.remote is not None:
             return []
         segments, shards = self._segments(self._stored(np.asarray(indices, dtype=np.int64)))
-        self._open_shards(shards)
+        open_all([self._readers[s] for s in shards])
         names = [f.name for f in self.schema]
         out = []
         for reader, local, _ in segments:
@@ -167,7 +157,7 @@ class Dataset:
         return self.manifest.classes
 
     def __len__(self) -> int:
-        return self.manifest.num_samples if self._view is None else len(self._view)
+        return self.manifest.num_samples if self._subset is None else len(self._subset)
 
     @property
     def fields(self) -> list[str]:
@@ -184,14 +174,14 @@ class Dataset:
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{'str' if is_string(f) else f.np_dtype}{'' if is_string(f) else list(f.shape)}"
                            for f in self.schema)
-        view = f" (a subset of {self.manifest.num_samples})" if self._view is not None else ""
-        return (f"<fastdata.Dataset {str(self.root)!r} {len(self)} samples{view}, {len(self._readers)} "
+        part = f" (a subset of {self.manifest.num_samples})" if self._subset is not None else ""
+        return (f"<fastdata.Dataset {str(self.root)!r} {len(self)} samples{part}, {len(self._readers)} "
                 f"{self.manifest.backend} shards; {fields}>")
 
     # --- keys, subsets, splits ------------------------------------------------------------------
 
     def _stored(self, indices: np.ndarray) -> np.ndarray:
-        return indices if self._view is None else self._view[indices]
+        return indices if self._subset is None else self._subset[indices]
 
     def _check_keys(self) -> None:
         if self.manifest.keys is None:
@@ -225,20 +215,20 @@ class Dataset:
             j = j if j < self.manifest.num_samples else -1
         else:
             j = self._keys.find(key)
-        if j >= 0 and self._view is not None:
-            if self._view_pos is None:
-                order = np.argsort(self._view, kind="stable")
-                self._view_pos = (self._view[order], order)
-            sv, order = self._view_pos
+        if j >= 0 and self._subset is not None:
+            if self._subset_pos is None:
+                order = np.argsort(self._subset, kind="stable")
+                self._subset_pos = (self._subset[order], order)
+            sv, order = self._subset_pos
             p = int(np.searchsorted(sv, j))
             j = int(order[p]) if p < len(sv) and sv[p] == j else -1
         if j < 0:
-            raise KeyError(f"{self.root}: no sample keyed {key!r}" + (" in this subset" if self._view is not None else ""))
+            raise KeyError(f"{self.root}: no sample keyed {key!r}" + (" in this subset" if self._subset is not None else ""))
         return j
 
     def subset(self, selection: Sequence[int] | Sequence[str] | np.ndarray) -> Dataset:
-        """A view of some samples: ``selection`` is indices (into this dataset), keys, or a boolean
-        mask of ``len(self)``. The view's sample ``i`` is the ``i``-th selected; no sample twice."""
+        """A subset of the samples: ``selection`` is indices (into this dataset), keys, or a boolean
+        mask of ``len(self)``. The subset's sample ``i`` is the ``i``-th selected; no sample twice."""
         sel = np.asarray(selection) if not isinstance(selection, np.ndarray) else selection
         n = len(self)
         if sel.ndim != 1:
@@ -248,7 +238,10 @@ class Dataset:
                 raise UsageError(f"a subset mask needs {n} entries (one per sample), not {len(sel)}")
             idx = np.flatnonzero(sel).astype(np.int64)
         elif sel.dtype.kind in "US":
-            idx = np.array([self._index_or_error(str(k)) for k in sel.tolist()], dtype=np.int64)
+            try:
+                idx = np.array([self.index_of(str(k)) for k in sel.tolist()], dtype=np.int64)
+            except KeyError as e:
+                raise UsageError(str(e.args[0])) from None
         elif sel.dtype.kind in "iu" or len(sel) == 0:
             idx = sel.astype(np.int64)
             if len(idx) and (idx.min() < 0 or idx.max() >= n):
@@ -259,27 +252,21 @@ class Dataset:
         if len(np.unique(idx)) != len(idx):
             raise UsageError("subset selection names a sample twice (a subset holds each sample at most once; "
                              "use sampler=Weighted(...) to draw samples more often)")
-        view = copy.copy(self)
-        view._view = self._stored(idx)
-        view._view_pos = None
-        return view
-
-    def _index_or_error(self, key: str) -> int:
-        try:
-            return self.index_of(key)
-        except KeyError as e:
-            raise UsageError(str(e.args[0])) from None
+        part = copy.copy(self)
+        part._subset = self._stored(idx)
+        part._subset_pos = None
+        return part
 
     @property
     def stored_indices(self) -> np.ndarray:
         """For each sample of this dataset, its index in the stored dataset (``arange`` unless a subset)."""
-        return np.arange(self.manifest.num_samples, dtype=np.int64) if self._view is None else self._view.copy()
+        return np.arange(self.manifest.num_samples, dtype=np.int64) if self._subset is None else self._subset.copy()
 
     def identity(self) -> str:
         """A short fingerprint of which samples this is (the stored dataset, or a subset of it)."""
-        if self._view is None:
+        if self._subset is None:
             return f"all:{self.manifest.num_samples}"
-        return "subset:" + hashlib.sha256(np.ascontiguousarray(self._view, dtype="<i8").tobytes()).hexdigest()[:16]
+        return "subset:" + hashlib.sha256(np.ascontiguousarray(self._subset, dtype="<i8").tobytes()).hexdigest()[:16]
 
     def column(self, name: str) -> np.ndarray:
         """Every sample's value of field ``name`` (a numpy array; strings as a numpy ``str`` array)."""
@@ -412,18 +399,9 @@ class Dataset:
         packed = self.check_ragged(ragged)
         segments, shards = self._segments(idx)
         with self._source.pinned(shards, self._readers):
-            self._open_shards(shards)
+            open_all([self._readers[s] for s in shards])  # side by side: a batch waits for one open, not many
             batch = self._read(segments, idx, asked, out, packed)
         return batch if companions else self.trim(batch)
-
-    def _open_shards(self, shards: Sequence[int]) -> None:
-        """Open the shards ``shards`` side by side (handles.open_all) until every shard has been open in this
-        process; after that batches skip the check (a shard closed since reopens on use)."""
-        if self._all_open_pid == os.getpid():
-            return
-        open_all([self._readers[s] for s in shards])
-        if all(r.is_open() for r in self._readers):
-            self._all_open_pid = os.getpid()
 
     def _segments(self, idx: np.ndarray) -> tuple[list[Any], list[int]]:
         """The stored samples ``idx`` as segments (reader, rows in its shard, places in the batch),
@@ -559,7 +537,6 @@ class Dataset:
         Dropping the dataset releases them too."""
         for r in self._readers:
             r.close()
-        self._all_open_pid = None
         if self._decoder is not None:
             self._decoder.close()
         self._source.close()
@@ -573,16 +550,4 @@ class Dataset:
         self.close()
 
 
-def open(  # noqa: A001
-    path: str | os.PathLike[str],
-    fields: Sequence[str] | None = None,
-    *,
-    decode: bool | Literal["float"] = True,
-    decode_threads: int | None = None,
-    remote: RemoteOptions | None = None,
-) -> Dataset:
-    """Open the fastdata dataset at ``path`` (a directory with ``manifest.json``, or a URL such as
-    ``s3://bucket/ds`` read through the shard cache set up by ``remote``); see :class:`Dataset`."""
-    return Dataset(path, fields=fields, decode=decode, decode_threads=decode_threads, remote=remote)
-
-
+open = Dataset  # noqa: A001 - ``fastdata.open(path, fields, ...)``: the dataset at ``path`` (a folder or a URL)

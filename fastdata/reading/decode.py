@@ -1,26 +1,19 @@
 """Image decoding for the read path: stored image fields -> one uint8 HWC batch array.
 
-JPEG is decoded with simplejpeg when it is installed (libjpeg-turbo with the GIL released,
-so a batch decodes on every core with a small thread pool), else with PIL. PNG is decoded
-with PIL. Both raise on truncated or corrupt data: simplejpeg in strict mode, and PIL as
-long as ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is left at its default (fastdata never sets
-it). A JPEG that simplejpeg refuses only for a recoverable problem (such as extraneous bytes
-before a marker) is handed to PIL, which accepted it at conversion time. Both decoders read any
-8-bit JPEG (greyscale, YCbCr/RGB, CMYK) in the field's mode, converting it (docs/format.md); a PNG
-must be in the field's mode.
-
-A batch whose images all have the same size comes back as one ``(B, H, W, C)`` array
-written in place; mixed sizes are padded with zeros to the largest height and width,
-top-left aligned (the true sizes are in ``<name>_shape``).
+JPEG by simplejpeg (the GIL released: a batch decodes on every core), PNG by PIL; both raise on truncated
+or corrupt data (PIL's ``LOAD_TRUNCATED_IMAGES`` is never set). A JPEG that simplejpeg's strict mode refuses
+only for a recoverable problem goes to PIL, which accepted it at conversion. Any 8-bit JPEG is read in the
+field's mode (docs/format.md); a PNG must be in it. Mixed sizes are padded with zeros, top-left.
 """
 
 from __future__ import annotations
 
 import io
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import numpy as np
+import simplejpeg
 
 from fastdata.errors import CorruptShardError
 from fastdata.format.spec import (
@@ -38,16 +31,7 @@ from fastdata.format.spec import (
 from fastdata.handles import PerProcessHandle
 from fastdata.world import usable_cpus
 
-try:  # a dependency; PIL stays the fallback where it is missing. 1.7 added strict mode
-    import simplejpeg
-
-    if tuple(int(v) for v in simplejpeg.__version__.split(".")[:2]) < (1, 7):
-        simplejpeg = None
-except (ImportError, AttributeError, ValueError):  # pragma: no cover - exercised by monkeypatching in the tests
-    simplejpeg = None
-
-JpegDecoder = Literal["auto", "simplejpeg", "pil"]
-_SJ_COLORSPACE = {"RGB": "RGB", "L": "GRAY"}
+SJ_COLORSPACE = {"RGB": "RGB", "L": "GRAY"}  # a field's mode -> simplejpeg's colorspace
 _PIL_FORMATS = {CODEC_JPEG: ["JPEG"], CODEC_PNG: ["PNG"]}
 _JPEG_MODES = ("L", "RGB", "CMYK")  # what PIL decodes a baseline or progressive 8-bit JPEG to
 
@@ -56,24 +40,13 @@ class DecodeError(ValueError):
     """Stored bytes that do not decode to the recorded image."""
 
 
-def jpeg_decoder(choice: JpegDecoder = "auto") -> str:
-    """The JPEG decoder ``choice`` resolves to here: ``simplejpeg`` when installed, else ``pil``."""
-    if choice == "auto":
-        return "simplejpeg" if simplejpeg is not None else "pil"
-    if choice == "simplejpeg" and simplejpeg is None:
-        raise ImportError("simplejpeg is not installed (pip install simplejpeg)")
-    if choice not in ("simplejpeg", "pil"):
-        raise ValueError(f"unknown JPEG decoder {choice!r} (auto, simplejpeg or pil)")
-    return choice
-
-
-def decode_image(data: Any, codec: int, spec: ImageSpec, out: np.ndarray, jpeg: JpegDecoder = "auto") -> None:
+def decode_image(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None:
     """Decode one encoded image into ``out``, a ``(H, W, C)`` uint8 array of its recorded shape.
 
     Raises DecodeError when the bytes are corrupt or decode to another size or mode.
     """
-    if codec == CODEC_JPEG and jpeg_decoder(jpeg) == "simplejpeg":
-        colorspace = _SJ_COLORSPACE[spec.mode]
+    if codec == CODEC_JPEG:
+        colorspace = SJ_COLORSPACE[spec.mode]
         try:
             if out.flags.c_contiguous:
                 got = simplejpeg.decode_jpeg(data, colorspace=colorspace, buffer=out, strict=True).shape
@@ -86,10 +59,10 @@ def decode_image(data: Any, codec: int, spec: ImageSpec, out: np.ndarray, jpeg: 
                 return
         except ValueError:
             pass  # corrupt, or only a recoverable warning: PIL decides below
-    _decode_pil(data, codec, spec, out)
+    decode_pil(data, codec, spec, out)
 
 
-def _decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None:
+def decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None:
     from PIL import Image
 
     formats = _PIL_FORMATS.get(codec)
@@ -111,22 +84,6 @@ def _decode_pil(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None
     if a.shape != out.shape:
         raise DecodeError(f"{CODECS[codec]} decodes to {a.shape}, the recorded shape is {out.shape}")
     out[...] = a
-
-
-def _decode_pil_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.ndarray:
-    """A JPEG decoded by PIL at the DCT reduction (``draft``) that still gives at least ``min_hw``."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
-            im.draft(spec.mode, (min_hw[1], min_hw[0]))
-            im.load()
-            a = np.asarray(_jpeg_to_mode(im, spec.mode))
-    except DecodeError:
-        raise
-    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on corrupt data
-        raise DecodeError(f"cannot decode jpeg: {type(e).__name__}: {e}") from None
-    return a.reshape(a.shape[0], a.shape[1], -1)
 
 
 def _jpeg_to_mode(im: Any, mode: str) -> Any:

@@ -1,21 +1,14 @@
 """Read ahead by the epoch plan: keep the disk busy with the bytes the next batches will read.
 
-A loader knows every batch of its pass before the pass starts. :class:`ReadAhead` follows the
-loader's position (``at(k)``: batch ``k`` is handed out now) in one small thread and, for each batch
-up to a bounded distance ahead, tells the kernel the byte ranges of the shard files that batch will
-read (``posix_fadvise(POSIX_FADV_WILLNEED)``, in pieces no longer than the kernel reads for one
-hint). A range that continues an earlier range of its file (a sequential stream) is read in order
-instead (:class:`_Streams`), which the kernel serves in larger requests. On a warm cache the hints
-are skipped once probes find the batches cached (:meth:`ReadAhead._resident`).
-
-The distance is bounded (``ahead_bytes`` beyond the batches the readers may be reading), and hinted
-pages are ordinary page cache, so memory stays bounded. It only fills the page cache: it never
-changes what is read.
+:class:`ReadAhead` follows the loader's position (``at(k)``) in one thread and, for each batch up to
+``ahead_bytes`` ahead, hints the byte ranges it will read (``POSIX_FADV_WILLNEED``); a range that
+continues a sequential stream is read in order instead (:class:`_Streams`), which the kernel serves in
+larger requests. Hints are skipped on a warm cache (:meth:`ReadAhead._resident`). It only fills the
+page cache: it never changes what is read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -30,29 +23,11 @@ log = logging.getLogger("fastdata.reading.readahead")
 
 _MERGE_GAP = 64 << 10  # ranges closer than this are hinted as one (the gap is read too: cheaper than a seek)
 WARM_STREAK = 4  # batches found in the page cache in a row before hints are skipped (ReadAhead._resident)
-_MIN_CHUNK = 128 << 10  # Linux's default read-ahead: what one hint surely reads in full
-_chunks: dict[int, int] = {}  # st_dev -> bytes one hint reads at most
+HINT_PIECE = 128 << 10  # Linux's default read-ahead: what one WILLNEED hint surely reads in full
 STREAM_THREADS = 16  # threads reading sequential streams ahead (_Streams)
-_STREAM_PIECE = 1 << 20  # bytes per read of a stream (_Streams._read)
+_STREAM_PIECE = 1 << 20  # bytes per read of a stream (the page cache keeps them)
 _STREAM_ENDS = 256  # stream ends remembered (the oldest forgotten first)
 
-
-def hint_chunk(path: Path | str) -> int:
-    """The most one ``WILLNEED`` hint reads on the device holding ``path`` (Linux drops the rest of a longer
-    range: ``max(read_ahead_kb, max_sectors_kb)``; 128 KiB where the device's queue is not found)."""
-    dev = os.stat(path).st_dev
-    if dev not in _chunks:
-        base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
-        found = _MIN_CHUNK
-        for queue in (f"{base}/queue", f"{base}/../queue"):  # a disk, or a partition of one
-            try:
-                kb = [int(Path(queue, name).read_text()) for name in ("read_ahead_kb", "max_sectors_kb")]
-            except (OSError, ValueError):
-                continue
-            found = max(_MIN_CHUNK, max(kb) << 10)
-            break
-        _chunks[dev] = found
-    return _chunks[dev]
 
 Ranges = list[tuple[Path, np.ndarray, np.ndarray]]  # per shard file: (path, starts, lengths) in bytes
 
@@ -96,7 +71,6 @@ class _Streams:
         self._pool = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="fastdata-stream")
         self._ends: OrderedDict[tuple[Path, int], _Stream] = OrderedDict()  # (file, end of its last range)
         self._lock = threading.Lock()
-        self._local = threading.local()
         self._closed = False
 
     def continues(self, path: Path, off: int, size: int, starts: bool = False) -> bool:
@@ -137,29 +111,12 @@ class _Streams:
                 off, size = st.queue.popleft()
             try:
                 if st.fd is None:
-                    st.fd = self._open(path)
+                    st.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 for at in range(off, off + size, _STREAM_PIECE):
-                    if self._closed or self._read(st.fd, at, min(_STREAM_PIECE, off + size - at)) <= 0:
+                    if self._closed or not os.pread(st.fd, min(_STREAM_PIECE, off + size - at), at):  # (EOF)
                         break
             except OSError as e:  # only read-ahead: the readers meet (and report) any real problem
                 log.info("stream read-ahead of %s failed: %s", path, e)
-
-    @staticmethod
-    def _open(path: Path) -> int:
-        """A stream's own descriptor, marked sequential where the platform allows
-        (``POSIX_FADV_SEQUENTIAL``: Linux doubles the kernel's read-ahead window for it)."""
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        if hasattr(os, "posix_fadvise"):
-            with contextlib.suppress(OSError):  # only a hint
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        return fd
-
-    def _read(self, fd: int, at: int, n: int) -> int:
-        """Read ``n`` bytes at ``at`` on ``fd`` into this thread's reused buffer (the page cache keeps them)."""
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = memoryview(bytearray(_STREAM_PIECE))
-        return os.preadv(fd, [buf[:n]], at)
 
     def stop(self) -> None:
         """Stop reading: a read in flight ends after its current piece."""
@@ -196,7 +153,6 @@ class ReadAhead:
         self._ahead = max(0, ahead_bytes)
         self._sizes: dict[int, int] = {}  # batch -> bytes hinted (for the byte bound)
         self._fds: dict[Path, int] = {}
-        self._chunk: dict[Path, int] = {}  # file -> bytes one hint may cover (hint_chunk)
         self._cond = threading.Condition()
         self._stop = False
         self.hinted_bytes = 0  # what was hinted in all (a figure for tests and benchmarks)
@@ -208,7 +164,6 @@ class ReadAhead:
         self._can_probe = hasattr(os, "RWF_NOWAIT")
         self._streams = _Streams()
         self.streamed_bytes = 0  # of hinted_bytes, what was read ahead as sequential streams
-        self._kept: tuple[int, Ranges] | None = None  # (_merged_of)
         self._thread = threading.Thread(target=self._run, name="fastdata-readahead", daemon=True)
         self._thread.start()
 
@@ -247,13 +202,13 @@ class ReadAhead:
             log.info("read-ahead stopped: %s: %s", type(e).__name__, e)
         finally:
             self._streams.close()
-            self._close_fds()
+            for fd in self._fds.values():
+                os.close(fd)
 
     def _fd(self, path: Path) -> int:
         fd = self._fds.get(path)
         if fd is None:
             fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self._chunk[path] = hint_chunk(path)
         return fd
 
     def _resident(self, merged: Ranges, warm: bool) -> bool:
@@ -296,36 +251,22 @@ class ReadAhead:
             return 0
         if warm:
             merged = self._merged_of(j)
-        following = {(path, o) for path, s, _ in self._merged_of(j + 1, keep=True) for o in s.tolist()}
+        following = {(path, o) for path, s, _ in self._merged_of(j + 1) for o in s.tolist()}
         for path, s, n in merged:
             fd = self._fd(path)
-            chunk = self._chunk[path]
             for off, size in zip(s.tolist(), n.tolist()):
                 if self._streams.continues(path, off, size, starts=(path, off + size) in following):
                     self.streamed_bytes += size
                     continue
-                for at in range(off, off + size, chunk):  # (a longer hint would be cut short by the kernel)
-                    os.posix_fadvise(fd, at, min(chunk, off + size - at), os.POSIX_FADV_WILLNEED)
+                for at in range(off, off + size, HINT_PIECE):  # (a longer hint may be cut short by the kernel)
+                    os.posix_fadvise(fd, at, min(HINT_PIECE, off + size - at), os.POSIX_FADV_WILLNEED)
             total += int(n.sum())
         self.hinted_bytes += total
         return total
 
-    def _merged_of(self, j: int, keep: bool = False) -> Ranges:
-        """Batch ``j``'s merged ranges (none past the plan's end); ``keep``: kept for the next call, so each
-        batch's ranges are worked out once though the batch before it asks too (where its streams start)."""
-        if j >= len(self._plan):
-            return []
-        if self._kept is not None and self._kept[0] == j:
-            merged = self._kept[1]
-        else:
-            merged = _merged(self._ranges(self._plan[j]))
-        self._kept = (j, merged) if keep else None
-        return merged
-
-    def _close_fds(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+    def _merged_of(self, j: int) -> Ranges:
+        """Batch ``j``'s merged ranges (none past the plan's end)."""
+        return _merged(self._ranges(self._plan[j])) if j < len(self._plan) else []
 
     def close(self) -> None:
         """Stop hinting (a hint in flight finishes first; it is one system call)."""
@@ -354,29 +295,4 @@ def drop_page_cache(paths: Sequence[Path | str]) -> int:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-    return total
-
-
-def resident_bytes(paths: Sequence[Path | str]) -> int:
-    """Bytes of ``paths`` in the page cache now (``mincore`` over a fresh map of each file; Linux):
-    how a cold measurement checks that the cache really was emptied."""
-    import ctypes
-    import mmap
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    page = mmap.PAGESIZE
-    total = 0
-    for p in paths:
-        size = os.path.getsize(p)
-        if size == 0:
-            continue
-        with open(p, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
-            view = np.frombuffer(m, dtype=np.uint8)
-            vec = np.zeros(-(-size // page), dtype=np.uint8)
-            rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size),
-                              ctypes.c_void_p(vec.ctypes.data))
-            del view  # the map cannot close while numpy holds it
-            if rc != 0:
-                raise OSError(ctypes.get_errno(), f"mincore failed on {p}")
-            total += min(int((vec & 1).sum()) * page, size)
     return total

@@ -1,16 +1,8 @@
-"""Samplers: which samples an epoch visits, in which batches, as pure functions of
-(number of samples, world, seed, epoch).
+"""Samplers: which samples an epoch visits, in which batches, as pure functions of (n, world, seed, epoch).
 
-The protocol (:class:`SamplerFn`) is any callable ``sampler(n, world, seed, epoch)`` returning the
-epoch's batches of indices *for the whole world*, in order; the loader gives each rank an equal
-number of them (:func:`rank_batches`), so no rank waits on another at the end of an epoch, and
-resumes mid-epoch by skipping the batches already done. A sampler may also have
-``bind(dataset, batch_size)``, called once when the loader is built: there it reads what it needs
-(labels) and raises :class:`~fastdata.errors.UsageError` for arguments that cannot work.
-
-Built-ins: :class:`Weighted` (weights or ``"balanced"``, with or without replacement) and
-:class:`Episodic` (N classes x K shots + Q queries per batch). Planning an epoch of 10 million
-samples takes well under a second (benchmarks/bench_fields.py).
+A sampler (:class:`SamplerFn`) gives the epoch's batches for the whole world; the loader gives each rank an
+equal share of them (:func:`rank_batches`). An optional ``bind(dataset, batch_size)`` reads what it needs
+(labels) and refuses arguments that cannot work. Built-ins: :class:`Weighted` and :class:`Episodic`.
 """
 
 from __future__ import annotations
@@ -23,6 +15,7 @@ import numpy as np
 
 from fastdata.errors import UsageError
 from fastdata.reading.dataset import Dataset
+from fastdata.reading.order import batch_plan, rank_share
 from fastdata.seeds import Stream, numpy_rng
 from fastdata.world import World
 
@@ -42,20 +35,9 @@ def rng(seed: int, epoch: int, which: int) -> np.random.Generator:
 
 
 def rank_batches(batches: Sequence[np.ndarray], world: World, drop_last: bool) -> list[np.ndarray]:
-    """This rank's contiguous share of the epoch's batches, the same count on every rank:
-    ``drop_last=False`` wraps around to fill the last share, ``True`` drops what does not fit."""
-    b, size = len(batches), world.size
-    if size == 1:
-        return list(batches)
-    per = b // size if drop_last else -(-b // size)
-    if per * size > b and b:
-        batches = list(batches) + [batches[k % b] for k in range(per * size - b)]
-    return list(batches[world.rank * per : (world.rank + 1) * per])
-
-
-def cut(indices: np.ndarray, batch_size: int) -> list[np.ndarray]:
-    """Consecutive batches of ``batch_size`` (the last one may be shorter)."""
-    return [indices[a : a + batch_size] for a in range(0, len(indices), batch_size)]
+    """This rank's contiguous share of the epoch's batches, as :func:`fastdata.reading.order.rank_share` shares
+    samples: the same count on every rank, wrapping around (``drop_last=False``) or dropping what does not fit."""
+    return [batches[k] for k in rank_share(np.arange(len(batches)), world, drop_last).tolist()]
 
 
 def class_codes(dataset: Dataset, by: str) -> np.ndarray:
@@ -78,15 +60,9 @@ def class_codes(dataset: Dataset, by: str) -> np.ndarray:
 
 
 def alias_table(p: np.ndarray) -> np.ndarray:
-    """Walker's alias table for probabilities ``p`` (summing to 1), built without a Python loop.
-
-    Vose's pairing written with prefix sums: lay the deficits ``1 - n p`` of the small entries end
-    to end on one line and the excesses ``n p - 1`` of the large ones on another (both in index
-    order, same total). A small entry takes its whole deficit from the large one whose stretch its
-    start falls in; a large entry whose stretch ends inside a small's deficit falls short by the
-    overhang, which it takes from the next large entry, as Vose's algorithm would. Returns records
-    ``(p: float32, a: int32 or int64)``: draw ``j`` uniformly, keep it with probability ``p[j]``,
-    else take ``a[j]``."""
+    """Walker's alias table for probabilities ``p`` (summing to 1): Vose's pairing done with prefix sums
+    over the small entries' deficits and the large ones' excesses, no Python loop. Records ``(p, a)``:
+    draw ``j`` uniformly, keep it with probability ``p[j]``, else take ``a[j]``."""
     n = len(p)
     q = p * n
     small, large = np.flatnonzero(q < 1), np.flatnonzero(q >= 1)
@@ -191,7 +167,7 @@ class Weighted:
                 key = g.standard_exponential(n) / self._p
             idx = np.argpartition(key, k - 1)[:k] if k < n else np.arange(n)
             idx = idx[np.argsort(key[idx], kind="stable")]
-        return cut(idx.astype(np.int64), self._batch_size)
+        return batch_plan(idx.astype(np.int64), self._batch_size, drop_last=False)
 
 
 @dataclass
@@ -300,7 +276,7 @@ class Episodic:
 
 def check_batches(batches: Sequence[Any], n: int, name: str, epoch: int) -> list[np.ndarray]:
     """A sampler's batches as int64 arrays, refused (UsageError naming the batch) unless each is a
-    1-D array of indices in ``0..n-1``. Vectorised: checking 10 million indices takes milliseconds."""
+    1-D array of indices in ``0..n-1``."""
     try:
         out = [np.asarray(b) for b in batches]
     except (TypeError, ValueError) as e:  # None, a number, ragged nested lists
@@ -322,12 +298,8 @@ def check_batches(batches: Sequence[Any], n: int, name: str, epoch: int) -> list
 
 
 def world_batches(sampler: SamplerFn, n: int, world: World, seed: int, epoch: int) -> list[np.ndarray]:
-    """The sampler's batches of ``epoch`` for all ranks, as the loader plans them: the built-in
-    samplers' output is valid by construction, any other sampler's is checked (:func:`check_batches`)."""
-    batches = sampler(n, world, seed, epoch)
-    if isinstance(sampler, (Weighted, Episodic)):
-        return list(batches)
-    return check_batches(batches, n, describe(sampler), epoch)
+    """The sampler's batches of ``epoch`` for all ranks, as the loader plans them, checked (:func:`check_batches`)."""
+    return check_batches(sampler(n, world, seed, epoch), n, describe(sampler), epoch)
 
 
 def describe(sampler: Any) -> str:
