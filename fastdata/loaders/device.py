@@ -9,10 +9,8 @@ otherwise. On the CPU the same code runs without streams.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -28,10 +26,8 @@ _MAX_INFLIGHT = 4  # host batches whose copy to the GPU may still be queued (eac
 
 
 def to_unit_float(x: torch.Tensor, out: torch.Tensor) -> None:
-    """``out = x / 255`` for a uint8 tensor into a float32 one of the same shape: two whole-batch
-    ops. Cache-sized chunks were slower: with two loader threads converting at once, each chunk's
-    parallel region made torch's intra-op threads contend (whole-batch ops 1.7-2.5x the 64K-element
-    chunks, benchmarks/bench_choices.py); chunks small enough to stay single-threaded pay per-op overhead."""
+    """``out = x / 255`` for a uint8 tensor into a float32 one of the same shape, as two whole-batch
+    ops (chunked ops made torch's intra-op threads contend: benchmarks/bench_choices.py)."""
     out.copy_(x).mul_(1 / 255)
 
 
@@ -65,7 +61,6 @@ class DeviceStage:
         self.rank = rank  # distributed ranks draw different augmentation parameters
         self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
         self.precropped: dict[str, int] = {}  # fields whose first ops the reader threads ran, how many (crop.py)
-        self.stage_thread = False  # on CUDA, stage batches from a helper thread (_run_cuda_staged; experimental)
 
     def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset(),
                   precropped: dict[str, int] | None = None) -> Batch:
@@ -120,14 +115,8 @@ class DeviceStage:
 
     def run(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
         """Batches on the device; on the CPU the readers already transformed them (host_transform)."""
-        if self.device.type == "cuda":
-            yield from self._run_cuda(host, epoch, first)
-            return
-        yield from host
-
-    def _run_cuda(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
-        if self.stage_thread:
-            yield from self._run_cuda_staged(host, epoch, first)
+        if self.device.type != "cuda":
+            yield from host
             return
         stream = torch.cuda.Stream(self.device)
         inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
@@ -165,76 +154,6 @@ class DeviceStage:
             if isinstance(t, torch.Tensor):
                 t.record_stream(current)
         return batch
-
-    def _run_cuda_staged(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
-        """:meth:`_run_cuda` with the staging (the copy and the conversion and augmentation launches) in a
-        helper thread, so the training thread only waits on an event: for models whose step is bound by
-        the Python thread launching kernels. Experimental, off by default (``stage_thread``): measured by
-        benchmarks/bench_gpu.py's diag section before it becomes the default; untested on GPU."""
-        helper = _Stager(self, host, epoch, first)
-        try:
-            while True:
-                item = helper.ready.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield self._hand_over(*item)
-        finally:
-            helper.stop()
-
-
-_END = object()
-
-
-class _Stager:
-    """The helper thread of :meth:`DeviceStage._run_cuda_staged`: stages each host batch on a side stream and
-    hands (batch, ready event) over a queue two deep; an error is handed over to be raised there."""
-
-    def __init__(self, stage: DeviceStage, host: Iterable[Batch], epoch: int, first: int) -> None:
-        self.stage, self.host, self.epoch, self.first = stage, host, epoch, first
-        self.ready: queue.Queue[Any] = queue.Queue(maxsize=2)
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="fastdata-stage", daemon=True)
-        self.thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self.stopping.is_set():
-            try:
-                self.ready.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        st = self.stage
-        stream = torch.cuda.Stream(st.device)
-        it = iter(self.host)
-        inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
-        try:
-            torch.cuda.set_device(st.device)
-            for k, hb in enumerate(it, self.first):
-                if not self._put(st._stage(hb, self.epoch, k, stream, inflight)):
-                    return
-            self._put(_END)
-        except BaseException as e:  # raised again in the training thread
-            self._put(e)
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()  # the reader's generator, in the thread that ran it
-            for _, ev in inflight:
-                ev.synchronize()
-
-    def stop(self) -> None:
-        """Stop the helper (it may be waiting to hand over a batch) and wait for it to end."""
-        self.stopping.set()
-        while self.thread.is_alive():
-            try:
-                self.ready.get_nowait()
-            except queue.Empty:
-                self.thread.join(0.05)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

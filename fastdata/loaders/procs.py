@@ -15,6 +15,7 @@ is gone, even after a SIGKILL. A worker that dies is an error naming it, never a
 from __future__ import annotations
 
 import gc
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -132,13 +133,10 @@ class ProcessReader:
         # (on a loaded 2-core machine, 2 per worker left the workers idle a quarter of the time)
         self.depth = max(prefetch, 3 * workers)
         # ``pin`` is not used: the ring is not page-locked, so the copy to a GPU is synchronous
-        fixed, flat = reader_fields(dataset)
-        self._fields = ({n: (tr, dt) for n, (tr, dt, _) in fixed.items()}, flat)  # what the workers read into
-        # a region starts at the address phase of the field's bytes in the shard (faster copies,
-        # fastdata.loaders.buffers) where that keeps its elements aligned
-        self.ring = Ring({n: (int(np.prod(tr, dtype=np.int64)) * np.dtype(dt).itemsize,
-                              ph if ph % np.dtype(dt).itemsize == 0 else 0) for n, (tr, dt, ph) in fixed.items()},
-                         {n: 0 for n in flat}, self.depth + 2)
+        self._fields = reader_fields(dataset)  # what the workers read into
+        fixed, flat = self._fields
+        self.ring = Ring({n: math.prod(tr) * np.dtype(dt).itemsize for n, (tr, dt) in fixed.items()}, list(flat),
+                         self.depth + 2)
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._ends: list[_ParentEnd] = []

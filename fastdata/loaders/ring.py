@@ -26,29 +26,28 @@ import torch
 
 from fastdata._compat import storage_use_count
 from fastdata.handles import parent_only
-from fastdata.loaders.buffers import ALIGN, torch_dtype
+from fastdata.loaders.buffers import torch_dtype
 
 Layout = dict[str, tuple[int, int]]  # region name -> (offset, bytes); SPARE: arrays a transform makes
 SPARE = ""
 Placed = tuple[str, Any]  # ("slot", (offset, shape, dtype str)) or ("copy", value)
+ALIGN = 64  # regions start on a cache line (every dtype's alignment)
 
 # Map every page at once: faulting a 50 MB slot in page by page costs several batches' reading time
 _POPULATE = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
-def _aligned(n: int, phase: int = 0) -> int:
-    return -(-(n - phase) // ALIGN) * ALIGN + phase
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
-def make_layout(regions: dict[str, tuple[int, int]], spare: int) -> tuple[Layout, int]:
-    """Offsets for ``regions`` (name -> (bytes, address phase mod 64)) and the spare region; total size."""
+def make_layout(regions: dict[str, int], spare: int) -> tuple[Layout, int]:
+    """Offsets for ``regions`` (name -> bytes) and the spare region; total size."""
     layout: Layout = {}
     at = 0
-    for name, (nbytes, phase) in regions.items():
-        at = _aligned(at, phase)
+    for name, nbytes in regions.items():
         layout[name] = (at, nbytes)
-        at += nbytes
-    at = _aligned(at)
+        at = _aligned(at + nbytes)
     layout[SPARE] = (at, spare)
     return layout, max(ALIGN, _aligned(at + spare))
 
@@ -112,8 +111,8 @@ class Slot:
 class Ring:
     """The training process's slots: handed to a worker to fill, lent to the consumer, reused."""
 
-    def __init__(self, fixed: dict[str, tuple[int, int]], ragged: dict[str, int], size: int) -> None:
-        self.fixed = fixed  # field -> (bytes per sample, address phase)
+    def __init__(self, fixed: dict[str, int], ragged: list[str], size: int) -> None:
+        self.fixed = fixed  # field -> bytes per sample
         self.capacity: dict[str, int] = {**dict.fromkeys(ragged, 0), SPARE: 0}  # bytes, grown by what batches needed
         self.rows = 0  # samples the fixed regions hold
         self.want = size  # slots kept free or lent before more are made
@@ -124,13 +123,13 @@ class Ring:
         self.grown = 0  # slots made beyond ``want`` because the consumer held on to batches
 
     def _layout(self) -> tuple[Layout, int]:
-        regions = {n: (self.rows * row, phase) for n, (row, phase) in self.fixed.items()}
-        regions.update({n: (c, 0) for n, c in self.capacity.items() if n != SPARE})
+        regions = {n: self.rows * row for n, row in self.fixed.items()}
+        regions.update({n: c for n, c in self.capacity.items() if n != SPARE})
         return make_layout(regions, self.capacity[SPARE])
 
     def _fits(self, slot: Slot) -> bool:
         layout = slot.layout
-        return all(layout[n][1] >= self.rows * row for n, (row, _) in self.fixed.items()) and \
+        return all(layout[n][1] >= self.rows * row for n, row in self.fixed.items()) and \
             all(layout[n][1] >= c for n, c in self.capacity.items())
 
     def take(self, rows: int, worker: int) -> Slot:

@@ -101,24 +101,15 @@ class TorchLoader(Loader):
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
         rank = self._device.rank = self.world.rank  # the world of this pass (read when it started)
-        post = self._device.host_transform(epoch)
-        if isinstance(self._reader, ThreadReader) and self.sample_fn is None and self.dataset.remote is None:
-            # the next epoch's first batches are read while this one ends (not with a sampler: a
-            # user's sampler may change its plan between epochs; not remote: its prefetch follows plans)
-            def then() -> tuple[list[np.ndarray], Any, int, int]:
-                return self.plan(epoch + 1), self._device.host_transform(epoch + 1), epoch + 1, rank
-
-            host = self._reader.run(plan, first, post, epoch, rank, then=then)
-        else:
-            host = self._reader.run(plan, first, post, epoch, rank)
+        host = self._reader.run(plan, first, self._device.host_transform(epoch), epoch, rank)
         return self._device.run(host, epoch, first)
 
     def stats(self) -> dict[str, float]:
         """:meth:`Loader.stats`, and in mode="processes" the shared ring's: ``ring_slots`` (slots
         made), ``ring_grown`` (made because batches were held), ``ring_copied`` (arrays that did not
         fit a slot and crossed as a copy; the slot is enlarged for later batches)."""
-        reader = getattr(self, "_reader", None)
-        return {**super().stats(), **(reader.stats() if reader is not None else {})}
+        ring = self._reader.stats() if isinstance(self._reader, ProcessReader) else {}
+        return {**super().stats(), **ring}
 
     def collate_fn(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """A batch read by ``dataset.get_batch`` made into what this loader yields (tensors on the
