@@ -1,9 +1,7 @@
 """What every loader backend shares: the epoch plan, epochs, exact resume and stats.
 
-A backend only turns a list of index batches into batches of tensors (``_batches``); the order
-(fastdata.reading.order), the rank share, ``drop_last``, ``len()``, ``set_epoch``, ``state_dict`` and
-``stats`` live here once, so the torch and DALI backends cannot drift apart. A state saved by one
-backend resumes in the other.
+A backend only turns a list of index batches into batches of tensors (``_batches``); everything else
+lives here once, so a state saved by the torch backend resumes in the DALI one and back.
 """
 
 from __future__ import annotations
@@ -33,17 +31,16 @@ _STATE_VERSION = 1
 
 @dataclass
 class _Stats:
-    batches: int = 0
     samples: int = 0
     waits: list[float] = field(default_factory=list)
     started: float = 0.0
     ended: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
-        wall = max(self.ended - self.started, 1e-9) if self.batches else 0.0
+        wall = max(self.ended - self.started, 1e-9) if self.waits else 0.0
         w = np.array(self.waits) if self.waits else np.zeros(1)  # no batch yet: every figure 0
         return {
-            "batches": self.batches,
+            "batches": len(self.waits),
             "samples": self.samples,
             "seconds": wall,
             "samples_per_s": self.samples / wall if wall else 0.0,
@@ -74,13 +71,11 @@ class Loader:
     """
 
     backend = "base"
-    # Read (with getattr) by Accelerate's skip_first_batches when it rebuilds a torch DataLoader from
-    # dataset + batch_sampler + collate_fn: that DataLoader reads in the iterating thread, no prefetch.
-    # The loader's own read-ahead is config.prefetch.
+    # read by Accelerate's skip_first_batches, which rebuilds a DataLoader (no workers: no prefetch factor)
     prefetch_factor = None
 
     def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int,
-                 device: torch.device, augment: Augment | None, config: "LoaderConfig", world: World | None = None,
+                 device: torch.device, augment: Augment | None, config: "LoaderConfig",
                  owns_dataset: bool = False, sampler: SamplerFn | None = None) -> None:
         if batch_size < 1:
             raise UsageError("batch_size must be positive")
@@ -93,7 +88,7 @@ class Loader:
         self.seed = seed
         self.device = device
         self.augment = augment
-        self._fixed_world = world  # None: read from torch.distributed when each pass starts
+        self._fixed_world: World | None = None  # None: read from torch.distributed when each pass starts
         self._pass_world: World | None = None  # the world of the pass in progress
         self._owns_dataset = owns_dataset  # opened by fastdata.loader from a path: closed with the loader
         self.config = config
@@ -118,9 +113,9 @@ class Loader:
         self._sampled[key] = batches  # kept: this epoch's and the neighbouring one (DALI plans one ahead)
         return batches
 
-    def _num_batches(self, world: World) -> int:
+    def _num_batches(self, world: World, epoch: int) -> int:
         if self.sample_fn is not None:
-            return len(rank_batches(self._sampled_batches(self.epoch, world), world, self.drop_last))
+            return len(rank_batches(self._sampled_batches(epoch, world), world, self.drop_last))
         return num_batches(len(self.dataset), world, self.batch_size, self.drop_last)
 
     @property
@@ -135,7 +130,7 @@ class Loader:
         raise NotImplementedError(f"{type(self).__name__} does not produce batches")
 
     def __len__(self) -> int:
-        return self._num_batches(self.world)
+        return self._num_batches(self.world, self.epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (the order is a function of seed and epoch).
@@ -235,8 +230,7 @@ class Loader:
                 now = time.perf_counter()
                 s = self._stats
                 s.waits.append(now - t0)
-                s.batches += 1
-                s.samples += len(plan[s.batches - 1])
+                s.samples += len(plan[len(s.waits) - 1])
                 s.ended = now
                 self._done += 1
                 if ahead is not None:
@@ -294,11 +288,7 @@ class Loader:
         size = int(state["world_size"])
         done = int(state["batches_done"])
         epoch = int(state["epoch"])
-        if self.sample_fn is not None:
-            world = World(0, size)
-            per_epoch = len(rank_batches(self._sampled_batches(epoch, world), world, self.drop_last))
-        else:
-            per_epoch = num_batches(len(self.dataset), World(0, size), self.batch_size, self.drop_last)
+        per_epoch = self._num_batches(World(0, size), epoch)
         if not 0 <= done <= per_epoch:
             raise UsageError(f"loader state has batches_done={done}, but an epoch has {per_epoch} batches")
         if done == per_epoch:  # saved after the epoch's last batch (older fastdata): the next epoch

@@ -31,17 +31,6 @@ def to_unit_float(x: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(x).mul_(1 / 255)
 
 
-def mixed_sizes(batch: Batch) -> frozenset[str]:
-    """Image fields of a host batch whose images differ in size (padded; true sizes in ``<name>_shape``)."""
-    mixed = set()
-    for name, x in batch.items():
-        shapes = batch.get(name + SHAPE_SUFFIX)
-        if shapes is not None and isinstance(x, torch.Tensor) and x.dim() == 4 and shapes.dim() == 2 and shapes.shape[1] >= 2 \
-                and not bool((shapes[:, :2] == torch.tensor(x.shape[1:3])).all()):
-            mixed.add(name)
-    return frozenset(mixed)
-
-
 class DeviceStage:
     """Moves host batches to ``device`` and applies image conversion and augmentation there."""
 
@@ -102,10 +91,16 @@ class DeviceStage:
         return y if self.channels_last else y.contiguous()
 
     def mixed(self, host: Batch) -> frozenset[str]:
-        """Checked on the host batch (no device sync), only when augmenting."""
+        """Image fields padded from mixed sizes, checked on the host batch (no device sync) when augmenting."""
         if self.augment is None or not self.augment.enabled:
             return frozenset()
-        return mixed_sizes(host) - set(self.precropped)  # cropped in the reader: one size, stored sizes in <name>_shape
+        mixed = set()
+        for name, x in host.items():  # padded image fields whose images differ in size (true sizes in <name>_shape)
+            shapes = host.get(name + SHAPE_SUFFIX)
+            if shapes is not None and isinstance(x, torch.Tensor) and x.dim() == 4 and shapes.dim() == 2 \
+                    and shapes.shape[1] >= 2 and not bool((shapes[:, :2] == torch.tensor(x.shape[1:3])).all()):
+                mixed.add(name)
+        return frozenset(mixed - set(self.precropped))  # cropped in the reader: one size
 
     def host_transform(self, epoch: int) -> Callable[[Batch, int], Batch] | None:
         """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""

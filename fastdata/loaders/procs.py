@@ -1,15 +1,11 @@
 """Worker processes of ``LoaderConfig(mode="processes")``: the one place that starts, feeds, watches
 and stops them.
 
-Each worker reads whole batches with ``get_batch(out=...)`` straight into a slot of the shared
-ring (ring.py), runs the user's transform there, and sends back only where each array lies (plus
-the small values: lengths, strings, keys). Batch ``k`` of a pass goes to worker ``k % workers``
-over that worker's own socket, so results come back in order and every error names its worker.
-
-Lifetime: workers start on the first pass and serve later ones; ``close()`` stops them (and so
-does dropping the loader, or the interpreter's exit: they are daemons). A worker ignores Ctrl-C
-(the training process decides) and exits by itself within half a second once the training process
-is gone, even after a SIGKILL. A worker that dies is an error naming it, never a hang.
+Each worker reads whole batches with ``get_batch(out=...)`` into a slot of the shared ring (ring.py),
+runs the user's transform there, and sends back where each array lies. Batch ``k`` goes to worker
+``k % workers`` over its own socket, so results come back in order and every error names its worker.
+Workers start on the first pass and serve later ones until ``close()``; they ignore Ctrl-C (the
+training process decides) and exit within half a second once the training process is gone.
 """
 
 from __future__ import annotations
@@ -130,7 +126,6 @@ class ProcessReader:
         self.transform = transform
         self.timeout = timeout
         # three batches per worker: a worker keeps reading while the training process is off the CPU
-        # (on a loaded 2-core machine, 2 per worker left the workers idle a quarter of the time)
         self.depth = max(prefetch, 3 * workers)
         # ``pin`` is not used: the ring is not page-locked, so the copy to a GPU is synchronous
         self._fields = reader_fields(dataset)  # what the workers read into
@@ -154,26 +149,23 @@ class ProcessReader:
         ctx = mp.get_context()
         if ctx.get_start_method() != "fork" and self.transform is not None:
             self.transform.check_pickles(f"worker processes started by {ctx.get_start_method()!r}")
-        # A forked worker must not collect the parent's garbage: a finalizer that waits for the parent's
-        # threads (a DALI pipeline's executor does) would wait forever in a child that has none of them.
+        # a forked worker must not collect the parent's garbage: a finalizer that waits for the parent's
+        # threads (a DALI pipeline's executor does) would wait forever in a child that has none of them
         gc.freeze()
         try:
-            self._start_workers(ctx)
+            for w in range(self.workers):
+                mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
+                self._ends.append(_ParentEnd(mine))  # (before the fork: the worker closes its copy of our end too)
+                p = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
+                                args=(theirs, os.getpid(), self.dataset, self.ragged, self.transform, *self._fields))
+                p.start()
+                theirs.close()
+                self._procs.append(p)
+                self._conns.append(mine)
+                self._known.append({})
+                self._pending.append(deque())
         finally:
             gc.unfreeze()
-
-    def _start_workers(self, ctx: Any) -> None:
-        for w in range(self.workers):
-            mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
-            self._ends.append(_ParentEnd(mine))  # (before the fork: the worker closes its copy of our end too)
-            p = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
-                            args=(theirs, os.getpid(), self.dataset, self.ragged, self.transform, *self._fields))
-            p.start()
-            theirs.close()
-            self._procs.append(p)
-            self._conns.append(mine)
-            self._known.append({})
-            self._pending.append(deque())
 
     def _send(self, w: int, k: int, idx: np.ndarray, epoch: int, rank: int) -> None:
         slot = self.ring.take(len(idx), w)

@@ -1,17 +1,11 @@
 """The shared-memory ring of worker processes: batch slots filled in place by the workers and
 handed out by the training process as tensors, without a copy.
 
-Each slot is one anonymous shared-memory file (``memfd_create``): it has no name under /dev/shm,
-so whichever process dies, and however, nothing is left behind; the memory goes back to the
-system when the last process holding it exits. A slot's descriptor reaches a worker over the
-worker's socket (SCM_RIGHTS), the same way under every start method.
-
-A slot holds one region per field the batch is read into (fixed fields sized for the largest
-batch, ragged fields and images for the largest batch seen so far, grown by a quarter when
-exceeded) and a spare region for arrays a transform makes. What does not fit one batch crosses
-pickled (a copy, counted in ``copied``) and the slot is made larger when it is next reused. A slot
-is reused once nothing refers to its memory (no tensor, view or numpy array of the batch), as the
-thread readers' buffers are (fastdata.loaders.buffers).
+Each slot is an anonymous shared-memory file (``memfd_create``): nothing is left behind however a
+process dies. Its descriptor reaches a worker over the worker's socket (SCM_RIGHTS). A slot holds a
+region per field (ragged ones sized by the batches seen, grown by a quarter) and a spare region for
+arrays a transform makes; what does not fit crosses pickled (counted in ``copied``) and the slot grows
+when next reused. A slot is reused once nothing refers to its memory, as the threads' buffers are.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ SPARE = ""
 Placed = tuple[str, Any]  # ("slot", (offset, shape, dtype str)) or ("copy", value)
 ALIGN = 64  # regions start on a cache line (every dtype's alignment)
 
-# Map every page at once: faulting a 50 MB slot in page by page costs several batches' reading time
+# map every page at once (faulting a large slot in page by page is slow)
 _POPULATE = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
@@ -100,10 +94,7 @@ class Slot:
         """Close the descriptor; the memory stays mapped until the last view of it is dropped."""
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
-            try:
-                os.close(fd)
-            except OSError:  # (already closed by a fork hook in this process: nothing left to do)
-                pass
+            os.close(fd)
 
     _after_fork_in_child = close  # a forked child closes its copy of the descriptor; the mapping is harmless
 

@@ -49,19 +49,14 @@ class TorchLoader(Loader):
         if config.timeout is not None and self.workers == 0:
             raise UsageError("LoaderConfig(timeout=...) bounds the wait for reader threads or processes, and "
                              "num_workers=0 reads in the iterating thread: use num_workers >= 1, or no timeout")
-        # On the CPU, reader threads decode JPEG/PNG straight to float (each image converted while in
-        # cache, fastdata/reading/decode.py); worker processes ship uint8 (4x fewer bytes) and a GPU converts
-        # itself. With the decode_threads choice below JPEG batches run faster (benchmarks/bench_choices.py).
-        # A view of the dataset for the reader threads; not for a URL dataset, whose reads and
-        # plan-following prefetch must share one remote store.
+        # On the CPU, reader threads decode images straight to float, each reader its own batch
+        # (benchmarks/bench_choices.py); a view of the dataset, not for a URL dataset (one remote store)
         view = not processes and self.dataset.remote is None
         floats = self._decode_float(images) if view else ()
         changes: dict[str, Any] = {"decode": "float"} if floats else {}
         encoded = any(f.encoding == ENCODING_IMAGE for f in self.dataset.schema)
         if view and self.workers >= 2 and encoded and self.dataset.options.get("decode_threads") is None:
-            # the reader threads are the parallelism: a decode pool shared by them made each reader
-            # wait on the others' images
-            changes["decode_threads"] = 1
+            changes["decode_threads"] = 1  # the reader threads are the parallelism
         crop = crop_field(self.dataset, self.augment, images, config, view and self._bound is None)
         stage = None
         if crop is not None:  # the reader threads decode that field window by window (crop.py)
@@ -105,9 +100,7 @@ class TorchLoader(Loader):
         return self._device.run(host, epoch, first)
 
     def stats(self) -> dict[str, float]:
-        """:meth:`Loader.stats`, and in mode="processes" the shared ring's: ``ring_slots`` (slots
-        made), ``ring_grown`` (made because batches were held), ``ring_copied`` (arrays that did not
-        fit a slot and crossed as a copy; the slot is enlarged for later batches)."""
+        """:meth:`Loader.stats`, and in mode="processes" the ring's (:meth:`ProcessReader.stats`)."""
         ring = self._reader.stats() if isinstance(self._reader, ProcessReader) else {}
         return {**super().stats(), **ring}
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import UsageError
+from fastdata.loaders.batching import batch_len
 from fastdata.seeds import Stream, numpy_rng
 
 _TENSOR_KINDS = "biufc"  # numpy kinds torch.from_numpy takes (bool, integers, floats, complex)
@@ -44,7 +45,7 @@ class PerSample:
         return f"PerSample({getattr(self.fn, '__qualname__', self.fn)!r})"
 
     def __call__(self, batch: HostArrays, rng: np.random.Generator) -> HostArrays:
-        b = _batch_len(batch)
+        b = batch_len(batch)
         rows = {n: v for n, v in batch.items() if isinstance(v, (np.ndarray, list)) and len(v) == b}
         stacked: dict[str, list[Any]] = {}
         for i in range(b):
@@ -78,13 +79,6 @@ def _stack(name: str, values: list[Any]) -> np.ndarray:
         raise ValueError(f"field {name!r}: the samples returned arrays of different shapes {sorted(shapes)[:3]}; "
                          "return one shape per field (pad or crop to a fixed size)")
     return np.stack(values)
-
-
-def _batch_len(batch: HostArrays) -> int:
-    for v in batch.values():
-        if isinstance(v, (np.ndarray, list)):
-            return len(v)
-    return 0
 
 
 class BatchTransform:
