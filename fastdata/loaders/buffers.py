@@ -23,11 +23,10 @@ def torch_dtype(dt: Any) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=np.dtype(dt).newbyteorder("="))).dtype
 
 
-def _in_use(t: torch.Tensor, refs_held_by_caller: int) -> bool:
+def _in_use(t: torch.Tensor) -> bool:
     """True while anything but the pool uses ``t``'s memory; when torch cannot tell, assume it is."""
-    # getrefcount counts its own argument and this function's parameter; the caller says how many
-    # references it holds itself.
-    if sys.getrefcount(t) - 2 > refs_held_by_caller:
+    # getrefcount counts its argument, this function's parameter and the caller's one name for ``t``
+    if sys.getrefcount(t) > 3:
         return True
     users = storage_use_count(t)
     return users is None or users > 1  # only the tensor itself may use the storage
@@ -60,7 +59,7 @@ class Recycler:
         still = []
         while self._lent:
             t = self._lent.pop()
-            if _in_use(t, refs_held_by_caller=1):  # the local name ``t``
+            if _in_use(t):
                 still.append(t)
             else:
                 self._free.setdefault((tuple(t.shape), t.dtype), []).append(t)

@@ -1,10 +1,8 @@
-"""Device side of the torch backend: copy batches to the device ahead of use, then transform there.
+"""Device side of the torch backend: images to float NCHW and augmentation, on the device.
 
-On CUDA, batch N+1 is copied on a side stream (``non_blocking`` out of pinned memory) and
-transformed while step N computes; the consumer's stream waits for it and the tensors are
-recorded on that stream. uint8 HWC images cross as uint8 and become float NCHW in [0, 1]
-on the device (4x fewer bytes over PCIe); their memory stays channels_last unless asked
-otherwise. On the CPU the same code runs without streams.
+On CUDA, batch N+1 is copied on a side stream (from pinned memory) and transformed there while
+step N computes; uint8 images cross as uint8 (4x fewer bytes) and stay channels_last unless asked
+otherwise. On the CPU the reader threads run the same transform.
 """
 
 from __future__ import annotations
@@ -35,33 +33,31 @@ class DeviceStage:
     """Moves host batches to ``device`` and applies image conversion and augmentation there."""
 
     def __init__(self, device: torch.device, augment: Augment | None, seed: int, channels_last: bool,
-                 images: tuple[str, ...], rank: int = 0, keep_uint8: bool = False,
-                 unit_float: frozenset[str] = frozenset()) -> None:
+                 images: tuple[str, ...], keep_uint8: bool = False) -> None:
         if keep_uint8 and augment is not None and augment.enabled and augment.op_kind == "image":
             raise UsageError("LoaderConfig(image_dtype='uint8') keeps images as stored; augmentation needs float "
                              "images: drop augment, or use image_dtype='float32'")
         self.keep_uint8 = keep_uint8
-        self.unit_float = unit_float  # image fields the reader already decoded to float32 in [0, 1]
         self.device = device
         self.augment = augment
         self.seed = seed
         self.channels_last = channels_last
         self.images = images  # uint8 HWC fields that become float NCHW (fastdata.format.spec.image_fields)
-        self.rank = rank  # distributed ranks draw different augmentation parameters
+        self.rank = 0  # this pass's rank: distributed ranks draw different augmentation parameters
         self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
         self.precropped: dict[str, int] = {}  # fields whose first ops the reader threads ran, how many (crop.py)
 
     def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset(),
                   precropped: dict[str, int] | None = None) -> Batch:
         """Images to float NCHW, then augmentation; ``mixed``: image fields padded from mixed sizes
-        (see :func:`mixed_sizes`), augmented image by image at their true sizes; ``precropped``: fields
+        (see :meth:`mixed`), augmented image by image at their true sizes; ``precropped``: fields
         the reader already cropped, with how many ops it ran (drawn again here, not applied)."""
         if self.keep_uint8:
             return batch
         owned = set()
         for name in self.images:
             x = batch[name]
-            batch[name] = self._to_float(x, name in self.unit_float)
+            batch[name] = self._to_float(x)
             if batch[name].data_ptr() != x.data_ptr():  # a float buffer of this stage's own
                 owned.add(name)
         if self.augment is not None and self.augment.enabled:
@@ -77,10 +73,10 @@ class DeviceStage:
             return x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def _to_float(self, x: torch.Tensor, converted: bool = False) -> torch.Tensor:
+    def _to_float(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1]; NHWC memory is channels_last NCHW."""
-        if converted and x.dtype == torch.float32:  # (a collate_fn batch comes from the uint8 dataset)
-            out = x  # decoded straight to float in [0, 1] by the reader (Dataset(decode="float"))
+        if x.dtype == torch.float32:
+            out = x  # decoded straight to float in [0, 1] by the reader (Dataset(decode="float"), crop.py)
         elif x.is_cuda:
             out = x.float().mul_(1 / 255)  # the caching allocator already reuses device memory
         else:
@@ -118,9 +114,14 @@ class DeviceStage:
         staged = (self._stage(hb, epoch, k, stream, inflight) for k, hb in enumerate(host, first))
         nxt = next(staged, None)
         while nxt is not None:
-            cur = self._hand_over(*nxt)
+            batch, ready = nxt
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(ready)  # the consumer's stream waits for the staging
+            for t in batch.values():
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(current)  # the allocator keeps the memory until that stream is done
             nxt = next(staged, None)  # the next batch's copy is queued before this one is used
-            yield cur
+            yield batch
 
     def _stage(self, hb: Batch, epoch: int, k: int, stream: torch.cuda.Stream,
                inflight: deque[tuple[Batch, torch.cuda.Event]]) -> tuple[Batch, torch.cuda.Event]:
@@ -139,16 +140,6 @@ class DeviceStage:
         while inflight and inflight[0][1].query():  # copied: the host buffers may be recycled
             inflight.popleft()
         return db, ev
-
-    def _hand_over(self, batch: Batch, ready: torch.cuda.Event) -> Batch:
-        """A staged batch for the current stream: it waits for the staging, and the allocator keeps the
-        tensors' memory until the current stream is done with them."""
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(ready)
-        for t in batch.values():
-            if isinstance(t, torch.Tensor):
-                t.record_stream(current)
-        return batch
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

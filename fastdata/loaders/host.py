@@ -1,10 +1,6 @@
-"""Host side of the torch backend: whole batches read by threads or by worker processes.
-
-``ThreadReader`` reads each batch with ``get_batch`` straight into recycled (pinned, when
-CUDA is used) buffers; h5py is bypassed on the hot path and LMDB and numpy copies release
-the GIL, so threads scale. Worker processes (procs.py) read into a shared ring instead. A user
-transform (transform.py) runs in the reader, on the batch's numpy arrays.
-"""
+"""Host side of the torch backend: ``ThreadReader`` reads each batch with ``get_batch`` straight into
+recycled (pinned, when CUDA is used) buffers; the copies release the GIL, so threads scale. Worker
+processes (procs.py) read into a shared ring instead."""
 
 from __future__ import annotations
 

@@ -51,9 +51,6 @@ class _ParentEnd:
 class _RemoteTraceback(Exception):
     """The traceback of an error in a worker process, shown as the cause of the error raised here."""
 
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-
     def __str__(self) -> str:
         return "\n" + str(self.args[0])
 
@@ -168,7 +165,7 @@ class ProcessReader:
             gc.unfreeze()
 
     def _send(self, w: int, k: int, idx: np.ndarray, epoch: int, rank: int) -> None:
-        slot = self.ring.take(len(idx), w)
+        slot = self.ring.take(len(idx))
         conn = self._conns[w]
         try:
             if self._known[w].get(slot.id) != slot.gen:

@@ -72,7 +72,6 @@ class Slot:
         self.id, self.gen, self.layout, self.size = sid, gen, layout, size
         self.fd = anonymous_segment(size)
         mm = mmap.mmap(self.fd, size, flags=_POPULATE)
-        self.user = -1  # the worker that filled it last (each worker keeps to its own slots: fewer mappings)
         self.base = torch.frombuffer(mm, dtype=torch.uint8)  # keeps the mapping while any view lives
         parent_only(self)  # a forked child closes its copy of the descriptor
 
@@ -123,15 +122,13 @@ class Ring:
         return all(layout[n][1] >= self.rows * row for n, row in self.fixed.items()) and \
             all(layout[n][1] >= c for n, c in self.capacity.items())
 
-    def take(self, rows: int, worker: int) -> Slot:
-        """A slot for ``worker`` to fill with a batch of ``rows`` samples: one it filled before if
-        any is free (already mapped there), made anew when too small for what batches need."""
+    def take(self, rows: int) -> Slot:
+        """A slot to fill with a batch of ``rows`` samples: a free one, made anew when too small for what
+        batches need."""
         self.rows = max(self.rows, rows)
         self._reclaim()
         if self.free:
-            mine = [i for i, s in enumerate(self.free) if s.user == worker]
-            unused = [i for i, s in enumerate(self.free) if s.user == -1]
-            slot = self.free.pop((mine or unused or [-1])[-1])
+            slot = self.free.pop()
             if not self._fits(slot):
                 slot.close()
                 slot = self._make(slot.id, slot.gen + 1)
@@ -139,7 +136,6 @@ class Ring:
             if len(self.slots) >= self.want:
                 self.grown += 1
             slot = self._make(len(self.slots), 0)
-        slot.user = worker
         return slot
 
     def _make(self, sid: int, gen: int) -> Slot:

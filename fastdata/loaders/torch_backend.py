@@ -52,8 +52,7 @@ class TorchLoader(Loader):
         # On the CPU, reader threads decode images straight to float, each reader its own batch
         # (benchmarks/bench_choices.py); a view of the dataset, not for a URL dataset (one remote store)
         view = not processes and self.dataset.remote is None
-        floats = self._decode_float(images) if view else ()
-        changes: dict[str, Any] = {"decode": "float"} if floats else {}
+        changes: dict[str, Any] = {"decode": "float"} if view and self._decode_float(images) else {}
         encoded = any(f.encoding == ENCODING_IMAGE for f in self.dataset.schema)
         if view and self.workers >= 2 and encoded and self.dataset.options.get("decode_threads") is None:
             changes["decode_threads"] = 1  # the reader threads are the parallelism
@@ -62,7 +61,6 @@ class TorchLoader(Loader):
         if crop is not None:  # the reader threads decode that field window by window (crop.py)
             assert self.augment is not None
             changes["decode"] = False
-            floats = (crop,)
             field = next(f for f in self.dataset.schema if f.name == crop)
             stage = CropStage(field, self.augment.ops, self.seed, pin)
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
@@ -73,17 +71,15 @@ class TorchLoader(Loader):
             self._reader = ThreadReader(self._read_ds, self.workers, config.prefetch, pin, config.ragged, self._bound,
                                         stage, config.timeout)
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
-                                   keep_uint8=config.image_dtype == "uint8", unit_float=frozenset(floats))
+                                   keep_uint8=config.image_dtype == "uint8")
         self._device.precropped = {crop: len(stage.ops)} if crop is not None and stage is not None else {}
 
-    def _decode_float(self, images: tuple[str, ...]) -> tuple[str, ...]:
-        """The encoded image fields to decode straight to float: on the CPU, float output, a dataset
-        that decodes, and every encoded field among the images (a mask declared as an augmentation
-        target stays uint8); else none."""
-        encoded = tuple(f.name for f in self.dataset.schema if f.encoding == ENCODING_IMAGE)
-        ok = (self.device.type == "cpu" and self.config.image_dtype == "float32"
-              and self.dataset.options.get("decode") is True and all(n in images for n in encoded))
-        return encoded if ok else ()
+    def _decode_float(self, images: tuple[str, ...]) -> bool:
+        """Whether the readers decode images straight to float: on the CPU, float output, a dataset that
+        decodes, and every encoded field among the images (a mask declared as a target stays uint8)."""
+        encoded = [f.name for f in self.dataset.schema if f.encoding == ENCODING_IMAGE]
+        return (self.device.type == "cpu" and self.config.image_dtype == "float32"
+                and self.dataset.options.get("decode") is True and all(n in images for n in encoded))
 
     def _check_packed(self, images: tuple[str, ...]) -> None:
         """Packed batches: what can be packed (Dataset.check_ragged), and mixed-size images kept as bytes."""

@@ -1,10 +1,8 @@
 """User transforms run by the readers (threads or worker processes) on each host batch.
 
-``transform(batch, rng)`` gets the batch as ``Dataset.get_batch`` returns it (a dict of numpy
-arrays; string fields and keys as lists of str) and a ``numpy.random.Generator`` drawn from
-``(seed, epoch, rank, batch index)`` (fastdata.seeds), so a resumed run repeats each batch's draws
-whoever reads it. It changes the arrays in place and returns None, or returns the batch to use.
-:class:`PerSample` wraps a function written for one sample at a time.
+``transform(batch, rng)`` gets the batch as ``Dataset.get_batch`` returns it (numpy arrays; strings
+and keys as lists of str) and a generator drawn from ``(seed, epoch, rank, batch index)``, so a
+resumed run repeats each batch's draws. It changes the arrays in place, or returns the batch to use.
 """
 
 from __future__ import annotations
