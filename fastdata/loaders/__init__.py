@@ -38,9 +38,8 @@ def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size
     if num_workers != "auto":
         return num_workers, config or LoaderConfig()
     tuned = load_tuned(ds, batch_size, device.type, transform)
-    if tuned is not None:
-        default = LoaderConfig()  # what the cache does not say keeps LoaderConfig's default
-        cfg = config or LoaderConfig(mode=tuned.get("mode", default.mode), prefetch=int(tuned.get("prefetch", default.prefetch)))
+    if tuned is not None:  # what the cache does not say keeps LoaderConfig's default
+        cfg = config or LoaderConfig(**{k: tuned[k] for k in ("mode", "prefetch") if k in tuned})
         log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
         return int(tuned["num_workers"]), cfg
     workers = min(4, usable_cpus())
@@ -151,22 +150,19 @@ def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augm
     images (GPU decoding is what DALI adds) that DALI can take with ``augment``; else torch. The
     choice and its reason are logged at DEBUG."""
     if device.type != "cuda":
-        log.debug("backend='auto': torch (device %s; DALI is picked for CUDA devices only)", device)
-        return "torch"
-    if transform is not None:
-        log.debug("backend='auto': torch (a transform runs in the torch backend's readers)")
-        return "torch"
-    if ds is not None and not any(f.encoding == ENCODING_IMAGE for f in ds.schema):
-        log.debug("backend='auto': torch (no encoded images to decode on the GPU)")
-        return "torch"
-    from fastdata.loaders.dali import dali_problem, dali_unsupported
+        problem: str | None = "DALI is picked for CUDA devices only"
+    elif transform is not None:
+        problem = "a transform runs in the torch backend's readers"
+    elif ds is not None and not any(f.encoding == ENCODING_IMAGE for f in ds.schema):
+        problem = "no encoded images to decode on the GPU"
+    else:
+        from fastdata.loaders.dali import dali_problem, dali_unsupported
 
-    problem = dali_problem(device) or (dali_unsupported(ds, augment, config) if ds is not None else None)
-    if problem is not None:
-        log.debug("backend='auto': torch (%s)", problem)
+        problem = dali_problem(device) or (dali_unsupported(ds, augment, config) if ds is not None else None)
+    if problem:
+        log.debug("backend='auto': torch (device %s: %s)", device, problem)
         return "torch"
-    log.debug("backend='auto': dali (installed, device %s, encoded images)", device)
+    log.debug("backend='auto': dali (device %s)", device)
     return "dali"
-
 
 __all__ = ["Block", "Loader", "LoaderConfig", "PerSample", "Shards", "TorchLoader", "loader"]

@@ -63,11 +63,9 @@ def wrap_error(e: Exception, where: str) -> Exception:
 class Loader:
     """Iterate to get batches (dicts of tensors on the device). See :func:`fastdata.loader`.
 
-    The base of every backend: subclasses implement ``_batches(plan, epoch, first)`` and ``_release``,
-    and take these constructor arguments as ``**common``. Epoch rule: a pass that delivers the
-    epoch's last batch moves the loader to the next epoch at that moment, so the next ``iter()``
-    starts a new order even when the caller stops after ``len(loader)`` batches (Lightning,
-    ``islice``, ``zip``); ``set_epoch`` overrides. The world (rank, size) is read when a pass starts.
+    Backends implement ``_batches(plan, epoch, first)`` and ``_release``. A pass that delivers the epoch's
+    last batch moves the loader to the next epoch then, so the next ``iter()`` starts a new order even
+    when the caller stops after ``len(loader)`` batches (Lightning, ``islice``, ``zip``).
     """
 
     backend = "base"
@@ -133,10 +131,8 @@ class Loader:
         return self._num_batches(self.world, self.epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration yields (the order is a function of seed and epoch).
-
-        Setting the epoch the loader already stands at keeps a position restored by
-        :meth:`load_state_dict` (trainers call ``set_epoch`` after restoring state)."""
+        """Choose the epoch the next iteration yields; the one the loader stands at keeps a position restored
+        by :meth:`load_state_dict` (trainers call ``set_epoch`` after restoring state)."""
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
             self._resume_at = 0
@@ -252,14 +248,14 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: resuming from it yields exactly the rest of the epoch (after an
         epoch's last batch: the next epoch from its start)."""
-        return {"version": _STATE_VERSION, "epoch": self.epoch, "batches_done": self._done, "seed": self.seed,
-                "batch_size": self.batch_size, "num_samples": len(self.dataset), "shuffle": self._shuffle_name(),
-                "drop_last": self.drop_last, "world_size": self.world.size, "rank": self.world.rank,
-                "sampler": describe(self.sample_fn), "samples": self.dataset.identity(), "order": self._order_rule()}
+        return {"version": _STATE_VERSION, "epoch": self.epoch, "batches_done": self._done, **self._settings(),
+                "world_size": self.world.size, "rank": self.world.rank, "order": self._order_rule()}
 
-    def _shuffle_name(self) -> bool | str:
-        """The shuffle as a state records it: ``True``, ``False``, ``"block"`` or ``"shards"``."""
-        return self.shuffle if isinstance(self.shuffle, bool) else type(self.shuffle).__name__.lower()
+    def _settings(self) -> dict[str, Any]:
+        """What a state must match to resume here (the shuffle as ``True``, ``False``, ``"block"`` or ``"shards"``)."""
+        shuffle = self.shuffle if isinstance(self.shuffle, bool) else type(self.shuffle).__name__.lower()
+        return {"seed": self.seed, "batch_size": self.batch_size, "num_samples": len(self.dataset), "shuffle": shuffle,
+                "drop_last": self.drop_last, "sampler": describe(self.sample_fn), "samples": self.dataset.identity()}
 
     def _order_rule(self) -> dict[str, int] | None:
         """What fixes a windowed shuffle's order besides the seed (the rule's version and the mode's sizes):
@@ -279,9 +275,7 @@ class Loader:
             raise UsageError(f"unknown loader state version {state.get('version')!r}")
         if state.get("shuffle") == "chunks":  # older fastdata's name for Shards on an in-place index: the same order
             state = {**state, "shuffle": "shards"}
-        mine = {"seed": self.seed, "batch_size": self.batch_size, "num_samples": len(self.dataset),
-                "shuffle": self._shuffle_name(), "drop_last": self.drop_last, "sampler": describe(self.sample_fn),
-                "samples": self.dataset.identity()}
+        mine = self._settings()
         for key in mine:
             if key in state and state[key] != mine[key]:  # states saved before samplers lack the last two
                 raise UsageError(f"loader state was saved with {key}={state[key]!r}, this loader has {mine[key]!r}")
@@ -327,8 +321,7 @@ class Loader:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickling (``ddp_spawn``, spawn-started workers) keeps settings and position; the threads,
-        processes, pipelines and handles are left behind and made again on the other side."""
+        """Pickling (``ddp_spawn``) keeps settings and position; threads, processes and handles are made again."""
         state = self.__dict__.copy()
         state["_pass_world"] = None
         state["_stats"] = _Stats()
@@ -354,8 +347,8 @@ class Loader:
 
 
 class EpochSampler(torch.utils.data.Sampler[int]):
-    """``loader.sampler``: this rank's sample indices of the epoch the loader's next pass yields;
-    ``set_epoch`` is the loader's (Lightning calls it at the start of every epoch)."""
+    """``loader.sampler``: this rank's sample indices of the epoch the next pass yields; its ``set_epoch``
+    is the loader's."""
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
@@ -372,9 +365,8 @@ class EpochSampler(torch.utils.data.Sampler[int]):
 
 
 class EpochBatchSampler(torch.utils.data.Sampler[list[int]]):
-    """``loader.batch_sampler``: the epoch's index batches from its first. A torch DataLoader built
-    from ``loader.dataset``, this and ``loader.collate_fn`` yields the loader's batches, in the
-    iterating thread; handing out the epoch's last batch counts as delivering the epoch."""
+    """``loader.batch_sampler``: the epoch's index batches. A DataLoader over ``loader.dataset`` with this and
+    ``loader.collate_fn`` yields the loader's batches; handing out the epoch's last one delivers the epoch."""
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader

@@ -38,10 +38,8 @@ def reader_fields(dataset: Dataset) -> tuple[dict[str, tuple[tuple[int, ...], st
 
 
 class _BufferPool:
-    """Recycled buffers (fastdata.loaders.buffers) for the native-endian fields of a batch: one of
-    the batch's shape per fixed-shape field, and a flat one per ragged field (and image fields
-    stored ragged), sized from the batches seen so far, which the padded batch is a view of.
-    Byte-swapped fields are read fresh."""
+    """Recycled buffers for the native-endian fields of a batch: the batch's shape for fixed fields, flat
+    for ragged ones (sized from the batches seen so far; the padded batch is a view of it)."""
 
     def __init__(self, dataset: Dataset, pin: bool) -> None:
         self.pin = pin

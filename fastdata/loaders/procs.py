@@ -36,12 +36,15 @@ _PARENT_POLL_S = 0.5  # how often an idle worker checks that the training proces
 _STOP_WAIT_S = 5.0  # how long close() lets a worker finish before it is terminated
 
 
-class _ParentEnd:
-    """The training process's end of a worker's socket; a forked child closes its copy (holding it
-    would keep a worker from seeing the training process go)."""
+class _Worker:
+    """A worker process, the training process's end of its socket (a forked child closes its copy: holding
+    it would keep a worker from seeing the training process go), the slots it has mapped and its pending batches."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.proc: Any = None
+        self.known: dict[int, int] = {}  # slot id -> generation it has mapped
+        self.pending: deque[tuple[int, Slot]] = deque()  # (batch, slot) sent, not yet received
         parent_only(self)
 
     def _after_fork_in_child(self) -> None:
@@ -129,13 +132,8 @@ class ProcessReader:
         fixed, flat = self._fields
         self.ring = Ring({n: math.prod(tr) * np.dtype(dt).itemsize for n, (tr, dt) in fixed.items()}, list(flat),
                          self.depth + 2)
-        self._procs: list[Any] = []
-        self._conns: list[Connection] = []
-        self._ends: list[_ParentEnd] = []
-        self._known: list[dict[int, int]] = []  # per worker: slot id -> generation it has mapped
-        self._pending: list[deque[tuple[int, Slot]]] = []  # per worker: (batch, slot) sent, not yet received
+        self._workers: list[_Worker] = []
         self._pass = 0  # passes started: an older, unfinished pass must not take a newer one's results
-        self._broken = False
 
     def stats(self) -> dict[str, int]:
         """Slots made (``ring_slots``), made beyond the planned number because batches were held
@@ -152,74 +150,72 @@ class ProcessReader:
         try:
             for w in range(self.workers):
                 mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
-                self._ends.append(_ParentEnd(mine))  # (before the fork: the worker closes its copy of our end too)
-                p = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
-                                args=(theirs, os.getpid(), self.dataset, self.ragged, self.transform, *self._fields))
-                p.start()
+                worker = _Worker(mine)  # (before the fork: the worker closes its copy of our end too)
+                worker.proc = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
+                                          args=(theirs, os.getpid(), self.dataset, self.ragged, self.transform,
+                                                *self._fields))
+                worker.proc.start()
                 theirs.close()
-                self._procs.append(p)
-                self._conns.append(mine)
-                self._known.append({})
-                self._pending.append(deque())
+                self._workers.append(worker)
         finally:
             gc.unfreeze()
 
     def _send(self, w: int, k: int, idx: np.ndarray, epoch: int, rank: int) -> None:
         slot = self.ring.take(len(idx))
-        conn = self._conns[w]
+        worker = self._workers[w]
         try:
-            if self._known[w].get(slot.id) != slot.gen:
-                conn.send(("slot", slot.id, slot.gen, slot.size, slot.layout))
-                reduction.send_handle(conn, slot.fd, self._procs[w].pid)
-                self._known[w][slot.id] = slot.gen
-            conn.send(("read", k, idx, slot.id, epoch, rank))
+            if worker.known.get(slot.id) != slot.gen:
+                worker.conn.send(("slot", slot.id, slot.gen, slot.size, slot.layout))
+                reduction.send_handle(worker.conn, slot.fd, worker.proc.pid)
+                worker.known[slot.id] = slot.gen
+            worker.conn.send(("read", k, idx, slot.id, epoch, rank))
         except OSError:
             self.ring.give_back(slot)
-            raise self._death(w, k) from None
-        self._pending[w].append((k, slot))
+            raise self._lost(w, k) from None
+        worker.pending.append((k, slot))
 
     def _receive(self, w: int) -> tuple[tuple[Any, ...], Slot]:
         """The next result of worker ``w``, or the error of its death."""
-        k, slot = self._pending[w][0]
-        conn, proc = self._conns[w], self._procs[w]
+        worker = self._workers[w]
+        k, slot = worker.pending[0]
         while True:
-            ready = wait([conn, proc.sentinel], self.timeout)
+            ready = wait([worker.conn, worker.proc.sentinel], self.timeout)
             if not ready:
-                raise self._hung(w, k)
-            if conn in ready:  # (first: a worker that sent its result and then died delivered it)
+                raise self._lost(w, k, hung=True)
+            if worker.conn in ready:  # (first: a worker that sent its result and then died delivered it)
                 try:
-                    msg = conn.recv()
+                    msg = worker.conn.recv()
                     break
                 except (EOFError, OSError):
-                    raise self._death(w, k) from None
-            if proc.sentinel in ready:
-                raise self._death(w, k)
-        self._pending[w].popleft()
+                    raise self._lost(w, k) from None
+            if worker.proc.sentinel in ready:
+                raise self._lost(w, k)
+        worker.pending.popleft()
         return msg, slot
 
-    def _death(self, w: int, k: int) -> LoaderWorkerError:
-        proc = self._procs[w]
+    def _lost(self, w: int, k: int, hung: bool = False) -> LoaderWorkerError:
+        """Worker ``w`` died on batch ``k`` (or, ``hung``, outlived the timeout and is killed): every worker
+        is stopped."""
+        proc = self._workers[w].proc
+        if hung:
+            proc.kill()
         proc.join(_STOP_WAIT_S)  # its socket may close a moment before it can be reaped: wait for the exit code
-        code = proc.exitcode
-        how = (f"was killed by signal {-code}" if code is not None and code < 0 else
-               f"exited with code {code}" if code is not None else "closed its socket and stopped answering")
-        self._broken = True
-        return LoaderWorkerError(f"worker process {w} (pid {proc.pid}) {how} while batch {k} was being read; "
-                                 "the loader's other workers are stopped (the next pass starts new ones)")
-
-    def _hung(self, w: int, k: int) -> LoaderWorkerError:
-        proc = self._procs[w]
-        proc.kill()
-        proc.join(_STOP_WAIT_S)
-        self._broken = True
-        return LoaderWorkerError(f"worker process {w} (pid {proc.pid}) did not finish batch {k} within timeout="
-                                 f"{self.timeout} s: its read or transform hangs, or is that slow; it was killed and "
-                                 "the loader's other workers are stopped (the next pass starts new ones)")
+        pid, code = proc.pid, proc.exitcode
+        self.close()
+        if hung:
+            how = (f"did not finish batch {k} within timeout={self.timeout} s: its read or transform hangs, or is "
+                   "that slow; it was killed")
+        else:
+            how = (f"was killed by signal {-code}" if code is not None and code < 0 else
+                   f"exited with code {code}" if code is not None else "closed its socket and stopped answering")
+            how += f" while batch {k} was being read"
+        return LoaderWorkerError(f"worker process {w} (pid {pid}) {how}; the loader's other workers are stopped "
+                                 "(the next pass starts new ones)")
 
     def _drain(self) -> None:
         """Results of a pass that ended early: received and dropped, their slots reused."""
-        for w in range(len(self._pending)):
-            while self._pending[w]:
+        for w, worker in enumerate(self._workers):
+            while worker.pending:
                 _, slot = self._receive(w)
                 self.ring.give_back(slot)
 
@@ -229,31 +225,25 @@ class ProcessReader:
         here, on each batch as it is handed out."""
         self._pass += 1
         mine = self._pass
-        self._broken = False
-        try:
-            if not self._procs:
-                self._start()
-            self._drain()
-            nxt = 0
-            order: deque[int] = deque()
-            while nxt < len(plan) or order:
-                if self._pass != mine:  # (its results were drained by the newer pass)
-                    raise UsageError("a newer pass over this loader started while this one was unfinished: "
-                                     "a loader in mode='processes' reads one pass at a time (iterate it again)")
-                while nxt < len(plan) and len(order) < self.depth:
-                    self._send(nxt % self.workers, first + nxt, plan[nxt], epoch, rank)
-                    order.append(nxt % self.workers)
-                    nxt += 1
-                w = order.popleft()
-                msg, slot = self._receive(w)
-                batch = self._unpack(w, msg, slot)
-                self.ring.lend(slot)
-                yield post(batch, msg[1]) if post is not None else batch
-                del batch
-        except BaseException:
-            if self._broken:
-                self.close()
-            raise
+        if not self._workers:
+            self._start()
+        self._drain()
+        nxt = 0
+        order: deque[int] = deque()
+        while nxt < len(plan) or order:
+            if self._pass != mine:  # (its results were drained by the newer pass)
+                raise UsageError("a newer pass over this loader started while this one was unfinished: "
+                                 "a loader in mode='processes' reads one pass at a time (iterate it again)")
+            while nxt < len(plan) and len(order) < self.depth:
+                self._send(nxt % self.workers, first + nxt, plan[nxt], epoch, rank)
+                order.append(nxt % self.workers)
+                nxt += 1
+            w = order.popleft()
+            msg, slot = self._receive(w)
+            batch = self._unpack(w, msg, slot)
+            self.ring.lend(slot)
+            yield post(batch, msg[1]) if post is not None else batch
+            del batch
 
     def _unpack(self, w: int, msg: tuple[Any, ...], slot: Slot) -> HostBatch:
         if msg[0] == "err":
@@ -277,7 +267,7 @@ class ProcessReader:
         """A worker's error as raised here: its type kept where it pickles (fastdata's errors name
         shard and sample), prefixed with the worker and batch, the worker's traceback as its cause."""
         _, k, stage, sent, text, tb = msg
-        where = f"worker process {w} (pid {self._procs[w].pid}), batch {k}"
+        where = f"worker process {w} (pid {self._workers[w].proc.pid}), batch {k}"
         original: BaseException | None = None
         if sent is not None:
             try:
@@ -298,15 +288,14 @@ class ProcessReader:
 
     def close(self) -> None:
         """Stop the workers (asked first, then terminated), close the sockets and the ring."""
-        procs, conns = self._procs, self._conns
-        self._procs, self._conns, self._known, self._pending, self._ends = [], [], [], [], []
-        for c in conns:
+        workers, self._workers = self._workers, []
+        for worker in workers:
             try:
-                c.send(("stop",))
+                worker.conn.send(("stop",))
             except OSError:
                 pass
-            c.close()  # a worker still sending a result gets EPIPE at once, instead of a wait for us to read
-        for p in procs:
+            worker.conn.close()  # a worker still sending a result gets EPIPE at once, instead of a wait for us to read
+        for p in (worker.proc for worker in workers):
             p.join(_STOP_WAIT_S)
             if p.is_alive():
                 p.terminate()
@@ -316,4 +305,3 @@ class ProcessReader:
                 p.join()
             p.close()
         self.ring.close()
-
