@@ -99,13 +99,12 @@ def loader(
 def _open_dataset(source: str | os.PathLike[str] | Dataset, fields: Sequence[str] | None,
                   remote: RemoteOptions | None) -> Dataset:
     """The dataset a loader reads: ``source`` opened, or the caller's Dataset (with ``fields``, a copy)."""
-    if isinstance(source, Dataset) and remote is not None:
+    if not isinstance(source, Dataset):
+        return Dataset(source, fields=fields, remote=remote)
+    if remote is not None:
         raise UsageError("remote= is for loaders given a URL; this Dataset was opened already (pass remote= to "
                          "fastdata.open instead)")
-    ds = source if isinstance(source, Dataset) else Dataset(source, fields=fields, remote=remote)
-    if isinstance(source, Dataset) and fields is not None:
-        ds = source.with_options(fields=fields)  # keeps the caller's decode settings
-    return ds
+    return source if fields is None else source.with_options(fields=fields)  # keeps the caller's decode settings
 
 
 def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int | Literal["auto"],

@@ -173,8 +173,7 @@ class Loader:
         return self.config.prefetch + int(getattr(self, "workers", 0) or 0)
 
     def _read_ahead(self, plan: list[np.ndarray], first: int) -> ReadAhead | None:
-        """Start hinting the kernel to read the byte ranges of ``plan[first:]`` ahead of the readers
-        (fastdata/reading/readahead.py); None when off (``readahead=0``) or without ``posix_fadvise``."""
+        """Hint the kernel to read ``plan[first:]``'s byte ranges ahead of the readers; None when off."""
         if self.config.readahead <= 0 or not supported():
             return None
         return ReadAhead(self.dataset.byte_ranges, plan, first, self._lead(), self.config.readahead,

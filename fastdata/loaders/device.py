@@ -24,8 +24,7 @@ _MAX_INFLIGHT = 4  # host batches whose copy to the GPU may still be queued (eac
 
 
 def to_unit_float(x: torch.Tensor, out: torch.Tensor) -> None:
-    """``out = x / 255`` for a uint8 tensor into a float32 one of the same shape, as two whole-batch
-    ops (chunked ops made torch's intra-op threads contend: benchmarks/bench_choices.py)."""
+    """``out = x / 255`` for a uint8 tensor into a float32 one, as two whole-batch ops (bench_choices.py)."""
     out.copy_(x).mul_(1 / 255)
 
 

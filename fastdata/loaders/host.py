@@ -99,7 +99,7 @@ class ThreadReader:
                  timeout: float | None = None) -> None:
         self.dataset = dataset
         self.timeout = timeout
-        self._stuck = False  # a read outlived the timeout: its thread is still busy, close() must not wait
+        self._stuck = False  # a read outlived the timeout
         self.crop = crop  # decodes the augmented image field window by window (crop.py)
         self.ragged = ragged
         self.transform = transform
@@ -131,17 +131,6 @@ class ThreadReader:
             raise wrap_error(e, where) from e
         return post(result, k) if post is not None else result
 
-    def _wait(self, fut: Future[HostBatch], k: int) -> HostBatch:
-        """Batch ``k``'s result, waiting at most ``timeout`` seconds for it."""
-        try:
-            return fut.result(timeout=self.timeout)
-        except FutureTimeout:
-            self._stuck = True
-            raise LoaderWorkerError(
-                f"batch {k} was not read within timeout={self.timeout} s: its read or transform hangs, or is that "
-                "slow; its reader thread cannot be stopped and stays busy (LoaderConfig(mode='processes') kills "
-                "a hung worker instead)") from None
-
     def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None,
             epoch: int = 0, rank: int = 0) -> Iterator[HostBatch]:
         """Batches of ``plan`` (batches ``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs
@@ -165,9 +154,17 @@ class ThreadReader:
                     nxt += 1
                 k = first + nxt - len(pending)
                 fut, bufs = pending.popleft()
-                yield self._wait(fut, k)
+                try:
+                    batch = fut.result(timeout=self.timeout)
+                except FutureTimeout:
+                    self._stuck = True  # its thread is still busy: close() must not wait for it
+                    raise LoaderWorkerError(
+                        f"batch {k} was not read within timeout={self.timeout} s: its read or transform hangs, or is "
+                        "that slow; its reader thread cannot be stopped and stays busy (LoaderConfig(mode='processes') "
+                        "kills a hung worker instead)") from None
+                yield batch
                 self.pool.give_back(bufs)
-                del fut, bufs
+                del fut, bufs, batch
         finally:
             for fut, _ in pending:
                 fut.cancel()

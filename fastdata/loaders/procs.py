@@ -81,7 +81,6 @@ def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the training process closed the socket or is going away
     finally:
-        slots.close()
         dataset.close()
 
 
@@ -116,10 +115,8 @@ class ProcessReader:
     """Reads batches in ``workers`` worker processes into the shared ring, at most ``prefetch``
     batches (and at least three per worker) ahead, in order."""
 
-    def __init__(self, dataset: Dataset, workers: int, prefetch: int, pin: bool, ragged: Ragged = "padded",
+    def __init__(self, dataset: Dataset, workers: int, prefetch: int, ragged: Ragged = "padded",
                  transform: BatchTransform | None = None, timeout: float | None = None) -> None:
-        if dataset.options.get("decode_threads") is None:
-            dataset = dataset.with_options(decode_threads=1)  # the workers are the parallelism: no oversubscription
         self.dataset = dataset
         self.workers = workers
         self.ragged = ragged
@@ -127,7 +124,6 @@ class ProcessReader:
         self.timeout = timeout
         # three batches per worker: a worker keeps reading while the training process is off the CPU
         self.depth = max(prefetch, 3 * workers)
-        # ``pin`` is not used: the ring is not page-locked, so the copy to a GPU is synchronous
         self._fields = reader_fields(dataset)  # what the workers read into
         fixed, flat = self._fields
         self.ring = Ring({n: math.prod(tr) * np.dtype(dt).itemsize for n, (tr, dt) in fixed.items()}, list(flat),
@@ -268,22 +264,19 @@ class ProcessReader:
         shard and sample), prefixed with the worker and batch, the worker's traceback as its cause."""
         _, k, stage, sent, text, tb = msg
         where = f"worker process {w} (pid {self._workers[w].proc.pid}), batch {k}"
-        original: BaseException | None = None
-        if sent is not None:
-            try:
-                original = pickle.loads(sent)
-            except Exception:
-                original = None
-        if stage == "transform":
-            err: Exception = LoaderWorkerError(f"{where}, in the transform: {text}")
-        else:
-            err = wrap_error(original if isinstance(original, Exception) else LoaderWorkerError(text), where)
+        try:
+            original = pickle.loads(sent) if sent is not None else None
+        except Exception:  # (an exception class this process cannot rebuild)
+            original = None
         remote = _RemoteTraceback(tb)
-        if original is not None and stage == "transform":
-            original.__cause__ = remote
-            err.__cause__ = original
-        else:
+        if stage != "transform":
+            err = wrap_error(original if isinstance(original, Exception) else LoaderWorkerError(text), where)
             err.__cause__ = remote
+            return err
+        if original is not None:  # the user's own exception, with the worker's traceback as its cause
+            original.__cause__ = remote
+        err = LoaderWorkerError(f"{where}, in the transform: {text}")
+        err.__cause__ = original if original is not None else remote
         return err
 
     def close(self) -> None:

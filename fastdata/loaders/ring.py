@@ -35,17 +35,6 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def make_layout(regions: dict[str, int], spare: int) -> tuple[Layout, int]:
-    """Offsets for ``regions`` (name -> bytes) and the spare region; total size."""
-    layout: Layout = {}
-    at = 0
-    for name, nbytes in regions.items():
-        layout[name] = (at, nbytes)
-        at = _aligned(at + nbytes)
-    layout[SPARE] = (at, spare)
-    return layout, max(ALIGN, _aligned(at + spare))
-
-
 def anonymous_segment(size: int) -> int:
     """A descriptor of ``size`` bytes of shared memory that has no name anywhere."""
     if hasattr(os, "memfd_create"):
@@ -113,9 +102,14 @@ class Ring:
         self.grown = 0  # slots made beyond ``want`` because the consumer held on to batches
 
     def _layout(self) -> tuple[Layout, int]:
-        regions = {n: self.rows * row for n, row in self.fixed.items()}
-        regions.update({n: c for n, c in self.capacity.items() if n != SPARE})
-        return make_layout(regions, self.capacity[SPARE])
+        """Offsets of the regions (fixed fields for ``rows`` samples, then ragged ones, the spare last); size."""
+        sizes = {**{n: self.rows * row for n, row in self.fixed.items()}, **self.capacity}
+        layout: Layout = {}
+        at = 0
+        for name, nbytes in sizes.items():
+            layout[name] = (at, nbytes)
+            at = _aligned(at + nbytes)
+        return layout, max(ALIGN, at)
 
     def _fits(self, slot: Slot) -> bool:
         layout = slot.layout
@@ -184,7 +178,7 @@ class WorkerSlots:
             mm = mmap.mmap(fd, size, flags=_POPULATE)
         finally:
             os.close(fd)
-        self.maps[sid] = (gen, mm, np.frombuffer(mm, dtype=np.uint8), layout)
+        self.maps[sid] = (gen, mm, np.frombuffer(mm, dtype=np.uint8), layout)  # (unmapped when the worker exits)
 
     def outs(self, sid: int, rows: int, fixed: dict[str, tuple[tuple[int, ...], str]],
              ragged: dict[str, str]) -> dict[str, np.ndarray]:
@@ -247,6 +241,3 @@ class WorkerSlots:
             placed[name] = ("slot", (at, v.shape, dt.str))
         needs[SPARE] = spare_need
         return placed, needs
-
-    def close(self) -> None:
-        self.maps.clear()  # mappings go when their last array does

@@ -31,7 +31,6 @@ class TorchLoader(Loader):
         batch, run by the readers (fastdata.loaders.transform); ``common``: :class:`Loader`'s arguments."""
         super().__init__(dataset, batch_size, **common)
         self.workers = workers
-        self.transform = transform
         self._bound = BatchTransform(transform, self.seed) if transform is not None else None  # checks it
         self._make_stages()
 
@@ -54,8 +53,8 @@ class TorchLoader(Loader):
         view = not processes and self.dataset.remote is None
         changes: dict[str, Any] = {"decode": "float"} if view and self._decode_float(images) else {}
         encoded = any(f.encoding == ENCODING_IMAGE for f in self.dataset.schema)
-        if view and self.workers >= 2 and encoded and self.dataset.options.get("decode_threads") is None:
-            changes["decode_threads"] = 1  # the reader threads are the parallelism
+        if (processes or view and self.workers >= 2) and encoded and self.dataset.options.get("decode_threads") is None:
+            changes["decode_threads"] = 1  # the readers are the parallelism
         crop = crop_field(self.dataset, self.augment, images, config, view and self._bound is None)
         stage = None
         if crop is not None:  # the reader threads decode that field window by window (crop.py)
@@ -65,7 +64,7 @@ class TorchLoader(Loader):
             stage = CropStage(field, self.augment.ops, self.seed, pin)
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
-            self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged,
+            self._reader: Any = ProcessReader(self._read_ds, self.workers, config.prefetch, config.ragged,
                                               self._bound, config.timeout)
         else:
             self._reader = ThreadReader(self._read_ds, self.workers, config.prefetch, pin, config.ragged, self._bound,

@@ -67,16 +67,12 @@ class PerSample:
         for n, vs in stacked.items():
             if len(vs) != b:
                 raise ValueError(f"field {n!r}: {len(vs)} of {b} samples returned a value for it")
-            out[n] = vs if isinstance(vs[0], str) else _stack(n, vs)
+            shapes = {np.shape(v) for v in vs}
+            if len(shapes) > 1:
+                raise ValueError(f"field {n!r}: the samples returned arrays of different shapes {sorted(shapes)[:3]}; "
+                                 "return one shape per field (pad or crop to a fixed size)")
+            out[n] = vs if isinstance(vs[0], str) else np.stack(vs)
         return out
-
-
-def _stack(name: str, values: list[Any]) -> np.ndarray:
-    shapes = {np.shape(v) for v in values}
-    if len(shapes) > 1:
-        raise ValueError(f"field {name!r}: the samples returned arrays of different shapes {sorted(shapes)[:3]}; "
-                         "return one shape per field (pad or crop to a fixed size)")
-    return np.stack(values)
 
 
 class BatchTransform:
