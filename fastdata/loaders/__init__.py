@@ -38,14 +38,13 @@ def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size
     if num_workers != "auto":
         return num_workers, config or LoaderConfig()
     tuned = load_tuned(ds, batch_size, device.type, transform)
-    if tuned is not None:  # what the cache does not say keeps LoaderConfig's default
-        cfg = config or LoaderConfig(**{k: tuned[k] for k in ("mode", "prefetch") if k in tuned})
-        log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
-        return int(tuned["num_workers"]), cfg
-    workers = min(4, usable_cpus())
-    log.info("num_workers='auto': %d reader threads (default; run `fastdata tune` to measure better ones)", workers)
-    return workers, config or LoaderConfig()
-
+    if tuned is None:
+        workers = min(4, usable_cpus())
+        log.info("num_workers='auto': %d reader threads (default; run `fastdata tune` to measure better ones)", workers)
+        return workers, config or LoaderConfig()
+    log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
+    kept = {k: tuned[k] for k in ("mode", "prefetch") if k in tuned}  # the rest keeps LoaderConfig's defaults
+    return int(tuned["num_workers"]), config or LoaderConfig(**kept)
 
 def loader(
     source: str | os.PathLike[str] | Dataset,

@@ -59,8 +59,8 @@ class _RemoteTraceback(Exception):
 
 
 def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged, transform: BatchTransform | None,
-                 fixed_shapes: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str]) -> None:
-    """A worker's loop: map slots it is sent, fill the slots of the batches it is asked for. The field
+                 fixed: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str]) -> None:
+    """A worker's loop: map the slots it is sent, read each batch it is asked for into its slot. The field
     layout comes from the training process (working it out here would open a shard in every worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the training process decides
     slots = WorkerSlots()
@@ -77,38 +77,37 @@ def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged
                 slots.add(sid, gen, reduction.recv_handle(conn), size, layout)
                 continue
             _, k, idx, sid, epoch, rank = msg
-            conn.send(_read_one(slots, dataset, ragged, transform, fixed_shapes, flat, k, idx, sid, epoch, rank))
+            stage = "reading"
+            try:
+                batch = dataset.get_batch(idx, out=slots.outs(sid, len(idx), fixed, flat), ragged=ragged,
+                                          companions=True)
+                if transform is not None:
+                    stage = "transform"
+                    batch = transform(batch, epoch, rank, k)
+                stage = "handing over"
+                reply: tuple[Any, ...] = ("ok", k, *slots.place(sid, batch, set(flat)))
+                del batch
+            except KeyboardInterrupt:  # raised by the user's code (Ctrl-C itself is ignored here): not an exit
+                reply = ("err", k, stage, None, "interrupted (KeyboardInterrupt)", traceback.format_exc())
+            except Exception as e:
+                reply = ("err", k, stage, *_sendable(e))
+            conn.send(reply)
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the training process closed the socket or is going away
     finally:
         dataset.close()
 
 
-def _read_one(slots: WorkerSlots, dataset: Dataset, ragged: Ragged, transform: BatchTransform | None,
-              fixed: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str], k: int, idx: np.ndarray,
-              sid: int, epoch: int, rank: int) -> tuple[Any, ...]:
-    """Batch ``k`` read into slot ``sid`` and transformed: ("ok", k, placed, needs) or ("err", ...)."""
-    stage = "reading"
+def _sendable(e: Exception) -> tuple[bytes | None, str, str]:
+    """A worker's error as sent: the user's own exception from a transform (a read error as itself), pickled
+    when it pickles; its text; its traceback."""
+    original = e.__cause__ if isinstance(e, TransformError) and e.__cause__ is not None else e
     try:
-        batch = dataset.get_batch(idx, out=slots.outs(sid, len(idx), fixed, flat), ragged=ragged, companions=True)
-        if transform is not None:
-            stage = "transform"
-            batch = transform(batch, epoch, rank, k)
-        stage = "handing over"
-        placed, needs = slots.place(sid, batch, set(flat))
-        del batch
-        return ("ok", k, placed, needs)
-    except KeyboardInterrupt:  # raised by the user's code (Ctrl-C itself is ignored here): not an exit
-        return ("err", k, stage, None, "interrupted (KeyboardInterrupt)", traceback.format_exc())
-    except Exception as e:
-        # a transform's error is sent as the user's own exception (when it pickles), a read error as itself
-        original = e.__cause__ if isinstance(e, TransformError) and e.__cause__ is not None else e
-        try:
-            sent: Any = pickle.dumps(original)
-        except Exception:
-            sent = None
-        text = str(e) if isinstance(e, TransformError) else f"{type(e).__name__}: {e}"
-        return ("err", k, stage, sent, text, "".join(traceback.format_exception(original)))
+        sent: bytes | None = pickle.dumps(original)
+    except Exception:
+        sent = None
+    text = str(e) if isinstance(e, TransformError) else f"{type(e).__name__}: {e}"
+    return sent, text, "".join(traceback.format_exception(original))
 
 
 class ProcessReader:

@@ -27,9 +27,6 @@ SPARE = ""
 Placed = tuple[str, Any]  # ("slot", (offset, shape, dtype str)) or ("copy", value)
 ALIGN = 64  # regions start on a cache line (every dtype's alignment)
 
-# map every page at once (faulting a large slot in page by page is slow)
-_POPULATE = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
@@ -60,7 +57,7 @@ class Slot:
     def __init__(self, sid: int, gen: int, layout: Layout, size: int) -> None:
         self.id, self.gen, self.layout, self.size = sid, gen, layout, size
         self.fd = anonymous_segment(size)
-        mm = mmap.mmap(self.fd, size, flags=_POPULATE)
+        mm = mmap.mmap(self.fd, size)
         self.base = torch.frombuffer(mm, dtype=torch.uint8)  # keeps the mapping while any view lives
         parent_only(self)  # a forked child closes its copy of the descriptor
 
@@ -175,7 +172,7 @@ class WorkerSlots:
 
     def add(self, sid: int, gen: int, fd: int, size: int, layout: Layout) -> None:
         try:
-            mm = mmap.mmap(fd, size, flags=_POPULATE)
+            mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         self.maps[sid] = (gen, mm, np.frombuffer(mm, dtype=np.uint8), layout)  # (unmapped when the worker exits)
