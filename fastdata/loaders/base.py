@@ -53,8 +53,7 @@ class _Stats:
 
 
 def wrap_error(e: Exception, where: str) -> Exception:
-    """A reader's error, prefixed with ``where`` (the batch); fastdata's error types are kept (their
-    message already names shard and sample), anything else becomes a LoaderWorkerError."""
+    """A reader's error prefixed with ``where``: fastdata's types are kept, anything else is a LoaderWorkerError."""
     if isinstance(e, FastdataError):
         return type(e)(f"{where}: {e}")
     return LoaderWorkerError(f"{where}: {type(e).__name__}: {e}")
@@ -155,8 +154,7 @@ class Loader:
         return self._plans(epoch, [self.world.rank])[0]
 
     def _plans(self, epoch: int | None, ranks: list[int] | None) -> list[list[np.ndarray]]:
-        """The index batches of ``epoch`` for each rank in ``ranks`` (None: every rank), from one epoch
-        plan: a sampler's, or the shuffle's order (a remote dataset's cache ranks shards by every rank's use)."""
+        """The index batches of ``epoch`` for each rank in ``ranks`` (None: every rank), from one epoch plan."""
         ep = self.epoch if epoch is None else epoch
         world = self.world
         if self.sample_fn is not None:
@@ -245,8 +243,7 @@ class Loader:
         return self._stats.as_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: resuming from it yields exactly the rest of the epoch (after an
-        epoch's last batch: the next epoch from its start)."""
+        """Where the loader stands: resuming from it yields exactly the rest of the epoch (or the next one)."""
         return {"version": _STATE_VERSION, "epoch": self.epoch, "batches_done": self._done, **self._settings(),
                 "world_size": self.world.size, "rank": self.world.rank, "order": self._order_rule()}
 
@@ -307,8 +304,7 @@ class Loader:
         """Release the backend's threads, processes or pipelines (they restart on the next pass)."""
 
     def close(self) -> None:
-        """Release threads, processes, pipelines and, if this loader opened the dataset, its file
-        handles. Iterating again starts them afresh."""
+        """Release threads, processes, pipelines and the dataset this loader opened; iterating starts them again."""
         self._release()
         if getattr(self, "_owns_dataset", False):
             self.dataset.close()

@@ -75,12 +75,10 @@ def to_tensors(batch: dict[str, Any]) -> HostBatch:
     """Arrays become tensors; lists of strings (string fields, keys) pass through unchanged."""
     out: dict[str, Any] = {}
     for k, v in batch.items():
-        if isinstance(v, (list, torch.Tensor)):  # a tensor: already in its final (recycled) memory
-            out[k] = v
-            continue
-        if not v.dtype.isnative:
-            v = v.astype(v.dtype.newbyteorder("="))
-        out[k] = torch.from_numpy(v)
+        if isinstance(v, np.ndarray):
+            out[k] = torch.from_numpy(v if v.dtype.isnative else v.astype(v.dtype.newbyteorder("=")))
+        else:
+            out[k] = v  # (a tensor: already in its final, recycled memory)
     return out
 
 
@@ -133,8 +131,7 @@ class ThreadReader:
 
     def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None,
             epoch: int = 0, rank: int = 0) -> Iterator[HostBatch]:
-        """Batches of ``plan`` (batches ``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs
-        in the reader thread (CPU transforms)."""
+        """Batches of ``plan`` (``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs in the reader thread."""
         if self.threads == 0:
             for k, idx in enumerate(plan, first):
                 bufs = self.pool.take(len(idx))

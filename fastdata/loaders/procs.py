@@ -216,8 +216,7 @@ class ProcessReader:
 
     def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None,
             epoch: int = 0, rank: int = 0) -> Iterator[HostBatch]:
-        """Batches of ``plan`` (batches ``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs
-        here, on each batch as it is handed out."""
+        """Batches of ``plan`` (``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs here."""
         self._pass += 1
         mine = self._pass
         if not self._workers:

@@ -108,25 +108,17 @@ class Ring:
             at = _aligned(at + nbytes)
         return layout, max(ALIGN, at)
 
-    def _fits(self, slot: Slot) -> bool:
-        layout = slot.layout
-        return all(layout[n][1] >= self.rows * row for n, row in self.fixed.items()) and \
-            all(layout[n][1] >= c for n, c in self.capacity.items())
-
     def take(self, rows: int) -> Slot:
-        """A slot to fill with a batch of ``rows`` samples: a free one, made anew when too small for what
-        batches need."""
+        """A slot to fill with a batch of ``rows`` samples: a free one, made anew when too small."""
         self.rows = max(self.rows, rows)
         self._reclaim()
-        if self.free:
-            slot = self.free.pop()
-            if not self._fits(slot):
-                slot.close()
-                slot = self._make(slot.id, slot.gen + 1)
-        else:
-            if len(self.slots) >= self.want:
-                self.grown += 1
-            slot = self._make(len(self.slots), 0)
+        if not self.free:
+            self.grown += len(self.slots) >= self.want
+            return self._make(len(self.slots), 0)
+        slot = self.free.pop()
+        if slot.layout != self._layout()[0]:  # (regions only grow: a slot of another layout is too small)
+            slot.close()
+            slot = self._make(slot.id, slot.gen + 1)
         return slot
 
     def _make(self, sid: int, gen: int) -> Slot:

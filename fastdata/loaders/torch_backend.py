@@ -27,8 +27,7 @@ class TorchLoader(Loader):
 
     def __init__(self, dataset: Dataset, batch_size: int, *, workers: int, transform: TransformFn | None = None,
                  **common: Any) -> None:
-        """``workers``: reader threads (or processes); ``transform``: the user's function on each host
-        batch, run by the readers (fastdata.loaders.transform); ``common``: :class:`Loader`'s arguments."""
+        """``workers``: reader threads (or processes); ``transform``: run by the readers on each host batch."""
         super().__init__(dataset, batch_size, **common)
         self.workers = workers
         self._bound = BatchTransform(transform, self.seed) if transform is not None else None  # checks it
