@@ -139,14 +139,12 @@ class Loader:
 
     @property
     def sampler(self) -> "EpochSampler":
-        """What trainers look for: ``sampler.set_epoch`` (Lightning calls it every epoch); iterating it
-        gives this rank's sample indices of the epoch the next pass yields."""
+        """What trainers look for: ``sampler.set_epoch`` (Lightning calls it every epoch)."""
         return EpochSampler(self)
 
     @property
     def batch_sampler(self) -> "EpochBatchSampler":
-        """The index batches of the epoch the next pass yields, from its first (what Accelerate's
-        ``skip_first_batches`` rebuilds a loader from); ``batch_sampler.sampler`` is :attr:`sampler`."""
+        """The index batches of the epoch the next pass yields (Accelerate's ``skip_first_batches`` uses them)."""
         return EpochBatchSampler(self)
 
     def plan(self, epoch: int | None = None) -> list[np.ndarray]:

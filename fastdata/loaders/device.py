@@ -48,9 +48,8 @@ class DeviceStage:
 
     def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset(),
                   precropped: dict[str, int] | None = None) -> Batch:
-        """Images to float NCHW, then augmentation; ``mixed``: image fields padded from mixed sizes
-        (see :meth:`mixed`), augmented image by image at their true sizes; ``precropped``: fields
-        the reader already cropped, with how many ops it ran (drawn again here, not applied)."""
+        """Images to float NCHW, then augmentation; ``mixed`` fields (:meth:`mixed`) are augmented image by image;
+        ``precropped``: fields the reader cropped, with how many ops it ran (drawn again here, not applied)."""
         if self.keep_uint8:
             return batch
         owned = set()

@@ -27,9 +27,8 @@ Post = Callable[[HostBatch, int], HostBatch]
 
 
 def reader_fields(dataset: Dataset) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict[str, str]]:
-    """The fields a reader gives ``get_batch`` buffers for: fixed-shape ones as (per-sample shape,
-    dtype), and ragged ones (and images stored ragged) as the dtype of their padded batch;
-    byte-swapped fields are read fresh, and string fields become lists of str."""
+    """The native-endian fields a reader gives ``get_batch`` buffers for: fixed ones as (per-sample shape,
+    dtype), ragged ones (and images stored ragged) as the dtype of their padded batch."""
     fixed = {f.name: (f.trailing, f.np_dtype.str) for f in dataset.schema if not f.ragged and f.np_dtype.isnative}
     unit_float = dataset.options.get("decode") == "float"  # encoded images decode to float32
     flat = {f.name: np.dtype(np.float32).str if unit_float and f.encoding == ENCODING_IMAGE else f.np_dtype.str

@@ -131,8 +131,7 @@ class ProcessReader:
         self._pass = 0  # passes started: an older, unfinished pass must not take a newer one's results
 
     def stats(self) -> dict[str, int]:
-        """Slots made (``ring_slots``), made beyond the planned number because batches were held
-        (``ring_grown``), and arrays that did not fit a slot and crossed as a copy (``ring_copied``)."""
+        """Slots made, made because batches were held, and arrays that crossed as a copy (did not fit)."""
         return {"ring_slots": len(self.ring.slots), "ring_grown": self.ring.grown, "ring_copied": self.ring.copied}
 
     def _start(self) -> None:
