@@ -76,7 +76,7 @@ class TorchLoader(Loader):
         """Whether the readers decode images straight to float: on the CPU, float output, a dataset that
         decodes, and every encoded field among the images (a mask declared as a target stays uint8)."""
         encoded = [f.name for f in self.dataset.schema if f.encoding == ENCODING_IMAGE]
-        return (self.device.type == "cpu" and self.config.image_dtype == "float32"
+        return (bool(encoded) and self.device.type == "cpu" and self.config.image_dtype == "float32"
                 and self.dataset.options.get("decode") is True and all(n in images for n in encoded))
 
     def _check_packed(self, images: tuple[str, ...]) -> None:
