@@ -91,7 +91,6 @@ def jpeg_choice(root: Path) -> tuple[dict[str, Callable[[int], Any]], list[Any]]
     before = fastdata.loader(root, BATCH, device="cpu", num_workers=THREADS)
     before._reader.close()  # type: ignore[attr-defined]
     before._reader = ThreadReader(before.dataset, THREADS, before.config.prefetch, False)  # type: ignore[attr-defined]
-    before._device.unit_float = frozenset()  # type: ignore[attr-defined]
 
     def epoch(ld: Any) -> Callable[[int], Any]:
         return lambda _i: sum(b["image"].shape[0] for b in ld)

@@ -12,9 +12,6 @@ times batches of 64 random indices (the same batches for every method):
 * naive: ``np.stack([np.load(path) for path in batch])``;
 * ``fastdata.open(dst).get_batch(idx)`` for HDF5 and LMDB, with a fresh output and with
   a preallocated ``out=`` buffer;
-* where the shard's bytes do not start on a cache line (LMDB records, after their header):
-  ``get_batch(out=)`` into a buffer at the same offset within a cache line
-  (``fastdata.loaders.host.copy_phase``), as the loader's buffers are, against the page-aligned one;
 * ceiling: one unbuffered ``readinto`` of the same number of bytes from the raw file at a
   random sample-aligned offset, into a preallocated buffer.
 
@@ -46,8 +43,8 @@ from _harness import (
     warm_page_cache,
     write_results,
 )
+
 import fastdata
-from fastdata.loaders.host import copy_phase
 
 BATCH = 64
 SEED = 0
@@ -101,8 +98,8 @@ def make_sample_files(spec: Spec, n: int, folder: Path, raw_path: Path, rng: np.
     return paths
 
 
-def page_aligned_empty(shape: tuple[int, ...], dtype: np.dtype, phase: int = 0) -> np.ndarray:
-    """``np.empty(shape, dtype)`` whose data starts ``phase`` bytes past a page boundary.
+def page_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose data starts on a page boundary.
 
     Large ``np.empty`` arrays start 16 bytes past a page boundary; on some machines that
     makes copies into them measurably slower (the kernel's page-cache copy in ``readinto``
@@ -110,7 +107,7 @@ def page_aligned_empty(shape: tuple[int, ...], dtype: np.dtype, phase: int = 0) 
     """
     nbytes = int(np.prod(shape)) * dtype.itemsize
     raw = np.empty(nbytes + 2 * PAGE, dtype=np.uint8)
-    start = -raw.ctypes.data % PAGE + phase
+    start = -raw.ctypes.data % PAGE
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
@@ -169,10 +166,6 @@ def bench_dataset(spec: Spec, n: int, repeats: int, workdir: Path) -> dict[str, 
     for backend, ds in datasets.items():
         methods.append((f"{backend} get_batch", get_batch(ds, None)))
         methods.append((f"{backend} get_batch(out=)", get_batch(ds, page_aligned_empty(batch_shape, spec.dtype))))
-        phase = copy_phase(ds, ds.manifest.field(FIELD))
-        if phase:
-            methods.append((f"{backend} get_batch(out=) at the copy phase ({phase})",
-                            get_batch(ds, page_aligned_empty(batch_shape, spec.dtype, phase))))
     methods.append(("ceiling: raw readinto", ceiling))
 
     try:

@@ -135,16 +135,6 @@ def models(s: dict[str, Any]) -> dict[str, tuple[Callable[[], torch.nn.Module], 
                 (lambda: parts.ResNetStyle(width=s["resnet_width"]), "raw", "image")}
 
 
-NO_CARRY = "fastdata.loader (defaults), next epoch not started early (A/B)"
-
-
-def no_carry(ld: Any) -> Any:
-    """The loader with its reader's next-epoch reads turned off (each epoch starts its reads when
-    asked for its first batch, as before they were carried): the A/B of that change, same run."""
-    ld._reader._carry = lambda nxt, room: None
-    return ld
-
-
 def section_train(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
     """Each model at its default precision fed by fastdata.loader (defaults) against the same batches
     already on the device (the no-input-cost baseline), plus the naive DataLoader for the FLIM model."""
@@ -155,7 +145,6 @@ def section_train(work: Path, device: torch.device, s: dict[str, Any], deadline:
         params = sum(p.numel() for p in make().parameters())
         feeds: list[tuple[str, Callable[[], Any]]] = [
             ("fastdata.loader (defaults)", lambda folder=folder: fastdata.loader(work / folder, BATCH, device=device)),
-            (NO_CARRY, lambda folder=folder: no_carry(fastdata.loader(work / folder, BATCH, device=device))),
             ("fastdata.loader, 4 reader threads", lambda folder=folder: fastdata.loader(work / folder, BATCH,
                                                                                        device=device, num_workers=4)),
             ("batches already on the device", lambda folder=folder: parts.resident(
@@ -221,26 +210,22 @@ class _Window:
 
 def section_diag(work: Path, device: torch.device, s: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
     """Where the ResNet-style model's input wait goes (the train section's miss): reader threads 1, 2, 4 and
-    the default, the interpreter's GIL switch interval at 0.5 ms, and the device stage's experimental
-    staging thread, over longer fits; for each, the share of the step spent in the loader's ``next()`` and,
+    the default, and the interpreter's GIL switch interval at 0.5 ms, over longer fits; for each, the share of the step spent in the loader's ``next()`` and,
     within it, waiting for host batches."""
     make, folder, field = models(s)[f"ResNet-style 2-D (3x{s['side']}x{s['side']})"]
     held = parts.resident(fastdata.loader(work / folder, BATCH, device=device), 8, device)
-    # (feed, loader arguments or None for the resident batches, GIL switch interval, staging thread)
-    variants: list[tuple[str, dict[str, Any] | None, float | None, bool]] = [
-        ("batches already on the device", None, None, False), ("defaults", {}, None, False),
-        ("num_workers=1", {"num_workers": 1}, None, False), ("num_workers=2", {"num_workers": 2}, None, False),
-        ("num_workers=4", {"num_workers": 4}, None, False), ("defaults, GIL switch interval 0.5 ms", {}, 0.0005, False),
-        ("defaults, staging in a helper thread (experimental)", {}, None, True)]
+    # (feed, loader arguments or None for the resident batches, GIL switch interval)
+    variants: list[tuple[str, dict[str, Any] | None, float | None]] = [
+        ("batches already on the device", None, None), ("defaults", {}, None),
+        ("num_workers=1", {"num_workers": 1}, None), ("num_workers=2", {"num_workers": 2}, None),
+        ("num_workers=4", {"num_workers": 4}, None), ("defaults, GIL switch interval 0.5 ms", {}, 0.0005)]
     rows, base = [], None
-    for name, kw, interval, staged in variants:
+    for name, kw, interval in variants:
         if time.perf_counter() > deadline:
             rows.append({"feed": name, "not_run": "time budget"})
             continue
         old = sys.getswitchinterval()
         ld = fastdata.loader(work / folder, BATCH, device=device, **kw) if kw is not None else None
-        if ld is not None:
-            ld._device.stage_thread = staged  # experimental: DeviceStage._run_cuda_staged
         timed = _Window(host_waits(ld) if ld is not None else None)
         try:
             if interval is not None:

@@ -4,8 +4,7 @@ One run, one machine, ratios within the run:
 - naive: a per-file ``np.load`` Dataset in a torch DataLoader, written the way our users write it
   (batch 64, shuffle, 2 workers, persistent workers, prefetch_factor 4, pin_memory when CUDA);
 - fastdata.loader with default settings (``device="cpu"``) on HDF5 and LMDB shards, plus the
-  reader settings the default was chosen from (threads 0-4, worker processes), and LMDB with
-  batch buffers not aligned to the shard's bytes (the A/B of ``fastdata.loaders.host.copy_phase``), and the
+  reader settings the default was chosen from (threads 0-4, worker processes), and the
   defaults with the read-ahead off (its A/B on a warm cache);
 - ceiling: the same batches gathered row by row from the samples already in memory into
   preallocated buffers (plain memcpy) by 1 to 4 threads (the most the loaders here use); the
@@ -31,8 +30,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
-from unittest import mock
+from typing import Callable
 
 import numpy as np
 
@@ -40,19 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
-import fastdata.loaders.host  # noqa: E402
 from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
 from fastdata.loaders import LoaderConfig, PerSample  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 BATCH = 64
 LOOP = 20_000  # iterations of the transform's Python loop per sample (about 1 ms on a 2020s core)
-
-
-def _unaligned(path: Path) -> Any:
-    """The loader with its batch buffers left at the allocator's alignment (copy phase 0)."""
-    with mock.patch.object(fastdata.loaders.host, "copy_phase", lambda dataset, f: 0):
-        return fastdata.loader(path, BATCH, device="cpu")  # (its buffers' phases are set here, once)
 
 
 CEILING_THREADS = (1, 2, 3, 4)  # the ceiling's thread counts: 1 to the most reader threads measured below
@@ -107,8 +98,6 @@ def run(n: int, epochs: int, rounds: int, workdir: Path) -> dict:
         for th in (0, 1, 3, 4):  # the default (2 threads on 2 cores) is the row above
             loaders[f"fastdata {be}, {th} threads"] = fastdata.loader(workdir / be, BATCH, device="cpu", num_workers=th)
         loaders[f"fastdata {be}, 2 processes"] = forking[f"fastdata {be}, 2 processes"]
-    # A/B of the buffer alignment (fastdata.loaders.buffers): LMDB's samples do not start on a cache line
-    loaders["fastdata lmdb, defaults, buffers not aligned"] = _unaligned(workdir / "lmdb")
     for name, ld in loaders.items():
         methods[name] = (lambda ld=ld: epoch_samples(ld))
     for t in CEILING_THREADS:

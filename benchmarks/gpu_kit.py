@@ -60,8 +60,7 @@ GROUPS: dict[str, list[str]] = {
 DEVICE_HAS = {"torch", "numpy", "h5py", "tqdm", "pillow", "xxhash"}
 # The CUDA-only tests (marked gpu; they skip without CUDA), without and with DALI; "--" starts another
 # pytest run: docs/backends.md's DALI block runs only where CUDA and DALI are.
-TESTS = {"base": ["tests/test_augment.py", "tests/test_train.py", "tests/test_doctor_h2d.py", "tests/test_epoch_carry.py",
-                  "tests/test_device_stage_gpu.py", "-m", "gpu"],
+TESTS = {"base": ["tests/test_augment.py", "tests/test_train.py", "tests/test_doctor_h2d.py", "-m", "gpu"],
          "dali": ["tests/test_dali.py", "-m", "gpu", "--", "tests/test_doc_snippets.py", "-k", "backends"]}
 # diag early: the ResNet wait it diagnoses is the open question of the first GPU run (2026-11-26); precision last
 # (measured whole then, and the slowest)

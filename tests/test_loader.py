@@ -13,7 +13,6 @@ import fastdata
 from conftest import free_port, gloo_group
 from fastdata.errors import CorruptShardError, UsageError
 from fastdata.loaders import LoaderConfig
-from fastdata.loaders.host import copy_phase
 from fastdata.reading.order import ORDER_RULE
 
 N = 53  # prime: partial batches and uneven rank shares everywhere
@@ -244,35 +243,33 @@ def test_bad_arguments(ds_path):
         fastdata.loader(ds_path, 4, num_workers=-1)
 
 
-@pytest.mark.parametrize("phase", [0, 40])
-def test_recycled_buffers_are_reused_only_when_nothing_uses_them(phase):
+def test_recycled_buffers_are_reused_only_when_nothing_uses_them():
     from fastdata.loaders.buffers import Recycler
 
     r = Recycler()
-    a = r.take((4, 5), torch.float32, phase)
-    assert a.data_ptr() % 64 == phase and a.is_contiguous() and a.shape == (4, 5)
+    a = r.take((4, 5), torch.float32)
+    assert a.is_contiguous() and a.shape == (4, 5)
     r.lend(a)
     view, a_ptr = a[:2], a.data_ptr()
     del a
     # (pointers are read outside assert statements: pytest's assert rewriting keeps references)
-    b = r.take((4, 5), torch.float32, phase)  # a slice of `a` is still held: `a` must not come back
+    b = r.take((4, 5), torch.float32)  # a slice of `a` is still held: `a` must not come back
     r.lend(b)
     arr, b_ptr = b.numpy(), b.data_ptr()
     del b
-    c = r.take((4, 5), torch.float32, phase)  # a numpy view of `b` is held
+    c = r.take((4, 5), torch.float32)  # a numpy view of `b` is held
     r.lend(c)
     c_ptr = c.data_ptr()
     del c
     assert len({a_ptr, b_ptr, c_ptr}) == 3
     del view, arr
-    reused = {r.take((4, 5), torch.float32, phase).data_ptr() for _ in range(3)}
+    reused = {r.take((4, 5), torch.float32).data_ptr() for _ in range(3)}
     assert reused == {a_ptr, b_ptr, c_ptr}  # all three free again, nothing new allocated
 
 
 @pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
-def test_batch_buffers_are_aligned_like_the_shard_and_reused(tmp_path, backend):
-    """Large samples: each batch buffer starts at the phase (mod 64) of the shard's bytes, and the
-    same few buffers serve every epoch."""
+def test_batch_buffers_are_reused(tmp_path, backend):
+    """Large samples: the same few buffers serve every epoch, and batches stay right."""
     src = tmp_path / "big"
     src.mkdir()
     rng = np.random.default_rng(0)
@@ -281,39 +278,14 @@ def test_batch_buffers_are_aligned_like_the_shard_and_reused(tmp_path, backend):
         np.save(src / f"{i:03d}.npy", a)
     dst = tmp_path / backend
     fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend)))
-    ds = fastdata.open(dst)
-    phase = copy_phase(ds, ds.manifest.field("x"))
-    assert 0 <= phase < 64 and phase % 4 == 0
-    ds.close()  # py-lmdb opens an environment once per process
-    if backend == "lmdb":  # samples follow the record header inside an overflow page
-        import lmdb
-
-        env = lmdb.open(str(next(dst.glob("*.lmdb"))), subdir=False, readonly=True, lock=False)
-        with env.begin(buffers=True) as txn:
-            rec = np.frombuffer(txn.get((0).to_bytes(8, "big")), dtype=np.uint8)
-            header = 8 + 8 * len(ds.manifest.fields)
-            assert phase == (rec.ctypes.data + header) % 64
-        env.close()
     ld = fastdata.loader(dst, 8, shuffle=False, device="cpu", num_workers=2)
     ptrs = set()
     for _ in range(4):
         for k, b in enumerate(ld):
             ptrs.add(b["x"].data_ptr())
-            assert b["x"].data_ptr() % 64 == phase
             np.testing.assert_array_equal(b["x"].numpy(), data[8 * k : 8 * k + 8])
     assert len(ptrs) <= ld.config.prefetch + 3  # recycled, not one allocation per batch
     ld.close()
-
-
-def test_copy_phase_is_zero_unless_rows_are_whole_cache_lines(tmp_path):
-    src = tmp_path / "odd"
-    src.mkdir()
-    for i in range(4):
-        np.save(src / f"{i}.npy", np.zeros((5, 3301), np.float32))  # 66,020-byte rows: 36 past a cache line
-    fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")))
-    ds = fastdata.open(tmp_path / "ds")
-    assert ds._readers[0].copy_phase("x") != 0  # the first row alone would have a phase; later ones differ
-    assert copy_phase(ds, ds.manifest.field("x")) == 0
 
 
 def test_the_gpu_of_a_torchrun_process_is_its_local_rank(monkeypatch):

@@ -174,12 +174,6 @@ class ShardReader(ShardReaderBase[_Handle]):
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return np.concatenate(starts), np.concatenate(lengths)
 
-    def copy_phase(self, name: str) -> int:
-        """Where (mod 64 bytes) each sample of fixed field ``name`` starts in the file, hence in the
-        page cache or the memory map it is copied from (0 when not read at an offset)."""
-        col = self.handle().columns[name]
-        return col.offset % 64 if col.offset is not None and col.cached is None else 0
-
     def lengths(self, name: str, local: np.ndarray) -> np.ndarray:
         h = self.handle()
         self._check_unchanged(h.fd, local)

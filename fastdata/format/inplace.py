@@ -106,10 +106,6 @@ class PartReader:
         """No read-ahead hints: a part's fields may lie in several files."""
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
-    def copy_phase(self, name: str) -> int:
-        col = self.columns[name]
-        return col.offset % 64 if isinstance(col, _Mapped) else 0
-
     def handle(self) -> None:
         """Open every column's file (each once per process)."""
         for col in self.columns.values():

@@ -223,15 +223,6 @@ class ShardReader(ShardReaderBase[_Handle]):
             raise CorruptShardError(f"{self._where(local)}: record is missing")
         return buf
 
-    def copy_phase(self, name: str) -> int:
-        """Where (mod 64 bytes) each sample of fixed field ``name`` starts in LMDB's memory map:
-        large records lie at a fixed offset into their own pages (0 for gathered small records)."""
-        if self._record_size is None or self._record_size <= _GATHER_RECORD_BYTES or self.info.count == 0:
-            return 0
-        with self._env(np.zeros(1, dtype=np.int64)).begin(buffers=True) as txn:
-            start = np.frombuffer(self._get(txn, 0), dtype=np.uint8).ctypes.data
-        return (start + self._field_offsets[self._index[name]]) % 64
-
     def records(self) -> RecordIndex:
         """The layout of every record of this shard: the schema's for fixed-size records, else built on
         first use in each process by reading each record's header once (a bad record is remembered

@@ -1,10 +1,8 @@
 """``fastdata.loader``: batches of tensors on the device, read whole from fastdata shards.
 
-The loader plans each epoch as a list of index batches (fastdata.reading.order), reads each batch
-with one ``get_batch`` call (host.py), and moves it to the device with prefetching and
-augmentation (device.py). It knows its position, so ``state_dict()`` taken mid-epoch resumes
-exactly. Semantics: docs/loader.md. Order, epochs, resume and stats live in base.py, shared by
-the torch backend here and the DALI backend (dali.py, docs/backends.md).
+Each epoch is planned as index batches (fastdata.reading.order); base.py holds order, epochs, resume
+and stats for both backends: torch (torch_backend.py: readers in host.py or procs.py, device.py) and
+DALI (dali.py, docs/backends.md). Semantics: docs/loader.md.
 """
 
 from __future__ import annotations
@@ -40,15 +38,13 @@ def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size
     if num_workers != "auto":
         return num_workers, config or LoaderConfig()
     tuned = load_tuned(ds, batch_size, device.type, transform)
-    if tuned is not None:
-        default = LoaderConfig()  # what the cache does not say keeps LoaderConfig's default
-        cfg = config or LoaderConfig(mode=tuned.get("mode", default.mode), prefetch=int(tuned.get("prefetch", default.prefetch)))
-        log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
-        return int(tuned["num_workers"]), cfg
-    workers = min(4, usable_cpus())
-    log.info("num_workers='auto': %d reader threads (default; run `fastdata tune` to measure better ones)", workers)
-    return workers, config or LoaderConfig()
-
+    if tuned is None:
+        workers = min(4, usable_cpus())
+        log.info("num_workers='auto': %d reader threads (default; run `fastdata tune` to measure better ones)", workers)
+        return workers, config or LoaderConfig()
+    log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
+    kept = {k: tuned[k] for k in ("mode", "prefetch") if k in tuned}  # the rest keeps LoaderConfig's defaults
+    return int(tuned["num_workers"]), config or LoaderConfig(**kept)
 
 def loader(
     source: str | os.PathLike[str] | Dataset,
@@ -67,35 +63,22 @@ def loader(
     sampler: SamplerFn | None = None,
     transform: TransformFn | None = None,
 ) -> Loader:
-    """Batches of a fastdata dataset as dicts of tensors on ``device``.
+    """Batches of a fastdata dataset as dicts of tensors on ``device`` (docs/loader.md).
 
-    ``source`` is a dataset folder, a URL (``s3://bucket/ds``, read through the node's shard cache; ``remote``
-    sets it up, docs/remote.md) or an open :class:`Dataset`. Each epoch is a permutation drawn from
-    ``(seed, epoch)`` (``fastdata.Block()``: nearly sequential reads; ``fastdata.Shards()``: shard by shard, for
-    datasets larger than the cache; ``False``: storage order), split into disjoint equal shares across ranks.
+    ``source`` is a dataset folder, a URL (read through the node's shard cache; ``remote`` sets it up,
+    docs/remote.md) or an open :class:`Dataset`. Each epoch is a permutation drawn from ``(seed, epoch)``
+    (``fastdata.Block()``: nearly sequential reads; ``fastdata.Shards()``: shard by shard; ``False``:
+    storage order), split into disjoint equal shares across ranks, read from torch.distributed when each
+    pass starts. A pass that delivers an epoch's last batch moves the loader to the next epoch.
     ``augment`` is an :class:`fastdata.augment.Augment` or a list of its ops, applied on the device.
-    ``num_workers`` is reader threads (or processes with ``LoaderConfig(mode="processes")``); 0 reads in the
-    iterating thread.
-
-    The rank share is read from torch.distributed when each pass starts, so the loader may be built before
-    ``init_process_group``. A pass that delivers an epoch's last batch moves the loader to the next epoch. Use it
-    as a context manager (or ``close()``) to release threads, worker processes and the files it opened. Trainer
-    integrations: docs/integrations.md.
-
-    ``backend="dali"`` decodes and augments with NVIDIA DALI (docs/backends.md; there ``num_workers`` is DALI's
-    CPU threads); ``"auto"`` picks DALI when it is installed, the device is CUDA and the dataset has encoded
-    images DALI can decode and augment as asked, torch otherwise.
-
-    ``sampler`` replaces the shuffled order: :class:`fastdata.reading.samplers.Weighted`,
-    :class:`fastdata.reading.samplers.Episodic` (then ``batch_size`` may be None: one episode per batch), or any function
-    ``(n, world, seed, epoch) -> batches`` (docs/loader.md, "Samplers"). Its arguments are checked here.
-    ``fields`` may include ``"key"``: each batch then holds its samples' keys.
-
-    ``transform(batch, rng)`` runs in the readers (threads, or worker processes with
-    ``LoaderConfig(mode="processes")``: the choice for Python code that holds the GIL) on each batch's numpy
-    arrays, with a generator drawn from ``(seed, epoch, rank, batch)``; it changes the arrays in place or returns
-    the batch to use. :class:`fastdata.loaders.PerSample` wraps a function of one sample. Its errors reach the
-    loop naming the batch and the reader (docs/loader.md).
+    ``num_workers`` is reader threads (processes with ``LoaderConfig(mode="processes")``; DALI's CPU
+    threads with ``backend="dali"``); 0 reads in the iterating thread. ``backend="auto"`` picks DALI when
+    it is installed, the device is CUDA and the dataset has encoded images DALI can take as asked.
+    ``sampler`` replaces the shuffled order (``fastdata.reading.samplers``; with ``Episodic``,
+    ``batch_size`` may be None). ``fields`` may include ``"key"``. ``transform(batch, rng)`` runs in the
+    readers on each batch's numpy arrays, with a generator drawn from ``(seed, epoch, rank, batch)``
+    (:class:`fastdata.loaders.PerSample` wraps a function of one sample). Use the loader as a context
+    manager (or ``close()``) to release threads, worker processes and the files it opened.
     """
     if backend not in ("torch", "dali", "auto"):
         raise UsageError(f"backend must be 'torch', 'dali' or 'auto', not {backend!r}")
@@ -115,13 +98,12 @@ def loader(
 def _open_dataset(source: str | os.PathLike[str] | Dataset, fields: Sequence[str] | None,
                   remote: RemoteOptions | None) -> Dataset:
     """The dataset a loader reads: ``source`` opened, or the caller's Dataset (with ``fields``, a copy)."""
-    if isinstance(source, Dataset) and remote is not None:
+    if not isinstance(source, Dataset):
+        return Dataset(source, fields=fields, remote=remote)
+    if remote is not None:
         raise UsageError("remote= is for loaders given a URL; this Dataset was opened already (pass remote= to "
                          "fastdata.open instead)")
-    ds = source if isinstance(source, Dataset) else Dataset(source, fields=fields, remote=remote)
-    if isinstance(source, Dataset) and fields is not None:
-        ds = source.with_options(fields=fields)  # keeps the caller's decode settings
-    return ds
+    return source if fields is None else source.with_options(fields=fields)  # keeps the caller's decode settings
 
 
 def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int | Literal["auto"],
@@ -166,22 +148,19 @@ def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augm
     images (GPU decoding is what DALI adds) that DALI can take with ``augment``; else torch. The
     choice and its reason are logged at DEBUG."""
     if device.type != "cuda":
-        log.debug("backend='auto': torch (device %s; DALI is picked for CUDA devices only)", device)
-        return "torch"
-    if transform is not None:
-        log.debug("backend='auto': torch (a transform runs in the torch backend's readers)")
-        return "torch"
-    if ds is not None and not any(f.encoding == ENCODING_IMAGE for f in ds.schema):
-        log.debug("backend='auto': torch (no encoded images to decode on the GPU)")
-        return "torch"
-    from fastdata.loaders.dali import dali_problem, dali_unsupported
+        problem: str | None = "DALI is picked for CUDA devices only"
+    elif transform is not None:
+        problem = "a transform runs in the torch backend's readers"
+    elif ds is not None and not any(f.encoding == ENCODING_IMAGE for f in ds.schema):
+        problem = "no encoded images to decode on the GPU"
+    else:
+        from fastdata.loaders.dali import dali_problem, dali_unsupported
 
-    problem = dali_problem(device) or (dali_unsupported(ds, augment, config) if ds is not None else None)
-    if problem is not None:
-        log.debug("backend='auto': torch (%s)", problem)
+        problem = dali_problem(device) or (dali_unsupported(ds, augment, config) if ds is not None else None)
+    if problem:
+        log.debug("backend='auto': torch (device %s: %s)", device, problem)
         return "torch"
-    log.debug("backend='auto': dali (installed, device %s, encoded images)", device)
+    log.debug("backend='auto': dali (device %s)", device)
     return "dali"
-
 
 __all__ = ["Block", "Loader", "LoaderConfig", "PerSample", "Shards", "TorchLoader", "loader"]

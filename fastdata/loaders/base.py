@@ -1,9 +1,7 @@
 """What every loader backend shares: the epoch plan, epochs, exact resume and stats.
 
-A backend only turns a list of index batches into batches of tensors (``_batches``); the order
-(fastdata.reading.order), the rank share, ``drop_last``, ``len()``, ``set_epoch``, ``state_dict`` and
-``stats`` live here once, so the torch and DALI backends cannot drift apart. A state saved by one
-backend resumes in the other.
+A backend only turns a list of index batches into batches of tensors (``_batches``); everything else
+lives here once, so a state saved by the torch backend resumes in the DALI one and back.
 """
 
 from __future__ import annotations
@@ -33,17 +31,16 @@ _STATE_VERSION = 1
 
 @dataclass
 class _Stats:
-    batches: int = 0
     samples: int = 0
     waits: list[float] = field(default_factory=list)
     started: float = 0.0
     ended: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
-        wall = max(self.ended - self.started, 1e-9) if self.batches else 0.0
+        wall = max(self.ended - self.started, 1e-9) if self.waits else 0.0
         w = np.array(self.waits) if self.waits else np.zeros(1)  # no batch yet: every figure 0
         return {
-            "batches": self.batches,
+            "batches": len(self.waits),
             "samples": self.samples,
             "seconds": wall,
             "samples_per_s": self.samples / wall if wall else 0.0,
@@ -56,8 +53,7 @@ class _Stats:
 
 
 def wrap_error(e: Exception, where: str) -> Exception:
-    """A reader's error, prefixed with ``where`` (the batch); fastdata's error types are kept (their
-    message already names shard and sample), anything else becomes a LoaderWorkerError."""
+    """A reader's error prefixed with ``where``: fastdata's types are kept, anything else is a LoaderWorkerError."""
     if isinstance(e, FastdataError):
         return type(e)(f"{where}: {e}")
     return LoaderWorkerError(f"{where}: {type(e).__name__}: {e}")
@@ -66,21 +62,17 @@ def wrap_error(e: Exception, where: str) -> Exception:
 class Loader:
     """Iterate to get batches (dicts of tensors on the device). See :func:`fastdata.loader`.
 
-    The base of every backend: subclasses implement ``_batches(plan, epoch, first)`` and ``_release``,
-    and take these constructor arguments as ``**common``. Epoch rule: a pass that delivers the
-    epoch's last batch moves the loader to the next epoch at that moment, so the next ``iter()``
-    starts a new order even when the caller stops after ``len(loader)`` batches (Lightning,
-    ``islice``, ``zip``); ``set_epoch`` overrides. The world (rank, size) is read when a pass starts.
+    Backends implement ``_batches(plan, epoch, first)`` and ``_release``. A pass that delivers the epoch's
+    last batch moves the loader to the next epoch then, so the next ``iter()`` starts a new order even
+    when the caller stops after ``len(loader)`` batches (Lightning, ``islice``, ``zip``).
     """
 
     backend = "base"
-    # Read (with getattr) by Accelerate's skip_first_batches when it rebuilds a torch DataLoader from
-    # dataset + batch_sampler + collate_fn: that DataLoader reads in the iterating thread, no prefetch.
-    # The loader's own read-ahead is config.prefetch.
+    # read by Accelerate's skip_first_batches, which rebuilds a DataLoader (no workers: no prefetch factor)
     prefetch_factor = None
 
     def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: Shuffle, drop_last: bool, seed: int,
-                 device: torch.device, augment: Augment | None, config: "LoaderConfig", world: World | None = None,
+                 device: torch.device, augment: Augment | None, config: "LoaderConfig",
                  owns_dataset: bool = False, sampler: SamplerFn | None = None) -> None:
         if batch_size < 1:
             raise UsageError("batch_size must be positive")
@@ -93,7 +85,7 @@ class Loader:
         self.seed = seed
         self.device = device
         self.augment = augment
-        self._fixed_world = world  # None: read from torch.distributed when each pass starts
+        self._fixed_world: World | None = None  # None: read from torch.distributed when each pass starts
         self._pass_world: World | None = None  # the world of the pass in progress
         self._owns_dataset = owns_dataset  # opened by fastdata.loader from a path: closed with the loader
         self.config = config
@@ -118,9 +110,9 @@ class Loader:
         self._sampled[key] = batches  # kept: this epoch's and the neighbouring one (DALI plans one ahead)
         return batches
 
-    def _num_batches(self, world: World) -> int:
+    def _num_batches(self, world: World, epoch: int) -> int:
         if self.sample_fn is not None:
-            return len(rank_batches(self._sampled_batches(self.epoch, world), world, self.drop_last))
+            return len(rank_batches(self._sampled_batches(epoch, world), world, self.drop_last))
         return num_batches(len(self.dataset), world, self.batch_size, self.drop_last)
 
     @property
@@ -135,13 +127,11 @@ class Loader:
         raise NotImplementedError(f"{type(self).__name__} does not produce batches")
 
     def __len__(self) -> int:
-        return self._num_batches(self.world)
+        return self._num_batches(self.world, self.epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration yields (the order is a function of seed and epoch).
-
-        Setting the epoch the loader already stands at keeps a position restored by
-        :meth:`load_state_dict` (trainers call ``set_epoch`` after restoring state)."""
+        """Choose the epoch the next iteration yields; the one the loader stands at keeps a position restored
+        by :meth:`load_state_dict` (trainers call ``set_epoch`` after restoring state)."""
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
             self._resume_at = 0
@@ -149,14 +139,12 @@ class Loader:
 
     @property
     def sampler(self) -> "EpochSampler":
-        """What trainers look for: ``sampler.set_epoch`` (Lightning calls it every epoch); iterating it
-        gives this rank's sample indices of the epoch the next pass yields."""
+        """What trainers look for: ``sampler.set_epoch`` (Lightning calls it every epoch)."""
         return EpochSampler(self)
 
     @property
     def batch_sampler(self) -> "EpochBatchSampler":
-        """The index batches of the epoch the next pass yields, from its first (what Accelerate's
-        ``skip_first_batches`` rebuilds a loader from); ``batch_sampler.sampler`` is :attr:`sampler`."""
+        """The index batches of the epoch the next pass yields (Accelerate's ``skip_first_batches`` uses them)."""
         return EpochBatchSampler(self)
 
     def plan(self, epoch: int | None = None) -> list[np.ndarray]:
@@ -164,8 +152,7 @@ class Loader:
         return self._plans(epoch, [self.world.rank])[0]
 
     def _plans(self, epoch: int | None, ranks: list[int] | None) -> list[list[np.ndarray]]:
-        """The index batches of ``epoch`` for each rank in ``ranks`` (None: every rank), from one epoch
-        plan: a sampler's, or the shuffle's order (a remote dataset's cache ranks shards by every rank's use)."""
+        """The index batches of ``epoch`` for each rank in ``ranks`` (None: every rank), from one epoch plan."""
         ep = self.epoch if epoch is None else epoch
         world = self.world
         if self.sample_fn is not None:
@@ -182,8 +169,7 @@ class Loader:
         return self.config.prefetch + int(getattr(self, "workers", 0) or 0)
 
     def _read_ahead(self, plan: list[np.ndarray], first: int) -> ReadAhead | None:
-        """Start hinting the kernel to read the byte ranges of ``plan[first:]`` ahead of the readers
-        (fastdata/reading/readahead.py); None when off (``readahead=0``) or without ``posix_fadvise``."""
+        """Hint the kernel to read ``plan[first:]``'s byte ranges ahead of the readers; None when off."""
         if self.config.readahead <= 0 or not supported():
             return None
         return ReadAhead(self.dataset.byte_ranges, plan, first, self._lead(), self.config.readahead,
@@ -235,8 +221,7 @@ class Loader:
                 now = time.perf_counter()
                 s = self._stats
                 s.waits.append(now - t0)
-                s.batches += 1
-                s.samples += len(plan[s.batches - 1])
+                s.samples += len(plan[len(s.waits) - 1])
                 s.ended = now
                 self._done += 1
                 if ahead is not None:
@@ -256,16 +241,15 @@ class Loader:
         return self._stats.as_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: resuming from it yields exactly the rest of the epoch (after an
-        epoch's last batch: the next epoch from its start)."""
-        return {"version": _STATE_VERSION, "epoch": self.epoch, "batches_done": self._done, "seed": self.seed,
-                "batch_size": self.batch_size, "num_samples": len(self.dataset), "shuffle": self._shuffle_name(),
-                "drop_last": self.drop_last, "world_size": self.world.size, "rank": self.world.rank,
-                "sampler": describe(self.sample_fn), "samples": self.dataset.identity(), "order": self._order_rule()}
+        """Where the loader stands: resuming from it yields exactly the rest of the epoch (or the next one)."""
+        return {"version": _STATE_VERSION, "epoch": self.epoch, "batches_done": self._done, **self._settings(),
+                "world_size": self.world.size, "rank": self.world.rank, "order": self._order_rule()}
 
-    def _shuffle_name(self) -> bool | str:
-        """The shuffle as a state records it: ``True``, ``False``, ``"block"`` or ``"shards"``."""
-        return self.shuffle if isinstance(self.shuffle, bool) else type(self.shuffle).__name__.lower()
+    def _settings(self) -> dict[str, Any]:
+        """What a state must match to resume here (the shuffle as ``True``, ``False``, ``"block"`` or ``"shards"``)."""
+        shuffle = self.shuffle if isinstance(self.shuffle, bool) else type(self.shuffle).__name__.lower()
+        return {"seed": self.seed, "batch_size": self.batch_size, "num_samples": len(self.dataset), "shuffle": shuffle,
+                "drop_last": self.drop_last, "sampler": describe(self.sample_fn), "samples": self.dataset.identity()}
 
     def _order_rule(self) -> dict[str, int] | None:
         """What fixes a windowed shuffle's order besides the seed (the rule's version and the mode's sizes):
@@ -285,20 +269,14 @@ class Loader:
             raise UsageError(f"unknown loader state version {state.get('version')!r}")
         if state.get("shuffle") == "chunks":  # older fastdata's name for Shards on an in-place index: the same order
             state = {**state, "shuffle": "shards"}
-        mine = {"seed": self.seed, "batch_size": self.batch_size, "num_samples": len(self.dataset),
-                "shuffle": self._shuffle_name(), "drop_last": self.drop_last, "sampler": describe(self.sample_fn),
-                "samples": self.dataset.identity()}
+        mine = self._settings()
         for key in mine:
             if key in state and state[key] != mine[key]:  # states saved before samplers lack the last two
                 raise UsageError(f"loader state was saved with {key}={state[key]!r}, this loader has {mine[key]!r}")
         size = int(state["world_size"])
         done = int(state["batches_done"])
         epoch = int(state["epoch"])
-        if self.sample_fn is not None:
-            world = World(0, size)
-            per_epoch = len(rank_batches(self._sampled_batches(epoch, world), world, self.drop_last))
-        else:
-            per_epoch = num_batches(len(self.dataset), World(0, size), self.batch_size, self.drop_last)
+        per_epoch = self._num_batches(World(0, size), epoch)
         if not 0 <= done <= per_epoch:
             raise UsageError(f"loader state has batches_done={done}, but an epoch has {per_epoch} batches")
         if done == per_epoch:  # saved after the epoch's last batch (older fastdata): the next epoch
@@ -324,8 +302,7 @@ class Loader:
         """Release the backend's threads, processes or pipelines (they restart on the next pass)."""
 
     def close(self) -> None:
-        """Release threads, processes, pipelines and, if this loader opened the dataset, its file
-        handles. Iterating again starts them afresh."""
+        """Release threads, processes, pipelines and the dataset this loader opened; iterating starts them again."""
         self._release()
         if getattr(self, "_owns_dataset", False):
             self.dataset.close()
@@ -337,8 +314,7 @@ class Loader:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickling (``ddp_spawn``, spawn-started workers) keeps settings and position; the threads,
-        processes, pipelines and handles are left behind and made again on the other side."""
+        """Pickling (``ddp_spawn``) keeps settings and position; threads, processes and handles are made again."""
         state = self.__dict__.copy()
         state["_pass_world"] = None
         state["_stats"] = _Stats()
@@ -364,8 +340,8 @@ class Loader:
 
 
 class EpochSampler(torch.utils.data.Sampler[int]):
-    """``loader.sampler``: this rank's sample indices of the epoch the loader's next pass yields;
-    ``set_epoch`` is the loader's (Lightning calls it at the start of every epoch)."""
+    """``loader.sampler``: this rank's sample indices of the epoch the next pass yields; its ``set_epoch``
+    is the loader's."""
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader
@@ -382,9 +358,8 @@ class EpochSampler(torch.utils.data.Sampler[int]):
 
 
 class EpochBatchSampler(torch.utils.data.Sampler[list[int]]):
-    """``loader.batch_sampler``: the epoch's index batches from its first. A torch DataLoader built
-    from ``loader.dataset``, this and ``loader.collate_fn`` yields the loader's batches, in the
-    iterating thread; handing out the epoch's last batch counts as delivering the epoch."""
+    """``loader.batch_sampler``: the epoch's index batches. A DataLoader over ``loader.dataset`` with this and
+    ``loader.collate_fn`` yields the loader's batches; handing out the epoch's last one delivers the epoch."""
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader

@@ -1,24 +1,18 @@
-"""Recycled batch buffers: a fresh 50 MB tensor page-faults on every batch (the copy into it then
-costs several times more than into memory already mapped: bench_raw's "a new output per batch" row
-against its reused buffers, docs/benchmarks.md), so batch buffers are reused.
+"""Recycled batch buffers: a fresh 50 MB tensor page-faults on every batch, so batch buffers are
+reused (bench_raw's "a new output per batch" row, docs/benchmarks.md).
 
 A buffer is handed out again only when nothing outside the pool uses its memory: no other
 reference to the tensor, and no view, numpy array or other tensor on its storage. Anything a
 training loop keeps therefore stays intact.
-
-A buffer can start at a chosen address phase (mod 64 bytes): the phase of the bytes it is
-filled from (``host.copy_phase``). memcpy can run faster when source and destination are
-equally aligned: for LMDB shards, whose samples sit past a cache line (bench_loader's A/B row
-"buffers not aligned", docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 
 from fastdata._compat import storage_use_count
@@ -26,37 +20,13 @@ from fastdata._compat import storage_use_count
 
 def torch_dtype(dt: Any) -> torch.dtype:
     """The torch dtype of a numpy dtype (native byte order)."""
-    import numpy as np
-
     return torch.from_numpy(np.empty(0, dtype=np.dtype(dt).newbyteorder("="))).dtype
 
 
-ALIGN = 64  # a cache line
-
-
-def allocate(shape: tuple[int, ...], dtype: torch.dtype, phase: int, pin: bool) -> torch.Tensor:
-    """An uninitialised contiguous tensor whose data starts at ``phase`` mod 64 bytes when that
-    suits the dtype's alignment (otherwise wherever the allocator puts it)."""
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    nbytes = math.prod(shape) * itemsize
-    if phase % ALIGN == 0 or phase % itemsize or nbytes == 0:
-        return torch.empty(shape, dtype=dtype, pin_memory=pin)
-    if pin and (nbytes - 1).bit_length() != (nbytes + ALIGN - 1).bit_length():
-        # pinned memory comes in powers of two: the slack would double this buffer
-        return torch.empty(shape, dtype=dtype, pin_memory=pin)
-    flat = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
-    start = (phase - flat.data_ptr()) % ALIGN
-    if start % itemsize:
-        return torch.empty(shape, dtype=dtype, pin_memory=pin)
-    # set_ rather than a view: a view keeps its base tensor, which _in_use would count as a user
-    return torch.empty(0, dtype=dtype).set_(flat.untyped_storage(), start // itemsize, shape)  # type: ignore[call-overload]
-
-
-def _in_use(t: torch.Tensor, refs_held_by_caller: int) -> bool:
+def _in_use(t: torch.Tensor) -> bool:
     """True while anything but the pool uses ``t``'s memory; when torch cannot tell, assume it is."""
-    # getrefcount counts its own argument and this function's parameter; the caller says how many
-    # references it holds itself.
-    if sys.getrefcount(t) - 2 > refs_held_by_caller:
+    # getrefcount counts its argument, this function's parameter and the caller's one name for ``t``
+    if sys.getrefcount(t) > 3:
         return True
     users = storage_use_count(t)
     return users is None or users > 1  # only the tensor itself may use the storage
@@ -71,16 +41,14 @@ class Recycler:
         self._lent: list[torch.Tensor] = []
         self._lock = threading.Lock()  # reader threads take and lend concurrently
 
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype, phase: int = 0) -> torch.Tensor:
-        """A tensor of ``shape`` and ``dtype`` starting at address phase ``phase`` (mod 64, where
-        possible; a recycled tensor keeps the phase it was made with: use one Recycler per phase);
-        call :meth:`lend` once it has been handed on."""
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A tensor of ``shape`` and ``dtype``; call :meth:`lend` once it has been handed on."""
         with self._lock:
             self._reclaim()
             bucket = self._free.get((tuple(shape), dtype))
             if bucket:
                 return bucket.pop()
-        return allocate(tuple(shape), dtype, phase, self.pin)
+        return torch.empty(shape, dtype=dtype, pin_memory=self.pin)
 
     def lend(self, t: torch.Tensor) -> None:
         """``t`` now belongs to the consumer; reuse it once nothing refers to it any more."""
@@ -91,7 +59,7 @@ class Recycler:
         still = []
         while self._lent:
             t = self._lent.pop()
-            if _in_use(t, refs_held_by_caller=1):  # the local name ``t``
+            if _in_use(t):
                 still.append(t)
             else:
                 self._free.setdefault((tuple(t.shape), t.dtype), []).append(t)

@@ -13,30 +13,21 @@ _MOVED = {"block": "Block({})", "window": "Block(window={})", "shard_window": "S
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """Tuning knobs of the torch backend; the defaults were chosen by measurement (docs/tuning.md).
+    """Tuning knobs of the torch backend (the DALI backend uses ``prefetch``, ``channels_last`` and ``images``).
 
-    ``mode``: ``"threads"`` reads batches in threads of this process into recycled (pinned)
-    buffers; ``"processes"`` reads them in DataLoader worker processes. ``prefetch``: batches
-    read ahead. ``pin_memory``: ``None`` pins when the device is CUDA. ``images``: names of
-    uint8 HWC fields to turn into float NCHW (``None``: detected). ``image_dtype``: ``"float32"``
-    gives images as float NCHW in [0, 1]; ``"uint8"`` keeps them as stored, uint8 ``(B, H, W, C)``:
-    the choice when your model converts on the GPU (a quarter of the bytes to copy and move, no
-    CPU pass; no ``augment`` then). The DALI backend uses ``prefetch`` (its queue depth),
-    ``channels_last`` and ``images``.
-    ``readahead``: bytes of shard file ranges hinted to the kernel beyond the batches being read,
-    following the epoch plan (fastdata/reading/readahead.py; docs/loader.md, "Larger than RAM"); 0: off.
-    ``ragged``: ``"padded"`` pads ragged fields (and mixed-size images) to the batch's largest
-    sample; ``"packed"`` gives them back to back with ``<name>_offsets`` (``Dataset.get_batch``),
-    e.g. for ``torch.nested.nested_tensor_from_jagged(x, x_offsets)``; torch backend only, and
-    mixed-size images then stay flat uint8 bytes (``image_dtype="uint8"``, no ``augment``).
-    ``crop_decode``: when ``augment`` starts with a crop or ``Resize``, the reader threads decode
-    each image's window only (a JPEG at the smallest DCT scale that keeps the output's resolution)
-    straight into the fixed-size batch (fastdata/loaders/crop.py, docs/backends.md); ``"off"``:
-    decode whole images into a padded batch and crop after (bit-exact with decoding first).
-    ``"auto"``: simplejpeg (PIL without it), DCT-scaled when the window allows, else the whole image.
-    ``timeout``: seconds to wait for each batch from the readers (like DataLoader's ``timeout``); a batch
-    whose read or transform takes longer raises ``LoaderWorkerError`` naming it (a hung worker process is
-    killed; a hung reader thread cannot be stopped). ``None``: wait as long as it takes. Torch backend only.
+    ``mode``: ``"threads"`` reads batches in threads of this process into recycled (pinned) buffers;
+    ``"processes"`` reads them in worker processes of fastdata's own into a shared-memory ring (no
+    DataLoader), for transforms that hold the GIL. ``prefetch``: batches read ahead. ``pin_memory``:
+    ``None`` pins the threads' buffers when the device is CUDA (the ring is not page-locked).
+    ``images``: uint8 HWC fields to turn into float NCHW (``None``: detected). ``image_dtype``:
+    ``"float32"`` in [0, 1], or ``"uint8"`` as stored, (B, H, W, C), for models that convert on the GPU
+    (no ``augment`` then). ``ragged``: ``"padded"`` to the batch's largest sample, or ``"packed"`` back
+    to back with ``<name>_offsets`` (mixed-size images then stay flat uint8 bytes). ``readahead``:
+    bytes of the plan's shard ranges hinted to the kernel ahead of the readers (0: off; docs/loader.md).
+    ``crop_decode``: ``"auto"`` decodes only the window of an ``augment`` that starts with a crop or
+    ``Resize``, at a DCT scale where it can (crop.py); ``"off"`` decodes whole images and crops after.
+    ``timeout``: seconds to wait for each batch (a hung worker process is killed; a hung thread cannot
+    be stopped); ``None``: no limit.
     """
 
     mode: Literal["threads", "processes"] = "threads"

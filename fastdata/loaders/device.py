@@ -1,18 +1,14 @@
-"""Device side of the torch backend: copy batches to the device ahead of use, then transform there.
+"""Device side of the torch backend: images to float NCHW and augmentation, on the device.
 
-On CUDA, batch N+1 is copied on a side stream (``non_blocking`` out of pinned memory) and
-transformed while step N computes; the consumer's stream waits for it and the tensors are
-recorded on that stream. uint8 HWC images cross as uint8 and become float NCHW in [0, 1]
-on the device (4x fewer bytes over PCIe); their memory stays channels_last unless asked
-otherwise. On the CPU the same code runs without streams.
+On CUDA, batch N+1 is copied on a side stream (from pinned memory) and transformed there while
+step N computes; uint8 images cross as uint8 (4x fewer bytes) and stay channels_last unless asked
+otherwise. On the CPU the reader threads run the same transform.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -28,56 +24,38 @@ _MAX_INFLIGHT = 4  # host batches whose copy to the GPU may still be queued (eac
 
 
 def to_unit_float(x: torch.Tensor, out: torch.Tensor) -> None:
-    """``out = x / 255`` for a uint8 tensor into a float32 one of the same shape: two whole-batch
-    ops. Cache-sized chunks were slower: with two loader threads converting at once, each chunk's
-    parallel region made torch's intra-op threads contend (whole-batch ops 1.7-2.5x the 64K-element
-    chunks, benchmarks/bench_choices.py); chunks small enough to stay single-threaded pay per-op overhead."""
+    """``out = x / 255`` for a uint8 tensor into a float32 one, as two whole-batch ops (bench_choices.py)."""
     out.copy_(x).mul_(1 / 255)
-
-
-def mixed_sizes(batch: Batch) -> frozenset[str]:
-    """Image fields of a host batch whose images differ in size (padded; true sizes in ``<name>_shape``)."""
-    mixed = set()
-    for name, x in batch.items():
-        shapes = batch.get(name + SHAPE_SUFFIX)
-        if shapes is not None and isinstance(x, torch.Tensor) and x.dim() == 4 and shapes.dim() == 2 and shapes.shape[1] >= 2 \
-                and not bool((shapes[:, :2] == torch.tensor(x.shape[1:3])).all()):
-            mixed.add(name)
-    return frozenset(mixed)
 
 
 class DeviceStage:
     """Moves host batches to ``device`` and applies image conversion and augmentation there."""
 
     def __init__(self, device: torch.device, augment: Augment | None, seed: int, channels_last: bool,
-                 images: tuple[str, ...], rank: int = 0, keep_uint8: bool = False,
-                 unit_float: frozenset[str] = frozenset()) -> None:
+                 images: tuple[str, ...], keep_uint8: bool = False) -> None:
         if keep_uint8 and augment is not None and augment.enabled and augment.op_kind == "image":
             raise UsageError("LoaderConfig(image_dtype='uint8') keeps images as stored; augmentation needs float "
                              "images: drop augment, or use image_dtype='float32'")
         self.keep_uint8 = keep_uint8
-        self.unit_float = unit_float  # image fields the reader already decoded to float32 in [0, 1]
         self.device = device
         self.augment = augment
         self.seed = seed
         self.channels_last = channels_last
         self.images = images  # uint8 HWC fields that become float NCHW (fastdata.format.spec.image_fields)
-        self.rank = rank  # distributed ranks draw different augmentation parameters
+        self.rank = 0  # this pass's rank: distributed ranks draw different augmentation parameters
         self._floats = Recycler()  # CPU: float image buffers, reused (fresh ones page-fault every batch)
         self.precropped: dict[str, int] = {}  # fields whose first ops the reader threads ran, how many (crop.py)
-        self.stage_thread = False  # on CUDA, stage batches from a helper thread (_run_cuda_staged; experimental)
 
     def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset(),
                   precropped: dict[str, int] | None = None) -> Batch:
-        """Images to float NCHW, then augmentation; ``mixed``: image fields padded from mixed sizes
-        (see :func:`mixed_sizes`), augmented image by image at their true sizes; ``precropped``: fields
-        the reader already cropped, with how many ops it ran (drawn again here, not applied)."""
+        """Images to float NCHW, then augmentation; ``mixed`` fields (:meth:`mixed`) are augmented image by image;
+        ``precropped``: fields the reader cropped, with how many ops it ran (drawn again here, not applied)."""
         if self.keep_uint8:
             return batch
         owned = set()
         for name in self.images:
             x = batch[name]
-            batch[name] = self._to_float(x, name in self.unit_float)
+            batch[name] = self._to_float(x)
             if batch[name].data_ptr() != x.data_ptr():  # a float buffer of this stage's own
                 owned.add(name)
         if self.augment is not None and self.augment.enabled:
@@ -93,10 +71,10 @@ class DeviceStage:
             return x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def _to_float(self, x: torch.Tensor, converted: bool = False) -> torch.Tensor:
+    def _to_float(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 (B, H, W, C) -> float (B, C, H, W) in [0, 1]; NHWC memory is channels_last NCHW."""
-        if converted and x.dtype == torch.float32:  # (a collate_fn batch comes from the uint8 dataset)
-            out = x  # decoded straight to float in [0, 1] by the reader (Dataset(decode="float"))
+        if x.dtype == torch.float32:
+            out = x  # decoded straight to float in [0, 1] by the reader (Dataset(decode="float"), crop.py)
         elif x.is_cuda:
             out = x.float().mul_(1 / 255)  # the caching allocator already reuses device memory
         else:
@@ -107,10 +85,16 @@ class DeviceStage:
         return y if self.channels_last else y.contiguous()
 
     def mixed(self, host: Batch) -> frozenset[str]:
-        """Checked on the host batch (no device sync), only when augmenting."""
+        """Image fields padded from mixed sizes, checked on the host batch (no device sync) when augmenting."""
         if self.augment is None or not self.augment.enabled:
             return frozenset()
-        return mixed_sizes(host) - set(self.precropped)  # cropped in the reader: one size, stored sizes in <name>_shape
+        mixed = set()
+        for name, x in host.items():  # padded image fields whose images differ in size (true sizes in <name>_shape)
+            shapes = host.get(name + SHAPE_SUFFIX)
+            if shapes is not None and isinstance(x, torch.Tensor) and x.dim() == 4 and shapes.dim() == 2 \
+                    and shapes.shape[1] >= 2 and not bool((shapes[:, :2] == torch.tensor(x.shape[1:3])).all()):
+                mixed.add(name)
+        return frozenset(mixed - set(self.precropped))  # cropped in the reader: one size
 
     def host_transform(self, epoch: int) -> Callable[[Batch, int], Batch] | None:
         """On the CPU, the transform for the readers to apply (in parallel, off the training thread)."""
@@ -120,23 +104,22 @@ class DeviceStage:
 
     def run(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
         """Batches on the device; on the CPU the readers already transformed them (host_transform)."""
-        if self.device.type == "cuda":
-            yield from self._run_cuda(host, epoch, first)
-            return
-        yield from host
-
-    def _run_cuda(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
-        if self.stage_thread:
-            yield from self._run_cuda_staged(host, epoch, first)
+        if self.device.type != "cuda":
+            yield from host
             return
         stream = torch.cuda.Stream(self.device)
         inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
         staged = (self._stage(hb, epoch, k, stream, inflight) for k, hb in enumerate(host, first))
         nxt = next(staged, None)
         while nxt is not None:
-            cur = self._hand_over(*nxt)
+            batch, ready = nxt
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(ready)  # the consumer's stream waits for the staging
+            for t in batch.values():
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(current)  # the allocator keeps the memory until that stream is done
             nxt = next(staged, None)  # the next batch's copy is queued before this one is used
-            yield cur
+            yield batch
 
     def _stage(self, hb: Batch, epoch: int, k: int, stream: torch.cuda.Stream,
                inflight: deque[tuple[Batch, torch.cuda.Event]]) -> tuple[Batch, torch.cuda.Event]:
@@ -155,86 +138,6 @@ class DeviceStage:
         while inflight and inflight[0][1].query():  # copied: the host buffers may be recycled
             inflight.popleft()
         return db, ev
-
-    def _hand_over(self, batch: Batch, ready: torch.cuda.Event) -> Batch:
-        """A staged batch for the current stream: it waits for the staging, and the allocator keeps the
-        tensors' memory until the current stream is done with them."""
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(ready)
-        for t in batch.values():
-            if isinstance(t, torch.Tensor):
-                t.record_stream(current)
-        return batch
-
-    def _run_cuda_staged(self, host: Iterable[Batch], epoch: int, first: int) -> Iterator[Batch]:
-        """:meth:`_run_cuda` with the staging (the copy and the conversion and augmentation launches) in a
-        helper thread, so the training thread only waits on an event: for models whose step is bound by
-        the Python thread launching kernels. Experimental, off by default (``stage_thread``): measured by
-        benchmarks/bench_gpu.py's diag section before it becomes the default; untested on GPU."""
-        helper = _Stager(self, host, epoch, first)
-        try:
-            while True:
-                item = helper.ready.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield self._hand_over(*item)
-        finally:
-            helper.stop()
-
-
-_END = object()
-
-
-class _Stager:
-    """The helper thread of :meth:`DeviceStage._run_cuda_staged`: stages each host batch on a side stream and
-    hands (batch, ready event) over a queue two deep; an error is handed over to be raised there."""
-
-    def __init__(self, stage: DeviceStage, host: Iterable[Batch], epoch: int, first: int) -> None:
-        self.stage, self.host, self.epoch, self.first = stage, host, epoch, first
-        self.ready: queue.Queue[Any] = queue.Queue(maxsize=2)
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="fastdata-stage", daemon=True)
-        self.thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self.stopping.is_set():
-            try:
-                self.ready.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        st = self.stage
-        stream = torch.cuda.Stream(st.device)
-        it = iter(self.host)
-        inflight: deque[tuple[Batch, torch.cuda.Event]] = deque()  # host buffers stay alive until copied
-        try:
-            torch.cuda.set_device(st.device)
-            for k, hb in enumerate(it, self.first):
-                if not self._put(st._stage(hb, self.epoch, k, stream, inflight)):
-                    return
-            self._put(_END)
-        except BaseException as e:  # raised again in the training thread
-            self._put(e)
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()  # the reader's generator, in the thread that ran it
-            for _, ev in inflight:
-                ev.synchronize()
-
-    def stop(self) -> None:
-        """Stop the helper (it may be waiting to hand over a batch) and wait for it to end."""
-        self.stopping.set()
-        while self.thread.is_alive():
-            try:
-                self.ready.get_nowait()
-            except queue.Empty:
-                self.thread.join(0.05)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

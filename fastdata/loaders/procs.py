@@ -1,20 +1,17 @@
 """Worker processes of ``LoaderConfig(mode="processes")``: the one place that starts, feeds, watches
 and stops them.
 
-Each worker reads whole batches with ``get_batch(out=...)`` straight into a slot of the shared
-ring (ring.py), runs the user's transform there, and sends back only where each array lies (plus
-the small values: lengths, strings, keys). Batch ``k`` of a pass goes to worker ``k % workers``
-over that worker's own socket, so results come back in order and every error names its worker.
-
-Lifetime: workers start on the first pass and serve later ones; ``close()`` stops them (and so
-does dropping the loader, or the interpreter's exit: they are daemons). A worker ignores Ctrl-C
-(the training process decides) and exits by itself within half a second once the training process
-is gone, even after a SIGKILL. A worker that dies is an error naming it, never a hang.
+Each worker reads whole batches with ``get_batch(out=...)`` into a slot of the shared ring (ring.py),
+runs the user's transform there, and sends back where each array lies. Batch ``k`` goes to worker
+``k % workers`` over its own socket, so results come back in order and every error names its worker.
+Workers start on the first pass and serve later ones until ``close()``; they ignore Ctrl-C (the
+training process decides) and exit within half a second once the training process is gone.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -39,12 +36,15 @@ _PARENT_POLL_S = 0.5  # how often an idle worker checks that the training proces
 _STOP_WAIT_S = 5.0  # how long close() lets a worker finish before it is terminated
 
 
-class _ParentEnd:
-    """The training process's end of a worker's socket; a forked child closes its copy (holding it
-    would keep a worker from seeing the training process go)."""
+class _Worker:
+    """A worker process, the training process's end of its socket (a forked child closes its copy: holding
+    it would keep a worker from seeing the training process go), the slots it has mapped and its pending batches."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.proc: Any = None
+        self.known: dict[int, int] = {}  # slot id -> generation it has mapped
+        self.pending: deque[tuple[int, Slot]] = deque()  # (batch, slot) sent, not yet received
         parent_only(self)
 
     def _after_fork_in_child(self) -> None:
@@ -54,16 +54,13 @@ class _ParentEnd:
 class _RemoteTraceback(Exception):
     """The traceback of an error in a worker process, shown as the cause of the error raised here."""
 
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-
     def __str__(self) -> str:
         return "\n" + str(self.args[0])
 
 
 def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged, transform: BatchTransform | None,
-                 fixed_shapes: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str]) -> None:
-    """A worker's loop: map slots it is sent, fill the slots of the batches it is asked for. The field
+                 fixed: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str]) -> None:
+    """A worker's loop: map the slots it is sent, read each batch it is asked for into its slot. The field
     layout comes from the training process (working it out here would open a shard in every worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the training process decides
     slots = WorkerSlots()
@@ -80,193 +77,166 @@ def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged
                 slots.add(sid, gen, reduction.recv_handle(conn), size, layout)
                 continue
             _, k, idx, sid, epoch, rank = msg
-            conn.send(_read_one(slots, dataset, ragged, transform, fixed_shapes, flat, k, idx, sid, epoch, rank))
+            stage = "reading"
+            try:
+                batch = dataset.get_batch(idx, out=slots.outs(sid, len(idx), fixed, flat), ragged=ragged,
+                                          companions=True)
+                if transform is not None:
+                    stage = "transform"
+                    batch = transform(batch, epoch, rank, k)
+                stage = "handing over"
+                reply: tuple[Any, ...] = ("ok", k, *slots.place(sid, batch, set(flat)))
+                del batch
+            except KeyboardInterrupt:  # raised by the user's code (Ctrl-C itself is ignored here): not an exit
+                reply = ("err", k, stage, None, "interrupted (KeyboardInterrupt)", traceback.format_exc())
+            except Exception as e:
+                reply = ("err", k, stage, *_sendable(e))
+            conn.send(reply)
     except (EOFError, OSError, KeyboardInterrupt):
         return  # the training process closed the socket or is going away
     finally:
-        slots.close()
         dataset.close()
 
 
-def _read_one(slots: WorkerSlots, dataset: Dataset, ragged: Ragged, transform: BatchTransform | None,
-              fixed: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str], k: int, idx: np.ndarray,
-              sid: int, epoch: int, rank: int) -> tuple[Any, ...]:
-    """Batch ``k`` read into slot ``sid`` and transformed: ("ok", k, placed, needs) or ("err", ...)."""
-    stage = "reading"
+def _sendable(e: Exception) -> tuple[bytes | None, str, str]:
+    """A worker's error as sent: the user's own exception from a transform (a read error as itself), pickled
+    when it pickles; its text; its traceback."""
+    original = e.__cause__ if isinstance(e, TransformError) and e.__cause__ is not None else e
     try:
-        batch = dataset.get_batch(idx, out=slots.outs(sid, len(idx), fixed, flat), ragged=ragged, companions=True)
-        if transform is not None:
-            stage = "transform"
-            batch = transform(batch, epoch, rank, k)
-        stage = "handing over"
-        placed, needs = slots.place(sid, batch, set(flat))
-        del batch
-        return ("ok", k, placed, needs)
-    except KeyboardInterrupt:  # raised by the user's code (Ctrl-C itself is ignored here): not an exit
-        return ("err", k, stage, None, "interrupted (KeyboardInterrupt)", traceback.format_exc())
-    except Exception as e:
-        # a transform's error is sent as the user's own exception (when it pickles), a read error as itself
-        original = e.__cause__ if isinstance(e, TransformError) and e.__cause__ is not None else e
-        try:
-            sent: Any = pickle.dumps(original)
-        except Exception:
-            sent = None
-        text = str(e) if isinstance(e, TransformError) else f"{type(e).__name__}: {e}"
-        return ("err", k, stage, sent, text, "".join(traceback.format_exception(original)))
+        sent: bytes | None = pickle.dumps(original)
+    except Exception:
+        sent = None
+    text = str(e) if isinstance(e, TransformError) else f"{type(e).__name__}: {e}"
+    return sent, text, "".join(traceback.format_exception(original))
 
 
 class ProcessReader:
     """Reads batches in ``workers`` worker processes into the shared ring, at most ``prefetch``
     batches (and at least three per worker) ahead, in order."""
 
-    def __init__(self, dataset: Dataset, workers: int, prefetch: int, pin: bool, ragged: Ragged = "padded",
+    def __init__(self, dataset: Dataset, workers: int, prefetch: int, ragged: Ragged = "padded",
                  transform: BatchTransform | None = None, timeout: float | None = None) -> None:
-        if dataset.options.get("decode_threads") is None:
-            dataset = dataset.with_options(decode_threads=1)  # the workers are the parallelism: no oversubscription
         self.dataset = dataset
         self.workers = workers
         self.ragged = ragged
         self.transform = transform
         self.timeout = timeout
         # three batches per worker: a worker keeps reading while the training process is off the CPU
-        # (on a loaded 2-core machine, 2 per worker left the workers idle a quarter of the time)
         self.depth = max(prefetch, 3 * workers)
-        # ``pin`` is not used: the ring is not page-locked, so the copy to a GPU is synchronous
-        fixed, flat = reader_fields(dataset)
-        self._fields = ({n: (tr, dt) for n, (tr, dt, _) in fixed.items()}, flat)  # what the workers read into
-        # a region starts at the address phase of the field's bytes in the shard (faster copies,
-        # fastdata.loaders.buffers) where that keeps its elements aligned
-        self.ring = Ring({n: (int(np.prod(tr, dtype=np.int64)) * np.dtype(dt).itemsize,
-                              ph if ph % np.dtype(dt).itemsize == 0 else 0) for n, (tr, dt, ph) in fixed.items()},
-                         {n: 0 for n in flat}, self.depth + 2)
-        self._procs: list[Any] = []
-        self._conns: list[Connection] = []
-        self._ends: list[_ParentEnd] = []
-        self._known: list[dict[int, int]] = []  # per worker: slot id -> generation it has mapped
-        self._pending: list[deque[tuple[int, Slot]]] = []  # per worker: (batch, slot) sent, not yet received
+        self._fields = reader_fields(dataset)  # what the workers read into
+        fixed, flat = self._fields
+        self.ring = Ring({n: math.prod(tr) * np.dtype(dt).itemsize for n, (tr, dt) in fixed.items()}, list(flat),
+                         self.depth + 2)
+        self._workers: list[_Worker] = []
         self._pass = 0  # passes started: an older, unfinished pass must not take a newer one's results
-        self._broken = False
 
     def stats(self) -> dict[str, int]:
-        """Slots made (``ring_slots``), made beyond the planned number because batches were held
-        (``ring_grown``), and arrays that did not fit a slot and crossed as a copy (``ring_copied``)."""
+        """Slots made, made because batches were held, and arrays that crossed as a copy (did not fit)."""
         return {"ring_slots": len(self.ring.slots), "ring_grown": self.ring.grown, "ring_copied": self.ring.copied}
 
     def _start(self) -> None:
         ctx = mp.get_context()
         if ctx.get_start_method() != "fork" and self.transform is not None:
             self.transform.check_pickles(f"worker processes started by {ctx.get_start_method()!r}")
-        # A forked worker must not collect the parent's garbage: a finalizer that waits for the parent's
-        # threads (a DALI pipeline's executor does) would wait forever in a child that has none of them.
+        # a forked worker must not collect the parent's garbage: a finalizer that waits for the parent's
+        # threads (a DALI pipeline's executor does) would wait forever in a child that has none of them
         gc.freeze()
         try:
-            self._start_workers(ctx)
+            for w in range(self.workers):
+                mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
+                worker = _Worker(mine)  # (before the fork: the worker closes its copy of our end too)
+                worker.proc = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
+                                          args=(theirs, os.getpid(), self.dataset, self.ragged, self.transform,
+                                                *self._fields))
+                worker.proc.start()
+                theirs.close()
+                self._workers.append(worker)
         finally:
             gc.unfreeze()
 
-    def _start_workers(self, ctx: Any) -> None:
-        for w in range(self.workers):
-            mine, theirs = ctx.Pipe(duplex=True)  # a socket pair: descriptors travel over it
-            self._ends.append(_ParentEnd(mine))  # (before the fork: the worker closes its copy of our end too)
-            p = ctx.Process(target=_worker_main, name=f"fastdata-worker-{w}", daemon=True,
-                            args=(theirs, os.getpid(), self.dataset, self.ragged, self.transform, *self._fields))
-            p.start()
-            theirs.close()
-            self._procs.append(p)
-            self._conns.append(mine)
-            self._known.append({})
-            self._pending.append(deque())
-
     def _send(self, w: int, k: int, idx: np.ndarray, epoch: int, rank: int) -> None:
-        slot = self.ring.take(len(idx), w)
-        conn = self._conns[w]
+        slot = self.ring.take(len(idx))
+        worker = self._workers[w]
         try:
-            if self._known[w].get(slot.id) != slot.gen:
-                conn.send(("slot", slot.id, slot.gen, slot.size, slot.layout))
-                reduction.send_handle(conn, slot.fd, self._procs[w].pid)
-                self._known[w][slot.id] = slot.gen
-            conn.send(("read", k, idx, slot.id, epoch, rank))
+            if worker.known.get(slot.id) != slot.gen:
+                worker.conn.send(("slot", slot.id, slot.gen, slot.size, slot.layout))
+                reduction.send_handle(worker.conn, slot.fd, worker.proc.pid)
+                worker.known[slot.id] = slot.gen
+            worker.conn.send(("read", k, idx, slot.id, epoch, rank))
         except OSError:
             self.ring.give_back(slot)
-            raise self._death(w, k) from None
-        self._pending[w].append((k, slot))
+            raise self._lost(w, k) from None
+        worker.pending.append((k, slot))
 
     def _receive(self, w: int) -> tuple[tuple[Any, ...], Slot]:
         """The next result of worker ``w``, or the error of its death."""
-        k, slot = self._pending[w][0]
-        conn, proc = self._conns[w], self._procs[w]
+        worker = self._workers[w]
+        k, slot = worker.pending[0]
         while True:
-            ready = wait([conn, proc.sentinel], self.timeout)
+            ready = wait([worker.conn, worker.proc.sentinel], self.timeout)
             if not ready:
-                raise self._hung(w, k)
-            if conn in ready:  # (first: a worker that sent its result and then died delivered it)
+                raise self._lost(w, k, hung=True)
+            if worker.conn in ready:  # (first: a worker that sent its result and then died delivered it)
                 try:
-                    msg = conn.recv()
+                    msg = worker.conn.recv()
                     break
                 except (EOFError, OSError):
-                    raise self._death(w, k) from None
-            if proc.sentinel in ready:
-                raise self._death(w, k)
-        self._pending[w].popleft()
+                    raise self._lost(w, k) from None
+            if worker.proc.sentinel in ready:
+                raise self._lost(w, k)
+        worker.pending.popleft()
         return msg, slot
 
-    def _death(self, w: int, k: int) -> LoaderWorkerError:
-        proc = self._procs[w]
+    def _lost(self, w: int, k: int, hung: bool = False) -> LoaderWorkerError:
+        """Worker ``w`` died on batch ``k`` (or, ``hung``, outlived the timeout and is killed): every worker
+        is stopped."""
+        proc = self._workers[w].proc
+        if hung:
+            proc.kill()
         proc.join(_STOP_WAIT_S)  # its socket may close a moment before it can be reaped: wait for the exit code
-        code = proc.exitcode
-        how = (f"was killed by signal {-code}" if code is not None and code < 0 else
-               f"exited with code {code}" if code is not None else "closed its socket and stopped answering")
-        self._broken = True
-        return LoaderWorkerError(f"worker process {w} (pid {proc.pid}) {how} while batch {k} was being read; "
-                                 "the loader's other workers are stopped (the next pass starts new ones)")
-
-    def _hung(self, w: int, k: int) -> LoaderWorkerError:
-        proc = self._procs[w]
-        proc.kill()
-        proc.join(_STOP_WAIT_S)
-        self._broken = True
-        return LoaderWorkerError(f"worker process {w} (pid {proc.pid}) did not finish batch {k} within timeout="
-                                 f"{self.timeout} s: its read or transform hangs, or is that slow; it was killed and "
-                                 "the loader's other workers are stopped (the next pass starts new ones)")
+        pid, code = proc.pid, proc.exitcode
+        self.close()
+        if hung:
+            how = (f"did not finish batch {k} within timeout={self.timeout} s: its read or transform hangs, or is "
+                   "that slow; it was killed")
+        else:
+            how = (f"was killed by signal {-code}" if code is not None and code < 0 else
+                   f"exited with code {code}" if code is not None else "closed its socket and stopped answering")
+            how += f" while batch {k} was being read"
+        return LoaderWorkerError(f"worker process {w} (pid {pid}) {how}; the loader's other workers are stopped "
+                                 "(the next pass starts new ones)")
 
     def _drain(self) -> None:
         """Results of a pass that ended early: received and dropped, their slots reused."""
-        for w in range(len(self._pending)):
-            while self._pending[w]:
+        for w, worker in enumerate(self._workers):
+            while worker.pending:
                 _, slot = self._receive(w)
                 self.ring.give_back(slot)
 
     def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None,
             epoch: int = 0, rank: int = 0) -> Iterator[HostBatch]:
-        """Batches of ``plan`` (batches ``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs
-        here, on each batch as it is handed out."""
+        """Batches of ``plan`` (``first``, ... of ``epoch``) in order; ``post(batch, k)`` runs here."""
         self._pass += 1
         mine = self._pass
-        self._broken = False
-        try:
-            if not self._procs:
-                self._start()
-            self._drain()
-            nxt = 0
-            order: deque[int] = deque()
-            while nxt < len(plan) or order:
-                if self._pass != mine:  # (its results were drained by the newer pass)
-                    raise UsageError("a newer pass over this loader started while this one was unfinished: "
-                                     "a loader in mode='processes' reads one pass at a time (iterate it again)")
-                while nxt < len(plan) and len(order) < self.depth:
-                    self._send(nxt % self.workers, first + nxt, plan[nxt], epoch, rank)
-                    order.append(nxt % self.workers)
-                    nxt += 1
-                w = order.popleft()
-                msg, slot = self._receive(w)
-                batch = self._unpack(w, msg, slot)
-                self.ring.lend(slot)
-                yield post(batch, msg[1]) if post is not None else batch
-                del batch
-        except BaseException:
-            if self._broken:
-                self.close()
-            raise
+        if not self._workers:
+            self._start()
+        self._drain()
+        nxt = 0
+        order: deque[int] = deque()
+        while nxt < len(plan) or order:
+            if self._pass != mine:  # (its results were drained by the newer pass)
+                raise UsageError("a newer pass over this loader started while this one was unfinished: "
+                                 "a loader in mode='processes' reads one pass at a time (iterate it again)")
+            while nxt < len(plan) and len(order) < self.depth:
+                self._send(nxt % self.workers, first + nxt, plan[nxt], epoch, rank)
+                order.append(nxt % self.workers)
+                nxt += 1
+            w = order.popleft()
+            msg, slot = self._receive(w)
+            batch = self._unpack(w, msg, slot)
+            self.ring.lend(slot)
+            yield post(batch, msg[1]) if post is not None else batch
+            del batch
 
     def _unpack(self, w: int, msg: tuple[Any, ...], slot: Slot) -> HostBatch:
         if msg[0] == "err":
@@ -290,36 +260,32 @@ class ProcessReader:
         """A worker's error as raised here: its type kept where it pickles (fastdata's errors name
         shard and sample), prefixed with the worker and batch, the worker's traceback as its cause."""
         _, k, stage, sent, text, tb = msg
-        where = f"worker process {w} (pid {self._procs[w].pid}), batch {k}"
-        original: BaseException | None = None
-        if sent is not None:
-            try:
-                original = pickle.loads(sent)
-            except Exception:
-                original = None
-        if stage == "transform":
-            err: Exception = LoaderWorkerError(f"{where}, in the transform: {text}")
-        else:
-            err = wrap_error(original if isinstance(original, Exception) else LoaderWorkerError(text), where)
+        where = f"worker process {w} (pid {self._workers[w].proc.pid}), batch {k}"
+        try:
+            original = pickle.loads(sent) if sent is not None else None
+        except Exception:  # (an exception class this process cannot rebuild)
+            original = None
         remote = _RemoteTraceback(tb)
-        if original is not None and stage == "transform":
-            original.__cause__ = remote
-            err.__cause__ = original
-        else:
+        if stage != "transform":
+            err = wrap_error(original if isinstance(original, Exception) else LoaderWorkerError(text), where)
             err.__cause__ = remote
+            return err
+        if original is not None:  # the user's own exception, with the worker's traceback as its cause
+            original.__cause__ = remote
+        err = LoaderWorkerError(f"{where}, in the transform: {text}")
+        err.__cause__ = original if original is not None else remote
         return err
 
     def close(self) -> None:
         """Stop the workers (asked first, then terminated), close the sockets and the ring."""
-        procs, conns = self._procs, self._conns
-        self._procs, self._conns, self._known, self._pending, self._ends = [], [], [], [], []
-        for c in conns:
+        workers, self._workers = self._workers, []
+        for worker in workers:
             try:
-                c.send(("stop",))
+                worker.conn.send(("stop",))
             except OSError:
                 pass
-            c.close()  # a worker still sending a result gets EPIPE at once, instead of a wait for us to read
-        for p in procs:
+            worker.conn.close()  # a worker still sending a result gets EPIPE at once, instead of a wait for us to read
+        for p in (worker.proc for worker in workers):
             p.join(_STOP_WAIT_S)
             if p.is_alive():
                 p.terminate()
@@ -329,4 +295,3 @@ class ProcessReader:
                 p.join()
             p.close()
         self.ring.close()
-

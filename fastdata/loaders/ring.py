@@ -1,17 +1,11 @@
 """The shared-memory ring of worker processes: batch slots filled in place by the workers and
 handed out by the training process as tensors, without a copy.
 
-Each slot is one anonymous shared-memory file (``memfd_create``): it has no name under /dev/shm,
-so whichever process dies, and however, nothing is left behind; the memory goes back to the
-system when the last process holding it exits. A slot's descriptor reaches a worker over the
-worker's socket (SCM_RIGHTS), the same way under every start method.
-
-A slot holds one region per field the batch is read into (fixed fields sized for the largest
-batch, ragged fields and images for the largest batch seen so far, grown by a quarter when
-exceeded) and a spare region for arrays a transform makes. What does not fit one batch crosses
-pickled (a copy, counted in ``copied``) and the slot is made larger when it is next reused. A slot
-is reused once nothing refers to its memory (no tensor, view or numpy array of the batch), as the
-thread readers' buffers are (fastdata.loaders.buffers).
+Each slot is an anonymous shared-memory file (``memfd_create``): nothing is left behind however a
+process dies. Its descriptor reaches a worker over the worker's socket (SCM_RIGHTS). A slot holds a
+region per field (ragged ones sized by the batches seen, grown by a quarter) and a spare region for
+arrays a transform makes; what does not fit crosses pickled (counted in ``copied``) and the slot grows
+when next reused. A slot is reused once nothing refers to its memory, as the threads' buffers are.
 """
 
 from __future__ import annotations
@@ -26,31 +20,16 @@ import torch
 
 from fastdata._compat import storage_use_count
 from fastdata.handles import parent_only
-from fastdata.loaders.buffers import ALIGN, torch_dtype
+from fastdata.loaders.buffers import torch_dtype
 
 Layout = dict[str, tuple[int, int]]  # region name -> (offset, bytes); SPARE: arrays a transform makes
 SPARE = ""
 Placed = tuple[str, Any]  # ("slot", (offset, shape, dtype str)) or ("copy", value)
-
-# Map every page at once: faulting a 50 MB slot in page by page costs several batches' reading time
-_POPULATE = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+ALIGN = 64  # regions start on a cache line (every dtype's alignment)
 
 
-def _aligned(n: int, phase: int = 0) -> int:
-    return -(-(n - phase) // ALIGN) * ALIGN + phase
-
-
-def make_layout(regions: dict[str, tuple[int, int]], spare: int) -> tuple[Layout, int]:
-    """Offsets for ``regions`` (name -> (bytes, address phase mod 64)) and the spare region; total size."""
-    layout: Layout = {}
-    at = 0
-    for name, (nbytes, phase) in regions.items():
-        at = _aligned(at, phase)
-        layout[name] = (at, nbytes)
-        at += nbytes
-    at = _aligned(at)
-    layout[SPARE] = (at, spare)
-    return layout, max(ALIGN, _aligned(at + spare))
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
 def anonymous_segment(size: int) -> int:
@@ -78,8 +57,7 @@ class Slot:
     def __init__(self, sid: int, gen: int, layout: Layout, size: int) -> None:
         self.id, self.gen, self.layout, self.size = sid, gen, layout, size
         self.fd = anonymous_segment(size)
-        mm = mmap.mmap(self.fd, size, flags=_POPULATE)
-        self.user = -1  # the worker that filled it last (each worker keeps to its own slots: fewer mappings)
+        mm = mmap.mmap(self.fd, size)
         self.base = torch.frombuffer(mm, dtype=torch.uint8)  # keeps the mapping while any view lives
         parent_only(self)  # a forked child closes its copy of the descriptor
 
@@ -101,10 +79,7 @@ class Slot:
         """Close the descriptor; the memory stays mapped until the last view of it is dropped."""
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
-            try:
-                os.close(fd)
-            except OSError:  # (already closed by a fork hook in this process: nothing left to do)
-                pass
+            os.close(fd)
 
     _after_fork_in_child = close  # a forked child closes its copy of the descriptor; the mapping is harmless
 
@@ -112,8 +87,8 @@ class Slot:
 class Ring:
     """The training process's slots: handed to a worker to fill, lent to the consumer, reused."""
 
-    def __init__(self, fixed: dict[str, tuple[int, int]], ragged: dict[str, int], size: int) -> None:
-        self.fixed = fixed  # field -> (bytes per sample, address phase)
+    def __init__(self, fixed: dict[str, int], ragged: list[str], size: int) -> None:
+        self.fixed = fixed  # field -> bytes per sample
         self.capacity: dict[str, int] = {**dict.fromkeys(ragged, 0), SPARE: 0}  # bytes, grown by what batches needed
         self.rows = 0  # samples the fixed regions hold
         self.want = size  # slots kept free or lent before more are made
@@ -124,32 +99,26 @@ class Ring:
         self.grown = 0  # slots made beyond ``want`` because the consumer held on to batches
 
     def _layout(self) -> tuple[Layout, int]:
-        regions = {n: (self.rows * row, phase) for n, (row, phase) in self.fixed.items()}
-        regions.update({n: (c, 0) for n, c in self.capacity.items() if n != SPARE})
-        return make_layout(regions, self.capacity[SPARE])
+        """Offsets of the regions (fixed fields for ``rows`` samples, then ragged ones, the spare last); size."""
+        sizes = {**{n: self.rows * row for n, row in self.fixed.items()}, **self.capacity}
+        layout: Layout = {}
+        at = 0
+        for name, nbytes in sizes.items():
+            layout[name] = (at, nbytes)
+            at = _aligned(at + nbytes)
+        return layout, max(ALIGN, at)
 
-    def _fits(self, slot: Slot) -> bool:
-        layout = slot.layout
-        return all(layout[n][1] >= self.rows * row for n, (row, _) in self.fixed.items()) and \
-            all(layout[n][1] >= c for n, c in self.capacity.items())
-
-    def take(self, rows: int, worker: int) -> Slot:
-        """A slot for ``worker`` to fill with a batch of ``rows`` samples: one it filled before if
-        any is free (already mapped there), made anew when too small for what batches need."""
+    def take(self, rows: int) -> Slot:
+        """A slot to fill with a batch of ``rows`` samples: a free one, made anew when too small."""
         self.rows = max(self.rows, rows)
         self._reclaim()
-        if self.free:
-            mine = [i for i, s in enumerate(self.free) if s.user == worker]
-            unused = [i for i, s in enumerate(self.free) if s.user == -1]
-            slot = self.free.pop((mine or unused or [-1])[-1])
-            if not self._fits(slot):
-                slot.close()
-                slot = self._make(slot.id, slot.gen + 1)
-        else:
-            if len(self.slots) >= self.want:
-                self.grown += 1
-            slot = self._make(len(self.slots), 0)
-        slot.user = worker
+        if not self.free:
+            self.grown += len(self.slots) >= self.want
+            return self._make(len(self.slots), 0)
+        slot = self.free.pop()
+        if slot.layout != self._layout()[0]:  # (regions only grow: a slot of another layout is too small)
+            slot.close()
+            slot = self._make(slot.id, slot.gen + 1)
         return slot
 
     def _make(self, sid: int, gen: int) -> Slot:
@@ -195,10 +164,10 @@ class WorkerSlots:
 
     def add(self, sid: int, gen: int, fd: int, size: int, layout: Layout) -> None:
         try:
-            mm = mmap.mmap(fd, size, flags=_POPULATE)
+            mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        self.maps[sid] = (gen, mm, np.frombuffer(mm, dtype=np.uint8), layout)
+        self.maps[sid] = (gen, mm, np.frombuffer(mm, dtype=np.uint8), layout)  # (unmapped when the worker exits)
 
     def outs(self, sid: int, rows: int, fixed: dict[str, tuple[tuple[int, ...], str]],
              ragged: dict[str, str]) -> dict[str, np.ndarray]:
@@ -261,6 +230,3 @@ class WorkerSlots:
             placed[name] = ("slot", (at, v.shape, dt.str))
         needs[SPARE] = spare_need
         return placed, needs
-
-    def close(self) -> None:
-        self.maps.clear()  # mappings go when their last array does

@@ -1,7 +1,5 @@
-"""The tuned-settings cache: what ``fastdata tune`` measured best, per dataset, batch size, device
-and machine. ``fastdata tune`` writes it; ``fastdata.loader(num_workers="auto")`` reads it (and
-logs what it used). It lives in the user's cache directory, never in the dataset.
-"""
+"""The tuned-settings cache in the user's cache directory: what ``fastdata tune`` measured best per
+dataset, batch size, device and machine, read by ``fastdata.loader(num_workers="auto")``."""
 
 from __future__ import annotations
 
@@ -32,12 +30,6 @@ def machine_id() -> str:
     return f"{platform.node()}|{cpu or platform.processor()}|{usable_cpus()}"
 
 
-def transform_name(transform: Any) -> str:
-    """What identifies a transform across runs: its module and qualified name (a PerSample: its function's)."""
-    fn = getattr(transform, "fn", transform)
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-
-
 def settings_key(ds: Dataset, batch_size: int, device: str, transform: Any = None) -> str:
     """Same dataset content (shard checksums), batch size, device type, machine and transform -> same key."""
     h = hashlib.sha256()
@@ -45,7 +37,9 @@ def settings_key(ds: Dataset, batch_size: int, device: str, transform: Any = Non
         h.update(s.checksum.encode())
     h.update(f"|{','.join(f.name for f in ds.schema)}|{batch_size}|{device}|{machine_id()}".encode())
     if transform is not None:  # settings raced with a transform fit only loaders that run it
-        h.update(f"|transform={transform_name(transform)}".encode())
+        fn = getattr(transform, "fn", transform)  # a PerSample: its function
+        name = getattr(fn, "__qualname__", type(fn).__qualname__)
+        h.update(f"|transform={getattr(fn, '__module__', '?')}.{name}".encode())
     return h.hexdigest()[:32]
 
 

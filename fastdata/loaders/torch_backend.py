@@ -27,11 +27,9 @@ class TorchLoader(Loader):
 
     def __init__(self, dataset: Dataset, batch_size: int, *, workers: int, transform: TransformFn | None = None,
                  **common: Any) -> None:
-        """``workers``: reader threads (or processes); ``transform``: the user's function on each host
-        batch, run by the readers (fastdata.loaders.transform); ``common``: :class:`Loader`'s arguments."""
+        """``workers``: reader threads (or processes); ``transform``: run by the readers on each host batch."""
         super().__init__(dataset, batch_size, **common)
         self.workers = workers
-        self.transform = transform
         self._bound = BatchTransform(transform, self.seed) if transform is not None else None  # checks it
         self._make_stages()
 
@@ -49,46 +47,37 @@ class TorchLoader(Loader):
         if config.timeout is not None and self.workers == 0:
             raise UsageError("LoaderConfig(timeout=...) bounds the wait for reader threads or processes, and "
                              "num_workers=0 reads in the iterating thread: use num_workers >= 1, or no timeout")
-        # On the CPU, reader threads decode JPEG/PNG straight to float (each image converted while in
-        # cache, fastdata/reading/decode.py); worker processes ship uint8 (4x fewer bytes) and a GPU converts
-        # itself. With the decode_threads choice below JPEG batches run faster (benchmarks/bench_choices.py).
-        # A view of the dataset for the reader threads; not for a URL dataset, whose reads and
-        # plan-following prefetch must share one remote store.
+        # On the CPU, reader threads decode images straight to float, each reader its own batch
+        # (benchmarks/bench_choices.py); a view of the dataset, not for a URL dataset (one remote store)
         view = not processes and self.dataset.remote is None
-        floats = self._decode_float(images) if view else ()
-        changes: dict[str, Any] = {"decode": "float"} if floats else {}
+        changes: dict[str, Any] = {"decode": "float"} if view and self._decode_float(images) else {}
         encoded = any(f.encoding == ENCODING_IMAGE for f in self.dataset.schema)
-        if view and self.workers >= 2 and encoded and self.dataset.options.get("decode_threads") is None:
-            # the reader threads are the parallelism: a decode pool shared by them made each reader
-            # wait on the others' images
-            changes["decode_threads"] = 1
+        if (processes or view and self.workers >= 2) and encoded and self.dataset.options.get("decode_threads") is None:
+            changes["decode_threads"] = 1  # the readers are the parallelism
         crop = crop_field(self.dataset, self.augment, images, config, view and self._bound is None)
         stage = None
         if crop is not None:  # the reader threads decode that field window by window (crop.py)
             assert self.augment is not None
             changes["decode"] = False
-            floats = (crop,)
             field = next(f for f in self.dataset.schema if f.name == crop)
             stage = CropStage(field, self.augment.ops, self.seed, pin)
         self._read_ds = self.dataset.with_options(**changes) if changes else self.dataset
         if processes:
-            self._reader: Any = ProcessReader(self.dataset, self.workers, config.prefetch, pin, config.ragged,
+            self._reader: Any = ProcessReader(self._read_ds, self.workers, config.prefetch, config.ragged,
                                               self._bound, config.timeout)
         else:
             self._reader = ThreadReader(self._read_ds, self.workers, config.prefetch, pin, config.ragged, self._bound,
                                         stage, config.timeout)
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
-                                   keep_uint8=config.image_dtype == "uint8", unit_float=frozenset(floats))
+                                   keep_uint8=config.image_dtype == "uint8")
         self._device.precropped = {crop: len(stage.ops)} if crop is not None and stage is not None else {}
 
-    def _decode_float(self, images: tuple[str, ...]) -> tuple[str, ...]:
-        """The encoded image fields to decode straight to float: on the CPU, float output, a dataset
-        that decodes, and every encoded field among the images (a mask declared as an augmentation
-        target stays uint8); else none."""
-        encoded = tuple(f.name for f in self.dataset.schema if f.encoding == ENCODING_IMAGE)
-        ok = (self.device.type == "cpu" and self.config.image_dtype == "float32"
-              and self.dataset.options.get("decode") is True and all(n in images for n in encoded))
-        return encoded if ok else ()
+    def _decode_float(self, images: tuple[str, ...]) -> bool:
+        """Whether the readers decode images straight to float: on the CPU, float output, a dataset that
+        decodes, and every encoded field among the images (a mask declared as a target stays uint8)."""
+        encoded = [f.name for f in self.dataset.schema if f.encoding == ENCODING_IMAGE]
+        return (bool(encoded) and self.device.type == "cpu" and self.config.image_dtype == "float32"
+                and self.dataset.options.get("decode") is True and all(n in images for n in encoded))
 
     def _check_packed(self, images: tuple[str, ...]) -> None:
         """Packed batches: what can be packed (Dataset.check_ragged), and mixed-size images kept as bytes."""
@@ -101,24 +90,13 @@ class TorchLoader(Loader):
 
     def _batches(self, plan: list[np.ndarray], epoch: int, first: int) -> Iterator[dict[str, torch.Tensor]]:
         rank = self._device.rank = self.world.rank  # the world of this pass (read when it started)
-        post = self._device.host_transform(epoch)
-        if isinstance(self._reader, ThreadReader) and self.sample_fn is None and self.dataset.remote is None:
-            # the next epoch's first batches are read while this one ends (not with a sampler: a
-            # user's sampler may change its plan between epochs; not remote: its prefetch follows plans)
-            def then() -> tuple[list[np.ndarray], Any, int, int]:
-                return self.plan(epoch + 1), self._device.host_transform(epoch + 1), epoch + 1, rank
-
-            host = self._reader.run(plan, first, post, epoch, rank, then=then)
-        else:
-            host = self._reader.run(plan, first, post, epoch, rank)
+        host = self._reader.run(plan, first, self._device.host_transform(epoch), epoch, rank)
         return self._device.run(host, epoch, first)
 
     def stats(self) -> dict[str, float]:
-        """:meth:`Loader.stats`, and in mode="processes" the shared ring's: ``ring_slots`` (slots
-        made), ``ring_grown`` (made because batches were held), ``ring_copied`` (arrays that did not
-        fit a slot and crossed as a copy; the slot is enlarged for later batches)."""
-        reader = getattr(self, "_reader", None)
-        return {**super().stats(), **(reader.stats() if reader is not None else {})}
+        """:meth:`Loader.stats`, and in mode="processes" the ring's (:meth:`ProcessReader.stats`)."""
+        ring = self._reader.stats() if isinstance(self._reader, ProcessReader) else {}
+        return {**super().stats(), **ring}
 
     def collate_fn(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """A batch read by ``dataset.get_batch`` made into what this loader yields (tensors on the

@@ -1,10 +1,8 @@
 """User transforms run by the readers (threads or worker processes) on each host batch.
 
-``transform(batch, rng)`` gets the batch as ``Dataset.get_batch`` returns it (a dict of numpy
-arrays; string fields and keys as lists of str) and a ``numpy.random.Generator`` drawn from
-``(seed, epoch, rank, batch index)`` (fastdata.seeds), so a resumed run repeats each batch's draws
-whoever reads it. It changes the arrays in place and returns None, or returns the batch to use.
-:class:`PerSample` wraps a function written for one sample at a time.
+``transform(batch, rng)`` gets the batch as ``Dataset.get_batch`` returns it (numpy arrays; strings
+and keys as lists of str) and a generator drawn from ``(seed, epoch, rank, batch index)``, so a
+resumed run repeats each batch's draws. It changes the arrays in place, or returns the batch to use.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import UsageError
+from fastdata.loaders.batching import batch_len
 from fastdata.seeds import Stream, numpy_rng
 
 _TENSOR_KINDS = "biufc"  # numpy kinds torch.from_numpy takes (bool, integers, floats, complex)
@@ -44,7 +43,7 @@ class PerSample:
         return f"PerSample({getattr(self.fn, '__qualname__', self.fn)!r})"
 
     def __call__(self, batch: HostArrays, rng: np.random.Generator) -> HostArrays:
-        b = _batch_len(batch)
+        b = batch_len(batch)
         rows = {n: v for n, v in batch.items() if isinstance(v, (np.ndarray, list)) and len(v) == b}
         stacked: dict[str, list[Any]] = {}
         for i in range(b):
@@ -68,23 +67,12 @@ class PerSample:
         for n, vs in stacked.items():
             if len(vs) != b:
                 raise ValueError(f"field {n!r}: {len(vs)} of {b} samples returned a value for it")
-            out[n] = vs if isinstance(vs[0], str) else _stack(n, vs)
+            shapes = {np.shape(v) for v in vs}
+            if len(shapes) > 1:
+                raise ValueError(f"field {n!r}: the samples returned arrays of different shapes {sorted(shapes)[:3]}; "
+                                 "return one shape per field (pad or crop to a fixed size)")
+            out[n] = vs if isinstance(vs[0], str) else np.stack(vs)
         return out
-
-
-def _stack(name: str, values: list[Any]) -> np.ndarray:
-    shapes = {np.shape(v) for v in values}
-    if len(shapes) > 1:
-        raise ValueError(f"field {name!r}: the samples returned arrays of different shapes {sorted(shapes)[:3]}; "
-                         "return one shape per field (pad or crop to a fixed size)")
-    return np.stack(values)
-
-
-def _batch_len(batch: HostArrays) -> int:
-    for v in batch.values():
-        if isinstance(v, (np.ndarray, list)):
-            return len(v)
-    return 0
 
 
 class BatchTransform:
