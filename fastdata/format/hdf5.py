@@ -19,12 +19,11 @@ from fastdata.fileio import pread_into
 from fastdata.format import codec as blosc_codec
 from fastdata.format.h5chunks import chunk_arrays
 from fastdata.format.hdf5write import COMPRESSIONS, ShardWriter, parse_compression
-from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase, runs
+from fastdata.format.shardio import GATHER_ROW_BYTES, Layout, RaggedOut, ShardReaderBase, copy_rows, runs
 from fastdata.format.spec import FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
-_GATHER_ROW_BYTES = 64 << 10  # mapped rows up to this size are gathered with one fancy-index call
 
 
 @dataclass
@@ -204,15 +203,12 @@ class ShardReader(ShardReaderBase[_Handle]):
                 self._read_compressed(h.fd, f, col, local, dest, out)
             elif col.cached is not None:
                 out[dest] = col.cached[local]
-            elif col.mapped is not None and f.row_nbytes <= _GATHER_ROW_BYTES:
-                out[dest] = col.mapped[local]  # small rows: one numpy gather
-            elif col.mapped is not None and col.offset is not None and from_disk and out.flags.c_contiguous:
+            elif col.mapped is not None and col.offset is not None and from_disk and out.flags.c_contiguous \
+                    and f.row_nbytes > GATHER_ROW_BYTES:
                 for l0, d0, n in runs(local, dest):
                     pread_into(h.fd, out[d0 : d0 + n], col.offset + l0 * f.row_nbytes, self._where(l0))
             elif col.mapped is not None:
-                m = col.mapped.view(np.ndarray)  # larger rows: one copy per run, straight into the batch
-                for l0, d0, n in runs(local, dest):
-                    out[d0 : d0 + n] = m[l0 : l0 + n]
+                copy_rows(col.mapped.view(np.ndarray), local, dest, out)
             else:
                 for l0, d0, n in runs(local, dest):
                     self._h5_read(col.dset, np.s_[l0 : l0 + n], out[d0 : d0 + n], l0)
