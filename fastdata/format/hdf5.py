@@ -19,7 +19,7 @@ from fastdata.fileio import pread_into
 from fastdata.format import codec as blosc_codec
 from fastdata.format.h5chunks import chunk_arrays
 from fastdata.format.hdf5write import COMPRESSIONS, ShardWriter, parse_compression
-from fastdata.format.shardio import GATHER_ROW_BYTES, Layout, RaggedOut, ShardReaderBase, copy_rows, runs
+from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase, copy_rows, runs
 from fastdata.format.spec import FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
@@ -187,11 +187,9 @@ class ShardReader(ShardReaderBase[_Handle]):
         return o[local + 1] - o[local]
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
-                  layouts: dict[str, Layout] | None = None, *, from_disk: bool = False) -> None:
+                  layouts: dict[str, Layout] | None = None) -> None:
         """Sample ``local[k]`` (sorted) of this shard goes to row ``dest[k]`` of each array in ``outs``; ragged
-        fields as :class:`RaggedOut` places them (``layouts``). ``from_disk``: large rows are ``pread`` into
-        the batch, not copied from the map (which would map every page into the process for the kernel to
-        unmap again)."""
+        fields as :class:`RaggedOut` places them (``layouts``)."""
         h = self.handle()
         self._check_unchanged(h.fd, local)
         for name, out in outs.items():
@@ -203,10 +201,6 @@ class ShardReader(ShardReaderBase[_Handle]):
                 self._read_compressed(h.fd, f, col, local, dest, out)
             elif col.cached is not None:
                 out[dest] = col.cached[local]
-            elif col.mapped is not None and col.offset is not None and from_disk and out.flags.c_contiguous \
-                    and f.row_nbytes > GATHER_ROW_BYTES:
-                for l0, d0, n in runs(local, dest):
-                    pread_into(h.fd, out[d0 : d0 + n], col.offset + l0 * f.row_nbytes, self._where(l0))
             elif col.mapped is not None:
                 copy_rows(col.mapped.view(np.ndarray), local, dest, out)
             else:

@@ -93,7 +93,7 @@ class PartReader:
         self.columns = columns
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
-                  layouts: dict[str, Layout] | None = None, *, from_disk: bool = False) -> None:
+                  layouts: dict[str, Layout] | None = None) -> None:
         """Sample ``local[k]`` of this part goes to row ``dest[k]`` of each array in ``outs`` (``local`` sorted)."""
         for name, out in outs.items():
             self.columns[name].read(local, dest, out)
