@@ -137,5 +137,4 @@ def open_all(owners: Sequence[_Opens], threads: int = 8) -> None:
             f.result()  # the first error, as a plain open would raise it
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_inherited_handles)
+os.register_at_fork(after_in_child=_close_inherited_handles)

@@ -46,20 +46,14 @@ class World:
         (``WORLD_SIZE`` > 1) while no process group exists: every rank would read everything."""
         world = cls.detect()
         if world.size == 1:
-            declared = cls.launched_size()
-            if declared > 1:
+            declared = os.environ.get("WORLD_SIZE", "1").strip()  # what torchrun, Lightning, Accelerate announce
+            if declared.isdigit() and int(declared) > 1:
                 raise UsageError(
                     f"WORLD_SIZE={declared} but torch.distributed has no process group yet, so this process "
                     "cannot know its share of the data: iterate the loader (or take its len()) after "
                     "torch.distributed.init_process_group (Lightning and Accelerate start it in fit()/"
                     "Accelerator()), or unset WORLD_SIZE for a single-process run")
         return world
-
-    @staticmethod
-    def launched_size() -> int:
-        """The world size a launcher (torchrun, Lightning, Accelerate) announced in ``WORLD_SIZE``; 1 if none."""
-        value = os.environ.get("WORLD_SIZE", "1").strip()
-        return int(value) if value.isdigit() and int(value) > 0 else 1
 
     @staticmethod
     def cuda_index(device_count: int) -> int | None:

@@ -230,19 +230,13 @@ def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, conten
     return None
 
 
-def file_arrays(index: Index) -> list[tuple[str, list[str]]]:
-    """Per file of the index: its format and the arrays the index reads in it."""
-    out: list[tuple[str, list[str]]] = [("", []) for _ in index.files]
-    for p in index.parts:
-        for c in p.values():
-            out[c.file] = (c.format, out[c.file][1] + [c.array])
-    return out
-
-
 def file_problems(index: Index, content: bool = False) -> list[str]:
     """What changed in the index's source files (:func:`check_file` with ``meta``), one line each."""
-    found = [check_file(s, fmt, arrays, meta=True, content=content)
-             for s, (fmt, arrays) in zip(index.files, file_arrays(index))]
+    arrays: list[tuple[str, list[str]]] = [("", []) for _ in index.files]  # per file: its format, arrays read
+    for p in index.parts:
+        for c in p.values():
+            arrays[c.file] = (c.format, arrays[c.file][1] + [c.array])
+    found = [check_file(s, fmt, names, meta=True, content=content) for s, (fmt, names) in zip(index.files, arrays)]
     return [p for p in found if p is not None]
 
 

@@ -19,12 +19,11 @@ from fastdata.fileio import pread_into
 from fastdata.format import codec as blosc_codec
 from fastdata.format.h5chunks import chunk_arrays
 from fastdata.format.hdf5write import COMPRESSIONS, ShardWriter, parse_compression
-from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase, runs
+from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase, copy_rows, runs
 from fastdata.format.spec import FieldSpec, ShardInfo
 
 EXTENSION = ".h5"
 _CACHE_COLUMN_BYTES = 1 << 20  # small columns (labels) are read whole, once per process
-_GATHER_ROW_BYTES = 64 << 10  # mapped rows up to this size are gathered with one fancy-index call
 
 
 @dataclass
@@ -182,11 +181,9 @@ class ShardReader(ShardReaderBase[_Handle]):
         return o[local + 1] - o[local]
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
-                  layouts: dict[str, Layout] | None = None, *, from_disk: bool = False) -> None:
+                  layouts: dict[str, Layout] | None = None) -> None:
         """Sample ``local[k]`` (sorted) of this shard goes to row ``dest[k]`` of each array in ``outs``; ragged
-        fields as :class:`RaggedOut` places them (``layouts``). ``from_disk``: large rows are ``pread`` into
-        the batch, not copied from the map (which would map every page into the process for the kernel to
-        unmap again)."""
+        fields as :class:`RaggedOut` places them (``layouts``)."""
         h = self.handle()
         self._check_unchanged(h.fd, local)
         for name, out in outs.items():
@@ -198,15 +195,8 @@ class ShardReader(ShardReaderBase[_Handle]):
                 self._read_compressed(h.fd, f, col, local, dest, out)
             elif col.cached is not None:
                 out[dest] = col.cached[local]
-            elif col.mapped is not None and f.row_nbytes <= _GATHER_ROW_BYTES:
-                out[dest] = col.mapped[local]  # small rows: one numpy gather
-            elif col.mapped is not None and col.offset is not None and from_disk and out.flags.c_contiguous:
-                for l0, d0, n in runs(local, dest):
-                    pread_into(h.fd, out[d0 : d0 + n], col.offset + l0 * f.row_nbytes, self._where(l0))
             elif col.mapped is not None:
-                m = col.mapped.view(np.ndarray)  # larger rows: one copy per run, straight into the batch
-                for l0, d0, n in runs(local, dest):
-                    out[d0 : d0 + n] = m[l0 : l0 + n]
+                copy_rows(col.mapped.view(np.ndarray), local, dest, out)
             else:
                 for l0, d0, n in runs(local, dest):
                     self._h5_read(col.dset, np.s_[l0 : l0 + n], out[d0 : d0 + n], l0)

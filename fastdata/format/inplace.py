@@ -20,7 +20,7 @@ from fastdata.format.chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
 from fastdata.format.external import Column, Index, Stamp, check_file, file_problems, parse_index
 from fastdata.format.h5chunks import ChunkTable, chunk_spans, chunk_table, read_chunk
 from fastdata.format.interface import ShardReader
-from fastdata.format.shardio import Layout, runs
+from fastdata.format.shardio import Layout, copy_rows, runs
 from fastdata.format.source import LocalShards
 from fastdata.format.spec import FieldSpec, Manifest, ShardInfo
 from fastdata.format.zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
@@ -28,7 +28,6 @@ from fastdata.handles import PerProcessHandle
 
 NAME = INDEX
 H = TypeVar("H")
-_GATHER_ROW_BYTES = 64 << 10  # as fastdata/format/hdf5.py: small rows gathered in one numpy call
 _WHOLE_COLUMN_BYTES = 16 << 20  # a chunked column this small is read whole, once per process
 
 
@@ -94,7 +93,7 @@ class PartReader:
         self.columns = columns
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
-                  layouts: dict[str, Layout] | None = None, *, from_disk: bool = False) -> None:
+                  layouts: dict[str, Layout] | None = None) -> None:
         """Sample ``local[k]`` of this part goes to row ``dest[k]`` of each array in ``outs`` (``local`` sorted)."""
         for name, out in outs.items():
             self.columns[name].read(local, dest, out)
@@ -172,11 +171,7 @@ class _Mapped(_Col[_Map]):
                                     f"{self.stamp.size}); run fastdata index again")
         if h.check is not None:
             h.check.rows(h.fd, self.offset, local, self.field.row_nbytes)
-        if self.field.row_nbytes <= _GATHER_ROW_BYTES:
-            out[dest] = h.data[local]
-            return
-        for l0, d0, n in runs(local, dest):
-            out[d0 : d0 + n] = h.data[l0 : l0 + n]
+        copy_rows(h.data, local, dest, out)
 
 
 @dataclass
@@ -310,11 +305,7 @@ class _Chunked(_Col[_Source]):
                 self._read_rows(src, c, local[a:e] - r0, dest[a:e], out)
                 continue
             data = src.cache.get(c, partial(self._load, src, r0, min(r0 + self.rows, self.count)))
-            if self.field.row_nbytes <= _GATHER_ROW_BYTES:
-                out[dest[a:e]] = data[local[a:e] - r0]
-            else:  # large rows: one copy per run, no gathered temporary
-                for l0, d0, n in runs(local[a:e] - r0, dest[a:e]):
-                    out[d0 : d0 + n] = data[l0 : l0 + n]
+            copy_rows(data, local[a:e] - r0, dest[a:e], out)
 
     def _read_rows(self, src: _Source, c: int, rows: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
         """Rows ``rows`` of the unfiltered chunk ``c`` into ``out[dest]`` with positional reads."""

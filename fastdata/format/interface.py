@@ -36,16 +36,14 @@ class ShardWriterFactory(Protocol):
 
 class ShardReader(Protocol):
     """Reads samples of one shard (``local`` are row numbers in the shard, ``dest`` their places in
-    the batch); opens its file lazily, once per process, and can be closed and reopened.
-    ``read_into(..., from_disk=True)`` says the batch is not in the page cache (a hint: a reader may
-    read differently, never other bytes)."""
+    the batch); opens its file lazily, once per process, and can be closed and reopened."""
 
     path: Path
 
     def lengths(self, name: str, local: np.ndarray) -> np.ndarray: ...
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
-                  layouts: dict[str, Layout] | None = None, *, from_disk: bool = False) -> None: ...
+                  layouts: dict[str, Layout] | None = None) -> None: ...
 
     def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]: ...
 

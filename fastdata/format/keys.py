@@ -29,11 +29,6 @@ class DuplicateKeyError(DataError):
         self.a, self.b, self.key = a, b, key
 
 
-def keys_nbytes(n: int, text_bytes: int) -> int:
-    """Size of a keys file holding ``n`` keys of ``text_bytes`` UTF-8 bytes in all."""
-    return _HEAD.size + 8 * (n + 1) + 8 * n + text_bytes
-
-
 def write_keys(f: IO[bytes], keys: Sequence[str], where: str = "keys") -> None:
     """Write ``keys`` (unique strings, in sample order) to the open binary file ``f``."""
     enc = [k.encode("utf-8") for k in keys]
@@ -99,7 +94,7 @@ class KeyTable(PerProcessHandle[_Handle]):
         if len(head) != _HEAD.size:
             raise self._bad("truncated header")
         magic, n, text = _HEAD.unpack(head)
-        if magic != MAGIC or n != self.count or keys_nbytes(n, text) != size:
+        if magic != MAGIC or n != self.count or _HEAD.size + 8 * (n + 1) + 8 * n + text != size:
             raise self._bad(f"header does not match the manifest ({n} keys, {self.count} samples)")
         n1 = n + 1
         with open(self.path, "rb") as f:  # plain arrays over one map: no np.memmap overhead per key

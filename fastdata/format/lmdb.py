@@ -290,7 +290,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         return ix.sizes[local, i] // f.row_nbytes if f.row_nbytes else np.zeros(len(local), dtype=np.int64)
 
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
-                  layouts: dict[str, Layout] | None = None, *, from_disk: bool = False) -> None:
+                  layouts: dict[str, Layout] | None = None) -> None:
         """Sample ``local[k]`` goes to row ``dest[k]`` of each array in ``outs``; ragged fields as
         :class:`RaggedOut` places them (``layouts``: per ragged field, image shapes of ``pixels`` fields or a packed layout)."""
         if self._record_size is not None and self._record_size <= _GATHER_RECORD_BYTES:

@@ -98,11 +98,9 @@ def parse_manifest(obj: Any, where: str = "manifest") -> Manifest:
         fields = [_parse_field(f) for f in _list(obj, "fields", MAX_FIELDS)]
         shards = [_parse_shard(s, version) for s in _list(obj, "shards", MAX_SHARDS)]
         classes = obj.get("classes")
-        if classes is not None:
-            if not isinstance(classes, list) or len(classes) > MAX_CLASSES:
-                raise FormatError("classes must be a list of strings")
-            if not all(isinstance(c, str) for c in classes):
-                raise FormatError("classes must be a list of strings")
+        if classes is not None and (not isinstance(classes, list) or len(classes) > MAX_CLASSES
+                                    or not all(isinstance(c, str) for c in classes)):
+            raise FormatError("classes must be a list of strings")
         source = obj.get("source", {})
         if not isinstance(source, dict):
             raise FormatError("source must be an object")

@@ -4,6 +4,7 @@ placing ragged samples into their padded batch rows."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TypeVar
@@ -16,6 +17,7 @@ from fastdata.format.spec import ShardInfo
 from fastdata.handles import PerProcessHandle
 
 H = TypeVar("H")
+GATHER_ROW_BYTES = 64 << 10  # rows up to this size are copied with one fancy-index gather
 
 
 def runs(local: np.ndarray, dest: np.ndarray) -> list[tuple[int, int, int]]:
@@ -27,6 +29,16 @@ def runs(local: np.ndarray, dest: np.ndarray) -> list[tuple[int, int, int]]:
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [n]))
     return [(int(local[s]), int(dest[s]), int(e - s)) for s, e in zip(starts, ends)]
+
+
+def copy_rows(data: np.ndarray, local: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+    """Rows ``local`` (sorted) of ``data`` (e.g. a read-only memory map) to rows ``dest`` of ``out``: small
+    rows in one numpy gather, larger ones one copy per run (no gathered temporary)."""
+    if data.itemsize * math.prod(data.shape[1:]) <= GATHER_ROW_BYTES:
+        out[dest] = data[local]
+        return
+    for l0, d0, n in runs(local, dest):
+        out[d0 : d0 + n] = data[l0 : l0 + n]
 
 
 _SMALL_COPY = 16 << 10  # smaller copies go through memoryviews (less overhead than numpy; GIL held)

@@ -26,11 +26,6 @@ from fastdata.remote.store import RemoteStore
 log = logging.getLogger("fastdata.remote")
 
 
-def shards_of(batch: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The shards (indices into the manifest) holding the samples of ``batch``."""
-    return np.unique(np.searchsorted(starts, batch, side="right") - 1)
-
-
 class PlanFollower:
     """Prefetches for one rank's plan; ``plans`` holds every rank's batches (global positions).
 
@@ -48,7 +43,7 @@ class PlanFollower:
         seen: set[int] = set()
         for r, plan in enumerate(plans):
             for k, batch in enumerate(plan):
-                for s in shards_of(batch, starts).tolist():
+                for s in np.unique(np.searchsorted(starts, batch, side="right") - 1).tolist():  # its shards
                     uses.setdefault(s, set()).add(k)
                     if r == mine and k >= first and s not in seen:
                         seen.add(s)

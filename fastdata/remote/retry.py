@@ -71,12 +71,6 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:300] if text else type(e).__name__
 
 
-def is_permanent(e: BaseException) -> bool:
-    """Errors that the same call cannot get past by being retried."""
-    return (isinstance(e, _PERMANENT) or isinstance(e, (TypeError, AttributeError, FastdataError))
-            or bool(_names(e) & (_NO_CREDENTIALS | _BAD_CONFIG)) or _is_bad_endpoint(e))
-
-
 def permanent_error(e: BaseException, what: str) -> RemoteError:
     """The one-line error for a permanent failure of ``what`` (a URL, maybe with ': upload'); no '; ' in
     it (converters/__init__.py cuts a message there to replace its advice)."""
@@ -88,11 +82,6 @@ def permanent_error(e: BaseException, what: str) -> RemoteError:
                                  "AWS_ENDPOINT_URL")
     cls = RemoteNotFoundError if isinstance(e, FileNotFoundError) else RemoteError
     return cls(f"{what}: {describe(e)}")
-
-
-def _clock(deadline: float) -> str:
-    """The wall-clock time (HH:MM:SS) of the monotonic ``deadline``."""
-    return time.strftime("%H:%M:%S", time.localtime(time.time() + deadline - time.monotonic()))
 
 
 # this process's remote calls in trouble: what -> (when, why, still retrying); one waiting on such a call (a
@@ -122,38 +111,35 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float, *, first_delay
                  max_delay: float = 5.0) -> T:
     """``fn()``, retried on transient errors with jittered exponential backoff until the monotonic
     ``deadline``; then (or on a permanent error) a RemoteError saying ``what`` failed and why."""
-    try:
-        return _with_retries(fn, what, deadline, first_delay, max_delay)
-    finally:
-        _troubles.pop(what, None)
-
-
-def _with_retries(fn: Callable[[], T], what: str, deadline: float, first_delay: float, max_delay: float) -> T:
     delay = first_delay
     attempt = 0
     start = time.monotonic()
     warned = 0.0  # when the last warning was logged (0: not yet)
-    while True:
-        attempt += 1
-        try:
-            return fn()
-        except Exception as e:  # noqa: BLE001 - fsspec backends raise anything; classified below
-            if isinstance(e, FastdataError):
-                raise
-            if is_permanent(e):
-                raise permanent_error(e, what) from None
-            now = time.monotonic()
-            _troubles[what] = (now, f"{what}: {describe(e)}", True)
-            left = deadline - now
-            if left <= 0:
-                raise RemoteError(f"{what}: {describe(e)}, gave up after {attempt} attempt(s) in {now - start:.0f} s "
-                                  f"(the time bound: {BOUND_HINT})") from None
-            if not warned or now - warned >= WARN_EVERY_S:
-                log.warning("%s: %s; %s until %s (%.0f s more; bound: %s)", what, describe(e),
-                            "retrying" if not warned else f"still retrying after {attempt} attempt(s)",
-                            _clock(deadline), left, BOUND_HINT)
-                warned = now
-            else:
-                log.info("%s: attempt %d failed (%s); retrying in %.1fs", what, attempt, describe(e), delay)
-            time.sleep(min(delay * (0.5 + random.random()), left))
-            delay = min(delay * 2, max_delay)
+    try:
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001 - fsspec backends raise anything; classified below
+                if isinstance(e, FastdataError):
+                    raise
+                if isinstance(e, _PERMANENT) or isinstance(e, (TypeError, AttributeError)) or _is_bad_endpoint(e) \
+                        or _names(e) & (_NO_CREDENTIALS | _BAD_CONFIG):  # no retry gets past these
+                    raise permanent_error(e, what) from None
+                now = time.monotonic()
+                _troubles[what] = (now, f"{what}: {describe(e)}", True)
+                left = deadline - now
+                if left <= 0:
+                    raise RemoteError(f"{what}: {describe(e)}, gave up after {attempt} attempt(s) in {now - start:.0f} s "
+                                      f"(the time bound: {BOUND_HINT})") from None
+                if not warned or now - warned >= WARN_EVERY_S:
+                    log.warning("%s: %s; %s until %s (%.0f s more; bound: %s)", what, describe(e),
+                                "retrying" if not warned else f"still retrying after {attempt} attempt(s)",
+                                time.strftime("%H:%M:%S", time.localtime(time.time() + left)), left, BOUND_HINT)
+                    warned = now
+                else:
+                    log.info("%s: attempt %d failed (%s); retrying in %.1fs", what, attempt, describe(e), delay)
+                time.sleep(min(delay * (0.5 + random.random()), left))
+                delay = min(delay * 2, max_delay)
+    finally:
+        _troubles.pop(what, None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import threading
 import weakref
 from collections import deque
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from fastdata.handles import parent_only
 
 MAX_TRACKED = 16  # the last batches whose tensors' storages are remembered (the loop copies the current one)
 MAX_TENSORS = 256  # tensors remembered per batch
@@ -87,6 +88,10 @@ class Accountant:
         self.active = True  # False once the doctor replays cached batches
         self.usable: bool | None = None  # CUDA works here (asked at the first copy to a CUDA device)
         self.lock = threading.Lock()
+
+    def _after_fork_in_child(self) -> None:
+        global _acc
+        _acc = None
 
     def track(self, batch: Any, key: int, number: int, counted: bool) -> None:
         """Remember the storages of a batch's CPU tensors, to know a later copy as a copy of it (a weak
@@ -270,6 +275,7 @@ def install(clock: Any = None) -> Accountant:
     """Wrap the copy methods of ``torch.Tensor`` to report to a new Accountant (the CUDA clock by default)."""
     global _acc
     _acc = Accountant(clock or CudaClock())
+    parent_only(_acc)  # a forked DataLoader worker copies nothing to a GPU: it forgets the Accountant
     for name, wrap in _WRAPS.items():
         _saved.append((name, torch.Tensor.__dict__.get(name)))
         setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name)))
@@ -290,11 +296,3 @@ def uninstall() -> Accountant | None:
         acc.finish()
     return acc
 
-
-def _forget_in_child() -> None:
-    """A forked DataLoader worker copies nothing to a GPU: its patched methods take the shortest way."""
-    global _acc
-    _acc = None
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
