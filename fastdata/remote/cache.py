@@ -125,6 +125,9 @@ class ShardCache:
         without it any unpinned file may go, and a CacheFullError comes once ``deadline`` passes without room."""
         if self.path(name).exists():
             return True
+        if size > self.limit:  # any file, the keys file too: an error now, not after the wait for room
+            raise CacheFullError(f"{where}: the shard is {fmt_bytes(size)}, larger than the cache limit "
+                                 f"{fmt_bytes(self.limit)} of {self.root}; raise RemoteOptions.cache_limit")
         lock_path = self.path(name + ".lock")
         asked = time.monotonic()
         try:
