@@ -73,7 +73,7 @@ MAX_ALLOWED_MODULE_LINES = 800  # the most an allowed module may have
 # modules users import from (docs, README): each declares a sorted __all__ of names it has
 PUBLIC_MODULES = (
     "fastdata", "fastdata.augment", "fastdata.augment.mixing", "fastdata.augment.sequence", "fastdata.augment.targets",
-    "fastdata.demo.examples", "fastdata.errors", "fastdata.format", "fastdata.format.interface", "fastdata.format.source",
+    "fastdata.demo.examples", "fastdata.errors", "fastdata.format", "fastdata.format.interface", "fastdata.format.store",
     "fastdata.loaders", "fastdata.measure.bench", "fastdata.measure.doctor", "fastdata.measure.tune",
     "fastdata.reading.samplers", "fastdata.remote", "fastdata.train", "fastdata.world",
 )

@@ -21,8 +21,8 @@ from fastdata.format.external import Column, Index, Stamp, check_file, file_prob
 from fastdata.format.h5chunks import ChunkTable, chunk_spans, chunk_table, read_chunk
 from fastdata.format.interface import ShardReader
 from fastdata.format.shardio import Layout, copy_rows, runs
-from fastdata.format.source import LocalShards
 from fastdata.format.spec import FieldSpec, Manifest, ShardInfo
+from fastdata.format.store import LocalShards
 from fastdata.format.zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
 from fastdata.handles import PerProcessHandle
 
@@ -43,7 +43,7 @@ def index_of(manifest: Manifest, where: str) -> Index:
 
 
 class InPlaceShards(LocalShards):
-    """The ShardSource of an index: one reader per part of the source files (no shard files)."""
+    """The ShardStore of an index: one reader per part of the source files (no shard files)."""
 
     def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
         """One reader per part, after checking every source file is as indexed."""

@@ -21,7 +21,6 @@ from fastdata.format.backends import INDEX
 from fastdata.format.interface import ShardReader
 from fastdata.format.manifest import read_manifest
 from fastdata.format.shardio import Layout, Packed
-from fastdata.format.source import LocalShards, ShardSource
 from fastdata.format.spec import (
     ENCODING_PIXELS,
     KEY_FIELD,
@@ -31,6 +30,7 @@ from fastdata.format.spec import (
     companions,
     is_string,
 )
+from fastdata.format.store import LocalShards, ShardStore
 from fastdata.handles import open_all
 from fastdata.reading.decode import BatchDecoder, check_shapes
 from fastdata.remote import RemoteOptions, is_url
@@ -43,7 +43,7 @@ Batch = dict[str, Any]  # field name -> numpy array, or list of str for string f
 _COLUMN_CHUNK = 1 << 16  # samples read at a time by column()
 
 
-def open_source(src: str, remote: RemoteOptions | None) -> ShardSource:
+def open_store(src: str, remote: RemoteOptions | None) -> ShardStore:
     """Where the shards of the dataset at ``src`` (a folder or a URL) live."""
     if is_url(src):
         from fastdata.remote.shards import RemoteShards
@@ -80,14 +80,14 @@ class Dataset:
         src = root if isinstance(root, str) else os.fspath(root)
         self.options: dict[str, Any] = {"fields": fields, "decode": decode, "decode_threads": decode_threads,
                                         "remote": remote}
-        self._source = open_source(src, remote)
-        self.root: Path | str = self._source.root
-        self.manifest: Manifest = self._source.manifest
+        self._store = open_store(src, remote)
+        self.root: Path | str = self._store.root
+        self.manifest: Manifest = self._store.manifest
         names = [f.name for f in self.manifest.fields]
         self._subset: np.ndarray | None = None
         self._subset_pos: tuple[np.ndarray, np.ndarray] | None = None
         self._with_key = fields is not None and KEY_FIELD in fields and KEY_FIELD not in names
-        self._keys = self._source.key_table()
+        self._keys = self._store.key_table()
         if self._with_key:
             self._check_keys()  # asked for keys that cannot be read: say why now, not at the first batch
         self.schema: list[FieldSpec] = self._schema(fields, names)
@@ -100,7 +100,7 @@ class Dataset:
         if decode not in (True, False, "float"):
             raise UsageError(f"decode={decode!r}: expected True, False or 'float'")
         self._decoder = BatchDecoder(decode_threads, unit_float=decode == "float") if self._encoded else None
-        self._readers: list[ShardReader] = self._source.open_readers(self.manifest.fields)
+        self._readers: list[ShardReader] = self._store.open_readers(self.manifest.fields)
         self._starts = np.array([s.start for s in self.manifest.shards], dtype=np.int64)
 
     def _schema(self, fields: Sequence[str] | None, names: list[str]) -> list[FieldSpec]:
@@ -125,7 +125,7 @@ class Dataset:
     @property
     def remote(self) -> "RemoteStore | None":
         """The remote store and shard cache when the dataset was opened from a URL, else None."""
-        return self._source.remote
+        return self._store.remote
 
     def byte_ranges(self, indices: Iterable[int] | np.ndarray) -> list[tuple[Path, np.ndarray, np.ndarray]]:
         """Where reading samples ``indices`` reads in the shard files: ``(file, starts, lengths)`` per
@@ -398,7 +398,7 @@ class Dataset:
         idx = self._stored(idx)
         packed = self.check_ragged(ragged)
         segments, shards = self._segments(idx)
-        with self._source.pinned(shards, self._readers):
+        with self._store.pinned(shards, self._readers):
             open_all([self._readers[s] for s in shards])  # side by side: a batch waits for one open, not many
             batch = self._read(segments, idx, asked, out, packed)
         return batch if companions else self.trim(batch)
@@ -539,7 +539,7 @@ class Dataset:
             r.close()
         if self._decoder is not None:
             self._decoder.close()
-        self._source.close()
+        self._store.close()
         if self._keys is not None:
             self._keys.close()
 

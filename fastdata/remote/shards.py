@@ -1,4 +1,4 @@
-"""Shards of a URL dataset as a :class:`fastdata.format.source.ShardSource`: read from the node's
+"""Shards of a URL dataset as a :class:`fastdata.format.store.ShardStore`: read from the node's
 shard cache, downloaded (and checked) when a batch first needs them, pinned while it reads them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dataset reads through the ShardSource interface (fastdata/format/source.py) whatever kind of
+"""Dataset reads through the ShardStore interface (fastdata/format/store.py) whatever kind of
 source it is: a source of another kind (here one that counts what it is asked) needs no change in
 Dataset, and a local dataset never pins or prefetches."""
 
@@ -15,7 +15,7 @@ from conftest import four_shard_dataset
 import fastdata
 import fastdata.reading.dataset as dataset_module
 from fastdata.format.interface import ShardReader
-from fastdata.format.source import LocalShards, ShardSource
+from fastdata.format.store import LocalShards, ShardStore
 
 
 class CountingShards(LocalShards):
@@ -46,11 +46,11 @@ def test_a_source_of_another_kind_serves_the_dataset(tmp_path, monkeypatch, back
     ref = np.stack([arrays[k] for k in sorted(arrays)])
     made: list[CountingShards] = []
 
-    def open_source(src: str, remote: object) -> ShardSource:
+    def open_store(src: str, remote: object) -> ShardStore:
         made.append(CountingShards(Path(src)))
         return made[0]
 
-    monkeypatch.setattr(dataset_module, "open_source", open_source)
+    monkeypatch.setattr(dataset_module, "open_store", open_store)
     ds = fastdata.open(path)
     src = made[0]
     starts = [s.start for s in ds.manifest.shards]

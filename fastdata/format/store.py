@@ -1,4 +1,4 @@
-"""Where a dataset's shards live, and how they are opened and kept readable: :class:`ShardSource`, the one
+"""Where a dataset's shards live, and how they are opened and kept readable: :class:`ShardStore`, the one
 interface ``Dataset`` reads through (local folders here, URLs in fastdata.remote.shards, indexes in
 fastdata.format.inplace)."""
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 _UNPINNED: AbstractContextManager[None] = nullcontext()  # reusable: nothing to hold while a batch reads
 
 
-class ShardSource(Protocol):
+class ShardStore(Protocol):
     """A dataset's shards: the manifest, one reader per shard, and what keeps a shard readable."""
 
     root: Path | str  # what names the dataset in messages (a folder, or a URL)
@@ -44,7 +44,7 @@ class ShardSource(Protocol):
         ...
 
     def close(self) -> None:
-        """Releases what this process holds for the source (pins); readers are closed by the caller."""
+        """Releases what this process holds for the store (pins); readers are closed by the caller."""
         ...
 
 
@@ -95,4 +95,4 @@ class LocalShards:
         pass
 
 
-__all__ = ["LocalShards", "ShardSource"]
+__all__ = ["LocalShards", "ShardStore"]
