@@ -23,7 +23,7 @@ def digests(data: Any, block: int = BLOCK) -> list[int]:
     return [xxhash.xxh3_64_intdigest(view[i : i + block]) for i in range(0, len(view), block)]
 
 
-def encode(sums: list[int]) -> str:
+def manifest_text(sums: list[int]) -> str:
     """Digests as the manifest keeps them: base64 of little-endian uint64s."""
     return base64.b64encode(np.asarray(sums, dtype="<u8").tobytes()).decode()
 

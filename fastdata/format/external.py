@@ -188,7 +188,7 @@ def content_checksums(path: str) -> tuple[str, str, dict[str, str]]:
             pos += len(data)
         for o in starts:
             sample.update(pieces[o])
-        blocks[rel] = blocksums.encode(sums)
+        blocks[rel] = blocksums.manifest_text(sums)
     return f"xxh3_128:{full.hexdigest()}", f"xxh3_128:{sample.hexdigest()}", blocks
 
 
