@@ -103,6 +103,9 @@ class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
         j = self.offset + i
         return {k: np.array(m[j], order="C") for k, m in self.handle().items()}
 
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]:
+        return sorted(self.paths.values()), []
+
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "arrays": {k: os.path.abspath(p) for k, p in self.paths.items()}}
 
