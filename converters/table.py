@@ -101,7 +101,6 @@ def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int]
     image = all(str(r).lower().endswith(tuple(IMAGE_EXTENSIONS)) for r in rels)
     if not image and not all(str(r).lower().endswith(".npy") for r in rels):
         raise DataError(f"{table.path}: column {col.name!r} mixes image and .npy files; one kind per column")
-    shapes: list[tuple[int, ...]] = []
     dtypes: Counter[Any] = Counter()
     modes: Counter[str] = Counter()
     info: dict[int, Any] = {}

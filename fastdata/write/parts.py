@@ -106,7 +106,7 @@ def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
                 raise DestinationBusyError(f"{dst}: part {int(m.group(1))}/{int(m.group(2))} is still being "
                                            f"converted ({who}); run merge-parts after every part has ended")
     manifest, skipped, n = _combine(str(dst), lambda name: str(dst / name), sizes, lambda name: _read(dst / name))
-    _check_keys_file(dst, manifest)
+    _check_keys_file(manifest, sizes, lambda name: str(dst / name), dst)
     write_skipped(dst, skipped)
     write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
     for i in range(n):
@@ -132,6 +132,7 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
              if e.get("type") != "directory"}
     manifest, skipped, n = _combine(url, lambda name: join(url, name), sizes,
                                     lambda name: call(lambda: fs.cat_file(join(url, name)), join(url, name)))
+    _check_keys_file(manifest, sizes, lambda name: join(url, name))
     with tempfile.TemporaryDirectory(prefix="fastdata-merge-") as tmp:
         local = Path(tmp)
         write_skipped(local, skipped)
@@ -206,11 +207,6 @@ def _combine(dst: str, path_of: Callable[[str], str], sizes: dict[str, int],
     obj = dict(first["manifest"])
     obj["shards"] = [s.to_json() for s in sorted(shards, key=lambda s: s.start)]
     manifest = parse_manifest(obj, where=dst)  # validates: contiguous, every sample covered
-    keys = manifest.keys  # the sample keys' file every part wrote (the same bytes)
-    if keys is not None and keys.file is not None and sizes.get(keys.file) != keys.bytes:
-        got = sizes.get(keys.file)
-        raise DataError(f"{path_of(keys.file)}: {'missing' if got is None else f'is {got} bytes, not {keys.bytes}'}"
-                        ", though the parts list it; convert any one part again with %(overwrite=True)")
     return manifest, [(str(p), str(r)) for p, r in first["skipped"]], n
 
 
@@ -252,14 +248,20 @@ def _check_same_conversion(dst: str, a: dict[str, Any], b: dict[str, Any]) -> No
                          "different datasets (fastdata versions?); convert them with the same fastdata")
 
 
-def _check_keys_file(dst: Path, manifest: Manifest) -> None:
-    """The sample keys' file (its size checked by _combine) has the checksum the records describe."""
+def _check_keys_file(manifest: Manifest, sizes: dict[str, int], path_of: Callable[[str], str],
+                     local: Path | None = None) -> None:
+    """The sample keys' file every part wrote (the same bytes) is in place with the recorded size, and in a
+    folder ``local`` the recorded checksum."""
     keys = manifest.keys
-    if keys is not None and keys.file is not None:
-        path = dst / keys.file
-        if file_checksum(path, str(keys.checksum).partition(":")[0]) != keys.checksum:
-            raise DataError(f"{path}: is not the keys file the parts recorded (its checksum differs); convert any "
-                            "one part again with %(overwrite=True)")
+    if keys is None or keys.file is None:
+        return
+    got = sizes.get(keys.file)
+    if got != keys.bytes:
+        raise DataError(f"{path_of(keys.file)}: {'missing' if got is None else f'is {got} bytes, not {keys.bytes}'}"
+                        ", though the parts list it; convert any one part again with %(overwrite=True)")
+    if local is not None and file_checksum(local / keys.file, str(keys.checksum).partition(":")[0]) != keys.checksum:
+        raise DataError(f"{local / keys.file}: is not the keys file the parts recorded (its checksum differs); "
+                        "convert any one part again with %(overwrite=True)")
 
 
 def _check_shard_file(where: str, size: int | None, s: ShardInfo, part: int, n: int) -> None:
