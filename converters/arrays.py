@@ -37,6 +37,9 @@ class RowsSource:
     count: int
     fields: list[FieldSpec]
 
+    def __len__(self) -> int:
+        return self.count
+
     def sample_nbytes(self) -> np.ndarray:
         return np.full(self.count, sum(f.row_nbytes for f in self.fields), dtype=np.int64)
 
@@ -85,9 +88,6 @@ class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
             fields.append(data_field(name, h.dtype, h.shape[1:], str(path)))
             sizes[name] = size
         return cls(paths={k: str(v) for k, v in paths.items()}, offset=0, count=int(n0 or 0), fields=fields, file_sizes=sizes)
-
-    def __len__(self) -> int:
-        return self.count
 
     @property
     def bytes_in(self) -> int:

@@ -68,9 +68,6 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
         counts = [plan_part(cls.fmt, path, arrays, {}, specs)[1] for path in paths]
         return cls(paths=paths, arrays=dict(arrays), counts=counts, fields=list(specs.values()), count=sum(counts))
 
-    def __len__(self) -> int:
-        return self.count
-
     @property
     def bytes_in(self) -> int:
         return self.count * sum(f.row_nbytes for f in self.fields)
