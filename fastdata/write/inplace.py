@@ -18,8 +18,8 @@ from fastdata._version import __version__
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, make_field, read_manifest, write_manifest
 from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, npy_info, zarr_info
-from fastdata.format.external import ZARR_META, Column, Index, file_problems, native, stamp
-from fastdata.format.inplace import NAME, index_of
+from fastdata.format.external import ZARR_META, Column, Index, native, stamp
+from fastdata.format.inplace import NAME
 from fastdata.format.spec import KEYS_INDEX, KeysInfo
 from fastdata.write.options import Progress
 
@@ -203,8 +203,3 @@ def _is_index(root: Path) -> bool:
         return read_manifest(root).backend == NAME and set(os.listdir(root)) == {MANIFEST_NAME}
     except FastdataError:
         return False
-
-
-def check_index(root: Path, manifest: Manifest, content: bool) -> list[str]:
-    """Every problem with the source files of the index at ``root`` (one line each)."""
-    return file_problems(index_of(manifest, str(root)), content)
