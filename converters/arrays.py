@@ -37,6 +37,9 @@ class RowsSource:
     count: int
     fields: list[FieldSpec]
 
+    def __len__(self) -> int:
+        return self.count
+
     def sample_nbytes(self) -> np.ndarray:
         return np.full(self.count, sum(f.row_nbytes for f in self.fields), dtype=np.int64)
 
@@ -86,9 +89,6 @@ class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
             sizes[name] = size
         return cls(paths={k: str(v) for k, v in paths.items()}, offset=0, count=int(n0 or 0), fields=fields, file_sizes=sizes)
 
-    def __len__(self) -> int:
-        return self.count
-
     @property
     def bytes_in(self) -> int:
         return int(sum(self.file_sizes.values()))
@@ -102,6 +102,9 @@ class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
     def read(self, i: int) -> dict[str, np.ndarray]:
         j = self.offset + i
         return {k: np.array(m[j], order="C") for k, m in self.handle().items()}
+
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]:
+        return sorted(self.paths.values()), []
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "arrays": {k: os.path.abspath(p) for k, p in self.paths.items()}}

@@ -5,7 +5,6 @@ per worker process.
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,34 +17,19 @@ from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, regist
 from fastdata.errors import DataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.format.arrayinfo import open_zarr
-from fastdata.format.external import ZARR_META
 from fastdata.handles import PerProcessHandle
-from fastdata.write.inplace import plan_part
+from fastdata.write.inplace import expand, is_hdf5, is_zarr, plan_part
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
 
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-
-
-def _expand(src: str) -> list[str]:
-    """The files SRC names: the sorted matches of a glob, or SRC itself."""
-    return sorted(glob.glob(src)) if any(c in src for c in "*?[") else [src]
-
-
 def detect(src: str | os.PathLike[str]) -> bool:
     """An HDF5 file, or a glob whose first match is one."""
-    paths = _expand(os.fspath(src))
-    if not paths or not os.path.isfile(paths[0]):
+    try:
+        return is_hdf5(expand(os.fspath(src))[0])
+    except UsageError:
         return False
-    with open(paths[0], "rb") as f:
-        return f.read(8) == HDF5_MAGIC
-
-
-def detect_zarr(src: str | os.PathLike[str]) -> bool:
-    """A Zarr (v2 or v3) array or group store: a folder with Zarr metadata."""
-    return os.path.isdir(src) and any(os.path.exists(os.path.join(src, m)) for m in ZARR_META)
 
 
 @dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
@@ -65,9 +49,9 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
     default_arrays: ClassVar[Mapping[str, str]] = {}  # the fields when none are named (none: they must be)
 
     @staticmethod
-    def _paths(src: str) -> list[str]:  # pragma: no cover - abstract
+    def _paths(src: str) -> list[str]:
         """The files SRC names, each checked to exist (a one-line UsageError if not)."""
-        raise NotImplementedError
+        return expand(src)
 
     @classmethod
     def from_src(cls, src: str | os.PathLike[str], arrays: Mapping[str, str] | None = None) -> Self:
@@ -84,9 +68,6 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
         counts = [plan_part(cls.fmt, path, arrays, {}, specs)[1] for path in paths]
         return cls(paths=paths, arrays=dict(arrays), counts=counts, fields=list(specs.values()), count=sum(counts))
 
-    def __len__(self) -> int:
-        return self.count
-
     @property
     def bytes_in(self) -> int:
         return self.count * sum(f.row_nbytes for f in self.fields)
@@ -102,6 +83,9 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
         except Exception as e:  # h5py/zarr raise many types: name the file and the row instead
             raise DataError(f"{self.paths[k]}: row {row}: read failed ({type(e).__name__}: {e})") from None
 
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]:
+        return list(self.paths), []
+
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "files": [os.path.abspath(p) for p in self.paths], "arrays": self.arrays}
 
@@ -112,13 +96,6 @@ class H5Source(_ArrayFilesSource):
 
     kind: str = "hdf5"
     fmt: ClassVar[str] = "hdf5"
-
-    @staticmethod
-    def _paths(src: str) -> list[str]:
-        paths = _expand(src)
-        if not paths or not all(Path(p).is_file() for p in paths):
-            raise UsageError(f"{src}: no such file" + (" (the pattern matches none)" if not paths else ""))
-        return paths
 
     def _open_handle(self) -> list[dict[str, Any]]:
         import h5py
@@ -149,7 +126,7 @@ class ZarrSource(_ArrayFilesSource):
 
     @staticmethod
     def _paths(src: str) -> list[str]:
-        if not detect_zarr(src):
+        if not is_zarr(src):
             raise UsageError(f"{src}: not a Zarr store (no .zarray, .zgroup or zarr.json)")
         return [src]
 
@@ -195,4 +172,4 @@ class _ArrayFilesKind:
 
 
 register(_ArrayFilesKind("hdf5", detect, H5Source))  # an HDF5 file, or a glob of them (one after another)
-register(_ArrayFilesKind("zarr", detect_zarr, ZarrSource))  # a Zarr array (field x) or a group
+register(_ArrayFilesKind("zarr", is_zarr, ZarrSource))  # a Zarr array (field x) or a group

@@ -205,6 +205,10 @@ class ImageFolderSource(FolderSource):
             raise FastdataError(f"{path}: converted to {p.payload.nbytes} bytes, {self.nbytes[i]} at scan time")
         return self.labelled(image_arrays(IMAGE_FIELD, p, self.opts, self.fixed is not None), i)
 
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]:
+        files, values = super().inputs()
+        return files, [*values, self.crcs]  # a changed image with the same size and time changes its CRC
+
     def describe(self) -> dict[str, Any]:
         codecs = Counter(CODECS.get(int(c), "pixels") for c in self.codecs)
         return {

@@ -79,6 +79,9 @@ class SpoolSource(PerProcessHandle[int]):
             pos += n
         return out
 
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]:  # Python objects: no files
+        return [], []
+
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "type": self.type_name, "samples": len(self)}
 

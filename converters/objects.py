@@ -169,6 +169,9 @@ class ObjectSource:
         return {f.name: sum(int(s[f.name].shape[0]) for s in self._cache if s is not None)
                 for f in self.fields if f.ragged}
 
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]:  # Python objects: no files
+        return [], []
+
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "type": self.type_name, "samples": self.count}
 

@@ -336,6 +336,9 @@ class FolderSource:
             sample[LABEL_FIELD] = np.array(self.labels[i], order="C")
         return sample
 
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]:
+        return [os.path.join(self.root, r) for r in self.rels], [] if self.labels is None else [self.labels]
+
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": os.path.abspath(self.root), "labels": self.label_kind,
                 "files": len(self.rels), "skipped": len(self.skipped)}

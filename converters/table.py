@@ -101,7 +101,6 @@ def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int]
     image = all(str(r).lower().endswith(tuple(IMAGE_EXTENSIONS)) for r in rels)
     if not image and not all(str(r).lower().endswith(".npy") for r in rels):
         raise DataError(f"{table.path}: column {col.name!r} mixes image and .npy files; one kind per column")
-    shapes: list[tuple[int, ...]] = []
     dtypes: Counter[Any] = Counter()
     modes: Counter[str] = Counter()
     info: dict[int, Any] = {}
@@ -249,15 +248,11 @@ class TableSource:
     def root(self) -> str:
         return str(self.main.root)
 
-    @property
-    def rels(self) -> list[str]:
-        """Every file read (for the journal's fingerprint): the samples', the file columns' and the
-        table itself (absolute, so joining it to the root keeps it)."""
-        return list(self.main.rels) + [r for f in self.cols.files for r in f.rels] + [os.path.abspath(self.table_path)]
-
-    @property
-    def labels(self) -> np.ndarray | None:  # for the journal's fingerprint: the class folders' labels
-        return self.main.labels
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]:
+        """The main source's, the file columns' files and the table itself."""
+        files, values = self.main.inputs()
+        columns = [os.path.join(self.root, r) for f in self.cols.files for r in f.rels]
+        return files + columns + [os.path.abspath(self.table_path)], values
 
     def __len__(self) -> int:
         return len(self.main)

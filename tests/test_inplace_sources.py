@@ -9,10 +9,11 @@ import pytest
 
 import fastdata
 from fastdata.converters import ConvertConfig
-from fastdata.converters.h5source import H5Source, ZarrSource, detect, detect_zarr
+from fastdata.converters.h5source import H5Source, ZarrSource, detect
 from fastdata.errors import DataError, UsageError
 from fastdata.write import WriteOptions, write_dataset
 from fastdata.write.destination import prepare_dst
+from fastdata.write.inplace import is_zarr
 
 
 def _write(source, dst, **opts):
@@ -41,7 +42,7 @@ def test_zarr_group_converts_bit_exact(tmp_path):
     x = np.arange(50 * 6, dtype=np.int16).reshape(50, 2, 3)
     g = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
     g.create_array("a", shape=x.shape, chunks=(7, 2, 3), dtype="i2")[:] = x
-    assert detect_zarr(tmp_path / "s.zarr") and not detect_zarr(tmp_path)
+    assert is_zarr(tmp_path / "s.zarr") and not is_zarr(tmp_path)
     _write(ZarrSource.from_src(tmp_path / "s.zarr", {"x": "a"}), tmp_path / "out", compression="lz4")
     assert np.array_equal(fastdata.open(tmp_path / "out").get_batch(np.arange(50))["x"], x)
 

@@ -238,3 +238,18 @@ def test_resume_of_parts_never_started_or_killed_while_the_journal_is_written(sr
     code, _, err = run_cli("merge-parts", dst)
     assert code == 0, err
     same_dataset(ref, dst)
+
+
+def test_fingerprint_covers_hdf5_files(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    from fastdata.converters.h5source import H5Source
+    from fastdata.write.journal import fingerprint
+
+    path = tmp_path / "a.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.zeros((4, 3), dtype=np.float32)
+    before = fingerprint(H5Source.from_src(path, {"x": "/x"}))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # same bytes, a newer file
+    assert fingerprint(H5Source.from_src(path, {"x": "/x"})) != before

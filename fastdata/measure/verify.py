@@ -90,9 +90,10 @@ def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress 
     manifest = read_manifest(root)
     report = VerifyReport(root, len(manifest.shards), manifest.num_samples, deep)
     if manifest.backend == "inplace":  # an in-place index: its source files, not shards (fastdata/write/inplace.py)
-        from fastdata.write.inplace import check_index
+        from fastdata.format.external import file_problems
+        from fastdata.format.inplace import index_of
 
-        report.problems += [Problem(p) for p in check_index(root, manifest, content=deep)]
+        report.problems += [Problem(p) for p in file_problems(index_of(manifest, str(root)), deep)]
     else:
         report.problems += check_shards(root, manifest, progress, threads)
     skip = {p.shard for p in report.problems if p.unreadable and p.shard is not None}

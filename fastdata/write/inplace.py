@@ -18,8 +18,8 @@ from fastdata._version import __version__
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, make_field, read_manifest, write_manifest
 from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, npy_info, zarr_info
-from fastdata.format.external import ZARR_META, Column, Index, file_problems, native, stamp
-from fastdata.format.inplace import NAME, index_of
+from fastdata.format.external import ZARR_META, Column, Index, native, stamp
+from fastdata.format.inplace import NAME
 from fastdata.format.spec import KEYS_INDEX, KeysInfo
 from fastdata.write.options import Progress
 
@@ -41,33 +41,38 @@ class IndexReport:
                 f"at {self.dst} (fields: {', '.join(self.fields)}; no data copied)")
 
 
+def is_hdf5(path: str | os.PathLike[str]) -> bool:
+    """A file that starts with HDF5's signature."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89HDF\r\n\x1a\n"
+
+
+def is_zarr(path: str | os.PathLike[str]) -> bool:
+    """A Zarr (v2 or v3) array or group store: a folder with Zarr metadata."""
+    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in ZARR_META)
+
+
 def source_format(src: str) -> str:
     """``hdf5``, ``npy`` or ``zarr``: what ``src`` (a path, or the first match of a glob) holds."""
-    p = Path(src)
-    if p.is_dir():
-        if any((p / m).exists() for m in ZARR_META):
-            return "zarr"
+    if is_zarr(src):
+        return "zarr"
+    if os.path.isdir(src):
         raise UsageError(f"{src}: a folder that is not a Zarr store (no .zarray, .zgroup or zarr.json)")
-    if p.suffix.lower() == ".npy":
+    if src.lower().endswith(".npy"):
         return "npy"
-    if not p.is_file():
-        raise UsageError(f"{src}: no such file")
-    with open(p, "rb") as f:
-        head = f.read(8)
-    if head == b"\x89HDF\r\n\x1a\n":
+    if is_hdf5(src):
         return "hdf5"
     raise UsageError(f"{src}: not an HDF5 file, a .npy file or a Zarr store")
 
 
-def _expand(src: str) -> list[str]:
-    if any(c in src for c in "*?["):
-        paths = sorted(glob.glob(src))
-        if not paths:
-            raise UsageError(f"{src}: the pattern matches no file")
-        return [os.path.abspath(p) for p in paths]
-    if not os.path.exists(src):
-        raise UsageError(f"{src}: no such file")
-    return [os.path.abspath(src)]
+def expand(src: str) -> list[str]:
+    """The files ``src`` names (absolute): the sorted matches of a glob, or ``src`` itself, which must exist."""
+    paths = sorted(glob.glob(src)) if any(c in src for c in "*?[") else [src]
+    if not paths or not os.path.exists(paths[0]):
+        raise UsageError(f"{src}: no such file" + ("" if paths else " (the pattern matches none)"))
+    return [os.path.abspath(p) for p in paths]
 
 
 def _info(fmt: str, path: str, array: str) -> ArrayInfo:
@@ -125,7 +130,7 @@ def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool =
           progress: Progress | None = None) -> Manifest:
     """The manifest of an in-place index of ``src`` (see :func:`index`), without writing it; ``progress``
     counts the files read (their metadata, then with ``checksum`` their bytes)."""
-    paths = _expand(src)
+    paths = expand(src)
     fmt = source_format(paths[0])
     if fmt != "hdf5" and len(paths) > 1:
         raise UsageError(f"{src}: a pattern may match HDF5 files only (it matched {len(paths)} {fmt} sources)")
@@ -198,8 +203,3 @@ def _is_index(root: Path) -> bool:
         return read_manifest(root).backend == NAME and set(os.listdir(root)) == {MANIFEST_NAME}
     except FastdataError:
         return False
-
-
-def check_index(root: Path, manifest: Manifest, content: bool) -> list[str]:
-    """Every problem with the source files of the index at ``root`` (one line each)."""
-    return file_problems(index_of(manifest, str(root)), content)

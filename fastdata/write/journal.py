@@ -60,26 +60,16 @@ def fingerprint(source: Any) -> str:
         rows = source.ragged_rows(f.name) if f.ragged else None
         if rows is not None:  # None: known only when read (Python objects)
             h.update(np.ascontiguousarray(rows, dtype="<i8").tobytes())
-    for attr in ("labels", "crcs"):  # per-sample values some sources compute at scan time
-        v = getattr(source, attr, None)
-        if isinstance(v, np.ndarray):
-            h.update(np.ascontiguousarray(v).tobytes())
-    for path in _input_files(source):
+    files, values = source.inputs()
+    for v in values:
+        h.update(np.ascontiguousarray(v).tobytes())
+    for path in files:
         try:
             st = os.stat(path)
             put([path, st.st_size, st.st_mtime_ns])
         except OSError:
             put([path, None])
     return h.hexdigest()
-
-
-def _input_files(source: Any) -> list[str]:
-    """Every file a source reads: folder sources have ``root`` + ``rels``, array sources ``paths``."""
-    rels = getattr(source, "rels", None)
-    if rels is not None:
-        return [os.path.join(source.root, r) for r in rels]
-    paths = getattr(source, "paths", None)
-    return sorted(paths.values()) if isinstance(paths, dict) else []
 
 
 def start(dst: Path, head: dict[str, Any], name: str = JOURNAL_NAME) -> None:

@@ -29,7 +29,8 @@ class Source(Protocol):
     itself, lazily, never from a handle of the parent. ``sample_nbytes()`` plans the shards;
     ``ragged_rows(name)`` is the rows per sample of a ragged field (None: known only by reading, and then a
     part's ``load_rows()`` reads its samples into memory and returns each ragged field's rows); ``describe()`` goes into the manifest
-    and the journal (what --resume compares); ``sample_keys()`` names the samples (None: their index).
+    and the journal (what --resume compares); ``sample_keys()`` names the samples (None: their index);
+    ``inputs()`` is what the journal's fingerprint covers besides the schema and sizes.
     """
 
     kind: str
@@ -46,6 +47,7 @@ class Source(Protocol):
     def read(self, i: int) -> dict[str, np.ndarray]: ...
     def describe(self) -> dict[str, Any]: ...
     def sample_keys(self) -> list[str] | None: ...  # None: a sample's key is its index
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]: ...  # files read, per-sample values the scan found
 
 
 class Progress(Protocol):

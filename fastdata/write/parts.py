@@ -22,7 +22,6 @@ from fastdata.fileio import file_checksum, fsync_dir, write_atomic
 from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
 from fastdata.format.files import PART_FILE, SKIPPED_NAME
 from fastdata.format.manifest import parse_manifest, write_manifest
-from fastdata.format.spec import KEYS_FILE, KEYS_KIND_FILE
 from fastdata.remote import RemoteOptions, is_url
 from fastdata.remote.retry import with_retries
 from fastdata.remote.url import join, root
@@ -107,7 +106,7 @@ def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
                 raise DestinationBusyError(f"{dst}: part {int(m.group(1))}/{int(m.group(2))} is still being "
                                            f"converted ({who}); run merge-parts after every part has ended")
     manifest, skipped, n = _combine(str(dst), lambda name: str(dst / name), sizes, lambda name: _read(dst / name))
-    _check_keys_file(dst, manifest, n)
+    _check_keys_file(manifest, sizes, lambda name: str(dst / name), dst)
     write_skipped(dst, skipped)
     write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
     for i in range(n):
@@ -133,11 +132,7 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
              if e.get("type") != "directory"}
     manifest, skipped, n = _combine(url, lambda name: join(url, name), sizes,
                                     lambda name: call(lambda: fs.cat_file(join(url, name)), join(url, name)))
-    keys = manifest.keys
-    if keys is not None and keys.file is not None and sizes.get(keys.file) != keys.bytes:
-        got = sizes.get(keys.file)
-        raise DataError(f"{join(url, keys.file)}: {'missing' if got is None else f'is {got} bytes, not {keys.bytes}'}"
-                        f", though the parts list it; convert part 0/{n} again with %(overwrite=True)")
+    _check_keys_file(manifest, sizes, lambda name: join(url, name))
     with tempfile.TemporaryDirectory(prefix="fastdata-merge-") as tmp:
         local = Path(tmp)
         write_skipped(local, skipped)
@@ -253,20 +248,20 @@ def _check_same_conversion(dst: str, a: dict[str, Any], b: dict[str, Any]) -> No
                          "different datasets (fastdata versions?); convert them with the same fastdata")
 
 
-def _check_keys_file(dst: Path, manifest: Manifest, n: int) -> None:
-    """The sample keys' file every part wrote (the same bytes) is in place, as the records describe it."""
+def _check_keys_file(manifest: Manifest, sizes: dict[str, int], path_of: Callable[[str], str],
+                     local: Path | None = None) -> None:
+    """The sample keys' file every part wrote (the same bytes) is in place with the recorded size, and in a
+    folder ``local`` the recorded checksum."""
     keys = manifest.keys
-    if keys is None or keys.kind != KEYS_KIND_FILE:
+    if keys is None or keys.file is None:
         return
-    path = dst / KEYS_FILE
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing, though the parts recorded sample keys; convert any one part again "
-                        f"with %(overwrite=True) (every part of the {n} writes it)") from None
-    if size != keys.bytes or file_checksum(path, str(keys.checksum).partition(":")[0]) != keys.checksum:
-        raise DataError(f"{path}: is not the keys file the parts recorded (size or checksum differs); convert any "
-                        "one part again with %(overwrite=True)")
+    got = sizes.get(keys.file)
+    if got != keys.bytes:
+        raise DataError(f"{path_of(keys.file)}: {'missing' if got is None else f'is {got} bytes, not {keys.bytes}'}"
+                        ", though the parts list it; convert any one part again with %(overwrite=True)")
+    if local is not None and file_checksum(local / keys.file, str(keys.checksum).partition(":")[0]) != keys.checksum:
+        raise DataError(f"{local / keys.file}: is not the keys file the parts recorded (its checksum differs); "
+                        "convert any one part again with %(overwrite=True)")
 
 
 def _check_shard_file(where: str, size: int | None, s: ShardInfo, part: int, n: int) -> None:

@@ -170,13 +170,11 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
         size = tmp.stat().st_size
         handed_over = True  # from here the publisher owns the local file (and cleans it up)
         pub.publish(tmp, task.name)  # the fsync in its rename finds nothing left to write
-    except FastdataError:
-        if not handed_over:
-            pub.discard(tmp)
-        raise
     except Exception as e:  # OSError, and h5py / lmdb write failures (disk full, I/O error)
         if not handed_over:
             pub.discard(tmp)
+        if isinstance(e, FastdataError):
+            raise
         raise write_error(pub.where(task.name), e) from None
     _report(report, sent_n, sent_b)
     return ShardInfo(file=task.name, start=task.start, count=task.count, bytes=size, checksum=checksum), False
