@@ -9,19 +9,15 @@ refused rather than left pointing at the wrong pixels (docs/convert.md).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from fastdata.converters.image_codec import ImageOptions, resize_plan
 from fastdata.converters.table_types import FLOAT_DTYPE
 from fastdata.errors import DataError, UsageError
-from fastdata.format import make_field
 
-if TYPE_CHECKING:
-    from fastdata.converters.table import TableColumns
-
-__all__ = ["COORDINATE_NAME", "check_declared", "looks_like", "rescale", "rescale_columns"]
+__all__ = ["COORDINATE_NAME", "check_declared", "looks_like", "rescale"]
 
 # names that say "pixel coordinates": key points, landmarks, kp(s), boxes, bbox(es), coords, points, joints, ...
 COORDINATE_NAME = re.compile(r"key_?points?|landmarks?|(^|[_.-])kps?([_.-]|$)|b_?box|boxes|(^|[_.-])box([_.-]|$)"
@@ -40,15 +36,6 @@ def rescale(a: np.ndarray, kind: str, original: Sequence[int], opts: ImageOption
         out[..., c] = out[..., c] * sx - plan.left
         out[..., c + 1] = out[..., c + 1] * sy - plan.top
     return out.astype(FLOAT_DTYPE)
-
-
-def _trailing(cols: "TableColumns", name: str) -> int | None:
-    """The length of a numeric column's last axis (None: a scalar, a 1-D ragged list, a string or a file column)."""
-    f = next((f for f in cols.fields if f.name == name), None)
-    if f is None or name not in cols.values or np.dtype(f.dtype).kind not in "iuf" \
-            or not f.shape:
-        return None
-    return f.shape[-1]
 
 
 def check_declared(lasts: Mapping[str, int | None], keypoints: Sequence[str], boxes: Sequence[str],
@@ -89,30 +76,3 @@ def looks_like(name: str, last: int | None, rows: Iterable[Any], originals: Iter
             return None
         top = max(top, float(a[..., :2].max()))
     return f"its {last} values per row lie inside each image" if top > 1 else None
-
-
-def rescale_columns(table: str, cols: "TableColumns", columns: Sequence[str], originals: np.ndarray,
-                    opts: ImageOptions | None, keypoints: Sequence[str], boxes: Sequence[str],
-                    not_coordinates: Sequence[str]) -> None:
-    """Check the declared coordinate columns; when ``opts`` resizes, rescale them in place (float32) to
-    each row's stored image (``originals``: (n, 2) upright H, W) and refuse undeclared look-alikes."""
-    check_declared({c: _trailing(cols, c) for c in columns}, keypoints, boxes, not_coordinates,
-                   lambda flag, name: f"%({flag}) names {name!r}, which is not a column of {table} "
-                                      f"(columns: {', '.join(columns)})",
-                   lambda flag, name, need: f"{table}: column {name!r} is given as %({flag}) but is not numeric of "
-                                            f"shape {need}")
-    if opts is None or not opts.resizes:
-        return
-    declared = set(keypoints) | set(boxes) | set(not_coordinates)
-    for name in cols.values:
-        if name in declared:
-            continue
-        why = looks_like(name, _trailing(cols, name), cols.values[name], originals)
-        if why is not None:
-            say = f"%(keypoints={name}), %(boxes={name})" if _trailing(cols, name) == 4 else f"%(keypoints={name})"
-            raise DataError(f"{table}: column {name!r} looks like pixel coordinates ({why}) and the images are "
-                            f"resized; say what it is: {say} or %(not_coordinates={name})")
-    kinds: dict[str, str] = {**{n: "keypoints" for n in keypoints}, **{n: "boxes" for n in boxes}}
-    for name, kind in kinds.items():
-        cols.values[name] = [rescale(a, kind, o, opts) for a, o in zip(cols.values[name], originals)]
-        cols.fields = [make_field(name, FLOAT_DTYPE, f.shape) if f.name == name else f for f in cols.fields]

@@ -9,12 +9,12 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from fastdata.converters.coords import rescale_columns
+from fastdata.converters.coords import check_declared, looks_like, rescale
 from fastdata.converters.image_codec import IMAGE_EXTENSIONS, ImageOptions
 from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
 from fastdata.converters.npy_folder import NpyFolderSource
@@ -22,7 +22,7 @@ from fastdata.converters.npy_parse import read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SrcForm, register
 from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
 from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
-from fastdata.converters.table_types import INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
+from fastdata.converters.table_types import FLOAT_DTYPE, INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
@@ -406,3 +406,39 @@ class TableKind:
 
 
 register(TableKind())
+
+
+def _trailing(cols: TableColumns, name: str) -> int | None:
+    """The length of a numeric column's last axis (None: a scalar, a 1-D ragged list, a string or a file column)."""
+    f = next((f for f in cols.fields if f.name == name), None)
+    if f is None or name not in cols.values or np.dtype(f.dtype).kind not in "iuf" \
+            or not f.shape:
+        return None
+    return f.shape[-1]
+
+
+def rescale_columns(table: str, cols: TableColumns, columns: Sequence[str], originals: np.ndarray,
+                    opts: ImageOptions | None, keypoints: Sequence[str], boxes: Sequence[str],
+                    not_coordinates: Sequence[str]) -> None:
+    """Check the declared coordinate columns; when ``opts`` resizes, rescale them in place (float32) to
+    each row's stored image (``originals``: (n, 2) upright H, W) and refuse undeclared look-alikes."""
+    check_declared({c: _trailing(cols, c) for c in columns}, keypoints, boxes, not_coordinates,
+                   lambda flag, name: f"%({flag}) names {name!r}, which is not a column of {table} "
+                                      f"(columns: {', '.join(columns)})",
+                   lambda flag, name, need: f"{table}: column {name!r} is given as %({flag}) but is not numeric of "
+                                            f"shape {need}")
+    if opts is None or not opts.resizes:
+        return
+    declared = set(keypoints) | set(boxes) | set(not_coordinates)
+    for name in cols.values:
+        if name in declared:
+            continue
+        why = looks_like(name, _trailing(cols, name), cols.values[name], originals)
+        if why is not None:
+            say = f"%(keypoints={name}), %(boxes={name})" if _trailing(cols, name) == 4 else f"%(keypoints={name})"
+            raise DataError(f"{table}: column {name!r} looks like pixel coordinates ({why}) and the images are "
+                            f"resized; say what it is: {say} or %(not_coordinates={name})")
+    kinds: dict[str, str] = {**{n: "keypoints" for n in keypoints}, **{n: "boxes" for n in boxes}}
+    for name, kind in kinds.items():
+        cols.values[name] = [rescale(a, kind, o, opts) for a, o in zip(cols.values[name], originals)]
+        cols.fields = [make_field(name, FLOAT_DTYPE, f.shape) if f.name == name else f for f in cols.fields]
