@@ -135,6 +135,7 @@ def test_image_script_projection_redoes_its_transforms(tmp_path: Path, capsys: p
     assert "augment=[HorizontalFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)]" in r["commands"][2]
 
 
+@pytest.mark.slow  # a Lightning fit under the doctor: ~10 s
 def test_lightning_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("lightning")
     data = sequences(tmp_path / "seq", n=32)

@@ -162,6 +162,7 @@ def _run_switched_off(tmp_path: Path, guards: tuple[str, ...], off: str, refs: l
     return r.returncode, r.stdout + r.stderr
 
 
+@pytest.mark.slow  # one pytest subprocess per row of the table; .ci/run runs the slow set after the README's command
 @pytest.mark.parametrize("row", list(GUARDS))
 def test_each_listed_test_fails_with_its_check_switched_off(row, tmp_path):
     guard, off, refs = GUARDS[row]  # guard: the functions switched off
