@@ -284,3 +284,12 @@ def test_fuzz_targets_catch_untyped_errors() -> None:
     boom = given(st.integers())(lambda i: (_ for _ in ()).throw(KeyError(i)))
     with pytest.raises(KeyError):
         _settings(5)(boom)()
+
+
+@pytest.mark.parametrize("dtype", ["0{", "(1)", "i4,", "f8["])
+def test_a_dtype_numpy_cannot_parse_is_a_format_error(dtype: str) -> None:
+    """Found by test_fuzz_long[manifest-mutated]: numpy raises SyntaxError or ValueError for some strings."""
+    from fastdata.format.spec import FieldSpec, _check_field
+
+    with pytest.raises(FormatError, match="unsupported dtype"):
+        _check_field(FieldSpec(name="x", dtype=dtype, shape=(1,)))

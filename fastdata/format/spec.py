@@ -346,7 +346,7 @@ def _check_field(f: FieldSpec) -> None:
         raise FormatError(f"bad field name {f.name!r} (letters, digits, _ . -; not starting with a digit)")
     try:
         dt = np.dtype(f.dtype) if isinstance(f.dtype, str) and len(f.dtype) <= 8 else None
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):  # numpy's parser raises all three (e.g. "0{": SyntaxError)
         dt = None
     if dt is None or dt.kind not in _DTYPE_KINDS or dt.str != f.dtype:
         raise FormatError(f"field {f.name!r}: unsupported dtype {f.dtype!r} (plain numeric dtypes only)")
