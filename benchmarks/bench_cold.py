@@ -388,7 +388,6 @@ def run(n: int, n_images: int, side: int, shape: tuple[int, ...], rss_epochs: in
     cold_fns["loader lz4 shuffle=True"] = lambda: loader_pass(work / "hdf5_lz4", True)
     cold_fns["loader lz4 shuffle='block'"] = lambda: loader_pass(work / "hdf5_lz4", "block")
     cold_fns["loader LMDB shuffle=True"] = lambda: loader_pass(work / "lmdb", True)
-    cold_fns["loader LMDB shuffle=True, no read-ahead"] = lambda: loader_pass(work / "lmdb", True, readahead=False)
     ceil_fns: dict[str, Callable[[], dict[str, float]]] = {}
     for t in THREADS:
         ceil_fns[f"pread {sample_bytes} B, {t} threads, random"] = lambda t=t: pread_pass(shard_files, sample_bytes, t, True)
