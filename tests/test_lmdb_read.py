@@ -161,3 +161,44 @@ def test_small_records_are_checked_on_every_read_not_only_the_first(tmp_path):
     np.testing.assert_array_equal(ds.get_batch([8, 10])["x"], x[[8, 10]])
     with pytest.raises(CorruptShardError, match=r"sample 9: "):
         ds.get_batch([9])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_while_another_thread_reads_leaves_the_child_able_to_read(tmp_path: Path) -> None:
+    """py-lmdb's close in a forked child waits for the parent's in-flight reads, which never end there:
+    a fork must wait for them (a worker process started beside a reading loader hung)."""
+    import threading
+    import time
+
+    dst, x, _ = _dataset(tmp_path)
+    stop = threading.Event()
+    with fastdata.open(dst) as ds:
+        def read() -> None:
+            while not stop.is_set():
+                ds.get_batch(np.arange(N))
+
+        t = threading.Thread(target=read)
+        t.start()
+        try:
+            codes = []
+            for _ in range(8):
+                time.sleep(0.01)
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        ok = np.array_equal(ds.get_batch(np.arange(3))["x"], x[:3])
+                    finally:
+                        os._exit(0 if ok else 1)
+                deadline = time.monotonic() + 30
+                while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if done[0] == 0:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    codes.append("hung")
+                else:
+                    codes.append(os.waitstatus_to_exitcode(done[1]))
+        finally:
+            stop.set()
+            t.join()
+    assert codes == [0] * 8

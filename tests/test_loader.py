@@ -243,33 +243,35 @@ def test_bad_arguments(ds_path):
         fastdata.loader(ds_path, 4, num_workers=-1)
 
 
-def test_recycled_buffers_are_reused_only_when_nothing_uses_them():
+@pytest.mark.parametrize("phase", [0, 40])
+def test_recycled_buffers_are_reused_only_when_nothing_uses_them(phase):
     from fastdata.loaders.buffers import Recycler
 
     r = Recycler()
-    a = r.take((4, 5), torch.float32)
-    assert a.is_contiguous() and a.shape == (4, 5)
+    a = r.take((4, 5), torch.float32, phase)
+    assert a.data_ptr() % 64 == phase and a.is_contiguous() and a.shape == (4, 5)
     r.lend(a)
     view, a_ptr = a[:2], a.data_ptr()
     del a
     # (pointers are read outside assert statements: pytest's assert rewriting keeps references)
-    b = r.take((4, 5), torch.float32)  # a slice of `a` is still held: `a` must not come back
+    b = r.take((4, 5), torch.float32, phase)  # a slice of `a` is still held: `a` must not come back
     r.lend(b)
     arr, b_ptr = b.numpy(), b.data_ptr()
     del b
-    c = r.take((4, 5), torch.float32)  # a numpy view of `b` is held
+    c = r.take((4, 5), torch.float32, phase)  # a numpy view of `b` is held
     r.lend(c)
     c_ptr = c.data_ptr()
     del c
     assert len({a_ptr, b_ptr, c_ptr}) == 3
     del view, arr
-    reused = {r.take((4, 5), torch.float32).data_ptr() for _ in range(3)}
+    reused = {r.take((4, 5), torch.float32, phase).data_ptr() for _ in range(3)}
     assert reused == {a_ptr, b_ptr, c_ptr}  # all three free again, nothing new allocated
 
 
 @pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
 def test_batch_buffers_are_reused(tmp_path, backend):
-    """Large samples: the same few buffers serve every epoch, and batches stay right."""
+    """Large samples: the same few buffers serve every epoch, aligned like the shard's bytes, and
+    batches stay right."""
     src = tmp_path / "big"
     src.mkdir()
     rng = np.random.default_rng(0)
@@ -279,13 +281,22 @@ def test_batch_buffers_are_reused(tmp_path, backend):
     dst = tmp_path / backend
     fastdata.convert(src, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend)))
     ld = fastdata.loader(dst, 8, shuffle=False, device="cpu", num_workers=2)
+    procs = fastdata.loader(dst, 8, shuffle=False, device="cpu", num_workers=2, config=LoaderConfig(mode="processes"))
+    # LMDB keeps each large record at one offset into its pages: buffers start at that phase (mod 64)
+    phase = ld.dataset.readers[0].copy_phase("x")
+    assert (phase != 0) == (backend == "lmdb")
     ptrs = set()
     for _ in range(4):
         for k, b in enumerate(ld):
             ptrs.add(b["x"].data_ptr())
             np.testing.assert_array_equal(b["x"].numpy(), data[8 * k : 8 * k + 8])
     assert len(ptrs) <= ld.config.prefetch + 3  # recycled, not one allocation per batch
+    assert {p % 64 for p in ptrs} == {phase}
+    for k, b in enumerate(procs):  # the worker processes' shared ring: its regions at the same phase
+        assert b["x"].data_ptr() % 64 == phase
+        np.testing.assert_array_equal(b["x"].numpy(), data[8 * k : 8 * k + 8])
     ld.close()
+    procs.close()
 
 
 def test_the_gpu_of_a_torchrun_process_is_its_local_rank(monkeypatch):

@@ -105,6 +105,9 @@ class PartReader:
         """No read-ahead hints: a part's fields may lie in several files."""
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
+    def copy_phase(self, name: str) -> int:
+        return 0
+
     def handle(self) -> None:
         """Open every column's file (each once per process)."""
         for col in self.columns.values():

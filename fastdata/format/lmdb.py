@@ -7,9 +7,10 @@ import json
 import os
 import struct
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import lmdb
 import numpy as np
@@ -34,7 +35,7 @@ _envs: dict[tuple[int, int], list[Any]] = {}  # (st_dev, st_ino) -> [environment
 
 def _acquire_env(path: Path, st: os.stat_result) -> lmdb.Environment:
     ident = (st.st_dev, st.st_ino)
-    with _envs_lock:
+    with _envs_lock, _gate.op():
         entry = _envs.get(ident)
         if entry is None:
             # readahead: records are read through the map, so a cold record's pages come in by the kernel's
@@ -47,7 +48,7 @@ def _acquire_env(path: Path, st: os.stat_result) -> lmdb.Environment:
 
 
 def _release_env(env: lmdb.Environment) -> None:
-    with _envs_lock:
+    with _envs_lock, _gate.op():
         for ident, entry in list(_envs.items()):
             if entry[0] is env:
                 entry[1] -= 1
@@ -57,9 +58,41 @@ def _release_env(env: lmdb.Environment) -> None:
                 return
 
 
+class _ForkGate:
+    """A fork waits until no LMDB call is in flight in another thread and holds new ones off until it is
+    done: py-lmdb's close in the child waits for the parent's in-flight calls, forever (none finish there)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = 0
+
+    @contextmanager
+    def op(self) -> Iterator[None]:
+        with self._cond:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy -= 1
+                if not self._busy:
+                    self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()
+        self._cond.wait_for(lambda: self._busy == 0)
+
+    def after_fork_in_parent(self) -> None:
+        self._cond.release()
+
+
+_gate = _ForkGate()
+
+
 def _reset_envs_in_child() -> None:
-    global _envs_lock
+    global _envs_lock, _gate
     _envs_lock = threading.RLock()  # another thread may have held it at fork time
+    _gate = _ForkGate()
     for env, _ in _envs.values():
         try:
             env.close()
@@ -68,7 +101,8 @@ def _reset_envs_in_child() -> None:
     _envs.clear()
 
 
-os.register_at_fork(after_in_child=_reset_envs_in_child)
+os.register_at_fork(before=lambda: _gate.before_fork(), after_in_parent=lambda: _gate.after_fork_in_parent(),
+                    after_in_child=_reset_envs_in_child)
 
 
 class _Decoder:
@@ -124,7 +158,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
         try:
-            self._check_meta(env, st.st_size)
+            with _gate.op():
+                self._check_meta(env, st.st_size)
             self._check_shard_record(env)
         except BaseException:
             _release_env(env)
@@ -146,7 +181,7 @@ class ShardReader(ShardReaderBase[_Handle]):
     def _check_shard_record(self, env: lmdb.Environment) -> None:
         """The shard's own description must match the manifest's (absent in older shards)."""
         try:
-            with env.begin() as txn:
+            with _gate.op(), env.begin() as txn:
                 raw = txn.get(SHARD_KEY)
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
@@ -225,6 +260,15 @@ class ShardReader(ShardReaderBase[_Handle]):
             raise CorruptShardError(f"{self._where(local)}: record is missing")
         return buf
 
+    def copy_phase(self, name: str) -> int:
+        """Large fixed-size records each start at the same offset into their own pages of LMDB's map:
+        the phase of the first record's field there (0 for small records, which are gathered)."""
+        if self._record_size is None or self._record_size <= _GATHER_RECORD_BYTES or self.info.count == 0:
+            return 0
+        with _gate.op(), self._env(np.zeros(1, dtype=np.int64)).begin(buffers=True) as txn:
+            start = np.frombuffer(self._get(txn, 0), dtype=np.uint8).ctypes.data
+        return (start + self._field_offsets[self._index[name]]) % 64
+
     def records(self) -> RecordIndex:
         """The layout of every record of this shard: the schema's for fixed-size records, else built on
         first use in each process by reading each record's header once (a bad record is remembered
@@ -252,7 +296,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                  if not f.ragged and f.compression is None and 0 < f.row_nbytes <= _SMALL_FIELD_BYTES}
         self._check_unchanged(h.fd, np.zeros(1, dtype=np.int64))
         try:
-            with h.env.begin(buffers=True) as txn, txn.cursor() as cur:
+            with _gate.op(), h.env.begin(buffers=True) as txn, txn.cursor() as cur:
                 ok = cur.set_range(key(self.info.stored_start))
                 while ok:
                     k = bytes(cur.key())
@@ -320,7 +364,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             return
         totals = ix.total[local].tolist()
         heads = self._headers_of(lens)
-        with self._env(local).begin(buffers=True) as txn:
+        with _gate.op(), self._env(local).begin(buffers=True) as txn:
             for k, (l, d) in enumerate(zip(local.tolist(), dest.tolist())):
                 buf = self._get(txn, l)
                 if len(buf) != totals[k] or buf[: self._header_size] != heads[k].tobytes():
@@ -352,14 +396,14 @@ class ShardReader(ShardReaderBase[_Handle]):
         size = self._record_size
         assert size is not None
         try:
-            with self._env(local).begin(buffers=True) as txn:
+            with _gate.op(), self._env(local).begin(buffers=True) as txn:
                 found = txn.cursor().getmulti(keys)  # buffers into the map: sizes are checked before a copy
                 ok = len(found) == len(keys) and all(len(v) == size for _, v in found)
                 joined = b"".join(v for _, v in found) if ok else b""
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
         if not ok:
-            with self._env(local).begin(buffers=True) as txn:  # find and name the bad record
+            with _gate.op(), self._env(local).begin(buffers=True) as txn:  # find and name the bad record
                 for l in local.tolist():
                     self._layout(self._get(txn, l), l)
             raise CorruptShardError(f"{self._where()}: records missing or of the wrong size")

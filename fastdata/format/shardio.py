@@ -113,6 +113,11 @@ class ShardReaderBase(PerProcessHandle[H]):
         self.path = path
         self.info = info
 
+    def copy_phase(self, name: str) -> int:
+        """Where (mod 64 bytes) samples of fixed field ``name`` lie in the memory they are copied from
+        (0: not known or not fixed; a batch buffer at that phase fills fastest: loaders/buffers.py)."""
+        return 0
+
     def _where(self, local: int | None = None) -> str:
         if local is None:
             return f"shard {self.path}"

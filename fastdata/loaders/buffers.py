@@ -1,6 +1,10 @@
 """Recycled batch buffers: a fresh 50 MB tensor page-faults on every batch, so batch buffers are
 reused (bench_raw's "a new output per batch" row, docs/benchmarks.md).
 
+A buffer can start at a chosen address phase (mod 64 bytes): that of the bytes it is filled from
+(``Dataset.copy_phase``). memcpy runs faster when source and destination are equally aligned: LMDB
+keeps each large record a few bytes past a page start (benchmarks/results/copy_phase_ab.md).
+
 A buffer is handed out again only when nothing outside the pool uses its memory: no other
 reference to the tensor, and no view, numpy array or other tensor on its storage. Anything a
 training loop keeps therefore stays intact.
@@ -8,6 +12,7 @@ training loop keeps therefore stays intact.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from typing import Any
@@ -21,6 +26,26 @@ from fastdata._compat import storage_use_count
 def torch_dtype(dt: Any) -> torch.dtype:
     """The torch dtype of a numpy dtype (native byte order)."""
     return torch.from_numpy(np.empty(0, dtype=np.dtype(dt).newbyteorder("="))).dtype
+
+
+ALIGN = 64  # a cache line
+
+
+def allocate(shape: tuple[int, ...], dtype: torch.dtype, phase: int, pin: bool) -> torch.Tensor:
+    """An uninitialised contiguous tensor whose data starts at ``phase`` mod 64 bytes when that
+    suits the dtype's alignment (otherwise wherever the allocator puts it)."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    nbytes = math.prod(shape) * itemsize
+    if phase % ALIGN == 0 or phase % itemsize or nbytes == 0:
+        return torch.empty(shape, dtype=dtype, pin_memory=pin)
+    if pin and (nbytes - 1).bit_length() != (nbytes + ALIGN - 1).bit_length():
+        return torch.empty(shape, dtype=dtype, pin_memory=pin)  # pinned memory comes in powers of two
+    flat = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
+    start = (phase - flat.data_ptr()) % ALIGN
+    if start % itemsize:
+        return torch.empty(shape, dtype=dtype, pin_memory=pin)
+    # set_ rather than a view: a view keeps its base tensor, which _in_use would count as a user
+    return torch.empty(0, dtype=dtype).set_(flat.untyped_storage(), start // itemsize, shape)  # type: ignore[call-overload]
 
 
 def _in_use(t: torch.Tensor) -> bool:
@@ -41,14 +66,15 @@ class Recycler:
         self._lent: list[torch.Tensor] = []
         self._lock = threading.Lock()  # reader threads take and lend concurrently
 
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A tensor of ``shape`` and ``dtype``; call :meth:`lend` once it has been handed on."""
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype, phase: int = 0) -> torch.Tensor:
+        """A tensor of ``shape`` and ``dtype`` at address phase ``phase`` where possible (a recycled one
+        keeps the phase it was made with: one Recycler per phase); call :meth:`lend` once handed on."""
         with self._lock:
             self._reclaim()
             bucket = self._free.get((tuple(shape), dtype))
             if bucket:
                 return bucket.pop()
-        return torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+        return allocate(tuple(shape), dtype, phase, self.pin)
 
     def lend(self, t: torch.Tensor) -> None:
         """``t`` now belongs to the consumer; reuse it once nothing refers to it any more."""

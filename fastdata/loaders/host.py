@@ -36,6 +36,23 @@ def reader_fields(dataset: Dataset) -> tuple[dict[str, tuple[tuple[int, ...], st
     return fixed, flat
 
 
+def copy_phases(dataset: Dataset) -> dict[str, int]:
+    """Per fixed field, where (mod 64 bytes) its samples lie in the first shard's memory they are copied
+    from: a batch buffer at the same phase fills fastest (loaders/buffers.py). Fields whose rows are not
+    whole cache lines are left out (each row starts at another phase)."""
+    if not dataset.readers:
+        return {}
+    out = {}
+    for f in dataset.schema:
+        if f.ragged or f.row_nbytes % 64:
+            continue
+        try:
+            out[f.name] = dataset.readers[0].copy_phase(f.name)
+        except Exception:  # only a hint: the read itself reports what is wrong, naming the batch
+            out[f.name] = 0
+    return out
+
+
 class _BufferPool:
     """Recycled buffers for the native-endian fields of a batch: the batch's shape for fixed fields, flat
     for ragged ones (sized from the batches seen so far; the padded batch is a view of it)."""
@@ -43,14 +60,15 @@ class _BufferPool:
     def __init__(self, dataset: Dataset, pin: bool) -> None:
         self.pin = pin
         fixed, flat = reader_fields(dataset)
-        self.fixed = [(name, trailing, torch_dtype(dt)) for name, (trailing, dt) in fixed.items()]
+        phases = copy_phases(dataset)
+        self.fixed = [(name, trailing, torch_dtype(dt), phases.get(name, 0)) for name, (trailing, dt) in fixed.items()]
         self.ragged = {name: torch_dtype(dt) for name, dt in flat.items()}
         self.capacity = dict.fromkeys(self.ragged, 0)  # elements; 0 until a batch was seen
         self.recyclers = {name: Recycler(pin) for name in [*fixed, *flat]}
 
     def take(self, b: int) -> dict[str, torch.Tensor]:
         """Buffers for a batch of ``b``; they belong to the caller until :meth:`give_back`."""
-        bufs = {name: self.recyclers[name].take((b, *shape), dtype) for name, shape, dtype in self.fixed}
+        bufs = {name: self.recyclers[name].take((b, *shape), dtype, phase) for name, shape, dtype, phase in self.fixed}
         for name, dtype in self.ragged.items():
             if self.capacity[name]:
                 bufs[name] = self.recyclers[name].take((self.capacity[name],), dtype)

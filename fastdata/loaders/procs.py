@@ -27,7 +27,7 @@ import numpy as np
 from fastdata.errors import LoaderWorkerError, UsageError
 from fastdata.handles import parent_only
 from fastdata.loaders.base import wrap_error
-from fastdata.loaders.host import HostBatch, Post, Ragged, reader_fields, to_tensors
+from fastdata.loaders.host import HostBatch, Post, Ragged, copy_phases, reader_fields, to_tensors
 from fastdata.loaders.ring import Ring, Slot, WorkerSlots
 from fastdata.loaders.transform import BatchTransform, TransformError
 from fastdata.reading.dataset import Dataset
@@ -125,8 +125,9 @@ class ProcessReader:
         self.depth = max(prefetch, 3 * workers)
         self._fields = reader_fields(dataset)  # what the workers read into
         fixed, flat = self._fields
+        phases = {n: ph for n, ph in copy_phases(dataset).items() if ph % np.dtype(fixed[n][1]).itemsize == 0}
         self.ring = Ring({n: math.prod(tr) * np.dtype(dt).itemsize for n, (tr, dt) in fixed.items()}, list(flat),
-                         self.depth + 2)
+                         self.depth + 2, phases)
         self._workers: list[_Worker] = []
         self._pass = 0  # passes started: an older, unfinished pass must not take a newer one's results
 
