@@ -171,6 +171,27 @@ def test_a_bad_compression_is_a_one_line_usage_error(tmp_path, capsys, value, fm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("codec", ["zstd", "zstd:9", "lz4", "none"])
+def test_converting_with_zstd_says_above_which_disk_speed_it_reads_slower(tmp_path, capsys, codec):
+    """zstd decodes several times slower than lz4: the conversion says from what disk speed on reading
+    it is slower than uncompressed on this machine's cores (the decode rates are measured, not quoted)."""
+    _arrays(tmp_path)
+    dst = tmp_path / "out"
+    assert cli.main(["convert", "--data", str(tmp_path / "x.npy"), "--no-labels", str(dst), "--quiet",
+                     "--compression", codec]) == 0
+    err = capsys.readouterr().err
+    if not codec.startswith("zstd"):
+        assert "decodes" not in err
+        return
+    (note,) = [ln for ln in err.splitlines() if "decodes" in ln]
+    assert note.startswith(f"fastdata: note: {codec} decodes ") and str(dst) in note
+    threshold = int(note.split("more than about ")[1].split(" MB/s")[0].replace(",", ""))
+    per_core = int(note.split(" decodes ")[1].split(" MB/s")[0].replace(",", ""))
+    cores = int(note.split("with ")[1].split(" core")[0])
+    assert threshold > 0 and abs(threshold - per_core * cores) <= cores  # (rounding)
+    assert f"fastdata bench {dst} --cold" in note
+
+
 # --- read-ahead ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", [("hdf5", None), ("hdf5", "lz4"), ("lmdb", None), ("lmdb", "lz4")])

@@ -235,7 +235,36 @@ def _convert(args: argparse.Namespace) -> int:
         notes.removeHandler(said)
         notes.propagate = True
     print(report.summary())
+    if (note := codec_note(report.dst, config.write.compression)) is not None:
+        print(f"fastdata: note: {note}", file=sys.stderr)
     return 0
+
+
+def codec_note(dst: Any, compression: str | None) -> str | None:
+    """For zstd: how fast it decodes here against lz4, on the first compressed sample written, and the disk
+    speed above which reading it is slower than uncompressed (decoding then limits the read)."""
+    import os
+
+    import numpy as np
+
+    from fastdata.format import codec as blosc_codec
+    from fastdata.reading.dataset import Dataset
+
+    chosen = blosc_codec.parse(compression) if compression else None
+    if chosen is None or chosen.cname != "zstd" or "://" in str(dst):
+        return None
+    with Dataset(dst) as ds:
+        f = next((f for f in ds.schema if f.compression is not None), None)
+        if f is None or len(ds) == 0:
+            return None
+        sample = ds.get_batch(np.zeros(1, dtype=np.int64))[f.name][0]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    z, zr = blosc_codec.decode_rate(sample, chosen)
+    lz, lr = blosc_codec.decode_rate(sample, blosc_codec.Codec("lz4", blosc_codec.DEFAULT_LEVEL["lz4"]))
+    return (f"{compression} decodes {z / 1e6:,.0f} MB/s a core here (ratio {zr:.2f}), lz4 {lz / 1e6:,.0f} MB/s "
+            f"(ratio {lr:.2f}): with {cores} core(s), reading {dst} is slower than uncompressed wherever the disk "
+            f"delivers more than about {z * cores / 1e6:,.0f} MB/s (lz4: {lz * cores / 1e6:,.0f}); "
+            f"`fastdata bench {dst} --cold` measures it (docs/convert.md#compression)")
 
 
 def _merge_parts(args: argparse.Namespace) -> int:

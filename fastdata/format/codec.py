@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -97,6 +98,18 @@ def decode_into(buf: Any, out: np.ndarray, where: str) -> None:
         _blosc().decompress(view, out.reshape(-1).view(np.uint8))
     except (RuntimeError, ValueError) as e:
         raise CorruptShardError(f"{where}: cannot decompress sample ({e})") from None
+
+
+def decode_rate(sample: np.ndarray, codec: Codec) -> tuple[float, float]:
+    """(bytes decoded per second on one core, compression ratio) of ``codec`` on ``sample``, from
+    decodes of it in memory timed for at least 20 ms."""
+    buf = encode(sample, codec)
+    out = np.empty_like(np.ascontiguousarray(sample))
+    n, t0 = 0, time.perf_counter()
+    while (dt := time.perf_counter() - t0) < 0.02:
+        decode_into(buf, out, "decode_rate")
+        n += 1
+    return n * out.nbytes / dt, out.nbytes / len(buf)
 
 
 def hdf5_filter(codec: Codec) -> Any:
