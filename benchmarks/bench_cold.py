@@ -13,12 +13,9 @@ how much stayed resident (reported). One run compares, on the same files:
   sample), random order, by 4, 8, 16, 32, 64 and 128 threads (the best is the ceiling) and by one thread in
   order; and 4 MiB preads, parallel in random order, one thread in order, and 16 threads each
   reading its own contiguous part in order (parallel sequential streams), those streams also with
-  2 MiB and 1 MiB preads (the loader's stream reads are 1 MiB), and those 1 MiB streams sent to
-  ``/dev/null`` (``sendfile``: into the page cache, no copy) with 2 threads ``pread``-ing each piece
-  once it arrived into a reused buffer (like the loader: the read-ahead fills the page cache, the readers
-  copy once), and those streams kept within 2 consecutive shard files at a time (nearby on the disk, as
-  "shards" reads; the windows in random order); the large-read ceiling is the best of these. The same streams only sent to ``/dev/null`` are
-  the disk alone (nothing delivered to the process): a reference row, not a ceiling for reading;
+  2 MiB and 1 MiB preads; the large-read ceiling is the best of these. Every in-order read marks its
+  descriptors ``POSIX_FADV_SEQUENTIAL`` (fastdata.measure.bench.pread_pass): the ceilings are plain
+  ``pread`` loops a user could write, independent of fastdata's read path;
 - warm cache: the loader with and without read-ahead, uncompressed and compressed;
 - natural-looking raw images (smooth gradients + texture), uncompressed and lz4: ratio and cold rate;
 - RSS (anonymous and file-backed) of the loader's process after each of ``--rss-epochs`` cold epochs;
@@ -59,9 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.measure.bench import Sink, memory_stalls, pread_pass as bench_pread  # noqa: E402
 from fastdata.demo.baseline import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
+from fastdata.measure.bench import Sink, memory_stalls  # noqa: E402
+from fastdata.measure.bench import pread_pass as bench_pread
 from fastdata.reading.order import STREAMS, epoch_order  # noqa: E402
 
 CONVERTED_SHUFFLES: list[Any] = [True, False, "block", "shards"]  # the strings: Block() and Shards()
@@ -72,9 +70,6 @@ QUICK_SHAPE = (2, 64, 21, 21)
 BATCH = 64
 CLASSES = ("c0", "c1", "c2", "c3")
 LARGE = 4 << 20
-AHEAD = f"1 MiB, {STREAMS} streams read ahead to /dev/null, each piece then pread by 2 threads"
-NEARBY = f"1 MiB, {STREAMS} streams read ahead within 2 consecutive shard files at a time, each piece then pread by 2 threads"
-DISK_ALONE = f"1 MiB, {STREAMS} streams to /dev/null: the disk alone, nothing delivered (a reference)"
 PHOTO_SIDES = (192, 640)  # photos' height and width drawn apart, uniformly: every size, as in a folder of photos
 THREADS = (4, 8, 16, 32, 64, 128)  # the best is the ceiling: the read-ahead keeps more than 32 reads in flight
 HINTED = "random, hinted 256 MiB ahead of 2 copying threads"  # a deeper queue than threads keep (fastdata.measure.bench._hinted)
@@ -235,10 +230,9 @@ def random_ceiling(name: str) -> bool:
 
 
 def best_large(ceil: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The best large-read ceiling (reads of 1 MiB or more) among ``ceil``; the disk alone delivers
-    nothing to the process, so it is a reference, not one of them; nor are the sample-size reads hinted
-    "256 MiB" ahead (HINTED: the size in their name is the hints' bound, not the request's)."""
-    return max((v for k, v in ceil.items() if " MiB" in k and k != DISK_ALONE and HINTED not in k),
+    """The best large-read ceiling (reads of 1 MiB or more) among ``ceil``; not the sample-size reads
+    hinted "256 MiB" ahead (HINTED: the size in their name is the hints' bound, not the request's)."""
+    return max((v for k, v in ceil.items() if " MiB" in k and HINTED not in k),
                key=lambda v: v["mb_per_s"])
 
 

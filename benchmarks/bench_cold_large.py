@@ -5,12 +5,11 @@ hold when the data cannot fit in memory at all. It converts ``--base`` FLIM-like
 copies that dataset ``--copies`` times into one dataset with ``fastdata merge`` (method "copy": new
 files, no shared pages), sized to ``--ram-factor`` times the RAM (MemTotal). It then times one
 cold pass each (``--rounds``: more, in a new random order each round; the median) of the loader
-(shuffle True, "block", "shards") and the disk's ceilings on the same shard files (sample-size preads by 4, 8, 16, 32, 64 and 128 threads in random order, the best of them; 4 MiB preads by one thread in order
-and 4, 2 and 1 MiB preads by 16 threads each reading its own part in order, and those 1 MiB streams
-read ahead to /dev/null and copied by 2 threads, also kept within 2 consecutive shard files at a
-time (streams close together), the best of these; the same streams only sent to /dev/null as the
-disk alone, a reference),
-and the loader's RSS after its last pass. Each pass reads the whole dataset.
+(shuffle True, "block", "shards") and the disk's ceilings on the same shard files (sample-size
+preads by 4, 8, 16, 32, 64 and 128 threads in random order, the best of them; 4 MiB preads by one
+thread in order and 4, 2 and 1 MiB preads by 16 threads each reading its own part in order, the
+best of these; in-order reads mark their descriptors sequential), and the loader's RSS after its
+last pass. Each pass reads the whole dataset.
 
 Usage: python benchmarks/bench_cold_large.py [--ram-factor 1.15] [--base 2000] [--rounds R] [--dir DIR] [--out DIR]
 Needs free disk of about (1 + ram-factor) x RAM in --dir while it runs; everything is removed at the end.
