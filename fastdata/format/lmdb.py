@@ -260,6 +260,21 @@ class ShardReader(ShardReaderBase[_Handle]):
             raise CorruptShardError(f"{self._where(local)}: record is missing")
         return buf
 
+    def _keys(self, local: np.ndarray) -> list[bytes]:
+        raw = (local.astype(np.int64) + self.info.stored_start).astype(">u8").tobytes()
+        return [raw[k : k + 8] for k in range(0, len(raw), 8)]
+
+    def _get_many(self, txn: lmdb.Transaction, local: np.ndarray) -> list[memoryview]:
+        """Records ``local`` in order (buffers into the map) from one ``getmulti``; a missing one raises, named."""
+        try:
+            found = txn.cursor().getmulti(self._keys(local))
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+        if len(found) != len(local):
+            for l in local.tolist():
+                self._get(txn, l)  # raises for the first one missing
+        return [v for _, v in found]
+
     def copy_phase(self, name: str) -> int:
         """Large fixed-size records each start at the same offset into their own pages of LMDB's map:
         the phase of the first record's field there (0 for small records, which are gathered)."""
@@ -363,11 +378,11 @@ class ShardReader(ShardReaderBase[_Handle]):
         if not plan:
             return
         totals = ix.total[local].tolist()
-        heads = self._headers_of(lens)
+        hs = self._header_size
+        heads = self._headers_of(lens).tobytes()
         with _gate.op(), self._env(local).begin(buffers=True) as txn:
-            for k, (l, d) in enumerate(zip(local.tolist(), dest.tolist())):
-                buf = self._get(txn, l)
-                if len(buf) != totals[k] or buf[: self._header_size] != heads[k].tobytes():
+            for k, (l, d, buf) in enumerate(zip(local.tolist(), dest.tolist(), self._get_many(txn, local))):
+                if len(buf) != totals[k] or buf[:hs] != heads[k * hs : (k + 1) * hs]:
                     self._layout(buf, l)  # raises, naming what is wrong
                     raise CorruptShardError(f"{self._where(l)}: record changed while the shard was open")
                 for offs, sizes, out, placer, dtype, shape in plan:
@@ -391,8 +406,7 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _read_small(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
         """Fixed-layout small records: one ``getmulti`` and vectorised header checks."""
-        raw = (local.astype(np.int64) + self.info.stored_start).astype(">u8").tobytes()
-        keys = [raw[k : k + 8] for k in range(0, len(raw), 8)]
+        keys = self._keys(local)
         size = self._record_size
         assert size is not None
         try:
