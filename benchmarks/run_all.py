@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SUITES = ["get_batch", "loader", "raw", "choices", "fields", "images", "dali", "train", "tune", "remote",
-          "augment_views", "cold", "inplace", "jpeg_crop"]
+          "augment_views", "cold", "inplace", "jpeg_crop", "codecs"]
 OPT_IN = {"scale": "starts Ray clusters", "augment_targets": "needs kornia", "gpu": "needs CUDA",
           "cold_large": "writes a dataset larger than RAM (about 30 GB here)",
           "convert_objects": "compares with LitData and FFCV where they are installed; needs the hf extra"}
