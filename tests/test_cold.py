@@ -271,6 +271,16 @@ class _Recorder:
             assert self.cond.wait_for(lambda: len(self.batches) >= n, timeout=10)
 
 
+@pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
+def test_the_loader_starts_a_read_ahead_only_where_there_are_byte_ranges_to_hint(data, backend):
+    """LMDB shards give none (only LMDB knows where its records lie): no idle read-ahead thread for them."""
+    with fastdata.loader(data[2][backend, None], 8, device="cpu") as ld:
+        ra = ld._read_ahead([np.arange(8), np.arange(8, 16)], 0)
+        assert (ra is not None) == (backend == "hdf5")
+        if ra is not None:
+            ra.close()
+
+
 def test_read_ahead_stays_within_its_bound_and_follows_the_loader(tmp_path):
     plan = [np.array([k]) for k in range(20)]
     rec = _Recorder()

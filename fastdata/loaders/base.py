@@ -169,8 +169,11 @@ class Loader:
         return self.config.prefetch + int(getattr(self, "workers", 0) or 0)
 
     def _read_ahead(self, plan: list[np.ndarray], first: int) -> ReadAhead | None:
-        """Hint the kernel to read ``plan[first:]``'s byte ranges ahead of the readers; None when off."""
-        if self.config.readahead <= 0 or not supported():
+        """Hint the kernel to read ``plan[first:]``'s byte ranges ahead of the readers; None when off, or
+        when the shards give no byte ranges to hint (LMDB: only LMDB knows where its records lie)."""
+        if self.config.readahead <= 0 or not supported() or first >= len(plan):
+            return None
+        if not self.dataset.byte_ranges(plan[first][:1]):
             return None
         return ReadAhead(self.dataset.byte_ranges, plan, first, self._lead(), self.config.readahead,
                          memo=self._cache_memo)
