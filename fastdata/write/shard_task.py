@@ -10,7 +10,6 @@ import re
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -162,11 +161,8 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
             _report(report, task.count, task.expect.bytes)
             return task.expect, True
         sent_n, sent_b = _write(task, tmp, report)
-        # The disk writes the shard back while it is hashed (hot in the page cache: a fast re-read).
-        with ThreadPoolExecutor(1, thread_name_prefix="fastdata-fsync") as ex:
-            synced = ex.submit(fsync_file, tmp)
-            checksum = file_checksum(tmp, CHECKSUM_DEFAULT)
-            synced.result()
+        fsync_file(tmp)
+        checksum = file_checksum(tmp, CHECKSUM_DEFAULT)  # (still in the page cache: a fast re-read)
         size = tmp.stat().st_size
         handed_over = True  # from here the publisher owns the local file (and cleans it up)
         pub.publish(tmp, task.name)  # the fsync in its rename finds nothing left to write
