@@ -381,10 +381,13 @@ class ShardReader(ShardReaderBase[_Handle]):
         hs = self._header_size
         heads = self._headers_of(lens).tobytes()
         with _gate.op(), self._env(local).begin(buffers=True) as txn:
-            for k, (l, d, buf) in enumerate(zip(local.tolist(), dest.tolist(), self._get_many(txn, local))):
-                if len(buf) != totals[k] or buf[:hs] != heads[k * hs : (k + 1) * hs]:
-                    self._layout(buf, l)  # raises, naming what is wrong
-                    raise CorruptShardError(f"{self._where(l)}: record changed while the shard was open")
+            bufs = self._get_many(txn, local)
+            if [len(b) for b in bufs] != totals or b"".join(b[:hs] for b in bufs) != heads:
+                for k, (l, buf) in enumerate(zip(local.tolist(), bufs)):  # find it, and name what is wrong
+                    if len(buf) != totals[k] or buf[:hs] != heads[k * hs : (k + 1) * hs]:
+                        self._layout(buf, l)
+                        raise CorruptShardError(f"{self._where(l)}: record changed while the shard was open")
+            for k, (d, buf) in enumerate(zip(dest.tolist(), bufs)):
                 for offs, sizes, out, placer, dtype, shape in plan:
                     off, size = offs[k], sizes[k]
                     if placer is not None:  # copies out before the transaction ends
