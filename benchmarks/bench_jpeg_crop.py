@@ -11,12 +11,12 @@ gradient, blurred shapes with edges, fine texture, noise). Two sets: mixed sizes
 (500x375). Each set is converted with the JPEG files kept (``--images encoded``), and the mixed set also
 re-encoded with ``--images jpeg --max-side 256`` and ``384`` (quality 90), the other lever.
 
-Timed (whole epochs, interleaved, median of the repeats), every method with 2 threads:
+Timed (whole epochs, interleaved in rounds, median of the rounds; ratios paired within each round):
 
-* the full-decode ceiling: simplejpeg decodes each file whole into a reused per-thread buffer, then the
-  same crop-and-resize and flip as fastdata's (fastdata.reading.cropdecode.resample_into: torch's uint8 resize,
-  then one conversion to float) writes the reused float batch, the files' bytes already in memory (no
-  shard reads);
+* the plain loop, the independent ceiling (what a user writes without fastdata): a full decode (simplejpeg,
+  or PIL), a numpy crop of the drawn window, torch's uint8 antialiased bilinear resize on the channels-last
+  view, the flip, /255 into a reused float NCHW batch, images mapped over 1 .. 2 threads, bytes in memory; its
+  best variant (decoder, thread count) in the run is the ceiling;
 * fastdata's loader with ``LoaderConfig(crop_decode=...)``: ``auto`` (simplejpeg, DCT-scaled when the
   window allows), ``off`` (whole images into a padded batch, crop after: the path before crop decoding);
 * fastdata's DALI backend (CPU, ``fn.decoders.image_slice`` of the drawn window);
@@ -29,12 +29,14 @@ crop and resize (``resample_into(..., exact=True)``): the loader's path (DCT-sca
 allows, uint8 resize), the uint8 resize alone on the full decode, and the max-side conversions (PSNR,
 mean and worst).
 Training parity: a small CNN trained with crop decoding on and off (3 seeds each) on 12 classes of
-photo crops, evaluated on the same held-out images. Results: ``<out>/jpeg_crop[_quick].{json,md}``.
+photo crops, evaluated on the same held-out images. fastdata's methods run with 2 threads.
+Results: ``<out>/jpeg_crop[_quick].{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import shutil
 import subprocess
 import sys
@@ -48,16 +50,16 @@ from typing import Any, Callable
 import numpy as np
 import simplejpeg
 import torch
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
+from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, warm_page_cache, write_results
 from PIL import Image, ImageDraw, ImageFilter
 
 import fastdata
 from fastdata.augment import HorizontalFlip, RandomResizedCrop
 from fastdata.converters import ConvertConfig, ImageOptions
-from fastdata.reading.cropdecode import decode_crop, resample_into
 from fastdata.format import ImageSpec
 from fastdata.format.spec import CODEC_JPEG
 from fastdata.loaders import LoaderConfig
+from fastdata.reading.cropdecode import decode_crop, resample_into
 from fastdata.write import WriteOptions
 
 OUT = 224
@@ -161,28 +163,44 @@ def draws(n_batches: int, hw: np.ndarray, epoch: int) -> list[np.ndarray]:
     return out
 
 
-def ceiling(files: list[bytes], hw: np.ndarray) -> Callable[[int], int]:
-    """The full-decode ceiling: simplejpeg into a reused per-thread buffer, crop-and-resize and flip into a
-    reused batch (fastdata's own resize: a ceiling does the same work the best way the machine knows)."""
-    pool = ThreadPoolExecutor(THREADS)
-    local = threading.local()
-    out = np.empty((BATCH, OUT, OUT, 3), np.float32)
+def _crop(i: int, boxes: np.ndarray) -> tuple[int, int, int, int]:
+    """Batch row ``i``'s drawn window (x0, y0, w, h) rounded to whole pixels, as a user's numpy crop takes it."""
+    x0, y0, w, h = (int(round(v)) for v in boxes[i, :4])
+    return x0, y0, max(w, 1), max(h, 1)
+
+
+def _decode_pil(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+PLAIN_DECODERS: dict[str, Callable[[bytes], np.ndarray]] = {
+    "simplejpeg": lambda data: simplejpeg.decode_jpeg(data, colorspace="RGB"), "PIL": _decode_pil}
+
+
+def plain_loop(files: list[bytes], hw: np.ndarray, decoder: str, threads: int) -> Callable[[int], int]:
+    """The loop a user writes without fastdata (the independent ceiling): per image, a full decode
+    (simplejpeg or PIL), a numpy crop of the drawn window, torch's uint8 antialiased bilinear resize on the
+    channels-last view (its fast kernel's layout), the flip, and /255 into a reused float NCHW (channels-last)
+    batch; ``threads`` > 1: the images of a batch mapped over a thread pool. Bytes from memory."""
+    decode = PLAIN_DECODERS[decoder]
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    out = torch.empty((BATCH, 3, OUT, OUT), dtype=torch.float32).contiguous(memory_format=torch.channels_last)
     n_batches = len(files) // BATCH
 
-    def part(k: int, rows: range, boxes: np.ndarray) -> None:
-        for j in rows:
-            i = k * BATCH + j
-            h, w = int(hw[i, 0]), int(hw[i, 1])
-            buf = getattr(local, "buf", None)
-            if buf is None:
-                buf = local.buf = np.empty(800 * 800 * 3, np.uint8)
-            full = simplejpeg.decode_jpeg(files[i], colorspace="RGB", buffer=buf[: h * w * 3].reshape(h, w, 3))
-            resample_into(full, tuple(boxes[j, :4]), (h, w), out[j], flip=(bool(boxes[j, 4]), False))
+    def one(i: int, j: int, boxes: np.ndarray) -> None:
+        x0, y0, w, h = _crop(j, boxes)
+        x = torch.from_numpy(decode(files[i])[y0 : y0 + h, x0 : x0 + w]).permute(2, 0, 1)[None]
+        y = torch.nn.functional.interpolate(x, (OUT, OUT), mode="bilinear", antialias=True)[0]
+        torch.mul(y.flip(-1) if boxes[j, 4] else y, 1 / 255, out=out[j])
 
     def epoch(e: int) -> int:
         for k, boxes in enumerate(draws(n_batches, hw, e)):
-            chunks = [range(j, j + 8) for j in range(0, BATCH, 8)]  # small chunks: mixed sizes stay balanced
-            list(pool.map(lambda r, k=k, boxes=boxes: part(k, r, boxes), chunks))
+            if pool is None:
+                for j in range(BATCH):
+                    one(k * BATCH + j, j, boxes)
+            else:
+                list(pool.map(lambda j, k=k, boxes=boxes: one(k * BATCH + j, j, boxes), range(BATCH)))
         return n_batches * BATCH
 
     return epoch
@@ -394,26 +412,65 @@ def parity(work: Path, quick: bool) -> dict[str, Any]:
             "spread": {k: round(float(np.max(v) - np.min(v)), 4) for k, v in acc.items()}}
 
 
+PLAIN = "plain loop"
+DALI_CPU = "DALI CPU image_random_crop"
+
+
 def time_set(roots: dict[str, Path], repeats: int) -> dict[str, Any]:
-    """Images/s of every method on one set (``roots``: "encoded" and any max-side conversions)."""
+    """Images/s of every method on one set (``roots``: "encoded" and any max-side conversions); the plain
+    loop in every variant (decoder, 1 .. THREADS threads), its best variant the ceiling."""
     files, hw = stored(roots["encoded"])
     n = len(files) // BATCH * BATCH
-    methods: dict[str, Callable[[int], int]] = {"full-decode ceiling (simplejpeg, 2 threads)": ceiling(files[:n], hw)}
+    methods: dict[str, Callable[[int], int]] = {}
+    for decoder in PLAIN_DECODERS:
+        for t in range(1, THREADS + 1):
+            methods[f"{PLAIN}: {decoder}, {t} thread{'s' if t > 1 else ''}"] = plain_loop(files[:n], hw, decoder, t)
     for crop in ("auto", "off"):
         methods[f"fastdata crop_decode={crop}"], _ = loader_epoch(roots["encoded"], crop)
     methods["fastdata DALI backend (image_slice)"], _ = loader_epoch(roots["encoded"], "auto", "dali")
     dali = dali_random_crop(files[:n])
     if callable(dali):
-        methods["DALI CPU image_random_crop"] = dali
+        methods[DALI_CPU] = dali
     for k in roots:
         if k != "encoded":
             methods[f"fastdata crop_decode=auto, --max-side {k}"], _ = loader_epoch(roots[k], "auto")
-    timings = time_interleaved(methods, repeats=repeats, warmup=1, rounds=repeats)
-    rate = {k: n / t["median"] for k, t in timings.items()}
-    ceil = rate["full-decode ceiling (simplejpeg, 2 threads)"]
-    return {"images": n, "timings_s": timings, "images_per_s": {k: round(v, 1) for k, v in rate.items()},
-            "x_full_decode_ceiling": {k: round(v / ceil, 3) for k, v in rate.items()},
-            "dali_random_crop": None if callable(dali) else dali}
+    times = interleaved(methods, repeats)
+    rate = {k: n / float(np.median(t)) for k, t in times.items()}
+    best = max((k for k in rate if k.startswith(PLAIN)), key=rate.__getitem__)
+    out = {"images": n, "seconds_per_round": {k: [round(x, 4) for x in t] for k, t in times.items()},
+           "images_per_s": {k: round(v, 1) for k, v in rate.items()}, "plain_loop_best": best,
+           "x_plain_loop": paired(times, best), "dali_random_crop": None if callable(dali) else dali}
+    if callable(dali):
+        out["x_dali_cpu"] = paired(times, DALI_CPU)
+    return out
+
+
+def interleaved(methods: dict[str, Callable[[int], int]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of one epoch of every method in each of ``repeats`` rounds; a round runs every method (in
+    rotating order) once untimed, then once timed, so that the machine's drift hits all of them alike."""
+    names = list(methods)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(repeats):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            methods[name](r)
+            t0 = time.perf_counter()
+            methods[name](r)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def paired(times: dict[str, list[float]], ref: str) -> dict[str, dict[str, float]]:
+    """Each method's speed as a multiple of ``ref``'s, round by round (the same round's epochs): median and range."""
+    out = {}
+    for k, t in times.items():
+        r = [b / a for a, b in zip(t, times[ref])]
+        out[k] = {"median": round(float(np.median(r)), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
+    return out
+
+
+def _ratio(r: dict[str, float]) -> str:
+    return f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
 
 
 def render(info: dict[str, Any], res: dict[str, Any]) -> str:
@@ -421,8 +478,12 @@ def render(info: dict[str, Any], res: dict[str, Any]) -> str:
            f"Machine: {info.get('cpu_model')}, {info.get('usable_cores')} usable cores. FFCV: {res['ffcv']}", ""]
     for name, s in res["sets"].items():
         out += [f"## {name} ({s['images']} images)", ""]
-        rows = [(k, f"{v:,.0f}", f"{s['x_full_decode_ceiling'][k]:.2f}") for k, v in s["images_per_s"].items()]
-        out += [markdown_table(["method", "images/s", "x full-decode ceiling"], rows), ""]
+        dali = s.get("x_dali_cpu")
+        rows = [(k + (" (best: the ceiling)" if k == s["plain_loop_best"] else ""), f"{v:,.0f}",
+                 _ratio(s["x_plain_loop"][k]), _ratio(dali[k]) if dali else "-") for k, v in s["images_per_s"].items()]
+        out += [markdown_table(["method", "images/s", "x plain loop", "x DALI CPU"], rows), ""]
+        out += [f"Medians of {len(next(iter(s['seconds_per_round'].values())))} interleaved rounds; the ratios are "
+                "paired within each round (median, and range over the rounds).", ""]
     out += [f"Python loop speed beside a decoding thread, as a fraction of beside a sleeping one (GIL released "
             f"when well above 0): {res['gil']}", ""]
     q = res["quality"]
