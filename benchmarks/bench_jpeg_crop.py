@@ -19,15 +19,16 @@ Timed (whole epochs, interleaved in rounds, median of the rounds; ratios paired 
   best variant (decoder, thread count) in the run is the ceiling;
 * fastdata's loader with ``LoaderConfig(crop_decode=...)``: ``auto`` (simplejpeg, DCT-scaled when the
   window allows), ``off`` (whole images into a padded batch, crop after: the path before crop decoding);
+  and ``auto`` with one of fastdata.reading.cropdecode's settings changed (``AB``: paired A/B rows);
 * fastdata's DALI backend (CPU, ``fn.decoders.image_slice`` of the drawn window);
 * DALI's own CPU ``fn.decoders.image_random_crop`` + ``fn.resize`` + ``crop_mirror_normalize`` (coin-flip
   mirror), bytes from memory;
 * FFCV: not measured when it cannot be installed from wheels (recorded why).
 
-Quality: over the mixed set, each image's first-epoch draw against the full decode + the exact float
+Quality: over each set, each image's first-epoch draw against the full decode + the exact float
 crop and resize (``resample_into(..., exact=True)``): the loader's path (DCT-scaled decode where the window
-allows, uint8 resize), the uint8 resize alone on the full decode, and the max-side conversions (PSNR,
-mean and worst).
+allows, uint8 resize) and its A/B variants, the uint8 resize alone on the full decode, the plain loop's
+resize, and the max-side conversions (PSNR, mean and worst).
 Training parity: a small CNN trained with crop decoding on and off (3 seeds each) on 12 classes of
 photo crops, evaluated on the same held-out images. fastdata's methods run with 2 threads.
 Results: ``<out>/jpeg_crop[_quick].{json,md}``.
@@ -59,6 +60,7 @@ from fastdata.converters import ConvertConfig, ImageOptions
 from fastdata.format import ImageSpec
 from fastdata.format.spec import CODEC_JPEG
 from fastdata.loaders import LoaderConfig
+from fastdata.reading import cropdecode
 from fastdata.reading.cropdecode import decode_crop, resample_into
 from fastdata.write import WriteOptions
 
@@ -309,14 +311,40 @@ def stored(root: Path) -> tuple[list[bytes], np.ndarray]:
     return files, b["image_shape"][:, :2].astype(np.int64)
 
 
+AUTO = "crop decode (auto)"
+PLAIN_ROW = "plain loop (antialiased uint8 resize of the rounded window, full decode)"
+# crop_decode=auto with one of fastdata.reading.cropdecode's settings changed, timed and measured (A/B): its fast IDCT
+# switched off, and the issue's 1/2 scale for windows 1-2x the output (REACH=0.5), which the default does not take
+AB = {"FAST off (libjpeg-turbo's exact IDCT and chroma upsampling)": {"FAST": {}},
+      "REACH=0.5 (1/2 scale also for windows 1-2x the output)": {"REACH": 0.5}}
+
+
+def with_settings(fn: Callable[[int], Any], settings: dict[str, Any]) -> Callable[[int], Any]:
+    """``fn`` run with fastdata.reading.cropdecode's module settings changed (restored after each call)."""
+    def run(i: int) -> Any:
+        old = {k: getattr(cropdecode, k) for k in settings}
+        for k, v in settings.items():
+            setattr(cropdecode, k, v)
+        try:
+            return fn(i)
+        finally:
+            for k, v in old.items():
+                setattr(cropdecode, k, v)
+
+    return run
+
+
 def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[bytes], np.ndarray]]) -> dict[str, Any]:
     """PSNR of each image's first-epoch window (and flip) against the full-resolution decode + the exact float
-    crop and resize: the loader's path, the uint8 resize alone on the full decode, the max-side conversions."""
+    crop and resize: the loader's path (and each A/B variant), the uint8 resize alone on the full decode, the
+    plain loop's resize, the max-side conversions."""
     files, hw = full
     boxes = np.concatenate(draws(len(files) // BATCH, hw, 0))
     spec = ImageSpec(mode="RGB")
     ref, got = np.empty((OUT, OUT, 3), np.float32), np.empty((OUT, OUT, 3), np.float32)
-    rows: dict[str, list[float]] = {"crop decode (auto)": [], RESIZE_ROW: []}
+    variants = {AUTO: {}, **{f"crop decode, {k}": v for k, v in AB.items()}}
+    rows: dict[str, list[float]] = {k: [] for k in variants}
+    rows.update({RESIZE_ROW: [], PLAIN_ROW: []})
     rows.update({f"--max-side {k}": [] for k in smaller})
     plans: list[str] = []
     for i, drawn in enumerate(boxes):
@@ -324,10 +352,17 @@ def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[
         box, flip = tuple(drawn[:4]), (bool(drawn[4]), False)
         whole = simplejpeg.decode_jpeg(files[i], colorspace="RGB")
         resample_into(whole, box, (h, w), ref, flip=flip, exact=True)
-        plans.append(decode_crop(files[i], CODEC_JPEG, spec, (h, w), box, got, flip))
-        rows["crop decode (auto)"].append(_psnr(got, ref))
+        for name, settings in variants.items():
+            plan = with_settings(lambda i, hw=(h, w), box=box, flip=flip: decode_crop(files[i], CODEC_JPEG, spec, hw, box,
+                                                                                     got, flip), settings)(i)
+            plans += [plan] if name == AUTO else []
+            rows[name].append(_psnr(got, ref))
         resample_into(whole, box, (h, w), got, flip=flip)
         rows[RESIZE_ROW].append(_psnr(got, ref))
+        x0, y0, cw, ch = _crop(i, boxes)
+        x = torch.from_numpy(whole[y0 : y0 + ch, x0 : x0 + cw]).permute(2, 0, 1)[None]
+        y = torch.nn.functional.interpolate(x, (OUT, OUT), mode="bilinear", antialias=True)[0]
+        rows[PLAIN_ROW].append(_psnr((y.flip(-1) if flip[0] else y).permute(1, 2, 0).numpy() / np.float32(255), ref))
         for k, (sf, shw) in smaller.items():
             s = shw[i, 1] / w  # the re-encoded image's scale; the same relative window
             resample_into(simplejpeg.decode_jpeg(sf[i], colorspace="RGB"), tuple(drawn[:4] * s), tuple(shw[i]), got,
@@ -338,9 +373,9 @@ def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[
         arr = np.array(ps)
         out[name] = {"mean_db": round(float(arr.mean()), 2), "worst_db": round(float(arr.min()), 2),
                      "worst_sample": int(arr.argmin()), "images": len(arr)}
-    scaled = [p for p, pl in zip(rows["crop decode (auto)"], plans) if pl == "scaled"]
-    out["crop decode (auto)"]["scaled_windows"] = len(scaled)
-    out["crop decode (auto)"]["scaled_mean_db"] = round(float(np.mean(scaled)), 2) if scaled else None
+    scaled = [p for p, pl in zip(rows[AUTO], plans) if pl == "scaled"]
+    out[AUTO]["scaled_windows"] = len(scaled)
+    out[AUTO]["scaled_mean_db"] = round(float(np.mean(scaled)), 2) if scaled else None
     return out
 
 
@@ -427,6 +462,9 @@ def time_set(roots: dict[str, Path], repeats: int) -> dict[str, Any]:
             methods[f"{PLAIN}: {decoder}, {t} thread{'s' if t > 1 else ''}"] = plain_loop(files[:n], hw, decoder, t)
     for crop in ("auto", "off"):
         methods[f"fastdata crop_decode={crop}"], _ = loader_epoch(roots["encoded"], crop)
+    for name, settings in AB.items():
+        methods[f"fastdata crop_decode=auto, {name} (A/B)"] = with_settings(loader_epoch(roots["encoded"], "auto")[0],
+                                                                            settings)
     methods["fastdata DALI backend (image_slice)"], _ = loader_epoch(roots["encoded"], "auto", "dali")
     dali = dali_random_crop(files[:n])
     if callable(dali):
@@ -439,7 +477,9 @@ def time_set(roots: dict[str, Path], repeats: int) -> dict[str, Any]:
     best = max((k for k in rate if k.startswith(PLAIN)), key=rate.__getitem__)
     out = {"images": n, "seconds_per_round": {k: [round(x, 4) for x in t] for k, t in times.items()},
            "images_per_s": {k: round(v, 1) for k, v in rate.items()}, "plain_loop_best": best,
-           "x_plain_loop": paired(times, best), "dali_random_crop": None if callable(dali) else dali}
+           "x_plain_loop": paired(times, best), "dali_random_crop": None if callable(dali) else dali,
+           # each variant's speed as a multiple of crop_decode=auto's, round by round
+           "ab": {k: paired(times, "fastdata crop_decode=auto")[f"fastdata crop_decode=auto, {k} (A/B)"] for k in AB}}
     if callable(dali):
         out["x_dali_cpu"] = paired(times, DALI_CPU)
     return out
@@ -484,15 +524,20 @@ def render(info: dict[str, Any], res: dict[str, Any]) -> str:
         out += [markdown_table(["method", "images/s", "x plain loop", "x DALI CPU"], rows), ""]
         out += [f"Medians of {len(next(iter(s['seconds_per_round'].values())))} interleaved rounds; the ratios are "
                 "paired within each round (median, and range over the rounds).", ""]
+        out += ["A/B: `crop_decode=auto` with one setting of fastdata/reading/cropdecode.py changed, as a multiple "
+                "of `crop_decode=auto`'s speed, paired per round:", "",
+                markdown_table(["changed", "x crop_decode=auto (median, range)"],
+                               [(k, _ratio(v)) for k, v in s["ab"].items()]), ""]
     out += [f"Python loop speed beside a decoding thread, as a fraction of beside a sleeping one (GIL released "
             f"when well above 0): {res['gil']}", ""]
-    q = res["quality"]
-    out += ["## Quality: PSNR against full decode + the exact float crop and resize (mixed set)", ""]
-    out += [markdown_table(["path", "mean dB", "worst dB", "worst sample"],
-                           [(k, v["mean_db"], v["worst_db"], v["worst_sample"]) for k, v in q.items()]), ""]
-    a = q["crop decode (auto)"]
-    out += [f"{a['scaled_windows']} of {a['images']} windows were decoded at a DCT scale (mean {a['scaled_mean_db']} dB); "
-            "the others at full scale; every window is then resized in uint8 (the row above: that resize alone).", ""]
+    for name, q in res["quality"].items():
+        out += [f"## Quality: PSNR against full decode + the exact float crop and resize ({name})", ""]
+        out += [markdown_table(["path", "mean dB", "worst dB", "worst sample"],
+                               [(k, v["mean_db"], v["worst_db"], v["worst_sample"]) for k, v in q.items()]), ""]
+        a = q[AUTO]
+        out += [f"{a['scaled_windows']} of {a['images']} windows were decoded at a DCT scale (mean "
+                f"{a['scaled_mean_db']} dB); the others at full scale; every window is then resized in uint8 (the row "
+                f"'{RESIZE_ROW}': that resize alone).", ""]
     if res.get("parity"):
         p = res["parity"]
         out += ["## Training parity (small CNN, 12 classes of photo crops)", "",
@@ -523,9 +568,12 @@ def main(argv: list[str] | None = None) -> int:
         make_set(work / "fixed_src", settings["images"], True, 1)
         fixed = {"encoded": convert(work / "fixed_src", work / "fixed", images="encoded")}
         warm_page_cache(work)
-        res["quality"] = quality(stored(mixed["encoded"]), {k: stored(v) for k, v in mixed.items() if k != "encoded"})
-        res["sets"]["mixed sizes, 350-800 px long side"] = time_set(mixed, settings["repeats"])
-        res["sets"][f"one size, {FIXED[1]}x{FIXED[0]}"] = time_set(fixed, settings["repeats"])
+        names = ("mixed sizes, 350-800 px long side", f"one size, {FIXED[1]}x{FIXED[0]}")
+        res["quality"] = {names[0]: quality(stored(mixed["encoded"]), {k: stored(v) for k, v in mixed.items()
+                                                                        if k != "encoded"}),
+                          names[1]: quality(stored(fixed["encoded"]), {})}
+        res["sets"][names[0]] = time_set(mixed, settings["repeats"])
+        res["sets"][names[1]] = time_set(fixed, settings["repeats"])
         res["gil"] = gil_check(*stored(mixed["encoded"]))
         res["parity"] = None if a.no_train or a.quick else parity(work, a.quick)
     finally:
