@@ -229,9 +229,9 @@ def test_resize_grid_lines_up_or_leaves_it_to_the_exact_path():
         assert a + (k + 0.5) * t - 0.5 >= a - 1e-9
     assert cropdecode._grid(10.5, 1.0, 224) is None
     a = photo(100, 120, 2)
-    shifted = (10.5, 10.5, 30.0, 30.0)  # s = 1, phase 0.5 on both axes: cannot line up
-    assert cropdecode._grid(*cropdecode._line(10.5, 30.0, 30, 1.0), 30) is None
-    assert np.array_equal(_resampled(a, shifted, (100, 120), (30, 30)),
-                          _resampled(a, shifted, (100, 120), (30, 30), exact=True))
+    shifted = (10.5, 10.5, 60.0, 60.0)  # s = 1, phase 0.5 on both axes: cannot line up
+    assert cropdecode._grid(*cropdecode._line(10.5, 60.0, 60, 1.0), 60) is None
+    assert np.array_equal(_resampled(a, shifted, (100, 120), (60, 60)),
+                          _resampled(a, shifted, (100, 120), (60, 60), exact=True))
     box = (10.0, 10.0, 30.0, 30.0)  # an exact window: the pixels themselves
     assert np.array_equal(_resampled(a, box, (100, 120), (30, 30)), a[10:40, 10:40] * np.float32(1 / 255))
