@@ -24,8 +24,8 @@ from fastdata.reading.decode import SJ_COLORSPACE, decode_image
 
 SCALES = (8, 4, 2, 1)  # the DCT reductions libjpeg decodes at (1/8 ... 1; its m/8 scales decode slower than 1)
 # a window decodes at 1/s while it keeps this fraction of the output's size there. 1: only where nothing the resize
-# keeps is lost; below 1 it is faster but upsamples blurred pixels: 0.5 (1/2 for windows 1-2x the output) and 0.75
-# fall below 28 dB on some photos (benchmarks/results/jpeg_crop.md, its A/B rows)
+# keeps is lost; below 1 is faster but upsamples blurred pixels: 0.5 (1/2 for windows once to twice the output)
+# falls far below the quality bound on some photos (benchmarks/results/jpeg_crop.md, its A/B rows)
 REACH = 1.0
 FAST = {"fastdct": True, "fastupsample": True}  # simplejpeg's faster IDCT and chroma upsampling for windows
 _INV255 = np.float32(1 / 255)
@@ -87,9 +87,9 @@ def _line(x0: float, extent: float, n_out: int, scale: float) -> tuple[float, fl
 # torch's uint8 bilinear resize (upsample_bilinear2d, antialias off: two taps, as here) has an AVX2 kernel for
 # channels-last images; elsewhere it takes a generic path, and the exact float interpolation runs instead.
 _FAST_RESIZE = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-# source pixels: the largest sample-position error the uint8 resize may make, else the exact path. 0.1 rather than
-# 0.05: a third of the windows that fell to the exact path (1.8% instead of 4.4%), fewer lead outputs, 0.03-0.05
-# ms less per window; the uint8 resize alone stays above 45 dB (benchmarks/results/jpeg_crop.md)
+# source pixels: the largest sample-position error the uint8 resize may make, else the exact path (a tenth of a
+# pixel: fewer windows fall to the slower exact path than at a twentieth; "uint8 resize alone" in
+# benchmarks/results/jpeg_crop.md is what it costs in PSNR)
 _TOLERANCE = 0.1
 _LEAD = 64  # at most this many extra outputs computed before the window's, to line torch's sample grid up with it
 _UPSAMPLE = torch.ops.aten.upsample_bilinear2d.out  # takes the output size and the scale both (F.interpolate: one)
