@@ -180,21 +180,30 @@ PLAIN_DECODERS: dict[str, Callable[[bytes], np.ndarray]] = {
     "simplejpeg": lambda data: simplejpeg.decode_jpeg(data, colorspace="RGB"), "PIL": _decode_pil}
 
 
-def plain_loop(files: list[bytes], hw: np.ndarray, decoder: str, threads: int) -> Callable[[int], int]:
-    """The loop a user writes without fastdata (the independent ceiling): per image, a full decode
-    (simplejpeg or PIL), a numpy crop of the drawn window, torch's uint8 antialiased bilinear resize on the
-    channels-last view (its fast kernel's layout), the flip, and /255 into a reused float NCHW (channels-last)
-    batch; ``threads`` > 1: the images of a batch mapped over a thread pool. Bytes from memory."""
+def plain_image(files: list[bytes], decoder: str = "simplejpeg") -> tuple[Callable[[int, int, np.ndarray], None],
+                                                                          torch.Tensor]:
+    """The plain loop's work for one image, ``one(i, j, boxes)``: file ``i`` with row ``j`` of ``boxes`` (its
+    batch's draws) into row ``j`` of the reused float NCHW (channels-last) batch it returns beside ``one``."""
     decode = PLAIN_DECODERS[decoder]
-    pool = ThreadPoolExecutor(threads) if threads > 1 else None
     out = torch.empty((BATCH, 3, OUT, OUT), dtype=torch.float32).contiguous(memory_format=torch.channels_last)
-    n_batches = len(files) // BATCH
 
     def one(i: int, j: int, boxes: np.ndarray) -> None:
         x0, y0, w, h = _crop(j, boxes)
         x = torch.from_numpy(decode(files[i])[y0 : y0 + h, x0 : x0 + w]).permute(2, 0, 1)[None]
         y = torch.nn.functional.interpolate(x, (OUT, OUT), mode="bilinear", antialias=True)[0]
         torch.mul(y.flip(-1) if boxes[j, 4] else y, 1 / 255, out=out[j])
+
+    return one, out
+
+
+def plain_loop(files: list[bytes], hw: np.ndarray, decoder: str, threads: int) -> Callable[[int], int]:
+    """The loop a user writes without fastdata (the independent ceiling): per image, a full decode
+    (simplejpeg or PIL), a numpy crop of the drawn window, torch's uint8 antialiased bilinear resize on the
+    channels-last view (its fast kernel's layout), the flip, and /255 into a reused float NCHW (channels-last)
+    batch; ``threads`` > 1: the images of a batch mapped over a thread pool. Bytes from memory."""
+    one, _ = plain_image(files, decoder)
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    n_batches = len(files) // BATCH
 
     def epoch(e: int) -> int:
         for k, boxes in enumerate(draws(n_batches, hw, e)):
@@ -347,32 +356,45 @@ def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[
     rows.update({RESIZE_ROW: [], PLAIN_ROW: []})
     rows.update({f"--max-side {k}": [] for k in smaller})
     plans: list[str] = []
+    cpu: dict[str, list[float]] = {k: [] for k in [*variants, PLAIN_ROW]}
+    plain, batch = plain_image(files)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the plain loop's torch ops on this thread alone, as its CPU time counts them
+    order = list(variants)
     for i, drawn in enumerate(boxes):
         h, w = (int(v) for v in hw[i])
         box, flip = tuple(drawn[:4]), (bool(drawn[4]), False)
         whole = simplejpeg.decode_jpeg(files[i], colorspace="RGB")
         resample_into(whole, box, (h, w), ref, flip=flip, exact=True)
-        for name, settings in variants.items():
+        for name in order[i % len(order) :] + order[: i % len(order)]:  # rotated: no variant always first
+            c0 = time.thread_time()
             plan = with_settings(lambda i, hw=(h, w), box=box, flip=flip: decode_crop(files[i], CODEC_JPEG, spec, hw, box,
-                                                                                     got, flip), settings)(i)
+                                                                                     got, flip), variants[name])(i)
+            cpu[name].append(time.thread_time() - c0)
             plans += [plan] if name == AUTO else []
             rows[name].append(_psnr(got, ref))
         resample_into(whole, box, (h, w), got, flip=flip)
         rows[RESIZE_ROW].append(_psnr(got, ref))
-        x0, y0, cw, ch = _crop(i, boxes)
-        x = torch.from_numpy(whole[y0 : y0 + ch, x0 : x0 + cw]).permute(2, 0, 1)[None]
-        y = torch.nn.functional.interpolate(x, (OUT, OUT), mode="bilinear", antialias=True)[0]
-        rows[PLAIN_ROW].append(_psnr((y.flip(-1) if flip[0] else y).permute(1, 2, 0).numpy() / np.float32(255), ref))
+        c0 = time.thread_time()
+        plain(i, i % BATCH, boxes[i // BATCH * BATCH :])  # the plain loop's work for this image, on this thread
+        cpu[PLAIN_ROW].append(time.thread_time() - c0)
+        rows[PLAIN_ROW].append(_psnr(batch[i % BATCH].permute(1, 2, 0).numpy(), ref))
         for k, (sf, shw) in smaller.items():
             s = shw[i, 1] / w  # the re-encoded image's scale; the same relative window
             resample_into(simplejpeg.decode_jpeg(sf[i], colorspace="RGB"), tuple(drawn[:4] * s), tuple(shw[i]), got,
                           flip=flip)
             rows[f"--max-side {k}"].append(_psnr(got, ref))
+    torch.set_num_threads(threads)
     out = {}
     for name, ps in rows.items():
         arr = np.array(ps)
         out[name] = {"mean_db": round(float(arr.mean()), 2), "worst_db": round(float(arr.min()), 2),
                      "worst_sample": int(arr.argmin()), "images": len(arr)}
+    for name, t in cpu.items():  # one thread's CPU time per window, and as a multiple of auto's per block of windows
+        blocks = [sum(cpu[AUTO][a : a + BATCH]) / sum(t[a : a + BATCH]) for a in range(0, len(t), BATCH)]
+        out[name]["cpu_ms_per_window"] = round(float(np.mean(t)) * 1e3, 3)
+        out[name]["x_auto_cpu_blocks"] = {"median": round(float(np.median(blocks)), 3), "min": round(min(blocks), 3),
+                                          "max": round(max(blocks), 3)}
     scaled = [p for p, pl in zip(rows[AUTO], plans) if pl == "scaled"]
     out[AUTO]["scaled_windows"] = len(scaled)
     out[AUTO]["scaled_mean_db"] = round(float(np.mean(scaled)), 2) if scaled else None
@@ -540,8 +562,15 @@ def render(info: dict[str, Any], res: dict[str, Any]) -> str:
             f"when well above 0): {res['gil']}", ""]
     for name, q in res["quality"].items():
         out += [f"## Quality: PSNR against full decode + the exact float crop and resize ({name})", ""]
-        out += [markdown_table(["path", "mean dB", "worst dB", "worst sample"],
-                               [(k, v["mean_db"], v["worst_db"], v["worst_sample"]) for k, v in q.items()]), ""]
+        out += [markdown_table(["path", "mean dB", "worst dB", "worst sample", "CPU ms per window",
+                                "speed x crop decode (auto), by CPU time"],
+                               [(k, v["mean_db"], v["worst_db"], v["worst_sample"], v.get("cpu_ms_per_window", "-"),
+                                 _ratio(v["x_auto_cpu_blocks"]) if "x_auto_cpu_blocks" in v else "-")
+                                for k, v in q.items()]), ""]
+        out += ["CPU ms per window: `decode_crop` alone (the plain loop: its work for one image, torch on one "
+                "thread), on this one thread (its own CPU time, which other tenants' load barely moves), each window "
+                "done by every variant in turn (rotated order); the speed ratio's median and range are over blocks of "
+                f"{BATCH} windows.", ""]
         a = q[AUTO]
         out += [f"{a['scaled_windows']} of {a['images']} windows were decoded at a DCT scale (mean "
                 f"{a['scaled_mean_db']} dB); the others at full scale; every window is then resized in uint8 (the row "
