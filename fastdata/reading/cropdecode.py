@@ -31,12 +31,11 @@ FAST = {"fastdct": True, "fastupsample": True}  # simplejpeg's faster IDCT and c
 _INV255 = np.float32(1 / 255)
 
 
-def dct_scale(w: float, h: float, ow: int, oh: int, reach: float | None = None) -> int:
+def dct_scale(w: float, h: float, ow: int, oh: int) -> int:
     """The largest reduction ``s`` (8, 4, 2 or 1) at which the window (``w`` x ``h`` source pixels) still
-    has ``reach`` (default ``REACH``) of the output's size (``ow`` x ``oh``) on both axes."""
-    reach = REACH if reach is None else reach
+    has ``REACH`` of the output's size (``ow`` x ``oh``) on both axes."""
     for s in SCALES:
-        if w / s >= reach * ow and h / s >= reach * oh:
+        if w / s >= REACH * ow and h / s >= REACH * oh:
             return s
     return 1
 
