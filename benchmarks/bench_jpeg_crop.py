@@ -11,30 +11,33 @@ gradient, blurred shapes with edges, fine texture, noise). Two sets: mixed sizes
 (500x375). Each set is converted with the JPEG files kept (``--images encoded``), and the mixed set also
 re-encoded with ``--images jpeg --max-side 256`` and ``384`` (quality 90), the other lever.
 
-Timed (whole epochs, interleaved, median of the repeats), every method with 2 threads:
+Timed (whole epochs, interleaved in rounds, median of the rounds; ratios paired within each round):
 
-* the full-decode ceiling: simplejpeg decodes each file whole into a reused per-thread buffer, then the
-  same crop-and-resize and flip as fastdata's (fastdata.reading.cropdecode.resample_into: torch's uint8 resize,
-  then one conversion to float) writes the reused float batch, the files' bytes already in memory (no
-  shard reads);
+* the plain loop, the independent ceiling (what a user writes without fastdata): a full decode (simplejpeg,
+  or PIL), a numpy crop of the drawn window, torch's uint8 antialiased bilinear resize on the channels-last
+  view, the flip, /255 into a reused float NCHW batch, images mapped over 1 .. 2 threads, bytes in memory; its
+  best variant (decoder, thread count) in the run is the ceiling;
 * fastdata's loader with ``LoaderConfig(crop_decode=...)``: ``auto`` (simplejpeg, DCT-scaled when the
   window allows), ``off`` (whole images into a padded batch, crop after: the path before crop decoding);
+  and ``auto`` with one of fastdata.reading.cropdecode's settings changed (``AB``: paired A/B rows);
 * fastdata's DALI backend (CPU, ``fn.decoders.image_slice`` of the drawn window);
 * DALI's own CPU ``fn.decoders.image_random_crop`` + ``fn.resize`` + ``crop_mirror_normalize`` (coin-flip
   mirror), bytes from memory;
 * FFCV: not measured when it cannot be installed from wheels (recorded why).
 
-Quality: over the mixed set, each image's first-epoch draw against the full decode + the exact float
+Quality: over each set, each image's first-epoch draw against the full decode + the exact float
 crop and resize (``resample_into(..., exact=True)``): the loader's path (DCT-scaled decode where the window
-allows, uint8 resize), the uint8 resize alone on the full decode, and the max-side conversions (PSNR,
-mean and worst).
+allows, uint8 resize) and its A/B variants, the uint8 resize alone on the full decode, the plain loop's
+resize, and the max-side conversions (PSNR, mean and worst).
 Training parity: a small CNN trained with crop decoding on and off (3 seeds each) on 12 classes of
-photo crops, evaluated on the same held-out images. Results: ``<out>/jpeg_crop[_quick].{json,md}``.
+photo crops, evaluated on the same held-out images. fastdata's methods run with 2 threads.
+Results: ``<out>/jpeg_crop[_quick].{json,md}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import shutil
 import subprocess
 import sys
@@ -48,16 +51,17 @@ from typing import Any, Callable
 import numpy as np
 import simplejpeg
 import torch
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, time_interleaved, warm_page_cache, write_results
+from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, warm_page_cache, write_results
 from PIL import Image, ImageDraw, ImageFilter
 
 import fastdata
 from fastdata.augment import HorizontalFlip, RandomResizedCrop
 from fastdata.converters import ConvertConfig, ImageOptions
-from fastdata.reading.cropdecode import decode_crop, resample_into
 from fastdata.format import ImageSpec
 from fastdata.format.spec import CODEC_JPEG
 from fastdata.loaders import LoaderConfig
+from fastdata.reading import cropdecode
+from fastdata.reading.cropdecode import decode_crop, resample_into
 from fastdata.write import WriteOptions
 
 OUT = 224
@@ -66,7 +70,7 @@ THREADS = 2
 QUALITY = 90
 FIXED = (375, 500)  # (H, W)
 RESIZE_ROW = "uint8 resize alone (full decode)"
-FULL = {"images": 512, "repeats": 5}
+FULL = {"images": 512, "repeats": 9}
 QUICK = {"images": 64, "repeats": 1}
 PHOTOS = [Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
           / "matplotlib" / "mpl-data" / "sample_data" / "grace_hopper.jpg"]
@@ -161,28 +165,53 @@ def draws(n_batches: int, hw: np.ndarray, epoch: int) -> list[np.ndarray]:
     return out
 
 
-def ceiling(files: list[bytes], hw: np.ndarray) -> Callable[[int], int]:
-    """The full-decode ceiling: simplejpeg into a reused per-thread buffer, crop-and-resize and flip into a
-    reused batch (fastdata's own resize: a ceiling does the same work the best way the machine knows)."""
-    pool = ThreadPoolExecutor(THREADS)
-    local = threading.local()
-    out = np.empty((BATCH, OUT, OUT, 3), np.float32)
-    n_batches = len(files) // BATCH
+def _crop(i: int, boxes: np.ndarray) -> tuple[int, int, int, int]:
+    """Batch row ``i``'s drawn window (x0, y0, w, h) rounded to whole pixels, as a user's numpy crop takes it."""
+    x0, y0, w, h = (int(round(v)) for v in boxes[i, :4])
+    return x0, y0, max(w, 1), max(h, 1)
 
-    def part(k: int, rows: range, boxes: np.ndarray) -> None:
-        for j in rows:
-            i = k * BATCH + j
-            h, w = int(hw[i, 0]), int(hw[i, 1])
-            buf = getattr(local, "buf", None)
-            if buf is None:
-                buf = local.buf = np.empty(800 * 800 * 3, np.uint8)
-            full = simplejpeg.decode_jpeg(files[i], colorspace="RGB", buffer=buf[: h * w * 3].reshape(h, w, 3))
-            resample_into(full, tuple(boxes[j, :4]), (h, w), out[j], flip=(bool(boxes[j, 4]), False))
+
+def _decode_pil(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+PLAIN_DECODERS: dict[str, Callable[[bytes], np.ndarray]] = {
+    "simplejpeg": lambda data: simplejpeg.decode_jpeg(data, colorspace="RGB"), "PIL": _decode_pil}
+
+
+def plain_image(files: list[bytes], decoder: str = "simplejpeg") -> tuple[Callable[[int, int, np.ndarray], None],
+                                                                          torch.Tensor]:
+    """The plain loop's work for one image, ``one(i, j, boxes)``: file ``i`` with row ``j`` of ``boxes`` (its
+    batch's draws) into row ``j`` of the reused float NCHW (channels-last) batch it returns beside ``one``."""
+    decode = PLAIN_DECODERS[decoder]
+    out = torch.empty((BATCH, 3, OUT, OUT), dtype=torch.float32).contiguous(memory_format=torch.channels_last)
+
+    def one(i: int, j: int, boxes: np.ndarray) -> None:
+        x0, y0, w, h = _crop(j, boxes)
+        x = torch.from_numpy(decode(files[i])[y0 : y0 + h, x0 : x0 + w]).permute(2, 0, 1)[None]
+        y = torch.nn.functional.interpolate(x, (OUT, OUT), mode="bilinear", antialias=True)[0]
+        torch.mul(y.flip(-1) if boxes[j, 4] else y, 1 / 255, out=out[j])
+
+    return one, out
+
+
+def plain_loop(files: list[bytes], hw: np.ndarray, decoder: str, threads: int) -> Callable[[int], int]:
+    """The loop a user writes without fastdata (the independent ceiling): per image, a full decode
+    (simplejpeg or PIL), a numpy crop of the drawn window, torch's uint8 antialiased bilinear resize on the
+    channels-last view (its fast kernel's layout), the flip, and /255 into a reused float NCHW (channels-last)
+    batch; ``threads`` > 1: the images of a batch mapped over a thread pool. Bytes from memory."""
+    one, _ = plain_image(files, decoder)
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    n_batches = len(files) // BATCH
 
     def epoch(e: int) -> int:
         for k, boxes in enumerate(draws(n_batches, hw, e)):
-            chunks = [range(j, j + 8) for j in range(0, BATCH, 8)]  # small chunks: mixed sizes stay balanced
-            list(pool.map(lambda r, k=k, boxes=boxes: part(k, r, boxes), chunks))
+            if pool is None:
+                for j in range(BATCH):
+                    one(k * BATCH + j, j, boxes)
+            else:
+                list(pool.map(lambda j, k=k, boxes=boxes: one(k * BATCH + j, j, boxes), range(BATCH)))
         return n_batches * BATCH
 
     return epoch
@@ -291,38 +320,84 @@ def stored(root: Path) -> tuple[list[bytes], np.ndarray]:
     return files, b["image_shape"][:, :2].astype(np.int64)
 
 
+AUTO = "crop decode (auto)"
+PLAIN_ROW = "plain loop (antialiased uint8 resize of the rounded window, full decode)"
+# crop_decode=auto with one of fastdata.reading.cropdecode's settings changed, timed and measured (A/B): its fast IDCT
+# switched off, and the issue's 1/2 scale for windows 1-2x the output (REACH=0.5), which the default does not take
+AB = {"FAST off (libjpeg-turbo's exact IDCT and chroma upsampling)": {"FAST": {}},
+      "REACH=0.5 (1/2 scale also for windows 1-2x the output)": {"REACH": 0.5}}
+
+
+def with_settings(fn: Callable[[int], Any], settings: dict[str, Any]) -> Callable[[int], Any]:
+    """``fn`` run with fastdata.reading.cropdecode's module settings changed (restored after each call)."""
+    def run(i: int) -> Any:
+        old = {k: getattr(cropdecode, k) for k in settings}
+        for k, v in settings.items():
+            setattr(cropdecode, k, v)
+        try:
+            return fn(i)
+        finally:
+            for k, v in old.items():
+                setattr(cropdecode, k, v)
+
+    return run
+
+
 def quality(full: tuple[list[bytes], np.ndarray], smaller: dict[str, tuple[list[bytes], np.ndarray]]) -> dict[str, Any]:
     """PSNR of each image's first-epoch window (and flip) against the full-resolution decode + the exact float
-    crop and resize: the loader's path, the uint8 resize alone on the full decode, the max-side conversions."""
+    crop and resize: the loader's path (and each A/B variant), the uint8 resize alone on the full decode, the
+    plain loop's resize, the max-side conversions."""
     files, hw = full
     boxes = np.concatenate(draws(len(files) // BATCH, hw, 0))
     spec = ImageSpec(mode="RGB")
     ref, got = np.empty((OUT, OUT, 3), np.float32), np.empty((OUT, OUT, 3), np.float32)
-    rows: dict[str, list[float]] = {"crop decode (auto)": [], RESIZE_ROW: []}
+    variants = {AUTO: {}, **{f"crop decode, {k}": v for k, v in AB.items()}}
+    rows: dict[str, list[float]] = {k: [] for k in variants}
+    rows.update({RESIZE_ROW: [], PLAIN_ROW: []})
     rows.update({f"--max-side {k}": [] for k in smaller})
     plans: list[str] = []
+    cpu: dict[str, list[float]] = {k: [] for k in [*variants, PLAIN_ROW]}
+    plain, batch = plain_image(files)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the plain loop's torch ops on this thread alone, as its CPU time counts them
+    order = list(variants)
     for i, drawn in enumerate(boxes):
         h, w = (int(v) for v in hw[i])
         box, flip = tuple(drawn[:4]), (bool(drawn[4]), False)
         whole = simplejpeg.decode_jpeg(files[i], colorspace="RGB")
         resample_into(whole, box, (h, w), ref, flip=flip, exact=True)
-        plans.append(decode_crop(files[i], CODEC_JPEG, spec, (h, w), box, got, flip))
-        rows["crop decode (auto)"].append(_psnr(got, ref))
+        for name in order[i % len(order) :] + order[: i % len(order)]:  # rotated: no variant always first
+            c0 = time.thread_time()
+            plan = with_settings(lambda i, hw=(h, w), box=box, flip=flip: decode_crop(files[i], CODEC_JPEG, spec, hw, box,
+                                                                                     got, flip), variants[name])(i)
+            cpu[name].append(time.thread_time() - c0)
+            plans += [plan] if name == AUTO else []
+            rows[name].append(_psnr(got, ref))
         resample_into(whole, box, (h, w), got, flip=flip)
         rows[RESIZE_ROW].append(_psnr(got, ref))
+        c0 = time.thread_time()
+        plain(i, i % BATCH, boxes[i // BATCH * BATCH :])  # the plain loop's work for this image, on this thread
+        cpu[PLAIN_ROW].append(time.thread_time() - c0)
+        rows[PLAIN_ROW].append(_psnr(batch[i % BATCH].permute(1, 2, 0).numpy(), ref))
         for k, (sf, shw) in smaller.items():
             s = shw[i, 1] / w  # the re-encoded image's scale; the same relative window
             resample_into(simplejpeg.decode_jpeg(sf[i], colorspace="RGB"), tuple(drawn[:4] * s), tuple(shw[i]), got,
                           flip=flip)
             rows[f"--max-side {k}"].append(_psnr(got, ref))
+    torch.set_num_threads(threads)
     out = {}
     for name, ps in rows.items():
         arr = np.array(ps)
         out[name] = {"mean_db": round(float(arr.mean()), 2), "worst_db": round(float(arr.min()), 2),
                      "worst_sample": int(arr.argmin()), "images": len(arr)}
-    scaled = [p for p, pl in zip(rows["crop decode (auto)"], plans) if pl == "scaled"]
-    out["crop decode (auto)"]["scaled_windows"] = len(scaled)
-    out["crop decode (auto)"]["scaled_mean_db"] = round(float(np.mean(scaled)), 2) if scaled else None
+    for name, t in cpu.items():  # one thread's CPU time per window, and as a multiple of auto's per block of windows
+        blocks = [sum(cpu[AUTO][a : a + BATCH]) / sum(t[a : a + BATCH]) for a in range(0, len(t), BATCH)]
+        out[name]["cpu_ms_per_window"] = round(float(np.mean(t)) * 1e3, 3)
+        out[name]["x_auto_cpu_blocks"] = {"median": round(float(np.median(blocks)), 3), "min": round(min(blocks), 3),
+                                          "max": round(max(blocks), 3)}
+    scaled = [p for p, pl in zip(rows[AUTO], plans) if pl == "scaled"]
+    out[AUTO]["scaled_windows"] = len(scaled)
+    out[AUTO]["scaled_mean_db"] = round(float(np.mean(scaled)), 2) if scaled else None
     return out
 
 
@@ -394,26 +469,76 @@ def parity(work: Path, quick: bool) -> dict[str, Any]:
             "spread": {k: round(float(np.max(v) - np.min(v)), 4) for k, v in acc.items()}}
 
 
+PLAIN = "plain loop"
+DALI_CPU = "DALI CPU image_random_crop"
+
+
 def time_set(roots: dict[str, Path], repeats: int) -> dict[str, Any]:
-    """Images/s of every method on one set (``roots``: "encoded" and any max-side conversions)."""
+    """Images/s of every method on one set (``roots``: "encoded" and any max-side conversions); the plain
+    loop in every variant (decoder, 1 .. THREADS threads), its best variant the ceiling."""
     files, hw = stored(roots["encoded"])
     n = len(files) // BATCH * BATCH
-    methods: dict[str, Callable[[int], int]] = {"full-decode ceiling (simplejpeg, 2 threads)": ceiling(files[:n], hw)}
+    methods: dict[str, Callable[[int], int]] = {}
+    for decoder in PLAIN_DECODERS:
+        for t in range(1, THREADS + 1):
+            methods[f"{PLAIN}: {decoder}, {t} thread{'s' if t > 1 else ''}"] = plain_loop(files[:n], hw, decoder, t)
     for crop in ("auto", "off"):
         methods[f"fastdata crop_decode={crop}"], _ = loader_epoch(roots["encoded"], crop)
+    for name, settings in AB.items():
+        methods[f"fastdata crop_decode=auto, {name} (A/B)"] = with_settings(loader_epoch(roots["encoded"], "auto")[0],
+                                                                            settings)
     methods["fastdata DALI backend (image_slice)"], _ = loader_epoch(roots["encoded"], "auto", "dali")
     dali = dali_random_crop(files[:n])
     if callable(dali):
-        methods["DALI CPU image_random_crop"] = dali
+        methods[DALI_CPU] = dali
     for k in roots:
         if k != "encoded":
             methods[f"fastdata crop_decode=auto, --max-side {k}"], _ = loader_epoch(roots[k], "auto")
-    timings = time_interleaved(methods, repeats=repeats, warmup=1, rounds=repeats)
-    rate = {k: n / t["median"] for k, t in timings.items()}
-    ceil = rate["full-decode ceiling (simplejpeg, 2 threads)"]
-    return {"images": n, "timings_s": timings, "images_per_s": {k: round(v, 1) for k, v in rate.items()},
-            "x_full_decode_ceiling": {k: round(v / ceil, 3) for k, v in rate.items()},
-            "dali_random_crop": None if callable(dali) else dali}
+    times, cpu = interleaved(methods, repeats)
+    rate = {k: n / float(np.median(t)) for k, t in times.items()}
+    best = max((k for k in rate if k.startswith(PLAIN)), key=rate.__getitem__)
+    out = {"images": n, "seconds_per_round": {k: [round(x, 4) for x in t] for k, t in times.items()},
+           "cpu_seconds_per_round": {k: [round(x, 4) for x in t] for k, t in cpu.items()},
+           "cpu_ms_per_image": {k: round(float(np.median(t)) / n * 1e3, 3) for k, t in cpu.items()},
+           "images_per_s": {k: round(v, 1) for k, v in rate.items()}, "plain_loop_best": best,
+           "x_plain_loop": paired(times, best), "dali_random_crop": None if callable(dali) else dali,
+           # each variant's speed (wall, and CPU time) as a multiple of crop_decode=auto's, round by round
+           "ab": {k: paired(times, "fastdata crop_decode=auto")[f"fastdata crop_decode=auto, {k} (A/B)"] for k in AB},
+           "ab_cpu": {k: paired(cpu, "fastdata crop_decode=auto")[f"fastdata crop_decode=auto, {k} (A/B)"] for k in AB}}
+    if callable(dali):
+        out["x_dali_cpu"] = paired(times, DALI_CPU)
+    return out
+
+
+def interleaved(methods: dict[str, Callable[[int], int]], repeats: int) -> tuple[dict[str, list[float]], ...]:
+    """Wall and CPU seconds (this process, all threads) of one epoch of every method in each of ``repeats``
+    rounds; a round runs every method (in rotating order) once untimed, then once timed, so that the machine's
+    drift hits all of them alike. CPU time barely moves with other tenants' load: the A/B rows' steadier measure."""
+    names = list(methods)
+    wall: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(repeats):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            methods[name](r)
+            t0, c0 = time.perf_counter(), time.process_time()
+            methods[name](r)
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    return wall, cpu
+
+
+def paired(times: dict[str, list[float]], ref: str) -> dict[str, dict[str, float]]:
+    """Each method's speed as a multiple of ``ref``'s, round by round (the same round's epochs): median and range."""
+    out = {}
+    for k, t in times.items():
+        r = [b / a for a, b in zip(t, times[ref])]
+        out[k] = {"median": round(float(np.median(r)), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
+    return out
+
+
+def _ratio(r: dict[str, float]) -> str:
+    return f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
 
 
 def render(info: dict[str, Any], res: dict[str, Any]) -> str:
@@ -421,17 +546,35 @@ def render(info: dict[str, Any], res: dict[str, Any]) -> str:
            f"Machine: {info.get('cpu_model')}, {info.get('usable_cores')} usable cores. FFCV: {res['ffcv']}", ""]
     for name, s in res["sets"].items():
         out += [f"## {name} ({s['images']} images)", ""]
-        rows = [(k, f"{v:,.0f}", f"{s['x_full_decode_ceiling'][k]:.2f}") for k, v in s["images_per_s"].items()]
-        out += [markdown_table(["method", "images/s", "x full-decode ceiling"], rows), ""]
+        dali = s.get("x_dali_cpu")
+        rows = [(k + (" (best: the ceiling)" if k == s["plain_loop_best"] else ""), f"{v:,.0f}",
+                 _ratio(s["x_plain_loop"][k]), _ratio(dali[k]) if dali else "-", f"{s['cpu_ms_per_image'][k]:.2f}")
+                for k, v in s["images_per_s"].items()]
+        out += [markdown_table(["method", "images/s", "x plain loop", "x DALI CPU", "CPU ms per image"], rows), ""]
+        out += [f"Medians of {len(next(iter(s['seconds_per_round'].values())))} interleaved rounds; the ratios are "
+                "paired within each round (median, and range over the rounds).", ""]
+        out += ["A/B: `crop_decode=auto` with one setting of fastdata/reading/cropdecode.py changed, its speed as a "
+                "multiple of `crop_decode=auto`'s, paired per round (wall clock; and by CPU time, which other tenants' "
+                "load barely moves):", "",
+                markdown_table(["changed", "x crop_decode=auto, wall (median, range)", "x crop_decode=auto, CPU time"],
+                               [(k, _ratio(v), _ratio(s["ab_cpu"][k])) for k, v in s["ab"].items()]), ""]
     out += [f"Python loop speed beside a decoding thread, as a fraction of beside a sleeping one (GIL released "
             f"when well above 0): {res['gil']}", ""]
-    q = res["quality"]
-    out += ["## Quality: PSNR against full decode + the exact float crop and resize (mixed set)", ""]
-    out += [markdown_table(["path", "mean dB", "worst dB", "worst sample"],
-                           [(k, v["mean_db"], v["worst_db"], v["worst_sample"]) for k, v in q.items()]), ""]
-    a = q["crop decode (auto)"]
-    out += [f"{a['scaled_windows']} of {a['images']} windows were decoded at a DCT scale (mean {a['scaled_mean_db']} dB); "
-            "the others at full scale; every window is then resized in uint8 (the row above: that resize alone).", ""]
+    for name, q in res["quality"].items():
+        out += [f"## Quality: PSNR against full decode + the exact float crop and resize ({name})", ""]
+        out += [markdown_table(["path", "mean dB", "worst dB", "worst sample", "CPU ms per window",
+                                "speed x crop decode (auto), by CPU time"],
+                               [(k, v["mean_db"], v["worst_db"], v["worst_sample"], v.get("cpu_ms_per_window", "-"),
+                                 _ratio(v["x_auto_cpu_blocks"]) if "x_auto_cpu_blocks" in v else "-")
+                                for k, v in q.items()]), ""]
+        out += ["CPU ms per window: `decode_crop` alone (the plain loop: its work for one image, torch on one "
+                "thread), on this one thread (its own CPU time, which other tenants' load barely moves), each window "
+                "done by every variant in turn (rotated order); the speed ratio's median and range are over blocks of "
+                f"{BATCH} windows.", ""]
+        a = q[AUTO]
+        out += [f"{a['scaled_windows']} of {a['images']} windows were decoded at a DCT scale (mean "
+                f"{a['scaled_mean_db']} dB); the others at full scale; every window is then resized in uint8 (the row "
+                f"'{RESIZE_ROW}': that resize alone).", ""]
     if res.get("parity"):
         p = res["parity"]
         out += ["## Training parity (small CNN, 12 classes of photo crops)", "",
@@ -462,9 +605,12 @@ def main(argv: list[str] | None = None) -> int:
         make_set(work / "fixed_src", settings["images"], True, 1)
         fixed = {"encoded": convert(work / "fixed_src", work / "fixed", images="encoded")}
         warm_page_cache(work)
-        res["quality"] = quality(stored(mixed["encoded"]), {k: stored(v) for k, v in mixed.items() if k != "encoded"})
-        res["sets"]["mixed sizes, 350-800 px long side"] = time_set(mixed, settings["repeats"])
-        res["sets"][f"one size, {FIXED[1]}x{FIXED[0]}"] = time_set(fixed, settings["repeats"])
+        names = ("mixed sizes, 350-800 px long side", f"one size, {FIXED[1]}x{FIXED[0]}")
+        res["quality"] = {names[0]: quality(stored(mixed["encoded"]), {k: stored(v) for k, v in mixed.items()
+                                                                        if k != "encoded"}),
+                          names[1]: quality(stored(fixed["encoded"]), {})}
+        res["sets"][names[0]] = time_set(mixed, settings["repeats"])
+        res["sets"][names[1]] = time_set(fixed, settings["repeats"])
         res["gil"] = gil_check(*stored(mixed["encoded"]))
         res["parity"] = None if a.no_train or a.quick else parity(work, a.quick)
     finally:

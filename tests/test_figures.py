@@ -33,7 +33,7 @@ EXEMPT: dict[str, tuple[tuple[str, ...], str]] = {
     "2%": (("docs/tuning.md",), "guidance: a wait share below which input is not the bottleneck"),
     "1.1": (("docs/tuning.md",), "the limit above which a ceiling ratio is flagged, a design constant"),
     "1.1x": (("docs/doctor.md",), "the projected speedup below which the doctor prints no fix, a design constant"),
-    "0.05": (("docs/backends.md",), "the uint8 resample's alignment tolerance in pixels, a design constant"),
+    "0.1": (("docs/backends.md",), "the uint8 resample's alignment tolerance in pixels, a design constant"),
     "## Projection: 1 TB on 1, 10 and 100 nodes": (
         ("docs/scale.md",), "a projection: arithmetic on the figures measured in the section before, which cites them"),
 }

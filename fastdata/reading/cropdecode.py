@@ -1,10 +1,12 @@
-"""Decode only what a crop keeps: one image's window, at the smallest JPEG scale that still has the
+"""Decode only what a crop keeps: one image's window, at the smallest JPEG scale that still has about the
 output's resolution, resampled bilinearly into its row of a fixed-size float batch.
 
 A window ``(x0, y0, w, h)`` (full-image pixels) to an output ``(oh, ow)``: output pixel ``j`` samples
 ``x0 + (j + 0.5) * w / ow - 0.5``, clamped to the image (the torch ops' ``grid_sample``), bilinearly.
-A JPEG whose window is at least twice the output on both axes is decoded whole at 1/2, 1/4 or 1/8 scale
-in the DCT domain (simplejpeg's ``min_height``/``min_width``); other images whole.
+A JPEG is decoded whole at the smallest DCT scale (1/8, 1/4, 1/2: simplejpeg's ``min_height``/``min_width``)
+at which the window is still at least the output on both axes, else at full scale, with libjpeg-turbo's fast
+IDCT and chroma upsampling (``FAST``) where the window is resampled: a little fidelity for decode time, within
+the quality bound and with the gain measured in benchmarks/results/jpeg_crop.md. Other codecs whole.
 """
 
 from __future__ import annotations
@@ -20,15 +22,20 @@ import torch
 from fastdata.format.spec import CODEC_JPEG, ImageSpec
 from fastdata.reading.decode import SJ_COLORSPACE, decode_image
 
-SCALES = (8, 4, 2, 1)  # the DCT reductions libjpeg decodes at (1/8 ... 1)
+SCALES = (8, 4, 2, 1)  # the DCT reductions libjpeg decodes at (1/8 ... 1; its m/8 scales decode slower than 1)
+# a window decodes at 1/s while it keeps this fraction of the output's size there. 1: only where nothing the resize
+# keeps is lost; below 1 is faster but upsamples blurred pixels: 0.5 (1/2 for windows once to twice the output)
+# falls far below the quality bound on some photos (benchmarks/results/jpeg_crop.md, its A/B rows)
+REACH = 1.0
+FAST = {"fastdct": True, "fastupsample": True}  # simplejpeg's faster IDCT and chroma upsampling for windows
 _INV255 = np.float32(1 / 255)
 
 
 def dct_scale(w: float, h: float, ow: int, oh: int) -> int:
-    """The largest reduction ``s`` (8, 4, 2 or 1) whose window (``w`` x ``h`` source pixels) is still at
-    least the output (``ow`` x ``oh``) at 1/s: nothing is lost that the bilinear resize would keep."""
+    """The largest reduction ``s`` (8, 4, 2 or 1) at which the window (``w`` x ``h`` source pixels) still
+    has ``REACH`` of the output's size (``ow`` x ``oh``) on both axes."""
     for s in SCALES:
-        if w / s >= ow and h / s >= oh:
+        if w / s >= REACH * ow and h / s >= REACH * oh:
             return s
     return 1
 
@@ -79,7 +86,10 @@ def _line(x0: float, extent: float, n_out: int, scale: float) -> tuple[float, fl
 # torch's uint8 bilinear resize (upsample_bilinear2d, antialias off: two taps, as here) has an AVX2 kernel for
 # channels-last images; elsewhere it takes a generic path, and the exact float interpolation runs instead.
 _FAST_RESIZE = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-_TOLERANCE = 0.05  # source pixels: the largest sample-position error the uint8 resize may make, else the exact path
+# source pixels: the largest sample-position error the uint8 resize may make, else the exact path (a tenth of a
+# pixel: fewer windows fall to the slower exact path than at a twentieth; "uint8 resize alone" in
+# benchmarks/results/jpeg_crop.md is what it costs in PSNR)
+_TOLERANCE = 0.1
 _LEAD = 64  # at most this many extra outputs computed before the window's, to line torch's sample grid up with it
 _UPSAMPLE = torch.ops.aten.upsample_bilinear2d.out  # takes the output size and the scale both (F.interpolate: one)
 _scratch = threading.local()  # each thread's reused memory for the resize's input and output (no page faults per image)
@@ -197,25 +207,28 @@ def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box
     or ``"full"`` (into this thread's scratch memory). Raises DecodeError on corrupt data."""
     oh, ow = out.shape[:2]
     h, w = hw
-    s = dct_scale(box[2], box[3], ow, oh) if codec == CODEC_JPEG else 1
-    if s > 1:
-        small = _decode_scaled(data, spec, (math.ceil(h / s), math.ceil(w / s)))
-        if small is not None:
-            resample_into(small, box, hw, out, flip=flip)
-            return "scaled"
     n = h * w * spec.channels
     pixels = _buffer("full", n)[:n].reshape(h, w, spec.channels)
-    decode_image(data, codec, spec, pixels)
-    resample_into(pixels, box, hw, out, flip=flip)
-    return "full"
+    s = dct_scale(box[2], box[3], ow, oh) if codec == CODEC_JPEG else 1
+    fast = FAST if (box[2], box[3]) != (ow, oh) else {}  # a window taken as it is (a crop) keeps exact pixels
+    src = _decode_jpeg(data, spec, (math.ceil(h / s), math.ceil(w / s)), pixels, fast) if codec == CODEC_JPEG else None
+    if src is None:  # another codec, or a stream that needs the full decoder's judgement (corrupt, or a warning)
+        decode_image(data, codec, spec, pixels)
+        src, s = pixels, 1
+    resample_into(src, box, hw, out, flip=flip)
+    return "scaled" if s > 1 else "full"
 
 
-def _decode_scaled(data: Any, spec: ImageSpec, min_hw: tuple[int, int]) -> np.ndarray | None:
-    """The whole JPEG decoded at the reduction that gives at least ``min_hw``; None when the stream
-    needs the full decoder's judgement (corrupt, or only a recoverable warning)."""
+def _decode_jpeg(data: Any, spec: ImageSpec, min_hw: tuple[int, int], pixels: np.ndarray,
+                 fast: dict[str, bool]) -> np.ndarray | None:
+    """The whole JPEG decoded (with simplejpeg's ``fast`` options) at the reduction that gives at least
+    ``min_hw``, into the start of ``pixels``' memory (reused: no page faults per image); None when the stream
+    needs the full decoder's judgement (corrupt, only a recoverable warning, or not the recorded size)."""
     try:
-        a = simplejpeg.decode_jpeg(data, colorspace=SJ_COLORSPACE[spec.mode], strict=True,
-                                   min_height=min_hw[0], min_width=min_hw[1])
+        if tuple(simplejpeg.decode_jpeg_header(data)[:2]) != pixels.shape[:2]:
+            return None
+        a = simplejpeg.decode_jpeg(data, colorspace=SJ_COLORSPACE[spec.mode], strict=True, buffer=pixels.reshape(-1),
+                                   min_height=min_hw[0], min_width=min_hw[1], **fast)
     except ValueError:
         return None
     return a.reshape(a.shape[0], a.shape[1], -1)
