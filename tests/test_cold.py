@@ -192,6 +192,18 @@ def test_converting_with_zstd_says_above_which_disk_speed_it_reads_slower(tmp_pa
     assert f"fastdata bench {dst} --cold" in note
 
 
+@pytest.mark.slow  # the printed bench runs for its default time
+def test_the_zstd_notes_bench_command_runs_as_printed(tmp_path, capsys):
+    import shlex
+
+    _arrays(tmp_path)
+    assert cli.main(["convert", "--data", str(tmp_path / "x.npy"), "--no-labels", str(tmp_path / "out"), "--quiet",
+                     "--compression", "zstd"]) == 0
+    note = next(ln for ln in capsys.readouterr().err.splitlines() if "decodes" in ln)
+    printed = shlex.split(note.split("`")[1])
+    assert printed[0] == "fastdata" and cli.main(printed[1:]) == 0
+
+
 # --- read-ahead ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", [("hdf5", None), ("hdf5", "lz4"), ("lmdb", None), ("lmdb", "lz4")])
