@@ -65,14 +65,14 @@ def test_the_exemptions_are_few_and_each_still_used():
             assert key in (ROOT / rel).read_text(encoding="utf-8"), f"{key!r} no longer in {rel}: drop it"
 
 
-_RUN = "benchmarks/results/cold_large.md"  # block 1,519 MB/s, shards 1,557, True 1,277; block 0.67 of its ceiling
+_RUN = "benchmarks/results/cold_large_s18.md"  # block 1,519 MB/s, shards 1,557, True 1,277; block 0.67 of its ceiling
 
 
 @pytest.mark.parametrize("text, problem", [
     (f"`\"block\"` read 1,519 MB/s ({_RUN}).", None),
-    ("`\"block\"` read 1,519 MB/s (benchmarks/results/cold_large.json).", None),  # 1519.18...: rounds to it
+    ("`\"block\"` read 1,519 MB/s (benchmarks/results/cold_large_s18.json).", None),  # 1519.18...: rounds to it
     (f"`\"block\"` at 0.7 of the ceiling ({_RUN}).", None),  # 0.67, printed shorter
-    (f"`\"block\"` read 1,519.2 MB/s ({_RUN}).", "not a value of cold_large.md"),  # more digits than the file has
+    (f"`\"block\"` read 1,519.2 MB/s ({_RUN}).", "not a value of cold_large_s18.md"),  # more digits than the file has
     (f"`\"block\"` read 1,523 MB/s ({_RUN}).", "not a value of cold_large"),  # invented
     ("`\"block\"` read 1,519 MB/s (benchmarks/results/cold_large_s14.md).", "not a value of cold_large_s14"),  # wrong file
     ("`\"block\"` read at 0.67 of the disk's best large reads.", "no results file cited"),  # a bare ratio, no citation
@@ -97,7 +97,7 @@ def test_the_figure_check_catches_invented_moved_and_uncited_figures(text, probl
 
 
 def test_a_generated_block_cites_its_results_file():
-    good = "<!-- begin generated: cold_large -->\n| a | 0.67 |\n<!-- end generated: cold_large -->\n"
+    good = "<!-- begin generated: cold_large_s18 -->\n| a | 0.67 |\n<!-- end generated: cold_large_s18 -->\n"
     assert figures.check_page(good) == []
     bad = good.replace("0.67", "0.71")
     assert "not a value of cold_large" in figures.check_page(bad)[0]
