@@ -103,6 +103,28 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: Any = None  # libc's sync_file_range (Linux), False where there is none
+
+
+def start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing the file's dirty pages to disk now, without waiting (Linux
+    ``sync_file_range``): a file written and then fsynced spends less time in the fsync. A hint: where it
+    is unavailable or refused nothing happens (the fsync still makes the file durable)."""
+    global _sync_file_range
+    if _sync_file_range is None:
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            _sync_file_range = fn
+        except (OSError, AttributeError):
+            _sync_file_range = False
+    if _sync_file_range:
+        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+
+
 def finish_file(tmp: Path, final: Path) -> None:
     """fsync a completely written file and move it to its final name."""
     fsync_file(tmp)
