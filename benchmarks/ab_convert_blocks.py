@@ -1,23 +1,26 @@
-"""Paired A/B (one run, interleaved rounds) of three write-engine mechanisms, on the data sets of
-bench_convert_objects.py:
+"""Paired A/B (one run, interleaved rounds) of write-engine mechanisms, on the data sets of
+bench_convert_objects.py (a Hugging Face Array2D dataset, the same rows as .npy arrays, a torch Dataset that
+np.loads FLIM-like files, and the folder of those files):
 
-- blocks: a source that gives blocks of rows (``read_rows``: a Hugging Face dataset's fixed-shape columns,
-  ``.npy`` arrays) is written a block at a time (one ``pwrite`` per field), against sample by sample;
-- balanced: the shard plan cuts the fewest shards of at most ``shard_size`` into near-equal sizes, against
-  filling each shard up to ``shard_size`` in order (a small last shard);
-- writeback: the writer asks the kernel to start writing the shard to disk every 8 MiB written
-  (``sync_file_range``), against leaving it all to the fsync at the end of the shard.
+- blocks (kept): a source that gives blocks of rows (``read_rows``: a Hugging Face dataset's fixed-shape
+  columns, ``.npy`` arrays) is written a block at a time (one ``pwrite`` per field), against sample by sample;
+- writeback (kept): the writer asks the kernel to start writing the shard to disk every 8 MiB written
+  (``sync_file_range``), against leaving it all to the fsync at the end of the shard;
+- balanced plan (a candidate, defined here, not in the library): the fewest shards of at most ``shard_size``
+  cut into near-equal sizes, against the engine's plan (each shard filled up to ``shard_size``, a smaller
+  last one).
 
-Variants: old (none of them), new (all three), and new without each one.
+Variants: old (per sample, no writeback), new (blocks and writeback), new without each, and new with the
+balanced plan.
 
 Usage::
 
     python benchmarks/ab_convert_blocks.py [--rounds R] [--files N] [--rows N] [--out DIR] [--workdir DIR]
 
 Each mechanism is switched in this process (the forked workers inherit it); every conversion uses
-bench_convert_objects.py's config (2 workers, HDF5, the default shard size). Figure per variant: the median
-over rounds of old-seconds / variant-seconds (its speed as a share of the old engine's; above 1 is faster),
-and its range. Results: ``<out>/convert_blocks_ab.{json,md}``.
+bench_convert_objects.py's config (2 workers, HDF5, the default shard size). Figures: per round, the seconds of
+the variant without a mechanism over the seconds of new (the mechanism's gain; above 1: it helps), median,
+quartiles, range and the rounds it won. Results: ``<out>/convert_blocks_ab.{json,md}``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, warm_page_cache, write_results
-from bench_convert_objects import NpyFiles, _config, _copy_fsync, _ratio, make_flim, make_hf, run_rounds
+from bench_convert_objects import NpyFiles, _config, _copy_fsync, make_flim, make_hf, run_rounds
 
 import fastdata
 from fastdata.converters.arrays import ArraysSource
@@ -40,18 +43,30 @@ from fastdata.converters.objects import ObjectSource
 from fastdata.write import engine, shard_task
 
 BLOCKS = {cls: cls.read_rows for cls in (ObjectSource, ArraysSource)}
-BALANCED, GREEDY = engine.plan_shards, engine._greedy_plan
+PLAN = engine.plan_shards
 WRITEBACK = shard_task.start_writeback
-OLD, NEW = "old (per sample, greedy plan, no writeback)", "new (blocks, balanced plan, writeback)"
-VARIANTS = {OLD: (False, False, False), NEW: (True, True, True), "new without blocks": (False, True, True),
-            "new without the balanced plan": (True, False, True), "new without writeback": (True, True, False)}
+OLD, NEW = "old (per sample, no writeback)", "new (blocks, writeback)"
+VARIANTS = {OLD: (False, False, False), NEW: (True, True, False), "new without blocks": (False, True, False),
+            "new without writeback": (True, False, False), "new with the balanced plan": (True, True, True)}
 
 
-def _set(blocks: bool, balanced: bool, writeback: bool) -> None:
+def balanced_plan(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
+    """The candidate: as many shards as the engine's plan, cut at the sample boundaries nearest equal shares
+    of the bytes (the engine's plan where that would overfill a shard)."""
+    greedy = PLAN(nbytes, shard_size)
+    k = len(greedy)
+    cum = np.cumsum(nbytes, dtype=np.int64)
+    stops = [int(np.searchsorted(cum, cum[-1] * j / k, side="left")) + 1 for j in range(1, k)] + [len(cum)]
+    plan = list(zip([0] + stops[:-1], stops))
+    ok = all(a < b and (int(nbytes[a:b].sum()) <= shard_size or b - a == 1) for a, b in plan)
+    return plan if k > 1 and ok else greedy
+
+
+def _set(blocks: bool, writeback: bool, balanced: bool) -> None:
     for cls, fn in BLOCKS.items():
         cls.read_rows = fn if blocks else (lambda self, i, n: None)  # type: ignore[method-assign]
-    engine.plan_shards = BALANCED if balanced else GREEDY
     shard_task.start_writeback = WRITEBACK if writeback else (lambda fd: None)
+    engine.plan_shards = balanced_plan if balanced else PLAN  # type: ignore[assignment]
 
 
 def _variant(convert: Callable[[], Any], switches: tuple[bool, bool, bool]) -> Callable[[], Any]:
@@ -60,7 +75,7 @@ def _variant(convert: Callable[[], Any], switches: tuple[bool, bool, bool]) -> C
         try:
             return convert()
         finally:
-            _set(True, True, True)
+            _set(True, True, False)
     return run
 
 
@@ -110,30 +125,35 @@ def main() -> int:
     return 0
 
 
+def _spread(r: list[float]) -> str:
+    q = sorted(r)
+    return (f"{statistics.median(r):.2f} (quartiles {q[len(q) // 4]:.2f}-{q[3 * len(q) // 4]:.2f}, range "
+            f"{q[0]:.2f}-{q[-1]:.2f}, above 1 in {sum(v > 1 for v in r)}/{len(r)})")
+
+
 def markdown(res: dict[str, Any], sets: list[str], cmd: str) -> str:
     times, cpu, med = res["seconds"], res["cpu_seconds"], statistics.median
     copy = times["copy of the Arrow bytes"]
-    lines = [f"# Write engine A/B: blocks of rows, balanced shard plan, early writeback ({res['rounds']} paired rounds)", "",
-             f"Command: `{cmd}`", "",
+    lines = [f"# Write engine A/B: blocks of rows, early writeback, a balanced shard plan ({res['rounds']} paired "
+             "rounds)", "", f"Command: `{cmd}`", "",
              f"Machine: {res['machine']['usable_cores']} usable cores, load average {res['machine']['load_average']} "
              "(shared with other work: see the spread). 2 workers, HDF5, default shard size; every variant in every "
              "round, the order rotating.", "",
              f"Copy of the Arrow bytes (copy + fsync): median {med(copy):.3f} s.", ""]
     for s in sets:
-        old = times[f"{s} | {OLD}"]
-        rows = []
-        for label in VARIANTS:
-            key = f"{s} | {label}"
-            if key not in times:
-                continue
-            r, c = _ratio(old, times[key]), _ratio(copy, times[key])
-            rows.append([label, f"{med(times[key]):.3f}", f"{med(cpu[key]):.2f}",
-                         f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})",
-                         f"{c['median']:.2f} ({c['min']:.2f}-{c['max']:.2f})" if s.startswith("Hugging") else "-"])
-        lines += [f"## {s}", "", markdown_table(["variant", "median s", "median CPU s", "speed / old (min-max)",
-                                                 "speed / copy of the Arrow bytes (min-max)"], rows), ""]
-    lines.append("Speed / old: old seconds / variant seconds in the same round (above 1: faster). CPU s: user + "
-                 "system time of the process and its workers.")
+        new = times[f"{s} | {NEW}"]
+        rows = [[label, f"{med(times[k]):.3f}", f"{med(cpu[k]):.2f}",
+                 _spread([o / n for o, n in zip(times[k], new)]) if label != NEW else "1"]
+                for label in VARIANTS if (k := f"{s} | {label}") in times]
+        lines += [f"## {s}", "", markdown_table(["variant", "median s", "median CPU s",
+                                                 "variant seconds / new seconds, per round"], rows), ""]
+        if s.startswith("Hugging"):
+            lines += [f"Share of the raw copy's speed (copy seconds / variant seconds, per round): new "
+                      f"{_spread([c / n for c, n in zip(copy, new)])}; old "
+                      f"{_spread([c / o for c, o in zip(copy, times[f'{s} | {OLD}'])])}.", ""]
+    lines.append("Variant seconds / new seconds: above 1, the variant is slower than new (for 'new without X': "
+                 "X helps; for 'new with the balanced plan': the plan hurts). CPU s: user + system time of the "
+                 "process and its workers.")
     return "\n".join(lines)
 
 

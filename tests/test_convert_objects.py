@@ -224,21 +224,6 @@ def test_a_block_of_rows_that_disagrees_is_named_by_its_first_sample():
         check_rows({"x": np.zeros((4, 3), np.float32), "label": np.zeros(4, np.int32)}, fields, 10)
 
 
-def test_the_shard_plan_is_the_fewest_shards_of_near_equal_sizes():
-    from fastdata.write import plan_shards
-
-    assert plan_shards(np.full(25, 10), 100) == [(0, 8), (8, 17), (17, 25)]  # not 10 + 10 + 5
-    assert plan_shards(np.full(6000, 65544), 256 << 20) == [(0, 3000), (3000, 6000)]
-    assert plan_shards(np.array([500, 1, 1]), 100) == [(0, 1), (1, 3)]  # a sample over the size is a shard alone
-    rng = np.random.default_rng(0)
-    for _ in range(300):
-        nbytes, size = rng.integers(0, 50, rng.integers(1, 60)), int(rng.integers(1, 200))
-        plan = plan_shards(nbytes, size)
-        assert plan[0][0] == 0 and plan[-1][1] == len(nbytes) and len(plan) == _fewest_shards(nbytes, size)
-        assert all(a < b and (nbytes[a:b].sum() <= size or b - a == 1) for a, b in plan)
-        assert all(p[1] == q[0] for p, q in zip(plan, plan[1:]))
-
-
 def test_starting_writeback_is_a_hint_that_never_fails(tmp_path):
     """The writer's early writeback: on a file it leaves the bytes as written; where the kernel refuses it (a
     pipe) nothing happens."""
@@ -258,16 +243,6 @@ def test_starting_writeback_is_a_hint_that_never_fails(tmp_path):
     finally:
         os.close(r)
         os.close(w)
-
-
-def _fewest_shards(nbytes: np.ndarray, size: int) -> int:
-    """Shards filled in order up to ``size`` bytes (a sample over it alone): the fewest there can be."""
-    count, total, empty = 1, 0, True
-    for b in nbytes.tolist():
-        if not empty and total + b > size:
-            count, total = count + 1, 0
-        total, empty = total + b, False
-    return count
 
 
 class Bad(torch.utils.data.Dataset):

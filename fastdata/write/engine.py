@@ -46,26 +46,7 @@ __all__ = ["ShardEngine", "check_source", "part_range", "plan_shards", "write_da
 
 
 def plan_shards(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
-    """Cut samples into the fewest consecutive shards of at most ``shard_size`` bytes (at least one sample
-    each), of near-equal sizes: the last shard is not a small remainder, so parallel workers finish together."""
-    greedy = _greedy_plan(nbytes, shard_size)
-    k = len(greedy)
-    if k <= 1:
-        return greedy
-    cum = np.cumsum(nbytes, dtype=np.int64)
-    targets = cum[-1] * np.arange(1, k, dtype=np.float64) / k
-    cuts = np.searchsorted(cum, targets, side="right")  # the samples whose end is at or before each target
-    near = (cuts < len(cum)) & (cum[np.minimum(cuts, len(cum) - 1)] - targets < targets - np.where(cuts > 0, cum[cuts - 1], 0))
-    stops = [int(c) for c in cuts + near] + [len(cum)]
-    starts = [0] + stops[:-1]
-    sizes = [int(cum[b - 1] - (cum[a - 1] if a else 0)) for a, b in zip(starts, stops) if b > a]
-    if len(sizes) != k or any(s > shard_size and b - a > 1 for s, a, b in zip(sizes, starts, stops)):
-        return greedy  # rounding to whole samples overfilled a shard: keep the greedy cut
-    return list(zip(starts, stops))
-
-
-def _greedy_plan(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
-    """Each shard filled up to ``shard_size`` bytes, in order."""
+    """Cut samples into consecutive shards of at most ``shard_size`` bytes (at least one sample each)."""
     n = len(nbytes)
     cum = np.cumsum(nbytes, dtype=np.int64)
     plans, start = [], 0
