@@ -1,16 +1,18 @@
 """Paired A/B (one run, interleaved rounds) of write-engine mechanisms, on the data sets of
-bench_convert_objects.py (a Hugging Face Array2D dataset, the same rows as .npy arrays, a torch Dataset that
-np.loads FLIM-like files, and the folder of those files):
+bench_convert_objects.py (a Hugging Face Array2D dataset, the same rows as .npy arrays, saved by np.save or
+written a row at a time, a torch Dataset that np.loads FLIM-like files, and the folder of those files):
 
 - blocks (kept): a source that gives blocks of rows (``read_rows``: a Hugging Face dataset's fixed-shape
   columns, ``.npy`` arrays) is written a block at a time (one ``pwrite`` per field), against sample by sample;
+- prefault (kept): before a block of rows is written, its pages are mapped in one call (``MADV_POPULATE_READ``),
+  against faulting them in while the block is written (a memory-mapped Arrow file or ``.npy`` array);
 - writeback (kept): the writer asks the kernel to start writing the shard to disk every 8 MiB written
   (``sync_file_range``), against leaving it all to the fsync at the end of the shard;
 - balanced plan (a candidate, defined here, not in the library): the fewest shards of at most ``shard_size``
   cut into near-equal sizes, against the engine's plan (each shard filled up to ``shard_size``, a smaller
   last one).
 
-Variants: old (per sample, no writeback), new (blocks and writeback), new without each, and new with the
+Variants: old (per sample, no writeback), new (blocks, prefault, writeback), new without each, and new with the
 balanced plan.
 
 Usage::
@@ -44,10 +46,13 @@ from fastdata.write import engine, shard_task
 
 BLOCKS = {cls: cls.read_rows for cls in (ObjectSource, ArraysSource)}
 PLAN = engine.plan_shards
-WRITEBACK = shard_task.start_writeback
-OLD, NEW = "old (per sample, no writeback)", "new (blocks, writeback)"
-VARIANTS = {OLD: (False, False, False), NEW: (True, True, False), "new without blocks": (False, True, False),
-            "new without writeback": (True, False, False), "new with the balanced plan": (True, True, True)}
+WRITEBACK, PREFAULT = shard_task.start_writeback, shard_task.prefault
+OLD, NEW = "old (per sample, no writeback)", "new (blocks, prefault, writeback)"
+# (blocks, prefault, writeback, balanced plan)
+VARIANTS = {OLD: (False, False, False, False), NEW: (True, True, True, False),
+            "new without blocks": (False, True, True, False), "new without prefault": (True, False, True, False),
+            "new without writeback": (True, True, False, False), "new with the balanced plan": (True, True, True, True)}
+PER_FILE = ("new without blocks", "new without prefault")  # a folder or a Dataset gives no blocks: the same as new
 
 
 def balanced_plan(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
@@ -62,20 +67,21 @@ def balanced_plan(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
     return plan if k > 1 and ok else greedy
 
 
-def _set(blocks: bool, writeback: bool, balanced: bool) -> None:
+def _set(blocks: bool, prefault: bool, writeback: bool, balanced: bool) -> None:
     for cls, fn in BLOCKS.items():
         cls.read_rows = fn if blocks else (lambda self, i, n: None)  # type: ignore[method-assign]
+    shard_task.prefault = PREFAULT if prefault else (lambda a: None)
     shard_task.start_writeback = WRITEBACK if writeback else (lambda fd: None)
     engine.plan_shards = balanced_plan if balanced else PLAN  # type: ignore[assignment]
 
 
-def _variant(convert: Callable[[], Any], switches: tuple[bool, bool, bool]) -> Callable[[], Any]:
+def _variant(convert: Callable[[], Any], switches: tuple[bool, bool, bool, bool]) -> Callable[[], Any]:
     def run() -> Any:
         _set(*switches)
         try:
             return convert()
         finally:
-            _set(True, True, False)
+            _set(*VARIANTS[NEW])
     return run
 
 
@@ -97,12 +103,19 @@ def main() -> int:
         arrays = {k: work / "npy" / f"{k}.npy" for k in ("x", "label")}
         for k, path in arrays.items():
             np.save(path, np.ascontiguousarray(cols[k]))
+        pieces = {"x": work / "npy_pieces" / "x.npy", "label": arrays["label"]}
+        pieces["x"].parent.mkdir()
+        with open(pieces["x"], "wb") as f:  # the same array, written a row at a time
+            np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(cols["x"]))
+            for row in cols["x"]:
+                f.write(np.ascontiguousarray(row).data)
         del cols
-        warm_page_cache(work / "flim", work / "hf", work / "npy")
+        warm_page_cache(work / "flim", work / "hf", work / "npy", work / "npy_pieces")
         (work / "copy").mkdir()
         sets: dict[str, Callable[[Path], Any]] = {
             "Hugging Face Array2D": lambda out: fastdata.convert(hf, out, _config()),
             ".npy arrays": lambda out: fastdata.convert(None, out, _config(), arrays=arrays),
+            ".npy arrays written a row at a time": lambda out: fastdata.convert(None, out, _config(), arrays=pieces),
             "FLIM torch Dataset": lambda out: fastdata.convert(ds, out, _config()),
             "FLIM folder": lambda out: fastdata.convert(work / "flim", out, _config()),
         }
@@ -110,7 +123,7 @@ def main() -> int:
             "copy of the Arrow bytes": lambda: [_copy_fsync(a, work / "copy" / Path(a).name) for a in arrow]}
         for s, (name, convert) in enumerate(sets.items()):
             for v, (label, switches) in enumerate(VARIANTS.items()):
-                if name.startswith("FLIM") and label == "new without blocks":
+                if name.startswith("FLIM") and label in PER_FILE:
                     continue  # one sample per file or __getitem__: no blocks of rows to give
                 fns[f"{name} | {label}"] = _variant(lambda c=convert, o=work / f"out{s}{v}": c(o), switches)
         times, cpu = run_rounds(fns, args.rounds)
@@ -134,7 +147,7 @@ def _spread(r: list[float]) -> str:
 def markdown(res: dict[str, Any], sets: list[str], cmd: str) -> str:
     times, cpu, med = res["seconds"], res["cpu_seconds"], statistics.median
     copy = times["copy of the Arrow bytes"]
-    lines = [f"# Write engine A/B: blocks of rows, early writeback, a balanced shard plan ({res['rounds']} paired "
+    lines = [f"# Write engine A/B: blocks of rows, prefault, early writeback, a balanced shard plan ({res['rounds']} paired "
              "rounds)", "", f"Command: `{cmd}`", "",
              f"Machine: {res['machine']['usable_cores']} usable cores, load average {res['machine']['load_average']} "
              "(shared with other work: see the spread). 2 workers, HDF5, default shard size; every variant in every "

@@ -224,10 +224,17 @@ def test_a_block_of_rows_that_disagrees_is_named_by_its_first_sample():
         check_rows({"x": np.zeros((4, 3), np.float32), "label": np.zeros(4, np.int32)}, fields, 10)
 
 
-def test_starting_writeback_is_a_hint_that_never_fails(tmp_path):
+def test_writeback_and_prefault_are_hints_that_never_fail(tmp_path):
     """The writer's early writeback: on a file it leaves the bytes as written; where the kernel refuses it (a
-    pipe) nothing happens."""
-    from fastdata.fileio import start_writeback
+    pipe) nothing happens. Prefaulting a memory map, plain memory or a tiny array changes no value."""
+    from fastdata.fileio import prefault, start_writeback
+
+    a = np.arange(300_000, dtype=np.float32)
+    np.save(tmp_path / "a.npy", a)
+    m = np.load(tmp_path / "a.npy", mmap_mode="r")
+    for x in (m[1000:200_000], a[3:], a[:2], np.zeros(0)):
+        prefault(x)
+    assert np.array_equal(m, a)
 
     path = tmp_path / "f"
     fd = os.open(path, os.O_RDWR | os.O_CREAT)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from fastdata.errors import DataError, FastdataError, UsageError, WriteError
-from fastdata.fileio import file_checksum, finish_file, fsync_file, start_writeback
+from fastdata.fileio import file_checksum, finish_file, fsync_file, prefault, start_writeback
 from fastdata.format import FieldSpec, ShardInfo, backend
 from fastdata.format.spec import CHECKSUM_DEFAULT
 from fastdata.write import _fault
@@ -224,6 +224,8 @@ def _put(task: ShardTask, w: Any, i: int, block: dict[str, np.ndarray] | None) -
         w.write(sample)
         return 1, sum(a.nbytes for a in sample.values())
     n = check_rows(block, task.fields, task.start + i)
+    for a in block.values():
+        prefault(a)  # a memory map's pages mapped in one call, not faulted in one by one while written
     put = getattr(w, "write_rows", None)
     if put is not None:
         put(block, n)
