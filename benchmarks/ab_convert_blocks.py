@@ -8,12 +8,9 @@ written a row at a time, a torch Dataset that np.loads FLIM-like files, and the 
   against faulting them in while the block is written (a memory-mapped Arrow file or ``.npy`` array);
 - writeback (kept): the writer asks the kernel to start writing the shard to disk every 8 MiB written
   (``sync_file_range``), against leaving it all to the fsync at the end of the shard;
-- balanced plan (a candidate, defined here, not in the library): the fewest shards of at most ``shard_size``
-  cut into near-equal sizes, against the engine's plan (each shard filled up to ``shard_size``, a smaller
-  last one).
-
-Variants: old (per sample, no writeback), new (blocks, prefault, writeback), new without each, and new with the
-balanced plan.
+Variants: old (per sample, no writeback), new (blocks, prefault, writeback), and new without each. (A balanced
+shard plan, the fewest shards cut into near-equal sizes, was tried as a candidate in earlier runs of this script
+and dropped: no gain beyond the spread, see this file's history.)
 
 Usage::
 
@@ -42,40 +39,25 @@ from bench_convert_objects import NpyFiles, _config, _copy_fsync, make_flim, mak
 import fastdata
 from fastdata.converters.arrays import ArraysSource
 from fastdata.converters.objects import ObjectSource
-from fastdata.write import engine, shard_task
+from fastdata.write import shard_task
 
 BLOCKS = {cls: cls.read_rows for cls in (ObjectSource, ArraysSource)}
-PLAN = engine.plan_shards
 WRITEBACK, PREFAULT = shard_task.start_writeback, shard_task.prefault
 OLD, NEW = "old (per sample, no writeback)", "new (blocks, prefault, writeback)"
-# (blocks, prefault, writeback, balanced plan)
-VARIANTS = {OLD: (False, False, False, False), NEW: (True, True, True, False),
-            "new without blocks": (False, True, True, False), "new without prefault": (True, False, True, False),
-            "new without writeback": (True, True, False, False), "new with the balanced plan": (True, True, True, True)}
+# (blocks, prefault, writeback)
+VARIANTS = {OLD: (False, False, False), NEW: (True, True, True), "new without blocks": (False, True, True),
+            "new without prefault": (True, False, True), "new without writeback": (True, True, False)}
 PER_FILE = ("new without blocks", "new without prefault")  # a folder or a Dataset gives no blocks: the same as new
 
 
-def balanced_plan(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
-    """The candidate: as many shards as the engine's plan, cut at the sample boundaries nearest equal shares
-    of the bytes (the engine's plan where that would overfill a shard)."""
-    greedy = PLAN(nbytes, shard_size)
-    k = len(greedy)
-    cum = np.cumsum(nbytes, dtype=np.int64)
-    stops = [int(np.searchsorted(cum, cum[-1] * j / k, side="left")) + 1 for j in range(1, k)] + [len(cum)]
-    plan = list(zip([0] + stops[:-1], stops))
-    ok = all(a < b and (int(nbytes[a:b].sum()) <= shard_size or b - a == 1) for a, b in plan)
-    return plan if k > 1 and ok else greedy
-
-
-def _set(blocks: bool, prefault: bool, writeback: bool, balanced: bool) -> None:
+def _set(blocks: bool, prefault: bool, writeback: bool) -> None:
     for cls, fn in BLOCKS.items():
         cls.read_rows = fn if blocks else (lambda self, i, n: None)  # type: ignore[method-assign]
     shard_task.prefault = PREFAULT if prefault else (lambda a: None)
     shard_task.start_writeback = WRITEBACK if writeback else (lambda fd: None)
-    engine.plan_shards = balanced_plan if balanced else PLAN  # type: ignore[assignment]
 
 
-def _variant(convert: Callable[[], Any], switches: tuple[bool, bool, bool, bool]) -> Callable[[], Any]:
+def _variant(convert: Callable[[], Any], switches: tuple[bool, bool, bool]) -> Callable[[], Any]:
     def run() -> Any:
         _set(*switches)
         try:
@@ -147,7 +129,7 @@ def _spread(r: list[float]) -> str:
 def markdown(res: dict[str, Any], sets: list[str], cmd: str) -> str:
     times, cpu, med = res["seconds"], res["cpu_seconds"], statistics.median
     copy = times["copy of the Arrow bytes"]
-    lines = [f"# Write engine A/B: blocks of rows, prefault, early writeback, a balanced shard plan ({res['rounds']} paired "
+    lines = [f"# Write engine A/B: blocks of rows, prefault, early writeback ({res['rounds']} paired "
              "rounds)", "", f"Command: `{cmd}`", "",
              f"Machine: {res['machine']['usable_cores']} usable cores, load average {res['machine']['load_average']} "
              "(shared with other work: see the spread). 2 workers, HDF5, default shard size; every variant in every "
@@ -165,8 +147,7 @@ def markdown(res: dict[str, Any], sets: list[str], cmd: str) -> str:
                       f"{_spread([c / n for c, n in zip(copy, new)])}; old "
                       f"{_spread([c / o for c, o in zip(copy, times[f'{s} | {OLD}'])])}.", ""]
     lines.append("Variant seconds / new seconds: above 1, the variant is slower than new (for 'new without X': "
-                 "X helps; for 'new with the balanced plan': the plan hurts). CPU s: user + system time of the "
-                 "process and its workers.")
+                 "X helps). CPU s: user + system time of the process and its workers.")
     return "\n".join(lines)
 
 
