@@ -103,6 +103,11 @@ class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
         j = self.offset + i
         return {k: np.array(m[j], order="C") for k, m in self.handle().items()}
 
+    def read_rows(self, i: int, n: int) -> dict[str, np.ndarray]:
+        """Rows ``i`` to ``i + n - 1`` of every array: views of the maps, written from there without a copy."""
+        j = self.offset + i
+        return {k: m[j:j + n] for k, m in self.handle().items()}
+
     def inputs(self) -> tuple[list[str], list[np.ndarray]]:
         return sorted(self.paths.values()), []
 

@@ -46,6 +46,23 @@ class ArrowRows:
             out[name] = chunks[c][k - starts[c]]
         return out
 
+    def rows(self, j: int, n: int) -> dict[str, np.ndarray] | None:
+        """Rows ``j`` to at most ``j + n - 1`` as {column: numpy array of rows}, views of the batch :meth:`row`
+        reads (at least one row; fewer where the batch or a chunk ends); None when a column's values are not
+        one numpy array (strings, images, ragged lists, missing values)."""
+        if not self._start <= j < self._start + self._n:
+            self._load(j - j % BATCH_ROWS)
+        k = j - self._start
+        out = {}
+        for name, (starts, chunks) in self._cols.items():
+            c = bisect.bisect_right(starts, k) - 1 if len(starts) > 1 else 0
+            values = chunks[c]
+            if not isinstance(values, np.ndarray):
+                return None
+            out[name] = values[k - starts[c]:]
+            n = min(n, len(out[name]))
+        return {name: v[:n] for name, v in out.items()}
+
     def _load(self, start: int) -> None:
         stop = min(start + BATCH_ROWS, self._len)
         batch = self._table.slice(start, stop - start) if self._plain else self._table[start:stop]

@@ -163,6 +163,16 @@ class ObjectSource:
         j = self.original(i)
         return self.schema.encode(self.get(j), j)[0]
 
+    def read_rows(self, i: int, n: int) -> dict[str, np.ndarray] | None:
+        """Samples ``i`` to at most ``i + n - 1`` as one array of rows per field, where the object is an Arrow
+        table whose columns are numbers or fixed-shape arrays (views of its batch: no Python per row); else None."""
+        if not self.arrow or self.index is not None or self._cache is not None:
+            return None
+        if self._rows is None:
+            self._rows = ArrowRows(self.ref.get())
+        cols = self._rows.rows(self.offset + i, n)
+        return self.schema.encode_rows(cols, len(next(iter(cols.values())))) if cols else None
+
     def load_rows(self) -> dict[str, int]:
         """Read every sample of this part into memory (a shard's worth) and count the rows of its ragged fields."""
         self._cache = [self.read(i) for i in range(self.count)]

@@ -194,6 +194,28 @@ class SampleSchema:
                 out[name] = rescale(out[name], kind, original.tolist(), opts)
         return out, None if key is None else str(key)
 
+    def encode_rows(self, cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray] | None:
+        """A block of ``n`` samples given as one numpy array of rows per entry, stored as :meth:`encode` stores
+        each (the same casts and checks, once for the block); None when a row would not be stored as it is
+        alone (images, strings, ragged or rescaled entries, any disagreement): :meth:`encode` then says why."""
+        if self.resized is not None:
+            return None
+        d = dict(cols) if self.names is None else {k: cols[k] for k in self.names if k in cols}
+        if (d.pop(KEY_FIELD, None) is not None) != self.keyed or set(d) != {p.name for p in self.plans}:
+            return None
+        out = {}
+        for p in self.plans:
+            a = d[p.name]
+            if (p.kind != "array" or p.coordinate is not None or a.dtype.kind not in "biufc" or len(a) != n
+                    or a.shape[1:] != p.shape):
+                return None
+            if a.dtype != p.dtype:
+                if not np.can_cast(a.dtype, p.dtype, "safe"):
+                    return None
+                a = a.astype(p.dtype)
+            out[p.name] = a
+        return out
+
 
 def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, ragged: Sequence[str],
                  config: "ConvertConfig") -> SampleSchema:

@@ -146,6 +146,112 @@ def test_pyarrow_table_reads_back_equal(tmp_path):
         assert np.array_equal(s["x"], x[i]) and int(s["y"]) == i
 
 
+def _no_blocks(monkeypatch) -> None:
+    """The write engine reads these sources sample by sample, as before blocks of rows."""
+    from fastdata.converters.arrays import ArraysSource
+    from fastdata.converters.objects import ObjectSource
+
+    for cls in (ObjectSource, ArraysSource):
+        monkeypatch.setattr(cls, "read_rows", lambda self, i, n: None)
+
+
+def _shards(dst: Path) -> list:
+    import json
+
+    return json.loads((dst / "manifest.json").read_text())["shards"]
+
+
+def test_fixed_shape_arrow_columns_written_in_blocks_give_the_bytes_of_sample_by_sample(tmp_path, monkeypatch):
+    """Blocks of rows cut at Arrow chunks, batches and shard ends, through an index mapping: the shards are
+    byte for byte those written a sample at a time, and read back equal."""
+    datasets = pytest.importorskip("datasets")
+    pa = pytest.importorskip("pyarrow")
+    n = 2600
+    x = np.random.default_rng(0).random((n, 4, 3), dtype=np.float32)
+    cols = {"x": x, "b": np.arange(n) % 3 == 0, "f": np.arange(n) / 7, "label": np.arange(n, dtype=np.int16)}
+    feats = datasets.Features({"x": datasets.Array2D((4, 3), "float32"), "b": datasets.Value("bool"),
+                               "f": datasets.Value("float64"), "label": datasets.Value("int16")})
+    parts = [datasets.Dataset.from_dict({k: v[a:a + 700] for k, v in cols.items()}, features=feats) for a in range(0, n, 700)]
+    hf = datasets.concatenate_datasets(parts).select(list(range(5, n)) + list(range(5)))
+    table = pa.Table.from_batches(pa.table({"x": pa.array(list(x.reshape(n, 12)), pa.list_(pa.float32(), 12)),
+                                            "y": pa.array(np.arange(n))}).to_batches(max_chunksize=333))
+    from fastdata.format.hdf5write import ShardWriter
+
+    blocks = []
+    write_rows = ShardWriter.write_rows
+    monkeypatch.setattr(ShardWriter, "write_rows", lambda self, rows, k: blocks.append(k) or write_rows(self, rows, k))
+    for name, obj, workers in (("hf", hf, 2), ("table", table, 1)):
+        fastdata.convert(obj, tmp_path / name, _config(workers=workers, shard_size=40_000))
+        with monkeypatch.context() as m:
+            _no_blocks(m)
+            fastdata.convert(obj, tmp_path / f"{name}-per-sample", _config(workers=workers, shard_size=40_000))
+        assert len(_shards(tmp_path / name)) > 2
+        assert _shards(tmp_path / name) == _shards(tmp_path / f"{name}-per-sample")
+    assert sum(blocks) == n and len(blocks) < n // 20  # the table (one process): in blocks of rows
+    order = list(range(5, n)) + list(range(5))
+    for i, s in enumerate(_read(tmp_path / "hf")):
+        j = order[i]
+        assert np.array_equal(s["x"], x[j]) and bool(s["b"]) == cols["b"][j] and float(s["f"]) == cols["f"][j]
+        assert int(s["label"]) == j
+    ds = fastdata.open(tmp_path / "table")
+    assert np.array_equal(ds[n - 1]["x"].reshape(4, 3), x[n - 1]) and int(ds[n - 1]["y"]) == n - 1
+
+
+def test_npy_arrays_written_in_blocks_give_the_bytes_of_sample_by_sample(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    arrays = {"x": np.asfortranarray(rng.random((900, 5, 7), dtype=np.float32)), "label": np.arange(900, dtype=np.int32)}
+    for k, a in arrays.items():
+        np.save(tmp_path / f"{k}.npy", a)
+    paths = {k: tmp_path / f"{k}.npy" for k in arrays}
+    fastdata.convert(None, tmp_path / "blocks", _config(shard_size=50_000), arrays=paths)
+    with monkeypatch.context() as m:
+        _no_blocks(m)
+        fastdata.convert(None, tmp_path / "per-sample", _config(shard_size=50_000), arrays=paths)
+    assert len(_shards(tmp_path / "blocks")) > 2 and _shards(tmp_path / "blocks") == _shards(tmp_path / "per-sample")
+    ds = fastdata.open(tmp_path / "blocks")
+    assert np.array_equal(ds[899]["x"], arrays["x"][899]) and int(ds[899]["label"]) == 899
+
+
+def test_a_block_of_rows_that_disagrees_is_named_by_its_first_sample():
+    from fastdata.format import make_field
+    from fastdata.write.shard_task import check_rows
+
+    fields = [make_field("x", np.float32, (3,)), make_field("label", np.int64, ())]
+    assert check_rows({"x": np.zeros((4, 3), np.float32), "label": np.zeros(4, np.int64)}, fields, 10) == 4
+    with pytest.raises(DataError, match=r"^sample 10: 'x' has shape \(4,\), the dataset \[3\]"):
+        check_rows({"x": np.zeros((4, 4), np.float32), "label": np.zeros(4, np.int64)}, fields, 10)
+    with pytest.raises(DataError, match=r"^sample 10: 'label' has dtype int32"):
+        check_rows({"x": np.zeros((4, 3), np.float32), "label": np.zeros(4, np.int32)}, fields, 10)
+
+
+def test_writeback_and_prefault_are_hints_that_never_fail(tmp_path):
+    """The writer's early writeback: on a file it leaves the bytes as written; where the kernel refuses it (a
+    pipe) nothing happens. Prefaulting a memory map, plain memory or a tiny array changes no value."""
+    from fastdata.fileio import prefault, start_writeback
+
+    a = np.arange(300_000, dtype=np.float32)
+    np.save(tmp_path / "a.npy", a)
+    m = np.load(tmp_path / "a.npy", mmap_mode="r")
+    for x in (m[1000:200_000], a[3:], a[:2], np.zeros(0)):
+        prefault(x)
+    assert np.array_equal(m, a)
+
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, b"x" * 100_000)
+        start_writeback(fd)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 100_000
+    r, w = os.pipe()
+    try:
+        start_writeback(r)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 class Bad(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 40

@@ -30,7 +30,9 @@ class Source(Protocol):
     ``ragged_rows(name)`` is the rows per sample of a ragged field (None: known only by reading, and then a
     part's ``load_rows()`` reads its samples into memory and returns each ragged field's rows); ``describe()`` goes into the manifest
     and the journal (what --resume compares); ``sample_keys()`` names the samples (None: their index);
-    ``inputs()`` is what the journal's fingerprint covers besides the schema and sizes.
+    ``inputs()`` is what the journal's fingerprint covers besides the schema and sizes. A part may also have
+    ``read_rows(i, n)``: samples ``i`` to at most ``i + n - 1`` (at least one) as one array of rows per field,
+    or None where it has no such block (the engine then reads sample by sample).
     """
 
     kind: str

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from fastdata.errors import DataError, FastdataError, UsageError, WriteError
-from fastdata.fileio import file_checksum, finish_file, fsync_file
+from fastdata.fileio import file_checksum, finish_file, fsync_file, prefault, start_writeback
 from fastdata.format import FieldSpec, ShardInfo, backend
 from fastdata.format.spec import CHECKSUM_DEFAULT
 from fastdata.write import _fault
@@ -29,6 +29,8 @@ __all__ = ["LocalPublisher", "ShardTask", "check_sample", "init_worker", "publis
            "write_shard"]
 
 _PROGRESS_EVERY_S = 0.2
+BLOCK_BYTES = 1 << 20  # samples read and written at a time where a source gives blocks of rows (read_rows)
+WRITEBACK_BYTES = 8 << 20  # the disk is asked to start writing the shard back after each this many bytes
 _PR_SET_PDEATHSIG = 1
 _ERRNO_IN_TEXT = re.compile(r"errno = (\d+)")
 _HINTS = {errno.ENOSPC: "disk full?", errno.EDQUOT: "over the disk quota?", errno.EIO: "a disk or network error",
@@ -177,27 +179,70 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
 
 
 def _write(task: ShardTask, tmp: Path, report: Callable[[int, int], None] | None) -> tuple[int, int]:
-    """Write every sample of the task to ``tmp``; returns progress not yet reported."""
+    """Write every sample of the task to ``tmp`` (blocks of rows where the part reads them), the disk writing
+    the bytes back as they come; returns progress not yet reported."""
     impl = backend(task.backend)
-    sent_n = sent_b = 0
+    sent_n = sent_b = unsynced = 0
     last = time.monotonic()
     half = task.count // 2
     rows = task.ragged_rows if task.ragged_rows is not None else task.part.load_rows()
+    read_rows = None if any(f.ragged for f in task.fields) else getattr(task.part, "read_rows", None)
+    step = max(1, BLOCK_BYTES // max(1, sum(f.row_nbytes for f in task.fields if not f.ragged)))
     with impl.ShardWriter(tmp, task.fields, task.count, rows, task.compression, start=task.start) as w:
-        for i in range(task.count):
-            if i == half:
-                _fault.point("mid_shard", task.index)
-            sample = task.part.read(i)
-            check_sample(sample, task.fields, f"sample {task.start + i}")
-            w.write(sample)
-            sent_n += 1
-            sent_b += sum(a.nbytes for a in sample.values())
-            now = time.monotonic()
-            if now - last >= _PROGRESS_EVERY_S:
-                _report(report, sent_n, sent_b)
-                sent_n = sent_b = 0
-                last = now
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            i = 0
+            while i < task.count:
+                if i == half:
+                    _fault.point("mid_shard", task.index)
+                stop = task.count if i >= half else half  # a block never crosses the mid-shard fault point
+                n, nbytes = _put(task, w, i, read_rows(i, min(step, stop - i)) if read_rows is not None else None)
+                i, sent_n, sent_b, unsynced = i + n, sent_n + n, sent_b + nbytes, unsynced + nbytes
+                if unsynced >= WRITEBACK_BYTES:
+                    start_writeback(fd)
+                    unsynced = 0
+                now = time.monotonic()
+                if now - last >= _PROGRESS_EVERY_S:
+                    _report(report, sent_n, sent_b)
+                    sent_n = sent_b = 0
+                    last = now
+        finally:
+            os.close(fd)
     return sent_n, sent_b
+
+
+def _put(task: ShardTask, w: Any, i: int, block: dict[str, np.ndarray] | None) -> tuple[int, int]:
+    """Write ``block`` (samples ``i`` on, one array of rows per field), or sample ``i`` when there is none;
+    returns the samples and bytes written."""
+    if block is None:
+        sample = task.part.read(i)
+        check_sample(sample, task.fields, f"sample {task.start + i}")
+        w.write(sample)
+        return 1, sum(a.nbytes for a in sample.values())
+    n = check_rows(block, task.fields, task.start + i)
+    for a in block.values():
+        prefault(a)  # a memory map's pages mapped in one call, not faulted in one by one while written
+    put = getattr(w, "write_rows", None)
+    if put is not None:
+        put(block, n)
+    else:
+        for r in range(n):
+            w.write({k: v[r] for k, v in block.items()})
+    return n, sum(a.nbytes for a in block.values())
+
+
+def check_rows(block: dict[str, np.ndarray], fields: list[FieldSpec], start: int) -> int:
+    """How many samples ``block`` (one array of rows per field, from sample ``start``) holds; a field that
+    disagrees with the schema is the error :func:`check_sample` gives for the block's first sample."""
+    n = len(next(iter(block.values()))) if block else 0
+    for f in fields:
+        a = block.get(f.name)
+        if a is None or a.ndim == 0 or a.dtype != f.np_dtype or a.shape[1:] != f.trailing or len(a) != n or f.ragged:
+            check_sample({k: v[0] if v.ndim else v for k, v in block.items()}, fields, f"sample {start}")
+            raise FastdataError(f"sample {start}: a block of {n} rows disagrees with the schema")  # ragged, or lengths
+    if n < 1:
+        raise FastdataError(f"sample {start}: an empty block of rows")
+    return n
 
 
 def _report(report: Callable[[int, int], None] | None, n: int, b: int) -> None:
