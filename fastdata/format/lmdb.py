@@ -264,7 +264,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         raw = (local.astype(np.int64) + self.info.stored_start).astype(">u8").tobytes()
         return [raw[k : k + 8] for k in range(0, len(raw), 8)]
 
-    def _get_many(self, txn: lmdb.Transaction, local: np.ndarray) -> list[memoryview]:
+    def _get_many(self, txn: lmdb.Transaction, local: np.ndarray) -> list[memoryview | bytes]:
         """Records ``local`` in order (buffers into the map) from one ``getmulti``; a missing one raises, named."""
         try:
             found = txn.cursor().getmulti(self._keys(local))
