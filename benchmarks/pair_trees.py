@@ -20,8 +20,8 @@ after each run. Each run's results JSON and log stay in ``--workdir``. Benchmark
 - raw: ``bench_raw.py``, each method's rate per round, and convert as MB/s of .npy converted per round;
 - cold: ``bench_cold.py --rounds P`` (P = ``--cold-passes``, default 5; it drops the whole page cache first
   where it may, as root), each reader's passes: cold loader rows, the disk's ceilings, warm, photos;
-- jpeg_crop: ``bench_jpeg_crop.py --no-train``; the script keeps only summaries of its repeats, so a row's
-  passes are images/s at the slow (p90), median and fastest repeat. PIP_NO_INDEX=1 keeps its FFCV wheel
+- jpeg_crop: ``bench_jpeg_crop.py --no-train``, each method's images/s per round (older scripts kept only
+  summaries of their repeats: there a row's passes are images/s at the slow (p90), median and fastest repeat). PIP_NO_INDEX=1 keeps its FFCV wheel
   check off the network.
 
 Per row: each side's median over all its passes (every round pooled), after/before, the per-round ratio
@@ -95,7 +95,9 @@ def parse_jpeg(d: dict[str, Any]) -> tuple[Rows, str]:
     rows: Rows = {}
     for name, s in d["sets"].items():
         n = s["images"]
-        for method, t in s["timings_s"].items():
+        for method, secs in s.get("seconds_per_round", {}).items():  # each round's seconds (the script since issue 51)
+            rows[f"{name}: {method}"] = ("images/s", [n / t for t in secs])
+        for method, t in s.get("timings_s", {}).items():  # older scripts: summaries of the repeats only
             one = t["runs"] < 2  # a single repeat: one pass
             rows[f"{name}: {method}"] = ("images/s", [n / t["median"]] if one else [n / t["p90"], n / t["median"], n / t["min"]])
     st = d["settings"]
