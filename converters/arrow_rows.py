@@ -37,31 +37,30 @@ class ArrowRows:
         self._cols: dict[str, tuple[list[int], list[Any]]] = {}  # column -> (chunk starts, chunk values)
 
     def row(self, j: int) -> dict[str, Any]:
-        if not self._start <= j < self._start + self._n:
-            self._load(j - j % BATCH_ROWS)
-        k = j - self._start
-        out = {}
-        for name, (starts, chunks) in self._cols.items():
-            c = bisect.bisect_right(starts, k) - 1 if len(starts) > 1 else 0  # most batches: one chunk per column
-            out[name] = chunks[c][k - starts[c]]
-        return out
+        return {name: values[k] for name, values, k in self._at(j)}
 
     def rows(self, j: int, n: int) -> dict[str, np.ndarray] | None:
         """Rows ``j`` to at most ``j + n - 1`` as {column: numpy array of rows}, views of the batch :meth:`row`
         reads (at least one row; fewer where the batch or a chunk ends); None when a column's values are not
         one numpy array (strings, images, ragged lists, missing values)."""
+        out = {}
+        for name, values, k in self._at(j):
+            if not isinstance(values, np.ndarray):
+                return None
+            out[name] = values[k:]
+            n = min(n, len(out[name]))
+        return {name: v[:n] for name, v in out.items()}
+
+    def _at(self, j: int) -> list[tuple[str, Any, int]]:
+        """Per column: (name, the values of the chunk holding row ``j``, the row's place in them); loads its batch."""
         if not self._start <= j < self._start + self._n:
             self._load(j - j % BATCH_ROWS)
         k = j - self._start
-        out = {}
+        out = []
         for name, (starts, chunks) in self._cols.items():
-            c = bisect.bisect_right(starts, k) - 1 if len(starts) > 1 else 0
-            values = chunks[c]
-            if not isinstance(values, np.ndarray):
-                return None
-            out[name] = values[k - starts[c]:]
-            n = min(n, len(out[name]))
-        return {name: v[:n] for name, v in out.items()}
+            c = bisect.bisect_right(starts, k) - 1 if len(starts) > 1 else 0  # most batches: one chunk per column
+            out.append((name, chunks[c], k - starts[c]))
+        return out
 
     def _load(self, start: int) -> None:
         stop = min(start + BATCH_ROWS, self._len)

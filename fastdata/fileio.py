@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -106,22 +107,18 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
 _SYNC_FILE_RANGE_WRITE = 2
 _MADV_POPULATE_READ = 22
 _PAGE = 4096
-_libc: Any = None  # libc with sync_file_range and madvise typed (Linux), False where there is none
-
-
+@functools.cache
 def _linux_libc() -> Any:
-    global _libc
-    if _libc is None:
-        try:
-            import ctypes
+    """libc with sync_file_range and madvise typed (Linux); None where there is none."""
+    try:
+        import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            _libc = libc
-        except (OSError, AttributeError):
-            _libc = False
-    return _libc
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 def start_writeback(fd: int) -> None:

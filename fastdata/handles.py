@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Generic, Protocol, Sequence, TypeVar
+from contextlib import contextmanager
+from typing import Any, Generic, Iterator, Protocol, Sequence, TypeVar
 
 H = TypeVar("H")
 
@@ -106,10 +107,48 @@ def parent_only(obj: Any) -> None:
     _open_handles.add(obj)
 
 
+class _ForkGate:
+    """A fork waits until no call inside :func:`no_fork_during` is in flight in another thread, and holds
+    new ones off until it is done."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = 0
+
+    @contextmanager
+    def op(self) -> Iterator[None]:
+        with self._cond:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy -= 1
+                if not self._busy:
+                    self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()
+        self._cond.wait_for(lambda: self._busy == 0)
+
+    def after_fork_in_parent(self) -> None:
+        self._cond.release()
+
+
+_gate = _ForkGate()
+
+
+def no_fork_during() -> Any:
+    """A context in which this process does not fork: for calls a forked child cannot recover from if
+    they were in flight (py-lmdb's close in the child waits for the parent's in-flight calls forever)."""
+    return _gate.op()
+
+
 def _close_inherited_handles() -> None:
     """In a forked child: close (the child's copies of) every handle the parent had open."""
-    global _opening
+    global _opening, _gate
     _opening = threading.Lock()  # another thread of the parent may have held it at fork time
+    _gate = _ForkGate()
     for obj in list(_open_handles):
         obj._after_fork_in_child()
     _open_handles.clear()
@@ -137,4 +176,5 @@ def open_all(owners: Sequence[_Opens], threads: int = 8) -> None:
             f.result()  # the first error, as a plain open would raise it
 
 
-os.register_at_fork(after_in_child=_close_inherited_handles)
+os.register_at_fork(before=lambda: _gate.before_fork(), after_in_parent=lambda: _gate.after_fork_in_parent(),
+                    after_in_child=_close_inherited_handles)

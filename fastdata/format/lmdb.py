@@ -20,6 +20,7 @@ from fastdata.format import codec as blosc_codec
 from fastdata.format.lmdbwrite import KEY, MAGIC, SHARD_KEY, ShardWriter, key, parse_compression, shard_record
 from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase
 from fastdata.format.spec import FieldSpec, ShardInfo
+from fastdata.handles import no_fork_during
 
 EXTENSION = ".lmdb"
 _MAX_SHARD_RECORD = 1 << 20
@@ -35,7 +36,7 @@ _envs: dict[tuple[int, int], list[Any]] = {}  # (st_dev, st_ino) -> [environment
 
 def _acquire_env(path: Path, st: os.stat_result) -> lmdb.Environment:
     ident = (st.st_dev, st.st_ino)
-    with _envs_lock, _gate.op():
+    with _envs_lock, no_fork_during():
         entry = _envs.get(ident)
         if entry is None:
             # readahead: records are read through the map, so a cold record's pages come in by the kernel's
@@ -48,7 +49,7 @@ def _acquire_env(path: Path, st: os.stat_result) -> lmdb.Environment:
 
 
 def _release_env(env: lmdb.Environment) -> None:
-    with _envs_lock, _gate.op():
+    with _envs_lock, no_fork_during():
         for ident, entry in list(_envs.items()):
             if entry[0] is env:
                 entry[1] -= 1
@@ -58,41 +59,9 @@ def _release_env(env: lmdb.Environment) -> None:
                 return
 
 
-class _ForkGate:
-    """A fork waits until no LMDB call is in flight in another thread and holds new ones off until it is
-    done: py-lmdb's close in the child waits for the parent's in-flight calls, forever (none finish there)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._busy = 0
-
-    @contextmanager
-    def op(self) -> Iterator[None]:
-        with self._cond:
-            self._busy += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._busy -= 1
-                if not self._busy:
-                    self._cond.notify_all()
-
-    def before_fork(self) -> None:
-        self._cond.acquire()
-        self._cond.wait_for(lambda: self._busy == 0)
-
-    def after_fork_in_parent(self) -> None:
-        self._cond.release()
-
-
-_gate = _ForkGate()
-
-
 def _reset_envs_in_child() -> None:
-    global _envs_lock, _gate
+    global _envs_lock
     _envs_lock = threading.RLock()  # another thread may have held it at fork time
-    _gate = _ForkGate()
     for env, _ in _envs.values():
         try:
             env.close()
@@ -101,8 +70,7 @@ def _reset_envs_in_child() -> None:
     _envs.clear()
 
 
-os.register_at_fork(before=lambda: _gate.before_fork(), after_in_parent=lambda: _gate.after_fork_in_parent(),
-                    after_in_child=_reset_envs_in_child)
+os.register_at_fork(after_in_child=_reset_envs_in_child)
 
 
 class _Decoder:
@@ -158,7 +126,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
         try:
-            with _gate.op():
+            with no_fork_during():
                 self._check_meta(env, st.st_size)
             self._check_shard_record(env)
         except BaseException:
@@ -181,7 +149,7 @@ class ShardReader(ShardReaderBase[_Handle]):
     def _check_shard_record(self, env: lmdb.Environment) -> None:
         """The shard's own description must match the manifest's (absent in older shards)."""
         try:
-            with _gate.op(), env.begin() as txn:
+            with no_fork_during(), env.begin() as txn:
                 raw = txn.get(SHARD_KEY)
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
@@ -260,14 +228,18 @@ class ShardReader(ShardReaderBase[_Handle]):
             raise CorruptShardError(f"{self._where(local)}: record is missing")
         return buf
 
-    def _keys(self, local: np.ndarray) -> list[bytes]:
-        raw = (local.astype(np.int64) + self.info.stored_start).astype(">u8").tobytes()
-        return [raw[k : k + 8] for k in range(0, len(raw), 8)]
+    @contextmanager
+    def _txn(self, local: np.ndarray) -> Iterator[lmdb.Transaction]:
+        """A read transaction (values are buffers into the map) on this process's environment, the file
+        checked unchanged first, with no fork while it is open (fastdata.handles.no_fork_during)."""
+        with no_fork_during(), self._env(local).begin(buffers=True) as txn:
+            yield txn
 
     def _get_many(self, txn: lmdb.Transaction, local: np.ndarray) -> list[memoryview | bytes]:
         """Records ``local`` in order (buffers into the map) from one ``getmulti``; a missing one raises, named."""
+        raw = (local.astype(np.int64) + self.info.stored_start).astype(">u8").tobytes()  # the records' keys
         try:
-            found = txn.cursor().getmulti(self._keys(local))
+            found = txn.cursor().getmulti([raw[k : k + 8] for k in range(0, len(raw), 8)])
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
         if len(found) != len(local):
@@ -280,7 +252,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         the phase of the first record's field there (0 for small records, which are gathered)."""
         if self._record_size is None or self._record_size <= _GATHER_RECORD_BYTES or self.info.count == 0:
             return 0
-        with _gate.op(), self._env(np.zeros(1, dtype=np.int64)).begin(buffers=True) as txn:
+        with self._txn(np.zeros(1, dtype=np.int64)) as txn:
             start = np.frombuffer(self._get(txn, 0), dtype=np.uint8).ctypes.data
         return (start + self._field_offsets[self._index[name]]) % 64
 
@@ -309,9 +281,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         # small fixed fields (labels, image shapes) are kept whole: a batch reads them without records
         small = {i: np.zeros((n, f.row_nbytes), dtype=np.uint8) for i, f in enumerate(self.all_fields)
                  if not f.ragged and f.compression is None and 0 < f.row_nbytes <= _SMALL_FIELD_BYTES}
-        self._check_unchanged(h.fd, np.zeros(1, dtype=np.int64))
         try:
-            with _gate.op(), h.env.begin(buffers=True) as txn, txn.cursor() as cur:
+            with self._txn(np.zeros(1, dtype=np.int64)) as txn, txn.cursor() as cur:
                 ok = cur.set_range(key(self.info.stored_start))
                 while ok:
                     k = bytes(cur.key())
@@ -380,7 +351,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         totals = ix.total[local].tolist()
         hs = self._header_size
         heads = self._headers_of(lens).tobytes()
-        with _gate.op(), self._env(local).begin(buffers=True) as txn:
+        with self._txn(local) as txn:
             bufs = self._get_many(txn, local)
             if [len(b) for b in bufs] != totals or b"".join(b[:hs] for b in bufs) != heads:
                 for k, (l, buf) in enumerate(zip(local.tolist(), bufs)):  # find it, and name what is wrong
@@ -409,22 +380,19 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     def _read_small(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
         """Fixed-layout small records: one ``getmulti`` and vectorised header checks."""
-        keys = self._keys(local)
         size = self._record_size
         assert size is not None
         try:
-            with _gate.op(), self._env(local).begin(buffers=True) as txn:
-                found = txn.cursor().getmulti(keys)  # buffers into the map: sizes are checked before a copy
-                ok = len(found) == len(keys) and all(len(v) == size for _, v in found)
-                joined = b"".join(v for _, v in found) if ok else b""
+            with self._txn(local) as txn:
+                bufs = self._get_many(txn, local)  # buffers into the map: sizes are checked before a copy
+                if any(len(v) != size for v in bufs):
+                    for l, v in zip(local.tolist(), bufs):  # find and name the bad record
+                        self._layout(v, l)
+                    raise CorruptShardError(f"{self._where()}: records of the wrong size")
+                joined = b"".join(bufs)
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
-        if not ok:
-            with _gate.op(), self._env(local).begin(buffers=True) as txn:  # find and name the bad record
-                for l in local.tolist():
-                    self._layout(self._get(txn, l), l)
-            raise CorruptShardError(f"{self._where()}: records missing or of the wrong size")
-        rec = np.frombuffer(joined, dtype=np.uint8).reshape(len(found), size)
+        rec = np.frombuffer(joined, dtype=np.uint8).reshape(len(local), size)
         head = np.frombuffer(self._expected_header, dtype=np.uint8)
         bad = np.flatnonzero((rec[:, : self._header_size] != head).any(axis=1))
         if len(bad):
@@ -433,7 +401,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             i = self._index[name]
             f = self.all_fields[i]
             off = self._field_offsets[i]
-            col = rec[:, off : off + f.row_nbytes].view(f.np_dtype).reshape((len(found), *f.trailing))
+            col = rec[:, off : off + f.row_nbytes].view(f.np_dtype).reshape((len(local), *f.trailing))
             out[dest] = col
 
 

@@ -36,7 +36,7 @@ def allocate(shape: tuple[int, ...], dtype: torch.dtype, phase: int, pin: bool) 
     suits the dtype's alignment (otherwise wherever the allocator puts it)."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
     nbytes = math.prod(shape) * itemsize
-    if phase % ALIGN == 0 or phase % itemsize or nbytes == 0:
+    if phase % ALIGN == 0 or nbytes == 0:
         return torch.empty(shape, dtype=dtype, pin_memory=pin)
     if pin and (nbytes - 1).bit_length() != (nbytes + ALIGN - 1).bit_length():
         return torch.empty(shape, dtype=dtype, pin_memory=pin)  # pinned memory comes in powers of two

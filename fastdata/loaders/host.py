@@ -39,7 +39,8 @@ def reader_fields(dataset: Dataset) -> tuple[dict[str, tuple[tuple[int, ...], st
 def copy_phases(dataset: Dataset) -> dict[str, int]:
     """Per fixed field, where (mod 64 bytes) its samples lie in the first shard's memory they are copied
     from: a batch buffer at the same phase fills fastest (loaders/buffers.py). Fields whose rows are not
-    whole cache lines are left out (each row starts at another phase)."""
+    whole cache lines are left out (each row starts at another phase), and so are phases the field's
+    elements cannot start at."""
     if not dataset.readers:
         return {}
     out = {}
@@ -47,9 +48,11 @@ def copy_phases(dataset: Dataset) -> dict[str, int]:
         if f.ragged or f.row_nbytes % 64:
             continue
         try:
-            out[f.name] = dataset.readers[0].copy_phase(f.name)
+            phase = dataset.readers[0].copy_phase(f.name)
         except Exception:  # only a hint: the read itself reports what is wrong, naming the batch
-            out[f.name] = 0
+            continue
+        if phase % f.np_dtype.itemsize == 0:
+            out[f.name] = phase
     return out
 
 

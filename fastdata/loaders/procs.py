@@ -125,9 +125,8 @@ class ProcessReader:
         self.depth = max(prefetch, 3 * workers)
         self._fields = reader_fields(dataset)  # what the workers read into
         fixed, flat = self._fields
-        phases = {n: ph for n, ph in copy_phases(dataset).items() if ph % np.dtype(fixed[n][1]).itemsize == 0}
         self.ring = Ring({n: math.prod(tr) * np.dtype(dt).itemsize for n, (tr, dt) in fixed.items()}, list(flat),
-                         self.depth + 2, phases)
+                         self.depth + 2, copy_phases(dataset))
         self._workers: list[_Worker] = []
         self._pass = 0  # passes started: an older, unfinished pass must not take a newer one's results
 
