@@ -1,8 +1,8 @@
 """Paired A/B: batch buffers at the shard's address phase (loaders/buffers.py) vs plain buffers, warm LMDB.
 
-Three data sets, each converted to LMDB: FLIM-like float32 samples (2, 256, 21, 21) (903 KB), raw uint8
-images (512, 512, 3) (786 KB) and (224, 224, 3) (151 KB), all in records larger than the reader's gather
-size (so every record lies at one offset into its own pages). Each reading mode (2 threads = the default, 0 threads, 2 worker processes) is
+Four data sets, each converted to LMDB: FLIM-like float32 samples (2, 256, 21, 21) (903 KB), 3-D volumes
+float32 (1, 64, 64, 64) (1 MB), raw uint8 images (512, 512, 3) (786 KB) and (224, 224, 3) (151 KB), all in
+records larger than the reader's gather size (so every record lies at one offset into its own pages). Each reading mode (2 threads = the default, 0 threads, 2 worker processes) is
 timed with and without the phase ("off" = the readers report phase 0, as before this A/B), one epoch
 per method per round, methods interleaved in rotating order after a warm-up round; samples/s median and
 range over the rounds, and the per-round paired ratio.
@@ -31,6 +31,7 @@ from fastdata.format import lmdb as lmdb_format  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 
 SETS = {"FLIM float32 (2,256,21,21)": ((2, 256, 21, 21), np.float32, 1500),
+        "3-D volumes float32 (1,64,64,64)": ((1, 64, 64, 64), np.float32, 1200),
         "raw images uint8 (512,512,3)": ((512, 512, 3), np.uint8, 1500),
         "raw images uint8 (224,224,3)": ((224, 224, 3), np.uint8, 6000)}
 MODES = {"2 threads": {}, "0 threads": {"num_workers": 0},
