@@ -212,7 +212,7 @@ def test_a_server_gone_mid_read_fails_once_at_the_bound_naming_the_endpoint(s3_t
 
     first = threading.Thread(target=fetch, args=("first",))
     first.start()
-    time.sleep(0.5)
+    time.sleep(1.2)  # well inside the first's 2 s round: the second waits for it, with 1.2 s to spare after
     fetch("second")
     first.join()
     for who in ("first", "second"):
