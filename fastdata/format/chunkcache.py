@@ -1,6 +1,5 @@
-"""A small LRU of decoded chunks, shared by the reader threads of one process: batches drawn from a few
-chunks of an in-place index (fastdata/format/inplace.py) decode each chunk once, and a chunk one thread
-decodes is waited for by the others, never decoded twice at the same time."""
+"""A small LRU of decoded chunks shared by one process's reader threads: each chunk of an in-place
+index is decoded once, and threads asking for a chunk being decoded wait for it."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ MIN_CHUNKS = 6  # kept at least: shuffle=Shards() mixes 2 chunks at a time, and 
 
 
 class ChunkCache:
-    """Decoded chunks by key, least recently used dropped first beyond ``capacity`` bytes (the
-    chunk being added is always kept). ``decoded_bytes`` counts what was decoded, for measurements."""
+    """Decoded chunks by key, least recently used dropped beyond ``capacity`` bytes (the newest always kept);
+    ``decoded_bytes`` counts what was decoded."""
 
     def __init__(self, capacity: int = DEFAULT_BYTES) -> None:
         self.capacity = capacity

@@ -1,6 +1,5 @@
-"""Per-field compression (``--compression lz4|zstd``): each sample of a fixed raw field of at least
-``MIN_FIELD_BYTES`` is one byte-shuffled Blosc 1.x buffer, which the HDF5 Blosc filter (hdf5plugin) reads
-too; decoded in the reader threads (GIL released) straight into the batch. See docs/format.md."""
+"""Per-field compression (``--compression lz4|zstd``): each sample of an eligible field is one byte-shuffled
+Blosc 1.x buffer (readable by HDF5's Blosc filter), decoded in reader threads straight into the batch."""
 
 from __future__ import annotations
 
@@ -85,8 +84,8 @@ def encode(a: np.ndarray, codec: Codec) -> bytes:
 
 
 def decode_into(buf: Any, out: np.ndarray, where: str) -> None:
-    """Decode one Blosc buffer ``buf`` into ``out`` (a C-contiguous sample row), after checking
-    that its header promises exactly ``out.nbytes`` bytes and that ``buf`` is whole."""
+    """Decode one Blosc buffer ``buf`` into ``out`` (a C-contiguous sample row); raises unless its header
+    promises exactly ``out.nbytes`` bytes and ``buf`` is whole."""
     view = memoryview(buf).cast("B")
     if len(view) < HEADER_BYTES:
         raise CorruptShardError(f"{where}: compressed sample is {len(view)} bytes, too short for its header")
@@ -101,8 +100,7 @@ def decode_into(buf: Any, out: np.ndarray, where: str) -> None:
 
 
 def decode_rate(sample: np.ndarray, codec: Codec) -> tuple[float, float]:
-    """(bytes decoded per second on one core, compression ratio) of ``codec`` on ``sample``, from
-    decodes of it in memory timed for at least 20 ms."""
+    """(bytes decoded per second on one core, compression ratio) of ``codec`` on ``sample``, timed in memory."""
     buf = encode(sample, codec)
     out = np.empty_like(np.ascontiguousarray(sample))
     n, t0 = 0, time.perf_counter()

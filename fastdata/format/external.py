@@ -1,7 +1,5 @@
-"""The files an in-place index points into: where each field lies (``source`` of its manifest), and the
-stamps that prove a file unchanged since it was indexed (size, time, metadata, sampled blocks; with
-``--checksum`` every byte and block). A difference is a one-line CorruptShardError naming the file
-(docs/in-place.md)."""
+"""The files an in-place index points into, and the stamps that prove each unchanged since indexing
+(size, time, metadata, sampled blocks; with ``--checksum`` every byte); a change is a CorruptShardError."""
 
 from __future__ import annotations
 
@@ -121,7 +119,7 @@ def size_mtime(path: str) -> tuple[int, int]:
 
 
 def meta_checksum(path: str, fmt: str, arrays: list[str]) -> str:
-    """The checksum of the metadata of ``path`` that the index relies on (see the module docstring)."""
+    """The checksum of the metadata of ``path`` that the index relies on."""
     h = xxhash.xxh3_128()
     if fmt == "hdf5":
         from fastdata.format.arrayinfo import describe
@@ -152,8 +150,8 @@ def _sampled(size: int, blocks: int) -> list[int]:
 
 
 def sample_checksum(path: str) -> str:
-    """``xxh3_128`` of each file's name and the blocks sampled of it (:func:`_sampled`): cheap enough for every
-    open, it sees files replaced and chunks swapped; a small edit between the blocks is left to ``--checksum``."""
+    """``xxh3_128`` of each file's name and its sampled blocks: cheap enough for every open, it sees files
+    replaced and chunks swapped (small edits between blocks need ``--checksum``)."""
     h = xxhash.xxh3_128()
     for rel, p, blocks in _files(path):
         h.update(rel.encode() + b"\0")
@@ -167,9 +165,8 @@ def sample_checksum(path: str) -> str:
 
 
 def content_checksums(path: str) -> tuple[str, str, dict[str, str]]:
-    """One pass over every byte of a file (of a directory: of each file, in order): ``xxh3_128`` of each
-    file's name and bytes, :func:`sample_checksum` taken from the same bytes, and each file's block
-    digests (fastdata/format/blocksums.py)."""
+    """One pass over every byte of a file (or each file of a directory): its ``xxh3_128``, its
+    :func:`sample_checksum` and its block digests."""
     full, sample = xxhash.xxh3_128(), xxhash.xxh3_128()
     blocks: dict[str, str] = {}
     for rel, p, n in _files(path):
@@ -203,9 +200,8 @@ def stamp(path: str, fmt: str, arrays: list[str], full: bool) -> Stamp:
 
 
 def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, content: bool = False) -> str | None:
-    """What changed in one source file since it was indexed (one line naming it), or None: its size
-    and modification time; with ``meta`` its metadata checksum; with ``content`` its full checksum
-    (when the index recorded one)."""
+    """What changed in one source file since it was indexed (one line naming it), or None: size and time;
+    with ``meta`` its metadata checksum; with ``content`` its full checksum (when recorded)."""
     hint = "; run fastdata index again (or convert the data)"
     if not os.path.exists(s.path):
         return f"{s.path}: source file of this index is missing{hint}"

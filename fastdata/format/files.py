@@ -1,6 +1,5 @@
-"""The names a conversion writes into DST besides the shards and the manifest, and the suffixes of the
-source files it reads: defined once, here, for the writer (fastdata/write, fastdata/converters) and for
-the reader's errors (absent.py: what a folder without a manifest is)."""
+"""The names a conversion writes into DST besides shards and manifest, and the source suffixes it reads:
+defined once for the writers and for the reader's errors."""
 
 from __future__ import annotations
 

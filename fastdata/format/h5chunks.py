@@ -1,6 +1,5 @@
-"""Chunks of an HDF5 dataset chunked along the sample axis read without h5py: one ``pread`` per chunk and
-the filters (deflate, shuffle, LZ4, Zstd, Blosc) undone here with the GIL released, so reader threads
-decode in parallel where h5py's global lock would serialise them; other filters go through h5py."""
+"""Chunks of an HDF5 dataset chunked along the sample axis, one ``pread`` each, decoded here with the GIL
+released (deflate, shuffle, LZ4, Zstd, Blosc) so threads decode in parallel; other filters go through h5py."""
 
 from __future__ import annotations
 
@@ -74,9 +73,8 @@ def chunk_spans(dset: Any) -> np.ndarray | None:
 
 
 def read_chunk(fd: int, t: ChunkTable, c: int, out: np.ndarray, where: str, check: BlockCheck | None = None) -> None:
-    """Chunk ``c`` decoded into ``out`` (C-contiguous, at most a chunk: the last one may be short).
-    Each filter writes straight into the next buffer (the last one into ``out``): no extra copies.
-    ``check``: the file's block digests, checked for the chunk's bytes before they are decoded."""
+    """Chunk ``c`` decoded into ``out`` (C-contiguous; the last chunk may be short), without extra copies;
+    ``check``: the file's block digests, checked before the chunk is decoded."""
     off, size, mask = int(t.offsets[c]), int(t.sizes[c]), int(t.masks[c])
     raw = bytearray(size)
     if os.preadv(fd, [raw], off) != size:
@@ -134,10 +132,8 @@ def _undo(f: int, data: Any, t: ChunkTable, dst: np.ndarray) -> None:
 
 
 def _lz4(data: bytearray, dst: np.ndarray) -> None:
-    """The HDF5 LZ4 filter's format: total size (u64, big-endian), block size (u32), then per block
-    its compressed size (u32) and bytes; a block whose compressed size equals its size is stored plain.
-    numcodecs' LZ4 wants the decoded size (u32, little-endian) before a block: it is written over
-    the compressed size in ``data`` (our own copy), so nothing is copied."""
+    """The HDF5 LZ4 filter's format: total size (u64 BE), block size (u32), then per block its compressed size
+    (u32) and bytes (stored plain when the sizes match); decoded in place in ``data``, our own copy."""
     from numcodecs import LZ4 as Codec
 
     mv = memoryview(data)

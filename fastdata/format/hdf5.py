@@ -1,7 +1,5 @@
-"""HDF5 shards: one dataset per fixed field (sample axis first); ragged fields as data + offsets (writing
-in hdf5write.py). Contiguous fields are copied from a read-only memory map and per-sample compressed ones
-read with one ``pread`` each: no h5py call (nor its global lock) on the hot path; ``lzf``/``gzip`` fields
-are read through h5py."""
+"""HDF5 shards: one dataset per fixed field, ragged fields as data + offsets; the hot path reads memory maps
+and ``pread`` with no h5py call (nor its global lock), ``lzf``/``gzip`` fields go through h5py."""
 
 from __future__ import annotations
 
@@ -150,9 +148,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         col.chunk_off, col.chunk_len, col.chunk_raw = off, size, raw
 
     def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The byte ranges (starts, lengths) of this file that reading fields ``names`` of samples
-        ``local`` touches (what fastdata.reading.readahead hints to the kernel); columns held in memory or
-        read through h5py (lzf, gzip) give none."""
+        """The byte ranges (starts, lengths) of this file that reading fields ``names`` of samples ``local``
+        touches, for read-ahead hints; columns in memory or read through h5py give none."""
         h = self.handle()
         starts, lengths = [], []
         for name in names:

@@ -21,7 +21,7 @@ _STAGE_BYTES = 32 << 20
 
 def parse_compression(value: str | None) -> tuple[str | None, Any]:
     """``none`` | ``lzf`` | ``gzip`` | ``gzip:N`` -> (h5py filter, level); ``lz4[:N]`` | ``zstd[:N]``
-    -> (``"blosc"``, the :class:`~.codec.Codec`), per field (see fastdata/format/codec.py)."""
+    -> (``"blosc"``, the :class:`~.codec.Codec`)."""
     if value in (None, "", "none"):
         return None, None
     codec = blosc_codec.parse(value)
@@ -41,10 +41,8 @@ def parse_compression(value: str | None) -> tuple[str | None, Any]:
 
 
 class ShardWriter:
-    """Writes one HDF5 shard of ``count`` samples (a context manager). Uncompressed fields are allocated at
-    creation and each sample's bytes go to their place with one ``pwrite`` (no staging, no h5py call);
-    fields compressed per sample (``lz4``/``zstd``) get one chunk each; ``lzf``/``gzip`` fields are chunked
-    along the sample axis (about 1 MiB a chunk), staged and written through h5py in blocks."""
+    """Writes one HDF5 shard of ``count`` samples (a context manager): uncompressed fields with one ``pwrite``
+    per sample, ``lz4``/``zstd`` fields one chunk per sample, ``lzf``/``gzip`` fields staged through h5py."""
 
     @staticmethod
     def min_sample_bytes(fields: list[FieldSpec]) -> float:

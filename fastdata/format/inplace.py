@@ -1,6 +1,5 @@
-"""The ``inplace`` backend: samples read where they are in existing HDF5, ``.npy`` or Zarr files (``fastdata
-index``; docs/in-place.md). Contiguous data is copied from a read-only memory map; chunked data is read a
-whole chunk at a time into a per-process cache of decoded chunks (fastdata/format/chunkcache.py)."""
+"""The ``inplace`` backend: samples read where they are in existing HDF5, ``.npy`` or Zarr files
+(``fastdata index``): contiguous data from a memory map, chunked data a whole cached chunk at a time."""
 
 from __future__ import annotations
 

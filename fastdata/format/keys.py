@@ -1,6 +1,5 @@
-"""Sample keys (relative source paths) in one side file, ``keys.bin`` (layout: docs/format.md, "Sample keys"),
-so that the manifest stays small; readers map it once per process: numpy arrays, never lists of strings
-(a DataLoader worker would copy those page by page)."""
+"""Sample keys (relative source paths) in one side file, ``keys.bin`` (docs/format.md), mapped once per
+process as numpy arrays, never lists of strings (a DataLoader worker would copy those page by page)."""
 
 from __future__ import annotations
 
@@ -52,9 +51,8 @@ _Handle = tuple[np.ndarray, np.ndarray, mmap.mmap, Release | None]
 
 
 class KeyTable(PerProcessHandle[_Handle]):
-    """Reads the keys file of a dataset: ``key(i)``, ``keys(indices)``, ``find(key)``. A URL dataset passes
-    ``fetch`` (download it, outside the opening lock: a slow download holds up no other handle) and
-    ``prepare`` (keep it local while open; returns what releases it)."""
+    """Reads a dataset's keys file: ``key(i)``, ``keys(indices)``, ``find(key)``. A URL dataset passes ``fetch``
+    (download it, outside the opening lock) and ``prepare`` (keep it local while open; returns its release)."""
 
     def __init__(self, path: Path, count: int, nbytes: int, prepare: Callable[[], Release] | None = None,
                  fetch: Callable[[], None] | None = None) -> None:

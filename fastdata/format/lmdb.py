@@ -27,9 +27,7 @@ _MAX_SHARD_RECORD = 1 << 20
 _GATHER_RECORD_BYTES = 64 << 10  # smaller fixed-layout records are fetched with one getmulti
 _SMALL_FIELD_BYTES = 64  # fixed fields up to this size per sample are kept in a shard's record index
 
-# py-lmdb refuses to open a file that this process already has open, so every reader of one
-# shard file shares one environment: reference-counted, keyed by the file's identity (a file
-# replaced at the same path is a new file). A forked child closes the parent's copies.
+# py-lmdb refuses a second open of one file in a process: readers share a refcounted environment per file.
 _envs_lock = threading.RLock()  # reentrant: a finalizer (GC) may release an environment mid-acquire
 _envs: dict[tuple[int, int], list[Any]] = {}  # (st_dev, st_ino) -> [environment, users]
 
@@ -39,8 +37,7 @@ def _acquire_env(path: Path, st: os.stat_result) -> lmdb.Environment:
     with _envs_lock, no_fork_during():
         entry = _envs.get(ident)
         if entry is None:
-            # readahead: records are read through the map, so a cold record's pages come in by the kernel's
-            # read-around, not one 4 KiB fault at a time (benchmarks/results/lmdb_readahead_ab.md)
+            # readahead: cold records come in by the kernel's read-around, not one 4 KiB fault at a time
             env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True,
                             meminit=False, max_readers=1024, max_dbs=0)
             entry = _envs[ident] = [env, 0]
@@ -257,9 +254,8 @@ class ShardReader(ShardReaderBase[_Handle]):
         return (start + self._field_offsets[self._index[name]]) % 64
 
     def records(self) -> RecordIndex:
-        """The layout of every record of this shard: the schema's for fixed-size records, else built on
-        first use in each process by reading each record's header once (a bad record is remembered
-        and raises when it is read)."""
+        """The layout of every record of this shard: the schema's for fixed-size records, else built once per
+        process from each record's header (a bad record raises when it is read)."""
         h = self.handle()
         if h.index is not None:
             return h.index
@@ -324,7 +320,7 @@ class ShardReader(ShardReaderBase[_Handle]):
     def read_into(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray],
                   layouts: dict[str, Layout] | None = None) -> None:
         """Sample ``local[k]`` goes to row ``dest[k]`` of each array in ``outs``; ragged fields as
-        :class:`RaggedOut` places them (``layouts``: per ragged field, image shapes of ``pixels`` fields or a packed layout)."""
+        :class:`RaggedOut` places them (``layouts``: per ragged field, image shapes or a packed layout)."""
         if self._record_size is not None and self._record_size <= _GATHER_RECORD_BYTES:
             self._read_small(local, dest, outs)
             return

@@ -74,9 +74,8 @@ def tail_guard_bytes(psize: int, largest_record: int) -> int:
 
 
 def _add_tail_guard(path: Path, psize: int, largest_record: int) -> None:
-    """liblmdb reads wherever an in-page offset or a value size points, checking only page numbers.
-    With this zeroed tail (sparse on disk), a corrupted offset or a value on one of the last pages
-    stays inside the file instead of running past its end into a SIGBUS."""
+    """Append a zeroed (sparse) tail after LMDB's last page: liblmdb checks only page numbers, so a corrupted
+    offset or value size then stays inside the file instead of causing a SIGBUS."""
     with open(path, "r+b") as f:
         end = f.seek(0, os.SEEK_END)
         f.truncate(end + tail_guard_bytes(psize, largest_record))
@@ -103,8 +102,7 @@ class ShardWriter:
         self.count = count
         self.start = start
         payload = sum(f.row_nbytes * (ragged_rows[f.name] if f.ragged else count) for f in fields)
-        try:  # lock=False: the temporary file is this writer's alone, and a lock file is mapped memory,
-            # which on a full tmpfs kills the process with SIGBUS instead of failing a write
+        try:  # lock=False: a lock file is mapped memory (SIGBUS on a full tmpfs); the file is ours alone
             self._env = lmdb.open(
                 str(self.path), subdir=False, map_size=initial_map_size(payload, count, len(fields)), metasync=False,
                 sync=False, readahead=False, max_dbs=0, lock=False,

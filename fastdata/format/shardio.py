@@ -1,6 +1,5 @@
-"""What the HDF5 and LMDB shard readers share: the reader base (open checked against the
-manifest, error places, size re-checks), splitting index arrays into consecutive runs, and
-placing ragged samples into their padded batch rows."""
+"""What the HDF5 and LMDB shard readers share: the reader base, splitting index arrays into
+consecutive runs, and placing ragged samples into their padded batch rows."""
 
 from __future__ import annotations
 
@@ -56,9 +55,8 @@ Layout = np.ndarray | Packed | None  # image shapes (padded pixels), packed star
 
 
 class RaggedOut:
-    """The batch array of one ragged field, filled with one copy a sample: ``out`` is ``(B, rows, *trailing)``,
-    each row zero-padded; with image shapes as ``layout`` (``(B, 3)``), ``(B, H, W, C)``, each image at
-    ``out[d, :h, :w]`` padded right and below; with a :class:`Packed` layout, flat, nothing padded."""
+    """The batch array of one ragged field, one copy a sample: ``(B, rows, *trailing)`` zero-padded; with image
+    shapes as ``layout``, ``(B, H, W, C)`` padded right and below; with a :class:`Packed` layout, flat."""
 
     def __init__(self, out: np.ndarray, layout: Layout = None) -> None:
         self.out = out

@@ -1,6 +1,5 @@
 """The fastdata format's spec: version, names, limits, field and shard types, image rules: what every
-writer and reader agrees on (docs/format.md; image fields: its "Image fields"), importing only fastdata's
-errors."""
+writer and reader agrees on (docs/format.md); imports only fastdata's errors."""
 
 from __future__ import annotations
 
@@ -98,9 +97,7 @@ def _need(by_name: dict[str, FieldSpec], name: str, dtype: str, shape: tuple[int
 
 
 FORMAT_NAME = "fastdata"
-FORMAT_VERSION = 3  # what a conversion writes. 3: sample keys ("keys", keys.bin) and utf8 string fields;
-# 2: shard checksums name their algorithm ("checksum": "xxh3_128:<hex>") and a shard may carry an
-# ``origin``; 1: "sha256" only, no origin
+FORMAT_VERSION = 3  # what a conversion writes (version history: docs/format.md)
 ORIGIN_VERSION = 2  # a manifest with a shard ``origin`` (``fastdata merge``) needs a reader of at least this
 COMPRESSED_VERSION = 4  # with a compressed field: readers of version 3 refuse it instead of misreading it
 READ_VERSION = 4  # the newest manifest version this fastdata reads
@@ -221,9 +218,8 @@ def parse_checksum(value: Any) -> str | None:
 
 @dataclass(frozen=True)
 class KeysInfo:
-    """Where the samples' keys live: ``kind`` ``index`` (the key is the sample index, as a string) or
-    ``file`` (the side file ``file`` of ``bytes`` bytes and ``checksum`` ``"<algorithm>:<hex>"``, like
-    shards; docs/format.md)."""
+    """Where the samples' keys live: ``kind`` ``index`` (the key is the sample index, as a string) or ``file``
+    (the side file ``file`` of ``bytes`` bytes and ``checksum``, like shards)."""
 
     kind: str
     file: str | None = None

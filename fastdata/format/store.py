@@ -1,6 +1,5 @@
-"""Where a dataset's shards live, and how they are opened and kept readable: :class:`ShardStore`, the one
-interface ``Dataset`` reads through (local folders here, URLs in fastdata.remote.shards, indexes in
-fastdata.format.inplace)."""
+"""Where a dataset's shards live and how they are opened and kept readable: :class:`ShardStore`, the one
+interface ``Dataset`` reads through (local folders here, URLs in remote.shards, indexes in inplace)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Chunks of a local Zarr array chunked along the sample axis (C order, native byte order, raw or one
-numcodecs codec) read straight from their files and decoded with the GIL released, without zarr's codec
-pipeline; anything else (sharding, filters, chunks never written) goes through zarr."""
+"""Chunks of a local Zarr array chunked along the sample axis, read from their files and decoded with the
+GIL released (C order, native, raw or one numcodecs codec); anything else goes through zarr."""
 
 from __future__ import annotations
 
