@@ -1,13 +1,5 @@
-"""Decode only what a crop keeps: one image's window, at the smallest JPEG scale that still has about the
-output's resolution, resampled bilinearly into its row of a fixed-size float batch.
-
-A window ``(x0, y0, w, h)`` (full-image pixels) to an output ``(oh, ow)``: output pixel ``j`` samples
-``x0 + (j + 0.5) * w / ow - 0.5``, clamped to the image (the torch ops' ``grid_sample``), bilinearly.
-A JPEG is decoded whole at the smallest DCT scale (1/8, 1/4, 1/2: simplejpeg's ``min_height``/``min_width``)
-at which the window is still at least the output on both axes, else at full scale, with libjpeg-turbo's fast
-IDCT and chroma upsampling (``FAST``) where the window is resampled: a little fidelity for decode time, within
-the quality bound and with the gain measured in benchmarks/results/jpeg_crop.md. Other codecs whole.
-"""
+"""Decode only what a crop keeps: one image's window, JPEGs at the smallest DCT scale that still has the
+output's resolution, resampled bilinearly into its row of a fixed-size float batch."""
 
 from __future__ import annotations
 
@@ -23,9 +15,7 @@ from fastdata.format.spec import CODEC_JPEG, ImageSpec
 from fastdata.reading.decode import SJ_COLORSPACE, decode_image
 
 SCALES = (8, 4, 2, 1)  # the DCT reductions libjpeg decodes at (1/8 ... 1; its m/8 scales decode slower than 1)
-# a window decodes at 1/s while it keeps this fraction of the output's size there. 1: only where nothing the resize
-# keeps is lost; below 1 is faster but upsamples blurred pixels: 0.5 (1/2 for windows once to twice the output)
-# falls far below the quality bound on some photos (benchmarks/results/jpeg_crop.md, its A/B rows)
+# a window decodes at 1/s while it keeps this fraction of the output's size; below 1 loses visible quality
 REACH = 1.0
 FAST = {"fastdct": True, "fastupsample": True}  # simplejpeg's faster IDCT and chroma upsampling for windows
 _INV255 = np.float32(1 / 255)
@@ -55,10 +45,8 @@ def _axis(x0: float, extent: float, n_out: int, n_src: int, scale: float) -> tup
 
 def resample_into(src: np.ndarray, box: tuple[float, float, float, float], full_hw: tuple[int, int],
                   out: np.ndarray, flip: tuple[bool, bool] = (False, False), exact: bool = False) -> None:
-    """Bilinear samples of the window ``box`` (x0, y0, w, h in pixels of the full image, ``full_hw``) from
-    ``src`` (uint8 (h, w, C), the whole image at any scale) into ``out`` (float32 (oh, ow, C), /255), mirrored
-    as ``flip`` (left-right, top-bottom) says: by torch's uint8 resize where its grid lines up (:func:`_grid`),
-    else or with ``exact`` by the float interpolation at exactly these positions (:func:`_lerp2`)."""
+    """Bilinear samples of the window ``box`` (x0, y0, w, h in pixels of the full image ``full_hw``) from ``src``
+    (uint8 HWC, any scale) into ``out`` (float32 (oh, ow, C), /255), mirrored as ``flip`` says."""
     x0, y0, w, h = box
     oh, ow = out.shape[:2]
     n_y, n_x = src.shape[:2]
@@ -83,12 +71,9 @@ def _line(x0: float, extent: float, n_out: int, scale: float) -> tuple[float, fl
     return (x0 + 0.5 * extent / n_out) * scale - 0.5, s
 
 
-# torch's uint8 bilinear resize (upsample_bilinear2d, antialias off: two taps, as here) has an AVX2 kernel for
-# channels-last images; elsewhere it takes a generic path, and the exact float interpolation runs instead.
+# torch's uint8 bilinear resize is fast only on AVX2 (channels-last); elsewhere the exact float path runs
 _FAST_RESIZE = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-# source pixels: the largest sample-position error the uint8 resize may make, else the exact path (a tenth of a
-# pixel: fewer windows fall to the slower exact path than at a twentieth; "uint8 resize alone" in
-# benchmarks/results/jpeg_crop.md is what it costs in PSNR)
+# source pixels: the largest sample-position error the uint8 resize may make, else the exact path
 _TOLERANCE = 0.1
 _LEAD = 64  # at most this many extra outputs computed before the window's, to line torch's sample grid up with it
 _UPSAMPLE = torch.ops.aten.upsample_bilinear2d.out  # takes the output size and the scale both (F.interpolate: one)
@@ -96,12 +81,8 @@ _scratch = threading.local()  # each thread's reused memory for the resize's inp
 
 
 def _grid(c: float, s: float, n: int) -> tuple[int, int, float] | None:
-    """Line torch's grid up with one axis of ours (sample ``j`` at ``c + j * s``): torch's output ``i`` of an
-    input starting at pixel ``a`` samples ``a + (i + 0.5) * t - 0.5``. Returns ``(a, k, t)`` whose outputs
-    ``k .. k + n - 1`` sample within ``_TOLERANCE`` of ours (exact at the middle one), or None.
-
-    ``k`` shifts the grid by whole steps ``s`` against the whole pixels ``a``, and ``t`` stretches it a
-    little, so the phase that an integer ``a`` alone cannot match is matched to the tolerance."""
+    """Line torch's grid (output ``i`` of an input starting at pixel ``a`` samples ``a + (i + 0.5) * t - 0.5``) up
+    with ours (``c + j * s``): ``(a, k, t)`` whose outputs ``k .. k + n - 1`` are within ``_TOLERANCE``, or None."""
     e = c + 0.5 - s / 2  # the window's first edge: ours is c + j * s = e + (j + 0.5) * s - 0.5
     m = (n - 1) / 2
     for k in range(_LEAD + 1):
@@ -115,8 +96,8 @@ def _grid(c: float, s: float, n: int) -> tuple[int, int, float] | None:
 
 def _fast_resize(src: np.ndarray, rows: tuple[float, float], cols: tuple[float, float], out: np.ndarray,
                  flip: tuple[bool, bool]) -> bool:
-    """The window resized by torch's uint8 kernel (in the calling thread, GIL released) and converted to
-    float once, into ``out``; False (nothing written) where it cannot match the sampling (see :func:`_grid`)."""
+    """The window resized by torch's uint8 kernel and converted to float once, into ``out``; False (nothing
+    written) where it cannot match the sampling (see :func:`_grid`)."""
     (oh, ow), c = out.shape[:2], src.shape[2]
     if not _FAST_RESIZE or c > 4 or src.dtype != np.uint8:
         return False
@@ -146,8 +127,8 @@ def _buffer(name: str, n: int) -> np.ndarray:
 
 
 def _padded(src: np.ndarray, rows: tuple[int, int], cols: tuple[int, int]) -> np.ndarray:
-    """``src[r0:r1, c0:c1]`` as a C-contiguous array (the input torch's kernel takes without a copy of its
-    own, a parallel one), indices outside ``src`` repeating its edge pixels (the clamp at the border)."""
+    """``src[r0:r1, c0:c1]`` as a C-contiguous array (what torch's kernel takes without a copy of its own),
+    indices outside ``src`` repeating its edge pixels."""
     (r0, r1), (c0, c1) = rows, cols
     h, w, c = src.shape
     y0, y1, x0, x1 = max(r0, 0), min(r1, h), max(c0, 0), min(c1, w)
@@ -164,8 +145,8 @@ def _padded(src: np.ndarray, rows: tuple[int, int], cols: tuple[int, int]) -> np
 
 
 def _to_float(y: np.ndarray, out: np.ndarray, flip: tuple[bool, bool]) -> None:
-    """uint8 (oh, ow, C) into float32 ``out`` /255, mirrored as ``flip`` says: numpy reverses rows for free,
-    torch mirrors columns in blocks below its parallel grain (numpy's reversed copy of 3-byte pixels is slow)."""
+    """uint8 (oh, ow, C) into float32 ``out`` /255, mirrored as ``flip`` says (columns by torch: numpy's
+    reversed copy of 3-byte pixels is slow)."""
     dst = out[::-1] if flip[1] else out
     if not flip[0]:
         np.multiply(y, _INV255, out=dst, dtype=np.float32)
@@ -180,8 +161,8 @@ _GRAIN = 32767  # elements per torch op: below torch's parallel grain (32768), s
 
 def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
            cols: tuple[np.ndarray, np.ndarray, np.ndarray], out: np.ndarray) -> None:
-    """Separable bilinear interpolation, rows first, in blocks of output rows small enough that torch runs
-    each op in the calling thread (the reader threads are the parallelism); torch's kernels release the GIL."""
+    """Separable bilinear interpolation, rows first, in blocks small enough that torch runs each op in the
+    calling thread (the reader threads are the parallelism)."""
     c = src.shape[2]
     flat = torch.from_numpy(np.ascontiguousarray(src)).view(src.shape[0], -1)  # (h, w' * C) uint8
     r0, r1, ty = (torch.from_numpy(np.ascontiguousarray(a)) for a in rows)
@@ -202,9 +183,8 @@ def _lerp2(src: np.ndarray, rows: tuple[np.ndarray, np.ndarray, np.ndarray],
 
 def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box: tuple[float, float, float, float],
                 out: np.ndarray, flip: tuple[bool, bool] = (False, False)) -> str:
-    """Decode the window ``box`` of one encoded image (recorded size ``hw``) into ``out`` (float32
-    (oh, ow, C) in [0, 1]), mirrored as ``flip`` says. Returns how: ``"scaled"`` (a JPEG at 1/2..1/8)
-    or ``"full"`` (into this thread's scratch memory). Raises DecodeError on corrupt data."""
+    """Decode the window ``box`` of one encoded image (recorded size ``hw``) into ``out`` (float32 (oh, ow, C) in
+    [0, 1]), mirrored as ``flip`` says; returns ``"scaled"`` or ``"full"``, raises DecodeError on corrupt data."""
     oh, ow = out.shape[:2]
     h, w = hw
     n = h * w * spec.channels
@@ -221,9 +201,8 @@ def decode_crop(data: Any, codec: int, spec: ImageSpec, hw: tuple[int, int], box
 
 def _decode_jpeg(data: Any, spec: ImageSpec, min_hw: tuple[int, int], pixels: np.ndarray,
                  fast: dict[str, bool]) -> np.ndarray | None:
-    """The whole JPEG decoded (with simplejpeg's ``fast`` options) at the reduction that gives at least
-    ``min_hw``, into the start of ``pixels``' memory (reused: no page faults per image); None when the stream
-    needs the full decoder's judgement (corrupt, only a recoverable warning, or not the recorded size)."""
+    """The whole JPEG decoded at the reduction that gives at least ``min_hw``, into ``pixels``' memory; None
+    when the stream needs the full decoder's judgement (corrupt, a recoverable warning, or not the recorded size)."""
     try:
         if tuple(simplejpeg.decode_jpeg_header(data)[:2]) != pixels.shape[:2]:
             return None

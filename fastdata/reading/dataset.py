@@ -1,9 +1,5 @@
-"""``fastdata.open``: a map-style dataset over a directory of shards (or a URL's shard cache).
-
-``get_batch`` groups the requested indices by shard and reads straight into one array per field; ragged
-fields come back padded (with ``<name>_lengths``), images decoded, strings and keys as lists of ``str``.
-``subset`` and ``split`` give subsets: the same class over some of the stored samples.
-"""
+"""``fastdata.open``: a map-style dataset over a directory of shards (or a URL's shard cache), read
+in batches straight into one array per field, with subsets and splits."""
 
 from __future__ import annotations
 
@@ -61,11 +57,8 @@ def open_store(src: str, remote: RemoteOptions | None) -> ShardStore:
 
 class Dataset:
     """Samples of a fastdata dataset; ``ds[i]`` and ``ds.get_batch(indices)`` give dicts of numpy arrays.
-
-    ``decode`` turns image fields into pixels on read, on ``decode_threads`` threads per process (default:
-    the usable CPUs); ``decode="float"`` gives encoded images as float32 in [0, 1]. ``root`` may be a URL
-    (``s3://bucket/ds``), read through the shard cache set up by ``remote`` (docs/remote.md).
-    """
+    ``decode``: image fields as pixels on read (``"float"``: float32 in [0, 1]) on ``decode_threads`` threads
+    (default: the usable CPUs); ``root`` may be a URL, cached as ``remote`` says (docs/remote.md)."""
 
 
     def __init__(
@@ -128,9 +121,8 @@ class Dataset:
         return self._store.remote
 
     def byte_ranges(self, indices: Iterable[int] | np.ndarray) -> list[tuple[Path, np.ndarray, np.ndarray]]:
-        """Where reading samples ``indices`` reads in the shard files: ``(file, starts, lengths)`` per
-        shard, in bytes (what a read-ahead hints); none for a URL dataset, for columns held in memory
-        and for records whose place is not known yet."""
+        """Where reading samples ``indices`` reads in the shard files: ``(file, starts, lengths)`` per shard, in
+        bytes; none for a URL dataset, columns held in memory and records whose place is not known yet."""
         if self.remote is not None:
             return []
         segments, shards = self._segments(self._stored(np.asarray(indices, dtype=np.int64)))
@@ -165,8 +157,7 @@ class Dataset:
         return [f.name for f in self.schema if f.name not in self._hidden] + ([KEY_FIELD] if self._with_key else [])
 
     def trim(self, batch: Any) -> Any:
-        """``batch`` (a dict) without the companion fields read but not asked for in ``fields=``
-        (an image field's ``_shape``/``_codec``): what a batch read with ``companions=True`` gives the user."""
+        """``batch`` without the companion fields read but not asked for (an image field's ``_shape``/``_codec``)."""
         for name in self._hidden:
             batch.pop(name, None)
         return batch
@@ -286,10 +277,8 @@ class Dataset:
         return np.concatenate(parts)
 
     def split(self, fractions: Mapping[str, float], *, seed: int = 0, stratify: str | None = None) -> dict[str, Dataset]:
-        """Disjoint subsets, e.g. ``{"train": 0.9, "val": 0.1}``: a pure function of the dataset, the
-        fractions and ``seed``. ``stratify="label"`` keeps each value's share in every part. Each part
-        lists its samples in stored order (loaders shuffle). Fractions summing to less than 1 leave
-        the rest out."""
+        """Disjoint subsets in stored order, e.g. ``{"train": 0.9, "val": 0.1}`` (fractions summing below 1 leave
+        the rest out); a pure function of the arguments; ``stratify="label"`` keeps each value's share per part."""
         if not isinstance(fractions, Mapping) or not fractions:
             raise UsageError(f"split takes a dict of part name: fraction, e.g. {{'train': 0.9, 'val': 0.1}}, "
                              f"not {fractions!r}")
@@ -315,8 +304,7 @@ class Dataset:
             order = np.argsort(inverse, kind="stable")
             cuts = np.flatnonzero(np.diff(inverse[order])) + 1
             groups = np.split(order, cuts) if n else []
-        # each value's group is cut by the fractions, carrying each part's rounding error over to the next
-        # group: totals come out right to within one sample, and so does every value's share in each part
+        # each value's group is cut by the fractions, carrying rounding to the next: shares right within one sample
         fr_all = np.append(fr, max(0.0, 1.0 - fr.sum()))  # the last "part": what fractions below 1 leave out
         carry = np.zeros(len(fr_all))
         parts: list[list[np.ndarray]] = [[] for _ in fr_all]
@@ -366,23 +354,11 @@ class Dataset:
                   *, ragged: Literal["padded", "packed"] = "padded", companions: bool = False) -> Batch:
         """Read the samples ``indices`` (any order, repeats allowed) into one array per field.
 
-        ``out`` may supply preallocated arrays (for example pinned buffers, reused from batch to
-        batch): for a fixed-shape field, C-contiguous with shape ``(len(indices), *shape)``; for a
-        ragged field (or a ``pixels`` image field), any C-contiguous array of the field's dtype,
-        whose memory holds the batch when it is large enough (else a new array is made).
-
-        ``ragged="padded"`` (the default) pads each ragged field to its longest sample, and
-        mixed-size ``pixels`` images to the batch's largest height and width, with zeros.
-        ``ragged="packed"`` puts the samples of a ragged field back to back instead, as
-        ``(total_rows, *shape[1:])`` (a ``pixels`` image field: its bytes, flat), with
-        ``<name>_offsets`` (``B + 1`` row offsets: sample ``k`` is ``x[o[k]:o[k + 1]]``): no padding
-        to write or to move to the GPU, for pipelines that take variable-size samples (nested
-        tensors, DALI's external source, padding on the device). String fields still come back as
-        ``str``; encoded images are decoded into a padded batch, so they need ``decode=False``.
-
-        The batch holds the fields of ``fields=`` (all when None) and their ``_lengths``/``_offsets``;
-        ``companions=True`` adds the ``_shape``/``_codec`` fields of image fields that were not asked
-        for (what a decoder or loader stage needs; :meth:`trim` drops them again).
+        ``out``: preallocated arrays to fill (e.g. pinned buffers): fixed fields C-contiguous ``(len(indices),
+        *shape)``; ragged fields any C-contiguous array of the dtype, used when large enough. ``ragged="padded"``
+        zero-pads ragged fields and mixed-size ``pixels`` images; ``"packed"`` puts samples back to back with
+        ``<name>_offsets`` (``B + 1`` row offsets; encoded images need ``decode=False``). ``companions=True``
+        adds image fields' ``_shape``/``_codec`` fields (:meth:`trim` drops them).
         """
         idx = np.asarray(indices)
         if idx.size == 0:
@@ -404,8 +380,8 @@ class Dataset:
         return batch if companions else self.trim(batch)
 
     def _segments(self, idx: np.ndarray) -> tuple[list[Any], list[int]]:
-        """The stored samples ``idx`` as segments (reader, rows in its shard, places in the batch),
-        one per shard they touch, in shard order; and those shards."""
+        """The stored samples ``idx`` as segments (reader, rows in its shard, places in the batch), one per
+        shard they touch, in shard order; and those shards."""
         if len(idx) == 0:
             return [], []
         order = np.argsort(idx, kind="stable")
@@ -418,9 +394,8 @@ class Dataset:
         return [(self._readers[s], local[a:e], order[a:e]) for s, a, e in zip(shards, firsts, ends)], shards
 
     def __getitems__(self, indices: list[int]) -> Batch:
-        """A whole batch in one :meth:`get_batch` call: what a torch DataLoader with a batch sampler
-        asks for (instead of one ``ds[i]`` per sample); pair it with a collate_fn that takes the dict
-        (the loader's ``collate_fn`` needs the image fields' shapes: they come too)."""
+        """A whole batch in one :meth:`get_batch` call: what a torch DataLoader with a batch sampler asks for;
+        pair it with a collate_fn that takes the dict."""
         return self.get_batch(indices, companions=True)
 
     def check_ragged(self, ragged: str) -> bool:
@@ -503,8 +478,8 @@ class Dataset:
     @classmethod
     def _packed_array(cls, f: FieldSpec, lengths: np.ndarray, out: dict[str, np.ndarray] | None,
                       result: Batch) -> tuple[np.ndarray, Packed]:
-        """The packed batch array of a ragged field (samples back to back) and its layout; its row
-        offsets go to ``result["<name>_offsets"]``."""
+        """The packed batch array of a ragged field and its layout; its row offsets go to
+        ``result["<name>_offsets"]``."""
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         result[f.name + OFFSETS_SUFFIX] = offsets
@@ -513,8 +488,7 @@ class Dataset:
 
     @staticmethod
     def _ragged_array(f: FieldSpec, shape: tuple[int, ...], out: dict[str, np.ndarray] | None) -> np.ndarray:
-        """The padded batch array of a ragged field: in ``out[name]``'s memory when it is large enough
-        (no zeroing needed: the readers write every byte of it)."""
+        """The padded batch array of a ragged field, in ``out[name]``'s memory when it is large enough."""
         a = None if out is None else out.get(f.name)
         n = int(np.prod(shape))
         if a is not None and a.dtype == f.np_dtype and a.flags.c_contiguous and a.size >= n:
@@ -533,8 +507,7 @@ class Dataset:
 
 
     def close(self) -> None:
-        """Release this process's file handles and decode threads (they reopen on next use).
-        Dropping the dataset releases them too."""
+        """Release this process's file handles and decode threads (they reopen on next use)."""
         for r in self._readers:
             r.close()
         if self._decoder is not None:

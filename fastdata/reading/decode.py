@@ -1,10 +1,5 @@
-"""Image decoding for the read path: stored image fields -> one uint8 HWC batch array.
-
-JPEG by simplejpeg (the GIL released: a batch decodes on every core), PNG by PIL; both raise on truncated
-or corrupt data (PIL's ``LOAD_TRUNCATED_IMAGES`` is never set). A JPEG that simplejpeg's strict mode refuses
-only for a recoverable problem goes to PIL, which accepted it at conversion. Any 8-bit JPEG is read in the
-field's mode (docs/format.md); a PNG must be in it. Mixed sizes are padded with zeros, top-left.
-"""
+"""Image decoding for the read path: stored image fields -> one uint8 HWC batch array; JPEG by simplejpeg
+(GIL released), PNG and JPEGs strict mode refuses by PIL; corrupt data raises DecodeError."""
 
 from __future__ import annotations
 
@@ -41,10 +36,8 @@ class DecodeError(ValueError):
 
 
 def decode_image(data: Any, codec: int, spec: ImageSpec, out: np.ndarray) -> None:
-    """Decode one encoded image into ``out``, a ``(H, W, C)`` uint8 array of its recorded shape.
-
-    Raises DecodeError when the bytes are corrupt or decode to another size or mode.
-    """
+    """Decode one encoded image into ``out``, a ``(H, W, C)`` uint8 array of its recorded shape; raises
+    DecodeError when the bytes are corrupt or decode to another size or mode."""
     if codec == CODEC_JPEG:
         colorspace = SJ_COLORSPACE[spec.mode]
         try:
@@ -119,12 +112,8 @@ def check_shapes(field: FieldSpec, shapes: np.ndarray, lengths: np.ndarray,
 
 
 class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
-    """Turns the stored bytes of an image field into one uint8 ``(B, H, W, C)`` array (``unit_float``:
-    float32 in [0, 1], each image converted by its decoding thread while it is in that core's cache).
-
-    Decoding runs on ``threads`` threads (default: the usable CPUs): the calling thread and a pool
-    made lazily in each process (never pickled or used across a fork).
-    """
+    """Turns the stored bytes of an image field into one uint8 ``(B, H, W, C)`` array (``unit_float``: float32
+    in [0, 1]), on ``threads`` threads (default: the usable CPUs; a pool made lazily in each process)."""
 
     def __init__(self, threads: int | None = None, unit_float: bool = False) -> None:
         if threads is not None and threads < 1:
@@ -141,12 +130,8 @@ class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
 
     def finish(self, field: FieldSpec, batch: dict[str, np.ndarray], where: Callable[[int], str],
                into: np.ndarray | None = None) -> None:
-        """Replace ``batch[name]`` (bytes padded per row) by images and drop ``<name>_lengths``.
-
-        ``field`` is the image FieldSpec; ``where(k)`` names batch row ``k`` in errors; ``into``: a
-        C-contiguous array of the output dtype (uint8, or float32 with ``unit_float``) whose memory
-        takes the images when it is large enough.
-        """
+        """Replace ``batch[name]`` (bytes padded per row) by images and drop ``<name>_lengths``; ``where(k)`` names
+        row ``k`` in errors, ``into`` (C-contiguous, of the output dtype) takes the images when large enough."""
         name, spec = field.name, field.image
         assert spec is not None, "only image fields are decoded"
         data = batch[name]

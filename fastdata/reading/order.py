@@ -1,8 +1,5 @@
-"""Sample order as pure functions of (dataset size, world, seed, epoch): easy to test and to resume.
-
-Every rank computes the same epoch order and takes its own contiguous share of it, so shares are disjoint
-and equal in batches (no rank waits on another at an epoch's end). The rules: docs/loader.md.
-"""
+"""Sample order as pure functions of (dataset size, world, seed, epoch): every rank computes the same
+epoch order and takes its own contiguous, equal share of it (docs/loader.md)."""
 
 from __future__ import annotations
 
@@ -60,7 +57,7 @@ def shuffle_mode(shuffle: Shuffle) -> bool | Block | Shards:
 def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int,
                 shard_counts: Sequence[int] | None = None) -> np.ndarray:
     """A permutation of ``range(n)``: uniform (``True``), storage order (``False``), or a :class:`Block` or
-    :class:`Shards` order over units (``shard_counts`` samples each, in storage order) (:func:`_windows`)."""
+    :class:`Shards` order over units (``shard_counts`` samples each, in storage order)."""
     mode = shuffle_mode(shuffle)
     if mode is False:
         return np.arange(n, dtype=np.int64)
@@ -80,8 +77,8 @@ def epoch_order(n: int, *, shuffle: Shuffle, seed: int, epoch: int,
 
 
 def _windows(starts: np.ndarray, sizes: np.ndarray, window: int, rng: np.random.Generator) -> np.ndarray:
-    """Units (blocks, shards or chunks: ``starts``/``sizes`` in samples) in a random order, taken
-    ``window`` at a time, each window read as :data:`STREAMS` streams side by side (:func:`_streams`)."""
+    """Units (``starts``/``sizes`` in samples) in a random order, taken ``window`` at a time, each window
+    read as :data:`STREAMS` streams side by side."""
     perm = rng.permutation(len(starts))
     parts = [_streams(_split(sizes[u], starts[u], STREAMS), rng)
              for u in (perm[w : w + window] for w in range(0, len(perm), window))]
@@ -89,8 +86,8 @@ def _windows(starts: np.ndarray, sizes: np.ndarray, window: int, rng: np.random.
 
 
 def _streams(segments: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """A window's ``segments`` (contiguous runs in storage order) consumed side by side, round ``r`` taking the
-    ``r``-th sample of each in a random order: the disk serves sequential runs while a batch mixes the window."""
+    """A window's ``segments`` (contiguous runs in storage order) consumed side by side in random order:
+    the disk serves sequential runs while a batch mixes the window."""
     if len(segments) <= 1:
         return segments[0] if segments else np.zeros(0, dtype=np.int64)
     per = max(len(g) for g in segments)
@@ -102,8 +99,8 @@ def _streams(segments: list[np.ndarray], rng: np.random.Generator) -> np.ndarray
 
 
 def _split(sizes: np.ndarray, starts: np.ndarray, streams: int) -> list[np.ndarray]:
-    """Units (shards or chunks, ``starts``/``sizes`` in samples) cut into about ``streams`` segments
-    in all, each unit into a share of them by its size: every segment lies inside one unit."""
+    """Units (``starts``/``sizes`` in samples) cut into about ``streams`` segments in all, in proportion
+    to their sizes, each segment inside one unit."""
     total = int(sizes.sum())
     out = []
     for s, n in zip(starts.tolist(), sizes.tolist()):
@@ -119,8 +116,8 @@ def _share_size(n: int, world: World, drop_last: bool) -> int:
 
 
 def rank_share(order: np.ndarray, world: World, drop_last: bool) -> np.ndarray:
-    """This rank's contiguous share of the epoch order, equal in length on every rank: ``drop_last=False`` wraps
-    around to a multiple of the world size (at most ``size - 1`` samples read twice), ``True`` drops the rest."""
+    """This rank's contiguous share of the epoch order, equal on every rank: ``drop_last=False`` wraps around
+    (at most ``size - 1`` samples read twice), ``True`` drops the rest."""
     n, size = len(order), world.size
     per = _share_size(n, world, drop_last)
     total = per * size
@@ -146,7 +143,7 @@ def all_rank_batches(
     shard_counts: Sequence[int] | None = None, ranks: Sequence[int] | None = None,
 ) -> list[list[np.ndarray]]:
     """The batches of one epoch for each rank in ``ranks`` (default: every rank of ``world``),
-    from one epoch order (a remote dataset's cache ranks shards by every local rank's next use)."""
+    from one epoch order."""
     order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch, shard_counts=shard_counts)
     ranks = range(world.size) if ranks is None else ranks
     return [batch_plan(rank_share(order, World(r, world.size), drop_last), batch_size, drop_last) for r in ranks]

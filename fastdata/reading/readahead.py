@@ -1,11 +1,5 @@
-"""Read ahead by the epoch plan: keep the disk busy with the bytes the next batches will read.
-
-:class:`ReadAhead` follows the loader's position (``at(k)``) in one thread and, for each batch up to
-``ahead_bytes`` ahead, hints the byte ranges it will read (``POSIX_FADV_WILLNEED``); a range that
-continues a sequential stream is read in order instead (:class:`_Streams`), which the kernel serves in
-larger requests. Hints are skipped on a warm cache (:meth:`ReadAhead._resident`). It only fills the
-page cache: it never changes what is read.
-"""
+"""Read ahead by the epoch plan: hint (``POSIX_FADV_WILLNEED``) or stream in order the byte ranges the
+next batches will read, so the disk stays busy; it only fills the page cache, never changes what is read."""
 
 from __future__ import annotations
 
@@ -51,8 +45,8 @@ def _merged(ranges: Ranges) -> Ranges:
 
 
 class _Stream:
-    """One sequential stream of a file: its queued ranges, read in order on its own descriptor (the
-    kernel grows its read-ahead window per open file, for reads that follow each other)."""
+    """One sequential stream of a file: its queued ranges, read in order on its own descriptor (the kernel
+    grows its read-ahead per open file)."""
 
     __slots__ = ("fd", "queue", "busy", "dropped")
 
@@ -64,8 +58,8 @@ class _Stream:
 
 
 class _Streams:
-    """Reads ahead sequential streams with ``pread``s in order, one task per stream at a time: the
-    kernel's own read-ahead then sends the disk large requests, where a hint fills the cache page by page."""
+    """Reads ahead sequential streams with ``pread``s in order, one task per stream at a time, so the
+    kernel's read-ahead sends the disk large requests."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="fastdata-stream")
@@ -74,9 +68,8 @@ class _Streams:
         self._closed = False
 
     def continues(self, path: Path, off: int, size: int, starts: bool = False) -> bool:
-        """Whether ``[off, off + size)`` is read here, in order: it continues a stream of ``path`` (starts
-        where that stream's last range ended), or ``starts``: the plan's next batch continues it (a
-        stream's first range). Its end is remembered either way."""
+        """Whether ``[off, off + size)`` is read here: it continues a stream of ``path``, or ``starts`` one (the
+        plan's next batch continues it). Its end is remembered either way."""
         with self._lock:
             found = self._ends.pop((path, off), None)
             st = found or _Stream()
@@ -135,13 +128,8 @@ class _Streams:
 
 
 class ReadAhead:
-    """Hints the byte ranges of batches ``plan[first:]`` to the kernel, following :meth:`at`.
-
-    ``ranges(batch)`` gives the file ranges one batch reads. ``lead``: batches the loader's readers
-    may be reading ahead of the one handed out (hinted first, they are needed soonest);
-    ``ahead_bytes``: how far beyond those the hints may run. ``memo``: a dict kept across passes:
-    ``memo["warm"]`` says the last batches probed were found cached (a pass that starts so probes one
-    sample a batch at once), False that one was not (:meth:`_resident`). ``close`` stops the thread."""
+    """Hints the byte ranges (``ranges(batch)``) of batches ``plan[first:]`` to the kernel, following :meth:`at`:
+    the ``lead`` batches the readers may be at first, then up to ``ahead_bytes`` more; ``memo`` spans passes."""
 
     def __init__(self, ranges: Callable[[np.ndarray], Ranges], plan: Sequence[np.ndarray], first: int, lead: int,
                  ahead_bytes: int, memo: dict[str, bool] | None = None) -> None:
@@ -155,7 +143,7 @@ class ReadAhead:
         self._fds: dict[Path, int] = {}
         self._cond = threading.Condition()
         self._stop = False
-        self.hinted_bytes = 0  # what was hinted in all (a figure for tests and benchmarks)
+        self.hinted_bytes = 0  # what was hinted in all
         self.skipped = 0  # batches not hinted: their data was found in the page cache (_resident)
         self._memo = {} if memo is None else memo
         self._hits = WARM_STREAK + 1 if self._memo.get("warm") else 0  # consecutive batches found resident
@@ -212,10 +200,8 @@ class ReadAhead:
         return fd
 
     def _resident(self, merged: Ranges, warm: bool) -> bool:
-        """Whether hints for this batch can be skipped: non-blocking one-byte reads (``RWF_NOWAIT``) found
-        it cached, and the WARM_STREAK batches before it (until then the end of every range is probed;
-        once warm, one byte of the batch). After a miss the pass stays cold: what is cached later may be
-        the streams' own read-ahead, and taking it for warm would break them."""
+        """Whether hints for this batch can be skipped: non-blocking one-byte reads (``RWF_NOWAIT``) found it and
+        the WARM_STREAK batches before it cached; after a miss the pass stays cold (the streams fill the cache)."""
         if not self._can_probe or self._missed or not merged or len(merged[0][1]) == 0:
             return False
         if warm:
@@ -284,9 +270,8 @@ def supported() -> bool:
 
 
 def drop_page_cache(paths: Sequence[Path | str]) -> int:
-    """Ask the kernel to drop the cached pages of ``paths`` (``POSIX_FADV_DONTNEED`` on each whole
-    file; no root needed, clean pages only, and pages some process has mapped stay): how cold reads
-    are measured (benchmarks/bench_cold.py, ``fastdata bench --cold``). Returns the files' bytes."""
+    """Ask the kernel to drop the cached pages of ``paths`` (``POSIX_FADV_DONTNEED``; clean, unmapped pages
+    only, no root needed), to measure cold reads; returns the files' bytes."""
     total = 0
     for p in paths:
         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)

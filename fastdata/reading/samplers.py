@@ -1,9 +1,5 @@
-"""Samplers: which samples an epoch visits, in which batches, as pure functions of (n, world, seed, epoch).
-
-A sampler (:class:`SamplerFn`) gives the epoch's batches for the whole world; the loader gives each rank an
-equal share of them (:func:`rank_batches`). An optional ``bind(dataset, batch_size)`` reads what it needs
-(labels) and refuses arguments that cannot work. Built-ins: :class:`Weighted` and :class:`Episodic`.
-"""
+"""Samplers: which samples an epoch visits, in which batches, as pure functions of (n, world, seed, epoch);
+built-ins :class:`Weighted` and :class:`Episodic`, each rank taking an equal share (:func:`rank_batches`)."""
 
 from __future__ import annotations
 
@@ -29,14 +25,13 @@ class SamplerFn(Protocol):
 
 
 def rng(seed: int, epoch: int, which: int) -> np.random.Generator:
-    """The generator of one sampler's epoch (fastdata.seeds, stream SAMPLER; ``which`` tells the
-    built-in samplers apart)."""
+    """The generator of one sampler's epoch (stream SAMPLER; ``which`` tells the built-in samplers apart)."""
     return numpy_rng(seed, epoch, Stream.SAMPLER, batch=which)
 
 
 def rank_batches(batches: Sequence[np.ndarray], world: World, drop_last: bool) -> list[np.ndarray]:
-    """This rank's contiguous share of the epoch's batches, as :func:`fastdata.reading.order.rank_share` shares
-    samples: the same count on every rank, wrapping around (``drop_last=False``) or dropping what does not fit."""
+    """This rank's contiguous share of the epoch's batches, the same count on every rank, wrapping around
+    (``drop_last=False``) or dropping what does not fit."""
     return [batches[k] for k in rank_share(np.arange(len(batches)), world, drop_last).tolist()]
 
 
@@ -60,9 +55,8 @@ def class_codes(dataset: Dataset, by: str) -> np.ndarray:
 
 
 def alias_table(p: np.ndarray) -> np.ndarray:
-    """Walker's alias table for probabilities ``p`` (summing to 1): Vose's pairing done with prefix sums
-    over the small entries' deficits and the large ones' excesses, no Python loop. Records ``(p, a)``:
-    draw ``j`` uniformly, keep it with probability ``p[j]``, else take ``a[j]``."""
+    """Walker's alias table for probabilities ``p`` (summing to 1), built without a Python loop: draw ``j``
+    uniformly, keep it with probability ``p[j]``, else take ``a[j]``."""
     n = len(p)
     q = p * n
     small, large = np.flatnonzero(q < 1), np.flatnonzero(q >= 1)
@@ -90,14 +84,8 @@ def alias_table(p: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Weighted:
-    """Samples drawn with probability proportional to ``weights`` (one per sample) or, with
-    ``"balanced"``, to one over the size of their class in field ``by`` (every class equally often).
-
-    ``num_samples`` draws per epoch (default: the dataset's size), cut into the loader's batches;
-    ``replacement=False`` draws each sample at most once per epoch. Draws with replacement come from
-    an alias table built once (:func:`alias_table`): O(1) a draw, probabilities exact to within
-    2**-24 of each entry's keep threshold (float32).
-    """
+    """Samples drawn with probability proportional to ``weights`` (one per sample) or ``"balanced"`` (one over
+    their class's size in field ``by``); ``num_samples`` draws an epoch, each once with ``replacement=False``."""
 
     weights: Union[Sequence[float], np.ndarray, str]
     num_samples: int | None = None
@@ -172,12 +160,8 @@ class Weighted:
 
 @dataclass
 class Episodic:
-    """Few-shot episodes: each batch holds ``n_way`` classes of field ``by`` with ``k_shot +
-    n_query`` samples each: first the ``n_way * k_shot`` support samples (class by class), then the
-    ``n_way * n_query`` queries (same class order). Classes in an episode are distinct (each class
-    comes up about equally often in an epoch), and so are its samples, drawn uniformly within their
-    class for each episode. ``episodes_per_epoch`` defaults to as many as the data fills once.
-    """
+    """Few-shot episodes: batches of ``n_way`` distinct classes of field ``by``, ``k_shot`` support then ``n_query``
+    query samples of each, class by class; ``episodes_per_epoch`` defaults to one pass over the data."""
 
     n_way: int
     k_shot: int
@@ -275,8 +259,8 @@ class Episodic:
 
 
 def check_batches(batches: Sequence[Any], n: int, name: str, epoch: int) -> list[np.ndarray]:
-    """A sampler's batches as int64 arrays, refused (UsageError naming the batch) unless each is a
-    1-D array of indices in ``0..n-1``."""
+    """A sampler's batches as int64 arrays; UsageError naming the batch unless each is a 1-D array of
+    indices in ``0..n-1``."""
     try:
         out = [np.asarray(b) for b in batches]
     except (TypeError, ValueError) as e:  # None, a number, ragged nested lists
