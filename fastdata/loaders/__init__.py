@@ -1,9 +1,5 @@
-"""``fastdata.loader``: batches of tensors on the device, read whole from fastdata shards.
-
-Each epoch is planned as index batches (fastdata.reading.order); base.py holds order, epochs, resume
-and stats for both backends: torch (torch_backend.py: readers in host.py or procs.py, device.py) and
-DALI (dali.py, docs/backends.md). Semantics: docs/loader.md.
-"""
+"""``fastdata.loader``: batches of tensors on the device, read whole from fastdata shards, by the torch or
+the DALI backend (the shared plan, epochs, resume and stats: base.py; semantics: docs/loader.md)."""
 
 from __future__ import annotations
 
@@ -65,20 +61,13 @@ def loader(
 ) -> Loader:
     """Batches of a fastdata dataset as dicts of tensors on ``device`` (docs/loader.md).
 
-    ``source`` is a dataset folder, a URL (read through the node's shard cache; ``remote`` sets it up,
-    docs/remote.md) or an open :class:`Dataset`. Each epoch is a permutation drawn from ``(seed, epoch)``
-    (``fastdata.Block()``: nearly sequential reads; ``fastdata.Shards()``: shard by shard; ``False``:
-    storage order), split into disjoint equal shares across ranks, read from torch.distributed when each
-    pass starts. A pass that delivers an epoch's last batch moves the loader to the next epoch.
-    ``augment`` is an :class:`fastdata.augment.Augment` or a list of its ops, applied on the device.
-    ``num_workers`` is reader threads (processes with ``LoaderConfig(mode="processes")``; DALI's CPU
-    threads with ``backend="dali"``); 0 reads in the iterating thread. ``backend="auto"`` picks DALI when
-    it is installed, the device is CUDA and the dataset has encoded images DALI can take as asked.
-    ``sampler`` replaces the shuffled order (``fastdata.reading.samplers``; with ``Episodic``,
-    ``batch_size`` may be None). ``fields`` may include ``"key"``. ``transform(batch, rng)`` runs in the
-    readers on each batch's numpy arrays, with a generator drawn from ``(seed, epoch, rank, batch)``
-    (:class:`fastdata.loaders.PerSample` wraps a function of one sample). Use the loader as a context
-    manager (or ``close()``) to release threads, worker processes and the files it opened.
+    ``source``: a dataset folder, a URL (cached as ``remote`` says) or an open :class:`Dataset`. ``shuffle``:
+    True (a permutation from ``(seed, epoch)``), ``Block()``, ``Shards()`` or False; ranks get disjoint equal
+    shares. ``augment``: an ``Augment`` or its ops, run on the device. ``num_workers``: reader threads (processes
+    with ``LoaderConfig(mode="processes")``; DALI's CPU threads), 0 reads inline. ``backend="auto"``: DALI when
+    installed, on CUDA, for encoded images it can take. ``sampler`` replaces the order (``batch_size`` None with
+    ``Episodic``); ``fields`` may include ``"key"``; ``transform(batch, rng)`` runs in the readers on numpy
+    batches (see :class:`PerSample`). Close it (or use ``with``) to release threads, processes and files.
     """
     if backend not in ("torch", "dali", "auto"):
         raise UsageError(f"backend must be 'torch', 'dali' or 'auto', not {backend!r}")
@@ -108,7 +97,7 @@ def _open_dataset(source: str | os.PathLike[str] | Dataset, fields: Sequence[str
 
 def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int | Literal["auto"],
                     config: LoaderConfig | None, transform: TransformFn | None, common: dict[str, Any]) -> Loader:
-    """The chosen backend's loader. The world is read when each pass starts (a loader may be built
+    """The chosen backend's loader; the world is read when each pass starts (a loader may be built
     before init_process_group)."""
     if chosen == "dali":
         if transform is not None:
@@ -144,9 +133,8 @@ def _bind_sampler(sampler: SamplerFn | None, ds: Dataset, batch_size: int | None
 
 def _pick_backend(device: torch.device, ds: Dataset | None = None, augment: Augment | None = None,
                   config: LoaderConfig | None = None, transform: TransformFn | None = None) -> Literal["torch", "dali"]:
-    """``backend="auto"``: DALI when it is installed, the device is CUDA and ``ds`` has encoded
-    images (GPU decoding is what DALI adds) that DALI can take with ``augment``; else torch. The
-    choice and its reason are logged at DEBUG."""
+    """``backend="auto"``: DALI when it is installed, the device is CUDA and ``ds`` has encoded images that
+    DALI can take with ``augment``; else torch (the choice and its reason are logged at DEBUG)."""
     if device.type != "cuda":
         problem: str | None = "DALI is picked for CUDA devices only"
     elif transform is not None:

@@ -1,8 +1,5 @@
-"""What every loader backend shares: the epoch plan, epochs, exact resume and stats.
-
-A backend only turns a list of index batches into batches of tensors (``_batches``); everything else
-lives here once, so a state saved by the torch backend resumes in the DALI one and back.
-"""
+"""What every loader backend shares: the epoch plan, epochs, exact resume and stats; a backend only turns
+index batches into tensor batches, so a state saved by one backend resumes in the other."""
 
 from __future__ import annotations
 
@@ -60,12 +57,8 @@ def wrap_error(e: Exception, where: str) -> Exception:
 
 
 class Loader:
-    """Iterate to get batches (dicts of tensors on the device). See :func:`fastdata.loader`.
-
-    Backends implement ``_batches(plan, epoch, first)`` and ``_release``. A pass that delivers the epoch's
-    last batch moves the loader to the next epoch then, so the next ``iter()`` starts a new order even
-    when the caller stops after ``len(loader)`` batches (Lightning, ``islice``, ``zip``).
-    """
+    """Iterate to get batches (dicts of tensors on the device); see :func:`fastdata.loader`. A pass that
+    delivers the epoch's last batch moves to the next epoch, even when the caller stops after ``len(loader)``."""
 
     backend = "base"
     # read by Accelerate's skip_first_batches, which rebuilds a DataLoader (no workers: no prefetch factor)
@@ -170,7 +163,7 @@ class Loader:
 
     def _read_ahead(self, plan: list[np.ndarray], first: int) -> ReadAhead | None:
         """Hint the kernel to read ``plan[first:]``'s byte ranges ahead of the readers; None when off, or
-        when the shards give no byte ranges to hint (LMDB: only LMDB knows where its records lie)."""
+        when the shards give no byte ranges (LMDB)."""
         if self.config.readahead <= 0 or not supported() or first >= len(plan):
             return None
         if not self.dataset.byte_ranges(plan[first][:1]):
@@ -192,8 +185,7 @@ class Loader:
         return world, self.epoch, first
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        # A generator: nothing runs until the first batch is asked for (Lightning calls iter() to check a
-        # loader, then set_epoch, then asks for batches; the process group may start in between).
+        # A generator: nothing runs until the first batch (Lightning calls iter(), then set_epoch, then asks)
         follower: PlanFollower | ReadAhead | None = None
         ahead: list[np.ndarray] | None = None  # a local plan whose read-ahead starts after the first batch
         try:
@@ -256,7 +248,7 @@ class Loader:
 
     def _order_rule(self) -> dict[str, int] | None:
         """What fixes a windowed shuffle's order besides the seed (the rule's version and the mode's sizes):
-        a mid-epoch state resumes only with the same, or the rest of the epoch would differ."""
+        a mid-epoch state resumes only with the same."""
         s = self.shuffle
         if isinstance(s, bool) or self.sample_fn is not None:
             return None
@@ -264,10 +256,8 @@ class Loader:
         return {"rule": ORDER_RULE, **sizes}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (see :meth:`state_dict`); refuses a state saved with other settings.
-
-        The world size is checked when the next pass starts (the state may be loaded before the
-        process group exists); a state taken after an epoch's last batch resumes at the next epoch."""
+        """Continue from ``state`` (see :meth:`state_dict`); refuses a state saved with other settings. The world
+        size is checked when the next pass starts; a state saved after an epoch's last batch resumes at the next."""
         if state.get("version") != _STATE_VERSION:
             raise UsageError(f"unknown loader state version {state.get('version')!r}")
         if state.get("shuffle") == "chunks":  # older fastdata's name for Shards on an in-place index: the same order
@@ -361,8 +351,8 @@ class EpochSampler(torch.utils.data.Sampler[int]):
 
 
 class EpochBatchSampler(torch.utils.data.Sampler[list[int]]):
-    """``loader.batch_sampler``: the epoch's index batches. A DataLoader over ``loader.dataset`` with this and
-    ``loader.collate_fn`` yields the loader's batches; handing out the epoch's last one delivers the epoch."""
+    """``loader.batch_sampler``: the epoch's index batches; with ``loader.collate_fn``, a DataLoader over
+    ``loader.dataset`` yields the loader's batches."""
 
     def __init__(self, loader: Loader) -> None:
         self.loader = loader

@@ -1,14 +1,5 @@
-"""Recycled batch buffers: a fresh 50 MB tensor page-faults on every batch, so batch buffers are
-reused (bench_raw's "a new output per batch" row, docs/benchmarks.md).
-
-A buffer can start at a chosen address phase (mod 64 bytes): that of the bytes it is filled from
-(``Dataset.copy_phase``). memcpy runs faster when source and destination are equally aligned: LMDB
-keeps each large record a few bytes past a page start (benchmarks/results/copy_phase_ab.md).
-
-A buffer is handed out again only when nothing outside the pool uses its memory: no other
-reference to the tensor, and no view, numpy array or other tensor on its storage. Anything a
-training loop keeps therefore stays intact.
-"""
+"""Recycled batch buffers (a fresh large tensor page-faults on every batch), optionally at the address phase
+of the bytes they are filled from; a buffer is reused only once nothing outside the pool uses its memory."""
 
 from __future__ import annotations
 
@@ -67,8 +58,8 @@ class Recycler:
         self._lock = threading.Lock()  # reader threads take and lend concurrently
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype, phase: int = 0) -> torch.Tensor:
-        """A tensor of ``shape`` and ``dtype`` at address phase ``phase`` where possible (a recycled one
-        keeps the phase it was made with: one Recycler per phase); call :meth:`lend` once handed on."""
+        """A tensor of ``shape`` and ``dtype`` at address phase ``phase`` where possible (a recycled one keeps
+        its own phase: one Recycler per phase); call :meth:`lend` once handed on."""
         with self._lock:
             self._reclaim()
             bucket = self._free.get((tuple(shape), dtype))

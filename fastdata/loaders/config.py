@@ -15,19 +15,12 @@ _MOVED = {"block": "Block({})", "window": "Block(window={})", "shard_window": "S
 class LoaderConfig:
     """Tuning knobs of the torch backend (the DALI backend uses ``prefetch``, ``channels_last`` and ``images``).
 
-    ``mode``: ``"threads"`` reads batches in threads of this process into recycled (pinned) buffers;
-    ``"processes"`` reads them in worker processes of fastdata's own into a shared-memory ring (no
-    DataLoader), for transforms that hold the GIL. ``prefetch``: batches read ahead. ``pin_memory``:
-    ``None`` pins the threads' buffers when the device is CUDA (the ring is not page-locked).
-    ``images``: uint8 HWC fields to turn into float NCHW (``None``: detected). ``image_dtype``:
-    ``"float32"`` in [0, 1], or ``"uint8"`` as stored, (B, H, W, C), for models that convert on the GPU
-    (no ``augment`` then). ``ragged``: ``"padded"`` to the batch's largest sample, or ``"packed"`` back
-    to back with ``<name>_offsets`` (mixed-size images then stay flat uint8 bytes). ``readahead``:
-    bytes of the plan's shard ranges hinted to the kernel ahead of the readers (0: off; docs/loader.md).
-    ``crop_decode``: ``"auto"`` decodes only the window of an ``augment`` that starts with a crop or
-    ``Resize``, at a DCT scale where it can (crop.py); ``"off"`` decodes whole images and crops after.
-    ``timeout``: seconds to wait for each batch (a hung worker process is killed; a hung thread cannot
-    be stopped); ``None``: no limit.
+    ``mode``: ``"threads"`` (recycled, pinned buffers) or ``"processes"`` (fastdata's worker processes and a
+    shared-memory ring, for transforms that hold the GIL). ``prefetch``: batches read ahead. ``pin_memory``:
+    None pins on CUDA. ``images``: uint8 HWC fields made float NCHW (None: detected); ``image_dtype``:
+    ``"float32"`` in [0, 1] or ``"uint8"`` HWC (no ``augment``). ``ragged``: ``"padded"`` or ``"packed"``.
+    ``readahead``: bytes hinted ahead (0: off). ``crop_decode``: ``"auto"`` decodes only an initial crop's
+    window, ``"off"`` whole images. ``timeout``: seconds per batch (None: no limit).
     """
 
     mode: Literal["threads", "processes"] = "threads"

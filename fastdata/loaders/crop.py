@@ -1,10 +1,5 @@
-"""Decode, crop and resize one image at a time in the reader threads, when ``augment`` starts with an op
-that gives every image one size (RandomResizedCrop, RandomCrop, CenterCrop, Resize): the reader draws that
-op's parameters as the device stage would (the batch's generator, its first draws) and decodes only the
-window (fastdata/reading/cropdecode.py) into the batch's recycled float32 buffer. The device stage then
-runs the rest of the chain with ``done``: it draws those ops again (the same values) for the targets, so
-later draws, resume and distributed shares are unchanged (docs/augment.md).
-"""
+"""Decode, crop and resize one image at a time in the reader threads when ``augment`` starts with an op that
+gives every image one size; the device stage draws those ops again, so draws, resume and shares are unchanged."""
 
 from __future__ import annotations
 
@@ -50,7 +45,7 @@ FLIPS = (HorizontalFlip, VerticalFlip)  # right after the first op: the reader m
 def crop_field(dataset: Dataset, augment: Augment | None, images: tuple[str, ...], config: LoaderConfig,
                threads: bool) -> str | None:
     """The image field the readers can decode window by window (one augmented image field whose chain starts
-    with a crop or Resize: see :func:`_why_not`), or None, and then why is logged."""
+    with a crop or Resize), or None, and then why is logged."""
     why = _why_not(dataset, augment, images, config, threads)
     if why is not None:
         log.debug("crop decoding off: %s", why)
@@ -81,8 +76,8 @@ def _why_not(dataset: Dataset, augment: Augment | None, images: tuple[str, ...],
 
 
 class CropStage:
-    """Turns a batch read with ``decode=False`` into the output of the chain's first ops for ``field`` (the
-    crop or Resize, and the flips right after it: ``ops``), one image at a time, in the calling reader thread."""
+    """Turns a batch read with ``decode=False`` into the output of the chain's first ops for ``field`` (the crop or
+    Resize and the flips right after it), one image at a time, in the calling reader thread."""
 
     def __init__(self, field: FieldSpec, chain: tuple[Any, ...], seed: int, pin: bool) -> None:
         self.field = field

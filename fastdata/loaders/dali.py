@@ -1,8 +1,5 @@
-"""The DALI backend: ``fastdata.loader(..., backend="dali")``: one pipeline kept across epochs, fed by
-fastdata's own reader (dali_feed.py), decoding and augmenting with DALI's operators (dali_augment.py),
-handing batches to torch through DLPack. Order, epochs, resume and stats are the shared ``Loader``'s, so
-both backends yield the same samples in the same order (docs/backends.md). DALI is imported only here.
-"""
+"""The DALI backend (``backend="dali"``): one pipeline kept across epochs, fed by fastdata's reader, decoding
+and augmenting with DALI's operators; order, epochs and resume are the shared ``Loader``'s."""
 
 from __future__ import annotations
 
@@ -91,7 +88,7 @@ def dali_problem(device: torch.device) -> str | None:
 
 def dali_unsupported(ds: Dataset, augment: Augment | None, config: LoaderConfig | None) -> str | None:
     """Why the DALI backend cannot serve ``ds`` with ``augment`` (a dtype it cannot carry, an
-    augmentation it cannot express), or None; nothing is built and DALI is not imported."""
+    augmentation it cannot express), or None; DALI is not imported."""
     if config is not None and config.image_dtype != "float32":
         return f"the DALI backend gives float images only, not image_dtype={config.image_dtype!r}"
     if config is not None and config.ragged != "padded":
@@ -202,8 +199,7 @@ class DaliLoader(Loader):
         finally:
             if not complete:
                 self._drop(run)
-        # Complete: start the next epoch now, while the training loop finishes this one. If the
-        # loop asks for another pass instead (set_epoch, load_state_dict), the pipeline is rebuilt.
+        # Complete: start the next epoch now, while the training loop finishes this one
         run.dali_epoch += 1
         run.feed.add(run.dali_epoch, Pass(self.plan(epoch + 1), 0, epoch + 1))
         run.it.reset()
@@ -228,8 +224,7 @@ class DaliLoader(Loader):
         run.pipe = run.it = None  # DALI's threads and buffers go with the last reference
         if self._run is run:
             self._run = None
-        # DALI's Python objects hold reference cycles: collect them now, in the process whose executor
-        # threads their finalizers wait for; left to the GC, a forked child could run them and hang.
+        # collect DALI's reference cycles here: in a forked child their finalizers could hang
         gc.collect()
 
     def _to_torch(self, out: dict[str, torch.Tensor], bypassed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -291,7 +286,7 @@ class DaliLoader(Loader):
 
 def _attach_augment(routes: list[Route], augment: Augment | None, region: bool = False) -> HostTargets | None:
     """Compile the spec for each augmented image field; with targets, their host-side transform. ``region``:
-    an encoded field of one view whose chain starts with a crop decodes only its window (``image_slice``)."""
+    an encoded field of one view whose chain starts with a crop decodes only its window."""
     if augment is None or not augment.enabled or augment.op_kind != "image":
         return None  # nothing to do, or sequence ops: the torch code runs them on DALI's output
     images = [r for r in routes if r.image]
@@ -365,8 +360,7 @@ def _output(g: Graph, r: Route, img: Img, chain: Chain | None, pad_hw: list[Any]
     mean = chain.final_mean if chain is not None and chain.final_mean is not None else [0.0] * r.channels
     std = chain.final_std if chain is not None and chain.final_std is not None else [1.0] * r.channels
     pad: dict[str, Any] = {}
-    if r.pads:  # crop the batch's largest (H, W) at the top-left corner: the outside is padding, a
-        # stored 0 normalised like the pixels (what the torch backend's zero padding becomes)
+    if r.pads:  # crop the batch's largest (H, W) at the top-left: padding becomes a stored 0, normalised
         pad = dict(crop_h=pad_hw[0], crop_w=pad_hw[1], crop_pos_x=0.0, crop_pos_y=0.0, out_of_bounds_policy="pad",
                    fill_values=[-m / s for m, s in zip(mean, std)])
     return g.fn.crop_mirror_normalize(img.node, dtype=g.types.FLOAT, output_layout="HWC" if channels_last else "CHW",

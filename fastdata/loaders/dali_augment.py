@@ -1,8 +1,5 @@
-"""The augmentation spec as DALI operators, with the same meaning: each op becomes a :class:`Step` whose
-``draw`` makes the per-sample parameters on the host with the torch op's own ``draw`` (so both backends
-draw the same) and whose ``apply`` adds the DALI operators that take them. Images stay uint8 through
-geometric ops; the first colour op makes floats in [0, 1]; a final ``Normalize`` is fused into the output.
-"""
+"""The augmentation spec as DALI operators with the same meaning: each op a :class:`Step` that draws its
+parameters on the host with the torch op's own ``draw`` (both backends draw the same) and adds DALI operators."""
 
 from __future__ import annotations
 
@@ -92,10 +89,8 @@ _I32, _F32 = np.dtype(np.int32), np.dtype(np.float32)
 
 
 class _ResizedCrop(Step):
-    """RandomResizedCrop: the torch op's window, bilinear, no antialiasing. ``region``: the decoder decodes
-    only the window grown by one pixel on each side (clamped to the image), so the bilinear taps at its edges
-    read the pixels they read on the whole image; the params are that region (absolute (y, x) start and end,
-    for ``fn.decoders.image_slice``), then the window inside it."""
+    """RandomResizedCrop: the torch op's window, bilinear, no antialiasing; with ``region`` the decoder decodes
+    the window grown by one pixel (the params: that region, then the window inside it)."""
 
     def __init__(self, op: RandomResizedCrop, region: bool = False) -> None:
         self.op, self.region = op, region
@@ -125,8 +120,8 @@ class _ResizedCrop(Step):
 
 
 class _Window(Step):
-    """RandomCrop and CenterCrop: the torch op's window, a slice, no resampling. ``region``: the decoder
-    decodes exactly the window (params: its start and end), nothing is left to do."""
+    """RandomCrop and CenterCrop: the torch op's window, a slice, no resampling; with ``region`` the decoder
+    decodes exactly the window."""
 
     def __init__(self, op: RandomCrop | CenterCrop, region: bool = False) -> None:
         self.op, self.region = op, region
@@ -201,8 +196,8 @@ class _Pad(Step):
 
 
 class _Affine(Step):
-    """RandomAffine: the torch op's draw and matrix, inverted (output -> input pixel coordinates, the
-    corner of the first pixel at 0, as fastdata's), for ``fn.warp_affine``; bilinear, filled outside."""
+    """RandomAffine: the torch op's draw and matrix, inverted (output -> input pixel coordinates) for
+    ``fn.warp_affine``; bilinear, filled outside."""
 
     params = (np.dtype(np.float32),)
 
@@ -219,7 +214,7 @@ class _Affine(Step):
 
 class _Jitter(Step):
     """ColorJitter, clamped after each part as the torch op: brightness, saturation and hue as per-sample
-    3x3 colour matrices (``fn.coord_transform``), contrast against the image's mean luma on the device."""
+    3x3 colour matrices, contrast against the image's mean luma on the device."""
 
     def __init__(self, op: ColorJitter) -> None:
         self.op = op
@@ -343,7 +338,7 @@ _STEPS: tuple[tuple[type, type[Step]], ...] = (
 
 def compile_chain(ops: Sequence[Any], channels: int, region: bool = False) -> Chain:
     """Map the spec's ops for an image field of ``channels`` channels; an op DALI cannot express raises.
-    ``region``: a first crop takes its window from the decoder (``fn.decoders.image_slice``)."""
+    ``region``: a first crop takes its window from the decoder."""
     steps: list[Step] = []
     ops = list(ops)
     final = _check_norm(ops.pop(), channels) if ops and isinstance(ops[-1], Normalize) else None

@@ -1,7 +1,5 @@
-"""The DALI backend's host side: how each dataset field travels into ``fn.external_source`` (a whole batch
-at a time, encoded images as their stored bytes), and the callback that reads batches and draws their
-augmentation parameters. Nothing here imports DALI.
-"""
+"""The DALI backend's host side: how each field travels into ``fn.external_source`` (whole batches, encoded
+images as stored bytes), and the callback that reads batches and draws their parameters; no DALI import."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ from fastdata.reading.dataset import Dataset
 GENERATOR_STATE = "\0generator"  # bypassed entry: the batch generator's state after DALI's draws
 Kind = Literal["encoded", "pixels", "raw_image", "plain"]
 
-# DALI's PyTorch plugin has no unsigned types wider than 8 bits and no complex types: such fields
-# cross DALI as a same-size signed view (or float pairs) and are viewed back in torch, bit for bit.
+# DALI's torch plugin lacks unsigned types over 8 bits and complex: they cross as same-size signed views
 _SIGNED_VIEW: dict[np.dtype, np.dtype] = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
                 np.dtype(np.uint64): np.dtype(np.int64)}
 _PAIR_VIEW: dict[np.dtype, np.dtype] = {np.dtype(np.complex64): np.dtype(np.float32), np.dtype(np.complex128): np.dtype(np.float64)}
@@ -66,8 +63,8 @@ class Route:
 
     @property
     def pads(self) -> bool:
-        """A float image field whose batches can mix image sizes (no crop gives them one size): padded to
-        the batch's largest image, in crop_mirror_normalize."""
+        """A float image field whose batches can mix image sizes: padded to the batch's largest image, in
+        crop_mirror_normalize."""
         return self.image and self.variable_size and (self.chain is None or self.chain.out_size is None)
 
     def host(self, batch: dict[str, np.ndarray]) -> list[Any]:
@@ -96,7 +93,7 @@ class Route:
 
 def plan_routes(dataset: Dataset, images: tuple[str, ...] | None, targets: Collection[str] = ()) -> list[Route]:
     """One route per output field, in schema order (a ragged field's ``_lengths`` right after it);
-    ``targets``: fields declared as augmentation targets (never images; raw arrays, kept on the host)."""
+    ``targets``: fields declared as augmentation targets (raw arrays, kept on the host)."""
     routes: list[Route] = []
     schema = {f.name: f for f in dataset.schema}
     for name in targets:
@@ -134,8 +131,8 @@ def plan_routes(dataset: Dataset, images: tuple[str, ...] | None, targets: Colle
 
 @dataclass
 class HostTargets:
-    """Declared targets, transformed on the host by the torch backend's code (augment.py) with the
-    parameters the image field ``image`` gets in DALI: the same generator, replayed."""
+    """Declared targets, transformed on the host by the torch backend's code with the parameters the image
+    field ``image`` gets in DALI (the same generator, replayed)."""
 
     augment: Augment
     image: Route
@@ -161,10 +158,8 @@ class Pass:
 
 
 class Feed:
-    """The external-source callback: batch ``info.iteration`` of the pass registered for DALI's epoch
-    ``info.epoch_idx`` (each route's data, then the parameters, then padded sizes); bypassing fields wait in
-    ``bypassed``. Fed without a copy, the last ``keep`` batches stay referenced. A read error ends the pass
-    (``error``): the loader raises it after the last good batch, not DALI before the batches in front of it."""
+    """The external-source callback: batch ``info.iteration`` of the pass registered for DALI's epoch; a read
+    error ends the pass (``error``), raised by the loader after the last good batch."""
 
     def __init__(self, dataset: Dataset, routes: list[Route], seed: int, rank: int, keep: int,
                  targets: HostTargets | None = None, rest: bool = False) -> None:
@@ -212,7 +207,7 @@ class Feed:
             for r in self._padded:
                 hw = r.chain.out_hw(r.sizes(batch)).max(axis=0) if r.chain is not None else r.sizes(batch).max(axis=0)
                 out.extend(np.full(len(p.plan[i]), v, dtype=np.float32) for v in hw)
-        except Exception as e:  # delivered after the batches before it (see the class docstring)
+        except Exception as e:  # delivered after the batches before it
             self.error = e
             raise StopIteration from None
         self.bypassed.append(bypassed)

@@ -1,9 +1,5 @@
-"""Device side of the torch backend: images to float NCHW and augmentation, on the device.
-
-On CUDA, batch N+1 is copied on a side stream (from pinned memory) and transformed there while
-step N computes; uint8 images cross as uint8 (4x fewer bytes) and stay channels_last unless asked
-otherwise. On the CPU the reader threads run the same transform.
-"""
+"""Device side of the torch backend: images to float NCHW and augmentation, on the device; on CUDA batch
+N+1 is copied (as uint8) and transformed on a side stream while step N computes."""
 
 from __future__ import annotations
 
@@ -24,7 +20,7 @@ _MAX_INFLIGHT = 4  # host batches whose copy to the GPU may still be queued (eac
 
 
 def to_unit_float(x: torch.Tensor, out: torch.Tensor) -> None:
-    """``out = x / 255`` for a uint8 tensor into a float32 one, as two whole-batch ops (bench_choices.py)."""
+    """``out = x / 255`` for a uint8 tensor into a float32 one, as two whole-batch ops."""
     out.copy_(x).mul_(1 / 255)
 
 
@@ -48,8 +44,8 @@ class DeviceStage:
 
     def transform(self, batch: Batch, epoch: int, k: int, mixed: frozenset[str] = frozenset(),
                   precropped: dict[str, int] | None = None) -> Batch:
-        """Images to float NCHW, then augmentation; ``mixed`` fields (:meth:`mixed`) are augmented image by image;
-        ``precropped``: fields the reader cropped, with how many ops it ran (drawn again here, not applied)."""
+        """Images to float NCHW, then augmentation; ``mixed`` fields are augmented image by image, ``precropped``
+        ones had their first ops run by the reader (drawn again here, not applied)."""
         if self.keep_uint8:
             return batch
         owned = set()
@@ -141,8 +137,8 @@ class DeviceStage:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """A device with an index: ``"cuda"`` is the GPU this process owns (the current device if it
-    was set, else ``LOCAL_RANK`` under torchrun), so each rank of a multi-GPU run reads onto its own."""
+    """A device with an index: ``"cuda"`` is the GPU this process owns (the current device if set, else
+    ``LOCAL_RANK``), so each rank of a multi-GPU run reads onto its own."""
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     if dev.type != "cuda":
         return dev

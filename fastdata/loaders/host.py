@@ -1,6 +1,5 @@
 """Host side of the torch backend: ``ThreadReader`` reads each batch with ``get_batch`` straight into
-recycled (pinned, when CUDA is used) buffers; the copies release the GIL, so threads scale. Worker
-processes (procs.py) read into a shared ring instead."""
+recycled (pinned on CUDA) buffers; the copies release the GIL, so threads scale."""
 
 from __future__ import annotations
 
@@ -37,10 +36,8 @@ def reader_fields(dataset: Dataset) -> tuple[dict[str, tuple[tuple[int, ...], st
 
 
 def copy_phases(dataset: Dataset) -> dict[str, int]:
-    """Per fixed field, where (mod 64 bytes) its samples lie in the first shard's memory they are copied
-    from: a batch buffer at the same phase fills fastest (loaders/buffers.py). Fields whose rows are not
-    whole cache lines are left out (each row starts at another phase), and so are phases the field's
-    elements cannot start at."""
+    """Per fixed field, where (mod 64 bytes) its samples lie in the first shard's memory: a batch buffer at the
+    same phase fills fastest; fields whose rows are not whole cache lines are left out."""
     if not dataset.readers:
         return {}
     out = {}
@@ -58,7 +55,7 @@ def copy_phases(dataset: Dataset) -> dict[str, int]:
 
 class _BufferPool:
     """Recycled buffers for the native-endian fields of a batch: the batch's shape for fixed fields, flat
-    for ragged ones (sized from the batches seen so far; the padded batch is a view of it)."""
+    for ragged ones (sized from the batches seen so far)."""
 
     def __init__(self, dataset: Dataset, pin: bool) -> None:
         self.pin = pin
@@ -78,8 +75,7 @@ class _BufferPool:
         return bufs
 
     def saw(self, name: str, numel: int) -> None:
-        """A batch of ragged field ``name`` needed ``numel`` elements: later buffers hold 25% more
-        (a new recycler: buffers of the old size are dropped once their batches are)."""
+        """A batch of ragged field ``name`` needed ``numel`` elements: later buffers hold 25% more."""
         if numel > self.capacity.get(name, numel):
             self.capacity[name] = numel + numel // 4
             self.recyclers[name] = Recycler(self.pin)

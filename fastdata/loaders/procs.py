@@ -1,12 +1,5 @@
-"""Worker processes of ``LoaderConfig(mode="processes")``: the one place that starts, feeds, watches
-and stops them.
-
-Each worker reads whole batches with ``get_batch(out=...)`` into a slot of the shared ring (ring.py),
-runs the user's transform there, and sends back where each array lies. Batch ``k`` goes to worker
-``k % workers`` over its own socket, so results come back in order and every error names its worker.
-Workers start on the first pass and serve later ones until ``close()``; they ignore Ctrl-C (the
-training process decides) and exit within half a second once the training process is gone.
-"""
+"""Worker processes of ``LoaderConfig(mode="processes")``: batch ``k`` is read by worker ``k % workers`` into
+a shared ring slot (ring.py) and handed back in order; workers ignore Ctrl-C and exit when the parent goes."""
 
 from __future__ import annotations
 
@@ -37,8 +30,8 @@ _STOP_WAIT_S = 5.0  # how long close() lets a worker finish before it is termina
 
 
 class _Worker:
-    """A worker process, the training process's end of its socket (a forked child closes its copy: holding
-    it would keep a worker from seeing the training process go), the slots it has mapped and its pending batches."""
+    """A worker process, the training process's end of its socket (closed in a forked child, which must see
+    the training process go), the slots it has mapped and its pending batches."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -60,8 +53,8 @@ class _RemoteTraceback(Exception):
 
 def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged, transform: BatchTransform | None,
                  fixed: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str]) -> None:
-    """A worker's loop: map the slots it is sent, read each batch it is asked for into its slot. The field
-    layout comes from the training process (working it out here would open a shard in every worker)."""
+    """A worker's loop: map the slots it is sent, read each batch it is asked for into its slot (the field
+    layout comes from the training process, so no worker opens a shard for it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the training process decides
     slots = WorkerSlots()
     try:
@@ -99,8 +92,7 @@ def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged
 
 
 def _sendable(e: Exception) -> tuple[bytes | None, str, str]:
-    """A worker's error as sent: the user's own exception from a transform (a read error as itself), pickled
-    when it pickles; its text; its traceback."""
+    """A worker's error as sent: the user's own exception (pickled when it pickles), its text, its traceback."""
     original = e.__cause__ if isinstance(e, TransformError) and e.__cause__ is not None else e
     try:
         sent: bytes | None = pickle.dumps(original)
@@ -138,8 +130,7 @@ class ProcessReader:
         ctx = mp.get_context()
         if ctx.get_start_method() != "fork" and self.transform is not None:
             self.transform.check_pickles(f"worker processes started by {ctx.get_start_method()!r}")
-        # a forked worker must not collect the parent's garbage: a finalizer that waits for the parent's
-        # threads (a DALI pipeline's executor does) would wait forever in a child that has none of them
+        # a forked worker must not collect the parent's garbage: finalizers waiting on its threads would hang
         gc.freeze()
         try:
             for w in range(self.workers):
@@ -257,8 +248,8 @@ class ProcessReader:
         return out
 
     def _error(self, w: int, msg: tuple[Any, ...]) -> Exception:
-        """A worker's error as raised here: its type kept where it pickles (fastdata's errors name
-        shard and sample), prefixed with the worker and batch, the worker's traceback as its cause."""
+        """A worker's error as raised here: its type kept where it pickles, prefixed with the worker and batch,
+        the worker's traceback as its cause."""
         _, k, stage, sent, text, tb = msg
         where = f"worker process {w} (pid {self._workers[w].proc.pid}), batch {k}"
         try:

@@ -1,12 +1,5 @@
-"""The shared-memory ring of worker processes: batch slots filled in place by the workers and
-handed out by the training process as tensors, without a copy.
-
-Each slot is an anonymous shared-memory file (``memfd_create``): nothing is left behind however a
-process dies. Its descriptor reaches a worker over the worker's socket (SCM_RIGHTS). A slot holds a
-region per field (ragged ones sized by the batches seen, grown by a quarter) and a spare region for
-arrays a transform makes; what does not fit crosses pickled (counted in ``copied``) and the slot grows
-when next reused. A slot is reused once nothing refers to its memory, as the threads' buffers are.
-"""
+"""The worker processes' shared-memory ring: anonymous ``memfd`` slots (nothing left behind) filled in place
+by workers and handed out as tensors without a copy; what does not fit crosses pickled and the slot grows."""
 
 from __future__ import annotations
 
@@ -189,9 +182,8 @@ class WorkerSlots:
         return out
 
     def place(self, sid: int, batch: dict[str, Any], ragged: set[str]) -> tuple[dict[str, Placed], dict[str, int]]:
-        """Where each value of ``batch`` is for the training process: in slot ``sid`` (read there, or
-        copied into a free region of it), or to be sent pickled; and the bytes ragged fields and
-        transform-made arrays needed (the ring grows its slots by them)."""
+        """Where each value of ``batch`` is for the training process: in slot ``sid`` or sent pickled; and the
+        bytes ragged fields and transform-made arrays needed (the ring grows its slots by them)."""
         _, _, whole, layout = self.maps[sid]
         start = whole.ctypes.data
         end = start + whole.nbytes

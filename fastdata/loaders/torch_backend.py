@@ -1,5 +1,5 @@
 """The torch backend: batches read by threads or worker processes (host.py), moved to the device,
-converted and augmented there (device.py). Order, epochs, resume and stats come from base.py."""
+converted and augmented there (device.py)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,7 @@ class TorchLoader(Loader):
         if config.timeout is not None and self.workers == 0:
             raise UsageError("LoaderConfig(timeout=...) bounds the wait for reader threads or processes, and "
                              "num_workers=0 reads in the iterating thread: use num_workers >= 1, or no timeout")
-        # On the CPU, reader threads decode images straight to float, each reader its own batch
-        # (benchmarks/bench_choices.py); a view of the dataset, not for a URL dataset (one remote store)
+        # On the CPU, reader threads decode images straight to float (a view of the dataset; not for a URL dataset)
         view = not processes and self.dataset.remote is None
         changes: dict[str, Any] = {"decode": "float"} if view and self._decode_float(images) else {}
         encoded = any(f.encoding == ENCODING_IMAGE for f in self.dataset.schema)
@@ -74,7 +73,7 @@ class TorchLoader(Loader):
 
     def _decode_float(self, images: tuple[str, ...]) -> bool:
         """Whether the readers decode images straight to float: on the CPU, float output, a dataset that
-        decodes, and every encoded field among the images (a mask declared as a target stays uint8)."""
+        decodes, and every encoded field among the images."""
         encoded = [f.name for f in self.dataset.schema if f.encoding == ENCODING_IMAGE]
         return (bool(encoded) and self.device.type == "cpu" and self.config.image_dtype == "float32"
                 and self.dataset.options.get("decode") is True and all(n in images for n in encoded))
@@ -99,9 +98,8 @@ class TorchLoader(Loader):
         return {**super().stats(), **ring}
 
     def collate_fn(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """A batch read by ``dataset.get_batch`` made into what this loader yields (tensors on the
-        device, images as floats, augmentation seeded by its place in the epoch); see
-        :attr:`batch_sampler`, which says which batch comes next."""
+        """A batch read by ``dataset.get_batch`` made into what this loader yields (on the device, augmentation
+        seeded by its place in the epoch); :attr:`batch_sampler` says which batch comes next."""
         if self.config.ragged == "packed":
             raise UsageError("LoaderConfig(ragged='packed') batches come from the loader's own pipeline, not from a "
                              "DataLoader over its dataset: restore the position with load_state_dict instead")

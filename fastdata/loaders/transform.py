@@ -1,9 +1,5 @@
-"""User transforms run by the readers (threads or worker processes) on each host batch.
-
-``transform(batch, rng)`` gets the batch as ``Dataset.get_batch`` returns it (numpy arrays; strings
-and keys as lists of str) and a generator drawn from ``(seed, epoch, rank, batch index)``, so a
-resumed run repeats each batch's draws. It changes the arrays in place, or returns the batch to use.
-"""
+"""User transforms run by the readers (threads or worker processes) on each host batch, with a generator
+drawn from ``(seed, epoch, rank, batch index)`` so a resumed run repeats each batch's draws."""
 
 from __future__ import annotations
 
@@ -26,13 +22,9 @@ class TransformError(Exception):
 
 
 class PerSample:
-    """A batch transform from ``fn(sample, rng)``, called once per sample, in order, with the batch's
-    generator. ``sample`` maps each array field to its row (a view: writing to it changes the batch;
-    a padded ragged field's row is padded, its length is ``sample["<name>_lengths"]``) and each list
-    field (strings, keys) to the sample's item. ``fn`` returns None (changed in place) or a dict:
-    a value the shape and dtype of the field's row is written back into the batch; any other array
-    (a new field, or a new shape) is stacked over the batch, so it must have one shape for every sample.
-    """
+    """A batch transform from ``fn(sample, rng)``, called once per sample with the batch's generator. ``sample``
+    maps each field to its row (a view; ragged rows padded, length in ``<name>_lengths``) or list item. ``fn``
+    returns None (changed in place) or a dict: same-shaped rows are written back, other arrays stacked."""
 
     def __init__(self, fn: Callable[[HostArrays, np.random.Generator], "HostArrays | None"]) -> None:
         if not callable(fn):
@@ -77,8 +69,7 @@ class PerSample:
 
 class BatchTransform:
     """The user's transform bound to the loader's seed; the readers call it with (epoch, rank, k).
-
-    Pickles whenever the user's function does (worker processes started by spawn, ``ddp_spawn``)."""
+    Pickles whenever the user's function does."""
 
     def __init__(self, fn: TransformFn, seed: int) -> None:
         if not callable(fn):
