@@ -1,7 +1,5 @@
-"""Batched augmentation on the device (docs/augment.md): ops are frozen dataclasses, a spec the DALI backend
-maps to its own operators; each draws per-sample parameters from the batch's generator (on the CPU in the
-loaders, so both backends draw the same), then transforms a float ``(B, C, H, W)`` batch in [0, 1].
-"""
+"""Batched augmentation on the device (docs/augment.md): ops are frozen dataclasses that draw per-sample
+parameters from the batch's generator (on the CPU, so both backends draw the same), then transform the batch."""
 
 from fastdata.augment.affine import Pad, RandomAffine
 from fastdata.augment.base import batch_generator, pair

@@ -53,11 +53,8 @@ class Pad(_Geometric):
 
 @dataclass(frozen=True)
 class RandomAffine(_Geometric):
-    """Rotate by U(-degrees, degrees) (counterclockwise as seen) and scale by U(scale) about the image
-    centre, then shift by U(-t, t) of the width and height (``translate`` = (tx, ty) fractions),
-    per sample, with probability ``p`` (otherwise the identity). Bilinear; ``fill`` where the output
-    shows what was outside the image. The image keeps its size.
-    """
+    """Rotate by U(-degrees, degrees) (counterclockwise as seen), scale by U(scale) about the centre and shift by
+    U(-t, t) of (W, H) (``translate``), with probability ``p``; bilinear, ``fill`` outside, the size kept."""
 
     degrees: float = 0.0
     translate: tuple[float, float] = (0.0, 0.0)

@@ -1,7 +1,5 @@
-"""One batch through an :class:`fastdata.augment.Augment`: which fields, of which kind (image, sequence,
-array: declared, or from the schema), how many views (stacked on axis 1 when of one shape, else
-``<field>_view<k>``), then mixing. Draw order, on both backends: each field, each view, each op; then ``Mix``.
-"""
+"""One batch through an :class:`fastdata.augment.Augment`: which fields of which kind, how many views
+(stacked on axis 1 when of one shape, else ``<field>_view<k>``), then mixing, in a fixed draw order."""
 
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ def _ragged(batch: Batch, name: str) -> bool:
 
 
 def field_kinds(aug: Augment, batch: Batch, images: tuple[str, ...], mixed: frozenset[str]) -> dict[str, Kind]:
-    """The fields to augment, in order, with their kinds (see the module docstring)."""
+    """The fields to augment, in order, with their kinds (image, sequence, array: declared, or from the schema)."""
     op_kind = aug.op_kind
     declared: dict[str, Kind] = dict(aug.kinds)  # type: ignore[arg-type]
     if aug.fields is not None:
@@ -82,10 +80,8 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
                   mixed: frozenset[str] = frozenset(), finish: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
                   skip: frozenset[str] = frozenset(), precropped: Mapping[str, int] | None = None,
                   owned: frozenset[str] = frozenset()) -> Batch:
-    """Augment ``batch`` in place (and return it): every field of :func:`field_kinds`, then ``aug.mix``.
-    ``finish(name, image)`` runs on each augmented image; ``skip``: fields DALI augmented (its draws came first);
-    ``precropped``: how many first ops the reader ran per image field (fastdata.loaders.crop); ``owned``: image
-    fields in the caller's own buffers, which the ops of a single view may write into."""
+    """Augment ``batch`` in place (and return it): every field of :func:`field_kinds`, then ``aug.mix``; ``skip``:
+    fields DALI augmented, ``precropped``: first ops run by the reader, ``owned``: fields the ops may write into."""
     kinds = field_kinds(aug, batch, images, mixed)
     if aug.mix is not None and mixed and not any(getattr(op, "fixed_size", False) for op in aug.view_ops[0]):
         raise UsageError(f"Mix needs images of one size, and {sorted(mixed)[0]!r} mixes sizes: add a crop or Resize")
@@ -136,9 +132,8 @@ def _sequence(batch: Batch, name: str, kind: Kind, ops: tuple[Any, ...], g: torc
 
 
 def join_views(batch: Batch, outs: list[Batch], written: list[str], stack: bool | None = None) -> None:
-    """Put each view's ``written`` fields into ``batch``: one view as is; views whose first written field
-    (the image, the sequence) has one shape stacked on axis 1 (``stack`` overrides the test); otherwise
-    ``<field>_view<k>`` (the unaugmented fields are then removed). Packed sequences are never stacked."""
+    """Put each view's ``written`` fields into ``batch``: one view as is; views of one shape stacked on axis 1
+    (``stack`` overrides; packed sequences never); otherwise ``<field>_view<k>``."""
     keys = [k for k in dict.fromkeys(written) if k in outs[0]]
     if len(outs) == 1:
         batch.update({k: outs[0][k] for k in keys})
@@ -156,8 +151,8 @@ def join_views(batch: Batch, outs: list[Batch], written: list[str], stack: bool 
 
 
 def _stack(ts: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.stack(ts, 1)``; channels_last images (B, C, H, W) stay channels_last in memory ((B, V, H, W, C)
-    underneath): stacking them into a contiguous batch would be a transposing copy."""
+    """``torch.stack(ts, 1)``; channels_last images stay channels_last in memory (a contiguous stack would be
+    a transposing copy)."""
     t0 = ts[0]
     if t0.dim() != 4 or t0.is_contiguous() or not t0.is_contiguous(memory_format=torch.channels_last):
         return torch.stack(ts, 1)

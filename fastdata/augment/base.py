@@ -111,8 +111,8 @@ class _Geometric(_Op):
         raise NotImplementedError
 
     def out_sizes(self, sizes: Tensor) -> Tensor:
-        """Each image's (H, W) after the op ((B, 2), ``sizes``' dtype and device), from its (H, W) before:
-        the one place the torch pipeline, ``shapes_after`` (DALI) and the crop-decoding reader take it from."""
+        """Each image's (H, W) after the op ((B, 2), ``sizes``' dtype and device), from its (H, W) before; the one
+        place both backends and the crop-decoding reader take it from."""
         return sizes
 
 
@@ -129,7 +129,7 @@ class _FixedSize(_Geometric):
 def _resample(x4: Tensor, fw: Tensor, fh: Tensor, cx: Tensor, cy: Tensor, oh: int, ow: int,
               limit: tuple[Tensor, Tensor] | None = None, nearest: bool = False) -> Tensor:
     """Bilinear (or nearest) resampling of the boxes (centre, size as fractions of the canvas) to
-    (oh, ow); ``limit``: the largest grid x, y per sample (sampling clamps there, as at the canvas border)."""
+    (oh, ow); ``limit``: the largest grid x, y per sample (sampling clamps there)."""
     b = x4.shape[0]
     theta = torch.zeros(b, 2, 3, device=x4.device, dtype=torch.float32)
     theta[:, 0, 0] = fw
@@ -150,7 +150,7 @@ def _resample(x4: Tensor, fw: Tensor, fh: Tensor, cx: Tensor, cy: Tensor, oh: in
 
 def _nearest_index(centre: Tensor, extent: Tensor, n_out: int, n_in: int, limit: Tensor | None) -> Tensor:
     """(B, n_out) source pixel of each output pixel along one axis, as grid_sample's nearest mode picks it
-    (normalised grid ``centre + extent * o``, ``o`` the output pixel centres in [-1, 1])."""
+    (normalised grid ``centre + extent * o``)."""
     o = (torch.arange(n_out, device=centre.device, dtype=torch.float32) + 0.5) * (2 / n_out) - 1
     g = centre.float().view(-1, 1) + extent.float().view(-1, 1) * o
     if limit is not None:
@@ -175,9 +175,8 @@ def _sample(x4: Tensor, grid: Tensor, nearest: bool, padding: str = "border") ->
 
 
 def batch_generator(seed: int, epoch: int, batch: int, device: torch.device, rank: int = 0) -> torch.Generator:
-    """The generator for one batch: a pure function of (seed, epoch, rank, batch index) (fastdata.seeds),
-    so resumes repeat it and distributed ranks draw different parameters. The loaders draw on the CPU
-    (``device="cpu"``), so the torch and DALI backends draw the same parameters."""
+    """The generator for one batch, a pure function of (seed, epoch, rank, batch index): resumes repeat it
+    and ranks draw differently; the loaders draw on the CPU, so both backends draw the same."""
     g = torch.Generator(device=device)
     g.manual_seed(int_seed(seed, epoch, Stream.AUGMENT, rank, batch))
     return g

@@ -87,7 +87,7 @@ def hue_matrix(angle: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class GaussianNoise(_Op):
     """Add noise with standard deviation ``std`` (in the batch's units: [0, 1] for images), from a generator on
-    the batch's device seeded by one draw from the batch's generator (the DALI backend draws it inside DALI)."""
+    the batch's device seeded by one draw from the batch's generator."""
 
     std: float
 
@@ -127,8 +127,8 @@ class Normalize(_Op):
         return out.div_(torch.tensor(self.std, device=x.device, dtype=x.dtype).view(shape))
 
     def _into_rows(self, x: Tensor, out: Tensor) -> Tensor:
-        """Channels-last on the CPU: each image row (W x C values, channels interleaved) times a row of
-        1/std plus a row of -mean/std, in one pass (a broadcast over the innermost C=3 axis does not vectorise)."""
+        """Channels-last on the CPU: each image row times a row of 1/std plus a row of -mean/std, in one pass
+        (a broadcast over the innermost C=3 axis does not vectorise)."""
         b, c, h, w = x.shape
         std = torch.tensor(self.std, dtype=torch.float64)
         scale = (1 / std).repeat(w).to(x.dtype)

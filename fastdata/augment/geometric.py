@@ -26,10 +26,8 @@ from fastdata.augment.targets import Geometry
 
 @dataclass(frozen=True)
 class RandomResizedCrop(_FixedSize):
-    """Crop a random area fraction in ``scale`` with aspect ratio in ``ratio``, resize to ``size``.
-
-    Crops that would not fit are clamped to the image (no retry loop), bilinear resampling.
-    """
+    """Crop a random area fraction in ``scale`` with aspect ratio in ``ratio``, resize to ``size`` (bilinear);
+    crops that would not fit are clamped to the image."""
 
     size: int | tuple[int, int]
     scale: tuple[float, float] = (0.08, 1.0)
@@ -56,8 +54,7 @@ class RandomResizedCrop(_FixedSize):
         if sizes is not None:  # fractions of each image -> of the padded canvas
             h, w = sizes[:, 0].float(), sizes[:, 1].float()
             fw, cx, fh, cy = fw * w / wc, cx * w / wc, fh * h / hc, cy * h / hc
-            # each image's last pixel centre, pulled in by 1/1000 pixel: float rounding must not
-            # give the padding beyond it any bilinear weight
+            # each image's last pixel centre, pulled in by 1/1000 pixel so rounding gives the padding no weight
             limit = ((2 * w - 1.002) / wc - 1, (2 * h - 1.002) / hc - 1)
         return _resample(x4, fw, fh, cx, cy, oh, ow, limit, nearest).reshape(b, *lead[1:], oh, ow)
 

@@ -34,14 +34,8 @@ class MixDraw:
 
 @dataclass(frozen=True)
 class Mix:
-    """MixUp and CutMix, batch-level (docs/augment.md): declared once in
-    ``Augment(..., mix=Mix(...))``, applied after the ops to the augmented image fields and ``label``.
-
-    ``mixup_alpha`` / ``cutmix_alpha``: 0 turns that one off. ``num_classes``: needed for integer labels.
-    ``min_visible``: CutMix boxes keep a box of a sample when at least this fraction of its area is
-    still its own, and take the partner's boxes clipped to the pasted region when at least this
-    fraction of each lies inside it.
-    """
+    """MixUp and CutMix (``Augment(mix=Mix(...))``), after the ops, on the augmented images, ``label`` and targets;
+    an alpha of 0 turns one off, ``num_classes`` is needed for integer labels, ``min_visible`` filters CutMix boxes."""
 
     mixup_alpha: float = 0.8
     cutmix_alpha: float = 1.0
@@ -102,8 +96,8 @@ class Mix:
 
 
 def mix_images(x: Tensor, d: MixDraw) -> Tensor:
-    """The image batch (B, C, H, W) mixed as drawn. CutMix writes the pasted region in place (the batch
-    is the loader's own; only the region is copied); MixUp is one ``lerp`` pass into a new batch."""
+    """The image batch (B, C, H, W) mixed as drawn: CutMix pastes its region in place (the loader's own batch),
+    MixUp is one ``lerp`` into a new batch."""
     if not d.mixed or x.shape[0] < 2:
         return x
     if d.cutmix:
@@ -144,10 +138,8 @@ def kept_fraction(d: MixDraw, h: int, w: int) -> float:
 
 def mix_boxes(batch: dict[str, Tensor], name: str, t: Boxes, d: MixDraw, hw: tuple[int, int],
               min_visible: float) -> None:
-    """Boxes after mixing: (B, 2N, 4): rows [0, N) the sample's own boxes (CutMix: dropped when less
-    than ``min_visible`` of the box stays visible), rows [N, 2N) the partner's (MixUp: all; CutMix:
-    clipped to the pasted region, kept when at least ``min_visible`` of the box lies inside). Dropped
-    rows are zeros, flagged False in ``<name>_valid``; ``<name>_lengths`` no longer applies and is removed."""
+    """Boxes after mixing (B, 2N, 4): the sample's own, then the partner's (CutMix: clipped to the pasted region);
+    boxes under ``min_visible`` become zeros flagged False in ``<name>_valid`` (``<name>_lengths`` is removed)."""
     v = batch[name]
     xyxy = t.to_xyxy(v)
     valid = batch[name + VALID_SUFFIX] if name + VALID_SUFFIX in batch else t.rows(batch, name)

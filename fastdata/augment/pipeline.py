@@ -43,19 +43,8 @@ def _builtin(op: Any) -> bool:
 
 @dataclass(frozen=True)
 class Augment:
-    """An augmentation pipeline: ``ops`` applied in order to each field in ``fields``.
-
-    ``fields=None`` means the image fields (uint8 HWC) when the dataset has any, else every
-    floating-point field with at least two axes per sample. ``targets``: fields that move with the
-    image ({name: Keypoints(...) | Boxes(...) | Mask() | Custom(...)}): every geometric op
-    transforms them with the image's own random draw; then exactly one image field is augmented.
-    Ops of your own (an object with ``apply(x, g)``) must not move pixels when targets are declared.
-
-    ``fields`` may give each field's kind, ``{"x": "sequence"}`` ("image", "sequence", "array"; sequence
-    ops: fastdata.augment.sequence). ``views``: a number of views made with ``ops``, or one list of ops (or an
-    ``Augment`` of ops only) per view; ``mix``: MixUp/CutMix after the ops (fastdata.augment.mixing). How
-    views appear in the batch, and the draw order: fastdata/augment/apply.py, docs/augment.md.
-    """
+    """An augmentation pipeline: ``ops`` applied in order to ``fields`` (default: the image fields), with
+    ``targets`` that move with the image, ``views`` and ``mix`` (parameters and draw order: docs/augment.md)."""
 
     ops: tuple[Op, ...] = ()
     fields: tuple[str, ...] | Mapping[str, str] | None = None
@@ -124,14 +113,8 @@ class Augment:
     def run(self, batch: dict[str, Tensor], g: torch.Generator, image: str | None, sizes: Tensor | None = None,
             hw: Tensor | None = None, targets: bool = True, ops: Sequence[Any] | None = None,
             done: int = 0, owned: bool = False) -> dict[str, Tensor]:
-        """Augment ``batch[image]`` (float (B, C, H, W)) and the declared targets in ``batch`` with
-        one draw per op; returns the batch with them replaced (and ``<boxes>_valid`` added).
-
-        ``image=None``: the targets alone (DALI transforms the image), ``hw`` the images' (B, 2) sizes.
-        ``done``: the first ops already ran in the reader (fastdata.loaders.crop); they are drawn again
-        from ``hw``, the sizes before them. ``owned``: ``batch[image]`` is the caller's own buffer, which
-        flips and a final Normalize may write into on the CPU.
-        """
+        """Augment ``batch[image]`` (float (B, C, H, W); None: the targets alone) and the declared targets, one draw
+        per op; ``done``: first ops the reader ran (drawn again), ``owned``: the image buffer may be written into."""
         x = batch[image] if image is not None else None
         if x is not None and not done:
             hw = image_hw(x, sizes, g.device)
@@ -208,9 +191,8 @@ def _views(views: Any, ops: tuple[Any, ...]) -> int | tuple[tuple[Any, ...], ...
 
 
 def shapes_after(ops: Sequence[Any], shapes: Tensor) -> Tensor:
-    """``<image>_shape`` rows ((B, 3): H, W, C) after the built-in ``ops``, for the DALI backend (the torch backend
-    follows the images themselves): no random draw changes a size; crops and Resize give theirs, Pad adds its
-    borders, the other ops keep it."""
+    """``<image>_shape`` rows ((B, 3): H, W, C) after the built-in ``ops``, for the DALI backend: crops and
+    Resize give their size, Pad adds its borders, the other ops keep it."""
     hw = shapes[:, :2]
     for op in ops:
         if _builtin(op) and isinstance(op, _Geometric):
@@ -222,7 +204,7 @@ def shapes_after(ops: Sequence[Any], shapes: Tensor) -> Tensor:
 
 def _update_shapes(batch: dict[str, Tensor], name: str, hw: Tensor) -> None:
     """Set the (H, W) columns of the ``<image>_shape`` field, if the batch has one, to the sizes after the ops
-    (``hw``, (B, 2)), so the field describes the images it comes with; other columns (channels) are kept."""
+    (``hw``, (B, 2)); other columns (channels) are kept."""
     shapes = batch.get(name)
     if shapes is None or shapes.dim() != 2 or shapes.shape[1] < 2:
         return

@@ -1,6 +1,5 @@
-"""Batched augmentation of sequences ``(B, T, ...)`` (``<name>_lengths`` when padded, ``<name>_offsets`` when
-packed) and arrays ``(B, ...)`` on the device. Per-sample parameters come from the batch's generator; positions
-at or past a sample's length are never read nor written (ops that change lengths return the new ones)."""
+"""Batched augmentation of sequences ``(B, T, ...)`` (padded with ``<name>_lengths`` or packed) and arrays
+on the device; positions past a sample's length are never read nor written."""
 
 from __future__ import annotations
 
@@ -25,8 +24,8 @@ def _bcast(m: Tensor, x: Tensor) -> Tensor:
 
 
 def _fill(x: Tensor, masked: Tensor, fill: float, inplace: bool) -> Tensor:
-    """``x`` with ``fill`` where the float 0/1 ``masked`` (broadcast over ``x``) is 1, as multiply-adds (no bool
-    kernels). Positions not masked are kept exactly; a masked non-finite value (inf, NaN) becomes NaN, not ``fill``."""
+    """``x`` with ``fill`` where the float 0/1 ``masked`` is 1, as multiply-adds (no bool kernels); unmasked
+    values are kept exactly, a masked non-finite value becomes NaN, not ``fill``."""
     keep = 1.0 - masked
     out = x.mul_(keep) if inplace else x * keep
     return out.add_(masked * fill) if fill else out
@@ -40,9 +39,8 @@ def _take_time(x: Tensor, src: Tensor) -> Tensor:
 
 
 class SeqOp:
-    """A sequence op: ``draw`` the batch's parameters on the generator's device (``lengths`` there too),
-    then ``seq`` transforms ``(B, T, ...)`` with its lengths and returns both (``inplace``: ``x`` is a
-    working copy the op may overwrite: a chain copies the batch once, not once per op)."""
+    """A sequence op: ``draw`` the batch's parameters, then ``seq`` transforms ``(B, T, ...)`` with its lengths
+    and returns both (``inplace``: ``x`` is a working copy the op may overwrite)."""
 
     needs_time: ClassVar[bool] = True  # False: elementwise, also for array fields
 
@@ -63,9 +61,8 @@ class SeqOp:
 
 @dataclass(frozen=True)
 class TimeCrop(SeqOp):
-    """A random window of ``length`` steps of each sample (uniform over its positions); a sample
-    shorter than ``length`` is kept whole. The output is ``(B, length, ...)`` with lengths
-    ``min(length, own length)``."""
+    """A random window of ``length`` steps of each sample; a shorter sample is kept whole. The output is
+    ``(B, length, ...)`` with lengths ``min(length, own length)``."""
 
     length: int
 
@@ -88,9 +85,8 @@ class TimeCrop(SeqOp):
 
 @dataclass(frozen=True)
 class TimeShift(SeqOp):
-    """Shift each sample in time by an integer ~ U[-max_shift, max_shift] steps (or fractions of its
-    length when ``max_shift`` < 1), within its own length: wrapping round (``rollover``) or filled with
-    ``fill``."""
+    """Shift each sample in time by an integer ~ U[-max_shift, max_shift] steps (fractions of its length when
+    ``max_shift`` < 1) within its own length, wrapping round (``rollover``) or filled with ``fill``."""
 
     max_shift: float
     rollover: bool = True
@@ -115,9 +111,8 @@ class TimeShift(SeqOp):
 
 @dataclass(frozen=True)
 class TimeMask(SeqOp):
-    """SpecAugment time masking: ``count`` spans per sample, each of width ~ U[0, max_width] steps (or
-    fractions of the sample's length when ``max_width`` < 1) at a uniform start inside the sample,
-    set to ``fill``."""
+    """SpecAugment time masking: ``count`` spans per sample of width ~ U[0, max_width] steps (fractions of its
+    length when < 1), at a uniform start inside the sample, set to ``fill``."""
 
     max_width: float
     count: int = 1
@@ -193,7 +188,7 @@ class AmplitudeScale(SeqOp):
 @dataclass(frozen=True)
 class AdditiveNoise(SeqOp):
     """Add N(0, std^2) noise at every position inside each sample (``std`` in the data's units;
-    ``relative=True``: times each sample's own standard deviation), drawn as GaussianNoise's."""
+    ``relative=True``: times each sample's own standard deviation)."""
 
     std: float
     relative: bool = False
@@ -220,9 +215,8 @@ class AdditiveNoise(SeqOp):
 
 @dataclass(frozen=True)
 class TimeStretch(SeqOp):
-    """Resample each sample in time by a speed factor ~ U(low, high) (log-uniform): its new length is
-    ``round(length / factor)`` (capped at the batch's T), values by linear interpolation between steps;
-    zeros past the new length."""
+    """Resample each sample in time by a speed factor ~ U(low, high) (log-uniform), linearly: its new length is
+    ``round(length / factor)`` (capped at the batch's T), zeros past it."""
 
     low: float = 0.9
     high: float = 1.1

@@ -1,7 +1,5 @@
-"""Targets that move with the image: keypoints, boxes, masks and your own (docs/augment.md, "Target kinds").
-Each geometric op describes what it did as a :class:`Geometry`; the kinds here apply it to their field, batched.
-Coordinates: x right, y down, in pixels; keypoints use pixel indices, boxes pixel edges (as COCO, torchvision).
-"""
+"""Targets that move with the image (keypoints, boxes, masks, your own), from each geometric op's
+:class:`Geometry`; x right, y down, in pixels: keypoints pixel indices, boxes pixel edges (as COCO)."""
 
 from __future__ import annotations
 
@@ -47,12 +45,8 @@ def _map(points: Tensor, matrix: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class Keypoints:
-    """A (B, K, D) field, D >= 2: x, y in pixel indices, then e.g. a visibility flag.
-
-    ``flip_pairs``: index pairs (left, right) swapped on every mirror (a horizontal or a vertical
-    flip). ``visibility``: the column set to 0 when a point leaves the frame (coordinates are not
-    clamped: a point outside keeps its mapped position); ``None``: no such column.
-    """
+    """A (B, K, D) field, D >= 2: x, y in pixel indices, then e.g. a visibility flag (``visibility``: the column
+    zeroed when a point leaves the frame); ``flip_pairs``: (left, right) index pairs swapped on every mirror."""
 
     flip_pairs: Sequence[tuple[int, int]] = ()
     visibility: int | None = None
@@ -98,14 +92,8 @@ BoxFormat = Literal["xyxy", "xywh", "cxcywh"]
 
 @dataclass(frozen=True)
 class Boxes:
-    """A (B, N, 4) field of boxes in pixel edges: ``"xyxy"`` (corners), ``"xywh"`` (top-left, size)
-    or ``"cxcywh"`` (centre, size); a ``<name>_lengths`` field, when the batch has one, says how
-    many rows of each sample are boxes (the rest is padding).
-
-    Each op maps the four corners and takes their bounding box (a rotated box grows to contain
-    them), clipped to the image. A box left with no area is flagged False in the added
-    ``<name>_valid`` (B, N) field and set to zeros; boxes are never dropped, so shapes stay fixed.
-    """
+    """A (B, N, 4) field of boxes in pixel edges (``"xyxy"``, ``"xywh"`` or ``"cxcywh"``), ``<name>_lengths`` rows
+    each; boxes with no area left are zeroed and flagged False in ``<name>_valid``, never dropped."""
 
     format: BoxFormat = "xyxy"
 
@@ -158,12 +146,8 @@ class Boxes:
 
 @dataclass(frozen=True)
 class Mask:
-    """A per-pixel label field with the image's (H, W): (B, H, W), (B, H, W, C) or (B, C, H, W).
-
-    Resampled by nearest neighbour with the image's parameters, so it only ever holds its own
-    values, plus ``fill`` where the image shows what was outside it (RandomAffine, Pad).
-    Photometric ops leave it alone. Dtype and layout are kept.
-    """
+    """A per-pixel label field with the image's (H, W): (B, H, W), (B, H, W, C) or (B, C, H, W), resampled by
+    nearest neighbour (``fill`` outside the image); photometric ops leave it alone."""
 
     fill: float = 0
 
@@ -175,16 +159,8 @@ TransformHook = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 @dataclass(frozen=True)
 class Custom:
-    """A target of your own, changed by your functions, batched (each gets a (k, ...) tensor of the
-    samples concerned and returns the new values, same shape):
-
-    ``on_hflip(values)``: the samples a horizontal flip mirrored; ``on_vflip(values)``: those a
-    vertical flip mirrored; ``on_rotate(values, degrees)``: every sample of a RandomAffine, with
-    its rotation (counterclockwise as seen, (k,) float64); ``on_transform(values, matrix, hw)``:
-    every sample of every geometric op, with its (k, 3, 3) pixel-coordinate matrix and output size.
-    E.g. head pose (yaw, pitch, roll) in degrees: ``Custom(on_hflip=lambda a: a * torch.tensor([-1, 1, -1]),
-    on_rotate=lambda a, d: a + torch.stack([0 * d, 0 * d, d], 1))``.
-    """
+    """A target of your own, changed by your batched functions ``on_hflip``, ``on_vflip``, ``on_rotate(values,
+    degrees)`` and ``on_transform(values, matrix, hw)``, each returning new values of the same shape."""
 
     on_hflip: HFlipHook | None = field(default=None, compare=False)
     on_vflip: HFlipHook | None = field(default=None, compare=False)
