@@ -1,6 +1,5 @@
-"""The AMP training core: ``fit`` runs ``loss_fn(model, batch)`` over a loader with the GPU's precision and
-flags, optional torch.compile, accumulation, clipping, atomic checkpoints with exact resume, and per-epoch
-metrics (samples/s, the share of time waiting for input), reading losses back only at log lines."""
+"""The AMP training core: ``fit`` runs ``loss_fn(model, batch)`` over a loader with the GPU's precision,
+optional torch.compile, accumulation, clipping, checkpoints with exact resume and per-epoch metrics."""
 
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ class FitResult:
 
 
 class ModelRunner:
-    """Calls ``loss_fn(model, batch)``: through torch.compile when asked, eagerly when compiling fails,
-    either at ``torch.compile`` itself or when the compiled model first raises (logged, not fatal)."""
+    """Calls ``loss_fn(model, batch)``: through torch.compile when asked, eagerly (logged, not fatal) when
+    compiling or the compiled model's first call fails."""
 
     def __init__(self, model: nn.Module, compile: bool, say: Say) -> None:
         self.model = model
@@ -75,15 +74,15 @@ class ModelRunner:
 
 
 def scale_on_device(scaler: torch.amp.GradScaler, device: torch.device | str) -> torch.Tensor:
-    """The (enabled) scaler's current scale as a 0-dim float32 tensor on ``device``: ``scale()`` of a one, a
-    device multiply, where ``get_scale()`` would sync with the host."""
+    """The (enabled) scaler's current scale as a 0-dim float32 tensor on ``device``, without the host sync of
+    ``get_scale()``."""
     return scaler.scale(torch.ones((), dtype=torch.float32, device=device))
 
 
 def _optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, params: Sequence[torch.Tensor],
                     clip: float | None) -> torch.Tensor:
-    """Unscale, clip, step, update; returns 1 (a device tensor, no sync) if the scaler skipped the step, seen
-    as the scale backing off in ``update()`` (which holds for fused optimizers too)."""
+    """Unscale, clip, step, update; returns 1 (a device tensor, no sync) if the scaler skipped the step (seen as
+    the scale backing off in ``update()``)."""
     device = params[0].device if params else torch.device("cpu")
     if clip is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -129,9 +128,8 @@ class TrainStep:
 
 @contextlib.contextmanager
 def shown_by_default(enabled: bool) -> Iterator[None]:
-    """While ``fit`` runs: if nothing in the program handles ``fastdata.train``'s records (no handler on it or
-    above it, the state before ``logging.basicConfig``), show its INFO lines on stderr, so the per-epoch
-    report is seen by default. A program that configured logging decides for itself; nothing stays behind."""
+    """While ``fit`` runs, show ``fastdata.train``'s INFO lines on stderr if the program configured no logging
+    for it; nothing stays behind."""
     if not enabled or log.hasHandlers():
         yield
         return
@@ -154,8 +152,8 @@ def shown_by_default(enabled: bool) -> Iterator[None]:
 def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Say,
               save: Callable[[int, int], None], log_every: int = 0, checkpoint_every: int | None = None,
               max_steps: int | None = None) -> tuple[EpochMetrics, int, bool]:
-    """One pass over ``loader`` from global step ``step``: returns the epoch's metrics, the new global step,
-    and whether ``max_steps`` stopped it. ``save(epoch, step)`` writes a checkpoint every ``checkpoint_every`` steps."""
+    """One pass over ``loader`` from global step ``step``: the epoch's metrics, the new global step, and whether
+    ``max_steps`` stopped it; ``save(epoch, step)`` checkpoints every ``checkpoint_every`` steps."""
     if hasattr(loader, "set_epoch") and getattr(loader, "epoch", epoch) != epoch:
         loader.set_epoch(epoch)
     first_step, stopped = step, False
@@ -213,15 +211,8 @@ def fit(
     on_log: Callable[[str], None] | None = None,
     verbose: bool = True,
 ) -> FitResult:
-    """Train ``model`` for ``epochs`` over ``loader`` (a ``fastdata.loader`` or any iterable of batch dicts).
-
-    ``loss_fn(model, batch)`` returns the loss. ``checkpoint`` is written at every epoch end
-    (and every ``checkpoint_every`` optimizer steps); ``resume`` continues from one. ``max_steps``
-    stops after that many optimizer steps in total (writing the checkpoint). Messages (the start-up
-    report, one line per epoch, a loss line every ``log_every`` batches) go to ``on_log``, else to the
-    ``fastdata.train`` logger at INFO, from rank 0 only under DDP. When the program has configured no
-    logging, ``fit`` shows the logger's lines on stderr while it runs; ``verbose=False`` never does.
-    """
+    """Train ``model`` for ``epochs`` over ``loader`` with ``loss_fn(model, batch)`` returning the loss,
+    checkpointing to ``checkpoint`` and resuming from ``resume`` (parameters and logging: docs/training.md)."""
     if epochs < 1 or grad_accum < 1:
         raise ValueError("epochs and grad_accum must be at least 1")
     world = World.detect()

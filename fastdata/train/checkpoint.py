@@ -1,6 +1,5 @@
-"""Training checkpoints with exact resume (``fastdata.train.fit``): weights, optimizer, scaler, the
-loader's position, RNG states and the metric history, as tensors and plain values only (they load
-with ``weights_only=True``), written atomically."""
+"""Training checkpoints with exact resume: weights, optimizer, scaler, the loader's position, RNG states and
+metric history, as tensors and plain values only (they load with ``weights_only=True``), written atomically."""
 
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ class EpochMetrics:
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Tensors of a batch (dicts, lists and tuples of them) on ``device``: a plain DataLoader's
-    batches move there, from pinned memory without blocking; tensors already there stay as they are."""
+    """Tensors of a batch (dicts, lists and tuples of them) on ``device``, from pinned memory without blocking;
+    tensors already there stay as they are."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
@@ -44,9 +44,8 @@ _END = object()  # EpochMeter.fetch: the loader is exhausted
 
 
 class EpochMeter:
-    """Input wait and compute time of one epoch, with loss, non-finite and skip counters kept on the device
-    (read back by ``mean_loss`` at log lines and once by ``finish``). On CUDA, compute is timed with events
-    read at the epoch's end, so the timing does not serialise the pipeline."""
+    """Input wait and compute time of one epoch, with loss, non-finite and skip counters kept on the device; on
+    CUDA compute is timed with events read at the epoch's end, so timing does not serialise the pipeline."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -1,6 +1,5 @@
-"""The numeric setup of a training run (``fastdata.train.fit``): autocast dtype, GradScaler, TF32,
-cuDNN autotuning and channels_last, decided once from the device, the model and the loader, and
-the start-up report that says what is in force."""
+"""The numeric setup of a training run: autocast dtype, GradScaler, TF32, cuDNN autotuning and
+channels_last, decided once from the device, the model and the loader, and its start-up report."""
 
 from __future__ import annotations
 
