@@ -1,9 +1,5 @@
-"""fastdata: sharded HDF5/LMDB datasets and fast PyTorch input pipelines.
-
-``fastdata.convert`` writes a dataset (``fastdata.merge`` joins several); ``fastdata.open`` reads
-one; ``fastdata.loader`` feeds training. torch is imported only when the loader or augmentation is
-first used, so converting data does not need it.
-"""
+"""fastdata: sharded HDF5/LMDB datasets and fast PyTorch input pipelines. ``convert`` writes a dataset,
+``open`` reads one, ``loader`` feeds training; torch is imported only when the loader or augmentation is used."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The private torch internal fastdata relies on, isolated here with a loud test (tests/test_compat.py) so
-that a torch upgrade that changes it fails CI: torch has no public count of the tensors, views and numpy
-arrays sharing a storage."""
+"""The private torch internal fastdata relies on (a storage's use count), isolated here with a loud test
+(tests/test_compat.py) so that a torch upgrade that changes it fails CI."""
 
 from __future__ import annotations
 

@@ -101,9 +101,8 @@ class RemoteNotFoundError(RemoteError):
 
 
 class NoSuchBucketError(RemoteError):
-    """The URL's bucket (or container) does not exist: it must be created first. Not a
-    RemoteNotFoundError: code that treats a missing object as "nothing there yet" must not
-    treat a missing bucket so."""
+    """The URL's bucket (or container) does not exist and must be created first; deliberately not a
+    RemoteNotFoundError, which callers may treat as "nothing there yet"."""
 
 
 class CacheFullError(RemoteError):

@@ -58,8 +58,7 @@ def not_regular(mode: int) -> str | None:
 
 
 def file_checksum(path: str | os.PathLike[str], algorithm: str) -> str:
-    """``"<algorithm>:<hex digest>"`` of the whole file; ``algorithm`` is ``xxh3_128`` (fast: hashing
-    a shard costs far less than writing it) or ``sha256``."""
+    """``"<algorithm>:<hex digest>"`` of the whole file; ``algorithm`` is ``xxh3_128`` or ``sha256``."""
     try:
         h = _HASHES[algorithm]()
     except KeyError:
@@ -79,9 +78,8 @@ def read_blocks(path: str | os.PathLike[str]) -> Iterator[memoryview]:
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write ``path`` all or nothing: ``write(f)`` into a temporary file beside it, fsync, rename;
-    the temporary file is removed on failure. Not mkstemp: its 0600 mode would hide the file from
-    other users; this honours the umask."""
+    """Write ``path`` all or nothing: ``write(f)`` into a temporary file beside it, fsync, rename (removed on
+    failure); not mkstemp, whose 0600 mode would ignore the umask."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
@@ -122,18 +120,16 @@ def _linux_libc() -> Any:
 
 
 def start_writeback(fd: int) -> None:
-    """Ask the kernel to start writing the file's dirty pages to disk now, without waiting (Linux
-    ``sync_file_range``): a file written and then fsynced spends less time in the fsync. A hint: where it
-    is unavailable or refused nothing happens (the fsync still makes the file durable)."""
+    """Ask the kernel to start writing the file's dirty pages now, without waiting (Linux ``sync_file_range``),
+    so a later fsync waits less; a hint that does nothing where unavailable."""
     libc = _linux_libc()
     if libc:
         libc.sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
 def prefault(a: np.ndarray) -> None:
-    """Map the pages of ``a`` in one call before they are read (Linux ``MADV_POPULATE_READ``, 5.14+): rows of
-    a memory-mapped file (a Hugging Face dataset's Arrow cache, a ``.npy`` map) then cost no page fault each
-    when written out. A hint: refused (an older kernel, memory that is not mapped) it does nothing."""
+    """Map the pages of ``a`` in one call before they are read (Linux ``MADV_POPULATE_READ``), so rows of a
+    memory-mapped file cost no page fault each; a hint that does nothing where refused."""
     libc = _linux_libc()
     if libc and a.nbytes >= _PAGE:
         addr = a.ctypes.data
@@ -162,8 +158,8 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def disk_full(path: str | os.PathLike[str], need: int) -> bool:
-    """Whether the file system holding ``path`` has less than ``need`` bytes free for this user.
-    liblmdb reports a short write (a full disk) as EIO: this tells the two apart."""
+    """Whether the file system holding ``path`` has less than ``need`` bytes free for this user (liblmdb
+    reports a full disk as EIO: this tells the two apart)."""
     try:
         st = os.statvfs(path)
     except OSError:
@@ -172,9 +168,8 @@ def disk_full(path: str | os.PathLike[str], need: int) -> bool:
 
 
 def try_lock(path: Path, no_locks: Callable[[], None] | None = None) -> int | None:
-    """A descriptor of ``path`` (created if needed) holding an exclusive ``flock``, or None while another
-    process holds it; the kernel drops it when its holder dies, so it is never left stale. ``no_locks``:
-    called where the file system has no locks (the file is then used unlocked); else that OSError raises."""
+    """A descriptor of ``path`` (created if needed) holding an exclusive ``flock``, or None while another process
+    holds it (never stale); ``no_locks`` is called where the file system has no locks, else that OSError raises."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:

@@ -1,6 +1,5 @@
-"""Per-process handles (:class:`PerProcessHandle`): opened on first use in each process, dropped when
-pickled, closed in a forked child (h5py files and LMDB environments break across a fork) and released
-when their owner is garbage-collected, so nothing dropped without ``close()`` stays open."""
+"""Per-process handles: opened on first use in each process, dropped when pickled, closed in a forked child
+(h5py and LMDB break across a fork) and released when their owner is garbage-collected."""
 
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ class PerProcessHandle(Generic[H]):
 
     @staticmethod
     def _close_handle(handle: Any) -> None:
-        """Release a handle (default: nothing to do). A static method: it also runs from the
-        finalizer, when the owner is already gone."""
+        """Release a handle (default: nothing to do); static, as it also runs from the finalizer when the owner
+        is gone."""
 
     def handle(self) -> H:
         handle = self._handle
@@ -53,9 +52,8 @@ class PerProcessHandle(Generic[H]):
         return self._handle is not None and self._handle_pid == os.getpid()
 
     def _open_lock(self) -> Any:
-        """This object's opening lock in this process: different shards open at once (a cold open
-        waits on the disk), the same one once. Made anew after a fork (another thread may have
-        held the parent's) and not pickled."""
+        """This object's opening lock in this process (different shards open at once, the same one once); made
+        anew after a fork and not pickled."""
         pair = self.__dict__.get("_opening_lock")
         if pair is None or pair[0] != os.getpid():
             with _opening:
@@ -101,9 +99,8 @@ def _close_quietly(close: Any, handle: Any) -> None:
 
 
 def parent_only(obj: Any) -> None:
-    """Register ``obj`` (with an ``_after_fork_in_child()`` method) as the parent's alone: a forked
-    child closes its copy (the loader's shared-memory slots and worker sockets: a child holding them
-    would keep memory alive, or keep a worker from seeing the training process go)."""
+    """Register ``obj`` (with an ``_after_fork_in_child()`` method) as the parent's alone: a forked child
+    closes its copy (a child holding the loader's slots or sockets would keep them alive)."""
     _open_handles.add(obj)
 
 
@@ -139,8 +136,8 @@ _gate = _ForkGate()
 
 
 def no_fork_during() -> Any:
-    """A context in which this process does not fork: for calls a forked child cannot recover from if
-    they were in flight (py-lmdb's close in the child waits for the parent's in-flight calls forever)."""
+    """A context in which this process does not fork: for calls a forked child cannot recover from if they
+    were in flight (py-lmdb's close would wait forever)."""
     return _gate.op()
 
 
@@ -161,9 +158,8 @@ class _Opens(Protocol):
 
 
 def open_all(owners: Sequence[_Opens], threads: int = 8) -> None:
-    """Open the handles of ``owners`` not open in this process yet, several at once: opening a shard
-    on a cold disk waits for a few small reads (its metadata, columns held in memory), and a batch
-    spread over many shards would otherwise wait for them one after another before its first read."""
+    """Open the handles of ``owners`` not open in this process yet, several at once, so a batch spread over
+    many shards on a cold disk does not wait for their opens one after another."""
     todo = [o for o in owners if not o.is_open()]
     if len(todo) < 2:
         for o in todo:

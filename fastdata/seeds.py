@@ -1,6 +1,5 @@
-"""One seed derivation for every random draw fastdata makes: a numpy ``SeedSequence`` of ``(seed, epoch,
-stream, rank, batch)``, so every draw is recomputed from its position alone (a resumed run repeats it,
-ranks differ, the torch and DALI backends agree)."""
+"""One seed derivation for every random draw: a numpy ``SeedSequence`` of ``(seed, epoch, stream, rank,
+batch)``, so a draw depends on its position alone (resumes repeat it, ranks differ, backends agree)."""
 
 from __future__ import annotations
 

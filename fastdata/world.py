@@ -1,7 +1,5 @@
-"""Where this process runs: which share of the data it reads (its rank), and how many CPUs it may use.
-
-The only module that asks torch.distributed; everything else takes a :class:`World` value.
-"""
+"""Where this process runs: its rank and world size, and how many CPUs it may use; the only module
+that asks torch.distributed."""
 
 from __future__ import annotations
 
@@ -41,9 +39,8 @@ class World:
 
     @classmethod
     def current(cls) -> "World":
-        """The world a loader reads in now (called when an iteration starts, so a loader built before
-        ``init_process_group`` splits correctly). Refuses a launch that says it has several processes
-        (``WORLD_SIZE`` > 1) while no process group exists: every rank would read everything."""
+        """The world a loader reads in now (asked when an iteration starts); refuses ``WORLD_SIZE`` > 1 without a
+        process group, where every rank would read everything."""
         world = cls.detect()
         if world.size == 1:
             declared = os.environ.get("WORLD_SIZE", "1").strip()  # what torchrun, Lightning, Accelerate announce
