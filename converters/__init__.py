@@ -1,7 +1,5 @@
-"""Sources: what ``fastdata.convert`` reads, one module per kind of input, each registered in one table
-(:mod:`.registry`; adding a source is one module plus its import below). Installed as ``fastdata.converters``.
-Python objects (a Dataset, an iterable, a Hugging Face dataset) are not paths: python_source.py makes their Source.
-"""
+"""Sources ``fastdata.convert`` reads (installed as ``fastdata.converters``): one module per kind of input,
+each registered in :mod:`.registry`; python_source.py makes the Source of Python objects."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Large ``.npy`` arrays whose first axis is the sample axis (``X.npy`` + ``y.npy``, or named fields).
-
-Registered as the ``npy-arrays`` source kind: SRC is one ``.npy`` file (field ``x``), or the arrays are
-given by name (``arrays=``; the CLI's ``--data``/``--field``); ``labels`` is then a ``.npy`` array too.
-"""
+"""Large ``.npy`` arrays whose first axis is the sample axis (``X.npy`` + ``y.npy``, or named fields):
+the ``npy-arrays`` source kind; ``labels`` is then a ``.npy`` array too."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Rows of an Arrow-backed dataset (a Hugging Face ``datasets.Dataset``, or a ``pyarrow.Table``) read in
-batches: a column of numbers or of fixed-shape arrays becomes one numpy array per batch (no Python per
-row), other columns (strings, bytes, images, ragged lists) Python values per row.
-"""
+"""Rows of an Arrow-backed dataset (a Hugging Face ``datasets.Dataset`` or a ``pyarrow.Table``) read in batches:
+numeric and fixed-shape columns as one numpy array per batch, other columns as Python values per row."""
 
 from __future__ import annotations
 
@@ -40,9 +38,8 @@ class ArrowRows:
         return {name: values[k] for name, values, k in self._at(j)}
 
     def rows(self, j: int, n: int) -> dict[str, np.ndarray] | None:
-        """Rows ``j`` to at most ``j + n - 1`` as {column: numpy array of rows}, views of the batch :meth:`row`
-        reads (at least one row; fewer where the batch or a chunk ends); None when a column's values are not
-        one numpy array (strings, images, ragged lists, missing values)."""
+        """Rows ``j`` to at most ``j + n - 1`` (at least one) as {column: numpy array of rows}, views of the batch;
+        None when a column's values are not one numpy array (strings, images, ragged lists, missing values)."""
         out = {}
         for name, values, k in self._at(j):
             if not isinstance(values, np.ndarray):

@@ -18,17 +18,12 @@ __all__ = ["ConvertConfig"]
 class ConvertConfig:
     """How to convert (``fastdata.convert``; the CLI maps its flags to these fields).
 
-    ``write``: the shards (backend, shard size, workers, compression, engine). ``images``: how to store
-    images (None: the original files; giving it for a source without images is an error). ``meta_types``
-    forces a metadata table's column types. ``no_labels``: no labels from class folders. ``skip_bad``:
-    bad samples are skipped and listed in DST/skipped.json instead of failing. ``strict``: files that are
-    not samples are an error instead of being skipped. ``allow_nan``: NaN and infinite labels are kept
-    (by default they are refused, naming the file and row). ``overwrite`` replaces a dataset at DST; ``resume``
-    finishes an interrupted conversion there. ``part`` = (I, N) converts only part I of N (merge with
-    ``fastdata.write.merge_parts``). ``remote``: storage options for a URL destination.
-    ``keypoints``/``boxes``: table columns of pixel coordinates, rescaled when images are resized;
-    ``not_coordinates``: numeric columns that look like coordinates but are not (docs/convert.md).
-    ``labels_columns``: (path column, label column) of a labels CSV/JSON (default: found by name).
+    ``write``: the shards. ``images``: how to store images (None: the original files). ``meta_types``: forced
+    table column types. ``no_labels``: no class-folder labels. ``skip_bad``: skip bad samples (listed in
+    DST/skipped.json). ``strict``: non-sample files are an error. ``allow_nan``: keep NaN/infinite labels.
+    ``overwrite``/``resume``: replace/finish a dataset at DST. ``part`` = (I, N): part I of N (then
+    ``fastdata.write.merge_parts``). ``remote``: URL storage options. ``keypoints``/``boxes``: pixel-coordinate
+    columns; ``not_coordinates``: look-alikes that are not. ``labels_columns``: (path, label) of a labels file.
     """
 
     write: WriteOptions = field(default_factory=WriteOptions)

@@ -1,8 +1,5 @@
-"""``fastdata.convert`` and ``fastdata.merge``: the write side's entry points, from Python or the CLI.
-
-``convert`` lets the source table (fastdata.converters) find and check every input, then hands the
-result to the write engine (fastdata.write); nothing is written before every input is checked.
-"""
+"""``fastdata.convert`` and ``fastdata.merge``, from Python or the CLI: every input is found and checked
+by the source table before the write engine writes anything."""
 
 from __future__ import annotations
 
@@ -35,19 +32,12 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
             fields: Sequence[str] | None = None, ragged: Sequence[str] = ()) -> ConvertReport:
     """Convert ``src`` into a dataset at ``dst`` and say what was written (samples, shards, bytes, skipped).
 
-    ``src``: a folder of per-sample ``.npy``/``.npz`` files or of images (labels from class sub-folders,
-    from ``labels`` as CSV/JSON, or none), one large ``.npy`` array whose first axis is the sample axis
-    (``labels`` then names a ``.npy`` of labels), or a metadata table (CSV, JSON Lines, Parquet) whose
-    ``path`` column names the samples relative to its folder. ``arrays`` maps field names to large
-    ``.npy`` arrays (``src`` None, or the array of field ``x``). ``meta``: a metadata table whose paths
-    are relative to the folder ``src``; its other columns become fields. ``src`` may also be Python samples:
-    a map-style Dataset (``__len__``/``__getitem__``, read in worker processes), an iterable, or a Hugging
-    Face dataset; a sample is a dict, or a tuple whose items ``fields`` names; ``ragged`` names the fields
-    whose first axis varies when the first samples do not show it (docs/convert.md, "From your own
-    Dataset"). ``dst``: a folder, or a URL (``s3://bucket/ds``: shards are uploaded as each is finished,
-    the manifest last). ``config``: how (shards, images, policies; :class:`ConvertConfig`). ``progress``:
-    told of each phase and sample. Bad arguments raise :class:`fastdata.errors.UsageError` (a
-    ``ValueError``), bad input ``DataError``.
+    ``src``: a folder of ``.npy``/``.npz`` files or images (labels from class folders, ``labels`` CSV/JSON,
+    or none), a large ``.npy`` array (``labels`` then a ``.npy``), a metadata table (CSV, JSON Lines,
+    Parquet), or Python samples (a map-style Dataset, an iterable, a Hugging Face dataset; tuples are named
+    by ``fields``; ``ragged`` names fields whose first axis varies). ``arrays``: field -> ``.npy`` array.
+    ``meta``: a metadata table of paths relative to ``src``. ``dst``: a folder or URL. ``config``: how
+    (:class:`ConvertConfig`). Bad arguments raise ``UsageError`` (a ``ValueError``), bad input ``DataError``.
     """
     t0 = time.perf_counter()
     config = config if config is not None else ConvertConfig()

@@ -1,10 +1,5 @@
-"""Pixel coordinates in a metadata table or Python samples, kept true when a conversion resizes images.
-
-Declared keypoints (x, y first) and boxes (x0, y0, x1, y1) are mapped as the pixels are
-(:func:`fastdata.converters.image_codec.resize_plan`) and stored as float32. When the conversion resizes,
-an undeclared numeric field that looks like coordinates (by its name, or values inside each image) is
-refused rather than left pointing at the wrong pixels (docs/convert.md).
-"""
+"""Pixel coordinates (keypoints: x, y first; boxes: x0, y0, x1, y1) in tables or Python samples, rescaled
+(float32) when a conversion resizes images; an undeclared look-alike field is then refused."""
 
 from __future__ import annotations
 
@@ -41,9 +36,8 @@ def rescale(a: np.ndarray, kind: str, original: Sequence[int], opts: ImageOption
 def check_declared(lasts: Mapping[str, int | None], keypoints: Sequence[str], boxes: Sequence[str],
                    not_coordinates: Sequence[str], missing: Callable[[str, str], str],
                    bad: Callable[[str, str, str], str]) -> None:
-    """Each declared name is one of ``lasts`` (name -> length of its values' last axis; None: not a numeric
-    array) and has the shape its kind needs (tables and Python samples alike). ``missing(flag, name)`` and
-    ``bad(flag, name, need)`` say what is wrong in the caller's words."""
+    """Each declared name is in ``lasts`` (name -> its values' last axis length; None: not numeric) with the
+    shape its kind needs; ``missing(flag, name)`` and ``bad(flag, name, need)`` word the UsageError."""
     for flag, names in (("keypoints", keypoints), ("boxes", boxes), ("not_coordinates", not_coordinates)):
         for name in names:
             if name not in lasts:

@@ -1,7 +1,5 @@
-"""Arrays inside HDF5 files (one, or a glob of several) or a Zarr store, as conversion sources: each field an
-array whose first axis is the sample axis, the files of a glob one after another. Handles open lazily, once
-per worker process.
-"""
+"""Arrays in HDF5 files (one, or a glob of several, one after another) or a Zarr store as conversion sources:
+each field an array whose first axis is the sample axis."""
 
 from __future__ import annotations
 

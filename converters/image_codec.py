@@ -1,9 +1,5 @@
-"""One source image -> what an image dataset stores: checks, orientation, colour, resize, encoding.
-
-Every image is fully decoded (a truncated file raises), turned upright by its EXIF orientation, converted to
-8-bit ``RGB`` or ``L``, resized if asked, and returned as raw pixels or encoded bytes: the same file and
-options always give the same bytes (docs/convert.md).
-"""
+"""One source image -> what an image dataset stores: fully decoded (a truncated file raises), upright, 8-bit
+``RGB`` or ``L``, resized if asked; the same file and options always give the same bytes."""
 
 from __future__ import annotations
 
@@ -87,10 +83,8 @@ class ImageOptions:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One converted image: the payload (HWC pixels, or an encoded file as 1-D uint8), its decoded
-    shape, its codec (0 for pixels), whether it is the source file kept byte for byte, the CRC-32
-    of the source file (to notice a file that changes during the conversion), and its upright
-    size (H, W) before any resize."""
+    """One converted image: payload (HWC pixels, or an encoded file as 1-D uint8), decoded shape, codec (0: pixels),
+    whether the source file was kept, its CRC-32, and its upright size (H, W) before any resize."""
 
     payload: np.ndarray
     shape: tuple[int, int, int]
@@ -240,9 +234,8 @@ class ResizePlan:
 
 
 def resize_plan(w: int, h: int, opts: ImageOptions) -> ResizePlan:
-    """``--size H W``: scale the shorter side to cover H x W, then centre-crop; ``--max-side N``:
-    scale down so the longer side is N; else nothing. The one place both the pixels and the
-    coordinates (converters/coords.py) take their geometry from."""
+    """``--size H W``: scale the shorter side to cover H x W, then centre-crop; ``--max-side N``: scale down so the
+    longer side is N; else nothing. Pixels and coordinates both take their geometry from here."""
     if opts.size is not None:
         th, tw = opts.size
         s = max(th / h, tw / w)

@@ -1,9 +1,5 @@
 """Image folders -> samples: ImageFolder layout (``root/<class>/<file>``) or a flat folder + labels file.
-
-The scan converts every image once, in parallel, to validate it and learn its stored shape and size (the
-shard plan needs them); the shard workers convert it again (deterministic: the same bytes), and a source
-file that changed in between is an error.
-"""
+Every image is converted at scan to learn its stored shape, and again by the shard workers (same bytes)."""
 
 from __future__ import annotations
 
@@ -58,17 +54,15 @@ __all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE
            "image_specs"]
 
 IMAGE_FIELD = "image"
-# A conversion that resizes stores each image's upright size before the resize as "<image>_original_size"
-# (int32 H, W): what maps a stored pixel coordinate back to the original file's.
+# A resizing conversion stores each image's upright size before the resize (int32 H, W) as "<image>_original_size".
 ORIGINAL_SIZE_SUFFIX = "_original_size"
 ORIGINAL_SIZE_DTYPE = np.dtype("<i4")
 _SCAN_CHUNK = 32  # files per scan task
 
 
 def image_specs(name: str, opts: ImageOptions, fixed: tuple[int | None, ...] | None = None) -> list[FieldSpec]:
-    """The fields image field ``name`` is stored as (docs/format.md, "Image fields"): one fixed-shape field
-    when every image is raw pixels of shape ``fixed``, else payload and shape (and codec, when encoded);
-    a conversion that resizes adds each image's original size."""
+    """The fields image field ``name`` is stored as: one fixed-shape field when every image is raw pixels of shape
+    ``fixed``, else payload and shape (plus codec when encoded, plus original size when resized)."""
     spec = ImageSpec(mode=opts.mode)
     if fixed is not None:
         fields = [make_field(name, "|u1", fixed, image=spec)]

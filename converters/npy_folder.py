@@ -104,8 +104,7 @@ class NpyFolderSource(FolderSource):
         check_labelled(root, rels, labels, bad)
         good = [g for g in good if g[0] not in bad]
         if good:
-            # The signature most files share is the reference (ties: the first file's; a Counter
-            # keeps first-seen order, and max returns the first of equals).
+            # The signature most files share is the reference (ties: the first file's).
             sig_of = [_signature(h) for _, h, _ in good]
             sigs = Counter(sig_of)
             ref = max(sigs, key=sigs.__getitem__)

@@ -1,7 +1,5 @@
-"""An iterable of Python samples as a source: one producer (this process) reads it once, checks and encodes
-every sample into a spool file beside the destination, and the write engine's workers write the shards
-from the spool in parallel. The spool is removed when the conversion ends.
-"""
+"""An iterable of Python samples as a source: read once, each sample checked and encoded into a spool file
+beside the destination, from which the workers write the shards; the spool is removed at the end."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Python objects as sources: a map-style Dataset (``__len__``/``__getitem__``) or a Hugging Face dataset
-(read through its Arrow table), read in the write engine's worker processes; iterables: object_spool.py.
-
-The schema comes from the first samples (sample_fields.py). Samples with a ``key``, or ``skip_bad``, need
-one check pass over every sample first: the keys and the skipped samples must be known before the plan.
-"""
+"""Python objects as sources: a map-style Dataset or a Hugging Face dataset, read in the write engine's workers
+(iterables: object_spool.py); keys or ``skip_bad`` need one check pass over every sample first."""
 
 from __future__ import annotations
 
@@ -88,9 +84,8 @@ def live(obj: Any, workers: int) -> Iterator[ObjectRef]:
 
 @dataclass(eq=False)
 class ObjectSource:
-    """A map-style object (or an Arrow-backed dataset) as the write engine's Source. ``index``: the samples
-    kept (skip_bad), None for all; a part is a range of it. Ragged fields' rows are learnt by reading
-    (:meth:`load_rows`, in the worker), so ``ragged_rows`` is None."""
+    """A map-style object (or an Arrow-backed dataset) as the write engine's Source. ``index``: the samples kept
+    (skip_bad), None for all; ``ragged_rows`` is None (ragged rows are learnt by reading)."""
 
     ref: ObjectRef
     schema: SampleSchema

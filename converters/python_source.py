@@ -1,6 +1,5 @@
-"""Which Python object is which source: a Hugging Face dataset or ``pyarrow.Table`` (Arrow batches), a
-map-style Dataset (``__len__`` + ``__getitem__``: read in the worker processes), or an iterable (one
-producer, then parallel writing from a spool). ``fastdata.convert`` calls :func:`python_source`."""
+"""Which Python object is which source: an Arrow-backed dataset, a map-style Dataset (read in the workers),
+or an iterable (one producer, then a spool); ``fastdata.convert`` calls :func:`python_source`."""
 
 from __future__ import annotations
 

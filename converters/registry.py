@@ -1,8 +1,5 @@
-"""The one table of source kinds: ``convert`` asks every kind whether it takes the input (``detect``).
-
-Kinds decide on disjoint inputs: exactly one may claim a request, and at most one may say what a SRC is
-(a second claim is a bug in the new kind, and says so).
-"""
+"""The one table of source kinds: ``convert`` asks each kind whether it takes the input (``detect``).
+Exactly one kind may claim a request; a second claim is a bug in the new kind, and says so."""
 
 from __future__ import annotations
 
@@ -22,9 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_FIELD", "Request", "SOURCES", "SourceKind", "SrcForm", "detect", "register", "src_form"]
 
 DEFAULT_FIELD = "x"  # the field of a sample file's array, or of a lone array given as SRC
-# What SRC itself is, asked before the request is built (it decides the request's shape): a metadata
-# "table" (its paths are relative to its folder), or a file or store of named "arrays" (the fields
-# name arrays inside it). Anything else (a folder, a .npy file) is None: ``detect`` decides.
+# What SRC itself is, before the request is built: a metadata "table" or a file/store of named "arrays"; else None.
 SrcForm = Literal["table", "arrays"]
 
 

@@ -1,6 +1,5 @@
 """Python samples -> what a dataset stores: the schema inferred from the first samples, every sample encoded
-and checked against it (docs/convert.md, "From your own Dataset").
-"""
+and checked against it."""
 
 from __future__ import annotations
 
@@ -195,9 +194,8 @@ class SampleSchema:
         return out, None if key is None else str(key)
 
     def encode_rows(self, cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray] | None:
-        """A block of ``n`` samples given as one numpy array of rows per entry, stored as :meth:`encode` stores
-        each (the same casts and checks, once for the block); None when a row would not be stored as it is
-        alone (images, strings, ragged or rescaled entries, any disagreement): :meth:`encode` then says why."""
+        """``n`` samples given as one numpy array of rows per entry, stored as :meth:`encode` stores each; None when a
+        row would not be stored as it is alone (images, strings, ragged, rescaled): :meth:`encode` then says why."""
         if self.resized is not None:
             return None
         d = dict(cols) if self.names is None else {k: cols[k] for k in self.names if k in cols}
@@ -219,9 +217,8 @@ class SampleSchema:
 
 def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, ragged: Sequence[str],
                  config: "ConvertConfig") -> SampleSchema:
-    """The schema of the first ``samples`` ((index, sample) pairs; all of them agree on each entry's kind,
-    dtype and trailing shape). With ``config.skip_bad``, a sample that cannot be stored on its own is left out.
-    When images are resized, ``config.keypoints`` and ``boxes`` move with them; an undeclared look-alike is refused."""
+    """The schema of the first ``samples`` ((index, sample) pairs agreeing on each entry's kind, dtype and trailing
+    shape); with ``config.skip_bad`` a sample that cannot be stored is left out."""
     images = config.images
     if config.skip_bad:
         good = [(i, s) for i, s in samples if _usable(i, s, names, images)]

@@ -128,10 +128,8 @@ def folder_labels(paths: list[str], root: Path) -> Labels:
 
 
 def file_labels(path: Path, columns: tuple[str, str] | None = None, allow_nan: bool = False) -> Labels:
-    """Read ``relative_path,label`` pairs from CSV or JSON. Integer labels stay as they are;
-    string labels become indices into the sorted class names. ``columns``: the (path, label)
-    columns of a CSV with a header, or keys of JSON records (default: found by name). A NaN or
-    infinite label is refused unless ``allow_nan``."""
+    """``relative_path,label`` pairs from CSV or JSON (``columns``: the path and label columns; default: by name);
+    string labels become indices into the sorted class names; NaN or infinite is refused unless ``allow_nan``."""
     suffix = path.suffix.lower()
     if suffix not in (".json", ".csv", ".txt", ".tsv"):
         also = (f"; a .npy of labels goes with a single-array source (fastdata convert X.npy DST --labels "

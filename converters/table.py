@@ -1,7 +1,5 @@
-"""Metadata tables (CSV, JSON Lines, Parquet) as sources: one row per sample, its ``path`` column naming the
-sample's image or ``.npy`` file, every other column a field (docs/convert.md, "Metadata tables"); every
-problem names the table, the row and the column.
-"""
+"""Metadata tables (CSV, JSON Lines, Parquet) as sources: one row per sample, its ``path`` column naming
+the sample's file, every other column a field; every problem names the table, the row and the column."""
 
 from __future__ import annotations
 
@@ -288,10 +286,8 @@ class TableSource:
 
 def scan_table(table_path: Path, root: Path, config: "ConvertConfig", check_unlisted: bool,
                progress: Any) -> TableSource:
-    """Read and check a table and every file it names; build the source. Bad rows raise (the first, naming
-    table, row and column) unless ``config.skip_bad``. Class folders give ``label`` as for a folder source
-    unless the table has a ``label`` column or ``config.no_labels``; a NaN or infinite label is refused
-    unless ``config.allow_nan``; coordinate columns are checked and rescaled (converters/coords.py)."""
+    """Read and check a table and every file it names, and build the source; the first bad row raises (naming table,
+    row and column) unless ``config.skip_bad``; NaN or infinite labels unless ``config.allow_nan``."""
     images, skip_bad = config.images, config.skip_bad
     table = read_table(table_path)
     paths, bad = _paths(table, table_path, root)
@@ -376,9 +372,8 @@ def _unlisted(table: Table, table_path: Path, root: Path, paths: list[Any], cols
 
 
 def _class_folders(table: Table, root: Path, rels: list[str]) -> bool:
-    """Whether the table's paths lie in class folders (every path in a sub-folder of ``root``, two
-    sub-folders at least: one folder, ``images/``, is a layout, not a class), as in a folder source;
-    paths both directly in ``root`` and in sub-folders are refused, as there."""
+    """Whether the table's paths lie in class folders (every path in a sub-folder of ``root``, at least two of them);
+    paths both directly in ``root`` and in sub-folders are refused."""
     flat = [r for r in rels if "/" not in r]
     if len(flat) == len(rels) or len({r.split("/", 1)[0] for r in rels}) < 2:
         return False

@@ -1,6 +1,5 @@
-"""A metadata table's columns as typed values: inferred from the whole column or forced
-(``ColumnType``, the CLI's ``--meta-type NAME=DTYPE[:SHAPE]``); scalars, fixed and ragged lists, strings
-and relative paths to files."""
+"""A metadata table's columns as typed values, inferred from the whole column or forced (``ColumnType``):
+scalars, fixed and ragged lists, strings and relative paths to files."""
 
 from __future__ import annotations
 

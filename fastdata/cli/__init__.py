@@ -1,8 +1,5 @@
-"""The ``fastdata`` command: a thin layer over fastdata.convert, fastdata.open and the tools.
-
-Exit codes: 0 success, 1 data or dataset error, 2 usage error. Expected errors print
-one line without a traceback; ``--debug`` shows the traceback.
-"""
+"""The ``fastdata`` command, a thin layer over fastdata.convert, fastdata.open and the tools. Exit codes: 0 success,
+1 data or dataset error, 2 usage error; expected errors print one line (``--debug``: the traceback)."""
 
 from __future__ import annotations
 

@@ -66,9 +66,8 @@ def with_bar(quiet: bool, work: Callable[[Bar], T]) -> T:
 
 
 class NamedPaths(argparse.Action):
-    """A repeatable NAME=PATH flag (``--field``) gathered into a dict, each name once. A bad argument is one
-    argparse error that quotes it, says what is wrong and what is expected. ``example``: a valid value, for
-    that message; ``bare``: a NAME alone is allowed, as (NAME, "") (the field is SRC itself)."""
+    """A repeatable NAME=PATH flag (``--field``) gathered into a dict, each name once; a bad one is an argparse error
+    quoting it, with ``example`` as a valid value. ``bare``: a NAME alone is allowed, as (NAME, "")."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, *, example: str, bare: bool = False,
                  **kwargs: Any) -> None:
@@ -110,9 +109,8 @@ def _screen() -> tuple[int, int]:
 
 
 class Bar:
-    """Progress of long work (convert, merge, verify, index): a tqdm bar (samples/s, MB/s) on a
-    terminal, 80 columns wide where the terminal reports none; elsewhere (a log file, a pipe) a plain
-    line every ``PLAIN_EVERY`` seconds, and the last count when a phase that printed any ends."""
+    """Progress of long work (convert, merge, verify, index): a tqdm bar on a terminal; elsewhere (a log, a pipe)
+    a plain line every ``PLAIN_EVERY`` seconds, and the last count at the end of a phase that printed any."""
 
     PLAIN_EVERY = 5.0
 

@@ -1,6 +1,5 @@
-"""The write side's commands, ``fastdata convert``, ``merge-parts``, ``merge`` and ``index``: flags ->
-ConvertConfig -> ``fastdata.convert`` (or ``merge``, ``index``). The library's errors name its parameters;
-this module says them as the flags that set them (:func:`flag_message`)."""
+"""The write side's commands, ``fastdata convert``, ``merge-parts``, ``merge`` and ``index``: flags -> the library
+calls; the library's errors are reworded with the flags that set its parameters (:func:`flag_message`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``fastdata bench``, ``tune`` and ``doctor``: the CLI side of fastdata.measure. ``bench --cold`` empties the page
-cache for the shard files before each pass (``POSIX_FADV_DONTNEED``: no root needed), compares with the disk's own
-``pread`` rate on them, and names the passes during which allocations stalled (bench.memory_stalls).
-"""
+"""``fastdata bench``, ``tune`` and ``doctor``: the CLI side of fastdata.measure. ``bench --cold`` drops the shards
+from the page cache before each pass (no root needed) and compares with the disk's own ``pread`` rate."""
 
 from __future__ import annotations
 

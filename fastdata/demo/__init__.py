@@ -1,6 +1,5 @@
-"""``fastdata demo``: per-sample ``.npy`` files converted to HDF5 and LMDB, read back bit-identical, random batches
-timed naively (one ``np.load`` per file) against ``get_batch``, then a few training steps fed by each loader.
-"""
+"""``fastdata demo``: per-sample ``.npy`` files converted to HDF5 and LMDB, read back bit-identical, timed naively
+(one ``np.load`` per file) against ``get_batch``, then a few training steps fed by each loader."""
 
 from __future__ import annotations
 

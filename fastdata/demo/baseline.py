@@ -14,10 +14,8 @@ import torch
 def write_npy_folder(root: str | os.PathLike[str], n: int, shape: tuple[int, ...], *,
                      classes: tuple[str, ...] = ("c0", "c1", "c2", "c3"), learnable: bool = False,
                      seed: int = 0) -> list[Path]:
-    """``n`` float32 samples of ``shape`` as ``root/<class>/<i>.npy``, sample ``i`` in class
-    ``i % len(classes)``: the per-sample files our users have. ``learnable``: positive values
-    whose scale depends on the class (a model can learn it); else standard normal. Returns the
-    files sorted (the order ``fastdata convert`` and :class:`NaiveNpyFolder` read them in)."""
+    """``n`` float32 samples of ``shape`` as ``root/<class>/<i>.npy`` (class ``i % len(classes)``; ``learnable``: a
+    class-dependent scale, else standard normal); returns the files sorted, in the order they are read."""
     rng = np.random.default_rng(seed)
     for i in range(n):
         c = i % len(classes)
@@ -46,9 +44,8 @@ class NaiveNpyFolder(torch.utils.data.Dataset):
 
 
 def naive_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """torch's default collate; samples of several shapes (ragged or mixed-size arrays) padded with
-    zeros to the batch's largest, with ``x_lengths`` (first-axis lengths): the pad-collate a user
-    writes for such data, and what fastdata's padded batches hold."""
+    """torch's default collate, samples of several shapes zero-padded to the batch's largest with ``x_lengths``
+    (first-axis lengths): the pad-collate a user writes, and what fastdata's padded batches hold."""
     xs = [s["x"] for s in samples]
     if all(x.shape == xs[0].shape for x in xs):
         return torch.utils.data.default_collate(samples)

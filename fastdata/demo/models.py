@@ -1,9 +1,5 @@
-"""Small models for the demo, benchmarks and docs (no torchvision needed).
-
-``FlimCNN`` is a scaled-down version of the 3-D CNN our FLIM user trains on (2, 256, 21, 21)
-arrays: gentle stride-2 temporal downsampling, then global pooling; it needs (B, 2, T >= 16, H, W)
-batches. ``TinyNet`` takes samples of any shape (the quickstart's model).
-"""
+"""Small models for the demo, benchmarks and docs (no torchvision needed): ``FlimCNN`` for (B, 2, T >= 16, H, W)
+FLIM batches, ``TinyNet`` for samples of any shape (the quickstart's model)."""
 
 from __future__ import annotations
 
@@ -30,10 +26,8 @@ class FlimCNN(nn.Module):
 
 
 class TinyNet(nn.Module):
-    """A small classifier for samples of any shape and dtype: (B, ...) arrays, (B, C, H, W) images, padded
-    sequences. Each sample is flattened and pooled to ``bins`` means and ``bins`` maxima, normalised, then
-    fed to a two-layer MLP. No parameter depends on the sample's shape, so the same model runs on any
-    dataset (the quickstart uses it); it is a starting point, not a model chosen for accuracy."""
+    """A small classifier for samples of any shape and dtype: each is flattened, pooled to ``bins`` means and maxima,
+    and fed to a two-layer MLP, so one model runs on any dataset; a starting point, not tuned for accuracy."""
 
     def __init__(self, num_classes: int, bins: int = 64, hidden: int = 128) -> None:
         super().__init__()

@@ -1,8 +1,5 @@
-"""Measuring the input pipeline: loader throughput, the machine's ceiling for the same bytes, the disk's.
-
-Used by ``fastdata bench``, ``tune`` and ``doctor`` and by ``benchmarks/``. Figures are steady-state: the first
-batches are timed apart as the first-batch latency.
-"""
+"""Measuring the input pipeline (``fastdata bench``, ``tune``, ``doctor``, benchmarks/): loader throughput, and the
+machine's and the disk's ceilings for the same bytes; steady-state, the first batches timed apart."""
 
 from __future__ import annotations
 
@@ -61,9 +58,8 @@ def measure(
     on_batch: Callable[[int, float], None] | None = None,
     one_pass: bool = False,
 ) -> BenchResult:
-    """Iterate ``batches()`` (re-called at each epoch end unless ``one_pass``) until ``max_batches`` or
-    ``max_seconds``. The first ``warmup`` batches are not counted; ``on_batch(samples_so_far, elapsed)``
-    may show progress."""
+    """Iterate ``batches()`` (re-called at each epoch end unless ``one_pass``) until ``max_batches`` or ``max_seconds``,
+    not counting the first ``warmup`` batches; ``on_batch(samples_so_far, elapsed)`` may show progress."""
     durations: list[float] = []
     counted = seen = 0
     t_start = time.perf_counter()
@@ -117,9 +113,8 @@ _PAYLOAD_SAMPLES = 256  # samples read to average the payload of ragged and enco
 
 
 def payload_bytes(ds: Dataset) -> float:
-    """Average bytes of one sample's data as ``get_batch`` hands them over (fixed fields from the
-    schema; ragged and encoded fields from their lengths in the first samples), without the
-    storage's overhead (LMDB record headers, HDF5 metadata) that :func:`sample_bytes` counts."""
+    """Average bytes of one sample's data as ``get_batch`` hands them over (ragged and encoded fields: from the first
+    samples), without the storage overhead that :func:`sample_bytes` counts."""
     fixed = sum(f.row_nbytes for f in ds.schema if not f.ragged)
     ragged = [f for f in ds.schema if f.ragged]
     if not ragged or len(ds) == 0:
@@ -257,12 +252,8 @@ def _hinted(reqs: list[tuple[int, int]], size: int, copiers: int, stop: float, a
 def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int, *, shuffled: bool = True,
                seconds: float | None = None, streams: bool = False, sink: Sink = "buffer",
                copiers: int = 2, ahead_bytes: int = 256 << 20) -> dict[str, float]:
-    """The disk's ceiling at request size ``size`` (empty the page cache first for a cold figure): every byte
-    of ``paths`` in ``size`` preads (seeded random order if ``shuffled``), ``threads`` at a time, into one
-    reused buffer per thread, for at most ``seconds``. ``streams``: in storage order, cut into ``threads``
-    contiguous runs read side by side; in-order reads (``streams``, or not ``shuffled``) mark their descriptors
-    ``POSIX_FADV_SEQUENTIAL`` (a deeper kernel read-ahead: the best a plain reader gets). ``sink="ahead"`` (random reads only): hinted up to ``ahead_bytes``
-    ahead of ``copiers`` reading threads, as fastdata's read-ahead reads. Returns ``{"bytes", "seconds"}``."""
+    """The disk's rate: all of ``paths`` read in ``size`` preads by ``threads`` threads within ``seconds`` (random if
+    ``shuffled``; ``streams``: contiguous runs; ``sink="ahead"``: hinted ahead of ``copiers``) -> {bytes, seconds}."""
     if sink not in ("buffer", "ahead") or (sink == "ahead" and streams):
         raise ValueError(f"sink={sink!r}: 'buffer', or 'ahead' without streams")
     fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
@@ -301,9 +292,8 @@ def pread_pass(paths: Sequence[str | os.PathLike[str]], size: int, threads: int,
 
 
 def memory_stalls() -> int:
-    """Times an allocation has stalled for direct reclaim or compaction since boot (/proc/vmstat
-    ``allocstall_*`` + ``compact_stall``; 0 where not found). A cold pass during which it grows had to make
-    room in a full page cache for the pages it read: its figure includes that work, not the disk alone."""
+    """Times an allocation has stalled for reclaim or compaction since boot (/proc/vmstat; 0 where not found): a cold
+    pass during which it grows timed making room in the page cache, not the disk alone."""
     try:
         with open("/proc/vmstat") as f:
             return sum(int(v) for k, v in (line.split() for line in f)

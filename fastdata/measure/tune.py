@@ -1,10 +1,5 @@
-"""``fastdata tune``: choose loader settings by measurement, and remember them for this machine.
-
-Candidates are raced by successive halving (the slower half dropped, survivors measured twice as long) within
-the budget; the winner is stored in the user's cache directory keyed by the dataset's content, batch size,
-device and machine, for ``fastdata.loader(num_workers="auto")``. Worker processes are raced only with a
-``transform``: without one they hand over the same bytes as threads and cannot win by more than noise.
-"""
+"""``fastdata tune``: race loader settings by successive halving within a budget, and store the winner for
+``fastdata.loader(num_workers="auto")``, keyed by dataset content, batch size, device and machine."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``fastdata verify``: each shard's size and checksum against the manifest (what reads do not check: they
-read only parts), and with ``deep`` every sample read and decoded through ``get_batch`` against the schema.
-Problems are collected and returned, never raised, so one run names every bad shard and sample.
-"""
+"""``fastdata verify``: each shard's size and checksum against the manifest, and with ``deep`` every sample read
+and checked against the schema; problems are returned, never raised, so one run names them all."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The node's shard cache: one directory shared by every process and rank, bounded in bytes. Files are named
-by content (never stale), downloaded by one process at a time into a preallocated ``.part`` and renamed
-once checked; readers hold a shared ``flock`` (:class:`Pin`) that eviction, needed-last first, respects."""
+"""The node's shard cache: one directory shared by every process and rank, bounded in bytes, files named by content.
+One process downloads a file at a time; readers pin files (:class:`Pin`) and eviction goes needed-last first."""
 
 from __future__ import annotations
 
@@ -120,9 +119,8 @@ class ShardCache:
 
     def fetch(self, name: str, size: int, checksum: str, fill: Callable[[BinaryIO], object], *, where: str,
               deadline: float, priority: Priority | None = None, bound: float | None = None) -> bool:
-        """Make sure ``name`` is cached: ``fill(f)`` writes its bytes (of ``size`` and ``checksum``) from the start
-        of ``f``. With ``bound`` (prefetching) only files needed later than ``bound`` are evicted, else False;
-        without it any unpinned file may go, and a CacheFullError comes once ``deadline`` passes without room."""
+        """Make sure ``name`` is cached, ``fill(f)`` writing its bytes; with ``bound`` (prefetch) only files needed
+        after ``bound`` are evicted, else False; without it CacheFullError once ``deadline`` passes without room."""
         if self.path(name).exists():
             return True
         if size > self.limit:  # any file, the keys file too: an error now, not after the wait for room
@@ -176,8 +174,7 @@ class ShardCache:
                         "convert it again or restore the object")
                 f.flush()
                 os.fsync(f.fileno())
-            # under the eviction lock: a directory listing racing a rename may see neither name, and a
-            # reservation counted from that listing would overshoot the limit by this shard
+            # under the eviction lock: a listing racing the rename would see neither name and overshoot the limit
             with self._evicting(deadline, where):
                 os.replace(part, self.path(name))
             return True

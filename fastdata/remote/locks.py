@@ -1,8 +1,5 @@
-"""Cache locks (fastdata.fileio.try_lock), waited for until a deadline.
-
-A process killed mid-download never blocks the next run: the kernel dropped its lock, and its lock
-file, found without a holder, is taken over and reported as stale.
-"""
+"""Cache locks (fastdata.fileio.try_lock), waited for until a deadline; a dead holder's lock file is taken
+over and reported as stale, so a killed download never blocks the next run."""
 
 from __future__ import annotations
 

@@ -40,14 +40,10 @@ def default_timeout() -> float:
 class RemoteOptions:
     """Options for datasets given as URLs (``fastdata.open(url, remote=...)``, ``fastdata.loader``).
 
-    ``cache_dir``: the node's shard cache (default :func:`default_cache_dir`), shared by every
-    process and rank. ``cache_limit``: bytes the cache may hold, e.g. ``"50GB"`` (default
-    ``$FASTDATA_CACHE_LIMIT`` or 50GB; the free disk space bounds it too). ``storage_options``:
-    passed to the fsspec filesystem (endpoint, profile, ...); credentials come from the usual
-    places when absent, and are never logged. ``prefetch_shards``: shards downloaded ahead of
-    the loader's position, by ``download_threads`` threads. ``timeout``: seconds one remote
-    operation may take in all, retries with backoff included, before it fails (default
-    ``$FASTDATA_REMOTE_TIMEOUT`` or 300; errors no retry can fix fail at once).
+    ``cache_dir``: the node's shard cache (default :func:`default_cache_dir`). ``cache_limit``: bytes, e.g.
+    ``"50GB"`` (default ``$FASTDATA_CACHE_LIMIT`` or 50GB). ``storage_options``: for fsspec (never logged).
+    ``prefetch_shards``: shards downloaded ahead by ``download_threads`` threads. ``timeout``: seconds per
+    remote operation, retries included (default ``$FASTDATA_REMOTE_TIMEOUT`` or 300).
     """
 
     cache_dir: str | os.PathLike[str] | None = None

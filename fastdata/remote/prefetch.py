@@ -1,11 +1,5 @@
-"""Plan-aware prefetch: download the shards an epoch plan needs, in the order it first needs them.
-
-The loader knows its whole epoch before it starts. A :class:`PlanFollower` is told the batch
-the loader is at; background threads keep the shards of the next batches the readers may be
-reading, plus ``prefetch_shards`` more, in the cache. The same plan ranks cached shards for
-eviction: the one whose next use (on any rank of the node) is furthest goes first, and a
-prefetch never evicts a shard that is needed before the one it fetches.
-"""
+"""Plan-aware prefetch: download the shards an epoch plan needs, in the order it first needs them; the same
+plan evicts the cached shard needed furthest ahead first (on any rank of the node)."""
 
 from __future__ import annotations
 
@@ -27,11 +21,8 @@ log = logging.getLogger("fastdata.remote")
 
 
 class PlanFollower:
-    """Prefetches for one rank's plan; ``plans`` holds every rank's batches (global positions).
-
-    Scheduling runs inline, in :meth:`at` once the loader reaches the next shard boundary and when a
-    download ends; only real downloads wake a thread, so reading a warm cache costs no thread switch.
-    """
+    """Prefetches for one rank's plan; ``plans`` holds every rank's batches (global positions). Scheduling runs
+    inline (:meth:`at`, a download's end): only real downloads wake a thread."""
 
     def __init__(self, store: RemoteStore, plans: Sequence[Sequence[np.ndarray]], mine: int, first: int,
                  lead: int) -> None:

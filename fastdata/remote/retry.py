@@ -1,7 +1,5 @@
-"""Remote calls bounded in time: transient errors are retried with backoff until a deadline, and
-said so (a warning when retrying starts, then one every ``WARN_EVERY_S``); errors that no retry can
-fix (no credentials, access denied, no such bucket or object, an invalid endpoint URL) fail at once,
-naming the cause and the fix. Every failure names the URL."""
+"""Remote calls bounded in time: transient errors retried with backoff until a deadline (with warnings), errors
+no retry can fix (credentials, access, no such bucket) fail at once naming the cause, the fix and the URL."""
 
 from __future__ import annotations
 
@@ -84,8 +82,7 @@ def permanent_error(e: BaseException, what: str) -> RemoteError:
     return cls(f"{what}: {describe(e)}")
 
 
-# this process's remote calls in trouble: what -> (when, why, still retrying); one waiting on such a call (a
-# lock it holds) names that cause in its own error
+# this process's remote calls in trouble: what -> (when, why, still retrying), named by whoever waits on one
 _troubles: dict[str, tuple[float, str, bool]] = {}
 
 

@@ -1,6 +1,5 @@
-"""The write engine: a scanned Source -> shards + manifest, crash-safe and resumable, on this machine,
-on Ray, part by part, or to a URL; and merging datasets. The sources live in fastdata.converters;
-``fastdata.convert`` joins the two."""
+"""The write engine: a scanned Source -> shards + manifest, crash-safe and resumable, locally, on Ray,
+part by part or to a URL; and merging datasets (the sources live in fastdata.converters)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The destination folder: checking it, locking it, emptying it, and tidying it after a failure.
-
-fastdata only ever deletes names it writes itself (``OURS``), so ``--overwrite`` never removes a user's file.
-"""
+"""The destination folder: checking, locking, emptying and tidying it after a failure.
+Only names fastdata writes (``OURS``) are ever deleted, so ``--overwrite`` never removes a user's file."""
 
 from __future__ import annotations
 
@@ -169,9 +167,8 @@ def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: boo
 
 def check_part_entries(where: str, names: Sequence[str], part: tuple[int, int], journal_name: str,
                        overwrite: bool, resume: bool, place: str) -> None:
-    """What part ``part`` refuses in a destination (a folder or a URL prefix, ``place``) holding
-    ``names``: a finished dataset, parts of a conversion split another way, this part already
-    converted (unless ``overwrite``), or interrupted (unless ``resume`` or ``overwrite``), files not ours."""
+    """What part ``part`` refuses in ``place`` (a folder or URL prefix) holding ``names``: a finished dataset, parts
+    split another way, this part done (unless ``overwrite``) or interrupted (unless ``resume``), files not ours."""
     index, count = part
     _refuse_foreign(where, names, place)
     if MANIFEST_NAME in names:
@@ -192,9 +189,8 @@ def check_part_entries(where: str, names: Sequence[str], part: tuple[int, int], 
 
 def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], overwrite: bool,
                      resume: bool = False) -> Destination:
-    """Create DST if needed and lock this part's files in it (other parts may be writing DST at the
-    same time, each under its own lock). Refuses a finished dataset, files fastdata did not write,
-    parts of a conversion split another way, and this part already done (unless ``overwrite``)."""
+    """Create DST if needed and lock this part's files in it (other parts may write DST at the same time);
+    refuses what :func:`check_part_entries` refuses."""
     check_dst(dst, sources, overwrite=True)  # only the source checks: DST may hold other parts
     try:
         dst.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,5 @@
 """Sources -> shards: plan shards by bytes, write them in parallel processes, write the manifest last.
-
-Crash-safe and resumable (docs/reliability.md): the journal records the plan before any shard and each
-shard once finished; after a failure the finished shards and the journal stay for ``--resume``.
-"""
+Crash-safe and resumable: after a failure the finished shards and the journal stay for ``--resume``."""
 
 from __future__ import annotations
 
@@ -91,10 +88,8 @@ class ShardEngine(Protocol):
 
 
 def write_dataset(source: Source, target: Destination, opts: WriteOptions, progress: Progress | None = None) -> ConvertReport:
-    """Write ``source`` into the prepared, locked folder ``target`` (continuing its journal on
-    resume). On failure, finished shards and the journal stay for ``--resume``; the rest goes.
-    With ``target.part`` = (I, N), only the shards of part I are written, and a part record
-    replaces the manifest (``fastdata merge-parts`` writes it once every part is done)."""
+    """Write ``source`` into the prepared, locked folder ``target``; on failure the finished shards and journal stay
+    for ``--resume``. With ``target.part`` = (I, N), only part I's shards and a part record are written."""
     t0 = time.perf_counter()
     dst = target.path
     nbytes = source.sample_nbytes()
@@ -247,9 +242,8 @@ def _tasks(source: Source, fields: list[FieldSpec], opts: WriteOptions, target: 
 
 def _failed(dst: Path, journaled: set[str], e: BaseException, owned: set[str] | None = None,
             jname: str = JOURNAL_NAME) -> BaseException:
-    """Tidy DST after a failure and return the error to raise: finished, journaled shards stay for
-    --resume (the message says so); temporary files go, and so does everything if no shard finished
-    (for a ``--part``: everything of that part; other parts' files are never touched)."""
+    """Tidy DST after a failure and return the error to raise: journaled shards stay for --resume, the rest goes
+    (everything if no shard finished; a ``--part`` touches only its own files)."""
     try:
         remove_temporary(dst, owned)
         remove_shards_except(dst, journaled, owned)

@@ -1,6 +1,5 @@
-"""``fastdata.index``: a dataset that points into existing HDF5, ``.npy`` or Zarr files, no copy: a folder
-holding only ``manifest.json`` (backend ``inplace``), each source file stamped so that one changed later is
-refused by name (docs/in-place.md)."""
+"""``fastdata.index``: a dataset pointing into existing HDF5, ``.npy`` or Zarr files, no copy (a folder with only
+``manifest.json``); each source file is stamped, so one changed later is refused by name."""
 
 from __future__ import annotations
 
@@ -171,13 +170,9 @@ def index(src: str | os.PathLike[str], dst: str | os.PathLike[str], fields: Mapp
           checksum: bool = False, overwrite: bool = False, progress: Progress | None = None) -> IndexReport:
     """Index ``src`` in place at the folder ``dst``: ``fastdata.open(dst)`` then reads the source files.
 
-    ``src``: an HDF5 file or a glob of several (quote it in a shell), a ``.npy`` file, or a Zarr array
-    or group. ``fields`` maps field names to the arrays inside it: HDF5 dataset paths
-    (``{"x": "/images", "label": "/labels"}``), Zarr array paths in a group, or ``.npy`` files (beside
-    ``src`` or absolute; default: ``src`` itself as field ``x``). All fields must agree on the
-    first axis. ``checksum`` also records every file's full checksum (``fastdata verify --deep``) and
-    one per 1 MiB block, which the reader checks as it reads.
-    ``progress``: told of each file read (the CLI's progress line).
+    ``src``: an HDF5 file or glob, a ``.npy`` file, or a Zarr array or group. ``fields``: field -> array
+    inside it (``{"x": "/images", "label": "/labels"}``; ``.npy`` files beside ``src``; default: ``src`` as
+    ``x``), all agreeing on the first axis. ``checksum``: also record whole-file and per-MiB-block checksums.
     """
     manifest = build(os.fspath(src), fields, checksum=checksum, progress=progress)
     out = Path(dst)

@@ -1,9 +1,5 @@
-"""The conversion journal: what a conversion into DST planned and has finished, for ``--resume``.
-
-JSON lines (docs/reliability.md): the first, written atomically before any shard, describes the conversion
-(options, source, fingerprint, shard plan); each later one a finished shard, appended and fsynced. A torn
-last line is ignored (that shard is written again). ``--resume`` refuses a journal of another conversion.
-"""
+"""The conversion journal (JSON lines) for ``--resume``: a header describing the conversion, then one line per
+finished shard; a torn last line is ignored, and a journal of another conversion refused."""
 
 from __future__ import annotations
 

@@ -37,8 +37,7 @@ class LocalEngine:
 
 
 def mp_context() -> Any:
-    # fork on Linux: like torch's DataLoader, and it works from a script without a
-    # ``__main__`` guard. Workers touch only numpy, h5py and lmdb, never a parent handle.
+    # fork on Linux, as torch's DataLoader: works without a ``__main__`` guard; workers never use a parent handle.
     return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
@@ -60,9 +59,7 @@ def _write_parallel(tasks: list[ShardTask], workers: int, progress: Progress | N
     error: BaseException | None = None
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=init_worker,
                              initargs=(q, os.getpid())) as ex:
-        # At most one task per worker is submitted, and none is ever cancelled: a cancelled future
-        # makes the pool's thread fail (InvalidStateError) when a worker then dies, and the futures
-        # of the running tasks are never resolved (a hang). After an error, no new task starts.
+        # At most one task per worker, none ever cancelled: a cancelled future hangs the pool when a worker dies.
         pending: dict[Future[tuple[ShardInfo, bool]], ShardTask] = {}
         while True:
             while error is None and len(pending) < workers and (task := next(todo, None)) is not None:

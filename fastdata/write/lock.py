@@ -1,10 +1,5 @@
-"""One conversion at a time per destination: an exclusive ``flock`` on ``DST/.fastdata.lock``.
-
-The kernel drops the lock when its holder dies (fastdata.fileio.try_lock), so a killed conversion
-never blocks ``--resume``; the file names its holder for the message a second conversion shows.
-Shard-writing worker processes inherit the lock and are killed with their parent (see
-fastdata/write/shard_task.py), so the lock is free once the conversion is gone.
-"""
+"""One conversion at a time per destination: an exclusive ``flock`` on ``DST/.fastdata.lock``, naming its holder.
+The kernel drops it when its holder dies, so a killed conversion never blocks ``--resume``."""
 
 from __future__ import annotations
 

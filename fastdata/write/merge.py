@@ -1,10 +1,5 @@
 """``fastdata merge A B ... DST``: one dataset holding the samples of A, then B, ... (docs/scale.md).
-
-Shards are hard-linked under DST's names (copied where the filesystem refuses links, or with
-``method="copy"``), with an ``origin`` where their sample numbering moves; shards whose labels change
-(``remap_classes``) are rewritten. Sample keys stay unique: a key in two inputs is an error unless
-``key_prefixes`` separates them; inputs with and without keys need ``drop_keys``.
-"""
+Shards are hard-linked (else copied); shards whose labels change (``remap_classes``) are rewritten."""
 
 from __future__ import annotations
 
@@ -74,10 +69,10 @@ class MergeReport:
 def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, remap_classes: bool = False,
           method: Method = "auto", overwrite: bool = False, progress: Any = None,
           key_prefixes: Sequence[str] | Literal["names"] | None = None, drop_keys: bool = False) -> MergeReport:
-    """Write ``dst``: the samples of ``inputs`` in order, in one dataset (see the module docstring).
+    """Write ``dst``: the samples of ``inputs`` in order, in one dataset; a key in two inputs is an error.
 
-    ``key_prefixes``: one prefix per input (``""`` leaves that input's keys as they are), or
-    ``"names"`` for each input's folder name; ``drop_keys``: DST gets no sample keys."""
+    ``key_prefixes``: one prefix per input (``""``: keys as they are), or ``"names"`` (each input's folder
+    name); ``drop_keys``: DST gets no sample keys (needed when only some inputs have keys)."""
     t0 = time.perf_counter()
     if method not in ("auto", "link", "copy"):
         raise UsageError(f"unknown merge method {method!r} (auto, link or copy)")

@@ -21,33 +21,22 @@ __all__ = ["ConvertReport", "DEFAULT_SHARD_SIZE", "ENGINES", "Engine", "Progress
 
 
 class Source(Protocol):
-    """What the engine writes: a scanned, checked input of ``len()`` samples (fastdata/converters makes them).
-
-    ``fields`` (the manifest's schema), ``classes`` (label names, or None) and ``skipped`` ((name, reason)
-    of each bad sample left out) are known after the scan. ``part(start, stop)`` is a small picklable slice
-    that a worker process (or Ray task) reads with ``read(i)`` -> {field: array}; it opens its files
-    itself, lazily, never from a handle of the parent. ``sample_nbytes()`` plans the shards;
-    ``ragged_rows(name)`` is the rows per sample of a ragged field (None: known only by reading, and then a
-    part's ``load_rows()`` reads its samples into memory and returns each ragged field's rows); ``describe()`` goes into the manifest
-    and the journal (what --resume compares); ``sample_keys()`` names the samples (None: their index);
-    ``inputs()`` is what the journal's fingerprint covers besides the schema and sizes. A part may also have
-    ``read_rows(i, n)``: samples ``i`` to at most ``i + n - 1`` (at least one) as one array of rows per field,
-    or None where it has no such block (the engine then reads sample by sample).
-    """
+    """What the engine writes: a scanned, checked input of ``len()`` samples. ``part(start, stop)``: a picklable
+    slice that opens its own files in the worker; it may add ``read_rows(i, n)`` (a block of rows, or None)."""
 
     kind: str
     fields: list[FieldSpec]
     classes: list[str] | None
-    skipped: list[tuple[str, str]]
+    skipped: list[tuple[str, str]]  # (name, reason) of each bad sample left out
 
     def __len__(self) -> int: ...
     @property
     def bytes_in(self) -> int: ...  # the bytes read from the source files (the summary's "in")
     def sample_nbytes(self) -> np.ndarray: ...
-    def ragged_rows(self, name: str) -> np.ndarray | None: ...
+    def ragged_rows(self, name: str) -> np.ndarray | None: ...  # None: known by reading (a part's load_rows())
     def part(self, start: int, stop: int) -> "Source": ...
     def read(self, i: int) -> dict[str, np.ndarray]: ...
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> dict[str, Any]: ...  # for the manifest and the journal (what --resume compares)
     def sample_keys(self) -> list[str] | None: ...  # None: a sample's key is its index
     def inputs(self) -> tuple[list[str], list[np.ndarray]]: ...  # files read, per-sample values the scan found
 
@@ -66,12 +55,8 @@ ENGINES = ("local", "ray")
 
 @dataclass(frozen=True)
 class WriteOptions:
-    """How to write shards. Validated on construction.
-
-    ``engine``: ``local`` writes shards in a process pool on this machine; ``ray`` runs one Ray task
-    per shard (``ray_address``, else ``RAY_ADDRESS``, else a local Ray). ``workers``: processes
-    (local), or at most that many shard tasks at once (ray; default: the cluster's CPUs).
-    """
+    """How to write shards; validated on construction. ``engine``: ``local`` (a process pool here) or ``ray``
+    (a task per shard at ``ray_address``, else ``RAY_ADDRESS``, else a local Ray; ``workers`` caps them)."""
 
     backend: Literal["hdf5", "lmdb"] = "hdf5"
     shard_size: int = DEFAULT_SHARD_SIZE

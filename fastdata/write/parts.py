@@ -1,9 +1,5 @@
-"""Part-by-part conversion for clusters without Ray: ``convert --part I/N``, then ``merge-parts``.
-
-Every part computes the same shard plan and writes only its run of shards (:func:`.engine.part_range`),
-then a part record instead of a manifest; ``merge-parts`` checks that the records agree and cover every
-shard, then writes the manifest a one-machine conversion writes (docs/scale.md). DST may be a URL.
-"""
+"""Part-by-part conversion for clusters without Ray: ``convert --part I/N`` writes each part's shards and a part
+record; ``merge-parts`` checks the records and writes the manifest (docs/scale.md). DST may be a URL."""
 
 from __future__ import annotations
 
@@ -77,10 +73,8 @@ class MergePartsReport:
 
 
 def merge_parts(dst: str | os.PathLike[str], remote: RemoteOptions | None = None) -> MergePartsReport:
-    """Check that every part of a ``--part I/N`` conversion into ``dst`` is present, complete and
-    from the same conversion, then write the manifest (and skipped.json) and remove the records.
-    ``dst`` may be a URL the parts uploaded to (``remote``: its storage options); the manifest is
-    then uploaded last."""
+    """Check that every part of a ``--part I/N`` conversion into ``dst`` (a folder, or a URL with ``remote``) is
+    present, complete and of one conversion; then write the manifest (last) and skipped.json, remove the records."""
     t0 = time.perf_counter()
     if isinstance(dst, str) and is_url(dst):  # checked before Path(), which would collapse "s3://b" into "s3:/b"
         return _merge_url(root(dst), remote or RemoteOptions(), t0)
@@ -153,9 +147,8 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
 
 def _combine(dst: str, path_of: Callable[[str], str], sizes: dict[str, int],
              read: Callable[[str], bytes]) -> tuple[Manifest, list[tuple[str, str]], int]:
-    """The checks merge-parts makes, wherever the parts are (``sizes``: every file there; ``read``: one's
-    bytes): no manifest yet, every part 0..N-1 once, all of one conversion, covering the shard plan exactly,
-    each shard in place with its recorded size. Returns the manifest to write, the skipped files and N."""
+    """The checks of merge-parts (``sizes``: every file there; ``read``: one's bytes): no manifest yet, every part once,
+    one conversion, the plan covered, each shard its recorded size. Returns (manifest, skipped, N)."""
     if MANIFEST_NAME in sizes:
         raise UsageError(f"{dst}: already holds a finished dataset (manifest.json); nothing to merge")
     records = []

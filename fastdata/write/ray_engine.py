@@ -1,9 +1,5 @@
-"""``--engine ray``: one Ray task per shard; the driver journals each finished shard and writes the manifest.
-
-A shard task is a pure function of its :class:`ShardTask`, so Ray may retry or duplicate it harmlessly.
-Workers write into a folder every node shares, or upload to a URL; the driver checks every shard it is
-told about, so a DST on one node's local disk is an error, never a dataset with missing shards.
-"""
+"""``--engine ray``: one Ray task per shard (a pure function of its :class:`ShardTask`, safe to retry); the driver
+journals each finished shard, checks it can see it (a node-local DST is an error), writes the manifest."""
 
 from __future__ import annotations
 
@@ -74,8 +70,7 @@ class RayEngine:
             else:
                 from fastdata.world import usable_cpus
 
-                # Ray runs its workers at nice 15 by default; the local engine's shard writers run at the
-                # caller's priority, and so do these (it matters on a machine shared with other work).
+                # Ray's workers run at nice 15 by default; shard writers run at the caller's priority.
                 ray.init(num_cpus=self.workers or usable_cpus(), include_dashboard=False,
                          logging_level=logging.WARNING, log_to_driver=False, _system_config={"worker_niceness": 0})
         except (ConnectionError, ValueError, RuntimeError) as e:

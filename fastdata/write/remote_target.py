@@ -1,10 +1,5 @@
-"""Converting to a URL (``fastdata convert SRC s3://bucket/ds``): stage locally, upload as we go.
-
-The shard tasks upload the shards they write (fastdata/write/url_publish.py); this driver stages the
-journal, keys and manifest in a local folder, lists each uploaded shard in the remote journal, and uploads
-the manifest (or a part's record) last, so a remote dataset without one is never taken for finished.
-``--resume`` continues from the remote journal, on any machine (docs/remote.md).
-"""
+"""Converting to a URL: stage the journal, keys and manifest locally while shard tasks upload their shards, and
+upload the manifest (or part record) last, so an unfinished dataset never looks finished (docs/remote.md)."""
 
 from __future__ import annotations
 
@@ -76,8 +71,7 @@ class RemoteTarget:
     def check(self, overwrite: bool, resume: bool) -> None:
         """Refuse what a local destination would refuse (see fastdata/write/destination.py), before any work."""
         names = list(self._sizes())
-        self.resuming = resume and self.journal_name in names  # none (never started, killed before it was
-        # uploaded: the journal goes up before any shard): a new conversion, as for a local folder
+        self.resuming = resume and self.journal_name in names  # no remote journal: no shard either, start afresh
         if self.part is not None:  # as a shared folder is checked for a part (other parts may be uploading)
             check_part_entries(self.url, names, self.part, self.journal_name, overwrite, self.resuming, "prefix")
         else:
@@ -149,9 +143,8 @@ class RemoteTarget:
         self.journal_uploaded = True
 
     def finish(self) -> None:
-        """Every shard is uploaded: upload the sample keys' file, skipped.json and then the manifest
-        (last: it lists keys.bin with its checksum), remove the remote journal and the staging folder.
-        A part uploads its part record instead of the manifest."""
+        """Every shard is uploaded: upload the keys file, skipped.json, then the manifest (a part: its record) last;
+        remove the remote journal and the staging folder."""
         last = MANIFEST_NAME if self.part is None else part_record_name(*self.part)
         for name in (KEYS_FILE, SKIPPED_NAME, last):  # the last lists keys.bin with its checksum
             if name == last or (self.staging / name).is_file():

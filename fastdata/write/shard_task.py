@@ -102,9 +102,8 @@ def write_error(path: Path | str, e: BaseException) -> WriteError:
 
 @dataclass(frozen=True)
 class LocalPublisher:
-    """Where a finished shard goes when DST is a folder (local disk or a filesystem every worker shares): written
-    beside its final name, renamed (fastdata/write/url_publish.py's UrlPublisher uploads instead). Publishing the
-    same bytes twice is harmless, so a retried or duplicated shard task is too."""
+    """Publishes a finished shard to a folder DST (local, or shared by every worker): written beside its final name,
+    then renamed; publishing the same bytes twice is harmless."""
 
     dst: Path
 
@@ -136,9 +135,8 @@ class LocalPublisher:
 
 
 def publisher_for(dst: str, remote: "UrlSpec | None" = None) -> "LocalPublisher | UrlPublisher":
-    """The publisher for a shard task's destination: a folder, or a URL whose task carries the
-    :class:`~.urlpublish.UrlSpec` (storage options included) the writing process uploads with. A URL
-    without one is a caller's mistake, refused rather than written as a local folder named ``s3:``."""
+    """The publisher for a shard task's destination: a folder, or a URL whose task carries its
+    :class:`~.urlpublish.UrlSpec`; a URL without one is refused rather than written as a folder named ``s3:``."""
     if remote is not None:
         from fastdata.write.url_publish import UrlPublisher
 

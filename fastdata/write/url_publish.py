@@ -1,10 +1,5 @@
-"""Shards published to object storage by the process that wrote them (converting to a URL).
-
-A shard task bound for a URL carries a picklable :class:`UrlSpec` (URL, storage options, time bound), so
-it travels to worker processes and Ray workers with the task. The worker writes the shard into a private
-staging folder, uploads it to ``URL/<name>`` (retried within the bound) and deletes the local copy; the
-same bytes uploaded twice replace an object with itself, so a retried or duplicated task is harmless.
-"""
+"""Shards uploaded to object storage by the process that wrote them: staged locally, uploaded to ``URL/<name>``
+(retried within a time bound), deleted locally; a retried or duplicated task uploads the same bytes."""
 
 from __future__ import annotations
 
@@ -31,9 +26,8 @@ WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing proces
 
 @dataclass(frozen=True)
 class UrlSpec:
-    """Where a worker uploads shards: ``url``, fsspec ``storage_options`` (never printed: they may hold
-    credentials), ``timeout`` (seconds per remote operation, retries included) and ``cache_dir`` (the
-    staging place; None: each node's default cache directory)."""
+    """Where a worker uploads shards: ``url``, fsspec ``storage_options`` (never printed: may hold credentials),
+    ``timeout`` (seconds per remote operation, retries included), ``cache_dir`` (staging; None: default cache)."""
 
     url: str
     storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)

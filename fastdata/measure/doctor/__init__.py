@@ -1,8 +1,5 @@
 """``fastdata doctor``: is a training script input-bound, why, and what would fastdata change? Measured.
-
-``run(["python", "train.py", ...])`` runs the script unchanged in a child process under the hooks for a
-bounded budget; ``watch()`` measures the loops of this process. Both give the report (docs/doctor.md).
-"""
+``run()`` runs a script unchanged in a child process for a bounded budget; ``watch()`` this process's loops."""
 
 from __future__ import annotations
 
@@ -44,9 +41,8 @@ def _interpreter(command: Sequence[str]) -> tuple[str, list[str]]:
 def run(command: Sequence[str], *, steps: int | None = None, seconds: float | None = 60.0,
         json_path: str | os.PathLike[str] | None = None, html_path: str | os.PathLike[str] | None = None,
         replay: bool = True, project: bool = True, quiet: bool = False) -> dict[str, Any]:
-    """Run ``command`` (``python train.py ARGS``) under the doctor for ``steps`` batches, or within about
-    ``seconds`` in all (start to verdict); print the report (unless ``quiet``), write the JSON/HTML files,
-    return it."""
+    """Run ``command`` (``python train.py ARGS``) under the doctor for ``steps`` batches, or about ``seconds`` in all;
+    print the report (unless ``quiet``), write the JSON/HTML files, and return it."""
     if steps is not None and steps < 1:
         raise UsageError("--steps must be at least 1")
     if seconds is not None and seconds <= 0:

@@ -1,9 +1,5 @@
-"""The doctor's host-to-device figure: CUDA events around each copy of a loader's batch to a GPU.
-
-``Tensor.to``/``cuda``/``copy_`` are wrapped while the doctor watches; a copy of a CPU tensor of a batch the loop
-received is timed on the device's current stream (read lazily: the script's timing is not changed); copies
-inside a loader's ``next()`` and of other tensors are only counted, apart.
-"""
+"""The doctor's host-to-device figure: CUDA events around each copy of a loader's batch to a GPU, on the current
+stream and read lazily (the script's timing is unchanged); other copies are only counted, apart."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The doctor's hooks: time every batch a torch DataLoader (or fastdata loader) hands the training loop.
-
-Patched while installed: the loader iterators' ``__next__`` (the wait and the step), ``Tensor.to``/``cuda``/``copy_``
-(_h2d) and the dataset fetchers (_worker). The batches pass through untouched. After the budget the loop is fed
-copies of its first batches (the compute-only step), then, when projecting, the same beside fastdata's loader
-reading a converted sample (project.Beside), then stopped with :class:`BudgetReached`.
-"""
+"""The doctor's hooks: time every batch a DataLoader (or fastdata loader) hands the training loop, untouched; after
+the budget, replay copies of the first batches (alone, then beside fastdata's loader), then stop the script."""
 
 from __future__ import annotations
 
@@ -80,9 +75,8 @@ class Recorder:
 
     # -- budget ---------------------------------------------------------------------------------
     def spent(self) -> bool:
-        """The loop's measured part is over: ``steps`` batches after the warm-up, or half the ``seconds``
-        budget (counted from the start, so that the replay, the sample and the verdict fit in the rest) once
-        WARMUP + 1 batches are in, or HARD_SHARE of it once two are (one step). Then the replay's sizes are set."""
+        """The loop's measured part is over: ``steps`` batches after the warm-up, or half the ``seconds`` budget (the
+        rest is for the replay and verdict) once WARMUP + 1 batches are in; then the replay's sizes are set."""
         done = False
         if self.steps is not None and self.batches >= self.steps + WARMUP:
             done = True

@@ -1,8 +1,5 @@
-"""The doctor's side in the processes that run the dataset: where ``__getitem__`` and collate spend time.
-
-Per process: time in the dataset and in collate, in known readers and decoders, and the files opened, written
-to ``worker-PID.json``. Forked workers inherit the patches; spawned ones install them from :class:`WorkerHook`.
-"""
+"""The doctor's side in the processes that run the dataset: time in ``__getitem__``, collate, known readers and
+decoders, and the files opened, written to ``worker-PID.json``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Every element a script's ``__getitem__`` returns, accounted for, so the printed fix keeps it.
-
-:func:`account` matches each element of a few drawn samples against the sample's own file, the rows of the
-tables the script opened that name that file (by value, up to sign or a scale, shift and mirror for
-coordinates), and the file's class folder; what matches none is left out, with why.
-"""
+"""Every element a script's ``__getitem__`` returns, matched against the sample's file, the rows of the tables the
+script opened and the class folder, so the printed fix keeps it; what matches none is left out, with why."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The printed fix: a ``fastdata convert`` command and a ``fastdata.loader(...)`` line that keep every element
-the script's samples hold (fastdata.measure.doctor.account), or say why one is left out.
-"""
+"""The printed fix: a ``fastdata convert`` command and a ``fastdata.loader(...)`` line that keep every element of
+the script's samples, or say why one is left out."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The fix, measured: a sample of the dataset's ``__getitem__`` outputs converted to a temporary fastdata
-dataset, and ``fastdata.loader`` timed on it beside the script's replayed step (:class:`Beside`) and alone
-(:func:`project_loader`). On the CPU, float images are stored as uint8 and the loader redoes the script's
-transforms (:func:`_as_image`, :func:`_image_ops`), as the script would after the switch.
-"""
+"""The fix, measured: a sample of the dataset's ``__getitem__`` outputs converted to a temporary dataset, and
+``fastdata.loader`` timed on it beside the script's replayed step (:class:`Beside`) and alone."""
 
 from __future__ import annotations
 

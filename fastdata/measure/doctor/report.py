@@ -1,7 +1,5 @@
-"""From what the hooks recorded to the verdict: ``analyse`` reads the doctor's folder (raw.json,
-worker-*.json, project.json) into the report dict, with the host-to-device figures from the copy counts of
-fastdata.measure.doctor._h2d; ``render`` makes its one-screen text.
-"""
+"""From what the hooks recorded to the verdict: ``analyse`` reads the doctor's folder (raw.json, worker-*.json,
+project.json) into the report dict; ``render`` makes its one-screen text."""
 
 from __future__ import annotations
 
@@ -110,8 +108,7 @@ def _bottleneck(wait: float, loader: dict[str, Any], w: dict[str, Any] | None) -
                                  f"{w['getitem_fraction']:.1%} of its time in __getitem__")
     io = w.get("io") or {}
     busy = w["getitem_fraction"] + w["collate_fraction"]
-    # storage-bound: saturated workers, mostly idle on the CPU, whose reads came from storage; a few pages
-    # (the worker importing a module, say) cannot explain a wait, so it takes a real volume of reads
+    # storage-bound: saturated workers, idle on the CPU, reading from storage (a few pages explain no wait)
     read_enough = io.get("read_bytes", 0) >= max(1 << 20, 4096 * (w.get("samples") or 0))
     if busy >= SATURATED and read_enough and io.get("from_storage_fraction") and io["from_storage_fraction"] > 0.5 \
             and w["cpu_fraction"] < 0.5 * busy:
@@ -203,9 +200,7 @@ def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: flo
         return {"projected_wait_fraction": None, "projected_speedup": None, "projection": proj}
     busy = workers is not None and workers["getitem_fraction"] + workers["collate_fraction"] >= 0.5
     if beside and "step_s" in beside:  # measured: the step with fastdata's reader threads on the same CPU
-        # input-bound or busy workers: the replay beside fastdata is the step after the switch (what the
-        # DataLoader cost beyond the wait goes with it); otherwise the step's own work stays, and the replay
-        # says whether fastdata's readers slow it down
+        # input-bound or busy workers: the step beside fastdata is the step after the switch; else its own work stays
         if busy or wait_s >= INPUT_BOUND * step_s:
             new_step, basis = beside["step_s"], f"step replayed beside fastdata's loader ({beside['steps']} steps)"
         else:
@@ -215,8 +210,7 @@ def _projection(proj: dict[str, Any], step_s: float, wait_s: float, compute: flo
         return {"projected_wait_fraction": min(beside["wait_s"] / new_step, 1.0) if new_step > 0 else None,
                 "projected_step_s": new_step, "projected_speedup": step_s / new_step if new_step > 0 else None,
                 "projection_basis": basis, "projection": proj, "beside": beside}
-    # without that replay (watch(), --no-replay): the longer of the step's own work (the step less the wait;
-    # the compute-only step where busy workers took CPU from it, bounded by the step) and fastdata's batch alone
+    # without that replay (watch(), --no-replay): the longer of the step's own work and fastdata's batch alone
     work, basis = (min(compute, step_s), "compute-only step (busy workers took CPU from the step)") if busy \
         else (step_s - wait_s, "step less the wait")
     new_step = max(work, proj["batch_s"])
