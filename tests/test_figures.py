@@ -26,8 +26,7 @@ ROOT = figures.ROOT
 
 # Figures that are no measurement, with the pages and modules they appear in and why (under ten entries).
 EXEMPT: dict[str, tuple[tuple[str, ...], str]] = {
-    "4x": (("docs/loader.md", "fastdata/loaders/device.py"),
-           "uint8 against float32: 1 byte against 4, arithmetic"),
+    "4x": (("docs/loader.md",), "uint8 against float32: 1 byte against 4, arithmetic"),
     "25%": (("docs/loader.md", "fastdata/loaders/host.py"), "the ragged buffers' growth margin, a design constant"),
     "10%": (("docs/doctor.md",), "the doctor's input-bound threshold (INPUT_BOUND in fastdata/doctor), a design constant"),
     "2%": (("docs/tuning.md",), "guidance: a wait share below which input is not the bottleneck"),
