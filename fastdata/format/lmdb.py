@@ -233,16 +233,18 @@ class ShardReader(ShardReaderBase[_Handle]):
             yield txn
 
     def _get_many(self, txn: lmdb.Transaction, local: np.ndarray) -> list[memoryview | bytes]:
-        """Records ``local`` in order (buffers into the map) from one ``getmulti``; a missing one raises, named."""
+        """Records ``local`` in order (buffers into the map); a missing one raises, named. (A loop of ``get`` is
+        faster than one ``getmulti``, which builds a tuple per record.)"""
         raw = (local.astype(np.int64) + self.info.stored_start).astype(">u8").tobytes()  # the records' keys
+        get = txn.get
         try:
-            found = txn.cursor().getmulti([raw[k : k + 8] for k in range(0, len(raw), 8)])
+            found = [get(raw[k : k + 8]) for k in range(0, len(raw), 8)]
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
-        if len(found) != len(local):
+        if None in found:
             for l in local.tolist():
                 self._get(txn, l)  # raises for the first one missing
-        return [v for _, v in found]
+        return found  # type: ignore[return-value]
 
     def copy_phase(self, name: str) -> int:
         """Large fixed-size records each start at the same offset into their own pages of LMDB's map:
