@@ -38,7 +38,9 @@ MODES = {"2 threads": {}, "0 threads": {"num_workers": 0},
          "2 processes": {"num_workers": 2, "config": LoaderConfig(mode="processes")}}
 
 
-def make_set(root: Path, shape: tuple[int, ...], dtype: Any, n: int) -> Path:
+def make_set(root: Path, shape: tuple[int, ...], dtype: Any, n: int,
+             backends: tuple[str, ...] = ("lmdb",)) -> dict[str, Path]:
+    """``n`` seeded samples (uniform bytes for uint8, standard normal otherwise) converted once per backend."""
     rng = np.random.default_rng(0)
     src = root / "npy"
     for i in range(n):
@@ -46,9 +48,10 @@ def make_set(root: Path, shape: tuple[int, ...], dtype: Any, n: int) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         x = rng.integers(0, 256, shape, dtype=np.uint8) if dtype == np.uint8 else rng.standard_normal(shape, dtype=np.float32)
         np.save(d / f"{i:06d}.npy", x)
-    fastdata.convert(src, root / "lmdb", fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb")))
+    for be in backends:
+        fastdata.convert(src, root / be, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be)))
     shutil.rmtree(src)
-    return root / "lmdb"
+    return {be: root / be for be in backends}
 
 
 def loader(path: Path, phase: bool, kw: dict[str, Any]) -> Any:
@@ -73,7 +76,7 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(dir=args.workdir))
     try:
-        paths = {name: make_set(work / f"set{k}", *spec) for k, (name, spec) in enumerate(SETS.items())}
+        paths = {name: make_set(work / f"set{k}", *spec)["lmdb"] for k, (name, spec) in enumerate(SETS.items())}
         loaders = {(s, m, ph): loader(p, ph, kw) for s, p in paths.items() for m, kw in MODES.items() for ph in (True, False)}
         rates: dict[tuple[str, str, bool], list[float]] = {k: [] for k in loaders}
         keys = list(loaders)

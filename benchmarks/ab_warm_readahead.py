@@ -18,12 +18,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, write_results  # noqa: E402
+from ab_copy_phase import make_set  # noqa: E402
 
 import fastdata  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
@@ -31,22 +31,6 @@ from fastdata.loaders import LoaderConfig  # noqa: E402
 SETS = {"FLIM float32 (2,256,21,21)": ((2, 256, 21, 21), np.float32, 2000),
         "raw images uint8 (224,224,3)": ((224, 224, 3), np.uint8, 6000)}
 EPOCHS = 3
-
-
-def make_set(root: Path, shape: tuple[int, ...], dtype: Any, n: int) -> dict[str, Path]:
-    rng = np.random.default_rng(0)
-    src = root / "npy"
-    for i in range(n):
-        d = src / f"c{i % 4}"
-        d.mkdir(parents=True, exist_ok=True)
-        x = rng.integers(0, 256, shape, dtype=np.uint8) if dtype == np.uint8 else rng.standard_normal(shape, dtype=np.float32)
-        np.save(d / f"{i:06d}.npy", x)
-    out = {}
-    for be in ("hdf5", "lmdb"):
-        fastdata.convert(src, root / be, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=be)))
-        out[be] = root / be
-    shutil.rmtree(src)
-    return out
 
 
 def quartiles(v: list[float]) -> tuple[float, float]:
@@ -62,7 +46,7 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(dir=args.workdir))
     try:
-        paths = {name: make_set(work / f"set{k}", *spec) for k, (name, spec) in enumerate(SETS.items())}
+        paths = {name: make_set(work / f"set{k}", *spec, backends=("hdf5", "lmdb")) for k, (name, spec) in enumerate(SETS.items())}
         loaders = {(s, be, on): fastdata.loader(p, 64, device="cpu", config=LoaderConfig() if on else LoaderConfig(readahead=0))
                    for s, bes in paths.items() for be, p in bes.items() for on in (True, False)}
         rates: dict[tuple[str, str, bool], list[float]] = {k: [] for k in loaders}

@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from contextlib import contextmanager
-from typing import Any, Generic, Iterator, Protocol, Sequence, TypeVar
+from typing import Any, Generic, Protocol, Sequence, TypeVar
 
 H = TypeVar("H")
 
@@ -106,23 +105,21 @@ def parent_only(obj: Any) -> None:
 
 class _ForkGate:
     """A fork waits until no call inside :func:`no_fork_during` is in flight in another thread, and holds
-    new ones off until it is done."""
+    new ones off until it is done (the gate is its own context manager: it guards every LMDB read)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._busy = 0
 
-    @contextmanager
-    def op(self) -> Iterator[None]:
+    def __enter__(self) -> None:
         with self._cond:
             self._busy += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._busy -= 1
-                if not self._busy:
-                    self._cond.notify_all()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._busy -= 1
+            if not self._busy:
+                self._cond.notify_all()
 
     def before_fork(self) -> None:
         self._cond.acquire()
@@ -135,10 +132,10 @@ class _ForkGate:
 _gate = _ForkGate()
 
 
-def no_fork_during() -> Any:
+def no_fork_during() -> _ForkGate:
     """A context in which this process does not fork: for calls a forked child cannot recover from if they
     were in flight (py-lmdb's close would wait forever)."""
-    return _gate.op()
+    return _gate
 
 
 def _close_inherited_handles() -> None:
