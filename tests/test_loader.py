@@ -292,8 +292,7 @@ def test_batch_buffers_are_reused(tmp_path, backend):
             np.testing.assert_array_equal(b["x"].numpy(), data[8 * k : 8 * k + 8])
     assert len(ptrs) <= ld.config.prefetch + 3  # recycled, not one allocation per batch
     assert {p % 64 for p in ptrs} == {phase}
-    for k, b in enumerate(procs):  # the worker processes' shared ring: its regions at the same phase
-        assert b["x"].data_ptr() % 64 == phase
+    for k, b in enumerate(procs):  # the worker processes' shared ring (not phased: no gain there, copy_phase_ab_run4)
         np.testing.assert_array_equal(b["x"].numpy(), data[8 * k : 8 * k + 8])
     ld.close()
     procs.close()

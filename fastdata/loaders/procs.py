@@ -20,7 +20,7 @@ import numpy as np
 from fastdata.errors import LoaderWorkerError, UsageError
 from fastdata.handles import parent_only
 from fastdata.loaders.base import wrap_error
-from fastdata.loaders.host import HostBatch, Post, Ragged, copy_phases, reader_fields, to_tensors
+from fastdata.loaders.host import HostBatch, Post, Ragged, reader_fields, to_tensors
 from fastdata.loaders.ring import Ring, Slot, WorkerSlots
 from fastdata.loaders.transform import BatchTransform, TransformError
 from fastdata.reading.dataset import Dataset
@@ -118,7 +118,7 @@ class ProcessReader:
         self._fields = reader_fields(dataset)  # what the workers read into
         fixed, flat = self._fields
         self.ring = Ring({n: math.prod(tr) * np.dtype(dt).itemsize for n, (tr, dt) in fixed.items()}, list(flat),
-                         self.depth + 2, copy_phases(dataset))
+                         self.depth + 2)
         self._workers: list[_Worker] = []
         self._pass = 0  # passes started: an older, unfinished pass must not take a newer one's results
 

@@ -80,10 +80,8 @@ class Slot:
 class Ring:
     """The training process's slots: handed to a worker to fill, lent to the consumer, reused."""
 
-    def __init__(self, fixed: dict[str, int], ragged: list[str], size: int,
-                 phases: dict[str, int] | None = None) -> None:
+    def __init__(self, fixed: dict[str, int], ragged: list[str], size: int) -> None:
         self.fixed = fixed  # field -> bytes per sample
-        self.phases = phases or {}  # field -> address phase its region starts at (loaders/buffers.py)
         self.capacity: dict[str, int] = {**dict.fromkeys(ragged, 0), SPARE: 0}  # bytes, grown by what batches needed
         self.rows = 0  # samples the fixed regions hold
         self.want = size  # slots kept free or lent before more are made
@@ -99,7 +97,6 @@ class Ring:
         layout: Layout = {}
         at = 0
         for name, nbytes in sizes.items():
-            at += self.phases.get(name, 0)
             layout[name] = (at, nbytes)
             at = _aligned(at + nbytes)
         return layout, max(ALIGN, at)
