@@ -25,8 +25,11 @@ def cli(*args: object, env: dict[str, str] | None = None, timeout: float = 60) -
 def start_paused(args: list[object], fault: str, ready: Path) -> subprocess.Popen:
     """Start ``fastdata ARGS`` with ``FASTDATA_FAULT=fault`` and wait until it pauses there."""
     env = {**os.environ, "FASTDATA_FAULT": fault, "FASTDATA_FAULT_READY": str(ready)}
+    # SIGINT back to its default in the child: pytest started in the background (`cmd &`) ignores it, and an
+    # ignored signal stays ignored across exec, so the child would never see the test's Ctrl-C
     proc = subprocess.Popen([sys.executable, "-m", "fastdata", *map(str, args)], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not ready.exists():
         if proc.poll() is not None:
