@@ -8,7 +8,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
@@ -35,9 +35,6 @@ class BenchResult:
     batch_ms_p95: float
     first_batch_s: float
     settings: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def sample_bytes(ds: Dataset) -> float:
