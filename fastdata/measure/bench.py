@@ -133,10 +133,8 @@ def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_secon
     counts = list(range(1, max(1, threads) + 1))
     share = max_seconds / len(counts)
     bps = payload_bytes(ds) if bytes_per_sample is None else bytes_per_sample
-    if any(f.encoding == ENCODING_IMAGE for f in ds.schema):
-        runs = [_decode_ceiling(ds, batch_size, t, share, bps) for t in counts]
-    else:
-        runs = [_gather_ceiling(ds, batch_size, t, share, bps) for t in counts]
+    ceiling = _decode_ceiling if any(f.encoding == ENCODING_IMAGE for f in ds.schema) else _gather_ceiling
+    runs = [ceiling(ds, batch_size, t, share, bps) for t in counts]
     best = max(runs, key=lambda r: r.samples_per_s)
     best.name = f"ceiling: {best.settings['kind']}, best of 1-{counts[-1]} threads"
     best.settings["rates"] = {r.settings["threads"]: round(r.samples_per_s, 1) for r in runs}
