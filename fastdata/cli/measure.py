@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -129,7 +130,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"warning: {', '.join(over)} above {CEILING_LIMIT} of the ceiling: the ceiling's measurement was "
               "disturbed (another process busy?); run again on a quiet machine", file=sys.stderr)
     if args.json:
-        print(json.dumps({"dataset": str(ds.root), "results": [{**r.as_dict(), "ceiling_ratio": ratio[r.name]}
+        print(json.dumps({"dataset": str(ds.root), "results": [{**asdict(r), "ceiling_ratio": ratio[r.name]}
                                                                 for r in results]}, indent=1))
         return 0
     print(f"dataset {ds.root}: {len(ds)} samples, {fmt_bytes(bps)} per sample, settings {settings}")

@@ -8,7 +8,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
@@ -35,9 +35,6 @@ class BenchResult:
     batch_ms_p95: float
     first_batch_s: float
     settings: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def sample_bytes(ds: Dataset) -> float:
@@ -136,10 +133,8 @@ def measure_ceiling(ds: Dataset, batch_size: int, *, threads: int = 2, max_secon
     counts = list(range(1, max(1, threads) + 1))
     share = max_seconds / len(counts)
     bps = payload_bytes(ds) if bytes_per_sample is None else bytes_per_sample
-    if any(f.encoding == ENCODING_IMAGE for f in ds.schema):
-        runs = [_decode_ceiling(ds, batch_size, t, share, bps) for t in counts]
-    else:
-        runs = [_gather_ceiling(ds, batch_size, t, share, bps) for t in counts]
+    ceiling = _decode_ceiling if any(f.encoding == ENCODING_IMAGE for f in ds.schema) else _gather_ceiling
+    runs = [ceiling(ds, batch_size, t, share, bps) for t in counts]
     best = max(runs, key=lambda r: r.samples_per_s)
     best.name = f"ceiling: {best.settings['kind']}, best of 1-{counts[-1]} threads"
     best.settings["rates"] = {r.settings["threads"]: round(r.samples_per_s, 1) for r in runs}

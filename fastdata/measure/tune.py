@@ -109,8 +109,9 @@ def measure_setting(ds: Dataset, s: dict[str, Any], *, device: str = "cpu", max_
 
     ld = loader(ds, s["batch_size"], device=device, num_workers=s["num_workers"],
                 config=LoaderConfig(mode=s["mode"], prefetch=s["prefetch"]), transform=transform)
+    name = f"{s['mode']} workers={s['num_workers']} prefetch={s['prefetch']} batch={s['batch_size']}"
     try:
-        return measure(_describe(s), lambda: ld, bytes_per_sample=sample_bytes(ds), max_seconds=max_seconds,
+        return measure(name, lambda: ld, bytes_per_sample=sample_bytes(ds), max_seconds=max_seconds,
                        warmup=2, settings=s)
     finally:
         ld.close()
@@ -123,7 +124,3 @@ def _warm_up(ds: Dataset, batch_size: int, device: str, max_seconds: float) -> N
 
     with loader(ds, batch_size, shuffle=False, device=device, num_workers=2) as ld:
         measure("warm-up", lambda: ld, bytes_per_sample=0.0, max_seconds=max_seconds, warmup=0, one_pass=True)
-
-
-def _describe(s: dict[str, Any]) -> str:
-    return f"{s['mode']} workers={s['num_workers']} prefetch={s['prefetch']} batch={s['batch_size']}"

@@ -79,7 +79,7 @@ class VerifyReport:
 
 
 def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress | None = None,
-           threads: int | None = None, remote: RemoteOptions | None = None) -> VerifyReport:
+           remote: RemoteOptions | None = None) -> VerifyReport:
     """Check the dataset at ``root`` (a URL: each shard's copy in the shard cache); raises only when its
     manifest itself is missing or invalid."""
     if isinstance(root, str) and is_url(root):
@@ -93,7 +93,7 @@ def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress 
 
         report.problems += [Problem(p) for p in file_problems(index_of(manifest, str(root)), deep)]
     else:
-        report.problems += check_shards(root, manifest, progress, threads)
+        report.problems += check_shards(root, manifest, progress)
     skip = {p.shard for p in report.problems if p.unreadable and p.shard is not None}
     keys = manifest.keys
     if keys is not None and keys.file is not None:  # the sample keys' side file: size and checksum too
@@ -144,12 +144,11 @@ def _check_cached(fetch: Callable[[], Any], path: Callable[[], Path], file: str,
                     "(changed on the local disk)", file)]
 
 
-def check_shards(root: Path, manifest: Manifest, progress: Progress | None = None,
-                 threads: int | None = None) -> list[Problem]:
+def check_shards(root: Path, manifest: Manifest, progress: Progress | None = None) -> list[Problem]:
     """Each shard's existence, size, checksum and open checks against the manifest, on a few threads."""
     if progress is not None:
         progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="checksums")
-    workers = max(1, min(threads or usable_cpus(), 8, len(manifest.shards) or 1))
+    workers = max(1, min(usable_cpus(), 8, len(manifest.shards) or 1))
     problems: list[Problem] = []
     with ThreadPoolExecutor(workers, thread_name_prefix="fastdata-verify") as pool:
         for info, found in zip(manifest.shards, pool.map(lambda s: _check_shard(root, s, manifest), manifest.shards)):
@@ -235,10 +234,7 @@ def _check_batch(ds: Dataset, m: Manifest, info: ShardInfo, idx: np.ndarray) -> 
         if len(idx) == 1:
             said = str(e) if isinstance(e, FastdataError) else f"unexpected {type(e).__name__}: {e}"
             return [Problem(said, info.file, int(idx[0]))]
-    out: list[Problem] = []
-    for i in idx:
-        out += _check_batch(ds, m, info, np.array([i]))
-    return out
+    return [p for i in idx for p in _check_batch(ds, m, info, np.array([i]))]
 
 
 def _check_values(batch: dict[str, Any], m: Manifest, info: ShardInfo, idx: np.ndarray) -> list[Problem]:

@@ -27,17 +27,6 @@ __all__ = ["Watch", "run", "watch"]
 _CHILD = "import sys; from fastdata.measure.doctor import _child; sys.exit(_child(sys.argv[1:]))"
 
 
-def _interpreter(command: Sequence[str]) -> tuple[str, list[str]]:
-    if not command:
-        raise UsageError("fastdata doctor: give the command to run after --, e.g. -- python train.py ARGS")
-    if re.search(r"python[\d.]*(\.exe)?$", os.path.basename(command[0])) and list(command[1:]) not in ([], ["-m"]):
-        return command[0], list(command[1:])
-    if command[0].endswith(".py"):
-        return sys.executable, list(command)
-    raise UsageError(f"fastdata doctor runs Python training scripts: give 'python SCRIPT ARGS' or "
-                     f"'python -m MODULE ARGS', not {' '.join(command)!r}")
-
-
 def run(command: Sequence[str], *, steps: int | None = None, seconds: float | None = 60.0,
         json_path: str | os.PathLike[str] | None = None, html_path: str | os.PathLike[str] | None = None,
         replay: bool = True, project: bool = True, quiet: bool = False) -> dict[str, Any]:
@@ -47,7 +36,15 @@ def run(command: Sequence[str], *, steps: int | None = None, seconds: float | No
         raise UsageError("--steps must be at least 1")
     if seconds is not None and seconds <= 0:
         raise UsageError("--seconds must be positive")
-    python, rest = _interpreter(command)
+    if not command:
+        raise UsageError("fastdata doctor: give the command to run after --, e.g. -- python train.py ARGS")
+    if re.search(r"python[\d.]*(\.exe)?$", os.path.basename(command[0])) and list(command[1:]) not in ([], ["-m"]):
+        python, rest = command[0], list(command[1:])
+    elif command[0].endswith(".py"):
+        python, rest = sys.executable, list(command)
+    else:
+        raise UsageError(f"fastdata doctor runs Python training scripts: give 'python SCRIPT ARGS' or "
+                         f"'python -m MODULE ARGS', not {' '.join(command)!r}")
     if rest and rest[0] != "-m" and not Path(rest[0]).is_file():
         raise UsageError(f"{rest[0]}: no such script")
     with tempfile.TemporaryDirectory(prefix="fastdata-doctor-") as tmp:

@@ -95,11 +95,8 @@ class Accountant:
         found: list[torch.Tensor] = []
         _cpu_tensors(batch, found, 0)
         entry = (key, number, counted)
-        mine = []
-        for t in found:
-            storage = _storage(t)
-            if storage is not None:
-                mine.append((storage.data_ptr(), (weakref.ref(storage), entry)))
+        storages = [s for s in map(_storage, found) if s is not None]
+        mine = [(s.data_ptr(), (weakref.ref(s), entry)) for s in storages]
         with self.lock:
             for p, e in mine:
                 self.owner[p] = e
@@ -108,11 +105,6 @@ class Accountant:
                 for p, e in self.order.popleft():
                     if self.owner.get(p) is e:  # not since taken by a newer batch at the same address
                         del self.owner[p]
-
-    def _owner(self, src: torch.Tensor) -> _Owner | None:
-        storage = _storage(src)
-        found = self.owner.get(storage.data_ptr()) if storage is not None else None
-        return found[1] if found is not None and found[0]() is storage else None
 
     def copy(self, src: torch.Tensor, device: torch.device, non_blocking: bool, do: Callable[[], Any]) -> Any:
         """Run ``do`` (the copy of CPU ``src`` to CUDA ``device``), counting it and timing a batch's."""
@@ -124,7 +116,9 @@ class Accountant:
         if self.depth:
             bucket, number, timed = self.inside, -1, False
         else:
-            owner = self._owner(src)
+            storage = _storage(src)
+            found = self.owner.get(storage.data_ptr()) if storage is not None else None
+            owner = found[1] if found is not None and found[0]() is storage else None
             if owner is None:
                 if not self.owner:  # before the first batch: setting up (the model's .to), not the loop
                     return do()
@@ -135,7 +129,8 @@ class Accountant:
                 bucket, number, timed = self.loaders.setdefault(owner[0], Bucket()), owner[1], True
         with self.lock:
             bucket.add(src.numel() * src.element_size(), self.is_pinned(src), non_blocking, number)
-            self._poll()
+            while self.pending and self.clock.ready(self.pending[0][1]):  # the copies done by now: never waits
+                self._resolve(self.pending.popleft())
             timed = timed and len(self.pending) < MAX_PENDING
         if not timed:
             return do()
@@ -145,11 +140,6 @@ class Accountant:
         with self.lock:
             self.pending.append((start, end, bucket, src.numel() * src.element_size()))
         return out
-
-    def _poll(self) -> None:
-        """Resolve the copies whose end event has passed, oldest first; never waits."""
-        while self.pending and self.clock.ready(self.pending[0][1]):
-            self._resolve(self.pending.popleft())
 
     def _resolve(self, item: tuple[Any, Any, Bucket, int]) -> None:
         start, end, bucket, nbytes = item
@@ -264,7 +254,6 @@ def _wrap_copy(orig: Callable[..., Any]) -> Callable[..., Any]:
 _acc: Accountant | None = None
 _compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", None) or (lambda: False)
 _saved: list[tuple[str, Any]] = []  # (attribute, what torch.Tensor's own __dict__ held: None when inherited)
-_WRAPS = {"to": _wrap_to, "cuda": _wrap_cuda, "copy_": _wrap_copy}
 
 
 def install(clock: Any = None) -> Accountant:
@@ -272,7 +261,7 @@ def install(clock: Any = None) -> Accountant:
     global _acc
     _acc = Accountant(clock or CudaClock())
     parent_only(_acc)  # a forked DataLoader worker copies nothing to a GPU: it forgets the Accountant
-    for name, wrap in _WRAPS.items():
+    for name, wrap in (("to", _wrap_to), ("cuda", _wrap_cuda), ("copy_", _wrap_copy)):
         _saved.append((name, torch.Tensor.__dict__.get(name)))
         setattr(torch.Tensor, name, wrap(getattr(torch.Tensor, name)))
     return _acc

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -312,10 +312,8 @@ def _inside_loader(fn: Callable[[Any], Any], arg: Any) -> Any:
 
 def _describe(dataset: Any) -> str:
     n = ""
-    try:
+    with suppress(Exception):  # an iterable dataset has no length
         n = f", {len(dataset)} samples"
-    except Exception:  # an iterable dataset without a length
-        pass
     return f"{type(dataset).__module__}.{type(dataset).__qualname__}{n}"
 
 
@@ -342,8 +340,7 @@ def _clone(batch: Any) -> Any:
     if isinstance(batch, np.ndarray):
         return batch.copy()
     if isinstance(batch, dict):
-        return type(batch)((k, _clone(v)) for k, v in batch.items()) if type(batch) is dict else {
-            k: _clone(v) for k, v in batch.items()}
+        return {k: _clone(v) for k, v in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(_clone(v) for v in batch))
     if isinstance(batch, (list, tuple)):

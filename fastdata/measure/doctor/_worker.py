@@ -65,7 +65,9 @@ def stop() -> None:
     here = _stats_by_pid.get(os.getpid())
     if here is not None:
         here.flush()
-    _unpatch_causes()
+    while _patched:
+        _, (owner, attr, orig) = _patched.popitem()
+        setattr(owner, attr, orig)
     _stats_by_pid.clear()
     _out_dir = None
 
@@ -190,12 +192,6 @@ def _patch_causes() -> None:
             continue
         _patched[key] = (owner, attr, orig)
         setattr(owner, attr, _timed(label, orig))
-
-
-def _unpatch_causes() -> None:
-    while _patched:
-        _, (owner, attr, orig) = _patched.popitem()
-        setattr(owner, attr, orig)
 
 
 def _proc_io() -> dict[str, int] | None:

@@ -94,15 +94,6 @@ def _cell(v: Any) -> Any:
     return float(v) if isinstance(v, (int, float, np.number)) else None
 
 
-def read_table(path: str) -> list[dict[str, Any]]:
-    """The rows of a table, read as ``fastdata convert --meta`` reads it, as dicts of parsed cells (a JSON
-    object keyed by path has those keys as column 'path')."""
-    from fastdata.converters.table_read import read_table as read
-
-    t = read(Path(path))
-    return [{k: _cell(c[i]) for k, c in t.columns.items()} for i in range(t.rows)]
-
-
 def _index(rows: list[dict[str, Any]], files: list[str]) -> tuple[str, str, list[dict[str, Any]]] | None:
     """(path column, the folder its paths are relative to, each file's row) when one column names every file."""
     for col in rows[0] if rows else []:
@@ -218,6 +209,8 @@ def _folder_label(files: list[str], values: list[np.ndarray]) -> bool:
 def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
     """Where each element of the samples comes from. ``samples``: per drawn sample ``file`` (the first
     non-table file its draw opened, or None), ``first`` and ``again`` (two draws' fields as arrays)."""
+    from fastdata.converters.table_read import read_table
+
     first = samples[0]["first"]
     data = max(first, key=lambda k: first[k].size)  # the largest field (the first of equals)
     out: dict[str, Any] = {"data": data, "views": 1, "fields": {}, "tables": {}}
@@ -234,8 +227,9 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
         return out
     indexed = []
     for t in tables:
-        try:
-            rows = read_table(t)
+        try:  # as ``fastdata convert --meta`` reads it, cells parsed (a JSON object keyed by path: column 'path')
+            table = read_table(Path(t))
+            rows = [{k: _cell(c[i]) for k, c in table.columns.items()} for i in range(table.rows)]
         except Exception as e:  # a table the doctor cannot read: said, never fatal
             out["tables"][t] = {"error": f"{type(e).__name__}: {e}"}
             continue

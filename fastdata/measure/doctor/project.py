@@ -119,13 +119,6 @@ def sample(rec: Any, key: int | None = None) -> Sampled | str:
         return str(e) if isinstance(e, DataError) else f"{type(e).__name__}: {e}"
 
 
-def _drawn(ds: Any, i: int) -> tuple[dict[str, np.ndarray] | None, str | None]:
-    """Sample ``i``'s fields and the first file (not a table) its draw opened."""
-    with opened() as files:
-        f = _fields(ds[i])
-    return f, next((p for p in files if not is_table(p) and os.path.isfile(p)), None)
-
-
 def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
             budget_s: float = SAMPLE_BUDGET_S) -> Sampled:
     from fastdata.converters import ConvertConfig
@@ -138,7 +131,9 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
     for i in idx[:ACCOUNT_SAMPLES]:  # drawn twice, with the files each opened: the account of every element
         if len(drawn) >= 2 and time.perf_counter() - t0 > budget_s / 2:
             break
-        f, file = _drawn(ds, i)
+        with opened() as files:
+            f = _fields(ds[i])
+        file = next((p for p in files if not is_table(p) and os.path.isfile(p)), None)  # not a table
         if f is None:
             raise DataError(f"sample {i} holds objects that are not arrays or numbers")
         drawn.append({"file": file, "first": f, "again": _fields(ds[i]) or {}})

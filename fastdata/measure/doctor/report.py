@@ -62,9 +62,7 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
     fetch, collate = sum(r["fetch_s"] for r in rows), sum(r["collate_s"] for r in rows)
     samples, batches = sum(r["samples"] for r in rows), sum(r["batches"] for r in rows)
     ios = [r["io"] for r in rows if r["io"]]
-    causes: Counter[str] = Counter()
-    for r in rows:
-        causes.update(r["causes"])
+    causes = sum((Counter(r["causes"]) for r in rows), Counter[str]())
     out: dict[str, Any] = {
         "processes": len(rows), "samples": samples,
         "getitem_s_per_sample": fetch / samples if samples else None,
