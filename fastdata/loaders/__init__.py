@@ -106,9 +106,12 @@ def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int 
         if config is not None and config.timeout is not None:
             raise UsageError("LoaderConfig(timeout=...) bounds the torch backend's readers; DALI's pipeline has none: "
                              "use backend='torch', or no timeout")
-        from fastdata.loaders.dali import dali_loader
+        from fastdata.loaders.dali import DaliLoader
 
-        return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)
+        threads = usable_cpus() if num_workers == "auto" else num_workers
+        common["owns_dataset"] = True  # a copy of the caller's dataset (decode=False): the loader's own
+        return DaliLoader(ds.with_options(decode=False), batch_size, threads=threads, config=config or LoaderConfig(),
+                          **common)
     workers, config = _resolve_workers(num_workers, ds, batch_size, common["device"], config, transform)
     return TorchLoader(ds, batch_size, workers=workers, config=config, transform=transform, **common)
 

@@ -13,12 +13,11 @@ import torch
 
 from fastdata._compat import storage_use_count
 from fastdata.handles import parent_only
-from fastdata.loaders.buffers import torch_dtype
+from fastdata.loaders.buffers import ALIGN, torch_dtype
 
 Layout = dict[str, tuple[int, int]]  # region name -> (offset, bytes); SPARE: arrays a transform makes
 SPARE = ""
 Placed = tuple[str, Any]  # ("slot", (offset, shape, dtype str)) or ("copy", value)
-ALIGN = 64  # regions start on a cache line (every dtype's alignment)
 
 
 def _aligned(n: int) -> int:
