@@ -539,7 +539,7 @@ def test_epoch_meter_accounts_input_wait_and_compute_on_a_fake_clock(monkeypatch
         meter.add(next(losses), len(batch["x"]))
         now["t"] += 1.0  # the step
         meter.end_compute()
-        meter.add_skipped(torch.tensor(1))
+        meter.skipped += torch.tensor(1)
     now["t"] += 0.25  # after the last batch: the loader's StopIteration and the epoch's end
     m = meter.finish(epoch=3, steps=2)
     assert (m.epoch, m.steps, m.samples, m.skipped_steps, m.nonfinite_losses) == (3, 2, 8, 2, 1)

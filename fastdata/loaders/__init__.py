@@ -71,7 +71,13 @@ def loader(
     """
     if backend not in ("torch", "dali", "auto"):
         raise UsageError(f"backend must be 'torch', 'dali' or 'auto', not {backend!r}")
-    ds = _open_dataset(source, fields, remote)
+    if not isinstance(source, Dataset):
+        ds = Dataset(source, fields=fields, remote=remote)
+    elif remote is not None:
+        raise UsageError("remote= is for loaders given a URL; this Dataset was opened already (pass remote= to "
+                         "fastdata.open instead)")
+    else:
+        ds = source if fields is None else source.with_options(fields=fields)  # keeps the caller's decode settings
     batch_size, sampler = _bind_sampler(sampler, ds, batch_size)
     aug = augment if augment is None or isinstance(augment, Augment) else Augment(tuple(augment))
     dev = resolve_device(device)
@@ -82,17 +88,6 @@ def loader(
     common: dict[str, Any] = dict(shuffle=shuffle, drop_last=drop_last, seed=seed, device=dev, augment=aug,
                                   owns_dataset=ds is not source, sampler=sampler)
     return _backend_loader(chosen, ds, batch_size, num_workers, config, transform, common)
-
-
-def _open_dataset(source: str | os.PathLike[str] | Dataset, fields: Sequence[str] | None,
-                  remote: RemoteOptions | None) -> Dataset:
-    """The dataset a loader reads: ``source`` opened, or the caller's Dataset (with ``fields``, a copy)."""
-    if not isinstance(source, Dataset):
-        return Dataset(source, fields=fields, remote=remote)
-    if remote is not None:
-        raise UsageError("remote= is for loaders given a URL; this Dataset was opened already (pass remote= to "
-                         "fastdata.open instead)")
-    return source if fields is None else source.with_options(fields=fields)  # keeps the caller's decode settings
 
 
 def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int | Literal["auto"],
@@ -106,9 +101,12 @@ def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int 
         if config is not None and config.timeout is not None:
             raise UsageError("LoaderConfig(timeout=...) bounds the torch backend's readers; DALI's pipeline has none: "
                              "use backend='torch', or no timeout")
-        from fastdata.loaders.dali import dali_loader
+        from fastdata.loaders.dali import DaliLoader
 
-        return dali_loader(ds, batch_size, num_workers=num_workers, config=config, **common)
+        threads = usable_cpus() if num_workers == "auto" else num_workers
+        common["owns_dataset"] = True  # a copy of the caller's dataset (decode=False): the loader's own
+        return DaliLoader(ds.with_options(decode=False), batch_size, threads=threads, config=config or LoaderConfig(),
+                          **common)
     workers, config = _resolve_workers(num_workers, ds, batch_size, common["device"], config, transform)
     return TorchLoader(ds, batch_size, workers=workers, config=config, transform=transform, **common)
 

@@ -171,25 +171,21 @@ class Loader:
         return ReadAhead(self.dataset.byte_ranges, plan, first, self._lead(), self.config.readahead,
                          memo=self._cache_memo)
 
-    def _start_pass(self) -> tuple[World, int, int]:
-        """Read the world, check it against a restored position; the (world, epoch, first batch) to run."""
-        world = self._fixed_world or World.current()
-        first = self._resume_at
-        if first and self._resume_world is not None and self._resume_world != world.size:
-            raise UsageError(
-                f"the loader state was saved mid-epoch with world_size={self._resume_world}, but this run has "
-                f"{world.size} process(es): resume with the same number of ranks, or call set_epoch(epoch + 1) "
-                "to start the next epoch over")
-        self._resume_at, self._resume_world = 0, None
-        self._pass_world = world
-        return world, self.epoch, first
-
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         # A generator: nothing runs until the first batch (Lightning calls iter(), then set_epoch, then asks)
         follower: PlanFollower | ReadAhead | None = None
         ahead: list[np.ndarray] | None = None  # a local plan whose read-ahead starts after the first batch
         try:
-            world, epoch, first = self._start_pass()
+            world = self._fixed_world or World.current()
+            epoch = self.epoch
+            first = self._resume_at
+            if first and self._resume_world is not None and self._resume_world != world.size:
+                raise UsageError(
+                    f"the loader state was saved mid-epoch with world_size={self._resume_world}, but this run has "
+                    f"{world.size} process(es): resume with the same number of ranks, or call set_epoch(epoch + 1) "
+                    "to start the next epoch over")
+            self._resume_at, self._resume_world = 0, None
+            self._pass_world = world
             if self.dataset.remote is not None:  # every rank's plan: the node's cache ranks shards by next use
                 plans = self._plans(epoch, None)
                 plan = plans[world.rank]

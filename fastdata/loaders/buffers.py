@@ -19,7 +19,7 @@ def torch_dtype(dt: Any) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=np.dtype(dt).newbyteorder("="))).dtype
 
 
-ALIGN = 64  # a cache line
+ALIGN = 64  # a cache line (every dtype's alignment)
 
 
 def allocate(shape: tuple[int, ...], dtype: torch.dtype, phase: int, pin: bool) -> torch.Tensor:

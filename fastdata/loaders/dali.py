@@ -29,7 +29,6 @@ from fastdata.loaders.dali_augment import Chain, Graph, Img, compile_chain
 from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, Pass, Route, plan_routes
 from fastdata.reading.dataset import Dataset
 from fastdata.seeds import Stream, int_seed
-from fastdata.world import usable_cpus
 
 log = logging.getLogger("fastdata.loader")
 
@@ -366,12 +365,3 @@ def _output(g: Graph, r: Route, img: Img, chain: Chain | None, pad_hw: list[Any]
     return g.fn.crop_mirror_normalize(img.node, dtype=g.types.FLOAT, output_layout="HWC" if channels_last else "CHW",
                                       mean=[m * img.scale for m in mean], std=[s * img.scale for s in std], **pad)
 
-
-def dali_loader(ds: Dataset, batch_size: int, *, num_workers: int | str, config: LoaderConfig | None,
-                **common: Any) -> DaliLoader:
-    """Build the DALI backend for :func:`fastdata.loader`: ``num_workers`` (checked there) is DALI's CPU
-    threads; ``common``: :class:`Loader`'s arguments."""
-    threads = usable_cpus() if num_workers == "auto" else int(num_workers)
-    common["owns_dataset"] = True  # a copy of the caller's dataset (decode=False): the loader's own
-    return DaliLoader(ds.with_options(decode=False), batch_size, threads=threads, config=config or LoaderConfig(),
-                      **common)

@@ -24,7 +24,7 @@ from fastdata.augment import (
     VerticalFlip,
     pair,
 )
-from fastdata.augment.base import _Geometric, check_fits
+from fastdata.augment.base import _FixedSize, _Geometric, check_fits
 from fastdata.augment.color import hue_matrix
 from fastdata.errors import UsageError
 
@@ -64,8 +64,10 @@ class Step:
     params: tuple[np.dtype, ...] = ()  # dtype of each parameter output
     out_size: tuple[int, int] | None = None  # a fixed output (H, W), when the op makes one
 
-    def __init__(self, op: Any) -> None:
-        self.op = op
+    def __init__(self, op: Any, region: bool = False) -> None:
+        self.op, self.region = op, region
+        if isinstance(op, _FixedSize):  # a crop or Resize: every image comes out at the op's size
+            self.size = self.out_size = pair(op.size)
 
     def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
         """Per-sample parameters for images of sizes ``hw`` (B, 2); one array (B, ...) per output."""
@@ -73,8 +75,7 @@ class Step:
 
     def next_hw(self, hw: np.ndarray) -> np.ndarray:
         """The images' (B, 2) sizes after this step: the torch op's ``out_sizes``, for a geometric op."""
-        op = getattr(self, "op", None)
-        return op.out_sizes(torch.from_numpy(hw)).numpy() if isinstance(op, _Geometric) else hw
+        return self.op.out_sizes(torch.from_numpy(hw)).numpy() if isinstance(self.op, _Geometric) else hw
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         raise NotImplementedError
@@ -93,8 +94,7 @@ class _ResizedCrop(Step):
     the window grown by one pixel (the params: that region, then the window inside it)."""
 
     def __init__(self, op: RandomResizedCrop, region: bool = False) -> None:
-        self.op, self.region = op, region
-        self.size = self.out_size = pair(op.size)
+        super().__init__(op, region)
         self.params = (_I32, _I32, _F32, _F32) if region else (_F32, _F32)
 
     def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
@@ -124,8 +124,7 @@ class _Window(Step):
     decodes exactly the window."""
 
     def __init__(self, op: RandomCrop | CenterCrop, region: bool = False) -> None:
-        self.op, self.region = op, region
-        self.size = self.out_size = pair(op.size)
+        super().__init__(op, region)
         self.params = (_I32, _I32) if region else (_I32,)
 
     def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
@@ -158,10 +157,6 @@ class _Flip(Step):
 
 class _Resize(Step):
     """Resize: the whole image to ``size``, bilinear, pixel centres, no antialiasing (as the torch op)."""
-
-    def __init__(self, op: Resize) -> None:
-        self.op = op
-        self.size = self.out_size = pair(op.size)
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
         node = g.fn.resize(img.node, size=list(self.size), roi_start=[0.0, 0.0], roi_end=[1.0, 1.0],
@@ -265,6 +260,7 @@ class _Normalize(Step):
     """Normalize before other ops: ``(x - mean) / std`` per channel as one affine colour transform."""
 
     def __init__(self, op: Normalize, channels: int) -> None:
+        super().__init__(op)
         self.mean, self.std = _check_norm(op, channels)
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
@@ -300,7 +296,7 @@ class Chain:
     @property
     def region(self) -> bool:
         """The first step takes its window from the decoder (its first two parameters)."""
-        return bool(self.steps) and getattr(self.steps[0], "region", False)
+        return bool(self.steps) and self.steps[0].region
 
     def draw(self, g: torch.Generator, hw: np.ndarray) -> list[np.ndarray]:
         """Every step's parameters for one batch, in order (sizes follow the crops)."""

@@ -155,7 +155,7 @@ class ProcessReader:
                 worker.known[slot.id] = slot.gen
             worker.conn.send(("read", k, idx, slot.id, epoch, rank))
         except OSError:
-            self.ring.give_back(slot)
+            self.ring.free.append(slot)
             raise self._lost(w, k) from None
         worker.pending.append((k, slot))
 
@@ -202,7 +202,7 @@ class ProcessReader:
         for w, worker in enumerate(self._workers):
             while worker.pending:
                 _, slot = self._receive(w)
-                self.ring.give_back(slot)
+                self.ring.free.append(slot)
 
     def run(self, plan: list[np.ndarray], first: int = 0, post: Post | None = None,
             epoch: int = 0, rank: int = 0) -> Iterator[HostBatch]:
@@ -225,13 +225,13 @@ class ProcessReader:
             w = order.popleft()
             msg, slot = self._receive(w)
             batch = self._unpack(w, msg, slot)
-            self.ring.lend(slot)
+            self.ring.lent.append(slot)
             yield post(batch, msg[1]) if post is not None else batch
             del batch
 
     def _unpack(self, w: int, msg: tuple[Any, ...], slot: Slot) -> HostBatch:
         if msg[0] == "err":
-            self.ring.give_back(slot)
+            self.ring.free.append(slot)
             raise self._error(w, msg)
         _, k, placed, needs = msg
         self.ring.saw(needs)

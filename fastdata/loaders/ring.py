@@ -13,12 +13,11 @@ import torch
 
 from fastdata._compat import storage_use_count
 from fastdata.handles import parent_only
-from fastdata.loaders.buffers import torch_dtype
+from fastdata.loaders.buffers import ALIGN, torch_dtype
 
 Layout = dict[str, tuple[int, int]]  # region name -> (offset, bytes); SPARE: arrays a transform makes
 SPARE = ""
 Placed = tuple[str, Any]  # ("slot", (offset, shape, dtype str)) or ("copy", value)
-ALIGN = 64  # regions start on a cache line (every dtype's alignment)
 
 
 def _aligned(n: int) -> int:
@@ -63,11 +62,6 @@ class Slot:
         flat = self.base[offset: offset + nbytes]
         return flat.view(torch_dtype(dt)).view(shape)
 
-    def in_use(self) -> bool:
-        """True while a view of the slot's memory exists outside the ring (or torch cannot tell)."""
-        users = storage_use_count(self.base)
-        return users is None or users > 1
-
     def close(self) -> None:
         """Close the descriptor; the memory stays mapped until the last view of it is dropped."""
         if self.fd >= 0:
@@ -86,8 +80,8 @@ class Ring:
         self.rows = 0  # samples the fixed regions hold
         self.want = size  # slots kept free or lent before more are made
         self.slots: list[Slot] = []
-        self.free: list[Slot] = []
-        self.lent: list[Slot] = []
+        self.free: list[Slot] = []  # also those whose batch was never handed out (a pass ended early, a read failed)
+        self.lent: list[Slot] = []  # their batch went to the consumer
         self.copied = 0  # arrays that crossed pickled (did not fit their slot)
         self.grown = 0  # slots made beyond ``want`` because the consumer held on to batches
 
@@ -123,14 +117,6 @@ class Ring:
             self.slots[sid] = slot
         return slot
 
-    def lend(self, slot: Slot) -> None:
-        """The slot's batch went to the consumer: reuse the slot once nothing refers to it."""
-        self.lent.append(slot)
-
-    def give_back(self, slot: Slot) -> None:
-        """A slot whose batch was never handed out (a pass ended early, or the read failed)."""
-        self.free.append(slot)
-
     def saw(self, needs: dict[str, int]) -> None:
         """A batch needed ``needs`` bytes in some regions: slots made or reused later hold a quarter more."""
         for name, n in needs.items():
@@ -139,8 +125,9 @@ class Ring:
 
     def _reclaim(self) -> None:
         still: list[Slot] = []
-        for slot in self.lent:
-            (still if slot.in_use() else self.free).append(slot)
+        for slot in self.lent:  # reused once no view of its memory exists outside the ring (None: cannot tell)
+            users = storage_use_count(slot.base)
+            (still if users is None or users > 1 else self.free).append(slot)
         self.lent = still
 
     def close(self) -> None:

@@ -48,9 +48,12 @@ class TorchLoader(Loader):
             raise UsageError("LoaderConfig(timeout=...) bounds the wait for reader threads or processes, and "
                              "num_workers=0 reads in the iterating thread: use num_workers >= 1, or no timeout")
         # On the CPU, reader threads decode images straight to float (a view of the dataset; not for a URL dataset)
+        # when the dataset decodes, the output is float and every encoded field is among the images
         view = not processes and self.dataset.remote is None
-        changes: dict[str, Any] = {"decode": "float"} if view and self._decode_float(images) else {}
-        encoded = any(f.encoding == ENCODING_IMAGE for f in self.dataset.schema)
+        encoded = [f.name for f in self.dataset.schema if f.encoding == ENCODING_IMAGE]
+        to_float = (bool(encoded) and device.type == "cpu" and config.image_dtype == "float32"
+                    and self.dataset.options.get("decode") is True and all(n in images for n in encoded))
+        changes: dict[str, Any] = {"decode": "float"} if view and to_float else {}
         if (processes or view and self.workers >= 2) and encoded and self.dataset.options.get("decode_threads") is None:
             changes["decode_threads"] = 1  # the readers are the parallelism
         crop = crop_field(self.dataset, self.augment, images, config, view and self._bound is None)
@@ -70,13 +73,6 @@ class TorchLoader(Loader):
         self._device = DeviceStage(device, self.augment, self.seed, config.channels_last, images,
                                    keep_uint8=config.image_dtype == "uint8")
         self._device.precropped = {crop: len(stage.ops)} if crop is not None and stage is not None else {}
-
-    def _decode_float(self, images: tuple[str, ...]) -> bool:
-        """Whether the readers decode images straight to float: on the CPU, float output, a dataset that
-        decodes, and every encoded field among the images."""
-        encoded = [f.name for f in self.dataset.schema if f.encoding == ENCODING_IMAGE]
-        return (bool(encoded) and self.device.type == "cpu" and self.config.image_dtype == "float32"
-                and self.dataset.options.get("decode") is True and all(n in images for n in encoded))
 
     def _check_packed(self, images: tuple[str, ...]) -> None:
         """Packed batches: what can be packed (Dataset.check_ragged), and mixed-size images kept as bytes."""

@@ -9,12 +9,24 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import UsageError
-from fastdata.loaders.batching import batch_len
 from fastdata.seeds import Stream, numpy_rng
 
 _TENSOR_KINDS = "biufc"  # numpy kinds torch.from_numpy takes (bool, integers, floats, complex)
 HostArrays = dict[str, Any]  # field -> numpy array (or list of str)
 TransformFn = Callable[[HostArrays, np.random.Generator], "HostArrays | None"]
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in a batch, for fastdata's and other loaders' batches alike: a dict (its first array or tensor;
+    lists of strings, such as keys, count by length) or tuple of arrays/tensors (first entry), or one array."""
+    if isinstance(batch, dict):
+        values = list(batch.values())
+        batch = next((v for v in values if hasattr(v, "shape")), values[0] if values else None)
+        if isinstance(batch, list):
+            return len(batch)
+    elif isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    return int(batch.shape[0]) if hasattr(batch, "shape") and len(batch.shape) else 1
 
 
 class TransformError(Exception):

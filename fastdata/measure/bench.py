@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 import numpy as np
 
 from fastdata.format.spec import CODEC_SUFFIX, ENCODING_IMAGE, LENGTHS_SUFFIX, SHAPE_SUFFIX
-from fastdata.loaders.batching import batch_len
+from fastdata.loaders.transform import batch_len
 from fastdata.reading.dataset import Dataset
 
 Sink = Literal["buffer", "ahead"]  # pread_pass: plain preads, or hinted ahead of them

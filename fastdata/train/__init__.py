@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastdata.loaders.batching import batch_len
+from fastdata.loaders.transform import batch_len
 from fastdata.train.checkpoint import _unwrap, checkpoint_state, restore_checkpoint, save_checkpoint
 from fastdata.train.meter import _END, EpochMeter, EpochMetrics, epoch_summary
 from fastdata.train.precision import Precision, PrecisionPlan, fixed_shapes, startup_report
@@ -33,9 +33,6 @@ class FitResult:
     steps: int = 0
     precision: str = "fp32"
     compiled: bool = False
-
-
-# --- the step ----------------------------------------------------------------------------------------------------
 
 
 class ModelRunner:
@@ -124,8 +121,6 @@ class TrainStep:
         return _optimizer_step(self.optimizer, self.scaler, self.params, self.clip)
 
 
-# --- logging -------------------------------------------------------------------------------------------------------
-
 @contextlib.contextmanager
 def shown_by_default(enabled: bool) -> Iterator[None]:
     """While ``fit`` runs, show ``fastdata.train``'s INFO lines on stderr if the program configured no logging
@@ -146,9 +141,6 @@ def shown_by_default(enabled: bool) -> Iterator[None]:
         log.setLevel(level)
 
 
-# --- the loop ------------------------------------------------------------------------------------------------------
-
-
 def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Say,
               save: Callable[[int, int], None], log_every: int = 0, checkpoint_every: int | None = None,
               max_steps: int | None = None) -> tuple[EpochMetrics, int, bool]:
@@ -164,7 +156,7 @@ def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Sa
         loss, last = trainer.forward_backward(batch)
         meter.add(loss, batch_len(batch))
         if last:
-            meter.add_skipped(trainer.optimizer_step())
+            meter.skipped += trainer.optimizer_step()
             step += 1
             if checkpoint_every and step % checkpoint_every == 0:
                 save(epoch, step)
@@ -175,20 +167,11 @@ def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Sa
             stopped = True
             break
     if trainer.pending and not stopped:  # leftover micro-batches at the end of an epoch still step
-        meter.add_skipped(trainer.optimizer_step())
+        meter.skipped += trainer.optimizer_step()
         step += 1
     metrics = meter.finish(epoch, step - first_step)
     say(epoch_summary(metrics))
     return metrics, step, stopped
-
-
-def _setup(model: nn.Module, loader: Any, precision: Precision, channels_last: bool) -> PrecisionPlan:
-    """The run's precision plan, its flags set and ``model`` placed on the loader's device (else the model's)."""
-    device = getattr(loader, "device", None) or next(model.parameters()).device
-    plan = PrecisionPlan.choose(torch.device(device), precision, _unwrap(model), channels_last, fixed_shapes(loader))
-    plan.apply_flags()
-    plan.place(model)
-    return plan
 
 
 def fit(
@@ -218,7 +201,10 @@ def fit(
     world = World.detect()
     say: Say = (on_log or log.info) if world.rank == 0 else (lambda _msg: None)
     with shown_by_default(verbose and on_log is None and world.rank == 0):
-        plan = _setup(model, loader, precision, channels_last)
+        device = getattr(loader, "device", None) or next(model.parameters()).device  # the loader's, else the model's
+        plan = PrecisionPlan.choose(torch.device(device), precision, _unwrap(model), channels_last, fixed_shapes(loader))
+        plan.apply_flags()
+        plan.place(model)
         scaler = plan.make_scaler()
         start_epoch, step, history = 0, 0, list[EpochMetrics]()
         if resume is not None:

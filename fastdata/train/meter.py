@@ -83,9 +83,6 @@ class EpochMeter:
         self.nonfinite += (~torch.isfinite(loss)).long()
         self.loss_sum += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
 
-    def add_skipped(self, skipped: torch.Tensor) -> None:
-        self.skipped += skipped
-
     def end_compute(self) -> None:
         """The step of the batch from the last ``fetch`` is done (on CUDA: queued)."""
         if self.cuda:
