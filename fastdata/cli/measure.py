@@ -117,7 +117,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.cold:
         return run_cold(args)
     ds = _bench_dataset(args)
-    local = ds.remote is None or all(p.is_file() for p in ds.shard_paths())
+    local = ds.remote is None or all(r.path.is_file() for r in ds.readers)
     # MB/s of the data the loader hands over; stored bytes only where reading the payload would download shards
     bps = payload_bytes(ds) if local else sample_bytes(ds)
     results, settings = _bench_results(args, ds, bps, local)
@@ -296,7 +296,7 @@ def run_cold(args: argparse.Namespace) -> int:
     ds = Dataset(args.dst)
     if ds.manifest.backend == "inplace":  # its files are the source's (docs/in-place.md), not shards
         raise UsageError(f"{args.dst}: an in-place index: --cold measures fastdata shard files; convert it to compare")
-    paths = [str(p) for p in ds.shard_paths()]
+    paths = [str(r.path) for r in ds.readers]
     bps = int(sample_bytes(ds))
     rows: list[tuple[str, float, float, int]] = []  # name, samples/s, MB/s, memory stalls
     for shuffle in (True, "block"):

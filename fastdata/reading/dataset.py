@@ -60,7 +60,6 @@ class Dataset:
     ``decode``: image fields as pixels on read (``"float"``: float32 in [0, 1]) on ``decode_threads`` threads
     (default: the usable CPUs); ``root`` may be a URL, cached as ``remote`` says (docs/remote.md)."""
 
-
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -83,7 +82,13 @@ class Dataset:
         self._keys = self._store.key_table()
         if self._with_key:
             self._check_keys()  # asked for keys that cannot be read: say why now, not at the first batch
-        self.schema: list[FieldSpec] = self._schema(fields, names)
+        self.schema: list[FieldSpec] = list(self.manifest.fields)
+        if fields is not None:  # those asked for, each image field with its shape (and codec) fields
+            unknown = [f for f in fields if f not in names and not (f == KEY_FIELD and self._with_key)]
+            if unknown:
+                raise UsageError(f"{self.root}: no field {unknown[0]!r} (fields: {', '.join(names)}, and 'key')")
+            wanted = set(fields).union(*(companions(f) for f in self.manifest.fields if f.name in fields))
+            self.schema = [f for f in self.manifest.fields if f.name in wanted]
         # image fields' shape and codec fields read (to decode) but not asked for: left out of batches
         self._hidden = frozenset(f.name for f in self.schema if fields is not None and f.name not in fields)
         self._strings = [f for f in self.schema if is_string(f)]
@@ -95,16 +100,6 @@ class Dataset:
         self._decoder = BatchDecoder(decode_threads, unit_float=decode == "float") if self._encoded else None
         self._readers: list[ShardReader] = self._store.open_readers(self.manifest.fields)
         self._starts = np.array([s.start for s in self.manifest.shards], dtype=np.int64)
-
-    def _schema(self, fields: Sequence[str] | None, names: list[str]) -> list[FieldSpec]:
-        """The fields read: those asked for (all when None), each image field with its shape (and codec) fields."""
-        if fields is None:
-            return list(self.manifest.fields)
-        unknown = [f for f in fields if f not in names and not (f == KEY_FIELD and self._with_key)]
-        if unknown:
-            raise UsageError(f"{self.root}: no field {unknown[0]!r} (fields: {', '.join(names)}, and 'key')")
-        wanted = set(fields).union(*(companions(f) for f in self.manifest.fields if f.name in fields))
-        return [f for f in self.manifest.fields if f.name in wanted]
 
     def with_options(self, **changes: Any) -> "Dataset":
         """The same dataset opened again with some options changed (``fields``, ``decode``, ``decode_threads``)."""
@@ -139,10 +134,6 @@ class Dataset:
     def readers(self) -> list[ShardReader]:
         """One reader per shard of the manifest (the loader aligns its batch buffers to the first)."""
         return self._readers
-
-    def shard_paths(self) -> list[Path]:
-        """Local files of the shards (for a URL dataset: where the cache keeps them, once downloaded)."""
-        return [r.path for r in self._readers]
 
     @property
     def classes(self) -> list[str] | None:
@@ -328,7 +319,6 @@ class Dataset:
             out[name] = self.subset(idx.astype(np.int64))
         return out
 
-
     # --- reading -------------------------------------------------------------------------------
 
     def __getitem__(self, i: int) -> dict[str, Any]:
@@ -504,7 +494,6 @@ class Dataset:
         if a.shape != shape or a.dtype != f.np_dtype or not a.flags.c_contiguous:
             raise ValueError(f"out[{f.name!r}] must be a C-contiguous {f.np_dtype} array of shape {shape}")
         return a
-
 
     def close(self) -> None:
         """Release this process's file handles and decode threads (they reopen on next use)."""

@@ -24,11 +24,6 @@ class SamplerFn(Protocol):
     def __call__(self, n: int, world: World, seed: int, epoch: int) -> Sequence[np.ndarray]: ...
 
 
-def rng(seed: int, epoch: int, which: int) -> np.random.Generator:
-    """The generator of one sampler's epoch (stream SAMPLER; ``which`` tells the built-in samplers apart)."""
-    return numpy_rng(seed, epoch, Stream.SAMPLER, batch=which)
-
-
 def rank_batches(batches: Sequence[np.ndarray], world: World, drop_last: bool) -> list[np.ndarray]:
     """This rank's contiguous share of the epoch's batches, the same count on every rank, wrapping around
     (``drop_last=False``) or dropping what does not fit."""
@@ -97,15 +92,11 @@ class Weighted:
 
     def bind(self, dataset: Dataset, batch_size: int) -> "Weighted":
         """This sampler checked against ``dataset`` (its size, and its classes for ``"balanced"``)."""
-        balanced = isinstance(self.weights, str) and self.weights == "balanced"
-        return self.prepare(len(dataset), class_codes(dataset, self.by) if balanced else None, batch_size)
-
-    def prepare(self, n: int, codes: np.ndarray | None, batch_size: int) -> "Weighted":
-        """Bound to ``n`` samples whose class codes (for ``"balanced"``) are ``codes``."""
+        n = len(dataset)
         if isinstance(self.weights, str):
             if self.weights != "balanced":
                 raise UsageError(f"Weighted: weights must be numbers or 'balanced', not {self.weights!r}")
-            assert codes is not None
+            codes = class_codes(dataset, self.by)
             w = 1.0 / np.bincount(codes)[codes]
         else:
             w = np.asarray(self.weights)
@@ -144,7 +135,7 @@ class Weighted:
         if len(self._p) != n:
             raise UsageError(f"Weighted: bound to {len(self._p)} samples, asked for {n}")
         k = int(self.num_samples or n)
-        g = rng(seed, epoch, 1)
+        g = numpy_rng(seed, epoch, Stream.SAMPLER, batch=1)  # batch: which built-in sampler
         if self.replacement:  # i.i.d. draws from the alias table: one gather of 8 bytes a draw
             assert self._alias is not None
             j = g.integers(0, n, k, dtype=np.int64)
@@ -182,16 +173,13 @@ class Episodic:
         if batch_size is not None and batch_size != self.episode_size:
             raise UsageError(f"Episodic: an episode holds n_way * (k_shot + n_query) = {self.episode_size} samples; "
                              f"batch_size is {batch_size} (pass batch_size={self.episode_size} or None)")
-        return self.prepare(class_codes(dataset, self.by))
-
-    def prepare(self, codes: np.ndarray) -> "Episodic":
-        """Bound to samples whose dense class codes (0..C-1, one per sample) are ``codes``."""
         for name, least in (("n_way", 1), ("k_shot", 1), ("n_query", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
                 what = "a positive integer" if least else "an integer >= 0"
                 raise UsageError(f"Episodic: {name} must be {what}, not {v!r}")
             setattr(self, name, int(v))  # a numpy integer becomes the plain int of the same value
+        codes = class_codes(dataset, self.by)
         counts = np.bincount(codes) if len(codes) else np.zeros(0, dtype=np.int64)
         s = self.k_shot + self.n_query
         eligible = np.flatnonzero(counts >= s)
@@ -221,7 +209,7 @@ class Episodic:
         if len(self._codes) != n:
             raise UsageError(f"Episodic: bound to {len(self._codes)} samples, asked for {n}")
         assert self._members is not None
-        g = rng(seed, epoch, 2)
+        g = numpy_rng(seed, epoch, Stream.SAMPLER, batch=2)
         e, w, s = int(self.episodes_per_epoch or 1), self.n_way, self.k_shot + self.n_query
         # classes of each episode: rows of permutations of the eligible classes, n_way at a time
         m = len(self._eligible)
@@ -258,9 +246,10 @@ class Episodic:
         return list(episodes)
 
 
-def check_batches(batches: Sequence[Any], n: int, name: str, epoch: int) -> list[np.ndarray]:
-    """A sampler's batches as int64 arrays; UsageError naming the batch unless each is a 1-D array of
-    indices in ``0..n-1``."""
+def world_batches(sampler: SamplerFn, n: int, world: World, seed: int, epoch: int) -> list[np.ndarray]:
+    """The sampler's batches of ``epoch`` for all ranks, as the loader plans them, as int64 arrays; UsageError
+    naming the batch unless each is a 1-D array of indices in ``0..n-1``."""
+    batches, name = sampler(n, world, seed, epoch), describe(sampler)
     try:
         out = [np.asarray(b) for b in batches]
     except (TypeError, ValueError) as e:  # None, a number, ragged nested lists
@@ -281,11 +270,6 @@ def check_batches(batches: Sequence[Any], n: int, name: str, epoch: int) -> list
     return out
 
 
-def world_batches(sampler: SamplerFn, n: int, world: World, seed: int, epoch: int) -> list[np.ndarray]:
-    """The sampler's batches of ``epoch`` for all ranks, as the loader plans them, checked (:func:`check_batches`)."""
-    return check_batches(sampler(n, world, seed, epoch), n, describe(sampler), epoch)
-
-
 def describe(sampler: Any) -> str:
     """How a loader state names its sampler (a resumed state must come from the same one)."""
     if sampler is None:
@@ -301,4 +285,4 @@ def describe(sampler: Any) -> str:
     return getattr(sampler, "__qualname__", type(sampler).__qualname__)
 
 
-__all__ = ["Episodic", "SamplerFn", "Weighted", "check_batches", "rank_batches", "world_batches"]
+__all__ = ["Episodic", "SamplerFn", "Weighted", "rank_batches", "world_batches"]
