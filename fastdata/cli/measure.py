@@ -4,6 +4,7 @@ from the page cache before each pass (no root needed) and compares with the disk
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from functools import partial
@@ -13,10 +14,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from fastdata._units import fmt_bytes
 from fastdata.cli.common import Bar, duration, with_bar, workers
 from fastdata.errors import UsageError
+from fastdata.reading.dataset import Dataset
+from fastdata.reading.readahead import drop_page_cache, supported
+from fastdata.remote import is_url
 
 if TYPE_CHECKING:
     from fastdata.measure.bench import BenchResult
-    from fastdata.reading.dataset import Dataset
 
 
 def add_parsers(sub: Any) -> None:
@@ -139,8 +142,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _bench_dataset(args: argparse.Namespace) -> Dataset:
     """The dataset ``fastdata bench`` measures: ``PATH``, or the samples keyed in ``--subset``'s file."""
-    from fastdata.reading.dataset import Dataset
-
     ds = Dataset(args.dst)
     if args.subset:
         try:
@@ -238,8 +239,6 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def _import_function(spec: str) -> Any:
     """``module:function`` (or ``module:Class.attr``) imported, as ``--transform`` names it."""
-    import importlib
-
     module, _, name = spec.partition(":")
     if not module or not name:
         raise UsageError(f"--transform {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.augment:jitter")
@@ -258,7 +257,6 @@ _THREADS = 16
 def _cold(paths: list[str], measure: Callable[[], Any]) -> tuple[Any, int]:
     """``measure()`` run with the page cache emptied for ``paths`` first, and the memory stalls meanwhile."""
     from fastdata.measure.bench import memory_stalls
-    from fastdata.reading.readahead import drop_page_cache
 
     drop_page_cache(paths)
     stalls = memory_stalls()
@@ -282,9 +280,6 @@ def _ceilings(paths: list[str], bps: int, seconds: float) -> list[tuple[str, Cal
 
 def run_cold(args: argparse.Namespace) -> int:
     from fastdata.measure.bench import measure, sample_bytes
-    from fastdata.reading.dataset import Dataset
-    from fastdata.reading.readahead import supported
-    from fastdata.remote import is_url
 
     if is_url(args.dst):
         raise UsageError(f"{args.dst}: --cold measures local shard files; run it on the node's cached copy or a local dataset")
