@@ -19,8 +19,6 @@ from fastdata.errors import FastdataError
 from fastdata.format import read_manifest
 from fastdata.remote import is_url
 
-_URL_COMMANDS = ("convert", "merge-parts", "info", "verify", "bench")  # the commands that take a URL
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastdata", description="Fast sharded datasets for PyTorch training.")
@@ -59,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        help="replace an existing fastdata dataset (or index) at DST")
     for name in ("convert", "merge", "index", "verify"):
         sub.choices[name].add_argument("--quiet", action="store_true", help="no progress bar")
-    for name in _URL_COMMANDS:
+    for name in ("convert", "merge-parts", "info", "verify", "bench"):  # the commands that take a URL
         sub.choices[name].add_argument(
             "--remote-timeout", type=duration, metavar="SECONDS",
             help="for a URL: how long one remote operation may keep failing (retried, with a warning) before "

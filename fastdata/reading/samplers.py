@@ -159,7 +159,6 @@ class Episodic:
     n_query: int = 0
     episodes_per_epoch: int | None = None
     by: str = "label"
-    _codes: np.ndarray | None = field(default=None, repr=False)
     _members: np.ndarray | None = field(default=None, repr=False)  # sample indices grouped by class
     _starts: np.ndarray | None = field(default=None, repr=False)
     _counts: np.ndarray | None = field(default=None, repr=False)
@@ -193,7 +192,6 @@ class Episodic:
         if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
             raise UsageError(f"Episodic: episodes_per_epoch must be a positive integer, not {episodes!r}")
         bound = Episodic(self.n_way, self.k_shot, self.n_query, int(episodes), self.by)
-        bound._codes = codes
         small = codes.astype(np.uint16) if len(counts) <= 1 << 16 else codes  # radix sort up to 65536 classes
         order = np.argsort(small, kind="stable")  # sample indices grouped by class
         bound._members = order.astype(np.int32) if len(codes) < 1 << 31 else order
@@ -203,12 +201,11 @@ class Episodic:
         return bound
 
     def __call__(self, n: int, world: World, seed: int, epoch: int) -> list[np.ndarray]:
-        if self._codes is None:
+        if self._members is None:
             raise UsageError("Episodic: pass the sampler to fastdata.loader(..., sampler=...), which binds it")
         assert self._counts is not None and self._starts is not None and self._eligible is not None
-        if len(self._codes) != n:
-            raise UsageError(f"Episodic: bound to {len(self._codes)} samples, asked for {n}")
-        assert self._members is not None
+        if len(self._members) != n:
+            raise UsageError(f"Episodic: bound to {len(self._members)} samples, asked for {n}")
         g = numpy_rng(seed, epoch, Stream.SAMPLER, batch=2)
         e, w, s = int(self.episodes_per_epoch or 1), self.n_way, self.k_shot + self.n_query
         # classes of each episode: rows of permutations of the eligible classes, n_way at a time
