@@ -4,8 +4,8 @@ from the page cache before each pass (no root needed) and compares with the disk
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+import pkgutil
 import sys
 from functools import partial
 from pathlib import Path
@@ -243,12 +243,9 @@ def _import_function(spec: str) -> Any:
     if not module or not name:
         raise UsageError(f"--transform {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.augment:jitter")
     try:
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
+        return pkgutil.resolve_name(spec)
+    except (ImportError, AttributeError, ValueError) as e:
         raise UsageError(f"--transform {spec!r}: {type(e).__name__}: {e}") from None
-    return obj
 
 
 _THREADS = 16
