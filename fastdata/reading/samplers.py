@@ -246,7 +246,8 @@ class Episodic:
 def world_batches(sampler: SamplerFn, n: int, world: World, seed: int, epoch: int) -> list[np.ndarray]:
     """The sampler's batches of ``epoch`` for all ranks, as the loader plans them, as int64 arrays; UsageError
     naming the batch unless each is a 1-D array of indices in ``0..n-1``."""
-    batches, name = sampler(n, world, seed, epoch), describe(sampler)
+    batches = sampler(n, world, seed, epoch)
+    name = describe(sampler)
     try:
         out = [np.asarray(b) for b in batches]
     except (TypeError, ValueError) as e:  # None, a number, ragged nested lists
