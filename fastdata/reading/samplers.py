@@ -92,11 +92,15 @@ class Weighted:
 
     def bind(self, dataset: Dataset, batch_size: int) -> "Weighted":
         """This sampler checked against ``dataset`` (its size, and its classes for ``"balanced"``)."""
-        n = len(dataset)
+        balanced = isinstance(self.weights, str) and self.weights == "balanced"
+        return self.prepare(len(dataset), class_codes(dataset, self.by) if balanced else None, batch_size)
+
+    def prepare(self, n: int, codes: np.ndarray | None, batch_size: int) -> "Weighted":
+        """Bound to ``n`` samples whose class codes (for ``"balanced"``) are ``codes``."""
         if isinstance(self.weights, str):
             if self.weights != "balanced":
                 raise UsageError(f"Weighted: weights must be numbers or 'balanced', not {self.weights!r}")
-            codes = class_codes(dataset, self.by)
+            assert codes is not None
             w = 1.0 / np.bincount(codes)[codes]
         else:
             w = np.asarray(self.weights)
@@ -172,13 +176,16 @@ class Episodic:
         if batch_size is not None and batch_size != self.episode_size:
             raise UsageError(f"Episodic: an episode holds n_way * (k_shot + n_query) = {self.episode_size} samples; "
                              f"batch_size is {batch_size} (pass batch_size={self.episode_size} or None)")
+        return self.prepare(class_codes(dataset, self.by))
+
+    def prepare(self, codes: np.ndarray) -> "Episodic":
+        """Bound to samples whose dense class codes (0..C-1, one per sample) are ``codes``."""
         for name, least in (("n_way", 1), ("k_shot", 1), ("n_query", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
                 what = "a positive integer" if least else "an integer >= 0"
                 raise UsageError(f"Episodic: {name} must be {what}, not {v!r}")
             setattr(self, name, int(v))  # a numpy integer becomes the plain int of the same value
-        codes = class_codes(dataset, self.by)
         counts = np.bincount(codes) if len(codes) else np.zeros(0, dtype=np.int64)
         s = self.k_shot + self.n_query
         eligible = np.flatnonzero(counts >= s)
