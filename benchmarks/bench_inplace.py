@@ -140,7 +140,7 @@ def sequential_h5py(path: Path, n: int) -> Callable[[int], Any]:
 def amplification(fn: Callable[[int], Any], ld: Any) -> tuple[int, int]:
     """(bytes read by the process, chunk bytes decoded) in one epoch of ``fn``."""
     def decoded() -> int:
-        return 0 if ld is None else sum(r.columns["x"].decoded_bytes() for r in ld.dataset._readers)
+        return 0 if ld is None else sum(r.columns["x"].decoded_bytes() for r in ld.dataset.readers)
 
     if ld is not None:
         ld.dataset.close()  # (the epoch does it too) so that the counts start from zero

@@ -91,7 +91,7 @@ def test_a_batch_over_many_shards_opens_them_all(tmp_path) -> None:
     fastdata.convert(src, tmp_path / "ds", fastdata.ConvertConfig(
         write=fastdata.WriteOptions(backend="hdf5", shard_size=48, workers=1)), progress=None)
     with fastdata.open(tmp_path / "ds") as ds:
-        readers = ds._readers
+        readers = ds.readers
         assert len(readers) == 4 and not any(r.is_open() for r in readers)
         b = ds.get_batch(np.arange(12))
         assert all(r.is_open() for r in readers)
@@ -102,4 +102,4 @@ def test_a_batch_over_many_shards_opens_them_all(tmp_path) -> None:
         assert all(r.is_open() for r in readers)
     with fastdata.open(tmp_path / "ds") as ds:  # the read-ahead's first step opens them too
         ds.byte_ranges(np.arange(12))
-        assert all(r.is_open() for r in ds._readers)
+        assert all(r.is_open() for r in ds.readers)

@@ -66,7 +66,7 @@ def _rewrite(path: Path, offset: int, data: bytes) -> None:
 def test_large_records_read_the_same_in_any_order_and_again(tmp_path):
     dst, x, y = _dataset(tmp_path)
     ds = fastdata.open(dst)
-    assert len(ds._readers) >= 2
+    assert len(ds.readers) >= 2
     idx = np.random.default_rng(0).integers(0, N, 50)  # random order, repeats, across shards
     first = ds.get_batch(idx)
     out = {"x": np.empty((50, 160, 160, 3), np.uint8), "y": np.empty(50, np.int64)}
@@ -98,7 +98,7 @@ def test_loader_threads_and_processes_read_large_records(tmp_path, mode):
 
 def test_a_bad_record_header_is_named(tmp_path):
     dst, x, _ = _dataset(tmp_path)
-    path = fastdata.open(dst)._readers[0].path
+    path = fastdata.open(dst).readers[0].path
     _rewrite(path, _record_at(path, 3) + 8, b"\x01")  # the first field's size in the record header
     fresh = fastdata.open(dst)
     np.testing.assert_array_equal(fresh.get_batch([2])["x"][0], x[2])
@@ -112,7 +112,7 @@ def test_a_shard_truncated_after_its_first_read_is_an_error(tmp_path):
     dst, x, _ = _dataset(tmp_path)
     ds = fastdata.open(dst)
     ds.get_batch(np.arange(N))
-    path = ds._readers[-1].path
+    path = ds.readers[-1].path
     os.truncate(path, os.path.getsize(path) // 2)
     with pytest.raises(CorruptShardError, match="truncated or rewritten"):
         ds.get_batch([N - 1])
@@ -126,7 +126,7 @@ def test_a_record_header_rewritten_in_place_after_the_first_read_raises(tmp_path
     dst, _ = _fixed(tmp_path) if kind == "fixed" else _ragged(tmp_path)
     ds = fastdata.open(dst)
     ds.get_batch(np.arange(6))
-    path = ds._readers[0].path
+    path = ds.readers[0].path
     _rewrite(path, _record_at(path, 2) + 8, b"\x07")  # sample 2's first payload size
     ds.get_batch([0, 1, 3])  # the others still read
     with pytest.raises(CorruptShardError, match=r"sample 2: "):
@@ -138,7 +138,7 @@ def test_payload_bytes_rewritten_in_place_read_back_as_other_numbers(tmp_path):
     dst, x = _fixed(tmp_path)
     ds = fastdata.open(dst)
     ds.get_batch(np.arange(6))
-    r = ds._readers[0]
+    r = ds.readers[0]
     _rewrite(r.path, _record_at(r.path, 4) + r._header_size, bytes([int(x[4].flat[0]) ^ 0xFF]))
     got = ds.get_batch([4])["x"][0]
     assert got.flat[0] == x[4].flat[0] ^ 0xFF
@@ -153,7 +153,7 @@ def test_small_records_are_checked_on_every_read_not_only_the_first(tmp_path):
     fastdata.convert(None, dst, fastdata.ConvertConfig(write=fastdata.WriteOptions(backend="lmdb", workers=1)), arrays={"x": tmp_path / "x.npy"})
     ds = fastdata.open(dst)
     np.testing.assert_array_equal(ds.get_batch(np.arange(40))["x"], x)
-    path = ds._readers[0].path
+    path = ds.readers[0].path
     blob = path.read_bytes()
     at = blob.find(b"FDR1" + struct.pack("<I", 1) + struct.pack("<Q", 64) + x[9].tobytes())
     assert at > 0

@@ -64,5 +64,5 @@ def test_readers_open_read_only_without_a_lock_file(tmp_path):
     ds = fastdata.open(tmp_path / "ds")
     assert ds.get_batch([1])["x"].shape == (1, 3)
     assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == ["manifest.json", "shard-00000.lmdb"]
-    env = ds._readers[0].handle().env
+    env = ds.readers[0].handle().env
     assert env.flags()["readonly"] and not env.flags()["lock"]

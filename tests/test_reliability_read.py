@@ -36,7 +36,7 @@ def big(request, tmp_path):
 
 def test_shard_truncated_while_open_raises_instead_of_sigbus(big):
     if big.joinpath("shard-00000.h5").exists():
-        reader = fastdata.open(big)._readers[0]
+        reader = fastdata.open(big).readers[0]
         assert reader.handle().columns["x"].mapped is not None  # the memory-mapped path is what is tested
     r = _run(f"""
         import os, numpy as np, fastdata

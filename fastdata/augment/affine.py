@@ -122,7 +122,7 @@ class RandomAffine(_Geometric):
             out = x4.reshape(b, x4.shape[1], -1).gather(2, flat).view(x4.shape)
         else:
             grid = src / torch.tensor([wc, hc], device=x.device, dtype=torch.float32) * 2 - 1
-            out = _sample(x4, grid, nearest)
+            out = _sample(x4, grid)
         outside = torch.full((), fill, dtype=out.dtype, device=x.device)
         if sizes is not None:  # the canvas padding beyond each image stays 0
             inside = _mask(sizes, hc, wc, torch.bool)

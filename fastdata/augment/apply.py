@@ -179,10 +179,9 @@ def mix_batch(aug: Augment, batch: Batch, g: torch.Generator, image_fields: list
             raise UsageError(f"Mix needs image batches (B, C, H, W); {name!r} is {tuple(x.shape)}")
         batch[name] = mix_images(x, d)
     h, w = (int(v) for v in batch[image_fields[0]].shape[-2:])  # targets come with exactly one image field
-    hw = (h, w)
     batch[mix.label] = mix.labels(batch[mix.label], kept_fraction(d, h, w))
     for t_name, t in aug.targets.items():
         if isinstance(t, Boxes):
-            mix_boxes(batch, t_name, t, d, hw, mix.min_visible)
+            mix_boxes(batch, t_name, t, d, (h, w), mix.min_visible)
         elif isinstance(t, Mask) and d.cutmix:
-            batch[t_name] = mix_mask(batch[t_name], d, hw)
+            batch[t_name] = mix_mask(batch[t_name], d, (h, w))

@@ -145,7 +145,7 @@ def _resample(x4: Tensor, fw: Tensor, fh: Tensor, cx: Tensor, cy: Tensor, oh: in
     grid = F.affine_grid(theta, [b, x4.shape[1], oh, ow], align_corners=False)
     if limit is not None:
         grid = torch.minimum(grid, torch.stack(limit, dim=1).to(grid.dtype).view(b, 1, 1, 2))
-    return _sample(x4, grid, nearest)
+    return _sample(x4, grid)
 
 
 def _nearest_index(centre: Tensor, extent: Tensor, n_out: int, n_in: int, limit: Tensor | None) -> Tensor:
@@ -166,11 +166,10 @@ def _gather(x4: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
     return x4[idx_b, idx_c, rows.view(b, 1, -1, 1), cols.view(b, 1, 1, -1)]
 
 
-def _sample(x4: Tensor, grid: Tensor, nearest: bool, padding: str = "border") -> Tensor:
-    """grid_sample in the batch's float dtype (integer masks go through float32 and come back exact)."""
+def _sample(x4: Tensor, grid: Tensor) -> Tensor:
+    """Bilinear grid_sample in the batch's float dtype (integer images go through float32, rounded back)."""
     work = x4 if x4.is_floating_point() else x4.float()
-    out = F.grid_sample(work, grid.to(work.dtype), mode="nearest" if nearest else "bilinear",
-                        padding_mode=padding, align_corners=False)
+    out = F.grid_sample(work, grid.to(work.dtype), mode="bilinear", padding_mode="border", align_corners=False)
     return out.to(x4.dtype) if x4.is_floating_point() else out.round().to(x4.dtype)
 
 

@@ -63,16 +63,12 @@ class ColorJitter(_Op):
             gray = _gray(x)
             x = ((x - gray) * factor("saturation") + gray).clamp(0, 1)
         if "hue" in p:
-            x = _rotate_hue(x, p["hue"].to(x.device, x.dtype)).clamp(0, 1)
+            x = torch.einsum("bij,bjhw->bihw", hue_matrix(p["hue"].to(x.device, x.dtype)), x).clamp(0, 1)
         return x
 
 
 def _gray(x: Tensor) -> Tensor:
     return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
-
-
-def _rotate_hue(x: Tensor, angle: Tensor) -> Tensor:
-    return torch.einsum("bij,bjhw->bihw", hue_matrix(angle.to(x.device, x.dtype)), x)
 
 
 def hue_matrix(angle: Tensor) -> Tensor:

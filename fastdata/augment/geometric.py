@@ -65,7 +65,7 @@ class RandomResizedCrop(_FixedSize):
         sx, sy = ow / (fw * w), oh / (fh * h)
         x0, y0 = (cx - fw / 2) * w, (cy - fh / 2) * h
         m = _affine([[sx, 0, -x0 * sx], [0, sy, -y0 * sy]], len(hw))
-        return Geometry(m, torch.tensor([[float(oh), float(ow)]], dtype=torch.float64).expand(len(hw), 2))
+        return Geometry(m, self.out_sizes(hw))
 
 
 class _Window(_FixedSize):
@@ -89,10 +89,9 @@ class _Window(_FixedSize):
         return _gather(x4, rows, cols).reshape(x.shape[0], *lead[1:], oh, ow)
 
     def geometry(self, p: Params, hw: Tensor) -> Geometry:
-        oh, ow = pair(self.size)
         start = p["start"].double().cpu()
         m = _affine([[1, 0, -start[:, 1]], [0, 1, -start[:, 0]]], len(hw))
-        return Geometry(m, torch.tensor([[float(oh), float(ow)]], dtype=torch.float64).expand(len(hw), 2))
+        return Geometry(m, self.out_sizes(hw))
 
 
 @dataclass(frozen=True)

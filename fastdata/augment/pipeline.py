@@ -148,7 +148,11 @@ class Augment:
                 hw = op.out_sizes(hw)
         if x is not None:
             out[image] = x  # type: ignore[index]
-            _update_shapes(out, image + SHAPE_SUFFIX, hw)  # type: ignore[operator]
+            shapes = out.get(image + SHAPE_SUFFIX)  # type: ignore[operator]
+            if shapes is not None and shapes.dim() == 2 and shapes.shape[1] >= 2:  # (H, W) after the ops, C kept
+                shapes = shapes.clone()
+                shapes[:, :2] = hw.round().to(shapes.device, shapes.dtype)
+                out[image + SHAPE_SUFFIX] = shapes  # type: ignore[operator]
         work.finish(out)
         return out
 
@@ -201,13 +205,3 @@ def shapes_after(ops: Sequence[Any], shapes: Tensor) -> Tensor:
     out[:, :2] = hw
     return out
 
-
-def _update_shapes(batch: dict[str, Tensor], name: str, hw: Tensor) -> None:
-    """Set the (H, W) columns of the ``<image>_shape`` field, if the batch has one, to the sizes after the ops
-    (``hw``, (B, 2)); other columns (channels) are kept."""
-    shapes = batch.get(name)
-    if shapes is None or shapes.dim() != 2 or shapes.shape[1] < 2:
-        return
-    shapes = shapes.clone()
-    shapes[:, :2] = hw.round().to(shapes.device, shapes.dtype)
-    batch[name] = shapes

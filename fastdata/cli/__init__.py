@@ -11,13 +11,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fastdata._units import fmt_bytes
 from fastdata._version import __version__
 from fastdata.cli.common import duration, positive, with_bar
 from fastdata.cli.convert import flag_message
 from fastdata.errors import FastdataError
+from fastdata.format import read_manifest
 from fastdata.remote import is_url
-
-_URL_COMMANDS = ("convert", "merge-parts", "info", "verify", "bench")  # the commands that take a URL
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        help="replace an existing fastdata dataset (or index) at DST")
     for name in ("convert", "merge", "index", "verify"):
         sub.choices[name].add_argument("--quiet", action="store_true", help="no progress bar")
-    for name in _URL_COMMANDS:
+    for name in ("convert", "merge-parts", "info", "verify", "bench"):  # the commands that take a URL
         sub.choices[name].add_argument(
             "--remote-timeout", type=duration, metavar="SECONDS",
             help="for a URL: how long one remote operation may keep failing (retried, with a warning) before "
@@ -135,8 +135,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from fastdata.format import read_manifest
-
     if is_url(args.dst):
         from fastdata.remote.store import RemoteStore
 
@@ -149,8 +147,6 @@ def _info(args: argparse.Namespace) -> int:
 
 def describe(m, root: Path | str) -> str:  # type: ignore[no-untyped-def]
     """A person-readable summary of a manifest (what ``fastdata info`` prints)."""
-    from fastdata._units import fmt_bytes
-
     total = sum(s.bytes for s in m.shards)
     lines = [
         f"dataset   {root}",
@@ -189,8 +185,6 @@ def describe(m, root: Path | str) -> str:  # type: ignore[no-untyped-def]
 
 def _compression_line(m, total: int) -> str | None:  # type: ignore[no-untyped-def]
     """``compress  lz4:5 on x: 5.76x (1.81 GB of samples in 314 MB of shards)``, or None if not compressed."""
-    from fastdata._units import fmt_bytes
-
     src = m.source or {}
     codec = src.get("compression", "none")
     packed = [f.name for f in m.fields if f.compression is not None]

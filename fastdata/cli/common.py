@@ -99,15 +99,6 @@ class NamedPaths(argparse.Action):
         return None
 
 
-def _screen() -> tuple[int, int]:
-    """The columns and rows stderr's terminal reports (0 where it reports none)."""
-    try:
-        size = os.get_terminal_size(sys.stderr.fileno())
-    except (OSError, ValueError):
-        return 0, 0
-    return size.columns, size.lines
-
-
 class Bar:
     """Progress of long work (convert, merge, verify, index): a tqdm bar on a terminal; elsewhere (a log, a pipe)
     a plain line every ``PLAIN_EVERY`` seconds, and the last count at the end of a phase that printed any."""
@@ -135,7 +126,10 @@ class Bar:
         from tqdm import tqdm
 
         tqdm.monitor_interval = 0  # no monitor thread: workers are forked
-        cols, rows = _screen()  # a terminal that reports 0 columns or rows gets blank lines from tqdm's sizing
+        try:  # a terminal that reports 0 columns or rows gets blank lines from tqdm's sizing
+            cols, rows = os.get_terminal_size(sys.stderr.fileno())
+        except (OSError, ValueError):
+            cols = rows = 0
         sized = {"dynamic_ncols": True} if cols and rows else {"ncols": cols or 80, "nrows": rows or 24}
         self.bar = tqdm(total=total_samples, unit=" " + unit, file=sys.stderr, desc=desc, **sized)
 

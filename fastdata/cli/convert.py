@@ -242,12 +242,11 @@ def _convert(args: argparse.Namespace) -> int:
 def codec_note(dst: Any, compression: str | None) -> str | None:
     """For zstd: how fast it decodes here against lz4, on the first compressed sample written, and the disk
     speed above which reading it is slower than uncompressed (decoding then limits the read)."""
-    import os
-
     import numpy as np
 
     from fastdata.format import codec as blosc_codec
     from fastdata.reading.dataset import Dataset
+    from fastdata.world import usable_cpus
 
     chosen = blosc_codec.parse(compression) if compression else None
     if chosen is None or chosen.cname != "zstd" or "://" in str(dst):
@@ -257,7 +256,7 @@ def codec_note(dst: Any, compression: str | None) -> str | None:
         if f is None or len(ds) == 0:
             return None
         sample = ds.get_batch(np.zeros(1, dtype=np.int64))[f.name][0]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cpus()
     z, zr = blosc_codec.decode_rate(sample, chosen)
     lz, lr = blosc_codec.decode_rate(sample, blosc_codec.Codec("lz4", blosc_codec.DEFAULT_LEVEL["lz4"]))
     return (f"{compression} decodes {z / 1e6:,.0f} MB/s a core here (ratio {zr:.2f}), lz4 {lz / 1e6:,.0f} MB/s "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pkgutil
 import sys
 from dataclasses import asdict
 from functools import partial
@@ -14,10 +15,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from fastdata._units import fmt_bytes
 from fastdata.cli.common import Bar, duration, with_bar, workers
 from fastdata.errors import UsageError
+from fastdata.reading.dataset import Dataset
+from fastdata.reading.readahead import drop_page_cache, supported
+from fastdata.remote import is_url
 
 if TYPE_CHECKING:
     from fastdata.measure.bench import BenchResult
-    from fastdata.reading.dataset import Dataset
 
 
 def add_parsers(sub: Any) -> None:
@@ -118,7 +121,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.cold:
         return run_cold(args)
     ds = _bench_dataset(args)
-    local = ds.remote is None or all(p.is_file() for p in ds.shard_paths())
+    local = ds.remote is None or all(r.path.is_file() for r in ds.readers)
     # MB/s of the data the loader hands over; stored bytes only where reading the payload would download shards
     bps = payload_bytes(ds) if local else sample_bytes(ds)
     results, settings = _bench_results(args, ds, bps, local)
@@ -140,8 +143,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _bench_dataset(args: argparse.Namespace) -> Dataset:
     """The dataset ``fastdata bench`` measures: ``PATH``, or the samples keyed in ``--subset``'s file."""
-    from fastdata.reading.dataset import Dataset
-
     ds = Dataset(args.dst)
     if args.subset:
         try:
@@ -239,18 +240,13 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def _import_function(spec: str) -> Any:
     """``module:function`` (or ``module:Class.attr``) imported, as ``--transform`` names it."""
-    import importlib
-
     module, _, name = spec.partition(":")
     if not module or not name:
         raise UsageError(f"--transform {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.augment:jitter")
     try:
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
+        return pkgutil.resolve_name(spec)
+    except (ImportError, AttributeError, ValueError) as e:
         raise UsageError(f"--transform {spec!r}: {type(e).__name__}: {e}") from None
-    return obj
 
 
 _THREADS = 16
@@ -259,7 +255,6 @@ _THREADS = 16
 def _cold(paths: list[str], measure: Callable[[], Any]) -> tuple[Any, int]:
     """``measure()`` run with the page cache emptied for ``paths`` first, and the memory stalls meanwhile."""
     from fastdata.measure.bench import memory_stalls
-    from fastdata.reading.readahead import drop_page_cache
 
     drop_page_cache(paths)
     stalls = memory_stalls()
@@ -283,9 +278,6 @@ def _ceilings(paths: list[str], bps: int, seconds: float) -> list[tuple[str, Cal
 
 def run_cold(args: argparse.Namespace) -> int:
     from fastdata.measure.bench import measure, sample_bytes
-    from fastdata.reading.dataset import Dataset
-    from fastdata.reading.readahead import supported
-    from fastdata.remote import is_url
 
     if is_url(args.dst):
         raise UsageError(f"{args.dst}: --cold measures local shard files; run it on the node's cached copy or a local dataset")
@@ -297,7 +289,7 @@ def run_cold(args: argparse.Namespace) -> int:
     ds = Dataset(args.dst)
     if ds.manifest.backend == "inplace":  # its files are the source's (docs/in-place.md), not shards
         raise UsageError(f"{args.dst}: an in-place index: --cold measures fastdata shard files; convert it to compare")
-    paths = [str(p) for p in ds.shard_paths()]
+    paths = [str(r.path) for r in ds.readers]
     bps = int(sample_bytes(ds))
     rows: list[tuple[str, float, float, int]] = []  # name, samples/s, MB/s, memory stalls
     for shuffle in (True, "block"):

@@ -60,7 +60,6 @@ class Dataset:
     ``decode``: image fields as pixels on read (``"float"``: float32 in [0, 1]) on ``decode_threads`` threads
     (default: the usable CPUs); ``root`` may be a URL, cached as ``remote`` says (docs/remote.md)."""
 
-
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -76,6 +75,7 @@ class Dataset:
         self._store = open_store(src, remote)
         self.root: Path | str = self._store.root
         self.manifest: Manifest = self._store.manifest
+        self.classes: list[str] | None = self.manifest.classes
         names = [f.name for f in self.manifest.fields]
         self._subset: np.ndarray | None = None
         self._subset_pos: tuple[np.ndarray, np.ndarray] | None = None
@@ -83,9 +83,18 @@ class Dataset:
         self._keys = self._store.key_table()
         if self._with_key:
             self._check_keys()  # asked for keys that cannot be read: say why now, not at the first batch
-        self.schema: list[FieldSpec] = self._schema(fields, names)
+        self.schema: list[FieldSpec] = list(self.manifest.fields)
+        if fields is not None:  # those asked for, each image field with its shape (and codec) fields
+            unknown = [f for f in fields if f not in names and not (f == KEY_FIELD and self._with_key)]
+            if unknown:
+                raise UsageError(f"{self.root}: no field {unknown[0]!r} (fields: {', '.join(names)}, and 'key')")
+            wanted = set(fields).union(*(companions(f) for f in self.manifest.fields if f.name in fields))
+            self.schema = [f for f in self.manifest.fields if f.name in wanted]
         # image fields' shape and codec fields read (to decode) but not asked for: left out of batches
         self._hidden = frozenset(f.name for f in self.schema if fields is not None and f.name not in fields)
+        # the fields get_batch returns (``<name>_lengths`` of ragged fields aside)
+        self.fields = [f.name for f in self.schema if f.name not in self._hidden]
+        self.fields += [KEY_FIELD] if self._with_key else []
         self._strings = [f for f in self.schema if is_string(f)]
         images = [f for f in self.schema if f.encoding in IMAGE_ENCODINGS] if decode else []
         self._pixels = [f for f in images if f.encoding == ENCODING_PIXELS]  # placed as read
@@ -93,18 +102,9 @@ class Dataset:
         if decode not in (True, False, "float"):
             raise UsageError(f"decode={decode!r}: expected True, False or 'float'")
         self._decoder = BatchDecoder(decode_threads, unit_float=decode == "float") if self._encoded else None
-        self._readers: list[ShardReader] = self._store.open_readers(self.manifest.fields)
+        # one reader per shard of the manifest (the loader aligns its batch buffers to the first)
+        self.readers: list[ShardReader] = self._store.open_readers(self.manifest.fields)
         self._starts = np.array([s.start for s in self.manifest.shards], dtype=np.int64)
-
-    def _schema(self, fields: Sequence[str] | None, names: list[str]) -> list[FieldSpec]:
-        """The fields read: those asked for (all when None), each image field with its shape (and codec) fields."""
-        if fields is None:
-            return list(self.manifest.fields)
-        unknown = [f for f in fields if f not in names and not (f == KEY_FIELD and self._with_key)]
-        if unknown:
-            raise UsageError(f"{self.root}: no field {unknown[0]!r} (fields: {', '.join(names)}, and 'key')")
-        wanted = set(fields).union(*(companions(f) for f in self.manifest.fields if f.name in fields))
-        return [f for f in self.manifest.fields if f.name in wanted]
 
     def with_options(self, **changes: Any) -> "Dataset":
         """The same dataset opened again with some options changed (``fields``, ``decode``, ``decode_threads``)."""
@@ -126,7 +126,7 @@ class Dataset:
         if self.remote is not None:
             return []
         segments, shards = self._segments(self._stored(np.asarray(indices, dtype=np.int64)))
-        open_all([self._readers[s] for s in shards])
+        open_all([self.readers[s] for s in shards])
         names = [f.name for f in self.schema]
         out = []
         for reader, local, _ in segments:
@@ -135,26 +135,8 @@ class Dataset:
                 out.append((reader.path, starts, lengths))
         return out
 
-    @property
-    def readers(self) -> list[ShardReader]:
-        """One reader per shard of the manifest (the loader aligns its batch buffers to the first)."""
-        return self._readers
-
-    def shard_paths(self) -> list[Path]:
-        """Local files of the shards (for a URL dataset: where the cache keeps them, once downloaded)."""
-        return [r.path for r in self._readers]
-
-    @property
-    def classes(self) -> list[str] | None:
-        return self.manifest.classes
-
     def __len__(self) -> int:
         return self.manifest.num_samples if self._subset is None else len(self._subset)
-
-    @property
-    def fields(self) -> list[str]:
-        """Names of the fields ``get_batch`` returns (``<name>_lengths`` of ragged fields aside)."""
-        return [f.name for f in self.schema if f.name not in self._hidden] + ([KEY_FIELD] if self._with_key else [])
 
     def trim(self, batch: Any) -> Any:
         """``batch`` without the companion fields read but not asked for (an image field's ``_shape``/``_codec``)."""
@@ -166,7 +148,7 @@ class Dataset:
         fields = ", ".join(f"{f.name}:{'str' if is_string(f) else f.np_dtype}{'' if is_string(f) else list(f.shape)}"
                            for f in self.schema)
         part = f" (a subset of {self.manifest.num_samples})" if self._subset is not None else ""
-        return (f"<fastdata.Dataset {str(self.root)!r} {len(self)} samples{part}, {len(self._readers)} "
+        return (f"<fastdata.Dataset {str(self.root)!r} {len(self)} samples{part}, {len(self.readers)} "
                 f"{self.manifest.backend} shards; {fields}>")
 
     # --- keys, subsets, splits ------------------------------------------------------------------
@@ -328,7 +310,6 @@ class Dataset:
             out[name] = self.subset(idx.astype(np.int64))
         return out
 
-
     # --- reading -------------------------------------------------------------------------------
 
     def __getitem__(self, i: int) -> dict[str, Any]:
@@ -374,8 +355,8 @@ class Dataset:
         idx = self._stored(idx)
         packed = self.check_ragged(ragged)
         segments, shards = self._segments(idx)
-        with self._store.pinned(shards, self._readers):
-            open_all([self._readers[s] for s in shards])  # side by side: a batch waits for one open, not many
+        with self._store.pinned(shards, self.readers):
+            open_all([self.readers[s] for s in shards])  # side by side: a batch waits for one open, not many
             batch = self._read(segments, idx, asked, out, packed)
         return batch if companions else self.trim(batch)
 
@@ -391,7 +372,7 @@ class Dataset:
         firsts, ends = [0, *cuts], [*cuts, len(idx)]
         shards: list[int] = shard_of[firsts].tolist()
         local = sidx - self._starts[shard_of]
-        return [(self._readers[s], local[a:e], order[a:e]) for s, a, e in zip(shards, firsts, ends)], shards
+        return [(self.readers[s], local[a:e], order[a:e]) for s, a, e in zip(shards, firsts, ends)], shards
 
     def __getitems__(self, indices: list[int]) -> Batch:
         """A whole batch in one :meth:`get_batch` call: what a torch DataLoader with a batch sampler asks for;
@@ -505,10 +486,9 @@ class Dataset:
             raise ValueError(f"out[{f.name!r}] must be a C-contiguous {f.np_dtype} array of shape {shape}")
         return a
 
-
     def close(self) -> None:
         """Release this process's file handles and decode threads (they reopen on next use)."""
-        for r in self._readers:
+        for r in self.readers:
             r.close()
         if self._decoder is not None:
             self._decoder.close()

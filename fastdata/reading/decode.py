@@ -141,9 +141,6 @@ class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
         out_shape = check_shapes(field, shapes, lengths, where)
         hmax, wmax = out_shape[1:3]
         uniform = bool(np.all(shapes[:, :2] == (hmax, wmax)))
-        if field.encoding != ENCODING_IMAGE:
-            batch[name] = _pixels(data, shapes, uniform, out_shape)
-            return
         n = int(np.prod(out_shape))
         dtype = np.dtype(np.float32 if self.unit_float else np.uint8)
         if into is not None and into.dtype == dtype and into.flags.c_contiguous and into.size >= n:
@@ -183,15 +180,4 @@ class BatchDecoder(PerProcessHandle[ThreadPoolExecutor]):
         for f in futures:
             f.result()
         batch[name] = out
-
-
-def _pixels(data: np.ndarray, shapes: np.ndarray, uniform: bool, out_shape: tuple[int, ...]) -> np.ndarray:
-    """Raw ragged pixels -> (B, H, W, C); a view when every row is exactly one image."""
-    if uniform and data.shape[1] == int(np.prod(out_shape[1:])):
-        return data.reshape(out_shape)
-    out = np.zeros(out_shape, dtype=np.uint8)
-    for k, (h, w, c) in enumerate(shapes.tolist()):
-        out[k, :h, :w] = data[k, : h * w * c].reshape(h, w, c)
-    return out
-
 

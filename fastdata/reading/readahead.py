@@ -8,6 +8,7 @@ import os
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -44,17 +45,15 @@ def _merged(ranges: Ranges) -> Ranges:
     return [(path, *merge_ranges(starts, lengths)) for path, starts, lengths in ranges]
 
 
+@dataclass(slots=True)
 class _Stream:
     """One sequential stream of a file: its queued ranges, read in order on its own descriptor (the kernel
     grows its read-ahead per open file)."""
 
-    __slots__ = ("fd", "queue", "busy", "dropped")
-
-    def __init__(self) -> None:
-        self.fd: int | None = None
-        self.queue: deque[tuple[int, int]] = deque()
-        self.busy = False  # a task is reading its queue
-        self.dropped = False  # forgotten (too many streams, or closed): its task closes the fd
+    fd: int | None = None
+    queue: deque[tuple[int, int]] = field(default_factory=deque)
+    busy: bool = False  # a task is reading its queue
+    dropped: bool = False  # forgotten (too many streams, or closed): its task closes the fd
 
 
 class _Streams:

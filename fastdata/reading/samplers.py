@@ -24,11 +24,6 @@ class SamplerFn(Protocol):
     def __call__(self, n: int, world: World, seed: int, epoch: int) -> Sequence[np.ndarray]: ...
 
 
-def rng(seed: int, epoch: int, which: int) -> np.random.Generator:
-    """The generator of one sampler's epoch (stream SAMPLER; ``which`` tells the built-in samplers apart)."""
-    return numpy_rng(seed, epoch, Stream.SAMPLER, batch=which)
-
-
 def rank_batches(batches: Sequence[np.ndarray], world: World, drop_last: bool) -> list[np.ndarray]:
     """This rank's contiguous share of the epoch's batches, the same count on every rank, wrapping around
     (``drop_last=False``) or dropping what does not fit."""
@@ -144,7 +139,7 @@ class Weighted:
         if len(self._p) != n:
             raise UsageError(f"Weighted: bound to {len(self._p)} samples, asked for {n}")
         k = int(self.num_samples or n)
-        g = rng(seed, epoch, 1)
+        g = numpy_rng(seed, epoch, Stream.SAMPLER, batch=1)  # batch: which built-in sampler
         if self.replacement:  # i.i.d. draws from the alias table: one gather of 8 bytes a draw
             assert self._alias is not None
             j = g.integers(0, n, k, dtype=np.int64)
@@ -168,7 +163,6 @@ class Episodic:
     n_query: int = 0
     episodes_per_epoch: int | None = None
     by: str = "label"
-    _codes: np.ndarray | None = field(default=None, repr=False)
     _members: np.ndarray | None = field(default=None, repr=False)  # sample indices grouped by class
     _starts: np.ndarray | None = field(default=None, repr=False)
     _counts: np.ndarray | None = field(default=None, repr=False)
@@ -205,7 +199,6 @@ class Episodic:
         if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
             raise UsageError(f"Episodic: episodes_per_epoch must be a positive integer, not {episodes!r}")
         bound = Episodic(self.n_way, self.k_shot, self.n_query, int(episodes), self.by)
-        bound._codes = codes
         small = codes.astype(np.uint16) if len(counts) <= 1 << 16 else codes  # radix sort up to 65536 classes
         order = np.argsort(small, kind="stable")  # sample indices grouped by class
         bound._members = order.astype(np.int32) if len(codes) < 1 << 31 else order
@@ -215,13 +208,12 @@ class Episodic:
         return bound
 
     def __call__(self, n: int, world: World, seed: int, epoch: int) -> list[np.ndarray]:
-        if self._codes is None:
+        if self._members is None:
             raise UsageError("Episodic: pass the sampler to fastdata.loader(..., sampler=...), which binds it")
         assert self._counts is not None and self._starts is not None and self._eligible is not None
-        if len(self._codes) != n:
-            raise UsageError(f"Episodic: bound to {len(self._codes)} samples, asked for {n}")
-        assert self._members is not None
-        g = rng(seed, epoch, 2)
+        if len(self._members) != n:
+            raise UsageError(f"Episodic: bound to {len(self._members)} samples, asked for {n}")
+        g = numpy_rng(seed, epoch, Stream.SAMPLER, batch=2)
         e, w, s = int(self.episodes_per_epoch or 1), self.n_way, self.k_shot + self.n_query
         # classes of each episode: rows of permutations of the eligible classes, n_way at a time
         m = len(self._eligible)
@@ -258,9 +250,11 @@ class Episodic:
         return list(episodes)
 
 
-def check_batches(batches: Sequence[Any], n: int, name: str, epoch: int) -> list[np.ndarray]:
-    """A sampler's batches as int64 arrays; UsageError naming the batch unless each is a 1-D array of
-    indices in ``0..n-1``."""
+def world_batches(sampler: SamplerFn, n: int, world: World, seed: int, epoch: int) -> list[np.ndarray]:
+    """The sampler's batches of ``epoch`` for all ranks, as the loader plans them, as int64 arrays; UsageError
+    naming the batch unless each is a 1-D array of indices in ``0..n-1``."""
+    batches = sampler(n, world, seed, epoch)
+    name = describe(sampler)
     try:
         out = [np.asarray(b) for b in batches]
     except (TypeError, ValueError) as e:  # None, a number, ragged nested lists
@@ -281,11 +275,6 @@ def check_batches(batches: Sequence[Any], n: int, name: str, epoch: int) -> list
     return out
 
 
-def world_batches(sampler: SamplerFn, n: int, world: World, seed: int, epoch: int) -> list[np.ndarray]:
-    """The sampler's batches of ``epoch`` for all ranks, as the loader plans them, checked (:func:`check_batches`)."""
-    return check_batches(sampler(n, world, seed, epoch), n, describe(sampler), epoch)
-
-
 def describe(sampler: Any) -> str:
     """How a loader state names its sampler (a resumed state must come from the same one)."""
     if sampler is None:
@@ -301,4 +290,4 @@ def describe(sampler: Any) -> str:
     return getattr(sampler, "__qualname__", type(sampler).__qualname__)
 
 
-__all__ = ["Episodic", "SamplerFn", "Weighted", "check_batches", "rank_batches", "world_batches"]
+__all__ = ["Episodic", "SamplerFn", "Weighted", "rank_batches", "world_batches"]
