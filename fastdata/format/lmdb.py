@@ -178,13 +178,6 @@ class ShardReader(ShardReaderBase[_Handle]):
         if handle is not None:
             os.close(handle.fd)
 
-    def _env(self, local: np.ndarray) -> lmdb.Environment:
-        """This process's environment, after checking that the file was not truncated since it was
-        opened: LMDB reads through a memory map, where a truncated file means SIGBUS, not an error."""
-        h = self.handle()
-        self._check_unchanged(h.fd, local)
-        return h.env
-
     def _layout(self, buf: memoryview | bytes, local: int) -> list[tuple[int, int]]:
         """(offset, nbytes) of each field in one record, after checking its header."""
         where = self._where(local)
@@ -227,9 +220,11 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     @contextmanager
     def _txn(self, local: np.ndarray) -> Iterator[lmdb.Transaction]:
-        """A read transaction (values are buffers into the map) on this process's environment, the file
-        checked unchanged first, with no fork while it is open (fastdata.handles.no_fork_during)."""
-        with no_fork_during(), self._env(local).begin(buffers=True) as txn:
+        """A read transaction (values are buffers into the map), the file checked unchanged first (LMDB reads
+        through a memory map: a truncated file would be SIGBUS), with no fork while it is open (no_fork_during)."""
+        h = self.handle()
+        self._check_unchanged(h.fd, local)
+        with no_fork_during(), h.env.begin(buffers=True) as txn:
             yield txn
 
     def _get_many(self, txn: lmdb.Transaction, local: np.ndarray) -> list[memoryview | bytes]:

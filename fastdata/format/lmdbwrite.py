@@ -69,18 +69,9 @@ def initial_map_size(payload: int, count: int, nfields: int) -> int:
 
 
 def tail_guard_bytes(psize: int, largest_record: int) -> int:
-    """Zero bytes appended after LMDB's last page (see docs/format.md, "LMDB shards")."""
+    """Zero bytes appended after LMDB's last page: liblmdb checks only page numbers, so a corrupted offset or
+    value size then stays inside the file instead of causing a SIGBUS (docs/format.md, "LMDB shards")."""
     return -(-max(_TAIL_GUARD_MIN, largest_record) // psize) * psize
-
-
-def _add_tail_guard(path: Path, psize: int, largest_record: int) -> None:
-    """Append a zeroed (sparse) tail after LMDB's last page: liblmdb checks only page numbers, so a corrupted
-    offset or value size then stays inside the file instead of causing a SIGBUS."""
-    with open(path, "r+b") as f:
-        end = f.seek(0, os.SEEK_END)
-        f.truncate(end + tail_guard_bytes(psize, largest_record))
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class ShardWriter:
@@ -163,7 +154,10 @@ class ShardWriter:
             psize = self._env.stat()["psize"]
         finally:
             self._release()
-        _add_tail_guard(self.path, psize, self._largest)
+        with open(self.path, "r+b") as f:  # the tail guard, sparse
+            end = f.seek(0, os.SEEK_END)
+            f.truncate(end + tail_guard_bytes(psize, self._largest))
+            os.fsync(f.fileno())
 
     def _release(self) -> None:
         self._env.close()
