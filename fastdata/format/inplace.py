@@ -17,7 +17,7 @@ from fastdata.errors import CorruptShardError, UsageError
 from fastdata.format import blocksums, chunks
 from fastdata.format.backends import INDEX
 from fastdata.format.blocksums import BlockCheck
-from fastdata.format.external import Column, Index, Stamp, check_file, file_problems, parse_index
+from fastdata.format.external import Column, Index, Stamp, check_file, file_problems, h5_file, open_zarr, parse_index
 from fastdata.format.interface import ShardReader
 from fastdata.format.shardio import Layout, copy_rows, runs
 from fastdata.format.spec import FieldSpec, Manifest, ShardInfo
@@ -244,8 +244,6 @@ class _Chunked(_Col[_Source]):
     def _open_handle(self) -> _Source:
         self._check()
         if self.col.format == "hdf5":
-            from fastdata.format.arrayinfo import h5_file
-
             try:  # no HDF5 chunk cache: whole chunks are read, and kept decoded in our own cache
                 fh = h5_file(self.stamp.path, rdcc_nbytes=0)
                 src = _Source(fh[self.col.array], fh, self._cache())
@@ -257,8 +255,6 @@ class _Chunked(_Col[_Source]):
             else:
                 src.table = None
         else:
-            from fastdata.format.arrayinfo import open_zarr
-
             src = _Source(open_zarr(self.stamp.path, self.col.array), None, self._cache())
             src.zchunks = chunks.zarr_chunks(src.array, self.stamp.path)
         if tuple(src.array.shape) != (self.count, *self.field.trailing):

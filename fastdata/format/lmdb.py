@@ -7,7 +7,7 @@ import json
 import os
 import struct
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -60,10 +60,8 @@ def _reset_envs_in_child() -> None:
     global _envs_lock
     _envs_lock = threading.RLock()  # another thread may have held it at fork time
     for env, _ in _envs.values():
-        try:
+        with suppress(lmdb.Error):
             env.close()
-        except lmdb.Error:
-            pass
     _envs.clear()
 
 
