@@ -121,9 +121,8 @@ class ShardWriter:
             return
         while True:
             try:
-                with self._env.begin(write=True) as txn:
-                    with txn.cursor() as cur:
-                        cur.putmulti(self._pending, append=True)
+                with self._env.begin(write=True) as txn, txn.cursor() as cur:
+                    cur.putmulti(self._pending, append=True)
                 break
             except lmdb.MapFullError:
                 size = self._env.info()["map_size"]
