@@ -148,10 +148,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                 raw = txn.get(SHARD_KEY)
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
-        if raw is None:
-            return
-        want = shard_record(self.all_fields, self.info.stored_start, self.info.count)
-        if raw == want:
+        if raw is None or raw == shard_record(self.all_fields, self.info.stored_start, self.info.count):
             return
         try:
             got: Any = json.loads(raw) if len(raw) <= _MAX_SHARD_RECORD else None
