@@ -367,7 +367,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         return out
 
     def _read_small(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
-        """Fixed-layout small records: one ``getmulti`` and vectorised header checks."""
+        """Fixed-layout small records: fetched together (``_get_many``), headers checked vectorised."""
         size = self._record_size
         assert size is not None
         try:

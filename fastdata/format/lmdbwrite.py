@@ -20,6 +20,7 @@ from fastdata.format.spec import FieldSpec
 MAGIC = b"FDR1"
 SHARD_KEY = b"\xff" * 8  # the shard's own description; sorts after every sample key
 KEY = struct.Struct(">Q")
+key = KEY.pack  # a sample's key: its global index, big-endian (keys sort in sample order)
 _COMMIT_BYTES = 64 << 20
 _TAIL_GUARD_MIN = 192 << 10  # > the 64 KiB an in-page offset can reach, plus a 64 KiB key size
 _FULL_MARGIN = 1 << 20  # a failed write with less than this (+ the batch) free on the disk: the disk is full
@@ -34,10 +35,6 @@ def parse_compression(value: str | None) -> blosc_codec.Codec | None:
         raise UsageError(f"--compression {value} is not supported for LMDB shards (use none, lz4, lz4:1-9, zstd "
                          "or zstd:1-9; lzf and gzip are HDF5 only)")
     return codec
-
-
-def key(index: int) -> bytes:
-    return KEY.pack(index)
 
 
 def shard_record(fields: list[FieldSpec], start: int, count: int) -> bytes:

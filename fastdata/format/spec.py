@@ -41,9 +41,6 @@ class ImageSpec:
     def channels(self) -> int:
         return CHANNELS[self.mode]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "layout": self.layout}
-
 
 def companions(f: FieldSpec) -> list[str]:
     """Names of the fields an image field needs to be read (its shape and codec fields)."""
