@@ -14,7 +14,7 @@ from fastdata.converters.arrays import RowsSource
 from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, register
 from fastdata.errors import DataError, UsageError
 from fastdata.format import FieldSpec
-from fastdata.format.arrayinfo import open_zarr
+from fastdata.format.external import open_zarr
 from fastdata.handles import PerProcessHandle
 from fastdata.write.inplace import expand, is_hdf5, is_zarr, plan_part
 

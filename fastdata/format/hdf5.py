@@ -15,7 +15,7 @@ import numpy as np
 from fastdata.errors import CorruptShardError
 from fastdata.fileio import pread_into
 from fastdata.format import codec as blosc_codec
-from fastdata.format.h5chunks import chunk_arrays
+from fastdata.format.chunks import chunk_arrays
 from fastdata.format.hdf5write import COMPRESSIONS, ShardWriter, parse_compression
 from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase, copy_rows, runs
 from fastdata.format.spec import FieldSpec, ShardInfo

@@ -4,30 +4,73 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, Hashable, TypeVar
 
 import numpy as np
 
 from fastdata.errors import CorruptShardError, UsageError
-from fastdata.format import blocksums
+from fastdata.format import blocksums, chunks
 from fastdata.format.backends import INDEX
 from fastdata.format.blocksums import BlockCheck
-from fastdata.format.chunkcache import DEFAULT_BYTES, MIN_CHUNKS, ChunkCache
-from fastdata.format.external import Column, Index, Stamp, check_file, file_problems, parse_index
-from fastdata.format.h5chunks import ChunkTable, chunk_spans, chunk_table, read_chunk
+from fastdata.format.external import Column, Index, Stamp, check_file, file_problems, h5_file, open_zarr, parse_index
 from fastdata.format.interface import ShardReader
 from fastdata.format.shardio import Layout, copy_rows, runs
 from fastdata.format.spec import FieldSpec, Manifest, ShardInfo
 from fastdata.format.store import LocalShards
-from fastdata.format.zarrchunks import ZarrChunks, read_zarr_chunk, zarr_chunks
 from fastdata.handles import PerProcessHandle
 
 NAME = INDEX
 H = TypeVar("H")
 _WHOLE_COLUMN_BYTES = 16 << 20  # a chunked column this small is read whole, once per process
+_CACHE_BYTES = 64 << 20  # decoded chunks a column keeps per process, at least
+_MIN_CHUNKS = 6  # kept at least: shuffle=Shards() mixes 2 chunks at a time, and readers run a batch or two ahead
+
+
+class ChunkCache:
+    """Decoded chunks shared by one process's reader threads, least recently used dropped beyond ``capacity``
+    bytes (the newest always kept); a chunk is decoded once, threads asking meanwhile wait for it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._pending: dict[Hashable, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._bytes = 0
+        self.decoded_bytes = 0
+
+    def get(self, key: Hashable, load: Callable[[], np.ndarray]) -> np.ndarray:
+        """The chunk ``key``: cached, or loaded by ``load()`` (once, whoever asks at the same time)."""
+        while True:
+            with self._lock:
+                hit = self._items.get(key)
+                if hit is not None:
+                    self._items.move_to_end(key)
+                    return hit
+                wait = self._pending.get(key)
+                if wait is None:
+                    self._pending[key] = threading.Event()
+                    break
+            wait.wait()  # another thread decodes it; then look again (it may have failed)
+        try:
+            chunk = load()
+        except BaseException:
+            with self._lock:
+                self._pending.pop(key).set()
+            raise
+        with self._lock:
+            self._items[key] = chunk
+            self._bytes += chunk.nbytes
+            self.decoded_bytes += chunk.nbytes
+            while self._bytes > self.capacity and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= old.nbytes
+            self._pending.pop(key).set()
+        return chunk
 
 
 def index_of(manifest: Manifest, where: str) -> Index:
@@ -182,11 +225,11 @@ class _Source:
     file: Any  # the h5py File to close, or None
     cache: ChunkCache
     whole: np.ndarray | None = None  # a small column, read whole
-    fd: int | None = None  # HDF5 chunks read without h5py (fastdata/format/h5chunks.py)
-    table: ChunkTable | None = None
-    zchunks: ZarrChunks | None = None  # Zarr chunk files read without zarr (fastdata/format/zarrchunks.py)
+    fd: int | None = None  # HDF5 chunks read without h5py (chunks.py)
+    table: chunks.ChunkTable | None = None
+    zchunks: chunks.ZarrChunks | None = None  # Zarr chunk files read without zarr (chunks.py)
     checks: dict[str, BlockCheck] | None = None  # with --checksum: per file (relative to a Zarr store), its blocks
-    spans: np.ndarray | None = None  # with checks, HDF5 chunks read through h5py: chunk_spans, checked per read
+    spans: np.ndarray | None = None  # with checks, HDF5 chunks read through h5py: chunks.chunk_spans, checked per read
 
     def check(self, path: str, store: str) -> BlockCheck | None:
         """The blocks of ``path`` (the HDF5 file itself, or a file of the Zarr store ``store``) to check."""
@@ -201,12 +244,10 @@ class _Chunked(_Col[_Source]):
     def _open_handle(self) -> _Source:
         self._check()
         if self.col.format == "hdf5":
-            from fastdata.format.arrayinfo import h5_file
-
             try:  # no HDF5 chunk cache: whole chunks are read, and kept decoded in our own cache
                 fh = h5_file(self.stamp.path, rdcc_nbytes=0)
                 src = _Source(fh[self.col.array], fh, self._cache())
-                src.table = chunk_table(src.array)
+                src.table = chunks.chunk_table(src.array)
             except (OSError, KeyError, ValueError) as e:
                 raise CorruptShardError(f"{self.where}: cannot open ({e})") from None
             if src.table is not None and bool((src.table.offsets >= 0).all()):
@@ -214,10 +255,8 @@ class _Chunked(_Col[_Source]):
             else:
                 src.table = None
         else:
-            from fastdata.format.arrayinfo import open_zarr
-
             src = _Source(open_zarr(self.stamp.path, self.col.array), None, self._cache())
-            src.zchunks = zarr_chunks(src.array, self.stamp.path)
+            src.zchunks = chunks.zarr_chunks(src.array, self.stamp.path)
         if tuple(src.array.shape) != (self.count, *self.field.trailing):
             shape = tuple(src.array.shape)
             self._close_handle(src)
@@ -231,11 +270,11 @@ class _Chunked(_Col[_Source]):
         return src
 
     def _check_through(self, src: _Source) -> None:
-        """Data read through h5py or zarr: an HDF5 chunk's blocks are checked when it is read (chunk_spans);
+        """Data read through h5py or zarr: an HDF5 chunk's blocks are checked when it is read (chunks.chunk_spans);
         otherwise every block of the file (of a Zarr array: of the files in its folder) now, closing on failure."""
         assert src.checks is not None
         if src.file is not None:
-            src.spans = chunk_spans(src.array)
+            src.spans = chunks.chunk_spans(src.array)
             if src.spans is not None:
                 src.fd = os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC)  # table is None: h5py still reads
                 return
@@ -249,8 +288,8 @@ class _Chunked(_Col[_Source]):
             raise
 
     def _cache(self) -> ChunkCache:
-        """A cache of at least ``DEFAULT_BYTES`` and ``MIN_CHUNKS`` decoded chunks (per column and process)."""
-        return ChunkCache(max(DEFAULT_BYTES, MIN_CHUNKS * self.rows * self.field.row_nbytes))
+        """A cache of at least ``_CACHE_BYTES`` and ``_MIN_CHUNKS`` decoded chunks (per column and process)."""
+        return ChunkCache(max(_CACHE_BYTES, _MIN_CHUNKS * self.rows * self.field.row_nbytes))
 
     @staticmethod
     def _close_handle(handle: _Source) -> None:
@@ -266,11 +305,12 @@ class _Chunked(_Col[_Source]):
                 part = a[c0 - r0 : min(c0 + self.rows, r1) - r0]
                 if src.zchunks is not None:
                     z = src.zchunks
-                    read_zarr_chunk(z, c0 // self.rows, part, self.where,
+                    chunks.read_zarr_chunk(z, c0 // self.rows, part, self.where,
                                     src.check(os.path.join(z.root, z.keys[c0 // self.rows]), self.stamp.path))
                 else:
                     assert src.fd is not None and src.table is not None
-                    read_chunk(src.fd, src.table, c0 // self.rows, part, self.where, src.check(self.stamp.path, ""))
+                    chunks.read_chunk(src.fd, src.table, c0 // self.rows, part, self.where,
+                                      src.check(self.stamp.path, ""))
             return a
         if src.spans is not None:
             self._check_spans(src, r0, r1)

@@ -51,7 +51,7 @@ _Handle = tuple[np.ndarray, np.ndarray, mmap.mmap, Release | None]
 
 
 class KeyTable(PerProcessHandle[_Handle]):
-    """Reads a dataset's keys file: ``key(i)``, ``keys(indices)``, ``find(key)``. A URL dataset passes ``fetch``
+    """Reads a dataset's keys file: ``keys(indices)``, ``find(key)``, ``all()``. A URL dataset passes ``fetch``
     (download it, outside the opening lock) and ``prepare`` (keep it local while open; returns its release)."""
 
     def __init__(self, path: Path, count: int, nbytes: int, prepare: Callable[[], Release] | None = None,
@@ -115,9 +115,6 @@ class KeyTable(PerProcessHandle[_Handle]):
         finally:
             if handle[3] is not None:
                 handle[3]()
-
-    def key(self, i: int) -> str:
-        return self.keys([i])[0]
 
     def keys(self, indices: Iterable[int] | np.ndarray) -> list[str]:
         offsets, _, mm, _ = self._ready()

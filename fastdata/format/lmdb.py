@@ -7,7 +7,7 @@ import json
 import os
 import struct
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -60,10 +60,8 @@ def _reset_envs_in_child() -> None:
     global _envs_lock
     _envs_lock = threading.RLock()  # another thread may have held it at fork time
     for env, _ in _envs.values():
-        try:
+        with suppress(lmdb.Error):
             env.close()
-        except lmdb.Error:
-            pass
     _envs.clear()
 
 
@@ -150,10 +148,7 @@ class ShardReader(ShardReaderBase[_Handle]):
                 raw = txn.get(SHARD_KEY)
         except lmdb.Error as e:
             raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
-        if raw is None:
-            return
-        want = shard_record(self.all_fields, self.info.stored_start, self.info.count)
-        if raw == want:
+        if raw is None or raw == shard_record(self.all_fields, self.info.stored_start, self.info.count):
             return
         try:
             got: Any = json.loads(raw) if len(raw) <= _MAX_SHARD_RECORD else None
@@ -177,13 +172,6 @@ class ShardReader(ShardReaderBase[_Handle]):
         handle = self._forget()
         if handle is not None:
             os.close(handle.fd)
-
-    def _env(self, local: np.ndarray) -> lmdb.Environment:
-        """This process's environment, after checking that the file was not truncated since it was
-        opened: LMDB reads through a memory map, where a truncated file means SIGBUS, not an error."""
-        h = self.handle()
-        self._check_unchanged(h.fd, local)
-        return h.env
 
     def _layout(self, buf: memoryview | bytes, local: int) -> list[tuple[int, int]]:
         """(offset, nbytes) of each field in one record, after checking its header."""
@@ -227,9 +215,11 @@ class ShardReader(ShardReaderBase[_Handle]):
 
     @contextmanager
     def _txn(self, local: np.ndarray) -> Iterator[lmdb.Transaction]:
-        """A read transaction (values are buffers into the map) on this process's environment, the file
-        checked unchanged first, with no fork while it is open (fastdata.handles.no_fork_during)."""
-        with no_fork_during(), self._env(local).begin(buffers=True) as txn:
+        """A read transaction (values are buffers into the map), the file checked unchanged first (LMDB reads
+        through a memory map: a truncated file would be SIGBUS), with no fork while it is open (no_fork_during)."""
+        h = self.handle()
+        self._check_unchanged(h.fd, local)
+        with no_fork_during(), h.env.begin(buffers=True) as txn:
             yield txn
 
     def _get_many(self, txn: lmdb.Transaction, local: np.ndarray) -> list[memoryview | bytes]:
@@ -377,7 +367,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         return out
 
     def _read_small(self, local: np.ndarray, dest: np.ndarray, outs: dict[str, np.ndarray]) -> None:
-        """Fixed-layout small records: one ``getmulti`` and vectorised header checks."""
+        """Fixed-layout small records: fetched together (``_get_many``), headers checked vectorised."""
         size = self._record_size
         assert size is not None
         try:

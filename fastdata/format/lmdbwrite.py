@@ -20,6 +20,7 @@ from fastdata.format.spec import FieldSpec
 MAGIC = b"FDR1"
 SHARD_KEY = b"\xff" * 8  # the shard's own description; sorts after every sample key
 KEY = struct.Struct(">Q")
+key = KEY.pack  # a sample's key: its global index, big-endian (keys sort in sample order)
 _COMMIT_BYTES = 64 << 20
 _TAIL_GUARD_MIN = 192 << 10  # > the 64 KiB an in-page offset can reach, plus a 64 KiB key size
 _FULL_MARGIN = 1 << 20  # a failed write with less than this (+ the batch) free on the disk: the disk is full
@@ -34,10 +35,6 @@ def parse_compression(value: str | None) -> blosc_codec.Codec | None:
         raise UsageError(f"--compression {value} is not supported for LMDB shards (use none, lz4, lz4:1-9, zstd "
                          "or zstd:1-9; lzf and gzip are HDF5 only)")
     return codec
-
-
-def key(index: int) -> bytes:
-    return KEY.pack(index)
 
 
 def shard_record(fields: list[FieldSpec], start: int, count: int) -> bytes:
@@ -69,18 +66,9 @@ def initial_map_size(payload: int, count: int, nfields: int) -> int:
 
 
 def tail_guard_bytes(psize: int, largest_record: int) -> int:
-    """Zero bytes appended after LMDB's last page (see docs/format.md, "LMDB shards")."""
+    """Zero bytes appended after LMDB's last page: liblmdb checks only page numbers, so a corrupted offset or
+    value size then stays inside the file instead of causing a SIGBUS (docs/format.md, "LMDB shards")."""
     return -(-max(_TAIL_GUARD_MIN, largest_record) // psize) * psize
-
-
-def _add_tail_guard(path: Path, psize: int, largest_record: int) -> None:
-    """Append a zeroed (sparse) tail after LMDB's last page: liblmdb checks only page numbers, so a corrupted
-    offset or value size then stays inside the file instead of causing a SIGBUS."""
-    with open(path, "r+b") as f:
-        end = f.seek(0, os.SEEK_END)
-        f.truncate(end + tail_guard_bytes(psize, largest_record))
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class ShardWriter:
@@ -130,9 +118,8 @@ class ShardWriter:
             return
         while True:
             try:
-                with self._env.begin(write=True) as txn:
-                    with txn.cursor() as cur:
-                        cur.putmulti(self._pending, append=True)
+                with self._env.begin(write=True) as txn, txn.cursor() as cur:
+                    cur.putmulti(self._pending, append=True)
                 break
             except lmdb.MapFullError:
                 size = self._env.info()["map_size"]
@@ -163,7 +150,10 @@ class ShardWriter:
             psize = self._env.stat()["psize"]
         finally:
             self._release()
-        _add_tail_guard(self.path, psize, self._largest)
+        with open(self.path, "r+b") as f:  # the tail guard, sparse
+            end = f.seek(0, os.SEEK_END)
+            f.truncate(end + tail_guard_bytes(psize, self._largest))
+            os.fsync(f.fileno())
 
     def _release(self) -> None:
         self._env.close()

@@ -10,8 +10,8 @@ from typing import Any
 
 from fastdata.errors import FormatError, VersionError
 from fastdata.fileio import fsync_dir, write_atomic
-from fastdata.format.absent import no_manifest_error, not_a_folder_error
 from fastdata.format.backends import check_backend, check_counts
+from fastdata.format.files import no_manifest_error, not_a_folder_error
 from fastdata.format.spec import (
     _FILE_RE,
     CHECKSUMS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence, TypeGuard
 
 import numpy as np
@@ -40,9 +40,6 @@ class ImageSpec:
     @property
     def channels(self) -> int:
         return CHANNELS[self.mode]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "layout": self.layout}
 
 
 def companions(f: FieldSpec) -> list[str]:
@@ -162,12 +159,8 @@ class FieldSpec:
         return self.np_dtype.itemsize * math.prod(self.trailing)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
-        if self.image is not None:
-            out["image"] = self.image.to_json()
-        if self.compression is not None:
-            out["compression"] = self.compression
-        return out
+        """The manifest's entry: every attribute, ``image`` and ``compression`` only when set."""
+        return {k: list(v) if k == "shape" else v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)

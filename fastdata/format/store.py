@@ -32,19 +32,15 @@ class ShardStore(Protocol):
     def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
         """One reader per shard of the manifest (files are opened lazily, per process); checks what
         can be checked before the first read."""
-        ...
 
     def key_table(self) -> KeyTable | None:
         """The reader of the sample keys' file, or None when the manifest has none."""
-        ...
 
     def pinned(self, shards: Sequence[int], readers: Sequence[ShardReader]) -> AbstractContextManager[None]:
         """Keeps ``shards`` readable (local, checked, not evicted) while a batch reads them."""
-        ...
 
     def close(self) -> None:
         """Releases what this process holds for the store (pins); readers are closed by the caller."""
-        ...
 
 
 class LocalShards:

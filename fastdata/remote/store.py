@@ -13,7 +13,7 @@ from typing import Any, BinaryIO, Callable
 
 from fastdata._units import fmt_bytes
 from fastdata.errors import FormatError, UsageError
-from fastdata.format.absent import no_manifest_error
+from fastdata.format.files import no_manifest_error
 from fastdata.format.manifest import manifest_of
 from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, KeysInfo, Manifest, ShardInfo
 from fastdata.handles import PerProcessHandle
@@ -99,7 +99,7 @@ class RemoteStore(PerProcessHandle[_Local]):
         try:
             data = with_retries(lambda: fs.cat_file(where), where, self.deadline())
         except RemoteNotFoundError:
-            try:  # what is there instead says what to do (absent.py, as for a folder)
+            try:  # what is there instead says what to do (format/files.py, as for a folder)
                 names = {str(n).rstrip("/").rsplit("/", 1)[-1] for n in
                          with_retries(lambda: fs.ls(self.url, detail=False, refresh=True), self.url, self.deadline())}
             except RemoteError:

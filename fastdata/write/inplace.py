@@ -16,8 +16,7 @@ import xxhash
 from fastdata._version import __version__
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, make_field, read_manifest, write_manifest
-from fastdata.format.arrayinfo import ArrayInfo, hdf5_info, npy_info, zarr_info
-from fastdata.format.external import ZARR_META, Column, Index, native, stamp
+from fastdata.format.external import ZARR_META, ArrayInfo, Column, Index, hdf5_info, native, npy_info, stamp, zarr_info
 from fastdata.format.inplace import NAME
 from fastdata.format.spec import KEYS_INDEX, KeysInfo
 from fastdata.write.options import Progress

@@ -8,7 +8,7 @@ import io
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -250,7 +250,7 @@ def _same_fields(a: Path, ma: Manifest, b: Path, mb: Manifest) -> None:
 
 def _desc(f: Any) -> str:
     shape = "(" + ", ".join("n" if d is None else str(d) for d in f.shape) + ")"
-    return f"{f.np_dtype} {shape} {f.encoding}" + (f" {f.image.to_json()}" if f.image is not None else "")
+    return f"{f.np_dtype} {shape} {f.encoding}" + (f" {asdict(f.image)}" if f.image is not None else "")
 
 
 def _class_diff(a: list[str], b: list[str]) -> str:
