@@ -232,16 +232,11 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
                      resume: bool = False) -> Destination:
     """Create DST if needed and lock this part's files in it (other parts may write DST at the same time);
     refuses what :func:`check_part_entries` refuses."""
-    check_dst(dst, sources, overwrite=True)  # only the source checks: DST may hold other parts
+    check_dst(dst, sources, overwrite=True)  # the source checks, and no whole conversion or merge-parts in DST
     try:
         dst.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise UsageError(f"{dst}: exists and is not a directory") from None
-    except OSError as e:
+    except OSError as e:  # (a file named DST: check_dst refused it)
         raise UsageError(f"{dst}: cannot create the destination: {e.strerror}") from None
-    who = lock_holder(dst / LOCK_NAME)
-    if who is not None:
-        raise DestinationBusyError(f"{dst}: a whole conversion or merge-parts is writing it ({who}); wait for it to end")
     index, count = part
     lock = DstLock(dst, part_lock_name(index, count))
     target = Destination(dst, created=False, resume=False, lock=lock, part=part)

@@ -124,16 +124,11 @@ def staging_dir(spec: UrlSpec) -> Path:
         while not mine.is_dir():  # a conversion ending meanwhile may remove the empty folders above it
             with contextlib.suppress(FileNotFoundError):
                 mine.mkdir(parents=True, exist_ok=True)
-        _sweep_dead(root, host)
+        for d in root.iterdir():
+            stem, _, pid = d.name.rpartition("-")
+            if stem == host and pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(d, ignore_errors=True)
     return mine
-
-
-def _sweep_dead(root: Path, host: str) -> None:
-    for d in root.iterdir():
-        stem, _, pid = d.name.rpartition("-")
-        if stem != host or not pid.isdigit() or pid_alive(int(pid)):
-            continue
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _remove_local(tmp: Path) -> None:
