@@ -221,8 +221,7 @@ def _tasks(source: Source, fields: list[FieldSpec], opts: WriteOptions, target: 
            done: dict[str, ShardInfo], own: range, nbytes: np.ndarray) -> list[ShardTask]:
     """One task per shard of ``own``; into ``target.remote``'s URL when the writing processes upload."""
     dst = target.remote.url if target.remote is not None else str(target.path)
-    ragged = [f.name for f in source.fields if f.ragged]
-    rows = {name: source.ragged_rows(name) for name in ragged}
+    rows = {f.name: source.ragged_rows(f.name) for f in source.fields if f.ragged}
     known = all(v is not None for v in rows.values())  # else each part counts its rows when read (load_rows)
     tasks = []
     for i in own:
