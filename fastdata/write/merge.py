@@ -121,10 +121,9 @@ def _reconcile(roots: list[Path], ms: list[Manifest], remap: bool) -> tuple[list
     """Refuse inputs that cannot be one dataset; the merged class list and, per input, its label
     map (None: labels stay as they are)."""
     a, first = roots[0], ms[0]
-    for r, m in zip(roots, ms):  # an index has no shards to link or copy (fastdata/format/inplace.py)
-        if m.backend == "inplace":
+    for r, m in zip(roots, ms):
+        if m.backend == "inplace":  # no shards to link or copy (fastdata/format/inplace.py)
             raise UsageError(f"{r}: is an in-place index: index the source files together (a glob), or convert them")
-    for r, m in zip(roots[1:], ms[1:]):
         if m.backend != first.backend:
             raise UsageError(f"{r}: is {m.backend} but {a} is {first.backend}: merge datasets of one format "
                              "(convert one again with %(backend))")

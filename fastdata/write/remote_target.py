@@ -131,10 +131,9 @@ class RemoteTarget:
             self._remove(self.journal_name)
         except RemoteError as e:
             log.warning("%s: could not remove the conversion journal: %s", self.url, e)
-        shutil.rmtree(self.staging, ignore_errors=True)
-        remove_empty(self.staging.parent / WORKERS_DIR, self.staging.parent)  # what the shard tasks staged in
+        self.abandon()
 
     def abandon(self) -> None:
-        """The conversion failed: the staging folder goes (``--resume`` starts from the remote journal)."""
+        """Remove the staging folder (after a failure, ``--resume`` starts from the remote journal)."""
         shutil.rmtree(self.staging, ignore_errors=True)
         remove_empty(self.staging.parent / WORKERS_DIR, self.staging.parent)  # what the shard tasks staged in
