@@ -326,8 +326,7 @@ def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: P
     (encoded images included) are copied as they are."""
     impl = backend(m.backend)
     reader = impl.ShardReader(src, s, m.fields)
-    ragged = [f for f in m.fields if f.ragged]
-    rows = {f.name: int(reader.lengths(f.name, np.arange(s.count)).sum()) for f in ragged}
+    rows = {f.name: int(reader.lengths(f.name, np.arange(s.count)).sum()) for f in m.fields if f.ragged}
     tmp, final = dst / f".{name}.partial", dst / name
     try:
         compression = (m.source or {}).get("compression")
