@@ -10,6 +10,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import time
 import weakref
 from contextlib import contextmanager
@@ -19,8 +20,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 from fastdata._units import fmt_bytes
 from fastdata.errors import CacheFullError, CorruptShardError, RemoteError, UsageError
-from fastdata.fileio import file_checksum
-from fastdata.remote import locks
+from fastdata.fileio import file_checksum, lock_holder, record_holder, try_lock, unlock
 from fastdata.remote.retry import gave_up, trouble
 
 log = logging.getLogger("fastdata.remote")
@@ -30,9 +30,44 @@ _PART = re.compile(rf"^({_NAME})\.\d+\.part$")
 _EVICT_LOCK = ".evict.lock"
 CHECKSUM_ATTEMPTS = 3
 
-__all__ = ["CacheFullError", "Pin", "Priority", "ShardCache"]
+__all__ = ["CacheFullError", "Pin", "Priority", "ShardCache", "lock", "pid_alive"]
 
 Priority = Callable[[str], float]  # next use of a cached file by name: smaller is sooner; inf: never
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock(path: Path, deadline: float, what: str, *, record: bool = True) -> int:
+    """Wait (until the monotonic ``deadline``) for the lock on ``path``; TimeoutError names its holder. With
+    ``record``, the file names this process, and a previous holder it named (dead: a killed download) is logged
+    as stale, its lock taken over."""
+    delay = 0.01
+    while True:
+        fd = try_lock(path)
+        if fd is not None:
+            if record:
+                _note_stale(record_holder(fd), path)
+            return fd
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: still locked by {lock_holder(path) or 'a fastdata process'} ({path})")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def _note_stale(prev: Any, path: Path) -> None:
+    if not isinstance(prev, dict) or not isinstance(prev.get("pid"), int) or prev["pid"] == os.getpid():
+        return
+    dead = prev.get("host") == socket.gethostname() and not pid_alive(prev["pid"])
+    log.info("%s: cleared a stale lock left by pid %s on %s%s", path, prev["pid"], prev.get("host"),
+             " (no longer running)" if dead else "")
 
 
 def _drop_pin(fd: int, pid: int) -> None:
@@ -129,7 +164,7 @@ class ShardCache:
         lock_path = self.path(name + ".lock")
         asked = time.monotonic()
         try:
-            fd = locks.lock(lock_path, deadline, f"{where}: waiting for another process's download")
+            fd = lock(lock_path, deadline, f"{where}: waiting for another process's download")
         except TimeoutError as e:
             raise RemoteError(trouble(where, asked) or str(e)) from None
         try:
@@ -146,7 +181,7 @@ class ShardCache:
                 gave_up(where, str(e))
                 raise
         finally:
-            locks.unlock(fd, lock_path)
+            unlock(fd, lock_path)
 
     def _download(self, name: str, size: int, checksum: str, fill: Callable[[BinaryIO], object], where: str,
                   deadline: float, priority: Priority | None, bound: float | None) -> bool:
@@ -271,9 +306,9 @@ class ShardCache:
     @contextmanager
     def _evicting(self, deadline: float, where: str) -> Iterator[None]:
         """Hold the cache's eviction lock: listings, reservations, evictions and renames take turns."""
-        fd = locks.lock(self.path(_EVICT_LOCK), deadline, f"{where}: cache eviction lock", record=False)
+        fd = lock(self.path(_EVICT_LOCK), deadline, f"{where}: cache eviction lock", record=False)
         try:
             yield
         finally:
-            locks.unlock(fd)
+            unlock(fd)
 

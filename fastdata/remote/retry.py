@@ -58,8 +58,7 @@ def describe(e: BaseException) -> str:
     if isinstance(e, FileNotFoundError):
         return "no such object"
     if isinstance(e, PermissionError):
-        return f"access denied ({text}): check the credentials and the bucket's policy" if text else \
-            "access denied: check the credentials and the bucket's policy"
+        return f"access denied{f' ({text})' if text else ''}: check the credentials and the bucket's policy"
     if names & _NO_CREDENTIALS:
         return f"no credentials ({text}): {CREDENTIALS_HINT}"
     if names & _UNREACHABLE:

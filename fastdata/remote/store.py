@@ -142,7 +142,11 @@ class RemoteStore(PerProcessHandle[_Local]):
         return self._fetch(self.manifest.shards[i], bound)
 
     def _fetch(self, info: ShardInfo | KeysInfo, bound: float | None = None) -> bool:
-        self._release_idle()  # our own idle pins must not keep the eviction this may need from happening
+        h = self.handle()
+        with h.lock:  # our own idle pins must not keep the eviction this may need from happening
+            for j in h.idle:
+                h.pins.pop(j)[0].release()
+            h.idle.clear()
         deadline = self.deadline()
         return self.cache.fetch(cache_name(info), info.bytes, str(info.checksum), self._fill(info, deadline),
                                 where=self.where(str(info.file)), deadline=deadline, priority=self.priority,
@@ -207,13 +211,6 @@ class RemoteStore(PerProcessHandle[_Local]):
                 h.idle.append(i)
                 while len(h.idle) > IDLE_PINS:
                     h.pins.pop(h.idle.pop(0))[0].release()
-
-    def _release_idle(self) -> None:
-        h = self.handle()
-        with h.lock:
-            for j in h.idle:
-                h.pins.pop(j)[0].release()
-            h.idle.clear()
 
     def _sweep(self, h: _Local) -> None:
         """Close readers of unpinned shards whose file was evicted, so the disk space comes back."""

@@ -27,20 +27,13 @@ def point(name: str, shard: int | None = None) -> None:
                          f"POINT {'|'.join(POINTS)}")
     if where != name or (which and shard != int(which)):
         return
-    if action == "pause1":
-        ready = os.environ.get(READY_ENV)
-        if ready and os.path.exists(ready):
-            return
-        action = "pause"
-    if action == "pause":
-        _pause()
-    code = _ERRNOS[action]
-    raise OSError(code, os.strerror(code))
-
-
-def _pause() -> None:
     ready = os.environ.get(READY_ENV)
-    if ready:
+    if action == "pause1" and ready and os.path.exists(ready):
+        return
+    if action in _ERRNOS:
+        code = _ERRNOS[action]
+        raise OSError(code, os.strerror(code))
+    if ready:  # pause (pause1 the first time): say so, then wait
         tmp = f"{ready}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="ascii") as f:
             f.write(str(os.getpid()))

@@ -4,25 +4,27 @@ Only names fastdata writes (``OURS``) are ever deleted, so ``--overwrite`` never
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-from fastdata.errors import DestinationBusyError, UsageError
+from fastdata.errors import DestinationBusyError, UsageError, WriteError
+from fastdata.fileio import lock_holder, record_holder, try_lock, unlock
 from fastdata.format import MANIFEST_NAME, ShardInfo
 from fastdata.format.files import JOURNAL_NAME, LOCK_NAME, OURS, PART_FILE, SKIPPED_NAME, TEMPORARY
 from fastdata.write import journal
-from fastdata.write.lock import DstLock, holder
+from fastdata.write.url_publish import UrlSpec, remove_empty
 
-if TYPE_CHECKING:
-    from fastdata.write.url_publish import UrlSpec
-
-__all__ = ["Destination", "SHARD", "check_dst", "check_entries", "check_part_entries", "part_journal_name",
+__all__ = ["Destination", "DstLock", "SHARD", "check_dst", "check_entries", "check_part_entries", "part_journal_name",
            "part_lock_name", "part_record_name", "part_stem", "prepare_dst", "prepare_part_dst", "refuse_broken_url",
            "remove_ours", "remove_shards_except", "remove_temporary", "write_skipped"]
+
+log = logging.getLogger(__name__)
+
 
 def part_stem(index: int, count: int) -> str:
     return f"part-{index:05d}-of-{count:05d}"
@@ -67,7 +69,7 @@ def check_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool 
         return
     if not dst.is_dir():
         raise UsageError(f"{dst}: exists and is not a directory")
-    who = holder(dst)
+    who = lock_holder(dst / LOCK_NAME)
     if who is not None:
         raise DestinationBusyError(f"{dst}: another conversion is writing it ({who}); wait for it to end")
     _check_entries(dst, overwrite, resume)
@@ -104,6 +106,45 @@ def _refuse_foreign(where: str, names: Sequence[str], place: str) -> None:
                          f"new {place}")
 
 
+class DstLock:
+    """One conversion at a time per destination: an exclusive ``flock`` on ``DST/.fastdata.lock`` (or one part's
+    lock file), naming its holder, until :meth:`release`. The kernel drops it when its holder dies, so a killed
+    conversion never blocks ``--resume``."""
+
+    def __init__(self, dst: Path, name: str = LOCK_NAME) -> None:
+        """Raises DestinationBusyError if another live conversion holds the lock."""
+        self.path = dst / name
+
+        def no_locks() -> None:
+            log.warning("%s: the file system does not support locks; not guarding against a second conversion", dst)
+
+        try:
+            fd = try_lock(self.path, no_locks)
+        except OSError as e:  # from open: with no_locks, flock raises nothing else that can happen here
+            raise WriteError(f"{dst}: cannot create {name}: {e.strerror}") from None
+        if fd is None:
+            who = lock_holder(self.path) or "a fastdata process"
+            raise DestinationBusyError(f"{dst}: another conversion is writing it ({who}); wait for it to end")
+        try:
+            record_holder(fd)
+        except OSError as e:
+            os.close(fd)
+            raise WriteError(f"{dst}: cannot write {name}: {e.strerror}") from None
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Remove the lock file and unlock."""
+        if self._fd is not None:
+            unlock(self._fd, self.path)
+            self._fd = None
+
+    def __enter__(self) -> "DstLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 @dataclass
 class Destination:
     """A locked destination folder, ready for writing; ``resume``: a journal there is to be continued."""
@@ -115,7 +156,7 @@ class Destination:
     part: tuple[int, int] | None = None  # (I, N) for ``--part I/N``: this run writes part I of N
     on_shard: Callable[[ShardInfo], None] | None = field(default=None, repr=False)  # a new shard is finished
     trusted: set[str] = field(default_factory=set)  # journaled shards kept without a local file (URL resume)
-    remote: "UrlSpec | None" = field(default=None, repr=False)  # shard tasks upload here (a URL destination)
+    remote: UrlSpec | None = field(default=None, repr=False)  # shard tasks upload here (a URL destination)
     on_start: Callable[[], None] | None = field(default=None, repr=False)  # the journal is written, no shard yet
 
     @property
@@ -133,7 +174,7 @@ class Destination:
     def __exit__(self, *exc: object) -> None:
         self.release()
         if self.created and exc[0] is not None:
-            _rmdir_if_empty(self.path)
+            remove_empty(self.path)
 
 
 def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool = False) -> Destination:
@@ -148,10 +189,10 @@ def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: boo
         except OSError as e:
             raise UsageError(f"{dst}: cannot create the destination: {e.strerror}") from None
     try:
-        lock = DstLock.acquire(dst)
+        lock = DstLock(dst)
     except BaseException:
         if created:
-            _rmdir_if_empty(dst)
+            remove_empty(dst)
         raise
     target = Destination(dst, created, resume=False, lock=lock)
     try:
@@ -191,18 +232,13 @@ def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], 
                      resume: bool = False) -> Destination:
     """Create DST if needed and lock this part's files in it (other parts may write DST at the same time);
     refuses what :func:`check_part_entries` refuses."""
-    check_dst(dst, sources, overwrite=True)  # only the source checks: DST may hold other parts
+    check_dst(dst, sources, overwrite=True)  # the source checks, and no whole conversion or merge-parts in DST
     try:
         dst.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise UsageError(f"{dst}: exists and is not a directory") from None
-    except OSError as e:
+    except OSError as e:  # (a file named DST: check_dst refused it)
         raise UsageError(f"{dst}: cannot create the destination: {e.strerror}") from None
-    who = holder(dst)
-    if who is not None:
-        raise DestinationBusyError(f"{dst}: a whole conversion or merge-parts is writing it ({who}); wait for it to end")
     index, count = part
-    lock = DstLock.acquire(dst, part_lock_name(index, count))
+    lock = DstLock(dst, part_lock_name(index, count))
     target = Destination(dst, created=False, resume=False, lock=lock, part=part)
     try:
         entries = sorted(e for e in os.listdir(dst) if not e.endswith(".lock"))
@@ -253,10 +289,3 @@ def _remove(p: Path) -> None:
         shutil.rmtree(p)
     else:
         p.unlink(missing_ok=True)
-
-
-def _rmdir_if_empty(p: Path) -> None:
-    try:
-        p.rmdir()
-    except OSError:
-        pass

@@ -16,7 +16,6 @@ from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.fileio import file_checksum, write_atomic
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, shard_file_name, write_manifest
 from fastdata.format import codec as blosc_codec
-from fastdata.format.files import JOURNAL_NAME
 from fastdata.format.keys import write_keys
 from fastdata.format.spec import (
     CHECKSUM_DEFAULT,
@@ -126,7 +125,7 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
         _fault.point("before_first_shard")
         _engine(opts, len(tasks)).run(tasks, progress, finished)
         shards.sort(key=lambda s: s.start)
-        _finish(source, target, opts, head, _manifest(source, opts, fields, shards, nbytes, dst))
+        _finish(source, target, head, _manifest(source, opts, fields, shards, nbytes, dst))
     except BaseException as e:
         err = _failed(dst, journaled, e, owned, target.journal_name)
         if err is e:
@@ -165,7 +164,7 @@ def _manifest(source: Source, opts: WriteOptions, fields: list[FieldSpec], shard
     )
 
 
-def _finish(source: Source, target: Destination, opts: WriteOptions, head: dict, manifest: Manifest) -> None:
+def _finish(source: Source, target: Destination, head: dict, manifest: Manifest) -> None:
     """Write what says the conversion is complete (skipped.json and the manifest, or a part's record)."""
     _fault.point("before_manifest")
     if target.part is None:
@@ -222,8 +221,7 @@ def _tasks(source: Source, fields: list[FieldSpec], opts: WriteOptions, target: 
            done: dict[str, ShardInfo], own: range, nbytes: np.ndarray) -> list[ShardTask]:
     """One task per shard of ``own``; into ``target.remote``'s URL when the writing processes upload."""
     dst = target.remote.url if target.remote is not None else str(target.path)
-    ragged = [f.name for f in source.fields if f.ragged]
-    rows = {name: source.ragged_rows(name) for name in ragged}
+    rows = {f.name: source.ragged_rows(f.name) for f in source.fields if f.ragged}
     known = all(v is not None for v in rows.values())  # else each part counts its rows when read (load_rows)
     tasks = []
     for i in own:
@@ -240,8 +238,7 @@ def _tasks(source: Source, fields: list[FieldSpec], opts: WriteOptions, target: 
     return tasks
 
 
-def _failed(dst: Path, journaled: set[str], e: BaseException, owned: set[str] | None = None,
-            jname: str = JOURNAL_NAME) -> BaseException:
+def _failed(dst: Path, journaled: set[str], e: BaseException, owned: set[str] | None, jname: str) -> BaseException:
     """Tidy DST after a failure and return the error to raise: journaled shards stay for --resume, the rest goes
     (everything if no shard finished; a ``--part`` touches only its own files)."""
     try:

@@ -16,7 +16,7 @@ import xxhash
 from fastdata._version import __version__
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, make_field, read_manifest, write_manifest
-from fastdata.format.external import ZARR_META, ArrayInfo, Column, Index, hdf5_info, native, npy_info, stamp, zarr_info
+from fastdata.format.external import ZARR_META, Column, Index, hdf5_info, native, npy_info, stamp, zarr_info
 from fastdata.format.inplace import NAME
 from fastdata.format.spec import KEYS_INDEX, KeysInfo
 from fastdata.write.options import Progress
@@ -73,14 +73,6 @@ def expand(src: str) -> list[str]:
     return [os.path.abspath(p) for p in paths]
 
 
-def _info(fmt: str, path: str, array: str) -> ArrayInfo:
-    if fmt == "hdf5":
-        return hdf5_info(path, array)
-    if fmt == "zarr":
-        return zarr_info(path, array)
-    return npy_info(path)
-
-
 def _npy_path(base: str, rel: str) -> str:
     """A field's ``.npy``: ``rel`` as given, else beside the indexed ``.npy``/in the indexed folder."""
     if not rel:
@@ -101,7 +93,7 @@ def plan_part(fmt: str, path: str, fields: Mapping[str, str], files: dict[str, i
     for name, array in fields.items():
         fpath = _npy_path(path, array) if fmt == "npy" else path
         where = f"{fpath}: {array}" if array and fmt != "npy" else fpath
-        info = _info(fmt, fpath, array)
+        info = npy_info(fpath) if fmt == "npy" else (hdf5_info if fmt == "hdf5" else zarr_info)(fpath, array)
         dtype = native(info.dtype, where)
         spec = make_field(name, dtype, info.shape[1:])
         if name in specs and specs[name] != spec:

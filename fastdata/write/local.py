@@ -35,7 +35,6 @@ class LocalEngine:
             _write_parallel(tasks, self.workers, progress, finished)
 
 
-
 def mp_context() -> Any:
     # fork on Linux, as torch's DataLoader: works without a ``__main__`` guard; workers never use a parent handle.
     return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")

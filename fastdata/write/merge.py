@@ -16,7 +16,7 @@ import numpy as np
 
 from fastdata._units import fmt_bytes
 from fastdata._version import __version__
-from fastdata.errors import CorruptShardError, UsageError
+from fastdata.errors import UsageError
 from fastdata.fileio import file_checksum, finish_file, fsync_dir
 from fastdata.format import (
     FORMAT_VERSION,
@@ -29,8 +29,9 @@ from fastdata.format import (
     shard_path,
     write_manifest,
 )
-from fastdata.format.keys import DuplicateKeyError, KeyTable, write_keys
-from fastdata.format.spec import CHECKSUM_DEFAULT, KEYS_INDEX, version_for
+from fastdata.format.keys import DuplicateKeyError, write_keys
+from fastdata.format.spec import CHECKSUM_DEFAULT, version_for
+from fastdata.format.store import LocalShards
 from fastdata.write.destination import check_dst, prepare_dst, refuse_broken_url, remove_ours
 from fastdata.write.engine import write_keys_file
 from fastdata.write.shard_task import write_error
@@ -120,10 +121,9 @@ def _reconcile(roots: list[Path], ms: list[Manifest], remap: bool) -> tuple[list
     """Refuse inputs that cannot be one dataset; the merged class list and, per input, its label
     map (None: labels stay as they are)."""
     a, first = roots[0], ms[0]
-    for r, m in zip(roots, ms):  # an index has no shards to link or copy (fastdata/format/inplace.py)
-        if m.backend == "inplace":
+    for r, m in zip(roots, ms):
+        if m.backend == "inplace":  # no shards to link or copy (fastdata/format/inplace.py)
             raise UsageError(f"{r}: is an in-place index: index the source files together (a glob), or convert them")
-    for r, m in zip(roots[1:], ms[1:]):
         if m.backend != first.backend:
             raise UsageError(f"{r}: is {m.backend} but {a} is {first.backend}: merge datasets of one format "
                              "(convert one again with %(backend))")
@@ -184,13 +184,9 @@ def _key_prefixes(roots: list[Path], given: Sequence[str] | str | None, drop: bo
 
 def _input_keys(root: Path, m: Manifest) -> list[str]:
     """Every key of one input, in its sample order."""
-    assert m.keys is not None
-    if m.keys.kind == KEYS_INDEX:
+    table = LocalShards(root, m).key_table()  # checked as a reader checks it
+    if table is None:  # the keys are the indices
         return [str(i) for i in range(m.num_samples)]
-    real = os.path.realpath(root / str(m.keys.file))
-    if os.path.dirname(real) != os.path.realpath(root):  # as for shards: never outside the dataset
-        raise CorruptShardError(f"{root}: keys file {m.keys.file!r} points outside the dataset directory")
-    table = KeyTable(Path(real), m.num_samples, m.keys.bytes)
     try:
         return table.all()
     finally:
@@ -330,8 +326,7 @@ def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: P
     (encoded images included) are copied as they are."""
     impl = backend(m.backend)
     reader = impl.ShardReader(src, s, m.fields)
-    ragged = [f for f in m.fields if f.ragged]
-    rows = {f.name: int(reader.lengths(f.name, np.arange(s.count)).sum()) for f in ragged}
+    rows = {f.name: int(reader.lengths(f.name, np.arange(s.count)).sum()) for f in m.fields if f.ragged}
     tmp, final = dst / f".{name}.partial", dst / name
     try:
         compression = (m.source or {}).get("compression")

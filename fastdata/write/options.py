@@ -66,8 +66,7 @@ class WriteOptions:
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
-        impl = backend(self.backend)
-        impl.parse_compression(self.compression)
+        backend(self.backend).parse_compression(self.compression)
         if blosc_codec.parse(self.compression) is not None:
             blosc_codec.require()  # the packages are missing: say so before anything is written
         if self.shard_size <= 0:

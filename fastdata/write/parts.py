@@ -13,21 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fastdata.errors import DataError, DestinationBusyError, RemoteError, RemoteNotFoundError, UsageError
-from fastdata.fileio import file_checksum, fsync_dir, write_atomic
+from fastdata.errors import DataError, DestinationBusyError, RemoteError, UsageError
+from fastdata.fileio import file_checksum, fsync_dir, lock_holder, write_atomic
 from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
-from fastdata.format.files import PART_FILE, SKIPPED_NAME
+from fastdata.format.files import PART_FILE, PART_RECORD, SKIPPED_NAME
 from fastdata.format.manifest import parse_manifest, write_manifest
 from fastdata.remote import RemoteOptions, is_url
 from fastdata.remote.retry import with_retries
 from fastdata.remote.url import join, root
-from fastdata.write.destination import part_lock_name, part_record_name, refuse_broken_url, write_skipped
-from fastdata.write.lock import DstLock, holder
+from fastdata.write.destination import DstLock, part_lock_name, part_record_name, refuse_broken_url, write_skipped
 from fastdata.write.url_publish import UrlSpec
 
 RECORD_VERSION = 1
 _PART_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
-_RECORD = re.compile(r"^\.fastdata-part-(\d{5,})-of-(\d{5,})\.json$")
 MAX_RECORD_BYTES = 256 << 20
 log = logging.getLogger(__name__)
 
@@ -86,7 +84,7 @@ def merge_parts(dst: str | os.PathLike[str], remote: RemoteOptions | None = None
     dst = Path(dst)
     if not dst.is_dir():
         raise UsageError(f"{dst}: no such folder")
-    with DstLock.acquire(dst):  # a second merge-parts (or a whole conversion) waits its turn
+    with DstLock(dst):  # a second merge-parts (or a whole conversion) waits its turn
         return _merge_locked(dst, t0)
 
 
@@ -95,11 +93,11 @@ def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
     for e in sizes:
         m = PART_FILE.match(e)
         if m and e.endswith(".lock"):
-            who = holder(dst, e)
+            who = lock_holder(dst / e)
             if who is not None:
                 raise DestinationBusyError(f"{dst}: part {int(m.group(1))}/{int(m.group(2))} is still being "
                                            f"converted ({who}); run merge-parts after every part has ended")
-    manifest, skipped, n = _combine(str(dst), lambda name: str(dst / name), sizes, lambda name: _read(dst / name))
+    manifest, skipped, n = _combine(str(dst), lambda name: str(dst / name), sizes, lambda name: (dst / name).read_bytes())
     _check_keys_file(manifest, sizes, lambda name: str(dst / name), dst)
     write_skipped(dst, skipped)
     write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
@@ -118,12 +116,7 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
     def call(fn: Any, what: str) -> Any:
         return with_retries(fn, what, spec.deadline())
 
-    try:
-        listing = call(lambda: fs.ls(url, detail=True, refresh=True), url)
-    except RemoteNotFoundError:
-        listing = []
-    sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in listing
-             if e.get("type") != "directory"}
+    sizes = spec.sizes(fs)
     manifest, skipped, n = _combine(url, lambda name: join(url, name), sizes,
                                     lambda name: call(lambda: fs.cat_file(join(url, name)), join(url, name)))
     _check_keys_file(manifest, sizes, lambda name: join(url, name))
@@ -153,10 +146,10 @@ def _combine(dst: str, path_of: Callable[[str], str], sizes: dict[str, int],
         raise UsageError(f"{dst}: already holds a finished dataset (manifest.json); nothing to merge")
     records = []
     for name in sorted(sizes):
-        if _RECORD.match(name):
+        if PART_RECORD.match(name):
             if sizes[name] > MAX_RECORD_BYTES:
                 raise DataError(f"{path_of(name)}: part record too large to be one of ours")
-            records.append(_parse_record(read(name), name, path_of(name)))
+            records.append(_parse_record(read, name, path_of(name)))
     if not records:
         raise UsageError(f"{dst}: no part records (.fastdata-part-*.json): convert the parts first "
                          "(fastdata convert SRC DST %(part=I/N))")
@@ -203,19 +196,12 @@ def _combine(dst: str, path_of: Callable[[str], str], sizes: dict[str, int],
     return manifest, [(str(p), str(r)) for p, r in first["skipped"]], n
 
 
-def _read(path: Path) -> bytes:
+def _parse_record(read: Callable[[str], bytes], name: str, where: str) -> dict[str, Any]:
     try:
-        return path.read_bytes()
-    except OSError as e:
-        raise DataError(f"{path}: unreadable part record ({e}); convert that part again with %(overwrite=True)") from None
-
-
-def _parse_record(raw: bytes, name: str, where: str) -> dict[str, Any]:
-    try:
-        r = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:
+        r = json.loads(read(name).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
         raise DataError(f"{where}: unreadable part record ({e}); convert that part again with %(overwrite=True)") from None
-    m = _RECORD.match(name)
+    m = PART_FILE.match(name)  # a record's name: PART_RECORD matched it
     ok = (isinstance(r, dict) and r.get("fastdata_part") == RECORD_VERSION and m is not None
           and r.get("part") == int(m.group(1)) and r.get("parts") == int(m.group(2))
           and isinstance(r.get("conversion"), dict) and isinstance(r.get("manifest"), dict)

@@ -7,17 +7,16 @@ import hashlib
 import json
 import logging
 import shutil
-import time
-from dataclasses import asdict
 from typing import Any
 
 from fastdata.errors import DestinationBusyError
+from fastdata.fileio import lock_holder
 from fastdata.format import MANIFEST_NAME, ShardInfo
-from fastdata.format.files import JOURNAL_NAME, OURS, SKIPPED_NAME
+from fastdata.format.files import JOURNAL_NAME, LOCK_NAME, OURS, SKIPPED_NAME
 from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
 from fastdata.remote.retry import RemoteError, RemoteNotFoundError, with_retries
-from fastdata.remote.url import filesystem, join, root
+from fastdata.remote.url import filesystem, join
 from fastdata.write import journal
 from fastdata.write.destination import (
     check_entries,
@@ -27,7 +26,6 @@ from fastdata.write.destination import (
     part_record_name,
     part_stem,
 )
-from fastdata.write.lock import holder
 from fastdata.write.url_publish import WORKERS_DIR, UrlSpec, remove_empty
 
 __all__ = ["RemoteTarget"]
@@ -40,37 +38,24 @@ class RemoteTarget:
     converts part I of N (its own journal and staging folder; a part record instead of the manifest)."""
 
     def __init__(self, url: str, options: RemoteOptions | None = None, *, part: tuple[int, int] | None = None) -> None:
-        self.url = root(url)
         self.options = options or RemoteOptions()
+        self.spec = UrlSpec.of(url, self.options)  # what the shard tasks upload their shards with
+        self.url = self.spec.url
         self.fs = filesystem(self.url, self.options.storage_options, self.options.timeout)
         self.part = part
         self.journal_name = JOURNAL_NAME if part is None else part_journal_name(*part)
         key = hashlib.sha256(self.url.encode()).hexdigest()[:20] + ("" if part is None else "-" + part_stem(*part))
         self.staging = self.options.cache_path() / "uploads" / key
         self.uploaded: list[ShardInfo] = []  # shards safely uploaded (listed in the remote journal)
-        self._head: str | None = None
         self.journal_uploaded = False  # the remote journal exists: a failed run can be resumed
         self.resuming = False  # --resume found a remote journal to continue (check); without one it starts afresh
 
     def _call(self, fn: Any, what: str) -> Any:
-        return with_retries(fn, what, time.monotonic() + self.options.timeout)
-
-    def _sizes(self) -> dict[str, int]:
-        """Every name under the URL with its size, from one listing."""
-        try:
-            entries = self._call(lambda: self.fs.ls(self.url, detail=True, refresh=True), self.url)
-        except RemoteNotFoundError:
-            return {}
-        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries}
-
-    @property
-    def spec(self) -> UrlSpec:
-        """What the shard tasks upload their shards with."""
-        return UrlSpec.of(self.url, self.options)
+        return with_retries(fn, what, self.spec.deadline())
 
     def check(self, overwrite: bool, resume: bool) -> None:
         """Refuse what a local destination would refuse (see fastdata/write/destination.py), before any work."""
-        names = list(self._sizes())
+        names = list(self.spec.sizes(self.fs))
         self.resuming = resume and self.journal_name in names  # no remote journal: no shard either, start afresh
         if self.part is not None:  # as a shared folder is checked for a part (other parts may be uploading)
             check_part_entries(self.url, names, self.part, self.journal_name, overwrite, self.resuming, "prefix")
@@ -79,9 +64,7 @@ class RemoteTarget:
         self._check_not_busy()
 
     def _check_not_busy(self) -> None:
-        who = None
-        if self.staging.is_dir():
-            who = holder(self.staging) if self.part is None else holder(self.staging, part_lock_name(*self.part))
+        who = lock_holder(self.staging / (LOCK_NAME if self.part is None else part_lock_name(*self.part)))
         if who is not None:
             what = "it" if self.part is None else f"part {self.part[0]}/{self.part[1]} of it"
             raise DestinationBusyError(f"{self.url}: another conversion on this machine is writing {what} ({who}); "
@@ -97,7 +80,7 @@ class RemoteTarget:
             for name in (part_record_name(*self.part), self.journal_name):
                 self._remove(name)
         elif overwrite:
-            for n in sorted(self._sizes(), key=lambda n: n != MANIFEST_NAME):  # the manifest first: an interrupted
+            for n in sorted(self.spec.sizes(self.fs), key=lambda n: n != MANIFEST_NAME):  # the manifest first: an interrupted
                 if OURS.match(n):  # delete never leaves a dataset that looks complete
                     self._remove(n)
         if not self.resuming:  # check() set it: resume asked for and a remote journal there
@@ -105,11 +88,11 @@ class RemoteTarget:
         self.staging.mkdir()
         where = join(self.url, self.journal_name)
         raw = self._call(lambda: self.fs.cat_file(where), where).split(b"\n")
-        sizes = self._sizes()  # a shard the journal lists is kept when it is there with its size
+        sizes = self.spec.sizes(self.fs)  # a shard the journal lists is kept when it is there with its size
         kept = [i for i in map(journal._parse_entry, raw[1:]) if i is not None and sizes.get(i.file) == i.bytes]
-        self._head = raw[0].decode("utf-8")
         self.uploaded = kept
-        (self.staging / self.journal_name).write_bytes(self._journal_bytes(kept))
+        lines = [raw[0], *(json.dumps(k.to_json(), sort_keys=True).encode() for k in kept)]  # as journal.append
+        (self.staging / self.journal_name).write_bytes(b"\n".join(lines) + b"\n")
         return {k.file for k in kept}
 
     def _remove(self, name: str) -> None:
@@ -118,28 +101,22 @@ class RemoteTarget:
         except RemoteNotFoundError:
             pass
 
-    def _journal_bytes(self, shards: list[ShardInfo]) -> bytes:
-        lines = [self._head or ""] + [json.dumps(asdict(i), sort_keys=True) for i in shards]
-        return ("\n".join(lines) + "\n").encode("utf-8")
-
     # --- while writing -------------------------------------------------------------------
 
     def started(self) -> None:
         """The local journal is written, no shard yet: put it remotely first, so that a shard a task uploads
         is never there without a journal saying what it belongs to."""
-        if self._head is None:
-            self._head = (self.staging / self.journal_name).read_text(encoding="utf-8").split("\n", 1)[0]
-        self._upload_journal(self.uploaded)
+        self._upload_journal()
 
     def shard_done(self, info: ShardInfo) -> None:
-        """A shard task uploaded a shard (the engine checked it): list it in the remote journal."""
-        self._upload_journal([*self.uploaded, info])
+        """A shard task uploaded a shard (the engine checked it and added it to the local journal): put the
+        journal remotely again, listing it."""
+        self._upload_journal()
         self.uploaded.append(info)
 
-    def _upload_journal(self, shards: list[ShardInfo]) -> None:
-        data = self._journal_bytes(shards)
+    def _upload_journal(self) -> None:
         jw = join(self.url, self.journal_name)
-        self._call(lambda: self.fs.pipe_file(jw, data), f"{jw}: upload")
+        self._call(lambda: self.fs.put_file(str(self.staging / self.journal_name), jw), f"{jw}: upload")
         self.journal_uploaded = True
 
     def finish(self) -> None:
@@ -154,10 +131,9 @@ class RemoteTarget:
             self._remove(self.journal_name)
         except RemoteError as e:
             log.warning("%s: could not remove the conversion journal: %s", self.url, e)
-        shutil.rmtree(self.staging, ignore_errors=True)
-        remove_empty(self.staging.parent / WORKERS_DIR, self.staging.parent)  # what the shard tasks staged in
+        self.abandon()
 
     def abandon(self) -> None:
-        """The conversion failed: the staging folder goes (``--resume`` starts from the remote journal)."""
+        """Remove the staging folder (after a failure, ``--resume`` starts from the remote journal)."""
         shutil.rmtree(self.staging, ignore_errors=True)
         remove_empty(self.staging.parent / WORKERS_DIR, self.staging.parent)  # what the shard tasks staged in

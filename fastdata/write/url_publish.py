@@ -15,7 +15,7 @@ from typing import Any
 from fastdata.errors import RemoteNotFoundError
 from fastdata.format import ShardInfo
 from fastdata.remote import RemoteOptions
-from fastdata.remote.locks import pid_alive
+from fastdata.remote.cache import pid_alive
 from fastdata.remote.options import default_cache_dir, default_timeout
 from fastdata.remote.retry import with_retries
 from fastdata.remote.url import filesystem, join, root
@@ -46,23 +46,16 @@ class UrlSpec:
     def deadline(self) -> float:
         return time.monotonic() + self.timeout
 
-    def remote_size(self, name: str, fs: Any = None) -> int | None:
-        """The size of ``URL/name``, or None when there is no such object."""
-        fs = fs or self.filesystem()
-        where = join(self.url, name)
-
-        def size() -> int:
-            fs.invalidate_cache(where)  # never a listing cached earlier: another process uploaded it
-            return int(fs.info(where)["size"])
-
+    def sizes(self, fs: Any) -> dict[str, int]:
+        """Every name under the URL with its size, from one listing."""
         try:
-            return with_retries(size, where, self.deadline())
+            entries = with_retries(lambda: fs.ls(self.url, detail=True, refresh=True), self.url, self.deadline())
         except RemoteNotFoundError:
-            return None
+            return {}
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries}
 
-    def upload(self, local: Path, name: str, fs: Any = None) -> None:
+    def upload(self, local: Path, name: str, fs: Any) -> None:
         """``local`` -> ``URL/name`` (a whole-object PUT: readers never see half of it)."""
-        fs = fs or self.filesystem()
         where = join(self.url, name)
         with_retries(lambda: fs.put_file(str(local), where), f"{where}: upload", self.deadline())
 
@@ -96,7 +89,17 @@ class UrlPublisher:
         return self.size(name) == expect.bytes
 
     def size(self, name: str) -> int | None:
-        return self.spec.remote_size(name, self.fs())
+        """The size of ``URL/name``, or None when there is no such object."""
+        fs, where = self.fs(), self.where(name)
+
+        def size() -> int:
+            fs.invalidate_cache(where)  # never a listing cached earlier: another process uploaded it
+            return int(fs.info(where)["size"])
+
+        try:
+            return with_retries(size, where, self.spec.deadline())
+        except RemoteNotFoundError:
+            return None
 
     def where(self, name: str) -> str:
         return join(self.spec.url, name)
@@ -121,16 +124,11 @@ def staging_dir(spec: UrlSpec) -> Path:
         while not mine.is_dir():  # a conversion ending meanwhile may remove the empty folders above it
             with contextlib.suppress(FileNotFoundError):
                 mine.mkdir(parents=True, exist_ok=True)
-        _sweep_dead(root, host)
+        for d in root.iterdir():
+            stem, _, pid = d.name.rpartition("-")
+            if stem == host and pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(d, ignore_errors=True)
     return mine
-
-
-def _sweep_dead(root: Path, host: str) -> None:
-    for d in root.iterdir():
-        stem, _, pid = d.name.rpartition("-")
-        if stem != host or not pid.isdigit() or pid_alive(int(pid)):
-            continue
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _remove_local(tmp: Path) -> None:
