@@ -67,8 +67,6 @@ class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
 
     @classmethod
     def scan(cls, paths: dict[str, Path]) -> "ArraysSource":
-        if not paths:
-            raise UsageError("no arrays given")
         fields, sizes, n0, first = [], {}, None, None
         for name, path in paths.items():
             if not path.is_file():

@@ -164,8 +164,6 @@ def _table_request(src: Path | None, meta: Path | None, table_src: bool, named: 
     if labels is not None:
         raise UsageError("%(labels) does not apply with a metadata table: its columns are the fields (add a "
                          "'label' column for the labels)")
-    if not meta.is_file():
-        raise UsageError(f"{meta}: table not found")
     if not root.is_dir():
         raise UsageError(f"{root}: no such folder")
     return Request(root, {}, None, meta, table_src)

@@ -14,7 +14,7 @@ from fastdata.converters.arrays import RowsSource
 from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, register
 from fastdata.errors import DataError, UsageError
 from fastdata.format import FieldSpec
-from fastdata.format.arrayinfo import open_zarr
+from fastdata.format.arrayinfo import h5_file, open_zarr
 from fastdata.handles import PerProcessHandle
 from fastdata.write.inplace import expand, is_hdf5, is_zarr, plan_part
 
@@ -46,20 +46,14 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
     fmt: ClassVar[str]  # the format write/inplace.py reads the layout of: hdf5 or zarr
     default_arrays: ClassVar[Mapping[str, str]] = {}  # the fields when none are named (none: they must be)
 
-    @staticmethod
-    def _paths(src: str) -> list[str]:
-        """The files SRC names, each checked to exist (a one-line UsageError if not)."""
-        return expand(src)
+    _paths = staticmethod(expand)  # the files SRC names, each checked to exist (a one-line UsageError if not)
 
     @classmethod
     def from_src(cls, src: str | os.PathLike[str], arrays: Mapping[str, str] | None = None) -> Self:
-        """The source of the files SRC names; ``arrays``: field -> array inside each file (default: the kind's)."""
-        return cls.scan(cls._paths(os.fspath(src)), arrays or cls.default_arrays)
-
-    @classmethod
-    def scan(cls, paths: list[str], arrays: Mapping[str, str]) -> Self:
-        """Check every field of every file (shapes, types, sample counts) before anything is read, as an in-place
-        index of them would."""
+        """The source of the files SRC names, every field of every file checked (shapes, types, sample counts) before
+        anything is read, as an in-place index of them would; ``arrays``: field -> array in each file (default: the
+        kind's)."""
+        paths, arrays = cls._paths(os.fspath(src)), arrays or cls.default_arrays
         if not arrays:
             raise UsageError(f"{paths[0]}: name the arrays to convert, e.g. --field x=/images --field label=/labels")
         specs: dict[str, FieldSpec] = {}
@@ -96,15 +90,9 @@ class H5Source(_ArrayFilesSource):
     fmt: ClassVar[str] = "hdf5"
 
     def _open_handle(self) -> list[dict[str, Any]]:
-        import h5py
-
-        try:
-            import hdf5plugin  # noqa: F401  (registers LZ4, Zstd, Blosc, ... filters)
-        except ImportError:
-            pass
         out = []
         for p in self.paths:  # a chunk cache that holds whole chunks: rows are read one after another
-            f = h5py.File(p, "r", rdcc_nbytes=64 << 20, rdcc_nslots=10007)
+            f = h5_file(p, rdcc_nbytes=64 << 20, rdcc_nslots=10007)
             out.append({"_file": f, **{name: f[a] for name, a in self.arrays.items()}})
         return out
 

@@ -19,7 +19,7 @@ from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
 __all__ = ["DEFAULT_QUALITY", "IMAGE_EXTENSIONS", "ImageOptions", "OPEN_FORMATS", "PNG_COMPRESS_LEVEL", "Prepared",
-           "RESAMPLE", "ResizePlan", "check_pil_settings", "encode_image", "is_image_file", "prepare", "prepare_bytes",
+           "RESAMPLE", "ResizePlan", "encode_image", "is_image_file", "prepare", "prepare_bytes",
            "prepare_image", "read_source", "resize", "resize_plan", "to_mode"]
 
 log = logging.getLogger(__name__)
@@ -94,15 +94,6 @@ class Prepared:
     original: tuple[int, int]
 
 
-def check_pil_settings() -> None:
-    """Refuse to convert when the program told PIL to accept truncated images."""
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        raise UsageError(
-            "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set in this program; truncated images would be stored as grey "
-            "pixels. Unset it before converting."
-        )
-
-
 def read_source(path: str) -> bytes:
     """The bytes of a source file; a missing, unreadable or empty file raises DataError."""
     try:
@@ -123,11 +114,16 @@ def prepare(path: str, opts: ImageOptions) -> Prepared:
 def prepare_bytes(data: bytes, where: str, opts: ImageOptions) -> Prepared:
     """Convert an encoded image (a file's bytes); a JPEG already as asked is kept byte for byte.
     Any problem raises DataError naming ``where``."""
-    check_pil_settings()
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise UsageError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set in this program; truncated images would be "
+                         "stored as grey pixels. Unset it before converting.")
     crc = zlib.crc32(data)
     im = _open(where, data)
     try:
-        _load(where, im)
+        try:  # decode every pixel: a truncated or corrupt file raises here instead of giving grey pixels
+            im.load()
+        except Exception as e:  # OSError "image file is truncated", SyntaxError "broken PNG file", ...
+            raise DataError(f"{where}: cannot decode: {e}") from None
         orientation = _orientation(where, im)
         # MPO (several JPEGs in one file, from some cameras) decodes as its first image, like PIL's frame 0
         if opts.images == "encoded" and im.format in ("JPEG", "MPO") and im.mode == opts.mode and orientation == 1:
@@ -180,14 +176,6 @@ def _open(path: str, data: bytes) -> Image.Image:
         im.close()
         raise DataError(f"{path}: {problem}")
     return im
-
-
-def _load(path: str, im: Image.Image) -> None:
-    """Decode every pixel: a truncated or corrupt file raises here instead of giving grey pixels."""
-    try:
-        im.load()
-    except Exception as e:  # OSError "image file is truncated", SyntaxError "broken PNG file", ...
-        raise DataError(f"{path}: cannot decode: {e}") from None
 
 
 def _orientation(path: str, im: Image.Image) -> int:

@@ -133,10 +133,6 @@ class ObjectSource:
             return replace(self, index=self.index[start:stop], count=stop - start, keys=None)
         return replace(self, offset=self.offset + start, count=stop - start, keys=None)
 
-    def original(self, i: int) -> int:
-        """The object's index of sample ``i`` of this source."""
-        return int(self.index[i]) if self.index is not None else self.offset + i
-
     def get(self, j: int) -> Any:
         """The object's sample ``j``; its own errors become a DataError naming the index."""
         if self.arrow:
@@ -155,7 +151,7 @@ class ObjectSource:
             sample, self._cache[i] = self._cache[i], None
             if sample is not None:
                 return sample
-        j = self.original(i)
+        j = int(self.index[i]) if self.index is not None else self.offset + i  # the object's index
         return self.schema.encode(self.get(j), j)[0]
 
     def read_rows(self, i: int, n: int) -> dict[str, np.ndarray] | None:

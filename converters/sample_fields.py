@@ -77,19 +77,15 @@ def _kind(v: Any, where: str) -> Kind:
     if isinstance(v, Image.Image):
         return "image"
     if isinstance(v, (bytes, bytearray, memoryview)):
-        return "image" if _is_image_bytes(bytes(v)) else "bytes"
+        try:
+            with Image.open(io.BytesIO(bytes(v))):
+                return "image"
+        except Exception:  # not an image PIL knows: plain bytes
+            return "bytes"
     if v is None or isinstance(v, Mapping):
         raise DataError(f"{where}: a {type(v).__name__} cannot be stored (numbers, arrays, strings, bytes and PIL "
                         "images can)")
     return "array"
-
-
-def _is_image_bytes(data: bytes) -> bool:
-    try:
-        with Image.open(io.BytesIO(data)):
-            return True
-    except Exception:  # not an image PIL knows: plain bytes
-        return False
 
 
 @dataclass(frozen=True)
@@ -124,7 +120,11 @@ class FieldPlan:
         if kind == "string":
             return {self.name: np.frombuffer(v.encode("utf-8"), dtype=np.uint8)}
         if kind == "image":
-            return self._image(v, where)
+            assert self.image is not None
+            p = prepare_image_value(v, f"{where}: {self.name!r}", self.image)
+            if self.shape[0] is not None:
+                self.check_shape(p.shape, where)
+            return image_arrays(self.name, p, self.image, self.shape[0] is not None)
         a = np.frombuffer(bytes(v), dtype=np.uint8) if kind == "bytes" else _array(v, where)
         if self.coordinate is not None:  # SampleSchema.encode rescales it, to float32
             a = a.astype(np.float64)
@@ -141,13 +141,6 @@ class FieldPlan:
             hint = "" if ragged else f" (if its first axis varies, pass ragged=('{self.name}',))"
             raise DataError(f"{where}: {self.name!r} has shape {list(shape)}, the first samples "
                             f"{['n' if d is None else d for d in self.shape]}{hint}")
-
-    def _image(self, v: Any, where: str) -> dict[str, np.ndarray]:
-        assert self.image is not None
-        p = prepare_image_value(v, f"{where}: {self.name!r}", self.image)
-        if self.shape[0] is not None:
-            self.check_shape(p.shape, where)
-        return image_arrays(self.name, p, self.image, self.shape[0] is not None)
 
 
 def prepare_image_value(v: Any, where: str, opts: ImageOptions) -> Prepared:

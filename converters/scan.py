@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from fastdata.errors import DataError, UsageError
-from fastdata.format import LABEL_FIELD
+from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
@@ -59,7 +59,12 @@ def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # typ
         for ent in entries:
             if ent.name.startswith("."):
                 continue
-            _check_name(ent.path)
+            try:  # a sample's key is its path as UTF-8 text: a name that is not UTF-8 cannot be one
+                ent.path.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = os.fsencode(ent.path).decode("utf-8", "backslashreplace")
+                raise DataError(f"{shown}: the file name is not valid UTF-8 (sample keys are UTF-8 text); "
+                                "rename it") from None
             r = f"{rel}/{ent.name}" if rel else ent.name
             try:
                 if ent.is_dir(follow_symlinks=True):
@@ -75,15 +80,6 @@ def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # typ
     visit(str(root), "")
     found.sort()
     return found
-
-
-def _check_name(path: str) -> None:
-    """A sample's key is its path as UTF-8 text: a name that is not UTF-8 cannot be one."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-        raise DataError(f"{shown}: the file name is not valid UTF-8 (sample keys are UTF-8 text); rename it") from None
 
 
 @dataclass
@@ -105,10 +101,8 @@ class Labels:
         return np.array([self.by_path[r] for r in rels], dtype=self.dtype).reshape(len(rels), *self.shape)
 
 
-def label_field(labels: np.ndarray) -> Any:
+def label_field(labels: np.ndarray) -> FieldSpec:
     """The label field for per-sample ``labels`` (integers, floats or fixed-length vectors)."""
-    from fastdata.format import make_field
-
     return make_field(LABEL_FIELD, labels.dtype, labels.shape[1:])
 
 

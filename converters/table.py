@@ -406,8 +406,7 @@ register(TableKind())
 def _trailing(cols: TableColumns, name: str) -> int | None:
     """The length of a numeric column's last axis (None: a scalar, a 1-D ragged list, a string or a file column)."""
     f = next((f for f in cols.fields if f.name == name), None)
-    if f is None or name not in cols.values or np.dtype(f.dtype).kind not in "iuf" \
-            or not f.shape:
+    if f is None or name not in cols.values or np.dtype(f.dtype).kind not in "iuf" or not f.shape:
         return None
     return f.shape[-1]
 

@@ -23,9 +23,6 @@ def is_table(path: Path) -> bool:
     return path.suffix.lower() in TABLE_SUFFIXES
 
 
-# --- reading ---------------------------------------------------------------------------------
-
-
 @dataclass
 class Table:
     """A table's raw cells by column; ``csv`` cells are text, the others keep their JSON/Arrow types."""

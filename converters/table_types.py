@@ -27,9 +27,6 @@ FLOAT_DTYPE = np.dtype("<f4")
 INT_DTYPE = np.dtype("<i8")
 
 
-# --- column types ----------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class ColumnType:
     """A forced column type: ``dtype`` a numpy name or ``str``; ``shape`` per sample (a leading
