@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
 
-__all__ = ["ArraysKind", "ArraysSource", "RowsSource"]
-
 _FINITE_ROWS = 1 << 20  # label rows checked at a time (the labels .npy is memory-mapped)
 
 

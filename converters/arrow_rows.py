@@ -10,8 +10,6 @@ import numpy as np
 
 from fastdata.errors import DataError
 
-__all__ = ["ArrowRows", "BATCH_ROWS", "is_arrow"]
-
 BATCH_ROWS = 1024
 
 

@@ -11,8 +11,6 @@ from fastdata.errors import UsageError
 from fastdata.remote import RemoteOptions
 from fastdata.write import WriteOptions
 
-__all__ = ["ConvertConfig"]
-
 
 @dataclass(frozen=True)
 class ConvertConfig:

@@ -18,10 +18,6 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
-__all__ = ["DEFAULT_QUALITY", "IMAGE_EXTENSIONS", "ImageOptions", "OPEN_FORMATS", "PNG_COMPRESS_LEVEL", "Prepared",
-           "RESAMPLE", "ResizePlan", "encode_image", "is_image_file", "prepare", "prepare_bytes",
-           "prepare_image", "read_source", "resize", "resize_plan", "to_mode"]
-
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = IMAGE_SUFFIXES

@@ -43,9 +43,6 @@ from fastdata.write.local import mp_context
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
 
-__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE_SUFFIX", "image_arrays",
-           "image_specs"]
-
 IMAGE_FIELD = "image"
 # A resizing conversion stores each image's upright size before the resize (int32 H, W) as "<image>_original_size".
 ORIGINAL_SIZE_SUFFIX = "_original_size"

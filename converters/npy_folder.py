@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
 
-__all__ = ["DEFAULT_FIELD", "NpyFolderKind", "NpyFolderSource"]
-
 
 def _signature(headers: dict[str, NpyHeader]) -> tuple:
     """What must agree across samples: per array, dtype and shape after the first axis."""

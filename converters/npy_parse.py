@@ -16,9 +16,6 @@ import numpy as np
 from fastdata.errors import DataError, FormatError
 from fastdata.format import FieldSpec, make_field
 
-__all__ = ["NpyHeader", "data_field", "parse_header", "read_npy_data", "read_npy_header", "read_npz_data",
-           "read_npz_headers"]
-
 _KINDS = "biufc"
 _MAX_DIMS = 32
 _MAX_BYTES = 1 << 50  # 1 PiB: beyond any real file, so a header claiming more is broken or hostile

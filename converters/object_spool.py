@@ -17,8 +17,6 @@ from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.handles import PerProcessHandle
 
-__all__ = ["SpoolSource", "spool_iterable"]
-
 
 @dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
 class SpoolSource(PerProcessHandle[int]):

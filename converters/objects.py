@@ -27,9 +27,6 @@ from fastdata.world import usable_cpus
 from fastdata.write import Progress
 from fastdata.write.local import mp_context
 
-__all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "is_python_source", "kept_keys", "live", "object_source",
-           "type_name_of"]
-
 PROBE_SAMPLES = 16  # the schema comes from this many first samples
 _LIVE: dict[str, Any] = {}  # token -> the object being converted, in this process (forked workers inherit it)
 

@@ -19,8 +19,6 @@ from fastdata.errors import UsageError
 from fastdata.world import usable_cpus
 from fastdata.write import Progress, Source
 
-__all__ = ["python_source", "read_mode"]
-
 
 def read_mode(obj: Any) -> str:
     """``arrow``, ``map`` (indexed) or ``iterable``; anything else is a UsageError."""

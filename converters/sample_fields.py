@@ -18,17 +18,10 @@ from fastdata.converters.registry import DEFAULT_FIELD
 from fastdata.converters.table_types import FLOAT_DTYPE
 from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import FieldSpec, make_field
-from fastdata.format.spec import (
-    _NAME_RE,
-    ENCODING_UTF8,
-    KEY_FIELD,
-    SHAPE_SUFFIX,
-)
+from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_SUFFIX
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
-
-__all__ = ["FieldPlan", "SampleSchema", "as_dict", "infer_schema"]
 
 Kind = Literal["array", "string", "image", "bytes"]
 _GREY = ("1", "L", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")

@@ -19,9 +19,6 @@ from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
 
-__all__ = ["FolderSource", "LABEL_DTYPE", "Labels", "check_finite", "check_finite_rows", "check_labelled",
-           "drop_non_samples", "file_labels", "find_labels", "folder_labels", "label_field", "refuse_bad", "walk_files"]
-
 LABEL_DTYPE = np.dtype("<i8")
 _INT64 = np.iinfo(LABEL_DTYPE)
 log = logging.getLogger("fastdata.convert")

@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
 
-__all__ = ["FileColumn", "TableColumns", "TableKind", "TableSource", "finish_columns", "scan_file_column",
-           "scan_table", "table_columns"]
-
 # --- file columns ----------------------------------------------------------------------------
 
 

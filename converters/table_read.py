@@ -14,8 +14,6 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format.files import TABLE_SUFFIXES
 from fastdata.format.spec import MAX_FIELDS
 
-__all__ = ["PATH_COLUMN", "Table", "is_table", "read_table"]
-
 PATH_COLUMN = "path"
 
 

@@ -18,8 +18,6 @@ from fastdata.converters.image_codec import IMAGE_EXTENSIONS
 from fastdata.converters.table_read import _MISSING, Table
 from fastdata.errors import UsageError
 
-__all__ = ["ColumnType", "FLOAT_DTYPE", "INT_DTYPE", "TypedColumn", "parse_column", "parse_meta_type", "safe_rel"]
-
 _FILE_SUFFIXES = tuple(IMAGE_EXTENSIONS) + (".npy",)
 _DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
            "float64", "bool"}
