@@ -24,13 +24,16 @@ if TYPE_CHECKING:
 _FINITE_ROWS = 1 << 20  # label rows checked at a time (the labels .npy is memory-mapped)
 
 
+@dataclass(kw_only=True, eq=False)
 class RowsSource:
-    """What every source of rows of big arrays shares (a dataclass with ``offset``, ``count``, ``fields``): fixed
-    sizes, nothing ragged, rows keyed by their index, parts as row ranges."""
+    """What every source of rows of big arrays shares: fixed sizes, nothing ragged, rows keyed by their index,
+    parts as row ranges."""
 
-    offset: int
-    count: int
+    offset: int = 0
+    count: int = 0
     fields: list[FieldSpec]
+    classes: list[str] | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return self.count
@@ -46,21 +49,16 @@ class RowsSource:
         return None
 
     def part(self, start: int, stop: int) -> Self:
-        return replace(self, offset=self.offset + start, count=stop - start)  # type: ignore[type-var]
+        return replace(self, offset=self.offset + start, count=stop - start)
 
 
-@dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
+@dataclass(kw_only=True, eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
 class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
     """Large arrays with the sample axis first (``X.npy`` + ``y.npy`` or several named fields), memory-mapped
     once per process (the maps are dropped when a part is pickled for a worker)."""
 
     paths: dict[str, str]
-    offset: int
-    count: int
-    fields: list[FieldSpec]
     file_sizes: dict[str, int]
-    classes: list[str] | None = None
-    skipped: list[tuple[str, str]] = field(default_factory=list)
     kind: str = "npy-arrays"
 
     @classmethod

@@ -4,7 +4,7 @@ each field an array whose first axis is the sample axis."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Self
 
@@ -30,18 +30,13 @@ def detect(src: str | os.PathLike[str]) -> bool:
         return False
 
 
-@dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
+@dataclass(kw_only=True, eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
 class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
     """Fields as arrays in one or more files (samples of file k follow those of file k - 1)."""
 
     paths: list[str]
     arrays: dict[str, str]  # field -> array path inside each file
     counts: list[int]  # samples per file
-    fields: list[FieldSpec]
-    offset: int = 0
-    count: int = 0
-    classes: list[str] | None = None
-    skipped: list[tuple[str, str]] = field(default_factory=list)
     kind: str = ""
     fmt: ClassVar[str]  # the format write/inplace.py reads the layout of: hdf5 or zarr
     default_arrays: ClassVar[Mapping[str, str]] = {}  # the fields when none are named (none: they must be)
@@ -82,7 +77,7 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
         return {"kind": self.kind, "files": [os.path.abspath(p) for p in self.paths], "arrays": self.arrays}
 
 
-@dataclass(eq=False)
+@dataclass(kw_only=True, eq=False)
 class H5Source(_ArrayFilesSource):
     """Datasets of one or more HDF5 files (any chunking and filter h5py and hdf5plugin read)."""
 
@@ -102,7 +97,7 @@ class H5Source(_ArrayFilesSource):
             h["_file"].close()
 
 
-@dataclass(eq=False)
+@dataclass(kw_only=True, eq=False)
 class ZarrSource(_ArrayFilesSource):
     """Arrays of a Zarr (v2 or v3) store: the store itself (field ``x``) or arrays of a group."""
 

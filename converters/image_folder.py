@@ -8,7 +8,7 @@ import zlib
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,15 +95,13 @@ def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[An
     return out
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ImageFolderSource(FolderSource):
     """Image files under a folder; one sample per file, in sorted order of relative path."""
 
     COLUMNS = ("shapes", "nbytes", "codecs", "kept", "crcs", "originals", "file_sizes")
 
-    root: str
     opts: ImageOptions
-    rels: list[str]
     shapes: np.ndarray  # (n, 3) int64: stored H, W, C
     nbytes: np.ndarray  # (n,) payload bytes
     codecs: np.ndarray  # (n,) uint8, 0 for pixels
@@ -111,11 +109,6 @@ class ImageFolderSource(FolderSource):
     crcs: np.ndarray  # (n,) uint32 CRC-32 of the source files
     originals: np.ndarray  # (n, 2) int32: upright H, W before any resize
     file_sizes: np.ndarray  # (n,)
-    labels: np.ndarray | None
-    fields: list[FieldSpec]
-    classes: list[str] | None
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    label_kind: str = "none"
     kind: str = "image-folder"
     fixed: tuple[int, ...] | None = None  # every image has this shape: a fixed-shape field
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +31,7 @@ from fastdata.converters.scan import (
     refuse_bad,
 )
 from fastdata.errors import DataError, UsageError
-from fastdata.format import LABEL_FIELD, FieldSpec
+from fastdata.format import LABEL_FIELD
 from fastdata.format.external import ZARR_META
 
 if TYPE_CHECKING:
@@ -74,22 +74,15 @@ def _headers(root: Path, rels: list[str], main: str, bad: dict[str, str]) -> lis
     return good
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NpyFolderSource(FolderSource):
     """Per-sample ``.npy`` (one field ``x``) or ``.npz`` (one field per array) files under a folder."""
 
     COLUMNS = ("sizes", "headers")
 
-    root: str
-    rels: list[str]
     sizes: list[int]
     headers: list[dict[str, NpyHeader]]
-    labels: np.ndarray | None
-    fields: list[FieldSpec]
-    classes: list[str] | None
     npz: bool
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    label_kind: str = "none"
     kind: str = "npy-folder"
 
     @classmethod

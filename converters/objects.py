@@ -183,7 +183,15 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
     if n == 0:
         raise UsageError(f"{type_name_of(obj)}: has no samples")
     src = ObjectSource(ref, SampleSchema((), None, False), n, 0, type_name_of(obj), arrow)
-    first = _probe(src, min(n, PROBE_SAMPLES), config.skip_bad)
+    first: list[tuple[int, Any]] = []  # for the schema (with skip_bad, those the object could give)
+    for j in range(min(n, PROBE_SAMPLES)):
+        try:
+            first.append((j, src.get(j)))
+        except DataError:
+            if not config.skip_bad:
+                raise
+    if not first:
+        src.get(0)  # raises: the first sample's error is the one to show
     schema = infer_schema(first, names, ragged, config)
     encoded = []
     for j, s in first:
@@ -201,20 +209,6 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
     if schema.keyed or config.skip_bad:
         src = _check_all(src, config, progress)
     return src
-
-
-def _probe(src: ObjectSource, k: int, skip_bad: bool) -> list[tuple[int, Any]]:
-    """The first ``k`` samples (with ``skip_bad``, those the object could give) for the schema."""
-    out = []
-    for j in range(k):
-        try:
-            out.append((j, src.get(j)))
-        except DataError:
-            if not skip_bad:
-                raise
-    if not out:
-        src.get(0)  # raises: the first sample's error is the one to show
-    return out
 
 
 def type_name_of(obj: Any) -> str:

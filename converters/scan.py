@@ -7,7 +7,7 @@ import csv
 import json
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -295,6 +295,7 @@ def check_finite(values: np.ndarray, where: Any) -> None:
                         "%(allow_nan=True) to keep NaN and infinite labels")
 
 
+@dataclass(kw_only=True)
 class FolderSource:
     """What the folder sources share: sample ``i`` is the file ``root/rels[i]``, labelled ``labels[i]``.
     ``part`` slices ``rels``, ``labels`` and the per-sample columns a subclass names in ``COLUMNS``."""
@@ -303,8 +304,10 @@ class FolderSource:
     root: str
     rels: list[str]
     labels: np.ndarray | None
-    skipped: list[tuple[str, str]]
-    label_kind: str
+    fields: list[FieldSpec]
+    classes: list[str] | None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    label_kind: str = "none"
     kind: str
 
     def __len__(self) -> int:
@@ -313,7 +316,7 @@ class FolderSource:
     def part(self, start: int, stop: int) -> Any:
         s = slice(start, stop)
         columns = {k: getattr(self, k)[s] for k in ("rels", "labels", *self.COLUMNS) if getattr(self, k) is not None}
-        return replace(self, skipped=[], **columns)  # type: ignore[type-var]  # subclasses are dataclasses
+        return replace(self, skipped=[], **columns)
 
     def sample_keys(self) -> list[str] | None:
         """Each sample's key: its path relative to the source folder."""
