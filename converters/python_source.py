@@ -4,7 +4,6 @@ or an iterable (one producer, then a spool); ``fastdata.convert`` calls :func:`p
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -53,8 +52,5 @@ def python_source(obj: Any, config: ConvertConfig, progress: Progress | None, na
             yield object_source(obj, config, progress, ref, names, ragged)
         return
     parent = dst.parent if dst.parent.is_dir() else None
-    tmp = tempfile.mkdtemp(prefix=".fastdata-spool-", dir=parent)
-    try:
+    with tempfile.TemporaryDirectory(prefix=".fastdata-spool-", dir=parent, ignore_cleanup_errors=True) as tmp:
         yield spool_iterable(obj, os.path.join(tmp, "samples.spool"), config, names, ragged)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -61,12 +61,11 @@ class SourceKind(Protocol):
 SOURCES: dict[str, SourceKind] = {}
 
 
-def register(kind: SourceKind) -> SourceKind:
+def register(kind: SourceKind) -> None:
     """Add ``kind`` to the table (once per name)."""
     if kind.name in SOURCES:
         raise FastdataError(f"source kind {kind.name!r} is registered twice")
     SOURCES[kind.name] = kind
-    return kind
 
 
 def src_form(src: Path) -> SrcForm | None:

@@ -96,9 +96,7 @@ def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int]
     image = all(str(r).lower().endswith(tuple(IMAGE_EXTENSIONS)) for r in rels)
     if not image and not all(str(r).lower().endswith(".npy") for r in rels):
         raise DataError(f"{table.path}: column {col.name!r} mixes image and .npy files; one kind per column")
-    dtypes: Counter[Any] = Counter()
-    modes: Counter[str] = Counter()
-    info: dict[int, Any] = {}
+    info: dict[int, Any] = {}  # row -> (shape, image mode or array dtype)
     for i, rel in zip(rows, rels):
         path = str(root / rel)
         try:
@@ -108,15 +106,14 @@ def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int]
                         raise DataError(f"image mode {im.mode} (a file column takes 8-bit L, P, 1 or RGB images)")
                     pm = _PIXEL_MODES[im.mode]
                     info[i] = (im.height, im.width, 3 if pm == "RGB" else 1), pm
-                    modes[pm] += 1
             else:
                 h, _ = read_npy_header(path)
                 info[i] = h.shape, h.dtype
-                dtypes[h.dtype] += 1
         except (DataError, OSError, UnidentifiedImageError) as e:
             bad.setdefault(i, f"{table.where(i, col.name)}: {path}: {e}")
-    mode = modes.most_common(1)[0][0] if modes else None
-    dtype = dtypes.most_common(1)[0][0] if dtypes else np.dtype(np.uint8)
+    common = Counter(k for _, k in info.values()).most_common(1)
+    mode = common[0][0] if image and common else None
+    dtype = common[0][0] if not image and common else np.dtype(np.uint8)
     if not image:
         trailing = Counter(s[1:] for s, _ in info.values())
         tr = trailing.most_common(1)[0][0] if trailing else ()
@@ -239,14 +236,10 @@ class TableSource:
         self.fields = list(self.main.fields) + self.cols.fields
         self.classes = self.main.classes if self.main.classes is not None else self.cols.classes
 
-    @property
-    def root(self) -> str:
-        return str(self.main.root)
-
     def inputs(self) -> tuple[list[str], list[np.ndarray]]:
         """The main source's, the file columns' files and the table itself."""
         files, values = self.main.inputs()
-        columns = [os.path.join(self.root, r) for f in self.cols.files for r in f.rels]
+        columns = [os.path.join(self.main.root, r) for f in self.cols.files for r in f.rels]
         return files + columns + [os.path.abspath(self.table_path)], values
 
     def __len__(self) -> int:
@@ -254,7 +247,7 @@ class TableSource:
 
     @property
     def bytes_in(self) -> int:
-        extra = sum(os.path.getsize(os.path.join(self.root, r)) for f in self.cols.files for r in f.rels)
+        extra = sum(os.path.getsize(os.path.join(self.main.root, r)) for f in self.cols.files for r in f.rels)
         return int(self.main.bytes_in) + extra
 
     def sample_nbytes(self) -> np.ndarray:
@@ -270,7 +263,7 @@ class TableSource:
 
     def read(self, i: int) -> dict[str, np.ndarray]:
         sample = self.main.read(i)
-        sample.update(self.cols.read(self.root, i))
+        sample.update(self.cols.read(self.main.root, i))
         return sample
 
     def sample_keys(self) -> list[str]:
