@@ -4,6 +4,7 @@ numeric and fixed-shape columns as one numpy array per batch, other columns as P
 from __future__ import annotations
 
 import bisect
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -125,6 +126,5 @@ def _image_bytes(r: dict[str, Any], name: str) -> bytes:
     path = r.get("path")
     if not path:
         raise DataError(f"column {name!r}: an image with neither bytes nor a path")
-    with open(path, "rb") as f:
-        return f.read()
+    return Path(path).read_bytes()
 

@@ -20,7 +20,6 @@ from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = IMAGE_SUFFIXES
 OPEN_FORMATS = ("JPEG", "PNG", "BMP", "WEBP", "TIFF", "GIF")  # PIL plugins allowed to parse sources
 DEFAULT_QUALITY = 90
 RESAMPLE = Image.Resampling.BILINEAR
@@ -34,7 +33,7 @@ ImagesMode = Literal["encoded", "raw", "jpeg"]
 
 def is_image_file(rel: str) -> bool:
     """Whether a file name has an image suffix (case-insensitive)."""
-    return os.path.splitext(rel)[1].lower() in IMAGE_EXTENSIONS
+    return os.path.splitext(rel)[1].lower() in IMAGE_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -100,11 +99,6 @@ def read_source(path: str) -> bytes:
     if not data:
         raise DataError(f"{path}: empty file (0 bytes)")
     return data
-
-
-def prepare(path: str, opts: ImageOptions) -> Prepared:
-    """Convert the image at ``path``; any problem with it raises DataError naming the file."""
-    return prepare_bytes(read_source(path), path, opts)
 
 
 def prepare_bytes(data: bytes, where: str, opts: ImageOptions) -> Prepared:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastdata.converters.image_codec import ImageOptions, Prepared, is_image_file, prepare, read_source
+from fastdata.converters.image_codec import ImageOptions, Prepared, is_image_file, prepare_bytes, read_source
 from fastdata.converters.registry import Request, SrcForm, register
 from fastdata.converters.scan import (
     FolderSource,
@@ -87,7 +87,7 @@ def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[An
     for rel in rels:
         path = os.path.join(root, rel)
         try:
-            p = prepare(path, opts)
+            p = prepare_bytes(read_source(path), path, opts)
         except DataError as e:
             out.append((str(e),))
             continue
@@ -174,7 +174,7 @@ class ImageFolderSource(FolderSource):
             p = Prepared(np.frombuffer(data, dtype=np.uint8), tuple(self.shapes[i].tolist()), int(self.codecs[i]), True,
                          zlib.crc32(data), tuple(self.originals[i].tolist()))
         else:
-            p = prepare(path, self.opts)
+            p = prepare_bytes(read_source(path), path, self.opts)
         if p.crc != self.crcs[i]:
             raise DataError(f"{path}: changed during the conversion; convert again")
         if p.payload.nbytes != self.nbytes[i]:  # same file, other bytes: conversion is not deterministic here

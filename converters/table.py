@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from fastdata.converters.coords import check_declared, looks_like, rescale
-from fastdata.converters.image_codec import IMAGE_EXTENSIONS, ImageOptions
+from fastdata.converters.image_codec import ImageOptions
 from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
 from fastdata.converters.npy_folder import NpyFolderSource
 from fastdata.converters.npy_parse import read_npy_data, read_npy_header
@@ -23,6 +23,7 @@ from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_tabl
 from fastdata.converters.table_types import FLOAT_DTYPE, INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
+from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def _image_pixels(path: str) -> np.ndarray:
 def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int], bad: dict[int, str]) -> FileColumn:
     """Look at every file of a file column (image header or .npy header) to learn its shape."""
     rels = [col.values[i] for i in rows]
-    image = all(str(r).lower().endswith(tuple(IMAGE_EXTENSIONS)) for r in rels)
+    image = all(str(r).lower().endswith(tuple(IMAGE_SUFFIXES)) for r in rels)
     if not image and not all(str(r).lower().endswith(".npy") for r in rels):
         raise DataError(f"{table.path}: column {col.name!r} mixes image and .npy files; one kind per column")
     info: dict[int, Any] = {}  # row -> (shape, image mode or array dtype)
@@ -354,7 +355,7 @@ def _unlisted(table: Table, table_path: Path, root: Path, paths: list[Any], cols
     listed = set(paths[i] for i in range(table.rows) if paths[i]) | {
         c.values[i] for c in cols.values() if c.kind == "file" for i in range(table.rows) if c.values[i]}
     others = [r for r in walk_files(root, {os.path.realpath(table_path)}) if r not in listed]
-    suffixes = tuple(IMAGE_EXTENSIONS) if image_kind else (".npy", ".npz")
+    suffixes = tuple(IMAGE_SUFFIXES) if image_kind else (".npy", ".npz")
     unlisted = drop_non_samples(root, others, lambda r: r.lower().endswith(suffixes), strict)
     msg = {r: f"{root / r}: a sample file that {table_path} does not list (add a row for it, or move it)"
            for r in unlisted}

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.converters.image_codec import IMAGE_EXTENSIONS
 from fastdata.converters.table_read import _MISSING, Table
 from fastdata.errors import UsageError
+from fastdata.format.files import IMAGE_SUFFIXES
 
-_FILE_SUFFIXES = tuple(IMAGE_EXTENSIONS) + (".npy",)
+_FILE_SUFFIXES = tuple(IMAGE_SUFFIXES) + (".npy",)
 _DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
            "float64", "bool"}
 FLOAT_DTYPE = np.dtype("<f4")
