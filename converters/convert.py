@@ -56,7 +56,14 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
             if p is not None and is_url(str(p)):
                 raise UsageError(f"{p}: sources must be local files or folders (download it first); only the "
                                  "destination may be a URL")
-    upload = _remote_target(dst, url, config)
+    upload = None  # a URL destination, checked before anything is scanned (a refusal costs nothing)
+    if url is not None:
+        from fastdata.write.remote_target import RemoteTarget
+
+        upload = RemoteTarget(url, config.remote, part=config.part)
+        upload.check(config.overwrite, config.resume)
+    elif config.remote is not None:
+        raise UsageError(f"{dst}: %(remote) options apply to URL destinations only, and this is a local path")
     req = None if python else _request(src, labels, arrays, meta, config)
     inputs = req.inputs if req is not None else []
     target = upload.staging if upload is not None else Path(dst)
@@ -89,19 +96,6 @@ def _is_python(src: Any, config: ConvertConfig, labels: PathLike | None, arrays:
         raise UsageError("Python objects are converted with %(engine=local): Ray workers on other machines cannot "
                          "reach the object (convert to files first, or use the local engine)")
     return True
-
-
-def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> RemoteTarget | None:
-    """The URL destination, checked before anything is scanned (a refusal costs nothing)."""
-    if url is None:
-        if config.remote is not None:
-            raise UsageError(f"{dst}: %(remote) options apply to URL destinations only, and this is a local path")
-        return None
-    from fastdata.write.remote_target import RemoteTarget
-
-    upload = RemoteTarget(url, config.remote, part=config.part)
-    upload.check(config.overwrite, config.resume)
-    return upload
 
 
 def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str, PathLike] | None,

@@ -22,7 +22,6 @@ from fastdata.converters.scan import (
     check_labelled,
     drop_non_samples,
     find_labels,
-    label_field,
     refuse_bad,
 )
 from fastdata.errors import DataError, FastdataError
@@ -130,16 +129,12 @@ class ImageFolderSource(FolderSource):
         if not good:
             raise DataError(f"{root}: no usable images (all {len(rels)} files are bad)")
         n = len(good)
-        usable = [g[0] for g in good]
         shapes = np.array([g[1][0] for g in good], dtype=np.int64).reshape(n, 3)
         # raw images of one shape (always so with --size) are a fixed-shape field, read with plain copies
         fixed = tuple(shapes[0].tolist()) if opts.images == "raw" and bool((shapes == shapes[0]).all()) else None
-        label_values = labels.of(usable)
-        label = [label_field(label_values)] if label_values is not None else []
-        return cls(
-            root=str(root),
+        return cls.labelled_source(
+            root, [g[0] for g in good], labels, image_specs(IMAGE_FIELD, opts, fixed), skipped,
             opts=opts,
-            rels=usable,
             shapes=shapes,
             nbytes=np.array([g[1][1] for g in good], dtype=np.int64),
             codecs=np.array([g[1][2] for g in good], dtype=np.uint8),
@@ -147,11 +142,6 @@ class ImageFolderSource(FolderSource):
             crcs=np.array([g[1][4] for g in good], dtype=np.uint32),
             originals=np.array([g[1][5] for g in good], dtype=ORIGINAL_SIZE_DTYPE).reshape(n, 2),
             file_sizes=np.array([g[1][6] for g in good], dtype=np.int64),
-            labels=label_values,
-            fields=image_specs(IMAGE_FIELD, opts, fixed) + label,
-            classes=labels.classes,
-            skipped=skipped,
-            label_kind=labels.kind,
             fixed=fixed,
         )
 

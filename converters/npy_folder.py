@@ -27,7 +27,6 @@ from fastdata.converters.scan import (
     check_labelled,
     drop_non_samples,
     find_labels,
-    label_field,
     refuse_bad,
 )
 from fastdata.errors import DataError, UsageError
@@ -118,21 +117,11 @@ class NpyFolderSource(FolderSource):
             fields.append(data_field(name, h.dtype, shape, str(root / good[0][0])))
         if labels.by_path is not None and any(f.name == LABEL_FIELD for f in fields):
             raise DataError(f"{root / good[0][0]}: holds an array named 'label', which clashes with the labels; pass %(no_labels=True)")
-        usable = [g[0] for g in good]
-        label_values = labels.of(usable)
-        if label_values is not None:
-            fields.append(label_field(label_values))
-        return cls(
-            root=str(root),
-            rels=usable,
+        return cls.labelled_source(
+            root, [g[0] for g in good], labels, fields, skipped,
             sizes=[g[2] for g in good],
             headers=[g[1] for g in good],
-            labels=label_values,
-            fields=fields,
-            classes=labels.classes,
             npz=main == ".npz",
-            skipped=skipped,
-            label_kind=labels.kind,
         )
 
     @property

@@ -9,7 +9,7 @@ import logging
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
@@ -309,6 +309,15 @@ class FolderSource:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     label_kind: str = "none"
     kind: str
+
+    @classmethod
+    def labelled_source(cls, root: Path, rels: list[str], labels: Labels, fields: list[FieldSpec],
+                        skipped: list[tuple[str, str]], **columns: Any) -> Self:
+        """The source of the usable files ``rels``: ``fields``, then the labels' field when there are labels."""
+        values = labels.of(rels)
+        label = [] if values is None else [label_field(values)]
+        return cls(root=str(root), rels=rels, labels=values, fields=fields + label, classes=labels.classes,
+                   skipped=skipped, label_kind=labels.kind, **columns)
 
     def __len__(self) -> int:
         return len(self.rels)
