@@ -28,8 +28,6 @@ _ORIENTATION_TAG = 0x0112
 _ALPHA_MODES = {"RGBA": "RGBA", "RGBa": "RGBA", "LA": "LA", "La": "LA", "PA": "RGBA"}
 _PLAIN_MODES = {"1", "L", "P", "RGB", "RGBX", "CMYK", "YCbCr", "I;16", "I;16L", "I;16B", "I;16N"}
 
-ImagesMode = Literal["encoded", "raw", "jpeg"]
-
 
 def is_image_file(rel: str) -> bool:
     """Whether a file name has an image suffix (case-insensitive)."""
@@ -40,7 +38,7 @@ def is_image_file(rel: str) -> bool:
 class ImageOptions:
     """How to store images (the CLI's ``--images``, ``--size``, ``--max-side``, ``--quality``, ``--mode``)."""
 
-    images: ImagesMode = "encoded"
+    images: Literal["encoded", "raw", "jpeg"] = "encoded"
     size: tuple[int, int] | None = None  # (H, W): resize the shorter side, then centre-crop
     max_side: int | None = None
     quality: int | None = None

@@ -63,7 +63,14 @@ class FileColumn:
         path = os.path.join(root, self.rels[i])
         want = tuple(self.shapes[i].tolist())
         if self.image:
-            a = _image_pixels(path)
+            try:
+                with Image.open(path) as im:
+                    if im.mode not in _PIXEL_MODES:
+                        raise DataError(f"{path}: image mode {im.mode} (a file column takes 8-bit L, P, 1 or RGB "
+                                        "images)")
+                    a = np.asarray(im, dtype=np.uint8)
+            except (OSError, UnidentifiedImageError, ValueError) as e:
+                raise DataError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
             a = a.reshape((*a.shape[:2], 1)) if a.ndim == 2 else a
             if a.shape != want:
                 raise DataError(f"{path}: changed during the conversion (shape {list(a.shape)}, was {list(want)})")
@@ -79,16 +86,6 @@ class FileColumn:
 
 
 _PIXEL_MODES = {"L": "L", "P": "L", "1": "L", "RGB": "RGB"}
-
-
-def _image_pixels(path: str) -> np.ndarray:
-    try:
-        with Image.open(path) as im:
-            if im.mode not in _PIXEL_MODES:
-                raise DataError(f"{path}: image mode {im.mode} (a file column takes 8-bit L, P, 1 or RGB images)")
-            return np.asarray(im, dtype=np.uint8)
-    except (OSError, UnidentifiedImageError, ValueError) as e:
-        raise DataError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
 
 
 def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int], bad: dict[int, str]) -> FileColumn:
