@@ -182,17 +182,14 @@ def _write(source: Source, dst: Path, upload: RemoteTarget | None, inputs: list[
             target.on_start = upload.started
             report = write_dataset(source, target, config.write, progress)
         upload.finish()
-    except FastdataError as e:
+    except BaseException as e:
         upload.abandon()
         done = len(upload.uploaded)
-        if upload.journal_uploaded and not isinstance(e, UsageError):
+        if isinstance(e, FastdataError) and not isinstance(e, UsageError) and upload.journal_uploaded:
             what = (f"{done} finished shard(s) are uploaded to {upload.url}" if done
                     else f"its journal is at {upload.url}")
             raise type(e)(f"{(e.template or str(e)).split('; ')[0]}; {what}: fix the problem, then run the same command with "
                           "%(resume=True) to finish") from None
-        raise
-    except BaseException:
-        upload.abandon()
         raise
     report.dst = upload.url
     return report
