@@ -3,7 +3,7 @@ each registered in :mod:`.registry`; python_source.py makes the Source of Python
 
 from __future__ import annotations
 
-from fastdata.converters import arrays, image_folder, npy_folder, table  # noqa: F401  (each registers its source kind)
+from fastdata.converters import arrays, image_folder, npy_parse, table  # noqa: F401  (each registers its source kind)
 from fastdata.converters.config import ConvertConfig
 from fastdata.converters.image_codec import ImageOptions
 from fastdata.converters.registry import DEFAULT_FIELD, SOURCES, Request, detect, src_form

@@ -16,14 +16,7 @@ import numpy as np
 
 from fastdata.converters.image_codec import ImageOptions, Prepared, is_image_file, prepare_bytes, read_source
 from fastdata.converters.registry import Request, SrcForm, register
-from fastdata.converters.scan import (
-    FolderSource,
-    Labels,
-    check_labelled,
-    drop_non_samples,
-    find_labels,
-    refuse_bad,
-)
+from fastdata.converters.scan import FolderSource, Labels, check_labelled, drop_non_samples, find_labels, refuse_bad
 from fastdata.errors import DataError, FastdataError
 from fastdata.format import FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import (

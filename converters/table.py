@@ -15,8 +15,7 @@ from PIL import Image, UnidentifiedImageError
 from fastdata.converters.coords import check_declared, looks_like, rescale
 from fastdata.converters.image_codec import ImageOptions
 from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
-from fastdata.converters.npy_folder import NpyFolderSource
-from fastdata.converters.npy_parse import read_npy_data, read_npy_header
+from fastdata.converters.npy_parse import NpyFolderSource, read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SrcForm, register
 from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
 from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
