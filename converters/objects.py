@@ -8,6 +8,7 @@ import bisect
 import os
 import pickle
 import random
+import shutil
 import sys
 import tempfile
 import uuid
@@ -178,21 +179,24 @@ def live(obj: Any, workers: int) -> Iterator[ObjectRef]:
     """Make ``obj`` reachable from the conversion's workers while the context lasts."""
     token = uuid.uuid4().hex
     _LIVE[token] = obj
+    tmp = None
     try:
         if workers > 1 and mp_context().get_start_method() != "fork":
-            with tempfile.TemporaryDirectory(prefix="fastdata-object-", ignore_cleanup_errors=True) as tmp:
-                path = os.path.join(tmp, "object.pkl")
-                try:
-                    with open(path, "wb") as f:
-                        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-                except (pickle.PicklingError, TypeError, AttributeError) as e:
-                    raise UsageError(f"{type(obj).__name__}: cannot be pickled for the worker processes ({e}); make "
-                                     "it picklable (open files lazily in __getitem__) or use %(workers=1)") from None
-                yield ObjectRef(token, path)
+            tmp = tempfile.mkdtemp(prefix="fastdata-object-")  # private (0700): the workers unpickle from here
+            path = os.path.join(tmp, "object.pkl")
+            try:
+                with open(path, "wb") as f:
+                    pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+            except (pickle.PicklingError, TypeError, AttributeError) as e:
+                raise UsageError(f"{type(obj).__name__}: cannot be pickled for the worker processes ({e}); make it "
+                                 "picklable (open files lazily in __getitem__) or use %(workers=1)") from None
+            yield ObjectRef(token, path)
         else:
             yield ObjectRef(token)
     finally:
         _LIVE.pop(token, None)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @dataclass(eq=False)
