@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.converters.h5source import H5Source, ZarrSource  # noqa: E402
+from fastdata.converters.arrays import H5Source, ZarrSource  # noqa: E402
 from fastdata.write import WriteOptions, write_dataset  # noqa: E402
 from fastdata.write.destination import prepare_dst  # noqa: E402
 

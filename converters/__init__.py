@@ -3,20 +3,11 @@ each registered in :mod:`.registry`; python_source.py makes the Source of Python
 
 from __future__ import annotations
 
-from fastdata.converters import arrays, h5source, image_folder, npy_folder, table  # noqa: F401  (each registers its source kind)
+from fastdata.converters import arrays, image_folder, npy_parse, table  # noqa: F401  (each registers its source kind)
 from fastdata.converters.config import ConvertConfig
 from fastdata.converters.image_codec import ImageOptions
-from fastdata.converters.registry import (
-           DEFAULT_FIELD,
-           SOURCES,
-           Request,
-           SourceKind,
-           SrcForm,
-           detect,
-           register,
-           src_form,
-)
+from fastdata.converters.registry import DEFAULT_FIELD, SOURCES, Request, detect, src_form
 from fastdata.converters.table_types import ColumnType, parse_meta_type
 
-__all__ = ["ColumnType", "ConvertConfig", "DEFAULT_FIELD", "ImageOptions", "Request", "SOURCES", "SourceKind",
-           "SrcForm", "detect", "parse_meta_type", "register", "src_form"]
+__all__ = ["ColumnType", "ConvertConfig", "DEFAULT_FIELD", "ImageOptions", "Request", "SOURCES", "detect",
+           "parse_meta_type", "src_form"]

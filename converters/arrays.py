@@ -1,38 +1,42 @@
-"""Large ``.npy`` arrays whose first axis is the sample axis (``X.npy`` + ``y.npy``, or named fields):
-the ``npy-arrays`` source kind; ``labels`` is then a ``.npy`` array too."""
+"""Arrays whose first axis is the sample axis as conversion sources: large ``.npy`` arrays (``X.npy`` + ``y.npy``,
+or named fields; ``labels`` is then a ``.npy`` array too), arrays in HDF5 files (one, or a glob of several, one after
+another) and Zarr stores."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Self
 
 import numpy as np
 
 from fastdata.converters.npy_parse import data_field, read_npy_header
-from fastdata.converters.registry import Request, SrcForm, register
+from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, register
 from fastdata.converters.scan import check_finite
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec
+from fastdata.format.external import h5_file, open_zarr
 from fastdata.handles import PerProcessHandle
+from fastdata.write.inplace import expand, is_hdf5, is_zarr, plan_part
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
 
-__all__ = ["ArraysKind", "ArraysSource", "RowsSource"]
-
 _FINITE_ROWS = 1 << 20  # label rows checked at a time (the labels .npy is memory-mapped)
 
 
+@dataclass(kw_only=True, eq=False)
 class RowsSource:
-    """What every source of rows of big arrays shares (a dataclass with ``offset``, ``count``, ``fields``): fixed
-    sizes, nothing ragged, rows keyed by their index, parts as row ranges."""
+    """What every source of rows of big arrays shares: fixed sizes, nothing ragged, rows keyed by their index,
+    parts as row ranges."""
 
-    offset: int
-    count: int
+    offset: int = 0
+    count: int = 0
     fields: list[FieldSpec]
+    classes: list[str] | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return self.count
@@ -48,27 +52,20 @@ class RowsSource:
         return None
 
     def part(self, start: int, stop: int) -> Self:
-        return replace(self, offset=self.offset + start, count=stop - start)  # type: ignore[type-var]
+        return replace(self, offset=self.offset + start, count=stop - start)
 
 
-@dataclass(eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
+@dataclass(kw_only=True, eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
 class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
     """Large arrays with the sample axis first (``X.npy`` + ``y.npy`` or several named fields), memory-mapped
     once per process (the maps are dropped when a part is pickled for a worker)."""
 
     paths: dict[str, str]
-    offset: int
-    count: int
-    fields: list[FieldSpec]
     file_sizes: dict[str, int]
-    classes: list[str] | None = None
-    skipped: list[tuple[str, str]] = field(default_factory=list)
     kind: str = "npy-arrays"
 
     @classmethod
     def scan(cls, paths: dict[str, Path]) -> "ArraysSource":
-        if not paths:
-            raise UsageError("no arrays given")
         fields, sizes, n0, first = [], {}, None, None
         for name, path in paths.items():
             if not path.is_file():
@@ -143,3 +140,137 @@ class ArraysKind:
 
 
 register(ArraysKind())
+
+
+def detect(src: str | os.PathLike[str]) -> bool:
+    """An HDF5 file, or a glob whose first match is one."""
+    try:
+        return is_hdf5(expand(os.fspath(src))[0])
+    except UsageError:
+        return False
+
+
+@dataclass(kw_only=True, eq=False)  # hashable: PerProcessHandle tracks open handles in a WeakSet
+class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
+    """Fields as arrays in one or more files (samples of file k follow those of file k - 1)."""
+
+    paths: list[str]
+    arrays: dict[str, str]  # field -> array path inside each file
+    counts: list[int]  # samples per file
+    kind: str = ""
+    fmt: ClassVar[str]  # the format write/inplace.py reads the layout of: hdf5 or zarr
+    default_arrays: ClassVar[Mapping[str, str]] = {}  # the fields when none are named (none: they must be)
+
+    _paths = staticmethod(expand)  # the files SRC names, each checked to exist (a one-line UsageError if not)
+
+    @classmethod
+    def from_src(cls, src: str | os.PathLike[str], arrays: Mapping[str, str] | None = None) -> Self:
+        """The source of the files SRC names, every field of every file checked (shapes, types, sample counts) before
+        anything is read, as an in-place index of them would; ``arrays``: field -> array in each file (default: the
+        kind's)."""
+        paths, arrays = cls._paths(os.fspath(src)), arrays or cls.default_arrays
+        if not arrays:
+            raise UsageError(f"{paths[0]}: name the arrays to convert, e.g. --field x=/images --field label=/labels")
+        specs: dict[str, FieldSpec] = {}
+        counts = [plan_part(cls.fmt, path, arrays, {}, specs)[1] for path in paths]
+        return cls(paths=paths, arrays=dict(arrays), counts=counts, fields=list(specs.values()), count=sum(counts))
+
+    @property
+    def bytes_in(self) -> int:
+        return self.count * sum(f.row_nbytes for f in self.fields)
+
+    def read(self, i: int) -> dict[str, np.ndarray]:
+        j = self.offset + i
+        ends = np.cumsum(self.counts)
+        k = int(np.searchsorted(ends, j, side="right"))
+        row = j - (int(ends[k - 1]) if k else 0)
+        handles = self.handle()[k]
+        try:
+            return {name: np.array(handles[name][row], order="C") for name in self.arrays}
+        except Exception as e:  # h5py/zarr raise many types: name the file and the row instead
+            raise DataError(f"{self.paths[k]}: row {row}: read failed ({type(e).__name__}: {e})") from None
+
+    def inputs(self) -> tuple[list[str], list[np.ndarray]]:
+        return list(self.paths), []
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "files": [os.path.abspath(p) for p in self.paths], "arrays": self.arrays}
+
+
+@dataclass(kw_only=True, eq=False)
+class H5Source(_ArrayFilesSource):
+    """Datasets of one or more HDF5 files (any chunking and filter h5py and hdf5plugin read)."""
+
+    kind: str = "hdf5"
+    fmt: ClassVar[str] = "hdf5"
+
+    def _open_handle(self) -> list[dict[str, Any]]:
+        out = []
+        for p in self.paths:  # a chunk cache that holds whole chunks: rows are read one after another
+            f = h5_file(p, rdcc_nbytes=64 << 20, rdcc_nslots=10007)
+            out.append({"_file": f, **{name: f[a] for name, a in self.arrays.items()}})
+        return out
+
+    @staticmethod
+    def _close_handle(handle: list[dict[str, Any]]) -> None:
+        for h in handle:
+            h["_file"].close()
+
+
+@dataclass(kw_only=True, eq=False)
+class ZarrSource(_ArrayFilesSource):
+    """Arrays of a Zarr (v2 or v3) store: the store itself (field ``x``) or arrays of a group."""
+
+    kind: str = "zarr"
+    fmt: ClassVar[str] = "zarr"
+    default_arrays: ClassVar[Mapping[str, str]] = {DEFAULT_FIELD: ""}  # the store itself is an array
+
+    @staticmethod
+    def _paths(src: str) -> list[str]:
+        if not is_zarr(src):
+            raise UsageError(f"{src}: not a Zarr store (no .zarray, .zgroup or zarr.json)")
+        return [src]
+
+    def _open_handle(self) -> list[dict[str, Any]]:
+        return [{name: _RowCache(open_zarr(p, a)) for name, a in self.arrays.items()} for p in self.paths]
+
+
+class _RowCache:
+    """Rows of a Zarr array read a chunk at a time (reading row by row would decode each chunk per row)."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        self.rows = int(array.chunks[0])
+        self.at = -1
+        self.chunk: np.ndarray | None = None
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        c = row // self.rows
+        if c != self.at or self.chunk is None:
+            self.chunk = np.asarray(self.array[c * self.rows : (c + 1) * self.rows])
+            self.at = c
+        return self.chunk[row - c * self.rows]
+
+
+class _ArrayFilesKind:
+    """SRC a file (or glob of files) or store of named arrays: ``in_file`` names each field's array inside it."""
+
+    def __init__(self, name: str, probe: Callable[[Path], bool], source: type[_ArrayFilesSource]) -> None:
+        self.name, self.probe, self.source = name, probe, source
+
+    def src_form(self, src: Path) -> SrcForm | None:
+        return "arrays" if self.probe(src) else None
+
+    def detect(self, req: Request) -> bool:
+        return req.src is not None and req.meta is None and not req.arrays and self.probe(req.src)
+
+    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> _ArrayFilesSource:
+        assert req.src is not None
+        if config.images is not None:
+            raise UsageError(f"{req.src}: image options (%(images)) apply to image folders, not to HDF5 or Zarr "
+                             "arrays")
+        return self.source.from_src(req.src, req.in_file)
+
+
+register(_ArrayFilesKind("hdf5", detect, H5Source))  # an HDF5 file, or a glob of them (one after another)
+register(_ArrayFilesKind("zarr", is_zarr, ZarrSource))  # a Zarr array (field x) or a group

@@ -11,8 +11,6 @@ from fastdata.errors import UsageError
 from fastdata.remote import RemoteOptions
 from fastdata.write import WriteOptions
 
-__all__ = ["ConvertConfig"]
-
 
 @dataclass(frozen=True)
 class ConvertConfig:
@@ -60,10 +58,6 @@ class ConvertConfig:
         if self.remote is not None and not isinstance(self.remote, RemoteOptions):
             raise UsageError(f"%(remote) must be a RemoteOptions, not {type(self.remote).__name__}")
         object.__setattr__(self, "meta_types", dict(self.meta_types))  # a copy the caller cannot change
-        self._check_columns()
-
-    def _check_columns(self) -> None:
-        """The column-name settings: tuples of names, no column in two of keypoints/boxes/not_coordinates."""
         seen: dict[str, str] = {}
         for name in ("keypoints", "boxes", "not_coordinates"):
             v = getattr(self, name)

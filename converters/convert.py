@@ -56,7 +56,14 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
             if p is not None and is_url(str(p)):
                 raise UsageError(f"{p}: sources must be local files or folders (download it first); only the "
                                  "destination may be a URL")
-    upload = _remote_target(dst, url, config)
+    upload = None  # a URL destination, checked before anything is scanned (a refusal costs nothing)
+    if url is not None:
+        from fastdata.write.remote_target import RemoteTarget
+
+        upload = RemoteTarget(url, config.remote, part=config.part)
+        upload.check(config.overwrite, config.resume)
+    elif config.remote is not None:
+        raise UsageError(f"{dst}: %(remote) options apply to URL destinations only, and this is a local path")
     req = None if python else _request(src, labels, arrays, meta, config)
     inputs = req.inputs if req is not None else []
     target = upload.staging if upload is not None else Path(dst)
@@ -89,19 +96,6 @@ def _is_python(src: Any, config: ConvertConfig, labels: PathLike | None, arrays:
         raise UsageError("Python objects are converted with %(engine=local): Ray workers on other machines cannot "
                          "reach the object (convert to files first, or use the local engine)")
     return True
-
-
-def _remote_target(dst: PathLike, url: str | None, config: ConvertConfig) -> RemoteTarget | None:
-    """The URL destination, checked before anything is scanned (a refusal costs nothing)."""
-    if url is None:
-        if config.remote is not None:
-            raise UsageError(f"{dst}: %(remote) options apply to URL destinations only, and this is a local path")
-        return None
-    from fastdata.write.remote_target import RemoteTarget
-
-    upload = RemoteTarget(url, config.remote, part=config.part)
-    upload.check(config.overwrite, config.resume)
-    return upload
 
 
 def _request(src: PathLike | None, labels: PathLike | None, arrays: Mapping[str, PathLike] | None,
@@ -164,8 +158,6 @@ def _table_request(src: Path | None, meta: Path | None, table_src: bool, named: 
     if labels is not None:
         raise UsageError("%(labels) does not apply with a metadata table: its columns are the fields (add a "
                          "'label' column for the labels)")
-    if not meta.is_file():
-        raise UsageError(f"{meta}: table not found")
     if not root.is_dir():
         raise UsageError(f"{root}: no such folder")
     return Request(root, {}, None, meta, table_src)
@@ -190,17 +182,14 @@ def _write(source: Source, dst: Path, upload: RemoteTarget | None, inputs: list[
             target.on_start = upload.started
             report = write_dataset(source, target, config.write, progress)
         upload.finish()
-    except FastdataError as e:
+    except BaseException as e:
         upload.abandon()
         done = len(upload.uploaded)
-        if upload.journal_uploaded and not isinstance(e, UsageError):
+        if isinstance(e, FastdataError) and not isinstance(e, UsageError) and upload.journal_uploaded:
             what = (f"{done} finished shard(s) are uploaded to {upload.url}" if done
                     else f"its journal is at {upload.url}")
             raise type(e)(f"{(e.template or str(e)).split('; ')[0]}; {what}: fix the problem, then run the same command with "
                           "%(resume=True) to finish") from None
-        raise
-    except BaseException:
-        upload.abandon()
         raise
     report.dst = upload.url
     return report

@@ -12,8 +12,6 @@ from fastdata.converters.image_codec import ImageOptions, resize_plan
 from fastdata.converters.table_types import FLOAT_DTYPE
 from fastdata.errors import DataError, UsageError
 
-__all__ = ["COORDINATE_NAME", "check_declared", "looks_like", "rescale"]
-
 # names that say "pixel coordinates": key points, landmarks, kp(s), boxes, bbox(es), coords, points, joints, ...
 COORDINATE_NAME = re.compile(r"key_?points?|landmarks?|(^|[_.-])kps?([_.-]|$)|b_?box|boxes|(^|[_.-])box([_.-]|$)"
                              r"|coord|points?|joints?|corners?|polygons?|(^|[_.-])xy([_.-]|$)", re.IGNORECASE)

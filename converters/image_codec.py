@@ -18,13 +18,8 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
-__all__ = ["DEFAULT_QUALITY", "IMAGE_EXTENSIONS", "ImageOptions", "OPEN_FORMATS", "PNG_COMPRESS_LEVEL", "Prepared",
-           "RESAMPLE", "ResizePlan", "check_pil_settings", "encode_image", "is_image_file", "prepare", "prepare_bytes",
-           "prepare_image", "read_source", "resize", "resize_plan", "to_mode"]
-
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = IMAGE_SUFFIXES
 OPEN_FORMATS = ("JPEG", "PNG", "BMP", "WEBP", "TIFF", "GIF")  # PIL plugins allowed to parse sources
 DEFAULT_QUALITY = 90
 RESAMPLE = Image.Resampling.BILINEAR
@@ -33,19 +28,17 @@ _ORIENTATION_TAG = 0x0112
 _ALPHA_MODES = {"RGBA": "RGBA", "RGBa": "RGBA", "LA": "LA", "La": "LA", "PA": "RGBA"}
 _PLAIN_MODES = {"1", "L", "P", "RGB", "RGBX", "CMYK", "YCbCr", "I;16", "I;16L", "I;16B", "I;16N"}
 
-ImagesMode = Literal["encoded", "raw", "jpeg"]
-
 
 def is_image_file(rel: str) -> bool:
     """Whether a file name has an image suffix (case-insensitive)."""
-    return os.path.splitext(rel)[1].lower() in IMAGE_EXTENSIONS
+    return os.path.splitext(rel)[1].lower() in IMAGE_SUFFIXES
 
 
 @dataclass(frozen=True)
 class ImageOptions:
     """How to store images (the CLI's ``--images``, ``--size``, ``--max-side``, ``--quality``, ``--mode``)."""
 
-    images: ImagesMode = "encoded"
+    images: Literal["encoded", "raw", "jpeg"] = "encoded"
     size: tuple[int, int] | None = None  # (H, W): resize the shorter side, then centre-crop
     max_side: int | None = None
     quality: int | None = None
@@ -94,15 +87,6 @@ class Prepared:
     original: tuple[int, int]
 
 
-def check_pil_settings() -> None:
-    """Refuse to convert when the program told PIL to accept truncated images."""
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        raise UsageError(
-            "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set in this program; truncated images would be stored as grey "
-            "pixels. Unset it before converting."
-        )
-
-
 def read_source(path: str) -> bytes:
     """The bytes of a source file; a missing, unreadable or empty file raises DataError."""
     try:
@@ -115,19 +99,19 @@ def read_source(path: str) -> bytes:
     return data
 
 
-def prepare(path: str, opts: ImageOptions) -> Prepared:
-    """Convert the image at ``path``; any problem with it raises DataError naming the file."""
-    return prepare_bytes(read_source(path), path, opts)
-
-
 def prepare_bytes(data: bytes, where: str, opts: ImageOptions) -> Prepared:
     """Convert an encoded image (a file's bytes); a JPEG already as asked is kept byte for byte.
     Any problem raises DataError naming ``where``."""
-    check_pil_settings()
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise UsageError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set in this program; truncated images would be "
+                         "stored as grey pixels. Unset it before converting.")
     crc = zlib.crc32(data)
     im = _open(where, data)
     try:
-        _load(where, im)
+        try:  # decode every pixel: a truncated or corrupt file raises here instead of giving grey pixels
+            im.load()
+        except Exception as e:  # OSError "image file is truncated", SyntaxError "broken PNG file", ...
+            raise DataError(f"{where}: cannot decode: {e}") from None
         orientation = _orientation(where, im)
         # MPO (several JPEGs in one file, from some cameras) decodes as its first image, like PIL's frame 0
         if opts.images == "encoded" and im.format in ("JPEG", "MPO") and im.mode == opts.mode and orientation == 1:
@@ -180,14 +164,6 @@ def _open(path: str, data: bytes) -> Image.Image:
         im.close()
         raise DataError(f"{path}: {problem}")
     return im
-
-
-def _load(path: str, im: Image.Image) -> None:
-    """Decode every pixel: a truncated or corrupt file raises here instead of giving grey pixels."""
-    try:
-        im.load()
-    except Exception as e:  # OSError "image file is truncated", SyntaxError "broken PNG file", ...
-        raise DataError(f"{path}: cannot decode: {e}") from None
 
 
 def _orientation(path: str, im: Image.Image) -> int:

@@ -8,30 +8,15 @@ import zlib
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastdata.converters.image_codec import (
-    IMAGE_EXTENSIONS,
-    ImageOptions,
-    Prepared,
-    is_image_file,
-    prepare,
-    read_source,
-)
+from fastdata.converters.image_codec import ImageOptions, Prepared, is_image_file, prepare_bytes, read_source
 from fastdata.converters.registry import Request, SrcForm, register
-from fastdata.converters.scan import (
-    FolderSource,
-    Labels,
-    check_labelled,
-    drop_non_samples,
-    find_labels,
-    label_field,
-    refuse_bad,
-)
+from fastdata.converters.scan import FolderSource, Labels, check_labelled, drop_non_samples, find_labels, refuse_bad
 from fastdata.errors import DataError, FastdataError
 from fastdata.format import FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import (
@@ -49,9 +34,6 @@ from fastdata.write.local import mp_context
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
-
-__all__ = ["IMAGE_FIELD", "ImageFolderKind", "ImageFolderSource", "ORIGINAL_SIZE_SUFFIX", "image_arrays",
-           "image_specs"]
 
 IMAGE_FIELD = "image"
 # A resizing conversion stores each image's upright size before the resize (int32 H, W) as "<image>_original_size".
@@ -97,7 +79,7 @@ def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[An
     for rel in rels:
         path = os.path.join(root, rel)
         try:
-            p = prepare(path, opts)
+            p = prepare_bytes(read_source(path), path, opts)
         except DataError as e:
             out.append((str(e),))
             continue
@@ -105,15 +87,13 @@ def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[An
     return out
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ImageFolderSource(FolderSource):
     """Image files under a folder; one sample per file, in sorted order of relative path."""
 
     COLUMNS = ("shapes", "nbytes", "codecs", "kept", "crcs", "originals", "file_sizes")
 
-    root: str
     opts: ImageOptions
-    rels: list[str]
     shapes: np.ndarray  # (n, 3) int64: stored H, W, C
     nbytes: np.ndarray  # (n,) payload bytes
     codecs: np.ndarray  # (n,) uint8, 0 for pixels
@@ -121,20 +101,14 @@ class ImageFolderSource(FolderSource):
     crcs: np.ndarray  # (n,) uint32 CRC-32 of the source files
     originals: np.ndarray  # (n, 2) int32: upright H, W before any resize
     file_sizes: np.ndarray  # (n,)
-    labels: np.ndarray | None
-    fields: list[FieldSpec]
-    classes: list[str] | None
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    label_kind: str = "none"
     kind: str = "image-folder"
     fixed: tuple[int, ...] | None = None  # every image has this shape: a fixed-shape field
 
     @classmethod
     def scan(cls, root: Path, opts: ImageOptions, rels: list[str], labels: Labels, skip_bad: bool = False,
              workers: int | None = None, progress: Progress | None = None) -> "ImageFolderSource":
-        """Convert-check every file ``rels`` under ``root``; bad files raise (or are skipped)."""
-        expected = ", ".join(sorted(IMAGE_EXTENSIONS))
-        bad = {rel: f"{root / rel}: not an image file (expected {expected})" for rel in rels if not is_image_file(rel)}
+        """Convert-check every image file ``rels`` under ``root``; bad files raise (or are skipped)."""
+        bad: dict[str, str] = {}
         check_labelled(root, rels, labels, bad)
         todo = [r for r in rels if r not in bad]
         results = _scan_all(str(root), todo, opts, workers, progress)
@@ -148,16 +122,12 @@ class ImageFolderSource(FolderSource):
         if not good:
             raise DataError(f"{root}: no usable images (all {len(rels)} files are bad)")
         n = len(good)
-        usable = [g[0] for g in good]
         shapes = np.array([g[1][0] for g in good], dtype=np.int64).reshape(n, 3)
         # raw images of one shape (always so with --size) are a fixed-shape field, read with plain copies
         fixed = tuple(shapes[0].tolist()) if opts.images == "raw" and bool((shapes == shapes[0]).all()) else None
-        label_values = labels.of(usable)
-        label = [label_field(label_values)] if label_values is not None else []
-        return cls(
-            root=str(root),
+        return cls.labelled_source(
+            root, [g[0] for g in good], labels, image_specs(IMAGE_FIELD, opts, fixed), skipped,
             opts=opts,
-            rels=usable,
             shapes=shapes,
             nbytes=np.array([g[1][1] for g in good], dtype=np.int64),
             codecs=np.array([g[1][2] for g in good], dtype=np.uint8),
@@ -165,11 +135,6 @@ class ImageFolderSource(FolderSource):
             crcs=np.array([g[1][4] for g in good], dtype=np.uint32),
             originals=np.array([g[1][5] for g in good], dtype=ORIGINAL_SIZE_DTYPE).reshape(n, 2),
             file_sizes=np.array([g[1][6] for g in good], dtype=np.int64),
-            labels=label_values,
-            fields=image_specs(IMAGE_FIELD, opts, fixed) + label,
-            classes=labels.classes,
-            skipped=skipped,
-            label_kind=labels.kind,
             fixed=fixed,
         )
 
@@ -192,7 +157,7 @@ class ImageFolderSource(FolderSource):
             p = Prepared(np.frombuffer(data, dtype=np.uint8), tuple(self.shapes[i].tolist()), int(self.codecs[i]), True,
                          zlib.crc32(data), tuple(self.originals[i].tolist()))
         else:
-            p = prepare(path, self.opts)
+            p = prepare_bytes(read_source(path), path, self.opts)
         if p.crc != self.crcs[i]:
             raise DataError(f"{path}: changed during the conversion; convert again")
         if p.payload.nbytes != self.nbytes[i]:  # same file, other bytes: conversion is not deterministic here

@@ -1,8 +1,10 @@
-"""Python objects as sources: a map-style Dataset or a Hugging Face dataset, read in the write engine's workers
-(iterables: object_spool.py); keys or ``skip_bad`` need one check pass over every sample first."""
+"""Python objects as sources: a map-style Dataset or a Hugging Face dataset (or ``pyarrow.Table``: its rows read in
+batches, numeric and fixed-shape columns as one numpy array per batch), read in the write engine's workers
+(iterables: python_source.py); keys or ``skip_bad`` need one check pass over every sample first."""
 
 from __future__ import annotations
 
+import bisect
 import os
 import pickle
 import random
@@ -14,11 +16,11 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from fastdata.converters.arrow_rows import BATCH_ROWS, ArrowRows, is_arrow
 from fastdata.converters.config import ConvertConfig
 from fastdata.converters.sample_fields import SampleSchema, infer_schema
 from fastdata.errors import DataError, FastdataError, UsageError
@@ -27,8 +29,123 @@ from fastdata.world import usable_cpus
 from fastdata.write import Progress
 from fastdata.write.local import mp_context
 
-__all__ = ["ObjectRef", "ObjectSource", "PROBE_SAMPLES", "is_python_source", "kept_keys", "live", "object_source",
-           "type_name_of"]
+BATCH_ROWS = 1024  # rows of an Arrow batch, and of a task of the check pass
+
+
+def is_arrow(obj: Any) -> bool:
+    """A Hugging Face ``datasets.Dataset`` (read through its Arrow table) or a ``pyarrow.Table``."""
+    top = type(obj).__module__.split(".")[0]
+    return (top == "datasets" and hasattr(obj, "with_format")) or (top == "pyarrow" and hasattr(obj, "slice")
+                                                                  and hasattr(obj, "column_names"))
+
+
+class ArrowRows:
+    """Row ``j`` of ``obj`` as {column: value}, from a cached batch of :data:`BATCH_ROWS` rows (each Arrow
+    chunk of the batch converted on its own: nothing is copied to join chunks)."""
+
+    def __init__(self, obj: Any) -> None:
+        self._plain = type(obj).__module__.split(".")[0] == "pyarrow"
+        self._table = obj if self._plain else obj.with_format("arrow")
+        self._len = obj.num_rows if self._plain else len(obj)
+        self._start = -1
+        self._n = 0
+        self._cols: dict[str, tuple[list[int], list[Any]]] = {}  # column -> (chunk starts, chunk values)
+
+    def row(self, j: int) -> dict[str, Any]:
+        return {name: values[k] for name, values, k in self._at(j)}
+
+    def rows(self, j: int, n: int) -> dict[str, np.ndarray] | None:
+        """Rows ``j`` to at most ``j + n - 1`` (at least one) as {column: numpy array of rows}, views of the batch;
+        None when a column's values are not one numpy array (strings, images, ragged lists, missing values)."""
+        out = {}
+        for name, values, k in self._at(j):
+            if not isinstance(values, np.ndarray):
+                return None
+            out[name] = values[k:]
+            n = min(n, len(out[name]))
+        return {name: v[:n] for name, v in out.items()}
+
+    def _at(self, j: int) -> list[tuple[str, Any, int]]:
+        """Per column: (name, the values of the chunk holding row ``j``, the row's place in them); loads its batch."""
+        if not self._start <= j < self._start + self._n:
+            self._load(j - j % BATCH_ROWS)
+        k = j - self._start
+        out = []
+        for name, (starts, chunks) in self._cols.items():
+            c = bisect.bisect_right(starts, k) - 1 if len(starts) > 1 else 0  # most batches: one chunk per column
+            out.append((name, chunks[c], k - starts[c]))
+        return out
+
+    def _load(self, start: int) -> None:
+        stop = min(start + BATCH_ROWS, self._len)
+        batch = self._table.slice(start, stop - start) if self._plain else self._table[start:stop]
+        self._cols = {}
+        for name in batch.column_names:
+            chunks = [c for c in batch.column(name).chunks if len(c)]
+            starts = np.cumsum([0] + [len(c) for c in chunks[:-1]]).tolist()
+            self._cols[name] = (starts, [column_values(c, name) for c in chunks])
+        self._start, self._n = start, stop - start
+
+
+def column_values(col: Any, name: str) -> Any:
+    """One Arrow array (a chunk of a column) as a numpy array of rows (numbers, fixed-shape arrays) or a list of values."""
+    import pyarrow as pa
+
+    arr = col
+    if isinstance(arr, pa.ExtensionArray):
+        arr = arr.storage  # e.g. datasets' Array2D..Array5D: nested lists underneath
+    if arr.null_count:
+        return arr.to_pylist()  # a missing value (None) is then refused, or skipped, for its own sample
+    fixed = _fixed_numpy(arr)
+    if fixed is not None:
+        return fixed
+    t = arr.type
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:  # datasets' Image() feature: {bytes, path}
+        return [_image_bytes(r, name) for r in arr.to_pylist()]
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        inner = _fixed_numpy(arr.flatten())
+        if inner is not None:  # ragged rows of numbers: views into one array
+            offs = np.asarray(arr.offsets)
+            offs = offs - offs[0]
+            return [inner[a:b] for a, b in zip(offs[:-1].tolist(), offs[1:].tolist())]
+    return arr.to_pylist()
+
+
+def _fixed_numpy(arr: Any) -> np.ndarray | None:
+    """Numbers or nested lists of one length per level, as one array (rows first); None otherwise."""
+    import pyarrow as pa
+
+    dims: list[int] = []
+    t = arr.type
+    while pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        n = len(arr)
+        if pa.types.is_fixed_size_list(t):
+            size = t.list_size
+            arr = arr.flatten()
+        else:
+            offs = np.asarray(arr.offsets)
+            sizes = np.diff(offs)
+            if n and (sizes != sizes[0]).any() or arr.null_count:
+                return None
+            size = int(sizes[0]) if n else 0
+            arr = arr.flatten()
+        dims.append(size)
+        t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        return None
+    base = arr.to_numpy(zero_copy_only=False)
+    rows = len(base) // max(1, int(np.prod(dims))) if dims else len(base)
+    return base.reshape(rows, *dims)
+
+
+def _image_bytes(r: dict[str, Any], name: str) -> bytes:
+    if r.get("bytes") is not None:
+        return bytes(r["bytes"])
+    path = r.get("path")
+    if not path:
+        raise DataError(f"column {name!r}: an image with neither bytes nor a path")
+    return Path(path).read_bytes()
+
 
 PROBE_SAMPLES = 16  # the schema comes from this many first samples
 _LIVE: dict[str, Any] = {}  # token -> the object being converted, in this process (forked workers inherit it)
@@ -65,7 +182,7 @@ def live(obj: Any, workers: int) -> Iterator[ObjectRef]:
     tmp = None
     try:
         if workers > 1 and mp_context().get_start_method() != "fork":
-            tmp = tempfile.mkdtemp(prefix="fastdata-object-")
+            tmp = tempfile.mkdtemp(prefix="fastdata-object-")  # private (0700): the workers unpickle from here
             path = os.path.join(tmp, "object.pkl")
             try:
                 with open(path, "wb") as f:
@@ -133,10 +250,6 @@ class ObjectSource:
             return replace(self, index=self.index[start:stop], count=stop - start, keys=None)
         return replace(self, offset=self.offset + start, count=stop - start, keys=None)
 
-    def original(self, i: int) -> int:
-        """The object's index of sample ``i`` of this source."""
-        return int(self.index[i]) if self.index is not None else self.offset + i
-
     def get(self, j: int) -> Any:
         """The object's sample ``j``; its own errors become a DataError naming the index."""
         if self.arrow:
@@ -155,7 +268,7 @@ class ObjectSource:
             sample, self._cache[i] = self._cache[i], None
             if sample is not None:
                 return sample
-        j = self.original(i)
+        j = int(self.index[i]) if self.index is not None else self.offset + i  # the object's index
         return self.schema.encode(self.get(j), j)[0]
 
     def read_rows(self, i: int, n: int) -> dict[str, np.ndarray] | None:
@@ -190,7 +303,15 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
     if n == 0:
         raise UsageError(f"{type_name_of(obj)}: has no samples")
     src = ObjectSource(ref, SampleSchema((), None, False), n, 0, type_name_of(obj), arrow)
-    first = _probe(src, min(n, PROBE_SAMPLES), config.skip_bad)
+    first: list[tuple[int, Any]] = []  # for the schema (with skip_bad, those the object could give)
+    for j in range(min(n, PROBE_SAMPLES)):
+        try:
+            first.append((j, src.get(j)))
+        except DataError:
+            if not config.skip_bad:
+                raise
+    if not first:
+        src.get(0)  # raises: the first sample's error is the one to show
     schema = infer_schema(first, names, ragged, config)
     encoded = []
     for j, s in first:
@@ -208,20 +329,6 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
     if schema.keyed or config.skip_bad:
         src = _check_all(src, config, progress)
     return src
-
-
-def _probe(src: ObjectSource, k: int, skip_bad: bool) -> list[tuple[int, Any]]:
-    """The first ``k`` samples (with ``skip_bad``, those the object could give) for the schema."""
-    out = []
-    for j in range(k):
-        try:
-            out.append((j, src.get(j)))
-        except DataError:
-            if not skip_bad:
-                raise
-    if not out:
-        src.get(0)  # raises: the first sample's error is the one to show
-    return out
 
 
 def type_name_of(obj: Any) -> str:

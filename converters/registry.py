@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress, Source
 
-__all__ = ["DEFAULT_FIELD", "Request", "SOURCES", "SourceKind", "SrcForm", "detect", "register", "src_form"]
-
 DEFAULT_FIELD = "x"  # the field of a sample file's array, or of a lone array given as SRC
 # What SRC itself is, before the request is built: a metadata "table" or a file/store of named "arrays"; else None.
 SrcForm = Literal["table", "arrays"]
@@ -63,12 +61,11 @@ class SourceKind(Protocol):
 SOURCES: dict[str, SourceKind] = {}
 
 
-def register(kind: SourceKind) -> SourceKind:
+def register(kind: SourceKind) -> None:
     """Add ``kind`` to the table (once per name)."""
     if kind.name in SOURCES:
         raise FastdataError(f"source kind {kind.name!r} is registered twice")
     SOURCES[kind.name] = kind
-    return kind
 
 
 def src_form(src: Path) -> SrcForm | None:

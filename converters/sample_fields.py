@@ -18,17 +18,10 @@ from fastdata.converters.registry import DEFAULT_FIELD
 from fastdata.converters.table_types import FLOAT_DTYPE
 from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import FieldSpec, make_field
-from fastdata.format.spec import (
-    _NAME_RE,
-    ENCODING_UTF8,
-    KEY_FIELD,
-    SHAPE_SUFFIX,
-)
+from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_SUFFIX
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
-
-__all__ = ["FieldPlan", "SampleSchema", "as_dict", "infer_schema"]
 
 Kind = Literal["array", "string", "image", "bytes"]
 _GREY = ("1", "L", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")
@@ -77,19 +70,15 @@ def _kind(v: Any, where: str) -> Kind:
     if isinstance(v, Image.Image):
         return "image"
     if isinstance(v, (bytes, bytearray, memoryview)):
-        return "image" if _is_image_bytes(bytes(v)) else "bytes"
+        try:
+            with Image.open(io.BytesIO(bytes(v))):
+                return "image"
+        except Exception:  # not an image PIL knows: plain bytes
+            return "bytes"
     if v is None or isinstance(v, Mapping):
         raise DataError(f"{where}: a {type(v).__name__} cannot be stored (numbers, arrays, strings, bytes and PIL "
                         "images can)")
     return "array"
-
-
-def _is_image_bytes(data: bytes) -> bool:
-    try:
-        with Image.open(io.BytesIO(data)):
-            return True
-    except Exception:  # not an image PIL knows: plain bytes
-        return False
 
 
 @dataclass(frozen=True)
@@ -124,7 +113,11 @@ class FieldPlan:
         if kind == "string":
             return {self.name: np.frombuffer(v.encode("utf-8"), dtype=np.uint8)}
         if kind == "image":
-            return self._image(v, where)
+            assert self.image is not None
+            p = prepare_image_value(v, f"{where}: {self.name!r}", self.image)
+            if self.shape[0] is not None:
+                self.check_shape(p.shape, where)
+            return image_arrays(self.name, p, self.image, self.shape[0] is not None)
         a = np.frombuffer(bytes(v), dtype=np.uint8) if kind == "bytes" else _array(v, where)
         if self.coordinate is not None:  # SampleSchema.encode rescales it, to float32
             a = a.astype(np.float64)
@@ -141,13 +134,6 @@ class FieldPlan:
             hint = "" if ragged else f" (if its first axis varies, pass ragged=('{self.name}',))"
             raise DataError(f"{where}: {self.name!r} has shape {list(shape)}, the first samples "
                             f"{['n' if d is None else d for d in self.shape]}{hint}")
-
-    def _image(self, v: Any, where: str) -> dict[str, np.ndarray]:
-        assert self.image is not None
-        p = prepare_image_value(v, f"{where}: {self.name!r}", self.image)
-        if self.shape[0] is not None:
-            self.check_shape(p.shape, where)
-        return image_arrays(self.name, p, self.image, self.shape[0] is not None)
 
 
 def prepare_image_value(v: Any, where: str, opts: ImageOptions) -> Prepared:

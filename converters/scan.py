@@ -7,20 +7,17 @@ import csv
 import json
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
 from fastdata.errors import DataError, UsageError
-from fastdata.format import LABEL_FIELD
+from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
-
-__all__ = ["FolderSource", "LABEL_DTYPE", "Labels", "check_finite", "check_finite_rows", "check_labelled",
-           "drop_non_samples", "file_labels", "find_labels", "folder_labels", "label_field", "refuse_bad", "walk_files"]
 
 LABEL_DTYPE = np.dtype("<i8")
 _INT64 = np.iinfo(LABEL_DTYPE)
@@ -59,7 +56,12 @@ def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # typ
         for ent in entries:
             if ent.name.startswith("."):
                 continue
-            _check_name(ent.path)
+            try:  # a sample's key is its path as UTF-8 text: a name that is not UTF-8 cannot be one
+                ent.path.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = os.fsencode(ent.path).decode("utf-8", "backslashreplace")
+                raise DataError(f"{shown}: the file name is not valid UTF-8 (sample keys are UTF-8 text); "
+                                "rename it") from None
             r = f"{rel}/{ent.name}" if rel else ent.name
             try:
                 if ent.is_dir(follow_symlinks=True):
@@ -75,15 +77,6 @@ def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # typ
     visit(str(root), "")
     found.sort()
     return found
-
-
-def _check_name(path: str) -> None:
-    """A sample's key is its path as UTF-8 text: a name that is not UTF-8 cannot be one."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-        raise DataError(f"{shown}: the file name is not valid UTF-8 (sample keys are UTF-8 text); rename it") from None
 
 
 @dataclass
@@ -105,10 +98,8 @@ class Labels:
         return np.array([self.by_path[r] for r in rels], dtype=self.dtype).reshape(len(rels), *self.shape)
 
 
-def label_field(labels: np.ndarray) -> Any:
+def label_field(labels: np.ndarray) -> FieldSpec:
     """The label field for per-sample ``labels`` (integers, floats or fixed-length vectors)."""
-    from fastdata.format import make_field
-
     return make_field(LABEL_FIELD, labels.dtype, labels.shape[1:])
 
 
@@ -304,6 +295,7 @@ def check_finite(values: np.ndarray, where: Any) -> None:
                         "%(allow_nan=True) to keep NaN and infinite labels")
 
 
+@dataclass(kw_only=True)
 class FolderSource:
     """What the folder sources share: sample ``i`` is the file ``root/rels[i]``, labelled ``labels[i]``.
     ``part`` slices ``rels``, ``labels`` and the per-sample columns a subclass names in ``COLUMNS``."""
@@ -312,9 +304,20 @@ class FolderSource:
     root: str
     rels: list[str]
     labels: np.ndarray | None
-    skipped: list[tuple[str, str]]
-    label_kind: str
+    fields: list[FieldSpec]
+    classes: list[str] | None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    label_kind: str = "none"
     kind: str
+
+    @classmethod
+    def labelled_source(cls, root: Path, rels: list[str], labels: Labels, fields: list[FieldSpec],
+                        skipped: list[tuple[str, str]], **columns: Any) -> Self:
+        """The source of the usable files ``rels``: ``fields``, then the labels' field when there are labels."""
+        values = labels.of(rels)
+        label = [] if values is None else [label_field(values)]
+        return cls(root=str(root), rels=rels, labels=values, fields=fields + label, classes=labels.classes,
+                   skipped=skipped, label_kind=labels.kind, **columns)
 
     def __len__(self) -> int:
         return len(self.rels)
@@ -322,7 +325,7 @@ class FolderSource:
     def part(self, start: int, stop: int) -> Any:
         s = slice(start, stop)
         columns = {k: getattr(self, k)[s] for k in ("rels", "labels", *self.COLUMNS) if getattr(self, k) is not None}
-        return replace(self, skipped=[], **columns)  # type: ignore[type-var]  # subclasses are dataclasses
+        return replace(self, skipped=[], **columns)
 
     def sample_keys(self) -> list[str] | None:
         """Each sample's key: its path relative to the source folder."""

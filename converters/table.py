@@ -13,24 +13,21 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from fastdata.converters.coords import check_declared, looks_like, rescale
-from fastdata.converters.image_codec import IMAGE_EXTENSIONS, ImageOptions
+from fastdata.converters.image_codec import ImageOptions
 from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
-from fastdata.converters.npy_folder import NpyFolderSource
-from fastdata.converters.npy_parse import read_npy_data, read_npy_header
+from fastdata.converters.npy_parse import NpyFolderSource, read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SrcForm, register
 from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
 from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
 from fastdata.converters.table_types import FLOAT_DTYPE, INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
+from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
-
-__all__ = ["FileColumn", "TableColumns", "TableKind", "TableSource", "finish_columns", "scan_file_column",
-           "scan_table", "table_columns"]
 
 # --- file columns ----------------------------------------------------------------------------
 
@@ -65,7 +62,14 @@ class FileColumn:
         path = os.path.join(root, self.rels[i])
         want = tuple(self.shapes[i].tolist())
         if self.image:
-            a = _image_pixels(path)
+            try:
+                with Image.open(path) as im:
+                    if im.mode not in _PIXEL_MODES:
+                        raise DataError(f"{path}: image mode {im.mode} (a file column takes 8-bit L, P, 1 or RGB "
+                                        "images)")
+                    a = np.asarray(im, dtype=np.uint8)
+            except (OSError, UnidentifiedImageError, ValueError) as e:
+                raise DataError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
             a = a.reshape((*a.shape[:2], 1)) if a.ndim == 2 else a
             if a.shape != want:
                 raise DataError(f"{path}: changed during the conversion (shape {list(a.shape)}, was {list(want)})")
@@ -83,25 +87,13 @@ class FileColumn:
 _PIXEL_MODES = {"L": "L", "P": "L", "1": "L", "RGB": "RGB"}
 
 
-def _image_pixels(path: str) -> np.ndarray:
-    try:
-        with Image.open(path) as im:
-            if im.mode not in _PIXEL_MODES:
-                raise DataError(f"{path}: image mode {im.mode} (a file column takes 8-bit L, P, 1 or RGB images)")
-            return np.asarray(im, dtype=np.uint8)
-    except (OSError, UnidentifiedImageError, ValueError) as e:
-        raise DataError(f"{path}: unreadable image ({type(e).__name__}: {e})") from None
-
-
 def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int], bad: dict[int, str]) -> FileColumn:
     """Look at every file of a file column (image header or .npy header) to learn its shape."""
     rels = [col.values[i] for i in rows]
-    image = all(str(r).lower().endswith(tuple(IMAGE_EXTENSIONS)) for r in rels)
+    image = all(str(r).lower().endswith(tuple(IMAGE_SUFFIXES)) for r in rels)
     if not image and not all(str(r).lower().endswith(".npy") for r in rels):
         raise DataError(f"{table.path}: column {col.name!r} mixes image and .npy files; one kind per column")
-    dtypes: Counter[Any] = Counter()
-    modes: Counter[str] = Counter()
-    info: dict[int, Any] = {}
+    info: dict[int, Any] = {}  # row -> (shape, image mode or array dtype)
     for i, rel in zip(rows, rels):
         path = str(root / rel)
         try:
@@ -111,15 +103,14 @@ def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int]
                         raise DataError(f"image mode {im.mode} (a file column takes 8-bit L, P, 1 or RGB images)")
                     pm = _PIXEL_MODES[im.mode]
                     info[i] = (im.height, im.width, 3 if pm == "RGB" else 1), pm
-                    modes[pm] += 1
             else:
                 h, _ = read_npy_header(path)
                 info[i] = h.shape, h.dtype
-                dtypes[h.dtype] += 1
         except (DataError, OSError, UnidentifiedImageError) as e:
             bad.setdefault(i, f"{table.where(i, col.name)}: {path}: {e}")
-    mode = modes.most_common(1)[0][0] if modes else None
-    dtype = dtypes.most_common(1)[0][0] if dtypes else np.dtype(np.uint8)
+    common = Counter(k for _, k in info.values()).most_common(1)
+    mode = common[0][0] if image and common else None
+    dtype = common[0][0] if not image and common else np.dtype(np.uint8)
     if not image:
         trailing = Counter(s[1:] for s, _ in info.values())
         tr = trailing.most_common(1)[0][0] if trailing else ()
@@ -242,14 +233,10 @@ class TableSource:
         self.fields = list(self.main.fields) + self.cols.fields
         self.classes = self.main.classes if self.main.classes is not None else self.cols.classes
 
-    @property
-    def root(self) -> str:
-        return str(self.main.root)
-
     def inputs(self) -> tuple[list[str], list[np.ndarray]]:
         """The main source's, the file columns' files and the table itself."""
         files, values = self.main.inputs()
-        columns = [os.path.join(self.root, r) for f in self.cols.files for r in f.rels]
+        columns = [os.path.join(self.main.root, r) for f in self.cols.files for r in f.rels]
         return files + columns + [os.path.abspath(self.table_path)], values
 
     def __len__(self) -> int:
@@ -257,7 +244,7 @@ class TableSource:
 
     @property
     def bytes_in(self) -> int:
-        extra = sum(os.path.getsize(os.path.join(self.root, r)) for f in self.cols.files for r in f.rels)
+        extra = sum(os.path.getsize(os.path.join(self.main.root, r)) for f in self.cols.files for r in f.rels)
         return int(self.main.bytes_in) + extra
 
     def sample_nbytes(self) -> np.ndarray:
@@ -273,7 +260,7 @@ class TableSource:
 
     def read(self, i: int) -> dict[str, np.ndarray]:
         sample = self.main.read(i)
-        sample.update(self.cols.read(self.root, i))
+        sample.update(self.cols.read(self.main.root, i))
         return sample
 
     def sample_keys(self) -> list[str]:
@@ -364,7 +351,7 @@ def _unlisted(table: Table, table_path: Path, root: Path, paths: list[Any], cols
     listed = set(paths[i] for i in range(table.rows) if paths[i]) | {
         c.values[i] for c in cols.values() if c.kind == "file" for i in range(table.rows) if c.values[i]}
     others = [r for r in walk_files(root, {os.path.realpath(table_path)}) if r not in listed]
-    suffixes = tuple(IMAGE_EXTENSIONS) if image_kind else (".npy", ".npz")
+    suffixes = tuple(IMAGE_SUFFIXES) if image_kind else (".npy", ".npz")
     unlisted = drop_non_samples(root, others, lambda r: r.lower().endswith(suffixes), strict)
     msg = {r: f"{root / r}: a sample file that {table_path} does not list (add a row for it, or move it)"
            for r in unlisted}
@@ -406,8 +393,7 @@ register(TableKind())
 def _trailing(cols: TableColumns, name: str) -> int | None:
     """The length of a numeric column's last axis (None: a scalar, a 1-D ragged list, a string or a file column)."""
     f = next((f for f in cols.fields if f.name == name), None)
-    if f is None or name not in cols.values or np.dtype(f.dtype).kind not in "iuf" \
-            or not f.shape:
+    if f is None or name not in cols.values or np.dtype(f.dtype).kind not in "iuf" or not f.shape:
         return None
     return f.shape[-1]
 

@@ -14,16 +14,11 @@ from fastdata.errors import DataError, UsageError
 from fastdata.format.files import TABLE_SUFFIXES
 from fastdata.format.spec import MAX_FIELDS
 
-__all__ = ["PATH_COLUMN", "Table", "is_table", "read_table"]
-
 PATH_COLUMN = "path"
 
 
 def is_table(path: Path) -> bool:
     return path.suffix.lower() in TABLE_SUFFIXES
-
-
-# --- reading ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -89,7 +84,7 @@ def read_table(path: Path) -> Table:
         return Table(path, kind, columns, len(body), [ln for ln, _ in body])
     if kind == "json":
         records = _json_records(path, text)
-        return Table(path, kind, _by_column(path, records), len(records))
+        return Table(path, kind, _by_column(records), len(records))
     rows: list[dict[str, Any]] = []
     starts: list[int] = []
     for ln, line in enumerate(text.splitlines(), 1):
@@ -103,10 +98,10 @@ def read_table(path: Path) -> Table:
             raise DataError(f"{path}: line {ln}: each line must be a JSON object")
         rows.append(obj)
         starts.append(ln)
-    return Table(path, kind, _by_column(path, rows), len(rows), starts)
+    return Table(path, kind, _by_column(rows), len(rows), starts)
 
 
-def _by_column(path: Path, rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+def _by_column(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """Records as columns (every key of any record; a missing or null value is _MISSING)."""
     names: dict[str, None] = {}
     for obj in rows:

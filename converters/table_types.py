@@ -14,20 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.converters.image_codec import IMAGE_EXTENSIONS
 from fastdata.converters.table_read import _MISSING, Table
 from fastdata.errors import UsageError
+from fastdata.format.files import IMAGE_SUFFIXES
 
-__all__ = ["ColumnType", "FLOAT_DTYPE", "INT_DTYPE", "TypedColumn", "parse_column", "parse_meta_type", "safe_rel"]
-
-_FILE_SUFFIXES = tuple(IMAGE_EXTENSIONS) + (".npy",)
+_FILE_SUFFIXES = tuple(IMAGE_SUFFIXES) + (".npy",)
 _DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
            "float64", "bool"}
 FLOAT_DTYPE = np.dtype("<f4")
 INT_DTYPE = np.dtype("<i8")
-
-
-# --- column types ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -79,14 +74,12 @@ def _cell(v: Any) -> Any:
     low = t.lower()
     if low in ("true", "false"):
         return low == "true"
-    try:
-        return int(t)
-    except ValueError:
-        pass
-    try:
-        return float(t)
-    except ValueError:
-        return v
+    for number in (int, float):
+        try:
+            return number(t)
+        except ValueError:
+            pass
+    return v
 
 
 def _kind(v: Any) -> str:
@@ -136,7 +129,7 @@ def parse_column(table: Table, name: str, raw: list[Any], forced: ColumnType | N
     if forced is None:
         numeric = kinds["int"] + kinds["float"] + kinds["bool"]
         if kinds["list"] and kinds["list"] * 2 > len(live):
-            return _list_column(table, name, cells, live, None, None, fail)
+            return _list_column(name, cells, live, None, None, fail)
         if kinds["str"] + kinds["missing"] and numeric * 2 <= len(live):
             return _string_column(name, texts(), live, root, fail)
         dtype: np.dtype
@@ -149,7 +142,7 @@ def parse_column(table: Table, name: str, raw: list[Any], forced: ColumnType | N
         return _scalar_column(name, cells, live, dtype, fail)
     dtype = np.dtype(forced.dtype)
     if forced.shape:
-        return _list_column(table, name, cells, live, dtype, forced.shape, fail)
+        return _list_column(name, cells, live, dtype, forced.shape, fail)
     return _scalar_column(name, cells, live, dtype, fail)
 
 
@@ -184,7 +177,7 @@ def _scalar_column(name: str, cells: list[Any], live: list[int], dtype: np.dtype
     return col
 
 
-def _list_column(table: Table, name: str, cells: list[Any], live: list[int], dtype: np.dtype | None,
+def _list_column(name: str, cells: list[Any], live: list[int], dtype: np.dtype | None,
                  shape: tuple[int | None, ...] | None, fail: Any) -> TypedColumn:
     arrays: dict[int, np.ndarray] = {}
     any_float = False

@@ -1,4 +1,4 @@
-"""HDF5 and Zarr arrays as conversion sources (converters/h5source.py), written by the writer directly."""
+"""HDF5 and Zarr arrays as conversion sources (converters/arrays.py), written by the writer directly."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import fastdata
 from fastdata.converters import ConvertConfig
-from fastdata.converters.h5source import H5Source, ZarrSource, detect
+from fastdata.converters.arrays import H5Source, ZarrSource, detect
 from fastdata.errors import DataError, UsageError
 from fastdata.write import WriteOptions, write_dataset
 from fastdata.write.destination import prepare_dst

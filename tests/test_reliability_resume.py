@@ -244,7 +244,7 @@ def test_fingerprint_covers_hdf5_files(tmp_path):
     h5py = pytest.importorskip("h5py")
     import numpy as np
 
-    from fastdata.converters.h5source import H5Source
+    from fastdata.converters.arrays import H5Source
     from fastdata.write.journal import fingerprint
 
     path = tmp_path / "a.h5"
