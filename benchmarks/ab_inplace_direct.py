@@ -3,7 +3,7 @@ with the GIL released: ``fastdata.format.chunks``) against the same chunks read 
 chunks into the same cache. Two data sets, each as HDF5 shuffle+LZ4, HDF5 shuffle+deflate and Zarr Zstd:
 
 * FLIM-like: 1,024 samples of (2, 256, 21, 21) float32, quantised to quarters (so they compress), 16 a chunk;
-* images: 8,192 smooth uint8 (64, 64, 3) images, 64 a chunk.
+* images: 8,192 smooth uint8 (64, 64, 3) images, 64 a chunk, and 1,024 of (224, 224, 3), 16 a chunk.
 
 An epoch is ``fastdata.loader(index, 32, shuffle=Shards(), num_workers=2)`` (warm page cache, decoded
 chunks dropped before each epoch); per round the two variants run in alternating order. Prints the paired
@@ -34,7 +34,8 @@ import fastdata  # noqa: E402
 from fastdata.format import chunks  # noqa: E402
 
 SETS = {"FLIM (2, 256, 21, 21) float32": ((2, 256, 21, 21), "f4", 1024, 16),
-        "images (64, 64, 3) uint8": ((64, 64, 3), "u1", 8192, 64)}
+        "images (64, 64, 3) uint8": ((64, 64, 3), "u1", 8192, 64),
+        "images (224, 224, 3) uint8": ((224, 224, 3), "u1", 1024, 16)}
 FORMATS = ("HDF5 shuffle+LZ4", "HDF5 shuffle+deflate", "Zarr Zstd")
 
 

@@ -24,7 +24,7 @@ from fastdata.handles import no_fork_during
 
 EXTENSION = ".lmdb"
 _MAX_SHARD_RECORD = 1 << 20
-_GATHER_RECORD_BYTES = 64 << 10  # smaller fixed-layout records are fetched with one getmulti
+_GATHER_RECORD_BYTES = 64 << 10  # fixed-layout records up to this size are joined and checked at once
 _SMALL_FIELD_BYTES = 64  # fixed fields up to this size per sample are kept in a shard's record index
 
 # py-lmdb refuses a second open of one file in a process: readers share a refcounted environment per file.
