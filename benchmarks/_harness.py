@@ -14,11 +14,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
 from fastdata.measure.bench import CEILING_LIMIT  # one limit for the harness, the report and fastdata bench
 from fastdata.fileio import write_atomic
 from fastdata.world import usable_cpus
+
+K = TypeVar("K", bound=Hashable)
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +55,30 @@ def time_interleaved(
                 fn(i)
                 times[name].append(time.perf_counter() - t0)
     return {name: summarize(t) for name, t in times.items()}
+
+
+def paired_rounds(passes: Mapping[K, Callable[[], int]], rounds: int) -> dict[K, list[float]]:
+    """Items per second of each pass (it returns its item count) in each of ``rounds`` rounds after an untimed
+    warm-up round; the order rotates by one each round (two passes alternate), so drift hits all alike and
+    round r's figures pair up."""
+    keys = list(passes)
+    rates: dict[K, list[float]] = {k: [] for k in keys}
+    for r in range(rounds + 1):
+        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
+            t0 = time.perf_counter()
+            n = passes[k]()
+            if r:
+                rates[k].append(n / (time.perf_counter() - t0))
+    return rates
+
+
+def ratio_quartiles(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """First quartile, median and third quartile of the paired ratios ``a[i] / b[i]``."""
+    ratios = [x / y for x, y in zip(a, b)]
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    q1, med, q3 = statistics.quantiles(ratios, n=4)
+    return q1, med, q3
 
 
 def synced(fn: Callable[[int], Any], device: Any) -> Callable[[int], Any]:

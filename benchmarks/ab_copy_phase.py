@@ -17,14 +17,14 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, write_results  # noqa: E402
+from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, paired_rounds, write_results  # noqa: E402
 
 import fastdata  # noqa: E402
 from fastdata.format import lmdb as lmdb_format  # noqa: E402
@@ -78,15 +78,7 @@ def main() -> int:
     try:
         paths = {name: make_set(work / f"set{k}", *spec)["lmdb"] for k, (name, spec) in enumerate(SETS.items())}
         loaders = {(s, m, ph): loader(p, ph, kw) for s, p in paths.items() for m, kw in MODES.items() for ph in (True, False)}
-        rates: dict[tuple[str, str, bool], list[float]] = {k: [] for k in loaders}
-        keys = list(loaders)
-        for r in range(args.rounds + 1):
-            order = keys[r % len(keys):] + keys[: r % len(keys)]
-            for k in order:
-                t0 = time.perf_counter()
-                n = epoch(loaders[k])
-                if r:  # round 0 warms the page cache, the workers and the buffers
-                    rates[k].append(n / (time.perf_counter() - t0))
+        rates = paired_rounds({k: partial(epoch, ld) for k, ld in loaders.items()}, args.rounds)
         phases = {s: loaders[(s, "2 threads", True)].dataset.readers[0].copy_phase("x") for s in paths}
         for ld in loaders.values():
             ld.close()

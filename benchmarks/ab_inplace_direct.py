@@ -21,9 +21,8 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -78,36 +77,25 @@ def through_library(*_: Any) -> None:
     return None
 
 
-def epoch(ld: Any, i: int) -> float:
-    ld.dataset.close()  # no decoded chunks kept: each epoch decodes its chunks again
-    ld.set_epoch(i)
-    t0 = time.perf_counter()
-    for _ in ld:
-        pass
-    return time.perf_counter() - t0
-
-
-def measure(root: Path, n: int, rounds: int) -> dict[str, list[float]]:
+def measure(root: Path, rounds: int) -> dict[str, list[float]]:
     ld = fastdata.loader(root, 32, shuffle=fastdata.Shards(), device="cpu", num_workers=2, seed=0)
-    direct = {"hdf5": chunks.chunk_table, "zarr": chunks.zarr_chunks}
-    rates: dict[str, list[float]] = {"direct": [], "through library": []}
+    direct = (chunks.chunk_table, chunks.zarr_chunks)
+    epochs = iter(range(1 << 30))
+
+    def run(plans: tuple[Any, Any]) -> Callable[[], int]:
+        def epoch() -> int:
+            chunks.chunk_table, chunks.zarr_chunks = plans
+            ld.dataset.close()  # no decoded chunks kept: each epoch decodes its chunks again
+            ld.set_epoch(next(epochs))
+            return sum(len(b["x"]) for b in ld)
+
+        return epoch
+
     try:
-        for r in range(rounds + 1):
-            for name in ("direct", "through library") if r % 2 else ("through library", "direct"):
-                chunks.chunk_table = direct["hdf5"] if name == "direct" else through_library  # type: ignore[assignment]
-                chunks.zarr_chunks = direct["zarr"] if name == "direct" else through_library  # type: ignore[assignment]
-                s = epoch(ld, r)
-                if r:  # round 0 warms up
-                    rates[name].append(n / s)
+        return _harness.paired_rounds({"direct": run(direct), "through library": run((through_library,) * 2)}, rounds)
     finally:
-        chunks.chunk_table, chunks.zarr_chunks = direct["hdf5"], direct["zarr"]  # type: ignore[assignment]
+        chunks.chunk_table, chunks.zarr_chunks = direct
         ld.close()
-    return rates
-
-
-def quartiles(v: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
-    return q[0], statistics.median(v), q[2]
 
 
 def main() -> int:
@@ -122,9 +110,9 @@ def main() -> int:
             roots = make(work, shape, dtype, n, chunk)
             _harness.warm_page_cache(work)
             for fmt, root in roots.items():
-                rates = measure(root, n, args.rounds)
+                rates = measure(root, args.rounds)
                 ratio = [a / b for a, b in zip(rates["direct"], rates["through library"])]
-                lo, med, hi = quartiles(ratio)
+                lo, med, hi = _harness.ratio_quartiles(rates["direct"], rates["through library"])
                 rows.append([label, fmt, f"{statistics.median(rates['direct']):,.0f}",
                              f"{statistics.median(rates['through library']):,.0f}", f"{med:.2f}", f"{lo:.2f}-{hi:.2f}"])
                 raw[f"{label} | {fmt}"] = {"rates": rates, "ratio": ratio}

@@ -11,15 +11,18 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-import fastdata
-from fastdata.format import lmdb as lmdb_format
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import paired_rounds, ratio_quartiles  # noqa: E402
+
+import fastdata  # noqa: E402
+from fastdata.format import lmdb as lmdb_format  # noqa: E402
 
 
 def getmulti(self: Any, txn: Any, local: np.ndarray) -> list[Any]:
@@ -38,24 +41,46 @@ def make(src: Path, kind: str) -> int:
     return n
 
 
-def measure(path: Path, n: int, rounds: int) -> dict[str, list[float]]:
+def paired_get_batch(path: Path, n: int, rounds: int, use: dict[str, Callable[[], None]]) -> dict[str, list[float]]:
+    """Samples/s of ``get_batch`` passes (3 epochs of random batches of 64) per variant, paired by round;
+    ``use[name]()`` switches to a variant (the first is switched back at the end)."""
     ds = fastdata.open(path)
     plan = [np.sort(p) for p in np.array_split(np.random.default_rng(1).permutation(n), n // 64)]
-    variants = {"txn.get loop": lmdb_format.ShardReader._get_many, "getmulti": getmulti}
-    rates: dict[str, list[float]] = {k: [] for k in variants}
+
+    def one(name: str) -> Callable[[], int]:
+        def run() -> int:
+            use[name]()
+            for _ in range(3):
+                for p in plan:
+                    ds.get_batch(p)
+            return 3 * n
+
+        return run
+
     try:
-        for r in range(rounds + 1):
-            for name in list(variants) if r % 2 else list(variants)[::-1]:
-                lmdb_format.ShardReader._get_many = variants[name]  # type: ignore[method-assign]
-                t0 = time.perf_counter()
-                for _ in range(3):
-                    for p in plan:
-                        ds.get_batch(p)
-                if r:  # round 0 warms up
-                    rates[name].append(3 * n / (time.perf_counter() - t0))
+        return paired_rounds({k: one(k) for k in use}, rounds)
     finally:
-        lmdb_format.ShardReader._get_many = variants["txn.get loop"]  # type: ignore[method-assign]
-    return rates
+        next(iter(use.values()))()
+
+
+def report(label: str, rates: dict[str, list[float]]) -> None:
+    """Each variant's samples/s, and the paired ratio of the first variant over the second."""
+    for k, v in rates.items():
+        print(f"{label}, {k}: {statistics.median(v):,.0f} samples/s ({min(v):,.0f}-{max(v):,.0f})")
+    a, b = rates.values()
+    q1, med, q3 = ratio_quartiles(a, b)
+    ratios = [x / y for x, y in zip(a, b)]
+    print(f"{label}, paired {' / '.join(rates)}: median {med:.3f}, quartiles {q1:.3f}-{q3:.3f}, "
+          f"range {min(ratios):.3f}-{max(ratios):.3f}", flush=True)
+
+
+def measure(path: Path, n: int, rounds: int) -> dict[str, list[float]]:
+    loop = lmdb_format.ShardReader._get_many
+
+    def use(fn: Any) -> Callable[[], None]:
+        return lambda: setattr(lmdb_format.ShardReader, "_get_many", fn)
+
+    return paired_get_batch(path, n, rounds, {"txn.get loop": use(loop), "getmulti": use(getmulti)})
 
 
 def main() -> int:
@@ -68,13 +93,7 @@ def main() -> int:
             n = make(work / kind, kind)
             fastdata.convert(work / kind, work / f"{kind}.lmdb", fastdata.ConvertConfig(
                 write=fastdata.WriteOptions(backend="lmdb"), no_labels=True))
-            rates = measure(work / f"{kind}.lmdb", n, args.rounds)
-            for k, v in rates.items():
-                print(f"{label}, {k}: {statistics.median(v):,.0f} samples/s ({min(v):,.0f}-{max(v):,.0f})")
-            ratios = sorted(a / b for a, b in zip(rates["txn.get loop"], rates["getmulti"]))
-            q = len(ratios) // 4
-            print(f"{label}, paired loop / getmulti: median {statistics.median(ratios):.3f}, quartiles "
-                  f"{ratios[q]:.3f}-{ratios[-1 - q]:.3f}, range {ratios[0]:.3f}-{ratios[-1]:.3f}")
+            report(label, measure(work / f"{kind}.lmdb", n, args.rounds))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

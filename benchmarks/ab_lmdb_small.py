@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-import fastdata
-from fastdata.format import lmdb as lmdb_format
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab_lmdb_get import paired_get_batch, report  # noqa: E402
+
+import fastdata  # noqa: E402
+from fastdata.format import lmdb as lmdb_format  # noqa: E402
 
 N = 20_000
 
@@ -33,23 +36,11 @@ def make(src: Path, kind: str) -> None:
 
 
 def measure(path: Path, rounds: int) -> dict[str, list[float]]:
-    ds = fastdata.open(path)
-    plan = [np.sort(p) for p in np.array_split(np.random.default_rng(1).permutation(N), N // 64)]
-    limits = {"small-record path": lmdb_format._GATHER_RECORD_BYTES, "general path": -1}
-    rates: dict[str, list[float]] = {k: [] for k in limits}
-    try:
-        for r in range(rounds + 1):
-            for name in list(limits) if r % 2 else list(limits)[::-1]:
-                lmdb_format._GATHER_RECORD_BYTES = limits[name]
-                t0 = time.perf_counter()
-                for _ in range(3):
-                    for p in plan:
-                        ds.get_batch(p)
-                if r:  # round 0 warms up
-                    rates[name].append(3 * N / (time.perf_counter() - t0))
-    finally:
-        lmdb_format._GATHER_RECORD_BYTES = limits["small-record path"]
-    return rates
+    def limit(n: int) -> Callable[[], None]:
+        return lambda: setattr(lmdb_format, "_GATHER_RECORD_BYTES", n)
+
+    return paired_get_batch(path, N, rounds, {"small-record path": limit(lmdb_format._GATHER_RECORD_BYTES),
+                                              "general path": limit(-1)})
 
 
 def main() -> int:
@@ -63,13 +54,7 @@ def main() -> int:
             fastdata.convert(None, work / f"{kind}.lmdb", fastdata.ConvertConfig(
                 write=fastdata.WriteOptions(backend="lmdb")), arrays={"x": work / kind / "X.npy",
                                                                       "label": work / kind / "y.npy"})
-            rates = measure(work / f"{kind}.lmdb", args.rounds)
-            for k, v in rates.items():
-                print(f"{label}, {k}: {statistics.median(v):,.0f} samples/s ({min(v):,.0f}-{max(v):,.0f})")
-            ratios = sorted(a / b for a, b in zip(rates["small-record path"], rates["general path"]))
-            q = len(ratios) // 4
-            print(f"{label}, paired small / general: median {statistics.median(ratios):.3f}, quartiles "
-                  f"{ratios[q]:.3f}-{ratios[-1 - q]:.3f}, range {ratios[0]:.3f}-{ratios[-1]:.3f}", flush=True)
+            report(label, measure(work / f"{kind}.lmdb", args.rounds))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
