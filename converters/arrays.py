@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Self
 import numpy as np
 
 from fastdata.converters.npy_parse import data_field, read_npy_header
-from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, register
+from fastdata.converters.registry import DEFAULT_FIELD, Request, SourceKind, register
 from fastdata.converters.scan import check_finite
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec
@@ -109,37 +109,28 @@ class ArraysSource(RowsSource, PerProcessHandle[dict[str, np.ndarray]]):
         return {"kind": self.kind, "arrays": {k: os.path.abspath(p) for k, p in self.paths.items()}}
 
 
-class ArraysKind:
+def _scan_arrays(req: Request, config: "ConvertConfig", progress: "Progress | None") -> ArraysSource:
     """Named arrays (SRC as one ``.npy`` array is field ``x``), with ``labels`` as a ``.npy`` array."""
-
-    name = "npy-arrays"
-
-    def src_form(self, src: Path) -> SrcForm | None:
-        return None  # a .npy SRC is the array of field x among the named arrays: detect() decides
-
-    def detect(self, req: Request) -> bool:
-        return bool(req.arrays) and req.meta is None
-
-    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> ArraysSource:
-        if config.images is not None:
-            raise UsageError("image options (%(images)) apply to image folders, not to .npy arrays")
-        named = dict(req.arrays)
-        if req.labels is not None:
-            if req.labels.suffix.lower() != ".npy":
-                raise UsageError(f"{req.labels}: with array sources, %(labels) must be a .npy array")
-            if LABEL_FIELD in named:
-                raise UsageError("%(labels) and %(arrays) both name the labels (a field 'label')")
-            named[LABEL_FIELD] = req.labels
-        source = ArraysSource.scan(named)
-        if not config.allow_nan and LABEL_FIELD in named:
-            path = source.paths[LABEL_FIELD]
-            values = np.load(path, mmap_mode="r", allow_pickle=False)  # checked by scan: a plain numeric .npy
-            for a in range(0, len(values), _FINITE_ROWS):
-                check_finite(values[a:a + _FINITE_ROWS], lambda i, a=a: f"{path}: row {a + i}")
-        return source
+    if config.images is not None:
+        raise UsageError("image options (%(images)) apply to image folders, not to .npy arrays")
+    named = dict(req.arrays)
+    if req.labels is not None:
+        if req.labels.suffix.lower() != ".npy":
+            raise UsageError(f"{req.labels}: with array sources, %(labels) must be a .npy array")
+        if LABEL_FIELD in named:
+            raise UsageError("%(labels) and %(arrays) both name the labels (a field 'label')")
+        named[LABEL_FIELD] = req.labels
+    source = ArraysSource.scan(named)
+    if not config.allow_nan and LABEL_FIELD in named:
+        path = source.paths[LABEL_FIELD]
+        values = np.load(path, mmap_mode="r", allow_pickle=False)  # checked by scan: a plain numeric .npy
+        for a in range(0, len(values), _FINITE_ROWS):
+            check_finite(values[a:a + _FINITE_ROWS], lambda i, a=a: f"{path}: row {a + i}")
+    return source
 
 
-register(ArraysKind())
+# a .npy SRC is the array of field x among the named arrays: detect decides
+register(SourceKind("npy-arrays", lambda req: bool(req.arrays) and req.meta is None, _scan_arrays))
 
 
 def detect(src: str | os.PathLike[str]) -> bool:
@@ -252,25 +243,19 @@ class _RowCache:
         return self.chunk[row - c * self.rows]
 
 
-class _ArrayFilesKind:
+def _array_files_kind(name: str, probe: Callable[[Path], bool], source: type[_ArrayFilesSource]) -> SourceKind:
     """SRC a file (or glob of files) or store of named arrays: ``in_file`` names each field's array inside it."""
 
-    def __init__(self, name: str, probe: Callable[[Path], bool], source: type[_ArrayFilesSource]) -> None:
-        self.name, self.probe, self.source = name, probe, source
-
-    def src_form(self, src: Path) -> SrcForm | None:
-        return "arrays" if self.probe(src) else None
-
-    def detect(self, req: Request) -> bool:
-        return req.src is not None and req.meta is None and not req.arrays and self.probe(req.src)
-
-    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> _ArrayFilesSource:
+    def scan(req: Request, config: "ConvertConfig", progress: "Progress | None") -> _ArrayFilesSource:
         assert req.src is not None
         if config.images is not None:
             raise UsageError(f"{req.src}: image options (%(images)) apply to image folders, not to HDF5 or Zarr "
                              "arrays")
-        return self.source.from_src(req.src, req.in_file)
+        return source.from_src(req.src, req.in_file)
+
+    return SourceKind(name, lambda req: req.src is not None and req.meta is None and not req.arrays and probe(req.src),
+                      scan, lambda src: "arrays" if probe(src) else None)
 
 
-register(_ArrayFilesKind("hdf5", detect, H5Source))  # an HDF5 file, or a glob of them (one after another)
-register(_ArrayFilesKind("zarr", is_zarr, ZarrSource))  # a Zarr array (field x) or a group
+register(_array_files_kind("hdf5", detect, H5Source))  # an HDF5 file, or a glob of them (one after another)
+register(_array_files_kind("zarr", is_zarr, ZarrSource))  # a Zarr array (field x) or a group

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fastdata.converters.image_codec import ImageOptions, Prepared, is_image_file, prepare_bytes, read_source
-from fastdata.converters.registry import Request, SrcForm, register
+from fastdata.converters.registry import Request, SourceKind, register
 from fastdata.converters.scan import FolderSource, Labels, check_labelled, drop_non_samples, find_labels, refuse_bad
 from fastdata.errors import DataError, FastdataError
 from fastdata.format import FieldSpec, ImageSpec, make_field
@@ -193,31 +193,25 @@ def _scan_all(root: str, rels: list[str], opts: ImageOptions, workers: int | Non
     return results
 
 
-class ImageFolderKind:
+def _detect(req: Request) -> bool:
     """A folder of images (labels from class sub-folders, a labels file, or none)."""
-
-    name = "image-folder"
-
-    def src_form(self, src: Path) -> SrcForm | None:
-        return None  # a folder: detect() decides, from its files
-
-    def detect(self, req: Request) -> bool:
-        if req.meta is not None or req.arrays or req.src is None or not req.src.is_dir():
-            return False
-        if not any(is_image_file(r) for r in req.files):
-            return False
-        arrays = [r for r in req.files if r.lower().endswith((".npy", ".npz"))]
-        if arrays:
-            raise DataError(f"{req.src / arrays[0]}: an array file in a folder of images; a folder holds either "
-                            "images or .npy/.npz samples, not both")
-        return True
-
-    def scan(self, req: Request, config: "ConvertConfig", progress: Progress | None) -> ImageFolderSource:
-        assert req.src is not None
-        rels = drop_non_samples(req.src, req.files, is_image_file, config.strict)
-        labels = find_labels(req.src, rels, "images", req.labels, config)
-        return ImageFolderSource.scan(req.src, config.images or ImageOptions(), rels, labels, config.skip_bad,
-                                      config.write.workers, progress)
+    if req.meta is not None or req.arrays or req.src is None or not req.src.is_dir():
+        return False
+    if not any(is_image_file(r) for r in req.files):
+        return False
+    arrays = [r for r in req.files if r.lower().endswith((".npy", ".npz"))]
+    if arrays:
+        raise DataError(f"{req.src / arrays[0]}: an array file in a folder of images; a folder holds either "
+                        "images or .npy/.npz samples, not both")
+    return True
 
 
-register(ImageFolderKind())
+def _scan(req: Request, config: "ConvertConfig", progress: Progress | None) -> ImageFolderSource:
+    assert req.src is not None
+    rels = drop_non_samples(req.src, req.files, is_image_file, config.strict)
+    labels = find_labels(req.src, rels, "images", req.labels, config)
+    return ImageFolderSource.scan(req.src, config.images or ImageOptions(), rels, labels, config.skip_bad,
+                                  config.write.workers, progress)
+
+
+register(SourceKind("image-folder", _detect, _scan))

@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from fastdata.converters.image_codec import is_image_file
-from fastdata.converters.registry import DEFAULT_FIELD, Request, SrcForm, register
+from fastdata.converters.registry import DEFAULT_FIELD, Request, SourceKind, register
 from fastdata.converters.scan import FolderSource, Labels, check_labelled, drop_non_samples, find_labels, refuse_bad
 from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
@@ -264,26 +264,20 @@ class NpyFolderSource(FolderSource):
         return self.labelled(arrays, i)
 
 
-class NpyFolderKind:
+def _detect_folder(req: Request) -> bool:
     """A folder of per-sample ``.npy``/``.npz`` files (what a folder without images is)."""
-
-    name = "npy-folder"
-
-    def src_form(self, src: Path) -> SrcForm | None:
-        return None  # a folder: detect() decides, from its files
-
-    def detect(self, req: Request) -> bool:
-        return (req.meta is None and not req.arrays and req.src is not None and req.src.is_dir()
-                and not req.in_file and not any(is_image_file(r) for r in req.files)
-                and not any(os.path.basename(r) in ZARR_META for r in req.files))  # a Zarr store: kind "zarr"
-
-    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> NpyFolderSource:
-        assert req.src is not None
-        if config.images is not None:
-            raise UsageError(f"{req.src}: image options (%(images)) given, but the folder holds no images")
-        rels = drop_non_samples(req.src, req.files, lambda r: r.lower().endswith((".npy", ".npz")), config.strict)
-        labels = find_labels(req.src, rels, ".npy or .npz samples", req.labels, config)
-        return NpyFolderSource.scan(req.src, rels, labels, config.skip_bad)
+    return (req.meta is None and not req.arrays and req.src is not None and req.src.is_dir()
+            and not req.in_file and not any(is_image_file(r) for r in req.files)
+            and not any(os.path.basename(r) in ZARR_META for r in req.files))  # a Zarr store: kind "zarr"
 
 
-register(NpyFolderKind())
+def _scan_folder(req: Request, config: "ConvertConfig", progress: "Progress | None") -> NpyFolderSource:
+    assert req.src is not None
+    if config.images is not None:
+        raise UsageError(f"{req.src}: image options (%(images)) given, but the folder holds no images")
+    rels = drop_non_samples(req.src, req.files, lambda r: r.lower().endswith((".npy", ".npz")), config.strict)
+    labels = find_labels(req.src, rels, ".npy or .npz samples", req.labels, config)
+    return NpyFolderSource.scan(req.src, rels, labels, config.skip_bad)
+
+
+register(SourceKind("npy-folder", _detect_folder, _scan_folder))

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Callable, Literal
 
 from fastdata.converters.scan import walk_files
 from fastdata.errors import FastdataError, UsageError
@@ -47,15 +47,16 @@ class Request:
         return walk_files(self.src, {os.path.realpath(self.labels)} if self.labels is not None else set())
 
 
-class SourceKind(Protocol):
-    """One kind of input. ``scan`` checks the whole input and returns the :class:`fastdata.write.Source`
-    to write; it may raise UsageError (an option that does not apply) or DataError (bad input)."""
+@dataclass(frozen=True)
+class SourceKind:
+    """One kind of input: ``detect(req)`` says whether it takes ``req``; ``scan(req, config, progress)`` checks the
+    whole input and returns the :class:`fastdata.write.Source` to write (UsageError: an option that does not apply;
+    DataError: bad input); ``src_form(src)`` says what SRC is when this kind takes it as a whole (default: never)."""
 
     name: str
-
-    def src_form(self, src: Path) -> SrcForm | None: ...  # what SRC is, when this kind takes it as a whole
-    def detect(self, req: Request) -> bool: ...
-    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> "Source": ...
+    detect: Callable[[Request], bool]
+    scan: Callable[[Request, "ConvertConfig", "Progress | None"], "Source"]
+    src_form: Callable[[Path], SrcForm | None] = lambda src: None
 
 
 SOURCES: dict[str, SourceKind] = {}

@@ -16,7 +16,7 @@ from fastdata.converters.coords import check_declared, looks_like, rescale
 from fastdata.converters.image_codec import ImageOptions
 from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
 from fastdata.converters.npy_parse import NpyFolderSource, read_npy_data, read_npy_header
-from fastdata.converters.registry import Request, SrcForm, register
+from fastdata.converters.registry import Request, SourceKind, register
 from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
 from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
 from fastdata.converters.table_types import FLOAT_DTYPE, INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
@@ -371,23 +371,15 @@ def _class_folders(table: Table, root: Path, rels: list[str]) -> bool:
     return True
 
 
-class TableKind:
-    """A metadata table (``meta``, or SRC itself a table): its ``path`` column names the samples."""
-
-    name = "table"
-
-    def src_form(self, src: Path) -> SrcForm | None:
-        return "table" if is_table(src) and src.is_file() else None  # SRC a table: paths relative to its folder
-
-    def detect(self, req: Request) -> bool:
-        return req.meta is not None
-
-    def scan(self, req: Request, config: "ConvertConfig", progress: "Progress | None") -> TableSource:
-        assert req.meta is not None and req.src is not None  # (detect, and the request's checks)
-        return scan_table(req.meta, req.src, config, not req.table_src, progress)
+def _scan(req: Request, config: "ConvertConfig", progress: "Progress | None") -> TableSource:
+    assert req.meta is not None and req.src is not None  # (detect, and the request's checks)
+    return scan_table(req.meta, req.src, config, not req.table_src, progress)
 
 
-register(TableKind())
+# A metadata table (``meta``, or SRC itself a table, its paths relative to its folder): its ``path`` column names
+# the samples.
+register(SourceKind("table", lambda req: req.meta is not None, _scan,
+                    lambda src: "table" if is_table(src) and src.is_file() else None))
 
 
 def _trailing(cols: TableColumns, name: str) -> int | None:
