@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import zlib
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +14,7 @@ import numpy as np
 
 from fastdata.converters.image_codec import ImageOptions, Prepared, is_image_file, prepare_bytes, read_source
 from fastdata.converters.registry import Request, SourceKind, register
-from fastdata.converters.scan import FolderSource, Labels, check_labelled, drop_non_samples, find_labels, refuse_bad
+from fastdata.converters.scan import FolderSource, Labels, check_labelled, find_labels, map_tasks, refuse_bad
 from fastdata.errors import DataError, FastdataError
 from fastdata.format import FieldSpec, ImageSpec, make_field
 from fastdata.format.spec import (
@@ -28,9 +26,7 @@ from fastdata.format.spec import (
     SHAPE_DTYPE,
     SHAPE_SUFFIX,
 )
-from fastdata.world import usable_cpus
 from fastdata.write import Progress
-from fastdata.write.local import mp_context
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
@@ -111,7 +107,10 @@ class ImageFolderSource(FolderSource):
         bad: dict[str, str] = {}
         check_labelled(root, rels, labels, bad)
         todo = [r for r in rels if r not in bad]
-        results = _scan_all(str(root), todo, opts, workers, progress)
+        if progress is not None:
+            progress.start(len(todo), 0, desc="checking images")
+        tasks = [(str(root), todo[i : i + _SCAN_CHUNK], opts) for i in range(0, len(todo), _SCAN_CHUNK)]
+        results = map_tasks(_scan_chunk, tasks, workers, progress, lambda r: sum(x[-1] for x in r if len(x) > 1))
         good = []
         for rel, r in zip(todo, results):
             if len(r) == 1:
@@ -178,21 +177,6 @@ class ImageFolderSource(FolderSource):
         }
 
 
-def _scan_all(root: str, rels: list[str], opts: ImageOptions, workers: int | None, progress: Progress | None) -> list[tuple[Any, ...]]:
-    """``_scan_chunk`` over all files, in order, on ``workers`` processes."""
-    chunks = [rels[i : i + _SCAN_CHUNK] for i in range(0, len(rels), _SCAN_CHUNK)]
-    if progress is not None:
-        progress.start(len(rels), 0, desc="checking images")
-    workers = min(workers or usable_cpus(), len(chunks))
-    results: list[tuple[Any, ...]] = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp_context()) if workers > 1 else nullcontext() as ex:
-        for r in (ex.map if ex is not None else map)(_scan_chunk, [root] * len(chunks), chunks, [opts] * len(chunks)):
-            results += r
-            if progress is not None:
-                progress.update(len(r), sum(x[-1] for x in r if len(x) > 1))
-    return results
-
-
 def _detect(req: Request) -> bool:
     """A folder of images (labels from class sub-folders, a labels file, or none)."""
     if req.meta is not None or req.arrays or req.src is None or not req.src.is_dir():
@@ -208,8 +192,7 @@ def _detect(req: Request) -> bool:
 
 def _scan(req: Request, config: "ConvertConfig", progress: Progress | None) -> ImageFolderSource:
     assert req.src is not None
-    rels = drop_non_samples(req.src, req.files, is_image_file, config.strict)
-    labels = find_labels(req.src, rels, "images", req.labels, config)
+    rels, labels = find_labels(req.src, req.files, is_image_file, "images", req.labels, config)
     return ImageFolderSource.scan(req.src, config.images or ImageOptions(), rels, labels, config.skip_bad,
                                   config.write.workers, progress)
 

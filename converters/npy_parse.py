@@ -18,7 +18,7 @@ import numpy as np
 
 from fastdata.converters.image_codec import is_image_file
 from fastdata.converters.registry import DEFAULT_FIELD, Request, SourceKind, register
-from fastdata.converters.scan import FolderSource, Labels, check_labelled, drop_non_samples, find_labels, refuse_bad
+from fastdata.converters.scan import FolderSource, Labels, check_labelled, find_labels, refuse_bad
 from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.format.external import ZARR_META
@@ -275,8 +275,8 @@ def _scan_folder(req: Request, config: "ConvertConfig", progress: "Progress | No
     assert req.src is not None
     if config.images is not None:
         raise UsageError(f"{req.src}: image options (%(images)) given, but the folder holds no images")
-    rels = drop_non_samples(req.src, req.files, lambda r: r.lower().endswith((".npy", ".npz")), config.strict)
-    labels = find_labels(req.src, rels, ".npy or .npz samples", req.labels, config)
+    rels, labels = find_labels(req.src, req.files, lambda r: r.lower().endswith((".npy", ".npz")),
+                               ".npy or .npz samples", req.labels, config)
     return NpyFolderSource.scan(req.src, rels, labels, config.skip_bad)
 
 

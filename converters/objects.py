@@ -13,7 +13,6 @@ import sys
 import tempfile
 import uuid
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,9 +22,9 @@ import numpy as np
 
 from fastdata.converters.config import ConvertConfig
 from fastdata.converters.sample_fields import SampleSchema, infer_schema
+from fastdata.converters.scan import map_tasks
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
-from fastdata.world import usable_cpus
 from fastdata.write import Progress
 from fastdata.write.local import mp_context
 
@@ -371,25 +370,11 @@ def _check_range(src: ObjectSource, a: int, b: int) -> list[tuple[int, str | Non
 
 def _check_all(src: ObjectSource, config: ConvertConfig, progress: Progress | None) -> ObjectSource:
     """Read every sample once (in worker processes): their keys, and the bad ones (skipped, or an error)."""
-    n, step = src.count, BATCH_ROWS
-    workers = min(config.write.workers or usable_cpus(), -(-n // step))
+    n = src.count
     if progress is not None:
         progress.start(n, src.nbytes_est * n, desc="checking")
-    starts = list(range(0, n, step))
-    results: list[tuple[int, str | None, str | None]] = []
-    if workers <= 1:
-        chunks: Any = (_check_range(src, a, min(a + step, n)) for a in starts)
-    else:
-        ex = ProcessPoolExecutor(workers, mp_context())
-        chunks = ex.map(_check_range, [src] * len(starts), starts, [min(a + step, n) for a in starts])
-    try:
-        for chunk in chunks:
-            results.extend(chunk)
-            if progress is not None:
-                progress.update(len(chunk), src.nbytes_est * len(chunk))
-    finally:
-        if workers > 1:
-            ex.shutdown(cancel_futures=True)
+    tasks = [(src, a, min(a + BATCH_ROWS, n)) for a in range(0, n, BATCH_ROWS)]
+    results = map_tasks(_check_range, tasks, config.write.workers, progress, lambda r: src.nbytes_est * len(r))
     bad = [(f"sample {j}", why) for j, _, why in results if why is not None]
     if bad and not config.skip_bad:
         raise DataError(f"{bad[0][1]} (pass %(skip_bad=True) to skip such samples)")

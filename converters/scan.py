@@ -4,20 +4,25 @@ share. Hidden files are ignored; symlinks are followed, each real directory at m
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Self
 
 import numpy as np
 
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
+from fastdata.world import usable_cpus
+from fastdata.write.local import mp_context
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig
+    from fastdata.write import Progress
 
 LABEL_DTYPE = np.dtype("<i8")
 _INT64 = np.iinfo(LABEL_DTYPE)
@@ -37,6 +42,24 @@ def drop_non_samples(root: Path, rels: list[str], is_sample: Any, strict: bool) 
         log.warning("%s: skipped %d file(s) that are not samples: %s (--strict makes this an error)",
                     root, len(other), few)
     return keep
+
+
+def map_tasks(fn: Callable[..., list[Any]], tasks: list[tuple[Any, ...]], workers: int | None,
+              progress: "Progress | None", nbytes: Callable[[list[Any]], int]) -> list[Any]:
+    """``fn(*task)`` of every task, the result lists joined in order, on up to ``workers`` processes (None: one per
+    CPU; one: in this process); ``progress`` counts each task's results and their ``nbytes``."""
+    workers = min(workers or usable_cpus(), len(tasks))
+    ex = ProcessPoolExecutor(workers, mp_context()) if workers > 1 else None
+    results: list[Any] = []
+    try:
+        for r in ex.map(fn, *zip(*tasks)) if ex is not None else itertools.starmap(fn, tasks):
+            results += r
+            if progress is not None:
+                progress.update(len(r), nbytes(r))
+    finally:
+        if ex is not None:
+            ex.shutdown(cancel_futures=True)
+    return results
 
 
 def walk_files(root: Path, exclude: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
@@ -238,17 +261,16 @@ def _json_pairs(path: Path, text: str, columns: tuple[str, str] | None = None) -
     return out
 
 
-def find_labels(root: Path, rels: list[str], expected: str, labels_file: Path | None,
-                config: "ConvertConfig") -> Labels:
-    """Where the labels of the files ``rels`` under ``root`` come from: ``labels_file`` (its
-    ``config.labels_columns``), nothing (``config.no_labels``), or the class folders."""
+def find_labels(root: Path, files: list[str], is_sample: Callable[[str], bool], expected: str,
+                labels_file: Path | None, config: "ConvertConfig") -> tuple[list[str], Labels]:
+    """The sample files of ``files`` under ``root`` (:func:`drop_non_samples`) and where their labels come from:
+    ``labels_file`` (its ``config.labels_columns``), nothing (``config.no_labels``), or the class folders."""
+    rels = drop_non_samples(root, files, is_sample, config.strict)
     if not rels:
         raise DataError(f"{root}: no files found (expected {expected})")
     if labels_file is not None:
-        return file_labels(labels_file, config.labels_columns, config.allow_nan)
-    if config.no_labels:
-        return Labels(None, None, "none")
-    return folder_labels(rels, root)
+        return rels, file_labels(labels_file, config.labels_columns, config.allow_nan)
+    return rels, Labels(None, None, "none") if config.no_labels else folder_labels(rels, root)
 
 
 def check_labelled(root: Path, rels: list[str], labels: Labels, bad: dict[str, str]) -> None:
