@@ -69,6 +69,11 @@ def image_arrays(name: str, p: Prepared, opts: ImageOptions, fixed: bool) -> dic
     return out
 
 
+# The per-file columns of the scan, in _scan_chunk's order, and their types.
+_COLUMNS: dict[str, Any] = {"shapes": np.int64, "nbytes": np.int64, "codecs": np.uint8, "kept": bool,
+                            "crcs": np.uint32, "originals": ORIGINAL_SIZE_DTYPE, "file_sizes": np.int64}
+
+
 def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[Any, ...]]:
     """Convert each file once: (shape, payload bytes, codec, kept, crc, original size, file size) or (error message,)."""
     out: list[tuple[Any, ...]] = []
@@ -87,7 +92,7 @@ def _scan_chunk(root: str, rels: list[str], opts: ImageOptions) -> list[tuple[An
 class ImageFolderSource(FolderSource):
     """Image files under a folder; one sample per file, in sorted order of relative path."""
 
-    COLUMNS = ("shapes", "nbytes", "codecs", "kept", "crcs", "originals", "file_sizes")
+    COLUMNS = tuple(_COLUMNS)
 
     opts: ImageOptions
     shapes: np.ndarray  # (n, 3) int64: stored H, W, C
@@ -111,31 +116,17 @@ class ImageFolderSource(FolderSource):
             progress.start(len(todo), 0, desc="checking images")
         tasks = [(str(root), todo[i : i + _SCAN_CHUNK], opts) for i in range(0, len(todo), _SCAN_CHUNK)]
         results = map_tasks(_scan_chunk, tasks, workers, progress, lambda r: sum(x[-1] for x in r if len(x) > 1))
-        good = []
-        for rel, r in zip(todo, results):
-            if len(r) == 1:
-                bad[rel] = r[0]
-            else:
-                good.append((rel, r))
+        bad.update((rel, r[0]) for rel, r in zip(todo, results) if len(r) == 1)  # (error message,)
+        good = [(rel, r) for rel, r in zip(todo, results) if len(r) > 1]
         skipped = refuse_bad(bad, skip_bad)
         if not good:
             raise DataError(f"{root}: no usable images (all {len(rels)} files are bad)")
-        n = len(good)
-        shapes = np.array([g[1][0] for g in good], dtype=np.int64).reshape(n, 3)
+        columns = {k: np.array([g[1][c] for g in good], dtype=t) for c, (k, t) in enumerate(_COLUMNS.items())}
+        shapes = columns["shapes"]
         # raw images of one shape (always so with --size) are a fixed-shape field, read with plain copies
         fixed = tuple(shapes[0].tolist()) if opts.images == "raw" and bool((shapes == shapes[0]).all()) else None
-        return cls.labelled_source(
-            root, [g[0] for g in good], labels, image_specs(IMAGE_FIELD, opts, fixed), skipped,
-            opts=opts,
-            shapes=shapes,
-            nbytes=np.array([g[1][1] for g in good], dtype=np.int64),
-            codecs=np.array([g[1][2] for g in good], dtype=np.uint8),
-            kept=np.array([g[1][3] for g in good], dtype=bool),
-            crcs=np.array([g[1][4] for g in good], dtype=np.uint32),
-            originals=np.array([g[1][5] for g in good], dtype=ORIGINAL_SIZE_DTYPE).reshape(n, 2),
-            file_sizes=np.array([g[1][6] for g in good], dtype=np.int64),
-            fixed=fixed,
-        )
+        return cls.labelled_source(root, [g[0] for g in good], labels, image_specs(IMAGE_FIELD, opts, fixed), skipped,
+                                   opts=opts, fixed=fixed, **columns)
 
     @property
     def bytes_in(self) -> int:
