@@ -133,37 +133,13 @@ def scan_file_column(table: Table, col: TypedColumn, root: Path, rows: list[int]
 
 @dataclass
 class TableColumns:
-    """The parsed columns of a table for the rows kept: fields, per-row arrays, classes."""
+    """The parsed columns of a table for the rows kept: fields, per-row arrays (text as its UTF-8 bytes), file
+    columns, classes."""
 
     fields: list[FieldSpec]
-    values: dict[str, list[Any]]  # per row: an array (text as its UTF-8 bytes)
+    values: dict[str, list[Any]]
     files: list[FileColumn]
     classes: list[str] | None = None
-    n: int = 0  # rows (a table may have no column but path)
-
-    def part(self, idx: slice) -> "TableColumns":
-        return replace(self, values={k: v[idx] for k, v in self.values.items()},
-                       files=[f.part(idx.start, idx.stop) for f in self.files], n=len(range(self.n)[idx]))
-
-    def read(self, root: str, i: int) -> dict[str, np.ndarray]:
-        out = {k: v[i] for k, v in self.values.items()}
-        for f in self.files:
-            out.update(f.read(root, i))
-        return out
-
-    def nbytes(self) -> np.ndarray:
-        total = np.zeros(self.n, dtype=np.int64)
-        for v in self.values.values():
-            total += np.array([x.nbytes for x in v], dtype=np.int64)
-        for f in self.files:
-            total += f.nbytes()
-        return total
-
-    def ragged_rows(self, name: str) -> np.ndarray:
-        for f in self.files:
-            if f.name == name:
-                return f.rows()
-        return np.array([len(x) for x in self.values[name]], dtype=np.int64)
 
 
 def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: dict[int, str],
@@ -214,7 +190,7 @@ def finish_columns(table: Table, cols: dict[str, TypedColumn], rows: list[int], 
             assert c.dtype is not None
             values[name] = [c.values[i] for i in rows]
             fields.append(make_field(name, c.dtype, c.shape))
-    return TableColumns(fields, values, files, classes, len(rows))
+    return TableColumns(fields, values, files, classes)
 
 
 @dataclass
@@ -248,19 +224,27 @@ class TableSource:
         return int(self.main.bytes_in) + extra
 
     def sample_nbytes(self) -> np.ndarray:
-        return self.main.sample_nbytes() + self.cols.nbytes()
+        total = self.main.sample_nbytes() + sum(f.nbytes() for f in self.cols.files)
+        for v in self.cols.values.values():
+            total += np.array([x.nbytes for x in v], dtype=np.int64)
+        return total
 
     def ragged_rows(self, name: str) -> np.ndarray:
         if any(f.name == name for f in self.main.fields):
             return self.main.ragged_rows(name)
-        return self.cols.ragged_rows(name)
+        files = [f.rows() for f in self.cols.files if f.name == name]
+        return files[0] if files else np.array([len(x) for x in self.cols.values[name]], dtype=np.int64)
 
     def part(self, start: int, stop: int) -> "TableSource":
-        return replace(self, main=self.main.part(start, stop), cols=self.cols.part(slice(start, stop)), skipped=[])
+        cols = replace(self.cols, values={k: v[start:stop] for k, v in self.cols.values.items()},
+                       files=[f.part(start, stop) for f in self.cols.files])
+        return replace(self, main=self.main.part(start, stop), cols=cols, skipped=[])
 
     def read(self, i: int) -> dict[str, np.ndarray]:
         sample = self.main.read(i)
-        sample.update(self.cols.read(self.main.root, i))
+        sample.update({k: v[i] for k, v in self.cols.values.items()})
+        for f in self.cols.files:
+            sample.update(f.read(self.main.root, i))
         return sample
 
     def sample_keys(self) -> list[str]:
