@@ -148,8 +148,7 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
     paths: list[str]
     arrays: dict[str, str]  # field -> array path inside each file
     counts: list[int]  # samples per file
-    kind: str = ""
-    fmt: ClassVar[str]  # the format write/inplace.py reads the layout of: hdf5 or zarr
+    kind: str = ""  # also the format write/inplace.py reads the layout of: hdf5 or zarr
     default_arrays: ClassVar[Mapping[str, str]] = {}  # the fields when none are named (none: they must be)
 
     _paths = staticmethod(expand)  # the files SRC names, each checked to exist (a one-line UsageError if not)
@@ -163,7 +162,7 @@ class _ArrayFilesSource(RowsSource, PerProcessHandle[list[dict[str, Any]]]):
         if not arrays:
             raise UsageError(f"{paths[0]}: name the arrays to convert, e.g. --field x=/images --field label=/labels")
         specs: dict[str, FieldSpec] = {}
-        counts = [plan_part(cls.fmt, path, arrays, {}, specs)[1] for path in paths]
+        counts = [plan_part(cls.kind, path, arrays, {}, specs)[1] for path in paths]
         return cls(paths=paths, arrays=dict(arrays), counts=counts, fields=list(specs.values()), count=sum(counts))
 
     @property
@@ -193,7 +192,6 @@ class H5Source(_ArrayFilesSource):
     """Datasets of one or more HDF5 files (any chunking and filter h5py and hdf5plugin read)."""
 
     kind: str = "hdf5"
-    fmt: ClassVar[str] = "hdf5"
 
     def _open_handle(self) -> list[dict[str, Any]]:
         out = []
@@ -213,7 +211,6 @@ class ZarrSource(_ArrayFilesSource):
     """Arrays of a Zarr (v2 or v3) store: the store itself (field ``x``) or arrays of a group."""
 
     kind: str = "zarr"
-    fmt: ClassVar[str] = "zarr"
     default_arrays: ClassVar[Mapping[str, str]] = {DEFAULT_FIELD: ""}  # the store itself is an array
 
     @staticmethod
