@@ -107,9 +107,9 @@ class Labels:
     """A label per relative path (an integer, or a float or vector: regression targets), and the
     class names when labels came from names."""
 
-    by_path: dict[str, Any] | None  # None: the dataset has no labels
-    classes: list[str] | None
-    kind: str  # "folders" | "file" | "none"
+    by_path: dict[str, Any] | None = None  # None: the dataset has no labels
+    classes: list[str] | None = None
+    kind: str = "none"  # "folders" | "file" | "none"
     dtype: np.dtype = LABEL_DTYPE
     shape: tuple[int, ...] = ()
     file: Path | None = None  # the labels file they came from
@@ -121,16 +121,11 @@ class Labels:
         return np.array([self.by_path[r] for r in rels], dtype=self.dtype).reshape(len(rels), *self.shape)
 
 
-def label_field(labels: np.ndarray) -> FieldSpec:
-    """The label field for per-sample ``labels`` (integers, floats or fixed-length vectors)."""
-    return make_field(LABEL_FIELD, labels.dtype, labels.shape[1:])
-
-
 def folder_labels(paths: list[str], root: Path) -> Labels:
     """Labels from the first path component (``root/<class>/...``), classes sorted by name."""
     flat = [p for p in paths if "/" not in p]
     if len(flat) == len(paths):
-        return Labels(None, None, "none")
+        return Labels()
     if flat:
         raise DataError(
             f"{root}: mixed layout: {root / flat[0]} lies directly in the folder while other files are in "
@@ -270,7 +265,7 @@ def find_labels(root: Path, files: list[str], is_sample: Callable[[str], bool], 
         raise DataError(f"{root}: no files found (expected {expected})")
     if labels_file is not None:
         return rels, file_labels(labels_file, config.labels_columns, config.allow_nan)
-    return rels, Labels(None, None, "none") if config.no_labels else folder_labels(rels, root)
+    return rels, Labels() if config.no_labels else folder_labels(rels, root)
 
 
 def check_labelled(root: Path, rels: list[str], labels: Labels, bad: dict[str, str]) -> None:
@@ -337,7 +332,7 @@ class FolderSource:
                         skipped: list[tuple[str, str]], **columns: Any) -> Self:
         """The source of the usable files ``rels``: ``fields``, then the labels' field when there are labels."""
         values = labels.of(rels)
-        label = [] if values is None else [label_field(values)]
+        label = [] if values is None else [make_field(LABEL_FIELD, values.dtype, values.shape[1:])]
         return cls(root=str(root), rels=rels, labels=values, fields=fields + label, classes=labels.classes,
                    skipped=skipped, label_kind=labels.kind, **columns)
 

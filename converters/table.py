@@ -283,7 +283,7 @@ def scan_table(table_path: Path, root: Path, config: "ConvertConfig", check_unli
         raise DataError(f"{table_path}: no usable rows (all {table.rows} are bad)")
     rels = [paths[i] for i in rows]
     folders = not config.no_labels and LABEL_FIELD not in table.columns and _class_folders(table, root, rels)
-    labels = folder_labels(rels, root) if folders else Labels(None, None, "none")
+    labels = folder_labels(rels, root) if folders else Labels()
     if image_kind:
         main: Any = ImageFolderSource.scan(root, images or ImageOptions(), rels, labels, skip_bad, config.write.workers,
                                            progress)
