@@ -208,17 +208,14 @@ class NpyFolderSource(FolderSource):
         good = _headers(root, rels, main, bad)
         check_labelled(root, rels, labels, bad)
         good = [g for g in good if g[0] not in bad]
-        if good:
-            # The signature most files share is the reference (ties: the first file's).
-            sig_of = [_signature(h) for _, h, _ in good]
-            sigs = Counter(sig_of)
-            ref = max(sigs, key=sigs.__getitem__)
-            for (rel, _, _), sig in zip(good, sig_of):
-                if sig != ref:
-                    bad[rel] = (
-                        f"{root / rel}: has {_describe(sig)}, but {sigs[ref]} other file(s) have {_describe(ref)}"
-                    )
-            good = [g for g in good if g[0] not in bad]
+        # The signature most files share is the reference (ties: the first file's).
+        sig_of = [_signature(h) for _, h, _ in good]
+        sigs = Counter(sig_of)
+        ref = max(sigs, key=sigs.__getitem__, default=())
+        for (rel, _, _), sig in zip(good, sig_of):
+            if sig != ref:
+                bad[rel] = f"{root / rel}: has {_describe(sig)}, but {sigs[ref]} other file(s) have {_describe(ref)}"
+        good = [g for g in good if g[0] not in bad]
         skipped = refuse_bad(bad, skip_bad)
         if not good:
             raise DataError(f"{root}: no usable samples (all {len(rels)} files are bad)")
