@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import numpy as np
 from PIL import Image
 
-from fastdata.converters.coords import check_declared, looks_like, rescale
-from fastdata.converters.image_codec import ImageOptions, Prepared, prepare_bytes, prepare_image
+from fastdata.converters.image_codec import ImageOptions, check_declared, looks_like, prepare_image_value, rescale
 from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, image_arrays, image_specs
 from fastdata.converters.registry import DEFAULT_FIELD
 from fastdata.converters.table_types import FLOAT_DTYPE
@@ -134,13 +133,6 @@ class FieldPlan:
             hint = "" if ragged else f" (if its first axis varies, pass ragged=('{self.name}',))"
             raise DataError(f"{where}: {self.name!r} has shape {list(shape)}, the first samples "
                             f"{['n' if d is None else d for d in self.shape]}{hint}")
-
-
-def prepare_image_value(v: Any, where: str, opts: ImageOptions) -> Prepared:
-    """A PIL image or encoded image bytes, converted as ``opts`` asks."""
-    if isinstance(v, Image.Image):
-        return prepare_image(v, where, opts)
-    return prepare_bytes(bytes(v), where, opts)
 
 
 @dataclass(frozen=True)

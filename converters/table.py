@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from fastdata.converters.coords import check_declared, looks_like, rescale
-from fastdata.converters.image_codec import ImageOptions
+from fastdata.converters.image_codec import ImageOptions, check_declared, looks_like, rescale
 from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
 from fastdata.converters.npy_parse import NpyFolderSource, read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SourceKind, register
