@@ -160,7 +160,8 @@ def python_source(obj: Any, config: ConvertConfig, progress: Progress | None, na
                   ragged: Sequence[str], dst: Path) -> Iterator[Source]:
     """The Source of ``obj``, valid while the context lasts (the object stays reachable from the workers; an
     iterable's spool, beside ``dst``, exists)."""
-    for opt, name in ((config.meta_types, "meta_types"), (config.no_labels, "no_labels"), (config.strict, "strict")):
+    for opt, name in ((config.meta_types, "meta_types"), (config.no_labels, "no_labels"), (config.strict, "strict"),
+                      (config.labels_columns, "labels_columns")):
         if opt:
             raise UsageError(f"%({name}) applies to file sources, not to Python objects")
     for given, what in ((names, "fields"), (ragged, "ragged")):

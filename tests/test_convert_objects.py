@@ -345,6 +345,10 @@ def test_options_that_do_not_apply_are_refused(tmp_path):
         fastdata.convert(Bad(), tmp_path / "e", fastdata.ConvertConfig(images=fastdata.ImageOptions("raw")))
     with pytest.raises(UsageError, match="not a dataset"):
         fastdata.convert({"x": 1}, tmp_path / "c")
+    labels_file = fastdata.ConvertConfig(labels_columns=("path", "label"))
+    with pytest.raises(UsageError, match="labels_columns applies to file sources"):
+        fastdata.convert(Bad(), tmp_path / "f", labels_file)
+    assert not (tmp_path / "f").exists()
 
 
 _SCRIPT = """
