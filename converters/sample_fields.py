@@ -14,9 +14,10 @@ from PIL import Image
 from fastdata.converters.image_codec import ImageOptions, check_declared, looks_like, prepare_image_value, rescale
 from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, image_arrays, image_specs
 from fastdata.converters.registry import DEFAULT_FIELD
+from fastdata.converters.scan import check_finite
 from fastdata.converters.table_types import FLOAT_DTYPE
 from fastdata.errors import DataError, FormatError, UsageError
-from fastdata.format import FieldSpec, make_field
+from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_SUFFIX
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ class SampleSchema:
     keyed: bool
     coords: tuple[tuple[str, str], ...] = ()  # (field, "keypoints" | "boxes") moved with the resized image
     resized: FieldPlan | None = None  # the one image field that is resized (coordinates follow it)
+    finite_label: bool = False  # a float label that must be finite (no %(allow_nan))
 
     @property
     def fields(self) -> list[FieldSpec]:
@@ -169,6 +171,8 @@ class SampleSchema:
             assert opts is not None
             for name, kind in self.coords:
                 out[name] = rescale(out[name], kind, original.tolist(), opts)
+        if self.finite_label:
+            check_finite(out[LABEL_FIELD][None], lambda _: where)
         return out, None if key is None else str(key)
 
     def encode_rows(self, cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray] | None:
@@ -190,6 +194,8 @@ class SampleSchema:
                     return None
                 a = a.astype(p.dtype)
             out[p.name] = a
+        if self.finite_label and not np.isfinite(out[LABEL_FIELD]).all():
+            return None  # encode names the sample
         return out
 
 
@@ -205,6 +211,9 @@ def infer_schema(samples: list[tuple[int, Any]], names: Sequence[str] | None, ra
     if images is not None and not any(p.kind == "image" for p in schema.plans):
         raise UsageError("image options (%(images)) apply to images, and the samples have none (PIL images or "
                          "image bytes)")
+    label = next((p for p in schema.plans if p.name == LABEL_FIELD), None)
+    if label is not None and label.kind == "array" and label.dtype.kind in "fc" and not config.allow_nan:
+        schema = replace(schema, finite_label=True)
     return _with_coordinates(schema, samples, config)
 
 

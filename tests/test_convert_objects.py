@@ -351,6 +351,26 @@ def test_options_that_do_not_apply_are_refused(tmp_path):
     assert not (tmp_path / "f").exists()
 
 
+def test_a_non_finite_float_label_is_refused_unless_allowed(tmp_path):
+    class Targets:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return {"x": np.full(3, i, np.float32), "label": float("nan") if i == 4 else i / 2}
+
+    with pytest.raises(DataError, match=r"sample 4: label nan is not a finite number; pass allow_nan=True"):
+        fastdata.convert(Targets(), tmp_path / "a")
+    pa = pytest.importorskip("pyarrow")
+    table = pa.table({"x": [[0.0, 1.0]] * 4, "label": [1.0, 2.0, float("inf"), 3.0]})
+    with pytest.raises(DataError, match=r"sample 2: label inf is not a finite number"):
+        fastdata.convert(table, tmp_path / "b")
+    fastdata.convert(Targets(), tmp_path / "c", fastdata.ConvertConfig(allow_nan=True))
+    assert np.isnan(fastdata.Dataset(tmp_path / "c")[4]["label"])
+    fastdata.convert(Targets(), tmp_path / "d", fastdata.ConvertConfig(skip_bad=True))
+    assert len(fastdata.Dataset(tmp_path / "d")) == 5
+
+
 _SCRIPT = """
 import sys, numpy as np, fastdata
 class Seqs:
