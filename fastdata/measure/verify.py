@@ -82,49 +82,47 @@ def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress 
            remote: RemoteOptions | None = None) -> VerifyReport:
     """Check the dataset at ``root`` (a URL: each shard's copy in the shard cache); raises only when its
     manifest itself is missing or invalid."""
-    if isinstance(root, str) and is_url(root):
-        return _verify_remote(root, deep, progress, remote)
-    root = Path(root)
-    manifest = read_manifest(root)
-    report = VerifyReport(root, len(manifest.shards), manifest.num_samples, deep)
-    if manifest.backend == "inplace":  # an in-place index: its source files, not shards (fastdata/write/inplace.py)
+    ds = Dataset(root, remote=remote) if isinstance(root, str) and is_url(root) else None
+    where = str(root) if ds is not None else Path(root)
+    manifest = ds.manifest if ds is not None else read_manifest(Path(root))
+    report = VerifyReport(where, len(manifest.shards), manifest.num_samples, deep)
+    if ds is not None:
+        report.problems += _check_remote(ds, progress)
+    elif manifest.backend == "inplace":  # an in-place index: its source files, not shards (fastdata/write/inplace.py)
         from fastdata.format.external import file_problems
         from fastdata.format.inplace import index_of
 
         report.problems += [Problem(p) for p in file_problems(index_of(manifest, str(root)), deep)]
     else:
-        report.problems += check_shards(root, manifest, progress)
-    skip = {p.shard for p in report.problems if p.unreadable and p.shard is not None}
+        report.problems += check_shards(Path(root), manifest, progress)
     keys = manifest.keys
-    if keys is not None and keys.file is not None:  # the sample keys' side file: size and checksum too
-        report.problems += _check_shard(root, ShardInfo(file=keys.file, start=0, count=manifest.num_samples,
-                                                        bytes=keys.bytes, checksum=str(keys.checksum)))
+    if ds is None and keys is not None and keys.file is not None:  # the sample keys' side file: size and checksum too
+        report.problems += _check_shard(Path(root), ShardInfo(file=keys.file, start=0, count=manifest.num_samples,
+                                                              bytes=keys.bytes, checksum=str(keys.checksum)))
     if deep:
-        report.samples_read, problems = check_samples(root, manifest, progress, skip=skip)
+        skip = {p.shard for p in report.problems if p.unreadable and p.shard is not None}
+        report.samples_read, problems = check_samples(Path(root), manifest, progress, ds=ds, skip=skip)
         report.problems += problems
     return report
 
 
-def _verify_remote(url: str, deep: bool, progress: Progress | None, remote: RemoteOptions | None) -> VerifyReport:
-    ds = Dataset(url, remote=remote)
+def _check_remote(ds: Dataset, progress: Progress | None) -> list[Problem]:
+    """Each shard, then the keys file, of a remote dataset downloaded into the cache and checked there."""
     store, manifest = ds.remote, ds.manifest
     assert store is not None
-    report = VerifyReport(url, len(manifest.shards), manifest.num_samples, deep)
     if progress is not None:
         progress.start(manifest.num_samples, sum(s.bytes for s in manifest.shards), desc="download + checksums")
+    problems: list[Problem] = []
     for i, info in enumerate(manifest.shards):
-        report.problems += _check_cached(partial(store.fetch, i), partial(store.local_path, i), info.file,
-                                         info.checksum, info.checksum_algorithm)
+        problems += _check_cached(partial(store.fetch, i), partial(store.local_path, i), info.file,
+                                  info.checksum, info.checksum_algorithm)
         if progress is not None:
             progress.update(info.count, info.bytes)
     if store.keys is not None:  # the sample keys' side file
         k = store.keys
-        report.problems += _check_cached(store.fetch_keys, store.keys_path, str(k.file), str(k.checksum),
-                                         str(k.checksum).partition(":")[0])
-    if deep:
-        report.samples_read, problems = check_samples(Path(), manifest, progress, ds=ds)
-        report.problems += problems
-    return report
+        problems += _check_cached(store.fetch_keys, store.keys_path, str(k.file), str(k.checksum),
+                                  str(k.checksum).partition(":")[0])
+    return problems
 
 
 def _check_cached(fetch: Callable[[], Any], path: Callable[[], Path], file: str, checksum: str,
