@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fastdata.cli import main
-from fastdata.measure.doctor.html import timeline
+from fastdata.measure.doctor.report import timeline
 
 SCRIPTS = Path(__file__).parent / "doctor_scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -282,7 +282,7 @@ def test_html_page_renders_in_a_headless_browser(tmp_path: Path) -> None:
     """The page as a browser draws it: the timeline's wait, step and replay colours are on the screenshot."""
     from PIL import Image
 
-    from fastdata.measure.doctor.html import page
+    from fastdata.measure.doctor.report import page
 
     ev = [[i * 0.1, i * 0.1 + 0.04, 0] for i in range(20)]
     r = {"timeline": ev, "replay": [[2.0 + 0.05 * k, 0.0] for k in range(5)]}
@@ -350,7 +350,7 @@ def test_projection_takes_the_replay_for_busy_workers_and_the_step_less_wait_oth
 
 def _commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[str, Any] | None) -> list[str]:
     """The printed commands, as fastdata.measure.doctor.report.analyse makes them."""
-    from fastdata.measure.doctor.fix import commands
+    from fastdata.measure.doctor.project import commands
     from fastdata.measure.doctor.report import _image_size
 
     return commands(main, proj, source, _image_size(source, proj) if source else None, None)[0]

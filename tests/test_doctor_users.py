@@ -241,7 +241,7 @@ def test_a_seconds_budget_ends_in_a_verdict_on_slow_steps(tmp_path: Path) -> Non
 # -- fast: the fix from a synthetic account, and the account of synthetic samples ----------------------
 def _report(account: dict[str, Any], speedup: float, shapes: dict[str, list[int]], ops: list[str],
             kinds: dict[str, int], batch_size: int | None = 8) -> dict[str, Any]:
-    from fastdata.measure.doctor.fix import commands
+    from fastdata.measure.doctor.project import commands
     from fastdata.measure.doctor.report import _image_size
 
     proj = {"ok": True, "workers": 2, "shapes": shapes, "ops": ops, "account": account}
@@ -278,7 +278,7 @@ def test_printed_fix_keeps_the_targets_and_makes_flips_target_safe() -> None:
     exec(imports + "\n" + line.replace("fastdata.loader(", "(lambda *a, **k: k)("), ns)  # the line is valid Python as printed
     aug = ns["loader"]["augment"]
     assert set(aug.targets) == {"yaw", "roll", "landmarks"}
-    from fastdata.measure.doctor.fix import lines
+    from fastdata.measure.doctor.project import lines
 
     said = "\n".join(lines(HEAD_POSE, True))
     assert "f3: left out: computed in __getitem__" in said and "yaw, pitch, roll of meta.csv" in said
@@ -358,7 +358,7 @@ def test_class_names_in_a_table_are_the_label(tmp_path: Path) -> None:
     """An integer the script makes from a text column (sorted class names) is that column: as 'label' it is
     kept by --meta as indices; under another name the fix says to rename it."""
     from fastdata.measure.doctor.account import account
-    from fastdata.measure.doctor.fix import commands
+    from fastdata.measure.doctor.project import commands
 
     names, rows, samples = ["dog", "cat", "eel"], ["path,species"], []
     for i in range(6):

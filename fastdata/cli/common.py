@@ -22,38 +22,32 @@ def size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
-    return v
+def _checked(convert: Callable[[str], Any], ok: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert(text)`` where it succeeds and the value is ``ok``, else the error
+    ``<expected>, not '<text>'``."""
+
+    def parse(text: str) -> Any:
+        try:
+            v = convert(text)
+            good = ok(v)
+        except ValueError:
+            good = False
+        if not good:
+            raise argparse.ArgumentTypeError(f"{expected}, not {text!r}")
+        return v
+
+    return parse
 
 
-def duration(text: str) -> float:
-    """A duration flag's value (``30``, ``30s``, ``2m``) in seconds."""
+def _seconds(text: str) -> float:
     t = text.strip().lower()
-    try:
-        v = float(t.rstrip("sm")) * (60.0 if t.endswith("m") else 1.0)
-    except ValueError:
-        v = -1.0
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a duration like 30s or 2m, not {text!r}")
-    return v
+    return float(t.rstrip("sm")) * (60.0 if t.endswith("m") else 1.0)
 
 
-def workers(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 0, not {text!r}")
-    return v
+positive = _checked(int, lambda v: v >= 1, "must be a positive integer")
+duration = _checked(_seconds, lambda v: 0 < v < float("inf"), "expected a duration like 30s or 2m")  # 30, 30s, 2m
+workers = _checked(lambda t: t if t == "auto" else int(t), lambda v: v == "auto" or v >= 0,
+                   "expected 'auto' or an integer >= 0")
 
 
 def with_bar(quiet: bool, work: Callable[[Bar], T]) -> T:

@@ -16,8 +16,9 @@ __all__ = ["add_parsers", "flag_message"]
 # The flag that sets each parameter whose name differs from the flag's (others: --name-with-dashes).
 _FLAGS = {"backend": "--format", "meta_types": "--meta-type", "arrays": "--data/--field", "src": "SRC",
           "dst": "DST", "key_prefixes": "--key-prefix"}
-_BARE = {"images": "--images, --size, ..."}  # a group of flags, where no value follows
-_SPECIAL: dict[tuple[str, str | None], str] = {("key_prefixes", "'names'"): "--prefix-keys"}  # a flag for one value of a parameter
+# a flag for one value of a parameter, or (value None: the parameter named alone) a group of flags
+_SPECIAL: dict[tuple[str, str | None], str] = {("key_prefixes", "'names'"): "--prefix-keys",
+                                               ("images", None): "--images, --size, ..."}
 
 
 def flag_message(e: FastdataError) -> str:
@@ -28,9 +29,7 @@ def flag_message(e: FastdataError) -> str:
         if (name, value) in _SPECIAL:
             return _SPECIAL[(name, value)]
         flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
-        if value is None:
-            return _BARE.get(name, flag)
-        return flag if value == "True" else f"{flag} {value}"
+        return flag if value in (None, "True") else f"{flag} {value}"
 
     return e.said(say)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -61,8 +62,7 @@ def tune(
     rounds = max(1, (len(alive) - 1).bit_length())
     trial_s = max(0.2, budget_s / (rounds * len(alive)))
     table: list[tuple[dict[str, Any], BenchResult, int]] = []
-    rnd = 0
-    while True:
+    for rnd in itertools.count():  # rounds until one candidate is left or the budget is spent
         scored: list[tuple[float, dict[str, Any]]] = []
         for s in alive:
             if time.perf_counter() > deadline and scored:
@@ -73,7 +73,6 @@ def tune(
             if on_trial is not None:
                 on_trial(s, r, rnd)
         scored.sort(key=lambda t: -t[0])
-        rnd += 1
         if len(scored) <= 1 or time.perf_counter() > deadline:
             break
         alive = [s for _, s in scored[: len(scored) // 2]]  # the slower half cannot win

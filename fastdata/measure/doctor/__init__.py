@@ -19,8 +19,7 @@ from typing import Any, Iterator, Sequence
 
 from fastdata.errors import UsageError
 from fastdata.measure.doctor import _probe
-from fastdata.measure.doctor.html import page
-from fastdata.measure.doctor.report import analyse, render
+from fastdata.measure.doctor.report import analyse, page, render
 
 __all__ = ["Watch", "run", "watch"]
 

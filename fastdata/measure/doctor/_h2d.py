@@ -66,7 +66,6 @@ class Bucket:
 
 
 _Owner = tuple[int, int, bool]  # (loader key, batch number, counted: False for the warm-up batches)
-_Tracked = tuple["weakref.ref[Any]", _Owner]
 
 
 class Accountant:
@@ -77,8 +76,9 @@ class Accountant:
         self.is_pinned = is_pinned or (lambda t: bool(t.is_pinned()))
         self.loaders: dict[int, Bucket] = {}
         self.inside, self.other = Bucket(), Bucket()
-        self.owner: dict[int, _Tracked] = {}  # storage address -> (its storage, the batch it came from)
-        self.order: deque[list[tuple[int, _Tracked]]] = deque()
+        # storage -> the batch it came from, while the storage lives (a freed one's address reused is not it)
+        self.owner: weakref.WeakKeyDictionary[Any, _Owner] = weakref.WeakKeyDictionary()
+        self.latest: int | None = None  # the newest batch tracked: copies of the last MAX_TRACKED count
         self.pending: deque[tuple[Any, Any, Bucket, int]] = deque()
         self.depth = 0  # > 0 while the training thread is inside a loader's next()
         self.active = True  # False once the doctor replays cached batches
@@ -90,21 +90,15 @@ class Accountant:
         _acc = None
 
     def track(self, batch: Any, key: int, number: int, counted: bool) -> None:
-        """Remember the storages of a batch's CPU tensors, to know a later copy as a copy of it (a weak
-        reference to each: a storage freed and its address reused is not taken for the batch's)."""
+        """Remember the storages of a batch's CPU tensors (batch ``number``, counting up), to know a later
+        copy as a copy of it."""
         found: list[torch.Tensor] = []
         _cpu_tensors(batch, found, 0)
-        entry = (key, number, counted)
         storages = [s for s in map(_storage, found) if s is not None]
-        mine = [(s.data_ptr(), (weakref.ref(s), entry)) for s in storages]
         with self.lock:
-            for p, e in mine:
-                self.owner[p] = e
-            self.order.append(mine)
-            while len(self.order) > MAX_TRACKED:
-                for p, e in self.order.popleft():
-                    if self.owner.get(p) is e:  # not since taken by a newer batch at the same address
-                        del self.owner[p]
+            self.latest = number
+            for s in storages:
+                self.owner[s] = (key, number, counted)
 
     def copy(self, src: torch.Tensor, device: torch.device, non_blocking: bool, do: Callable[[], Any]) -> Any:
         """Run ``do`` (the copy of CPU ``src`` to CUDA ``device``), counting it and timing a batch's."""
@@ -117,11 +111,10 @@ class Accountant:
             bucket, number, timed = self.inside, -1, False
         else:
             storage = _storage(src)
-            found = self.owner.get(storage.data_ptr()) if storage is not None else None
-            owner = found[1] if found is not None and found[0]() is storage else None
-            if owner is None:
-                if not self.owner:  # before the first batch: setting up (the model's .to), not the loop
-                    return do()
+            owner = self.owner.get(storage) if storage is not None else None
+            if self.latest is None:  # before the first batch: setting up (the model's .to), not the loop
+                return do()
+            if owner is None or owner[1] <= self.latest - MAX_TRACKED:
                 bucket, number, timed = self.other, -1, False
             elif not owner[2]:
                 return do()  # a warm-up batch (the first copies also pay CUDA's start-up)

@@ -107,13 +107,37 @@ class Recorder:
         self.sample_budget_s = min(SAMPLE_BUDGET_S, max(1.0, 0.15 * left))
         self.measure_s = min(MEASURE_S, max(0.5, 0.1 * left))
 
-    def record(self, key: int, asked: float, got: float, batch: Any) -> Any:
-        rec = self.loaders[key]
+    def new_pass(self, loader: Any, kind: str, settings: Callable[[Any], dict[str, Any]]) -> int:
+        """Count a pass of ``loader`` (recorded on its first: a torch loader's dataset is kept for the
+        projection); its key."""
+        key = id(loader)
+        if key not in self.loaders:
+            self.loaders[key] = LoaderRecord(key, kind, settings(loader), _describe(loader.dataset))
+            if kind == "torch":
+                self.datasets[key] = loader.dataset
+            self.batch_sizes[key] = loader.batch_size
+        self.loaders[key].passes += 1
+        return key
+
+    def next_batch(self, key: int, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """The loop's next batch: ``fn(arg)`` (the loader's next()) timed, the copies to a GPU made meanwhile
+        counted as the loader's own; once the budget is spent, a replayed batch."""
+        if self.replaying or self.spent():
+            return self.next_replay(key)
+        acc, rec = _copies, self.loaders[key]
+        asked = time.perf_counter()
+        if acc is not None:
+            acc.depth += 1
+        try:
+            batch = fn(arg)
+        finally:
+            if acc is not None:
+                acc.depth -= 1
         self.batches += 1
         if len(rec.events) < MAX_EVENTS:
-            rec.events.append((asked, got, rec.passes))
-        if _copies is not None:  # to know the loop's later copies of this batch to the GPU
-            _copies.track(batch, key, self.batches, len(rec.events) > WARMUP)
+            rec.events.append((asked, time.perf_counter(), rec.passes))
+        if acc is not None:  # to know the loop's later copies of this batch to the GPU
+            acc.track(batch, key, self.batches, len(rec.events) > WARMUP)
         if self.batch_sizes.get(key) is None:  # a batch_sampler (episodes): the size of the batches it makes
             self.batch_sizes[key] = next((int(a.shape[0]) for a in _leaves(batch) if len(a.shape) > 0), None)
         if len(rec.events) > WARMUP and self.cached_from in (None, key) and len(self.cached) < CACHED_BATCHES:
@@ -244,13 +268,7 @@ def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:
             # read by the multiprocessing iterator right after this: spawned workers install the hooks
             _undo.callback(setattr, loader, "worker_init_fn", loader.worker_init_fn)
             loader.worker_init_fn = _worker.WorkerHook(rec.out_dir, loader.worker_init_fn)
-        key = id(loader)
-        if key not in rec.loaders:
-            rec.loaders[key] = LoaderRecord(key, "torch", _torch_settings(loader), _describe(loader.dataset))
-            rec.datasets[key] = loader.dataset
-            rec.batch_sizes[key] = loader.batch_size
-        rec.loaders[key].passes += 1
-        self._doctor_key = key
+        self._doctor_key = rec.new_pass(loader, "torch", _torch_settings)
 
     return __init__
 
@@ -261,11 +279,7 @@ def _timed_next(orig: Callable[..., Any]) -> Callable[..., Any]:
         key = getattr(self, "_doctor_key", None)
         if rec is None or key is None or rec.own:
             return orig(self)
-        if rec.replaying or rec.spent():
-            return rec.next_replay(key)
-        t0 = time.perf_counter()
-        batch = _inside_loader(orig, self)
-        return rec.record(key, t0, time.perf_counter(), batch)
+        return rec.next_batch(key, orig, self)
 
     return __next__
 
@@ -276,38 +290,20 @@ def _timed_fastdata_iter(orig: Callable[..., Any]) -> Callable[..., Any]:
         if rec is None or rec.own:  # (the doctor's own fastdata loader, beside the replayed step)
             yield from orig(self)
             return
-        key = id(self)
-        if key not in rec.loaders:
-            settings = {"num_workers": getattr(self, "workers", None), "batch_size": self.batch_size,  # (DALI: none)
-                        "device": str(self.device), "mode": self.config.mode, "prefetch": self.config.prefetch}
-            rec.loaders[key] = LoaderRecord(key, "fastdata", settings, _describe(self.dataset))
-            rec.batch_sizes[key] = self.batch_size
-        rec.loaders[key].passes += 1
+        key = rec.new_pass(self, "fastdata", _fastdata_settings)
         it = orig(self)
         while True:
-            if rec.replaying or rec.spent():
-                yield rec.next_replay(key)
-                continue
-            t0 = time.perf_counter()
             try:
-                batch = _inside_loader(next, it)
+                yield rec.next_batch(key, next, it)
             except StopIteration:
                 return
-            yield rec.record(key, t0, time.perf_counter(), batch)
 
     return __iter__
 
 
-def _inside_loader(fn: Callable[[Any], Any], arg: Any) -> Any:
-    """``fn(arg)`` (a loader's next()), with the copies to a GPU made meanwhile counted as the loader's own."""
-    acc = _copies
-    if acc is None:
-        return fn(arg)
-    acc.depth += 1
-    try:
-        return fn(arg)
-    finally:
-        acc.depth -= 1
+def _fastdata_settings(loader: Any) -> dict[str, Any]:
+    return {"num_workers": getattr(loader, "workers", None), "batch_size": loader.batch_size,  # (DALI: none)
+            "device": str(loader.device), "mode": loader.config.mode, "prefetch": loader.config.prefetch}
 
 
 def _describe(dataset: Any) -> str:

@@ -129,9 +129,8 @@ def _signs(draws: list[tuple[np.ndarray, Any]]) -> list[int] | None:
     return None if flips is None else [-1 if f else 1 for f in flips]
 
 
-def _values(draws: list[list[tuple[np.ndarray, dict[str, Any]]]], columns: list[str]) -> dict[str, Any] | None:
-    """A field of numbers (per sample, per draw: (value, row)) as one column or one column per element."""
-    flat = [(a, row) for per in draws for a, row in per]
+def _values(flat: list[tuple[np.ndarray, dict[str, Any]]], columns: list[str]) -> dict[str, Any] | None:
+    """A field of numbers (each draw's (value, row)) as one column or one column per element."""
     a0 = flat[0][0]
     if a0.size > 64:
         return None
@@ -172,21 +171,19 @@ def _fit(a: np.ndarray, c: np.ndarray) -> dict[str, Any] | None:
     return best if ok else None
 
 
-def _coords(draws: list[list[tuple[np.ndarray, dict[str, Any]]]], columns: list[str]) -> dict[str, Any] | None:
-    a0 = draws[0][0][0]
+def _coords(flat: list[tuple[np.ndarray, dict[str, Any]]], columns: list[str]) -> dict[str, Any] | None:
+    a0 = flat[0][0]
     if a0.ndim != 2 or a0.shape[0] < 2 or a0.shape[1] < 2:
         return None
     for c in columns:
-        fits, total = [], 0
-        for per in draws:
-            for a, row in per:
-                v = row.get(c)
-                total += 1
-                if isinstance(v, np.ndarray) and v.size % a.shape[0] == 0 and v.size // a.shape[0] >= 2:
-                    f = _fit(a.astype(np.float64), v.reshape(a.shape[0], -1))
-                    if f is not None:
-                        fits.append(f)
-        if fits and len(fits) >= 0.5 * total:
+        fits = []
+        for a, row in flat:
+            v = row.get(c)
+            if isinstance(v, np.ndarray) and v.size % a.shape[0] == 0 and v.size // a.shape[0] >= 2:
+                f = _fit(a.astype(np.float64), v.reshape(a.shape[0], -1))
+                if f is not None:
+                    fits.append(f)
+        if fits and len(fits) >= 0.5 * len(flat):
             pairs = sorted({(min(i, j), max(i, j)) for f in fits if f["mirrored"] for i, j in enumerate(f["perm"]) if i != j})
             return {"columns": [c], "fits": fits, "mirrored": any(f["mirrored"] for f in fits), "flip_pairs": pairs}
     return None
@@ -265,12 +262,12 @@ def _class_index(values: list[np.ndarray], picked: list[dict[str, Any]], rows: l
 def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, list[dict[str, Any]], list[Any]]],
          files: list[str], tables: dict[str, Any]) -> dict[str, Any]:
     for t, col, picked, rows in indexed:
-        draws = [[(s["first"][k], row), (s["again"].get(k, s["first"][k]), row)] for s, row in zip(samples, picked)]
+        flat = [(a, row) for s, row in zip(samples, picked) for a in (s["first"][k], s["again"].get(k, s["first"][k]))]
         columns = [c for c in picked[0] if c != col]
         a0 = samples[0]["first"][k]
-        found, kind = (_coords(draws, columns), "keypoints") if a0.ndim == 2 and a0.shape[1] in (2, 3) else (None, "")
+        found, kind = (_coords(flat, columns), "keypoints") if a0.ndim == 2 and a0.shape[1] in (2, 3) else (None, "")
         if found is None:
-            found = _values(draws, columns)
+            found = _values(flat, columns)
             kind = "angles" if found and -1 in found["signs"] else "values"
         named = _class_index([s["first"][k] for s in samples], picked, rows, columns) if found is None else None
         if named is not None:  # fastdata convert makes a text column named 'label' class indices (sorted names)
