@@ -458,7 +458,7 @@ class Dataset:
         np.cumsum(lengths, out=offsets[1:])
         result[f.name + OFFSETS_SUFFIX] = offsets
         array = cls._ragged_array(f, (int(offsets[-1]), *f.trailing), out)
-        return array, Packed(offsets[:-1] * f.row_nbytes)
+        return array, Packed((offsets[:-1] * f.row_nbytes).tolist())
 
     @staticmethod
     def _ragged_array(f: FieldSpec, shape: tuple[int, ...], out: dict[str, np.ndarray] | None) -> np.ndarray:
