@@ -65,7 +65,7 @@ class ShardWriter(interface.ShardWriter):
             self._file.attrs["fastdata_format"] = FORMAT_VERSION
             self._file.attrs["fastdata_start"] = start  # lets a reader notice a shard swapped with another
             self._dsets: dict[str, Any] = {}
-            self._stage: dict[str, list[np.ndarray]] = {}
+            self._stage: dict[str, list[np.ndarray]] = {}  # fields written through h5py: samples not flushed yet
             self._staged_bytes = 0
             self._written = 0  # samples flushed (staged fields)
             self._offsets: dict[str, np.ndarray] = {}  # ragged: row offsets, count + 1
@@ -78,7 +78,6 @@ class ShardWriter(interface.ShardWriter):
                     self._chunked[f.name] = self._file.create_dataset(
                         f.name, shape=(count, *f.trailing), dtype=f.np_dtype, chunks=(1, *f.trailing),
                         track_times=False, **blosc_codec.hdf5_filter(self._codec))
-                    self._stage[f.name] = []
                     continue
                 if f.ragged:
                     rows = self._planned_rows[f.name]
@@ -90,7 +89,8 @@ class ShardWriter(interface.ShardWriter):
                 dset = self._dsets[f.name]
                 if dset.chunks is None and dset.compression is None and dset.id.get_offset() is not None:
                     self._direct[f.name] = int(dset.id.get_offset())
-                self._stage[f.name] = []
+                else:
+                    self._stage[f.name] = []
             self._file.flush()  # the allocated extents are in the file before any pwrite lands there
             if self._direct:
                 self._fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -164,8 +164,8 @@ class ShardWriter(interface.ShardWriter):
         if n == 0:
             return
         for f in self.fields:
-            parts = self._stage[f.name]
-            if f.name in self._direct or f.name in self._chunked or not parts:
+            parts = self._stage.get(f.name)
+            if not parts:
                 continue
             dset = self._dsets[f.name]
             if f.ragged:
