@@ -261,7 +261,7 @@ class _Chunked(_Col[_Source]):
         """Data read through h5py or zarr: an HDF5 chunk's blocks are checked when it is read (chunks.chunk_spans);
         otherwise every block of the file (of a Zarr array: of the files in its folder) now, closing on failure."""
         spans = chunks.chunk_spans(src.array) if src.file is not None else None
-        if spans is not None:
+        if spans is not None and "" in checks:
             src.spans = (os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC), spans, checks[""])
             return
         array = self.col.array.strip("/")
