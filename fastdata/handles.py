@@ -38,7 +38,7 @@ class PerProcessHandle(Generic[H]):
         with self._open_lock():  # reader threads racing to open the same shard must not leak the loser's handle
             handle = self._handle
             if handle is None or self._handle_pid != os.getpid():
-                self._drop()
+                self.close()
                 handle = self._open_handle()
                 self._handle = handle
                 self._handle_pid = os.getpid()
@@ -63,11 +63,11 @@ class PerProcessHandle(Generic[H]):
 
     def close(self) -> None:
         """Release this process's handle; the next use opens a new one."""
-        self._drop()
+        handle = self._forget()
+        if handle is not None:
+            _close_quietly(type(self)._close_handle, handle)
 
-    def _after_fork_in_child(self) -> None:
-        """Called in a forked child for a handle the parent had open: close the child's copy."""
-        self._drop()
+    _after_fork_in_child = close  # called in a forked child for a handle the parent had open: close the child's copy
 
     def _forget(self) -> H | None:
         """Stop tracking this process's handle without closing it; returns it."""
@@ -77,11 +77,6 @@ class PerProcessHandle(Generic[H]):
             self._finalizer = None
         _open_handles.discard(self)
         return handle
-
-    def _drop(self) -> None:
-        handle = self._forget()
-        if handle is not None:
-            _close_quietly(type(self)._close_handle, handle)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -8,7 +8,7 @@ import struct
 import sys
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import Any
 
@@ -23,18 +23,56 @@ KNOWN = (DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD)
 
 @dataclass
 class ChunkTable:
-    """Where each chunk lies in the file, and how to decode it."""
+    """Where each chunk of an HDF5 dataset lies in its file (open as ``fd``), and how to decode it."""
 
-    offsets: np.ndarray  # -1: never written (reads fall back to h5py, which gives the fill value)
+    path: str
+    fd: int
+    offsets: np.ndarray
     sizes: np.ndarray
     masks: np.ndarray  # HDF5 filter mask: bit i set = filter i was skipped for this chunk
     filters: list[int]  # filter ids in the order they were applied when writing
     itemsize: int
     chunk_nbytes: int
+    raw: bool  # no filters: rows are read straight from the file
+    check: BlockCheck | None = None  # with --checksum: the file's block digests
+
+    def locate(self, c: int) -> tuple[str, int, BlockCheck | None]:
+        """Chunk ``c``'s file, its byte offset there, and the file's block digests."""
+        return self.path, int(self.offsets[c]), self.check
+
+    def read(self, c: int, out: np.ndarray, where: str) -> None:
+        """Chunk ``c`` decoded into ``out`` (C-contiguous; the last chunk may be short), without extra copies;
+        the file's block digests checked before the chunk is decoded."""
+        off, size, mask = int(self.offsets[c]), int(self.sizes[c]), int(self.masks[c])
+        raw = bytearray(size)
+        if os.preadv(self.fd, [raw], off) != size:
+            raise CorruptShardError(f"{where}: chunk {c}: short read (file truncated?)")
+        if self.check is not None:
+            self.check.span(self.fd, off, off + size, raw)
+        target = out.reshape(-1).view(np.uint8)
+        steps = [f for i, f in enumerate(self.filters) if not mask & (1 << i)]
+        data: Any = raw
+        try:
+            for k, f in enumerate(reversed(steps)):
+                whole = k == len(steps) - 1 and len(target) == self.chunk_nbytes
+                dst = target if whole else _scratch(self.chunk_nbytes, k % 2)
+                _undo(f, data, self.itemsize, dst)
+                data = dst
+        except CorruptShardError:
+            raise
+        except Exception as e:  # a codec's own error type: name the place instead
+            raise CorruptShardError(f"{where}: chunk {c}: cannot decode ({type(e).__name__}: {e})") from None
+        if data is not target:
+            buf = np.frombuffer(data, dtype=np.uint8)
+            if len(buf) < len(target):
+                raise CorruptShardError(f"{where}: chunk {c}: holds {len(buf)} bytes, expected {self.chunk_nbytes}")
+            target[:] = buf[: len(target)]
 
 
-def chunk_table(dset: Any) -> ChunkTable | None:
-    """The table of ``dset`` (an h5py Dataset), or None when it must be read through h5py."""
+def chunk_table(dset: Any, path: str, checks: dict[str, BlockCheck] | None = None) -> ChunkTable | None:
+    """The table of ``dset`` (an h5py Dataset of the file ``path``, opened here), or None when it must be read
+    through h5py (other filters, chunks not along the sample axis, or chunks never written: h5py gives the fill
+    value); ``checks``: the file's block digests (blocksums.checks)."""
     if dset.chunks is None or tuple(dset.chunks[1:]) != tuple(dset.shape[1:]):
         return None
     plist = dset.id.get_create_plist()
@@ -43,7 +81,12 @@ def chunk_table(dset: Any) -> ChunkTable | None:
         return None
     rows = int(dset.chunks[0])
     nbytes = rows * int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize
-    return ChunkTable(*chunk_arrays(dset, rows), filters, dset.dtype.itemsize, nbytes)
+    offsets, sizes, masks = chunk_arrays(dset, rows)
+    if (offsets < 0).any():
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return ChunkTable(path, fd, offsets, sizes, masks, filters, dset.dtype.itemsize, nbytes, not filters,
+                      None if checks is None else checks.get(""))
 
 
 def chunk_arrays(dset: Any, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -73,35 +116,6 @@ def chunk_spans(dset: Any) -> np.ndarray | None:
     return np.array(out, dtype=np.int64).reshape(-1, 3)
 
 
-def read_chunk(fd: int, t: ChunkTable, c: int, out: np.ndarray, where: str, check: BlockCheck | None = None) -> None:
-    """Chunk ``c`` decoded into ``out`` (C-contiguous; the last chunk may be short), without extra copies;
-    ``check``: the file's block digests, checked before the chunk is decoded."""
-    off, size, mask = int(t.offsets[c]), int(t.sizes[c]), int(t.masks[c])
-    raw = bytearray(size)
-    if os.preadv(fd, [raw], off) != size:
-        raise CorruptShardError(f"{where}: chunk {c}: short read (file truncated?)")
-    if check is not None:
-        check.span(fd, off, off + size, raw)
-    target = out.reshape(-1).view(np.uint8)
-    steps = [f for i, f in enumerate(t.filters) if not mask & (1 << i)]
-    data: Any = raw
-    try:
-        for k, f in enumerate(reversed(steps)):
-            whole = k == len(steps) - 1 and len(target) == t.chunk_nbytes
-            dst = target if whole else _scratch(t.chunk_nbytes, k % 2)
-            _undo(f, data, t, dst)
-            data = dst
-    except CorruptShardError:
-        raise
-    except Exception as e:  # a codec's own error type: name the place instead
-        raise CorruptShardError(f"{where}: chunk {c}: cannot decode ({type(e).__name__}: {e})") from None
-    if data is not target:
-        buf = np.frombuffer(data, dtype=np.uint8)
-        if len(buf) < len(target):
-            raise CorruptShardError(f"{where}: chunk {c}: holds {len(buf)} bytes, expected {t.chunk_nbytes}")
-        target[:] = buf[: len(target)]
-
-
 _local = threading.local()
 
 
@@ -115,7 +129,7 @@ def _scratch(n: int, which: int) -> np.ndarray:
     return bufs[which][:n]
 
 
-def _undo(f: int, data: Any, t: ChunkTable, dst: np.ndarray) -> None:
+def _undo(f: int, data: Any, itemsize: int, dst: np.ndarray) -> None:
     """Undo filter ``f`` of ``data`` into ``dst`` (a chunk's bytes)."""
     if f == LZ4:
         _lz4(data, dst)
@@ -128,7 +142,7 @@ def _undo(f: int, data: Any, t: ChunkTable, dst: np.ndarray) -> None:
         return
     import numcodecs
 
-    codec = numcodecs.Shuffle(t.itemsize) if f == SHUFFLE else numcodecs.Zstd() if f == ZSTD else numcodecs.Blosc()
+    codec = numcodecs.Shuffle(itemsize) if f == SHUFFLE else numcodecs.Zstd() if f == ZSTD else numcodecs.Blosc()
     codec.decode(data, out=dst)
 
 
@@ -157,12 +171,53 @@ def _lz4(data: bytearray, dst: np.ndarray) -> None:
 
 @dataclass
 class ZarrChunks:
-    """How to find and decode chunk ``c`` of one Zarr array."""
+    """How to find and decode chunk ``c`` of one Zarr array (each chunk a file, opened when read)."""
 
     root: str  # the array's folder
     keys: list[str]  # chunk c's file, relative to root
     codec: Any  # a numcodecs codec, or None (stored raw)
     chunk_nbytes: int
+    store: str  # the store's folder
+    checks: dict[str, BlockCheck] | None = None  # with --checksum: each file's block digests, by path in the store
+    fd: None = None  # no file kept open
+    raw: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.raw = self.codec is None
+
+    def locate(self, c: int) -> tuple[str, int, BlockCheck | None]:
+        path = os.path.join(self.root, self.keys[c])
+        return path, 0, None if self.checks is None else self.checks.get(os.path.relpath(path, self.store))
+
+    def read(self, c: int, out: np.ndarray, where: str) -> None:
+        """Chunk ``c`` into ``out`` (C-contiguous; the last chunk's buffer may be shorter than a chunk), the chunk
+        file's block digests checked before its bytes are used."""
+        path, _, check = self.locate(c)
+        target = out.reshape(-1).view(np.uint8)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                if check is not None and self.codec is None:
+                    check.all(f.fileno())
+                if self.codec is None:
+                    got = f.readinto(memoryview(target))  # type: ignore[arg-type]
+                    if got != len(target):
+                        raise CorruptShardError(f"{where}: chunk {c} ({path}) is short ({got} bytes, expected {len(target)})")
+                    return
+                raw = f.read()
+                if check is not None:
+                    check.whole(raw)
+        except OSError as e:
+            raise CorruptShardError(f"{where}: chunk {c}: cannot read {path} ({e.strerror})") from None
+        try:
+            if len(target) == self.chunk_nbytes and self.codec.codec_id in ("zstd", "blosc", "lz4"):
+                self.codec.decode(raw, out=target)  # straight into the chunk buffer
+                return
+            data = np.frombuffer(self.codec.decode(raw), dtype=np.uint8)
+        except Exception as e:  # the codec's own error type: name the place instead
+            raise CorruptShardError(f"{where}: chunk {c} ({path}): cannot decode ({type(e).__name__}: {e})") from None
+        if len(data) < len(target):
+            raise CorruptShardError(f"{where}: chunk {c} ({path}) decodes to {len(data)} bytes, expected {self.chunk_nbytes}")
+        target[:] = data[: len(target)]
 
 
 def _codec(meta: Any) -> tuple[bool, Any]:
@@ -196,8 +251,9 @@ def _codec(meta: Any) -> tuple[bool, Any]:
     return comp.codec_id in ("zstd", "blosc", "gzip", "zlib", "lz4"), comp
 
 
-def zarr_chunks(array: Any, local_root: str) -> ZarrChunks | None:
-    """The direct-read plan of ``array`` (opened from the local store at ``local_root``), or None."""
+def zarr_chunks(array: Any, local_root: str, checks: dict[str, BlockCheck] | None = None) -> ZarrChunks | None:
+    """The direct-read plan of ``array`` (opened from the local store at ``local_root``), or None; ``checks``:
+    the store's block digests (blocksums.checks)."""
     shape, chunks = tuple(array.shape), tuple(array.chunks)
     dtype = np.dtype(array.dtype)
     if chunks[1:] != shape[1:] or not (dtype.isnative or dtype.byteorder == "|"):
@@ -214,35 +270,4 @@ def zarr_chunks(array: Any, local_root: str) -> ZarrChunks | None:
     if not all(os.path.isfile(os.path.join(root, k)) for k in keys):
         return None  # chunks never written hold the fill value: zarr knows it
     nbytes = chunks[0] * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-    return ZarrChunks(root, keys, codec, nbytes)
-
-
-def read_zarr_chunk(z: ZarrChunks, c: int, out: np.ndarray, where: str, check: BlockCheck | None = None) -> None:
-    """Chunk ``c`` into ``out`` (C-contiguous; the last chunk's buffer may be shorter than a chunk).
-    ``check``: the chunk file's block digests, checked before its bytes are used."""
-    path = os.path.join(z.root, z.keys[c])
-    target = out.reshape(-1).view(np.uint8)
-    try:
-        with open(path, "rb", buffering=0) as f:
-            if check is not None and z.codec is None:
-                check.all(f.fileno())
-            if z.codec is None:
-                got = f.readinto(memoryview(target))  # type: ignore[arg-type]
-                if got != len(target):
-                    raise CorruptShardError(f"{where}: chunk {c} ({path}) is short ({got} bytes, expected {len(target)})")
-                return
-            raw = f.read()
-            if check is not None:
-                check.whole(raw)
-    except OSError as e:
-        raise CorruptShardError(f"{where}: chunk {c}: cannot read {path} ({e.strerror})") from None
-    try:
-        if len(target) == z.chunk_nbytes and z.codec.codec_id in ("zstd", "blosc", "lz4"):
-            z.codec.decode(raw, out=target)  # straight into the chunk buffer
-            return
-        data = np.frombuffer(z.codec.decode(raw), dtype=np.uint8)
-    except Exception as e:  # the codec's own error type: name the place instead
-        raise CorruptShardError(f"{where}: chunk {c} ({path}): cannot decode ({type(e).__name__}: {e})") from None
-    if len(data) < len(target):
-        raise CorruptShardError(f"{where}: chunk {c} ({path}) decodes to {len(data)} bytes, expected {z.chunk_nbytes}")
-    target[:] = data[: len(target)]
+    return ZarrChunks(root, keys, codec, nbytes, local_root, checks)

@@ -34,10 +34,8 @@ class _Column:
     dset: Any = None  # chunked/compressed: read through h5py
     offsets: np.ndarray | None = None  # ragged: row offsets, count + 1
     byte_offsets: list[int] | None = None  # ragged and mapped: offsets in bytes, as Python ints
-    bytes_view: memoryview | None = None  # ragged and mapped: the map as bytes
-    chunk_off: np.ndarray | None = None  # compressed per sample: each sample's chunk offset in the file
-    chunk_len: np.ndarray | None = None  # ... its stored bytes
-    chunk_raw: np.ndarray | None = None  # ... True where HDF5 stored the chunk unfiltered
+    # compressed per sample: each sample's chunk offset in the file, its stored bytes, whether HDF5 stored it plain
+    chunks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -121,7 +119,6 @@ class ShardReader(ShardReaderBase[_Handle]):
             if nbytes and f.ragged:
                 # every sample one slice of this map: one copy each (offsets checked above, the size per read)
                 col.mapped = np.memmap(self.path, dtype=np.uint8, mode="r", offset=off, shape=(nbytes,))
-                col.bytes_view = memoryview(col.mapped)  # type: ignore[arg-type]
                 assert col.offsets is not None
                 col.byte_offsets = (col.offsets * f.row_nbytes).tolist()
             elif not f.ragged:
@@ -145,7 +142,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         raw = masks != 0  # HDF5 kept the chunk unfiltered
         if (off + size > file_size).any() or (raw & (size != f.row_nbytes)).any():
             raise CorruptShardError(f"{self._where()}: field {f.name!r} has chunks outside the file or of a bad size")
-        col.chunk_off, col.chunk_len, col.chunk_raw = off, size, raw
+        col.chunks = off, size, raw
 
     def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The byte ranges (starts, lengths) of this file that reading fields ``names`` of samples ``local``
@@ -154,10 +151,9 @@ class ShardReader(ShardReaderBase[_Handle]):
         starts, lengths = [], []
         for name in names:
             f, col = self.fields[name], h.columns[name]
-            if col.chunk_off is not None:
-                assert col.chunk_len is not None
-                starts.append(col.chunk_off[local])
-                lengths.append(col.chunk_len[local])
+            if col.chunks is not None:
+                starts.append(col.chunks[0][local])
+                lengths.append(col.chunks[1][local])
             elif col.cached is not None or col.offset is None or col.dset is not None:
                 continue
             elif f.ragged and col.offsets is not None:
@@ -188,7 +184,7 @@ class ShardReader(ShardReaderBase[_Handle]):
             col = h.columns[name]
             if f.ragged:
                 self._read_ragged(h, f, col, local, dest, RaggedOut(out, (layouts or {}).get(name)))
-            elif col.chunk_off is not None:
+            elif col.chunks is not None:
                 self._read_compressed(h.fd, f, col, local, dest, out)
             elif col.cached is not None:
                 out[dest] = col.cached[local]
@@ -201,8 +197,8 @@ class ShardReader(ShardReaderBase[_Handle]):
     def _read_compressed(self, fd: int, f: FieldSpec, col: _Column, local: np.ndarray, dest: np.ndarray,
                          out: np.ndarray) -> None:
         """One ``pread`` per sample (GIL released), decoded straight into its batch row."""
-        assert col.chunk_off is not None and col.chunk_len is not None and col.chunk_raw is not None
-        offs, sizes, raw = col.chunk_off[local].tolist(), col.chunk_len[local].tolist(), col.chunk_raw[local].tolist()
+        assert col.chunks is not None
+        offs, sizes, raw = (a[local].tolist() for a in col.chunks)
         for l, d, o, n, r in zip(local.tolist(), dest.tolist(), offs, sizes, raw):
             if o < 0:
                 raise CorruptShardError(f"{self._where(l)}: field {f.name!r} has no stored chunk")
@@ -218,9 +214,8 @@ class ShardReader(ShardReaderBase[_Handle]):
                      out: RaggedOut) -> None:
         o = col.offsets
         assert o is not None
-        if col.bytes_view is not None:
-            m, bo = col.bytes_view, col.byte_offsets
-            assert bo is not None
+        if col.byte_offsets is not None:
+            m, bo = memoryview(col.mapped), col.byte_offsets  # type: ignore[arg-type]  # a map is a buffer
             for l, d in zip(local.tolist(), dest.tolist()):
                 out.put(d, m, bo[l], bo[l + 1] - bo[l])
             return

@@ -12,6 +12,7 @@ import numpy as np
 
 from fastdata.errors import UsageError
 from fastdata.format import codec as blosc_codec
+from fastdata.format import interface
 from fastdata.format.spec import FORMAT_VERSION, FieldSpec
 
 COMPRESSIONS = ("none", "lzf", "gzip", "lz4", "zstd")
@@ -40,7 +41,7 @@ def parse_compression(value: str | None) -> tuple[str | None, Any]:
     raise UsageError(f"unknown compression {value!r} (use none, lz4, lz4:1-9, zstd, zstd:1-9, lzf, gzip or gzip:0-9)")
 
 
-class ShardWriter:
+class ShardWriter(interface.ShardWriter):
     """Writes one HDF5 shard of ``count`` samples (a context manager): uncompressed fields with one ``pwrite``
     per sample, ``lz4``/``zstd`` fields one chunk per sample, ``lzf``/``gzip`` fields staged through h5py."""
 
@@ -52,21 +53,19 @@ class ShardWriter:
 
     def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
                  compression: str | None = None, start: int = 0) -> None:
-        self.fields = fields
-        self.count = count
+        super().__init__(path, fields, count, ragged_rows, compression, start)
         filt, level = parse_compression(compression)
         self._codec = level if filt == blosc_codec.BLOSC else None
         if filt == blosc_codec.BLOSC:
             filt, level = None, None  # per field: the fields marked compressed get one Blosc chunk per sample
-        if any(f.compression is not None for f in fields) and self._codec is None:
-            raise ValueError(f"compressed fields need --compression lz4 or zstd, not {compression!r}")
+        self._check_codec(self._codec, compression)
         self._file = h5py.File(path, "w", libver="earliest", track_order=False)
         self._fd: int | None = None
         try:
             self._file.attrs["fastdata_format"] = FORMAT_VERSION
             self._file.attrs["fastdata_start"] = start  # lets a reader notice a shard swapped with another
             self._dsets: dict[str, Any] = {}
-            self._stage: dict[str, list[np.ndarray]] = {}
+            self._stage: dict[str, list[np.ndarray]] = {}  # fields written through h5py: samples not flushed yet
             self._staged_bytes = 0
             self._written = 0  # samples flushed (staged fields)
             self._offsets: dict[str, np.ndarray] = {}  # ragged: row offsets, count + 1
@@ -79,7 +78,6 @@ class ShardWriter:
                     self._chunked[f.name] = self._file.create_dataset(
                         f.name, shape=(count, *f.trailing), dtype=f.np_dtype, chunks=(1, *f.trailing),
                         track_times=False, **blosc_codec.hdf5_filter(self._codec))
-                    self._stage[f.name] = []
                     continue
                 if f.ragged:
                     rows = self._planned_rows[f.name]
@@ -91,14 +89,14 @@ class ShardWriter:
                 dset = self._dsets[f.name]
                 if dset.chunks is None and dset.compression is None and dset.id.get_offset() is not None:
                     self._direct[f.name] = int(dset.id.get_offset())
-                self._stage[f.name] = []
+                else:
+                    self._stage[f.name] = []
             self._file.flush()  # the allocated extents are in the file before any pwrite lands there
             if self._direct:
                 self._fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         except BaseException:
             self._file.close()
             raise
-        self._n = 0
 
     @staticmethod
     def _create(parent: Any, name: str, shape: tuple[int, ...], f: FieldSpec, filt: Any, level: Any) -> Any:
@@ -166,8 +164,8 @@ class ShardWriter:
         if n == 0:
             return
         for f in self.fields:
-            parts = self._stage[f.name]
-            if f.name in self._direct or f.name in self._chunked or not parts:
+            parts = self._stage.get(f.name)
+            if not parts:
                 continue
             dset = self._dsets[f.name]
             if f.ragged:
@@ -204,15 +202,6 @@ class ShardWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-    def __enter__(self) -> "ShardWriter":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        else:
-            self._release()
 
 
 def _pwrite_all(fd: int, a: np.ndarray, offset: int) -> None:

@@ -221,21 +221,13 @@ class _Mapped(_Col[_Map]):
 
 @dataclass
 class _Source:
-    array: Any  # an h5py Dataset or a zarr Array (None: read with pread and decoded here)
+    array: Any  # an h5py Dataset or a zarr Array
     file: Any  # the h5py File to close, or None
     cache: ChunkCache
+    direct: chunks.ChunkTable | chunks.ZarrChunks | None = None  # chunks read without h5py or zarr (chunks.py)
     whole: np.ndarray | None = None  # a small column, read whole
-    fd: int | None = None  # HDF5 chunks read without h5py (chunks.py)
-    table: chunks.ChunkTable | None = None
-    zchunks: chunks.ZarrChunks | None = None  # Zarr chunk files read without zarr (chunks.py)
-    checks: dict[str, BlockCheck] | None = None  # with --checksum: per file (relative to a Zarr store), its blocks
-    spans: np.ndarray | None = None  # with checks, HDF5 chunks read through h5py: chunks.chunk_spans, checked per read
-
-    def check(self, path: str, store: str) -> BlockCheck | None:
-        """The blocks of ``path`` (the HDF5 file itself, or a file of the Zarr store ``store``) to check."""
-        if self.checks is None:
-            return None
-        return self.checks.get(os.path.relpath(path, store) if self.zchunks is not None else "")
+    # with --checksum, HDF5 chunks read through h5py: the file open, chunks.chunk_spans, the file's blocks
+    spans: tuple[int, np.ndarray, BlockCheck] | None = None
 
 
 class _Chunked(_Col[_Source]):
@@ -243,46 +235,40 @@ class _Chunked(_Col[_Source]):
 
     def _open_handle(self) -> _Source:
         self._check()
+        checks = blocksums.checks(self.stamp.blocks, self.stamp.path, self.where)
         if self.col.format == "hdf5":
             try:  # no HDF5 chunk cache: whole chunks are read, and kept decoded in our own cache
                 fh = h5_file(self.stamp.path, rdcc_nbytes=0)
                 src = _Source(fh[self.col.array], fh, self._cache())
-                src.table = chunks.chunk_table(src.array)
+                src.direct = chunks.chunk_table(src.array, self.stamp.path, checks)  # then no h5py from here on
             except (OSError, KeyError, ValueError) as e:
                 raise CorruptShardError(f"{self.where}: cannot open ({e})") from None
-            if src.table is not None and bool((src.table.offsets >= 0).all()):
-                src.fd = os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC)  # no h5py from here on
-            else:
-                src.table = None
         else:
             src = _Source(open_zarr(self.stamp.path, self.col.array), None, self._cache())
-            src.zchunks = chunks.zarr_chunks(src.array, self.stamp.path)
+            src.direct = chunks.zarr_chunks(src.array, self.stamp.path, checks)
         if tuple(src.array.shape) != (self.count, *self.field.trailing):
             shape = tuple(src.array.shape)
             self._close_handle(src)
             raise CorruptShardError(f"{self.where}: is now of shape {shape}, the index says "
                                     f"{(self.count, *self.field.trailing)}; run fastdata index again")
-        src.checks = blocksums.checks(self.stamp.blocks, self.stamp.path, self.where)
-        if src.checks is not None and src.fd is None and src.zchunks is None:
-            self._check_through(src)
+        if checks is not None and src.direct is None:
+            self._check_through(src, checks)
         if self.count * self.field.row_nbytes <= _WHOLE_COLUMN_BYTES:
             src.whole = self._load(src, 0, self.count)
         return src
 
-    def _check_through(self, src: _Source) -> None:
+    def _check_through(self, src: _Source, checks: dict[str, BlockCheck]) -> None:
         """Data read through h5py or zarr: an HDF5 chunk's blocks are checked when it is read (chunks.chunk_spans);
         otherwise every block of the file (of a Zarr array: of the files in its folder) now, closing on failure."""
-        assert src.checks is not None
-        if src.file is not None:
-            src.spans = chunks.chunk_spans(src.array)
-            if src.spans is not None:
-                src.fd = os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC)  # table is None: h5py still reads
-                return
+        spans = chunks.chunk_spans(src.array) if src.file is not None else None
+        if spans is not None and "" in checks:
+            src.spans = (os.open(self.stamp.path, os.O_RDONLY | os.O_CLOEXEC), spans, checks[""])
+            return
         array = self.col.array.strip("/")
         prefix = os.path.relpath(os.path.join(self.stamp.path, array), self.stamp.path) + os.sep \
             if self.col.format == "zarr" and array else ""
         try:
-            blocksums.check_files(src.checks, prefix)
+            blocksums.check_files(checks, prefix)
         except BaseException:
             self._close_handle(src)
             raise
@@ -293,27 +279,21 @@ class _Chunked(_Col[_Source]):
 
     @staticmethod
     def _close_handle(handle: _Source) -> None:
-        if handle.fd is not None:
-            os.close(handle.fd)
+        if handle.direct is not None and handle.direct.fd is not None:
+            os.close(handle.direct.fd)
+        if handle.spans is not None:
+            os.close(handle.spans[0])
         if handle.file is not None:
             handle.file.close()
 
     def _load(self, src: _Source, r0: int, r1: int) -> np.ndarray:
-        if (src.fd is not None and src.table is not None) or src.zchunks is not None:
+        if src.direct is not None:
             a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
             for c0 in range(r0, r1, self.rows):  # r0 is the first row of a chunk
-                part = a[c0 - r0 : min(c0 + self.rows, r1) - r0]
-                if src.zchunks is not None:
-                    z = src.zchunks
-                    chunks.read_zarr_chunk(z, c0 // self.rows, part, self.where,
-                                    src.check(os.path.join(z.root, z.keys[c0 // self.rows]), self.stamp.path))
-                else:
-                    assert src.fd is not None and src.table is not None
-                    chunks.read_chunk(src.fd, src.table, c0 // self.rows, part, self.where,
-                                      src.check(self.stamp.path, ""))
+                src.direct.read(c0 // self.rows, a[c0 - r0 : min(c0 + self.rows, r1) - r0], self.where)
             return a
         if src.spans is not None:
-            self._check_spans(src, r0, r1)
+            self._check_spans(src.spans, r0, r1)
         try:
             if src.file is not None:
                 a = np.empty((r1 - r0, *self.field.trailing), dtype=self.field.np_dtype)
@@ -324,13 +304,12 @@ class _Chunked(_Col[_Source]):
         except Exception as e:  # h5py/zarr raise many types; name the place instead
             raise CorruptShardError(f"{self.where}: samples {r0}..{r1 - 1}: read failed ({type(e).__name__}: {e})") from None
 
-    def _check_spans(self, src: _Source, r0: int, r1: int) -> None:
+    def _check_spans(self, spans: tuple[int, np.ndarray, BlockCheck], r0: int, r1: int) -> None:
         """The blocks of every HDF5 chunk holding rows ``r0..r1-1`` (read through h5py)."""
-        check = src.check(self.stamp.path, "")
-        assert src.spans is not None and src.fd is not None and check is not None
-        s, rows = src.spans, int(src.array.chunks[0])
+        fd, s, check = spans
+        rows = self.rows
         for off, size in s[(s[:, 0] < r1) & (s[:, 0] + rows > r0)][:, 1:].tolist():
-            check.span(src.fd, off, off + size)
+            check.span(fd, off, off + size)
 
     def read(self, local: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
         src = self.handle()
@@ -339,37 +318,31 @@ class _Chunked(_Col[_Source]):
             return
         chunk = local // self.rows
         cuts = np.flatnonzero(np.diff(chunk)) + 1
-        raw = (src.table is not None and not src.table.filters) or (src.zchunks is not None and src.zchunks.codec is None)
+        direct = src.direct
         for a, e in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(local)])).tolist()):
             c = int(chunk[a])
             r0 = c * self.rows
-            if raw:  # stored plain: each run of rows read straight into the batch, as contiguous data is
-                self._read_rows(src, c, local[a:e] - r0, dest[a:e], out)
+            if direct is not None and direct.raw:  # stored plain: each run of rows read straight into the batch
+                self._read_rows(direct, c, local[a:e] - r0, dest[a:e], out)
                 continue
             data = src.cache.get(c, partial(self._load, src, r0, min(r0 + self.rows, self.count)))
             copy_rows(data, local[a:e] - r0, dest[a:e], out)
 
-    def _read_rows(self, src: _Source, c: int, rows: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+    def _read_rows(self, direct: chunks.ChunkTable | chunks.ZarrChunks, c: int, rows: np.ndarray, dest: np.ndarray,
+                   out: np.ndarray) -> None:
         """Rows ``rows`` of the unfiltered chunk ``c`` into ``out[dest]`` with positional reads."""
         nb = self.field.row_nbytes
-        if src.zchunks is not None:
-            path = os.path.join(src.zchunks.root, src.zchunks.keys[c])
-            fd, base = os.open(path, os.O_RDONLY | os.O_CLOEXEC), 0
-        else:
-            assert src.table is not None and src.fd is not None
-            path, fd, base = self.stamp.path, src.fd, int(src.table.offsets[c])
+        path, base, check = direct.locate(c)
+        fd = direct.fd if direct.fd is not None else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            check = src.check(path, self.stamp.path)
-            if check is not None and src.zchunks is not None:
-                check.all(fd)  # a Zarr chunk file is checked whole
-            elif check is not None:
+            if check is not None:
                 check.rows(fd, base, rows, nb)
             for l0, d0, n in runs(rows, dest):
                 view = memoryview(out[d0 : d0 + n].reshape(-1).view(np.uint8))  # type: ignore[arg-type]
                 if os.preadv(fd, [view], base + l0 * nb) != n * nb:
                     raise CorruptShardError(f"{self.where}: chunk {c} ({path}) is short (truncated?)")
         finally:
-            if src.zchunks is not None:
+            if direct.fd is None:
                 os.close(fd)
 
     def decoded_bytes(self) -> int:

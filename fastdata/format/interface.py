@@ -1,5 +1,6 @@
 """The interface every shard backend module implements (``EXTENSION``, ``parse_compression``, a
-``ShardWriter`` and a ``ShardReader``), checked by mypy through the registry in backends.py."""
+``ShardWriter`` and a ``ShardReader``), checked by mypy through the registry in backends.py; the writers share
+the :class:`ShardWriter` base."""
 
 from __future__ import annotations
 
@@ -13,25 +14,44 @@ if TYPE_CHECKING:
     from fastdata.format.spec import FieldSpec, ShardInfo
 
 
-class ShardWriter(Protocol):
-    """Writes one shard of ``count`` samples, in order; a context manager that finishes the shard on
-    a clean exit (and checks it got ``count`` samples) and releases it on an error."""
+class ShardWriter:
+    """Writes one shard of ``count`` samples, in order (each backend's writer derives from it); a context manager
+    that finishes the shard on a clean exit (:meth:`close` checks it got ``count`` samples) and releases it on an
+    error (:meth:`_release`)."""
 
-    def write(self, sample: dict[str, np.ndarray]) -> None: ...
+    def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
+                 compression: str | None = None, start: int = 0) -> None:
+        self.path, self.fields, self.count, self.start = Path(path), fields, count, start
+        self._n = 0  # samples written
 
-    def close(self) -> None: ...
+    @staticmethod
+    def min_sample_bytes(fields: list[FieldSpec]) -> float:  # pragma: no cover - abstract
+        """The fewest bytes a sample takes in a shard (a manifest's counts are checked against it)."""
+        raise NotImplementedError
 
-    def __enter__(self) -> ShardWriter: ...
+    def _check_codec(self, codec: object, compression: str | None) -> None:
+        if any(f.compression is not None for f in self.fields) and codec is None:
+            raise ValueError(f"compressed fields need --compression lz4 or zstd, not {compression!r}")
 
-    def __exit__(self, *exc: object) -> None: ...
+    def write(self, sample: dict[str, np.ndarray]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
 
+    def close(self) -> None:  # pragma: no cover - abstract
+        """Finish the shard (ValueError unless it got ``count`` samples), then :meth:`_release` it."""
+        raise NotImplementedError
 
-class ShardWriterFactory(Protocol):
-    """A backend's ``ShardWriter`` class: how the write engine and merge create a shard."""
+    def _release(self) -> None:  # pragma: no cover - abstract
+        """Release the shard's file, finished or not (again: nothing)."""
+        raise NotImplementedError
 
-    def __call__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
-                 compression: str | None = None, start: int = 0) -> ShardWriter: ...
-    def min_sample_bytes(self, fields: list[FieldSpec]) -> float: ...  # the fewest bytes a sample takes in a shard
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self._release()
 
 
 class ShardReader(Protocol):
@@ -68,7 +88,7 @@ class Backend(Protocol):
     EXTENSION: str
 
     @property
-    def ShardWriter(self) -> ShardWriterFactory: ...  # noqa: N802 - the module's class
+    def ShardWriter(self) -> type[ShardWriter]: ...  # noqa: N802 - the module's class
 
     @property
     def ShardReader(self) -> ShardReaderFactory: ...  # noqa: N802 - the module's class
@@ -76,4 +96,4 @@ class Backend(Protocol):
     def parse_compression(self, value: str | None) -> Any: ...
 
 
-__all__ = ["Backend", "ShardReader", "ShardReaderFactory", "ShardWriter", "ShardWriterFactory"]
+__all__ = ["Backend", "ShardReader", "ShardReaderFactory", "ShardWriter"]

@@ -80,23 +80,22 @@ class KeyTable(PerProcessHandle[_Handle]):
 
     def _open_map(self) -> tuple[np.ndarray, np.ndarray, mmap.mmap]:
         try:
-            size = os.path.getsize(self.path)
             with open(self.path, "rb") as f:
-                head = f.read(_HEAD.size)
+                size = os.fstat(f.fileno()).st_size
+                if size != self.nbytes:
+                    raise self._bad(f"is {size} bytes, the manifest says {self.nbytes} (truncated or replaced)")
+                if size < _HEAD.size:
+                    raise self._bad("truncated header")
+                # plain arrays over one map: no np.memmap overhead per key
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except FileNotFoundError:
             raise self._bad("missing") from None
         except OSError as e:
             raise self._bad(f"cannot read: {e.strerror}") from None
-        if size != self.nbytes:
-            raise self._bad(f"is {size} bytes, the manifest says {self.nbytes} (truncated or replaced)")
-        if len(head) != _HEAD.size:
-            raise self._bad("truncated header")
-        magic, n, text = _HEAD.unpack(head)
+        magic, n, text = _HEAD.unpack_from(mm)
         if magic != MAGIC or n != self.count or _HEAD.size + 8 * (n + 1) + 8 * n + text != size:
             raise self._bad(f"header does not match the manifest ({n} keys, {self.count} samples)")
         n1 = n + 1
-        with open(self.path, "rb") as f:  # plain arrays over one map: no np.memmap overhead per key
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         offsets = np.frombuffer(mm, dtype="<u8", count=n1, offset=_HEAD.size)
         order = np.frombuffer(mm, dtype="<u8", count=n, offset=_HEAD.size + 8 * n1)
         self._base = _HEAD.size + 8 * (n1 + n)  # where the text starts in the file

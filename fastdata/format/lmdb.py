@@ -123,7 +123,12 @@ class ShardReader(ShardReaderBase[_Handle]):
         try:
             with no_fork_during():
                 self._check_meta(env, st.st_size)
-            self._check_shard_record(env)
+                with env.begin() as txn:
+                    raw = txn.get(SHARD_KEY)
+            self._check_shard_record(raw)
+        except lmdb.Error as e:
+            _release_env(env)
+            raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
         except BaseException:
             _release_env(env)
             raise
@@ -132,22 +137,14 @@ class ShardReader(ShardReaderBase[_Handle]):
     def _check_meta(self, env: lmdb.Environment, size: int) -> None:
         """liblmdb refuses page numbers past its last page but trusts that page to lie in the file:
         check it, so a bad page number is an error rather than a SIGBUS."""
-        try:
-            pages = env.info()["last_pgno"] + 1
-            psize = env.stat()["psize"]
-        except lmdb.Error as e:
-            raise CorruptShardError(f"{self._where()}: not a readable LMDB file ({e})") from None
+        pages = env.info()["last_pgno"] + 1
+        psize = env.stat()["psize"]
         if pages * psize > size:
             raise CorruptShardError(f"{self._where()}: LMDB says it has {pages} pages of {psize} bytes, "
                                     f"more than the file's {size} bytes")
 
-    def _check_shard_record(self, env: lmdb.Environment) -> None:
-        """The shard's own description must match the manifest's (absent in older shards)."""
-        try:
-            with no_fork_during(), env.begin() as txn:
-                raw = txn.get(SHARD_KEY)
-        except lmdb.Error as e:
-            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+    def _check_shard_record(self, raw: bytes | None) -> None:
+        """The shard's own description (``raw``) must match the manifest's (absent in older shards)."""
         if raw is None or raw == shard_record(self.all_fields, self.info.stored_start, self.info.count):
             return
         try:
@@ -205,10 +202,7 @@ class ShardReader(ShardReaderBase[_Handle]):
         return out
 
     def _get(self, txn: lmdb.Transaction, local: int) -> memoryview | bytes:
-        try:
-            buf = txn.get(key(self.info.stored_start + local))
-        except lmdb.Error as e:
-            raise CorruptShardError(f"{self._where(local)}: LMDB read failed ({e})") from None
+        buf = txn.get(key(self.info.stored_start + local))
         if buf is None:
             raise CorruptShardError(f"{self._where(local)}: record is missing")
         return buf
@@ -216,21 +210,22 @@ class ShardReader(ShardReaderBase[_Handle]):
     @contextmanager
     def _txn(self, local: np.ndarray) -> Iterator[lmdb.Transaction]:
         """A read transaction (values are buffers into the map), the file checked unchanged first (LMDB reads
-        through a memory map: a truncated file would be SIGBUS), with no fork while it is open (no_fork_during)."""
+        through a memory map: a truncated file would be SIGBUS), with no fork while it is open (no_fork_during);
+        an LMDB error in it is a CorruptShardError naming the shard."""
         h = self.handle()
         self._check_unchanged(h.fd, local)
-        with no_fork_during(), h.env.begin(buffers=True) as txn:
-            yield txn
+        try:
+            with no_fork_during(), h.env.begin(buffers=True) as txn:
+                yield txn
+        except lmdb.Error as e:
+            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
 
     def _get_many(self, txn: lmdb.Transaction, local: np.ndarray) -> list[memoryview | bytes]:
         """Records ``local`` in order (buffers into the map); a missing one raises, named. (A loop of ``get`` is
         faster than one ``getmulti``, which builds a tuple per record.)"""
         raw = (local.astype(np.int64) + self.info.stored_start).astype(">u8").tobytes()  # the records' keys
         get = txn.get
-        try:
-            found = [get(raw[k : k + 8]) for k in range(0, len(raw), 8)]
-        except lmdb.Error as e:
-            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+        found = [get(raw[k : k + 8]) for k in range(0, len(raw), 8)]
         if None in found:
             for l in local.tolist():
                 self._get(txn, l)  # raises for the first one missing
@@ -269,27 +264,24 @@ class ShardReader(ShardReaderBase[_Handle]):
         # small fixed fields (labels, image shapes) are kept whole: a batch reads them without records
         small = {i: np.zeros((n, f.row_nbytes), dtype=np.uint8) for i, f in enumerate(self.all_fields)
                  if not f.ragged and f.compression is None and 0 < f.row_nbytes <= _SMALL_FIELD_BYTES}
-        try:
-            with self._txn(np.zeros(1, dtype=np.int64)) as txn, txn.cursor() as cur:
-                ok = cur.set_range(key(self.info.stored_start))
-                while ok:
-                    k = bytes(cur.key())
-                    local = KEY.unpack(k)[0] - self.info.stored_start if len(k) == 8 else -1
-                    if not 0 <= local < n:
-                        break
-                    buf = cur.value()
-                    try:
-                        layout = self._layout(buf, local)
-                    except CorruptShardError as e:
-                        bad[local] = str(e)
-                    else:
-                        sizes[local] = [s for _, s in layout]
-                        total[local] = len(buf)
-                        for i, col in small.items():
-                            col[local] = np.frombuffer(buf, np.uint8, col.shape[1], layout[i][0])
-                    ok = cur.next()
-        except lmdb.Error as e:
-            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+        with self._txn(np.zeros(1, dtype=np.int64)) as txn, txn.cursor() as cur:
+            ok = cur.set_range(key(self.info.stored_start))
+            while ok:
+                k = bytes(cur.key())
+                local = KEY.unpack(k)[0] - self.info.stored_start if len(k) == 8 else -1
+                if not 0 <= local < n:
+                    break
+                buf = cur.value()
+                try:
+                    layout = self._layout(buf, local)
+                except CorruptShardError as e:
+                    bad[local] = str(e)
+                else:
+                    sizes[local] = [s for _, s in layout]
+                    total[local] = len(buf)
+                    for i, col in small.items():
+                        col[local] = np.frombuffer(buf, np.uint8, col.shape[1], layout[i][0])
+                ok = cur.next()
         for local in np.flatnonzero(total < 0).tolist():
             bad.setdefault(local, f"{self._where(local)}: record is missing")
         values = {i: col.view(self.all_fields[i].np_dtype).reshape((n, *self.all_fields[i].trailing))
@@ -370,16 +362,13 @@ class ShardReader(ShardReaderBase[_Handle]):
         """Fixed-layout small records: fetched together (``_get_many``), headers checked vectorised."""
         size = self._record_size
         assert size is not None
-        try:
-            with self._txn(local) as txn:
-                bufs = self._get_many(txn, local)  # buffers into the map: sizes are checked before a copy
-                if any(len(v) != size for v in bufs):
-                    for l, v in zip(local.tolist(), bufs):  # find and name the bad record
-                        self._layout(v, l)
-                    raise CorruptShardError(f"{self._where()}: records of the wrong size")
-                joined = b"".join(bufs)
-        except lmdb.Error as e:
-            raise CorruptShardError(f"{self._where()}: LMDB read failed ({e})") from None
+        with self._txn(local) as txn:
+            bufs = self._get_many(txn, local)  # buffers into the map: sizes are checked before a copy
+            if any(len(v) != size for v in bufs):
+                for l, v in zip(local.tolist(), bufs):  # find and name the bad record
+                    self._layout(v, l)
+                raise CorruptShardError(f"{self._where()}: records of the wrong size")
+            joined = b"".join(bufs)
         rec = np.frombuffer(joined, dtype=np.uint8).reshape(len(local), size)
         head = np.frombuffer(self._expected_header, dtype=np.uint8)
         bad = np.flatnonzero((rec[:, : self._header_size] != head).any(axis=1))

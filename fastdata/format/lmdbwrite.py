@@ -15,6 +15,7 @@ import numpy as np
 from fastdata.errors import UsageError
 from fastdata.fileio import disk_full
 from fastdata.format import codec as blosc_codec
+from fastdata.format import interface
 from fastdata.format.spec import FieldSpec
 
 MAGIC = b"FDR1"
@@ -71,7 +72,7 @@ def tail_guard_bytes(psize: int, largest_record: int) -> int:
     return -(-max(_TAIL_GUARD_MIN, largest_record) // psize) * psize
 
 
-class ShardWriter:
+class ShardWriter(interface.ShardWriter):
     """Writes one LMDB shard; the map grows on demand, so ``MapFullError`` never reaches the user."""
 
     @staticmethod
@@ -82,13 +83,9 @@ class ShardWriter:
 
     def __init__(self, path: Path, fields: list[FieldSpec], count: int, ragged_rows: dict[str, int],
                  compression: str | None = None, start: int = 0) -> None:
+        super().__init__(path, fields, count, ragged_rows, compression, start)
         self._codec = parse_compression(compression)
-        if any(f.compression is not None for f in fields) and self._codec is None:
-            raise ValueError(f"compressed fields need --compression lz4 or zstd, not {compression!r}")
-        self.path = Path(path)
-        self.fields = fields
-        self.count = count
-        self.start = start
+        self._check_codec(self._codec, compression)
         payload = sum(f.row_nbytes * (ragged_rows[f.name] if f.ragged else count) for f in fields)
         try:  # lock=False: a lock file is mapped memory (SIGBUS on a full tmpfs); the file is ours alone
             self._env = lmdb.open(
@@ -100,7 +97,6 @@ class ShardWriter:
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._largest = 0
-        self._n = 0
 
     def write(self, sample: dict[str, np.ndarray]) -> None:
         if self._n >= self.count:
@@ -156,17 +152,9 @@ class ShardWriter:
             os.fsync(f.fileno())
 
     def _release(self) -> None:
-        self._env.close()
-        self._env = None  # type: ignore[assignment]  # closed: the writer is finished
-
-    def __enter__(self) -> "ShardWriter":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            self.close()
-        elif self._env is not None:
-            self._release()
+        if self._env is not None:
+            self._env.close()
+            self._env = None  # type: ignore[assignment]  # closed: the writer is finished
 
 
 __all__ = ["KEY", "MAGIC", "SHARD_KEY", "ShardWriter", "encode_record", "initial_map_size", "key", "parse_compression",

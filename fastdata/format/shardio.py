@@ -43,12 +43,9 @@ def copy_rows(data: np.ndarray, local: np.ndarray, dest: np.ndarray, out: np.nda
 _SMALL_COPY = 16 << 10  # smaller copies go through memoryviews (less overhead than numpy; GIL held)
 
 
-class Packed:
-    """Layout of a packed ragged batch: sample ``d`` starts at byte ``starts[d]`` of the flat output,
+class Packed(list[int]):
+    """Layout of a packed ragged batch: sample ``d`` starts at byte ``self[d]`` of the flat output,
     samples back to back in batch order, no padding (``Dataset.get_batch(ragged="packed")``)."""
-
-    def __init__(self, starts: np.ndarray) -> None:
-        self.starts: list[int] = starts.tolist()
 
 
 Layout = np.ndarray | Packed | None  # image shapes (padded pixels), packed starts, or plain padded rows
@@ -62,7 +59,7 @@ class RaggedOut:
         self.out = out
         self.flat = out.reshape(-1).view(np.uint8)
         self.mv = memoryview(self.flat)  # type: ignore[arg-type]
-        self.packed = layout.starts if isinstance(layout, Packed) else None
+        self.packed = layout if isinstance(layout, Packed) else None
         shapes = None if isinstance(layout, Packed) else layout
         if self.packed is not None:
             return

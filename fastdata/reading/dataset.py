@@ -409,32 +409,25 @@ class Dataset:
             else:
                 result[f.name] = self._out_array(f, b, out)
         where = lambda k: f"{self.root}: sample {int(idx[k])}"  # noqa: E731
-        first = {f.name: result[f.name] for f in self.schema if not f.ragged}
+        fixed = {f.name: result[f.name] for f in self.schema if not f.ragged}
         layouts: dict[str, Layout] = {}
         if self._pixels:  # the image shapes are needed first: read the fixed fields before the rest
             for reader, local, dest in segments:
-                reader.read_into(local, dest, first)
-            for f in self._pixels:
-                s = result[f.name + SHAPE_SUFFIX]
-                lengths = result.pop(f.name + LENGTHS_SUFFIX)
-                padded = check_shapes(f, s, lengths, where)
-                if packed:
-                    result[f.name], layouts[f.name] = self._packed_array(f, lengths, out, result)
-                else:
-                    result[f.name] = self._ragged_array(f, padded, out)
-                    layouts[f.name] = s
-            first = {}
-        decoded = {f.name for f in self._encoded}
+                reader.read_into(local, dest, fixed)
+            fixed = {}
         for f in self.schema:
-            if f.ragged and f.name not in result:
-                lengths = result[f.name + LENGTHS_SUFFIX]
-                if packed and not is_string(f):
-                    result[f.name], layouts[f.name] = self._packed_array(f, lengths, out, result)
-                    continue
-                # encoded images: ``out`` takes the decoded pixels, not the stored bytes
-                result[f.name] = self._ragged_array(f, (b, int(lengths.max()) if b else 0, *f.trailing),
-                                                    None if f.name in decoded else out)
-        outs = {**first, **{f.name: result[f.name] for f in self.schema if f.ragged}}
+            if not f.ragged:
+                continue
+            lengths = result[f.name + LENGTHS_SUFFIX]
+            shape = (b, int(lengths.max()) if b else 0, *f.trailing)
+            if f in self._pixels:  # padded as images (its lengths are only bytes)
+                layouts[f.name] = shapes = result[f.name + SHAPE_SUFFIX]
+                shape = check_shapes(f, shapes, result.pop(f.name + LENGTHS_SUFFIX), where)
+            if packed and not is_string(f):
+                result[f.name], layouts[f.name] = self._packed_array(f, lengths, out, result)
+            else:  # encoded images: ``out`` takes the decoded pixels, not the stored bytes
+                result[f.name] = self._ragged_array(f, shape, None if f in self._encoded else out)
+        outs = {**fixed, **{f.name: result[f.name] for f in self.schema if f.ragged}}
         if outs:
             for reader, local, dest in segments:
                 reader.read_into(local, dest, outs, layouts)
@@ -465,7 +458,7 @@ class Dataset:
         np.cumsum(lengths, out=offsets[1:])
         result[f.name + OFFSETS_SUFFIX] = offsets
         array = cls._ragged_array(f, (int(offsets[-1]), *f.trailing), out)
-        return array, Packed(offsets[:-1] * f.row_nbytes)
+        return array, Packed((offsets[:-1] * f.row_nbytes).tolist())
 
     @staticmethod
     def _ragged_array(f: FieldSpec, shape: tuple[int, ...], out: dict[str, np.ndarray] | None) -> np.ndarray:
