@@ -10,6 +10,10 @@ from fastdata.errors import UsageError
 # sizes that moved into the shuffle modes: a config that names one is refused, naming the mode to pass instead
 _MOVED = {"block": "Block({})", "window": "Block(window={})", "shard_window": "Shards(window={})"}
 
+# the knobs that take one of a few names, and those names
+_CHOICES = {"mode": ("threads", "processes"), "image_dtype": ("float32", "uint8"), "ragged": ("padded", "packed"),
+            "crop_decode": ("auto", "off")}
+
 
 @dataclass(frozen=True)
 class LoaderConfig:
@@ -43,21 +47,17 @@ class LoaderConfig:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("threads", "processes"):
-            raise UsageError(f"mode must be 'threads' or 'processes', not {self.mode!r}")
-        if self.prefetch < 1:
-            raise UsageError("prefetch must be at least 1")
-        if self.image_dtype not in ("float32", "uint8"):
-            raise UsageError(f"image_dtype must be 'float32' or 'uint8', not {self.image_dtype!r}")
-        if self.ragged not in ("padded", "packed"):
-            raise UsageError(f"ragged must be 'padded' or 'packed', not {self.ragged!r}")
-        if isinstance(self.readahead, bool) or not isinstance(self.readahead, int) or self.readahead < 0:
-            raise UsageError(f"readahead must be a number of bytes >= 0 (0: off), not {self.readahead!r}")
         if str(self.crop_decode) == "region":  # the Literal no longer has it: users of old code may pass it
             raise UsageError("crop_decode='region' was removed (no faster than 'auto': benchmarks/results/jpeg_crop.md); "
                              "use crop_decode='auto'")
-        if self.crop_decode not in ("auto", "off"):
-            raise UsageError(f"crop_decode must be 'auto' or 'off', not {self.crop_decode!r}")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise UsageError(f"{name} must be {' or '.join(map(repr, choices))}, not {value!r}")
+        if self.prefetch < 1:
+            raise UsageError("prefetch must be at least 1")
+        if isinstance(self.readahead, bool) or not isinstance(self.readahead, int) or self.readahead < 0:
+            raise UsageError(f"readahead must be a number of bytes >= 0 (0: off), not {self.readahead!r}")
         if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
                                          or not self.timeout > 0):
             raise UsageError(f"timeout must be a number of seconds > 0 (or None: no limit), not {self.timeout!r}")

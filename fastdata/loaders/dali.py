@@ -189,7 +189,18 @@ class DaliLoader(Loader):
         run.fresh = False
         complete = False
         try:
-            yield from self._deliver(run, plan, first)
+            delivered = 0
+            while run.it is not None:
+                try:
+                    out = next(run.it)[0]
+                except StopIteration:
+                    break
+                except FastdataError:
+                    raise
+                except Exception as e:  # DALI failed (a corrupt image, ...): say where, precisely if possible
+                    raise self._diagnose(plan, first, delivered, e) from None
+                delivered += 1
+                yield self._to_torch(out, run.feed.bypassed.popleft())
             if run.it is None:  # closed during the pass
                 return
             if run.feed.error is not None:
@@ -203,21 +214,6 @@ class DaliLoader(Loader):
         run.feed.add(run.dali_epoch, Pass(self.plan(epoch + 1), 0, epoch + 1))
         run.it.reset()
         run.at, run.fresh = (epoch + 1, 0), True
-
-    def _deliver(self, run: SimpleNamespace, plan: list[np.ndarray], first: int) -> Iterator[dict[str, torch.Tensor]]:
-        """Yield the pipeline's batches until its pass ends."""
-        delivered = 0
-        while run.it is not None:
-            try:
-                out = next(run.it)[0]
-            except StopIteration:
-                break
-            except FastdataError:
-                raise
-            except Exception as e:  # DALI failed (a corrupt image, ...): say where, precisely if possible
-                raise self._diagnose(plan, first, delivered, e) from None
-            delivered += 1
-            yield self._to_torch(out, run.feed.bypassed.popleft())
 
     def _drop(self, run: SimpleNamespace) -> None:
         run.pipe = run.it = None  # DALI's threads and buffers go with the last reference
