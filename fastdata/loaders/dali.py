@@ -22,9 +22,8 @@ from fastdata.errors import (
 )
 from fastdata.format import LENGTHS_SUFFIX
 from fastdata.format.spec import SHAPE_SUFFIX
-from fastdata.loaders.base import Loader
+from fastdata.loaders.base import Loader, LoaderConfig
 from fastdata.loaders.buffers import torch_dtype
-from fastdata.loaders.config import LoaderConfig
 from fastdata.loaders.dali_augment import Chain, Graph, Img, compile_chain
 from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, Pass, Route, plan_routes
 from fastdata.reading.dataset import Dataset
