@@ -82,7 +82,7 @@ def resident(loader: Any, n_batches: int, device: torch.device) -> list[dict[str
 def fit_row(make_model: Callable[[], nn.Module], feed: Any, steps: int, device: torch.device, field: str,
             **fit_kw: Any) -> dict[str, Any]:
     """One timed ``fit`` (after warm-up) of a fresh model fed by ``feed``: samples/s, input wait, loss."""
-    from fastdata.demo.models import classification_loss
+    from fastdata.demo.examples import classification_loss
 
     torch.manual_seed(0)
     model = make_model().to(device)

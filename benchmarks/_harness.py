@@ -142,7 +142,7 @@ def timed_fit(model: Any, loader: Any, steps: int, *, during: Any = None, loss: 
     steps. Returns the second ``FitResult``; its last epoch is the figure."""
     import torch
 
-    from fastdata.demo.models import classification_loss
+    from fastdata.demo.examples import classification_loss
     from fastdata.train import fit
 
     loss = loss or classification_loss()

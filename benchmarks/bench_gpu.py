@@ -50,7 +50,7 @@ import _harness  # noqa: E402
 import fastdata  # noqa: E402
 from fastdata.augment import ColorJitter, HorizontalFlip, RandomResizedCrop  # noqa: E402
 from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
-from fastdata.demo.models import FlimCNN  # noqa: E402
+from fastdata.demo.examples import FlimCNN  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 
 FLIM = (2, 256, 21, 21)

@@ -24,7 +24,7 @@ import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
 from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
-from fastdata.demo.models import FlimCNN  # noqa: E402
+from fastdata.demo.examples import FlimCNN  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)
 BATCH = 64

@@ -539,18 +539,17 @@ def test_auto_backend_picks_dali_for_encoded_images_it_can_serve(raw, jpegs, mon
 
 
 def test_cuda_version_mismatch_reports_both_versions(monkeypatch):
-    assert fdali.dali_cuda_major(13492) == 13 and fdali.dali_cuda_major(12893) == 12
-    assert fdali.dali_cuda_major(9200) == 9
-    assert fdali.cuda_mismatch(13, "13.0") is None
-    msg = fdali.cuda_mismatch(13, "12.8")
+    assert fdali.cuda_mismatch(13492, "13.0") is None and fdali.cuda_mismatch(12893, "12.8") is None
+    assert fdali.cuda_mismatch(9200, "9.2") is None
+    msg = fdali.cuda_mismatch(13492, "12.8")
     assert "CUDA 13" in msg and "CUDA 12.8" in msg and "nvidia-dali-cuda120" in msg
-    assert "CPU-only" in fdali.cuda_mismatch(13, None)
+    assert "CPU-only" in fdali.cuda_mismatch(13492, None)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
-    d = fdali.import_dali()
-    with pytest.raises(BackendUnavailableError, match=r"CUDA 13 .*CUDA 12\.4") if fdali.dali_cuda_major(
-            d.dali.__cuda_version__) == 13 else pytest.raises(BackendUnavailableError):
-        fdali.check_device(d, torch.device("cuda:0"))
-    fdali.check_device(d, torch.device("cpu"))  # CPU mode needs no matching CUDA
+    version = fdali.import_dali().dali.__cuda_version__
+    with pytest.raises(BackendUnavailableError, match=r"CUDA 13 .*CUDA 12\.4") if fdali.cuda_mismatch(
+            version, "13.0") is None else pytest.raises(BackendUnavailableError):
+        fdali.import_dali(torch.device("cuda:0"))
+    fdali.import_dali(torch.device("cpu"))  # CPU mode needs no matching CUDA
 
 
 def test_bad_arguments(raw):

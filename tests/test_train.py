@@ -14,12 +14,10 @@ from conftest import free_port, gloo_group
 from torch import nn
 
 import fastdata
-from fastdata.train import checkpoint
 from fastdata import train
-from fastdata.train import meter as epoch_meter
-from fastdata.train import precision as precision_plan
 from fastdata.augment import RandomCrop
 from fastdata.demo.examples import classification_loss
+from fastdata.train import precision as precision_plan
 
 
 @pytest.fixture(scope="module")
@@ -206,20 +204,20 @@ def test_auto_precision_on_gpu(blobs):
 def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     import random
 
-    state = checkpoint._rng_state()
+    state = train._rng_state()
     draws = (torch.rand(3), np.random.rand(3), random.random())
     train.save_checkpoint(tmp_path / "rng.pt", {"rng": state})
-    checkpoint._set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
+    train._set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(draws[0], again[0]) and np.array_equal(draws[1], again[1]) and draws[2] == again[2]
 
 
 def test_batches_of_a_plain_dataloader_are_moved_to_the_device():
     x, y = torch.ones(2, 3), torch.tensor([1, 2])
-    moved = epoch_meter.to_device({"x": x, "pair": (x, [y]), "name": "a"}, torch.device("cpu"))
+    moved = train.to_device({"x": x, "pair": (x, [y]), "name": "a"}, torch.device("cpu"))
     assert moved["x"] is x and moved["pair"][0] is x and moved["pair"][1][0] is y and moved["name"] == "a"
     assert isinstance(moved["pair"], tuple) and isinstance(moved["pair"][1], list)
-    meta = epoch_meter.to_device({"x": x, "pair": (x, [y])}, torch.device("meta"))  # a device other than the batch's
+    meta = train.to_device({"x": x, "pair": (x, [y])}, torch.device("meta"))  # a device other than the batch's
     assert meta["x"].device.type == "meta" and meta["pair"][1][0].device.type == "meta"
 
 
@@ -525,7 +523,7 @@ def test_model_runner_falls_back_to_eager_when_compile_itself_fails(monkeypatch)
 
 def test_epoch_meter_accounts_input_wait_and_compute_on_a_fake_clock(monkeypatch):
     now = {"t": 100.0}
-    monkeypatch.setattr(epoch_meter.time, "perf_counter", lambda: now["t"])
+    monkeypatch.setattr(train.time, "perf_counter", lambda: now["t"])
 
     def slow_batches():
         for wait in (0.5, 0.25):

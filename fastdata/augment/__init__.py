@@ -1,10 +1,18 @@
 """Batched augmentation on the device (docs/augment.md): ops are frozen dataclasses that draw per-sample
 parameters from the batch's generator (on the CPU, so both backends draw the same), then transform the batch."""
 
-from fastdata.augment.affine import Pad, RandomAffine
 from fastdata.augment.base import batch_generator, pair
 from fastdata.augment.color import RGB2YIQ, ColorJitter, GaussianNoise, Normalize
-from fastdata.augment.geometric import CenterCrop, HorizontalFlip, RandomCrop, RandomResizedCrop, Resize, VerticalFlip
+from fastdata.augment.geometric import (
+    CenterCrop,
+    HorizontalFlip,
+    Pad,
+    RandomAffine,
+    RandomCrop,
+    RandomResizedCrop,
+    Resize,
+    VerticalFlip,
+)
 from fastdata.augment.pipeline import CROPS, IMAGENET_MEAN, IMAGENET_STD, Augment, Op, shapes_after
 
 __all__ = [

@@ -27,7 +27,7 @@ def train_side_by_side(src: Path, shards: Path, batch: int, steps: int) -> list[
     import torch
 
     from fastdata.demo.baseline import naive_loader
-    from fastdata.demo.models import FlimCNN, classification_loss
+    from fastdata.demo.examples import FlimCNN, classification_loss
     from fastdata.loaders import loader
     from fastdata.train import fit
 

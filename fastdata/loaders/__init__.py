@@ -12,8 +12,7 @@ import torch
 from fastdata.augment import Augment
 from fastdata.errors import UsageError
 from fastdata.format.spec import ENCODING_IMAGE
-from fastdata.loaders.base import Loader
-from fastdata.loaders.config import LoaderConfig
+from fastdata.loaders.base import Loader, LoaderConfig
 from fastdata.loaders.device import resolve_device
 from fastdata.loaders.settings_cache import load_tuned
 from fastdata.loaders.torch_backend import TorchLoader

@@ -31,8 +31,8 @@ from fastdata.format.spec import (
     SHAPE_SUFFIX,
     FieldSpec,
 )
+from fastdata.loaders.base import LoaderConfig
 from fastdata.loaders.buffers import Recycler
-from fastdata.loaders.config import LoaderConfig
 from fastdata.reading.cropdecode import decode_crop, resample_into
 from fastdata.reading.dataset import Dataset
 from fastdata.reading.decode import DecodeError, check_shapes

@@ -22,9 +22,8 @@ from fastdata.errors import (
 )
 from fastdata.format import LENGTHS_SUFFIX
 from fastdata.format.spec import SHAPE_SUFFIX
-from fastdata.loaders.base import Loader
+from fastdata.loaders.base import Loader, LoaderConfig
 from fastdata.loaders.buffers import torch_dtype
-from fastdata.loaders.config import LoaderConfig
 from fastdata.loaders.dali_augment import Chain, Graph, Img, compile_chain
 from fastdata.loaders.dali_feed import GENERATOR_STATE, Feed, HostTargets, Pass, Route, plan_routes
 from fastdata.reading.dataset import Dataset
@@ -33,8 +32,9 @@ from fastdata.seeds import Stream, int_seed
 log = logging.getLogger("fastdata.loader")
 
 
-def import_dali() -> SimpleNamespace:
-    """DALI's modules, or BackendUnavailableError with the pip command when it is not installed."""
+def import_dali(device: torch.device | None = None) -> SimpleNamespace:
+    """DALI's modules, or BackendUnavailableError with the pip command when it is not installed, or when it is
+    built for another CUDA major version than torch and ``device`` is CUDA (CPU mode needs no match)."""
     try:
         import nvidia.dali as dali
         import nvidia.dali.fn as fn
@@ -46,17 +46,18 @@ def import_dali() -> SimpleNamespace:
             f"backend='dali' needs NVIDIA DALI, which cannot be imported here ({e}). Install it with: "
             "pip install \"fastdata[dali]\"  (the nvidia-dali-cuda130 wheel), or use backend='torch'"
         ) from None
+    cuda = device is not None and device.type == "cuda"
+    problem = cuda_mismatch(dali.__cuda_version__, torch.version.cuda) if cuda else None
+    if problem:
+        raise BackendUnavailableError(f"backend='dali' on {device}: {problem}")
     return SimpleNamespace(dali=dali, fn=fn, math=dmath, types=types, Iterator=DALIGenericIterator)
 
 
-def dali_cuda_major(cuda_version: int) -> int:
-    """The CUDA major version of DALI's ``__cuda_version__`` (``13492`` for 13.4.92 -> 13; as DALI reads it)."""
-    digits = str(cuda_version)
-    return int(digits[:2]) if len(digits) >= 5 else int(digits[:1])
-
-
-def cuda_mismatch(dali_cuda: int, torch_cuda: str | None) -> str | None:
-    """Why DALI (built for CUDA major ``dali_cuda``) cannot share a GPU with this torch, or None."""
+def cuda_mismatch(dali_cuda_version: int, torch_cuda: str | None) -> str | None:
+    """Why DALI (built for ``__cuda_version__`` ``dali_cuda_version``, ``13492`` for 13.4.92) cannot share a GPU
+    with this torch, or None."""
+    digits = str(dali_cuda_version)
+    dali_cuda = int(digits[:2]) if len(digits) >= 5 else int(digits[:1])  # the major version, as DALI reads it
     if torch_cuda is None:
         return f"DALI is built for CUDA {dali_cuda}, but this torch is a CPU-only build (torch.version.cuda is None)"
     torch_major = int(torch_cuda.split(".")[0])
@@ -66,18 +67,10 @@ def cuda_mismatch(dali_cuda: int, torch_cuda: str | None) -> str | None:
     return None
 
 
-def check_device(d: SimpleNamespace, device: torch.device) -> None:
-    """CPU mode needs nothing more; on CUDA, DALI and torch must use the same CUDA major version."""
-    if device.type == "cuda":
-        problem = cuda_mismatch(dali_cuda_major(d.dali.__cuda_version__), torch.version.cuda)
-        if problem:
-            raise BackendUnavailableError(f"backend='dali' on {device}: {problem}")
-
-
 def dali_problem(device: torch.device) -> str | None:
     """Why ``backend="auto"`` should not pick DALI for ``device`` (None: it can)."""
     try:
-        check_device(import_dali(), device)
+        import_dali(device)
     except BackendUnavailableError as e:
         return str(e)
     except Exception as e:  # a broken install (missing shared library, ...) means: not available
@@ -111,8 +104,7 @@ class DaliLoader(Loader):
         """``common``: :class:`Loader`'s arguments."""
         super().__init__(dataset, batch_size, **common)
         device = self.device
-        self._dali = import_dali()
-        check_device(self._dali, device)
+        self._dali = import_dali(device)
         self.threads = max(1, threads)
         if self.config.image_dtype != "float32" or self.config.ragged != "padded":
             raise UsageError(f"{dali_unsupported(dataset, None, self.config)}: use backend='torch'")
@@ -189,7 +181,18 @@ class DaliLoader(Loader):
         run.fresh = False
         complete = False
         try:
-            yield from self._deliver(run, plan, first)
+            delivered = 0
+            while run.it is not None:
+                try:
+                    out = next(run.it)[0]
+                except StopIteration:
+                    break
+                except FastdataError:
+                    raise
+                except Exception as e:  # DALI failed (a corrupt image, ...): say where, precisely if possible
+                    raise self._diagnose(plan, first, delivered, e) from None
+                delivered += 1
+                yield self._to_torch(out, run.feed.bypassed.popleft())
             if run.it is None:  # closed during the pass
                 return
             if run.feed.error is not None:
@@ -203,21 +206,6 @@ class DaliLoader(Loader):
         run.feed.add(run.dali_epoch, Pass(self.plan(epoch + 1), 0, epoch + 1))
         run.it.reset()
         run.at, run.fresh = (epoch + 1, 0), True
-
-    def _deliver(self, run: SimpleNamespace, plan: list[np.ndarray], first: int) -> Iterator[dict[str, torch.Tensor]]:
-        """Yield the pipeline's batches until its pass ends."""
-        delivered = 0
-        while run.it is not None:
-            try:
-                out = next(run.it)[0]
-            except StopIteration:
-                break
-            except FastdataError:
-                raise
-            except Exception as e:  # DALI failed (a corrupt image, ...): say where, precisely if possible
-                raise self._diagnose(plan, first, delivered, e) from None
-            delivered += 1
-            yield self._to_torch(out, run.feed.bypassed.popleft())
 
     def _drop(self, run: SimpleNamespace) -> None:
         run.pipe = run.it = None  # DALI's threads and buffers go with the last reference

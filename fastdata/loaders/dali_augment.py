@@ -148,10 +148,8 @@ class _Flip(Step):
         return [self.op.draw(g, _hw(hw))["flip"].numpy().astype(np.int32)]
 
     def apply(self, g: Graph, img: Img, params: list[Any]) -> Img:
-        if isinstance(self.op, HorizontalFlip):
-            node = g.fn.flip(img.node, horizontal=params[0], vertical=0)
-        else:
-            node = g.fn.flip(img.node, horizontal=0, vertical=params[0])
+        horizontal = isinstance(self.op, HorizontalFlip)
+        node = g.fn.flip(img.node, horizontal=params[0] if horizontal else 0, vertical=0 if horizontal else params[0])
         return Img(node, img.is_float, img.scale)
 
 

@@ -178,12 +178,6 @@ class Feed:
         self.passes = {k: v for k, v in self.passes.items() if k >= dali_epoch - 1}
         self.passes[dali_epoch] = p
 
-    def _read(self, p: Pass, i: int) -> dict[str, np.ndarray]:
-        try:
-            return self.dataset.get_batch(p.plan[i], companions=True)
-        except Exception as e:
-            raise wrap_error(e, f"DALI source, batch {p.first + i}") from e
-
     def _generator(self, p: Pass, i: int) -> torch.Generator:
         """Batch ``i`` of pass ``p``'s augmentation generator: the torch backend's (the same draws)."""
         return batch_generator(self.seed, p.epoch, p.first + i, torch.device("cpu"), self.rank)
@@ -193,7 +187,10 @@ class Feed:
         if p is None or i >= len(p.plan) or self.error is not None:
             raise StopIteration
         try:
-            batch = self._read(p, i)
+            try:
+                batch = self.dataset.get_batch(p.plan[i], companions=True)
+            except Exception as e:
+                raise wrap_error(e, f"DALI source, batch {p.first + i}") from e
             out = [a for r in self.routes if not r.bypass for a in r.host(batch)]
             bypassed = {r.name: r.host(batch)[0] for r in self.routes if r.bypass}
             g = self._generator(p, i)

@@ -6,17 +6,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from fastdata.fileio import write_atomic
 from fastdata.loaders.transform import batch_len
-from fastdata.train.checkpoint import _unwrap, checkpoint_state, restore_checkpoint, save_checkpoint
-from fastdata.train.meter import _END, EpochMeter, EpochMetrics, epoch_summary
 from fastdata.train.precision import Precision, PrecisionPlan, fixed_shapes, startup_report
 from fastdata.world import World
 
@@ -24,6 +27,181 @@ log = logging.getLogger("fastdata.train")
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 Say = Callable[[str], None]
+
+
+@dataclass
+class EpochMetrics:
+    """What one epoch did and how input-bound it was."""
+
+    epoch: int
+    steps: int
+    samples: int
+    seconds: float
+    samples_per_s: float
+    wait_s: float
+    compute_s: float
+    wait_fraction: float
+    loss: float
+    skipped_steps: int
+    nonfinite_losses: int
+    peak_memory_bytes: int | None = None
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Tensors of a batch (dicts, lists and tuples of them) on ``device``, from pinned memory without blocking;
+    tensors already there stay as they are."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if type(batch) in (list, tuple):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+_END = object()  # EpochMeter.fetch: the loader is exhausted
+
+
+class EpochMeter:
+    """Input wait and compute time of one epoch, with loss, non-finite and skip counters kept on the device; on
+    CUDA compute is timed with events read at the epoch's end, so timing does not serialise the pipeline."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        self.loss_sum = torch.zeros((), device=device)
+        self.skipped = torch.zeros((), device=device, dtype=torch.int64)
+        self.nonfinite = torch.zeros((), device=device, dtype=torch.int64)
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.wait = self.compute = 0.0
+        self.micro = self.samples = 0
+        self._t_batch = 0.0
+        self.t_start = time.perf_counter()
+
+    def fetch(self, it: Any, device: torch.device) -> Any:
+        """The next batch on ``device`` (``_END`` when exhausted); the time of getting and moving it is input wait."""
+        t0 = time.perf_counter()
+        try:
+            batch = to_device(next(it), device)  # a no-op for fastdata.loader's batches
+        except StopIteration:
+            return _END
+        self._t_batch = t1 = time.perf_counter()
+        self.wait += t1 - t0
+        if self.cuda:
+            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            ev[0].record()
+            self.events.append(ev)
+        return batch
+
+    def add(self, loss: torch.Tensor, samples: int) -> None:
+        """Count one micro-batch: its loss (inf/nan counted apart and summed as 0) and its samples."""
+        self.micro += 1
+        self.samples += samples
+        self.nonfinite += (~torch.isfinite(loss)).long()
+        self.loss_sum += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+
+    def end_compute(self) -> None:
+        """The step of the batch from the last ``fetch`` is done (on CUDA: queued)."""
+        if self.cuda:
+            self.events[-1][1].record()
+        else:
+            self.compute += time.perf_counter() - self._t_batch
+
+    def mean_loss(self) -> float:
+        """Mean loss so far (a host sync: for log lines only)."""
+        return self.loss_sum.item() / max(self.micro, 1)
+
+    def finish(self, epoch: int, steps: int) -> EpochMetrics:
+        """The epoch's metrics: one host sync for the counters, and on CUDA for the compute events."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            self.compute = sum(a.elapsed_time(b) for a, b in self.events) / 1e3
+        seconds = time.perf_counter() - self.t_start
+        return EpochMetrics(
+            epoch=epoch, steps=steps, samples=self.samples, seconds=seconds,
+            samples_per_s=self.samples / seconds if seconds > 0 else 0.0, wait_s=self.wait, compute_s=self.compute,
+            wait_fraction=self.wait / seconds if seconds > 0 else 0.0, loss=self.mean_loss(),
+            skipped_steps=int(self.skipped.item()), nonfinite_losses=int(self.nonfinite.item()),
+            peak_memory_bytes=torch.cuda.max_memory_allocated(self.device) if self.cuda else None)
+
+
+def epoch_summary(m: EpochMetrics) -> str:
+    """The log line of an epoch: throughput, input wait, loss, skipped steps, GPU memory peak."""
+    peak = f", peak memory {m.peak_memory_bytes / 2**20:.0f} MiB" if m.peak_memory_bytes is not None else ""
+    return (f"epoch {m.epoch}: {m.samples_per_s:.0f} samples/s, waited for input {100 * m.wait_fraction:.1f}% "
+            f"({m.wait_s:.2f} s of {m.seconds:.2f} s), loss {m.loss:.4f}, skipped steps {m.skipped_steps}{peak}")
+
+
+_CKPT_VERSION = 1
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    return getattr(model, "module", model)  # DistributedDataParallel
+
+
+def _rng_state() -> dict[str, Any]:
+    """RNG states as tensors and plain lists, so checkpoints load with ``weights_only=True`` (no pickle)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    version, internal, gauss_py = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(np.asarray(keys).astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+        "python": [version, list(internal), gauss_py],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``_rng_state`` saved (torch, numpy, python, and CUDA when both sides have it)."""
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_py = state["python"]
+    random.setstate((version, tuple(internal), gauss_py))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
+    """Write a checkpoint atomically: temp file in the same folder, fsync, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda f: torch.save(payload, f))
+
+
+def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, loader: Any,
+                     *, epoch: int, step: int, precision: str, history: Sequence[EpochMetrics]) -> dict[str, Any]:
+    """Everything exact resume needs (weights, optimizer, scaler, loader position, RNG states, metric
+    history), as tensors and plain values only, so that it loads with ``weights_only=True``."""
+    return {
+        "version": _CKPT_VERSION, "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(), "loader": loader.state_dict() if hasattr(loader, "state_dict") else None,
+        "epoch": epoch, "step": step, "rng": _rng_state(), "precision": precision,
+        "history": [asdict(m) for m in history]}
+
+
+def restore_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer,
+                       scaler: torch.amp.GradScaler, loader: Any) -> tuple[int, int, list[EpochMetrics]]:
+    """Load a ``checkpoint_state`` into the objects of this run and the RNGs; returns (epoch, step, history).
+    A scaler state saved under another precision (empty) is left out."""
+    # onto the CPU: RNG states must stay there; model and optimizer copy into their own devices
+    state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle code
+    if state.get("version") != _CKPT_VERSION:
+        raise ValueError(f"{path}: unknown checkpoint version {state.get('version')!r}")
+    _unwrap(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if state["scaler"]:  # empty when saved without a scaler (another precision)
+        scaler.load_state_dict(state["scaler"])
+    if state.get("loader") is not None and hasattr(loader, "load_state_dict"):
+        loader.load_state_dict(state["loader"])
+    history = [EpochMetrics(**m) for m in state.get("history", [])]
+    _set_rng_state(state["rng"])
+    return state["epoch"], state["step"], history
 
 
 @dataclass
