@@ -159,11 +159,12 @@ def _nearest_index(centre: Tensor, extent: Tensor, n_out: int, n_in: int, limit:
 
 
 def _gather(x4: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
-    """(B, C, len(rows), len(cols)): per-sample rows (B, oh) and columns (B, ow) of a (B, C, H, W) batch."""
-    b = x4.shape[0]
-    idx_b = torch.arange(b, device=x4.device).view(b, 1, 1, 1)
-    idx_c = torch.arange(x4.shape[1], device=x4.device).view(1, -1, 1, 1)
-    return x4[idx_b, idx_c, rows.view(b, 1, -1, 1), cols.view(b, 1, 1, -1)]
+    """(B, C, len(rows), len(cols)): per-sample rows (B, oh) and columns (B, ow) of a (B, C, H, W) batch, the
+    rows gathered first, then the columns of those rows only."""
+    b, c, _, w = x4.shape
+    oh, ow = rows.shape[1], cols.shape[1]
+    picked = x4.gather(2, rows.view(b, 1, oh, 1).expand(b, c, oh, w))
+    return picked.gather(3, cols.view(b, 1, 1, ow).expand(b, c, oh, ow))
 
 
 def _sample(x4: Tensor, grid: Tensor) -> Tensor:

@@ -319,9 +319,9 @@ class RandomAffine(_Geometric):
         if nearest:  # the pixel each source point falls in (any dtype, exact)
             key = f"_nearest_{hc}x{wc}_{x.device}"
             if key not in p:
-                ix = src[..., 0].floor().clamp(0, wc - 1).long()
-                iy = src[..., 1].floor().clamp(0, hc - 1).long()
-                p[key] = (iy * wc + ix).view(b, 1, -1)
+                ix = src[..., 0].floor().clamp_(0, wc - 1).int()  # int32 sums, one conversion to int64
+                iy = src[..., 1].floor().clamp_(0, hc - 1).int()
+                p[key] = iy.mul_(wc).add_(ix).long().view(b, 1, -1)
             flat = p[key].expand(-1, x4.shape[1], -1)
             out = x4.reshape(b, x4.shape[1], -1).gather(2, flat).view(x4.shape)
         else:
