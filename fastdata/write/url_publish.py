@@ -59,6 +59,18 @@ class UrlSpec:
         where = join(self.url, name)
         with_retries(lambda: fs.put_file(str(local), where), f"{where}: upload", self.deadline())
 
+    def read(self, name: str, fs: Any) -> bytes:
+        where = join(self.url, name)
+        return with_retries(lambda: fs.cat_file(where), where, self.deadline())
+
+    def remove(self, name: str, fs: Any) -> None:
+        """Delete ``URL/name`` (nothing when it is not there)."""
+        where = join(self.url, name)
+        try:
+            with_retries(lambda: fs.rm_file(where), where, self.deadline())
+        except RemoteNotFoundError:
+            pass
+
 
 @dataclass
 class UrlPublisher:
