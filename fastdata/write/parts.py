@@ -109,7 +109,7 @@ def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
 def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
     """merge-parts on a URL: the same checks on the uploaded records and objects (sizes from one
     listing), then skipped.json and the manifest uploaded, the manifest last."""
-    spec = UrlSpec.of(url, options)
+    spec = UrlSpec(url, options)
     fs = spec.filesystem()
     sizes = spec.sizes(fs)
     manifest, skipped, n = _combine(url, lambda name: join(url, name), sizes, lambda name: spec.read(name, fs))

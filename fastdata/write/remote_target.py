@@ -15,7 +15,7 @@ from fastdata.format.files import OURS, SKIPPED_NAME
 from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
 from fastdata.remote.retry import RemoteError
-from fastdata.remote.url import filesystem
+from fastdata.remote.url import filesystem, root
 from fastdata.write import journal
 from fastdata.write.destination import check_entries, check_part_entries, own_files, part_stem
 from fastdata.write.url_publish import WORKERS_DIR, UrlSpec, remove_empty
@@ -31,7 +31,7 @@ class RemoteTarget:
 
     def __init__(self, url: str, options: RemoteOptions | None = None, *, part: tuple[int, int] | None = None) -> None:
         self.options = options or RemoteOptions()
-        self.spec = UrlSpec.of(url, self.options)  # what the shard tasks upload their shards with
+        self.spec = UrlSpec(root(url), self.options)  # what the shard tasks upload their shards with
         self.url = self.spec.url
         self.fs = filesystem(self.url, self.options.storage_options, self.options.timeout)
         self.part = part

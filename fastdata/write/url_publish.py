@@ -16,9 +16,8 @@ from fastdata.errors import RemoteNotFoundError
 from fastdata.format import ShardInfo
 from fastdata.remote import RemoteOptions
 from fastdata.remote.cache import pid_alive
-from fastdata.remote.options import default_cache_dir, default_timeout
 from fastdata.remote.retry import with_retries
-from fastdata.remote.url import filesystem, join, root
+from fastdata.remote.url import filesystem, join
 from fastdata.write import _fault
 
 WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
@@ -26,25 +25,17 @@ WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing proces
 
 @dataclass(frozen=True)
 class UrlSpec:
-    """Where a worker uploads shards: ``url``, fsspec ``storage_options`` (never printed: may hold credentials),
-    ``timeout`` (seconds per remote operation, retries included), ``cache_dir`` (staging; None: default cache)."""
+    """Where a worker uploads shards: ``url`` (as :func:`fastdata.remote.url.root` gives it), with the
+    ``options`` of the conversion (never printed: their storage options may hold credentials)."""
 
     url: str
-    storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
-    timeout: float = field(default_factory=default_timeout)
-    cache_dir: str | None = None
-
-    @classmethod
-    def of(cls, url: str, options: RemoteOptions) -> "UrlSpec":
-        so = dict(options.storage_options) if options.storage_options is not None else None
-        cache = str(options.cache_dir) if options.cache_dir is not None else None
-        return cls(root(url), so, options.timeout, cache)
+    options: RemoteOptions = field(default_factory=RemoteOptions, repr=False)
 
     def filesystem(self) -> Any:
-        return filesystem(self.url, self.storage_options)
+        return filesystem(self.url, self.options.storage_options)
 
     def deadline(self) -> float:
-        return time.monotonic() + self.timeout
+        return time.monotonic() + self.options.timeout
 
     def sizes(self, fs: Any) -> dict[str, int]:
         """Every name under the URL with its size, from one listing."""
@@ -129,7 +120,7 @@ def shard_number(name: str) -> int | None:
 def staging_dir(spec: UrlSpec) -> Path:
     """This process's staging folder, ``<cache>/uploads/workers/<host>-<pid>``; folders left by dead
     processes of this host (a killed worker's half-written shard) are removed on the way."""
-    root = (Path(spec.cache_dir) if spec.cache_dir is not None else default_cache_dir()) / "uploads" / WORKERS_DIR
+    root = spec.options.cache_path() / "uploads" / WORKERS_DIR
     host = socket.gethostname()
     mine = root / f"{host}-{os.getpid()}"
     if not mine.is_dir():  # (removed after each upload, when empty)
