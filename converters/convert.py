@@ -178,7 +178,7 @@ def _write(source: Source, dst: Path, upload: RemoteTarget | None, inputs: list[
             target.on_shard = upload.shard_done
             target.trusted = trusted
             target.remote = upload.spec  # each shard task uploads the shard it writes
-            target.on_start = upload.started
+            target.on_start = upload.upload_journal
             report = write_dataset(source, target, config.write, progress)
         upload.finish()
     except BaseException as e:

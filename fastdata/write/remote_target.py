@@ -85,20 +85,16 @@ class RemoteTarget:
 
     # --- while writing -------------------------------------------------------------------
 
-    def started(self) -> None:
-        """The local journal is written, no shard yet: put it remotely first, so that a shard a task uploads
-        is never there without a journal saying what it belongs to."""
-        self._upload_journal()
-
-    def shard_done(self, info: ShardInfo) -> None:
-        """A shard task uploaded a shard (the engine checked it and added it to the local journal): put the
-        journal remotely again, listing it."""
-        self._upload_journal()
-        self.uploaded.append(info)
-
-    def _upload_journal(self) -> None:
+    def upload_journal(self) -> None:
+        """Put the local journal remotely: first once it is written, before any shard (a shard a task uploads is
+        never there without a journal saying what it belongs to), then after each shard (:meth:`shard_done`)."""
         self.spec.upload(self.staging / self.journal_name, self.journal_name, self.fs)
         self.journal_uploaded = True
+
+    def shard_done(self, info: ShardInfo) -> None:
+        """A shard task uploaded a shard (the engine checked it and added it to the local journal)."""
+        self.upload_journal()
+        self.uploaded.append(info)
 
     def finish(self) -> None:
         """Every shard is uploaded: upload the keys file, skipped.json, then the manifest (a part: its record) last;
