@@ -18,7 +18,6 @@ from fastdata.remote import RemoteOptions
 from fastdata.remote.cache import pid_alive
 from fastdata.remote.retry import with_retries
 from fastdata.remote.url import filesystem, join
-from fastdata.write import _fault
 
 WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
 
@@ -81,7 +80,6 @@ class UrlPublisher:
 
     def publish(self, tmp: Path, name: str) -> None:
         try:
-            _fault.point("upload", shard_number(name))
             self.spec.upload(tmp, name, self.fs())
         finally:
             _remove_local(tmp)  # uploaded, or failed: a retry writes it again from the source
@@ -109,12 +107,6 @@ class UrlPublisher:
 
     def discard(self, tmp: Path) -> None:
         _remove_local(tmp)
-
-
-def shard_number(name: str) -> int | None:
-    """``shard-00012.h5`` -> 12 (for the fault hook's SHARD)."""
-    digits = "".join(c for c in name.split(".", 1)[0] if c.isdigit())
-    return int(digits) if digits else None
 
 
 def staging_dir(spec: UrlSpec) -> Path:
@@ -150,4 +142,4 @@ def remove_empty(*folders: Path) -> None:
             pass
 
 
-__all__ = ["UrlPublisher", "UrlSpec", "WORKERS_DIR", "remove_empty", "shard_number", "staging_dir"]
+__all__ = ["UrlPublisher", "UrlSpec", "WORKERS_DIR", "remove_empty", "staging_dir"]
