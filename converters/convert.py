@@ -15,7 +15,7 @@ from fastdata.converters.python_source import python_source
 from fastdata.errors import FastdataError, UsageError
 from fastdata.remote import is_url
 from fastdata.write import ConvertReport, Progress, Source, write_dataset
-from fastdata.write.destination import check_dst, prepare_dst, prepare_part_dst, refuse_broken_url
+from fastdata.write.destination import check_dst, prepare_dst, refuse_broken_url
 from fastdata.write.engine import check_source
 from fastdata.write.merge import merge
 
@@ -169,8 +169,7 @@ def _write(source: Source, dst: Path, upload: RemoteTarget | None, inputs: list[
     through its staging folder (the shard tasks upload their shards; ``upload`` the rest)."""
     trusted = upload.prepare(config.overwrite, config.resume) if upload is not None else set()
     overwrite = config.overwrite and upload is None  # a URL's staging folder starts empty
-    prepared = (prepare_dst(dst, inputs, overwrite, config.resume) if config.part is None
-                else prepare_part_dst(dst, inputs, config.part, overwrite, config.resume))
+    prepared = prepare_dst(dst, inputs, overwrite, config.resume, config.part)
     if upload is None:
         with prepared as target:
             return write_dataset(source, target, config.write, progress)
@@ -179,7 +178,7 @@ def _write(source: Source, dst: Path, upload: RemoteTarget | None, inputs: list[
             target.on_shard = upload.shard_done
             target.trusted = trusted
             target.remote = upload.spec  # each shard task uploads the shard it writes
-            target.on_start = upload.started
+            target.on_start = upload.upload_journal
             report = write_dataset(source, target, config.write, progress)
         upload.finish()
     except BaseException as e:

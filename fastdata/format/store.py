@@ -1,5 +1,5 @@
 """Where a dataset's shards live and how they are opened and kept readable: :class:`ShardStore`, the one
-interface ``Dataset`` reads through (local folders here, URLs in remote.shards, indexes in inplace)."""
+interface ``Dataset`` reads through (local folders here, URLs in remote.store, indexes in inplace)."""
 
 from __future__ import annotations
 

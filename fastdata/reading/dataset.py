@@ -42,9 +42,9 @@ _COLUMN_CHUNK = 1 << 16  # samples read at a time by column()
 def open_store(src: str, remote: RemoteOptions | None) -> ShardStore:
     """Where the shards of the dataset at ``src`` (a folder or a URL) live."""
     if is_url(src):
-        from fastdata.remote.shards import RemoteShards
+        from fastdata.remote.store import RemoteStore
 
-        return RemoteShards(src, remote)
+        return RemoteStore(src, remote)
     if remote is not None:
         raise UsageError(f"{src}: remote= options apply to URLs (s3://...) only, and this is a local path")
     manifest = read_manifest(Path(src))

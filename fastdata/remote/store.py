@@ -1,5 +1,6 @@
-"""A dataset at a URL: its manifest, read remotely, and its shards, downloaded whole into the cache and
-pinned there while a batch reads them."""
+"""A dataset at a URL as a :class:`fastdata.format.store.ShardStore`: its manifest, read remotely, and its
+shards, downloaded whole into the node's cache (and checked) when a batch first needs them, pinned while it
+reads them."""
 
 from __future__ import annotations
 
@@ -7,15 +8,19 @@ import logging
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 from fastdata._units import fmt_bytes
 from fastdata.errors import FormatError, UsageError
+from fastdata.format.backends import backend
 from fastdata.format.files import no_manifest_error
+from fastdata.format.interface import ShardReader
+from fastdata.format.keys import KeyTable
 from fastdata.format.manifest import manifest_of
-from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, KeysInfo, Manifest, ShardInfo
+from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, FieldSpec, KeysInfo, Manifest, ShardInfo
 from fastdata.handles import PerProcessHandle
 from fastdata.remote.cache import CacheFullError, Pin, Priority, ShardCache
 from fastdata.remote.options import RemoteOptions
@@ -54,6 +59,8 @@ class RemoteStore(PerProcessHandle[_Local]):
 
     def __init__(self, url: str, options: RemoteOptions | None = None) -> None:
         self.url = root(url)
+        self.root: Path | str = self.url
+        self.remote: RemoteStore | None = self
         self.options = options or RemoteOptions()
         self.priority: Priority | None = None  # set by a PlanFollower while a loader iterates
         self.fs()  # an unknown scheme or a missing package fails here, before anything is created
@@ -161,7 +168,18 @@ class RemoteStore(PerProcessHandle[_Local]):
             self._fetch(info)
         return pin
 
-    # --- the sample keys' file -----------------------------------------------------------
+    # --- the ShardStore interface ------------------------------------------------------
+
+    def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
+        impl = backend(self.manifest.backend)
+        return [impl.ShardReader(self.local_path(i), info, fields) for i, info in enumerate(self.manifest.shards)]
+
+    def key_table(self) -> KeyTable | None:
+        if self.keys is None:
+            return None
+        # downloaded through the shard cache when keys are first used
+        return KeyTable(self.keys_path(), self.manifest.num_samples, self.keys.bytes, prepare=self.pin_keys,
+                        fetch=self.fetch_keys)
 
     def _keys(self) -> KeysInfo:
         if self.keys is None:
@@ -180,6 +198,18 @@ class RemoteStore(PerProcessHandle[_Local]):
         """Make the keys file local and keep it from eviction; returns what releases it (the key
         table calls this once per process, when keys are first used, and releases it on close)."""
         return self._pin_file(self._keys()).release
+
+    @contextmanager
+    def pinned(self, shards: Sequence[int], readers: Sequence[ShardReader]) -> Iterator[None]:
+        held: list[int] = []
+        try:
+            for s in shards:  # local, checked, and kept from eviction while we read
+                self.pin(s, readers[s].close)
+                held.append(s)
+            yield
+        finally:
+            for s in held:
+                self.unpin(s)
 
     def pin(self, i: int, close_reader: Callable[[], None]) -> None:
         """Make shard ``i`` local and keep it until :meth:`unpin`; ``close_reader`` closes the reader's
@@ -229,8 +259,8 @@ class RemoteStore(PerProcessHandle[_Local]):
                 close()
                 del h.inos[j]
 
-    def release_all(self) -> None:
-        """Drop every pin of this process (the dataset is being closed)."""
+    def close(self) -> None:
+        """Drop every pin of this process (the dataset is being closed); the client stays open."""
         h = self.handle()
         with h.lock:
             self._close_handle(h)

@@ -19,29 +19,27 @@ from fastdata.format.files import JOURNAL_NAME, LOCK_NAME, OURS, PART_FILE, SKIP
 from fastdata.write import journal
 from fastdata.write.url_publish import UrlSpec, remove_empty
 
-__all__ = ["Destination", "DstLock", "SHARD", "check_dst", "check_entries", "check_part_entries", "part_journal_name",
-           "part_lock_name", "part_record_name", "part_stem", "prepare_dst", "prepare_part_dst", "refuse_broken_url",
-           "remove_ours", "remove_shards_except", "remove_temporary", "write_skipped"]
+__all__ = ["Destination", "DstLock", "SHARD", "check_dst", "check_entries", "check_part_entries", "own_files", "part_stem",
+           "prepare_dst", "refuse_broken_url", "remove_ours", "remove_shards_except",
+           "remove_temporary", "write_skipped"]
 
 log = logging.getLogger(__name__)
+
+
+SHARD = re.compile(r"^shard-\d{5,}\.(h5|lmdb)$")
 
 
 def part_stem(index: int, count: int) -> str:
     return f"part-{index:05d}-of-{count:05d}"
 
 
-def part_record_name(index: int, count: int) -> str:
-    """The record a finished part leaves in DST for ``fastdata merge-parts``."""
-    return f".fastdata-{part_stem(index, count)}.json"
-
-
-def part_journal_name(index: int, count: int) -> str:
-    return f"{JOURNAL_NAME}-{part_stem(index, count)}"
-
-
-def part_lock_name(index: int, count: int) -> str:
-    return f".fastdata-{part_stem(index, count)}.lock"
-SHARD = re.compile(r"^shard-\d{5,}\.(h5|lmdb)$")
+def own_files(part: tuple[int, int] | None) -> tuple[str, str, str]:
+    """The journal, the lock and the file written last (the manifest; for part (I, N) the record it leaves for
+    ``fastdata merge-parts``) of a whole conversion (``part`` None) or of one part."""
+    if part is None:
+        return JOURNAL_NAME, LOCK_NAME, MANIFEST_NAME
+    stem = part_stem(*part)
+    return f"{JOURNAL_NAME}-{stem}", f".fastdata-{stem}.lock", f".fastdata-{stem}.json"
 
 
 _BROKEN_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):/(?!/)")  # two letters or more: C:/x is a Windows path
@@ -161,7 +159,7 @@ class Destination:
 
     @property
     def journal_name(self) -> str:
-        return JOURNAL_NAME if self.part is None else part_journal_name(*self.part)
+        return own_files(self.part)[0]
 
     def release(self) -> None:
         if self.lock is not None:
@@ -177,40 +175,13 @@ class Destination:
             remove_empty(self.path)
 
 
-def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool = False) -> Destination:
-    """Create or lock DST, check it again under the lock, and empty a previous dataset for --overwrite."""
-    created = False
-    if not os.path.lexists(dst):
-        try:
-            dst.mkdir(parents=True)
-            created = True
-        except FileExistsError:
-            pass  # another process made it just now: the lock below decides
-        except OSError as e:
-            raise UsageError(f"{dst}: cannot create the destination: {e.strerror}") from None
-    try:
-        lock = DstLock(dst)
-    except BaseException:
-        if created:
-            remove_empty(dst)
-        raise
-    target = Destination(dst, created, resume=False, lock=lock)
-    try:
-        entries = _check_entries(dst, overwrite, resume)  # again: it may have changed before we held the lock
-        target.resume = resume and JOURNAL_NAME in entries
-        if overwrite:
-            remove_ours(dst)  # the manifest first: an interrupted delete never leaves a dataset that looks complete
-    except BaseException:
-        target.__exit__(UsageError, None, None)
-        raise
-    return target
-
-
-def check_part_entries(where: str, names: Sequence[str], part: tuple[int, int], journal_name: str,
-                       overwrite: bool, resume: bool, place: str) -> None:
+def check_part_entries(where: str, names: Sequence[str], part: tuple[int, int], overwrite: bool, resume: bool,
+                       place: str) -> None:
     """What part ``part`` refuses in ``place`` (a folder or URL prefix) holding ``names``: a finished dataset, parts
-    split another way, this part done (unless ``overwrite``) or interrupted (unless ``resume``), files not ours."""
+    split another way, this part done (unless ``overwrite``) or interrupted (unless ``resume``: its journal is
+    there), files not ours."""
     index, count = part
+    journal_name, _, record = own_files(part)
     _refuse_foreign(where, names, place)
     if MANIFEST_NAME in names:
         raise UsageError(f"{where}: already holds a finished dataset; convert the parts into a new {place}")
@@ -220,38 +191,52 @@ def check_part_entries(where: str, names: Sequence[str], part: tuple[int, int], 
             raise UsageError(f"{where}: holds {name}, a part of a conversion split in {int(m.group(2))} parts, not "
                              f"{count}; use the same N for every part (or a new {place})")
     what = f"{where}: part {index}/{count}"
-    if part_record_name(index, count) in names and not overwrite:
+    if record in names and not overwrite:
         raise UsageError(f"{what} is already converted; pass %(overwrite=True) to convert it again")
-    if resume and journal_name not in names:
-        raise UsageError(f"{what}: no interrupted conversion of this part to resume (no {journal_name})")
     if journal_name in names and not (resume or overwrite):
         raise UsageError(f"{what} was interrupted; pass %(resume=True) to finish it, or %(overwrite=True) to start it over")
 
 
-def prepare_part_dst(dst: Path, sources: Sequence[Path], part: tuple[int, int], overwrite: bool,
-                     resume: bool = False) -> Destination:
-    """Create DST if needed and lock this part's files in it (other parts may write DST at the same time);
-    refuses what :func:`check_part_entries` refuses."""
-    check_dst(dst, sources, overwrite=True)  # the source checks, and no whole conversion or merge-parts in DST
+def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: bool = False,
+                part: tuple[int, int] | None = None) -> Destination:
+    """Create or lock DST (for part (I, N): lock only its own files, as other parts may write DST at the same time),
+    check it again under the lock, and empty what --overwrite replaces (a part: its record and journal)."""
+    if part is not None:
+        check_dst(dst, sources, overwrite=True)  # the source checks, and no whole conversion or merge-parts in DST
+    jname, lock_name, last = own_files(part)
+    created = False
+    if not os.path.lexists(dst):
+        try:
+            dst.mkdir(parents=True)
+            created = part is None  # (a part leaves DST to the others)
+        except FileExistsError:
+            pass  # another process made it just now: the lock below decides
+        except OSError as e:
+            raise UsageError(f"{dst}: cannot create the destination: {e.strerror}") from None
     try:
-        dst.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # (a file named DST: check_dst refused it)
-        raise UsageError(f"{dst}: cannot create the destination: {e.strerror}") from None
-    index, count = part
-    lock = DstLock(dst, part_lock_name(index, count))
-    target = Destination(dst, created=False, resume=False, lock=lock, part=part)
-    try:
-        entries = sorted(e for e in os.listdir(dst) if not e.endswith(".lock"))
-        record, jname = part_record_name(index, count), part_journal_name(index, count)
+        lock = DstLock(dst, lock_name)
+    except BaseException:
+        if created:
+            remove_empty(dst)
+        raise
+    target = Destination(dst, created, resume=False, lock=lock, part=part)
+    try:  # checked again: DST may have changed before we held the lock
+        if part is None:
+            entries = _check_entries(dst, overwrite, resume)
+        else:
+            entries = sorted(e for e in os.listdir(dst) if not e.endswith(".lock"))
+            check_part_entries(str(dst), entries, part, overwrite, resume and jname in entries, "folder")
         target.resume = resume and jname in entries  # no journal (never started, or killed writing it): start afresh
-        check_part_entries(str(dst), entries, part, jname, overwrite, target.resume, "folder")
-        if overwrite:
-            (dst / record).unlink(missing_ok=True)
+        if overwrite and part is None:
+            remove_ours(dst)  # the manifest first: an interrupted delete never leaves a dataset that looks complete
+        elif overwrite:
+            (dst / last).unlink(missing_ok=True)
             journal.remove(dst, jname)  # its shards go when the writer removes shards no journal vouches for
     except BaseException:
-        target.release()
+        target.__exit__(UsageError, None, None)
         raise
     return target
+
 
 def write_skipped(dst: Path, skipped: list[tuple[str, str]]) -> None:
     """``skipped.json``: the bad files ``--skip-bad`` left out (nothing when there are none)."""

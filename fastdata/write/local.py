@@ -40,8 +40,7 @@ def mp_context() -> Any:
     return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def _write_parallel(tasks: list[ShardTask], workers: int, progress: Progress | None,
-                    finished: Callable[[ShardTask, ShardInfo, bool], None]) -> None:
+def _write_parallel(tasks: list[ShardTask], workers: int, progress: Progress | None, finished: Finished) -> None:
     ctx = mp_context()
     q = ctx.Queue()
 

@@ -283,12 +283,7 @@ def _place_shards(roots: list[Path], ms: list[Manifest], maps: list[np.ndarray |
                 report.rewritten += 1
                 report.bytes_written += info.bytes
             else:
-                how = _link_or_copy(src, dst / name, method, report)
-                if how == "copied":
-                    report.copied += 1
-                    report.bytes_written += s.bytes
-                else:
-                    report.linked += 1
+                _link_or_copy(src, dst / name, method, report)
                 origin = s.stored_start if s.stored_start != start else None
                 info = ShardInfo(file=name, start=start, count=s.count, bytes=s.bytes, checksum=s.checksum, origin=origin)
             out.append(info)
@@ -299,11 +294,13 @@ def _place_shards(roots: list[Path], ms: list[Manifest], maps: list[np.ndarray |
     return out
 
 
-def _link_or_copy(src: Path, final: Path, method: Method, report: MergeReport) -> str:
+def _link_or_copy(src: Path, final: Path, method: Method, report: MergeReport) -> None:
+    """Hard-link ``src`` to ``final``, else (or with ``method="copy"``) copy it; counted in ``report``."""
     if method != "copy":
         try:
             os.link(src, final)
-            return "linked"
+            report.linked += 1
+            return
         except OSError as e:
             if method == "link" or e.errno not in _NO_LINK:
                 raise write_error(final, e) from None
@@ -317,7 +314,8 @@ def _link_or_copy(src: Path, final: Path, method: Method, report: MergeReport) -
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise write_error(final, e) from None
-    return "copied"
+    report.copied += 1
+    report.bytes_written += final.stat().st_size
 
 
 def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: Path, name: str,

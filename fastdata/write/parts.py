@@ -19,9 +19,8 @@ from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
 from fastdata.format.files import PART_FILE, PART_RECORD, SKIPPED_NAME
 from fastdata.format.manifest import parse_manifest, write_manifest
 from fastdata.remote import RemoteOptions, is_url
-from fastdata.remote.retry import with_retries
 from fastdata.remote.url import join, root
-from fastdata.write.destination import DstLock, part_lock_name, part_record_name, refuse_broken_url, write_skipped
+from fastdata.write.destination import DstLock, own_files, refuse_broken_url, write_skipped
 from fastdata.write.url_publish import UrlSpec
 
 RECORD_VERSION = 1
@@ -53,7 +52,7 @@ def write_part_record(dst: Path, part: tuple[int, int], head: dict[str, Any], ma
         "manifest": manifest.to_json(), "skipped": [list(s) for s in skipped],
     }
     text = json.dumps(record) + "\n"  # key order kept: the manifest must come out byte-identical
-    write_atomic(dst / part_record_name(*part), lambda f: f.write(text.encode("utf-8")))
+    write_atomic(dst / own_files(part)[2], lambda f: f.write(text.encode("utf-8")))
     fsync_dir(dst)
 
 
@@ -102,23 +101,18 @@ def _merge_locked(dst: Path, t0: float) -> MergePartsReport:
     write_skipped(dst, skipped)
     write_manifest(dst, manifest)  # the dataset is complete from here; the records are only clutter
     for i in range(n):
-        (dst / part_record_name(i, n)).unlink(missing_ok=True)
-        (dst / part_lock_name(i, n)).unlink(missing_ok=True)
+        for name in own_files((i, n))[1:]:  # its lock and record
+            (dst / name).unlink(missing_ok=True)
     return MergePartsReport(dst, n, len(manifest.shards), manifest.num_samples, time.perf_counter() - t0)
 
 
 def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
     """merge-parts on a URL: the same checks on the uploaded records and objects (sizes from one
     listing), then skipped.json and the manifest uploaded, the manifest last."""
-    spec = UrlSpec.of(url, options)
+    spec = UrlSpec(url, options)
     fs = spec.filesystem()
-
-    def call(fn: Any, what: str) -> Any:
-        return with_retries(fn, what, spec.deadline())
-
     sizes = spec.sizes(fs)
-    manifest, skipped, n = _combine(url, lambda name: join(url, name), sizes,
-                                    lambda name: call(lambda: fs.cat_file(join(url, name)), join(url, name)))
+    manifest, skipped, n = _combine(url, lambda name: join(url, name), sizes, lambda name: spec.read(name, fs))
     _check_keys_file(manifest, sizes, lambda name: join(url, name))
     with tempfile.TemporaryDirectory(prefix="fastdata-merge-") as tmp:
         local = Path(tmp)
@@ -130,9 +124,8 @@ def _merge_url(url: str, options: RemoteOptions, t0: float) -> MergePartsReport:
     for name in sorted(sizes):
         m = PART_FILE.match(name)
         if m and int(m.group(2)) == n:  # records and any journal left behind: clutter now
-            where = join(url, name)
             try:
-                call(lambda w=where: fs.rm_file(w), where)
+                spec.remove(name, fs)
             except RemoteError as e:
                 log.warning("%s: could not remove %s: %s", url, name, e)
     return MergePartsReport(url, n, len(manifest.shards), manifest.num_samples, time.perf_counter() - t0)

@@ -164,6 +164,8 @@ def write_shard(task: ShardTask, report: Callable[[int, int], None] | None = Non
         fsync_file(tmp)
         checksum = file_checksum(tmp, CHECKSUM_DEFAULT)  # (still in the page cache: a fast re-read)
         size = tmp.stat().st_size
+        if task.remote is not None:
+            _fault.point("upload", task.index)
         handed_over = True  # from here the publisher owns the local file (and cleans it up)
         pub.publish(tmp, task.name)  # the fsync in its rename finds nothing left to write
     except Exception as e:  # OSError, and h5py / lmdb write failures (disk full, I/O error)

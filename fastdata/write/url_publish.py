@@ -16,35 +16,25 @@ from fastdata.errors import RemoteNotFoundError
 from fastdata.format import ShardInfo
 from fastdata.remote import RemoteOptions
 from fastdata.remote.cache import pid_alive
-from fastdata.remote.options import default_cache_dir, default_timeout
 from fastdata.remote.retry import with_retries
-from fastdata.remote.url import filesystem, join, root
-from fastdata.write import _fault
+from fastdata.remote.url import filesystem, join
 
 WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
 
 
 @dataclass(frozen=True)
 class UrlSpec:
-    """Where a worker uploads shards: ``url``, fsspec ``storage_options`` (never printed: may hold credentials),
-    ``timeout`` (seconds per remote operation, retries included), ``cache_dir`` (staging; None: default cache)."""
+    """Where a worker uploads shards: ``url`` (as :func:`fastdata.remote.url.root` gives it), with the
+    ``options`` of the conversion (never printed: their storage options may hold credentials)."""
 
     url: str
-    storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
-    timeout: float = field(default_factory=default_timeout)
-    cache_dir: str | None = None
-
-    @classmethod
-    def of(cls, url: str, options: RemoteOptions) -> "UrlSpec":
-        so = dict(options.storage_options) if options.storage_options is not None else None
-        cache = str(options.cache_dir) if options.cache_dir is not None else None
-        return cls(root(url), so, options.timeout, cache)
+    options: RemoteOptions = field(default_factory=RemoteOptions, repr=False)
 
     def filesystem(self) -> Any:
-        return filesystem(self.url, self.storage_options)
+        return filesystem(self.url, self.options.storage_options)
 
     def deadline(self) -> float:
-        return time.monotonic() + self.timeout
+        return time.monotonic() + self.options.timeout
 
     def sizes(self, fs: Any) -> dict[str, int]:
         """Every name under the URL with its size, from one listing."""
@@ -58,6 +48,18 @@ class UrlSpec:
         """``local`` -> ``URL/name`` (a whole-object PUT: readers never see half of it)."""
         where = join(self.url, name)
         with_retries(lambda: fs.put_file(str(local), where), f"{where}: upload", self.deadline())
+
+    def read(self, name: str, fs: Any) -> bytes:
+        where = join(self.url, name)
+        return with_retries(lambda: fs.cat_file(where), where, self.deadline())
+
+    def remove(self, name: str, fs: Any) -> None:
+        """Delete ``URL/name`` (nothing when it is not there)."""
+        where = join(self.url, name)
+        try:
+            with_retries(lambda: fs.rm_file(where), where, self.deadline())
+        except RemoteNotFoundError:
+            pass
 
 
 @dataclass
@@ -78,7 +80,6 @@ class UrlPublisher:
 
     def publish(self, tmp: Path, name: str) -> None:
         try:
-            _fault.point("upload", shard_number(name))
             self.spec.upload(tmp, name, self.fs())
         finally:
             _remove_local(tmp)  # uploaded, or failed: a retry writes it again from the source
@@ -108,16 +109,10 @@ class UrlPublisher:
         _remove_local(tmp)
 
 
-def shard_number(name: str) -> int | None:
-    """``shard-00012.h5`` -> 12 (for the fault hook's SHARD)."""
-    digits = "".join(c for c in name.split(".", 1)[0] if c.isdigit())
-    return int(digits) if digits else None
-
-
 def staging_dir(spec: UrlSpec) -> Path:
     """This process's staging folder, ``<cache>/uploads/workers/<host>-<pid>``; folders left by dead
     processes of this host (a killed worker's half-written shard) are removed on the way."""
-    root = (Path(spec.cache_dir) if spec.cache_dir is not None else default_cache_dir()) / "uploads" / WORKERS_DIR
+    root = spec.options.cache_path() / "uploads" / WORKERS_DIR
     host = socket.gethostname()
     mine = root / f"{host}-{os.getpid()}"
     if not mine.is_dir():  # (removed after each upload, when empty)
@@ -147,4 +142,4 @@ def remove_empty(*folders: Path) -> None:
             pass
 
 
-__all__ = ["UrlPublisher", "UrlSpec", "WORKERS_DIR", "remove_empty", "shard_number", "staging_dir"]
+__all__ = ["UrlPublisher", "UrlSpec", "WORKERS_DIR", "remove_empty", "staging_dir"]
