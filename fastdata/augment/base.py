@@ -131,30 +131,31 @@ def _resample(x4: Tensor, fw: Tensor, fh: Tensor, cx: Tensor, cy: Tensor, oh: in
     """Bilinear (or nearest) resampling of the boxes (centre, size as fractions of the canvas) to
     (oh, ow); ``limit``: the largest grid x, y per sample (sampling clamps there)."""
     b = x4.shape[0]
-    theta = torch.zeros(b, 2, 3, device=x4.device, dtype=torch.float32)
-    theta[:, 0, 0] = fw
-    theta[:, 0, 2] = cx * 2 - 1
-    theta[:, 1, 1] = fh
-    theta[:, 1, 2] = cy * 2 - 1
+    lim = limit if limit is not None else (None, None)
     if nearest:  # separable: one source row per output row, one column per column (any dtype, exact)
         hc, wc = x4.shape[-2:]
-        lim = limit if limit is not None else (None, None)
         cols = _nearest_index(cx * 2 - 1, fw, ow, wc, lim[0])
         rows = _nearest_index(cy * 2 - 1, fh, oh, hc, lim[1])
         return _gather(x4, rows, cols)
-    grid = F.affine_grid(theta, [b, x4.shape[1], oh, ow], align_corners=False)
-    if limit is not None:
-        grid = torch.minimum(grid, torch.stack(limit, dim=1).to(grid.dtype).view(b, 1, 1, 2))
+    # the sampling grid is separable too: each output column's x and each row's y, broadcast into place
+    grid = torch.empty(b, oh, ow, 2, device=x4.device, dtype=torch.float32)
+    grid[..., 0] = _grid_line(cx * 2 - 1, fw, ow, lim[0]).view(b, 1, ow)
+    grid[..., 1] = _grid_line(cy * 2 - 1, fh, oh, lim[1]).view(b, oh, 1)
     return _sample(x4, grid)
+
+
+def _grid_line(centre: Tensor, extent: Tensor, n_out: int, limit: Tensor | None) -> Tensor:
+    """(B, n_out) normalised grid positions ``centre + extent * o`` of the output pixels' centres along one axis
+    (what affine_grid gives for an axis-aligned box), clamped at ``limit``."""
+    o = (torch.arange(n_out, device=centre.device, dtype=torch.float32) + 0.5) * (2 / n_out) - 1
+    g = centre.float().view(-1, 1) + extent.float().view(-1, 1) * o
+    return g if limit is None else torch.minimum(g, limit.float().view(-1, 1))
 
 
 def _nearest_index(centre: Tensor, extent: Tensor, n_out: int, n_in: int, limit: Tensor | None) -> Tensor:
     """(B, n_out) source pixel of each output pixel along one axis, as grid_sample's nearest mode picks it
     (normalised grid ``centre + extent * o``)."""
-    o = (torch.arange(n_out, device=centre.device, dtype=torch.float32) + 0.5) * (2 / n_out) - 1
-    g = centre.float().view(-1, 1) + extent.float().view(-1, 1) * o
-    if limit is not None:
-        g = torch.minimum(g, limit.float().view(-1, 1))
+    g = _grid_line(centre, extent, n_out, limit)
     return torch.round((g + 1) / 2 * n_in - 0.5).clamp(0, n_in - 1).long()
 
 

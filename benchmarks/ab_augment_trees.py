@@ -1,9 +1,9 @@
-"""Two source trees' augmentation of masks (nearest) and crops, paired in one run: the same batches through
-``Augment`` from each tree, the trees alternating in every round (A B, B A, ...).
+"""Two source trees' augmentation, paired in one run: the same batches through ``Augment`` from each tree,
+the trees alternating in every round (A B, B A, ...).
 
 Usage::
 
-    python benchmarks/ab_augment_nearest.py --before DIR --after DIR [--rounds 5] [--out DIR]
+    python benchmarks/ab_augment_trees.py --before DIR --after DIR [--rounds 5] [--out DIR] [--name NAME]
 
 Each round runs one child process per tree (``PYTHONPATH`` = that tree only) that times every case: a
 warm-up call, then the median of ``--calls`` timed calls (new draws each call, one batch generator seed per
@@ -11,10 +11,11 @@ call, the same in both trees). Cases, on two batch sizes each:
 
 * targets: float RGB images + a uint8 mask (4 labels, 16-pixel blocks) + 17 keypoints, RandomResizedCrop +
   horizontal flip + RandomAffine (the ops of bench_augment_targets.py), the mask resampled nearest;
-* crop: float RGB images alone, RandomCrop (a per-sample window gathered, no resampling).
+* crop: float RGB images alone, RandomCrop (a per-sample window gathered, no resampling);
+* image: float RGB images alone through the targets case's ops (bilinear crop-resize, flip, affine).
 
 Ratio: before's ms over after's in each round (above 1: after is faster); median and quartiles over rounds.
-Written to ``<out>/augment_nearest_ab.{json,md}``.
+Written to ``<out>/<name>.{json,md}`` (default name: augment_trees_ab).
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-CASES = {  # name: (batch, side, output side, with targets)
+CASES = {  # name: (batch, side, output side, with targets: True, False (RandomCrop), None (the ops alone))
     "targets, 64 x 256 px -> 224": (64, 256, 224, True),
     "targets, 16 x 512 px -> 384": (16, 512, 384, True),
     "crop, 64 x 256 px -> 224": (64, 256, 224, False),
     "crop, 16 x 512 px -> 384": (16, 512, 384, False),
+    "image, 64 x 256 px -> 224": (64, 256, 224, None),
+    "image, 16 x 512 px -> 384": (16, 512, 384, None),
 }
 PAIRS = [(1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12), (13, 14), (15, 16)]
 
@@ -57,6 +60,8 @@ def child(calls: int) -> None:
             batch["kp"] = torch.cat([xy, torch.full((b, 17, 1), 2.0)], -1)
             aug = Augment((RandomResizedCrop(size), HorizontalFlip(), RandomAffine(10, (0.05, 0.05), (0.9, 1.1))),
                           targets={"kp": Keypoints(flip_pairs=PAIRS, visibility=2), "mask": Mask()})
+        elif targets is None:
+            aug = Augment((RandomResizedCrop(size), HorizontalFlip(), RandomAffine(10, (0.05, 0.05), (0.9, 1.1))))
         else:
             aug = Augment((RandomCrop(size),))
         times = []
@@ -84,6 +89,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=8)
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--name", default="augment_trees_ab")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child is not None:
@@ -95,7 +101,7 @@ def main() -> None:
         for side in (["before", "after"] if r % 2 == 0 else ["after", "before"]):
             for c, v in run_tree(trees[side], a.calls).items():
                 ms[side][c].append(v)
-    lines = ["# Masks (nearest) and crops: two trees paired in one run", "",
+    lines = ["# Augment: two trees paired in one run", "",
              f"Before: {trees['before']}; after: {trees['after']}. {a.rounds} rounds, trees alternating; each figure "
              f"a child process's median of {a.calls} calls (torch 2 threads, CPU).", "",
              "| case | before ms (median) | after ms (median) | before/after per round | median (quartiles) |",
@@ -108,8 +114,8 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "augment_nearest_ab.md").write_text(text)
-    (a.out / "augment_nearest_ab.json").write_text(json.dumps({"trees": {k: str(v) for k, v in trees.items()},
+    (a.out / f"{a.name}.md").write_text(text)
+    (a.out / f"{a.name}.json").write_text(json.dumps({"trees": {k: str(v) for k, v in trees.items()},
                                                                 "ms": ms}, indent=1))
 
 
