@@ -95,6 +95,9 @@ def main() -> None:
     if a.child is not None:
         child(a.child)
         return
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _harness import ratio_quartiles  # here, not at the top: a child imports only its own tree's fastdata
+
     trees = {"before": a.before.resolve(), "after": a.after.resolve()}
     ms: dict[str, dict[str, list[float]]] = {k: {c: [] for c in CASES} for k in trees}
     for r in range(a.rounds):
@@ -108,7 +111,7 @@ def main() -> None:
              "|---|---:|---:|---|---|"]
     for c in CASES:
         ratios = [x / y for x, y in zip(ms["before"][c], ms["after"][c])]
-        q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        q1, med, q3 = ratio_quartiles(ms["before"][c], ms["after"][c])
         lines.append(f"| {c} | {statistics.median(ms['before'][c]):.1f} | {statistics.median(ms['after'][c]):.1f} | "
                      f"{' '.join(f'{x:.2f}' for x in ratios)} | {med:.2f} ({q1:.2f}-{q3:.2f}) |")
     text = "\n".join(lines) + "\n"

@@ -38,7 +38,7 @@ class PerProcessHandle(Generic[H]):
         with self._open_lock():  # reader threads racing to open the same shard must not leak the loser's handle
             handle = self._handle
             if handle is None or self._handle_pid != os.getpid():
-                PerProcessHandle.close(self)  # this class's close: a subclass's may use the handle (RemoteStore)
+                self.close()
                 handle = self._open_handle()
                 self._handle = handle
                 self._handle_pid = os.getpid()

@@ -36,7 +36,7 @@ class CountingShards(LocalShards):
         finally:
             self.held -= 1
 
-    def close(self) -> None:
+    def release_pins(self) -> None:
         self.closed = True
 
 

@@ -39,7 +39,7 @@ class ShardStore(Protocol):
     def pinned(self, shards: Sequence[int], readers: Sequence[ShardReader]) -> AbstractContextManager[None]:
         """Keeps ``shards`` readable (local, checked, not evicted) while a batch reads them."""
 
-    def close(self) -> None:
+    def release_pins(self) -> None:
         """Releases what this process holds for the store (pins); readers are closed by the caller."""
 
 
@@ -86,7 +86,7 @@ class LocalShards:
     def pinned(self, shards: Sequence[int], readers: Sequence[ShardReader]) -> AbstractContextManager[None]:
         return _UNPINNED
 
-    def close(self) -> None:
+    def release_pins(self) -> None:
         pass
 
 

@@ -485,7 +485,7 @@ class Dataset:
             r.close()
         if self._decoder is not None:
             self._decoder.close()
-        self._store.close()
+        self._store.release_pins()
         if self._keys is not None:
             self._keys.close()
 

@@ -259,7 +259,7 @@ class RemoteStore(PerProcessHandle[_Local]):
                 close()
                 del h.inos[j]
 
-    def close(self) -> None:
+    def release_pins(self) -> None:
         """Drop every pin of this process (the dataset is being closed); the client stays open."""
         h = self.handle()
         with h.lock:
