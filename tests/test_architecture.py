@@ -61,14 +61,11 @@ LAYER_ROLES: list[str] = [
     "tools: the CLI, measuring (bench, tune, doctor, verify), the demo; nothing below uses them",
 ]
 
-MAX_MODULE_LINES = 450
+MAX_MODULE_LINES = 800  # issue 49: modules split by concern, not by a line cap
 MAX_FUNCTION_LINES = 60
 # modules ("path") and functions ("path::name") allowed over the limits, each with its reason; an entry
 # that is no longer over fails the test, so the list only shrinks
-SIZE_ALLOWED: dict[str, str] = {
-    "fastdata/reading/dataset.py": "the Dataset class whole in one module (issue 49: no class spread over modules); "
-                                   "up to MAX_ALLOWED_MODULE_LINES",
-}
+SIZE_ALLOWED: dict[str, str] = {}
 MAX_ALLOWED_MODULE_LINES = 800  # the most an allowed module may have
 # modules users import from (docs, README): each declares a sorted __all__ of names it has
 PUBLIC_MODULES = (
