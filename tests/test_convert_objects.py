@@ -175,7 +175,7 @@ def test_fixed_shape_arrow_columns_written_in_blocks_give_the_bytes_of_sample_by
     hf = datasets.concatenate_datasets(parts).select(list(range(5, n)) + list(range(5)))
     table = pa.Table.from_batches(pa.table({"x": pa.array(list(x.reshape(n, 12)), pa.list_(pa.float32(), 12)),
                                             "y": pa.array(np.arange(n))}).to_batches(max_chunksize=333))
-    from fastdata.format.hdf5write import ShardWriter
+    from fastdata.format.hdf5 import ShardWriter
 
     blocks = []
     write_rows = ShardWriter.write_rows
