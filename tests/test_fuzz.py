@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from fastdata.converters.npy_parse import parse_header, read_npy_header, read_npz_headers
 from fastdata.errors import CorruptShardError, DataError, FormatError
-from fastdata.format import ShardInfo, lmdbwrite, make_field, read_manifest
+from fastdata.format import ShardInfo, make_field, read_manifest
 from fastdata.format import lmdb as lmdb_format
 from fastdata.format.manifest import parse_manifest
 
@@ -117,7 +117,7 @@ RAGGED = [make_field("x", "<f4", (None, 2)), make_field("y", "<u2", (4,))]
 
 def _record(fields: list, rows: int) -> bytes:
     sample = {f.name: (np.ones((rows, *f.trailing), f.np_dtype) if f.ragged else np.ones(f.shape, f.np_dtype)) for f in fields}
-    return lmdbwrite.encode_record(fields, sample)
+    return lmdb_format.encode_record(fields, sample)
 
 
 @st.composite
@@ -157,8 +157,8 @@ def lmdb_read_target(scratch: Path, fields: list, values: list[bytes]) -> None:
     env = lmdb.open(str(path), subdir=False, map_size=1 << 22, lock=False)
     with env.begin(write=True) as txn:
         for i, v in enumerate(values):
-            txn.put(lmdbwrite.key(i), v)
-        txn.put(lmdbwrite.SHARD_KEY, lmdbwrite.shard_record(fields, 0, n))
+            txn.put(lmdb_format.key(i), v)
+        txn.put(lmdb_format.SHARD_KEY, lmdb_format.shard_record(fields, 0, n))
     env.close()
     info = ShardInfo(path.name, 0, n, path.stat().st_size, "sha256:" + "0" * 64)
     reader = lmdb_format.ShardReader(path, info, fields)

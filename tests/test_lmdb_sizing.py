@@ -8,7 +8,7 @@ import numpy as np
 
 import fastdata
 from fastdata.format import lmdb as lmdb_format
-from fastdata.format import lmdbwrite, make_field
+from fastdata.format import make_field
 from fastdata.measure.verify import verify
 
 
@@ -32,20 +32,20 @@ def test_map_grows_from_a_tiny_estimate_and_the_file_is_right_sized(tmp_path, mo
                 w.write({"x": s})
         return w
 
-    monkeypatch.setattr(lmdbwrite, "_COMMIT_BYTES", 32 << 10)  # several commits, each may find the map full
+    monkeypatch.setattr(lmdb_format, "_COMMIT_BYTES", 32 << 10)  # several commits, each may find the map full
     write(tmp_path / "normal.lmdb")
-    monkeypatch.setattr(lmdbwrite, "initial_map_size", lambda payload, count, nfields: 64 << 10)
+    monkeypatch.setattr(lmdb_format, "initial_map_size", lambda payload, count, nfields: 64 << 10)
     write(tmp_path / "tiny.lmdb")
     assert _pages(tmp_path / "tiny.lmdb") > 8 * (64 << 10)  # more pages than the first map holds: it grew
     for path in (tmp_path / "normal.lmdb", tmp_path / "tiny.lmdb"):
         used = _pages(path)
-        assert path.stat().st_size == used + lmdbwrite.tail_guard_bytes(4096, 8 + 8 + 37 * 64)
+        assert path.stat().st_size == used + lmdb_format.tail_guard_bytes(4096, 8 + 8 + 37 * 64)
         assert used < 2 * 4 * 16 * rows.sum()  # payload 4 bytes x 16 x rows, with B-tree overhead
     assert (tmp_path / "normal.lmdb").stat().st_size == (tmp_path / "tiny.lmdb").stat().st_size  # growing costs nothing
 
 
 def test_conversion_with_a_tiny_map_estimate_reads_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(lmdbwrite, "initial_map_size", lambda payload, count, nfields: 32 << 10)
+    monkeypatch.setattr(lmdb_format, "initial_map_size", lambda payload, count, nfields: 32 << 10)
     x = np.random.default_rng(0).standard_normal((500, 300)).astype("<f4")
     np.save(tmp_path / "X.npy", x)
     opts = fastdata.WriteOptions(backend="lmdb", workers=2, shard_size=240_000)  # 200 samples a shard
