@@ -18,7 +18,7 @@ Usage::
    place, against one mixed-type ``np.multiply(pixels, 1/255, out=row)``.
 5. Mixed-size images (sides 160-352) copied into their batch padded to the largest height and width,
    one thread (what ``get_batch`` does for a mixed-size ``pixels`` field): each image's whole block
-   zeroed first, then its rows copied (``fastdata.format.shardio.RaggedOut``), against the rows
+   zeroed first, then its rows copied (``fastdata.format.interface.RaggedOut``), against the rows
    copied first, then the right and bottom margins zeroed.
 
 Each figure is the median of interleaved rounds; results go to ``<out>/choices[_quick].{json,md}``.

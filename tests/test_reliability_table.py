@@ -103,7 +103,7 @@ GUARDS: dict[str, tuple[tuple[str, ...], str, list[str] | None]] = {
     "sample (`fastdata_start`)": (
         ("fastdata.format.hdf5:ShardReader._check_start",), "None", ["test_reliability_read.py::test_swapped_shards_are_refused"]),
     "the shard's size has not changed since it was opened": (
-        ("fastdata.format.shardio:ShardReaderBase._check_unchanged",), "None", None),
+        ("fastdata.format.interface:ShardReaderBase._check_unchanged",), "None", None),
     "LMDB: its last page lies inside the file; the shard's own record of its first sample, count and schema": (
         ("fastdata.format.lmdb:ShardReader._check_meta", "fastdata.format.lmdb:ShardReader._check_shard_record"), "None", None),
     "checksum of every shard": (("fastdata.measure.verify:_check_shard",), "None", None),

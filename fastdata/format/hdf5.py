@@ -17,7 +17,7 @@ from fastdata.fileio import pread_into
 from fastdata.format import codec as blosc_codec
 from fastdata.format import interface
 from fastdata.format.chunks import chunk_arrays
-from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase, copy_rows, runs
+from fastdata.format.interface import Layout, RaggedOut, ShardReaderBase, copy_rows, runs
 from fastdata.format.spec import FORMAT_VERSION, FieldSpec, ShardInfo
 
 EXTENSION = ".h5"

@@ -18,8 +18,7 @@ from fastdata.format import blocksums, chunks
 from fastdata.format.backends import INDEX
 from fastdata.format.blocksums import BlockCheck
 from fastdata.format.external import Column, Index, Stamp, check_file, file_problems, h5_file, open_zarr, parse_index
-from fastdata.format.interface import ShardReader
-from fastdata.format.shardio import Layout, copy_rows, runs
+from fastdata.format.interface import Layout, ShardReader, copy_rows, runs
 from fastdata.format.spec import FieldSpec, Manifest, ShardInfo
 from fastdata.format.store import LocalShards
 from fastdata.handles import PerProcessHandle

@@ -21,7 +21,7 @@ from fastdata.errors import CorruptShardError, UsageError
 from fastdata.fileio import disk_full
 from fastdata.format import codec as blosc_codec
 from fastdata.format import interface
-from fastdata.format.shardio import Layout, RaggedOut, ShardReaderBase
+from fastdata.format.interface import Layout, RaggedOut, ShardReaderBase
 from fastdata.format.spec import FieldSpec, ShardInfo
 from fastdata.handles import no_fork_during
 

@@ -14,9 +14,8 @@ import numpy as np
 from fastdata.errors import CorruptShardError, UsageError
 from fastdata.format import IMAGE_ENCODINGS, FieldSpec, Manifest
 from fastdata.format.backends import INDEX
-from fastdata.format.interface import ShardReader
+from fastdata.format.interface import Layout, Packed, ShardReader
 from fastdata.format.manifest import read_manifest
-from fastdata.format.shardio import Layout, Packed
 from fastdata.format.spec import (
     ENCODING_PIXELS,
     KEY_FIELD,
