@@ -110,7 +110,7 @@ GUARDS: dict[str, tuple[tuple[str, ...], str, list[str] | None]] = {
     "labels within the class list; each sample as decoded": (("fastdata.measure.verify:check_samples",), "(0, [])", None),
     "in-place index built with `--checksum`: each 1 MiB block of a source file (of each file of a Zarr store) "
     "against its checksum taken at index time ([in-place.md](in-place.md#when-the-source-changes))": (
-        ("fastdata.format.blocksums:BlockCheck._compare", "fastdata.format.blocksums:BlockCheck.whole"), "None", None),
+        ("fastdata.format.external:BlockCheck._compare", "fastdata.format.external:BlockCheck.whole"), "None", None),
 }
 
 _SWITCH_OFF = """

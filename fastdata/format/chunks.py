@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import CorruptShardError
-from fastdata.format.blocksums import BlockCheck
+from fastdata.format.external import BlockCheck
 
 DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD = 1, 2, 32001, 32004, 32015
 KNOWN = (DEFLATE, SHUFFLE, BLOSC, LZ4, ZSTD)
@@ -72,7 +72,7 @@ class ChunkTable:
 def chunk_table(dset: Any, path: str, checks: dict[str, BlockCheck] | None = None) -> ChunkTable | None:
     """The table of ``dset`` (an h5py Dataset of the file ``path``, opened here), or None when it must be read
     through h5py (other filters, chunks not along the sample axis, or chunks never written: h5py gives the fill
-    value); ``checks``: the file's block digests (blocksums.checks)."""
+    value); ``checks``: the file's block digests (external.checks)."""
     if dset.chunks is None or tuple(dset.chunks[1:]) != tuple(dset.shape[1:]):
         return None
     plist = dset.id.get_create_plist()
@@ -253,7 +253,7 @@ def _codec(meta: Any) -> tuple[bool, Any]:
 
 def zarr_chunks(array: Any, local_root: str, checks: dict[str, BlockCheck] | None = None) -> ZarrChunks | None:
     """The direct-read plan of ``array`` (opened from the local store at ``local_root``), or None; ``checks``:
-    the store's block digests (blocksums.checks)."""
+    the store's block digests (external.checks)."""
     shape, chunks = tuple(array.shape), tuple(array.chunks)
     dtype = np.dtype(array.dtype)
     if chunks[1:] != shape[1:] or not (dtype.isnative or dtype.byteorder == "|"):

@@ -1,12 +1,15 @@
 """The files an in-place index points into: what an array inside one looks like (HDF5 dataset, ``.npy`` file,
 Zarr array; errors name the file and the array), and the stamps that prove each unchanged since indexing
-(size, time, metadata, sampled blocks; with ``--checksum`` every byte); a change is a CorruptShardError."""
+(size, time, metadata, sampled blocks; with ``--checksum`` every byte, and one ``xxh3_64`` per ``BLOCK``
+bytes, each checked the first time a process reads bytes in it); a change is a CorruptShardError."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-from dataclasses import asdict, dataclass
+import threading
+from dataclasses import asdict, dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -16,13 +19,13 @@ import xxhash
 
 from fastdata.errors import CorruptShardError, DataError
 from fastdata.fileio import read_blocks
-from fastdata.format import blocksums
 
 KIND = "index"  # manifest source "kind" of an in-place index
 FORMATS = ("hdf5", "npy", "zarr")
 ZARR_META = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
 SAMPLE_BLOCK = 4096
 SAMPLE_BLOCKS = 64  # per file: 256 KiB read at each open (sample_checksum)
+BLOCK = 1 << 20  # bytes a block: reads touching a block not checked yet read it whole, once per process
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class Stamp:
     meta: str  # "xxh3_128:<hex>" of its metadata (see the module docstring)
     checksum: str | None = None  # "xxh3_128:<hex>" of its whole content, with --checksum
     sample: str | None = None  # "xxh3_128:<hex>" of blocks sampled across its content (sample_checksum)
-    blocks: dict[str, Any] | None = None  # with --checksum: {"size": bytes, "xxh3_64": {file: digests}} (blocksums)
+    blocks: dict[str, Any] | None = None  # with --checksum: {"size": bytes, "xxh3_64": {file: digests}} (BlockCheck)
 
     def to_json(self) -> dict[str, Any]:
         return _set(self)
@@ -174,16 +177,16 @@ def content_checksums(path: str) -> tuple[str, str, dict[str, str]]:
         pieces = {o: bytearray() for o in starts}
         sums: list[int] = []
         pos = 0
-        for data in read_blocks(p):  # HASH_BLOCK is a multiple of blocksums.BLOCK: blocks are whole
+        for data in read_blocks(p):  # HASH_BLOCK is a multiple of BLOCK: blocks are whole
             full.update(data)
-            sums += blocksums.digests(data)
+            sums += digests(data)
             for o in starts:
                 if o < pos + len(data) and o + SAMPLE_BLOCK > pos:  # (a sampled block may span two reads)
                     pieces[o] += data[max(0, o - pos) : o + SAMPLE_BLOCK - pos]
             pos += len(data)
         for o in starts:
             sample.update(pieces[o])
-        blocks[rel] = blocksums.manifest_text(sums)
+        blocks[rel] = manifest_text(sums)
     return f"xxh3_128:{full.hexdigest()}", f"xxh3_128:{sample.hexdigest()}", blocks
 
 
@@ -194,7 +197,7 @@ def stamp(path: str, fmt: str, arrays: list[str], full: bool) -> Stamp:
         return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), None, sample_checksum(path))
     whole, sample, blocks = content_checksums(path)
     return Stamp(path, size, mtime, meta_checksum(path, fmt, arrays), whole, sample,
-                 {"size": blocksums.BLOCK, "xxh3_64": blocks})
+                 {"size": BLOCK, "xxh3_64": blocks})
 
 
 def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, content: bool = False) -> str | None:
@@ -232,6 +235,134 @@ def file_problems(index: Index, content: bool = False) -> list[str]:
             arrays[c.file] = (c.format, arrays[c.file][1] + [c.array])
     found = [check_file(s, fmt, names, meta=True, content=content) for s, (fmt, names) in zip(index.files, arrays)]
     return [p for p in found if p is not None]
+
+
+def digests(data: Any, block: int = BLOCK) -> list[int]:
+    """``xxh3_64`` of each ``block`` bytes of ``data`` (the last one may be short)."""
+    view = memoryview(data).cast("B")
+    return [xxhash.xxh3_64_intdigest(view[i : i + block]) for i in range(0, len(view), block)]
+
+
+def manifest_text(sums: list[int]) -> str:
+    """Digests as the manifest keeps them: base64 of little-endian uint64s."""
+    return base64.b64encode(np.asarray(sums, dtype="<u8").tobytes()).decode()
+
+
+@dataclass
+class BlockCheck:
+    """The recorded block digests of one file, and which of its blocks this process has checked."""
+
+    path: str
+    sums: np.ndarray  # uint64, one per block
+    block: int = BLOCK
+    ok: np.ndarray = field(init=False)
+    left: int = field(init=False)  # blocks not checked yet: once 0, reads cost one comparison
+    lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.ok = np.zeros(len(self.sums), dtype=bool)
+        self.left = len(self.sums)
+
+    def done(self) -> bool:
+        return self.left == 0
+
+    def rows(self, fd: int, base: int, rows: np.ndarray, nbytes: int) -> None:
+        """Check the blocks holding rows ``rows`` of ``nbytes`` bytes each from byte ``base`` of the file."""
+        if nbytes <= 0 or len(rows) == 0 or self.done():
+            return
+        starts = base + rows.astype(np.int64) * nbytes
+        if nbytes <= self.block:  # a row touches at most two blocks
+            ids = np.unique(np.concatenate((starts // self.block, (starts + nbytes - 1) // self.block)))
+        else:
+            ids = np.unique(np.concatenate([np.arange(s // self.block, (s + nbytes - 1) // self.block + 1)
+                                            for s in starts.tolist()]))
+        self.blocks(fd, ids)
+
+    def span(self, fd: int, start: int, end: int, data: Any = None) -> None:
+        """Check the blocks holding bytes ``start..end-1``; ``data``, if given, is those bytes (blocks wholly
+        inside it are hashed from it, the others read from ``fd``)."""
+        if end <= start or self.done():
+            return
+        ids = np.arange(start // self.block, (end - 1) // self.block + 1)
+        ids = ids[(ids < len(self.sums)) & ~self.ok[np.minimum(ids, len(self.sums) - 1)]]
+        if data is None:
+            self.blocks(fd, ids)
+            return
+        view = memoryview(data).cast("B")
+        for b in ids.tolist():
+            b0, b1 = b * self.block, (b + 1) * self.block
+            if b0 >= start and b1 <= end:
+                self._compare(b, view[b0 - start : b1 - start])
+            else:
+                self.blocks(fd, np.array([b]))
+
+    def whole(self, data: Any) -> None:
+        """Check every block against ``data``, the file's whole content."""
+        if self.done():
+            return
+        got = digests(data, self.block)
+        if len(got) != len(self.sums):
+            raise CorruptShardError(f"{self.path}: holds {len(memoryview(data).cast('B'))} bytes, not the "
+                                    f"{len(self.sums)} block(s) it had when indexed{_HINT}")
+        for b, d in enumerate(got):
+            if not self.ok[b]:
+                self._compare(b, None, d)
+
+    def all(self, fd: int) -> None:
+        """Check every block not checked yet, reading it from ``fd``."""
+        if not self.done():
+            self.blocks(fd, np.flatnonzero(~self.ok))
+
+    def blocks(self, fd: int, ids: np.ndarray) -> None:
+        for b in ids.tolist():
+            if b < len(self.sums) and not self.ok[b]:
+                self._compare(b, os.pread(fd, self.block, b * self.block))
+
+    def _compare(self, b: int, data: Any, digest: int | None = None) -> None:
+        if digest is None:
+            digest = xxhash.xxh3_64_intdigest(data)
+        if digest != int(self.sums[b]):
+            raise CorruptShardError(f"{self.path}: block {b} (bytes {b * self.block}..{(b + 1) * self.block - 1}) "
+                                    f"differs from its checksum taken at index time (edited in place){_HINT}")
+        with self.lock:  # reader threads may check the same block at once: count it once
+            if not self.ok[b]:
+                self.ok[b] = True
+                self.left -= 1
+
+
+_HINT = "; run fastdata index again (or convert the data)"
+
+
+def checks(blocks: dict[str, Any] | None, path: str, where: str) -> dict[str, BlockCheck] | None:
+    """A fresh BlockCheck for each file of a stamp's ``blocks`` (keyed by path relative to the Zarr store,
+    "" for a plain file), or None when the index recorded none."""
+    if blocks is None:
+        return None
+    try:
+        size = int(blocks["size"])
+        out = {}
+        for rel, text in dict(blocks["xxh3_64"]).items():
+            sums = np.frombuffer(base64.b64decode(text, validate=True), dtype="<u8").astype(np.uint64)
+            out[rel] = BlockCheck(os.path.join(path, rel) if rel else path, sums, size)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptShardError(f"{where}: malformed block checksums in the in-place index ({e})") from None
+    if size < 1:
+        raise CorruptShardError(f"{where}: malformed block checksums in the in-place index (block size {size})")
+    return out
+
+
+def check_files(found: dict[str, BlockCheck], prefix: str = "") -> None:
+    """Check every block of every file (whose relative path starts with ``prefix``), reading it whole."""
+    for rel, check in found.items():
+        if rel.startswith(prefix) and not check.done():
+            try:
+                fd = os.open(check.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                raise CorruptShardError(f"{check.path}: cannot read ({e.strerror}){_HINT}") from None
+            try:
+                check.all(fd)
+            finally:
+                os.close(fd)
 
 
 def native(dtype: np.dtype, where: str) -> np.dtype:

@@ -14,10 +14,9 @@ from typing import Any, Callable, Hashable, TypeVar
 import numpy as np
 
 from fastdata.errors import CorruptShardError, UsageError
-from fastdata.format import blocksums, chunks
+from fastdata.format import chunks, external
 from fastdata.format.backends import INDEX
-from fastdata.format.blocksums import BlockCheck
-from fastdata.format.external import Column, Index, Stamp, check_file, file_problems, h5_file, open_zarr, parse_index
+from fastdata.format.external import BlockCheck, Column, Index, Stamp, check_file, file_problems, parse_index
 from fastdata.format.interface import Layout, ShardReader, copy_rows, runs
 from fastdata.format.spec import FieldSpec, Manifest, ShardInfo
 from fastdata.format.store import LocalShards
@@ -197,7 +196,7 @@ class _Mapped(_Col[_Map]):
             shape = (self.count, *self.field.trailing)
             data = np.memmap(self.stamp.path, dtype=self.field.np_dtype, mode="r", offset=self.offset, shape=shape) \
                 if nbytes else np.empty(shape, dtype=self.field.np_dtype)
-            checks = blocksums.checks(self.stamp.blocks, self.stamp.path, self.where)
+            checks = external.checks(self.stamp.blocks, self.stamp.path, self.where)
             return _Map(fd, data.view(np.ndarray), None if checks is None else checks.get(""))
         except BaseException:
             os.close(fd)
@@ -234,16 +233,16 @@ class _Chunked(_Col[_Source]):
 
     def _open_handle(self) -> _Source:
         self._check()
-        checks = blocksums.checks(self.stamp.blocks, self.stamp.path, self.where)
+        checks = external.checks(self.stamp.blocks, self.stamp.path, self.where)
         if self.col.format == "hdf5":
             try:  # no HDF5 chunk cache: whole chunks are read, and kept decoded in our own cache
-                fh = h5_file(self.stamp.path, rdcc_nbytes=0)
+                fh = external.h5_file(self.stamp.path, rdcc_nbytes=0)
                 src = _Source(fh[self.col.array], fh, self._cache())
                 src.direct = chunks.chunk_table(src.array, self.stamp.path, checks)  # then no h5py from here on
             except (OSError, KeyError, ValueError) as e:
                 raise CorruptShardError(f"{self.where}: cannot open ({e})") from None
         else:
-            src = _Source(open_zarr(self.stamp.path, self.col.array), None, self._cache())
+            src = _Source(external.open_zarr(self.stamp.path, self.col.array), None, self._cache())
             src.direct = chunks.zarr_chunks(src.array, self.stamp.path, checks)
         if tuple(src.array.shape) != (self.count, *self.field.trailing):
             shape = tuple(src.array.shape)
@@ -267,7 +266,7 @@ class _Chunked(_Col[_Source]):
         prefix = os.path.relpath(os.path.join(self.stamp.path, array), self.stamp.path) + os.sep \
             if self.col.format == "zarr" and array else ""
         try:
-            blocksums.check_files(checks, prefix)
+            external.check_files(checks, prefix)
         except BaseException:
             self._close_handle(src)
             raise
