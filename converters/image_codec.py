@@ -19,7 +19,7 @@ from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from fastdata.converters.table_types import FLOAT_DTYPE
 from fastdata.errors import DataError, UsageError
-from fastdata.format.files import IMAGE_SUFFIXES
+from fastdata.format.manifest import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG
 
 log = logging.getLogger(__name__)

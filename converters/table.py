@@ -21,7 +21,7 @@ from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_tabl
 from fastdata.converters.table_types import FLOAT_DTYPE, INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
-from fastdata.format.files import IMAGE_SUFFIXES
+from fastdata.format.manifest import IMAGE_SUFFIXES
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
 if TYPE_CHECKING:

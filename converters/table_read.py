@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.errors import DataError, UsageError
-from fastdata.format.files import TABLE_SUFFIXES
+from fastdata.format.manifest import TABLE_SUFFIXES
 from fastdata.format.spec import MAX_FIELDS
 
 PATH_COLUMN = "path"

@@ -16,7 +16,7 @@ import numpy as np
 
 from fastdata.converters.table_read import _MISSING, Table
 from fastdata.errors import UsageError
-from fastdata.format.files import IMAGE_SUFFIXES
+from fastdata.format.manifest import IMAGE_SUFFIXES
 
 _FILE_SUFFIXES = tuple(IMAGE_SUFFIXES) + (".npy",)
 _DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",

@@ -16,10 +16,9 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 from fastdata._units import fmt_bytes
 from fastdata.errors import FormatError, UsageError
 from fastdata.format.backends import backend
-from fastdata.format.files import no_manifest_error
 from fastdata.format.interface import ShardReader
 from fastdata.format.keys import KeyTable
-from fastdata.format.manifest import manifest_of
+from fastdata.format.manifest import manifest_of, no_manifest_error
 from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, FieldSpec, KeysInfo, Manifest, ShardInfo
 from fastdata.handles import PerProcessHandle
 from fastdata.remote.cache import CacheFullError, Pin, Priority, ShardCache
@@ -106,7 +105,7 @@ class RemoteStore(PerProcessHandle[_Local]):
         try:
             data = with_retries(lambda: fs.cat_file(where), where, self.deadline())
         except RemoteNotFoundError:
-            try:  # what is there instead says what to do (format/files.py, as for a folder)
+            try:  # what is there instead says what to do (format/manifest.py, as for a folder)
                 names = {str(n).rstrip("/").rsplit("/", 1)[-1] for n in
                          with_retries(lambda: fs.ls(self.url, detail=False, refresh=True), self.url, self.deadline())}
             except RemoteError:

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from fastdata.errors import DestinationBusyError, UsageError, WriteError
 from fastdata.fileio import lock_holder, record_holder, try_lock, unlock
 from fastdata.format import MANIFEST_NAME, ShardInfo
-from fastdata.format.files import JOURNAL_NAME, LOCK_NAME, OURS, PART_FILE, SKIPPED_NAME, TEMPORARY
+from fastdata.format.manifest import JOURNAL_NAME, LOCK_NAME, OURS, PART_FILE, SKIPPED_NAME, TEMPORARY
 from fastdata.write import journal
 from fastdata.write.url_publish import UrlSpec, remove_empty
 

@@ -15,7 +15,7 @@ from fastdata._version import __version__
 from fastdata.errors import UsageError
 from fastdata.fileio import finish_file, fsync_dir
 from fastdata.format import ShardInfo
-from fastdata.format.files import JOURNAL_NAME
+from fastdata.format.manifest import JOURNAL_NAME
 from fastdata.format.spec import parse_checksum
 from fastdata.write import _fault
 

@@ -13,7 +13,7 @@ from fastdata._units import MAX_SIZE, fmt_bytes
 from fastdata.errors import UsageError
 from fastdata.format import FieldSpec, backend
 from fastdata.format import codec as blosc_codec
-from fastdata.format.files import SKIPPED_NAME
+from fastdata.format.manifest import SKIPPED_NAME
 from fastdata.format.spec import LABEL_FIELD
 
 DEFAULT_SHARD_SIZE = 256 << 20

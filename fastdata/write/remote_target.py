@@ -11,7 +11,7 @@ import shutil
 from fastdata.errors import DestinationBusyError
 from fastdata.fileio import lock_holder
 from fastdata.format import MANIFEST_NAME, ShardInfo
-from fastdata.format.files import OURS, SKIPPED_NAME
+from fastdata.format.manifest import OURS, SKIPPED_NAME
 from fastdata.format.spec import KEYS_FILE
 from fastdata.remote import RemoteOptions
 from fastdata.remote.retry import RemoteError

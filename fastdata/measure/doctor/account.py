@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from fastdata.format.files import TABLE_SUFFIXES
+from fastdata.format.manifest import TABLE_SUFFIXES
 
 _TABLES = tuple(TABLE_SUFFIXES)  # what fastdata convert reads as a table
 

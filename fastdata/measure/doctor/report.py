@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fastdata.format.files import ARRAY_SUFFIXES, IMAGE_SUFFIXES
+from fastdata.format.manifest import ARRAY_SUFFIXES, IMAGE_SUFFIXES
 from fastdata.measure.doctor._probe import WARMUP
 from fastdata.measure.doctor.account import image_hw, is_table
 from fastdata.measure.doctor.project import NO_GAIN, commands, lines
