@@ -26,6 +26,7 @@ ZARR_META = (".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json")
 SAMPLE_BLOCK = 4096
 SAMPLE_BLOCKS = 64  # per file: 256 KiB read at each open (sample_checksum)
 BLOCK = 1 << 20  # bytes a block: reads touching a block not checked yet read it whole, once per process
+_HINT = "; run fastdata index again (or convert the data)"  # what every changed-file error ends with
 
 
 @dataclass(frozen=True)
@@ -203,27 +204,26 @@ def stamp(path: str, fmt: str, arrays: list[str], full: bool) -> Stamp:
 def check_file(s: Stamp, fmt: str, arrays: list[str], meta: bool = False, content: bool = False) -> str | None:
     """What changed in one source file since it was indexed (one line naming it), or None: size and time;
     with ``meta`` its metadata checksum; with ``content`` its full checksum (when recorded)."""
-    hint = "; run fastdata index again (or convert the data)"
     if not os.path.exists(s.path):
-        return f"{s.path}: source file of this index is missing{hint}"
+        return f"{s.path}: source file of this index is missing{_HINT}"
     try:
         size, mtime = size_mtime(s.path)
     except OSError as e:
-        return f"{s.path}: cannot read source file ({e.strerror}){hint}"
+        return f"{s.path}: cannot read source file ({e.strerror}){_HINT}"
     if size != s.size:
-        return f"{s.path}: changed since it was indexed ({size} bytes, the index says {s.size}){hint}"
+        return f"{s.path}: changed since it was indexed ({size} bytes, the index says {s.size}){_HINT}"
     if mtime != s.mtime_ns:
-        return f"{s.path}: changed since it was indexed (modified at another time than recorded){hint}"
+        return f"{s.path}: changed since it was indexed (modified at another time than recorded){_HINT}"
     try:
         if meta and meta_checksum(s.path, fmt, arrays) != s.meta:
-            return f"{s.path}: changed since it was indexed (its metadata differs){hint}"
+            return f"{s.path}: changed since it was indexed (its metadata differs){_HINT}"
         if content and s.checksum is not None and content_checksums(s.path)[0] != s.checksum:
-            return f"{s.path}: changed since it was indexed (its content checksum differs){hint}"
+            return f"{s.path}: changed since it was indexed (its content checksum differs){_HINT}"
         if meta and s.sample is not None and sample_checksum(s.path) != s.sample:
             return (f"{s.path}: changed since it was indexed (the blocks sampled across its content differ: "
-                    f"edited, replaced or chunks swapped, its size and time kept){hint}")
+                    f"edited, replaced or chunks swapped, its size and time kept){_HINT}")
     except (OSError, DataError) as e:
-        return f"{s.path}: cannot read source file ({e}){hint}"
+        return f"{s.path}: cannot read source file ({e}){_HINT}"
     return None
 
 
@@ -328,9 +328,6 @@ class BlockCheck:
             if not self.ok[b]:
                 self.ok[b] = True
                 self.left -= 1
-
-
-_HINT = "; run fastdata index again (or convert the data)"
 
 
 def checks(blocks: dict[str, Any] | None, path: str, where: str) -> dict[str, BlockCheck] | None:
