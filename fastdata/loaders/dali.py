@@ -31,6 +31,8 @@ from fastdata.loaders.host import torch_dtype
 from fastdata.reading.dataset import Dataset
 from fastdata.seeds import Stream, int_seed
 
+log = logging.getLogger("fastdata.loader")
+
 GENERATOR_STATE = "\0generator"  # bypassed entry: the batch generator's state after DALI's draws
 Kind = Literal["encoded", "pixels", "raw_image", "plain"]
 
@@ -223,9 +225,6 @@ class Feed:
         fed = tuple(out)
         self._alive.append(fed)
         return fed
-
-
-log = logging.getLogger("fastdata.loader")
 
 
 def import_dali(device: torch.device | None = None) -> SimpleNamespace:

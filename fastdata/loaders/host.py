@@ -49,6 +49,8 @@ from fastdata.loaders.transform import BatchTransform, TransformError
 from fastdata.reading.dataset import Dataset
 from fastdata.reading.decode import SJ_COLORSPACE, DecodeError, check_shapes, decode_image
 
+log = logging.getLogger(__name__)
+
 
 def torch_dtype(dt: Any) -> torch.dtype:
     """The torch dtype of a numpy dtype (native byte order)."""
@@ -290,7 +292,6 @@ class ThreadReader:
         self._stuck = False
 
 
-log = logging.getLogger(__name__)
 FIRST_OPS = (RandomResizedCrop, RandomCrop, CenterCrop, Resize)
 FLIPS = (HorizontalFlip, VerticalFlip)  # right after the first op: the reader mirrors while it samples
 
