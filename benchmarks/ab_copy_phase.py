@@ -1,4 +1,4 @@
-"""Paired A/B: batch buffers at the shard's address phase (loaders/buffers.py) vs plain buffers, warm LMDB.
+"""Paired A/B: batch buffers at the shard's address phase (loaders/host.py) vs plain buffers, warm LMDB.
 
 Four data sets, each converted to LMDB: FLIM-like float32 samples (2, 256, 21, 21) (903 KB), 3-D volumes
 float32 (1, 64, 64, 64) (1 MB), raw uint8 images (512, 512, 3) (786 KB) and (224, 224, 3) (151 KB), all in

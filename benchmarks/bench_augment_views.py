@@ -54,7 +54,7 @@ from fastdata.augment import (  # noqa: E402
     RandomResizedCrop,
     batch_generator,
 )
-from fastdata.loaders.device import DeviceStage  # noqa: E402
+from fastdata.loaders.torch_backend import DeviceStage  # noqa: E402
 from fastdata.augment.mixing import Mix, MixDraw, kept_fraction, mix_images  # noqa: E402
 from fastdata.augment.sequence import (  # noqa: E402
     AdditiveNoise,

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/bench_choices.py [--quick] [--workdir DIR] [--out DIR]
 
 1. uint8 -> float on the CPU with two loader threads converting at once: two whole-batch torch ops
-   (``fastdata.loaders.device.to_unit_float``) against the 64K-element chunks used before.
+   (``fastdata.loaders.torch_backend.to_unit_float``) against the 64K-element chunks used before.
 2. Large fixed-size samples from a file in the page cache, 2 threads: a copy from a memory map
    (what the HDF5 reader does for every fixed column) against one ``pread`` per sample (what it did
    for samples over 512 KB), for 903 KB samples (the FLIM ``.npy`` arrays) and 4 MB ones.
@@ -44,8 +44,8 @@ import bench_images  # noqa: E402
 import bench_raw  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.loaders.device import to_unit_float  # noqa: E402
 from fastdata.loaders.host import ThreadReader  # noqa: E402
+from fastdata.loaders.torch_backend import to_unit_float  # noqa: E402
 
 THREADS = 2
 BATCH = 64

@@ -60,7 +60,7 @@ from fastdata.demo.baseline import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 from fastdata.measure.bench import Sink, memory_stalls  # noqa: E402
 from fastdata.measure.bench import pread_pass as bench_pread
-from fastdata.reading.order import STREAMS, epoch_order  # noqa: E402
+from fastdata.reading.samplers import STREAMS, epoch_order  # noqa: E402
 
 CONVERTED_SHUFFLES: list[Any] = [True, False, "block", "shards"]  # the strings: Block() and Shards()
 from fastdata.reading.readahead import drop_page_cache  # noqa: E402

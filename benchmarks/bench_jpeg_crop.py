@@ -19,7 +19,7 @@ Timed (whole epochs, interleaved in rounds, median of the rounds; ratios paired 
   best variant (decoder, thread count) in the run is the ceiling;
 * fastdata's loader with ``LoaderConfig(crop_decode=...)``: ``auto`` (simplejpeg, DCT-scaled when the
   window allows), ``off`` (whole images into a padded batch, crop after: the path before crop decoding);
-  and ``auto`` with one of fastdata.reading.cropdecode's settings changed (``AB``: paired A/B rows);
+  and ``auto`` with one of fastdata.loaders.host's settings changed (``AB``: paired A/B rows);
 * fastdata's DALI backend (CPU, ``fn.decoders.image_slice`` of the drawn window);
 * DALI's own CPU ``fn.decoders.image_random_crop`` + ``fn.resize`` + ``crop_mirror_normalize`` (coin-flip
   mirror), bytes from memory;
@@ -60,8 +60,8 @@ from fastdata.converters import ConvertConfig, ImageOptions
 from fastdata.format import ImageSpec
 from fastdata.format.spec import CODEC_JPEG
 from fastdata.loaders import LoaderConfig
-from fastdata.reading import cropdecode
-from fastdata.reading.cropdecode import decode_crop, resample_into
+from fastdata.loaders import host as cropdecode
+from fastdata.loaders.host import decode_crop, resample_into
 from fastdata.write import WriteOptions
 
 OUT = 224
@@ -322,14 +322,14 @@ def stored(root: Path) -> tuple[list[bytes], np.ndarray]:
 
 AUTO = "crop decode (auto)"
 PLAIN_ROW = "plain loop (antialiased uint8 resize of the rounded window, full decode)"
-# crop_decode=auto with one of fastdata.reading.cropdecode's settings changed, timed and measured (A/B): its fast IDCT
+# crop_decode=auto with one of fastdata.loaders.host's settings changed, timed and measured (A/B): its fast IDCT
 # switched off, and the issue's 1/2 scale for windows 1-2x the output (REACH=0.5), which the default does not take
 AB = {"FAST off (libjpeg-turbo's exact IDCT and chroma upsampling)": {"FAST": {}},
       "REACH=0.5 (1/2 scale also for windows 1-2x the output)": {"REACH": 0.5}}
 
 
 def with_settings(fn: Callable[[int], Any], settings: dict[str, Any]) -> Callable[[int], Any]:
-    """``fn`` run with fastdata.reading.cropdecode's module settings changed (restored after each call)."""
+    """``fn`` run with fastdata.loaders.host's module settings changed (restored after each call)."""
     def run(i: int) -> Any:
         old = {k: getattr(cropdecode, k) for k in settings}
         for k, v in settings.items():
@@ -553,7 +553,7 @@ def render(info: dict[str, Any], res: dict[str, Any]) -> str:
         out += [markdown_table(["method", "images/s", "x plain loop", "x DALI CPU", "CPU ms per image"], rows), ""]
         out += [f"Medians of {len(next(iter(s['seconds_per_round'].values())))} interleaved rounds; the ratios are "
                 "paired within each round (median, and range over the rounds).", ""]
-        out += ["A/B: `crop_decode=auto` with one setting of fastdata/reading/cropdecode.py changed, its speed as a "
+        out += ["A/B: `crop_decode=auto` with one setting of fastdata/loaders/host.py changed, its speed as a "
                 "multiple of `crop_decode=auto`'s, paired per round (wall clock; and by CPU time, which other tenants' "
                 "load barely moves):", "",
                 markdown_table(["changed", "x crop_decode=auto, wall (median, range)", "x crop_decode=auto, CPU time"],

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from fastdata import errors
 from fastdata._version import __version__
 from fastdata.reading.dataset import Dataset, open
-from fastdata.reading.order import Block, Shards
+from fastdata.reading.samplers import Block, Shards
 from fastdata.remote import RemoteOptions
 
 if TYPE_CHECKING:  # what mypy and editors see; at run time __getattr__ imports them when first used

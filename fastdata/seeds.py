@@ -11,7 +11,7 @@ import numpy as np
 class Stream(enum.IntEnum):
     """What a random stream is for; part of the seed so the streams never overlap."""
 
-    ORDER = 0  # the epoch's sample order (fastdata.reading.order); rank and batch are 0: every rank plans alike
+    ORDER = 0  # the epoch's sample order (fastdata.reading.samplers); rank and batch are 0: every rank plans alike
     AUGMENT = 1  # a batch's augmentation parameters (both backends)
     DALI = 2  # DALI's own random operators, seeded once per pass (batch = the pass's first batch)
     SAMPLER = 3  # samplers that draw (weighted, episodic)

@@ -51,8 +51,8 @@ LAYER_ROLES: list[str] = [
     "shards of a URL dataset: fsspec, the node's shard cache, plan-aware prefetch",
     "reading shards: the dataset (subsets, splits, batch assembly, decoding, read-ahead), epoch order, samplers",
     "batched augmentation on the device, its targets, sequence ops, mixing, views; private torch uses",
-    "batches of tensors: order, resume, stats (base), reading (host: threads; procs + ring: processes), device, "
-    "tuned settings",
+    "batches of tensors: order, resume, stats (base), reading (host: threads, crop decoding; procs: processes and "
+    "their ring), the device stage (torch_backend), DALI, tuned settings",
     "the AMP training core: the loop, its precision plan, epoch meter and checkpoints",
     "the write engine: shard plan and tasks, journal, destination and lock, local/Ray/parts engines, URL "
     "publishing, merge, in-place indexes",

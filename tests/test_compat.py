@@ -21,7 +21,7 @@ def test_storage_use_count_sees_every_user() -> None:
 
 
 def test_recycler_never_reuses_a_buffer_in_use() -> None:
-    from fastdata.loaders.buffers import Recycler
+    from fastdata.loaders.host import Recycler
 
     pool = Recycler()
     a = pool.take((4, 4), torch.float32)

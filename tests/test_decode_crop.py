@@ -1,4 +1,4 @@
-"""Crop decoding (fastdata/reading/cropdecode.py, fastdata/loaders/crop.py): the reader decodes only the first crop's
+"""Crop decoding (fastdata/loaders/host.py): the reader decodes only the first crop's
 window, with the parameters the device stage draws; the result matches decoding first, then cropping."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 import fastdata
-from fastdata.reading import cropdecode, decode
+from fastdata.loaders import host
 from fastdata.augment import (
     CenterCrop,
     ColorJitter,
@@ -87,21 +87,21 @@ def test_full_scale_windows_are_exact_and_the_scaled_ones_are_close(tmp_path, mo
     jpeg = fastdata.format.spec.CODEC_JPEG
     exact, ref, fast = (np.empty((50, 60, 3), np.float32) for _ in range(3))
     box = (10.3, 20.7, 61.0, 49.5)
-    cropdecode.resample_into(full, box, (240, 320), ref)
-    assert cropdecode.decode_crop(data, jpeg, spec, (240, 320), box, fast) == "full"
+    host.resample_into(full, box, (240, 320), ref)
+    assert host.decode_crop(data, jpeg, spec, (240, 320), box, fast) == "full"
     assert 40 < _psnr(torch.from_numpy(fast), torch.from_numpy(ref)) < 99  # the fast IDCT: close, not the same
-    monkeypatch.setattr(cropdecode, "FAST", {})
-    assert cropdecode.decode_crop(data, jpeg, spec, (240, 320), box, exact) == "full"
+    monkeypatch.setattr(host, "FAST", {})
+    assert host.decode_crop(data, jpeg, spec, (240, 320), box, exact) == "full"
     assert np.abs(exact - ref).max() < 1e-5
     small = np.empty((50, 60, 3), np.float32)
     big = (0.0, 0.0, 320.0, 240.0)
-    assert cropdecode.decode_crop(data, jpeg, spec, (240, 320), big, small) == "scaled"
-    cropdecode.resample_into(full, big, (240, 320), ref)
+    assert host.decode_crop(data, jpeg, spec, (240, 320), big, small) == "scaled"
+    host.resample_into(full, big, (240, 320), ref)
     assert 10 * np.log10(1 / float(((small - ref) ** 2).mean())) > 25
-    assert cropdecode.dct_scale(320, 240, 60, 50) == 4 and cropdecode.dct_scale(61, 49.5, 60, 50) == 1
-    assert cropdecode.dct_scale(100, 80, 60, 50) == 1
-    monkeypatch.setattr(cropdecode, "REACH", 0.75)  # windows down to 3/4 of the output at 1/2: the bench's A/B
-    assert cropdecode.dct_scale(100, 80, 60, 50) == 2
+    assert host.dct_scale(320, 240, 60, 50) == 4 and host.dct_scale(61, 49.5, 60, 50) == 1
+    assert host.dct_scale(100, 80, 60, 50) == 1
+    monkeypatch.setattr(host, "REACH", 0.75)  # windows down to 3/4 of the output at 1/2: the bench's A/B
+    assert host.dct_scale(100, 80, 60, 50) == 2
 
 
 def test_mixed_size_raw_pixels_are_cropped_per_image(tmp_path):
@@ -154,7 +154,7 @@ def test_keypoints_and_boxes_follow_the_reader_crop():
 
 def test_bad_jpeg_names_the_sample(tmp_path):
     """A JPEG cut short inside the window: the error names the sample and field, not a decoder's trace."""
-    from fastdata.loaders.crop import CropStage
+    from fastdata.loaders.host import CropStage
 
     root = _dataset(tmp_path)
     ds = fastdata.open(root, decode=False)
@@ -168,7 +168,7 @@ def test_bad_jpeg_names_the_sample(tmp_path):
 
 
 def test_crop_decoding_is_off_where_it_cannot_apply(tmp_path):
-    from fastdata.loaders.crop import crop_field
+    from fastdata.loaders.host import crop_field
 
     root = _dataset(tmp_path)
     ds = fastdata.open(root)
@@ -187,7 +187,7 @@ def test_crop_decoding_is_off_where_it_cannot_apply(tmp_path):
 
 def _resampled(src, box, hw, out_hw, flip=(False, False), exact=False):
     out = np.empty((*out_hw, src.shape[2]), np.float32)
-    cropdecode.resample_into(src, box, hw, out, flip=flip, exact=exact)
+    host.resample_into(src, box, hw, out, flip=flip, exact=exact)
     return out
 
 
@@ -222,17 +222,17 @@ def test_resize_grid_lines_up_or_leaves_it_to_the_exact_path():
     step) leaves the window to the exact path, which gives the exact values."""
     rng = np.random.default_rng(1)
     for c, s in rng.uniform([-0.5, 0.3], [300, 3.0], (300, 2)):
-        got = cropdecode._grid(float(c), float(s), 224)
+        got = host._grid(float(c), float(s), 224)
         if got is None:
             continue
         a, k, t = got
         j = np.arange(224)
-        assert np.abs(a + (k + j + 0.5) * t - 0.5 - (c + j * s)).max() <= cropdecode._TOLERANCE + 1e-9
+        assert np.abs(a + (k + j + 0.5) * t - 0.5 - (c + j * s)).max() <= host._TOLERANCE + 1e-9
         assert a + (k + 0.5) * t - 0.5 >= a - 1e-9
-    assert cropdecode._grid(10.5, 1.0, 224) is None
+    assert host._grid(10.5, 1.0, 224) is None
     a = photo(100, 120, 2)
     shifted = (10.5, 10.5, 60.0, 60.0)  # s = 1, phase 0.5 on both axes: cannot line up
-    assert cropdecode._grid(*cropdecode._line(10.5, 60.0, 60, 1.0), 60) is None
+    assert host._grid(*host._line(10.5, 60.0, 60, 1.0), 60) is None
     assert np.array_equal(_resampled(a, shifted, (100, 120), (60, 60)),
                           _resampled(a, shifted, (100, 120), (60, 60), exact=True))
     box = (10.0, 10.0, 30.0, 30.0)  # an exact window: the pixels themselves

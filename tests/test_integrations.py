@@ -50,7 +50,7 @@ def epochs_direct(ds, epochs: int, seed: int = 3) -> list[list[list[int]]]:
 
 
 def _plan(ld, world: World, epoch: int):
-    from fastdata.reading.order import all_rank_batches
+    from fastdata.reading.samplers import all_rank_batches
 
     return all_rank_batches(len(ld.dataset), world=world, batch_size=ld.batch_size, shuffle=ld.shuffle,
                             drop_last=ld.drop_last, seed=ld.seed, epoch=epoch, ranks=[world.rank])[0]

@@ -13,7 +13,7 @@ import fastdata
 from conftest import free_port, gloo_group
 from fastdata.errors import CorruptShardError, UsageError
 from fastdata.loaders import LoaderConfig
-from fastdata.reading.order import ORDER_RULE
+from fastdata.reading.samplers import ORDER_RULE
 
 N = 53  # prime: partial batches and uneven rank shares everywhere
 
@@ -81,7 +81,7 @@ def test_storage_order_and_block_shuffle(ds_path):
     ld = fastdata.loader(ds_path, 8, shuffle=fastdata.Block(4, window=2), device="cpu")
     flat = [i for b in ids_of(ld) for i in b]
     assert sorted(flat) == list(range(N)) and flat != list(range(N))
-    assert flat == [i for b in ld.plan(0) for i in b.tolist()]  # the order is fastdata.reading.order's
+    assert flat == [i for b in ld.plan(0) for i in b.tolist()]  # the order is fastdata.reading.samplers's
 
 
 @pytest.mark.parametrize("mode,workers", MODES)
@@ -245,7 +245,7 @@ def test_bad_arguments(ds_path):
 
 @pytest.mark.parametrize("phase", [0, 40])
 def test_recycled_buffers_are_reused_only_when_nothing_uses_them(phase):
-    from fastdata.loaders.buffers import Recycler
+    from fastdata.loaders.host import Recycler
 
     r = Recycler()
     a = r.take((4, 5), torch.float32, phase)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fastdata.errors import UsageError
-from fastdata.reading.order import STREAMS, Block, Shards, all_rank_batches, epoch_order, num_batches, shuffle_mode
+from fastdata.reading.samplers import STREAMS, Block, Shards, all_rank_batches, epoch_order, num_batches, shuffle_mode
 from fastdata.world import World
 
 

@@ -1,4 +1,4 @@
-"""Worker processes and their shared-memory ring (fastdata/loaders/procs.py, ring.py): the same batches
+"""Worker processes and their shared-memory ring (fastdata/loaders/procs.py): the same batches
 as reader threads for every kind of field, handed out without a copy from slots that are reused once
 let go; a batch held by the training loop stays intact; a worker's death is an error naming it; and
 whatever ends the training process or a worker (a normal exit, an exception, Ctrl-C, SIGKILL), no

@@ -22,7 +22,7 @@ from fastdata.measure import bench
 from fastdata.errors import FormatError, UsageError
 from fastdata.format import read_manifest
 from fastdata.loaders import LoaderConfig
-from fastdata.loaders.device import to_unit_float
+from fastdata.loaders.torch_backend import to_unit_float
 from fastdata.measure.verify import check_shards
 
 BACKENDS = ("hdf5", "lmdb")

@@ -242,7 +242,7 @@ def test_cache_limit_respected_over_epochs_on_a_dataset_3x_the_cache(s3, tmp_pat
 
 
 def test_shard_shuffle_is_a_pure_function_and_local_to_a_few_shards():
-    from fastdata.reading.order import epoch_order
+    from fastdata.reading.samplers import epoch_order
 
     counts = [10, 7, 10, 3, 10, 10]
     a = epoch_order(50, shuffle="shards", seed=3, epoch=1, shard_counts=counts)

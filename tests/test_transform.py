@@ -52,7 +52,7 @@ def fail_on_seven(batch, rng):
 
 def expected(ds, fn, seed=0, epochs=1, world=None, shuffle=True):
     """What the loader must yield: the plan read with get_batch, then ``fn`` with the batch's generator."""
-    from fastdata.reading.order import all_rank_batches
+    from fastdata.reading.samplers import all_rank_batches
 
     world = world or World(0, 1)
     d = fastdata.open(ds)

@@ -94,7 +94,7 @@ def augment_batch(aug: Augment, batch: Batch, g: torch.Generator, images: tuple[
             continue
         if kind == "image":
             sizes = batch[name + SHAPE_SUFFIX][:, :2] if name in mixed else None
-            done = (precropped or {}).get(name, 0)  # its first ops ran in the reader (fastdata.loaders.crop)
+            done = (precropped or {}).get(name, 0)  # its first ops ran in the reader (fastdata.loaders.host)
             before = batch[name + SHAPE_SUFFIX][:, :2] if done else None
             mine = name in owned and len(aug.view_ops) == 1  # several views all start from the image
             outs = [aug.run(batch, g, name, sizes, hw=before, ops=ops, done=done, owned=mine) for ops in aug.view_ops]

@@ -13,13 +13,11 @@ from fastdata.augment import Augment
 from fastdata.errors import UsageError
 from fastdata.format.spec import ENCODING_IMAGE
 from fastdata.loaders.base import Loader, LoaderConfig
-from fastdata.loaders.device import resolve_device
 from fastdata.loaders.settings_cache import load_tuned
-from fastdata.loaders.torch_backend import TorchLoader
+from fastdata.loaders.torch_backend import TorchLoader, resolve_device
 from fastdata.loaders.transform import PerSample, TransformFn
 from fastdata.reading.dataset import Dataset
-from fastdata.reading.order import Block, Shards, Shuffle
-from fastdata.reading.samplers import Episodic, SamplerFn
+from fastdata.reading.samplers import Block, Episodic, SamplerFn, Shards, Shuffle
 from fastdata.remote import RemoteOptions
 from fastdata.world import usable_cpus
 

@@ -14,9 +14,20 @@ from fastdata.augment import Augment
 from fastdata.errors import FastdataError, LoaderWorkerError, UsageError
 from fastdata.format.inplace import unit_counts
 from fastdata.reading.dataset import Dataset
-from fastdata.reading.order import ORDER_RULE, Block, Shards, Shuffle, all_rank_batches, num_batches, shuffle_mode
 from fastdata.reading.readahead import ReadAhead, supported
-from fastdata.reading.samplers import SamplerFn, describe, rank_batches, world_batches
+from fastdata.reading.samplers import (
+    ORDER_RULE,
+    Block,
+    SamplerFn,
+    Shards,
+    Shuffle,
+    all_rank_batches,
+    describe,
+    num_batches,
+    rank_batches,
+    shuffle_mode,
+    world_batches,
+)
 from fastdata.remote.prefetch import PlanFollower
 from fastdata.world import World
 
