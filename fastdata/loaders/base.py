@@ -17,7 +17,7 @@ from fastdata.reading.dataset import Dataset
 from fastdata.reading.order import ORDER_RULE, Block, Shards, Shuffle, all_rank_batches, num_batches, shuffle_mode
 from fastdata.reading.readahead import ReadAhead, supported
 from fastdata.reading.samplers import SamplerFn, describe, rank_batches, world_batches
-from fastdata.remote.prefetch import PlanFollower
+from fastdata.remote.store import PlanFollower
 from fastdata.world import World
 
 _STATE_VERSION = 1

@@ -18,8 +18,7 @@ from fastdata.fileio import file_checksum, fsync_dir, lock_holder, write_atomic
 from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
 from fastdata.format.files import PART_FILE, PART_RECORD, SKIPPED_NAME
 from fastdata.format.manifest import parse_manifest, write_manifest
-from fastdata.remote import RemoteOptions, is_url
-from fastdata.remote.url import join, root
+from fastdata.remote import RemoteOptions, is_url, join, root
 from fastdata.write.destination import DstLock, own_files, refuse_broken_url, write_skipped
 from fastdata.write.url_publish import UrlSpec
 

@@ -8,14 +8,12 @@ import json
 import logging
 import shutil
 
-from fastdata.errors import DestinationBusyError
+from fastdata.errors import DestinationBusyError, RemoteError
 from fastdata.fileio import lock_holder
 from fastdata.format import MANIFEST_NAME, ShardInfo
 from fastdata.format.files import OURS, SKIPPED_NAME
 from fastdata.format.spec import KEYS_FILE
-from fastdata.remote import RemoteOptions
-from fastdata.remote.retry import RemoteError
-from fastdata.remote.url import filesystem, root
+from fastdata.remote import RemoteOptions, filesystem, root
 from fastdata.write import journal
 from fastdata.write.destination import check_entries, check_part_entries, own_files, part_stem
 from fastdata.write.url_publish import WORKERS_DIR, UrlSpec, remove_empty

@@ -14,17 +14,15 @@ from typing import Any
 
 from fastdata.errors import RemoteNotFoundError
 from fastdata.format import ShardInfo
-from fastdata.remote import RemoteOptions
+from fastdata.remote import RemoteOptions, filesystem, join, with_retries
 from fastdata.remote.cache import pid_alive
-from fastdata.remote.retry import with_retries
-from fastdata.remote.url import filesystem, join
 
 WORKERS_DIR = "workers"  # under <cache>/uploads/: one folder per writing process, <host>-<pid>
 
 
 @dataclass(frozen=True)
 class UrlSpec:
-    """Where a worker uploads shards: ``url`` (as :func:`fastdata.remote.url.root` gives it), with the
+    """Where a worker uploads shards: ``url`` (as :func:`fastdata.remote.root` gives it), with the
     ``options`` of the conversion (never printed: their storage options may hold credentials)."""
 
     url: str
