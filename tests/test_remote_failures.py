@@ -225,7 +225,7 @@ def test_a_server_gone_mid_write_stops_the_uploads_at_the_bound_and_removes_what
                                                                                           monkeypatch):
     """No shard task starts after an upload gives up (each would wait out the bound again), and the
     staged shards go: --resume starts from the remote journal, never from them."""
-    from fastdata.write import url_publish
+    from fastdata.write import shard_task
 
     server = s3_to_kill
     server.fs().mkdir("gone")
@@ -238,7 +238,7 @@ def test_a_server_gone_mid_write_stops_the_uploads_at_the_bound_and_removes_what
             # could miss it: a shard is staged for only milliseconds)
         return with_retries(fn, what, deadline, **kw)
 
-    monkeypatch.setattr(url_publish, "with_retries", counted)  # every upload of a conversion goes through it
+    monkeypatch.setattr(shard_task, "with_retries", counted)  # every upload of a conversion goes through it
     np.save(tmp_path / "X.npy", np.random.default_rng(0).random((2000, 2500), dtype=np.float32))  # 20 MB
     uploads = tmp_path / "cache" / "uploads"
     config = fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1, shard_size=1_000_000),

@@ -20,7 +20,7 @@ from fastdata.format.files import PART_FILE, PART_RECORD, SKIPPED_NAME
 from fastdata.format.manifest import parse_manifest, write_manifest
 from fastdata.remote import RemoteOptions, is_url, join, root
 from fastdata.write.destination import DstLock, own_files, refuse_broken_url, write_skipped
-from fastdata.write.url_publish import UrlSpec
+from fastdata.write.shard_task import UrlSpec
 
 RECORD_VERSION = 1
 _PART_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
