@@ -7,7 +7,7 @@ import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from fastdata.converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
 from fastdata.converters.objects import is_python_source
@@ -15,12 +15,9 @@ from fastdata.converters.python_source import python_source
 from fastdata.errors import FastdataError, UsageError
 from fastdata.remote import is_url
 from fastdata.write import ConvertReport, Progress, Source, write_dataset
-from fastdata.write.destination import check_dst, prepare_dst, refuse_broken_url
-from fastdata.write.engine import check_source
+from fastdata.write.destination import RemoteTarget, check_dst, prepare_dst, refuse_broken_url
+from fastdata.write.engine import check_source, import_ray
 from fastdata.write.merge import merge
-
-if TYPE_CHECKING:
-    from fastdata.write.remote_target import RemoteTarget
 
 PathLike = str | os.PathLike[str]
 __all__ = ["convert", "merge"]
@@ -49,8 +46,6 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
         refuse_broken_url(dst)
     if not python:
         if config.write.engine == "ray":
-            from fastdata.write.ray_engine import import_ray
-
             import_ray()  # before anything is scanned or written: a missing extra is a one-line error
         for p in (src, labels, meta, *(arrays or {}).values()):
             if p is not None and is_url(str(p)):
@@ -58,8 +53,6 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
                                  "destination may be a URL")
     upload = None  # a URL destination, checked before anything is scanned (a refusal costs nothing)
     if url is not None:
-        from fastdata.write.remote_target import RemoteTarget
-
         upload = RemoteTarget(url, config.remote, part=config.part)
         upload.check(config.overwrite, config.resume)
     elif config.remote is not None:

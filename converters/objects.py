@@ -26,7 +26,7 @@ from fastdata.converters.scan import map_tasks
 from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import FieldSpec
 from fastdata.write import Progress
-from fastdata.write.local import mp_context
+from fastdata.write.engine import mp_context
 
 BATCH_ROWS = 1024  # rows of an Arrow batch, and of a task of the check pass
 

@@ -18,7 +18,7 @@ import numpy as np
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.world import usable_cpus
-from fastdata.write.local import mp_context
+from fastdata.write.engine import mp_context
 
 if TYPE_CHECKING:
     from fastdata.converters.config import ConvertConfig

@@ -212,7 +212,7 @@ def test_bad_options_are_usage_errors(tmp_path, class_folder, run_cli):
 @pytest.mark.parametrize("failing", [0, 1])
 def test_write_failure_leaves_nothing_that_looks_complete(tmp_path, class_folder, monkeypatch, failing):
     src, _ = class_folder
-    from fastdata.write import local as writer
+    from fastdata.write import engine as writer
 
     real = writer.write_shard
 

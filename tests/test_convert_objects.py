@@ -323,9 +323,9 @@ def test_a_random_getitem_is_warned_about(tmp_path):
 def test_spawned_workers_unpickle_the_dataset(tmp_path, monkeypatch):
     import multiprocessing as mp
 
-    from fastdata.write import local
+    from fastdata.write import engine
 
-    monkeypatch.setattr(local, "mp_context", lambda: mp.get_context("spawn"))
+    monkeypatch.setattr(engine, "mp_context", lambda: mp.get_context("spawn"))
     from fastdata.converters import objects
 
     monkeypatch.setattr(objects, "mp_context", lambda: mp.get_context("spawn"))

@@ -170,7 +170,7 @@ import os, sys, time
 import numpy as np
 import fastdata
 from fastdata.errors import DataError
-from fastdata.write.local import _write_parallel
+from fastdata.write.engine import _write_parallel
 from fastdata.write.shard_task import ShardTask
 
 class Part:

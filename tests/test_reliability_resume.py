@@ -185,7 +185,7 @@ def test_journal_records_the_plan_and_each_finished_shard(src, tmp_path):
 
 def test_image_folder_resume_equals_uninterrupted_run(tmp_path, monkeypatch):
     import imagegen
-    from fastdata.write import local as writer
+    from fastdata.write import engine as writer
 
     src = tmp_path / "imgs"
     for c in ("a", "b"):

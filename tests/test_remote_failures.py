@@ -21,9 +21,8 @@ pytest.importorskip("moto")
 from conftest import CREDS, S3Server, bucket, free_port, opts  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.errors import RemoteError, UsageError  # noqa: E402
-from fastdata.remote import retry  # noqa: E402
-from fastdata.remote.retry import NoSuchBucketError  # noqa: E402
+from fastdata.errors import NoSuchBucketError, RemoteError, UsageError  # noqa: E402
+from fastdata.remote import with_retries  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SLACK = 30.0  # a generous allowance over a time bound (a loaded machine), still far below the default 300 s
@@ -141,7 +140,7 @@ def test_cli_remote_timeout_bounds_the_retries_and_the_warning_shows_by_default(
 
 
 def test_retrying_warns_at_the_start_then_periodically(monkeypatch, caplog):
-    monkeypatch.setattr(retry, "WARN_EVERY_S", 0.3)
+    monkeypatch.setattr(fastdata.remote, "WARN_EVERY_S", 0.3)
     calls = []
 
     def refused() -> None:
@@ -149,7 +148,7 @@ def test_retrying_warns_at_the_start_then_periodically(monkeypatch, caplog):
         raise ConnectionRefusedError("connection refused")
 
     with pytest.raises(RemoteError, match="gave up after"):
-        retry.with_retries(refused, "s3://b/x", time.monotonic() + 1.5, first_delay=0.05, max_delay=0.1)
+        with_retries(refused, "s3://b/x", time.monotonic() + 1.5, first_delay=0.05, max_delay=0.1)
     warnings = _retry_warnings(caplog)
     assert len(calls) > len(warnings) >= 2  # not every attempt, but more than once
     assert "retrying until" in warnings[0] and "still retrying after" in warnings[1]
@@ -191,7 +190,7 @@ def test_a_server_gone_mid_read_fails_once_at_the_bound_naming_the_endpoint(s3_t
 
     def counted(fn, what, deadline, **kw):
         rounds.append(what)
-        return retry.with_retries(fn, what, deadline, **kw)
+        return with_retries(fn, what, deadline, **kw)
 
     monkeypatch.setattr(store_module, "with_retries", counted)
     server = s3_to_kill
@@ -226,7 +225,7 @@ def test_a_server_gone_mid_write_stops_the_uploads_at_the_bound_and_removes_what
                                                                                           monkeypatch):
     """No shard task starts after an upload gives up (each would wait out the bound again), and the
     staged shards go: --resume starts from the remote journal, never from them."""
-    from fastdata.write import url_publish
+    from fastdata.write import shard_task
 
     server = s3_to_kill
     server.fs().mkdir("gone")
@@ -237,9 +236,9 @@ def test_a_server_gone_mid_write_stops_the_uploads_at_the_bound_and_removes_what
         if what.endswith("shard-00002.h5: upload"):
             server.kill()  # the server goes as the third shard's upload starts (a poll for its staged file
             # could miss it: a shard is staged for only milliseconds)
-        return retry.with_retries(fn, what, deadline, **kw)
+        return with_retries(fn, what, deadline, **kw)
 
-    monkeypatch.setattr(url_publish, "with_retries", counted)  # every upload of a conversion goes through it
+    monkeypatch.setattr(shard_task, "with_retries", counted)  # every upload of a conversion goes through it
     np.save(tmp_path / "X.npy", np.random.default_rng(0).random((2000, 2500), dtype=np.float32))  # 20 MB
     uploads = tmp_path / "cache" / "uploads"
     config = fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1, shard_size=1_000_000),
@@ -254,7 +253,7 @@ def test_a_server_gone_mid_write_stops_the_uploads_at_the_bound_and_removes_what
 def test_an_abandoned_task_of_a_failed_upload_is_no_traceback(caplog):
     """s3fs's multipart upload leaves tasks whose errors nobody retrieves once the call gave up: asyncio
     would print each as a traceback above fastdata's one-line error."""
-    from fastdata.remote.url import filesystem
+    from fastdata.remote import filesystem
 
     fs = filesystem("s3://any/ds", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}, 2.0)
     fs.loop.call_soon_threadsafe(fs.loop.call_exception_handler, {

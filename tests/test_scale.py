@@ -123,8 +123,7 @@ def test_ray_options_are_checked(run_cli, src, tmp_path):
 def test_url_shard_tasks_need_their_upload_settings(tmp_path, monkeypatch):
     """A shard task never writes a URL as a local folder: without the UrlSpec it carries (the Ray engine
     into s3://, tests/test_scale_remote.py) it is refused, saying so; a spec for another URL too."""
-    from fastdata.write.shard_task import publisher_for
-    from fastdata.write.url_publish import UrlSpec
+    from fastdata.write.shard_task import UrlSpec, publisher_for
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match=r"s3://bucket/ds: a shard task for s3:// needs the upload settings"):

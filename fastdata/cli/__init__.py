@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _remote_timeout_env(seconds: float | None) -> Callable[[], object]:
     """Make ``--remote-timeout`` RemoteOptions' default for this command, here and in its worker processes
     (through the environment they inherit); return the function that puts the variable back as it was."""
-    from fastdata.remote.options import ENV_TIMEOUT
+    from fastdata.remote import ENV_TIMEOUT
 
     before = os.environ.get(ENV_TIMEOUT)
     if seconds is None:

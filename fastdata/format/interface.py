@@ -193,7 +193,7 @@ class ShardReaderBase(PerProcessHandle[H]):
 
     def copy_phase(self, name: str) -> int:
         """Where (mod 64 bytes) samples of fixed field ``name`` lie in the memory they are copied from
-        (0: not known or not fixed; a batch buffer at that phase fills fastest: loaders/buffers.py)."""
+        (0: not known or not fixed; a batch buffer at that phase fills fastest: loaders/host.py)."""
         return 0
 
     def _where(self, local: int | None = None) -> str:

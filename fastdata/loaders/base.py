@@ -28,7 +28,7 @@ from fastdata.reading.samplers import (
     shuffle_mode,
     world_batches,
 )
-from fastdata.remote.prefetch import PlanFollower
+from fastdata.remote.store import PlanFollower
 from fastdata.world import World
 
 _STATE_VERSION = 1

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 from fastdata._units import fmt_bytes
 from fastdata.errors import CacheFullError, CorruptShardError, RemoteError, UsageError
 from fastdata.fileio import file_checksum, lock_holder, record_holder, try_lock, unlock
-from fastdata.remote.retry import gave_up, trouble
+from fastdata.remote import gave_up, trouble
 
 log = logging.getLogger("fastdata.remote")
 _NAME = r"[a-z0-9_]+-[0-9a-f]{32,128}\.[A-Za-z0-9]+"  # cache_name(): <algorithm>-<digest><ext>

@@ -17,10 +17,9 @@ from fastdata.errors import DataError, DestinationBusyError, RemoteError, UsageE
 from fastdata.fileio import file_checksum, fsync_dir, lock_holder, write_atomic
 from fastdata.format import MANIFEST_NAME, Manifest, ShardInfo
 from fastdata.format.manifest import PART_FILE, PART_RECORD, SKIPPED_NAME, parse_manifest, write_manifest
-from fastdata.remote import RemoteOptions, is_url
-from fastdata.remote.url import join, root
+from fastdata.remote import RemoteOptions, is_url, join, root
 from fastdata.write.destination import DstLock, own_files, refuse_broken_url, write_skipped
-from fastdata.write.url_publish import UrlSpec
+from fastdata.write.shard_task import UrlSpec
 
 RECORD_VERSION = 1
 _PART_ARG = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
