@@ -260,3 +260,14 @@ def test_an_abandoned_task_of_a_failed_upload_is_no_traceback(caplog):
         "message": "Task exception was never retrieved", "exception": ConnectionResetError("gone")})
     time.sleep(0.2)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_shard_uploads_use_the_conversion_time_bound_per_attempt():
+    """A worker's upload filesystem caps S3's connect and read timeouts at the conversion's ``timeout``, as the
+    driver's does: one attempt cannot outlast the bound."""
+    from fastdata.remote import RemoteOptions
+    from fastdata.write.shard_task import UrlSpec
+
+    spec = UrlSpec("s3://bucket/ds", RemoteOptions(timeout=3, storage_options={"anon": True}))
+    config = spec.filesystem().config_kwargs
+    assert config["connect_timeout"] == 3 and config["read_timeout"] == 3

@@ -147,7 +147,7 @@ class UrlSpec:
     options: RemoteOptions = field(default_factory=RemoteOptions, repr=False)
 
     def filesystem(self) -> Any:
-        return filesystem(self.url, self.options.storage_options)
+        return filesystem(self.url, self.options.storage_options, self.options.timeout)
 
     def deadline(self) -> float:
         return time.monotonic() + self.options.timeout
