@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from fastdata._units import fmt_bytes
-from fastdata.cli.common import Bar, duration, with_bar, workers
+from fastdata.cli import Bar, duration, with_bar, workers
 from fastdata.errors import UsageError
 from fastdata.reading.dataset import Dataset
 from fastdata.reading.readahead import drop_page_cache, supported
