@@ -156,7 +156,7 @@ def _bench_dataset(args: argparse.Namespace) -> Dataset:
 def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float,
                    local: bool) -> tuple[list[BenchResult], dict[str, Any]]:
     """The loader's measurement, then the ceiling and the naive loader where asked; and the loader's settings."""
-    from fastdata.demo.baseline import naive_loader
+    from fastdata.demo import naive_loader
     from fastdata.measure.bench import measure_ceiling
 
     ld = bench_loader(args, ds, augment=_augment(args.augment))
