@@ -7,7 +7,7 @@ from fastdata.converters import arrays, image_folder, npy_parse, table  # noqa: 
 from fastdata.converters.config import ConvertConfig
 from fastdata.converters.image_codec import ImageOptions
 from fastdata.converters.registry import DEFAULT_FIELD, SOURCES, Request, detect, src_form
-from fastdata.converters.table_types import ColumnType, parse_meta_type
+from fastdata.converters.table_read import ColumnType, parse_meta_type
 
 __all__ = ["ColumnType", "ConvertConfig", "DEFAULT_FIELD", "ImageOptions", "Request", "SOURCES", "detect",
            "parse_meta_type", "src_form"]

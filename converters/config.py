@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from fastdata.converters.image_codec import ImageOptions
-from fastdata.converters.table_types import ColumnType
+from fastdata.converters.table_read import ColumnType
 from fastdata.errors import UsageError
 from fastdata.remote import RemoteOptions
 from fastdata.write import WriteOptions

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from fastdata.converters.table_types import FLOAT_DTYPE
+from fastdata.converters.table_read import FLOAT_DTYPE
 from fastdata.errors import DataError, UsageError
 from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import CHANNELS, CODEC_JPEG, CODEC_PNG

@@ -15,7 +15,7 @@ from fastdata.converters.image_codec import ImageOptions, check_declared, looks_
 from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, image_arrays, image_specs
 from fastdata.converters.registry import DEFAULT_FIELD
 from fastdata.converters.scan import check_finite
-from fastdata.converters.table_types import FLOAT_DTYPE
+from fastdata.converters.table_read import FLOAT_DTYPE
 from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_SUFFIX

@@ -17,8 +17,19 @@ from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSo
 from fastdata.converters.npy_parse import NpyFolderSource, read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SourceKind, register
 from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
-from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
-from fastdata.converters.table_types import FLOAT_DTYPE, INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
+from fastdata.converters.table_read import (
+    _MISSING,
+    FLOAT_DTYPE,
+    INT_DTYPE,
+    PATH_COLUMN,
+    ColumnType,
+    Table,
+    TypedColumn,
+    is_table,
+    parse_column,
+    read_table,
+    safe_rel,
+)
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.format.files import IMAGE_SUFFIXES
