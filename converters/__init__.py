@@ -1,5 +1,5 @@
 """Sources ``fastdata.convert`` reads (installed as ``fastdata.converters``): one module per kind of input,
-each registered in :mod:`.registry`; python_source.py makes the Source of Python objects."""
+each registered in :mod:`.registry`; objects.py makes the Source of Python objects."""
 
 from __future__ import annotations
 
