@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastdata.converters.image_codec import is_image_file
+from fastdata.converters.images import is_image_file
 from fastdata.converters.registry import DEFAULT_FIELD, Request, SourceKind, register
 from fastdata.converters.scan import FolderSource, Labels, check_labelled, find_labels, refuse_bad
 from fastdata.errors import DataError, FormatError, UsageError

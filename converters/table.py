@@ -12,8 +12,16 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from fastdata.converters.image_codec import ImageOptions, check_declared, looks_like, rescale
-from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
+from fastdata.converters.config import ConvertConfig, ImageOptions
+from fastdata.converters.images import (
+    ORIGINAL_SIZE_SUFFIX,
+    ImageFolderSource,
+    check_declared,
+    image_specs,
+    is_image_file,
+    looks_like,
+    rescale,
+)
 from fastdata.converters.npy_parse import NpyFolderSource, read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SourceKind, register
 from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
@@ -36,7 +44,6 @@ from fastdata.format.files import IMAGE_SUFFIXES
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
 if TYPE_CHECKING:
-    from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
 
 # --- file columns ----------------------------------------------------------------------------
