@@ -3,7 +3,7 @@ each registered in :mod:`.registry`; objects.py makes the Source of Python objec
 
 from __future__ import annotations
 
-from fastdata.converters import arrays, images, npy_parse, table  # noqa: F401  (each registers its source kind)
+from fastdata.converters import arrays, images, table  # noqa: F401  (each registers its source kind)
 from fastdata.converters.config import ConvertConfig, ImageOptions
 from fastdata.converters.registry import DEFAULT_FIELD, SOURCES, Request, detect, src_form
 from fastdata.converters.table_read import ColumnType, parse_meta_type

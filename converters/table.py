@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from fastdata.converters.arrays import NpyFolderSource, read_npy_data, read_npy_header
 from fastdata.converters.config import ConvertConfig, ImageOptions
 from fastdata.converters.images import (
     ORIGINAL_SIZE_SUFFIX,
@@ -22,7 +23,6 @@ from fastdata.converters.images import (
     looks_like,
     rescale,
 )
-from fastdata.converters.npy_parse import NpyFolderSource, read_npy_data, read_npy_header
 from fastdata.converters.registry import Request, SourceKind, register
 from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
 from fastdata.converters.table_read import (
