@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.demo.baseline import naive_loader  # noqa: E402
+from fastdata.demo import naive_loader  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 from fastdata.measure.bench import Sink, memory_stalls  # noqa: E402
 from fastdata.measure.bench import pread_pass as bench_pread

@@ -49,7 +49,7 @@ import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
 from fastdata.augment import ColorJitter, HorizontalFlip, RandomResizedCrop  # noqa: E402
-from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
+from fastdata.demo import naive_loader, write_npy_folder  # noqa: E402
 from fastdata.demo.examples import FlimCNN  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402
 

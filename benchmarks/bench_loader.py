@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.demo.baseline import naive_loader, write_npy_folder  # noqa: E402
+from fastdata.demo import naive_loader, write_npy_folder  # noqa: E402
 from fastdata.loaders import LoaderConfig, PerSample  # noqa: E402
 
 SHAPE = (2, 256, 21, 21)

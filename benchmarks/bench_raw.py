@@ -53,7 +53,7 @@ import bench_images  # noqa: E402
 
 import fastdata  # noqa: E402
 import fastdata.write  # noqa: E402
-from fastdata.demo.baseline import write_npy_folder  # noqa: E402
+from fastdata.demo import write_npy_folder  # noqa: E402
 from fastdata.write import DEFAULT_SHARD_SIZE, plan_shards  # noqa: E402
 from fastdata.fileio import fsync_dir  # noqa: E402
 from fastdata.loaders import LoaderConfig  # noqa: E402

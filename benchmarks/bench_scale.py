@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import DEFAULT_RESULTS_DIR, machine_info, markdown_table, summarize, warm_page_cache, write_results  # noqa: E402
 
 from fastdata._units import parse_size  # noqa: E402
-from fastdata.demo.baseline import write_npy_folder  # noqa: E402
+from fastdata.demo import write_npy_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (2, 256, 21, 21)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import fastdata
-from fastdata.demo.baseline import write_npy_folder
+from fastdata.demo import write_npy_folder
 from fastdata.loaders import LoaderConfig
 
 

@@ -1,15 +1,56 @@
-"""ConvertConfig: every setting of a conversion in one frozen value, checked when it is made."""
+"""ConvertConfig: every setting of a conversion in one frozen value, checked when it is made; ImageOptions, its
+settings for images."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Literal, Mapping
 
-from fastdata.converters.image_codec import ImageOptions
-from fastdata.converters.table_types import ColumnType
+from fastdata.converters.table_read import ColumnType
 from fastdata.errors import UsageError
+from fastdata.format.spec import CHANNELS
 from fastdata.remote import RemoteOptions
 from fastdata.write import WriteOptions
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How to store images (the CLI's ``--images``, ``--size``, ``--max-side``, ``--quality``, ``--mode``)."""
+
+    images: Literal["encoded", "raw", "jpeg"] = "encoded"
+    size: tuple[int, int] | None = None  # (H, W): resize the shorter side, then centre-crop
+    max_side: int | None = None
+    quality: int | None = None
+    mode: Literal["RGB", "L"] = "RGB"
+
+    def __post_init__(self) -> None:
+        if self.images not in ("encoded", "raw", "jpeg"):
+            raise UsageError(f"%(images) must be encoded, raw or jpeg, not {self.images!r}")
+        if self.mode not in CHANNELS:
+            raise UsageError(f"%(mode) must be RGB or L, not {self.mode!r}")
+        if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
+            raise UsageError(f"%(size) needs two positive integers H W, not {self.size!r}")
+        if self.max_side is not None and self.max_side < 1:
+            raise UsageError("%(max_side) must be a positive integer")
+        if self.size is not None and self.max_side is not None:
+            raise UsageError("%(size) and %(max_side) contradict each other; give one")
+        if self.images == "encoded" and (self.size is not None or self.max_side is not None):
+            raise UsageError("%(images=encoded) keeps the original files; %(size) and %(max_side) need %(images=raw) or "
+                             "%(images=jpeg)")
+        if self.quality is not None:
+            if self.images == "raw":
+                raise UsageError("%(quality) applies to %(images=jpeg) or %(images=encoded), not raw")
+            if not 1 <= self.quality <= 100:
+                raise UsageError(f"%(quality) must be between 1 and 100, not {self.quality}")
+
+    @property
+    def channels(self) -> int:
+        return CHANNELS[self.mode]
+
+    @property
+    def resizes(self) -> bool:
+        """Whether images may change size (``size`` or ``max_side``): pixel coordinates then move."""
+        return self.size is not None or self.max_side is not None
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fastdata.converters import DEFAULT_FIELD, ConvertConfig, Request, detect, src_form
-from fastdata.converters.objects import is_python_source
-from fastdata.converters.python_source import python_source
+from fastdata.converters.objects import is_python_source, python_source
 from fastdata.errors import FastdataError, UsageError
 from fastdata.remote import is_url
 from fastdata.write import ConvertReport, Progress, Source, write_dataset
@@ -76,7 +75,7 @@ def convert(src: PathLike | Any, dst: PathLike, config: ConvertConfig | None = N
 
 def _is_python(src: Any, config: ConvertConfig, labels: PathLike | None, arrays: Mapping[str, PathLike] | None,
                meta: PathLike | None, fields: Sequence[str] | None, ragged: Sequence[str]) -> bool:
-    """Whether ``src`` is Python samples (fastdata/converters/python_source.py) rather than paths; the
+    """Whether ``src`` is Python samples (fastdata/converters/objects.py) rather than paths; the
     arguments that apply only to the other kind are refused."""
     if not is_python_source(src):
         if fields is not None or ragged:

@@ -6,22 +6,27 @@ from __future__ import annotations
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 from PIL import Image
 
-from fastdata.converters.image_codec import ImageOptions, check_declared, looks_like, prepare_image_value, rescale
-from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, image_arrays, image_specs
+from fastdata.converters.config import ConvertConfig, ImageOptions
+from fastdata.converters.images import (
+    ORIGINAL_SIZE_SUFFIX,
+    check_declared,
+    image_arrays,
+    image_specs,
+    looks_like,
+    prepare_image_value,
+    rescale,
+)
 from fastdata.converters.registry import DEFAULT_FIELD
 from fastdata.converters.scan import check_finite
-from fastdata.converters.table_types import FLOAT_DTYPE
+from fastdata.converters.table_read import FLOAT_DTYPE
 from fastdata.errors import DataError, FormatError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_SUFFIX
-
-if TYPE_CHECKING:
-    from fastdata.converters.config import ConvertConfig
 
 Kind = Literal["array", "string", "image", "bytes"]
 _GREY = ("1", "L", "I;16", "I;16L", "I;16B", "I;16N", "I", "F")

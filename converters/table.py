@@ -12,20 +12,38 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from fastdata.converters.image_codec import ImageOptions, check_declared, looks_like, rescale
-from fastdata.converters.image_folder import ORIGINAL_SIZE_SUFFIX, ImageFolderSource, image_specs, is_image_file
-from fastdata.converters.npy_parse import NpyFolderSource, read_npy_data, read_npy_header
+from fastdata.converters.arrays import NpyFolderSource, read_npy_data, read_npy_header
+from fastdata.converters.config import ConvertConfig, ImageOptions
+from fastdata.converters.images import (
+    ORIGINAL_SIZE_SUFFIX,
+    ImageFolderSource,
+    check_declared,
+    image_specs,
+    is_image_file,
+    looks_like,
+    rescale,
+)
 from fastdata.converters.registry import Request, SourceKind, register
 from fastdata.converters.scan import Labels, check_finite_rows, drop_non_samples, folder_labels, refuse_bad, walk_files
-from fastdata.converters.table_read import _MISSING, PATH_COLUMN, Table, is_table, read_table
-from fastdata.converters.table_types import FLOAT_DTYPE, INT_DTYPE, ColumnType, TypedColumn, parse_column, safe_rel
+from fastdata.converters.table_read import (
+    _MISSING,
+    FLOAT_DTYPE,
+    INT_DTYPE,
+    PATH_COLUMN,
+    ColumnType,
+    Table,
+    TypedColumn,
+    is_table,
+    parse_column,
+    read_table,
+    safe_rel,
+)
 from fastdata.errors import DataError, UsageError
 from fastdata.format import LABEL_FIELD, FieldSpec, make_field
 from fastdata.format.manifest import IMAGE_SUFFIXES
 from fastdata.format.spec import _NAME_RE, ENCODING_UTF8, KEY_FIELD, SHAPE_DTYPE, SHAPE_SUFFIX
 
 if TYPE_CHECKING:
-    from fastdata.converters.config import ConvertConfig
     from fastdata.write import Progress
 
 # --- file columns ----------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_object_array_is_refused_without_unpickling(tmp_path):
 
 def test_unreadable_file(tmp_path, class_folder, monkeypatch):
     src, _ = class_folder
-    from fastdata.converters import npy_parse as npyfile
+    from fastdata.converters import arrays as npyfile
 
     real_open = open
 

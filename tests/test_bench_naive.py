@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 import fastdata
-from fastdata.demo.baseline import naive_collate
+from fastdata.demo import naive_collate
 
 
 def test_naive_collate_pads_like_fastdata():

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastdata.converters.npy_parse import parse_header, read_npy_header, read_npz_headers
+from fastdata.converters.arrays import parse_header, read_npy_header, read_npz_headers
 from fastdata.errors import CorruptShardError, DataError, FormatError
 from fastdata.format import ShardInfo, make_field, read_manifest
 from fastdata.format import lmdb as lmdb_format

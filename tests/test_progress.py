@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from fastdata.cli.common import Bar
+from fastdata.cli import Bar
 
 
 def _read_all(fd: int) -> str:

@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any
 
-from fastdata.cli.common import NamedPaths, positive, size, with_bar
+from fastdata.cli import NamedPaths, positive, size, with_bar
 from fastdata.errors import FastdataError, UsageError
 
 __all__ = ["add_parsers", "flag_message"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from fastdata._units import fmt_bytes
-from fastdata.cli.common import Bar, duration, with_bar, workers
+from fastdata.cli import Bar, duration, with_bar, workers
 from fastdata.errors import UsageError
 from fastdata.reading.dataset import Dataset
 from fastdata.reading.readahead import drop_page_cache, supported
@@ -156,7 +156,7 @@ def _bench_dataset(args: argparse.Namespace) -> Dataset:
 def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float,
                    local: bool) -> tuple[list[BenchResult], dict[str, Any]]:
     """The loader's measurement, then the ceiling and the naive loader where asked; and the loader's settings."""
-    from fastdata.demo.baseline import naive_loader
+    from fastdata.demo import naive_loader
     from fastdata.measure.bench import measure_ceiling
 
     ld = bench_loader(args, ds, augment=_augment(args.augment))

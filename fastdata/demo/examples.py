@@ -1,13 +1,13 @@
 """Small models for the demo, benchmarks and the docs' examples (no torchvision needed): ``FlimCNN`` for
 (B, 2, T >= 16, H, W) FLIM batches, ``TinyNet`` for samples of any shape (the quickstart's model), and the naive
-baseline (fastdata.demo.baseline) under the same documented path, ``from fastdata.demo.examples import TinyNet``."""
+baseline (from fastdata.demo) under the same documented path, ``from fastdata.demo.examples import TinyNet``."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from fastdata.demo.baseline import naive_loader, write_npy_folder
+from fastdata.demo import naive_loader, write_npy_folder
 
 
 class FlimCNN(nn.Module):
