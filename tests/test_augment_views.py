@@ -322,11 +322,11 @@ def test_views_keep_the_image_layout_and_calling_needs_the_batch(ds):
 
 
 def test_fit_sees_fixed_shapes_when_every_view_crops(ds):
-    from fastdata.train import precision
+    from fastdata import train
 
     def fixed(path: Path, aug: Augment) -> bool:
         with fastdata.loader(path, 6, device="cpu", augment=aug) as ld:
-            return precision.fixed_shapes(ld)
+            return train.fixed_shapes(ld)
 
     assert fixed(ds / "seqs", Augment((TimeCrop(4), TimeMask(2)), views=2))
     assert not fixed(ds / "seqs", Augment((TimeMask(2),)))
