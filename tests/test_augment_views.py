@@ -27,7 +27,7 @@ from fastdata.augment.sequence import (
     run_padded,
 )
 from fastdata.augment.targets import Boxes, Keypoints, Mask
-from fastdata.augment.apply import augment_batch
+from fastdata.augment.pipeline import augment_batch
 
 CPU = torch.device("cpu")
 N = 21
@@ -333,7 +333,7 @@ def test_fit_sees_fixed_shapes_when_every_view_crops(ds):
 
 
 def test_stacked_channels_last_views_equal_a_plain_stack():
-    from fastdata.augment.apply import _stack
+    from fastdata.augment.pipeline import _stack
 
     views = [torch.rand(4, 3, 5, 6).contiguous(memory_format=torch.channels_last) for _ in range(3)]
     got = _stack(views)

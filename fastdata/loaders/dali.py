@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from fastdata.augment import Augment, shapes_after
-from fastdata.augment.apply import augment_batch, join_views
+from fastdata.augment.pipeline import augment_batch, join_views
 from fastdata.errors import (
     BackendUnavailableError,
     FastdataError,

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fastdata.augment import Augment, batch_generator
-from fastdata.augment.apply import join_views
+from fastdata.augment.pipeline import join_views
 from fastdata.errors import UsageError
 from fastdata.format import LENGTHS_SUFFIX
 from fastdata.format.spec import ENCODING_IMAGE, ENCODING_PIXELS, SHAPE_SUFFIX, is_image_field, is_string

@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from fastdata.augment import Augment, batch_generator
-from fastdata.augment.apply import augment_batch
+from fastdata.augment.pipeline import augment_batch
 from fastdata.errors import UsageError
 from fastdata.format.spec import SHAPE_SUFFIX
 from fastdata.loaders.buffers import Recycler
