@@ -371,8 +371,7 @@ def install(out_dir: Path, steps: int | None = None, seconds: float | None = Non
     _recorder = Recorder(out_dir, steps, seconds, replay, project, start)
     _patch(dl._BaseDataLoaderIter, "__init__", _timed_iter_init)
     _patch(dl._BaseDataLoaderIter, "__next__", _timed_next)
-    for cls, name, orig in install_worker(out_dir):
-        _undo.callback(setattr, cls, name, orig)
+    install_worker(out_dir)
     from fastdata.loaders.base import Loader
 
     _patch(Loader, "__iter__", _timed_fastdata_iter)
@@ -502,18 +501,15 @@ def timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
     return fetch
 
 
-def install_worker(out_dir: Path) -> list[tuple[Any, str, Any]]:
-    """Record this process's dataset timings into ``out_dir``: patch torch's map and iterable fetchers; the
-    (class, name, original) list to undo it."""
+def install_worker(out_dir: Path) -> None:
+    """Record this process's dataset timings into ``out_dir``: patch torch's map and iterable fetchers (undone
+    with the loaders' patches)."""
     import torch.utils.data._utils.fetch as fetch
 
     global _out_dir
     _out_dir = out_dir
-    saved = []
     for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
-        saved.append((cls, "fetch", cls.__dict__["fetch"]))
-        cls.fetch = timed_fetch(cls.__dict__["fetch"])  # type: ignore[method-assign]
-    return saved
+        _patch(cls, "fetch", timed_fetch)
 
 
 class WorkerHook:
