@@ -1,7 +1,6 @@
-"""The built-in image ops and the parts they share: per-sample draws (the sequence ops use them too), the op
-protocol, resampling and the batch generator; the colour and value ops (ColorJitter, GaussianNoise, Normalize: no
-pixel moves) and the ops that move pixels (crops and Resize, which give every image one size, the flips, and Pad and
-RandomAffine, which keep or grow the canvas)."""
+"""The built-in image ops and what they share (per-sample draws, the sequence ops' too; the op protocol;
+resampling; the batch generator): the colour and value ops, which move no pixel, and the ops that move pixels
+(crops and Resize give every image one size; the flips; Pad and RandomAffine keep or grow the canvas)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The doctor's hooks. In the script's process: time every batch a DataLoader (or fastdata loader) hands the
-training loop, untouched; after the budget, replay copies of the first batches (alone, then beside fastdata's
-loader), then stop the script. In the processes that run the dataset: time in ``__getitem__``, collate, known
-readers and decoders, and the files opened, written to ``worker-PID.json``."""
+"""The doctor's hooks. In the script's process: time each batch a loader hands the training loop, untouched, then
+replay copies of the first (alone, then beside fastdata's loader) and stop the script. In the dataset's workers:
+the time in ``__getitem__``, collate, known readers and decoders, and the files opened (``worker-PID.json``)."""
 
 from __future__ import annotations
 

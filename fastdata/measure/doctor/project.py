@@ -1,8 +1,6 @@
-"""The fix, measured: a sample of the dataset's ``__getitem__`` outputs converted to a temporary dataset, each
-element of it matched against the sample's file, the rows of the tables the script opened and the class folder
-(what matches none is left out, with why), and ``fastdata.loader`` timed on it beside the script's replayed step
-(:class:`Beside`) and alone; then printed: a ``fastdata convert`` command and a ``fastdata.loader(...)`` line that
-keep every element (:func:`commands`)."""
+"""The fix, measured: a sample of the dataset's ``__getitem__`` outputs converted, each element matched to the
+sample's file, a table the script read or the class folder (else left out, with why), and ``fastdata.loader`` timed on
+it beside the replayed step (:class:`Beside`) and alone; then printed as a convert command and a loader line."""
 
 from __future__ import annotations
 
