@@ -9,7 +9,7 @@ in rounds so that load drift hits them alike (benchmarks/_harness.py):
 
 1. **Views**: ``Augment(ops, views=2)`` against ``Augment(ops)`` (one view) on 64 RGB 128x128 images; ops
    RandomResizedCrop 112 + flip + ColorJitter + Normalize: the augmentation alone
-   (``fastdata.augment.apply.augment_batch`` on float images), and the loader's device stage (``DeviceStage.transform``:
+   (``fastdata.augment.pipeline.augment_batch`` on float images), and the loader's device stage (``DeviceStage.transform``:
    the uint8 batch as read, converted to float once, then augmented). Goal: two views at most 2.2x one view.
 2. **Sequence ops** on a padded (64, 1000, 16) float batch, lengths ~ U[500, 1000]: TimeShift, 2 time
    masks, 2 channel masks, amplitude scaling, additive noise, TimeStretch. torchaudio is not installed
@@ -65,7 +65,7 @@ from fastdata.augment.sequence import (  # noqa: E402
     TimeStretch,
     run_padded,
 )
-from fastdata.augment.apply import augment_batch  # noqa: E402
+from fastdata.augment.pipeline import augment_batch  # noqa: E402
 
 CPU = torch.device("cpu")
 B = 64

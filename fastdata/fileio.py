@@ -105,6 +105,8 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
 _SYNC_FILE_RANGE_WRITE = 2
 _MADV_POPULATE_READ = 22
 _PAGE = 4096
+
+
 @functools.cache
 def _linux_libc() -> Any:
     """libc with sync_file_range and madvise typed (Linux); None where there is none."""

@@ -27,7 +27,7 @@ from fastdata.augment.sequence import (
     run_padded,
 )
 from fastdata.augment.targets import Boxes, Keypoints, Mask
-from fastdata.augment.apply import augment_batch
+from fastdata.augment.pipeline import augment_batch
 
 CPU = torch.device("cpu")
 N = 21
@@ -322,18 +322,18 @@ def test_views_keep_the_image_layout_and_calling_needs_the_batch(ds):
 
 
 def test_fit_sees_fixed_shapes_when_every_view_crops(ds):
-    from fastdata.train import precision
+    from fastdata import train
 
     def fixed(path: Path, aug: Augment) -> bool:
         with fastdata.loader(path, 6, device="cpu", augment=aug) as ld:
-            return precision.fixed_shapes(ld)
+            return train.fixed_shapes(ld)
 
     assert fixed(ds / "seqs", Augment((TimeCrop(4), TimeMask(2)), views=2))
     assert not fixed(ds / "seqs", Augment((TimeMask(2),)))
 
 
 def test_stacked_channels_last_views_equal_a_plain_stack():
-    from fastdata.augment.apply import _stack
+    from fastdata.augment.pipeline import _stack
 
     views = [torch.rand(4, 3, 5, 6).contiguous(memory_format=torch.channels_last) for _ in range(3)]
     got = _stack(views)

@@ -430,7 +430,7 @@ def test_color_jitter_ranges(raw):
 def test_jitter_parameters_mean_what_the_torch_op_means():
     # The host-drawn matrices must transform pixels exactly as the torch op does with the same factors
     # (brightness, saturation around luma, hue rotation of the YIQ plane in turns, same direction).
-    from fastdata.augment.color import _gray
+    from fastdata.augment.image_ops import _gray
     from fastdata.loaders.dali_augment import _Jitter
 
     b, op = 6, ColorJitter(0.4, 0.3, 0.5, 0.2)

@@ -328,7 +328,7 @@ def test_no_fix_below_the_threshold(tmp_path: Path) -> None:
 def test_account_of_samples_from_a_table(tmp_path: Path) -> None:
     """Targets found by value in the table the script read: columns stacked into a vector, angles negated
     by a mirror, coordinates shifted, mirrored and swapped; the rest named as left out."""
-    from fastdata.measure.doctor.account import account
+    from fastdata.measure.doctor.project import account
 
     rng = np.random.default_rng(0)
     rows, samples = ["path,yaw,pitch,roll,kp"], []
@@ -357,8 +357,7 @@ def test_account_of_samples_from_a_table(tmp_path: Path) -> None:
 def test_class_names_in_a_table_are_the_label(tmp_path: Path) -> None:
     """An integer the script makes from a text column (sorted class names) is that column: as 'label' it is
     kept by --meta as indices; under another name the fix says to rename it."""
-    from fastdata.measure.doctor.account import account
-    from fastdata.measure.doctor.project import commands
+    from fastdata.measure.doctor.project import account, commands
 
     names, rows, samples = ["dog", "cat", "eel"], ["path,species"], []
     for i in range(6):

@@ -17,7 +17,6 @@ import fastdata
 from fastdata import train
 from fastdata.augment import RandomCrop
 from fastdata.demo.examples import classification_loss
-from fastdata.train import precision as precision_plan
 
 
 @pytest.fixture(scope="module")
@@ -257,11 +256,11 @@ def test_cudnn_autotuning_only_when_batch_shapes_are_fixed(blobs, tmp_path):
     for i, n in enumerate([3, 5]):
         np.save(seqs / f"{i}.npy", np.zeros((n, 2), np.float32))
     fastdata.convert(seqs, tmp_path / "rag")
-    assert precision_plan.fixed_shapes(fastdata.loader(blobs, 4, device="cpu"))
-    assert precision_plan.fixed_shapes([{"x": torch.zeros(1)}])  # a plain iterable: nothing to go by
-    assert not precision_plan.fixed_shapes(fastdata.loader(tmp_path / "enc", 2, device="cpu"))  # sizes vary
-    assert precision_plan.fixed_shapes(fastdata.loader(tmp_path / "enc", 2, device="cpu", augment=[RandomCrop(16)]))
-    assert not precision_plan.fixed_shapes(fastdata.loader(tmp_path / "rag", 2, device="cpu"))
+    assert train.fixed_shapes(fastdata.loader(blobs, 4, device="cpu"))
+    assert train.fixed_shapes([{"x": torch.zeros(1)}])  # a plain iterable: nothing to go by
+    assert not train.fixed_shapes(fastdata.loader(tmp_path / "enc", 2, device="cpu"))  # sizes vary
+    assert train.fixed_shapes(fastdata.loader(tmp_path / "enc", 2, device="cpu", augment=[RandomCrop(16)]))
+    assert not train.fixed_shapes(fastdata.loader(tmp_path / "rag", 2, device="cpu"))
 
 
 @pytest.mark.gpu  # needs CUDA: tests/conftest.py skips it without

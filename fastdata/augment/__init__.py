@@ -1,17 +1,21 @@
 """Batched augmentation on the device (docs/augment.md): ops are frozen dataclasses that draw per-sample
 parameters from the batch's generator (on the CPU, so both backends draw the same), then transform the batch."""
 
-from fastdata.augment.base import batch_generator, pair
-from fastdata.augment.color import RGB2YIQ, ColorJitter, GaussianNoise, Normalize
-from fastdata.augment.geometric import (
+from fastdata.augment.image_ops import (
+    RGB2YIQ,
     CenterCrop,
+    ColorJitter,
+    GaussianNoise,
     HorizontalFlip,
+    Normalize,
     Pad,
     RandomAffine,
     RandomCrop,
     RandomResizedCrop,
     Resize,
     VerticalFlip,
+    batch_generator,
+    pair,
 )
 from fastdata.augment.pipeline import CROPS, IMAGENET_MEAN, IMAGENET_STD, Augment, Op, shapes_after
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from fastdata.augment.base import Params, Tensor, _uniform, child_seed, seeded_noise
+from fastdata.augment.image_ops import Params, Tensor, _uniform, child_seed, seeded_noise
 from fastdata.errors import UsageError
 
 

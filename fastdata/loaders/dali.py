@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from fastdata.augment import Augment, batch_generator, shapes_after
-from fastdata.augment.apply import augment_batch, join_views
+from fastdata.augment.pipeline import augment_batch, join_views
 from fastdata.errors import (
     BackendUnavailableError,
     FastdataError,

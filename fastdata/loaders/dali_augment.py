@@ -24,8 +24,7 @@ from fastdata.augment import (
     VerticalFlip,
     pair,
 )
-from fastdata.augment.base import _FixedSize, _Geometric, check_fits
-from fastdata.augment.color import hue_matrix
+from fastdata.augment.image_ops import _FixedSize, _Geometric, check_fits, hue_matrix
 from fastdata.errors import UsageError
 
 _GRAY = RGB2YIQ[0].numpy()  # the luma weights

@@ -29,7 +29,7 @@ from fastdata.augment import (
     batch_generator,
     pair,
 )
-from fastdata.augment.base import check_fits
+from fastdata.augment.image_ops import check_fits
 from fastdata.augment.targets import Mask
 from fastdata.errors import CorruptShardError, LoaderWorkerError
 from fastdata.format.spec import (

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fastdata.augment import Augment, batch_generator
-from fastdata.augment.apply import augment_batch
+from fastdata.augment.pipeline import augment_batch
 from fastdata.errors import UsageError
 from fastdata.format.spec import ENCODING_IMAGE, SHAPE_SUFFIX, image_fields
 from fastdata.loaders.base import Loader

@@ -19,6 +19,7 @@ from typing import Any, Iterator, Sequence
 
 from fastdata.errors import UsageError
 from fastdata.measure.doctor import _probe
+from fastdata.measure.doctor.project import project_loader
 from fastdata.measure.doctor.report import analyse, page, render
 
 __all__ = ["Watch", "run", "watch"]
@@ -131,8 +132,6 @@ def _write(rec: _probe.Recorder, out: Path, project: bool) -> None:
     (project.json: the sample the replay used, if it made one)."""
     (out / "raw.json").write_text(json.dumps(rec.dump()))
     if project:
-        from fastdata.measure.doctor.project import project_loader
-
         (out / "project.json").write_text(json.dumps(project_loader(rec, out, rec.sampled)))
     elif rec.sampled is not None and not isinstance(rec.sampled, str):
         rec.sampled.remove()

@@ -13,8 +13,7 @@ from typing import Any
 
 from fastdata.format.manifest import ARRAY_SUFFIXES, IMAGE_SUFFIXES
 from fastdata.measure.doctor._probe import WARMUP
-from fastdata.measure.doctor.account import image_hw, is_table
-from fastdata.measure.doctor.project import NO_GAIN, commands, lines
+from fastdata.measure.doctor.project import NO_GAIN, commands, image_hw, is_table, lines
 
 INPUT_BOUND = 0.10  # a loop waiting more than this fraction of its time for data is input-bound
 SATURATED = 0.80  # workers busy more than this fraction of their lifetime cannot go faster
@@ -86,7 +85,7 @@ def _workers(folder: Path, main_pid: int, num_workers: int) -> dict[str, Any] | 
 def source_of(files: list[str]) -> dict[str, Any] | None:
     """The folder the dataset's files share and what they are (from the paths the workers opened), and
     whether ``fastdata convert`` takes that folder as it is (per-sample .npy/.npz or image files)."""
-    files = [f for f in files if os.path.isfile(f) and not is_table(f)]  # tables: fastdata.measure.doctor.account
+    files = [f for f in files if os.path.isfile(f) and not is_table(f)]  # tables: fastdata.measure.doctor.project
     if not files:
         return None
     kinds = dict(Counter(os.path.splitext(f)[1].lower() or "(none)" for f in files))
