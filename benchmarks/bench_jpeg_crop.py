@@ -59,8 +59,7 @@ from fastdata.augment import HorizontalFlip, RandomResizedCrop
 from fastdata.converters import ConvertConfig, ImageOptions
 from fastdata.format import ImageSpec
 from fastdata.format.spec import CODEC_JPEG
-from fastdata.loaders import LoaderConfig
-from fastdata.loaders import host as cropdecode
+from fastdata.loaders import LoaderConfig, host
 from fastdata.loaders.host import decode_crop, resample_into
 from fastdata.write import WriteOptions
 
@@ -331,14 +330,14 @@ AB = {"FAST off (libjpeg-turbo's exact IDCT and chroma upsampling)": {"FAST": {}
 def with_settings(fn: Callable[[int], Any], settings: dict[str, Any]) -> Callable[[int], Any]:
     """``fn`` run with fastdata.loaders.host's module settings changed (restored after each call)."""
     def run(i: int) -> Any:
-        old = {k: getattr(cropdecode, k) for k in settings}
+        old = {k: getattr(host, k) for k in settings}
         for k, v in settings.items():
-            setattr(cropdecode, k, v)
+            setattr(host, k, v)
         try:
             return fn(i)
         finally:
             for k, v in old.items():
-                setattr(cropdecode, k, v)
+                setattr(host, k, v)
 
     return run
 

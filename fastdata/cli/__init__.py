@@ -18,7 +18,7 @@ from fastdata._units import fmt_bytes, parse_size
 from fastdata._version import __version__
 from fastdata.errors import FastdataError
 from fastdata.format import read_manifest
-from fastdata.remote import is_url
+from fastdata.remote import ENV_TIMEOUT, is_url
 
 T = TypeVar("T")
 
@@ -239,8 +239,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _remote_timeout_env(seconds: float | None) -> Callable[[], object]:
     """Make ``--remote-timeout`` RemoteOptions' default for this command, here and in its worker processes
     (through the environment they inherit); return the function that puts the variable back as it was."""
-    from fastdata.remote import ENV_TIMEOUT
-
     before = os.environ.get(ENV_TIMEOUT)
     if seconds is None:
         return lambda: None

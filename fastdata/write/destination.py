@@ -19,7 +19,7 @@ from fastdata.fileio import lock_holder, record_holder, try_lock, unlock
 from fastdata.format import MANIFEST_NAME, ShardInfo
 from fastdata.format.manifest import JOURNAL_NAME, LOCK_NAME, OURS, PART_FILE, SKIPPED_NAME, TEMPORARY
 from fastdata.format.spec import KEYS_FILE
-from fastdata.remote import RemoteOptions, filesystem, root
+from fastdata.remote import RemoteOptions, root
 from fastdata.write import journal
 from fastdata.write.shard_task import WORKERS_DIR, UrlSpec, remove_empty
 
@@ -288,7 +288,7 @@ class RemoteTarget:
         self.options = options or RemoteOptions()
         self.spec = UrlSpec(root(url), self.options)  # what the shard tasks upload their shards with
         self.url = self.spec.url
-        self.fs = filesystem(self.url, self.options.storage_options, self.options.timeout)
+        self.fs = self.spec.filesystem()
         self.part = part
         self.journal_name, self.lock_name, self.last = own_files(part)  # the last: the manifest, or the part record
         key = hashlib.sha256(self.url.encode()).hexdigest()[:20] + ("" if part is None else "-" + part_stem(*part))
