@@ -382,3 +382,14 @@ def test_swapped_zarr_chunk_files_are_refused_at_open(tmp_path):
     _keep_time(tmp_path / "s.zarr", swap)
     with pytest.raises(CorruptShardError, match=r"s\.zarr: changed since it was indexed \(the blocks sampled"):
         fastdata.open(tmp_path / "i")
+
+
+def test_a_compact_hdf5_dataset_is_refused_as_compact(tmp_path):
+    """A compact dataset lives in the file's metadata, at no offset: the error says so, not 'never allocated'."""
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        plist.set_layout(h5py.h5d.COMPACT)
+        h5py.h5d.create(f.id, b"x", h5py.h5t.NATIVE_FLOAT, h5py.h5s.create_simple((10, 4)), dcpl=plist)
+        f["x"][...] = np.arange(40, dtype=np.float32).reshape(10, 4)
+    with pytest.raises(DataError, match=r"c\.h5: dataset '/?x' is stored compact.*fastdata convert"):
+        fastdata.index(tmp_path / "c.h5", tmp_path / "o", {"x": "/x"})

@@ -416,17 +416,20 @@ def _dataset(f: Any, path: str, name: str) -> Any:
 
 def hdf5_info(path: str, name: str) -> ArrayInfo:
     """How dataset ``name`` of HDF5 file ``path`` is stored."""
+    import h5py
+
     with _h5(path) as f:
         d = _dataset(f, path, name)
         if d.ndim == 0:
             raise DataError(f"{path}: dataset {name!r} is a scalar: it has no sample axis")
-        if d.chunks is None and d.compression is None and not d.id.get_create_plist().get_nfilters():
+        if d.chunks is None:  # contiguous or compact (HDF5 filters chunked data only)
+            if d.id.get_create_plist().get_layout() == h5py.h5d.COMPACT:
+                raise DataError(f"{path}: dataset {name!r} is stored compact (inside the file's metadata, at no "
+                                "offset of its own); convert it instead (fastdata convert)")
             off = d.id.get_offset()
             if off is None and d.size:
                 raise DataError(f"{path}: dataset {name!r} has no data written (never allocated)")
             return ArrayInfo(d.dtype, tuple(d.shape), offset=int(off or 0))
-        if d.chunks is None:
-            raise DataError(f"{path}: dataset {name!r} is filtered but not chunked")
         return ArrayInfo(d.dtype, tuple(d.shape), chunk_rows=int(d.chunks[0]))
 
 
