@@ -384,12 +384,21 @@ def test_swapped_zarr_chunk_files_are_refused_at_open(tmp_path):
         fastdata.open(tmp_path / "i")
 
 
-def test_a_compact_hdf5_dataset_is_refused_as_compact(tmp_path):
-    """A compact dataset lives in the file's metadata, at no offset: the error says so, not 'never allocated'."""
+def test_compact_virtual_and_external_hdf5_datasets_are_refused_as_such(tmp_path):
+    """Their data lies at no offset of the file: the error says how it is stored, not 'never allocated'."""
+    a = np.arange(40, dtype=np.float32).reshape(10, 4)
+    with h5py.File(tmp_path / "src.h5", "w") as f:
+        f["x"] = a
+    layout = h5py.VirtualLayout(shape=(10, 4), dtype=np.float32)
+    layout[:] = h5py.VirtualSource(str(tmp_path / "src.h5"), "x", shape=(10, 4))
     with h5py.File(tmp_path / "c.h5", "w") as f:
         plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         plist.set_layout(h5py.h5d.COMPACT)
-        h5py.h5d.create(f.id, b"x", h5py.h5t.NATIVE_FLOAT, h5py.h5s.create_simple((10, 4)), dcpl=plist)
-        f["x"][...] = np.arange(40, dtype=np.float32).reshape(10, 4)
-    with pytest.raises(DataError, match=r"c\.h5: dataset '/?x' is stored compact.*fastdata convert"):
-        fastdata.index(tmp_path / "c.h5", tmp_path / "o", {"x": "/x"})
+        h5py.h5d.create(f.id, b"compact", h5py.h5t.NATIVE_FLOAT, h5py.h5s.create_simple((10, 4)), dcpl=plist)
+        f["compact"][...] = a
+        f.create_virtual_dataset("virtual", layout)
+        f.create_dataset("external", shape=(10, 4), dtype=np.float32, external=[(str(tmp_path / "raw.bin"), 0, h5py.h5f.UNLIMITED)])
+        f["external"][...] = a
+    for name, kind in [("compact", "compact"), ("virtual", "virtual"), ("external", "in external files")]:
+        with pytest.raises(DataError, match=rf"c\.h5: dataset '/?{name}' is stored {kind}.*fastdata convert"):
+            fastdata.index(tmp_path / "c.h5", tmp_path / "o", {"x": "/" + name})

@@ -422,10 +422,13 @@ def hdf5_info(path: str, name: str) -> ArrayInfo:
         d = _dataset(f, path, name)
         if d.ndim == 0:
             raise DataError(f"{path}: dataset {name!r} is a scalar: it has no sample axis")
-        if d.chunks is None:  # contiguous or compact (HDF5 filters chunked data only)
-            if d.id.get_create_plist().get_layout() == h5py.h5d.COMPACT:
-                raise DataError(f"{path}: dataset {name!r} is stored compact (inside the file's metadata, at no "
-                                "offset of its own); convert it instead (fastdata convert)")
+        if d.chunks is None:  # contiguous, compact, virtual or external (HDF5 filters chunked data only)
+            plist = d.id.get_create_plist()
+            kind = {h5py.h5d.COMPACT: "compact (inside the file's metadata)", h5py.h5d.VIRTUAL: "virtual (mapped "
+                    "from other datasets)"}.get(plist.get_layout(), "in external files" if plist.get_external_count() else "")
+            if kind:
+                raise DataError(f"{path}: dataset {name!r} is stored {kind}, at no offset of this file; convert it "
+                                "instead (fastdata convert)")
             off = d.id.get_offset()
             if off is None and d.size:
                 raise DataError(f"{path}: dataset {name!r} has no data written (never allocated)")
