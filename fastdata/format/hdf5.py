@@ -168,8 +168,6 @@ class ShardWriter(interface.ShardWriter):
 
     def _flush(self) -> None:
         n = self._n - self._written
-        if n == 0:
-            return
         for f in self.fields:
             parts = self._stage.get(f.name)
             if not parts:
@@ -187,8 +185,6 @@ class ShardWriter(interface.ShardWriter):
         self._staged_bytes = 0
 
     def close(self) -> None:
-        if self._file is None:
-            return
         try:
             self._flush()
             if self._n != self.count:

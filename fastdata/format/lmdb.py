@@ -118,8 +118,6 @@ class ShardWriter(interface.ShardWriter):
             self._commit()
 
     def _commit(self) -> None:
-        if not self._pending:
-            return
         while True:
             try:
                 with self._env.begin(write=True) as txn, txn.cursor() as cur:
@@ -140,8 +138,6 @@ class ShardWriter(interface.ShardWriter):
         return e
 
     def close(self) -> None:
-        if self._env is None:
-            return
         try:
             if self._n != self.count:
                 raise ValueError(f"shard got {self._n} samples, planned {self.count}")
