@@ -57,6 +57,8 @@ def test_indexing_and_errors(dataset):
         ds.get_batch([0.5])
     empty = ds.get_batch([])
     assert empty["x"].shape == (0, *ref.shape[1:])
+    with pytest.raises(IndexError, match=f"index '3': not an integer in range for a dataset of {len(ds)}"):
+        ds.key("3")  # a string is no index: the message does not call it out of range
 
 
 def test_field_subset(dataset):

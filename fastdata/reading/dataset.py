@@ -168,7 +168,7 @@ class Dataset:
         array sources). Keys are unique within a dataset."""
         n = len(self)
         if not isinstance(i, (int, np.integer)) or not -n <= i < n:
-            raise IndexError(f"index {i!r} out of range for a dataset of {n} samples")
+            raise IndexError(f"index {i!r}: not an integer in range for a dataset of {n} samples")
         return self.keys([int(i) % n])[0]
 
     def keys(self, indices: Iterable[int] | np.ndarray) -> list[str]:
