@@ -29,9 +29,6 @@ class Codec:
     cname: str
     level: int
 
-    def __str__(self) -> str:
-        return f"{self.cname}:{self.level}"
-
 
 def parse(value: str | None) -> Codec | None:
     """``lz4``, ``lz4:N``, ``zstd`` or ``zstd:N`` (N 1-9) -> a Codec; anything else -> None (not a Blosc codec)."""
