@@ -21,8 +21,8 @@ class Stream(enum.IntEnum):
 
 def seed_sequence(seed: int, epoch: int, stream: Stream, rank: int = 0, batch: int = 0) -> np.random.SeedSequence:
     """The seed sequence of one stream at one position; ``seed`` is any integer in [0, 2**64)."""
-    if seed < 0 or epoch < 0 or rank < 0 or batch < 0:
-        raise ValueError(f"seed, epoch, rank and batch must be >= 0 (got {seed}, {epoch}, {rank}, {batch})")
+    if not 0 <= seed < 1 << 64 or epoch < 0 or rank < 0 or batch < 0:  # 2**64 would be seed 0 again
+        raise ValueError(f"seed must be in [0, 2**64), epoch, rank and batch >= 0 (got {seed}, {epoch}, {rank}, {batch})")
     return np.random.SeedSequence([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, epoch, int(stream), rank, batch])
 
 

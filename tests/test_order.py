@@ -35,6 +35,9 @@ def test_order_depends_only_on_seed_and_epoch():
     assert not np.array_equal(a, epoch_order(1000, shuffle=True, seed=1, epoch=1))
     assert not np.array_equal(a, epoch_order(1000, shuffle=True, seed=2, epoch=0))
     assert sorted(a.tolist()) == list(range(1000))
+    for seed in (-1, 1 << 64):  # 2**64 would silently give seed 0's order
+        with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\)"):
+            epoch_order(10, shuffle=True, seed=seed, epoch=0)
 
 
 def test_block_shuffle_keeps_reads_local():
