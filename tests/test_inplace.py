@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -402,3 +403,20 @@ def test_compact_virtual_and_external_hdf5_datasets_are_refused_as_such(tmp_path
     for name, kind in [("compact", "compact"), ("virtual", "virtual"), ("external", "in external files")]:
         with pytest.raises(DataError, match=rf"c\.h5: dataset '/?{name}' is stored {kind}.*fastdata convert"):
             fastdata.index(tmp_path / "c.h5", tmp_path / "o", {"x": "/" + name})
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda src: src["parts"][0].update(y=src["parts"][0].pop("x")), "does not describe every field"),
+    (lambda src: src["files"][0].update(blocks="zzz"), "malformed block checksums"),
+])
+def test_verify_refuses_an_index_description_that_open_refuses(tmp_path, edit, match):
+    np.save(tmp_path / "a.npy", np.arange(20.0).reshape(10, 2))
+    fastdata.index(tmp_path / "a.npy", tmp_path / "ix", checksum=True)
+    path = tmp_path / "ix" / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m["source"])
+    path.write_text(json.dumps(m))
+    with pytest.raises(CorruptShardError, match=match):
+        fastdata.open(tmp_path / "ix")[0]
+    with pytest.raises(CorruptShardError, match=match):  # verify said the index was fine
+        verify(tmp_path / "ix")

@@ -72,11 +72,17 @@ class ChunkCache:
 
 
 def index_of(manifest: Manifest, where: str) -> Index:
-    """The in-place description of an index's manifest (its backend is an index's: the callers check)."""
+    """The in-place description of an index's manifest (its backend is an index's: the callers check), checked
+    whole here so that verify refuses what opening would."""
     index = parse_index(manifest.source, where)
     if len(index.parts) != len(manifest.shards):
         raise CorruptShardError(f"{where}: the in-place index describes {len(index.parts)} parts for "
                                 f"{len(manifest.shards)} shards")
+    for info, part in zip(manifest.shards, index.parts):
+        if set(part) != {f.name for f in manifest.fields}:
+            raise CorruptShardError(f"{where}: part {info.file} does not describe every field")
+    for s in index.files:
+        external.checks(s.blocks, s.path, s.path)  # malformed block checksums raise
     return index
 
 
@@ -92,8 +98,6 @@ class InPlaceShards(LocalShards):
         specs = {f.name: f for f in self.manifest.fields}
         readers: list[ShardReader] = []
         for info, part in zip(self.manifest.shards, index.parts):
-            if set(part) != set(specs):
-                raise CorruptShardError(f"{self.folder}: part {info.file} does not describe every field")
             cols = {name: _column(index.files[c.file], c, specs[name], info.count) for name, c in part.items()}
             readers.append(PartReader(Path(index.files[next(iter(part.values())).file].path), info, cols))
         return readers
