@@ -224,8 +224,8 @@ class _Column:
     dset: Any = None  # chunked/compressed: read through h5py
     offsets: np.ndarray | None = None  # ragged: row offsets, count + 1
     byte_offsets: list[int] | None = None  # ragged and mapped: offsets in bytes, as Python ints
-    # compressed per sample: each sample's chunk offset in the file, its stored bytes, whether HDF5 stored it plain
-    chunks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # compressed per sample: each sample's chunk offset in the file and its stored bytes
+    chunks: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -328,11 +328,10 @@ class ShardReader(ShardReaderBase[_Handle]):
         if dset.chunks != (1, *f.trailing):
             raise CorruptShardError(f"{self._where()}: compressed field {f.name!r} has chunks {dset.chunks}, "
                                     f"expected one sample each")
-        off, size, masks = chunk_arrays(dset, 1)
-        raw = masks != 0  # HDF5 kept the chunk unfiltered
-        if (off + size > file_size).any() or (raw & (size != f.row_nbytes)).any():
-            raise CorruptShardError(f"{self._where()}: field {f.name!r} has chunks outside the file or of a bad size")
-        col.chunks = off, size, raw
+        off, size, _ = chunk_arrays(dset, 1)  # each a Blosc buffer: the writer writes them itself (filter mask 0)
+        if (off + size > file_size).any():
+            raise CorruptShardError(f"{self._where()}: field {f.name!r} has chunks outside the file")
+        col.chunks = off, size
 
     def ranges(self, local: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The byte ranges (starts, lengths) of this file that reading fields ``names`` of samples ``local``
@@ -388,17 +387,14 @@ class ShardReader(ShardReaderBase[_Handle]):
                          out: np.ndarray) -> None:
         """One ``pread`` per sample (GIL released), decoded straight into its batch row."""
         assert col.chunks is not None
-        offs, sizes, raw = (a[local].tolist() for a in col.chunks)
-        for l, d, o, n, r in zip(local.tolist(), dest.tolist(), offs, sizes, raw):
+        offs, sizes = (a[local].tolist() for a in col.chunks)
+        for l, d, o, n in zip(local.tolist(), dest.tolist(), offs, sizes):
             if o < 0:
                 raise CorruptShardError(f"{self._where(l)}: field {f.name!r} has no stored chunk")
             buf = os.pread(fd, n, o)
             if len(buf) != n:
                 raise CorruptShardError(f"{self._where(l)}: short read of field {f.name!r} (file truncated?)")
-            if r:  # stored unfiltered (HDF5 keeps a chunk plain when the filter declines it)
-                out[d] = np.frombuffer(buf, dtype=f.np_dtype).reshape(f.trailing)
-            else:
-                blosc_codec.decode_into(buf, out[d], f"{self._where(l)}: field {f.name!r}")
+            blosc_codec.decode_into(buf, out[d], f"{self._where(l)}: field {f.name!r}")
 
     def _read_ragged(self, h: _Handle, f: FieldSpec, col: _Column, local: np.ndarray, dest: np.ndarray,
                      out: RaggedOut) -> None:
