@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 import numpy as np
 
 from fastdata._units import fmt_bytes
-from fastdata.errors import FastdataError, FormatError, RemoteError, RemoteNotFoundError, UsageError
+from fastdata.errors import FastdataError, FormatError, RemoteError, RemoteNotFoundError
 from fastdata.format.backends import backend
 from fastdata.format.interface import ShardReader
 from fastdata.format.keys import KeyTable
@@ -185,8 +185,7 @@ class RemoteStore(PerProcessHandle[_Local]):
                         fetch=self.fetch_keys)
 
     def _keys(self) -> KeysInfo:
-        if self.keys is None:
-            raise UsageError(f"{self.url}: the dataset has no keys file")
+        assert self.keys is not None  # its callers (key_table, verify) look first
         return self.keys
 
     def keys_path(self) -> Path:
