@@ -173,3 +173,14 @@ def test_two_datasets_on_the_same_files_in_one_process(dataset):
     assert np.array_equal(a.get_batch([1, 2])["x"], b.get_batch([1, 2])["x"])
     a.close()  # closing one must not break the other
     assert np.array_equal(b.get_batch([3])["x"], ref[[3]])
+
+
+def test_column_refuses_a_ragged_field_even_on_an_empty_subset(tmp_path):
+    samples = [{"x": np.arange(i + 1, dtype=np.float32), "y": np.float32(i)} for i in range(6)]
+    fastdata.convert(samples, tmp_path / "ds", ragged=["x"])
+    ds = fastdata.open(tmp_path / "ds")
+    empty = ds.split({"a": 0.0001, "b": 0.9999})["a"]
+    assert len(empty) == 0 and empty.column("y").dtype == np.float32
+    for d in (ds, empty):  # the empty one gave an empty float array instead of the refusal
+        with pytest.raises(fastdata.errors.UsageError, match="field 'x' is ragged; column"):
+            d.column("x")

@@ -244,17 +244,16 @@ class Dataset:
         """Every sample's value of field ``name`` (a numpy array; strings as a numpy ``str`` array)."""
         if name == KEY_FIELD and name not in [f.name for f in self.manifest.fields]:
             return np.array(self.keys(np.arange(len(self))), dtype=str)
-        ds = self.with_options(fields=[name], decode=False)
-        f = ds.manifest.field(name)
-        parts: list[Any] = []
-        for a in range(0, len(self), _COLUMN_CHUNK):
-            b = ds.get_batch(np.arange(a, min(a + _COLUMN_CHUNK, len(self))))
-            parts.append(np.array(b[name], dtype=str) if is_string(f) else b[name])
-        ds.close()
+        with self.with_options(fields=[name], decode=False) as ds:
+            f = ds.manifest.field(name)
+            if f.ragged and not is_string(f):  # refused before anything is read, and on an empty subset too
+                raise UsageError(f"field {name!r} is ragged; column() takes fixed-shape and string fields")
+            parts: list[Any] = []
+            for a in range(0, len(self), _COLUMN_CHUNK):
+                b = ds.get_batch(np.arange(a, min(a + _COLUMN_CHUNK, len(self))))
+                parts.append(np.array(b[name], dtype=str) if is_string(f) else b[name])
         if not parts:
             return np.array([], dtype=str if is_string(f) else f.np_dtype)
-        if f.ragged and not is_string(f):
-            raise UsageError(f"field {name!r} is ragged; column() takes fixed-shape and string fields")
         return np.concatenate(parts)
 
     def split(self, fractions: Mapping[str, float], *, seed: int = 0, stratify: str | None = None) -> dict[str, Dataset]:
