@@ -199,6 +199,24 @@ def test_merge_with_remapped_classes_keeps_keys(tmp_path, run_cli):
     assert [m.classes[c] for c in batch["label"]] == [k.split("/")[0] for k in ka + kb]
 
 
+@pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
+def test_a_merged_compressed_dataset_merges_again_with_remapped_classes(tmp_path, backend):
+    """Its shards are rewritten with the codec of the conversion behind the merge (a merge's own source names
+    none: the rewrite raised a ValueError from the shard writer)."""
+    cfg = fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, compression="lz4"))
+    src = {n: make_class_folder(tmp_path / n, per_class=2, classes=c, shape=(2048,), seed=i)
+           for i, (n, c) in enumerate([("a", ("cat", "dog")), ("b", ("dog", "eel")), ("c", ("ant", "cat"))])}
+    for n in src:
+        fastdata.convert(tmp_path / n, tmp_path / f"{n}.ds", cfg)
+    fastdata.merge([tmp_path / "a.ds", tmp_path / "b.ds"], tmp_path / "ab", remap_classes=True, key_prefixes="names")
+    fastdata.merge([tmp_path / "c.ds", tmp_path / "ab"], tmp_path / "cab", remap_classes=True, key_prefixes="names")
+    m = fastdata.open(tmp_path / "cab")
+    batch = m.get_batch(np.arange(len(m)))
+    want = [(k.split("/")[0], a) for n in ("c", "a", "b") for k, a in src[n].items()]
+    assert [m.classes[c] for c in batch["label"]] == [c for c, _ in want]
+    assert np.array_equal(batch["x"], np.stack([a for _, a in want]))
+
+
 # --- merge-parts ---------------------------------------------------------------------------------
 
 
