@@ -146,6 +146,16 @@ def test_pyarrow_table_reads_back_equal(tmp_path):
         assert np.array_equal(s["x"], x[i]) and int(s["y"]) == i
 
 
+def test_pyarrow_ragged_list_column_of_a_sliced_chunked_table_reads_back_equal(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    rows = [[float(i)] * (i % 4) for i in range(12)]  # lengths 0..3
+    t = pa.concat_tables([pa.table({"b": pa.array(rows[:7], type=pa.list_(pa.float32()))}),
+                          pa.table({"b": pa.array(rows[7:], type=pa.list_(pa.float32()))})]).slice(2)
+    fastdata.convert(t, tmp_path / "ds", _config(workers=1), ragged=["b"])
+    got = _read(tmp_path / "ds")
+    assert len(got) == 10 and all(np.array_equal(s["b"], rows[i + 2]) for i, s in enumerate(got))
+
+
 def _no_blocks(monkeypatch) -> None:
     """The write engine reads these sources sample by sample, as before blocks of rows."""
     from fastdata.converters.arrays import ArraysSource
@@ -400,3 +410,10 @@ def test_kill_and_resume_gives_the_shards_of_an_uninterrupted_run(tmp_path, work
     subprocess.run([sys.executable, script(True), tmp_path / "ds"], env=env, check=True, timeout=120)
     subprocess.run([sys.executable, script(False), tmp_path / "whole"], env=env, check=True, timeout=120)
     same_dataset(tmp_path / "whole", tmp_path / "ds")
+
+
+def test_an_array_of_too_many_axes_is_refused_naming_its_field_once(tmp_path):
+    # the message was "field 'x': field 'x': bad shape ..." (the spec's error already names the field)
+    with pytest.raises(DataError) as e:
+        fastdata.convert([{"x": np.zeros((1,) * 33)}] * 2, tmp_path / "ds")
+    assert str(e.value).startswith("field 'x': bad shape") and str(e.value).count("'x'") == 1
