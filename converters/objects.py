@@ -322,13 +322,16 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
         except DataError:
             if not config.skip_bad:
                 raise
-    if not encoded:  # every first sample is bad: say why the first one is
-        schema.encode(first[0][1], first[0][0])
+    checked = not encoded  # (skip_bad) every first sample is bad: the check pass finds the good ones, or says none is
+    if checked:
+        src = _check_all(replace(src, schema=schema, nbytes_est=0), config, progress)
+        j = int(src.index[0]) if src.index is not None else 0  # (samples were left out: index is set)
+        encoded = [(j, None, schema.encode(src.get(j), j)[0])]
     src = replace(src, schema=schema, nbytes_est=int(np.ceil(np.mean([sum(a.nbytes for a in e.values())
                                                                        for _, _, e in encoded]))))
     if not arrow:
         _warn_if_random(src, encoded[0][0], encoded[0][2])
-    if schema.keyed or config.skip_bad:
+    if (schema.keyed or config.skip_bad) and not checked:
         src = _check_all(src, config, progress)
     return src
 

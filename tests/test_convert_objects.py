@@ -295,6 +295,18 @@ def test_skip_bad_among_the_first_samples_of_an_iterable(tmp_path):
     assert fastdata.open(tmp_path / "b").keys([1, 2]) == ["1", "3"]
 
 
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_skip_bad_when_every_first_sample_is_bad_keeps_the_good_later_ones(tmp_path, kind):
+    # the first 16 samples (the schema's) all have a NaN label: a map-style source stopped instead of skipping them
+    samples = [{"x": np.full(2, i, np.float32), "label": float("nan") if i < 16 else 1.0} for i in range(20)]
+    report = fastdata.convert(samples if kind == "map" else iter(samples), tmp_path / "ds", _config(skip_bad=True))
+    assert report.samples == 4 and [p for p, _ in report.skipped] == [f"sample {i}" for i in range(16)]
+    ds = fastdata.open(tmp_path / "ds")
+    assert ds.keys([0, 3]) == ["16", "19"] and float(ds[0]["x"][0]) == 16
+    with pytest.raises(DataError, match=r"every sample is bad, e\.g\. sample 0: label nan is not a finite number"):
+        fastdata.convert(samples[:16] if kind == "map" else iter(samples[:16]), tmp_path / "bad", _config(skip_bad=True))
+
+
 class Keyed(torch.utils.data.Dataset):
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
