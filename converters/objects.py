@@ -305,8 +305,10 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
     if n == 0:
         raise UsageError(f"{type_name_of(obj)}: has no samples")
     src = ObjectSource(ref, SampleSchema((), None, False), n, 0, type_name_of(obj), arrow)
-    first: list[tuple[int, Any]] = []  # for the schema (with skip_bad, those the object could give)
-    for j in range(min(n, PROBE_SAMPLES)):
+    first: list[tuple[int, Any]] = []  # for the schema (with skip_bad, the first ones the object could give)
+    for j in range(n):
+        if len(first) == PROBE_SAMPLES:
+            break
         try:
             first.append((j, src.get(j)))
         except DataError:

@@ -307,6 +307,22 @@ def test_skip_bad_when_every_first_sample_is_bad_keeps_the_good_later_ones(tmp_p
         fastdata.convert(samples[:16] if kind == "map" else iter(samples[:16]), tmp_path / "bad", _config(skip_bad=True))
 
 
+def test_skip_bad_when_the_first_samples_raise_takes_the_schema_from_later_ones(tmp_path):
+    class Broken:  # __getitem__ raises for the first 16 (all the schema used to be taken from)
+        def __len__(self) -> int:
+            return 20
+
+        def __getitem__(self, i: int) -> dict:
+            if i < 16:
+                raise OSError(f"record {i} is unreadable")
+            return {"x": np.full(2, i, np.float32)}
+
+    report = fastdata.convert(Broken(), tmp_path / "ds", _config(skip_bad=True))
+    assert report.samples == 4 and [p for p, _ in report.skipped] == [f"sample {i}" for i in range(16)]
+    assert report.skipped[0][1].endswith("Broken[0] raised OSError: record 0 is unreadable")
+    assert fastdata.open(tmp_path / "ds").keys([0]) == ["16"]
+
+
 class Keyed(torch.utils.data.Dataset):
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
