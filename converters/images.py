@@ -397,9 +397,7 @@ class ImageFolderSource(FolderSource):
     def sample_nbytes(self) -> np.ndarray:
         return self.nbytes + sum(f.row_nbytes for f in self.fields if f.name != IMAGE_FIELD)
 
-    def ragged_rows(self, name: str) -> np.ndarray:
-        if name != IMAGE_FIELD or self.fixed is not None:
-            raise KeyError(name)
+    def ragged_rows(self, name: str) -> np.ndarray:  # asked only for the ragged field: the image, when not fixed
         return self.nbytes
 
     def read(self, i: int) -> dict[str, np.ndarray]:

@@ -305,8 +305,10 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
     if n == 0:
         raise UsageError(f"{type_name_of(obj)}: has no samples")
     src = ObjectSource(ref, SampleSchema((), None, False), n, 0, type_name_of(obj), arrow)
-    first: list[tuple[int, Any]] = []  # for the schema (with skip_bad, those the object could give)
-    for j in range(min(n, PROBE_SAMPLES)):
+    first: list[tuple[int, Any]] = []  # for the schema (with skip_bad, the first ones the object could give)
+    for j in range(n):
+        if len(first) == PROBE_SAMPLES:
+            break
         try:
             first.append((j, src.get(j)))
         except DataError:
@@ -322,13 +324,16 @@ def object_source(obj: Any, config: ConvertConfig, progress: Progress | None, re
         except DataError:
             if not config.skip_bad:
                 raise
-    if not encoded:  # every first sample is bad: say why the first one is
-        schema.encode(first[0][1], first[0][0])
+    checked = not encoded  # (skip_bad) every first sample is bad: the check pass finds the good ones, or says none is
+    if checked:
+        src = _check_all(replace(src, schema=schema, nbytes_est=0), config, progress)
+        j = int(src.index[0]) if src.index is not None else 0  # (samples were left out: index is set)
+        encoded = [(j, None, schema.encode(src.get(j), j)[0])]
     src = replace(src, schema=schema, nbytes_est=int(np.ceil(np.mean([sum(a.nbytes for a in e.values())
                                                                        for _, _, e in encoded]))))
     if not arrow:
         _warn_if_random(src, encoded[0][0], encoded[0][2])
-    if schema.keyed or config.skip_bad:
+    if (schema.keyed or config.skip_bad) and not checked:
         src = _check_all(src, config, progress)
     return src
 

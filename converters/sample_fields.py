@@ -107,8 +107,8 @@ class FieldPlan:
                 return [make_field(self.name, self.dtype, self.shape)]
             assert self.image is not None
             return image_specs(self.name, self.image, self.shape if self.shape[0] is not None else None)
-        except FormatError as e:
-            raise DataError(f"field {self.name!r}: {e}") from None
+        except FormatError as e:  # (its message names the field)
+            raise DataError(str(e)) from None
 
     def encode(self, v: Any, where: str) -> dict[str, np.ndarray]:
         """The stored arrays of value ``v``; a value that disagrees with the plan raises DataError naming ``where``."""
@@ -183,8 +183,6 @@ class SampleSchema:
     def encode_rows(self, cols: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray] | None:
         """``n`` samples given as one numpy array of rows per entry, stored as :meth:`encode` stores each; None when a
         row would not be stored as it is alone (images, strings, ragged, rescaled): :meth:`encode` then says why."""
-        if self.resized is not None:
-            return None
         d = dict(cols) if self.names is None else {k: cols[k] for k in self.names if k in cols}
         if (d.pop(KEY_FIELD, None) is not None) != self.keyed or set(d) != {p.name for p in self.plans}:
             return None

@@ -209,8 +209,6 @@ def parse_meta_type(text: str) -> tuple[str, ColumnType]:
 
 def _cell(v: Any) -> Any:
     """A CSV cell's value: JSON arrays, booleans, integers, floats, else the text itself."""
-    if not isinstance(v, str):
-        return v
     t = v.strip()
     if t == "":
         return _MISSING

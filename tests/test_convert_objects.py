@@ -146,6 +146,16 @@ def test_pyarrow_table_reads_back_equal(tmp_path):
         assert np.array_equal(s["x"], x[i]) and int(s["y"]) == i
 
 
+def test_pyarrow_ragged_list_column_of_a_sliced_chunked_table_reads_back_equal(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    rows = [[float(i)] * (i % 4) for i in range(12)]  # lengths 0..3
+    t = pa.concat_tables([pa.table({"b": pa.array(rows[:7], type=pa.list_(pa.float32()))}),
+                          pa.table({"b": pa.array(rows[7:], type=pa.list_(pa.float32()))})]).slice(2)
+    fastdata.convert(t, tmp_path / "ds", _config(workers=1), ragged=["b"])
+    got = _read(tmp_path / "ds")
+    assert len(got) == 10 and all(np.array_equal(s["b"], rows[i + 2]) for i, s in enumerate(got))
+
+
 def _no_blocks(monkeypatch) -> None:
     """The write engine reads these sources sample by sample, as before blocks of rows."""
     from fastdata.converters.arrays import ArraysSource
@@ -285,6 +295,34 @@ def test_skip_bad_among_the_first_samples_of_an_iterable(tmp_path):
     assert fastdata.open(tmp_path / "b").keys([1, 2]) == ["1", "3"]
 
 
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_skip_bad_when_every_first_sample_is_bad_keeps_the_good_later_ones(tmp_path, kind):
+    # the first 16 samples (the schema's) all have a NaN label: a map-style source stopped instead of skipping them
+    samples = [{"x": np.full(2, i, np.float32), "label": float("nan") if i < 16 else 1.0} for i in range(20)]
+    report = fastdata.convert(samples if kind == "map" else iter(samples), tmp_path / "ds", _config(skip_bad=True))
+    assert report.samples == 4 and [p for p, _ in report.skipped] == [f"sample {i}" for i in range(16)]
+    ds = fastdata.open(tmp_path / "ds")
+    assert ds.keys([0, 3]) == ["16", "19"] and float(ds[0]["x"][0]) == 16
+    with pytest.raises(DataError, match=r"every sample is bad, e\.g\. sample 0: label nan is not a finite number"):
+        fastdata.convert(samples[:16] if kind == "map" else iter(samples[:16]), tmp_path / "bad", _config(skip_bad=True))
+
+
+def test_skip_bad_when_the_first_samples_raise_takes_the_schema_from_later_ones(tmp_path):
+    class Broken:  # __getitem__ raises for the first 16 (all the schema used to be taken from)
+        def __len__(self) -> int:
+            return 20
+
+        def __getitem__(self, i: int) -> dict:
+            if i < 16:
+                raise OSError(f"record {i} is unreadable")
+            return {"x": np.full(2, i, np.float32)}
+
+    report = fastdata.convert(Broken(), tmp_path / "ds", _config(skip_bad=True))
+    assert report.samples == 4 and [p for p, _ in report.skipped] == [f"sample {i}" for i in range(16)]
+    assert report.skipped[0][1].endswith("Broken[0] raised OSError: record 0 is unreadable")
+    assert fastdata.open(tmp_path / "ds").keys([0]) == ["16"]
+
+
 class Keyed(torch.utils.data.Dataset):
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
@@ -400,3 +438,10 @@ def test_kill_and_resume_gives_the_shards_of_an_uninterrupted_run(tmp_path, work
     subprocess.run([sys.executable, script(True), tmp_path / "ds"], env=env, check=True, timeout=120)
     subprocess.run([sys.executable, script(False), tmp_path / "whole"], env=env, check=True, timeout=120)
     same_dataset(tmp_path / "whole", tmp_path / "ds")
+
+
+def test_an_array_of_too_many_axes_is_refused_naming_its_field_once(tmp_path):
+    # the message was "field 'x': field 'x': bad shape ..." (the spec's error already names the field)
+    with pytest.raises(DataError) as e:
+        fastdata.convert([{"x": np.zeros((1,) * 33)}] * 2, tmp_path / "ds")
+    assert str(e.value).startswith("field 'x': bad shape") and str(e.value).count("'x'") == 1

@@ -584,6 +584,17 @@ def test_resume_into_an_empty_prefix_starts_afresh_but_not_over_files_without_a_
         convert_arrays(tmp_path, other, 40, shard_size=4_000, remote=opts(s3, tmp_path / "up"), resume=True)
 
 
+
+def test_overwrite_of_a_url_deletes_the_old_dataset_first(s3, tmp_path):  # docs/remote.md: --overwrite
+    url = f"s3://{bucket(s3)}/over"
+    first = convert_arrays(tmp_path, url, 12, shard_size=1_000, remote=opts(s3, tmp_path / "up"))
+    second = convert_arrays(tmp_path, url, 3, shard_size=1_000, remote=opts(s3, tmp_path / "up"), overwrite=True)
+    assert first.shards > second.shards
+    names = sorted(p.rsplit("/", 1)[-1] for p in s3.fs().ls(url[5:], refresh=True))
+    assert names == ["manifest.json"] + [f"shard-{i:05d}.h5" for i in range(second.shards)]
+    assert len(fastdata.open(url, remote=opts(s3, tmp_path / "c"))) == 3
+
+
 # --- DDP ----------------------------------------------------------------------------------
 
 

@@ -186,6 +186,9 @@ def test_merge_parts_on_s3_refuses_missing_duplicated_and_damaged_parts(s3, tmp_
         part(1, 2)  # refused before anything is written
     with pytest.raises(UsageError, match=r"part 2/3 is already converted; pass overwrite=True"):
         part(2, 3)
+    before = {k: v for k, v in objects(s3, url).items() if "part-00000" in k or k == "shard-00000.h5"}
+    part(2, 3, overwrite=True)  # converts that part again (docs/scale.md), not touching part 0's files
+    assert {k: v for k, v in objects(s3, url).items() if "part-00000" in k or k == "shard-00000.h5"} == before and before
     part(1, 3)
     fs = s3.fs()
     victim = f"{url[5:]}/shard-00003.h5"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,3 +121,13 @@ def test_bench_cli_warns_when_a_pipeline_beats_its_ceiling(small_ds, run_cli, mo
     assert code == 0 and "fastdata.loader above 1.1 of the ceiling" in err and "quiet machine" in err
     code, _, err = run_cli("bench", small_ds, "--batches", "3", "--seconds", "1", "--workers", "1", "--no-ceiling")
     assert code == 0 and "above 1.1" not in err
+
+
+def test_tune_cli_json_gives_null_when_the_winner_is_not_stored(run_cli, monkeypatch):
+    # --no-store: stored_at was the string "None" in the JSON, not null
+    won = {"mode": "threads", "num_workers": 1, "prefetch": 4, "batch_size": 8}
+    for where in (None, "/c/tune.json"):
+        res = tune.TuneResult(winner=won, rate=5.0, stored_at=None if where is None else Path(where))
+        monkeypatch.setattr(tune, "tune", lambda *a, res=res, **k: res)
+        code, out, _ = run_cli("tune", "ds", "--json", "--no-store")
+        assert code == 0 and json.loads(out)["stored_at"] == where

@@ -340,7 +340,3 @@ def _compression_line(m, total: int) -> str | None:  # type: ignore[no-untyped-d
     if isinstance(raw, int) and raw > 0 and total > 0:
         line += f": {raw / total:.2f}x ({fmt_bytes(raw)} of samples in {fmt_bytes(total)} of shards)"
     return line
-
-
-if __name__ == "__main__":
-    sys.exit(main())
