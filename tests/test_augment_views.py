@@ -278,6 +278,21 @@ def test_cutmix_boxes_follow_the_documented_rules():
     assert (batch["boxes"][~batch["boxes_valid"]] == 0).all()
 
 
+def test_mixup_keeps_both_samples_boxes_through_augment():
+    aug = Augment((), fields=("image",), mix=Mix(mixup_alpha=1.0, cutmix_alpha=0.0, num_classes=3),
+                  targets={"boxes": Boxes()})
+    boxes = torch.tensor([[[0.0, 0.0, 10.0, 10.0], [5.0, 5.0, 8.0, 8.0]]]).repeat(4, 1, 1)
+    boxes[:, 0, 0] = torch.arange(4.0)  # which sample a box came from
+    batch = {"image": constant_images(4), "label": torch.tensor([0, 1, 2, 0]), "boxes": boxes.clone(),
+             "boxes_lengths": torch.tensor([2, 1, 2, 0])}
+    out = augment_batch(aug, batch, batch_generator(0, 0, 0, CPU))
+    assert out["boxes"].shape == (4, 4, 4) and "boxes_lengths" not in out
+    assert out["boxes_valid"].tolist() == [[True, True, False, False], [True, False, True, True],
+                                           [True, True, True, False], [False, False, True, True]]
+    assert out["boxes"][1, 2].tolist() == [0.0, 0.0, 10.0, 10.0]  # the partner's (sample 0) box, whole
+    assert (out["boxes"][~out["boxes_valid"]] == 0).all()
+
+
 def test_mix_refuses_targets_it_cannot_carry_and_pastes_masks_with_cutmix():
     with pytest.raises(UsageError, match="Mix cannot carry target 'kp'"):
         Augment((), mix=Mix(num_classes=2), targets={"kp": Keypoints()})
