@@ -278,6 +278,18 @@ def test_cutmix_boxes_follow_the_documented_rules():
     assert (batch["boxes"][~batch["boxes_valid"]] == 0).all()
 
 
+def test_a_fixed_length_sequence_whose_lengths_change_gets_lengths():
+    x = torch.arange(1.0, 81.0).view(4, 10, 2)  # no x_lengths: every sample fills T
+    aug = Augment((TimeStretch(1.5, 2.0),), fields={"x": "sequence"})  # faster: 5 or 6 steps of 10
+    out = augment_batch(aug, {"x": x.clone()}, batch_generator(0, 0, 0, CPU))
+    n = out["x_lengths"]
+    assert out["x"].shape == (4, 10, 2) and ((n >= 5) & (n <= 7)).all()
+    assert torch.equal((out["x"][:, :, 0] != 0).sum(1), n)  # zeros past the new lengths
+    same = augment_batch(Augment((TimeStretch(0.5, 0.8),), fields={"x": "sequence"}), {"x": x.clone()},
+                         batch_generator(0, 0, 0, CPU))
+    assert "x_lengths" not in same  # slower: capped at T, every sample still fills it
+
+
 def test_mixup_keeps_both_samples_boxes_through_augment():
     aug = Augment((), fields=("image",), mix=Mix(mixup_alpha=1.0, cutmix_alpha=0.0, num_classes=3),
                   targets={"boxes": Boxes()})
