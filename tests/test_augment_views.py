@@ -202,6 +202,10 @@ def test_a_field_kind_is_declared_or_from_the_schema_never_guessed(ds, tmp_path)
     fastdata.convert(None, tmp_path / "fixed", fastdata.ConvertConfig(write=WriteOptions(workers=1)), arrays={"x": tmp_path / "x.npy"})
     with pytest.raises(UsageError, match=r"an image \(H, W\) or a sequence \(T, C\)\? Declare it"):
         first(tmp_path / "fixed", Augment((HorizontalFlip(),)))
+    chw = torch.arange(120.0).view(2, 3, 4, 5)  # float (C, H, W) samples and no image field: taken for an image
+    out = augment_batch(Augment((HorizontalFlip(p=1.0),)), {"x": chw.clone(), "label": torch.arange(2)},
+                        batch_generator(0, 0, 0, CPU))
+    assert torch.equal(out["x"], chw.flip(-1)) and torch.equal(out["label"], torch.arange(2))
     with pytest.raises(UsageError, match="is axis 1 time"):
         first(tmp_path / "fixed", Augment((TimeMask(2),), fields=("x",)))
     as_seq = first(tmp_path / "fixed", Augment((TimeCrop(5),), fields={"x": "sequence"}))
