@@ -206,6 +206,9 @@ def test_a_field_kind_is_declared_or_from_the_schema_never_guessed(ds, tmp_path)
     out = augment_batch(Augment((HorizontalFlip(p=1.0),)), {"x": chw.clone(), "label": torch.arange(2)},
                         batch_generator(0, 0, 0, CPU))
     assert torch.equal(out["x"], chw.flip(-1)) and torch.equal(out["label"], torch.arange(2))
+    with pytest.raises(UsageError, match=r"augment fields \['y'\] are not in the batch \(fields: \['label', 'x'\]\)"):
+        augment_batch(Augment((HorizontalFlip(),), fields=("y",)), {"x": chw, "label": torch.arange(2)},
+                      batch_generator(0, 0, 0, CPU))  # as the DALI backend says it (a UsageError, not a KeyError)
     with pytest.raises(UsageError, match="is axis 1 time"):
         first(tmp_path / "fixed", Augment((TimeMask(2),), fields=("x",)))
     as_seq = first(tmp_path / "fixed", Augment((TimeCrop(5),), fields={"x": "sequence"}))
