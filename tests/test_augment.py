@@ -85,6 +85,12 @@ def test_noise_and_normalize():
     assert abs(n.std().item() - 0.1) < 0.005 and abs(n.mean().item()) < 0.005
     z = Normalize((0.5, 0.5, 0.5), (0.25, 0.5, 1.0)).apply(torch.full((1, 3, 2, 2), 1.0), gen())
     assert z[0, :, 0, 0].tolist() == [2.0, 1.0, 0.5]
+    assert Normalize((0.5,), (0.5,)).apply(torch.ones(1, 3, 2, 2), gen()).eq(1.0).all()  # one mean: every channel
+    for mean, std in (((0.5,) * 3, (1.0, 0.0, 1.0)), ((0.5,) * 3, (1.0,) * 2)):  # as the DALI backend refuses them
+        with pytest.raises(fastdata.errors.UsageError, match="Normalize needs one std > 0 per mean"):
+            Normalize(mean, std)
+    with pytest.raises(fastdata.errors.UsageError, match="Normalize has 2 means and stds for images of 3 channels"):
+        Augment((Normalize((0.5, 0.5), (1.0, 1.0)),))(torch.ones(1, 3, 2, 2), gen())
 
 
 def test_pipeline_is_deterministic_per_batch_and_differs_across_batches():

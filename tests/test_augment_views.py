@@ -202,6 +202,13 @@ def test_a_field_kind_is_declared_or_from_the_schema_never_guessed(ds, tmp_path)
     fastdata.convert(None, tmp_path / "fixed", fastdata.ConvertConfig(write=WriteOptions(workers=1)), arrays={"x": tmp_path / "x.npy"})
     with pytest.raises(UsageError, match=r"an image \(H, W\) or a sequence \(T, C\)\? Declare it"):
         first(tmp_path / "fixed", Augment((HorizontalFlip(),)))
+    chw = torch.arange(120.0).view(2, 3, 4, 5)  # float (C, H, W) samples and no image field: taken for an image
+    out = augment_batch(Augment((HorizontalFlip(p=1.0),)), {"x": chw.clone(), "label": torch.arange(2)},
+                        batch_generator(0, 0, 0, CPU))
+    assert torch.equal(out["x"], chw.flip(-1)) and torch.equal(out["label"], torch.arange(2))
+    with pytest.raises(UsageError, match=r"augment fields \['y'\] are not in the batch \(fields: \['label', 'x'\]\)"):
+        augment_batch(Augment((HorizontalFlip(),), fields=("y",)), {"x": chw, "label": torch.arange(2)},
+                      batch_generator(0, 0, 0, CPU))  # as the DALI backend says it (a UsageError, not a KeyError)
     with pytest.raises(UsageError, match="is axis 1 time"):
         first(tmp_path / "fixed", Augment((TimeMask(2),), fields=("x",)))
     as_seq = first(tmp_path / "fixed", Augment((TimeCrop(5),), fields={"x": "sequence"}))
@@ -276,6 +283,33 @@ def test_cutmix_boxes_follow_the_documented_rules():
     assert batch["boxes"][0, 2].tolist() == [2.0, 2.0, 10.0, 10.0]  # the partner's box, clipped to the paste
     assert batch["boxes"][1, 2].tolist() == [0.0, 0.0, 8.0, 8.0]
     assert (batch["boxes"][~batch["boxes_valid"]] == 0).all()
+
+
+def test_a_fixed_length_sequence_whose_lengths_change_gets_lengths():
+    x = torch.arange(1.0, 81.0).view(4, 10, 2)  # no x_lengths: every sample fills T
+    aug = Augment((TimeStretch(1.5, 2.0),), fields={"x": "sequence"})  # faster: 5 or 6 steps of 10
+    out = augment_batch(aug, {"x": x.clone()}, batch_generator(0, 0, 0, CPU))
+    n = out["x_lengths"]
+    assert out["x"].shape == (4, 10, 2) and ((n >= 5) & (n <= 7)).all()
+    assert torch.equal((out["x"][:, :, 0] != 0).sum(1), n)  # zeros past the new lengths
+    same = augment_batch(Augment((TimeStretch(0.5, 0.8),), fields={"x": "sequence"}), {"x": x.clone()},
+                         batch_generator(0, 0, 0, CPU))
+    assert "x_lengths" not in same  # slower: capped at T, every sample still fills it
+
+
+def test_mixup_keeps_both_samples_boxes_through_augment():
+    aug = Augment((), fields=("image",), mix=Mix(mixup_alpha=1.0, cutmix_alpha=0.0, num_classes=3),
+                  targets={"boxes": Boxes()})
+    boxes = torch.tensor([[[0.0, 0.0, 10.0, 10.0], [5.0, 5.0, 8.0, 8.0]]]).repeat(4, 1, 1)
+    boxes[:, 0, 0] = torch.arange(4.0)  # which sample a box came from
+    batch = {"image": constant_images(4), "label": torch.tensor([0, 1, 2, 0]), "boxes": boxes.clone(),
+             "boxes_lengths": torch.tensor([2, 1, 2, 0])}
+    out = augment_batch(aug, batch, batch_generator(0, 0, 0, CPU))
+    assert out["boxes"].shape == (4, 4, 4) and "boxes_lengths" not in out
+    assert out["boxes_valid"].tolist() == [[True, True, False, False], [True, False, True, True],
+                                           [True, True, True, False], [False, False, True, True]]
+    assert out["boxes"][1, 2].tolist() == [0.0, 0.0, 10.0, 10.0]  # the partner's (sample 0) box, whole
+    assert (out["boxes"][~out["boxes_valid"]] == 0).all()
 
 
 def test_mix_refuses_targets_it_cannot_carry_and_pastes_masks_with_cutmix():

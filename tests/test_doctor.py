@@ -131,6 +131,7 @@ def test_image_script_projection_redoes_its_transforms(tmp_path: Path, capsys: p
     assert r["projection"]["ok"], r["projection"]
     assert r["projection"]["ops"] == ["HorizontalFlip", "Normalize"] and r["beside"]["steps"] >= 2
     assert "images as uint8 with HorizontalFlip + Normalize on the batch" in text
+    assert r["commands"], (r["loader"]["kind"], r.get("no_fix"), r.get("projected_speedup"))
     assert r["commands"][0].endswith("--images raw --size 112 112")
     assert "augment=[HorizontalFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)]" in r["commands"][2]
 
@@ -178,6 +179,23 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "no such script" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["doctor", "--steps", "5", "--seconds", "3", "--", "python", "x.py"])
+
+
+def test_a_script_already_on_fastdata_gets_no_convert_fix(tmp_path: Path) -> None:
+    """The loop reads through fastdata.loader: measured, and no fix telling it to convert and switch."""
+    import fastdata
+
+    np.save(tmp_path / "x.npy", np.ones((6, 4), np.float32))
+    fastdata.convert(tmp_path / "x.npy", tmp_path / "ds")
+    script = tmp_path / "train.py"
+    script.write_text("import sys, time, fastdata\nloader = fastdata.loader(sys.argv[1], batch_size=2)\n"
+                      "for epoch in range(100):\n    for b in loader:\n        time.sleep(0.01)\n")
+    p = subprocess.run([sys.executable, "-m", "fastdata", "doctor", "--steps", "4", "--json", str(tmp_path / "r.json"),
+                        "--", sys.executable, str(script), str(tmp_path / "ds")], capture_output=True, text=True,
+                       timeout=300)
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["loader"]["kind"] == "fastdata" and r["commands"] == [] and "fastdata convert" not in p.stdout
+    assert "Nothing to convert: the loop already reads through fastdata.loader." in p.stdout
 
 
 def test_timeline_without_steps() -> None:

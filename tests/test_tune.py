@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fastdata
+from fastdata.errors import UsageError
 from fastdata.measure import bench, tune
 
 
@@ -33,6 +34,16 @@ def test_measure_counts_steady_batches_only(small_ds):
     assert seen[:2] == [0, 0] and seen[-1] == r.samples  # warm-up batches are not counted; epochs wrap
     ceiling = bench.measure_ceiling(ds, 32, threads=2, max_seconds=0.2)
     assert ceiling.samples_per_s > 0 and ceiling.mb_per_s > 0
+
+
+def test_an_empty_dataset_is_refused_in_one_line(tmp_path, run_cli):
+    np.save(tmp_path / "X.npy", np.zeros((0, 8), np.float32))
+    fastdata.convert(tmp_path / "X.npy", tmp_path / "empty")
+    for args, what in ((("bench", "--no-ceiling"), "measure"), (("bench", "--cold"), "measure"), (("tune",), "tune")):
+        code, _, err = run_cli(*args, tmp_path / "empty")
+        assert code == 2 and err == f"fastdata: error: {tmp_path / 'empty'}: the dataset has no samples: nothing to {what}\n"
+    with pytest.raises(UsageError, match="t: the pipeline yielded no batches"):
+        bench.measure("t", lambda: [], bytes_per_sample=1.0)
 
 
 def test_candidates_cover_modes_workers_prefetch_and_batch():

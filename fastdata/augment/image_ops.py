@@ -289,6 +289,14 @@ class Normalize(_Op):
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
+    def __post_init__(self) -> None:
+        if len(self.mean) != len(self.std) or not self.std or min(self.std) <= 0:
+            raise UsageError(f"Normalize needs one std > 0 per mean, got mean={self.mean}, std={self.std}")
+
+    def check(self, x: Tensor, sizes: Tensor | None) -> None:
+        if x.dim() > 2 and len(self.mean) not in (1, x.shape[1]):
+            raise UsageError(f"Normalize has {len(self.mean)} means and stds for images of {x.shape[1]} channels")
+
     def image(self, x: Tensor, p: Params, sizes: Tensor | None) -> Tensor:
         """Padding becomes ``-mean / std``: a stored 0 normalised like the pixels (as in the DALI backend)."""
         return self.into(x, torch.empty_like(x))

@@ -295,7 +295,7 @@ def field_kinds(aug: Augment, batch: Batch, images: tuple[str, ...], mixed: froz
     if aug.fields is not None:
         missing = [f for f in aug.fields if f not in batch]
         if missing:
-            raise KeyError(f"augment fields {missing} are not in the batch (fields: {sorted(batch)})")
+            raise UsageError(f"augment fields {missing} are not in the batch (fields: {sorted(batch)})")
         names = aug.fields
     elif op_kind == "image":
         names = images or _float_images(aug, batch)

@@ -110,6 +110,8 @@ def bench_loader(args: argparse.Namespace, ds: Dataset, **kw: Any) -> Any:
     """The loader the flags of ``fastdata bench`` ask for (tuned settings where none are given)."""
     from fastdata.loaders import LoaderConfig, loader
 
+    if len(ds) == 0:
+        raise UsageError(f"{args.dst}: the dataset has no samples: nothing to measure")
     given = {k: v for k, v in (("mode", args.mode), ("prefetch", args.prefetch)) if v}  # others: the defaults
     return loader(ds, args.batch_size, device=args.device, num_workers=args.workers,
                   config=LoaderConfig(**given) if given else None, **kw)

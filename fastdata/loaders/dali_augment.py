@@ -272,8 +272,6 @@ def _check_norm(op: Normalize, channels: int) -> tuple[list[float], list[float]]
     mean, std = [float(v) for v in op.mean], [float(v) for v in op.std]
     if len(mean) != channels or len(std) != channels:
         raise UsageError(f"Normalize has {len(mean)} means and {len(std)} stds for images of {channels} channels")
-    if min(std) <= 0:
-        raise UsageError("Normalize std must be positive")
     return mean, std
 
 

@@ -61,8 +61,8 @@ ALIGN = 64  # a cache line (every dtype's alignment)
 
 
 def allocate(shape: tuple[int, ...], dtype: torch.dtype, phase: int, pin: bool) -> torch.Tensor:
-    """An uninitialised contiguous tensor whose data starts at ``phase`` mod 64 bytes when that
-    suits the dtype's alignment (otherwise wherever the allocator puts it)."""
+    """An uninitialised contiguous tensor whose data starts at ``phase`` mod 64 bytes (a multiple of the
+    dtype's size, as :func:`copy_phases` gives; torch's allocators align to 64 bytes or more)."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
     nbytes = math.prod(shape) * itemsize
     if phase % ALIGN == 0 or nbytes == 0:
@@ -71,8 +71,6 @@ def allocate(shape: tuple[int, ...], dtype: torch.dtype, phase: int, pin: bool) 
         return torch.empty(shape, dtype=dtype, pin_memory=pin)  # pinned memory comes in powers of two
     flat = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=pin)
     start = (phase - flat.data_ptr()) % ALIGN
-    if start % itemsize:
-        return torch.empty(shape, dtype=dtype, pin_memory=pin)
     # set_ rather than a view: a view keeps its base tensor, which _in_use would count as a user
     return torch.empty(0, dtype=dtype).set_(flat.untyped_storage(), start // itemsize, shape)  # type: ignore[call-overload]
 
@@ -140,8 +138,6 @@ def reader_fields(dataset: Dataset) -> tuple[dict[str, tuple[tuple[int, ...], st
 def copy_phases(dataset: Dataset) -> dict[str, int]:
     """Per fixed field, where (mod 64 bytes) its samples lie in the first shard's memory: a batch buffer at the
     same phase fills fastest; fields whose rows are not whole cache lines are left out."""
-    if not dataset.readers:
-        return {}
     out = {}
     for f in dataset.schema:
         if f.ragged or f.row_nbytes % 64:

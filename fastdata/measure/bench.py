@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
+from fastdata.errors import UsageError
 from fastdata.format.spec import CODEC_SUFFIX, ENCODING_IMAGE, LENGTHS_SUFFIX, SHAPE_SUFFIX
 from fastdata.loaders.transform import batch_len
 from fastdata.reading.dataset import Dataset
@@ -86,7 +87,7 @@ def measure(
                     it.close()
                 return _result(name, durations, counted, bytes_per_sample, first, settings)
         if seen == seen_before:
-            raise ValueError(f"{name}: the pipeline yielded no batches")
+            raise UsageError(f"{name}: the pipeline yielded no batches")
         if one_pass:
             return _result(name, durations, counted, bytes_per_sample, first, settings)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from fastdata.errors import UsageError
 from fastdata.loaders.settings_cache import load_tuned, settings_key, store_tuned
 from fastdata.measure.bench import BenchResult, measure, sample_bytes
 from fastdata.reading.dataset import Dataset
@@ -55,6 +56,8 @@ def tune(
     """Race loader settings on the dataset at ``path`` within ``budget_s`` seconds; store the winner. With
     ``transform``, every trial runs it, worker processes are raced too, and the winner is stored for it."""
     ds = Dataset(path)
+    if len(ds) == 0:
+        raise UsageError(f"{path}: the dataset has no samples: nothing to tune")
     alive = candidates(usable_cpus(), batch_sizes or [batch_size], processes=transform is not None)
     deadline = time.perf_counter() + budget_s
     _warm_up(ds, min(batch_size, 64), device, max_seconds=0.15 * budget_s)

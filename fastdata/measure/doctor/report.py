@@ -171,7 +171,10 @@ def analyse(folder: Path, command: list[str]) -> dict[str, Any]:
     size = _image_size(source, ok) if source else None
     out["fix"], out["fix_notes"] = commands(main, ok, source, size, raw.get("episode"))
     out["commands"] = out["fix"]  # what is printed: the fix, unless there is nothing to gain
-    if speedup is not None and speedup < NO_GAIN:
+    if main["kind"] == "fastdata":
+        out["commands"] = []
+        out["no_fix"] = "nothing to convert: the loop already reads through fastdata.loader"
+    elif speedup is not None and speedup < NO_GAIN:
         out["commands"] = []
         out["no_fix"] = (f"no input bottleneck to remove: fastdata is projected at {speedup:.2f}x, below "
                          f"{NO_GAIN}x; keep your loader")
