@@ -131,9 +131,10 @@ def test_image_script_projection_redoes_its_transforms(tmp_path: Path, capsys: p
     assert r["projection"]["ok"], r["projection"]
     assert r["projection"]["ops"] == ["HorizontalFlip", "Normalize"] and r["beside"]["steps"] >= 2
     assert "images as uint8 with HorizontalFlip + Normalize on the batch" in text
-    assert r["commands"], (r["loader"]["kind"], r.get("no_fix"), r.get("projected_speedup"))
-    assert r["commands"][0].endswith("--images raw --size 112 112")
-    assert "augment=[HorizontalFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)]" in r["commands"][2]
+    fix = r["fix"]  # printed unless the projected gain is below NO_GAIN: a timing, not what this test checks
+    assert r["commands"] in (fix, []) and (r["commands"] or r["no_fix"].startswith("no input bottleneck"))
+    assert fix[0].endswith("--images raw --size 112 112")
+    assert "augment=[HorizontalFlip(), Normalize(IMAGENET_MEAN, IMAGENET_STD)]" in fix[2]
 
 
 @pytest.mark.slow  # a Lightning fit under the doctor: ~10 s

@@ -120,6 +120,19 @@ def test_ray_options_are_checked(run_cli, src, tmp_path):
     assert code == 2 and "--ray-address applies to --engine ray only" in err
 
 
+def test_a_ray_address_nothing_listens_at_is_refused_at_once(run_cli, src, tmp_path):
+    """ray.init retries an address without a cluster without end (minutes of log lines, no error): refused in a line."""
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, _, err = run_cli("convert", src, tmp_path / "d", "--engine", "ray", "--ray-address", f"127.0.0.1:{port}")
+    assert code == 2 and f"cannot reach the Ray cluster at 127.0.0.1:{port}: Connection refused" in err
+    assert not (tmp_path / "d").exists()
+
+
 def test_url_shard_tasks_need_their_upload_settings(tmp_path, monkeypatch):
     """A shard task never writes a URL as a local folder: without the UrlSpec it carries (the Ray engine
     into s3://, tests/test_scale_remote.py) it is refused, saying so; a spec for another URL too."""

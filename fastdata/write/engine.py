@@ -51,6 +51,7 @@ __all__ = ["Finished", "LocalEngine", "RETRIES", "RayEngine", "ShardEngine", "ch
 RETRIES = 3  # Ray re-runs a shard task this many times after its worker dies or an I/O error
 _WAIT_S = 0.2
 _DRAIN_S = 60.0  # after a failure: how long to wait for running shards to finish (they are kept)
+RAY_PROBE_S = 10.0  # how long a Ray address may take to accept a connection before the conversion is refused
 
 
 def plan_shards(nbytes: np.ndarray, shard_size: int) -> list[tuple[int, int]]:
@@ -384,6 +385,8 @@ class RayEngine:
                 raise UsageError(f"%(ray_address={address}): this process is already connected to the Ray cluster at "
                                  f"{current}; drop %(ray_address), or run the conversion from another process")
             return False
+        if address and address != "auto":
+            _refuse_unreachable(address)
         try:
             if address:
                 ray.init(address=address, logging_level=logging.WARNING)
@@ -442,6 +445,18 @@ class RayEngine:
             raise
         if error is not None:
             raise error
+
+
+def _refuse_unreachable(address: str) -> None:
+    """Refuse at once a Ray address at which nothing listens: ray.init retries such an address without end."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not port.isdigit():
+        return  # no port given: Ray's own lookup decides
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=RAY_PROBE_S).close()
+    except OSError as e:
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}; check %(ray_address) / "
+                         "RAY_ADDRESS (or leave both unset for a local Ray)") from None
 
 
 def _cancel(ray: Any, pending: dict[Any, ShardTask], force: bool) -> None:
