@@ -571,3 +571,6 @@ def test_run_epoch_checkpoints_every_n_steps_and_stops_at_max_steps():
     m, global_step, stopped = train.run_epoch(batches, 5, 14, step, say=logs.append, save=lambda e, s: None,
                                               max_steps=16)
     assert (m.steps, m.samples, global_step, stopped) == (2, 12, 16, True)
+    m, global_step, stopped = train.run_epoch([], 6, 16, step, say=logs.append, save=lambda e, s: None)
+    assert (m.steps, m.samples, global_step, stopped) == (0, 0, 16, False) and np.isnan(m.loss)  # not a loss of 0
+    assert logs[-1].startswith("epoch 6: no batches: the loader gave none")

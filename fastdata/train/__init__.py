@@ -205,8 +205,8 @@ class EpochMeter:
             self.compute += time.perf_counter() - self._t_batch
 
     def mean_loss(self) -> float:
-        """Mean loss so far (a host sync: for log lines only)."""
-        return self.loss_sum.item() / max(self.micro, 1)
+        """Mean loss so far, NaN before any batch (a host sync: for log lines only)."""
+        return self.loss_sum.item() / self.micro if self.micro else float("nan")
 
     def finish(self, epoch: int, steps: int) -> EpochMetrics:
         """The epoch's metrics: one host sync for the counters, and on CUDA for the compute events."""
@@ -224,6 +224,9 @@ class EpochMeter:
 
 def epoch_summary(m: EpochMetrics) -> str:
     """The log line of an epoch: throughput, input wait, loss, skipped steps, GPU memory peak."""
+    if m.samples == 0:
+        return (f"epoch {m.epoch}: no batches: the loader gave none (an empty dataset, or fewer samples than "
+                "batch_size with drop_last=True?)")
     peak = f", peak memory {m.peak_memory_bytes / 2**20:.0f} MiB" if m.peak_memory_bytes is not None else ""
     return (f"epoch {m.epoch}: {m.samples_per_s:.0f} samples/s, waited for input {100 * m.wait_fraction:.1f}% "
             f"({m.wait_s:.2f} s of {m.seconds:.2f} s), loss {m.loss:.4f}, skipped steps {m.skipped_steps}{peak}")
