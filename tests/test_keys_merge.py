@@ -200,7 +200,7 @@ def test_merge_with_remapped_classes_keeps_keys(tmp_path, run_cli):
 
 
 @pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
-def test_a_merged_compressed_dataset_merges_again_with_remapped_classes(tmp_path, backend):
+def test_a_merged_compressed_dataset_merges_again_with_remapped_classes(tmp_path, backend, run_cli):
     """Its shards are rewritten with the codec of the conversion behind the merge (a merge's own source names
     none: the rewrite raised a ValueError from the shard writer)."""
     cfg = fastdata.ConvertConfig(write=fastdata.WriteOptions(backend=backend, compression="lz4"))
@@ -215,6 +215,8 @@ def test_a_merged_compressed_dataset_merges_again_with_remapped_classes(tmp_path
     want = [(k.split("/")[0], a) for n in ("c", "a", "b") for k, a in src[n].items()]
     assert [m.classes[c] for c in batch["label"]] == [c for c, _ in want]
     assert np.array_equal(batch["x"], np.stack([a for _, a in want]))
+    code, out, _ = run_cli("info", tmp_path / "cab")  # the codec, from the inputs' sources (a merge's names none)
+    assert code == 0 and any(ln.startswith("compress  lz4 on x") for ln in out.splitlines())
 
 
 # --- merge-parts ---------------------------------------------------------------------------------

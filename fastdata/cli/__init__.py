@@ -18,6 +18,7 @@ from fastdata._units import fmt_bytes, parse_size
 from fastdata._version import __version__
 from fastdata.errors import FastdataError
 from fastdata.format import read_manifest
+from fastdata.format.manifest import source_compression
 from fastdata.remote import ENV_TIMEOUT, is_url
 
 T = TypeVar("T")
@@ -328,15 +329,15 @@ def describe(m, root: Path | str) -> str:  # type: ignore[no-untyped-def]
 def _compression_line(m, total: int) -> str | None:  # type: ignore[no-untyped-def]
     """``compress  lz4:5 on x: 5.76x (1.81 GB of samples in 314 MB of shards)``, or None if not compressed."""
     src = m.source or {}
-    codec = src.get("compression", "none")
+    codec = source_compression(src)  # a merge's: its inputs'
     packed = [f.name for f in m.fields if f.compression is not None]
-    if codec in (None, "none") and not packed:
+    if codec is None and not packed:
         return None
     raw = src.get("sample_bytes")
     if not isinstance(raw, int) and not any(f.ragged for f in m.fields):
         raw = m.num_samples * sum(f.row_nbytes for f in m.fields)  # (written before sample_bytes was recorded)
     on = f" on {', '.join(packed)}" if packed else ""
-    line = f"compress  {codec if codec not in (None, 'none') else 'blosc'}{on}"
+    line = f"compress  {codec or 'blosc'}{on}"
     if isinstance(raw, int) and raw > 0 and total > 0:
         line += f": {raw / total:.2f}x ({fmt_bytes(raw)} of samples in {fmt_bytes(total)} of shards)"
     return line

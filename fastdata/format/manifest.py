@@ -211,6 +211,15 @@ def _list(obj: dict[str, Any], key: str, limit: int) -> list[Any]:
     return v
 
 
+def source_compression(source: Any) -> str | None:
+    """The ``--compression`` a dataset's shards were written with (``lz4:5``...), from its manifest's ``source``: its
+    conversion's, or for a merge the first of its inputs' that names one (a merge keeps each input's source)."""
+    c = (source or {}).get("compression")
+    if c not in (None, "none"):
+        return str(c)
+    return next(filter(None, (source_compression(i.get("source")) for i in (source or {}).get("inputs", []))), None)
+
+
 def shard_path(root: str | os.PathLike[str], info: ShardInfo) -> Path:
     """The shard's path, refusing any that resolves (through symlinks) outside ``root``."""
     root_real = os.path.realpath(root)
@@ -283,4 +292,5 @@ def _holds_source_files(root: Path | str, names: set[str]) -> bool:
 
 __all__ = ["ARRAY_SUFFIXES", "IMAGE_SUFFIXES", "JOURNAL_NAME", "LABEL_FILE_SUFFIXES", "LOCK_NAME", "OURS", "PART_FILE",
            "PART_JOURNAL", "PART_RECORD", "SKIPPED_NAME", "SOURCE_SUFFIXES", "TABLE_SUFFIXES", "TEMPORARY", "manifest_of",
-           "no_manifest_error", "not_a_folder_error", "parse_manifest", "read_manifest", "shard_path", "write_manifest"]
+           "no_manifest_error", "not_a_folder_error", "parse_manifest", "read_manifest", "shard_path", "source_compression",
+           "write_manifest"]

@@ -30,6 +30,7 @@ from fastdata.format import (
     write_manifest,
 )
 from fastdata.format.keys import DuplicateKeyError, write_keys
+from fastdata.format.manifest import source_compression
 from fastdata.format.spec import CHECKSUM_DEFAULT, version_for
 from fastdata.format.store import LocalShards
 from fastdata.write.destination import check_dst, prepare_dst, refuse_broken_url, remove_ours
@@ -318,15 +319,6 @@ def _link_or_copy(src: Path, final: Path, method: Method, report: MergeReport) -
     report.bytes_written += final.stat().st_size
 
 
-def _compression(source: Any) -> str | None:
-    """The ``--compression`` a dataset's shards were written with: its conversion's, or (a merge's) the first
-    of its inputs' that names one (merge keeps each input's source)."""
-    c = (source or {}).get("compression")
-    if c not in (None, "none"):
-        return str(c)
-    return next(filter(None, (_compression(i.get("source")) for i in (source or {}).get("inputs", []))), None)
-
-
 def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: Path, name: str,
              start: int) -> ShardInfo:
     """Copy shard ``s`` sample by sample with its labels mapped through ``label_map``; stored bytes
@@ -336,7 +328,7 @@ def _rewrite(src: Path, s: ShardInfo, m: Manifest, label_map: np.ndarray, dst: P
     rows = {f.name: int(reader.lengths(f.name, np.arange(s.count)).sum()) for f in m.fields if f.ragged}
     tmp, final = dst / f".{name}.partial", dst / name
     try:
-        with impl.ShardWriter(tmp, m.fields, s.count, rows, _compression(m.source), start=start) as w:
+        with impl.ShardWriter(tmp, m.fields, s.count, rows, source_compression(m.source), start=start) as w:
             for a in range(0, s.count, _READ_ROWS):
                 local = np.arange(a, min(a + _READ_ROWS, s.count))
                 batch, lengths = _read(reader, m, local)
