@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html.parser
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -221,6 +222,29 @@ def test_projection_with_fewer_samples_than_a_batch_ends(tmp_path: Path) -> None
     assert not isinstance(s, str)
     r = _measure(s)
     assert r["ok"] and r["batch_size"] == 3 and r["batch_s"] > 0
+
+
+@pytest.mark.parametrize("element,named", [("a name", "'name' is a str"), (None, "'name' is None"),
+                                           ({"a": 1.0}, "'name' is a dict"),
+                                           ([np.zeros(1), np.zeros(2)], "'name' is a list")])
+def test_a_sample_element_no_field_holds_is_named_and_the_fix_leaves_it_out(tmp_path: Path, element, named) -> None:
+    """A str, None, a nested dict or a list of arrays in a sample: the reason names the sample, the element and
+    its type (it said only 'holds objects'), and the printed fix writes only the arrays and numbers; an empty
+    dataset says so (it was an IndexError)."""
+    from types import SimpleNamespace
+
+    from fastdata.measure.doctor.project import commands, sample
+
+    def rec(ds):
+        return SimpleNamespace(loaders={0: SimpleNamespace(events=[1])}, datasets={0: ds}, batch_sizes={0: 2},
+                               tables=[], sample_budget_s=None, step_on_cpu=lambda: True)
+
+    why = sample(rec([{"x": np.zeros(3, np.float32), "name": element}] * 4))
+    assert isinstance(why, str) and re.fullmatch(rf"sample \d: element {named}, not an array or a number.*"
+                                                 r"the fix leaves it out", why), why
+    fix = commands({"settings": {"batch_size": 2}}, None, None, None, None)[0]
+    assert "write the arrays and numbers of each __getitem__ output as SRC/NNNNNN.npz" in fix[0]
+    assert sample(rec([])) == "the dataset is empty (its __len__ is 0): nothing to sample"
 
 
 def test_accelerate_prepared_loader_is_measured() -> None:

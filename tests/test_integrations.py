@@ -294,6 +294,28 @@ def test_dali_loaders_pickle_and_refuse_skip_first_batches_clearly(ds):
     copy.close()
 
 
+def _shift(batch, rng):
+    return {**batch, "x": batch["x"] + rng.random()}
+
+
+def test_collate_fn_with_a_transform_is_refused_in_dataloader_workers(ds):
+    """A DataLoader worker does not see which batch of the epoch it finishes, which seeds the draws: each
+    batch got batch 0's draws (silently other data); with num_workers=0 the batches equal the loader's."""
+    from torch.utils.data import DataLoader
+
+    def make():
+        return fastdata.loader(ds, 4, seed=3, device="cpu", num_workers=0, transform=_shift)
+
+    direct = [b["x"] for b in make()]
+    ld = make()
+    same = DataLoader(ld.dataset, batch_sampler=ld.batch_sampler, collate_fn=ld.collate_fn)
+    assert all(torch.equal(a, b["x"]) for a, b in zip(direct, same, strict=True))
+    ld = make()
+    workers = DataLoader(ld.dataset, batch_sampler=ld.batch_sampler, collate_fn=ld.collate_fn, num_workers=1)
+    with pytest.raises(UsageError, match="worker process cannot tell which batch.*num_workers=0"):
+        next(iter(workers))
+
+
 # -- the examples in docs/integrations.md -----------------------------------------------------------
 
 EXAMPLES = ROOT / "docs" / "examples"

@@ -187,3 +187,24 @@ def test_nothing_of_the_loader_outlives_its_processes(ds, tmp_path, action):
     _case(ds, tmp_path, action)
     if action == "sigkill":
         _case(ds, tmp_path, "exit")
+
+
+@pytest.mark.slow
+def test_workers_stuck_in_a_transform_go_when_the_training_process_is_killed(ds, tmp_path):
+    """Both workers are inside a transform that sleeps for an hour when the training process is SIGKILLed:
+    each notices within half a second all the same (they only checked between batches, and stayed)."""
+    ready = tmp_path / "ready-hang"
+    proc = _start(ds, "hang", ready)
+    state = _wait_ready(proc, ready)
+    time.sleep(1)  # both workers are in the transform by now
+    assert all(psutil.pid_exists(pid) for pid in state["workers"])
+    os.kill(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=60)  # not communicate(): a stuck worker holds its pipes open
+        for pid in state["workers"]:
+            assert wait_dead(pid, timeout=10), f"worker {pid} outlived the killed training process"
+    finally:
+        for pid in state["workers"]:
+            if psutil.pid_exists(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate()

@@ -11,6 +11,8 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import threading
+import time
 import traceback
 from collections import deque
 from multiprocessing import reduction
@@ -250,11 +252,20 @@ class _RemoteTraceback(Exception):
         return "\n" + str(self.args[0])
 
 
+def _exit_when_orphaned(parent: int) -> None:
+    """A worker's watch thread: end the worker once the training process is gone (killed), even while a read
+    or the user's transform runs, or hangs (the loop below only checks between batches)."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(0)
+
+
 def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged, transform: BatchTransform | None,
                  fixed: dict[str, tuple[tuple[int, ...], str]], flat: dict[str, str]) -> None:
     """A worker's loop: map the slots it is sent, read each batch it is asked for into its slot (the field
     layout comes from the training process, so no worker opens a shard for it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the training process decides
+    threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True, name="fastdata-orphan-watch").start()
     slots = WorkerSlots()
     try:
         while True:

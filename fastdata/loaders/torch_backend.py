@@ -239,6 +239,10 @@ class TorchLoader(Loader):
         if self.config.ragged == "packed":
             raise UsageError("LoaderConfig(ragged='packed') batches come from the loader's own pipeline, not from a "
                              "DataLoader over its dataset: restore the position with load_state_dict instead")
+        if (self._bound is not None or self.augment is not None) and torch.utils.data.get_worker_info() is not None:
+            raise UsageError("loader.collate_fn in a DataLoader worker process cannot tell which batch of the epoch "
+                             "it finishes (its place seeds the transform's and augmentation's draws): build the "
+                             "DataLoader with num_workers=0 (the loader's own readers read ahead)")
         epoch, k = self._collate_at
         self._device.rank = self.world.rank
         if self._bound is not None:

@@ -5,7 +5,9 @@ a batch, writes READY as JSON (its pid, the workers' pids, and every shared mapp
 processes: /dev/shm files and memfds), then does ACTION:
 - ``exit``: return without closing anything; ``raise``: raise an error mid-epoch;
 - ``loop``: keep reading batches, slowly, until stopped (the test kills or interrupts it); a
-  worker's death ends it with exit code 3 and the loader's error on stderr.
+  worker's death ends it with exit code 3 and the loader's error on stderr;
+- ``hang``: the loader (in order) has a transform that sleeps for an hour on every batch after the
+  first, so both workers are stuck in it while the training process waits (the test kills it).
 """
 
 from __future__ import annotations
@@ -30,11 +32,17 @@ def shared_mappings(pid: int) -> list[str]:
     return sorted(p for p in paths if p.startswith("/dev/shm/") or p.startswith("/memfd:"))
 
 
+def _stuck(batch, rng):
+    if batch["label"][0] >= 4:  # every batch after the first (in order)
+        time.sleep(3600)
+
+
 def main(path: str, action: str, ready: str) -> int:
     # Ctrl-C raises KeyboardInterrupt, as in a training process started from a terminal; a process started in the
     # background by a non-interactive shell (a CI job, say) inherits SIGINT ignored, and Python then keeps it so
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    ld = fastdata.loader(path, 4, device="cpu", num_workers=2, config=LoaderConfig(mode="processes"))
+    hang = {"shuffle": False, "transform": _stuck} if action == "hang" else {}
+    ld = fastdata.loader(path, 4, device="cpu", num_workers=2, config=LoaderConfig(mode="processes"), **hang)
     it = iter(ld)
     next(it)
     workers = [p.pid for p in psutil.Process().children()]

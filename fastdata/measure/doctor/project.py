@@ -148,6 +148,16 @@ def _fields(item: Any) -> dict[str, np.ndarray] | None:
     return out
 
 
+def _unstorable(i: int, item: Any) -> DataError:
+    """Why sample ``i`` cannot be projected: its first element that :func:`_fields` refuses, named, and what to do."""
+    named = list(item.items()) if isinstance(item, dict) else [
+        (f"f{k}", v) for k, v in enumerate(item if isinstance(item, (tuple, list)) else [item])]
+    k, v = next(((k, v) for k, v in named if _fields({0: v}) is None), ("?", item))
+    return DataError(f"sample {i}: element {str(k)!r} is {'None' if v is None else 'a ' + type(v).__name__}, not an "
+                     "array or a number, and fastdata fields hold numeric arrays: store it as numbers (an array "
+                     "each), or compute it from the batch; the fix leaves it out")
+
+
 def _as_image(a: np.ndarray) -> np.ndarray:
     """A float image (CHW or HWC) as uint8 HWC, its range stretched to 0-255: what ``fastdata convert
     --images raw`` stores, and the loader turns into floats again (the values do not change the time)."""
@@ -177,6 +187,8 @@ def sample(rec: Any, key: int | None = None) -> Sampled | str:
         return "the loop already reads through fastdata.loader"
     if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")) or not bs:
         return "the dataset is not map-style (no __len__/__getitem__) or has no batch size"
+    if len(ds) == 0:
+        return "the dataset is empty (its __len__ is 0): nothing to sample"
     work = Path(tempfile.mkdtemp(prefix="fastdata-doctor-", dir=os.environ.get("FASTDATA_DOCTOR_TMP")))
     try:
         return _sample(ds, int(bs), work, rec.step_on_cpu(), tables_of(ds, list(rec.tables)),
@@ -199,10 +211,11 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
         if len(drawn) >= 2 and time.perf_counter() - t0 > budget_s / 2:
             break
         with opened() as files:
-            f = _fields(ds[i])
+            item = ds[i]
         file = next((p for p in files if not is_table(p) and os.path.isfile(p)), None)  # not a table
+        f = _fields(item)
         if f is None:
-            raise DataError(f"sample {i} holds objects that are not arrays or numbers")
+            raise _unstorable(i, item)
         drawn.append({"file": file, "first": f, "again": _fields(ds[i]) or {}})
     acc = account(drawn, list(tables))
     views = [k for k, v in acc["fields"].items() if v["role"] == "view"]  # the loader makes them (views=)
@@ -212,9 +225,10 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
     shapes: dict[str, list[int]] = {}
     ops: tuple[str, ...] = ()
     for n, i in enumerate(idx):
-        f = drawn[n]["first"] if n < len(drawn) else _fields(ds[i])
+        item = None if n < len(drawn) else ds[i]
+        f = drawn[n]["first"] if n < len(drawn) else _fields(item)
         if f is None:
-            raise DataError(f"sample {i} holds objects that are not arrays or numbers")
+            raise _unstorable(i, item)
         f = {k: v for k, v in f.items() if k not in views}
         if not shapes:
             shapes = {k: list(np.shape(v)) for k, v in f.items()}
@@ -643,7 +657,8 @@ def _convert(acc: dict[str, Any], table_args: list[str], source: dict[str, Any] 
     if not folder or not (source and source["convertible"]):
         seen = f" (the workers read {', '.join(source['kinds'])} files under {source['folder']})" if source else ""
         return ["fastdata convert SRC DATASET   # SRC: a folder of per-sample .npy/.npz/image files" + seen
-                + "; for other sources write each __getitem__ output as SRC/NNNNNN.npz first (docs/doctor.md)"]
+                + "; for other sources write the arrays and numbers of each __getitem__ output as SRC/NNNNNN.npz "
+                + "first (docs/doctor.md)"]
     args = ["fastdata", "convert", shlex.quote(folder), "DATASET"]
     if size is not None:  # the projection read images as __getitem__ returned them: decoded, that size
         coords = acc.get("geometry") is not None
