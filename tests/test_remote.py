@@ -458,6 +458,32 @@ def test_cache_too_small_for_a_shard_is_a_clear_error(s3, tmp_path):
         fastdata.open(url, remote=opts(s3, tmp_path / "cache", cache_limit="2KB"))
 
 
+def test_cache_on_a_full_disk_is_a_cache_full_error(s3, tmp_path):
+    """docs/remote.md: a full cache disk is a CacheFullError naming the shard (it was an OSError from
+    writing the download's lock file, which fails first on a disk with no byte free). Needs root (mount)."""
+    from fastdata.errors import CacheFullError
+
+    url = f"s3://{bucket(s3)}/fulldisk"
+    convert_arrays(tmp_path, url, 100, shard_size=10_000, remote=opts(s3, tmp_path / "up"))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        with open(disk / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(bytes(4096))
+        ds = fastdata.open(url, remote=opts(s3, disk / "cache"))
+        with pytest.raises(CacheFullError, match=r"fulldisk/shard-00000\.h5: the cache disk is full \(.*/disk/cache\)"):
+            ds.get_batch([0])
+        ds.close()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
 def test_missing_shard_is_one_error_naming_url_and_shard(s3, tmp_path):
     b = bucket(s3)
     url = f"s3://{b}/gone"

@@ -167,6 +167,8 @@ class ShardCache:
             fd = lock(lock_path, deadline, f"{where}: waiting for another process's download")
         except TimeoutError as e:
             raise RemoteError(trouble(where, asked) or str(e)) from None
+        except OSError as e:  # the lock file could not be written: a full cache disk, most likely
+            raise self._write_error(where, lock_path, e) from None
         try:
             if self.path(name).exists():
                 return True  # another process downloaded it while we waited
@@ -214,12 +216,16 @@ class ShardCache:
                 os.replace(part, self.path(name))
             return True
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CacheFullError(f"{where}: the cache disk is full ({self.root}): free space there, or "
-                                     "lower RemoteOptions.cache_limit below the free space") from None
-            raise RemoteError(f"{where}: cannot write the cache file {part}: {e.strerror}") from None
+            raise self._write_error(where, part, e) from None
         finally:
             part.unlink(missing_ok=True)
+
+    def _write_error(self, where: str, path: Path, e: OSError) -> RemoteError:
+        """The one-line error for a cache file that could not be written: CacheFullError for a full disk."""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return CacheFullError(f"{where}: the cache disk is full ({self.root}): free space there, or "
+                                  "lower RemoteOptions.cache_limit below the free space")
+        return RemoteError(f"{where}: cannot write the cache file {path}: {e.strerror}")
 
     def _reserve(self, f: BinaryIO, name: str, size: int, where: str, deadline: float,
                  priority: Priority | None, bound: float | None) -> bool:
