@@ -458,6 +458,32 @@ def test_cache_too_small_for_a_shard_is_a_clear_error(s3, tmp_path):
         fastdata.open(url, remote=opts(s3, tmp_path / "cache", cache_limit="2KB"))
 
 
+def test_cached_shard_truncated_while_another_reader_pins_it_is_downloaded_again(s3, tmp_path):
+    """A cached file of the wrong size is downloaded again (docs/remote.md) also while another dataset pins it:
+    the pin kept it from being removed, so the reader spun until its timeout (logging a warning each turn), then
+    blamed the cache limit."""
+    import fcntl
+
+    url = f"s3://{bucket(s3)}/trunc"
+    convert_arrays(tmp_path, url, 100, shard_size=10_000, remote=opts(s3, tmp_path / "up"))
+    first = fastdata.open(url, remote=opts(s3, tmp_path / "cache"))
+    first.get_batch([0])  # shard 0 cached, and pinned by `first` (its recently read shards stay pinned)
+    cached = tmp_path / "cache" / cache_name(first.manifest.shards[0])
+    fd = os.open(cached, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):  # the premise: someone pins it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    os.truncate(cached, cached.stat().st_size // 2)
+    second = fastdata.open(url, remote=opts(s3, tmp_path / "cache", timeout=5.0))
+    count = second.manifest.shards[0].count
+    assert np.array_equal(second.get_batch(np.arange(count))["x"][:, 0], np.arange(count, dtype=np.float32))
+    assert second.remote.stats()["downloads"] == 1
+    second.close()
+    first.close()
+
+
 def test_cache_on_a_full_disk_is_a_cache_full_error(s3, tmp_path):
     """docs/remote.md: a full cache disk is a CacheFullError naming the shard (it was an OSError from
     writing the download's lock file, which fails first on a disk with no byte free). Needs root (mount)."""

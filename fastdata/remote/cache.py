@@ -141,11 +141,13 @@ class ShardCache:
         if got is None:
             return None
         fd, st = got
-        if st.st_size != size:  # only a person editing the cache gets here: drop the file
+        if st.st_size != size:  # only a person editing the cache gets here: remove the file
             log.warning("%s: cached file is %d bytes, expected %d; downloading it again", self.path(name),
                         st.st_size, size)
-            os.close(fd)
-            self._drop(name)
+            try:
+                self._remove_bad(name, st.st_ino)
+            finally:
+                os.close(fd)
             return None
         os.utime(fd)  # oldest-used goes first among equals
         return Pin(fd, st.st_ino, os.getpid())
@@ -302,6 +304,16 @@ class ShardCache:
             return True
         finally:
             os.close(got[0])
+
+    def _remove_bad(self, name: str, ino: int) -> None:
+        """Unlink the damaged file ``ino`` at ``name`` even while others pin it (their reads of it fail anyway; if
+        it stayed, nobody could download it again), unless it was replaced meanwhile."""
+        with self._evicting(time.monotonic() + 60.0, str(self.path(name))):
+            try:
+                if os.stat(self.path(name)).st_ino == ino:
+                    self.path(name).unlink()
+            except FileNotFoundError:
+                pass
 
     def held_bytes(self) -> int:
         """Bytes the cache holds now (cached shards and downloads in progress), counted under the
