@@ -598,6 +598,30 @@ def test_interrupted_conversion_to_s3_resumes_from_the_remote_copy(s3, tmp_path,
         convert(tmp_path / "up", resume=True)
 
 
+def test_refused_resume_to_a_url_names_the_url_not_the_staging_folder(s3, tmp_path, monkeypatch):
+    """--resume of a URL conversion with other options, or over a damaged remote journal, is refused naming the URL
+    (it named the local staging folder, ~/.cache/fastdata/remote/uploads/<hash>, which the user never chose)."""
+    url = f"s3://{bucket(s3)}/refused"
+    src = arrays_source(tmp_path, 200)
+
+    def convert(shard_size: int, **kw):
+        config = fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=shard_size, workers=1),
+                                        remote=opts(s3, tmp_path / "up"), **kw)
+        return fastdata.convert(None, url, config, arrays={"x": src / "X.npy"})
+
+    monkeypatch.setenv("FASTDATA_FAULT", "eio:between_shards:2")
+    with pytest.raises(FastdataError, match="resume=True"):
+        convert(8_000)
+    monkeypatch.delenv("FASTDATA_FAULT")
+    with pytest.raises(UsageError, match=rf"^{url}: resume=True refused: .*it used shard_size=8000, this run shard_size=9000"):
+        convert(9_000, resume=True)
+    fs = s3.fs()
+    journal = f"{url[5:]}/.fastdata-journal"
+    fs.pipe_file(journal, b"{damaged\n" + fs.cat_file(journal).split(b"\n", 1)[1])
+    with pytest.raises(UsageError, match=rf"^{url}/.fastdata-journal: not a journal this fastdata can resume from"):
+        convert(8_000, resume=True)
+
+
 @pytest.mark.parametrize("fault", ["pause:mid_journal", "pause:upload:0"])
 def test_resume_after_a_kill_before_any_shard_was_uploaded_finishes(s3, tmp_path, monkeypatch, fault):
     """Killed before the remote journal existed (mid_journal) or with only the journal uploaded
