@@ -458,6 +458,58 @@ def test_cache_too_small_for_a_shard_is_a_clear_error(s3, tmp_path):
         fastdata.open(url, remote=opts(s3, tmp_path / "cache", cache_limit="2KB"))
 
 
+def test_cached_shard_truncated_while_another_reader_pins_it_is_downloaded_again(s3, tmp_path):
+    """A cached file of the wrong size is downloaded again (docs/remote.md) also while another dataset pins it:
+    the pin kept it from being removed, so the reader spun until its timeout (logging a warning each turn), then
+    blamed the cache limit."""
+    import fcntl
+
+    url = f"s3://{bucket(s3)}/trunc"
+    convert_arrays(tmp_path, url, 100, shard_size=10_000, remote=opts(s3, tmp_path / "up"))
+    first = fastdata.open(url, remote=opts(s3, tmp_path / "cache"))
+    first.get_batch([0])  # shard 0 cached, and pinned by `first` (its recently read shards stay pinned)
+    cached = tmp_path / "cache" / cache_name(first.manifest.shards[0])
+    fd = os.open(cached, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):  # the premise: someone pins it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    os.truncate(cached, cached.stat().st_size // 2)
+    second = fastdata.open(url, remote=opts(s3, tmp_path / "cache", timeout=5.0))
+    count = second.manifest.shards[0].count
+    assert np.array_equal(second.get_batch(np.arange(count))["x"][:, 0], np.arange(count, dtype=np.float32))
+    assert second.remote.stats()["downloads"] == 1
+    second.close()
+    first.close()
+
+
+def test_cache_on_a_full_disk_is_a_cache_full_error(s3, tmp_path):
+    """docs/remote.md: a full cache disk is a CacheFullError naming the shard (it was an OSError from
+    writing the download's lock file, which fails first on a disk with no byte free). Needs root (mount)."""
+    from fastdata.errors import CacheFullError
+
+    url = f"s3://{bucket(s3)}/fulldisk"
+    convert_arrays(tmp_path, url, 100, shard_size=10_000, remote=opts(s3, tmp_path / "up"))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        with open(disk / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(bytes(4096))
+        ds = fastdata.open(url, remote=opts(s3, disk / "cache"))
+        with pytest.raises(CacheFullError, match=r"fulldisk/shard-00000\.h5: the cache disk is full \(.*/disk/cache\)"):
+            ds.get_batch([0])
+        ds.close()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
 def test_missing_shard_is_one_error_naming_url_and_shard(s3, tmp_path):
     b = bucket(s3)
     url = f"s3://{b}/gone"
@@ -544,6 +596,30 @@ def test_interrupted_conversion_to_s3_resumes_from_the_remote_copy(s3, tmp_path,
     assert ".fastdata-journal" not in names
     with pytest.raises(UsageError, match="nothing to resume"):
         convert(tmp_path / "up", resume=True)
+
+
+def test_refused_resume_to_a_url_names_the_url_not_the_staging_folder(s3, tmp_path, monkeypatch):
+    """--resume of a URL conversion with other options, or over a damaged remote journal, is refused naming the URL
+    (it named the local staging folder, ~/.cache/fastdata/remote/uploads/<hash>, which the user never chose)."""
+    url = f"s3://{bucket(s3)}/refused"
+    src = arrays_source(tmp_path, 200)
+
+    def convert(shard_size: int, **kw):
+        config = fastdata.ConvertConfig(write=fastdata.WriteOptions(shard_size=shard_size, workers=1),
+                                        remote=opts(s3, tmp_path / "up"), **kw)
+        return fastdata.convert(None, url, config, arrays={"x": src / "X.npy"})
+
+    monkeypatch.setenv("FASTDATA_FAULT", "eio:between_shards:2")
+    with pytest.raises(FastdataError, match="resume=True"):
+        convert(8_000)
+    monkeypatch.delenv("FASTDATA_FAULT")
+    with pytest.raises(UsageError, match=rf"^{url}: resume=True refused: .*it used shard_size=8000, this run shard_size=9000"):
+        convert(9_000, resume=True)
+    fs = s3.fs()
+    journal = f"{url[5:]}/.fastdata-journal"
+    fs.pipe_file(journal, b"{damaged\n" + fs.cat_file(journal).split(b"\n", 1)[1])
+    with pytest.raises(UsageError, match=rf"^{url}/.fastdata-journal: not a journal this fastdata can resume from"):
+        convert(8_000, resume=True)
 
 
 @pytest.mark.parametrize("fault", ["pause:mid_journal", "pause:upload:0"])

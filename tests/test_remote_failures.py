@@ -166,6 +166,19 @@ def test_the_default_time_bound_comes_from_the_environment(monkeypatch, value, o
     assert fastdata.RemoteOptions().timeout == 300.0
 
 
+@pytest.mark.parametrize("value,limit", [("1KB", 1000), (" ", 50 * 10**9), ("", 50 * 10**9), ("soon", None), ("0", None)])
+def test_the_default_cache_limit_comes_from_the_environment_and_its_errors_name_it(monkeypatch, value, limit):
+    """A bad $FASTDATA_CACHE_LIMIT is an error naming the variable (it said 'cache_limit', which the user never
+    set); set but empty is unset, as for $FASTDATA_REMOTE_CACHE and $FASTDATA_REMOTE_TIMEOUT."""
+    monkeypatch.setenv("FASTDATA_CACHE_LIMIT", value)
+    if limit is not None:
+        assert fastdata.RemoteOptions().limit_bytes() == limit
+    else:
+        with pytest.raises(UsageError, match=rf"^\$FASTDATA_CACHE_LIMIT: .*'{value}'"):
+            fastdata.RemoteOptions()
+    assert fastdata.RemoteOptions(cache_limit="2KB").limit_bytes() == 2000  # the argument wins
+
+
 @pytest.fixture
 def s3_to_kill(monkeypatch):
     """A moto server of the test's own, to kill mid-read or mid-write (the test credentials set)."""

@@ -78,7 +78,10 @@ class RemoteOptions:
         return Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
 
     def limit_bytes(self) -> int:
-        raw = self.cache_limit if self.cache_limit is not None else os.environ.get(ENV_CACHE_LIMIT, DEFAULT_CACHE_LIMIT)
+        raw, what = self.cache_limit, "cache_limit"
+        if raw is None:  # the environment's, named in the error (set but empty: unset, as the other variables)
+            env = os.environ.get(ENV_CACHE_LIMIT, "").strip()
+            raw, what = (env, f"${ENV_CACHE_LIMIT}") if env else (DEFAULT_CACHE_LIMIT, what)
         if isinstance(raw, int) and not isinstance(raw, bool):
             if raw <= 0:
                 raise UsageError(f"cache_limit must be positive, not {raw}")
@@ -86,7 +89,7 @@ class RemoteOptions:
         try:
             return parse_size(str(raw))
         except ValueError as e:
-            raise UsageError(f"cache_limit: {e}") from None
+            raise UsageError(f"{what}: {e}") from None
 
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")

@@ -141,11 +141,13 @@ class ShardCache:
         if got is None:
             return None
         fd, st = got
-        if st.st_size != size:  # only a person editing the cache gets here: drop the file
+        if st.st_size != size:  # only a person editing the cache gets here: remove the file
             log.warning("%s: cached file is %d bytes, expected %d; downloading it again", self.path(name),
                         st.st_size, size)
-            os.close(fd)
-            self._drop(name)
+            try:
+                self._remove_bad(name, st.st_ino)
+            finally:
+                os.close(fd)
             return None
         os.utime(fd)  # oldest-used goes first among equals
         return Pin(fd, st.st_ino, os.getpid())
@@ -167,6 +169,8 @@ class ShardCache:
             fd = lock(lock_path, deadline, f"{where}: waiting for another process's download")
         except TimeoutError as e:
             raise RemoteError(trouble(where, asked) or str(e)) from None
+        except OSError as e:  # the lock file could not be written: a full cache disk, most likely
+            raise self._write_error(where, lock_path, e) from None
         try:
             if self.path(name).exists():
                 return True  # another process downloaded it while we waited
@@ -214,12 +218,16 @@ class ShardCache:
                 os.replace(part, self.path(name))
             return True
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CacheFullError(f"{where}: the cache disk is full ({self.root}): free space there, or "
-                                     "lower RemoteOptions.cache_limit below the free space") from None
-            raise RemoteError(f"{where}: cannot write the cache file {part}: {e.strerror}") from None
+            raise self._write_error(where, part, e) from None
         finally:
             part.unlink(missing_ok=True)
+
+    def _write_error(self, where: str, path: Path, e: OSError) -> RemoteError:
+        """The one-line error for a cache file that could not be written: CacheFullError for a full disk."""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return CacheFullError(f"{where}: the cache disk is full ({self.root}): free space there, or "
+                                  "lower RemoteOptions.cache_limit below the free space")
+        return RemoteError(f"{where}: cannot write the cache file {path}: {e.strerror}")
 
     def _reserve(self, f: BinaryIO, name: str, size: int, where: str, deadline: float,
                  priority: Priority | None, bound: float | None) -> bool:
@@ -296,6 +304,16 @@ class ShardCache:
             return True
         finally:
             os.close(got[0])
+
+    def _remove_bad(self, name: str, ino: int) -> None:
+        """Unlink the damaged file ``ino`` at ``name`` even while others pin it (their reads of it fail anyway; if
+        it stayed, nobody could download it again), unless it was replaced meanwhile."""
+        with self._evicting(time.monotonic() + 60.0, str(self.path(name))):
+            try:
+                if os.stat(self.path(name)).st_ino == ino:
+                    self.path(name).unlink()
+            except FileNotFoundError:
+                pass
 
     def held_bytes(self) -> int:
         """Bytes the cache holds now (cached shards and downloads in progress), counted under the

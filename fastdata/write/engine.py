@@ -157,8 +157,9 @@ def _open_journal(target: Destination, head: dict) -> dict[str, ShardInfo]:
     dst, jname = target.path, target.journal_name
     try:
         if target.resume:
-            old, done = journal.load(dst, jname)
-            journal.check_same(dst, old, head)  # refuses before anything is touched
+            shown = target.remote.url if target.remote is not None else None  # a URL's journal: its staged copy
+            old, done = journal.load(dst, jname, shown)
+            journal.check_same(shown or dst, old, head)  # refuses before anything is touched
             return done
         journal.start(dst, head, jname)
         return {}

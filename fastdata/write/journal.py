@@ -94,21 +94,23 @@ def append(dst: Path, info: ShardInfo, name: str = JOURNAL_NAME) -> None:
         os.close(fd)
 
 
-def load(dst: Path, name: str = JOURNAL_NAME) -> tuple[dict[str, Any], dict[str, ShardInfo]]:
-    """The journal's header and its finished shards by file name (the last record of each wins)."""
+def load(dst: Path, name: str = JOURNAL_NAME, shown: str | None = None) -> tuple[dict[str, Any], dict[str, ShardInfo]]:
+    """The journal's header and its finished shards by file name (the last record of each wins). ``shown``: where
+    errors say DST is (a URL, whose journal this is a copy of)."""
     path = dst / name
+    where = f"{shown or dst}/{name}"
     try:
         if path.stat().st_size > MAX_JOURNAL_BYTES:
-            raise UsageError(f"{path}: journal is too large to be one of ours; convert again with %(overwrite=True)")
+            raise UsageError(f"{where}: journal is too large to be one of ours; convert again with %(overwrite=True)")
         lines = path.read_bytes().split(b"\n")
     except OSError as e:
-        raise UsageError(f"{path}: cannot read the conversion journal: {e.strerror}") from None
+        raise UsageError(f"{where}: cannot read the conversion journal: {e.strerror}") from None
     try:
         head = json.loads(lines[0])
     except (ValueError, RecursionError):
         head = None
     if not isinstance(head, dict) or head.get("journal") != JOURNAL_VERSION:
-        raise UsageError(f"{path}: not a journal this fastdata can resume from; convert again with %(overwrite=True)")
+        raise UsageError(f"{where}: not a journal this fastdata can resume from; convert again with %(overwrite=True)")
     done: dict[str, ShardInfo] = {}
     for raw in lines[1:-1]:  # the part after the last newline is a torn append, or empty
         info = _parse_entry(raw)
@@ -129,7 +131,7 @@ def _parse_entry(raw: bytes) -> ShardInfo | None:
     return info
 
 
-def check_same(dst: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+def check_same(dst: Path | str, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Refuse to resume when this conversion is not the one the journal describes."""
     why = None
     for key, b in new["options"].items():  # the options that decide the bytes (WriteOptions.identity)
