@@ -179,6 +179,13 @@ def test_the_default_cache_limit_comes_from_the_environment_and_its_errors_name_
     assert fastdata.RemoteOptions(cache_limit="2KB").limit_bytes() == 2000  # the argument wins
 
 
+@pytest.mark.parametrize("cache_dir", ["", "  "])
+def test_an_empty_cache_dir_is_refused_not_the_working_folder(cache_dir):
+    """Path('') is the working folder: shards would land wherever the program runs."""
+    with pytest.raises(UsageError, match="cache_dir is empty"):
+        fastdata.RemoteOptions(cache_dir=cache_dir)
+
+
 @pytest.fixture
 def s3_to_kill(monkeypatch):
     """A moto server of the test's own, to kill mid-read or mid-write (the test credentials set)."""

@@ -66,6 +66,8 @@ class RemoteOptions:
     timeout: float = field(default_factory=default_timeout)
 
     def __post_init__(self) -> None:
+        if self.cache_dir is not None and not os.fspath(self.cache_dir).strip():  # Path("") is the working folder
+            raise UsageError("cache_dir is empty: give a folder, or leave it unset for the default cache")
         if self.prefetch_shards < 0:
             raise UsageError("prefetch_shards must be >= 0")
         if self.download_threads < 1:
