@@ -226,7 +226,7 @@ def run_tune(args: argparse.Namespace) -> int:
     last = {json.dumps(s, sort_keys=True): (s, r.samples_per_s, rnd) for s, r, rnd in res.table}
     rows = sorted(last.values(), key=lambda t: (-t[2], -t[1]))
     if args.json:
-        print(json.dumps({"winner": res.winner, "samples_per_s": res.rate, "stored_at": res.stored_at and str(res.stored_at),
+        print(json.dumps({"winner": res.winner, "samples_per_s": res.rate, "stored_at": str(res.stored_at) if res.stored_at else None,
                           "reason": res.reason,
                           "trials": [{"settings": s, "samples_per_s": r.samples_per_s, "round": k}
                                      for s, r, k in res.table]}, indent=1))

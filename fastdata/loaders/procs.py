@@ -226,7 +226,7 @@ class WorkerSlots:
         return placed, needs
 
 
-_PARENT_POLL_S = 0.5  # how often an idle worker checks that the training process still runs
+_PARENT_POLL_S = 0.5  # how often a worker checks that the training process still runs
 _STOP_WAIT_S = 5.0  # how long close() lets a worker finish before it is terminated
 
 
@@ -253,8 +253,8 @@ class _RemoteTraceback(Exception):
 
 
 def _exit_when_orphaned(parent: int) -> None:
-    """A worker's watch thread: end the worker once the training process is gone (killed), even while a read
-    or the user's transform runs, or hangs (the loop below only checks between batches)."""
+    """A worker's watch thread: end the worker once the training process is gone (killed), whatever the worker
+    is doing (waiting for work, reading, or in the user's transform, even one that hangs)."""
     while os.getppid() == parent:
         time.sleep(_PARENT_POLL_S)
     os._exit(0)
@@ -269,10 +269,7 @@ def _worker_main(conn: Connection, parent: int, dataset: Dataset, ragged: Ragged
     slots = WorkerSlots()
     try:
         while True:
-            while not conn.poll(_PARENT_POLL_S):
-                if os.getppid() != parent:
-                    return  # the training process is gone (killed): nobody will read what we make
-            msg = conn.recv()
+            msg = conn.recv()  # a training process that is gone: the watch thread ends this worker
             if msg[0] == "stop":
                 return
             if msg[0] == "slot":

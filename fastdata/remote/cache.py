@@ -28,6 +28,7 @@ _NAME = r"[a-z0-9_]+-[0-9a-f]{32,128}\.[A-Za-z0-9]+"  # cache_name(): <algorithm
 _FINAL = re.compile(rf"^{_NAME}$")
 _PART = re.compile(rf"^({_NAME})\.\d+\.part$")
 _EVICT_LOCK = ".evict.lock"
+_EVICT_WAIT_S = 60.0  # how long a repair or a count waits for the eviction lock
 CHECKSUM_ATTEMPTS = 3
 
 __all__ = ["CacheFullError", "Pin", "Priority", "ShardCache", "lock", "pid_alive"]
@@ -308,7 +309,7 @@ class ShardCache:
     def _remove_bad(self, name: str, ino: int) -> None:
         """Unlink the damaged file ``ino`` at ``name`` even while others pin it (their reads of it fail anyway; if
         it stayed, nobody could download it again), unless it was replaced meanwhile."""
-        with self._evicting(time.monotonic() + 60.0, str(self.path(name))):
+        with self._evicting(time.monotonic() + _EVICT_WAIT_S, str(self.path(name))):
             try:
                 if os.stat(self.path(name)).st_ino == ino:
                     self.path(name).unlink()
@@ -318,7 +319,7 @@ class ShardCache:
     def held_bytes(self) -> int:
         """Bytes the cache holds now (cached shards and downloads in progress), counted under the
         eviction lock: an eviction and the reservation it made room for are never both counted."""
-        with self._evicting(time.monotonic() + 60.0, str(self.root)):
+        with self._evicting(time.monotonic() + _EVICT_WAIT_S, str(self.root)):
             return self._usage()[0]
 
     @contextmanager

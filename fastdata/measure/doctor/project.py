@@ -127,16 +127,17 @@ class Sampled:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+def _named(item: Any) -> list[tuple[Any, Any]]:
+    """A sample's elements with their field names: a dict's keys, else ``f0``, ``f1``, ..."""
+    if isinstance(item, dict):
+        return list(item.items())
+    return [(f"f{i}", v) for i, v in enumerate(item if isinstance(item, (tuple, list)) else [item])]
+
+
 def _fields(item: Any) -> dict[str, np.ndarray] | None:
     """A sample as named arrays, or None when it holds something that is not an array or a number."""
-    if isinstance(item, dict):
-        named = list(item.items())
-    elif isinstance(item, (tuple, list)):
-        named = [(f"f{i}", v) for i, v in enumerate(item)]
-    else:
-        named = [("f0", item)]
     out = {}
-    for k, v in named:
+    for k, v in _named(item):
         if hasattr(v, "detach"):
             v = v.detach().cpu().numpy()
         elif not isinstance(v, (np.ndarray, int, float, np.number, bool)) and not hasattr(v, "__array_interface__"):
@@ -150,9 +151,7 @@ def _fields(item: Any) -> dict[str, np.ndarray] | None:
 
 def _unstorable(i: int, item: Any) -> DataError:
     """Why sample ``i`` cannot be projected: its first element that :func:`_fields` refuses, named, and what to do."""
-    named = list(item.items()) if isinstance(item, dict) else [
-        (f"f{k}", v) for k, v in enumerate(item if isinstance(item, (tuple, list)) else [item])]
-    k, v = next(((k, v) for k, v in named if _fields({0: v}) is None), ("?", item))
+    k, v = next(((k, v) for k, v in _named(item) if _fields({0: v}) is None), ("?", item))
     return DataError(f"sample {i}: element {str(k)!r} is {'None' if v is None else 'a ' + type(v).__name__}, not an "
                      "array or a number, and fastdata fields hold numeric arrays: store it as numbers (an array "
                      "each), or compute it from the batch; the fix leaves it out")
@@ -225,10 +224,12 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
     shapes: dict[str, list[int]] = {}
     ops: tuple[str, ...] = ()
     for n, i in enumerate(idx):
-        item = None if n < len(drawn) else ds[i]
-        f = drawn[n]["first"] if n < len(drawn) else _fields(item)
-        if f is None:
-            raise _unstorable(i, item)
+        if n < len(drawn):
+            f = drawn[n]["first"]
+        else:
+            item = ds[i]
+            if (f := _fields(item)) is None:
+                raise _unstorable(i, item)
         f = {k: v for k, v in f.items() if k not in views}
         if not shapes:
             shapes = {k: list(np.shape(v)) for k, v in f.items()}
