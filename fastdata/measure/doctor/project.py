@@ -153,8 +153,8 @@ def _unstorable(i: int, item: Any) -> DataError:
     """Why sample ``i`` cannot be projected: its first element that :func:`_fields` refuses, named, and what to do."""
     k, v = next(((k, v) for k, v in _named(item) if _fields({0: v}) is None), ("?", item))
     return DataError(f"sample {i}: element {str(k)!r} is {'None' if v is None else 'a ' + type(v).__name__}, not an "
-                     "array or a number, and fastdata fields hold numeric arrays: store it as numbers (an array "
-                     "each), or compute it from the batch; the fix leaves it out")
+                     "array or a number, which the projection's per-sample .npz files cannot hold (fastdata.convert("
+                     "dataset, DST) from Python keeps strings and bytes too: docs/convert.md); the fix leaves it out")
 
 
 def _as_image(a: np.ndarray) -> np.ndarray:
