@@ -484,6 +484,32 @@ def test_cached_shard_truncated_while_another_reader_pins_it_is_downloaded_again
     first.close()
 
 
+@pytest.mark.parametrize("backend", ["hdf5", "lmdb"])
+def test_a_damaged_cached_copy_is_named_by_its_url_and_the_advice_to_delete_it_works(s3, tmp_path, backend):
+    """A cached copy of the right size with damaged bytes: the error named only the cache's hash-named file,
+    which the user cannot tie to the dataset. It names the URL's shard and the cached copy, and says to delete
+    the copy; doing so, as printed, downloads it again."""
+    url = f"s3://{bucket(s3)}/damaged-{backend}"
+    convert_arrays(tmp_path, url, 100, shard_size=10_000, backend=backend, remote=opts(s3, tmp_path / "up"))
+    ds = fastdata.open(url, remote=opts(s3, tmp_path / "cache"))
+    ds.get_batch([0])
+    ds.close()
+    cached = tmp_path / "cache" / cache_name(ds.manifest.shards[0])
+    with open(cached, "r+b") as f:
+        f.write(bytes(64))
+    ds = fastdata.open(url, remote=opts(s3, tmp_path / "cache"))
+    with pytest.raises(CorruptShardError) as e:
+        ds.get_batch([0])
+    said = str(e.value)
+    assert said.startswith(f"shard {url}/{ds.manifest.shards[0].file} (cached copy {cached}: delete it to download it again)")
+    ds.close()
+    Path(re.search(r"cached copy (\S+):", said).group(1)).unlink()
+    ds = fastdata.open(url, remote=opts(s3, tmp_path / "cache"))
+    count = ds.manifest.shards[0].count
+    assert np.array_equal(ds.get_batch(np.arange(count))["x"][:, 0], np.arange(count, dtype=np.float32))
+    ds.close()
+
+
 def test_cache_on_a_full_disk_is_a_cache_full_error(s3, tmp_path):
     """docs/remote.md: a full cache disk is a CacheFullError naming the shard (it was an OSError from
     writing the download's lock file, which fails first on a disk with no byte free). Needs root (mount)."""

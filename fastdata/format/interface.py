@@ -190,6 +190,7 @@ class ShardReaderBase(PerProcessHandle[H]):
     def __init__(self, path: Path, info: ShardInfo) -> None:
         self.path = path
         self.info = info
+        self.shown = str(path)  # the shard as errors name it (a URL store names the URL and its cached copy)
 
     def copy_phase(self, name: str) -> int:
         """Where (mod 64 bytes) samples of fixed field ``name`` lie in the memory they are copied from
@@ -198,8 +199,8 @@ class ShardReaderBase(PerProcessHandle[H]):
 
     def _where(self, local: int | None = None) -> str:
         if local is None:
-            return f"shard {self.path}"
-        return f"shard {self.path}, sample {self.info.start + local}"
+            return f"shard {self.shown}"
+        return f"shard {self.shown}, sample {self.info.start + local}"
 
     def _open_handle(self) -> H:
         try:

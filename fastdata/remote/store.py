@@ -175,7 +175,10 @@ class RemoteStore(PerProcessHandle[_Local]):
 
     def open_readers(self, fields: list[FieldSpec]) -> list[ShardReader]:
         impl = backend(self.manifest.backend)
-        return [impl.ShardReader(self.local_path(i), info, fields) for i, info in enumerate(self.manifest.shards)]
+        readers = [impl.ShardReader(self.local_path(i), info, fields) for i, info in enumerate(self.manifest.shards)]
+        for r, info in zip(readers, self.manifest.shards):
+            r.shown = f"{self.where(info.file)} (cached copy {r.path}: delete it to download it again)"
+        return readers
 
     def key_table(self) -> KeyTable | None:
         if self.keys is None:
