@@ -371,3 +371,35 @@ def test_class_names_in_a_table_are_the_label(tmp_path: Path) -> None:
     source = {"folder": str(tmp_path), "kinds": {".npy": 6}, "files_seen": 6, "convertible": True}
     fix, notes = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": acc}, source, None, None)
     assert fix[0].endswith(f"--meta {tmp_path / 't.csv'}") and "rename it" in notes[0]
+
+
+
+def _user_samples(tmp_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Drawn samples of user 003 (a variable-length .npy, its length, a label from t.csv) and of user 000 (a
+    FLIM volume turned into log1p(x) / 10 plus a mask channel by __getitem__, a label)."""
+    rows, seqs, vols = ["path,label"], [], []
+    for i in range(6):
+        a = np.random.default_rng(i).normal(size=(20 + 7 * i, 4)).astype(np.float32)
+        np.save(tmp_path / f"s{i}.npy", a)
+        rows.append(f"s{i}.npy,{i % 2}")
+        seqs.append({"file": str(tmp_path / f"s{i}.npy"), "again": {},
+                     "first": {"f0": a, "f1": np.asarray(len(a)), "f2": np.asarray(i % 2)}})
+        v = np.full((3, 5, 5), i, np.float32)
+        np.save(tmp_path / f"v{i}.npy", v)
+        vols.append({"file": str(tmp_path / f"v{i}.npy"), "again": {},
+                     "first": {"f0": np.stack([np.log1p(v) / 10, v > 0]).astype(np.float32), "f1": np.asarray(i % 2)}})
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    return seqs, vols
+
+
+def test_a_sequence_length_from_getitem_is_the_fix_x_lengths(tmp_path: Path) -> None:
+    """User 003 (/work/shared/context): the length a CNN-LSTM's __getitem__ returns beside its variable-length
+    .npy is the fix's ``x_lengths`` (the batch holds it), not "left out: compute it from the batch"."""
+    from fastdata.measure.doctor.project import account, lines
+
+    seqs, _ = _user_samples(tmp_path)
+    acc = account(seqs, [str(tmp_path / "t.csv")])
+    assert acc["fields"]["f1"] == {"role": "lengths"}
+    assert "f1: the length of the sample's file (its first axis) -> x_lengths" in lines(acc, False)
+    assert acc["fields"]["f2"]["columns"] == ["label"]
+

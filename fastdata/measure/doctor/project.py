@@ -468,6 +468,9 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
             col, root, picked = hit
             out["tables"][t] = {"path_column": col, "root": root, "used": []}
             indexed.append((t, col, picked, rows))
+    stored = _stored(files)
+    if stored is not None:
+        _as_stored(out, data, samples, stored)
     for k in first:
         if k not in out["fields"]:
             out["fields"][k] = _one(k, samples, indexed, files, out["tables"])
@@ -475,6 +478,26 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
     for f in out["fields"].values():
         f.pop("fits", None)
     return out
+
+
+def _stored(files: list[str]) -> list[np.ndarray] | None:
+    """Each sample's ``.npy`` file as ``fastdata convert`` stores it (memory-mapped), or None (other files)."""
+    try:
+        return [np.load(f, mmap_mode="r") for f in files] if all(f.endswith(".npy") for f in files) else None
+    except Exception:  # a file the doctor cannot read as .npy: nothing said about it
+        return None
+
+
+def _as_stored(out: dict[str, Any], data: str, samples: list[dict[str, Any]], stored: list[np.ndarray]) -> None:
+    """The integer element that is each file's length where lengths vary (the fix's ``x_lengths``)."""
+    lengths = [a.shape[0] if a.ndim else -1 for a in stored]
+    if len(set(lengths)) < 2:  # a fixed-shape field: no lengths in the batch
+        return
+    for k in samples[0]["first"]:
+        draws = [d.get(k, s["first"][k]) for s in samples for d in (s["first"], s["again"])]
+        if k != data and all(v.size == 1 and v.dtype.kind in "iu" for v in draws) and \
+                [int(v.ravel()[0]) for v in draws] == [n for n in lengths for _ in (0, 1)]:
+            out["fields"][k] = {"role": "lengths"}
 
 
 def _class_index(values: list[np.ndarray], picked: list[dict[str, Any]], rows: list[dict[str, Any]],
@@ -588,6 +611,7 @@ def lines(acc: dict[str, Any] | None, images: bool) -> list[str]:
             continue
         where, name = {"data": ("the sample's file", x),
                        "view": (f"a second augmented view of {f.get('of')}", f"{x}[:, 1] (views=2)"),
+                       "lengths": ("the length of the sample's file (its first axis)", f"{x}_lengths"),
                        "folder label": ("its class folder", "label")}.get(role, ("", ""))
         if role == "table":
             how = {"keypoints": "coordinates, moved with the image (Keypoints)",
