@@ -399,7 +399,18 @@ def test_a_sequence_length_from_getitem_is_the_fix_x_lengths(tmp_path: Path) -> 
 
     seqs, _ = _user_samples(tmp_path)
     acc = account(seqs, [str(tmp_path / "t.csv")])
-    assert acc["fields"]["f1"] == {"role": "lengths"}
+    assert acc["fields"]["f1"] == {"role": "lengths"} and "changed" not in acc["fields"]["f0"]
     assert "f1: the length of the sample's file (its first axis) -> x_lengths" in lines(acc, False)
     assert acc["fields"]["f2"]["columns"] == ["label"]
 
+
+def test_a_file_changed_by_getitem_is_said_to_be_stored_as_it_is(tmp_path: Path) -> None:
+    """User 000 (/work/shared/context): a FLIM volume that __getitem__ turns into log1p(x) / 10 plus a mask
+    channel is not what the fix stores (the file); the account says so, and to redo the change on the batch."""
+    from fastdata.measure.doctor.project import account, lines
+
+    seqs, vols = _user_samples(tmp_path)
+    acc = account(vols, [])
+    assert acc["fields"]["f0"]["changed"] == "float32 (3, 5, 5) -> float32 (2, 3, 5, 5)"
+    assert "as __getitem__ changed it" in lines(acc, False)[0] and "redo the change on the batch" in lines(acc, False)[0]
+    assert "changed" not in account(seqs, [str(tmp_path / "t.csv")])["fields"]["f0"]

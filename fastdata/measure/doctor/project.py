@@ -489,7 +489,11 @@ def _stored(files: list[str]) -> list[np.ndarray] | None:
 
 
 def _as_stored(out: dict[str, Any], data: str, samples: list[dict[str, Any]], stored: list[np.ndarray]) -> None:
-    """The integer element that is each file's length where lengths vary (the fix's ``x_lengths``)."""
+    """Whether ``__getitem__`` changed the sample's file (the fix stores the file as it is), and the integer
+    element that is each file's length where lengths vary (the fix's ``x_lengths``)."""
+    got = [s["first"][data] for s in samples]
+    if any(g.dtype != a.dtype or not np.array_equal(g, a) for g, a in zip(got, stored)):
+        out["fields"][data]["changed"] = f"{stored[0].dtype} {tuple(stored[0].shape)} -> {got[0].dtype} {tuple(got[0].shape)}"
     lengths = [a.shape[0] if a.ndim else -1 for a in stored]
     if len(set(lengths)) < 2:  # a fixed-shape field: no lengths in the batch
         return
@@ -613,6 +617,8 @@ def lines(acc: dict[str, Any] | None, images: bool) -> list[str]:
                        "view": (f"a second augmented view of {f.get('of')}", f"{x}[:, 1] (views=2)"),
                        "lengths": ("the length of the sample's file (its first axis)", f"{x}_lengths"),
                        "folder label": ("its class folder", "label")}.get(role, ("", ""))
+        if f.get("changed"):  # the fix stores the file as it is: the change is the script's to redo on the batch
+            where += f" as __getitem__ changed it ({f['changed']}; the fix stores the file as it is: redo the change on the batch)"
         if role == "table":
             how = {"keypoints": "coordinates, moved with the image (Keypoints)",
                    "classes": "class names, as indices into their sorted list",
