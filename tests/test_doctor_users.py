@@ -414,3 +414,25 @@ def test_a_file_changed_by_getitem_is_said_to_be_stored_as_it_is(tmp_path: Path)
     assert acc["fields"]["f0"]["changed"] == "float32 (3, 5, 5) -> float32 (2, 3, 5, 5)"
     assert "as __getitem__ changed it" in lines(acc, False)[0] and "redo the change on the batch" in lines(acc, False)[0]
     assert "changed" not in account(seqs, [str(tmp_path / "t.csv")])["fields"]["f0"]
+
+
+def test_a_dataloader_sampler_that_picks_the_samples_is_named_and_the_fix_says_so() -> None:
+    """User 000 (/work/shared/context): train_cv.py trains on a fold, ``sampler=SubsetRandomSampler(train_idx)``.
+    The fix's loader line reads every sample (the validation fold too): the report's loader line names the
+    sampler and a note under the fix says to pass the subset; torch's own orders get no note."""
+    from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset
+
+    from fastdata.measure.doctor._probe import _torch_settings
+    from fastdata.measure.doctor.project import commands
+
+    ds = TensorDataset(torch.zeros(10, 2))
+    fold = _torch_settings(DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler(range(6))))
+    assert fold["sampler"] == "SubsetRandomSampler(6 draws of 10 samples)"
+    assert _torch_settings(DataLoader(ds, batch_size=4, shuffle=True))["sampler"] is None
+    assert _torch_settings(DataLoader(ds, batch_size=4))["sampler"] is None
+    source = {"folder": "/d", "kinds": {".npy": 10}, "files_seen": 10, "convertible": True}
+    _, notes = commands({"settings": fold}, None, source, None, None)
+    assert any("SubsetRandomSampler(6 draws of 10 samples), is not in the loader line" in n and ".subset(" in n
+               for n in notes)
+    _, notes = commands({"settings": {**fold, "sampler": None}}, None, source, None, None)
+    assert notes == []

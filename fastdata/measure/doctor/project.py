@@ -707,6 +707,10 @@ def commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[str
     nw = proj["workers"] if proj else "auto"
     aug, names, more = _augment(proj or {}, acc)
     notes += more
+    if main["settings"].get("sampler"):  # the loader line reads every sample: said, never dropped silently
+        notes.append(f"the script's sampler, {main['settings']['sampler']}, is not in the loader line, which reads "
+                     f"every sample of DATASET: pass fastdata.open(\"DATASET\").subset(KEYS) in its place (keys: the "
+                     f"files' paths relative to SRC), or sampler= (docs/loader.md#samplers)")
     imports = ["import fastdata", "import torch"]
     if names:
         imports.append(f"from fastdata.augment import {', '.join(names)}")
