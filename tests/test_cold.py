@@ -172,6 +172,20 @@ def test_a_bad_compression_is_a_one_line_usage_error(tmp_path, capsys, value, fm
     assert not (tmp_path / "out").exists()
 
 
+
+def test_a_compression_that_compresses_no_field_is_refused_before_anything_is_written(tmp_path, capsys):
+    """User 003 (/work/shared/context): variable-length .npy sequences are a ragged field, which lz4 and zstd do
+    not compress. ``--compression lz4`` converted them uncompressed without a word, and ``fastdata info`` then
+    printed ``compress  lz4: 0.99x`` as if lz4 had found nothing to gain. Refused, naming each field."""
+    src = tmp_path / "seqs"
+    src.mkdir()
+    for i in range(3):
+        np.save(src / f"{i}.npy", np.zeros((5 + i, 16), np.float32))
+    assert cli.main(["convert", str(src), str(tmp_path / "out"), "--quiet", "--compression", "lz4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "(x: ragged)" in err and "leave it out" in err, err
+    assert not (tmp_path / "out").exists()
+
 @pytest.mark.parametrize("codec", ["zstd", "zstd:9", "lz4", "none"])
 def test_converting_with_zstd_says_above_which_disk_speed_it_reads_slower(tmp_path, capsys, codec):
     """zstd decodes several times slower than lz4: the conversion says from what disk speed on reading
