@@ -167,6 +167,20 @@ def _describe(sig: tuple) -> str:
     return "; ".join(parts)
 
 
+def _refuse_a_varying_later_axis(root: Path, rels: list[str], sig_of: list[tuple]) -> None:
+    """Three or more shapes after the first axis, none held by most files, arrays and dtypes alike: a length
+    that varies along a later axis ((channels, time) sequences), not a few odd files to name or skip."""
+    sigs = Counter(sig_of)
+    if len(sigs) < 3 or 2 * max(sigs.values()) > len(sig_of) or \
+            len({tuple((name, dt, nd) for name, dt, nd, _ in sig) for sig in sigs}) > 1:
+        return
+    a, b = sig_of[0], next(sig for sig in sig_of if sig != sig_of[0])
+    raise DataError(f"{root}: the files' shapes differ after their first axis ({len(sigs)} different shapes among "
+                    f"{len(sig_of)} files, e.g. {rels[0]}: {_describe(a)}; {rels[sig_of.index(b)]}: {_describe(b)}): "
+                    "a length that varies must be each array's first axis (stored ragged); save them with that axis "
+                    "first, e.g. np.save(path, x.T) for (channels, time)")
+
+
 def _headers(root: Path, rels: list[str], main: str, bad: dict[str, str]) -> list[tuple[str, dict[str, NpyHeader], int]]:
     """Each good file's headers (one per array) and size; the others go to ``bad`` with the reason."""
     good: list[tuple[str, dict[str, NpyHeader], int]] = []
@@ -215,6 +229,7 @@ class NpyFolderSource(FolderSource):
         sig_of = [_signature(h) for _, h, _ in good]
         sigs = Counter(sig_of)
         ref = max(sigs, key=sigs.__getitem__, default=())
+        _refuse_a_varying_later_axis(root, [g[0] for g in good], sig_of)
         for (rel, _, _), sig in zip(good, sig_of):
             if sig != ref:
                 bad[rel] = f"{root / rel}: has {_describe(sig)}, but {sigs[ref]} other file(s) have {_describe(ref)}"

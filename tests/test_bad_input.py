@@ -57,6 +57,21 @@ def test_trailing_shape_mismatch_names_the_file(tmp_path, class_folder, run_cli)
     assert code == 1 and "odd.npy" in err and "(n, 6, 3, 4)" in err
 
 
+
+@pytest.mark.parametrize("skip", [[], ["--skip-bad"]])
+def test_sequences_saved_channels_first_are_refused_as_a_whole_not_file_by_file(tmp_path, run_cli, skip):
+    """User 003 (/work/shared/context): (channels, time) .npy files whose time varies. Each file was named odd
+    against the first one's shape ('... (8 more bad file(s); --skip-bad skips them ...)'), and --skip-bad kept
+    one sample of six. Refused as a whole, saying the varying axis must come first."""
+    src = tmp_path / "seqs"
+    src.mkdir()
+    for i in range(6):
+        np.save(src / f"{i}.npy", np.zeros((16, 20 + i), np.float32))
+    code, _, err = run_cli("convert", src, tmp_path / "ds", *skip)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "6 different shapes among 6 files" in err and "first axis" in err and "x.T" in err and "skip" not in err
+    assert_nothing_written(tmp_path / "ds")
+
 def test_truncated_npy(tmp_path, class_folder, run_cli):
     src, _ = class_folder
     p = src / "eel" / "001.npy"

@@ -5,6 +5,7 @@ h5py, is refused clearly by readers too old for it, and shows its ratio in ``fas
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -171,6 +172,20 @@ def test_a_bad_compression_is_a_one_line_usage_error(tmp_path, capsys, value, fm
     assert not (tmp_path / "out").exists()
 
 
+
+def test_a_compression_that_compresses_no_field_is_refused_before_anything_is_written(tmp_path, capsys):
+    """User 003 (/work/shared/context): variable-length .npy sequences are a ragged field, which lz4 and zstd do
+    not compress. ``--compression lz4`` converted them uncompressed without a word, and ``fastdata info`` then
+    printed ``compress  lz4: 0.99x`` as if lz4 had found nothing to gain. Refused, naming each field."""
+    src = tmp_path / "seqs"
+    src.mkdir()
+    for i in range(3):
+        np.save(src / f"{i}.npy", np.zeros((5 + i, 16), np.float32))
+    assert cli.main(["convert", str(src), str(tmp_path / "out"), "--quiet", "--compression", "lz4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "(x: ragged)" in err and "leave it out" in err, err
+    assert not (tmp_path / "out").exists()
+
 @pytest.mark.parametrize("codec", ["zstd", "zstd:9", "lz4", "none"])
 def test_converting_with_zstd_says_above_which_disk_speed_it_reads_slower(tmp_path, capsys, codec):
     """zstd decodes several times slower than lz4: the conversion says from what disk speed on reading
@@ -292,6 +307,16 @@ def test_the_loader_starts_a_read_ahead_only_where_there_are_byte_ranges_to_hint
         if ra is not None:
             ra.close()
 
+
+
+def test_a_pass_still_open_when_the_script_ends_closes_without_a_traceback(data):
+    """A script that ends holding a pass (``it = iter(loader); next(it)`` at module level) exits cleanly: the
+    read-ahead's close ran after Python had emptied the module's globals and printed 'Exception ignored ...
+    AttributeError: 'NoneType' object has no attribute 'current_thread''."""
+    script = (f"import fastdata\nloader = fastdata.loader({str(data[2]['hdf5', None])!r}, 8, device='cpu', num_workers=2)\n"
+              "it = iter(loader)\nnext(it)\nprint('ok')\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout == "ok\n" and p.stderr == "", p.stderr
 
 def test_read_ahead_stays_within_its_bound_and_follows_the_loader(tmp_path):
     plan = [np.array([k]) for k in range(20)]

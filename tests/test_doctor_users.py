@@ -371,3 +371,68 @@ def test_class_names_in_a_table_are_the_label(tmp_path: Path) -> None:
     source = {"folder": str(tmp_path), "kinds": {".npy": 6}, "files_seen": 6, "convertible": True}
     fix, notes = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": acc}, source, None, None)
     assert fix[0].endswith(f"--meta {tmp_path / 't.csv'}") and "rename it" in notes[0]
+
+
+
+def _user_samples(tmp_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Drawn samples of user 003 (a variable-length .npy, its length, a label from t.csv) and of user 000 (a
+    FLIM volume turned into log1p(x) / 10 plus a mask channel by __getitem__, a label)."""
+    rows, seqs, vols = ["path,label"], [], []
+    for i in range(6):
+        a = np.random.default_rng(i).normal(size=(20 + 7 * i, 4)).astype(np.float32)
+        np.save(tmp_path / f"s{i}.npy", a)
+        rows.append(f"s{i}.npy,{i % 2}")
+        seqs.append({"file": str(tmp_path / f"s{i}.npy"), "again": {},
+                     "first": {"f0": a, "f1": np.asarray(len(a)), "f2": np.asarray(i % 2)}})
+        v = np.full((3, 5, 5), i, np.float32)
+        np.save(tmp_path / f"v{i}.npy", v)
+        vols.append({"file": str(tmp_path / f"v{i}.npy"), "again": {},
+                     "first": {"f0": np.stack([np.log1p(v) / 10, v > 0]).astype(np.float32), "f1": np.asarray(i % 2)}})
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    return seqs, vols
+
+
+def test_a_sequence_length_from_getitem_is_the_fix_x_lengths(tmp_path: Path) -> None:
+    """User 003 (/work/shared/context): the length a CNN-LSTM's __getitem__ returns beside its variable-length
+    .npy is the fix's ``x_lengths`` (the batch holds it), not "left out: compute it from the batch"."""
+    from fastdata.measure.doctor.project import account, lines
+
+    seqs, _ = _user_samples(tmp_path)
+    acc = account(seqs, [str(tmp_path / "t.csv")])
+    assert acc["fields"]["f1"] == {"role": "lengths"} and "changed" not in acc["fields"]["f0"]
+    assert "f1: the length of the sample's file (its first axis) -> x_lengths" in lines(acc, False)
+    assert acc["fields"]["f2"]["columns"] == ["label"]
+
+
+def test_a_file_changed_by_getitem_is_said_to_be_stored_as_it_is(tmp_path: Path) -> None:
+    """User 000 (/work/shared/context): a FLIM volume that __getitem__ turns into log1p(x) / 10 plus a mask
+    channel is not what the fix stores (the file); the account says so, and to redo the change on the batch."""
+    from fastdata.measure.doctor.project import account, lines
+
+    seqs, vols = _user_samples(tmp_path)
+    acc = account(vols, [])
+    assert acc["fields"]["f0"]["changed"] == "float32 (3, 5, 5) -> float32 (2, 3, 5, 5)"
+    assert "as __getitem__ changed it" in lines(acc, False)[0] and "redo the change on the batch" in lines(acc, False)[0]
+    assert "changed" not in account(seqs, [str(tmp_path / "t.csv")])["fields"]["f0"]
+
+
+def test_a_dataloader_sampler_that_picks_the_samples_is_named_and_the_fix_says_so() -> None:
+    """User 000 (/work/shared/context): train_cv.py trains on a fold, ``sampler=SubsetRandomSampler(train_idx)``.
+    The fix's loader line reads every sample (the validation fold too): the report's loader line names the
+    sampler and a note under the fix says to pass the subset; torch's own orders get no note."""
+    from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset
+
+    from fastdata.measure.doctor._probe import _torch_settings
+    from fastdata.measure.doctor.project import commands
+
+    ds = TensorDataset(torch.zeros(10, 2))
+    fold = _torch_settings(DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler(range(6))))
+    assert fold["sampler"] == "SubsetRandomSampler(6 draws of 10 samples)"
+    assert _torch_settings(DataLoader(ds, batch_size=4, shuffle=True))["sampler"] is None
+    assert _torch_settings(DataLoader(ds, batch_size=4))["sampler"] is None
+    source = {"folder": "/d", "kinds": {".npy": 10}, "files_seen": 10, "convertible": True}
+    _, notes = commands({"settings": fold}, None, source, None, None)
+    assert any("SubsetRandomSampler(6 draws of 10 samples), is not in the loader line" in n and ".subset(" in n
+               for n in notes)
+    _, notes = commands({"settings": {**fold, "sampler": None}}, None, source, None, None)
+    assert notes == []

@@ -259,8 +259,10 @@ class ReadAhead:
             self._stop = True
             self._cond.notify()
         self._streams.stop()
-        if self._thread is not threading.current_thread():
+        try:  # (not by the module's name: at interpreter exit, a loader's pass may close after its globals went)
             self._thread.join(timeout=5)
+        except RuntimeError:  # closed on the read-ahead thread itself (a collected pass): it ends on its own
+            pass
 
 
 def supported() -> bool:

@@ -82,6 +82,13 @@ def check_source(source: Source, opts: WriteOptions, where: str) -> None:
     if shards > MAX_SHARDS:
         raise UsageError(f"%(shard_size) {opts.shard_size} makes {shards} shards, over the limit of {MAX_SHARDS}; "
                          "pass a larger one")
+    codec = blosc_codec.parse(opts.compression)
+    if codec is not None and not any(blosc_codec.eligible(f) for f in source.fields):  # a no-op said, never silent
+        raise UsageError(f"%(compression) {opts.compression}: no field of {where} is compressed by it ("
+                         + ", ".join(f"{f.name}: {'ragged' if f.ragged else f.encoding if f.encoding != 'raw' else f'{f.row_nbytes} bytes'}"
+                                     for f in source.fields)
+                         + f"); {codec.cname} compresses each sample of a fixed-shape field of {blosc_codec.MIN_FIELD_BYTES} "
+                         "bytes or more: leave it out")
     keys = source.sample_keys()
     if keys is not None:
         try:

@@ -261,7 +261,22 @@ def _torch_settings(loader: Any) -> dict[str, Any]:
     ctx = loader.multiprocessing_context
     return {"num_workers": loader.num_workers, "batch_size": loader.batch_size, "pin_memory": loader.pin_memory,
             "prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers,
-            "multiprocessing_context": getattr(ctx, "_name", None) if ctx is not None else None}
+            "multiprocessing_context": getattr(ctx, "_name", None) if ctx is not None else None,
+            "sampler": _sampler(loader)}
+
+
+def _sampler(loader: Any) -> str | None:
+    """The DataLoader's sampler where it picks the samples (a fold's subset, weights), not torch's order
+    (random, sequential, or a rank's share: fastdata's loader shares among ranks itself); None otherwise."""
+    from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+
+    s = loader.sampler
+    if loader.batch_size is None or isinstance(s, (RandomSampler, SequentialSampler, DistributedSampler)):
+        return None  # (batches from a batch_sampler: the Episodic line)
+    n = ""
+    with suppress(Exception):  # a sampler without a length
+        n = f"({len(s)} draws of {len(loader.dataset)} samples)"
+    return f"{type(s).__name__}{n}"
 
 
 def _timed_iter_init(orig: Callable[..., Any]) -> Callable[..., Any]:

@@ -468,6 +468,9 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
             col, root, picked = hit
             out["tables"][t] = {"path_column": col, "root": root, "used": []}
             indexed.append((t, col, picked, rows))
+    stored = _stored(files)
+    if stored is not None:
+        _as_stored(out, data, samples, stored)
     for k in first:
         if k not in out["fields"]:
             out["fields"][k] = _one(k, samples, indexed, files, out["tables"])
@@ -475,6 +478,30 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
     for f in out["fields"].values():
         f.pop("fits", None)
     return out
+
+
+def _stored(files: list[str]) -> list[np.ndarray] | None:
+    """Each sample's ``.npy`` file as ``fastdata convert`` stores it (memory-mapped), or None (other files)."""
+    try:
+        return [np.load(f, mmap_mode="r") for f in files] if all(f.endswith(".npy") for f in files) else None
+    except Exception:  # a file the doctor cannot read as .npy: nothing said about it
+        return None
+
+
+def _as_stored(out: dict[str, Any], data: str, samples: list[dict[str, Any]], stored: list[np.ndarray]) -> None:
+    """Whether ``__getitem__`` changed the sample's file (the fix stores the file as it is), and the integer
+    element that is each file's length where lengths vary (the fix's ``x_lengths``)."""
+    got = [s["first"][data] for s in samples]
+    if any(g.dtype != a.dtype or not np.array_equal(g, a) for g, a in zip(got, stored)):
+        out["fields"][data]["changed"] = f"{stored[0].dtype} {tuple(stored[0].shape)} -> {got[0].dtype} {tuple(got[0].shape)}"
+    lengths = [a.shape[0] if a.ndim else -1 for a in stored]
+    if len(set(lengths)) < 2:  # a fixed-shape field: no lengths in the batch
+        return
+    for k in samples[0]["first"]:
+        draws = [d.get(k, s["first"][k]) for s in samples for d in (s["first"], s["again"])]
+        if k != data and all(v.size == 1 and v.dtype.kind in "iu" for v in draws) and \
+                [int(v.ravel()[0]) for v in draws] == [n for n in lengths for _ in (0, 1)]:
+            out["fields"][k] = {"role": "lengths"}
 
 
 def _class_index(values: list[np.ndarray], picked: list[dict[str, Any]], rows: list[dict[str, Any]],
@@ -588,7 +615,10 @@ def lines(acc: dict[str, Any] | None, images: bool) -> list[str]:
             continue
         where, name = {"data": ("the sample's file", x),
                        "view": (f"a second augmented view of {f.get('of')}", f"{x}[:, 1] (views=2)"),
+                       "lengths": ("the length of the sample's file (its first axis)", f"{x}_lengths"),
                        "folder label": ("its class folder", "label")}.get(role, ("", ""))
+        if f.get("changed"):  # the fix stores the file as it is: the change is the script's to redo on the batch
+            where += f" as __getitem__ changed it ({f['changed']}; the fix stores the file as it is: redo the change on the batch)"
         if role == "table":
             how = {"keypoints": "coordinates, moved with the image (Keypoints)",
                    "classes": "class names, as indices into their sorted list",
@@ -677,6 +707,10 @@ def commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[str
     nw = proj["workers"] if proj else "auto"
     aug, names, more = _augment(proj or {}, acc)
     notes += more
+    if main["settings"].get("sampler"):  # the loader line reads every sample: said, never dropped silently
+        notes.append(f"the script's sampler, {main['settings']['sampler']}, is not in the loader line, which reads "
+                     f"every sample of DATASET: pass fastdata.open(\"DATASET\").subset(KEYS) in its place (keys: the "
+                     f"files' paths relative to SRC), or sampler= (docs/loader.md#samplers)")
     imports = ["import fastdata", "import torch"]
     if names:
         imports.append(f"from fastdata.augment import {', '.join(names)}")
