@@ -371,3 +371,33 @@ def test_class_names_in_a_table_are_the_label(tmp_path: Path) -> None:
     source = {"folder": str(tmp_path), "kinds": {".npy": 6}, "files_seen": 6, "convertible": True}
     fix, notes = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": acc}, source, None, None)
     assert fix[0].endswith(f"--meta {tmp_path / 't.csv'}") and "rename it" in notes[0]
+
+
+def test_a_script_on_a_split_of_its_table_is_told_the_dataset_holds_every_row(tmp_path: Path) -> None:
+    """A script that trains on a split (4 of the table's 6 rows): the fix converts every row, so it says so and
+    how to train on the script's own samples, rather than silently training on the held-out ones too."""
+    from fastdata.measure.doctor.project import _sample, commands
+
+    rows = ["path,label"]
+    for i in range(6):
+        np.save(tmp_path / f"{i}.npy", np.full(3, i, np.float32))
+        rows.append(f"{i}.npy,{i % 2}")
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+
+    class Split:
+        files = [tmp_path / f"{i}.npy" for i in (0, 2, 3, 5)]
+
+        def __len__(self) -> int:
+            return len(self.files)
+
+        def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+            return np.load(self.files[i]), int(self.files[i].stem) % 2
+
+    (tmp_path / "work").mkdir()
+    s = _sample(Split(), 2, tmp_path / "work", tables=[str(tmp_path / "t.csv")])
+    source = {"folder": str(tmp_path), "kinds": {".npy": 4}, "files_seen": 4, "convertible": True}
+    fix, notes = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": s.account}, source,
+                          None, None)
+    s.remove()
+    assert "--meta" in fix[0]
+    assert any("lists 6 files, the script's dataset has 4" in n and ".subset(KEYS)" in n for n in notes), notes

@@ -217,6 +217,7 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
             raise _unstorable(i, item)
         drawn.append({"file": file, "first": f, "again": _fields(ds[i]) or {}})
     acc = account(drawn, list(tables))
+    acc["samples"] = len(ds)  # against the table's rows: a script that trains on a split of the table
     views = [k for k, v in acc["fields"].items() if v["role"] == "view"]  # the loader makes them (views=)
     src = work / "samples"
     src.mkdir()
@@ -466,7 +467,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
             out["tables"][t] = {"error": "no column names the sample files (fastdata convert needs a path column)"}
         else:
             col, root, picked = hit
-            out["tables"][t] = {"path_column": col, "root": root, "used": []}
+            out["tables"][t] = {"path_column": col, "root": root, "used": [], "rows": len(rows)}
             indexed.append((t, col, picked, rows))
     for k in first:
         if k not in out["fields"]:
@@ -561,6 +562,10 @@ def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
             notes.append(f"{t}: column {names[0]!r} holds the class names the script indexes: fastdata convert "
                          f"makes indices of a text column named 'label' (rename it), else keeps the text")
         name = shlex.quote(t)
+        if info.get("rows", 0) > acc.get("samples", info.get("rows", 0)):  # DATASET holds every row of the table
+            notes.append(f"{t} lists {info['rows']} files, the script's dataset has {acc['samples']}: DATASET holds "
+                         f"all {info['rows']}; to train on the script's own, pass fastdata.open(\"DATASET\").subset(KEYS) "
+                         f"(their paths in the table) to fastdata.loader in place of \"DATASET\"")
         if not meta and info["path_column"] == "path":
             args += ["--meta", name]
             meta = True
