@@ -401,3 +401,33 @@ def test_a_script_on_a_split_of_its_table_is_told_the_dataset_holds_every_row(tm
     s.remove()
     assert "--meta" in fix[0]
     assert any("lists 6 files, the script's dataset has 4" in n and ".subset(KEYS)" in n for n in notes), notes
+
+
+def test_a_str_element_leaves_the_table_targets_in_the_fix(tmp_path: Path) -> None:
+    """A sample that also returns a str (a device name) beside its array and a label from the table: the str is
+    left out and the fix still converts with --meta (the label kept). It stopped the projection, and the fix then
+    converted the folder as it was, the sub-folders node0/node1 becoming class labels in place of the table's."""
+    from fastdata.measure.doctor.project import _sample, commands
+
+    rows = ["path,label"]
+    for i in range(6):
+        (tmp_path / f"node{i % 2}").mkdir(exist_ok=True)
+        np.save(tmp_path / f"node{i % 2}/{i}.npy", np.full(3, i, np.float32))
+        rows.append(f"node{i % 2}/{i}.npy,{['lte', 'wifi', 'zigbee'][i % 3]}")
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+
+    class Psd:
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return {"psd": np.load(tmp_path / f"node{i % 2}/{i}.npy"), "label": i % 3, "device": f"node{i % 2}"}
+
+    (tmp_path / "work").mkdir()
+    s = _sample(Psd(), 2, tmp_path / "work", tables=[str(tmp_path / "t.csv")])
+    s.remove()
+    assert s.account is not None and s.account["fields"]["device"]["role"] == "left out"
+    source = {"folder": str(tmp_path), "kinds": {".npy": 6}, "files_seen": 6, "convertible": True}
+    fix, _ = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": s.account}, source,
+                      None, None)
+    assert fix[0] == f"fastdata convert {tmp_path} DATASET --meta {tmp_path / 't.csv'}", fix
