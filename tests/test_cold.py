@@ -544,3 +544,18 @@ def test_read_ahead_reads_sequential_streams_in_order_and_hints_the_rest(tmp_pat
     # however its ranges were queued; every descriptor opened was closed
     assert len(opened) == 2 and set(opened) <= set(closed)
     assert resident_bytes([f]) >= 6 * mb  # the streamed ranges were really read: cached now
+
+
+def test_a_pass_left_open_at_exit_ends_without_a_traceback(data):
+    """A script that ends with a loader's pass mid-epoch (``it = iter(loader); next(it)``, or a trainer holding
+    its iterator): closing the pass's read-ahead at interpreter exit found the module's globals cleared and
+    printed ``Exception ignored ... AttributeError: 'NoneType' object has no attribute 'current_thread'``."""
+    import subprocess
+
+    code = ("import sys, fastdata\n"
+            "ld = fastdata.loader(sys.argv[1], 8, device='cpu', num_workers=2)\n"
+            "it = iter(ld)\n"
+            "next(it)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(data[2]["hdf5", None])], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr

@@ -259,8 +259,10 @@ class ReadAhead:
             self._stop = True
             self._cond.notify()
         self._streams.stop()
-        if self._thread is not threading.current_thread():
+        try:  # (no module global here: a loader's pass closed at interpreter exit finds them cleared)
             self._thread.join(timeout=5)
+        except RuntimeError:  # close() from the hinting thread itself: nothing to wait for
+            pass
 
 
 def supported() -> bool:
