@@ -431,3 +431,41 @@ def test_a_str_element_leaves_the_table_targets_in_the_fix(tmp_path: Path) -> No
     fix, _ = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": s.account}, source,
                       None, None)
     assert fix[0] == f"fastdata convert {tmp_path} DATASET --meta {tmp_path / 't.csv'}", fix
+
+
+def test_a_table_of_absolute_paths_gives_a_fix_that_runs(tmp_path: Path, run_cli: Any) -> None:
+    """A manifest naming its files by absolute path: the fix was 'fastdata convert / DATASET --meta TABLE', which
+    fails (DATASET inside /, and --meta takes paths relative to SRC). Now the table's columns are left out with
+    a note saying how to keep them, and the sub-folders (node0, node1) make no label the script never had."""
+    import shlex
+
+    from fastdata.measure.doctor.project import _sample, commands
+
+    src = tmp_path / "src"
+    rows = ["path,snr"]
+    for i in range(6):
+        (src / f"node{i % 2}").mkdir(parents=True, exist_ok=True)
+        np.save(src / f"node{i % 2}/{i}.npy", np.full(3, i, np.float32))
+        rows.append(f"{src / f'node{i % 2}/{i}.npy'},{i / 4}")
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+
+    class Psd:
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int) -> tuple[np.ndarray, float]:
+            return np.load(src / f"node{i % 2}/{i}.npy"), i / 4
+
+    (tmp_path / "work").mkdir()
+    s = _sample(Psd(), 2, tmp_path / "work", tables=[str(tmp_path / "t.csv")])
+    s.remove()
+    source = {"folder": str(src), "kinds": {".npy": 6}, "files_seen": 6, "convertible": True}
+    fix, notes = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": s.account}, source,
+                          None, None)
+    assert fix[0] == f"fastdata convert {src} DATASET --no-labels", fix
+    assert any("its paths are absolute" in n for n in notes), notes
+    code, _, err = run_cli(*shlex.split(fix[0].replace("DATASET", str(tmp_path / "DATASET")))[1:])
+    assert code == 0, err
+    import fastdata
+
+    assert fastdata.open(tmp_path / "DATASET").fields == ["x"]

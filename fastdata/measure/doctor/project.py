@@ -475,6 +475,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
         for k in first:
             out["fields"].setdefault(k, {"role": "left out", "why": "the sample's file is unknown (its draw opened no file)"})
         return out
+    out["files"] = files
     indexed = []
     for t in tables:
         try:  # as ``fastdata convert --meta`` reads it, cells parsed (a JSON object keyed by path: column 'path')
@@ -488,7 +489,8 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
             out["tables"][t] = {"error": "no column names the sample files (fastdata convert needs a path column)"}
         else:
             col, root, picked = hit
-            out["tables"][t] = {"path_column": col, "root": root, "used": [], "rows": len(rows)}
+            out["tables"][t] = {"path_column": col, "root": root, "used": [], "rows": len(rows),
+                                "absolute": os.path.isabs(str(picked[0][col]))}
             indexed.append((t, col, picked, rows))
     for k in first:
         if k not in out["fields"]:
@@ -583,6 +585,14 @@ def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
             notes.append(f"{t}: column {names[0]!r} holds the class names the script indexes: fastdata convert "
                          f"makes indices of a text column named 'label' (rename it), else keeps the text")
         name = shlex.quote(t)
+        if info.get("absolute"):  # fastdata convert takes a table's paths relative to SRC, never absolute
+            notes.append(f"{t}: columns {', '.join(used)} left out: its paths are absolute, and fastdata convert "
+                         f"--meta takes them relative to SRC; write a copy of the table with each path relative "
+                         f"to the folder converted and pass it as --meta")
+            for f in acc["fields"].values():
+                if f.get("table") == t:
+                    f.update(role="left out", why=notes[-1])
+            continue
         if info.get("rows", 0) > acc.get("samples", info.get("rows", 0)):  # DATASET holds every row of the table
             notes.append(f"{t} lists {info['rows']} files, the script's dataset has {acc['samples']}: DATASET holds "
                          f"all {info['rows']}; to train on the script's own, pass fastdata.open(\"DATASET\").subset(KEYS) "
@@ -687,6 +697,11 @@ def _convert(acc: dict[str, Any], table_args: list[str], source: dict[str, Any] 
                 + "; for other sources write the arrays and numbers of each __getitem__ output as SRC/NNNNNN.npz "
                 + "first (docs/doctor.md)"]
     args = ["fastdata", "convert", shlex.quote(folder), "DATASET"]
+    labelled = any(f["role"] == "folder label" or f["role"] == "table" and "label" in f["columns"]
+                   for f in acc.get("fields", {}).values())  # (a table's 'label' column is the label: no folders)
+    nested = any(os.path.dirname(f) != folder.rstrip(os.sep) for f in acc.get("files", []))
+    if nested and "--labels" not in table_args and not labelled:
+        args.append("--no-labels")  # no element is the class folder: sub-folders of SRC must not make a label
     if size is not None:  # the projection read images as __getitem__ returned them: decoded, that size
         coords = acc.get("geometry") is not None
         args += ["--images", "raw"] + ([] if coords else ["--size", str(size[0]), str(size[1])])
