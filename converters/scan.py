@@ -159,6 +159,9 @@ def file_labels(path: Path, columns: tuple[str, str] | None = None, allow_nan: b
         if key in raw and raw[key] != label:
             raise DataError(f"{path}: {rel!r} is listed twice with different labels")
         raw[key] = label
+    empty = next((k for k, v in raw.items() if not v.strip()), None)
+    if empty is not None:  # a missing label, never a class named ''
+        raise DataError(f"{path}: the row for {empty!r} has an empty label (every sample file needs one)")
     try:
         ints = {k: int(v) for k, v in raw.items()}
     except ValueError:

@@ -177,6 +177,10 @@ def table_columns(table: Table, root: Path, types: dict[str, ColumnType], bad: d
             raise DataError(f"{table.path}: column name {name!r} cannot be a field name (letters, digits, _ . -, "
                             "not starting with a digit, not ending in _lengths or _shape); rename the column")
         cols[name] = parse_column(table, name, raw, types.get(name), root, bad)
+        if name == LABEL_FIELD and cols[name].kind == "str":  # an empty label is a missing one, not a class ''
+            for i, v in enumerate(cols[name].values):
+                if v == "":
+                    bad.setdefault(i, f"{table.where(i, name)}: empty cell: every sample needs a label")
     return cols
 
 

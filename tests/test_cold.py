@@ -308,7 +308,6 @@ def test_the_loader_starts_a_read_ahead_only_where_there_are_byte_ranges_to_hint
             ra.close()
 
 
-
 def test_a_pass_still_open_when_the_script_ends_closes_without_a_traceback(data):
     """A script that ends holding a pass (``it = iter(loader); next(it)`` at module level) exits cleanly: the
     read-ahead's close ran after Python had emptied the module's globals and printed 'Exception ignored ...
@@ -317,6 +316,7 @@ def test_a_pass_still_open_when_the_script_ends_closes_without_a_traceback(data)
               "it = iter(loader)\nnext(it)\nprint('ok')\n")
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout == "ok\n" and p.stderr == "", p.stderr
+
 
 def test_read_ahead_stays_within_its_bound_and_follows_the_loader(tmp_path):
     plan = [np.array([k]) for k in range(20)]

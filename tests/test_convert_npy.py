@@ -9,6 +9,7 @@ import pytest
 
 import fastdata
 from fastdata import WriteOptions
+from fastdata.errors import DataError
 from conftest import make_class_folder, tree_state
 
 BACKENDS = ["hdf5", "lmdb"]
@@ -87,6 +88,21 @@ def test_labels_file_with_string_labels(tmp_path, backend, kind):
     ds = fastdata.open(tmp_path / "ds")
     assert ds.classes == ["ant", "zebra"]
     assert [int(ds[i]["label"]) for i in range(3)] == [1, 0, 1]  # sorted paths: a, b, sub/c
+
+
+@pytest.mark.parametrize("kind", ["csv", "json"])
+def test_an_empty_label_is_refused_naming_its_row_not_made_a_class(tmp_path, kind):
+    """A labels file row with no label (an empty cell) is a missing label: before, it became a class named ''."""
+    src = tmp_path / "flat"
+    src.mkdir()
+    labels = {"a.npy": "cat", "b.npy": "", "c.npy": "dog"}
+    for rel in labels:
+        np.save(src / rel, np.ones(3, np.float32))
+    lab = tmp_path / f"labels.{kind}"
+    lab.write_text("path,label\n" + "".join(f"{k},{v}\n" for k, v in labels.items()) if kind == "csv" else json.dumps(labels))
+    with pytest.raises(DataError, match=r"labels\.(csv|json): the row for 'b\.npy' has an empty label"):
+        fastdata.convert(src, tmp_path / "ds", labels=lab)
+    assert not (tmp_path / "ds").exists()
 
 
 def test_labels_file_with_integer_labels_inside_source(tmp_path):

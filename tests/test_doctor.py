@@ -228,8 +228,9 @@ def test_projection_with_fewer_samples_than_a_batch_ends(tmp_path: Path) -> None
                                            ({"a": 1.0}, "'name' is a dict"),
                                            ([np.zeros(1), np.zeros(2)], "'name' is a list")])
 def test_a_sample_element_no_field_holds_is_named_and_the_fix_leaves_it_out(tmp_path: Path, element, named) -> None:
-    """A str, None, a nested dict or a list of arrays in a sample: the reason names the sample, the element and
-    its type (it said only 'holds objects'), and the printed fix writes only the arrays and numbers; an empty
+    """A str, None, a nested dict or a list of arrays in a sample: the account names the element and its type
+    as left out, and the projection goes on with the arrays and numbers; a sample of nothing else names the
+    sample too (it said only 'holds objects'), and the printed fix writes only the arrays and numbers; an empty
     dataset says so (it was an IndexError)."""
     from types import SimpleNamespace
 
@@ -239,7 +240,13 @@ def test_a_sample_element_no_field_holds_is_named_and_the_fix_leaves_it_out(tmp_
         return SimpleNamespace(loaders={0: SimpleNamespace(events=[1])}, datasets={0: ds}, batch_sizes={0: 2},
                                tables=[], sample_budget_s=None, step_on_cpu=lambda: True)
 
-    why = sample(rec([{"x": np.zeros(3, np.float32), "name": element}] * 4))
+    s = sample(rec([{"x": np.zeros(3, np.float32), "name": element}] * 4))
+    assert not isinstance(s, str) and s.account is not None, s
+    s.remove()
+    left = s.account["fields"]["name"]
+    assert left["role"] == "left out" and re.fullmatch(rf"{named.split(' is ')[1]}, not an array or a number.*",
+                                                       left["why"]), left
+    why = sample(rec([{"name": element}] * 4))
     assert isinstance(why, str) and re.fullmatch(rf"sample \d: element {named}, not an array or a number.*"
                                                  r"the fix leaves it out", why), why
     fix = commands({"settings": {"batch_size": 2}}, None, None, None, None)[0]

@@ -436,3 +436,101 @@ def test_a_dataloader_sampler_that_picks_the_samples_is_named_and_the_fix_says_s
                for n in notes)
     _, notes = commands({"settings": {**fold, "sampler": None}}, None, source, None, None)
     assert notes == []
+
+
+def test_a_script_on_a_split_of_its_table_is_told_the_dataset_holds_every_row(tmp_path: Path) -> None:
+    """A script that trains on a split (4 of the table's 6 rows): the fix converts every row, so it says so and
+    how to train on the script's own samples, rather than silently training on the held-out ones too."""
+    from fastdata.measure.doctor.project import _sample, commands
+
+    rows = ["path,label"]
+    for i in range(6):
+        np.save(tmp_path / f"{i}.npy", np.full(3, i, np.float32))
+        rows.append(f"{i}.npy,{i % 2}")
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+
+    class Split:
+        files = [tmp_path / f"{i}.npy" for i in (0, 2, 3, 5)]
+
+        def __len__(self) -> int:
+            return len(self.files)
+
+        def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+            return np.load(self.files[i]), int(self.files[i].stem) % 2
+
+    (tmp_path / "work").mkdir()
+    s = _sample(Split(), 2, tmp_path / "work", tables=[str(tmp_path / "t.csv")])
+    source = {"folder": str(tmp_path), "kinds": {".npy": 4}, "files_seen": 4, "convertible": True}
+    fix, notes = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": s.account}, source,
+                          None, None)
+    s.remove()
+    assert "--meta" in fix[0]
+    assert any("lists 6 files, the script's dataset has 4" in n and ".subset(KEYS)" in n for n in notes), notes
+
+
+def test_a_str_element_leaves_the_table_targets_in_the_fix(tmp_path: Path) -> None:
+    """A sample that also returns a str (a device name) beside its array and a label from the table: the str is
+    left out and the fix still converts with --meta (the label kept). It stopped the projection, and the fix then
+    converted the folder as it was, the sub-folders node0/node1 becoming class labels in place of the table's."""
+    from fastdata.measure.doctor.project import _sample, commands
+
+    rows = ["path,label"]
+    for i in range(6):
+        (tmp_path / f"node{i % 2}").mkdir(exist_ok=True)
+        np.save(tmp_path / f"node{i % 2}/{i}.npy", np.full(3, i, np.float32))
+        rows.append(f"node{i % 2}/{i}.npy,{['lte', 'wifi', 'zigbee'][i % 3]}")
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+
+    class Psd:
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return {"psd": np.load(tmp_path / f"node{i % 2}/{i}.npy"), "label": i % 3, "device": f"node{i % 2}"}
+
+    (tmp_path / "work").mkdir()
+    s = _sample(Psd(), 2, tmp_path / "work", tables=[str(tmp_path / "t.csv")])
+    s.remove()
+    assert s.account is not None and s.account["fields"]["device"]["role"] == "left out"
+    source = {"folder": str(tmp_path), "kinds": {".npy": 6}, "files_seen": 6, "convertible": True}
+    fix, _ = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": s.account}, source,
+                      None, None)
+    assert fix[0] == f"fastdata convert {tmp_path} DATASET --meta {tmp_path / 't.csv'}", fix
+
+
+def test_a_table_of_absolute_paths_gives_a_fix_that_runs(tmp_path: Path, run_cli: Any) -> None:
+    """A manifest naming its files by absolute path: the fix was 'fastdata convert / DATASET --meta TABLE', which
+    fails (DATASET inside /, and --meta takes paths relative to SRC). Now the table's columns are left out with
+    a note saying how to keep them, and the sub-folders (node0, node1) make no label the script never had."""
+    import shlex
+
+    from fastdata.measure.doctor.project import _sample, commands
+
+    src = tmp_path / "src"
+    rows = ["path,snr"]
+    for i in range(6):
+        (src / f"node{i % 2}").mkdir(parents=True, exist_ok=True)
+        np.save(src / f"node{i % 2}/{i}.npy", np.full(3, i, np.float32))
+        rows.append(f"{src / f'node{i % 2}/{i}.npy'},{i / 4}")
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+
+    class Psd:
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, i: int) -> tuple[np.ndarray, float]:
+            return np.load(src / f"node{i % 2}/{i}.npy"), i / 4
+
+    (tmp_path / "work").mkdir()
+    s = _sample(Psd(), 2, tmp_path / "work", tables=[str(tmp_path / "t.csv")])
+    s.remove()
+    source = {"folder": str(src), "kinds": {".npy": 6}, "files_seen": 6, "convertible": True}
+    fix, notes = commands({"settings": {"batch_size": 2}}, {"ok": True, "workers": 1, "account": s.account}, source,
+                          None, None)
+    assert fix[0] == f"fastdata convert {src} DATASET --no-labels", fix
+    assert any("its paths are absolute" in n for n in notes), notes
+    code, _, err = run_cli(*shlex.split(fix[0].replace("DATASET", str(tmp_path / "DATASET")))[1:])
+    assert code == 0, err
+    import fastdata
+
+    assert fastdata.open(tmp_path / "DATASET").fields == ["x"]

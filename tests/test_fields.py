@@ -73,6 +73,9 @@ def test_table_as_the_whole_source_and_forced_types(tmp_path, run_cli):
     (lambda src: _edit_row(src / "meta.csv", 4, "path", "/etc/passwd"), r"row 5 \(line 6\), column 'path': path '/etc/passwd' is not relative"),
     (lambda src: _edit_row(src / "meta.csv", 3, "path", "gone.npy"), r"row 4 \(line 5\), column 'path': file 'gone.npy' not found"),
     (lambda src: np.save(src / "extra.npy", np.zeros(2, np.float32)), r"extra.npy: a sample file that .*meta.csv does not list"),
+    (lambda src: _csv(src / "meta.csv", [{**r, "label": "" if r["path"] == "s3.npy" else "cat"}
+                                         for r in csv.DictReader(open(src / "meta.csv"))]),
+     r"row 4 \(line 5\), column 'label': empty cell: every sample needs a label"),
     (lambda src: _edit_row(src / "meta.csv", 6, "kp", "[[1, 2, 3]]"), r"row 7 \(line 8\), column 'kp': has 3 values \(shape \[1, 3\]\), the column's shape \[4, 3\] needs 12"),
 ])
 def test_bad_table_rows_are_one_line_errors_and_nothing_is_written(tmp_path, run_cli, edit, expect):

@@ -243,6 +243,14 @@ def test_bad_arguments(ds_path):
         fastdata.loader(ds_path, 4, num_workers=-1)
 
 
+@pytest.mark.skipif(getattr(torch, "accelerator", torch.cuda).is_available(), reason="pinning works on a GPU")
+def test_pin_memory_without_a_gpu_is_refused_when_the_loader_is_built(ds_path):
+    """pin_memory: true copied from a GPU config (user 004's YAML) onto a CPU machine: one UsageError when the
+    loader is built, not torch's RuntimeError from deep inside the first batch's buffer allocation."""
+    with pytest.raises(UsageError, match=r"pin_memory=True.*no GPU here"):
+        fastdata.loader(ds_path, 4, device="cpu", config=LoaderConfig(pin_memory=True))
+
+
 @pytest.mark.parametrize("phase", [0, 40])
 def test_recycled_buffers_are_reused_only_when_nothing_uses_them(phase):
     from fastdata.loaders.host import Recycler

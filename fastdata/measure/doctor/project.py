@@ -149,12 +149,30 @@ def _fields(item: Any) -> dict[str, np.ndarray] | None:
     return out
 
 
+def _why_not(v: Any) -> str:
+    return (f"{'None' if v is None else 'a ' + type(v).__name__}, not an array or a number, which the projection's "
+            "per-sample .npz files cannot hold (fastdata.convert(dataset, DST) from Python keeps strings and bytes "
+            "too: docs/convert.md)")
+
+
 def _unstorable(i: int, item: Any) -> DataError:
     """Why sample ``i`` cannot be projected: its first element that :func:`_fields` refuses, named, and what to do."""
     k, v = next(((k, v) for k, v in _named(item) if _fields({0: v}) is None), ("?", item))
-    return DataError(f"sample {i}: element {str(k)!r} is {'None' if v is None else 'a ' + type(v).__name__}, not an "
-                     "array or a number, which the projection's per-sample .npz files cannot hold (fastdata.convert("
-                     "dataset, DST) from Python keeps strings and bytes too: docs/convert.md); the fix leaves it out")
+    return DataError(f"sample {i}: element {str(k)!r} is {_why_not(v)}; the fix leaves it out")
+
+
+def _storable(item: Any) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A sample's arrays and numbers by name, and its other elements (a str, None, ...) with why they are left
+    out: the projection and the fix go on with the rest (the account of a table's columns included)."""
+    out: dict[str, np.ndarray] = {}
+    left: dict[str, str] = {}
+    for k, v in _named(item):
+        f = _fields({str(k): v})
+        if f is None:
+            left[str(k)] = _why_not(v)
+        else:
+            out.update(f)
+    return out, left
 
 
 def _as_image(a: np.ndarray) -> np.ndarray:
@@ -168,7 +186,7 @@ def _as_image(a: np.ndarray) -> np.ndarray:
 def _image_ops(ds: Any, i: int, first: dict[str, np.ndarray], images: list[str]) -> tuple[str, ...]:
     """The loader's stand-ins for the script's image transforms: a flip when a second draw of sample ``i``
     differs (random ops), Normalize when the values left 0-1 (normalised)."""
-    again = _fields(ds[i]) or {}
+    again = _storable(ds[i])[0]
     random = any(k in again and again[k].shape == first[k].shape and not np.array_equal(again[k], first[k])
                  for k in images)
     normalised = any(float(first[k].min()) < 0 or float(first[k].max()) > 1.0 for k in images)
@@ -206,17 +224,21 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
     idx = [int(i) for i in np.random.default_rng(0).permutation(len(ds))[:MAX_SAMPLES]]
     t0 = time.perf_counter()
     drawn: list[dict[str, Any]] = []
+    left: dict[str, str] = {}
     for i in idx[:ACCOUNT_SAMPLES]:  # drawn twice, with the files each opened: the account of every element
         if len(drawn) >= 2 and time.perf_counter() - t0 > budget_s / 2:
             break
         with opened() as files:
             item = ds[i]
         file = next((p for p in files if not is_table(p) and os.path.isfile(p)), None)  # not a table
-        f = _fields(item)
-        if f is None:
+        f, more = _storable(item)
+        if not f:
             raise _unstorable(i, item)
-        drawn.append({"file": file, "first": f, "again": _fields(ds[i]) or {}})
+        left.update(more)
+        drawn.append({"file": file, "first": f, "again": _storable(ds[i])[0]})
     acc = account(drawn, list(tables))
+    acc["fields"].update({k: {"role": "left out", "why": why} for k, why in left.items()})
+    acc["samples"] = len(ds)  # against the table's rows: a script that trains on a split of the table
     views = [k for k, v in acc["fields"].items() if v["role"] == "view"]  # the loader makes them (views=)
     src = work / "samples"
     src.mkdir()
@@ -228,7 +250,7 @@ def _sample(ds: Any, bs: int, work: Path, on_cpu: bool = True, tables: Any = (),
             f = drawn[n]["first"]
         else:
             item = ds[i]
-            if (f := _fields(item)) is None:
+            if not (f := _storable(item)[0]):
                 raise _unstorable(i, item)
         f = {k: v for k, v in f.items() if k not in views}
         if not shapes:
@@ -453,6 +475,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
         for k in first:
             out["fields"].setdefault(k, {"role": "left out", "why": "the sample's file is unknown (its draw opened no file)"})
         return out
+    out["files"] = files
     indexed = []
     for t in tables:
         try:  # as ``fastdata convert --meta`` reads it, cells parsed (a JSON object keyed by path: column 'path')
@@ -466,7 +489,8 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
             out["tables"][t] = {"error": "no column names the sample files (fastdata convert needs a path column)"}
         else:
             col, root, picked = hit
-            out["tables"][t] = {"path_column": col, "root": root, "used": []}
+            out["tables"][t] = {"path_column": col, "root": root, "used": [], "rows": len(rows),
+                                "absolute": os.path.isabs(str(picked[0][col]))}
             indexed.append((t, col, picked, rows))
     stored = _stored(files)
     if stored is not None:
@@ -588,6 +612,18 @@ def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
             notes.append(f"{t}: column {names[0]!r} holds the class names the script indexes: fastdata convert "
                          f"makes indices of a text column named 'label' (rename it), else keeps the text")
         name = shlex.quote(t)
+        if info.get("absolute"):  # fastdata convert takes a table's paths relative to SRC, never absolute
+            notes.append(f"{t}: columns {', '.join(used)} left out: its paths are absolute, and fastdata convert "
+                         f"--meta takes them relative to SRC; write a copy of the table with each path relative "
+                         f"to the folder converted and pass it as --meta")
+            for f in acc["fields"].values():
+                if f.get("table") == t:
+                    f.update(role="left out", why=notes[-1])
+            continue
+        if info.get("rows", 0) > acc.get("samples", info.get("rows", 0)):  # DATASET holds every row of the table
+            notes.append(f"{t} lists {info['rows']} files, the script's dataset has {acc['samples']}: DATASET holds "
+                         f"all {info['rows']}; to train on the script's own, pass fastdata.open(\"DATASET\").subset(KEYS) "
+                         f"(their paths in the table) to fastdata.loader in place of \"DATASET\"")
         if not meta and info["path_column"] == "path":
             args += ["--meta", name]
             meta = True
@@ -691,6 +727,11 @@ def _convert(acc: dict[str, Any], table_args: list[str], source: dict[str, Any] 
                 + "; for other sources write the arrays and numbers of each __getitem__ output as SRC/NNNNNN.npz "
                 + "first (docs/doctor.md)"]
     args = ["fastdata", "convert", shlex.quote(folder), "DATASET"]
+    labelled = any(f["role"] == "folder label" or f["role"] == "table" and "label" in f["columns"]
+                   for f in acc.get("fields", {}).values())  # (a table's 'label' column is the label: no folders)
+    nested = any(os.path.dirname(f) != folder.rstrip(os.sep) for f in acc.get("files", []))
+    if nested and "--labels" not in table_args and not labelled:
+        args.append("--no-labels")  # no element is the class folder: sub-folders of SRC must not make a label
     if size is not None:  # the projection read images as __getitem__ returned them: decoded, that size
         coords = acc.get("geometry") is not None
         args += ["--images", "raw"] + ([] if coords else ["--size", str(size[0]), str(size[1])])
