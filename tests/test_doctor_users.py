@@ -345,12 +345,16 @@ def test_account_of_samples_from_a_table(tmp_path: Path) -> None:
                         "again": {"f1": flipped.astype(np.float32), "f2": mirrored.astype(np.float32)}})
     (tmp_path / "meta.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "order.csv").write_text("score\n7.5\n")  # rows by position: nothing names the files
-    acc = account(samples, [str(tmp_path / "meta.csv"), str(tmp_path / "order.csv")])
+    # COCO keypoints (what CAPE's MP-100 ships): not a table at all, so adding a 'path' column is not the advice
+    (tmp_path / "coco.json").write_text(json.dumps({"images": [{"id": 1, "file_name": "0.npy"}], "annotations": []}))
+    acc = account(samples, [str(tmp_path / "meta.csv"), str(tmp_path / "order.csv"), str(tmp_path / "coco.json")])
     f = acc["fields"]
     assert f["f0"]["role"] == "data"
     assert f["f1"]["columns"] == ["yaw", "pitch", "roll"] and f["f1"]["signs"] == [-1, 1, -1] and f["f1"]["kind"] == "angles"
     assert f["f2"]["kind"] == "keypoints" and f["f2"]["mirrored"] and f["f2"]["flip_pairs"] == [(0, 1)]
     assert f["f3"]["role"] == "left out" and "order.csv: no column names the sample files" in f["f3"]["why"]
+    assert "coco.json: not read as a table (DataError: " in f["f3"]["why"] and "entry 'images' is a list" in f["f3"]["why"]
+    assert "coco.json: no column" not in f["f3"]["why"]
     assert acc["tables"][str(tmp_path / "meta.csv")]["root"] == str(tmp_path)
 
 

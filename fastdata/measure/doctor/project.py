@@ -32,6 +32,7 @@ MEASURE_S = 3.0
 _TABLES = tuple(TABLE_SUFFIXES)  # what fastdata convert reads as a table
 _sinks: list[tuple[list[str], bool]] = []  # (paths, tables only)
 _SKIP = (".py", ".pyc", ".so", ".pth")  # imports, not data
+NO_PATH_COLUMN = "no column names the sample files (fastdata convert needs a path column)"
 _lock = threading.Lock()
 _hooked = False
 
@@ -463,7 +464,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
             continue
         hit = _index(rows, files)
         if hit is None:
-            out["tables"][t] = {"error": "no column names the sample files (fastdata convert needs a path column)"}
+            out["tables"][t] = {"error": NO_PATH_COLUMN}
         else:
             col, root, picked = hit
             out["tables"][t] = {"path_column": col, "root": root, "used": []}
@@ -508,10 +509,11 @@ def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, li
             return {"role": "table", "table": t, "kind": kind, **found}
     if _folder_label(files, [s["first"][k] for s in samples]):
         return {"role": "folder label"}
-    unkeyed = [os.path.basename(t) for t, v in tables.items() if "error" in v]
+    unkeyed = [f"; {os.path.basename(t)}: " + ("no column names the sample files (add a 'path' column)"
+                                                if v["error"] == NO_PATH_COLUMN else f"not read as a table ({v['error']})")
+               for t, v in tables.items() if "error" in v]  # a table it could not read at all (COCO) says why
     return {"role": "left out", "why": "not in the sample's file, a table the script read, nor its class folder "
-                                       "(computed in __getitem__: compute it from the batch)"
-            + (f"; {', '.join(unkeyed)}: no column names the sample files (add a 'path' column)" if unkeyed else "")}
+                                       "(computed in __getitem__: compute it from the batch)" + "".join(unkeyed)}
 
 
 def _geometry(out: dict[str, Any], samples: list[dict[str, Any]]) -> None:
