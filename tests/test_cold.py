@@ -310,6 +310,19 @@ def test_read_ahead_stays_within_its_bound_and_follows_the_loader(tmp_path):
         ra.close()
 
 
+def test_a_pass_left_open_until_the_interpreter_exits_closes_without_an_error(monkeypatch):
+    # a script holding a loader's iterator mid-epoch in a global (3 Episodic batches taken) printed "Exception
+    # ignored ... AttributeError: 'NoneType' object has no attribute 'current_thread'" at exit: the pass's
+    # finally closed its read-ahead after the interpreter had cleared readahead's globals; as that does:
+    import fastdata.reading.readahead as readahead
+
+    ra = ReadAhead(_Recorder(), [np.array([k]) for k in range(4)], first=0, lead=1, ahead_bytes=0)
+    monkeypatch.setattr(readahead, "threading", None)
+    ra.close()
+    ra._thread.join(5)
+    assert not ra._thread.is_alive()
+
+
 def test_drop_page_cache_empties_it_for_a_file(tmp_path):
     f = tmp_path / "f.bin"
     f.write_bytes(np.random.default_rng(0).bytes(1 << 20))

@@ -253,13 +253,14 @@ class ReadAhead:
         """Batch ``j``'s merged ranges (none past the plan's end)."""
         return _merged(self._ranges(self._plan[j])) if j < len(self._plan) else []
 
-    def close(self) -> None:
-        """Stop hinting (a hint in flight finishes first; it is one system call)."""
+    def close(self, _current: Callable[[], threading.Thread] = threading.current_thread) -> None:
+        """Stop hinting (a hint in flight finishes first; it is one system call). ``_current`` is bound here: a
+        pass left open to the interpreter's exit is closed after this module's globals are gone."""
         with self._cond:
             self._stop = True
             self._cond.notify()
         self._streams.stop()
-        if self._thread is not threading.current_thread():
+        if self._thread is not _current():
             self._thread.join(timeout=5)
 
 
