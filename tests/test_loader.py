@@ -114,6 +114,14 @@ def test_the_shuffle_sizes_gone_from_loaderconfig_name_the_mode_to_pass():
         LoaderConfig(shard_window=3)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="pinning works where there is a GPU")
+def test_pin_memory_without_a_gpu_is_refused_when_the_loader_is_built(ds_path):
+    # a DataLoader habit (pin_memory=True) on a machine with no GPU: it raised torch's RuntimeError from inside
+    # the buffer allocation at the first batch; now one line when the loader is built
+    with pytest.raises(UsageError, match=r"LoaderConfig\(pin_memory=True\) needs CUDA"):
+        fastdata.loader(ds_path, 8, device="cpu", config=LoaderConfig(pin_memory=True))
+
+
 def test_resume_state_must_match(ds_path):
     ld = fastdata.loader(ds_path, 8, device="cpu")
     state = ld.state_dict()

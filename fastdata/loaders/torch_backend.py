@@ -177,6 +177,9 @@ class TorchLoader(Loader):
         """The reader (threads or worker processes, started on the first pass) and the device stage."""
         config, device = self.config, self.device
         pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
+        if pin and not torch.cuda.is_available():  # torch has no pinned allocator then: it failed at the first batch
+            raise UsageError("LoaderConfig(pin_memory=True) needs CUDA, and torch sees no GPU here; leave pin_memory "
+                             "unset (None: pinned when the device is CUDA)")
         targets = self.augment.targets if self.augment is not None else {}
         # a declared target (a uint8 (H, W, 1) mask) is never an image
         images = config.images if config.images is not None else \
