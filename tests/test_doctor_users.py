@@ -328,20 +328,22 @@ def test_no_fix_below_the_threshold(tmp_path: Path) -> None:
 def test_account_of_samples_from_a_table(tmp_path: Path) -> None:
     """Targets found by value in the table the script read: columns stacked into a vector, angles negated
     by a mirror, coordinates shifted, mirrored and swapped; the rest named as left out."""
-    from fastdata.measure.doctor.project import account
+    from fastdata.measure.doctor.project import account, lines
 
     rng = np.random.default_rng(0)
-    rows, samples = ["path,yaw,pitch,roll,kp"], []
+    rows, samples = ["path,yaw,pitch,roll,kp,pts"], []
     for i in range(6):
         f = tmp_path / f"{i}.npy"
         np.save(f, np.zeros(2))
         ang = rng.uniform(-50, 50, 3).round(3)
         kp = rng.uniform(0, 30, (4, 2)).round(2)
-        rows.append(f'{i}.npy,{ang[0]},{ang[1]},{ang[2]},"{json.dumps(kp.tolist())}"')
+        pts = np.concatenate([kp, rng.integers(0, 3, (4, 1))], 1)  # x, y, visibility (CAPE's COCO keypoints)
+        rows.append(f'{i}.npy,{ang[0]},{ang[1]},{ang[2]},"{json.dumps(kp.tolist())}","{json.dumps(pts.tolist())}"')
         flipped = ang * [-1, 1, -1]
         mirrored = np.stack([40 - kp[:, 0], kp[:, 1] - 2], 1)[[1, 0, 2, 3]]
         samples.append({"file": str(f), "first": {"f0": np.zeros((8, 8), np.float32), "f1": ang.astype(np.float32),
-                                                  "f2": (kp - [3, 2]).astype(np.float32), "f3": np.float32(7.5)},
+                                                  "f2": (kp - [3, 2]).astype(np.float32), "f3": np.float32(7.5),
+                                                  "f4": pts[:, 2].astype(np.float32)},
                         "again": {"f1": flipped.astype(np.float32), "f2": mirrored.astype(np.float32)}})
     (tmp_path / "meta.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "order.csv").write_text("score\n7.5\n")  # rows by position: nothing names the files
@@ -355,6 +357,9 @@ def test_account_of_samples_from_a_table(tmp_path: Path) -> None:
     assert f["f3"]["role"] == "left out" and "order.csv: no column names the sample files" in f["f3"]["why"]
     assert "coco.json: not read as a table (DataError: " in f["f3"]["why"] and "entry 'images' is a list" in f["f3"]["why"]
     assert "coco.json: no column" not in f["f3"]["why"]
+    # the visibility flags the script split off its (K, 3) keypoints are that column's last position, not left out
+    assert f["f4"]["role"] == "table" and f["f4"]["columns"] == ["pts"] and f["f4"]["part"] == 2
+    assert "f4: pts[..., 2] of meta.csv (values) -> pts[..., 2]" in lines(acc, False)
     assert acc["tables"][str(tmp_path / "meta.csv")]["root"] == str(tmp_path)
 
 

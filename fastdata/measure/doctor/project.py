@@ -382,6 +382,19 @@ def _values(flat: list[tuple[np.ndarray, dict[str, Any]]], columns: list[str]) -
     return {"columns": picked, "signs": signs}
 
 
+def _part(flat: list[tuple[np.ndarray, dict[str, Any]]], columns: list[str]) -> dict[str, Any] | None:
+    """A field equal to one position of a column's last axis (the visibility flags of (K, 3) keypoints)."""
+    for c in columns:
+        cells = [v for _, row in flat if isinstance(v := row.get(c), np.ndarray) and v.ndim >= 2]
+        if len(cells) != len(flat):
+            continue
+        for j in range(cells[0].shape[-1]):
+            if all(a.shape == v.shape[:-1] and np.array_equal(a.astype(np.float64), v[..., j].astype(np.float64))
+                   for (a, _), v in zip(flat, cells)):
+                return {"columns": [c], "signs": [1], "part": j}
+    return None
+
+
 def _fit(a: np.ndarray, c: np.ndarray) -> dict[str, Any] | None:
     """``a`` (K, 2+) as ``c`` (K, 2+) scaled and shifted per axis, maybe mirrored (x) with points swapped."""
     ax, ay, cx, cy = a[:, 0], a[:, 1], c[:, 0], c[:, 1]
@@ -501,6 +514,7 @@ def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, li
         if found is None:
             found = _values(flat, columns)
             kind = "angles" if found and -1 in found["signs"] else "values"
+        found = found or _part(flat, columns)
         named = _class_index([s["first"][k] for s in samples], picked, rows, columns) if found is None else None
         if named is not None:  # fastdata convert makes a text column named 'label' class indices (sorted names)
             found, kind = {"columns": [named], "signs": [1]}, "classes"
@@ -595,8 +609,9 @@ def lines(acc: dict[str, Any] | None, images: bool) -> list[str]:
             how = {"keypoints": "coordinates, moved with the image (Keypoints)",
                    "classes": "class names, as indices into their sorted list",
                    "angles": "angles negated on a mirror (Custom)"}.get(f["kind"], "values")
-            where = f"{', '.join(f['columns'])} of {os.path.basename(f['table'])} ({how})"
-            name = " + ".join(f["columns"]) if len(f["columns"]) == 1 else \
+            part = f"[..., {f['part']}]" if "part" in f else ""  # one position of the column's last axis
+            where = f"{', '.join(f['columns'])}{part} of {os.path.basename(f['table'])} ({how})"
+            name = " + ".join(f["columns"]) + part if len(f["columns"]) == 1 else \
                 "torch.stack([" + ", ".join(f"batch[{c!r}]" for c in f["columns"]) + "], 1)"
         out.append(f"{k}: {where} -> {name}")
     return out
