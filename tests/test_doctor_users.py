@@ -296,6 +296,27 @@ def test_flip_left_out_when_the_targets_never_mirrored() -> None:
     assert any("HorizontalFlip left out" in n for n in r["notes"])
 
 
+def test_flip_left_out_when_an_element_left_out_of_the_fix_was_negated(tmp_path: Path) -> None:
+    """BIWI-like head pose: angles read from a per-frame .txt (no table), yaw and roll negated on a mirror. The
+    angles are left out of the fix, so its HorizontalFlip would flip images under angles that no longer follow."""
+    from fastdata.measure.doctor.project import account
+
+    samples = []
+    for i in range(4):
+        f = tmp_path / f"{i}_rgb.jpg"
+        f.write_bytes(b"")
+        ang = np.array([10.0 + i, -5.0, 3.0], np.float32)
+        samples.append({"file": str(f), "first": {"f0": np.zeros((3, 8, 8), np.float32), "f1": ang},
+                        "again": {"f1": ang * np.array([-1, 1, -1], np.float32) if i % 2 else ang}})
+    acc = account(samples, [])
+    assert acc["fields"]["f1"]["role"] == "left out" and acc["fields"]["f1"]["negated"]
+    r = _report(acc, 3.0, {"f0": [3, 8, 8]}, ["HorizontalFlip", "Normalize"], {".jpg": 8})
+    assert "HorizontalFlip" not in r["fix"][2] and "Normalize(IMAGENET_MEAN, IMAGENET_STD)" in r["fix"][2]
+    assert any("HorizontalFlip left out: the script negates f1 on a mirror" in n for n in r["notes"])
+    samples[1]["again"]["f1"] = samples[1]["first"]["f1"] + 1  # changed by other random work, not negated
+    assert not account([samples[0], samples[1]], [])["fields"]["f1"]["negated"]
+
+
 def test_views_labels_and_episodes_in_the_fix() -> None:
     views = {"data": "f0", "views": 2, "tables": {},
              "fields": {"f0": {"role": "data", "shape": [3, 32, 32]}, "f1": {"role": "view", "of": "f0"}}}

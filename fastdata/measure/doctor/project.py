@@ -527,7 +527,8 @@ def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, li
                                                 if v["error"] == NO_PATH_COLUMN else f"not read as a table ({v['error']})")
                for t, v in tables.items() if "error" in v]  # a table it could not read at all (COCO) says why
     return {"role": "left out", "why": "not in the sample's file, a table the script read, nor its class folder "
-                                       "(computed in __getitem__: compute it from the batch)" + "".join(unkeyed)}
+                                       "(computed in __getitem__: compute it from the batch)" + "".join(unkeyed),
+            "negated": any(-1 in (_signs([(s["again"][k], s["first"][k])]) or []) for s in samples if k in s["again"])}
 
 
 def _geometry(out: dict[str, Any], samples: list[dict[str, Any]]) -> None:
@@ -647,7 +648,12 @@ def _augment(proj: dict[str, Any], acc: dict[str, Any] | None) -> tuple[str, lis
     if geo.get("op"):
         h, w = geo["size"]
         ops.insert(0, f"{geo['op']}(({h}, {w}))")
-    if "HorizontalFlip" in ops and targets and not mirrors:
+    negated = [k for k, f in (acc or {}).get("fields", {}).items() if f.get("role") == "left out" and f.get("negated")]
+    if "HorizontalFlip" in ops and negated:  # a flip would leave them unmirrored once the user adds them
+        ops.remove("HorizontalFlip")
+        notes.append(f"HorizontalFlip left out: the script negates {', '.join(negated)} on a mirror, and the fix "
+                     "leaves it out; flip only with it declared as a target (Custom(on_hflip=...), docs/augment.md)")
+    elif "HorizontalFlip" in ops and targets and not mirrors:
         ops.remove("HorizontalFlip")
         notes.append("HorizontalFlip left out: the script's random changes did not mirror its coordinates or angles")
     shape = (proj.get("shapes") or {}).get((acc or {}).get("data", ""), [3])
