@@ -177,6 +177,9 @@ class TorchLoader(Loader):
         """The reader (threads or worker processes, started on the first pass) and the device stage."""
         config, device = self.config, self.device
         pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
+        if config.pin_memory and config.mode == "processes" and self.workers > 0:  # it would be dropped silently
+            raise UsageError("LoaderConfig(pin_memory=True) cannot be honoured with mode='processes': the worker "
+                             "processes' shared-memory ring is not page-locked; use mode='threads' to pin")
         if pin and not torch.cuda.is_available():  # torch has no pinned allocator then: it failed at the first batch
             raise UsageError("LoaderConfig(pin_memory=True) needs CUDA, and torch sees no GPU here; leave pin_memory "
                              "unset (None: pinned when the device is CUDA)")
