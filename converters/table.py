@@ -413,9 +413,10 @@ def rescale_columns(table: str, cols: TableColumns, columns: Sequence[str], orig
             continue
         why = looks_like(name, _trailing(cols, name), cols.values[name], originals)
         if why is not None:
-            say = f"%(keypoints={name}), %(boxes={name})" if _trailing(cols, name) == 4 else f"%(keypoints={name})"
+            one = f"('{name}',)"  # a tuple in ConvertConfig, the name on the command line
+            say = f"%(keypoints={one}), %(boxes={one})" if _trailing(cols, name) == 4 else f"%(keypoints={one})"
             raise DataError(f"{table}: column {name!r} looks like pixel coordinates ({why}) and the images are "
-                            f"resized; say what it is: {say} or %(not_coordinates={name})")
+                            f"resized; say what it is: {say} or %(not_coordinates={one})")
     kinds: dict[str, str] = {**{n: "keypoints" for n in keypoints}, **{n: "boxes" for n in boxes}}
     for name, kind in kinds.items():
         cols.values[name] = [rescale(a, kind, o, opts) for a, o in zip(cols.values[name], originals)]

@@ -25,8 +25,8 @@ __all__ = [
 ]
 
 
-# A parameter named in a message: %(name), or %(name=value) (%(engine=ray), %(resume=True)).
-_PARAM = re.compile(r"%\((\w+)(?:=([^()]*))?\)")
+# A parameter named in a message: %(name), or %(name=value) (%(engine=ray), %(resume=True), %(keypoints=('kp',))).
+_PARAM = re.compile(r"%\((\w+)(?:=((?:[^()]|\([^()]*\))*))?\)")
 
 
 class FastdataError(Exception):

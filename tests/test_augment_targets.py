@@ -218,6 +218,21 @@ def test_points_pushed_out_of_the_frame_become_invisible_not_clamped():
             {"image": torch.zeros(1, 1, 4, 4), "kp": kp}, gen(), "image")
 
 
+def test_ragged_keypoints_keep_their_zero_padding():
+    # keypoints of categories with different K (MP-100 style) come padded with keypoints_lengths: the padding
+    # rows are not points, so no op may move them (a flip made them (W - 1, 0)); the real rows move as without it
+    kp = torch.tensor([[[3.0, 4.0, 2.0], [10.0, 20.0, 1.0], [30.0, 5.0, 2.0]], [[7.0, 8.0, 2.0], [0.0, 0.0, 0.0],
+                                                                             [0.0, 0.0, 0.0]]])
+    lengths = torch.tensor([3, 1])
+    for chain in [(HorizontalFlip(1.0),), (Resize((20, 50)), RandomAffine(30, (0.1, 0.1)))]:
+        aug = Augment(chain, targets={"kp": Keypoints(visibility=2)})
+        out = aug.run({"image": torch.zeros(2, 1, 40, 40), "kp": kp, "kp_lengths": lengths}, gen(), "image")
+        plain = aug.run({"image": torch.zeros(2, 1, 40, 40), "kp": kp}, gen(), "image")["kp"]
+        assert torch.equal(out["kp"][1, 1:], torch.zeros(2, 3)), out["kp"][1]
+        assert torch.equal(out["kp"][0], plain[0]) and torch.equal(out["kp"][1, 0], plain[1, 0])
+        assert torch.equal(out["kp_lengths"], lengths)
+
+
 @pytest.mark.parametrize("layout", ["HW", "HWC", "CHW"])
 def test_masks_keep_only_their_labels_and_move_with_the_image(layout):
     b, h, w = 16, 40, 48

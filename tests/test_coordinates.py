@@ -104,8 +104,9 @@ def test_a_coordinate_column_found_by_its_values(tmp_path):
         del r["boxes"]
     (tmp_path / "src" / "ann.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = ConvertConfig(images=ImageOptions(images="raw", max_side=64))
+    # from Python the advice is ConvertConfig's own form, a tuple (keypoints=centre was refused as a str)
     with pytest.raises(DataError, match=r"column 'centre' looks like pixel coordinates \(its 2 values per row lie "
-                                        r"inside each image\).*not_coordinates=centre"):
+                                        r"inside each image\).*keypoints=\('centre',\) or not_coordinates=\('centre',\)$"):
         fastdata.convert(tmp_path / "src", tmp_path / "ds", cfg, meta=tmp_path / "src" / "ann.jsonl")
     cfg = ConvertConfig(images=ImageOptions(images="raw", max_side=64), keypoints=("centre",))
     fastdata.convert(tmp_path / "src", tmp_path / "ds", cfg, meta=tmp_path / "src" / "ann.jsonl")
@@ -182,7 +183,9 @@ def test_python_objects_resized_keep_their_coordinates(tmp_path):
 def test_python_objects_resized_refuse_undeclared_coordinates(tmp_path):
     ds = _Poses("landmarks")
     resize = ImageOptions(images="raw", size=(64, 96))
-    with pytest.raises(DataError, match="'landmarks' looks like pixel coordinates"):
+    # the advice reads as ConvertConfig's arguments (it printed the raw template '%(keypoints=('landmarks',))')
+    with pytest.raises(DataError, match=r"'landmarks' looks like pixel coordinates .*: keypoints=\('landmarks',\) or "
+                                        r"not_coordinates=\('landmarks',\)$"):
         fastdata.convert(ds, tmp_path / "a", ConvertConfig(images=resize, boxes=("boxes",)))
     assert not (tmp_path / "a" / "manifest.json").exists()
     fastdata.convert(ds, tmp_path / "b", ConvertConfig(images=resize, boxes=("boxes",), not_coordinates=("landmarks",)))

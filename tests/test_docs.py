@@ -71,3 +71,17 @@ def test_where_to_add_things_names_files_and_names_that_exist():
         elif name and not re.search(rf"^\s*(class|def) {name}\b|^{name}\b\s*[:=]", path.read_text(), re.M):
             missing.append(f"{rel}::{name}")
     assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+
+
+def test_the_documented_custom_hooks_run_on_the_batchs_device():
+    """Custom hooks get the batch's values on its device (the GPU): a hook that builds a CPU tensor of several
+    values (``* torch.tensor([-1.0, 1.0, -1.0])``, once in docs/augment.md) fails there. Each documented hook runs
+    here on the meta device, which refuses CPU tensors of several values as CUDA does."""
+    import torch
+
+    hooks = re.findall(r"Custom\(on_hflip=(lambda [^\n]*?)\)(?:,|\n|\})", (ROOT / "docs" / "augment.md").read_text())
+    assert hooks
+    for hook in hooks:
+        fn = eval(hook, {"torch": torch})
+        values = torch.zeros(2, 3, device="meta")
+        assert fn(values).device.type == "meta", hook

@@ -296,6 +296,27 @@ def test_flip_left_out_when_the_targets_never_mirrored() -> None:
     assert any("HorizontalFlip left out" in n for n in r["notes"])
 
 
+def test_flip_left_out_when_an_element_left_out_of_the_fix_was_negated(tmp_path: Path) -> None:
+    """BIWI-like head pose: angles read from a per-frame .txt (no table), yaw and roll negated on a mirror. The
+    angles are left out of the fix, so its HorizontalFlip would flip images under angles that no longer follow."""
+    from fastdata.measure.doctor.project import account
+
+    samples = []
+    for i in range(4):
+        f = tmp_path / f"{i}_rgb.jpg"
+        f.write_bytes(b"")
+        ang = np.array([10.0 + i, -5.0, 3.0], np.float32)
+        samples.append({"file": str(f), "first": {"f0": np.zeros((3, 8, 8), np.float32), "f1": ang},
+                        "again": {"f1": ang * np.array([-1, 1, -1], np.float32) if i % 2 else ang}})
+    acc = account(samples, [])
+    assert acc["fields"]["f1"]["role"] == "left out" and acc["fields"]["f1"]["negated"]
+    r = _report(acc, 3.0, {"f0": [3, 8, 8]}, ["HorizontalFlip", "Normalize"], {".jpg": 8})
+    assert "HorizontalFlip" not in r["fix"][2] and "Normalize(IMAGENET_MEAN, IMAGENET_STD)" in r["fix"][2]
+    assert any("HorizontalFlip left out: the script negates f1 on a mirror" in n for n in r["notes"])
+    samples[1]["again"]["f1"] = samples[1]["first"]["f1"] + 1  # changed by other random work, not negated
+    assert not account([samples[0], samples[1]], [])["fields"]["f1"]["negated"]
+
+
 def test_views_labels_and_episodes_in_the_fix() -> None:
     views = {"data": "f0", "views": 2, "tables": {},
              "fields": {"f0": {"role": "data", "shape": [3, 32, 32]}, "f1": {"role": "view", "of": "f0"}}}
@@ -328,29 +349,38 @@ def test_no_fix_below_the_threshold(tmp_path: Path) -> None:
 def test_account_of_samples_from_a_table(tmp_path: Path) -> None:
     """Targets found by value in the table the script read: columns stacked into a vector, angles negated
     by a mirror, coordinates shifted, mirrored and swapped; the rest named as left out."""
-    from fastdata.measure.doctor.project import account
+    from fastdata.measure.doctor.project import account, lines
 
     rng = np.random.default_rng(0)
-    rows, samples = ["path,yaw,pitch,roll,kp"], []
+    rows, samples = ["path,yaw,pitch,roll,kp,pts"], []
     for i in range(6):
         f = tmp_path / f"{i}.npy"
         np.save(f, np.zeros(2))
         ang = rng.uniform(-50, 50, 3).round(3)
         kp = rng.uniform(0, 30, (4, 2)).round(2)
-        rows.append(f'{i}.npy,{ang[0]},{ang[1]},{ang[2]},"{json.dumps(kp.tolist())}"')
+        pts = np.concatenate([kp, rng.integers(0, 3, (4, 1))], 1)  # x, y, visibility (CAPE's COCO keypoints)
+        rows.append(f'{i}.npy,{ang[0]},{ang[1]},{ang[2]},"{json.dumps(kp.tolist())}","{json.dumps(pts.tolist())}"')
         flipped = ang * [-1, 1, -1]
         mirrored = np.stack([40 - kp[:, 0], kp[:, 1] - 2], 1)[[1, 0, 2, 3]]
         samples.append({"file": str(f), "first": {"f0": np.zeros((8, 8), np.float32), "f1": ang.astype(np.float32),
-                                                  "f2": (kp - [3, 2]).astype(np.float32), "f3": np.float32(7.5)},
+                                                  "f2": (kp - [3, 2]).astype(np.float32), "f3": np.float32(7.5),
+                                                  "f4": pts[:, 2].astype(np.float32)},
                         "again": {"f1": flipped.astype(np.float32), "f2": mirrored.astype(np.float32)}})
     (tmp_path / "meta.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "order.csv").write_text("score\n7.5\n")  # rows by position: nothing names the files
-    acc = account(samples, [str(tmp_path / "meta.csv"), str(tmp_path / "order.csv")])
+    # COCO keypoints (what CAPE's MP-100 ships): not a table at all, so adding a 'path' column is not the advice
+    (tmp_path / "coco.json").write_text(json.dumps({"images": [{"id": 1, "file_name": "0.npy"}], "annotations": []}))
+    acc = account(samples, [str(tmp_path / "meta.csv"), str(tmp_path / "order.csv"), str(tmp_path / "coco.json")])
     f = acc["fields"]
     assert f["f0"]["role"] == "data"
     assert f["f1"]["columns"] == ["yaw", "pitch", "roll"] and f["f1"]["signs"] == [-1, 1, -1] and f["f1"]["kind"] == "angles"
     assert f["f2"]["kind"] == "keypoints" and f["f2"]["mirrored"] and f["f2"]["flip_pairs"] == [(0, 1)]
     assert f["f3"]["role"] == "left out" and "order.csv: no column names the sample files" in f["f3"]["why"]
+    assert "coco.json: not read as a table (DataError: " in f["f3"]["why"] and "entry 'images' is a list" in f["f3"]["why"]
+    assert "coco.json: no column" not in f["f3"]["why"]
+    # the visibility flags the script split off its (K, 3) keypoints are that column's last position, not left out
+    assert f["f4"]["role"] == "table" and f["f4"]["columns"] == ["pts"] and f["f4"]["part"] == 2
+    assert "f4: pts[..., 2] of meta.csv (values) -> pts[..., 2]" in lines(acc, False)
     assert acc["tables"][str(tmp_path / "meta.csv")]["root"] == str(tmp_path)
 
 

@@ -114,6 +114,12 @@ def test_the_shuffle_sizes_gone_from_loaderconfig_name_the_mode_to_pass():
         LoaderConfig(shard_window=3)
 
 
+def test_pin_memory_with_worker_processes_is_refused_not_dropped(ds_path):
+    # the processes' shared-memory ring is not page-locked: an explicit pin_memory=True was silently not honoured
+    with pytest.raises(UsageError, match=r"pin_memory=True\) cannot be honoured with mode='processes'"):
+        fastdata.loader(ds_path, 8, device="cpu", num_workers=2, config=LoaderConfig(mode="processes", pin_memory=True))
+
+
 def test_resume_state_must_match(ds_path):
     ld = fastdata.loader(ds_path, 8, device="cpu")
     state = ld.state_dict()

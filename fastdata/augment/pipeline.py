@@ -226,6 +226,8 @@ class _Targets:
             elif isinstance(t, Mask):
                 kind, _ = self.layout[name]
                 batch[name] = v[:, 0] if kind == "HW" else v.permute(0, 2, 3, 1) if kind == "HWC" else v
+            elif isinstance(t, Keypoints) and name + LENGTHS_SUFFIX in batch:  # ragged: the padding rows stay as read
+                batch[name] = torch.where(Boxes.rows(batch, name).unsqueeze(-1), v, batch[name].to(v.dtype))
             else:
                 batch[name] = v
 

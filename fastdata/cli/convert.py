@@ -4,6 +4,7 @@ calls; the library's errors are reworded with the flags that set its parameters 
 from __future__ import annotations
 
 import argparse
+import ast
 import logging
 import sys
 from typing import Any
@@ -29,6 +30,8 @@ def flag_message(e: FastdataError) -> str:
         if (name, value) in _SPECIAL:
             return _SPECIAL[(name, value)]
         flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+        if value is not None and value.startswith("("):  # a tuple of names (keypoints=('kp',)): the flag takes them
+            value = ",".join(ast.literal_eval(value))    # comma-separated
         return flag if value in (None, "True") else f"{flag} {value}"
 
     return e.said(say)

@@ -177,7 +177,10 @@ class TorchLoader(Loader):
         """The reader (threads or worker processes, started on the first pass) and the device stage."""
         config, device = self.config, self.device
         pin = config.pin_memory if config.pin_memory is not None else device.type == "cuda"
-        if pin and not getattr(torch, "accelerator", torch.cuda).is_available():  # torch.accelerator: torch >= 2.6
+        if config.pin_memory and config.mode == "processes" and self.workers > 0:  # it would be dropped silently
+            raise UsageError("LoaderConfig(pin_memory=True) cannot be honoured with mode='processes': the worker "
+                             "processes' shared-memory ring is not page-locked; use mode='threads' to pin")
+        if config.pin_memory and not getattr(torch, "accelerator", torch.cuda).is_available():  # torch.accelerator: torch >= 2.6
             raise UsageError("LoaderConfig(pin_memory=True) asked for, but there is no GPU here to pin memory for: "
                              "leave pin_memory unset (it pins when the device is CUDA)")
         targets = self.augment.targets if self.augment is not None else {}

@@ -32,6 +32,7 @@ MEASURE_S = 3.0
 _TABLES = tuple(TABLE_SUFFIXES)  # what fastdata convert reads as a table
 _sinks: list[tuple[list[str], bool]] = []  # (paths, tables only)
 _SKIP = (".py", ".pyc", ".so", ".pth")  # imports, not data
+NO_PATH_COLUMN = "no column names the sample files (fastdata convert needs a path column)"
 _lock = threading.Lock()
 _hooked = False
 
@@ -403,6 +404,19 @@ def _values(flat: list[tuple[np.ndarray, dict[str, Any]]], columns: list[str]) -
     return {"columns": picked, "signs": signs}
 
 
+def _part(flat: list[tuple[np.ndarray, dict[str, Any]]], columns: list[str]) -> dict[str, Any] | None:
+    """A field equal to one position of a column's last axis (the visibility flags of (K, 3) keypoints)."""
+    for c in columns:
+        cells = [v for _, row in flat if isinstance(v := row.get(c), np.ndarray) and v.ndim >= 2]
+        if len(cells) != len(flat):
+            continue
+        for j in range(cells[0].shape[-1]):
+            if all(a.shape == v.shape[:-1] and np.array_equal(a.astype(np.float64), v[..., j].astype(np.float64))
+                   for (a, _), v in zip(flat, cells)):
+                return {"columns": [c], "signs": [1], "part": j}
+    return None
+
+
 def _fit(a: np.ndarray, c: np.ndarray) -> dict[str, Any] | None:
     """``a`` (K, 2+) as ``c`` (K, 2+) scaled and shifted per axis, maybe mirrored (x) with points swapped."""
     ax, ay, cx, cy = a[:, 0], a[:, 1], c[:, 0], c[:, 1]
@@ -486,7 +500,7 @@ def account(samples: list[dict[str, Any]], tables: list[str]) -> dict[str, Any]:
             continue
         hit = _index(rows, files)
         if hit is None:
-            out["tables"][t] = {"error": "no column names the sample files (fastdata convert needs a path column)"}
+            out["tables"][t] = {"error": NO_PATH_COLUMN}
         else:
             col, root, picked = hit
             out["tables"][t] = {"path_column": col, "root": root, "used": [], "rows": len(rows),
@@ -551,6 +565,7 @@ def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, li
         if found is None:
             found = _values(flat, columns)
             kind = "angles" if found and -1 in found["signs"] else "values"
+        found = found or _part(flat, columns)
         named = _class_index([s["first"][k] for s in samples], picked, rows, columns) if found is None else None
         if named is not None:  # fastdata convert makes a text column named 'label' class indices (sorted names)
             found, kind = {"columns": [named], "signs": [1]}, "classes"
@@ -559,10 +574,12 @@ def _one(k: str, samples: list[dict[str, Any]], indexed: list[tuple[str, str, li
             return {"role": "table", "table": t, "kind": kind, **found}
     if _folder_label(files, [s["first"][k] for s in samples]):
         return {"role": "folder label"}
-    unkeyed = [os.path.basename(t) for t, v in tables.items() if "error" in v]
+    unkeyed = [f"; {os.path.basename(t)}: " + ("no column names the sample files (add a 'path' column)"
+                                                if v["error"] == NO_PATH_COLUMN else f"not read as a table ({v['error']})")
+               for t, v in tables.items() if "error" in v]  # a table it could not read at all (COCO) says why
     return {"role": "left out", "why": "not in the sample's file, a table the script read, nor its class folder "
-                                       "(computed in __getitem__: compute it from the batch)"
-            + (f"; {', '.join(unkeyed)}: no column names the sample files (add a 'path' column)" if unkeyed else "")}
+                                       "(computed in __getitem__: compute it from the batch)" + "".join(unkeyed),
+            "negated": any(-1 in (_signs([(s["again"][k], s["first"][k])]) or []) for s in samples if k in s["again"])}
 
 
 def _geometry(out: dict[str, Any], samples: list[dict[str, Any]]) -> None:
@@ -659,8 +676,9 @@ def lines(acc: dict[str, Any] | None, images: bool) -> list[str]:
             how = {"keypoints": "coordinates, moved with the image (Keypoints)",
                    "classes": "class names, as indices into their sorted list",
                    "angles": "angles negated on a mirror (Custom)"}.get(f["kind"], "values")
-            where = f"{', '.join(f['columns'])} of {os.path.basename(f['table'])} ({how})"
-            name = " + ".join(f["columns"]) if len(f["columns"]) == 1 else \
+            part = f"[..., {f['part']}]" if "part" in f else ""  # one position of the column's last axis
+            where = f"{', '.join(f['columns'])}{part} of {os.path.basename(f['table'])} ({how})"
+            name = " + ".join(f["columns"]) + part if len(f["columns"]) == 1 else \
                 "torch.stack([" + ", ".join(f"batch[{c!r}]" for c in f["columns"]) + "], 1)"
         out.append(f"{k}: {where} -> {name}")
     return out
@@ -696,7 +714,12 @@ def _augment(proj: dict[str, Any], acc: dict[str, Any] | None) -> tuple[str, lis
     if geo.get("op"):
         h, w = geo["size"]
         ops.insert(0, f"{geo['op']}(({h}, {w}))")
-    if "HorizontalFlip" in ops and targets and not mirrors:
+    negated = [k for k, f in (acc or {}).get("fields", {}).items() if f.get("role") == "left out" and f.get("negated")]
+    if "HorizontalFlip" in ops and negated:  # a flip would leave them unmirrored once the user adds them
+        ops.remove("HorizontalFlip")
+        notes.append(f"HorizontalFlip left out: the script negates {', '.join(negated)} on a mirror, and the fix "
+                     "leaves it out; flip only with it declared as a target (Custom(on_hflip=...), docs/augment.md)")
+    elif "HorizontalFlip" in ops and targets and not mirrors:
         ops.remove("HorizontalFlip")
         notes.append("HorizontalFlip left out: the script's random changes did not mirror its coordinates or angles")
     shape = (proj.get("shapes") or {}).get((acc or {}).get("data", ""), [3])
