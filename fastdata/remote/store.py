@@ -22,7 +22,7 @@ import numpy as np
 from fastdata._units import fmt_bytes
 from fastdata.errors import FastdataError, FormatError, RemoteError, RemoteNotFoundError
 from fastdata.format.backends import backend
-from fastdata.format.interface import ShardReader
+from fastdata.format.interface import ShardReader, ShardReaderBase
 from fastdata.format.keys import KeyTable
 from fastdata.format.manifest import manifest_of, no_manifest_error
 from fastdata.format.spec import KEYS_KIND_FILE, MANIFEST_NAME, FieldSpec, KeysInfo, Manifest, ShardInfo
@@ -177,6 +177,7 @@ class RemoteStore(PerProcessHandle[_Local]):
         impl = backend(self.manifest.backend)
         readers = [impl.ShardReader(self.local_path(i), info, fields) for i, info in enumerate(self.manifest.shards)]
         for r, info in zip(readers, self.manifest.shards):
+            assert isinstance(r, ShardReaderBase)  # (the HDF5 and LMDB readers: a URL dataset is never in place)
             r.shown = f"{self.where(info.file)} (cached copy {r.path}: delete it to download it again)"
         return readers
 
