@@ -239,16 +239,17 @@ COORDINATE_NAME = re.compile(r"key_?points?|landmarks?|(^|[_.-])kps?([_.-]|$)|b_
 
 
 def rescale(a: np.ndarray, kind: str, original: Sequence[int], opts: ImageOptions) -> np.ndarray:
-    """``a``'s pixel coordinates (``kind`` keypoints or boxes) in the image of upright size
-    ``original`` (H, W) moved to the stored image: ``x * new_w / old_w - left``, ``y * new_h / old_h - top``."""
+    """``a``'s pixel coordinates (``kind`` keypoints or boxes) in the image of upright size ``original`` (H, W)
+    moved to the stored image as the loader's Keypoints and Boxes move them (docs/augment.md): a keypoint is a pixel
+    index, ``(x + 0.5) * new_w / old_w - 0.5 - left``; a box's edges are ``x * new_w / old_w - left``."""
     h, w = int(original[0]), int(original[1])
     plan = resize_plan(w, h, opts)
     sx, sy = plan.scaled[0] / w, plan.scaled[1] / h
+    half = 0.0 if kind == "boxes" else 0.5  # a keypoint is a pixel's centre, a box edge lies between pixels
     out = np.array(a, dtype=np.float64)
-    xs = [0, 2] if kind == "boxes" else [0]
-    for c in xs:
-        out[..., c] = out[..., c] * sx - plan.left
-        out[..., c + 1] = out[..., c + 1] * sy - plan.top
+    for c in [0, 2] if kind == "boxes" else [0]:
+        out[..., c] = (out[..., c] + half) * sx - half - plan.left
+        out[..., c + 1] = (out[..., c + 1] + half) * sy - half - plan.top
     return out.astype(FLOAT_DTYPE)
 
 

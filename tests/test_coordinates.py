@@ -37,7 +37,8 @@ def _source(root: Path, keypoints: bool = True) -> list[dict]:
 
 
 def _theirs(a: np.ndarray, h: int, w: int, size: tuple[int, int] | None, max_side: int | None, box: bool) -> np.ndarray:
-    """What a user's own rescaling gives: x * new_w / old_w, y * new_h / old_h (minus the centre crop)."""
+    """What a user's own rescaling gives (minus the centre crop): a box edge x * new_w / old_w, a keypoint (a pixel
+    index) (x + 0.5) * new_w / old_w - 0.5; y the same with the heights."""
     if size is not None:
         th, tw = size
         s = max(th / h, tw / w)
@@ -47,9 +48,10 @@ def _theirs(a: np.ndarray, h: int, w: int, size: tuple[int, int] | None, max_sid
         s = min(1.0, max_side / max(h, w))
         nw, nh, left, top = max(1, round(w * s)), max(1, round(h * s)), 0, 0
     out = np.array(a, dtype=np.float64)
+    half = 0.0 if box else 0.5
     for c in ((0, 2) if box else (0,)):
-        out[:, c] = out[:, c] * nw / w - left
-        out[:, c + 1] = out[:, c + 1] * nh / h - top
+        out[:, c] = (out[:, c] + half) * nw / w - half - left
+        out[:, c + 1] = (out[:, c + 1] + half) * nh / h - half - top
     return out
 
 
@@ -68,10 +70,37 @@ def test_resized_keypoints_and_boxes_match_a_users_own_rescaling(tmp_path, size,
             assert s["image"].shape[:2] == size
         kp = np.asarray(row["keypoints"])
         got = np.asarray(s["keypoints"])
-        assert np.abs(got[:, :2] - _theirs(kp, h, w, size, max_side, False)[:, :2]).max() < 0.5
+        assert np.abs(got[:, :2] - _theirs(kp, h, w, size, max_side, False)[:, :2]).max() < 1e-3
         assert got[:, 2].tolist() == kp[:, 2].tolist()  # visibility untouched
         boxes = np.asarray(s["boxes"])[: len(row["boxes"])]
-        assert np.abs(boxes - _theirs(np.asarray(row["boxes"]), h, w, size, max_side, True)).max() < 0.5
+        assert np.abs(boxes - _theirs(np.asarray(row["boxes"]), h, w, size, max_side, True)).max() < 1e-3
+
+
+def test_a_resized_keypoint_stays_on_its_pixel_as_the_loaders_resize_moves_it(tmp_path):
+    """A keypoint is a pixel index (docs/augment.md): one at the centre of a 4x4 white block stays at the block's
+    centre when --size shrinks the image 4 times, and where the loader's Resize of the same image puts it. The
+    conversion scaled x * s (a 0.375 px shift here), the loader (x + 0.5) * s - 0.5."""
+    from PIL import Image
+
+    from fastdata.augment import Augment, Resize
+    from fastdata.augment.targets import Keypoints
+
+    (tmp_path / "src").mkdir()
+    a = np.zeros((64, 96, 3), np.uint8)
+    a[20:24, 40:44] = 255  # pixel-index centre (41.5, 21.5)
+    Image.fromarray(a).save(tmp_path / "src" / "im.png")
+    (tmp_path / "src" / "ann.jsonl").write_text(json.dumps({"path": "im.png", "keypoints": [[41.5, 21.5, 2.0]]}) + "\n")
+    meta = tmp_path / "src" / "ann.jsonl"
+    cfg = ConvertConfig(images=ImageOptions(images="raw", size=(16, 24)), keypoints=("keypoints",))
+    fastdata.convert(tmp_path / "src", tmp_path / "small", cfg, meta=meta)
+    s = fastdata.open(tmp_path / "small")[0]
+    ys, xs = np.nonzero(s["image"][..., 0] > 128)
+    assert (xs.mean(), ys.mean()) == (10.0, 5.0)  # the block's centre in the stored image
+    assert np.asarray(s["keypoints"])[0, :2].tolist() == [10.0, 5.0]
+    fastdata.convert(tmp_path / "src", tmp_path / "full", ConvertConfig(images=ImageOptions(images="raw")), meta=meta)
+    aug = Augment([Resize((16, 24))], targets={"keypoints": Keypoints()})
+    batch = next(iter(fastdata.loader(tmp_path / "full", 1, device="cpu", augment=aug)))
+    assert batch["keypoints"][0, 0, :2].tolist() == [10.0, 5.0]
 
 
 def test_an_undeclared_coordinate_column_is_refused_only_when_resizing(tmp_path, run_cli):
