@@ -109,7 +109,7 @@ class Labels:
 
     by_path: dict[str, Any] | None = None  # None: the dataset has no labels
     classes: list[str] | None = None
-    kind: str = "none"  # "folders" | "file" | "none"
+    kind: str = "none"  # "folders" | "file" | "none" (a table's 'label' column: "table", TableSource.describe)
     dtype: np.dtype = LABEL_DTYPE
     shape: tuple[int, ...] = ()
     file: Path | None = None  # the labels file they came from

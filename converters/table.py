@@ -272,8 +272,9 @@ class TableSource:
         return list(self.main.rels)
 
     def describe(self) -> dict[str, Any]:
+        labelled = any(f.name == LABEL_FIELD for f in self.cols.fields)  # the table's 'label' column
         return {**self.main.describe(), "kind": self.kind, "table": os.path.abspath(self.table_path),
-                "skipped": len(self.skipped)}
+                "skipped": len(self.skipped), **({"labels": "table"} if labelled else {})}
 
 
 def scan_table(table_path: Path, root: Path, config: "ConvertConfig", check_unlisted: bool,

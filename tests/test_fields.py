@@ -410,6 +410,21 @@ def test_info_shows_string_fields_and_keys(tmp_path, run_cli):
     assert code == 0 and "name         str" in out and "keys      relative source paths (keys.bin" in out
 
 
+def test_info_says_the_labels_came_from_the_table(tmp_path, run_cli):
+    """A table's 'label' column labels the dataset: ``fastdata info`` said ``labels=none`` beside its classes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        np.save(src / f"s{i}.npy", np.full((2,), i, np.float32))
+    _csv(src / "meta.csv", [{"path": f"s{i}.npy", "label": "ab"[i % 2]} for i in range(4)])
+    fastdata.convert(src, tmp_path / "ds", meta=src / "meta.csv")
+    code, out, _ = run_cli("info", tmp_path / "ds")
+    assert code == 0 and "classes   2: 0=a, 1=b" in out and "kind=table, path=" in out and "labels=table," in out
+    _csv(src / "meta.csv", [{"path": f"s{i}.npy", "weight": i} for i in range(4)])
+    fastdata.convert(src, tmp_path / "ds2", meta=src / "meta.csv")
+    assert "labels=none," in run_cli("info", tmp_path / "ds2")[1]
+
+
 def test_table_conversion_resumes_exactly_and_notices_a_changed_table(tmp_path):
     from crashkit import cli, kill, same_dataset, start_paused
 
