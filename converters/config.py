@@ -35,8 +35,8 @@ class ImageOptions:
         if self.size is not None and self.max_side is not None:
             raise UsageError("%(size) and %(max_side) contradict each other; give one")
         if self.images == "encoded" and (self.size is not None or self.max_side is not None):
-            raise UsageError("%(images=encoded) keeps the original files; %(size) and %(max_side) need %(images=raw) or "
-                             "%(images=jpeg)")
+            raise UsageError("%(images=encoded) keeps the original files; %(size) and %(max_side) resize images and "
+                             "need %(images=raw) or %(images=jpeg) (a source without images takes no image options)")
         if self.quality is not None:
             if self.images == "raw":
                 raise UsageError("%(quality) applies to %(images=jpeg) or %(images=encoded), not raw")

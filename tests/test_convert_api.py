@@ -49,7 +49,9 @@ def test_convert_config_is_frozen_and_checked():
     (lambda: fastdata.WriteOptions(shard_size=0), "shard_size must be positive"),
     (lambda: fastdata.WriteOptions(workers=0), "workers must be at least 1"),
     (lambda: fastdata.WriteOptions(ray_address="x:1"), "ray_address applies to engine=ray only"),
-    (lambda: fastdata.ImageOptions(images="encoded", size=(8, 8)), "images=encoded keeps the original files"),
+    (lambda: fastdata.ImageOptions(images="encoded", size=(8, 8)),
+     r"images=encoded keeps the original files; size and max_side resize images and need images=raw or images=jpeg "
+     r"\(a source without images takes no image options\)"),
 ])
 def test_library_errors_name_parameters_and_are_value_errors(make, message):
     with pytest.raises(ValueError, match=message) as e:
