@@ -462,6 +462,13 @@ def test_noise_and_normalize(big_ramps):
     assert torch.allclose(z, ref, atol=1e-5)
 
 
+def test_a_chain_that_starts_with_color_jitter_on_jpegs_runs_as_on_the_torch_backend(jpegs):
+    # A colour op first on encoded images (nothing to decode as a window) used to fail inside DALI's graph
+    # with AttributeError: '_Jitter' object has no attribute 'region'.
+    aug = [ColorJitter(0.3, 0.3, 0.3, 0.1), HorizontalFlip()]
+    assert_same_batches(*both(jpegs, 8, seed=1, augment=aug), image_tol=(1.0, 16.0))
+
+
 def test_augmentation_is_a_function_of_seed_epoch_and_batch(jpegs):
     aug = [RandomResizedCrop(12), HorizontalFlip(), ColorJitter(0.3, 0.3, 0.3, 0.1)]
     a = [b["image"] for b in fastdata.loader(jpegs, 8, seed=2, device="cpu", backend="dali", augment=aug)]

@@ -209,7 +209,7 @@ class _Jitter(Step):
     3x3 colour matrices, contrast against the image's mean luma on the device."""
 
     def __init__(self, op: ColorJitter) -> None:
-        self.op = op
+        super().__init__(op)
         self.parts = [k for k in ("brightness", "contrast", "saturation", "hue") if getattr(op, k)]
         self.params = tuple(_F32 for _ in self.parts)
 
