@@ -142,3 +142,12 @@ def test_tune_cli_json_gives_null_when_the_winner_is_not_stored(run_cli, monkeyp
         monkeypatch.setattr(tune, "tune", lambda *a, res=res, **k: res)
         code, out, _ = run_cli("tune", "ds", "--json", "--no-store")
         assert code == 0 and json.loads(out)["stored_at"] == where
+
+
+@pytest.mark.parametrize("args", [("bench", "--batches", "0"), ("bench", "--batches", "-1"), ("bench", "--prefetch", "0"),
+                                  ("tune", "--batch-sizes", "x"), ("tune", "--batch-sizes", "32,")])
+def test_numbers_bench_and_tune_cannot_honour_are_usage_errors_before_measuring(small_ds, run_cli, args):
+    # --batches 0 ended in an IndexError deep in numpy after the measurement, --prefetch 0 silently measured
+    # the default prefetch, --batch-sizes x a ValueError traceback
+    code, out, err = run_cli(args[0], small_ds, *args[1:])
+    assert code == 2 and out == "" and f"argument {args[1]}: " in err and "Traceback" not in err

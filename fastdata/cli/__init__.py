@@ -54,6 +54,8 @@ def _seconds(text: str) -> float:
 
 
 positive = _checked(int, lambda v: v >= 1, "must be a positive integer")
+positives = _checked(lambda t: [int(x) for x in t.split(",")], lambda v: all(x >= 1 for x in v),
+                     "expected positive integers separated by commas, e.g. 32,64,128")
 duration = _checked(_seconds, lambda v: 0 < v < float("inf"), "expected a duration like 30s or 2m")  # 30, 30s, 2m
 workers = _checked(lambda t: t if t == "auto" else int(t), lambda v: v == "auto" or v >= 0,
                    "expected 'auto' or an integer >= 0")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from fastdata._units import fmt_bytes
-from fastdata.cli import Bar, duration, with_bar, workers
+from fastdata.cli import Bar, duration, positive, positives, with_bar, workers
 from fastdata.errors import UsageError
 from fastdata.reading.dataset import Dataset
 from fastdata.reading.readahead import drop_page_cache, supported
@@ -33,11 +33,11 @@ def add_parsers(sub: Any) -> None:
                    help="reader threads, or 'auto' (tuned settings if stored, default otherwise)")
     b.add_argument("--mode", choices=["threads", "processes"], default=None,
                    help="read with threads or worker processes (default: tuned or threads)")
-    b.add_argument("--prefetch", type=int, default=None, metavar="N", help="batches read ahead")
+    b.add_argument("--prefetch", type=positive, default=None, metavar="N", help="batches read ahead")
     b.add_argument("--augment", choices=["none", "flip", "imagenet"], default="none",
                    help="augmentation on the device: none, flip (+noise), imagenet (crop, flip, jitter, normalise)")
     b.add_argument("--seconds", type=duration, default=10.0, metavar="T", help="how long to measure (default: 10s)")
-    b.add_argument("--batches", type=int, default=None, metavar="N", help="stop after N batches instead")
+    b.add_argument("--batches", type=positive, default=None, metavar="N", help="stop after N batches instead")
     b.add_argument("--naive", metavar="SRC", help="also measure the naive per-file loader over this .npy folder")
     b.add_argument("--no-ceiling", action="store_true", help="skip measuring the machine's ceiling")
     b.add_argument("--subset", metavar="KEYS.txt",
@@ -52,7 +52,7 @@ def add_parsers(sub: Any) -> None:
                                    "within a time budget; store the winner in the user's cache directory.")
     t.add_argument("dst", metavar="PATH", help="dataset folder")
     t.add_argument("--budget", type=duration, default=60.0, metavar="T", help="time budget, e.g. 60s or 2m")
-    t.add_argument("--batch-sizes", metavar="N,N,...", help="also search these batch sizes")
+    t.add_argument("--batch-sizes", type=positives, metavar="N,N,...", help="also search these batch sizes")
     t.add_argument("--transform", metavar="MODULE:FUNCTION",
                    help="race with this transform in every trial (transform= of fastdata.loader); worker processes "
                         "are raced only then")
@@ -214,12 +214,10 @@ def _print_bench(results: list[BenchResult], ratio: dict[str, float | None], cei
 def run_tune(args: argparse.Namespace) -> int:
     from fastdata.measure.tune import tune
 
-    sizes = [int(x) for x in args.batch_sizes.split(",")] if args.batch_sizes else None
-
     def show(s: dict[str, Any], r: Any, rnd: int) -> None:
         print(f"  round {rnd}: {r.name:<46} {r.samples_per_s:>10.0f} samples/s", file=sys.stderr, flush=True)
 
-    res = tune(args.dst, batch_size=args.batch_size, budget_s=args.budget, device=args.device, batch_sizes=sizes,
+    res = tune(args.dst, batch_size=args.batch_size, budget_s=args.budget, device=args.device, batch_sizes=args.batch_sizes,
                store=not args.no_store, on_trial=None if args.json else show,
                transform=_import_function(args.transform) if args.transform else None)
     # each setting's rate in its last round (the table is in round order, so later trials overwrite)
