@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 import fastdata
@@ -38,3 +39,17 @@ def test_bench_naive_on_ragged_and_mixed_size_npy(tmp_path, run_cli):
     assert "stack expects" not in err
     names = [r["name"] for r in json.loads(out)["results"]]
     assert "naive per-file loader" in names
+
+
+def test_bench_naive_on_a_folder_without_npy_files_is_one_line_before_measuring(tmp_path, run_cli, monkeypatch):
+    # was a torch traceback (RandomSampler: num_samples=0) after the whole measurement of fastdata.loader
+    from fastdata.measure import bench
+
+    np.save(tmp_path / "x.npy", np.zeros((4, 3), np.float32))
+    fastdata.convert(tmp_path / "x.npy", tmp_path / "ds")
+    (tmp_path / "jpegs").mkdir()
+    (tmp_path / "jpegs" / "a.jpg").write_bytes(b"not a .npy")
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("measured before checking --naive"))
+    for src in (tmp_path / "jpegs", tmp_path / "missing"):
+        code, out, err = run_cli("bench", tmp_path / "ds", "--naive", src, "--batches", "2", "--no-ceiling")
+        assert code == 2 and out == "" and err == f"fastdata: error: {src}: no .npy files here: the naive loader reads a folder of per-sample .npy files\n"

@@ -161,6 +161,7 @@ def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float,
     from fastdata.demo import naive_loader
     from fastdata.measure.bench import measure_ceiling
 
+    naive = naive_loader(args.naive, args.batch_size, workers=2) if args.naive else None  # a bad folder: before measuring
     ld = bench_loader(args, ds, augment=_augment(args.augment))
     settings = {"mode": ld.config.mode, "workers": getattr(ld, "workers", None), "prefetch": ld.config.prefetch,
                 "batch_size": args.batch_size, "device": str(ld.device), "augment": args.augment}
@@ -174,8 +175,7 @@ def _bench_results(args: argparse.Namespace, ds: Dataset, bps: float,
         threads = max(1, int(settings["workers"] or 0))
         results.append(measure_ceiling(ds, args.batch_size, threads=threads, max_seconds=min(3.0, args.seconds),
                                        bytes_per_sample=bps))
-    if args.naive:
-        naive = naive_loader(args.naive, args.batch_size, workers=2)
+    if naive is not None:
         results.append(_measure_live(args, "naive per-file loader", naive, bps, {"workers": 2}, "naive"))
     return results, settings
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fastdata._units import fmt_bytes
+from fastdata.errors import UsageError
 
 if TYPE_CHECKING:
     from fastdata.measure.bench import BenchResult
@@ -45,6 +46,8 @@ class NaiveNpyFolder(torch.utils.data.Dataset):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.files = sorted(Path(root).rglob("*.npy"))
+        if not self.files:
+            raise UsageError(f"{root}: no .npy files here: the naive loader reads a folder of per-sample .npy files")
         classes = sorted({f.parent.name for f in self.files})
         self.labels = [classes.index(f.parent.name) for f in self.files]
 
