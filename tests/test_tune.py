@@ -151,3 +151,22 @@ def test_numbers_bench_and_tune_cannot_honour_are_usage_errors_before_measuring(
     # the default prefetch, --batch-sizes x a ValueError traceback
     code, out, err = run_cli(args[0], small_ds, *args[1:])
     assert code == 2 and out == "" and f"argument {args[1]}: " in err and "Traceback" not in err
+
+
+def double(batch, rng):  # a transform for --transform test_tune:double
+    return batch
+
+
+def test_the_loader_call_tune_prints_finds_the_stored_winner(small_ds, run_cli, caplog, monkeypatch):
+    # tune printed "fastdata.loader(num_workers='auto') uses it" whatever the winner's batch size and transform:
+    # a loader made as printed (the user's own batch size, no transform) silently got the default settings
+    code, out, _ = run_cli("tune", small_ds, "--budget", "2s", "--batch-size", "32", "--batch-sizes", "16")
+    call = out.split("(fastdata.loader(", 1)[1].rsplit(") uses it)", 1)[0]
+    assert code == 0 and call == f"{str(small_ds)!r}, 16, device='cpu', num_workers='auto'"
+    with caplog.at_level(logging.INFO, logger="fastdata.loader"):
+        ld = eval(f"fastdata.loader({call})")
+    assert "using tuned settings" in caplog.text and ld.batch_size == 16
+    won = {"mode": "processes", "num_workers": 2, "prefetch": 4, "batch_size": 8}
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: tune.TuneResult(winner=won, rate=5.0, stored_at=Path("/c/t.json")))
+    code, out, _ = run_cli("tune", "ds", "--transform", "test_tune:double", "--device", "cuda")
+    assert code == 0 and "(fastdata.loader('ds', 8, device='cuda', num_workers='auto', transform=test_tune.double) uses it)" in out

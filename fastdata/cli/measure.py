@@ -233,9 +233,17 @@ def run_tune(args: argparse.Namespace) -> int:
     for s, rate, rnd in rows:
         print(f"{s['mode']:<10}{s['num_workers']:>8}{s['prefetch']:>9}{s['batch_size']:>7}{rate:>11.0f}{rnd:>11}")
     print(f"winner: {res.winner} at {res.rate:.0f} samples/s"
-          + (f"; stored in {res.stored_at} (fastdata.loader(num_workers='auto') uses it)" if res.stored_at else ""))
+          + (f"; stored in {res.stored_at} ({_tuned_call(args, res.winner)} uses it)" if res.stored_at else ""))
     print(f"why: {res.reason}")
     return 0
+
+
+def _tuned_call(args: argparse.Namespace, winner: dict[str, Any]) -> str:
+    """The loader call that finds the stored winner: its key is the dataset, the batch size, the device and the
+    transform, so a call without any of them gets the default settings."""
+    transform = f", transform={args.transform.replace(':', '.')}" if args.transform else ""
+    return (f"fastdata.loader({str(args.dst)!r}, {winner['batch_size']}, device={args.device!r}, num_workers='auto'"
+            f"{transform})")
 
 
 def _import_function(spec: str) -> Any:
