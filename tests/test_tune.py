@@ -170,3 +170,16 @@ def test_the_loader_call_tune_prints_finds_the_stored_winner(small_ds, run_cli, 
     monkeypatch.setattr(tune, "tune", lambda *a, **k: tune.TuneResult(winner=won, rate=5.0, stored_at=Path("/c/t.json")))
     code, out, _ = run_cli("tune", "ds", "--transform", "test_tune:double", "--device", "cuda")
     assert code == 0 and "(fastdata.loader('ds', 8, device='cuda', num_workers='auto', transform=test_tune.double) uses it)" in out
+
+
+def test_auto_with_a_config_of_ones_own_takes_the_tuned_mode_and_prefetch_it_leaves_at_defaults(small_ds, caplog):
+    # a LoaderConfig(channels_last=False) dropped the tuned mode and prefetch (threads, 4) while the log said
+    # "using tuned settings {'mode': 'processes', ..., 'prefetch': 8}"
+    ds = fastdata.open(small_ds)
+    tune.store_tuned(ds, 8, "cpu", {"mode": "processes", "num_workers": 2, "prefetch": 8, "batch_size": 8}, 1.0)
+    with caplog.at_level(logging.INFO, logger="fastdata.loader"):
+        ld = fastdata.loader(ds, 8, device="cpu", num_workers="auto", config=fastdata.LoaderConfig(channels_last=False))
+    assert (ld.workers, ld.config.mode, ld.config.prefetch, ld.config.channels_last) == (2, "processes", 8, False)
+    assert "mode='processes', prefetch=8" in caplog.text
+    mine = fastdata.loader(ds, 8, device="cpu", num_workers="auto", config=fastdata.LoaderConfig(prefetch=2))
+    assert (mine.config.mode, mine.config.prefetch) == ("processes", 2)  # what the user set stays

@@ -3,6 +3,7 @@ the DALI backend (the shared plan, epochs, resume and stats: base.py; semantics:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any, Literal, Sequence
@@ -35,9 +36,13 @@ def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size
         workers = min(4, usable_cpus())
         log.info("num_workers='auto': %d reader threads (default; run `fastdata tune` to measure better ones)", workers)
         return workers, config or LoaderConfig()
-    log.info("num_workers='auto': using tuned settings %s (from fastdata tune)", tuned)
     kept = {k: tuned[k] for k in ("mode", "prefetch") if k in tuned}  # the rest keeps LoaderConfig's defaults
-    return int(tuned["num_workers"]), config or LoaderConfig(**kept)
+    if config is not None:  # a config of the user's keeps the mode and prefetch it changed from the defaults
+        kept = {k: v for k, v in kept.items() if getattr(config, k) == getattr(LoaderConfig(), k)}
+    config = dataclasses.replace(config or LoaderConfig(), **kept)
+    log.info("num_workers='auto': using tuned settings %s (from fastdata tune): %d workers, mode=%r, prefetch=%d",
+             tuned, int(tuned["num_workers"]), config.mode, config.prefetch)
+    return int(tuned["num_workers"]), config
 
 def loader(
     source: str | os.PathLike[str] | Dataset,
