@@ -183,3 +183,12 @@ def test_auto_with_a_config_of_ones_own_takes_the_tuned_mode_and_prefetch_it_lea
     assert "mode='processes', prefetch=8" in caplog.text
     mine = fastdata.loader(ds, 8, device="cpu", num_workers="auto", config=fastdata.LoaderConfig(prefetch=2))
     assert (mine.config.mode, mine.config.prefetch) == ("processes", 2)  # what the user set stays
+
+
+def test_tune_with_device_auto_stores_what_the_loader_looks_up(small_ds, caplog):
+    # --device auto (a documented choice) stored the winner under "auto", while the loader looks up the device's
+    # type ("cpu", "cuda"): fastdata.loader(..., num_workers="auto") never found it and took the defaults
+    res = tune.tune(small_ds, batch_size=16, budget_s=1, device="auto")
+    with caplog.at_level(logging.INFO, logger="fastdata.loader"):
+        ld = fastdata.loader(small_ds, 16, device="auto", num_workers="auto")
+    assert "using tuned settings" in caplog.text and ld.workers == res.winner["num_workers"]
