@@ -162,10 +162,11 @@ def test_the_loader_call_tune_prints_finds_the_stored_winner(small_ds, run_cli, 
     # a loader made as printed (the user's own batch size, no transform) silently got the default settings
     code, out, _ = run_cli("tune", small_ds, "--budget", "2s", "--batch-size", "32", "--batch-sizes", "16")
     call = out.split("(fastdata.loader(", 1)[1].rsplit(") uses it)", 1)[0]
-    assert code == 0 and call == f"{str(small_ds)!r}, 16, device='cpu', num_workers='auto'"
+    won = int(call.split(", ")[1])
+    assert code == 0 and call == f"{str(small_ds)!r}, {won}, device='cpu', num_workers='auto'" and won in (16, 32)
     with caplog.at_level(logging.INFO, logger="fastdata.loader"):
         ld = eval(f"fastdata.loader({call})")
-    assert "using tuned settings" in caplog.text and ld.batch_size == 16
+    assert "using tuned settings" in caplog.text and ld.batch_size == won
     won = {"mode": "processes", "num_workers": 2, "prefetch": 4, "batch_size": 8}
     monkeypatch.setattr(tune, "tune", lambda *a, **k: tune.TuneResult(winner=won, rate=5.0, stored_at=Path("/c/t.json")))
     code, out, _ = run_cli("tune", "ds", "--transform", "test_tune:double", "--device", "cuda")
@@ -192,3 +193,16 @@ def test_tune_with_device_auto_stores_what_the_loader_looks_up(small_ds, caplog)
     with caplog.at_level(logging.INFO, logger="fastdata.loader"):
         ld = fastdata.loader(small_ds, 16, device="auto", num_workers="auto")
     assert "using tuned settings" in caplog.text and ld.workers == res.winner["num_workers"]
+
+
+def test_tune_races_batch_size_and_also_the_batch_sizes(small_ds, run_cli, monkeypatch):
+    # --batch-sizes is "also search these batch sizes", but --batch-size 16 --batch-sizes 8,32 raced 8 and 32 only
+    raced = set()
+
+    def fake(ds, s, **kw):  # type: ignore[no-untyped-def]
+        raced.add(s["batch_size"])
+        return bench.BenchResult("t", 1, 1, 1.0, float(s["batch_size"]), 1.0, 1.0, 1.0, 0.0)
+
+    monkeypatch.setattr(tune, "measure_setting", fake)
+    code, out, _ = run_cli("tune", small_ds, "--budget", "1s", "--batch-size", "16", "--batch-sizes", "8,32", "--no-store")
+    assert code == 0 and raced == {8, 16, 32}

@@ -53,12 +53,14 @@ def tune(
     on_trial: Callable[[dict[str, Any], BenchResult, int], None] | None = None,
     transform: Any = None,
 ) -> TuneResult:
-    """Race loader settings on the dataset at ``path`` within ``budget_s`` seconds; store the winner. With
+    """Race loader settings on the dataset at ``path`` within ``budget_s`` seconds, at ``batch_size`` and any
+    ``batch_sizes``; store the winner. With
     ``transform``, every trial runs it, worker processes are raced too, and the winner is stored for it."""
     ds = Dataset(path)
     if len(ds) == 0:
         raise UsageError(f"{path}: the dataset has no samples: nothing to tune")
-    alive = candidates(usable_cpus(), batch_sizes or [batch_size], processes=transform is not None)
+    sizes = sorted({batch_size, *(batch_sizes or ())})  # --batch-sizes: "also search these"
+    alive = candidates(usable_cpus(), sizes, processes=transform is not None)
     deadline = time.perf_counter() + budget_s
     _warm_up(ds, min(batch_size, 64), device, max_seconds=0.15 * budget_s)
     # Halving keeps every round's cost about equal: n candidates x t, n/2 x 2t, ...
