@@ -83,8 +83,9 @@ def tune(
         alive = [s for _, s in scored[: len(scored) // 2]]  # the slower half cannot win
         trial_s *= 2
     rate, winner = scored[0]  # the fastest of the last (longest) round, at its rate there
-    from fastdata.loaders.torch_backend import resolve_device  # keyed as fastdata.loader looks it up: by the
-    kind = resolve_device(device).type  # device's type ("auto" and "cuda:1" resolved)
+    from fastdata.loaders.torch_backend import resolve_device
+
+    kind = resolve_device(device).type  # keyed as fastdata.loader looks it up: "auto" and "cuda:1" resolved
     stored = store_tuned(ds, winner["batch_size"], kind, winner, rate, transform) if store else None
     return TuneResult(winner=winner, rate=rate, table=table, stored_at=stored, reason=_reason(winner, table, transform))
 
