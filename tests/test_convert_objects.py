@@ -445,3 +445,14 @@ def test_an_array_of_too_many_axes_is_refused_naming_its_field_once(tmp_path):
     with pytest.raises(DataError) as e:
         fastdata.convert([{"x": np.zeros((1,) * 33)}] * 2, tmp_path / "ds")
     assert str(e.value).startswith("field 'x': bad shape") and str(e.value).count("'x'") == 1
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_samples_with_no_fields_are_refused_before_anything_is_written(tmp_path, kind):
+    # empty dicts (or only a key) wrote a shard, then the manifest was refused ("no fields"), leaving a DST
+    # with a journal whose --resume advice could only fail again
+    samples = [{"key": f"k{i}"} for i in range(20)]
+    src = samples if kind == "map" else iter(samples)
+    with pytest.raises(DataError, match=r"^sample 0: has no fields to store \(its keys: key\)$"):
+        fastdata.convert(src, tmp_path / "ds", _config())
+    assert not (tmp_path / "ds").exists()
