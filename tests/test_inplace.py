@@ -289,6 +289,18 @@ def test_cli_index_and_verify(tmp_path):
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "d.h5: no dataset '/bad'" in r.stderr
 
 
+def test_index_overwrite_says_what_it_replaces_and_keeps_a_converted_dataset(tmp_path, run_cli):
+    # its --help said "replace an existing fastdata dataset (or index) at DST"; a converted dataset was refused
+    np.save(tmp_path / "x.npy", np.arange(12, dtype=np.float32).reshape(6, 2))
+    fastdata.convert(tmp_path / "x.npy", tmp_path / "ds")
+    before = sorted(p.name for p in (tmp_path / "ds").iterdir())
+    code, _, err = run_cli("index", tmp_path / "x.npy", tmp_path / "ds", "--overwrite")
+    assert code == 2 and "not an index fastdata would replace" in err
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == before
+    code, out, _ = run_cli("index", "--help")
+    assert code == 0 and "replace an existing index at DST" in " ".join(out.split()) and "fastdata dataset" not in out
+
+
 def test_dali_backend_reads_an_index_like_the_torch_backend(tmp_path):
     pytest.importorskip("nvidia.dali")
     rng = np.random.default_rng(2)
