@@ -314,6 +314,15 @@ def test_merge_refuses_other_schemas_formats_and_classes(tmp_path, run_cli):
     assert code == 2 and "inside the source" in err  # DST may never be one of the inputs
 
 
+def test_merge_from_python_refuses_one_path_for_the_list_of_inputs(tmp_path):
+    # merge("a", dst) took the string for a list of one-letter folders and said "/: this is a source folder"
+    a, _ = _dataset(tmp_path, "a", "hdf5")
+    for one in (str(a), a):
+        with pytest.raises(UsageError, match=r"^inputs is one path \('.*a'\); give a list of dataset folders"):
+            fastdata.merge(one, tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
 def test_merge_remap_classes_rewrites_labels(tmp_path, run_cli):
     a, arr_a = _dataset(tmp_path, "a", "lmdb", seed=1)
     b, arr_b = _dataset(tmp_path, "b", "lmdb", classes=("dog", "fox"), per_class=4, seed=2)
