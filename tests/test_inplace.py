@@ -301,6 +301,21 @@ def test_index_overwrite_says_what_it_replaces_and_keeps_a_converted_dataset(tmp
     assert code == 0 and "replace an existing index at DST" in " ".join(out.split()) and "fastdata dataset" not in out
 
 
+def test_index_arguments_from_python_are_refused_in_one_line_before_dst_is_touched(h5index, tmp_path):
+    # a list of paths for fields raised AttributeError ('list' object has no attribute 'items'); a refused field
+    # name left an empty DST, or with overwrite=True removed the old index before the refusal
+    idx, _ = h5index
+    for bad in (["/x"], "/x", {"x": None}):
+        with pytest.raises(UsageError, match=r"^fields is a dict of field name: path in SRC"):
+            fastdata.index(tmp_path / "data.h5", tmp_path / "new", bad)  # type: ignore[arg-type]
+    with pytest.raises(fastdata.errors.FormatError, match="a field is named 'key'"):
+        fastdata.index(tmp_path / "data.h5", tmp_path / "new", {"key": "/grp/y", "x": "/x"})
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(fastdata.errors.FormatError, match="a field is named 'key'"):
+        fastdata.index(tmp_path / "data.h5", idx, {"key": "/grp/y", "x": "/x"}, overwrite=True)
+    assert len(fastdata.open(idx)) == N  # the old index is still there
+
+
 def test_dali_backend_reads_an_index_like_the_torch_backend(tmp_path):
     pytest.importorskip("nvidia.dali")
     rng = np.random.default_rng(2)
