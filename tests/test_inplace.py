@@ -316,6 +316,14 @@ def test_index_arguments_from_python_are_refused_in_one_line_before_dst_is_touch
     assert len(fastdata.open(idx)) == N  # the old index is still there
 
 
+def test_a_bare_field_of_an_hdf5_file_says_to_give_its_path(h5index, tmp_path, run_cli):
+    # --field x (NAME alone, which the help allows: SRC itself for .npy and Zarr) said "no dataset ''"
+    code, _, err = run_cli("index", tmp_path / "data.h5", tmp_path / "new", "--field", "x", "--field", "y=/grp/y")
+    assert code == 2 and err.strip().endswith("data.h5: field 'x' names no dataset; give its path in the HDF5 file, "
+                                              "e.g. --field x=/images")
+    assert not (tmp_path / "new").exists()
+
+
 def test_dali_backend_reads_an_index_like_the_torch_backend(tmp_path):
     pytest.importorskip("nvidia.dali")
     rng = np.random.default_rng(2)

@@ -132,6 +132,10 @@ def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool =
         if fmt == "hdf5":
             raise UsageError(f"{paths[0]}: name the datasets to read, e.g. --field x=/images --field label=/labels")
         fields = {DEFAULT_FIELD: ""}
+    elif fmt == "hdf5" and not all(fields.values()):  # a bare --field NAME: SRC itself, which in HDF5 is no dataset
+        name = next(k for k, v in fields.items() if not v)
+        raise UsageError(f"{paths[0]}: field {name!r} names no dataset; give its path in the HDF5 file, "
+                         f"e.g. --field {name}=/images")
     files: dict[str, int] = {}
     specs: dict[str, FieldSpec] = {}
     parts, shards, units, start = [], [], [], 0
