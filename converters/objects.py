@@ -5,6 +5,7 @@ iterable, read once into a spool file beside the destination. ``fastdata.convert
 from __future__ import annotations
 
 import bisect
+import fcntl
 import itertools
 import os
 import pickle
@@ -551,5 +552,42 @@ def python_source(obj: Any, config: ConvertConfig, progress: Progress | None, na
             yield object_source(obj, config, progress, ref, names, ragged)
         return
     parent = dst.parent if dst.parent.is_dir() else None
-    with tempfile.TemporaryDirectory(prefix=".fastdata-spool-", dir=parent, ignore_cleanup_errors=True) as tmp:
-        yield spool_iterable(obj, os.path.join(tmp, "samples.spool"), config, names, ragged)
+    if parent is not None:
+        _remove_dead_spools(parent)
+    with tempfile.TemporaryDirectory(prefix=_SPOOL_PREFIX, dir=parent, ignore_cleanup_errors=True) as tmp:
+        with _spool_lock(tmp):
+            yield spool_iterable(obj, os.path.join(tmp, "samples.spool"), config, names, ragged)
+
+
+_SPOOL_PREFIX = ".fastdata-spool-"
+
+
+@contextmanager
+def _spool_lock(tmp: str) -> Iterator[None]:
+    """Hold a flock on ``tmp/lock`` while the spool is in use: the kernel drops it when this process dies (a
+    SIGKILL skips the removal of the spool, a copy of every sample), which tells a later conversion to remove it."""
+    fd = os.open(os.path.join(tmp, "lock.tmp"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(os.path.join(tmp, "lock.tmp"), os.path.join(tmp, "lock"))  # only ever seen locked
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_dead_spools(parent: Path) -> None:
+    """Remove the spools beside DST left by killed conversions: those whose lock no process holds."""
+    for entry in os.scandir(parent):
+        if not (entry.name.startswith(_SPOOL_PREFIX) and entry.is_dir(follow_symlinks=False)):
+            continue
+        try:
+            fd = os.open(os.path.join(entry.path, "lock"), os.O_RDWR)
+        except OSError:
+            continue  # not ours, or being made: left alone
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live conversion's
+        finally:
+            os.close(fd)  # (the lock is released with it)
+        shutil.rmtree(entry.path, ignore_errors=True)

@@ -281,6 +281,8 @@ def _infer(samples: list[tuple[int, Any]], names: Sequence[str] | None, images: 
     dicts = [(i, as_dict(s, names, f"sample {i}")) for i, s in samples]
     keyed = KEY_FIELD in dicts[0][1]
     first = [k for k in dicts[0][1] if k != KEY_FIELD]
+    if not first:  # else the shards were written and the manifest refused, leaving a DST that --resume cannot finish
+        raise DataError(f"sample {dicts[0][0]}: has no fields to store (its keys: {', '.join(map(str, dicts[0][1])) or 'none'})")
     unknown = set(ragged) - set(first)
     if unknown:
         raise UsageError(f"%(ragged) names {sorted(unknown)[0]!r}, which the samples do not have")

@@ -445,3 +445,44 @@ def test_an_array_of_too_many_axes_is_refused_naming_its_field_once(tmp_path):
     with pytest.raises(DataError) as e:
         fastdata.convert([{"x": np.zeros((1,) * 33)}] * 2, tmp_path / "ds")
     assert str(e.value).startswith("field 'x': bad shape") and str(e.value).count("'x'") == 1
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_samples_with_no_fields_are_refused_before_anything_is_written(tmp_path, kind):
+    # empty dicts (or only a key) wrote a shard, then the manifest was refused ("no fields"), leaving a DST
+    # with a journal whose --resume advice could only fail again
+    samples = [{"key": f"k{i}"} for i in range(20)]
+    src = samples if kind == "map" else iter(samples)
+    with pytest.raises(DataError, match=r"^sample 0: has no fields to store \(its keys: key\)$"):
+        fastdata.convert(src, tmp_path / "ds", _config())
+    assert not (tmp_path / "ds").exists()
+
+
+_ITER_SCRIPT = """
+import sys, numpy as np, fastdata
+rows = ({"seq": np.arange(i % 9 + 1, dtype=np.float32), "label": i} for i in range(60))
+config = fastdata.ConvertConfig(write=fastdata.WriteOptions(workers=1, shard_size=400), resume=len(sys.argv) > 2)
+fastdata.convert(rows, sys.argv[1], config)
+"""
+
+
+@pytest.mark.slow
+def test_the_spool_of_a_killed_iterable_conversion_is_removed_by_the_next_conversion(tmp_path):
+    # a SIGKILL skipped the spool's removal: a hidden copy of every sample stayed beside DST for good
+    script = tmp_path / "convert.py"
+    script.write_text(_ITER_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    fault_env = {**env, "FASTDATA_FAULT": "pause:between_shards:1", "FASTDATA_FAULT_READY": str(tmp_path / "ready")}
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, script, out / "ds"], env=fault_env)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "ready").exists(), "the conversion never reached the fault point"
+    kill(proc)
+    assert [p for p in out.iterdir() if p.name.startswith(".fastdata-spool")]  # left by the kill
+    subprocess.run([sys.executable, script, out / "ds", "resume"], env=env, check=True, timeout=120)
+    assert sorted(p.name for p in out.iterdir()) == ["ds"]  # the dead spool is gone, and the new one
+    subprocess.run([sys.executable, script, tmp_path / "whole"], env=env, check=True, timeout=120)
+    same_dataset(tmp_path / "whole", out / "ds")

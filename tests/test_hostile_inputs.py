@@ -476,7 +476,9 @@ def test_merge_parts_inputs(src, tmp_path, run_cli):
     code, _, err = run_cli("convert", other, tmp_path / "mixed", "--part", "1/2", *ARGS)
     assert code == 0, err
     code, _, err = run_cli("convert", src, tmp_path / "mixed", "--part", "0/2", *ARGS)
-    assert code == 0, err
+    assert code == 2 and "holds part 1/2 of another conversion (different source)" in err, err  # before writing
+    code, _, err = run_cli("convert", src, tmp_path / "mixed", "--part", "0/2", *ARGS, "--overwrite")
+    assert code == 0, err  # --overwrite is not refused: merge-parts then is
     refused(run_cli, "merge-parts", tmp_path / "mixed", code=2, words=("part 1/2 comes from another conversion",
                                                                      "different source"), dst=tmp_path / "mixed")
     code, _, err = run_cli("merge-parts", parts)

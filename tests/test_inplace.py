@@ -289,6 +289,41 @@ def test_cli_index_and_verify(tmp_path):
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "d.h5: no dataset '/bad'" in r.stderr
 
 
+def test_index_overwrite_says_what_it_replaces_and_keeps_a_converted_dataset(tmp_path, run_cli):
+    # its --help said "replace an existing fastdata dataset (or index) at DST"; a converted dataset was refused
+    np.save(tmp_path / "x.npy", np.arange(12, dtype=np.float32).reshape(6, 2))
+    fastdata.convert(tmp_path / "x.npy", tmp_path / "ds")
+    before = sorted(p.name for p in (tmp_path / "ds").iterdir())
+    code, _, err = run_cli("index", tmp_path / "x.npy", tmp_path / "ds", "--overwrite")
+    assert code == 2 and "not an index fastdata would replace" in err
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == before
+    code, out, _ = run_cli("index", "--help")
+    assert code == 0 and "replace an existing index at DST" in " ".join(out.split()) and "fastdata dataset" not in out
+
+
+def test_index_arguments_from_python_are_refused_in_one_line_before_dst_is_touched(h5index, tmp_path):
+    # a list of paths for fields raised AttributeError ('list' object has no attribute 'items'); a refused field
+    # name left an empty DST, or with overwrite=True removed the old index before the refusal
+    idx, _ = h5index
+    for bad in (["/x"], "/x", {"x": None}):
+        with pytest.raises(UsageError, match=r"^fields is a dict of field name: path in SRC"):
+            fastdata.index(tmp_path / "data.h5", tmp_path / "new", bad)  # type: ignore[arg-type]
+    with pytest.raises(fastdata.errors.FormatError, match="a field is named 'key'"):
+        fastdata.index(tmp_path / "data.h5", tmp_path / "new", {"key": "/grp/y", "x": "/x"})
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(fastdata.errors.FormatError, match="a field is named 'key'"):
+        fastdata.index(tmp_path / "data.h5", idx, {"key": "/grp/y", "x": "/x"}, overwrite=True)
+    assert len(fastdata.open(idx)) == N  # the old index is still there
+
+
+def test_a_bare_field_of_an_hdf5_file_says_to_give_its_path(h5index, tmp_path, run_cli):
+    # --field x (NAME alone, which the help allows: SRC itself for .npy and Zarr) said "no dataset ''"
+    code, _, err = run_cli("index", tmp_path / "data.h5", tmp_path / "new", "--field", "x", "--field", "y=/grp/y")
+    assert code == 2 and err.strip().endswith("data.h5: field 'x' names no dataset; give its path in the HDF5 file, "
+                                              "e.g. --field x=/images")
+    assert not (tmp_path / "new").exists()
+
+
 def test_dali_backend_reads_an_index_like_the_torch_backend(tmp_path):
     pytest.importorskip("nvidia.dali")
     rng = np.random.default_rng(2)

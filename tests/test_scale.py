@@ -218,6 +218,20 @@ def test_merge_parts_refuses_a_part_whose_shard_is_gone_and_a_part_of_another_co
     assert code == 2 and "another conversion" in err
 
 
+def test_a_part_of_another_conversion_is_refused_before_it_replaces_a_finished_parts_shards(src, tmp_path, run_cli):
+    # part 1/2 run with another --shard-size (a typo in one array task): its plan names shard-00001.h5, which
+    # part 0/2 had written, and it replaced it; merge-parts refused only later, part 0's work lost
+    dst = tmp_path / "parts"
+    _parts(src, dst, 2, which=[0])
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in dst.iterdir() if p.is_file()}
+    code, _, err = run_cli("convert", src, dst, "--shard-size", 2 * SHARD, "--part", "1/2", "--quiet")
+    assert code == 2 and "holds part 0/2 of another conversion (different options)" in err, err
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in dst.iterdir() if p.is_file()} == before
+    _parts(src, dst, 2, which=[1])  # the same options: it merges
+    assert run_cli("merge-parts", dst)[0] == 0
+    same_dataset(_local(src, tmp_path / "local"), dst)
+
+
 def test_part_argument_is_checked(src, tmp_path, run_cli):
     for bad, why in (("3/3", "I counts from 0 to N-1 = 2"), ("1-3", "expected I/N"), ("0/0", "N must be 1")):
         code, _, err = run_cli("convert", src, tmp_path / "p", "--part", bad)
@@ -298,6 +312,15 @@ def test_merge_refuses_other_schemas_formats_and_classes(tmp_path, run_cli):
     assert not (tmp_path / "m").exists()
     code, _, err = run_cli("merge", a, a, "--overwrite")
     assert code == 2 and "inside the source" in err  # DST may never be one of the inputs
+
+
+def test_merge_from_python_refuses_one_path_for_the_list_of_inputs(tmp_path):
+    # merge("a", dst) took the string for a list of one-letter folders and said "/: this is a source folder"
+    a, _ = _dataset(tmp_path, "a", "hdf5")
+    for one in (str(a), a):
+        with pytest.raises(UsageError, match=r"^inputs is one path \('.*a'\); give a list of dataset folders"):
+            fastdata.merge(one, tmp_path / "m")
+    assert not (tmp_path / "m").exists()
 
 
 def test_merge_remap_classes_rewrites_labels(tmp_path, run_cli):

@@ -197,9 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     from fastdata.cli.measure import add_parsers
 
     add_parsers(sub)  # bench (and bench --cold), tune, doctor
-    for name in ("convert", "merge", "index"):
+    for name in ("convert", "merge", "index"):  # index replaces only an index (its folder holds nothing else)
         sub.choices[name].add_argument("--overwrite", action="store_true",
-                                       help="replace an existing fastdata dataset (or index) at DST")
+                                       help="replace an existing index at DST" if name == "index" else
+                                       "replace an existing fastdata dataset (or index) at DST")
     for name in ("convert", "merge", "index", "verify"):
         sub.choices[name].add_argument("--quiet", action="store_true", help="no progress bar")
     for name in ("convert", "merge-parts", "info", "verify", "bench"):  # the commands that take a URL

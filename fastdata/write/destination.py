@@ -156,6 +156,7 @@ class Destination:
     resume: bool
     lock: DstLock | None = field(default=None, repr=False)
     part: tuple[int, int] | None = None  # (I, N) for ``--part I/N``: this run writes part I of N
+    overwrite: bool = False  # --overwrite: what DST holds is to be replaced (a part: its own files)
     on_shard: Callable[[ShardInfo], None] | None = field(default=None, repr=False)  # a new shard is finished
     trusted: set[str] = field(default_factory=set)  # journaled shards kept without a local file (URL resume)
     remote: UrlSpec | None = field(default=None, repr=False)  # shard tasks upload here (a URL destination)
@@ -223,7 +224,7 @@ def prepare_dst(dst: Path, sources: Sequence[Path], overwrite: bool, resume: boo
         if created:
             remove_empty(dst)
         raise
-    target = Destination(dst, created, resume=False, lock=lock, part=part)
+    target = Destination(dst, created, resume=False, lock=lock, part=part, overwrite=overwrite)
     try:  # checked again: DST may have changed before we held the lock
         if part is None:
             entries = _check_entries(dst, overwrite, resume)

@@ -121,6 +121,10 @@ def write_dataset(source: Source, target: Destination, opts: WriteOptions, progr
     head = journal.header(source, opts.identity(), [(n, a, b - a) for n, (a, b) in zip(names, plans)])
     own = range(len(plans)) if target.part is None else part_range(len(plans), *target.part)
     owned = None if target.part is None else {names[i] for i in own}
+    if target.part is not None and target.remote is None and not target.overwrite:
+        from fastdata.write.parts import check_other_parts
+
+        check_other_parts(dst, target.part, head)  # its shards would replace theirs (--overwrite: as asked)
     done = _open_journal(target, head)
     journaled = set(done) if owned is None else set(done) & owned
     shards: list[ShardInfo] = []

@@ -18,7 +18,7 @@ from fastdata.errors import DataError, FastdataError, UsageError
 from fastdata.format import MANIFEST_NAME, FieldSpec, Manifest, ShardInfo, make_field, read_manifest, write_manifest
 from fastdata.format.external import ZARR_META, Column, Index, hdf5_info, native, npy_info, stamp, zarr_info
 from fastdata.format.inplace import NAME
-from fastdata.format.spec import KEYS_INDEX, KeysInfo
+from fastdata.format.spec import KEYS_INDEX, KeysInfo, validate
 from fastdata.write.options import Progress
 
 DEFAULT_FIELD = "x"  # the field of a single .npy file or Zarr array indexed without --field
@@ -124,10 +124,18 @@ def build(src: str, fields: Mapping[str, str] | None = None, *, checksum: bool =
     fmt = source_format(paths[0])
     if fmt != "hdf5" and len(paths) > 1:
         raise UsageError(f"{src}: a pattern may match HDF5 files only (it matched {len(paths)} {fmt} sources)")
+    if fields is not None and not (isinstance(fields, Mapping)
+                                   and all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items())):
+        raise UsageError(f"fields is a dict of field name: path in SRC, e.g. {{'x': '/images', 'label': '/labels'}}, "
+                         f"not {fields!r}")
     if not fields:
         if fmt == "hdf5":
             raise UsageError(f"{paths[0]}: name the datasets to read, e.g. --field x=/images --field label=/labels")
         fields = {DEFAULT_FIELD: ""}
+    elif fmt == "hdf5" and not all(fields.values()):  # a bare --field NAME: SRC itself, which in HDF5 is no dataset
+        name = next(k for k, v in fields.items() if not v)
+        raise UsageError(f"{paths[0]}: field {name!r} names no dataset; give its path in the HDF5 file, "
+                         f"e.g. --field {name}=/images")
     files: dict[str, int] = {}
     specs: dict[str, FieldSpec] = {}
     parts, shards, units, start = [], [], [], 0
@@ -166,6 +174,7 @@ def index(src: str | os.PathLike[str], dst: str | os.PathLike[str], fields: Mapp
     ``x``), all agreeing on the first axis. ``checksum``: also record whole-file and per-MiB-block checksums.
     """
     manifest = build(os.fspath(src), fields, checksum=checksum, progress=progress)
+    validate(manifest, where=os.fspath(dst))  # a refused field name, before DST is made or an old index removed
     out = Path(dst)
     if out.exists():
         if not out.is_dir():

@@ -78,6 +78,9 @@ def merge(inputs: list[str | os.PathLike[str]], dst: str | os.PathLike[str], *, 
     t0 = time.perf_counter()
     if method not in ("auto", "link", "copy"):
         raise UsageError(f"unknown merge method {method!r} (auto, link or copy)")
+    if isinstance(inputs, (str, bytes, os.PathLike)):  # else a path is taken for a list of one-letter folders
+        raise UsageError(f"inputs is one path ({os.fsdecode(inputs)!r}); give a list of dataset folders, "
+                         "e.g. merge([a, b], dst)")
     if not inputs:
         raise UsageError("merge needs at least one input dataset")
     for p in [*inputs, dst]:

@@ -203,14 +203,41 @@ def _parse_record(read: Callable[[str], bytes], name: str, where: str) -> dict[s
     return r
 
 
-def _check_same_conversion(dst: str, a: dict[str, Any], b: dict[str, Any]) -> None:
-    ca, cb = a["conversion"], b["conversion"]
+def _difference(ca: dict[str, Any], cb: dict[str, Any]) -> str | None:
+    """What differs between two conversions (journal headers), or None."""
     for key, what in (("options", "options"), ("source", "source"), ("fingerprint", "source files"),
                       ("shards", "shard plan")):
         if ca.get(key) != cb.get(key):
-            raise UsageError(f"{dst}: part {b['part']}/{b['parts']} comes from another conversion than part "
-                             f"{a['part']}/{a['parts']} (different {what}); convert every part with the same SRC "
-                             "and options (convert the odd one again with %(overwrite=True))")
+            return what
+    return None
+
+
+def check_other_parts(dst: Path, part: tuple[int, int], head: dict[str, Any]) -> None:
+    """Refuse part ``part`` of the conversion ``head`` before it writes anything when DST holds another part
+    (finished or interrupted) of another conversion: its shards would replace that part's under their names."""
+    for name in sorted(os.listdir(dst)):
+        m = PART_FILE.match(name)
+        other = (int(m.group(1)), int(m.group(2))) if m else part
+        if other == part or name not in own_files(other)[::2]:  # only the other parts' journals and records
+            continue
+        try:
+            r = json.loads((dst / name).read_bytes().split(b"\n")[0])
+            conversion = r.get("conversion", r) if isinstance(r, dict) else None
+        except (OSError, ValueError, RecursionError):
+            continue  # unreadable: merge-parts names it
+        what = _difference(conversion, head) if isinstance(conversion, dict) else None
+        if what is not None:
+            raise UsageError(f"{dst}: holds part {other[0]}/{other[1]} of another conversion (different {what}); "
+                             f"run part {part[0]}/{part[1]} with the same SRC and options as the other parts "
+                             "(or convert into a new folder)")
+
+
+def _check_same_conversion(dst: str, a: dict[str, Any], b: dict[str, Any]) -> None:
+    what = _difference(a["conversion"], b["conversion"])
+    if what is not None:
+        raise UsageError(f"{dst}: part {b['part']}/{b['parts']} comes from another conversion than part "
+                         f"{a['part']}/{a['parts']} (different {what}); convert every part with the same SRC "
+                         "and options (convert the odd one again with %(overwrite=True))")
     ma = {k: v for k, v in a["manifest"].items() if k != "shards"}
     mb = {k: v for k, v in b["manifest"].items() if k != "shards"}
     if ma != mb:
