@@ -218,7 +218,8 @@ def check_other_parts(dst: Path, part: tuple[int, int], head: dict[str, Any]) ->
     for name in sorted(os.listdir(dst)):
         m = PART_FILE.match(name)
         other = (int(m.group(1)), int(m.group(2))) if m else part
-        if other == part or name not in own_files(other)[::2]:  # only the other parts' journals and records
+        journal, _, record = own_files(other)
+        if other == part or name not in (journal, record):  # only the other parts' journals and records
             continue
         try:
             r = json.loads((dst / name).read_bytes().split(b"\n")[0])
