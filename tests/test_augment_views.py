@@ -285,6 +285,15 @@ def test_cutmix_boxes_follow_the_documented_rules():
     assert (batch["boxes"][~batch["boxes_valid"]] == 0).all()
 
 
+def test_packed_lengths_follow_the_offsets_when_an_op_changes_lengths(ds):
+    """A packed batch carries x_lengths beside x_offsets: TimeStretch/TimeCrop left them as read (stale)."""
+    for op in (TimeStretch(0.5, 0.6), TimeCrop(4)):
+        b = first(ds / "seqs", Augment((op,)), config=LoaderConfig(ragged="packed"))
+        plain = first(ds / "seqs", Augment(()), config=LoaderConfig(ragged="packed"))
+        assert not torch.equal(b["x_offsets"], plain["x_offsets"])
+        assert torch.equal(b["x_lengths"], b["x_offsets"].diff()), op
+
+
 def test_a_fixed_length_sequence_whose_lengths_change_gets_lengths():
     x = torch.arange(1.0, 81.0).view(4, 10, 2)  # no x_lengths: every sample fills T
     aug = Augment((TimeStretch(1.5, 2.0),), fields={"x": "sequence"})  # faster: 5 or 6 steps of 10
