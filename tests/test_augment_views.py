@@ -335,6 +335,12 @@ def test_mix_refuses_targets_it_cannot_carry_and_pastes_masks_with_cutmix():
     assert torch.equal(out["m"].float(), out["image"][:, 0])
 
 
+def test_mix_with_too_few_classes_names_the_label_not_a_torch_index_error(ds):
+    """Labels 0..4 with num_classes=3: one_hot's scatter raised 'index 4 is out of bounds for dimension 1'."""
+    with pytest.raises(UsageError, match="label 4 of field 'label' is not a class 0..2"):
+        first(ds / "ds", Augment((), mix=Mix(num_classes=3)), fields=["image", "label"], shuffle=False)
+
+
 def test_mix_through_the_loader(ds):
     aug = Augment((RandomCrop(8),), mix=Mix(num_classes=5, label_smoothing=0.1))
     b = first(ds / "ds", aug)

@@ -78,6 +78,10 @@ class Mix:
             if y.dim() != 1:
                 raise UsageError(f"label field {self.label!r} must be (batch,) integers or (batch, classes) floats, "
                                  f"got {tuple(y.shape)}")
+            if y.device.type == "cpu" and len(y) and not (0 <= int(y.min()) and int(y.max()) < self.num_classes):
+                v = int(y.min()) if int(y.min()) < 0 else int(y.max())  # (no check on a GPU: it would sync)
+                raise UsageError(f"Mix: label {v} of field {self.label!r} is not a class 0..{self.num_classes - 1} "
+                                 f"(num_classes={self.num_classes}); set num_classes to the dataset's number of classes")
             off = self.label_smoothing / self.num_classes
             soft = torch.full((len(y), self.num_classes), off, device=y.device)
             soft.scatter_(1, y.long().view(-1, 1), 1.0 - self.label_smoothing + off)
