@@ -313,6 +313,13 @@ def test_samplers_split_ranks_equally_and_resume_exactly(labelled, sampler):
     assert [b["key"] for b in ld2] == rest
 
 
+@pytest.mark.parametrize("shuffle", [False, fastdata.Block(4), "shards"])
+def test_a_shuffle_the_sampler_overrides_is_refused(labelled, shuffle):
+    """shuffle=False with sampler=Weighted(...) used to be ignored silently: the batches came in the sampler's order."""
+    with pytest.raises(UsageError, match="cannot be honoured with sampler="):
+        fastdata.loader(labelled, 4, sampler=Weighted("balanced"), shuffle=shuffle, device="cpu", num_workers=0)
+
+
 def test_user_sampler_protocol_and_rank_batches():
     batches = [np.array([i]) for i in range(5)]
     assert [len(rank_batches(batches, World(r, 2), False)) for r in range(2)] == [3, 3]

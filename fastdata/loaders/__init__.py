@@ -75,6 +75,9 @@ def loader(
                          "fastdata.open instead)")
     else:
         ds = source if fields is None else source.with_options(fields=fields)  # keeps the caller's decode settings
+    if sampler is not None and shuffle is not True:  # (True is the default: no choice was made)
+        raise UsageError(f"shuffle={shuffle!r} cannot be honoured with sampler=: the sampler decides the order; "
+                         "drop shuffle= (a sampler of your own may return its batches in storage order)")
     batch_size, sampler = _bind_sampler(sampler, ds, batch_size)
     aug = augment if augment is None or isinstance(augment, Augment) else Augment(tuple(augment))
     dev = resolve_device(device)
