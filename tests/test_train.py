@@ -17,6 +17,7 @@ import fastdata
 from fastdata import train
 from fastdata.augment import RandomCrop
 from fastdata.demo.examples import classification_loss
+from fastdata.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,22 @@ def test_resume_after_stop_gives_the_same_weights(blobs, tmp_path):
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
     assert not [p for p in tmp_path.iterdir() if p.name != "ckpt.pt"]  # no temp files left
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"clip_grad_norm": -1.0}, "clip_grad_norm must be a positive number"),  # reversed the gradients
+    ({"clip_grad_norm": 0.0}, "clip_grad_norm must be a positive number"),  # zeroed them: no learning
+    ({"max_steps": 0}, "max_steps must be a positive integer"),  # one step still ran
+    ({"checkpoint_every": 2}, "checkpoint_every needs checkpoint="),  # no checkpoint was ever written
+])
+def test_fit_refuses_limits_it_cannot_honour(blobs, kw, match):
+    model = make_model(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(UsageError, match=match):
+        train.fit(model, fastdata.loader(blobs, 16, device="cpu", num_workers=0), opt, classification_loss(),
+                  epochs=1, log_every=0, **kw)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing trained
 
 
 def test_grad_accumulation_equals_a_bigger_batch(blobs):

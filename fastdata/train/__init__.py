@@ -21,6 +21,7 @@ from torch import nn
 
 from fastdata.augment import CROPS
 from fastdata.augment.sequence import TimeCrop
+from fastdata.errors import UsageError
 from fastdata.fileio import write_atomic
 from fastdata.format import IMAGE_ENCODINGS
 from fastdata.loaders.transform import batch_len
@@ -450,6 +451,20 @@ def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Sa
     return metrics, step, stopped
 
 
+def _check_limits(clip: float | None, max_steps: int | None, checkpoint_every: int | None,
+                  checkpoint: str | os.PathLike[str] | None) -> None:
+    """Refuse what ``fit`` could not honour: a clip norm <= 0 (zero gradients; a negative one reverses them), a
+    max_steps or checkpoint_every below 1 (a step would still run; no checkpoint would be written), checkpoint_every
+    without checkpoint= (nowhere to write)."""
+    if clip is not None and not clip > 0:
+        raise UsageError(f"clip_grad_norm must be a positive number (or None: no clipping), not {clip!r}")
+    for name, v in (("max_steps", max_steps), ("checkpoint_every", checkpoint_every)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise UsageError(f"{name} must be a positive integer (or None), not {v!r}")
+    if checkpoint_every is not None and checkpoint is None:
+        raise UsageError("checkpoint_every needs checkpoint= (the file to write every checkpoint_every steps)")
+
+
 def fit(
     model: nn.Module,
     loader: Any,
@@ -474,6 +489,7 @@ def fit(
     checkpointing to ``checkpoint`` and resuming from ``resume`` (parameters and logging: docs/training.md)."""
     if epochs < 1 or grad_accum < 1:
         raise ValueError("epochs and grad_accum must be at least 1")
+    _check_limits(clip_grad_norm, max_steps, checkpoint_every, checkpoint)
     world = World.detect()
     say: Say = (on_log or log.info) if world.rank == 0 else (lambda _msg: None)
     with shown_by_default(verbose and on_log is None and world.rank == 0):
