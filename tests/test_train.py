@@ -431,6 +431,25 @@ def test_restore_refuses_an_unknown_checkpoint_version(tmp_path):
         train.restore_checkpoint(tmp_path / "c.pt", model, opt, scaler, None)
 
 
+def test_resume_from_a_file_that_is_not_a_checkpoint_of_this_model_says_so(tmp_path):
+    """A missing file, a text file, a truncated checkpoint and another model's checkpoint raised torch's own errors
+    (FileNotFoundError; UnpicklingError advising weights_only=False; a zip reader's RuntimeError; load_state_dict's)."""
+    model, opt, scaler = _stepped(0)
+    with pytest.raises(UsageError, match=r"resume='.*nope\.pt': no such checkpoint file"):
+        train.restore_checkpoint(tmp_path / "nope.pt", model, opt, scaler, None)
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    good = tmp_path / "good.pt"
+    train.save_checkpoint(good, train.checkpoint_state(model, opt, scaler, None, epoch=0, step=1, precision="fp32",
+                                                       history=[]))
+    (tmp_path / "cut.pt").write_bytes(good.read_bytes()[:200])
+    for name in ("notes.pt", "cut.pt"):
+        with pytest.raises(UsageError, match=rf"{name}: not a fastdata.train checkpoint \("):
+            train.restore_checkpoint(tmp_path / name, model, opt, scaler, None)
+    other = nn.Sequential(nn.Linear(3, 5))
+    with pytest.raises(UsageError, match=r"good\.pt: the checkpoint's weights do not fit this model \("):
+        train.restore_checkpoint(good, other, torch.optim.SGD(other.parameters(), lr=0.1), scaler, None)
+
+
 def test_scale_on_device_follows_get_scale_through_growth_and_backoff():
     """The contract skip detection relies on: GradScaler.scale(one) is the scale factor get_scale() reports.
     If a torch release changes what scale() returns, this fails (and so would the skip counts)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -289,10 +290,21 @@ def restore_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer
     """Load a ``checkpoint_state`` into the objects of this run and the RNGs; returns (epoch, step, history).
     A scaler state saved under another precision (empty) is left out."""
     # onto the CPU: RNG states must stay there; model and optimizer copy into their own devices
-    state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle code
-    if state.get("version") != _CKPT_VERSION:
-        raise ValueError(f"{path}: unknown checkpoint version {state.get('version')!r}")
-    _unwrap(model).load_state_dict(state["model"])
+    if not Path(path).is_file():
+        raise UsageError(f"resume={str(path)!r}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle code
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:  # not torch.save's, truncated, ...
+        raise UsageError(f"{path}: not a fastdata.train checkpoint ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'unreadable'})") from None
+    if not isinstance(state, dict) or state.get("version") != _CKPT_VERSION:
+        version = state.get("version") if isinstance(state, dict) else None
+        raise ValueError(f"{path}: unknown checkpoint version {version!r}")
+    try:
+        _unwrap(model).load_state_dict(state["model"])
+    except RuntimeError as e:  # another architecture: missing, unexpected or differently shaped weights
+        raise UsageError(f"{path}: the checkpoint's weights do not fit this model ({' '.join(str(e).split())[:300]})") \
+            from None
     optimizer.load_state_dict(state["optimizer"])
     if state["scaler"]:  # empty when saved without a scaler (another precision)
         scaler.load_state_dict(state["scaler"])
