@@ -164,6 +164,18 @@ def test_sequence_ops_leave_every_padded_position_untouched(op):
     assert (y[~pad] != 1234.5).all()  # no padding value moved into the data
 
 
+@pytest.mark.parametrize("make", [
+    lambda: TimeCrop(0), lambda: TimeCrop(-3), lambda: TimeCrop(2.5),  # empty batch; torch arange / index errors
+    lambda: TimeShift(-1), lambda: TimeMask(-2),  # silently did nothing
+    lambda: ChannelMask(2, count=-1),  # torch: negative dimension
+    lambda: AmplitudeScale(0, 1, log=True), lambda: AmplitudeScale(2, 1),  # math domain error; low > high
+    lambda: AdditiveNoise(float("nan")), lambda: AdditiveNoise(-0.1),  # every value NaN; a negative std
+], ids=range(10))
+def test_sequence_op_arguments_are_checked_when_made(make):
+    with pytest.raises(UsageError, match=r"^\w+\(.*\): "):
+        make()
+
+
 def test_sequence_ops_do_what_they_say():
     x, lengths = padded()
     g = lambda: batch_generator(2, 0, 0, CPU)  # noqa: E731
