@@ -448,6 +448,9 @@ def test_resume_from_a_file_that_is_not_a_checkpoint_of_this_model_says_so(tmp_p
     other = nn.Sequential(nn.Linear(3, 5))
     with pytest.raises(UsageError, match=r"good\.pt: the checkpoint's weights do not fit this model \("):
         train.restore_checkpoint(good, other, torch.optim.SGD(other.parameters(), lr=0.1), scaler, None)
+    adam = torch.optim.AdamW(model.parameters())  # SGD's state loaded into it, then its step raised KeyError 'betas'
+    with pytest.raises(UsageError, match=r"good\.pt: the checkpoint holds the state of a SGD optimizer, not of this AdamW"):
+        train.restore_checkpoint(good, model, adam, scaler, None)
 
 
 def test_scale_on_device_follows_get_scale_through_growth_and_backoff():

@@ -280,6 +280,7 @@ def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer, scaler:
     history), as tensors and plain values only, so that it loads with ``weights_only=True``."""
     return {
         "version": _CKPT_VERSION, "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+        "optimizer_type": type(optimizer).__qualname__,
         "scaler": scaler.state_dict(), "loader": loader.state_dict() if hasattr(loader, "state_dict") else None,
         "epoch": epoch, "step": step, "rng": _rng_state(), "precision": precision,
         "history": [asdict(m) for m in history]}
@@ -305,6 +306,10 @@ def restore_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer
     except RuntimeError as e:  # another architecture: missing, unexpected or differently shaped weights
         raise UsageError(f"{path}: the checkpoint's weights do not fit this model ({' '.join(str(e).split())[:300]})") \
             from None
+    saved = state.get("optimizer_type", type(optimizer).__qualname__)  # (absent from older checkpoints)
+    if saved != type(optimizer).__qualname__:  # its state would load, and fail at the first step (SGD -> AdamW)
+        raise UsageError(f"{path}: the checkpoint holds the state of a {saved} optimizer, not of this "
+                         f"{type(optimizer).__qualname__}; resume with the optimizer it was saved with")
     optimizer.load_state_dict(state["optimizer"])
     if state["scaler"]:  # empty when saved without a scaler (another precision)
         scaler.load_state_dict(state["scaler"])
