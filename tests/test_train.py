@@ -120,6 +120,21 @@ def test_fit_refuses_limits_it_cannot_honour(blobs, kw, match):
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing trained
 
 
+def test_fit_refuses_a_checkpoint_path_it_cannot_write_before_training(blobs, tmp_path):
+    """checkpoint= a folder (or a path under a file) raised IsADirectoryError (FileExistsError) at the first epoch's
+    end, after that epoch had trained."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "notes").write_text("")
+    for path, match in ((tmp_path / "runs", "is a folder; name a file in it"), (tmp_path / "notes" / "c.pt", "is a file")):
+        model = make_model(1)
+        before = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(UsageError, match=match):
+            train.fit(model, fastdata.loader(blobs, 16, device="cpu", num_workers=0),
+                      torch.optim.SGD(model.parameters(), lr=0.05), classification_loss(), epochs=1, log_every=0,
+                      checkpoint=path)
+        assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing trained
+
+
 def test_grad_accumulation_equals_a_bigger_batch(blobs):
     def run(batch, accum):
         model = make_model(2, bn=False)

@@ -472,7 +472,7 @@ def _check_limits(clip: float | None, max_steps: int | None, checkpoint_every: i
                   checkpoint: str | os.PathLike[str] | None) -> None:
     """Refuse what ``fit`` could not honour: a clip norm <= 0 (zero gradients; a negative one reverses them), a
     max_steps or checkpoint_every below 1 (a step would still run; no checkpoint would be written), checkpoint_every
-    without checkpoint= (nowhere to write)."""
+    without checkpoint= (nowhere to write), a checkpoint path that is a folder or under a file."""
     if clip is not None and not clip > 0:
         raise UsageError(f"clip_grad_norm must be a positive number (or None: no clipping), not {clip!r}")
     for name, v in (("max_steps", max_steps), ("checkpoint_every", checkpoint_every)):
@@ -480,6 +480,13 @@ def _check_limits(clip: float | None, max_steps: int | None, checkpoint_every: i
             raise UsageError(f"{name} must be a positive integer (or None), not {v!r}")
     if checkpoint_every is not None and checkpoint is None:
         raise UsageError("checkpoint_every needs checkpoint= (the file to write every checkpoint_every steps)")
+    if checkpoint is not None:  # found now, not when the first epoch's checkpoint is written
+        path = Path(checkpoint)
+        if path.is_dir():
+            raise UsageError(f"checkpoint={str(checkpoint)!r} is a folder; name a file in it (e.g. {str(path / 'ckpt.pt')!r})")
+        folder = next((q for q in path.parents if q.exists()), None)
+        if folder is not None and not folder.is_dir():
+            raise UsageError(f"checkpoint={str(checkpoint)!r}: {str(folder)!r} is a file, not a folder")
 
 
 def fit(
