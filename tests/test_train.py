@@ -109,6 +109,8 @@ def test_resume_after_stop_gives_the_same_weights(blobs, tmp_path):
     ({"clip_grad_norm": 0.0}, "clip_grad_norm must be a positive number"),  # zeroed them: no learning
     ({"max_steps": 0}, "max_steps must be a positive integer"),  # one step still ran
     ({"checkpoint_every": 2}, "checkpoint_every needs checkpoint="),  # no checkpoint was ever written
+    ({"grad_accum": 1.5}, "grad_accum must be an integer of at least 1"),  # stepped once, at the epoch's end
+    ({"epochs": 2.0}, "epochs must be an integer of at least 1"),  # range()'s TypeError
 ])
 def test_fit_refuses_limits_it_cannot_honour(blobs, kw, match):
     model = make_model(1)
@@ -116,7 +118,7 @@ def test_fit_refuses_limits_it_cannot_honour(blobs, kw, match):
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(UsageError, match=match):
         train.fit(model, fastdata.loader(blobs, 16, device="cpu", num_workers=0), opt, classification_loss(),
-                  epochs=1, log_every=0, **kw)
+                  **{"epochs": 1, "log_every": 0, **kw})
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing trained
 
 

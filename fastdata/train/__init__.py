@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import os
 import pickle
 import random
@@ -476,7 +477,7 @@ def _check_limits(clip: float | None, max_steps: int | None, checkpoint_every: i
     if clip is not None and not clip > 0:
         raise UsageError(f"clip_grad_norm must be a positive number (or None: no clipping), not {clip!r}")
     for name, v in (("max_steps", max_steps), ("checkpoint_every", checkpoint_every)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
             raise UsageError(f"{name} must be a positive integer (or None), not {v!r}")
     if checkpoint_every is not None and checkpoint is None:
         raise UsageError("checkpoint_every needs checkpoint= (the file to write every checkpoint_every steps)")
@@ -511,8 +512,9 @@ def fit(
 ) -> FitResult:
     """Train ``model`` for ``epochs`` over ``loader`` with ``loss_fn(model, batch)`` returning the loss,
     checkpointing to ``checkpoint`` and resuming from ``resume`` (parameters and logging: docs/training.md)."""
-    if epochs < 1 or grad_accum < 1:
-        raise ValueError("epochs and grad_accum must be at least 1")
+    for name, v in (("epochs", epochs), ("grad_accum", grad_accum)):  # 1.5 batches per step would never step
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise UsageError(f"{name} must be an integer of at least 1, not {v!r}")
     _check_limits(clip_grad_norm, max_steps, checkpoint_every, checkpoint)
     world = World.detect()
     say: Say = (on_log or log.info) if world.rank == 0 else (lambda _msg: None)
