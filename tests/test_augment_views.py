@@ -370,6 +370,17 @@ def test_mix_with_too_few_classes_names_the_label_not_a_torch_index_error(ds):
         first(ds / "ds", Augment((), mix=Mix(num_classes=3)), fields=["image", "label"], shuffle=False)
 
 
+@pytest.mark.parametrize("label,match", [
+    (torch.tensor([0.3, 1.7, 2.2, 0.0]), r"must be \(batch,\) integers or \(batch, classes\) floats, got \(4,\) float32"),
+    (torch.softmax(torch.randn(4, 5), 1), "soft labels of 'label' have 5 classes, and num_classes is 3"),
+])
+def test_mix_refuses_labels_it_would_misread(label, match):
+    """Float (B,) labels were cast to classes (1.7 -> 1) and soft labels of 5 classes ignored num_classes=3."""
+    batch = {"image": constant_images(4), "label": label}
+    with pytest.raises(UsageError, match=match):
+        augment_batch(Augment((), mix=Mix(num_classes=3), fields=("image",)), batch, batch_generator(0, 0, 0, CPU))
+
+
 def test_mix_through_the_loader(ds):
     aug = Augment((RandomCrop(8),), mix=Mix(num_classes=5, label_smoothing=0.1))
     b = first(ds / "ds", aug)
