@@ -80,6 +80,23 @@ def test_views_differ_are_stacked_and_view0_is_the_single_view(ds):
     assert not torch.equal(multi["image_view1"], multi["image_view2"])
 
 
+def test_view0_of_encoded_images_is_the_single_view_without_crop_decode(tmp_path):
+    """docs/augment.md said view 0 equals the single view; with encoded images the single view's crop is resampled
+    while decoding (pixels off by up to 0.08 here), so the docs now say: equal with crop_decode="off"."""
+    from PIL import Image
+    rng = np.random.default_rng(1)
+    for i in range(4):
+        (tmp_path / "src" / "c").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (24, 30, 3), dtype=np.uint8)).save(tmp_path / "src" / "c" / f"{i}.png")
+    fastdata.convert(tmp_path / "src", tmp_path / "png", fastdata.ConvertConfig(write=WriteOptions(workers=1)))
+    ops = (RandomResizedCrop(16), HorizontalFlip())
+    off = LoaderConfig(crop_decode="off")
+    one = first(tmp_path / "png", Augment(ops), config=off)["image"]
+    two = first(tmp_path / "png", Augment(ops, views=2))["image"]
+    assert torch.equal(two[:, 0], one) and not torch.equal(two[:, 0], two[:, 1])
+    assert torch.allclose(first(tmp_path / "png", Augment(ops))["image"], one, atol=0.25)  # resampled apart
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_views_repeat_exactly_on_resume(ds, backend):
     aug = Augment((RandomCrop(8), HorizontalFlip()), views=3)
@@ -145,6 +162,18 @@ def test_sequence_ops_leave_every_padded_position_untouched(op):
     assert torch.equal(y[pad], x[pad])  # element by element
     assert not torch.equal(y[~pad], x[~pad])  # and the data did change
     assert (y[~pad] != 1234.5).all()  # no padding value moved into the data
+
+
+@pytest.mark.parametrize("make", [
+    lambda: TimeCrop(0), lambda: TimeCrop(-3), lambda: TimeCrop(2.5),  # empty batch; torch arange / index errors
+    lambda: TimeShift(-1), lambda: TimeMask(-2),  # silently did nothing
+    lambda: ChannelMask(2, count=-1),  # torch: negative dimension
+    lambda: AmplitudeScale(0, 1, log=True), lambda: AmplitudeScale(2, 1),  # math domain error; low > high
+    lambda: AdditiveNoise(float("nan")), lambda: AdditiveNoise(-0.1),  # every value NaN; a negative std
+], ids=range(10))
+def test_sequence_op_arguments_are_checked_when_made(make):
+    with pytest.raises(UsageError, match=r"^\w+\(.*\): "):
+        make()
 
 
 def test_sequence_ops_do_what_they_say():
@@ -285,6 +314,15 @@ def test_cutmix_boxes_follow_the_documented_rules():
     assert (batch["boxes"][~batch["boxes_valid"]] == 0).all()
 
 
+def test_packed_lengths_follow_the_offsets_when_an_op_changes_lengths(ds):
+    """A packed batch carries x_lengths beside x_offsets: TimeStretch/TimeCrop left them as read (stale)."""
+    for op in (TimeStretch(0.5, 0.6), TimeCrop(4)):
+        b = first(ds / "seqs", Augment((op,)), config=LoaderConfig(ragged="packed"))
+        plain = first(ds / "seqs", Augment(()), config=LoaderConfig(ragged="packed"))
+        assert not torch.equal(b["x_offsets"], plain["x_offsets"])
+        assert torch.equal(b["x_lengths"], b["x_offsets"].diff()), op
+
+
 def test_a_fixed_length_sequence_whose_lengths_change_gets_lengths():
     x = torch.arange(1.0, 81.0).view(4, 10, 2)  # no x_lengths: every sample fills T
     aug = Augment((TimeStretch(1.5, 2.0),), fields={"x": "sequence"})  # faster: 5 or 6 steps of 10
@@ -324,6 +362,23 @@ def test_mix_refuses_targets_it_cannot_carry_and_pastes_masks_with_cutmix():
     out = augment_batch(aug, {"image": constant_images(), "m": mask, "label": torch.arange(8)},
                         batch_generator(0, 0, 0, CPU))
     assert torch.equal(out["m"].float(), out["image"][:, 0])
+
+
+def test_mix_with_too_few_classes_names_the_label_not_a_torch_index_error(ds):
+    """Labels 0..4 with num_classes=3: one_hot's scatter raised 'index 4 is out of bounds for dimension 1'."""
+    with pytest.raises(UsageError, match="label 4 of field 'label' is not a class 0..2"):
+        first(ds / "ds", Augment((), mix=Mix(num_classes=3)), fields=["image", "label"], shuffle=False)
+
+
+@pytest.mark.parametrize("label,match", [
+    (torch.tensor([0.3, 1.7, 2.2, 0.0]), r"must be \(batch,\) integers or \(batch, classes\) floats, got \(4,\) float32"),
+    (torch.softmax(torch.randn(4, 5), 1), "soft labels of 'label' have 5 classes, and num_classes is 3"),
+])
+def test_mix_refuses_labels_it_would_misread(label, match):
+    """Float (B,) labels were cast to classes (1.7 -> 1) and soft labels of 5 classes ignored num_classes=3."""
+    batch = {"image": constant_images(4), "label": label}
+    with pytest.raises(UsageError, match=match):
+        augment_batch(Augment((), mix=Mix(num_classes=3), fields=("image",)), batch, batch_generator(0, 0, 0, CPU))
 
 
 def test_mix_through_the_loader(ds):

@@ -313,6 +313,20 @@ def test_samplers_split_ranks_equally_and_resume_exactly(labelled, sampler):
     assert [b["key"] for b in ld2] == rest
 
 
+@pytest.mark.parametrize("shuffle", [False, fastdata.Block(4), "shards"])
+def test_a_shuffle_the_sampler_overrides_is_refused(labelled, shuffle):
+    """shuffle=False with sampler=Weighted(...) used to be ignored silently: the batches came in the sampler's order."""
+    with pytest.raises(UsageError, match="cannot be honoured with sampler="):
+        fastdata.loader(labelled, 4, sampler=Weighted("balanced"), shuffle=shuffle, device="cpu", num_workers=0)
+
+
+def test_weighted_keeps_drop_last(labelled):
+    """Weighted(num_samples=30) in batches of 4 with drop_last=True gave a last batch of 2."""
+    for drop_last, sizes in ((True, [4] * 7), (False, [4] * 7 + [2])):
+        ld = fastdata.loader(labelled, 4, sampler=Weighted("balanced"), drop_last=drop_last, device="cpu", num_workers=0)
+        assert [len(b["x"]) for b in ld] == sizes and len(ld) == len(sizes)
+
+
 def test_user_sampler_protocol_and_rank_batches():
     batches = [np.array([i]) for i in range(5)]
     assert [len(rank_batches(batches, World(r, 2), False)) for r in range(2)] == [3, 3]

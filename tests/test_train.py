@@ -17,6 +17,7 @@ import fastdata
 from fastdata import train
 from fastdata.augment import RandomCrop
 from fastdata.demo.examples import classification_loss
+from fastdata.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,39 @@ def test_resume_after_stop_gives_the_same_weights(blobs, tmp_path):
     for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
     assert not [p for p in tmp_path.iterdir() if p.name != "ckpt.pt"]  # no temp files left
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"clip_grad_norm": -1.0}, "clip_grad_norm must be a positive number"),  # reversed the gradients
+    ({"clip_grad_norm": 0.0}, "clip_grad_norm must be a positive number"),  # zeroed them: no learning
+    ({"max_steps": 0}, "max_steps must be a positive integer"),  # one step still ran
+    ({"checkpoint_every": 2}, "checkpoint_every needs checkpoint="),  # no checkpoint was ever written
+    ({"grad_accum": 1.5}, "grad_accum must be an integer of at least 1"),  # stepped once, at the epoch's end
+    ({"epochs": 2.0}, "epochs must be an integer of at least 1"),  # range()'s TypeError
+])
+def test_fit_refuses_limits_it_cannot_honour(blobs, kw, match):
+    model = make_model(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(UsageError, match=match):
+        train.fit(model, fastdata.loader(blobs, 16, device="cpu", num_workers=0), opt, classification_loss(),
+                  **{"epochs": 1, "log_every": 0, **kw})
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing trained
+
+
+def test_fit_refuses_a_checkpoint_path_it_cannot_write_before_training(blobs, tmp_path):
+    """checkpoint= a folder (or a path under a file) raised IsADirectoryError (FileExistsError) at the first epoch's
+    end, after that epoch had trained."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "notes").write_text("")
+    for path, match in ((tmp_path / "runs", "is a folder; name a file in it"), (tmp_path / "notes" / "c.pt", "is a file")):
+        model = make_model(1)
+        before = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(UsageError, match=match):
+            train.fit(model, fastdata.loader(blobs, 16, device="cpu", num_workers=0),
+                      torch.optim.SGD(model.parameters(), lr=0.05), classification_loss(), epochs=1, log_every=0,
+                      checkpoint=path)
+        assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing trained
 
 
 def test_grad_accumulation_equals_a_bigger_batch(blobs):
@@ -412,6 +446,28 @@ def test_restore_refuses_an_unknown_checkpoint_version(tmp_path):
     train.save_checkpoint(tmp_path / "c.pt", {"version": 99})
     with pytest.raises(ValueError, match=r"c\.pt: unknown checkpoint version 99"):
         train.restore_checkpoint(tmp_path / "c.pt", model, opt, scaler, None)
+
+
+def test_resume_from_a_file_that_is_not_a_checkpoint_of_this_model_says_so(tmp_path):
+    """A missing file, a text file, a truncated checkpoint and another model's checkpoint raised torch's own errors
+    (FileNotFoundError; UnpicklingError advising weights_only=False; a zip reader's RuntimeError; load_state_dict's)."""
+    model, opt, scaler = _stepped(0)
+    with pytest.raises(UsageError, match=r"resume='.*nope\.pt': no such checkpoint file"):
+        train.restore_checkpoint(tmp_path / "nope.pt", model, opt, scaler, None)
+    (tmp_path / "notes.pt").write_text("not a checkpoint")
+    good = tmp_path / "good.pt"
+    train.save_checkpoint(good, train.checkpoint_state(model, opt, scaler, None, epoch=0, step=1, precision="fp32",
+                                                       history=[]))
+    (tmp_path / "cut.pt").write_bytes(good.read_bytes()[:200])
+    for name in ("notes.pt", "cut.pt"):
+        with pytest.raises(UsageError, match=rf"{name}: not a fastdata.train checkpoint \("):
+            train.restore_checkpoint(tmp_path / name, model, opt, scaler, None)
+    other = nn.Sequential(nn.Linear(3, 5))
+    with pytest.raises(UsageError, match=r"good\.pt: the checkpoint's weights do not fit this model \("):
+        train.restore_checkpoint(good, other, torch.optim.SGD(other.parameters(), lr=0.1), scaler, None)
+    adam = torch.optim.AdamW(model.parameters())  # SGD's state loaded into it, then its step raised KeyError 'betas'
+    with pytest.raises(UsageError, match=r"good\.pt: the checkpoint holds the state of a SGD optimizer, not of this AdamW"):
+        train.restore_checkpoint(good, model, adam, scaler, None)
 
 
 def test_scale_on_device_follows_get_scale_through_growth_and_backoff():

@@ -71,13 +71,20 @@ class Mix:
     def labels(self, y: Tensor, lam: float) -> Tensor:
         """(B, K) float32 mixed targets from integer (B,) or soft (B, K) labels."""
         if y.is_floating_point() and y.dim() == 2:
+            if self.num_classes is not None and y.shape[1] != self.num_classes:
+                raise UsageError(f"Mix: the soft labels of {self.label!r} have {y.shape[1]} classes, and "
+                                 f"num_classes is {self.num_classes}")
             soft = y.float()
         else:
+            if y.dim() != 1 or y.is_floating_point():  # (floats (B,) were cut to integers: 1.7 became class 1)
+                raise UsageError(f"label field {self.label!r} must be (batch,) integers or (batch, classes) floats, "
+                                 f"got {tuple(y.shape)} {str(y.dtype).replace('torch.', '')}")
             if self.num_classes is None:
                 raise UsageError(f"Mix needs num_classes for the integer labels of {self.label!r}")
-            if y.dim() != 1:
-                raise UsageError(f"label field {self.label!r} must be (batch,) integers or (batch, classes) floats, "
-                                 f"got {tuple(y.shape)}")
+            if y.device.type == "cpu" and len(y) and not (0 <= int(y.min()) and int(y.max()) < self.num_classes):
+                v = int(y.min()) if int(y.min()) < 0 else int(y.max())  # (no check on a GPU: it would sync)
+                raise UsageError(f"Mix: label {v} of field {self.label!r} is not a class 0..{self.num_classes - 1} "
+                                 f"(num_classes={self.num_classes}); set num_classes to the dataset's number of classes")
             off = self.label_smoothing / self.num_classes
             soft = torch.full((len(y), self.num_classes), off, device=y.device)
             soft.scatter_(1, y.long().view(-1, 1), 1.0 - self.label_smoothing + off)

@@ -389,7 +389,10 @@ def _sequence(batch: Batch, name: str, kind: Kind, ops: tuple[Any, ...], g: torc
         padded, n = pack_to_padded(x, offsets)
         y, n2 = run_padded(ops, padded, n, g, name, kind)
         flat, new_offsets = padded_to_pack(y, n2 if n2 is not None else n)
-        return {name: flat, name + OFFSETS_SUFFIX: new_offsets.to(offsets.device, offsets.dtype)}
+        out = {name: flat, name + OFFSETS_SUFFIX: new_offsets.to(offsets.device, offsets.dtype)}
+        if lengths is not None and n2 is not None:  # a packed batch also carries lengths: they follow the offsets
+            out[name + LENGTHS_SUFFIX] = n2.to(lengths.device, lengths.dtype)
+        return out
     y, n2 = run_padded(ops, x, lengths, g, name, kind)
     out = {name: y}
     if lengths is not None and n2 is not None:

@@ -4,6 +4,7 @@ on the device; positions past a sample's length are never read nor written."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -38,6 +39,20 @@ def _take_time(x: Tensor, src: Tensor) -> Tensor:
     return x.reshape(b * t, -1).index_select(0, rows).view(*src.shape, *x.shape[2:])
 
 
+def _check(op: object, ok: bool, need: str) -> None:
+    """A UsageError naming the op and its arguments unless ``ok`` (checked when the op is made, not mid-epoch)."""
+    if not ok:
+        raise UsageError(f"{op!r}: {need}")
+
+
+def _count(v: object, least: int = 0) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= least
+
+
+def _size(v: object) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and float(v) >= 0
+
+
 class SeqOp:
     """A sequence op: ``draw`` the batch's parameters, then ``seq`` transforms ``(B, T, ...)`` with its lengths
     and returns both (``inplace``: ``x`` is a working copy the op may overwrite)."""
@@ -66,6 +81,9 @@ class TimeCrop(SeqOp):
 
     length: int
 
+    def __post_init__(self) -> None:
+        _check(self, _count(self.length, 1), "length must be a positive whole number of steps")
+
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         room = (lengths - self.length).clamp(min=0) + 1
         u = torch.rand(len(lengths), generator=g, device=g.device)
@@ -91,6 +109,9 @@ class TimeShift(SeqOp):
     max_shift: float
     rollover: bool = True
     fill: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self, _size(self.max_shift), "max_shift must be a number >= 0 (steps; a fraction of the length when < 1)")
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         u = _uniform(g, len(lengths), -1.0, 1.0)
@@ -118,6 +139,10 @@ class TimeMask(SeqOp):
     count: int = 1
     fill: float = 0.0
 
+    def __post_init__(self) -> None:
+        _check(self, _size(self.max_width) and _count(self.count), "max_width must be a number >= 0 and count an "
+               "integer >= 0")
+
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         n = lengths.float().view(-1, 1)
         return _draw_spans(g, self.count, n * self.max_width if self.max_width < 1 else float(self.max_width), n)
@@ -135,6 +160,9 @@ class ChannelMask(SeqOp):
     max_width: int
     count: int = 1
     fill: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self, _count(self.max_width) and _count(self.count), "max_width and count must be integers >= 0")
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         if len(shape) < 3:
@@ -171,6 +199,10 @@ class AmplitudeScale(SeqOp):
     log: bool = False
     needs_time: ClassVar[bool] = False
 
+    def __post_init__(self) -> None:
+        ok = _size(abs(self.low)) and _size(abs(self.high)) and self.low <= self.high
+        _check(self, ok and (self.low > 0 or not self.log), "needs finite low <= high (low > 0 with log=True)")
+
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         if self.log:
             return {"gain": torch.exp(_uniform(g, len(lengths), math.log(self.low), math.log(self.high)))}
@@ -193,6 +225,9 @@ class AdditiveNoise(SeqOp):
     std: float
     relative: bool = False
     needs_time: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        _check(self, _size(self.std), "std must be a number >= 0")
 
     def draw(self, g: torch.Generator, lengths: Tensor, shape: tuple[int, ...]) -> Params:
         return {"seed": child_seed(g)}

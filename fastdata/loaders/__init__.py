@@ -18,7 +18,7 @@ from fastdata.loaders.settings_cache import load_tuned
 from fastdata.loaders.torch_backend import TorchLoader, resolve_device
 from fastdata.loaders.transform import PerSample, TransformFn
 from fastdata.reading.dataset import Dataset
-from fastdata.reading.samplers import Block, Episodic, SamplerFn, Shards, Shuffle
+from fastdata.reading.samplers import Block, Episodic, SamplerFn, Shards, Shuffle, Weighted
 from fastdata.remote import RemoteOptions
 from fastdata.world import usable_cpus
 
@@ -80,7 +80,10 @@ def loader(
                          "fastdata.open instead)")
     else:
         ds = source if fields is None else source.with_options(fields=fields)  # keeps the caller's decode settings
-    batch_size, sampler = _bind_sampler(sampler, ds, batch_size)
+    if sampler is not None and shuffle is not True:  # (True is the default: no choice was made)
+        raise UsageError(f"shuffle={shuffle!r} cannot be honoured with sampler=: the sampler decides the order; "
+                         "drop shuffle= (a sampler of your own may return its batches in storage order)")
+    batch_size, sampler = _bind_sampler(sampler, ds, batch_size, drop_last)
     aug = augment if augment is None or isinstance(augment, Augment) else Augment(tuple(augment))
     dev = resolve_device(device)
     chosen = _pick_backend(dev, ds, aug, config, transform) if backend == "auto" else backend
@@ -113,8 +116,10 @@ def _backend_loader(chosen: str, ds: Dataset, batch_size: int, num_workers: int 
     return TorchLoader(ds, batch_size, workers=workers, config=config, transform=transform, **common)
 
 
-def _bind_sampler(sampler: SamplerFn | None, ds: Dataset, batch_size: int | None) -> tuple[int, SamplerFn | None]:
-    """Check the sampler against the dataset now (not mid-epoch) and settle the batch size."""
+def _bind_sampler(sampler: SamplerFn | None, ds: Dataset, batch_size: int | None,
+                  drop_last: bool = False) -> tuple[int, SamplerFn | None]:
+    """Check the sampler against the dataset now (not mid-epoch) and settle the batch size (``Weighted`` cuts its
+    draws into batches: without a short last one under ``drop_last``)."""
     if sampler is None:
         if batch_size is None:
             raise UsageError("batch_size is needed (None is only for samplers that make their own batches, like Episodic)")
@@ -127,6 +132,8 @@ def _bind_sampler(sampler: SamplerFn | None, ds: Dataset, batch_size: int | None
         return bound.episode_size, bound
     if batch_size is None:
         raise UsageError(f"batch_size is needed with {type(sampler).__name__} (None is only for Episodic)")
+    if isinstance(sampler, Weighted):
+        return batch_size, sampler.bind(ds, batch_size, drop_last)
     bind = getattr(sampler, "bind", None)
     return batch_size, (bind(ds, batch_size) if callable(bind) else sampler)
 

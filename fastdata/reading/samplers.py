@@ -225,13 +225,14 @@ class Weighted:
     _p: np.ndarray | None = field(default=None, repr=False)
     _alias: np.ndarray | None = field(default=None, repr=False)  # (probability f4, alias i4) per sample
     _batch_size: int = field(default=0, repr=False)
+    _drop_last: bool = field(default=False, repr=False)  # the loader's drop_last: no short last batch
 
-    def bind(self, dataset: Dataset, batch_size: int) -> "Weighted":
+    def bind(self, dataset: Dataset, batch_size: int, drop_last: bool = False) -> "Weighted":
         """This sampler checked against ``dataset`` (its size, and its classes for ``"balanced"``)."""
         balanced = isinstance(self.weights, str) and self.weights == "balanced"
-        return self.prepare(len(dataset), class_codes(dataset, self.by) if balanced else None, batch_size)
+        return self.prepare(len(dataset), class_codes(dataset, self.by) if balanced else None, batch_size, drop_last)
 
-    def prepare(self, n: int, codes: np.ndarray | None, batch_size: int) -> "Weighted":
+    def prepare(self, n: int, codes: np.ndarray | None, batch_size: int, drop_last: bool = False) -> "Weighted":
         """Bound to ``n`` samples whose class codes (for ``"balanced"``) are ``codes``."""
         if isinstance(self.weights, str):
             if self.weights != "balanced":
@@ -264,7 +265,7 @@ class Weighted:
                              "have a weight above zero")
         bound = Weighted(self.weights, int(k), self.replacement, self.by)
         bound._p = w / total
-        bound._batch_size = batch_size
+        bound._batch_size, bound._drop_last = batch_size, drop_last
         if self.replacement:
             bound._alias = alias_table(bound._p)
         return bound
@@ -286,7 +287,7 @@ class Weighted:
                 key = g.standard_exponential(n) / self._p
             idx = np.argpartition(key, k - 1)[:k] if k < n else np.arange(n)
             idx = idx[np.argsort(key[idx], kind="stable")]
-        return batch_plan(idx.astype(np.int64), self._batch_size, drop_last=False)
+        return batch_plan(idx.astype(np.int64), self._batch_size, drop_last=self._drop_last)
 
 
 @dataclass

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import os
+import pickle
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +23,7 @@ from torch import nn
 
 from fastdata.augment import CROPS
 from fastdata.augment.sequence import TimeCrop
+from fastdata.errors import UsageError
 from fastdata.fileio import write_atomic
 from fastdata.format import IMAGE_ENCODINGS
 from fastdata.loaders.transform import batch_len
@@ -278,6 +281,7 @@ def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer, scaler:
     history), as tensors and plain values only, so that it loads with ``weights_only=True``."""
     return {
         "version": _CKPT_VERSION, "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+        "optimizer_type": type(optimizer).__qualname__,
         "scaler": scaler.state_dict(), "loader": loader.state_dict() if hasattr(loader, "state_dict") else None,
         "epoch": epoch, "step": step, "rng": _rng_state(), "precision": precision,
         "history": [asdict(m) for m in history]}
@@ -288,10 +292,25 @@ def restore_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer
     """Load a ``checkpoint_state`` into the objects of this run and the RNGs; returns (epoch, step, history).
     A scaler state saved under another precision (empty) is left out."""
     # onto the CPU: RNG states must stay there; model and optimizer copy into their own devices
-    state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle code
-    if state.get("version") != _CKPT_VERSION:
-        raise ValueError(f"{path}: unknown checkpoint version {state.get('version')!r}")
-    _unwrap(model).load_state_dict(state["model"])
+    if not Path(path).is_file():
+        raise UsageError(f"resume={str(path)!r}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle code
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:  # not torch.save's, truncated, ...
+        raise UsageError(f"{path}: not a fastdata.train checkpoint ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'unreadable'})") from None
+    if not isinstance(state, dict) or state.get("version") != _CKPT_VERSION:
+        version = state.get("version") if isinstance(state, dict) else None
+        raise ValueError(f"{path}: unknown checkpoint version {version!r}")
+    try:
+        _unwrap(model).load_state_dict(state["model"])
+    except RuntimeError as e:  # another architecture: missing, unexpected or differently shaped weights
+        raise UsageError(f"{path}: the checkpoint's weights do not fit this model ({' '.join(str(e).split())[:300]})") \
+            from None
+    saved = state.get("optimizer_type", type(optimizer).__qualname__)  # (absent from older checkpoints)
+    if saved != type(optimizer).__qualname__:  # its state would load, and fail at the first step (SGD -> AdamW)
+        raise UsageError(f"{path}: the checkpoint holds the state of a {saved} optimizer, not of this "
+                         f"{type(optimizer).__qualname__}; resume with the optimizer it was saved with")
     optimizer.load_state_dict(state["optimizer"])
     if state["scaler"]:  # empty when saved without a scaler (another precision)
         scaler.load_state_dict(state["scaler"])
@@ -450,6 +469,27 @@ def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Sa
     return metrics, step, stopped
 
 
+def _check_limits(clip: float | None, max_steps: int | None, checkpoint_every: int | None,
+                  checkpoint: str | os.PathLike[str] | None) -> None:
+    """Refuse what ``fit`` could not honour: a clip norm <= 0 (zero gradients; a negative one reverses them), a
+    max_steps or checkpoint_every below 1 (a step would still run; no checkpoint would be written), checkpoint_every
+    without checkpoint= (nowhere to write), a checkpoint path that is a folder or under a file."""
+    if clip is not None and not clip > 0:
+        raise UsageError(f"clip_grad_norm must be a positive number (or None: no clipping), not {clip!r}")
+    for name, v in (("max_steps", max_steps), ("checkpoint_every", checkpoint_every)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
+            raise UsageError(f"{name} must be a positive integer (or None), not {v!r}")
+    if checkpoint_every is not None and checkpoint is None:
+        raise UsageError("checkpoint_every needs checkpoint= (the file to write every checkpoint_every steps)")
+    if checkpoint is not None:  # found now, not when the first epoch's checkpoint is written
+        path = Path(checkpoint)
+        if path.is_dir():
+            raise UsageError(f"checkpoint={str(checkpoint)!r} is a folder; name a file in it (e.g. {str(path / 'ckpt.pt')!r})")
+        folder = next((q for q in path.parents if q.exists()), None)
+        if folder is not None and not folder.is_dir():
+            raise UsageError(f"checkpoint={str(checkpoint)!r}: {str(folder)!r} is a file, not a folder")
+
+
 def fit(
     model: nn.Module,
     loader: Any,
@@ -472,8 +512,10 @@ def fit(
 ) -> FitResult:
     """Train ``model`` for ``epochs`` over ``loader`` with ``loss_fn(model, batch)`` returning the loss,
     checkpointing to ``checkpoint`` and resuming from ``resume`` (parameters and logging: docs/training.md)."""
-    if epochs < 1 or grad_accum < 1:
-        raise ValueError("epochs and grad_accum must be at least 1")
+    for name, v in (("epochs", epochs), ("grad_accum", grad_accum)):  # 1.5 batches per step would never step
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise UsageError(f"{name} must be an integer of at least 1, not {v!r}")
+    _check_limits(clip_grad_norm, max_steps, checkpoint_every, checkpoint)
     world = World.detect()
     say: Say = (on_log or log.info) if world.rank == 0 else (lambda _msg: None)
     with shown_by_default(verbose and on_log is None and world.rank == 0):
