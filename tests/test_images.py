@@ -269,7 +269,7 @@ def test_cli_converts_images_and_info_describes_them(tmp_path, jpeg_folder, run_
 
 
 @pytest.mark.parametrize("args,expect", [
-    (["--images", "encoded", "--size", "8", "8"], "--size and --max-side need"),
+    (["--images", "encoded", "--size", "8", "8"], "--size and --max-side resize images and need"),
     (["--images", "raw", "--quality", "80"], "--quality applies"),
     (["--images", "raw", "--size", "8", "8", "--max-side", "9"], "contradict"),
     (["--images", "jpeg", "--quality", "101"], "between 1 and 100"),

@@ -8,7 +8,6 @@ import contextlib
 import logging
 import numbers
 import os
-import pickle
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -296,7 +295,7 @@ def restore_checkpoint(path: str | os.PathLike[str], model: nn.Module, optimizer
         raise UsageError(f"resume={str(path)!r}: no such checkpoint file")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle code
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:  # not torch.save's, truncated, ...
+    except Exception as e:  # not torch.save's (an UnpicklingError under weights_only), truncated, unreadable, ...
         raise UsageError(f"{path}: not a fastdata.train checkpoint ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else 'unreadable'})") from None
     if not isinstance(state, dict) or state.get("version") != _CKPT_VERSION:
