@@ -498,17 +498,24 @@ def test_a_script_on_a_split_of_its_table_is_told_the_dataset_holds_every_row(tm
     assert any("lists 6 files, the script's dataset has 4" in n and ".subset(KEYS)" in n for n in notes), notes
 
 
+def _node_files(root: Path) -> list[Path]:
+    """Six .npy samples split between the sub-folders node0 and node1 (user 004's recordings per node)."""
+    files = []
+    for i in range(6):
+        (root / f"node{i % 2}").mkdir(parents=True, exist_ok=True)
+        files.append(root / f"node{i % 2}/{i}.npy")
+        np.save(files[-1], np.full(3, i, np.float32))
+    return files
+
+
 def test_a_str_element_leaves_the_table_targets_in_the_fix(tmp_path: Path) -> None:
     """A sample that also returns a str (a device name) beside its array and a label from the table: the str is
     left out and the fix still converts with --meta (the label kept). It stopped the projection, and the fix then
     converted the folder as it was, the sub-folders node0/node1 becoming class labels in place of the table's."""
     from fastdata.measure.doctor.project import _sample, commands
 
-    rows = ["path,label"]
-    for i in range(6):
-        (tmp_path / f"node{i % 2}").mkdir(exist_ok=True)
-        np.save(tmp_path / f"node{i % 2}/{i}.npy", np.full(3, i, np.float32))
-        rows.append(f"node{i % 2}/{i}.npy,{['lte', 'wifi', 'zigbee'][i % 3]}")
+    rows = ["path,label"] + [f"{f.relative_to(tmp_path)},{['lte', 'wifi', 'zigbee'][i % 3]}"
+                             for i, f in enumerate(_node_files(tmp_path))]
     (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
 
     class Psd:
@@ -537,11 +544,7 @@ def test_a_table_of_absolute_paths_gives_a_fix_that_runs(tmp_path: Path, run_cli
     from fastdata.measure.doctor.project import _sample, commands
 
     src = tmp_path / "src"
-    rows = ["path,snr"]
-    for i in range(6):
-        (src / f"node{i % 2}").mkdir(parents=True, exist_ok=True)
-        np.save(src / f"node{i % 2}/{i}.npy", np.full(3, i, np.float32))
-        rows.append(f"{src / f'node{i % 2}/{i}.npy'},{i / 4}")
+    rows = ["path,snr"] + [f"{f},{i / 4}" for i, f in enumerate(_node_files(src))]
     (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
 
     class Psd:
