@@ -282,7 +282,11 @@ def test_cli_index_and_verify(tmp_path):
     run = lambda *args: subprocess.run([sys.executable, "-m", "fastdata", *args], capture_output=True, text=True, env=env)  # noqa: E731
     r = run("index", str(tmp_path / "d.h5"), str(tmp_path / "i"), "--field", "x=/xgz", "--field", "y=/grp/y")
     assert r.returncode == 0, r.stderr
-    assert run("verify", str(tmp_path / "i")).returncode == 0
+    r = run("verify", str(tmp_path / "i"))  # it said "1 shard(s) checked (size and checksum)" of the source file
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK: 1 source file(s) checked (stamp, metadata and sampled blocks)")
+    r = run("verify", str(tmp_path / "i"), "--deep")
+    assert r.returncode == 0 and "OK: 1 source file(s) checked (stamp, metadata and sampled blocks, and the full " \
+        f"checksums recorded with --checksum), {N} of {N} samples read and decoded" in r.stdout, r.stdout
     r = run("bench", str(tmp_path / "i"), "--cold", "--seconds", "0.2")
     assert r.returncode == 2 and "an in-place index" in r.stderr
     r = run("index", str(tmp_path / "d.h5"), str(tmp_path / "j"), "--field", "x=/bad")

@@ -59,6 +59,7 @@ class VerifyReport:
     deep: bool
     samples_read: int = 0
     problems: list[Problem] = field(default_factory=list)
+    checked: str = ""  # what was checked, where not the shards' size and checksum (an in-place index's files)
 
     @property
     def ok(self) -> bool:
@@ -69,7 +70,7 @@ class VerifyReport:
         return sorted({p.shard for p in self.problems if p.shard is not None})
 
     def summary(self) -> str:
-        what = f"{self.shards} shard(s) checked (size and checksum)"
+        what = self.checked or f"{self.shards} shard(s) checked (size and checksum)"
         if self.deep:
             what += f", {self.samples_read} of {self.samples} samples read and decoded"
         if self.ok:
@@ -91,7 +92,10 @@ def verify(root: str | os.PathLike[str], deep: bool = False, progress: Progress 
         from fastdata.format.external import file_problems
         from fastdata.format.inplace import index_of
 
-        report.problems += [Problem(p) for p in file_problems(index_of(manifest, str(root)), deep)]
+        index = index_of(manifest, str(root))
+        report.problems += [Problem(p) for p in file_problems(index, deep)]
+        report.checked = (f"{len(index.files)} source file(s) checked (stamp, metadata and sampled blocks"
+                          + (", and the full checksums recorded with --checksum)" if deep else ")"))
     else:
         report.problems += check_shards(Path(root), manifest, progress)
     keys = manifest.keys
