@@ -122,6 +122,13 @@ def test_fit_refuses_limits_it_cannot_honour(blobs, kw, match):
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing trained
 
 
+def test_classification_loss_names_a_field_the_batch_lacks():
+    """The quickstart's loss on a dataset whose input is not 'x' (images): a KeyError 'x' from inside fit."""
+    loss = classification_loss("x", "label")
+    with pytest.raises(UsageError, match=r"the batch has no field 'x' \(its fields: image, label\); name the fields"):
+        loss(nn.Linear(2, 2), {"image": torch.zeros(1, 2), "label": torch.zeros(1, dtype=torch.long)})
+
+
 def test_fit_refuses_a_checkpoint_path_it_cannot_write_before_training(blobs, tmp_path):
     """checkpoint= a folder (or a path under a file) raised IsADirectoryError (FileExistsError) at the first epoch's
     end, after that epoch had trained."""

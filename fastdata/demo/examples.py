@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from fastdata.demo import naive_loader, write_npy_folder
+from fastdata.errors import UsageError
 
 
 class FlimCNN(nn.Module):
@@ -49,6 +50,10 @@ def classification_loss(input_field: str = "x", label_field: str = "label"):  # 
     """``loss_fn(model, batch)`` for ``fastdata.train.fit``: cross-entropy of ``model(batch[input])``."""
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        missing = [f for f in (input_field, label_field) if f not in batch]
+        if missing:  # a KeyError from inside the training loop named neither the batch's fields nor the fix
+            raise UsageError(f"classification_loss({input_field!r}, {label_field!r}): the batch has no field "
+                             f"{missing[0]!r} (its fields: {', '.join(batch)}); name the fields the dataset has")
         return nn.functional.cross_entropy(model(batch[input_field]), batch[label_field])
 
     return loss_fn
