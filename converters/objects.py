@@ -33,6 +33,7 @@ from fastdata.write import Progress, Source
 from fastdata.write.engine import mp_context
 
 BATCH_ROWS = 1024  # rows of an Arrow batch, and of a task of the check pass
+_SPOOL_PREFIX = ".fastdata-spool-"  # the hidden folder beside DST that an iterable is read into once
 
 
 def is_arrow(obj: Any) -> bool:
@@ -558,8 +559,6 @@ def python_source(obj: Any, config: ConvertConfig, progress: Progress | None, na
         with _spool_lock(tmp):
             yield spool_iterable(obj, os.path.join(tmp, "samples.spool"), config, names, ragged)
 
-
-_SPOOL_PREFIX = ".fastdata-spool-"
 
 
 @contextmanager

@@ -414,7 +414,7 @@ def rescale_columns(table: str, cols: TableColumns, columns: Sequence[str], orig
             continue
         why = looks_like(name, _trailing(cols, name), cols.values[name], originals)
         if why is not None:
-            one = f"('{name}',)"  # a tuple in ConvertConfig, the name on the command line
+            one = repr((name,))  # a tuple in ConvertConfig, the name on the command line
             say = f"%(keypoints={one}), %(boxes={one})" if _trailing(cols, name) == 4 else f"%(keypoints={one})"
             raise DataError(f"{table}: column {name!r} looks like pixel coordinates ({why}) and the images are "
                             f"resized; say what it is: {say} or %(not_coordinates={one})")

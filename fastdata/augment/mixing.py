@@ -81,8 +81,9 @@ class Mix:
                                  f"got {tuple(y.shape)} {str(y.dtype).replace('torch.', '')}")
             if self.num_classes is None:
                 raise UsageError(f"Mix needs num_classes for the integer labels of {self.label!r}")
-            if y.device.type == "cpu" and len(y) and not (0 <= int(y.min()) and int(y.max()) < self.num_classes):
-                v = int(y.min()) if int(y.min()) < 0 else int(y.max())  # (no check on a GPU: it would sync)
+            lo, hi = (int(v) for v in torch.aminmax(y)) if y.device.type == "cpu" and len(y) else (0, 0)  # (a GPU: sync)
+            if lo < 0 or hi >= self.num_classes:
+                v = lo if lo < 0 else hi
                 raise UsageError(f"Mix: label {v} of field {self.label!r} is not a class 0..{self.num_classes - 1} "
                                  f"(num_classes={self.num_classes}); set num_classes to the dataset's number of classes")
             off = self.label_smoothing / self.num_classes

@@ -38,7 +38,8 @@ def _resolve_workers(num_workers: int | Literal["auto"], ds: Dataset, batch_size
         return workers, config or LoaderConfig()
     kept = {k: tuned[k] for k in ("mode", "prefetch") if k in tuned}  # the rest keeps LoaderConfig's defaults
     if config is not None:  # a config of the user's keeps the mode and prefetch it changed from the defaults
-        kept = {k: v for k, v in kept.items() if getattr(config, k) == getattr(LoaderConfig(), k)}
+        default = LoaderConfig()
+        kept = {k: v for k, v in kept.items() if getattr(config, k) == getattr(default, k)}
     config = dataclasses.replace(config or LoaderConfig(), **kept)
     log.info("num_workers='auto': using tuned settings %s (from fastdata tune): %d workers, mode=%r, prefetch=%d",
              tuned, int(tuned["num_workers"]), config.mode, config.prefetch)

@@ -468,6 +468,11 @@ def run_epoch(loader: Any, epoch: int, step: int, trainer: TrainStep, *, say: Sa
     return metrics, step, stopped
 
 
+def _whole(v: object) -> bool:
+    """An integer of at least 1 (numpy's too; not a bool, not 1.5)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1
+
+
 def _check_limits(clip: float | None, max_steps: int | None, checkpoint_every: int | None,
                   checkpoint: str | os.PathLike[str] | None) -> None:
     """Refuse what ``fit`` could not honour: a clip norm <= 0 (zero gradients; a negative one reverses them), a
@@ -476,7 +481,7 @@ def _check_limits(clip: float | None, max_steps: int | None, checkpoint_every: i
     if clip is not None and not clip > 0:
         raise UsageError(f"clip_grad_norm must be a positive number (or None: no clipping), not {clip!r}")
     for name, v in (("max_steps", max_steps), ("checkpoint_every", checkpoint_every)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
+        if v is not None and not _whole(v):
             raise UsageError(f"{name} must be a positive integer (or None), not {v!r}")
     if checkpoint_every is not None and checkpoint is None:
         raise UsageError("checkpoint_every needs checkpoint= (the file to write every checkpoint_every steps)")
@@ -512,7 +517,7 @@ def fit(
     """Train ``model`` for ``epochs`` over ``loader`` with ``loss_fn(model, batch)`` returning the loss,
     checkpointing to ``checkpoint`` and resuming from ``resume`` (parameters and logging: docs/training.md)."""
     for name, v in (("epochs", epochs), ("grad_accum", grad_accum)):  # 1.5 batches per step would never step
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        if not _whole(v):
             raise UsageError(f"{name} must be an integer of at least 1, not {v!r}")
     _check_limits(clip_grad_norm, max_steps, checkpoint_every, checkpoint)
     world = World.detect()

@@ -33,6 +33,9 @@ _TABLES = tuple(TABLE_SUFFIXES)  # what fastdata convert reads as a table
 _sinks: list[tuple[list[str], bool]] = []  # (paths, tables only)
 _SKIP = (".py", ".pyc", ".so", ".pth")  # imports, not data
 NO_PATH_COLUMN = "no column names the sample files (fastdata convert needs a path column)"
+# how the fix's loader trains on the script's own samples where DATASET holds more (a split, a fold)
+_SUBSET = ('pass fastdata.open("DATASET").subset(KEYS) to fastdata.loader in place of "DATASET" (KEYS: the files\' '
+           'paths relative to SRC, as the table names them)')
 _lock = threading.Lock()
 _hooked = False
 
@@ -639,8 +642,7 @@ def _tables(acc: dict[str, Any]) -> tuple[list[str], list[str]]:
             continue
         if info.get("rows", 0) > acc.get("samples", info.get("rows", 0)):  # DATASET holds every row of the table
             notes.append(f"{t} lists {info['rows']} files, the script's dataset has {acc['samples']}: DATASET holds "
-                         f"all {info['rows']}; to train on the script's own, pass fastdata.open(\"DATASET\").subset(KEYS) "
-                         f"(their paths in the table) to fastdata.loader in place of \"DATASET\"")
+                         f"all {info['rows']}; to train on the script's own, {_SUBSET}")
         if not meta and info["path_column"] == "path":
             args += ["--meta", name]
             meta = True
@@ -773,8 +775,7 @@ def commands(main: dict[str, Any], proj: dict[str, Any] | None, source: dict[str
     notes += more
     if main["settings"].get("sampler"):  # the loader line reads every sample: said, never dropped silently
         notes.append(f"the script's sampler, {main['settings']['sampler']}, is not in the loader line, which reads "
-                     f"every sample of DATASET: pass fastdata.open(\"DATASET\").subset(KEYS) in its place (keys: the "
-                     f"files' paths relative to SRC), or sampler= (docs/loader.md#samplers)")
+                     f"every sample of DATASET: {_SUBSET}, or pass sampler= (docs/loader.md#samplers)")
     imports = ["import fastdata", "import torch"]
     if names:
         imports.append(f"from fastdata.augment import {', '.join(names)}")
