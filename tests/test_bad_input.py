@@ -71,6 +71,12 @@ def test_sequences_saved_channels_first_are_refused_as_a_whole_not_file_by_file(
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "6 different shapes among 6 files" in err and "first axis" in err and "x.T" in err and "skip" not in err
     assert_nothing_written(tmp_path / "ds")
+    for i in range(6):  # as advised: saved with time first, they convert as one ragged field
+        np.save(src / f"{i}.npy", np.load(src / f"{i}.npy").T)
+    code, _, err = run_cli("convert", src, tmp_path / "ds", *skip)
+    assert code == 0, err
+    ds = fastdata.open(tmp_path / "ds")
+    assert sorted(ds[i]["x"].shape for i in range(len(ds))) == [(t, 16) for t in range(20, 26)]
 
 def test_truncated_npy(tmp_path, class_folder, run_cli):
     src, _ = class_folder

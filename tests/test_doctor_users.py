@@ -468,7 +468,7 @@ def test_a_dataloader_sampler_that_picks_the_samples_is_named_and_the_fix_says_s
     assert notes == []
 
 
-def test_a_script_on_a_split_of_its_table_is_told_the_dataset_holds_every_row(tmp_path: Path) -> None:
+def test_a_script_on_a_split_of_its_table_is_told_the_dataset_holds_every_row(tmp_path: Path, run_cli: Any) -> None:
     """A script that trains on a split (4 of the table's 6 rows): the fix converts every row, so it says so and
     how to train on the script's own samples, rather than silently training on the held-out ones too."""
     from fastdata.measure.doctor.project import _sample, commands
@@ -496,6 +496,17 @@ def test_a_script_on_a_split_of_its_table_is_told_the_dataset_holds_every_row(tm
     s.remove()
     assert "--meta" in fix[0]
     assert any("lists 6 files, the script's dataset has 4" in n and ".subset(KEYS)" in n for n in notes), notes
+    # the fix and the note run as printed, DATASET and KEYS filled in: the script's own 4 samples and labels
+    import shlex
+
+    import fastdata
+
+    dataset = tmp_path.parent / f"{tmp_path.name}-dataset"
+    code, _, err = run_cli(*shlex.split(fix[0].replace("DATASET", str(dataset)))[1:])
+    assert code == 0, err
+    keys = [str(f.relative_to(tmp_path)) for f in Split.files]
+    batch = next(iter(fastdata.loader(fastdata.open(str(dataset)).subset(keys), 4, shuffle=False, device="cpu")))
+    assert batch["x"][:, 0].tolist() == [0.0, 2.0, 3.0, 5.0] and batch["label"].tolist() == [0, 0, 1, 1]
 
 
 def _node_files(root: Path) -> list[Path]:

@@ -326,6 +326,9 @@ def test_a_bare_field_of_an_hdf5_file_says_to_give_its_path(h5index, tmp_path, r
     assert code == 2 and err.strip().endswith("data.h5: field 'x' names no dataset; give its path in the HDF5 file, "
                                               "e.g. --field x=/images")
     assert not (tmp_path / "new").exists()
+    code, _, err = run_cli("index", tmp_path / "data.h5", tmp_path / "new", "--field", f"x={H5_FIELDS['x']}",
+                           "--field", "y=/grp/y")  # as advised, with the dataset's path
+    assert code == 0, err
 
 
 def test_dali_backend_reads_an_index_like_the_torch_backend(tmp_path):

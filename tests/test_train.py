@@ -142,6 +142,10 @@ def test_fit_refuses_a_checkpoint_path_it_cannot_write_before_training(blobs, tm
                       torch.optim.SGD(model.parameters(), lr=0.05), classification_loss(), epochs=1, log_every=0,
                       checkpoint=path)
         assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing trained
+    model = make_model(1)  # as advised: a file in the folder
+    train.fit(model, fastdata.loader(blobs, 16, device="cpu", num_workers=0), torch.optim.SGD(model.parameters(), lr=0.05),
+              classification_loss(), epochs=1, log_every=0, checkpoint=tmp_path / "runs" / "ckpt.pt")
+    assert (tmp_path / "runs" / "ckpt.pt").is_file()
 
 
 def test_grad_accumulation_equals_a_bigger_batch(blobs):
